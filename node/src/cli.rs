@@ -1,0 +1,182 @@
+//! The command line: `ringleader node` runs a node; every other command is an API client.
+
+use std::{collections::BTreeMap, path::PathBuf};
+
+use anyhow::{anyhow, Context, Result};
+use clap::{Args, Parser, Subcommand};
+
+use crate::{addr, client::ApiClient, membership, node::NodeConfig};
+
+/// ringleader: a peer-to-peer cluster for distributed deep learning.
+#[derive(Debug, Parser)]
+#[command(name = "ringleader", version, about)]
+pub struct Cli {
+    /// API address of the node to talk to.
+    #[arg(
+        long,
+        global = true,
+        env = "RINGLEADER_PEER",
+        default_value = "127.0.0.1:7071"
+    )]
+    pub peer: String,
+    /// Print one JSON document instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// API token.
+    #[arg(long, global = true, env = "RINGLEADER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Cmd {
+    /// Run a node.
+    Node(NodeArgs),
+    /// This node, the chief and term, members with state, jobs.
+    Status,
+    /// Start a local 3-node cluster, show it, and stop it.
+    Demo,
+    /// Write a new cluster key (swarm.key format) to FILE, or print it.
+    Keygen {
+        /// Where to write the key (mode 0600); printed when absent.
+        file: Option<PathBuf>,
+    },
+    /// Membership benchmark (scripts/bench-membership.sh runs this).
+    #[command(hide = true)]
+    BenchMembership(crate::bench::BenchArgs),
+}
+
+/// `ringleader node` flags.
+#[derive(Clone, Debug, Args)]
+pub struct NodeArgs {
+    /// Node name shown to users (default: the host name).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// libp2p listen address, host:port or a multiaddr.
+    #[arg(long, default_value = "0.0.0.0:7070")]
+    pub listen: String,
+    /// HTTP API address.
+    #[arg(long, default_value = "127.0.0.1:7071")]
+    pub api: String,
+    /// Collective data-plane address (default: the --listen host, a port the OS picks).
+    #[arg(long)]
+    pub data: Option<String>,
+    /// Seed node(s) to join, host:port or multiaddr; repeat or separate with commas.
+    #[arg(long, value_delimiter = ',')]
+    pub join: Vec<String>,
+    /// Directory for the identity key, state and the default store.
+    #[arg(long, default_value = "ringleader-data")]
+    pub data_dir: PathBuf,
+    /// Cluster key file (IPFS swarm.key format); without it the cluster is open.
+    #[arg(long)]
+    pub cluster_key: Option<PathBuf>,
+    /// Storage URL for checkpoints (default: file://<data-dir>/store).
+    #[arg(long)]
+    pub storage: Option<String>,
+    /// A label advertised to the cluster, key=value; repeatable.
+    #[arg(long = "label", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .filter(|(k, _)| !k.is_empty())
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("label {s:?} is not key=value"))
+}
+
+impl NodeArgs {
+    /// Validates the flags into a node configuration; errors name the flag.
+    pub fn into_config(self) -> Result<NodeConfig> {
+        let listen = addr::parse_listen_addr(&self.listen).context("--listen")?;
+        let api = addr::parse_bind_addr(&self.api).context("--api")?;
+        let data = match &self.data {
+            Some(d) => addr::parse_bind_addr(d).context("--data")?,
+            None => {
+                let host = listen
+                    .iter()
+                    .find_map(|p| match p {
+                        libp2p::multiaddr::Protocol::Ip4(ip) => Some(std::net::IpAddr::V4(ip)),
+                        libp2p::multiaddr::Protocol::Ip6(ip) => Some(std::net::IpAddr::V6(ip)),
+                        _ => None,
+                    })
+                    .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+                std::net::SocketAddr::new(host, 0)
+            }
+        };
+        let join = self
+            .join
+            .iter()
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| addr::parse_p2p_addr(s))
+            .collect::<Result<Vec<_>, _>>()
+            .context("--join")?;
+        let name = match self.name {
+            Some(n) if !n.trim().is_empty() => n,
+            Some(_) => return Err(anyhow!("--name: must not be empty")),
+            None => hostname(),
+        };
+        let data_dir = self.data_dir;
+        let storage = self.storage.unwrap_or_else(|| {
+            let abs = std::path::absolute(&data_dir).unwrap_or_else(|_| data_dir.clone());
+            format!("file://{}", abs.join("store").display())
+        });
+        let membership = membership::Config::default();
+        membership
+            .validate()
+            .map_err(|e| anyhow!("membership settings: {e}"))?;
+        Ok(NodeConfig {
+            name,
+            listen,
+            api,
+            data,
+            join,
+            data_dir,
+            cluster_key: self.cluster_key,
+            storage,
+            labels: self.labels.into_iter().collect::<BTreeMap<_, _>>(),
+            membership,
+        })
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "node".to_string())
+}
+
+/// `ringleader status`.
+pub fn status(cli: &Cli) -> Result<()> {
+    let client = ApiClient::new(&cli.peer, cli.token.clone());
+    let doc = client.status()?;
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        print!("{}", doc.to_table());
+    }
+    Ok(())
+}
+
+/// `ringleader keygen [FILE]`.
+pub fn keygen(file: Option<PathBuf>) -> Result<()> {
+    let key = crate::identity::generate_cluster_key();
+    match file {
+        None => print!("{key}"),
+        Some(path) => {
+            let mut opts = std::fs::OpenOptions::new();
+            opts.write(true).create_new(true);
+            std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+            let mut f = opts
+                .open(&path)
+                .with_context(|| format!("creating {}", path.display()))?;
+            std::io::Write::write_all(&mut f, key.as_bytes())?;
+            eprintln!("wrote cluster key to {}", path.display());
+        }
+    }
+    Ok(())
+}

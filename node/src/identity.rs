@@ -1,0 +1,96 @@
+//! The node's persistent Ed25519 identity and the optional cluster pre-shared key.
+
+use std::{fs, io::Write, path::Path};
+
+use anyhow::{bail, Context, Result};
+use libp2p::{identity::Keypair, pnet::PreSharedKey};
+
+/// File name of the identity key inside the data directory.
+pub const IDENTITY_FILE: &str = "identity.key";
+
+/// Loads the keypair from `<data_dir>/identity.key`, or creates one there (mode 0600), so a
+/// node keeps its peer id across restarts.
+pub fn load_or_create_identity(data_dir: &Path) -> Result<Keypair> {
+    let path = data_dir.join(IDENTITY_FILE);
+    if path.exists() {
+        let bytes = fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        return Keypair::from_protobuf_encoding(&bytes)
+            .with_context(|| format!("{} is not a valid identity key", path.display()));
+    }
+    let key = Keypair::generate_ed25519();
+    let bytes = key
+        .to_protobuf_encoding()
+        .context("encoding identity key")?;
+    let tmp = path.with_extension("tmp");
+    {
+        let mut opts = fs::OpenOptions::new();
+        opts.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+        let mut f = opts
+            .open(&tmp)
+            .with_context(|| format!("creating {}", tmp.display()))?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+    }
+    fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(key)
+}
+
+/// Reads a cluster key in the IPFS `swarm.key` format:
+/// `/key/swarm/psk/1.0.0/`, `/base16/`, then 64 hex digits, one per line.
+pub fn load_cluster_key(path: &Path) -> Result<PreSharedKey> {
+    let text = fs::read_to_string(path)
+        .with_context(|| format!("reading cluster key {}", path.display()))?;
+    parse_cluster_key(&text).with_context(|| format!("cluster key {}", path.display()))
+}
+
+/// Parses the `swarm.key` text format.
+pub fn parse_cluster_key(text: &str) -> Result<PreSharedKey> {
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    match lines.as_slice() {
+        ["/key/swarm/psk/1.0.0/", "/base16/", hex] => {
+            if hex.len() != 64 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+                bail!("expected 64 hex digits on the third line");
+            }
+            let normalised = format!("/key/swarm/psk/1.0.0/\n/base16/\n{hex}");
+            normalised
+                .parse::<PreSharedKey>()
+                .map_err(|e| anyhow::anyhow!("{e}"))
+        }
+        _ => bail!("expected the swarm.key format: /key/swarm/psk/1.0.0/, /base16/, 64 hex digits"),
+    }
+}
+
+/// A fresh random cluster key in the `swarm.key` format.
+pub fn generate_cluster_key() -> String {
+    let bytes: [u8; 32] = rand::random();
+    format!("/key/swarm/psk/1.0.0/\n/base16/\n{}\n", hex::encode(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_persists() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = load_or_create_identity(dir.path()).unwrap();
+        let b = load_or_create_identity(dir.path()).unwrap();
+        assert_eq!(a.public().to_peer_id(), b.public().to_peer_id());
+    }
+
+    #[test]
+    fn cluster_key_format() {
+        let text = generate_cluster_key();
+        let a = parse_cluster_key(&text).unwrap();
+        let b = parse_cluster_key(&text).unwrap();
+        assert_eq!(a.fingerprint().to_string(), b.fingerprint().to_string());
+        assert!(parse_cluster_key("/key/swarm/psk/1.0.0/\n/base16/\nabc\n").is_err());
+        assert!(parse_cluster_key("hello").is_err());
+    }
+}

@@ -1,0 +1,37 @@
+//! The `ringleader` binary.
+
+use clap::Parser;
+use ringleader::cli::{Cli, Cmd};
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,libp2p=warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Cmd::Node(args) => {
+            init_logging();
+            args.clone().into_config().and_then(|config| {
+                tokio::runtime::Builder::new_multi_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(anyhow::Error::from)
+                    .and_then(|rt| rt.block_on(ringleader::node::run(config)))
+            })
+        }
+        Cmd::Status => ringleader::cli::status(&cli),
+        Cmd::Demo => ringleader::demo::run(),
+        Cmd::Keygen { file } => ringleader::cli::keygen(file.clone()),
+        Cmd::BenchMembership(args) => ringleader::bench::run(args),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,58 @@
+//! What a node tells the cluster about itself, spread by gossip with its membership state.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// One GPU of a host.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gpu {
+    /// Model name, e.g. `H100`.
+    pub model: String,
+    /// Device memory in MiB.
+    pub memory_mb: u64,
+}
+
+/// Member metadata: versioned by the membership core, replaced whole on change.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeMeta {
+    /// Human name (`--name`), unique by convention, not enforced.
+    pub name: String,
+    /// libp2p addresses other members dial, as multiaddr strings.
+    pub p2p_addrs: Vec<String>,
+    /// HTTP API address, `host:port`.
+    pub api_addr: String,
+    /// Collective data-plane address, `host:port`.
+    pub data_addr: String,
+    /// Logical CPUs.
+    pub cpus: u32,
+    /// Physical memory in MiB.
+    pub memory_mb: u64,
+    /// GPUs (none detected yet: GPU discovery comes with the `cuda` feature).
+    pub gpus: Vec<Gpu>,
+    /// Free-form labels (`--label k=v`).
+    pub labels: BTreeMap<String, String>,
+    /// ringleader version.
+    pub version: String,
+}
+
+/// Physical memory of this host in MiB (0 if unknown).
+pub fn host_memory_mb() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map(|kb| kb / 1024)
+        .unwrap_or(0)
+}
+
+/// Logical CPUs available to this process.
+pub fn host_cpus() -> u32 {
+    std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1)
+}

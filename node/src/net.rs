@@ -1,0 +1,598 @@
+//! The libp2p swarm and the one event loop that owns it and drives the membership core.
+//!
+//! The swarm (TCP, optionally a pre-shared-key layer, Noise, Yamux) carries membership
+//! messages as length-prefixed frames on a request-response protocol; the response is an
+//! empty frame, since SWIM's acks are messages of their own. Everything protocol-like happens
+//! in [`crate::membership::Membership`]: this loop turns swarm events into core events and the
+//! core's actions into sends. Other tasks reach the loop through a [`NodeHandle`].
+
+use std::{
+    collections::HashMap,
+    io,
+    time::{Duration, Instant},
+};
+
+use futures::{future::Either, StreamExt};
+use libp2p::{
+    core::{muxing::StreamMuxerBox, transport::Boxed, upgrade::Version},
+    dns, identify, noise,
+    pnet::{PnetConfig, PreSharedKey},
+    request_response::{self, OutboundRequestId, ProtocolSupport},
+    swarm::{dial_opts::DialOpts, ConnectionId, NetworkBehaviour, SwarmEvent},
+    tcp, yamux, Multiaddr, PeerId, StreamProtocol, Swarm, Transport,
+};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, info, warn};
+
+use crate::{
+    membership::{self, Action, Event, Membership, State},
+    meta::NodeMeta,
+    status::{Counters, MemberDoc, NodeRef, StatusDoc},
+    wire,
+};
+
+/// The membership core as the node uses it: peers named by libp2p peer id.
+pub type Core = Membership<PeerId, NodeMeta>;
+type Msg = membership::Message<PeerId, NodeMeta>;
+
+/// The membership protocol name on the swarm.
+pub const MEMBERSHIP_PROTOCOL: &str = "/ringleader/membership/1";
+
+/// Depth of the command queue into the event loop.
+const COMMAND_QUEUE_DEPTH: usize = 64;
+/// Longest the loop sleeps between core ticks, in milliseconds.
+const TICK_MAX_MS: u64 = 50;
+/// First retry delay for a seed that could not be reached, in milliseconds.
+const SEED_BACKOFF_MIN_MS: u64 = 250;
+/// Ceiling of the seed retry delay, in milliseconds.
+const SEED_BACKOFF_MAX_MS: u64 = 8_000;
+/// Shortest gap between two warnings about malformed messages, in milliseconds.
+const BAD_MESSAGE_WARN_INTERVAL_MS: u64 = 5_000;
+/// How long a graceful leave waits for its announcements to be delivered, in milliseconds.
+const LEAVE_FLUSH_MS: u64 = 1_500;
+/// How long an idle connection is kept open, in seconds (membership traffic keeps them busy).
+const IDLE_CONNECTION_S: u64 = 300;
+/// Timeout of one membership request on the swarm, in milliseconds.
+const REQUEST_TIMEOUT_MS: u64 = 5_000;
+
+/// Frames as requests, empty frames as responses; lengths checked before allocation.
+#[derive(Clone, Default)]
+pub struct FrameCodec;
+
+impl request_response::Codec for FrameCodec {
+    type Protocol = StreamProtocol;
+    type Request = Vec<u8>;
+    type Response = Vec<u8>;
+
+    async fn read_request<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<Vec<u8>>
+    where
+        T: futures::AsyncRead + Unpin + Send,
+    {
+        wire::read_frame(io, wire::FRAME_BYTES_MAX).await
+    }
+
+    async fn read_response<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<Vec<u8>>
+    where
+        T: futures::AsyncRead + Unpin + Send,
+    {
+        wire::read_frame(io, wire::FRAME_BYTES_MAX).await
+    }
+
+    async fn write_request<T>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+        req: Vec<u8>,
+    ) -> io::Result<()>
+    where
+        T: futures::AsyncWrite + Unpin + Send,
+    {
+        wire::write_frame(io, &req).await
+    }
+
+    async fn write_response<T>(
+        &mut self,
+        _: &StreamProtocol,
+        io: &mut T,
+        res: Vec<u8>,
+    ) -> io::Result<()>
+    where
+        T: futures::AsyncWrite + Unpin + Send,
+    {
+        wire::write_frame(io, &res).await
+    }
+}
+
+/// The node's libp2p behaviours.
+#[derive(NetworkBehaviour)]
+pub struct Behaviour {
+    membership: request_response::Behaviour<FrameCodec>,
+    identify: identify::Behaviour,
+}
+
+/// TCP (+ DNS), then the pre-shared-key layer when a cluster key is set, then Noise and Yamux.
+/// A peer without the same key fails the pnet handshake and never gets a connection.
+fn build_transport(
+    key: &libp2p::identity::Keypair,
+    psk: Option<PreSharedKey>,
+) -> anyhow::Result<Boxed<(PeerId, StreamMuxerBox)>> {
+    let tcp = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true));
+    let tcp = dns::tokio::Transport::system(tcp)?;
+    let private = tcp.and_then(move |socket, _| async move {
+        match psk {
+            Some(psk) => PnetConfig::new(psk)
+                .handshake(socket)
+                .await
+                .map(Either::Left),
+            None => Ok(Either::Right(socket)),
+        }
+    });
+    Ok(private
+        .upgrade(Version::V1)
+        .authenticate(noise::Config::new(key)?)
+        .multiplex(yamux::Config::default())
+        .timeout(Duration::from_secs(20))
+        .boxed())
+}
+
+/// Builds the swarm for `key`, with the cluster key if one is given.
+pub fn build_swarm(
+    key: libp2p::identity::Keypair,
+    psk: Option<PreSharedKey>,
+) -> anyhow::Result<Swarm<Behaviour>> {
+    let transport = build_transport(&key, psk)?;
+    let swarm = libp2p::SwarmBuilder::with_existing_identity(key)
+        .with_tokio()
+        .with_other_transport(|_| transport)?
+        .with_behaviour(|key| Behaviour {
+            membership: request_response::Behaviour::new(
+                [(
+                    StreamProtocol::new(MEMBERSHIP_PROTOCOL),
+                    ProtocolSupport::Full,
+                )],
+                request_response::Config::default()
+                    .with_request_timeout(Duration::from_millis(REQUEST_TIMEOUT_MS)),
+            ),
+            identify: identify::Behaviour::new(identify::Config::new(
+                "/ringleader/1".into(),
+                key.public(),
+            )),
+        })?
+        .with_swarm_config(|c| {
+            c.with_idle_connection_timeout(Duration::from_secs(IDLE_CONNECTION_S))
+        })
+        .build();
+    Ok(swarm)
+}
+
+/// Requests into the event loop.
+pub enum Command {
+    /// A snapshot of membership for the API.
+    Status(oneshot::Sender<StatusDoc>),
+    /// Leave the cluster gracefully; replies once the announcement went out (or timed out).
+    Leave(oneshot::Sender<()>),
+}
+
+/// A cheap handle to the event loop.
+#[derive(Clone)]
+pub struct NodeHandle {
+    tx: mpsc::Sender<Command>,
+}
+
+impl NodeHandle {
+    /// The current status document.
+    pub async fn status(&self) -> anyhow::Result<StatusDoc> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Status(tx))
+            .await
+            .map_err(|_| anyhow::anyhow!("node is shutting down"))?;
+        Ok(rx.await?)
+    }
+
+    /// Announces a graceful leave and waits until it has been sent.
+    pub async fn leave(&self) -> anyhow::Result<()> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Leave(tx))
+            .await
+            .map_err(|_| anyhow::anyhow!("node is shutting down"))?;
+        Ok(rx.await?)
+    }
+}
+
+/// A seed address and its retry state.
+struct Seed {
+    addr: Multiaddr,
+    backoff_ms: u64,
+    next_dial: Instant,
+    dialing: Option<ConnectionId>,
+}
+
+/// Warns at most once per interval, counting what it held back.
+struct RateLimitedWarn {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl RateLimitedWarn {
+    fn warn(&mut self, now: Instant, peer: &PeerId, what: &str) {
+        let due = self.last.is_none_or(|t| {
+            now.duration_since(t) >= Duration::from_millis(BAD_MESSAGE_WARN_INTERVAL_MS)
+        });
+        if due {
+            warn!(%peer, suppressed = self.suppressed, "dropped malformed membership message: {what}");
+            self.last = Some(now);
+            self.suppressed = 0;
+        } else {
+            self.suppressed += 1;
+        }
+    }
+}
+
+/// The event loop: owns the swarm and the membership core.
+pub struct EventLoop {
+    swarm: Swarm<Behaviour>,
+    core: Core,
+    epoch: Instant,
+    commands: mpsc::Receiver<Command>,
+    seeds: Vec<Seed>,
+    counters: Counters,
+    bad_warn: RateLimitedWarn,
+    leaving: Option<(oneshot::Sender<()>, Instant, Vec<OutboundRequestId>)>,
+    pending: HashMap<OutboundRequestId, PeerId>,
+}
+
+impl EventLoop {
+    /// Wraps a listening swarm and a core; returns the loop and its handle.
+    pub fn new(
+        swarm: Swarm<Behaviour>,
+        core: Core,
+        epoch: Instant,
+        seeds: Vec<Multiaddr>,
+    ) -> (Self, NodeHandle) {
+        let (tx, commands) = mpsc::channel(COMMAND_QUEUE_DEPTH);
+        let now = Instant::now();
+        let seeds = seeds
+            .into_iter()
+            .map(|addr| Seed {
+                addr,
+                backoff_ms: SEED_BACKOFF_MIN_MS,
+                next_dial: now,
+                dialing: None,
+            })
+            .collect();
+        let lp = EventLoop {
+            swarm,
+            core,
+            epoch,
+            commands,
+            seeds,
+            counters: Counters::default(),
+            bad_warn: RateLimitedWarn {
+                last: None,
+                suppressed: 0,
+            },
+            leaving: None,
+            pending: HashMap::new(),
+        };
+        (lp, NodeHandle { tx })
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Runs until every handle is dropped, or a leave has been flushed.
+    pub async fn run(mut self) {
+        loop {
+            self.dial_due_seeds();
+            let wake_ms = self.core.next_wakeup_ms().min(self.now_ms() + TICK_MAX_MS);
+            let wake = self.epoch + Duration::from_millis(wake_ms);
+            let seed_wake = self
+                .seeds
+                .iter()
+                .filter(|s| s.dialing.is_none())
+                .map(|s| s.next_dial)
+                .min();
+            let wake = seed_wake.map_or(wake, |s| s.min(wake).max(Instant::now()));
+            tokio::select! {
+                event = self.swarm.select_next_some() => self.on_swarm_event(event),
+                cmd = self.commands.recv() => match cmd {
+                    Some(cmd) => self.on_command(cmd),
+                    None => return,
+                },
+                _ = tokio::time::sleep_until(wake.into()) => self.drive(Event::Tick),
+            }
+            if self.leave_flushed() {
+                return;
+            }
+        }
+    }
+
+    /// True once a requested leave has gone out (every announcement answered or failed) or
+    /// its flush deadline passed; the leave's caller is told then.
+    fn leave_flushed(&mut self) -> bool {
+        let done = match &self.leaving {
+            Some((_, deadline, ids)) => {
+                Instant::now() >= *deadline || ids.iter().all(|id| !self.pending.contains_key(id))
+            }
+            None => false,
+        };
+        if done {
+            if let Some((reply, _, _)) = self.leaving.take() {
+                let _ = reply.send(());
+            }
+        }
+        done
+    }
+
+    /// Seeds are dialled while this node knows no other live member (at start, and again if
+    /// it is ever left alone), each retried with capped exponential backoff.
+    fn dial_due_seeds(&mut self) {
+        if self.leaving.is_some() || self.core.alive_count() > 1 {
+            return;
+        }
+        let now = Instant::now();
+        for seed in &mut self.seeds {
+            if seed.dialing.is_some() || seed.next_dial > now {
+                continue;
+            }
+            let opts = DialOpts::unknown_peer_id()
+                .address(seed.addr.clone())
+                .build();
+            let id = opts.connection_id();
+            match self.swarm.dial(opts) {
+                Ok(()) => seed.dialing = Some(id),
+                Err(e) => {
+                    debug!(addr = %seed.addr, "seed dial refused: {e}");
+                    seed.next_dial = now + Duration::from_millis(seed.backoff_ms);
+                    seed.backoff_ms = (seed.backoff_ms * 2).min(SEED_BACKOFF_MAX_MS);
+                }
+            }
+        }
+    }
+
+    fn on_command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Status(reply) => {
+                let _ = reply.send(self.status());
+            }
+            Command::Leave(reply) => {
+                let before: Vec<_> = self.pending.keys().copied().collect();
+                self.drive(Event::Leave);
+                let ids = self
+                    .pending
+                    .keys()
+                    .filter(|id| !before.contains(id))
+                    .copied()
+                    .collect();
+                let deadline = Instant::now() + Duration::from_millis(LEAVE_FLUSH_MS);
+                info!("leaving the cluster");
+                self.leaving = Some((reply, deadline, ids));
+            }
+        }
+    }
+
+    /// Feeds one event to the core and carries out its actions.
+    fn drive(&mut self, event: Event<PeerId, NodeMeta>) {
+        let now = self.now_ms();
+        let actions = self.core.handle(now, event);
+        for action in actions {
+            match action {
+                Action::Send { to, msg } => self.send(to, &msg),
+                Action::Changed { member, previous } => {
+                    let name = &member.meta.name;
+                    match (previous, member.state) {
+                        (prev, state) if prev == Some(state) => {
+                            debug!(peer = %member.id, name, "member metadata changed")
+                        }
+                        (_, State::Alive) => {
+                            info!(peer = %member.id, name, incarnation = member.incarnation, "member alive")
+                        }
+                        (_, State::Suspect) => info!(peer = %member.id, name, "member suspect"),
+                        (_, State::Dead) => warn!(peer = %member.id, name, "member dead"),
+                        (_, State::Left) => info!(peer = %member.id, name, "member left"),
+                    }
+                }
+            }
+        }
+    }
+
+    fn send(&mut self, to: PeerId, msg: &Msg) {
+        let bytes = match wire::encode(msg) {
+            Ok(b) => b,
+            Err(e) => {
+                warn!(peer = %to, "membership message not sent: {e}");
+                return;
+            }
+        };
+        if !self.swarm.is_connected(&to) {
+            // The dial uses the member's advertised addresses (a failed dial drops them from
+            // libp2p's cache, so they are offered again on each attempt).
+            let addrs: Vec<Multiaddr> = self
+                .core
+                .member(&to)
+                .map(|m| {
+                    m.meta
+                        .p2p_addrs
+                        .iter()
+                        .filter_map(|a| a.parse().ok())
+                        .collect()
+                })
+                .unwrap_or_default();
+            for addr in addrs {
+                self.swarm.add_peer_address(to, addr);
+            }
+        }
+        self.counters.messages_out += 1;
+        let id = self
+            .swarm
+            .behaviour_mut()
+            .membership
+            .send_request(&to, bytes);
+        self.pending.insert(id, to);
+    }
+
+    fn on_swarm_event(&mut self, event: SwarmEvent<BehaviourEvent>) {
+        match event {
+            SwarmEvent::Behaviour(BehaviourEvent::Membership(ev)) => self.on_membership(ev),
+            SwarmEvent::Behaviour(BehaviourEvent::Identify(_)) => {}
+            SwarmEvent::ConnectionEstablished {
+                peer_id,
+                connection_id,
+                ..
+            } => {
+                if let Some(seed) = self
+                    .seeds
+                    .iter_mut()
+                    .find(|s| s.dialing == Some(connection_id))
+                {
+                    info!(addr = %seed.addr, peer = %peer_id, "connected to seed");
+                    seed.dialing = None;
+                    seed.backoff_ms = SEED_BACKOFF_MIN_MS;
+                    seed.next_dial = Instant::now() + Duration::from_millis(SEED_BACKOFF_MAX_MS);
+                    if peer_id != *self.swarm.local_peer_id() {
+                        self.drive(Event::Join {
+                            seeds: vec![peer_id],
+                        });
+                    }
+                }
+            }
+            SwarmEvent::ConnectionClosed {
+                peer_id,
+                num_established: 0,
+                ..
+            } if self.core.member(&peer_id).is_some() => {
+                self.drive(Event::Unreachable { id: peer_id });
+            }
+            SwarmEvent::OutgoingConnectionError {
+                connection_id,
+                peer_id,
+                error,
+            } => {
+                if let Some(seed) = self
+                    .seeds
+                    .iter_mut()
+                    .find(|s| s.dialing == Some(connection_id))
+                {
+                    self.counters.seed_dial_failures += 1;
+                    debug!(addr = %seed.addr, retry_ms = seed.backoff_ms, "seed unreachable: {error}");
+                    seed.dialing = None;
+                    seed.next_dial = Instant::now() + Duration::from_millis(seed.backoff_ms);
+                    seed.backoff_ms = (seed.backoff_ms * 2).min(SEED_BACKOFF_MAX_MS);
+                } else if let Some(peer) = peer_id {
+                    debug!(%peer, "dial failed: {error}");
+                }
+            }
+            SwarmEvent::IncomingConnectionError {
+                send_back_addr,
+                error,
+                ..
+            } => {
+                self.counters.refused_connections += 1;
+                debug!(from = %send_back_addr, "incoming connection refused: {error}");
+            }
+            SwarmEvent::NewListenAddr { address, .. } => debug!(%address, "listening"),
+            _ => {}
+        }
+    }
+
+    fn on_membership(&mut self, ev: request_response::Event<Vec<u8>, Vec<u8>>) {
+        use request_response::{Event as RrEvent, Message as RrMessage};
+        match ev {
+            RrEvent::Message {
+                peer,
+                message:
+                    RrMessage::Request {
+                        request, channel, ..
+                    },
+                ..
+            } => {
+                let _ = self
+                    .swarm
+                    .behaviour_mut()
+                    .membership
+                    .send_response(channel, Vec::new());
+                self.counters.messages_in += 1;
+                match wire::decode::<Msg>(&request) {
+                    Ok(msg) => self.drive(Event::Message { from: peer, msg }),
+                    Err(e) => {
+                        self.counters.bad_messages += 1;
+                        self.bad_warn.warn(Instant::now(), &peer, &e.to_string());
+                    }
+                }
+            }
+            RrEvent::Message {
+                message: RrMessage::Response { request_id, .. },
+                ..
+            } => {
+                self.pending.remove(&request_id);
+            }
+            RrEvent::OutboundFailure {
+                peer,
+                request_id,
+                error,
+                ..
+            } => {
+                self.pending.remove(&request_id);
+                self.counters.send_failures += 1;
+                debug!(%peer, "membership send failed: {error}");
+                if self.leaving.is_none() && self.core.member(&peer).is_some() {
+                    self.drive(Event::Unreachable { id: peer });
+                }
+            }
+            RrEvent::InboundFailure { peer, error, .. } => {
+                if let request_response::InboundFailure::Io(e) = &error {
+                    self.counters.bad_messages += 1;
+                    self.bad_warn.warn(Instant::now(), &peer, &e.to_string());
+                }
+            }
+            RrEvent::ResponseSent { .. } => {}
+        }
+    }
+
+    fn status(&self) -> StatusDoc {
+        let local = *self.core.local_id();
+        let mut members: Vec<MemberDoc> = self
+            .core
+            .members()
+            .map(|m| MemberDoc {
+                id: m.id.to_string(),
+                name: m.meta.name.clone(),
+                state: m.state.as_str().to_string(),
+                voter: false,
+                blacklisted: false,
+                incarnation: m.incarnation,
+                cpus: m.meta.cpus,
+                memory_mb: m.meta.memory_mb,
+                gpus: m.meta.gpus.clone(),
+                labels: m.meta.labels.clone(),
+                p2p_addrs: m.meta.p2p_addrs.clone(),
+                api_addr: m.meta.api_addr.clone(),
+                data_addr: m.meta.data_addr.clone(),
+                version: m.meta.version.clone(),
+                is_self: m.id == local,
+            })
+            .collect();
+        members.sort_by(|a, b| (&a.name, &a.id).cmp(&(&b.name, &b.id)));
+        let me = self
+            .core
+            .member(&local)
+            .map(|m| m.meta.name.clone())
+            .unwrap_or_default();
+        let mut counters = self.counters.clone();
+        counters.health_score = self.core.health_score();
+        StatusDoc {
+            node: NodeRef {
+                id: local.to_string(),
+                name: me,
+            },
+            chief: None,
+            term: None,
+            members,
+            jobs: Vec::new(),
+            counters,
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! `ringleader node`: start-up, the node's parts wired together, and graceful shutdown.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use futures::StreamExt;
+use libp2p::{swarm::SwarmEvent, Multiaddr};
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use crate::{
+    identity,
+    membership::{self, Membership},
+    meta::{self, NodeMeta},
+    net,
+};
+
+/// File in the data directory where a running node records how to reach it.
+pub const NODE_INFO_FILE: &str = "node.json";
+
+/// How long start-up waits for the swarm's listener, in milliseconds.
+const LISTEN_WAIT_MS: u64 = 5_000;
+
+/// Everything `ringleader node` is started with, validated.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// Human name of the node.
+    pub name: String,
+    /// libp2p listen address.
+    pub listen: Multiaddr,
+    /// HTTP API bind address.
+    pub api: std::net::SocketAddr,
+    /// Collective data-plane bind address (port 0: the OS picks).
+    pub data: std::net::SocketAddr,
+    /// Seeds to join through.
+    pub join: Vec<Multiaddr>,
+    /// Where identity, state and the default store live.
+    pub data_dir: PathBuf,
+    /// Optional cluster key file (swarm.key format).
+    pub cluster_key: Option<PathBuf>,
+    /// Storage URL for checkpoints and records.
+    pub storage: String,
+    /// Labels advertised to the cluster.
+    pub labels: BTreeMap<String, String>,
+    /// Membership timers and limits.
+    pub membership: membership::Config,
+}
+
+/// What a running node writes to `<data-dir>/node.json`: how local tools reach it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub id: String,
+    pub name: String,
+    pub pid: u32,
+    pub p2p_addrs: Vec<String>,
+    pub api_addr: String,
+    pub data_addr: String,
+}
+
+impl NodeInfo {
+    /// Reads `<dir>/node.json`.
+    pub fn read(dir: &Path) -> Result<NodeInfo> {
+        let text = std::fs::read_to_string(dir.join(NODE_INFO_FILE))?;
+        Ok(serde_json::from_str(&text)?)
+    }
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Replaces an unspecified IP (0.0.0.0) by a concrete one others can dial.
+fn advertised(
+    addr: std::net::SocketAddr,
+    fallback: Option<std::net::IpAddr>,
+) -> std::net::SocketAddr {
+    if addr.ip().is_unspecified() {
+        if let Some(ip) = fallback {
+            return std::net::SocketAddr::new(ip, addr.port());
+        }
+    }
+    addr
+}
+
+fn multiaddr_ip(m: &Multiaddr) -> Option<std::net::IpAddr> {
+    m.iter().find_map(|p| match p {
+        libp2p::multiaddr::Protocol::Ip4(ip) => Some(ip.into()),
+        libp2p::multiaddr::Protocol::Ip6(ip) => Some(ip.into()),
+        _ => None,
+    })
+}
+
+/// Runs a node until SIGINT or SIGTERM, then leaves the cluster gracefully.
+pub async fn run(config: NodeConfig) -> Result<()> {
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
+    let key = identity::load_or_create_identity(&config.data_dir)?;
+    let peer_id = key.public().to_peer_id();
+    let psk = match &config.cluster_key {
+        Some(path) => Some(identity::load_cluster_key(path)?),
+        None => {
+            warn!("no --cluster-key: the cluster is open, any host that can reach the listen port can join");
+            None
+        }
+    };
+
+    let api_listener = tokio::net::TcpListener::bind(config.api)
+        .await
+        .with_context(|| format!("binding the API on {}", config.api))?;
+    let data_listener = std::net::TcpListener::bind(config.data)
+        .with_context(|| format!("binding the data plane on {}", config.data))?;
+
+    let mut swarm = net::build_swarm(key, psk)?;
+    swarm
+        .listen_on(config.listen.clone())
+        .with_context(|| format!("listening on {}", config.listen))?;
+    let mut listen_addrs: Vec<Multiaddr> = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(LISTEN_WAIT_MS);
+    loop {
+        let wait = if listen_addrs.is_empty() {
+            deadline
+        } else {
+            tokio::time::Instant::now() + Duration::from_millis(100)
+        };
+        match tokio::time::timeout_at(wait, swarm.select_next_some()).await {
+            Ok(SwarmEvent::NewListenAddr { address, .. }) => listen_addrs.push(address),
+            Ok(SwarmEvent::ListenerError { error, .. })
+            | Ok(SwarmEvent::ListenerClosed {
+                reason: Err(error), ..
+            }) => {
+                bail!("listening on {}: {error}", config.listen)
+            }
+            Ok(_) => {}
+            Err(_) if listen_addrs.is_empty() => bail!(
+                "listening on {}: no address after {LISTEN_WAIT_MS} ms",
+                config.listen
+            ),
+            Err(_) => break,
+        }
+    }
+    let host_ip = listen_addrs
+        .iter()
+        .filter_map(multiaddr_ip)
+        .find(|ip| !ip.is_unspecified());
+    let api_addr = advertised(api_listener.local_addr()?, host_ip);
+    let data_addr = advertised(data_listener.local_addr()?, host_ip);
+
+    let meta = NodeMeta {
+        name: config.name.clone(),
+        p2p_addrs: listen_addrs.iter().map(|a| a.to_string()).collect(),
+        api_addr: api_addr.to_string(),
+        data_addr: data_addr.to_string(),
+        cpus: meta::host_cpus(),
+        memory_mb: meta::host_memory_mb(),
+        gpus: Vec::new(),
+        labels: config.labels.clone(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+    };
+    let info = NodeInfo {
+        id: peer_id.to_string(),
+        name: config.name.clone(),
+        pid: std::process::id(),
+        p2p_addrs: meta.p2p_addrs.clone(),
+        api_addr: meta.api_addr.clone(),
+        data_addr: meta.data_addr.clone(),
+    };
+    let epoch = Instant::now();
+    let core = Membership::new(peer_id, meta, config.membership.clone(), rand::random(), 0);
+    let (event_loop, handle) = net::EventLoop::new(swarm, core, epoch, config.join.clone());
+
+    let app = crate::api::router(handle.clone());
+    let api_task = tokio::spawn(async move { axum::serve(api_listener, app).await });
+    let mut loop_task = tokio::spawn(event_loop.run());
+    write_atomically(
+        &config.data_dir.join(NODE_INFO_FILE),
+        &serde_json::to_vec_pretty(&info)?,
+    )?;
+    info!(peer = %peer_id, name = %config.name, p2p = ?info.p2p_addrs, api = %info.api_addr, data = %info.data_addr, storage = %config.storage, "node started");
+    // The data-plane listener is held so its advertised port stays ours; the collective
+    // takes it over when this node is given a place in a ring.
+    let _data_listener = data_listener;
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => info!("interrupted"),
+        _ = term.recv() => info!("terminated"),
+        res = &mut loop_task => bail!("node event loop stopped unexpectedly: {res:?}"),
+    }
+    if let Err(e) = handle.leave().await {
+        warn!("graceful leave failed: {e}");
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(2), loop_task).await;
+    api_task.abort();
+    let _ = std::fs::remove_file(config.data_dir.join(NODE_INFO_FILE));
+    info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,172 @@
+//! The node's one wire codec: bincode 2 (serde) with a hard size limit.
+//!
+//! bincode is unmaintained (RUSTSEC-2025-0141), so every encode and decode of a network
+//! message goes through this module and nothing else names bincode: swapping the codec is a
+//! change to this file alone.
+//!
+//! Frames on a stream are a little-endian `u32` length followed by that many bytes. The length
+//! is checked against [`FRAME_BYTES_MAX`] before anything is allocated, and decoding is bounded
+//! by the same limit, so a hostile peer cannot make the node allocate more than one frame.
+
+use serde::{de::DeserializeOwned, Serialize};
+use thiserror::Error;
+
+/// Largest frame the node accepts or sends, in bytes (a full membership push-pull of a few
+/// thousand members fits with room to spare).
+pub const FRAME_BYTES_MAX: usize = 4 << 20;
+
+/// Why a message could not be encoded or decoded.
+#[derive(Debug, Error)]
+pub enum WireError {
+    /// The frame is longer than [`FRAME_BYTES_MAX`].
+    #[error("frame of {len} bytes exceeds the limit of {limit} bytes")]
+    TooLarge { len: usize, limit: usize },
+    /// The bytes are not a valid message (garbled or truncated).
+    #[error("malformed message: {0}")]
+    Malformed(String),
+    /// The bytes decoded to a message but some were left over.
+    #[error("{extra} trailing bytes after the message")]
+    Trailing { extra: usize },
+    /// Encoding failed (a bug: our own messages always encode).
+    #[error("encode failed: {0}")]
+    Encode(String),
+}
+
+fn config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<FRAME_BYTES_MAX>()
+}
+
+/// Encodes `value`; fails if the encoding would exceed [`FRAME_BYTES_MAX`].
+pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, WireError> {
+    let bytes = bincode::serde::encode_to_vec(value, config())
+        .map_err(|e| WireError::Encode(e.to_string()))?;
+    if bytes.len() > FRAME_BYTES_MAX {
+        return Err(WireError::TooLarge {
+            len: bytes.len(),
+            limit: FRAME_BYTES_MAX,
+        });
+    }
+    Ok(bytes)
+}
+
+/// Decodes one whole message from `bytes`; never panics and never allocates beyond the limit.
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
+    if bytes.len() > FRAME_BYTES_MAX {
+        return Err(WireError::TooLarge {
+            len: bytes.len(),
+            limit: FRAME_BYTES_MAX,
+        });
+    }
+    let (value, used) = bincode::serde::decode_from_slice(bytes, config())
+        .map_err(|e| WireError::Malformed(e.to_string()))?;
+    if used != bytes.len() {
+        return Err(WireError::Trailing {
+            extra: bytes.len() - used,
+        });
+    }
+    Ok(value)
+}
+
+/// Reads one length-prefixed frame, refusing lengths over `limit` before allocating.
+pub async fn read_frame<R>(io: &mut R, limit: usize) -> std::io::Result<Vec<u8>>
+where
+    R: futures::AsyncRead + Unpin,
+{
+    use futures::AsyncReadExt;
+    let mut len = [0u8; 4];
+    io.read_exact(&mut len).await?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > limit {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            WireError::TooLarge { len, limit },
+        ));
+    }
+    let mut buf = vec![0u8; len];
+    io.read_exact(&mut buf).await?;
+    Ok(buf)
+}
+
+/// Writes one length-prefixed frame.
+pub async fn write_frame<W>(io: &mut W, bytes: &[u8]) -> std::io::Result<()>
+where
+    W: futures::AsyncWrite + Unpin,
+{
+    use futures::AsyncWriteExt;
+    if bytes.len() > FRAME_BYTES_MAX {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            WireError::TooLarge {
+                len: bytes.len(),
+                limit: FRAME_BYTES_MAX,
+            },
+        ));
+    }
+    io.write_all(&(bytes.len() as u32).to_le_bytes()).await?;
+    io.write_all(bytes).await?;
+    io.flush().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Sample {
+        a: u64,
+        names: Vec<String>,
+    }
+
+    #[test]
+    fn round_trip() {
+        let s = Sample {
+            a: 7,
+            names: vec!["x".into(), "yz".into()],
+        };
+        let bytes = encode(&s).unwrap();
+        assert_eq!(decode::<Sample>(&bytes).unwrap(), s);
+    }
+
+    #[test]
+    fn truncated_and_trailing_are_errors() {
+        let bytes = encode(&Sample {
+            a: 7,
+            names: vec!["hello".into()],
+        })
+        .unwrap();
+        assert!(matches!(
+            decode::<Sample>(&bytes[..bytes.len() - 2]),
+            Err(WireError::Malformed(_))
+        ));
+        let mut long = bytes.clone();
+        long.push(0);
+        assert!(matches!(
+            decode::<Sample>(&long),
+            Err(WireError::Trailing { extra: 1 })
+        ));
+    }
+
+    #[test]
+    fn huge_declared_length_does_not_allocate() {
+        // A varint length of ~2^60 for the Vec: must fail on the limit, not try to allocate.
+        let bytes = [7u8, 0xFF, 0, 0, 0, 0, 0, 0, 0, 0x10];
+        assert!(decode::<Sample>(&bytes).is_err());
+    }
+
+    #[test]
+    fn oversized_frame_is_refused_before_reading() {
+        let mut frame = ((FRAME_BYTES_MAX + 1) as u32).to_le_bytes().to_vec();
+        frame.extend_from_slice(&[0; 16]);
+        let mut io = futures::io::Cursor::new(frame);
+        let err = futures::executor::block_on(read_frame(&mut io, FRAME_BYTES_MAX)).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode::<Sample>(&bytes);
+        }
+    }
+}
