@@ -1,0 +1,179 @@
+//! `collective-bench`: allreduce bandwidth and latency, one process per rank.
+//!
+//! ```text
+//! collective-bench --world N --rank R --peers HOST:PORT,HOST:PORT,... [--sizes 4K,1M,64M] [--iters K]
+//! ```
+//!
+//! Each rank listens on its own entry of `--peers`. Rank 0 prints one line per size, in
+//! nccl-tests conventions: `allreduce world=N size=BYTES time_ms=MEDIAN algbw_GBps=X
+//! busbw_GBps=Y` with algbw = bytes / time and busbw = algbw · 2(N−1)/N.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Instant;
+
+use clap::Parser;
+use collective::{Communicator, GroupConfig, Limits, ReduceOp};
+
+#[derive(Parser, Debug)]
+#[command(about = "allreduce benchmark over the collective TCP data plane")]
+struct Args {
+    /// Number of ranks.
+    #[arg(long)]
+    world: usize,
+    /// This process's rank.
+    #[arg(long)]
+    rank: usize,
+    /// Data-plane address of every rank, comma separated (index = rank).
+    #[arg(long, value_delimiter = ',')]
+    peers: Vec<String>,
+    /// Message sizes in bytes (suffixes K, M, G = KiB, MiB, GiB).
+    #[arg(long, value_delimiter = ',', default_value = "4K,64K,1M,16M,64M")]
+    sizes: Vec<String>,
+    /// Timed iterations per size (the median is printed).
+    #[arg(long, default_value_t = 20)]
+    iters: usize,
+    /// Untimed iterations per size before timing.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Algorithm: auto (by size), ring, or rd (recursive doubling).
+    #[arg(long, default_value = "auto")]
+    algo: String,
+    /// Ring pipelining granularity, bytes (default: the library's).
+    #[arg(long)]
+    chunk_bytes: Option<usize>,
+    /// Socket buffer size, bytes (default: kernel autotuning).
+    #[arg(long)]
+    socket_buffer_bytes: Option<usize>,
+    /// Shared secret of the group.
+    #[arg(long, default_value = "collective-bench")]
+    secret: String,
+}
+
+fn parse_size(s: &str) -> anyhow_free::Result<usize> {
+    let s = s.trim();
+    let (num, mul) = match s.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => {
+            let mul = match s[i..].to_ascii_uppercase().as_str() {
+                "K" | "KB" | "KIB" => 1 << 10,
+                "M" | "MB" | "MIB" => 1 << 20,
+                "G" | "GB" | "GIB" => 1 << 30,
+                "B" => 1,
+                other => return Err(format!("unknown size suffix {other:?}")),
+            };
+            (&s[..i], mul)
+        }
+        None => (s, 1),
+    };
+    let n: usize = num.parse().map_err(|e| format!("size {s:?}: {e}"))?;
+    Ok(n * mul)
+}
+
+mod anyhow_free {
+    pub type Result<T> = std::result::Result<T, String>;
+}
+
+fn resolve(s: &str) -> anyhow_free::Result<SocketAddr> {
+    s.to_socket_addrs()
+        .map_err(|e| format!("address {s:?}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("address {s:?} does not resolve"))
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(args) {
+        eprintln!("collective-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> anyhow_free::Result<()> {
+    let addrs = args
+        .peers
+        .iter()
+        .map(|p| resolve(p))
+        .collect::<anyhow_free::Result<Vec<_>>>()?;
+    let sizes = args
+        .sizes
+        .iter()
+        .map(|s| parse_size(s))
+        .collect::<anyhow_free::Result<Vec<_>>>()?;
+    let mut limits = Limits {
+        connect_timeout_ms: 60_000,
+        op_timeout_ms: 300_000,
+        socket_buffer_bytes: args.socket_buffer_bytes,
+        ..Limits::default()
+    };
+    if let Some(c) = args.chunk_bytes {
+        limits.chunk_bytes = c;
+        limits.frame_bytes_max = limits.frame_bytes_max.max(c);
+    }
+    match args.algo.as_str() {
+        "auto" => {}
+        "ring" => limits.small_bytes_max = 0,
+        "rd" => limits.small_bytes_max = sizes.iter().copied().max().unwrap_or(0),
+        other => return Err(format!("unknown --algo {other:?}")),
+    }
+    let cfg = GroupConfig {
+        rank: args.rank,
+        world: args.world,
+        group_id: 0xbe_9c,
+        generation: 0,
+        addrs,
+        secret: args.secret.into_bytes(),
+        limits,
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let mut comm = Communicator::connect(cfg)
+            .await
+            .map_err(|e| e.to_string())?;
+        let max = sizes.iter().copied().max().unwrap_or(0);
+        let mut buf = vec![1.0f32; max / 4];
+        for &size in &sizes {
+            let n = size / 4;
+            let b = &mut buf[..n];
+            comm.barrier().await.map_err(|e| e.to_string())?;
+            for _ in 0..args.warmup {
+                comm.allreduce(b, ReduceOp::Sum)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                b.fill(1.0);
+            }
+            let mut times = Vec::with_capacity(args.iters);
+            for _ in 0..args.iters.max(1) {
+                let t0 = Instant::now();
+                comm.allreduce(b, ReduceOp::Sum)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                times.push(t0.elapsed().as_secs_f64());
+            }
+            // Every element went through the same reductions: they must all be equal.
+            if !b.iter().all(|x| *x == b[0]) {
+                return Err("allreduce results differ within the buffer".into());
+            }
+            b.fill(1.0);
+            times.sort_by(|a, b| a.total_cmp(b));
+            let med = times[times.len() / 2];
+            let bytes = (n * 4) as f64;
+            let algbw = bytes / med / 1e9;
+            let w = args.world as f64;
+            let busbw = algbw * 2.0 * (w - 1.0) / w;
+            if args.rank == 0 {
+                println!(
+                    "allreduce world={} size={} time_ms={:.4} algbw_GBps={:.4} busbw_GBps={:.4}",
+                    args.world,
+                    n * 4,
+                    med * 1e3,
+                    algbw,
+                    busbw
+                );
+            }
+        }
+        comm.barrier().await.map_err(|e| e.to_string())?;
+        Ok(())
+    })
+}

@@ -1,0 +1,208 @@
+//! Gradient buckets (fusion): many small tensors packed into a few large allreduces that
+//! overlap with the filling of later buckets.
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::communicator::Communicator;
+use crate::element::Element;
+use crate::error::{CollectiveError, ReduceOp};
+
+/// How a [`Bucketer`] packs tensors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketConfig {
+    /// Size of every bucket but the first, bytes. Default 25 MiB (as PyTorch DDP).
+    pub bucket_bytes: usize,
+    /// Size of the first bucket, bytes: small so that the first allreduce starts early.
+    /// Default 1 MiB.
+    pub first_bucket_bytes: usize,
+    /// Buckets handed to the communicator and not yet collected; a push waits beyond this.
+    /// Default 64.
+    pub in_flight_buckets_max: usize,
+    /// The reduction. Default [`ReduceOp::Avg`] (gradient averaging).
+    pub op: ReduceOp,
+}
+
+impl Default for BucketConfig {
+    fn default() -> Self {
+        BucketConfig {
+            bucket_bytes: 25 * 1024 * 1024,
+            first_bucket_bytes: 1024 * 1024,
+            in_flight_buckets_max: 64,
+            op: ReduceOp::Avg,
+        }
+    }
+}
+
+type Done<T> = (Vec<T>, Result<(), CollectiveError>);
+
+/// Packs tensors into buckets and allreduces each bucket as soon as it is full, in a
+/// background task that owns the [`Communicator`], while the caller goes on pushing.
+///
+/// Per step: [`Bucketer::push`] every tensor in a fixed order (the same on every rank), then
+/// [`Bucketer::finish`] with the same tensors in the same order to wait for the last bucket
+/// and unpack the reduced values in place. Bucket buffers are reused from step to step.
+///
+/// Invariant: the concatenation of the pushed tensors is cut into buckets of
+/// `first_bucket_bytes`, then `bucket_bytes`, …; bucket `i` is reduced by the `i`-th
+/// allreduce on every rank, so ranks that push the same sizes run the same operations.
+pub struct Bucketer<T: Element> {
+    cfg: BucketConfig,
+    to_worker: mpsc::Sender<Vec<T>>,
+    from_worker: mpsc::Receiver<Done<T>>,
+    worker: JoinHandle<Communicator>,
+    current: Vec<T>,
+    /// Buckets of this step already reduced, in order.
+    done: Vec<Vec<T>>,
+    /// Buckets sent and not yet received back.
+    in_flight: usize,
+    /// Index of the bucket being filled.
+    index: usize,
+    /// Reusable empty buffers.
+    free: Vec<Vec<T>>,
+    pushed_elems: usize,
+    error: Option<CollectiveError>,
+}
+
+impl<T: Element> Bucketer<T> {
+    /// Starts the background task that owns `comm`. Needs a tokio runtime.
+    pub fn new(comm: Communicator, cfg: BucketConfig) -> Result<Self, CollectiveError> {
+        let size = std::mem::size_of::<T>();
+        if cfg.bucket_bytes < size
+            || cfg.first_bucket_bytes < size
+            || cfg.in_flight_buckets_max == 0
+        {
+            return Err(CollectiveError::Invalid(
+                "bucket sizes below one element".into(),
+            ));
+        }
+        let (to_worker, mut rx) = mpsc::channel::<Vec<T>>(cfg.in_flight_buckets_max);
+        let (tx, from_worker) = mpsc::channel(cfg.in_flight_buckets_max);
+        let op = cfg.op;
+        let worker = tokio::spawn(async move {
+            let mut comm = comm;
+            while let Some(mut bucket) = rx.recv().await {
+                let r = comm.allreduce(&mut bucket, op).await;
+                if tx.send((bucket, r)).await.is_err() {
+                    break;
+                }
+            }
+            comm
+        });
+        Ok(Bucketer {
+            current: Vec::new(),
+            cfg,
+            to_worker,
+            from_worker,
+            worker,
+            done: Vec::new(),
+            in_flight: 0,
+            index: 0,
+            free: Vec::new(),
+            pushed_elems: 0,
+            error: None,
+        })
+    }
+
+    fn capacity(&self, index: usize) -> usize {
+        let bytes = if index == 0 {
+            self.cfg.first_bucket_bytes
+        } else {
+            self.cfg.bucket_bytes
+        };
+        bytes / std::mem::size_of::<T>()
+    }
+
+    /// Appends a tensor (copied); every bucket that fills up is handed to the allreduce
+    /// task at once. Waits only when `in_flight_buckets_max` buckets are outstanding.
+    pub async fn push(&mut self, mut tensor: &[T]) -> Result<(), CollectiveError> {
+        self.pushed_elems += tensor.len();
+        while !tensor.is_empty() {
+            let cap = self.capacity(self.index);
+            if self.current.capacity() < cap {
+                self.current.reserve_exact(cap - self.current.len());
+            }
+            let k = (cap - self.current.len()).min(tensor.len());
+            self.current.extend_from_slice(&tensor[..k]);
+            tensor = &tensor[k..];
+            if self.current.len() == cap {
+                self.flush().await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), CollectiveError> {
+        if self.in_flight >= self.cfg.in_flight_buckets_max {
+            self.collect_one().await?;
+        }
+        let next = self.free.pop().unwrap_or_default();
+        let bucket = std::mem::replace(&mut self.current, next);
+        self.to_worker
+            .send(bucket)
+            .await
+            .map_err(|_| CollectiveError::Aborted)?;
+        self.in_flight += 1;
+        self.index += 1;
+        Ok(())
+    }
+
+    async fn collect_one(&mut self) -> Result<(), CollectiveError> {
+        let (bucket, r) = self
+            .from_worker
+            .recv()
+            .await
+            .ok_or(CollectiveError::Aborted)?;
+        self.in_flight -= 1;
+        self.done.push(bucket);
+        if let Err(e) = r {
+            self.error.get_or_insert(e);
+        }
+        Ok(())
+    }
+
+    /// Sends the last, partial bucket, waits for every bucket of the step, and writes the
+    /// reduced values back into `tensors` (the pushed tensors, same order and lengths).
+    /// The bucketer is then ready for the next step.
+    pub async fn finish(&mut self, tensors: &mut [&mut [T]]) -> Result<(), CollectiveError> {
+        if !self.current.is_empty() {
+            self.flush().await?;
+        }
+        while self.in_flight > 0 {
+            self.collect_one().await?;
+        }
+        let pushed = std::mem::take(&mut self.pushed_elems);
+        self.index = 0;
+        let result = match self.error.take() {
+            Some(e) => Err(e),
+            None if tensors.iter().map(|t| t.len()).sum::<usize>() != pushed => {
+                Err(CollectiveError::Invalid(format!(
+                    "finish with other tensors than the {pushed} elements pushed"
+                )))
+            }
+            None => {
+                let mut src = self.done.iter().flat_map(|b| b.iter());
+                for t in tensors.iter_mut() {
+                    for (d, s) in t.iter_mut().zip(&mut src) {
+                        *d = *s;
+                    }
+                }
+                Ok(())
+            }
+        };
+        for mut b in self.done.drain(..) {
+            b.clear();
+            self.free.push(b);
+        }
+        result
+    }
+
+    /// Stops the background task and returns the communicator.
+    pub async fn into_communicator(self) -> Result<Communicator, CollectiveError> {
+        drop(self.to_worker);
+        drop(self.from_worker);
+        self.worker
+            .await
+            .map_err(|e| CollectiveError::Invalid(format!("bucket task failed: {e}")))
+    }
+}

@@ -1,0 +1,829 @@
+//! The [`Communicator`]: one rank of a fixed group, running collectives over its links.
+
+use std::future::Future;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tracing::warn;
+
+use crate::config::{GroupConfig, Limits};
+use crate::element::{as_bytes, as_bytes_mut, Element};
+use crate::error::{AbortReason, Algorithm, CollKind, CollectiveError, DType, OpDesc, ReduceOp};
+use crate::frame::{Abort, Header};
+use crate::schedule::{self, RdStep};
+use crate::tcp;
+use crate::transport::{Failure, Link, Reader, Writer};
+
+/// Cancels the operations of a [`Communicator`] from another task.
+#[derive(Clone, Debug)]
+pub struct AbortHandle(Arc<AbortState>);
+
+#[derive(Debug, Default)]
+struct AbortState {
+    aborted: AtomicBool,
+    notify: Notify,
+}
+
+impl AbortHandle {
+    /// Makes the in-flight operation (and every later one) fail with
+    /// [`CollectiveError::Aborted`]; peers fail with [`CollectiveError::PeerAborted`].
+    pub fn abort(&self) {
+        self.0.aborted.store(true, Ordering::SeqCst);
+        self.0.notify.notify_waiters();
+    }
+
+    /// Whether [`AbortHandle::abort`] was called.
+    pub fn is_aborted(&self) -> bool {
+        self.0.aborted.load(Ordering::SeqCst)
+    }
+
+    async fn wait(&self) {
+        loop {
+            let notified = self.0.notify.notified();
+            if self.is_aborted() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// One rank of a fixed group (rank, world size, group id, generation).
+///
+/// Operations run one at a time (`&mut self`), in the same order on every rank, each with a
+/// deadline (`op_timeout_ms`). Invariants:
+/// - after a successful `allreduce` every rank holds the same bits, the reduction of all
+///   ranks' inputs (each exactly once);
+/// - after any error the communicator is poisoned: every later operation returns that error
+///   at once, and the other ranks are told (abort frames), so their pending and next
+///   operations fail too. Build a new generation to go on;
+/// - every frame names its operation (sequence number, kind, algorithm, dtype, op, length),
+///   and a frame that disagrees fails with [`CollectiveError::Mismatch`].
+///
+/// A rank that is not inside an operation notices a peer's failure at its next operation.
+pub struct Communicator {
+    rank: usize,
+    world: usize,
+    group_id: u64,
+    generation: u64,
+    limits: Limits,
+    engine: Engine,
+    seq: u64,
+    poisoned: Option<CollectiveError>,
+    abort: AbortHandle,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("group_id", &self.group_id)
+            .field("generation", &self.generation)
+            .field("seq", &self.seq)
+            .field("poisoned", &self.poisoned)
+            .finish()
+    }
+}
+
+impl Communicator {
+    /// Binds `addrs[rank]` and connects the group (see [`Communicator::connect_with_listener`]).
+    pub async fn connect(cfg: GroupConfig) -> Result<Self, CollectiveError> {
+        cfg.validate()?;
+        let addr = cfg.addrs[cfg.rank];
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| CollectiveError::Listen {
+                addr: addr.to_string(),
+                detail: e.to_string(),
+            })?;
+        Self::connect_with_listener(cfg, &listener).await
+    }
+
+    /// Connects the group, accepting on `listener` (the caller keeps it across
+    /// generations): dials the higher-ranked peers it needs, with retries, and accepts the
+    /// lower ones, each authenticated by the handshake; stray, stale or unauthenticated
+    /// connections are refused and logged. Fails with [`CollectiveError::Connect`] when the
+    /// group is not complete by `connect_timeout_ms`.
+    pub async fn connect_with_listener(
+        cfg: GroupConfig,
+        listener: &TcpListener,
+    ) -> Result<Self, CollectiveError> {
+        cfg.validate()?;
+        let mut streams = tcp::establish(&cfg, listener).await?;
+        let mut links: Vec<Option<Link>> = (0..cfg.world).map(|_| None).collect();
+        for (peer, s) in streams.drain() {
+            links[peer] = Some(Link::tcp(peer, s));
+        }
+        Ok(Self::from_links(
+            cfg.rank,
+            cfg.world,
+            cfg.group_id,
+            cfg.generation,
+            cfg.limits,
+            links,
+        ))
+    }
+
+    /// A group of `world` ranks in this process, connected by in-memory channels (tests,
+    /// single-process use). Dropping a communicator is seen by the others as a lost peer.
+    pub fn in_memory(world: usize, limits: Limits) -> Result<Vec<Self>, CollectiveError> {
+        limits.validate()?;
+        if world == 0 {
+            return Err(CollectiveError::Invalid("world 0".into()));
+        }
+        let mut links: Vec<Vec<Option<Link>>> = (0..world)
+            .map(|_| (0..world).map(|_| None).collect())
+            .collect();
+        for a in 0..world {
+            for b in schedule::peers(a, world) {
+                if a < b {
+                    let (la, lb) = Link::mem_pair(a, b);
+                    links[a][b] = Some(la);
+                    links[b][a] = Some(lb);
+                }
+            }
+        }
+        Ok(links
+            .into_iter()
+            .enumerate()
+            .map(|(r, l)| Self::from_links(r, world, 0, 0, limits.clone(), l))
+            .collect())
+    }
+
+    fn from_links(
+        rank: usize,
+        world: usize,
+        group_id: u64,
+        generation: u64,
+        limits: Limits,
+        links: Vec<Option<Link>>,
+    ) -> Self {
+        let scratch_words = limits.chunk_bytes.max(limits.small_bytes_max).div_ceil(8);
+        Communicator {
+            rank,
+            world,
+            group_id,
+            generation,
+            engine: Engine {
+                rank,
+                world,
+                links,
+                scratch: vec![0u64; scratch_words],
+                chunk_bytes: limits.chunk_bytes,
+            },
+            limits,
+            seq: 0,
+            poisoned: None,
+            abort: AbortHandle(Arc::default()),
+        }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    /// Number of ranks.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+    /// Group id.
+    pub fn group_id(&self) -> u64 {
+        self.group_id
+    }
+    /// Generation.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+    /// The limits in force.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+    /// The error that poisoned this communicator, if any.
+    pub fn error(&self) -> Option<&CollectiveError> {
+        self.poisoned.as_ref()
+    }
+
+    /// The part of a `len`-element buffer that `rank` owns in [`Communicator::reduce_scatter`]
+    /// and contributes in [`Communicator::allgather`].
+    pub fn segment(&self, len: usize, rank: usize) -> Range<usize> {
+        schedule::segment(len, self.world, rank)
+    }
+
+    /// A handle that cancels this communicator's operations from elsewhere.
+    pub fn abort_handle(&self) -> AbortHandle {
+        self.abort.clone()
+    }
+
+    /// Cancels the generation: poisons this communicator with [`CollectiveError::Aborted`] and
+    /// tells the peers, whose operations fail with [`CollectiveError::PeerAborted`].
+    pub async fn abort(&mut self) {
+        self.abort.abort();
+        if self.poisoned.is_none() {
+            let f = Failure {
+                error: CollectiveError::Aborted,
+                relay: Abort::Peer {
+                    rank: self.rank,
+                    reason: AbortReason::Aborted,
+                },
+            };
+            self.fail(f);
+        }
+    }
+
+    /// Sums (or averages, min, max) `buf` across all ranks, in place. Small messages
+    /// (≤ `small_bytes_max`) use recursive doubling, larger ones the pipelined ring.
+    pub async fn allreduce<T: Element>(
+        &mut self,
+        buf: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        let algo = self.pick(buf.len(), T::DTYPE);
+        let desc = self.begin(CollKind::Allreduce, algo, T::DTYPE, Some(op), buf.len(), 0)?;
+        if self.world == 1 {
+            return Ok(());
+        }
+        let Communicator { engine, abort, .. } = self;
+        let fut = async {
+            match algo {
+                Algorithm::RecursiveDoubling => engine.recursive_doubling(buf, op, &desc).await,
+                _ => {
+                    engine.ring_reduce_scatter(buf, op, &desc).await?;
+                    engine.ring_allgather(buf, &desc).await
+                }
+            }
+        };
+        let r = guarded(fut, abort, self.limits.op_timeout_ms, &desc, self.rank).await;
+        self.finish(r)
+    }
+
+    /// Reduce-scatter in place: afterwards `buf[self.segment(buf.len(), rank)]` holds the
+    /// reduction of that segment over all ranks; the rest of `buf` is scratch.
+    pub async fn reduce_scatter<T: Element>(
+        &mut self,
+        buf: &mut [T],
+        op: ReduceOp,
+    ) -> Result<(), CollectiveError> {
+        let desc = self.begin(
+            CollKind::ReduceScatter,
+            Algorithm::Ring,
+            T::DTYPE,
+            Some(op),
+            buf.len(),
+            0,
+        )?;
+        if self.world == 1 {
+            return Ok(());
+        }
+        let Communicator { engine, abort, .. } = self;
+        let fut = engine.ring_reduce_scatter(buf, op, &desc);
+        let r = guarded(fut, abort, self.limits.op_timeout_ms, &desc, self.rank).await;
+        self.finish(r)
+    }
+
+    /// Allgather in place: each rank contributes `buf[self.segment(buf.len(), rank)]`;
+    /// afterwards every rank holds every segment.
+    pub async fn allgather<T: Element>(&mut self, buf: &mut [T]) -> Result<(), CollectiveError> {
+        let desc = self.begin(
+            CollKind::Allgather,
+            Algorithm::Ring,
+            T::DTYPE,
+            None,
+            buf.len(),
+            0,
+        )?;
+        if self.world == 1 {
+            return Ok(());
+        }
+        let Communicator { engine, abort, .. } = self;
+        let fut = engine.ring_allgather(buf, &desc);
+        let r = guarded(fut, abort, self.limits.op_timeout_ms, &desc, self.rank).await;
+        self.finish(r)
+    }
+
+    /// Copies `root`'s `buf` into every rank's `buf` (a pipelined chain along the ring).
+    pub async fn broadcast<T: Element>(
+        &mut self,
+        buf: &mut [T],
+        root: usize,
+    ) -> Result<(), CollectiveError> {
+        self.broadcast_raw(as_bytes_mut(buf), T::DTYPE, root).await
+    }
+
+    pub(crate) async fn broadcast_raw(
+        &mut self,
+        buf: &mut [u8],
+        dtype: DType,
+        root: usize,
+    ) -> Result<(), CollectiveError> {
+        if root >= self.world {
+            return Err(CollectiveError::Invalid(format!("root {root}")));
+        }
+        let len = buf.len() / dtype.size_bytes().max(1);
+        let desc = self.begin(
+            CollKind::Broadcast,
+            Algorithm::Chain,
+            dtype,
+            None,
+            len,
+            root,
+        )?;
+        if self.world == 1 {
+            return Ok(());
+        }
+        let Communicator { engine, abort, .. } = self;
+        let fut = engine.chain_broadcast(buf, root, &desc);
+        let r = guarded(fut, abort, self.limits.op_timeout_ms, &desc, self.rank).await;
+        self.finish(r)
+    }
+
+    /// Returns once every rank has entered the barrier (recursive doubling, header-only).
+    pub async fn barrier(&mut self) -> Result<(), CollectiveError> {
+        let desc = self.begin(
+            CollKind::Barrier,
+            Algorithm::RecursiveDoubling,
+            DType::None,
+            None,
+            0,
+            0,
+        )?;
+        if self.world == 1 {
+            return Ok(());
+        }
+        let Communicator { engine, abort, .. } = self;
+        let fut = engine.recursive_doubling::<f32>(&mut [], ReduceOp::Sum, &desc);
+        let r = guarded(fut, abort, self.limits.op_timeout_ms, &desc, self.rank).await;
+        self.finish(r)
+    }
+
+    fn pick(&self, len: usize, dtype: DType) -> Algorithm {
+        if len * dtype.size_bytes() <= self.limits.small_bytes_max {
+            Algorithm::RecursiveDoubling
+        } else {
+            Algorithm::Ring
+        }
+    }
+
+    /// Checks the communicator is usable and numbers the next operation.
+    fn begin(
+        &mut self,
+        kind: CollKind,
+        algo: Algorithm,
+        dtype: DType,
+        op: Option<ReduceOp>,
+        len: usize,
+        root: usize,
+    ) -> Result<OpDesc, CollectiveError> {
+        if let Some(e) = &self.poisoned {
+            return Err(e.clone());
+        }
+        if self.abort.is_aborted() {
+            self.fail(Failure {
+                error: CollectiveError::Aborted,
+                relay: Abort::Peer {
+                    rank: self.rank,
+                    reason: AbortReason::Aborted,
+                },
+            });
+            return Err(CollectiveError::Aborted);
+        }
+        let desc = OpDesc {
+            seq: self.seq,
+            kind,
+            algo,
+            dtype,
+            op,
+            len: len as u64,
+            root: root as u32,
+        };
+        self.seq += 1;
+        Ok(desc)
+    }
+
+    fn finish(&mut self, r: Result<(), Failure>) -> Result<(), CollectiveError> {
+        match r {
+            Ok(()) => Ok(()),
+            Err(f) => {
+                let e = f.error.clone();
+                self.fail(f);
+                Err(e)
+            }
+        }
+    }
+
+    /// Poisons the communicator and relays the failure to every peer in the background
+    /// (abort frame, then close after draining for `abort_linger_ms`).
+    fn fail(&mut self, f: Failure) {
+        if self.poisoned.is_some() {
+            return;
+        }
+        warn!(rank = self.rank, generation = self.generation, error = %f.error, "collective failed, generation poisoned");
+        self.poisoned = Some(f.error);
+        let links: Vec<Link> = self
+            .engine
+            .links
+            .iter_mut()
+            .filter_map(Option::take)
+            .collect();
+        let linger = Duration::from_millis(self.limits.abort_linger_ms);
+        let relay = f.relay;
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let closes = links.into_iter().map(|l| l.close_with(relay, linger));
+                futures_join_all(closes).await;
+            });
+        }
+    }
+}
+
+/// Runs `futs` concurrently to completion.
+async fn futures_join_all<F: Future<Output = ()>>(futs: impl Iterator<Item = F>) {
+    let mut set = Vec::new();
+    for f in futs {
+        set.push(Box::pin(f));
+    }
+    // A tiny join-all: poll every unfinished future each time any is woken.
+    std::future::poll_fn(|cx| {
+        set.retain_mut(|f| f.as_mut().poll(cx).is_pending());
+        if set.is_empty() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
+/// Runs one operation under its deadline and the abort handle.
+async fn guarded(
+    fut: impl Future<Output = Result<(), Failure>>,
+    abort: &AbortHandle,
+    op_timeout_ms: u64,
+    desc: &OpDesc,
+    rank: usize,
+) -> Result<(), Failure> {
+    let deadline = Instant::now() + Duration::from_millis(op_timeout_ms);
+    tokio::select! {
+        r = fut => r,
+        _ = abort.wait() => Err(Failure {
+            error: CollectiveError::Aborted,
+            relay: Abort::Peer { rank, reason: AbortReason::Aborted },
+        }),
+        _ = tokio::time::sleep_until(deadline) => Err(Failure {
+            error: CollectiveError::Timeout { op: *desc, after_ms: op_timeout_ms },
+            relay: Abort::Peer { rank, reason: AbortReason::Timeout },
+        }),
+    }
+}
+
+/// The data path: links, a reusable scratch buffer, and the algorithms.
+struct Engine {
+    rank: usize,
+    world: usize,
+    links: Vec<Option<Link>>,
+    /// Reused across calls: one chunk for the ring, one whole small message for recursive
+    /// doubling (u64 words so it can be viewed as any element type).
+    scratch: Vec<u64>,
+    chunk_bytes: usize,
+}
+
+/// Element ranges of the frames of one transfer of `n` elements: sub-chunks of
+/// `chunk_elems`, and one empty frame for an empty transfer (so that even empty transfers
+/// synchronise and are checked).
+fn frames(start: usize, n: usize, chunk_elems: usize) -> impl Iterator<Item = Range<usize>> {
+    let empty = (n == 0).then_some(start..start);
+    empty
+        .into_iter()
+        .chain(schedule::subchunks(start..start + n, chunk_elems))
+}
+
+/// Borrows `(reader of from, writer of to, reader of to if distinct)`.
+fn pair(
+    links: &mut [Option<Link>],
+    from: usize,
+    to: usize,
+) -> (&mut Reader, &mut Writer, Option<&mut Reader>) {
+    const MISSING: &str = "links exist for every schedule peer until poisoned";
+    if from == to {
+        let l = links[from].as_mut().expect(MISSING);
+        (&mut l.reader, &mut l.writer, None)
+    } else {
+        let [a, b] = links
+            .get_disjoint_mut([from, to])
+            .expect("distinct in-range peers");
+        let a = a.as_mut().expect(MISSING);
+        let b = b.as_mut().expect(MISSING);
+        (&mut a.reader, &mut b.writer, Some(&mut b.reader))
+    }
+}
+
+/// Reads one data frame of `desc` with exactly `buf.len()` payload bytes into `buf`.
+async fn recv_frame(
+    reader: &mut Reader,
+    me: usize,
+    desc: &OpDesc,
+    buf: &mut [u8],
+) -> Result<(), Failure> {
+    match reader.next_header().await? {
+        Header::Abort(a) => Err(Failure::relayed(a, Some(*desc))),
+        Header::Data {
+            desc: theirs,
+            payload_bytes,
+        } => {
+            if theirs != *desc {
+                return Err(Failure {
+                    error: CollectiveError::Mismatch {
+                        rank: reader.peer(),
+                        ours: *desc,
+                        theirs,
+                    },
+                    relay: Abort::Mismatch {
+                        rank: me,
+                        theirs: *desc,
+                    },
+                });
+            }
+            if payload_bytes as usize != buf.len() {
+                return Err(Failure {
+                    error: CollectiveError::Protocol {
+                        rank: reader.peer(),
+                        detail: format!(
+                            "frame of {payload_bytes} bytes, expected {} (chunk_bytes differ?)",
+                            buf.len()
+                        ),
+                    },
+                    relay: Abort::Peer {
+                        rank: me,
+                        reason: AbortReason::Protocol,
+                    },
+                });
+            }
+            reader.read_payload(buf).await
+        }
+    }
+}
+
+/// Sends `data` as frames of `chunk_elems`.
+async fn send_all<T: Element>(
+    writer: &mut Writer,
+    desc: &OpDesc,
+    data: &[T],
+    chunk_elems: usize,
+) -> Result<(), Failure> {
+    for c in frames(0, data.len(), chunk_elems) {
+        let bytes = as_bytes(&data[c]);
+        let h = Header::Data {
+            desc: *desc,
+            payload_bytes: bytes.len() as u32,
+        };
+        writer.write_frame(&h, bytes).await?;
+    }
+    Ok(())
+}
+
+/// Receives frames into `dst`, reducing with `op` through `scratch` or, without `op`,
+/// overwriting `dst`.
+async fn recv_all<T: Element>(
+    reader: &mut Reader,
+    me: usize,
+    desc: &OpDesc,
+    dst: &mut [T],
+    scratch: &mut [T],
+    reduce: Option<(ReduceOp, bool)>,
+    chunk_elems: usize,
+) -> Result<(), Failure> {
+    for c in frames(0, dst.len(), chunk_elems) {
+        let d = &mut dst[c];
+        match reduce {
+            None => recv_frame(reader, me, desc, as_bytes_mut(d)).await?,
+            Some((op, theirs_first)) => {
+                let s = &mut scratch[..d.len()];
+                recv_frame(reader, me, desc, as_bytes_mut(s)).await?;
+                T::reduce(d, s, op, theirs_first);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Waits for an abort or loss on a link we only send on (its reverse direction); a data
+/// header that arrives early (the peer is already in the next operation) is kept for it.
+async fn watch(reader: Option<&mut Reader>, desc: &OpDesc) -> Failure {
+    if let Some(r) = reader {
+        match r.peek_header().await {
+            Err(f) => return f,
+            Ok(Header::Abort(a)) => return Failure::relayed(a, Some(*desc)),
+            Ok(Header::Data { .. }) => {}
+        }
+    }
+    std::future::pending().await
+}
+
+/// `(&buf[a], &mut buf[b])` for disjoint ranges.
+fn split<T>(buf: &mut [T], a: Range<usize>, b: Range<usize>) -> (&[T], &mut [T]) {
+    if a.end <= b.start {
+        let (x, y) = buf.split_at_mut(b.start);
+        (&x[a], &mut y[..b.len()])
+    } else {
+        assert!(b.end <= a.start, "ring segments are disjoint");
+        let (x, y) = buf.split_at_mut(a.start);
+        (&y[..a.len()], &mut x[b])
+    }
+}
+
+fn scratch_as<T: Element>(scratch: &mut [u64]) -> &mut [T] {
+    bytemuck::cast_slice_mut(scratch)
+}
+
+impl Engine {
+    fn chunk_elems<T: Element>(&self) -> usize {
+        self.chunk_bytes / std::mem::size_of::<T>()
+    }
+
+    /// One ring step: send `buf[send]` right while receiving `buf[recv]` from the left,
+    /// sub-chunk by sub-chunk, reducing on arrival when `op` is given.
+    async fn ring_step<T: Element>(
+        &mut self,
+        buf: &mut [T],
+        send: Range<usize>,
+        recv: Range<usize>,
+        op: Option<ReduceOp>,
+        desc: &OpDesc,
+    ) -> Result<(), Failure> {
+        let ce = self.chunk_elems::<T>();
+        let (me, l, r) = (
+            self.rank,
+            schedule::left(self.rank, self.world),
+            schedule::right(self.rank, self.world),
+        );
+        let (reader, writer, watched) = pair(&mut self.links, l, r);
+        let scratch = scratch_as::<T>(&mut self.scratch);
+        let (src, dst) = split(buf, send, recv);
+        let both = async {
+            tokio::try_join!(
+                send_all(writer, desc, src, ce),
+                recv_all(reader, me, desc, dst, scratch, op.map(|o| (o, false)), ce),
+            )
+        };
+        tokio::select! {
+            r = both => r.map(|_| ()),
+            f = watch(watched, desc) => Err(f),
+        }
+    }
+
+    /// Ring reduce-scatter (see [`crate::schedule`]); with `Avg`, divides the owned segment.
+    async fn ring_reduce_scatter<T: Element>(
+        &mut self,
+        buf: &mut [T],
+        op: ReduceOp,
+        desc: &OpDesc,
+    ) -> Result<(), Failure> {
+        let (n, w) = (buf.len(), self.world);
+        for step in 0..w - 1 {
+            let st = schedule::reduce_scatter_step(self.rank, w, step);
+            let (s, r) = (
+                schedule::segment(n, w, st.send),
+                schedule::segment(n, w, st.recv),
+            );
+            self.ring_step(buf, s, r, Some(op), desc).await?;
+        }
+        if op == ReduceOp::Avg {
+            T::divide(&mut buf[schedule::segment(n, w, self.rank)], w);
+        }
+        Ok(())
+    }
+
+    /// Ring allgather of the segments (see [`crate::schedule`]).
+    async fn ring_allgather<T: Element>(
+        &mut self,
+        buf: &mut [T],
+        desc: &OpDesc,
+    ) -> Result<(), Failure> {
+        let (n, w) = (buf.len(), self.world);
+        for step in 0..w - 1 {
+            let st = schedule::allgather_step(self.rank, w, step);
+            let (s, r) = (
+                schedule::segment(n, w, st.send),
+                schedule::segment(n, w, st.recv),
+            );
+            self.ring_step(buf, s, r, None, desc).await?;
+        }
+        Ok(())
+    }
+
+    /// Recursive-doubling allreduce of a small `buf` (fits the scratch buffer).
+    async fn recursive_doubling<T: Element>(
+        &mut self,
+        buf: &mut [T],
+        op: ReduceOp,
+        desc: &OpDesc,
+    ) -> Result<(), Failure> {
+        let ce = self.chunk_elems::<T>();
+        let me = self.rank;
+        let Engine { links, scratch, .. } = self;
+        let scratch = &mut scratch_as::<T>(scratch)[..buf.len()];
+        for step in schedule::recursive_doubling(me, self.world) {
+            match step {
+                RdStep::Send { to } | RdStep::SendResult { to } => {
+                    let (_, w, _) = pair(links, to, to);
+                    send_all(w, desc, buf, ce).await?;
+                }
+                RdStep::RecvResult { from } => {
+                    let (r, _, _) = pair(links, from, from);
+                    recv_all(r, me, desc, buf, scratch, None, ce).await?;
+                }
+                RdStep::RecvReduce { from, theirs_first } => {
+                    let (r, _, _) = pair(links, from, from);
+                    recv_all(r, me, desc, buf, scratch, Some((op, theirs_first)), ce).await?;
+                }
+                RdStep::Exchange { peer, theirs_first } => {
+                    let (r, w, _) = pair(links, peer, peer);
+                    tokio::try_join!(
+                        send_all(w, desc, buf, ce),
+                        recv_all(r, me, desc, scratch, &mut [], None, ce),
+                    )?;
+                    T::reduce(buf, scratch, op, theirs_first);
+                }
+            }
+        }
+        if op == ReduceOp::Avg {
+            T::divide(buf, self.world);
+        }
+        Ok(())
+    }
+
+    /// Pipelined chain broadcast from `root` along the ring: each rank receives sub-chunk
+    /// `i + 1` while forwarding sub-chunk `i`.
+    async fn chain_broadcast(
+        &mut self,
+        buf: &mut [u8],
+        root: usize,
+        desc: &OpDesc,
+    ) -> Result<(), Failure> {
+        let ce = self.chunk_bytes;
+        let (me, w) = (self.rank, self.world);
+        let pos = (me + w - root) % w;
+        let (l, r) = (schedule::left(me, w), schedule::right(me, w));
+        let forward = pos + 1 < w;
+        let (reader, writer, watched) = pair(&mut self.links, l, r);
+        if pos == 0 {
+            let f = send_bytes_all(writer, desc, buf, ce);
+            return tokio::select! {
+                r = f => r,
+                f = watch(Some(reader), desc) => Err(f),
+                f = watch(watched, desc) => Err(f),
+            };
+        }
+        let ranges: Vec<Range<usize>> = frames(0, buf.len(), ce).collect();
+        let body = async {
+            recv_frame(reader, me, desc, &mut buf[ranges[0].clone()]).await?;
+            for i in 1..ranges.len() {
+                let (done, rest) = buf.split_at_mut(ranges[i].start);
+                let prev = &done[ranges[i - 1].clone()];
+                let next = &mut rest[..ranges[i].len()];
+                if forward {
+                    tokio::try_join!(
+                        send_bytes(writer, desc, prev),
+                        recv_frame(reader, me, desc, next)
+                    )?;
+                } else {
+                    recv_frame(reader, me, desc, next).await?;
+                }
+            }
+            if forward {
+                let last = ranges.last().expect("at least one frame").clone();
+                send_bytes(writer, desc, &buf[last]).await?;
+            }
+            Ok(())
+        };
+        tokio::select! {
+            r = body => r,
+            f = watch(watched, desc) => Err(f),
+        }
+    }
+}
+
+async fn send_bytes(writer: &mut Writer, desc: &OpDesc, data: &[u8]) -> Result<(), Failure> {
+    let h = Header::Data {
+        desc: *desc,
+        payload_bytes: data.len() as u32,
+    };
+    writer.write_frame(&h, data).await
+}
+
+async fn send_bytes_all(
+    writer: &mut Writer,
+    desc: &OpDesc,
+    data: &[u8],
+    chunk_bytes: usize,
+) -> Result<(), Failure> {
+    for c in frames(0, data.len(), chunk_bytes) {
+        send_bytes(writer, desc, &data[c]).await?;
+    }
+    Ok(())
+}

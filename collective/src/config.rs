@@ -1,0 +1,134 @@
+//! Group configuration and named limits.
+
+use std::fmt;
+use std::net::SocketAddr;
+
+use crate::error::CollectiveError;
+
+/// Tunables of a communicator. Every rank of a group must use the same values for
+/// `chunk_bytes` and `small_bytes_max` (a difference is detected as a mismatch).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Deadline for establishing every data-plane connection, ms. Default 10 000.
+    pub connect_timeout_ms: u64,
+    /// Deadline for one handshake once TCP is connected, ms. Default 2 000.
+    pub handshake_timeout_ms: u64,
+    /// Deadline of every collective operation, ms. Default 60 000.
+    pub op_timeout_ms: u64,
+    /// Payload bytes per frame: the pipelining granularity of the ring. A multiple of 8.
+    /// Default 512 KiB (measured: 256 KiB–1 MiB are within noise on loopback).
+    pub chunk_bytes: usize,
+    /// Messages of at most this many bytes use recursive doubling instead of the ring.
+    /// Default 64 KiB (the measured crossover on loopback, N = 3–4).
+    pub small_bytes_max: usize,
+    /// `SO_SNDBUF`/`SO_RCVBUF` for data-plane sockets; `None` keeps the kernel's autotuning
+    /// (which on Linux grows further than an explicit size capped by `rmem_max`).
+    pub socket_buffer_bytes: Option<usize>,
+    /// Upper bound on any frame payload, bytes. Default 16 MiB.
+    pub frame_bytes_max: usize,
+    /// How long a failing rank keeps its connections open to deliver abort frames, ms.
+    /// Default 1 000.
+    pub abort_linger_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            connect_timeout_ms: 10_000,
+            handshake_timeout_ms: 2_000,
+            op_timeout_ms: 60_000,
+            chunk_bytes: 512 * 1024,
+            small_bytes_max: 64 * 1024,
+            socket_buffer_bytes: None,
+            frame_bytes_max: 16 * 1024 * 1024,
+            abort_linger_ms: 1_000,
+        }
+    }
+}
+
+impl Limits {
+    /// Short timers and small chunks, so tests exercise pipelining and fail fast.
+    pub fn for_test() -> Self {
+        Limits {
+            connect_timeout_ms: 5_000,
+            handshake_timeout_ms: 1_000,
+            op_timeout_ms: 5_000,
+            chunk_bytes: 64,
+            small_bytes_max: 96,
+            socket_buffer_bytes: None,
+            frame_bytes_max: 1024 * 1024,
+            abort_linger_ms: 500,
+        }
+    }
+
+    /// Checks the limits are usable.
+    pub fn validate(&self) -> Result<(), CollectiveError> {
+        let bad = |m: &str| Err(CollectiveError::Invalid(m.into()));
+        if self.chunk_bytes == 0 || self.chunk_bytes % 8 != 0 {
+            return bad("chunk_bytes must be a positive multiple of 8");
+        }
+        if self.chunk_bytes > self.frame_bytes_max || self.frame_bytes_max > u32::MAX as usize {
+            return bad("chunk_bytes must not exceed frame_bytes_max (≤ 4 GiB)");
+        }
+        if self.op_timeout_ms == 0 || self.connect_timeout_ms == 0 {
+            return bad("timeouts must be positive");
+        }
+        Ok(())
+    }
+}
+
+/// Everything needed to create one rank of a group.
+#[derive(Clone)]
+pub struct GroupConfig {
+    /// This rank, `0..world`.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world: usize,
+    /// Identifies the group (e.g. a hash of the job id).
+    pub group_id: u64,
+    /// Generation of the group; a connection from another generation is refused.
+    pub generation: u64,
+    /// Data-plane address of every rank (index = rank).
+    pub addrs: Vec<SocketAddr>,
+    /// Shared secret; connections are authenticated with a blake3 MAC keyed from it.
+    pub secret: Vec<u8>,
+    /// Tunables.
+    pub limits: Limits,
+}
+
+impl fmt::Debug for GroupConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GroupConfig")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("group_id", &self.group_id)
+            .field("generation", &self.generation)
+            .field("addrs", &self.addrs)
+            .field("secret", &"<redacted>")
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+impl GroupConfig {
+    /// Checks ranks, addresses and limits.
+    pub fn validate(&self) -> Result<(), CollectiveError> {
+        if self.world == 0 || self.rank >= self.world {
+            return Err(CollectiveError::Invalid(format!(
+                "rank {} of world {}",
+                self.rank, self.world
+            )));
+        }
+        if self.addrs.len() != self.world {
+            return Err(CollectiveError::Invalid(format!(
+                "{} addresses for world {}",
+                self.addrs.len(),
+                self.world
+            )));
+        }
+        if self.world > u32::MAX as usize {
+            return Err(CollectiveError::Invalid("world too large".into()));
+        }
+        self.limits.validate()
+    }
+}

@@ -1,0 +1,184 @@
+//! Element types and their vectorised reductions.
+//!
+//! The loops are plain `zip` loops over slices that LLVM auto-vectorises; f16 and bf16 are
+//! converted in blocks through f32 (with `half`'s SIMD slice conversions) and rounded back.
+
+use half::{bf16, f16, slice::HalfFloatSliceExt};
+
+use crate::error::{DType, ReduceOp};
+
+#[cfg(target_endian = "big")]
+compile_error!("the collective wire format is little-endian (native element bytes)");
+
+/// Elements per block when reducing half-precision values through f32.
+const HALF_BLOCK_ELEMS: usize = 256;
+
+pub(crate) mod sealed {
+    use crate::error::ReduceOp;
+
+    /// Operations the data plane needs; not nameable outside the crate.
+    pub trait Sealed: bytemuck::Pod + Default + Send + Sync + 'static {
+        /// `dst[i] = dst[i] ⊕ src[i]`, or `src[i] ⊕ dst[i]` when `src_first` (min/max are not
+        /// bitwise commutative for ±0; recursive doubling fixes the order by rank).
+        /// `op` is never `Avg` here (avg reduces as a sum, then [`Sealed::divide`]).
+        fn reduce(dst: &mut [Self], src: &[Self], op: ReduceOp, src_first: bool);
+        /// `buf[i] /= n`.
+        fn divide(buf: &mut [Self], n: usize);
+    }
+}
+
+/// An element type the collectives operate on: `f32`, `f64`, `half::f16`, `half::bf16`.
+/// Sealed: the wire format and the reductions are defined for exactly these.
+pub trait Element: sealed::Sealed + Copy + PartialEq + std::fmt::Debug {
+    /// The wire tag.
+    const DTYPE: DType;
+}
+
+macro_rules! full_float {
+    ($t:ty, $d:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = $d;
+        }
+        impl sealed::Sealed for $t {
+            #[inline]
+            fn reduce(dst: &mut [Self], src: &[Self], op: ReduceOp, src_first: bool) {
+                assert_eq!(dst.len(), src.len());
+                match (op, src_first) {
+                    (ReduceOp::Sum | ReduceOp::Avg, _) => {
+                        // IEEE addition is commutative, the order does not matter.
+                        for (d, s) in dst.iter_mut().zip(src) {
+                            *d += *s;
+                        }
+                    }
+                    (ReduceOp::Min, false) => {
+                        for (d, s) in dst.iter_mut().zip(src) {
+                            *d = d.min(*s);
+                        }
+                    }
+                    (ReduceOp::Min, true) => {
+                        for (d, s) in dst.iter_mut().zip(src) {
+                            *d = s.min(*d);
+                        }
+                    }
+                    (ReduceOp::Max, false) => {
+                        for (d, s) in dst.iter_mut().zip(src) {
+                            *d = d.max(*s);
+                        }
+                    }
+                    (ReduceOp::Max, true) => {
+                        for (d, s) in dst.iter_mut().zip(src) {
+                            *d = s.max(*d);
+                        }
+                    }
+                }
+            }
+            fn divide(buf: &mut [Self], n: usize) {
+                let n = n as $t;
+                for x in buf {
+                    *x /= n;
+                }
+            }
+        }
+    };
+}
+
+full_float!(f32, DType::F32);
+full_float!(f64, DType::F64);
+
+macro_rules! half_float {
+    ($t:ty, $d:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = $d;
+        }
+        impl sealed::Sealed for $t {
+            fn reduce(dst: &mut [Self], src: &[Self], op: ReduceOp, src_first: bool) {
+                assert_eq!(dst.len(), src.len());
+                let mut a = [0f32; HALF_BLOCK_ELEMS];
+                let mut b = [0f32; HALF_BLOCK_ELEMS];
+                for (d, s) in dst
+                    .chunks_mut(HALF_BLOCK_ELEMS)
+                    .zip(src.chunks(HALF_BLOCK_ELEMS))
+                {
+                    let n = d.len();
+                    d.convert_to_f32_slice(&mut a[..n]);
+                    s.convert_to_f32_slice(&mut b[..n]);
+                    <f32 as sealed::Sealed>::reduce(&mut a[..n], &b[..n], op, src_first);
+                    d.convert_from_f32_slice(&a[..n]);
+                }
+            }
+            fn divide(buf: &mut [Self], n: usize) {
+                let mut a = [0f32; HALF_BLOCK_ELEMS];
+                for d in buf.chunks_mut(HALF_BLOCK_ELEMS) {
+                    let k = d.len();
+                    d.convert_to_f32_slice(&mut a[..k]);
+                    <f32 as sealed::Sealed>::divide(&mut a[..k], n);
+                    d.convert_from_f32_slice(&a[..k]);
+                }
+            }
+        }
+    };
+}
+
+half_float!(f16, DType::F16);
+half_float!(bf16, DType::Bf16);
+
+/// The bytes of a slice of elements (native = little-endian order).
+pub(crate) fn as_bytes<T: Element>(s: &[T]) -> &[u8] {
+    bytemuck::cast_slice(s)
+}
+
+/// The bytes of a mutable slice of elements.
+pub(crate) fn as_bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(s)
+}
+
+/// Reference reduction of one element value across ranks, in rank order: what every rank must
+/// hold after an allreduce when the inputs are exactly representable. Used by tests.
+#[doc(hidden)]
+pub fn reference_reduce<T: Element>(inputs: &[Vec<T>], op: ReduceOp) -> Vec<T> {
+    let mut acc = inputs[0].clone();
+    for x in &inputs[1..] {
+        T::reduce(&mut acc, x, op, false);
+    }
+    if op == ReduceOp::Avg {
+        T::divide(&mut acc, inputs.len());
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sealed::Sealed;
+    use super::*;
+
+    #[test]
+    fn half_reductions_round_through_f32() {
+        let mut d: Vec<f16> = [1.0f32, 2.0, -3.0, 4.5]
+            .iter()
+            .map(|x| f16::from_f32(*x))
+            .collect();
+        let s: Vec<f16> = [0.5f32, 2.0, 5.0, -4.5]
+            .iter()
+            .map(|x| f16::from_f32(*x))
+            .collect();
+        f16::reduce(&mut d, &s, ReduceOp::Sum, false);
+        let got: Vec<f32> = d.iter().map(|x| x.to_f32()).collect();
+        assert_eq!(got, vec![1.5, 4.0, 2.0, 0.0]);
+        let mut d: Vec<bf16> = (0..1000).map(|i| bf16::from_f32(i as f32)).collect();
+        let s: Vec<bf16> = (0..1000).map(|i| bf16::from_f32(-(i as f32))).collect();
+        bf16::reduce(&mut d, &s, ReduceOp::Max, false);
+        assert!(d
+            .iter()
+            .enumerate()
+            .all(|(i, x)| x.to_f32() == bf16::from_f32(i as f32).to_f32()));
+    }
+
+    #[test]
+    fn min_max_order_is_fixed_for_signed_zero() {
+        let mut d = vec![0.0f32];
+        f32::reduce(&mut d, &[-0.0], ReduceOp::Min, false);
+        let mut e = vec![-0.0f32];
+        f32::reduce(&mut e, &[0.0], ReduceOp::Min, true);
+        assert_eq!(d[0].to_bits(), e[0].to_bits());
+    }
+}

@@ -1,0 +1,49 @@
+//! ringleader's collective communication library.
+//!
+//! The trainer uses it every step to sum gradients across the workers of a job: a
+//! [`Communicator`] is one rank of a fixed group (rank, world size, group id, generation)
+//! and runs [`Communicator::allreduce`] (sum, avg, min, max over `f32`, `f64`, `f16`,
+//! `bf16`), [`Communicator::reduce_scatter`], [`Communicator::allgather`],
+//! [`Communicator::broadcast`] and [`Communicator::barrier`], in place on slices, async
+//! (tokio). A [`Bucketer`] fuses many small gradient tensors into large buckets and starts
+//! each bucket's allreduce while later ones are still being filled.
+//!
+//! It knows nothing of the node: the node forms the ring (members, ranks, generation, shared
+//! secret, data-plane addresses) and hands it to [`Communicator::connect`]. When a peer dies,
+//! operations fail fast with [`CollectiveError::PeerLost`] on every rank, and the node builds
+//! the next generation.
+//!
+//! Layout: [`schedule`] holds the pure chunk schedules (ring, recursive doubling), property
+//! tested; `communicator` drives them over `transport` links (TCP with the handshake of
+//! `tcp`, or in-memory channels); `frame` is the 32-byte frame header; `nccl` is the GPU
+//! path behind feature `cuda`.
+
+mod bucketer;
+mod communicator;
+mod config;
+mod element;
+mod error;
+mod frame;
+mod nccl;
+pub mod schedule;
+mod tcp;
+mod transport;
+
+pub use bucketer::{BucketConfig, Bucketer};
+pub use communicator::{AbortHandle, Communicator};
+pub use config::{GroupConfig, Limits};
+#[doc(hidden)]
+pub use element::reference_reduce;
+pub use element::Element;
+pub use error::{
+    AbortReason, Algorithm, CollKind, CollectiveError, DType, HandshakeError, OpDesc, ReduceOp,
+    Result,
+};
+pub use half::{bf16, f16};
+pub use nccl::{nccl_available, NcclCommunicator};
+
+#[doc(hidden)]
+pub mod testing {
+    //! Hooks for this crate's integration tests (not a stable API).
+    pub use crate::tcp::probe_handshake;
+}

@@ -1,0 +1,206 @@
+//! Tests over the real TCP data plane on 127.0.0.1: results, the handshake's refusals,
+//! connect deadlines, and a rank killed in the middle of an operation.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use collective::testing::probe_handshake;
+use collective::{
+    reference_reduce, CollectiveError, Communicator, GroupConfig, HandshakeError, Limits, ReduceOp,
+};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+
+const SECRET: &[u8] = b"test secret";
+
+/// Binds `world` listeners on ephemeral ports (no port races) and their configs.
+async fn group(world: usize, generation: u64, limits: Limits) -> Vec<(GroupConfig, TcpListener)> {
+    let mut ls = Vec::new();
+    for _ in 0..world {
+        ls.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
+    }
+    let addrs: Vec<SocketAddr> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
+    ls.into_iter()
+        .enumerate()
+        .map(|(rank, l)| {
+            let cfg = GroupConfig {
+                rank,
+                world,
+                group_id: 42,
+                generation,
+                addrs: addrs.clone(),
+                secret: SECRET.to_vec(),
+                limits: limits.clone(),
+            };
+            (cfg, l)
+        })
+        .collect()
+}
+
+fn tcp_limits() -> Limits {
+    Limits {
+        chunk_bytes: 4096,
+        small_bytes_max: 1024,
+        ..Limits::for_test()
+    }
+}
+
+#[tokio::test]
+async fn tcp_allreduce_equals_reference() {
+    for world in 1..=5 {
+        let mut set = JoinSet::new();
+        for (cfg, l) in group(world, 1, tcp_limits()).await {
+            set.spawn(async move {
+                let mut c = Communicator::connect_with_listener(cfg, &l).await.unwrap();
+                let r = c.rank();
+                let mut outs = Vec::new();
+                // Small (recursive doubling), odd, multi-chunk ring, and empty.
+                for len in [3usize, 255, 10_007, 0] {
+                    for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                        let mut buf: Vec<f32> =
+                            (0..len).map(|i| ((r * 5 + i) % 11) as f32).collect();
+                        c.allreduce(&mut buf, op).await.unwrap();
+                        outs.push(buf);
+                    }
+                }
+                (r, outs)
+            });
+        }
+        let res = set.join_all().await;
+        let mut k = 0;
+        for len in [3usize, 255, 10_007, 0] {
+            for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                let ins: Vec<Vec<f32>> = (0..world)
+                    .map(|r| (0..len).map(|i| ((r * 5 + i) % 11) as f32).collect())
+                    .collect();
+                let want = reference_reduce(&ins, op);
+                for (r, outs) in &res {
+                    assert_eq!(outs[k], want, "world {world} len {len} {op:?} rank {r}");
+                }
+                k += 1;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn handshake_refuses_wrong_secret_and_stale_generation() {
+    let mut g = group(2, 7, tcp_limits()).await;
+    let (cfg1, l1) = g.pop().unwrap();
+    let (cfg0, l0) = g.pop().unwrap();
+    let addr1 = cfg1.addrs[1];
+    // Rank 1 accepts (rank 0 dials it); it keeps accepting after refusing strangers.
+    let acceptor = tokio::spawn(async move {
+        let c = Communicator::connect_with_listener(cfg1, &l1).await;
+        (c, l1)
+    });
+    let wrong = probe_handshake(addr1, b"wrong secret", 42, 7, 0, 1).await;
+    assert!(
+        matches!(wrong, Err(HandshakeError::BadMac { .. })),
+        "{wrong:?}"
+    );
+    let stale = probe_handshake(addr1, SECRET, 42, 6, 0, 1).await;
+    assert_eq!(stale, Err(HandshakeError::Refused { rank: 1 }));
+    let stray = probe_handshake(addr1, SECRET, 43, 7, 0, 1).await;
+    assert_eq!(stray, Err(HandshakeError::Refused { rank: 1 }));
+    let bad_rank = probe_handshake(addr1, SECRET, 42, 7, 1, 1).await;
+    assert_eq!(bad_rank, Err(HandshakeError::Refused { rank: 1 }));
+    // The real rank 0 still gets in, and the group works.
+    let mut c0 = Communicator::connect_with_listener(cfg0, &l0)
+        .await
+        .unwrap();
+    let (c1, _l1) = acceptor.await.unwrap();
+    let mut c1 = c1.unwrap();
+    let (mut x, mut y) = ([1.0f64, 2.0], [3.0f64, 4.0]);
+    let (a, b) = tokio::join!(
+        c0.allreduce(&mut x, ReduceOp::Sum),
+        c1.allreduce(&mut y, ReduceOp::Sum)
+    );
+    a.unwrap();
+    b.unwrap();
+    assert_eq!((x, y), ([4.0, 6.0], [4.0, 6.0]));
+}
+
+#[tokio::test]
+async fn dialer_with_wrong_secret_fails_to_connect() {
+    let limits = Limits {
+        connect_timeout_ms: 400,
+        ..tcp_limits()
+    };
+    let mut g = group(2, 1, limits).await;
+    let (cfg1, l1) = g.pop().unwrap();
+    let (mut cfg0, l0) = g.pop().unwrap();
+    cfg0.secret = b"another secret".to_vec();
+    let (a, b) = tokio::join!(
+        Communicator::connect_with_listener(cfg0, &l0),
+        Communicator::connect_with_listener(cfg1, &l1)
+    );
+    assert!(
+        matches!(
+            a,
+            Err(CollectiveError::Handshake(HandshakeError::BadMac { .. }))
+        ),
+        "{a:?}"
+    );
+    assert!(
+        matches!(b, Err(CollectiveError::Connect { rank: 0, .. })),
+        "{b:?}"
+    );
+}
+
+#[tokio::test]
+async fn killed_rank_mid_operation_fails_every_survivor() {
+    // Four ranks allreduce 4 MiB buffers in a loop; rank 2's task is killed (its sockets
+    // close, as when the process dies) while operations are running. Every survivor fails
+    // with PeerLost{2} within about a second, far inside the 30 s operation deadline.
+    let limits = Limits {
+        op_timeout_ms: 30_000,
+        chunk_bytes: 64 * 1024,
+        ..tcp_limits()
+    };
+    let mut set = JoinSet::new();
+    let (started_tx, mut started_rx) = tokio::sync::mpsc::channel::<usize>(8);
+    let mut victim = None;
+    for (cfg, l) in group(4, 3, limits).await {
+        let started = started_tx.clone();
+        let rank = cfg.rank;
+        let fut = async move {
+            let mut c = Communicator::connect_with_listener(cfg, &l).await.unwrap();
+            let mut buf = vec![1.0f32; 1 << 20];
+            let mut ops = 0u64;
+            loop {
+                if ops == 1 {
+                    let _ = started.send(c.rank()).await;
+                }
+                if let Err(e) = c.allreduce(&mut buf, ReduceOp::Max).await {
+                    return (c.rank(), e, tokio::time::Instant::now());
+                }
+                ops += 1;
+            }
+        };
+        if rank == 2 {
+            victim = Some(tokio::spawn(fut));
+        } else {
+            set.spawn(fut);
+        }
+    }
+    // Wait until every rank has completed an operation, so the group is busy.
+    for _ in 0..4 {
+        tokio::time::timeout(Duration::from_secs(20), started_rx.recv())
+            .await
+            .unwrap();
+    }
+    victim.unwrap().abort();
+    let killed_at = tokio::time::Instant::now();
+    let res = tokio::time::timeout(Duration::from_secs(10), set.join_all())
+        .await
+        .expect("no hang");
+    for (rank, err, at) in res {
+        assert_eq!(err, CollectiveError::PeerLost { rank: 2 }, "rank {rank}");
+        let after = at.duration_since(killed_at);
+        assert!(
+            after < Duration::from_millis(1500),
+            "rank {rank} failed after {after:?}"
+        );
+    }
+}
