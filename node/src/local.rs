@@ -219,18 +219,16 @@ fn spawn(exe: &Path, name: &str, dir: &Path, extra: &[String]) -> Result<(Child,
         .append(true)
         .open(dir.join("node.log"))
         .context("opening node.log")?;
+    // Defaults for this host, unless the caller set the flag itself.
+    let mut defaults: Vec<&str> = vec!["--name", name];
+    for flag in ["--listen", "--api", "--data"] {
+        if !extra.iter().any(|a| a == flag) {
+            defaults.extend([flag, "127.0.0.1:0"]);
+        }
+    }
     let mut child = Command::new(exe)
         .arg("node")
-        .args([
-            "--name",
-            name,
-            "--listen",
-            "127.0.0.1:0",
-            "--api",
-            "127.0.0.1:0",
-            "--data",
-            "127.0.0.1:0",
-        ])
+        .args(&defaults)
         .arg("--data-dir")
         .arg(dir)
         .args(extra)

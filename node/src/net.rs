@@ -583,6 +583,7 @@ impl EventLoop {
             .unwrap_or_default();
         let mut counters = self.counters.clone();
         counters.health_score = self.core.health_score();
+        counters.suspicions = self.core.stats().suspicions_raised;
         StatusDoc {
             node: NodeRef {
                 id: local.to_string(),
