@@ -1,0 +1,1811 @@
+//! The membership state machine: SWIM probing, suspicion with Lifeguard timeouts,
+//! incarnation-ordered dissemination, push-pull anti-entropy, local health awareness.
+
+use super::broadcast::Broadcasts;
+use super::config::{Config, ConfigError};
+use super::hash::IdMap;
+use super::member::{Member, Metadata, NodeId, State, Update};
+use super::message::Message;
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+
+/// Most ping-reqs served at once as an intermediary; further ones are ignored and counted.
+pub const RELAYS_MAX: usize = 1024;
+/// Most seeds remembered from a `Join` (the rest are ignored).
+pub const SEEDS_MAX: usize = 64;
+/// How often tombstones past `tombstone_ms` are forgotten (ms).
+pub const REAP_INTERVAL_MS: u64 = 1_000;
+/// An intermediary sends its nack when the target has not acked within this share of its
+/// probe timeout (percent; Lifeguard uses 80).
+pub const NACK_TIMEOUT_PERCENT: u64 = 80;
+/// A leaving node tells everyone directly when it knows at most this many live members,
+/// and `2 · gossip_fanout` random ones otherwise.
+pub const LEAVE_TELL_ALL_MAX: usize = 16;
+
+/// Input to [`Membership::handle`].
+#[derive(Clone, Debug)]
+pub enum Event<I, M> {
+    /// Timers: the driver calls `handle(now, Tick)` at or after
+    /// [`Membership::next_wakeup_ms`], and at least every 50 ms.
+    Tick,
+    /// A message from `from` (the id the transport authenticated).
+    Message {
+        /// Sender.
+        from: I,
+        /// The decoded message.
+        msg: Message<I, M>,
+    },
+    /// The driver reached seed addresses and learned their ids: sync state with them
+    /// (push-pull). While the node knows no other live member it retries the seeds every
+    /// `reconnect_interval_ms`.
+    Join {
+        /// Seed ids.
+        seeds: Vec<I>,
+    },
+    /// The connection to `id` closed or a send to it failed. A hint to probe it now (a
+    /// probe in its direct phase goes indirect at once); never a verdict by itself.
+    Unreachable {
+        /// The unreachable member.
+        id: I,
+    },
+    /// Leave gracefully: announce `Left` at incarnation + 1 to several members directly.
+    Leave,
+    /// New local metadata: bump `meta_version` and gossip it.
+    SetMeta(M),
+}
+
+/// Output of [`Membership::handle`].
+#[derive(Clone, Debug)]
+pub enum Action<I, M> {
+    /// Send `msg` to `to`. On failure the driver reports `Event::Unreachable { id: to }`.
+    Send {
+        /// Receiver.
+        to: I,
+        /// Message to encode and send.
+        msg: Message<I, M>,
+    },
+    /// A member joined (`previous: None`), changed state or changed metadata (`previous`
+    /// equal to the current state). For logs and observers.
+    Changed {
+        /// The member as it is now.
+        member: Member<I, M>,
+        /// Its state before, `None` when it was not known.
+        previous: Option<State>,
+    },
+}
+
+/// Counters since start. Monotonic; for metrics and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Messages given to `handle`.
+    pub messages_handled: u64,
+    /// Messages ignored as nonsense: unknown seq, wrong target, from self, from a
+    /// member not asked, relay table full.
+    pub messages_ignored: u64,
+    /// Messages sent (`Action::Send`).
+    pub messages_sent: u64,
+    /// Probes started (direct pings, in turn or on an `Unreachable` hint).
+    pub probes_sent: u64,
+    /// Ping-reqs sent for indirect probes.
+    pub indirect_probes_sent: u64,
+    /// Probes that got no ack at all.
+    pub probes_failed: u64,
+    /// Nacks received from intermediaries.
+    pub nacks_received: u64,
+    /// Nacks expected but not received (each raises the health score).
+    pub nacks_missed: u64,
+    /// Suspicions this node raised from its own failed probes.
+    pub suspicions_raised: u64,
+    /// Independent confirmations counted towards suspicions.
+    pub confirmations: u64,
+    /// Times this node refuted a claim that it is suspect, dead or left.
+    pub refutations: u64,
+    /// Suspicions that timed out here, declaring the member dead.
+    pub deaths_declared: u64,
+    /// Updates that changed the local view.
+    pub updates_applied: u64,
+    /// Updates dropped: over `piggyback_max` / `members_max` in a message, or about unknown
+    /// members when the table is full.
+    pub updates_dropped: u64,
+    /// Push-pull requests sent (join, periodic, reconnect).
+    pub push_pulls_sent: u64,
+    /// Tombstones forgotten after `tombstone_ms`.
+    pub tombstones_reaped: u64,
+}
+
+/// A member in the local table.
+#[derive(Clone, Debug)]
+struct Entry<I, M> {
+    member: Member<I, M>,
+    /// For a suspect: the suspector named when it is gossiped (the latest confirmation).
+    suspect_from: Option<I>,
+}
+
+/// Where merged updates come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    /// Piggybacked on a probe or gossip message: at most `piggyback_max` honoured.
+    Piggyback,
+    /// A push-pull request's full state (at most `members_max`; dead read as suspect).
+    PushPullRequest,
+    /// A push-pull reply's full state (likewise).
+    PushPullReply,
+}
+
+/// A running suspicion timer (Lifeguard): the timeout shrinks from `max_ms` to `min_ms`
+/// as independent confirmations arrive.
+#[derive(Clone, Debug)]
+struct Suspicion<I> {
+    incarnation: u64,
+    started_ms: u64,
+    min_ms: u64,
+    max_ms: u64,
+    /// Confirmations expected (0 in tiny clusters: the timeout is then `min_ms`).
+    k: u32,
+    /// The first suspector; does not count as a confirmation.
+    first: I,
+    /// Distinct later suspectors, at most `k`.
+    confirmers: Vec<I>,
+}
+
+impl<I> Suspicion<I> {
+    fn deadline_ms(&self) -> u64 {
+        self.started_ms
+            + suspicion_timeout_ms(
+                self.min_ms,
+                self.max_ms,
+                self.confirmers.len() as u32,
+                self.k,
+            )
+    }
+}
+
+/// `max(min, max − (max − min) · log(c + 1) / log(k + 1))`, the Lifeguard suspicion
+/// timeout after `c` of `k` expected confirmations.
+pub fn suspicion_timeout_ms(min_ms: u64, max_ms: u64, c: u32, k: u32) -> u64 {
+    if k == 0 || c >= k || max_ms <= min_ms {
+        return min_ms;
+    }
+    let frac = ((c + 1) as f64).ln() / ((k + 1) as f64).ln();
+    let t = max_ms as f64 - (max_ms - min_ms) as f64 * frac;
+    (t.floor() as u64).max(min_ms)
+}
+
+/// One probe of one member in flight.
+#[derive(Clone, Debug)]
+struct Probe<I> {
+    seq: u64,
+    target: I,
+    /// Part of the round-robin schedule (rather than started by an `Unreachable` hint).
+    in_turn: bool,
+    direct_deadline_ms: u64,
+    deadline_ms: u64,
+    indirect: bool,
+    /// Intermediaries asked, and whether each has nacked.
+    relays: Vec<(I, bool)>,
+}
+
+/// A ping-req this node serves as intermediary.
+#[derive(Clone, Debug)]
+struct Relay<I> {
+    /// Seq of our ping to the target.
+    seq: u64,
+    target: I,
+    origin: I,
+    origin_seq: u64,
+    nack_at_ms: u64,
+    expire_ms: u64,
+    nacked: bool,
+}
+
+/// The SWIM/Lifeguard membership state machine of one node. Sans-IO: time and events
+/// come in through [`Membership::handle`], messages to send go out as [`Action`]s.
+///
+/// Invariants (checked by `check_invariants` in tests): the local member is in the
+/// table; `live` holds exactly the other members that are alive or suspect;
+/// `tombstones` exactly the other dead or left ones; a suspicion runs for exactly each
+/// suspect member.
+#[derive(Debug)]
+pub struct Membership<I, M> {
+    id: I,
+    config: Config,
+    rng: SmallRng,
+    now_ms: u64,
+    members: IdMap<I, Entry<I, M>>,
+    /// Other members alive or suspect, indexable for random choice.
+    live: Vec<I>,
+    live_index: IdMap<I, usize>,
+    /// Other members dead or left, by (state_since_ms, id).
+    tombstones: BTreeSet<(u64, I)>,
+    suspicions: IdMap<I, Suspicion<I>>,
+    broadcasts: Broadcasts<I>,
+    probes: Vec<Probe<I>>,
+    relays: Vec<Relay<I>>,
+    probe_order: Vec<I>,
+    probe_pos: usize,
+    next_seq: u64,
+    next_probe_ms: u64,
+    next_gossip_ms: u64,
+    next_push_pull_ms: u64,
+    next_reconnect_ms: u64,
+    next_reap_ms: u64,
+    seeds: Vec<I>,
+    health: u32,
+    stats: Stats,
+    out: Vec<Action<I, M>>,
+}
+
+impl<I: NodeId, M: Metadata> Membership<I, M> {
+    /// A node alone in its cluster at incarnation 0. `seed` seeds its random choices.
+    ///
+    /// # Panics
+    /// If `config.validate()` fails; use [`Membership::try_new`] to get the error.
+    pub fn new(id: I, meta: M, config: Config, seed: u64, now_ms: u64) -> Self {
+        match Self::try_new(id, meta, config, seed, now_ms) {
+            Ok(m) => m,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Like [`Membership::new`], returning the configuration error.
+    pub fn try_new(
+        id: I,
+        meta: M,
+        config: Config,
+        seed: u64,
+        now_ms: u64,
+    ) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let me = Member {
+            id: id.clone(),
+            incarnation: 0,
+            state: State::Alive,
+            meta,
+            meta_version: 0,
+            state_since_ms: now_ms,
+        };
+        let mut members = IdMap::default();
+        members.insert(
+            id.clone(),
+            Entry {
+                member: me,
+                suspect_from: None,
+            },
+        );
+        let next_probe_ms = now_ms + rng.gen_range(0..config.probe_interval_ms);
+        let next_gossip_ms = now_ms + rng.gen_range(0..config.gossip_interval_ms);
+        let next_push_pull_ms =
+            now_ms + config.push_pull_interval_ms + rng.gen_range(0..config.push_pull_interval_ms);
+        let next_reconnect_ms = now_ms + config.reconnect_interval_ms;
+        Ok(Self {
+            id,
+            config,
+            rng,
+            now_ms,
+            members,
+            live: Vec::new(),
+            live_index: IdMap::default(),
+            tombstones: BTreeSet::new(),
+            suspicions: IdMap::default(),
+            broadcasts: Broadcasts::new(),
+            probes: Vec::new(),
+            relays: Vec::new(),
+            probe_order: Vec::new(),
+            probe_pos: 0,
+            next_seq: 1,
+            next_probe_ms,
+            next_gossip_ms,
+            next_push_pull_ms,
+            next_reconnect_ms,
+            next_reap_ms: now_ms + REAP_INTERVAL_MS,
+            seeds: Vec::new(),
+            health: 0,
+            stats: Stats::default(),
+            out: Vec::new(),
+        })
+    }
+
+    /// This node's id.
+    pub fn local_id(&self) -> &I {
+        &self.id
+    }
+
+    /// This node's own entry.
+    pub fn local(&self) -> &Member<I, M> {
+        &self.members[&self.id].member
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// One member as seen locally, tombstones included.
+    pub fn member(&self, id: &I) -> Option<&Member<I, M>> {
+        self.members.get(id).map(|e| &e.member)
+    }
+
+    /// All members, this node and tombstones included, in no particular order.
+    pub fn members(&self) -> impl Iterator<Item = &Member<I, M>> {
+        self.members.values().map(|e| &e.member)
+    }
+
+    /// Members in state alive, this node included while it is alive.
+    pub fn alive_count(&self) -> usize {
+        let me = usize::from(self.local().state == State::Alive);
+        self.live.len() - self.suspicions.len() + me
+    }
+
+    /// Members alive or suspect, this node included: the cluster size `n` the timeouts use.
+    pub fn live_count(&self) -> usize {
+        self.live.len() + 1
+    }
+
+    /// Lifeguard local health score, `0..=awareness_max`; probe interval and timeout are
+    /// scaled by `score + 1`.
+    pub fn health_score(&self) -> u32 {
+        self.health
+    }
+
+    /// Counters since start.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// The time (ms) by which the driver must call `handle(_, Tick)`.
+    pub fn next_wakeup_ms(&self) -> u64 {
+        let mut t = self.next_gossip_ms.min(self.next_reap_ms);
+        if self.local().state != State::Left {
+            t = t.min(self.next_push_pull_ms).min(self.next_reconnect_ms);
+            if !self.probes.iter().any(|p| p.in_turn) {
+                t = t.min(self.next_probe_ms);
+            }
+        }
+        for p in &self.probes {
+            t = t.min(if p.indirect {
+                p.deadline_ms
+            } else {
+                p.direct_deadline_ms
+            });
+        }
+        for r in &self.relays {
+            t = t.min(if r.nacked { r.expire_ms } else { r.nack_at_ms });
+        }
+        for s in self.suspicions.values() {
+            t = t.min(s.deadline_ms());
+        }
+        t
+    }
+
+    /// Feeds one event at time `now_ms` (driver's monotonic clock) and returns what to do.
+    pub fn handle(&mut self, now_ms: u64, event: Event<I, M>) -> Vec<Action<I, M>> {
+        self.now_ms = self.now_ms.max(now_ms);
+        match event {
+            Event::Tick => self.on_tick(),
+            Event::Message { from, msg } => self.on_message(from, msg),
+            Event::Join { seeds } => self.on_join(seeds),
+            Event::Unreachable { id } => self.on_unreachable(id),
+            Event::Leave => self.on_leave(),
+            Event::SetMeta(meta) => self.on_set_meta(meta),
+        }
+        let out = std::mem::take(&mut self.out);
+        self.stats.messages_sent += out
+            .iter()
+            .filter(|a| matches!(a, Action::Send { .. }))
+            .count() as u64;
+        out
+    }
+
+    // ----- timers -----
+
+    fn on_tick(&mut self) {
+        let now = self.now_ms;
+        self.run_probe_timers();
+        self.run_relay_timers();
+        self.run_suspicion_timers();
+        let leaving = self.local().state == State::Left;
+        if !leaving && now >= self.next_probe_ms && !self.probes.iter().any(|p| p.in_turn) {
+            if let Some(target) = self.next_probe_target() {
+                self.start_probe(target, true);
+            }
+            self.next_probe_ms = now + self.config.probe_interval_ms * self.scale();
+        }
+        if now >= self.next_gossip_ms {
+            self.gossip_round();
+            self.next_gossip_ms = now + self.config.gossip_interval_ms;
+        }
+        if !leaving && now >= self.next_push_pull_ms {
+            if let Some(peer) = self.random_live(true) {
+                self.send_push_pull(peer, false);
+            }
+            self.next_push_pull_ms = now + self.push_pull_interval_ms();
+        }
+        if !leaving && now >= self.next_reconnect_ms {
+            self.reconnect();
+            self.next_reconnect_ms = now + self.config.reconnect_interval_ms;
+        }
+        if now >= self.next_reap_ms {
+            self.reap();
+            self.next_reap_ms = now + REAP_INTERVAL_MS.min(self.config.tombstone_ms);
+        }
+    }
+
+    fn scale(&self) -> u64 {
+        u64::from(self.health) + 1
+    }
+
+    /// memberlist's push-pull scaling: above 32 members the interval grows with log2(n).
+    fn push_pull_interval_ms(&self) -> u64 {
+        let n = self.live_count() as f64;
+        let mult = if n > 32.0 {
+            (n.log2() - 32f64.log2()).ceil() + 1.0
+        } else {
+            1.0
+        };
+        (self.config.push_pull_interval_ms as f64 * mult) as u64
+    }
+
+    fn run_probe_timers(&mut self) {
+        let now = self.now_ms;
+        let mut i = 0;
+        while i < self.probes.len() {
+            if !self.probes[i].indirect && now >= self.probes[i].direct_deadline_ms {
+                self.go_indirect(i, true);
+            }
+            if now >= self.probes[i].deadline_ms {
+                let probe = self.probes.swap_remove(i);
+                self.probe_failed(probe);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    fn run_relay_timers(&mut self) {
+        let now = self.now_ms;
+        let mut nacks = Vec::new();
+        self.relays.retain_mut(|r| {
+            if !r.nacked && now >= r.nack_at_ms {
+                r.nacked = true;
+                nacks.push((r.origin.clone(), r.origin_seq));
+            }
+            now < r.expire_ms
+        });
+        for (origin, seq) in nacks {
+            let updates = self.piggyback(&origin);
+            self.send(origin, Message::Nack { seq, updates });
+        }
+    }
+
+    fn run_suspicion_timers(&mut self) {
+        let now = self.now_ms;
+        let expired: Vec<(I, u64)> = self
+            .suspicions
+            .iter()
+            .filter(|(_, s)| now >= s.deadline_ms())
+            .map(|(id, s)| (id.clone(), s.incarnation))
+            .collect();
+        for (id, incarnation) in expired {
+            self.stats.deaths_declared += 1;
+            tracing::debug!(member = %id, incarnation, "suspicion timed out: dead");
+            self.transition(&id, incarnation, State::Dead, None);
+        }
+    }
+
+    // ----- probing -----
+
+    /// Next member in the shuffled round-robin order that is live and not being probed.
+    fn next_probe_target(&mut self) -> Option<I> {
+        let mut rebuilt = false;
+        loop {
+            if self.probe_pos >= self.probe_order.len() {
+                if rebuilt || self.live.is_empty() {
+                    return None;
+                }
+                self.probe_order = self.live.clone();
+                self.probe_order.shuffle(&mut self.rng);
+                self.probe_pos = 0;
+                rebuilt = true;
+            }
+            let id = self.probe_order[self.probe_pos].clone();
+            self.probe_pos += 1;
+            if self.live_index.contains_key(&id) && !self.probes.iter().any(|p| p.target == id) {
+                return Some(id);
+            }
+        }
+    }
+
+    fn start_probe(&mut self, target: I, in_turn: bool) {
+        let now = self.now_ms;
+        let seq = self.take_seq();
+        let timeout = self.config.probe_timeout_ms * self.scale();
+        let interval = self.config.probe_interval_ms * self.scale();
+        self.probes.push(Probe {
+            seq,
+            target: target.clone(),
+            in_turn,
+            direct_deadline_ms: now + timeout,
+            deadline_ms: now + interval.max(2 * timeout),
+            indirect: false,
+            relays: Vec::new(),
+        });
+        self.stats.probes_sent += 1;
+        let updates = self.piggyback(&target);
+        self.send(
+            target.clone(),
+            Message::Ping {
+                seq,
+                target,
+                updates,
+            },
+        );
+    }
+
+    /// Moves probe `i` to its indirect phase: ping-req through up to `indirect_probes`
+    /// alive members; `resend` also retries the direct ping (not after a failed send).
+    fn go_indirect(&mut self, i: usize, resend: bool) {
+        let (seq, target) = {
+            let p = &mut self.probes[i];
+            p.indirect = true;
+            (p.seq, p.target.clone())
+        };
+        let relays = self.sample_live(self.config.indirect_probes, Some(&target), true);
+        for relay in &relays {
+            self.stats.indirect_probes_sent += 1;
+            let updates = self.piggyback(relay);
+            self.send(
+                relay.clone(),
+                Message::PingReq {
+                    seq,
+                    target: target.clone(),
+                    updates,
+                },
+            );
+        }
+        self.probes[i].relays = relays.into_iter().map(|r| (r, false)).collect();
+        if resend {
+            let updates = self.piggyback(&target);
+            self.send(
+                target.clone(),
+                Message::Ping {
+                    seq,
+                    target,
+                    updates,
+                },
+            );
+        }
+    }
+
+    fn probe_failed(&mut self, probe: Probe<I>) {
+        self.stats.probes_failed += 1;
+        // Lifeguard: nacks prove our own links work; missing ones mean we are the problem.
+        let delta = if probe.relays.is_empty() {
+            1
+        } else {
+            let missed = probe.relays.iter().filter(|(_, nacked)| !nacked).count() as u32;
+            self.stats.nacks_missed += u64::from(missed);
+            missed
+        };
+        self.adjust_health(delta as i64);
+        let Some(entry) = self.members.get(&probe.target) else {
+            return;
+        };
+        let (state, incarnation) = (entry.member.state, entry.member.incarnation);
+        let me = self.id.clone();
+        match state {
+            State::Alive => {
+                self.stats.suspicions_raised += 1;
+                tracing::debug!(member = %probe.target, incarnation, "probe failed: suspect");
+                self.start_suspicion(&probe.target, incarnation, me);
+                // Buddy system: tell the suspect directly so it can refute at once.
+                let updates = self.piggyback(&probe.target);
+                self.send(probe.target, Message::Gossip { updates });
+            }
+            State::Suspect => {
+                self.confirm_suspicion(&probe.target, incarnation, me);
+            }
+            State::Dead | State::Left => {}
+        }
+    }
+
+    fn probe_succeeded(&mut self, i: usize) {
+        self.probes.swap_remove(i);
+        self.adjust_health(-1);
+    }
+
+    fn adjust_health(&mut self, delta: i64) {
+        let h = (i64::from(self.health) + delta).clamp(0, i64::from(self.config.awareness_max));
+        self.health = h as u32;
+    }
+
+    fn take_seq(&mut self) -> u64 {
+        let s = self.next_seq;
+        self.next_seq += 1;
+        s
+    }
+
+    // ----- events -----
+
+    fn on_join(&mut self, seeds: Vec<I>) {
+        if self.local().state == State::Left {
+            // Rejoining after a leave: a new incarnation.
+            let me = self
+                .members
+                .get(&self.id)
+                .map(|e| e.member.incarnation)
+                .unwrap_or(0);
+            let id = self.id.clone();
+            self.transition(&id, me.saturating_add(1), State::Alive, None);
+        }
+        self.seeds = seeds
+            .into_iter()
+            .filter(|s| *s != self.id)
+            .take(SEEDS_MAX)
+            .collect();
+        self.seeds.dedup();
+        for seed in self.seeds.clone() {
+            self.send_push_pull(seed, true);
+        }
+    }
+
+    fn on_unreachable(&mut self, id: I) {
+        if id == self.id || self.local().state == State::Left {
+            return;
+        }
+        // Serving a ping-req for that target: nack now rather than at the timer.
+        let mut nacks = Vec::new();
+        for r in self
+            .relays
+            .iter_mut()
+            .filter(|r| r.target == id && !r.nacked)
+        {
+            r.nacked = true;
+            nacks.push((r.origin.clone(), r.origin_seq));
+        }
+        for (origin, seq) in nacks {
+            let updates = self.piggyback(&origin);
+            self.send(origin, Message::Nack { seq, updates });
+        }
+        // An intermediary we cannot reach will not nack: do not count that against us.
+        for p in self.probes.iter_mut() {
+            p.relays.retain(|(r, nacked)| *r != id || *nacked);
+        }
+        if let Some(i) = self.probes.iter().position(|p| p.target == id) {
+            if !self.probes[i].indirect {
+                self.go_indirect(i, false);
+            }
+            return;
+        }
+        if self.live_index.contains_key(&id) {
+            self.start_probe(id, false);
+        }
+    }
+
+    fn on_leave(&mut self) {
+        let me = self.local().clone();
+        if me.state == State::Left {
+            return;
+        }
+        let id = self.id.clone();
+        self.transition(&id, me.incarnation.saturating_add(1), State::Left, None);
+        self.probes.clear();
+        let targets = if self.live.len() <= LEAVE_TELL_ALL_MAX {
+            self.live.clone()
+        } else {
+            self.sample_live(2 * self.config.gossip_fanout, None, false)
+        };
+        for to in targets {
+            let updates = self.piggyback(&to);
+            self.send(to, Message::Gossip { updates });
+        }
+    }
+
+    fn on_set_meta(&mut self, meta: M) {
+        let id = self.id.clone();
+        let (incarnation, state, version) = {
+            let me = self.local();
+            (me.incarnation, me.state, me.meta_version)
+        };
+        self.transition(&id, incarnation, state, Some((meta, version + 1)));
+    }
+
+    fn on_message(&mut self, from: I, msg: Message<I, M>) {
+        self.stats.messages_handled += 1;
+        if from == self.id {
+            self.stats.messages_ignored += 1;
+            return;
+        }
+        match msg {
+            Message::Ping {
+                seq,
+                target,
+                updates,
+            } => {
+                self.apply_updates(&from, updates, Source::Piggyback);
+                if target != self.id {
+                    self.stats.messages_ignored += 1;
+                    return;
+                }
+                let updates = self.piggyback(&from);
+                self.send(from, Message::Ack { seq, updates });
+            }
+            Message::Ack { seq, updates } => {
+                self.apply_updates(&from, updates, Source::Piggyback);
+                self.on_ack(from, seq);
+            }
+            Message::PingReq {
+                seq,
+                target,
+                updates,
+            } => {
+                self.apply_updates(&from, updates, Source::Piggyback);
+                self.on_ping_req(from, seq, target);
+            }
+            Message::Nack { seq, updates } => {
+                self.apply_updates(&from, updates, Source::Piggyback);
+                let relay = self.probes.iter_mut().find(|p| p.seq == seq).and_then(|p| {
+                    p.relays
+                        .iter_mut()
+                        .find(|(r, nacked)| *r == from && !nacked)
+                });
+                match relay {
+                    Some(r) => {
+                        r.1 = true;
+                        self.stats.nacks_received += 1;
+                    }
+                    None => self.stats.messages_ignored += 1,
+                }
+            }
+            Message::Gossip { updates } => self.apply_updates(&from, updates, Source::Piggyback),
+            Message::PushPull { members, .. } => {
+                self.apply_updates(&from, members, Source::PushPullRequest);
+                let members = self.full_state();
+                self.send(from, Message::PushPullReply { members });
+            }
+            Message::PushPullReply { members } => {
+                self.apply_updates(&from, members, Source::PushPullReply)
+            }
+        }
+    }
+
+    fn on_ack(&mut self, from: I, seq: u64) {
+        if let Some(i) = self.probes.iter().position(|p| p.seq == seq) {
+            let p = &self.probes[i];
+            if p.target == from || p.relays.iter().any(|(r, _)| *r == from) {
+                self.probe_succeeded(i);
+            } else {
+                self.stats.messages_ignored += 1;
+            }
+            return;
+        }
+        if let Some(i) = self
+            .relays
+            .iter()
+            .position(|r| r.seq == seq && r.target == from)
+        {
+            let r = self.relays.swap_remove(i);
+            let updates = self.piggyback(&r.origin);
+            self.send(
+                r.origin,
+                Message::Ack {
+                    seq: r.origin_seq,
+                    updates,
+                },
+            );
+            return;
+        }
+        self.stats.messages_ignored += 1;
+    }
+
+    fn on_ping_req(&mut self, from: I, origin_seq: u64, target: I) {
+        if target == self.id {
+            let updates = self.piggyback(&from);
+            self.send(
+                from,
+                Message::Ack {
+                    seq: origin_seq,
+                    updates,
+                },
+            );
+            return;
+        }
+        if target == from || self.relays.len() >= RELAYS_MAX || self.local().state == State::Left {
+            self.stats.messages_ignored += 1;
+            return;
+        }
+        let seq = self.take_seq();
+        let now = self.now_ms;
+        let timeout = self.config.probe_timeout_ms;
+        self.relays.push(Relay {
+            seq,
+            target: target.clone(),
+            origin: from,
+            origin_seq,
+            nack_at_ms: now + (timeout * NACK_TIMEOUT_PERCENT / 100).max(1),
+            expire_ms: now + 2 * timeout * self.scale(),
+            nacked: false,
+        });
+        let updates = self.piggyback(&target);
+        self.send(
+            target.clone(),
+            Message::Ping {
+                seq,
+                target,
+                updates,
+            },
+        );
+    }
+
+    // ----- dissemination -----
+
+    fn gossip_round(&mut self) {
+        if self.broadcasts.len() == 0 {
+            return;
+        }
+        let now = self.now_ms;
+        let horizon = now.saturating_sub(self.config.gossip_to_dead_ms);
+        let recent_dead: Vec<I> = self
+            .tombstones
+            .iter()
+            .rev()
+            .take_while(|(since, _)| *since >= horizon)
+            .filter(|(_, id)| {
+                self.members
+                    .get(id)
+                    .is_some_and(|e| e.member.state == State::Dead)
+            })
+            .map(|(_, id)| id.clone())
+            .collect();
+        let total = self.live.len() + recent_dead.len();
+        let want = self.config.gossip_fanout.min(total);
+        let mut targets: Vec<I> = Vec::with_capacity(want);
+        let mut attempts = 0;
+        while targets.len() < want && attempts < 8 * want + 16 {
+            attempts += 1;
+            let r = self.rng.gen_range(0..total);
+            let id = if r < self.live.len() {
+                &self.live[r]
+            } else {
+                &recent_dead[r - self.live.len()]
+            };
+            if !targets.contains(id) {
+                targets.push(id.clone());
+            }
+        }
+        for to in targets {
+            let updates = self.piggyback(&to);
+            if updates.is_empty() {
+                break;
+            }
+            self.send(to, Message::Gossip { updates });
+        }
+    }
+
+    fn retransmit_limit(&self) -> u32 {
+        let n = self.live_count() as f64;
+        self.config.retransmit_mult * ((n + 1.0).log10().ceil().max(1.0) as u32)
+    }
+
+    /// Updates to piggyback on a message to `to`: its own suspicion first (Lifeguard's
+    /// buddy system), then the queue, at most `piggyback_max` in all.
+    fn piggyback(&mut self, to: &I) -> Vec<Update<I, M>> {
+        let max = self.config.piggyback_max;
+        let mut out = Vec::new();
+        let mut skip = None;
+        if let Some(e) = self.members.get(to) {
+            if e.member.state == State::Suspect {
+                out.push(e.member.to_update(e.suspect_from.clone()));
+                skip = Some(to);
+            }
+        }
+        let limit = self.retransmit_limit();
+        let ids = self.broadcasts.take(max - out.len(), limit, skip);
+        out.extend(
+            ids.iter()
+                .filter_map(|id| self.members.get(id))
+                .map(|e| e.member.to_update(e.suspect_from.clone())),
+        );
+        out
+    }
+
+    fn full_state(&self) -> Vec<Update<I, M>> {
+        self.members
+            .values()
+            .map(|e| e.member.to_update(e.suspect_from.clone()))
+            .collect()
+    }
+
+    fn send_push_pull(&mut self, to: I, join: bool) {
+        self.stats.push_pulls_sent += 1;
+        let members = self.full_state();
+        self.send(to, Message::PushPull { join, members });
+    }
+
+    fn reconnect(&mut self) {
+        if self.live.is_empty() && !self.seeds.is_empty() {
+            for seed in self.seeds.clone() {
+                self.send_push_pull(seed, true);
+            }
+            return;
+        }
+        let dead: Vec<I> = self
+            .tombstones
+            .iter()
+            .filter(|(_, id)| {
+                self.members
+                    .get(id)
+                    .is_some_and(|e| e.member.state == State::Dead)
+            })
+            .map(|(_, id)| id.clone())
+            .collect();
+        if let Some(id) = dead.choose(&mut self.rng).cloned() {
+            self.send_push_pull(id, false);
+        }
+    }
+
+    fn reap(&mut self) {
+        let horizon = self.now_ms.saturating_sub(self.config.tombstone_ms);
+        while let Some((since, id)) = self.tombstones.first().cloned() {
+            if since > horizon {
+                break;
+            }
+            self.tombstones.pop_first();
+            self.members.remove(&id);
+            self.broadcasts.remove(&id);
+            self.stats.tombstones_reaped += 1;
+        }
+    }
+
+    fn send(&mut self, to: I, msg: Message<I, M>) {
+        self.out.push(Action::Send { to, msg });
+    }
+
+    // ----- merging claims -----
+
+    /// Merges the updates of one message.
+    fn apply_updates(&mut self, from: &I, updates: Vec<Update<I, M>>, source: Source) {
+        let push_pull = source != Source::Piggyback;
+        let max = if push_pull {
+            self.config.members_max
+        } else {
+            self.config.piggyback_max
+        };
+        if updates.len() > max {
+            self.stats.updates_dropped += (updates.len() - max) as u64;
+        }
+        let mut refuted = false;
+        for u in updates.into_iter().take(max) {
+            refuted |= self.apply_update(from, u, push_pull);
+        }
+        // Tell whoever claimed we are down straight away (the reply to a push-pull request
+        // carries the refutation already).
+        if refuted && source != Source::PushPullRequest && self.local().state != State::Left {
+            let updates = self.piggyback(from);
+            self.send(from.clone(), Message::Gossip { updates });
+        }
+    }
+
+    /// Merges one claim by SWIM/memberlist precedence. Returns whether it made this node
+    /// refute a claim about itself.
+    fn apply_update(&mut self, sender: &I, mut u: Update<I, M>, push_pull: bool) -> bool {
+        if push_pull && u.state == State::Dead {
+            // A full state says dead: suspect instead, so that the two sides of a healed
+            // partition do not kill each other outright (memberlist does the same).
+            u.state = State::Suspect;
+            u.from = Some(sender.clone());
+        }
+        if u.id == self.id {
+            return self.apply_about_self(u);
+        }
+        let Some(entry) = self.members.get(&u.id) else {
+            if u.state != State::Alive {
+                return false; // never resurrect forgotten or unknown members as tombstones
+            }
+            if self.members.len() >= self.config.members_max {
+                self.stats.updates_dropped += 1;
+                return false;
+            }
+            self.insert(u);
+            return false;
+        };
+        let cur = entry.member.state;
+        let inc = entry.member.incarnation;
+        let meta =
+            (u.meta_version > entry.member.meta_version).then(|| (u.meta.clone(), u.meta_version));
+        let suspector = u.from.clone().unwrap_or_else(|| sender.clone());
+        match u.state {
+            State::Alive if u.incarnation > inc => {
+                self.transition(&u.id, u.incarnation, State::Alive, meta);
+            }
+            State::Suspect
+                if (cur == State::Alive && u.incarnation >= inc) || u.incarnation > inc =>
+            {
+                if meta.is_some() {
+                    self.transition(&u.id, inc, cur, meta);
+                }
+                self.start_suspicion(&u.id, u.incarnation, suspector);
+            }
+            State::Suspect if cur == State::Suspect && u.incarnation == inc => {
+                if meta.is_some() {
+                    self.transition(&u.id, inc, cur, meta);
+                }
+                self.confirm_suspicion(&u.id, inc, suspector);
+            }
+            State::Dead | State::Left
+                if u.incarnation > inc
+                    || (u.incarnation == inc
+                        && (cur.is_live() || (cur == State::Dead && u.state == State::Left))) =>
+            {
+                self.transition(&u.id, u.incarnation, u.state, meta);
+            }
+            _ => {
+                if meta.is_some() {
+                    self.transition(&u.id, inc, cur, meta);
+                }
+            }
+        }
+        false
+    }
+
+    fn apply_about_self(&mut self, u: Update<I, M>) -> bool {
+        let me = self.local().clone();
+        if me.state == State::Left {
+            return false; // leaving: let the claim stand
+        }
+        let mut refuted = false;
+        let mut incarnation = me.incarnation;
+        let claim_down = u.state != State::Alive && u.incarnation >= me.incarnation;
+        if claim_down || (u.state == State::Alive && u.incarnation > me.incarnation) {
+            incarnation = u.incarnation.saturating_add(1);
+            if claim_down {
+                self.stats.refutations += 1;
+                self.adjust_health(1);
+                refuted = true;
+                tracing::debug!(claim = %u.state, incarnation, "refuting");
+            }
+        }
+        // An older instance of us advertised other metadata at this version or above.
+        let meta_version = if u.meta_version >= me.meta_version && u.meta != me.meta {
+            u.meta_version.saturating_add(1)
+        } else {
+            me.meta_version
+        };
+        if incarnation != me.incarnation || meta_version != me.meta_version {
+            let e = self
+                .members
+                .get_mut(&self.id)
+                .expect("self is in the table");
+            e.member.incarnation = incarnation;
+            e.member.meta_version = meta_version;
+            let id = self.id.clone();
+            self.broadcasts.push(&id);
+        }
+        refuted
+    }
+
+    fn insert(&mut self, u: Update<I, M>) {
+        let member = Member {
+            id: u.id.clone(),
+            incarnation: u.incarnation,
+            state: State::Alive,
+            meta: u.meta,
+            meta_version: u.meta_version,
+            state_since_ms: self.now_ms,
+        };
+        tracing::debug!(member = %u.id, incarnation = u.incarnation, "member joined");
+        self.members.insert(
+            u.id.clone(),
+            Entry {
+                member: member.clone(),
+                suspect_from: None,
+            },
+        );
+        self.add_live(&u.id);
+        self.broadcasts.push(&u.id);
+        self.stats.updates_applied += 1;
+        self.out.push(Action::Changed {
+            member,
+            previous: None,
+        });
+    }
+
+    fn add_live(&mut self, id: &I) {
+        if self.live_index.contains_key(id) {
+            return;
+        }
+        self.live_index.insert(id.clone(), self.live.len());
+        self.live.push(id.clone());
+        // A random place in the rest of this pass of the probe order.
+        self.probe_order.push(id.clone());
+        let last = self.probe_order.len() - 1;
+        let pos = self.probe_pos.min(last);
+        let j = self.rng.gen_range(pos..=last);
+        self.probe_order.swap(j, last);
+    }
+
+    fn remove_live(&mut self, id: &I) {
+        if let Some(i) = self.live_index.remove(id) {
+            self.live.swap_remove(i);
+            if let Some(moved) = self.live.get(i) {
+                self.live_index.insert(moved.clone(), i);
+            }
+        }
+    }
+
+    /// Sets a known member's incarnation, state and (optionally) metadata, keeping the
+    /// indexes, suspicion timers and queue in step, and reports the change.
+    fn transition(&mut self, id: &I, incarnation: u64, state: State, meta: Option<(M, u64)>) {
+        let now = self.now_ms;
+        let is_self = *id == self.id;
+        let Some(e) = self.members.get_mut(id) else {
+            return;
+        };
+        let previous = e.member.state;
+        let since = e.member.state_since_ms;
+        e.member.incarnation = incarnation;
+        let meta_changed = match meta {
+            Some((m, v)) => {
+                let changed = m != e.member.meta;
+                e.member.meta = m;
+                e.member.meta_version = v;
+                changed
+            }
+            None => false,
+        };
+        if previous != state {
+            e.member.state = state;
+            e.member.state_since_ms = now;
+            if state != State::Suspect {
+                e.suspect_from = None;
+            }
+        }
+        let member = e.member.clone();
+        if previous != State::Suspect || state != State::Suspect {
+            self.suspicions.remove(id);
+        }
+        if previous != state && !is_self {
+            if previous.is_gone() {
+                self.tombstones.remove(&(since, id.clone()));
+            }
+            match (previous.is_live(), state.is_live()) {
+                (true, false) => {
+                    self.remove_live(id);
+                    self.tombstones.insert((now, id.clone()));
+                }
+                (false, true) => self.add_live(id),
+                (false, false) => {
+                    self.tombstones.insert((now, id.clone()));
+                }
+                (true, true) => {}
+            }
+        }
+        self.broadcasts.push(id);
+        self.stats.updates_applied += 1;
+        if previous != state || meta_changed {
+            if previous != state {
+                tracing::debug!(member = %id, incarnation, from = %previous, to = %state, "member state changed");
+            }
+            self.out.push(Action::Changed {
+                member,
+                previous: Some(previous),
+            });
+        }
+    }
+
+    /// Starts (or restarts at a higher incarnation) a suspicion of `id`, first suspected
+    /// by `from`.
+    fn start_suspicion(&mut self, id: &I, incarnation: u64, from: I) {
+        let n = self.live_count() as f64;
+        let min_ms = (f64::from(self.config.suspicion_mult)
+            * n.log10().max(1.0)
+            * self.config.probe_interval_ms as f64) as u64;
+        let max_ms = min_ms * u64::from(self.config.suspicion_max_mult);
+        let k =
+            if self.live_count().saturating_sub(2) < self.config.suspicion_confirmations as usize {
+                0
+            } else {
+                self.config.suspicion_confirmations
+            };
+        self.transition(id, incarnation, State::Suspect, None);
+        if let Some(e) = self.members.get_mut(id) {
+            e.suspect_from = Some(from.clone());
+        }
+        self.suspicions.insert(
+            id.clone(),
+            Suspicion {
+                incarnation,
+                started_ms: self.now_ms,
+                min_ms,
+                max_ms,
+                k,
+                first: from,
+                confirmers: Vec::new(),
+            },
+        );
+    }
+
+    /// Counts `from` as an independent confirmation of the suspicion of `id`; a new one
+    /// shortens the timeout and is gossiped on.
+    fn confirm_suspicion(&mut self, id: &I, incarnation: u64, from: I) {
+        let Some(s) = self.suspicions.get_mut(id) else {
+            return;
+        };
+        if s.incarnation != incarnation
+            || s.first == from
+            || s.confirmers.contains(&from)
+            || s.confirmers.len() >= s.k as usize
+        {
+            return;
+        }
+        s.confirmers.push(from.clone());
+        self.stats.confirmations += 1;
+        if let Some(e) = self.members.get_mut(id) {
+            e.suspect_from = Some(from);
+        }
+        self.broadcasts.push(id);
+    }
+
+    // ----- random choice -----
+
+    /// Up to `k` distinct random live members other than `exclude` (alive ones only when
+    /// `alive_only`).
+    fn sample_live(&mut self, k: usize, exclude: Option<&I>, alive_only: bool) -> Vec<I> {
+        let members = &self.members;
+        let ok = |id: &I| {
+            Some(id) != exclude
+                && (!alive_only
+                    || members
+                        .get(id)
+                        .is_some_and(|e| e.member.state == State::Alive))
+        };
+        let n = self.live.len();
+        if n <= 4 * k + 8 {
+            let mut all: Vec<I> = self.live.iter().filter(|id| ok(id)).cloned().collect();
+            all.shuffle(&mut self.rng);
+            all.truncate(k);
+            return all;
+        }
+        let mut out: Vec<I> = Vec::with_capacity(k);
+        let mut attempts = 0;
+        while out.len() < k && attempts < 8 * k + 16 {
+            attempts += 1;
+            let id = &self.live[self.rng.gen_range(0..n)];
+            if ok(id) && !out.contains(id) {
+                out.push(id.clone());
+            }
+        }
+        out
+    }
+
+    fn random_live(&mut self, alive_only: bool) -> Option<I> {
+        self.sample_live(1, None, alive_only).pop()
+    }
+
+    /// Checks the internal invariants (tests and simulations).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        if !self.members.contains_key(&self.id) {
+            return Err("self missing".into());
+        }
+        let mut live = 0;
+        let mut gone = 0;
+        for (id, e) in &self.members {
+            if *id == self.id {
+                continue;
+            }
+            let in_live = self
+                .live_index
+                .get(id)
+                .is_some_and(|&i| self.live[i] == *id);
+            let in_tomb = self
+                .tombstones
+                .contains(&(e.member.state_since_ms, id.clone()));
+            if e.member.state.is_live() {
+                live += 1;
+                if !in_live || in_tomb {
+                    return Err(format!("{id} live but not indexed as live"));
+                }
+            } else {
+                gone += 1;
+                if in_live || !in_tomb {
+                    return Err(format!("{id} gone but not indexed as tombstone"));
+                }
+            }
+            if (e.member.state == State::Suspect) != self.suspicions.contains_key(id) {
+                return Err(format!("{id} suspicion timer out of step"));
+            }
+        }
+        if live != self.live.len()
+            || gone != self.tombstones.len()
+            || self.live.len() != self.live_index.len()
+        {
+            return Err("index sizes out of step".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type Node = Membership<u32, u32>;
+
+    fn upd(id: u32, incarnation: u64, state: State, from: Option<u32>) -> Update<u32, u32> {
+        Update {
+            id,
+            incarnation,
+            state,
+            meta: 0,
+            meta_version: 0,
+            from,
+        }
+    }
+
+    fn gossip(from: u32, updates: Vec<Update<u32, u32>>) -> Event<u32, u32> {
+        Event::Message {
+            from,
+            msg: Message::Gossip { updates },
+        }
+    }
+
+    /// Node 0 knowing members `1..n` alive at incarnation 0, at time 1000.
+    fn node(n: u32, config: Config) -> Node {
+        let mut m = Node::new(0, 0, config, 7, 1_000);
+        let updates = (1..n).map(|id| upd(id, 0, State::Alive, None)).collect();
+        m.handle(
+            1_000,
+            Event::Message {
+                from: 1,
+                msg: Message::PushPull {
+                    join: true,
+                    members: updates,
+                },
+            },
+        );
+        assert_eq!(m.alive_count(), n as usize);
+        m
+    }
+
+    fn state(m: &Node, id: u32) -> State {
+        m.member(&id).expect("known member").state
+    }
+
+    fn sends(actions: &[Action<u32, u32>]) -> Vec<(u32, &Message<u32, u32>)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Send { to, msg } => Some((*to, msg)),
+                Action::Changed { .. } => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn suspicion_timeout_formula() {
+        assert_eq!(suspicion_timeout_ms(500, 3_000, 0, 3), 3_000);
+        assert_eq!(suspicion_timeout_ms(500, 3_000, 1, 3), 1_750);
+        assert_eq!(suspicion_timeout_ms(500, 3_000, 3, 3), 500);
+        assert_eq!(suspicion_timeout_ms(500, 3_000, 9, 3), 500);
+        assert_eq!(suspicion_timeout_ms(500, 3_000, 0, 0), 500);
+    }
+
+    #[test]
+    fn suspect_is_refuted_by_a_higher_incarnation() {
+        let mut m = node(5, Config::default());
+        m.handle(1_000, gossip(2, vec![upd(1, 0, State::Suspect, Some(2))]));
+        assert_eq!(state(&m, 1), State::Suspect);
+        // Alive at the same incarnation does not refute.
+        m.handle(1_001, gossip(3, vec![upd(1, 0, State::Alive, None)]));
+        assert_eq!(state(&m, 1), State::Suspect);
+        let actions = m.handle(1_002, gossip(1, vec![upd(1, 1, State::Alive, None)]));
+        assert_eq!(state(&m, 1), State::Alive);
+        assert_eq!(m.member(&1).unwrap().incarnation, 1);
+        assert!(actions.iter().any(|a| matches!(a, Action::Changed { member, previous: Some(State::Suspect) } if member.id == 1)));
+        m.check_invariants().unwrap();
+        // Suspect at a lower incarnation is stale now.
+        m.handle(1_003, gossip(2, vec![upd(1, 0, State::Suspect, Some(2))]));
+        assert_eq!(state(&m, 1), State::Alive);
+    }
+
+    #[test]
+    fn a_node_refutes_suspicion_of_itself() {
+        let mut m = node(5, Config::default());
+        let actions = m.handle(1_000, gossip(2, vec![upd(0, 0, State::Suspect, Some(2))]));
+        assert_eq!(m.local().incarnation, 1);
+        assert_eq!(m.local().state, State::Alive);
+        assert_eq!(m.stats().refutations, 1);
+        assert_eq!(m.health_score(), 1, "refuting raises the health score");
+        // The refutation goes straight back to the accuser.
+        let refutation = sends(&actions)
+            .into_iter()
+            .find(|(to, _)| *to == 2)
+            .expect("refutation sent to the accuser");
+        assert!(refutation
+            .1
+            .updates()
+            .iter()
+            .any(|u| u.id == 0 && u.incarnation == 1 && u.state == State::Alive));
+        // Dead at an incarnation above ours: refute above it.
+        m.handle(1_001, gossip(3, vec![upd(0, 5, State::Dead, None)]));
+        assert_eq!(m.local().incarnation, 6);
+    }
+
+    #[test]
+    fn suspect_becomes_dead_after_timeout_and_sooner_with_confirmations() {
+        // n = 10: min = 2 · 1 · 250 = 500 ms, max = 3 000 ms, k = 3.
+        let mut m = node(10, Config::default());
+        m.handle(1_000, gossip(2, vec![upd(1, 0, State::Suspect, Some(2))]));
+        assert!(m.next_wakeup_ms() <= 4_000);
+        m.handle(3_999, Event::Tick);
+        assert_eq!(state(&m, 1), State::Suspect);
+        let actions = m.handle(4_000, Event::Tick);
+        assert_eq!(state(&m, 1), State::Dead);
+        assert_eq!(m.stats().deaths_declared, 1);
+        assert!(actions.iter().any(|a| matches!(a, Action::Changed { member, previous: Some(State::Suspect) } if member.id == 1 && member.state == State::Dead)));
+        m.check_invariants().unwrap();
+
+        // Same again with confirmations from distinct members.
+        let mut m = node(10, Config::default());
+        m.handle(1_000, gossip(2, vec![upd(1, 0, State::Suspect, Some(2))]));
+        m.handle(1_010, gossip(3, vec![upd(1, 0, State::Suspect, Some(3))]));
+        m.handle(1_020, gossip(3, vec![upd(1, 0, State::Suspect, Some(3))])); // not independent
+        assert_eq!(m.stats().confirmations, 1);
+        m.handle(2_749, Event::Tick);
+        assert_eq!(state(&m, 1), State::Suspect, "one confirmation: 1 750 ms");
+        m.handle(2_750, Event::Tick);
+        assert_eq!(state(&m, 1), State::Dead);
+
+        let mut m = node(10, Config::default());
+        for (t, from) in [(1_000, 2), (1_010, 3), (1_020, 4), (1_030, 5)] {
+            m.handle(t, gossip(from, vec![upd(1, 0, State::Suspect, Some(from))]));
+        }
+        m.handle(1_499, Event::Tick);
+        assert_eq!(state(&m, 1), State::Suspect);
+        m.handle(1_500, Event::Tick);
+        assert_eq!(
+            state(&m, 1),
+            State::Dead,
+            "k confirmations: the minimum, 500 ms"
+        );
+    }
+
+    #[test]
+    fn failed_probe_goes_indirect_then_suspects_and_health_follows_nacks() {
+        let config = Config::default();
+        let mut m = node(6, config.clone());
+        // Tick until a probe starts (gossip rounds come first).
+        let (t0, target, seq) = loop {
+            let t = m.next_wakeup_ms();
+            let actions = m.handle(t, Event::Tick);
+            let ping = sends(&actions).into_iter().find_map(|(to, msg)| match msg {
+                Message::Ping { seq, .. } => Some((to, *seq)),
+                _ => None,
+            });
+            if let Some((to, seq)) = ping {
+                break (t, to, seq);
+            }
+            assert!(t < 2_000, "no probe within a second");
+        };
+        // Direct timeout: ping-req through 3 members, and the direct ping again.
+        let actions = m.handle(t0 + config.probe_timeout_ms, Event::Tick);
+        let relays: Vec<u32> = sends(&actions)
+            .into_iter()
+            .filter_map(|(to, msg)| {
+                matches!(msg, Message::PingReq { target: t, .. } if *t == target).then_some(to)
+            })
+            .collect();
+        assert_eq!(relays.len(), 3);
+        assert!(!relays.contains(&target));
+        // One relay nacks; the other two stay silent: two missed nacks.
+        m.handle(
+            t0 + 200,
+            Event::Message {
+                from: relays[0],
+                msg: Message::Nack {
+                    seq,
+                    updates: vec![],
+                },
+            },
+        );
+        let actions = m.handle(t0 + 2 * config.probe_timeout_ms, Event::Tick);
+        assert_eq!(state(&m, target), State::Suspect);
+        assert_eq!(m.stats().suspicions_raised, 1);
+        assert_eq!(m.stats().nacks_missed, 2);
+        assert_eq!(m.health_score(), 2);
+        // Buddy system: the suspect hears of it directly.
+        assert!(sends(&actions).iter().any(|(to, msg)| *to == target
+            && msg
+                .updates()
+                .iter()
+                .any(|u| u.id == target && u.state == State::Suspect)));
+        // Timers now scale by 3: the next probe's direct timeout is 450 ms.
+        let mut now = t0 + 2 * config.probe_timeout_ms;
+        for _ in 0..10 {
+            now = m.next_wakeup_ms().max(now);
+            let actions = m.handle(now, Event::Tick);
+            for (to, msg) in sends(&actions) {
+                if let Message::Ping { seq, .. } = msg {
+                    m.handle(
+                        now + 1,
+                        Event::Message {
+                            from: to,
+                            msg: Message::Ack {
+                                seq: *seq,
+                                updates: vec![],
+                            },
+                        },
+                    );
+                }
+            }
+        }
+        assert_eq!(m.health_score(), 0, "acks bring the score back down");
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn unreachable_hint_probes_at_once_and_a_failed_send_goes_indirect() {
+        let mut m = node(6, Config::default());
+        let actions = m.handle(1_001, Event::Unreachable { id: 3 });
+        assert!(matches!(sends(&actions)[..], [(3, Message::Ping { .. })]));
+        let actions = m.handle(1_002, Event::Unreachable { id: 3 });
+        let ping_reqs = sends(&actions)
+            .iter()
+            .filter(|(_, msg)| matches!(msg, Message::PingReq { target: 3, .. }))
+            .count();
+        assert_eq!(ping_reqs, 3);
+        assert_eq!(m.stats().probes_sent, 1);
+        // Dead members are not probed on a hint.
+        m.handle(1_003, gossip(2, vec![upd(4, 0, State::Dead, None)]));
+        assert!(sends(&m.handle(1_004, Event::Unreachable { id: 4 })).is_empty());
+    }
+
+    #[test]
+    fn intermediary_forwards_ack_or_nacks() {
+        let config = Config::default();
+        let mut m = node(4, config.clone());
+        let actions = m.handle(
+            1_000,
+            Event::Message {
+                from: 1,
+                msg: Message::PingReq {
+                    seq: 77,
+                    target: 2,
+                    updates: vec![],
+                },
+            },
+        );
+        let my_seq = sends(&actions)
+            .into_iter()
+            .find_map(|(to, msg)| match msg {
+                Message::Ping { seq, target: 2, .. } if to == 2 => Some(*seq),
+                _ => None,
+            })
+            .expect("pings the target");
+        let actions = m.handle(
+            1_010,
+            Event::Message {
+                from: 2,
+                msg: Message::Ack {
+                    seq: my_seq,
+                    updates: vec![],
+                },
+            },
+        );
+        assert!(matches!(
+            sends(&actions)[..],
+            [(1, Message::Ack { seq: 77, .. })]
+        ));
+        // No answer this time: a nack at 80% of the probe timeout.
+        m.handle(
+            2_000,
+            Event::Message {
+                from: 1,
+                msg: Message::PingReq {
+                    seq: 78,
+                    target: 3,
+                    updates: vec![],
+                },
+            },
+        );
+        let nack_at = 2_000 + config.probe_timeout_ms * NACK_TIMEOUT_PERCENT / 100;
+        assert!(m.next_wakeup_ms() <= nack_at);
+        let actions = m.handle(nack_at, Event::Tick);
+        assert!(sends(&actions)
+            .iter()
+            .any(|(to, msg)| *to == 1 && matches!(msg, Message::Nack { seq: 78, .. })));
+    }
+
+    #[test]
+    fn leave_announces_left_to_everyone_in_a_small_cluster() {
+        let mut m = node(5, Config::default());
+        let actions = m.handle(1_000, Event::Leave);
+        assert_eq!(m.local().state, State::Left);
+        assert_eq!(m.local().incarnation, 1);
+        let told: BTreeSet<u32> = sends(&actions)
+            .into_iter()
+            .filter(|(_, msg)| {
+                msg.updates()
+                    .iter()
+                    .any(|u| u.id == 0 && u.state == State::Left && u.incarnation == 1)
+            })
+            .map(|(to, _)| to)
+            .collect();
+        assert_eq!(told, (1..5).collect());
+        // A left node does not refute, and left is final at its incarnation.
+        m.handle(1_001, gossip(1, vec![upd(0, 1, State::Dead, None)]));
+        assert_eq!(m.local().state, State::Left);
+        let mut other = node(5, Config::default());
+        other.handle(1_000, gossip(3, vec![upd(3, 1, State::Left, None)]));
+        assert_eq!(state(&other, 3), State::Left);
+        other.handle(1_001, gossip(2, vec![upd(3, 1, State::Alive, None)]));
+        other.handle(1_001, gossip(2, vec![upd(3, 1, State::Dead, None)]));
+        assert_eq!(state(&other, 3), State::Left);
+        other.handle(1_002, gossip(3, vec![upd(3, 2, State::Alive, None)]));
+        assert_eq!(
+            state(&other, 3),
+            State::Alive,
+            "a higher incarnation rejoins"
+        );
+        other.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn metadata_higher_version_wins() {
+        let mut m = node(3, Config::default());
+        let mut u = upd(1, 0, State::Alive, None);
+        u.meta = 9;
+        u.meta_version = 2;
+        m.handle(1_000, gossip(1, vec![u.clone()]));
+        assert_eq!(m.member(&1).unwrap().meta, 9);
+        u.meta = 5;
+        u.meta_version = 1;
+        m.handle(1_001, gossip(2, vec![u]));
+        assert_eq!(m.member(&1).unwrap().meta, 9);
+        let actions = m.handle(1_002, Event::SetMeta(4));
+        assert_eq!((m.local().meta, m.local().meta_version), (4, 1));
+        assert!(actions.iter().any(
+            |a| matches!(a, Action::Changed { member, .. } if member.id == 0 && member.meta == 4)
+        ));
+    }
+
+    #[test]
+    fn tombstones_are_forgotten_after_tombstone_ms() {
+        let config = Config::for_test();
+        let mut m = node(4, config.clone());
+        m.handle(1_000, gossip(2, vec![upd(1, 0, State::Dead, None)]));
+        assert_eq!(m.members().count(), 4, "tombstone kept");
+        let mut now = 1_000;
+        while now < 1_000 + config.tombstone_ms + 2 * REAP_INTERVAL_MS {
+            now = m.next_wakeup_ms();
+            m.handle(now, Event::Tick);
+        }
+        // (2 and 3 never answer probes here, so they die and go too.)
+        assert!(m.member(&1).is_none());
+        assert!(m.stats().tombstones_reaped >= 1);
+        // Old news about a forgotten member does not bring it back.
+        m.handle(now, gossip(2, vec![upd(1, 0, State::Dead, None)]));
+        assert!(m.member(&1).is_none());
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn bogus_messages_are_ignored_and_counted() {
+        let config = Config::default();
+        let mut m = node(4, config.clone());
+        let before = m
+            .members()
+            .map(|x| (x.id, x.state, x.incarnation))
+            .collect::<Vec<_>>();
+        let bogus: Vec<Event<u32, u32>> = vec![
+            Event::Message {
+                from: 1,
+                msg: Message::Ack {
+                    seq: 999,
+                    updates: vec![],
+                },
+            },
+            Event::Message {
+                from: 1,
+                msg: Message::Nack {
+                    seq: 999,
+                    updates: vec![],
+                },
+            },
+            Event::Message {
+                from: 1,
+                msg: Message::Ping {
+                    seq: 1,
+                    target: 42,
+                    updates: vec![],
+                },
+            },
+            Event::Message {
+                from: 0,
+                msg: Message::Gossip {
+                    updates: vec![upd(1, 9, State::Dead, None)],
+                },
+            },
+            Event::Message {
+                from: 2,
+                msg: Message::PingReq {
+                    seq: 1,
+                    target: 2,
+                    updates: vec![],
+                },
+            },
+        ];
+        for e in bogus {
+            let actions = m.handle(1_000, e);
+            assert!(sends(&actions).is_empty());
+        }
+        assert_eq!(m.stats().messages_ignored, 5);
+        // Claims about unknown members other than alive ones are dropped quietly.
+        m.handle(
+            1_000,
+            gossip(
+                1,
+                vec![
+                    upd(50, 0, State::Suspect, Some(1)),
+                    upd(51, 3, State::Dead, None),
+                ],
+            ),
+        );
+        assert!(m.member(&50).is_none() && m.member(&51).is_none());
+        // More than piggyback_max updates: the excess is dropped and counted.
+        let many = (100..100 + config.piggyback_max as u32 + 5)
+            .map(|id| upd(id, 0, State::Alive, None))
+            .collect();
+        m.handle(1_000, gossip(1, many));
+        assert_eq!(m.stats().updates_dropped, 5);
+        assert_eq!(m.members().count(), 4 + config.piggyback_max);
+        let after = m
+            .members()
+            .filter(|x| x.id < 100)
+            .map(|x| (x.id, x.state, x.incarnation))
+            .collect::<Vec<_>>();
+        assert_eq!(before, after);
+        // The table never grows past members_max.
+        let small = Config {
+            members_max: 6,
+            ..Config::default()
+        };
+        let mut m = node(4, small);
+        m.handle(
+            1_000,
+            gossip(
+                1,
+                (10..20).map(|id| upd(id, 0, State::Alive, None)).collect(),
+            ),
+        );
+        assert_eq!(m.members().count(), 6);
+        m.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn message_codec_round_trips() {
+        let msg: Message<u32, u32> = Message::PushPull {
+            join: true,
+            members: vec![
+                upd(1, 2, State::Suspect, Some(3)),
+                upd(4, 5, State::Left, None),
+            ],
+        };
+        let cfg = bincode::config::standard().with_limit::<{ 1 << 20 }>();
+        let bytes = bincode::serde::encode_to_vec(&msg, cfg).unwrap();
+        let (back, _): (Message<u32, u32>, usize) =
+            bincode::serde::decode_from_slice(&bytes, cfg).unwrap();
+        assert_eq!(back, msg);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let cfg = bincode::config::standard().with_limit::<{ 1 << 20 }>();
+            let _ = bincode::serde::decode_from_slice::<Message<u32, super::super::sim::SimMeta>, _>(&bytes, cfg);
+        }
+    }
+}
