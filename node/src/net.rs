@@ -55,20 +55,43 @@ const IDLE_CONNECTION_S: u64 = 300;
 /// Timeout of one membership request on the swarm, in milliseconds.
 const REQUEST_TIMEOUT_MS: u64 = 5_000;
 
+/// A membership request as read off a stream: a whole frame, or why there is none.
+///
+/// libp2p's request-response drops streams whose request cannot be read without telling the
+/// behaviour, so the codec turns a bad frame into a value: the event loop can count it.
+#[derive(Debug)]
+pub enum Frame {
+    /// A frame within the size limit (its contents are not checked yet).
+    Bytes(Vec<u8>),
+    /// A frame that was oversized or cut short.
+    Bad(String),
+}
+
 /// Frames as requests, empty frames as responses; lengths checked before allocation.
 #[derive(Clone, Default)]
 pub struct FrameCodec;
 
 impl request_response::Codec for FrameCodec {
     type Protocol = StreamProtocol;
-    type Request = Vec<u8>;
+    type Request = Frame;
     type Response = Vec<u8>;
 
-    async fn read_request<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<Vec<u8>>
+    async fn read_request<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<Frame>
     where
         T: futures::AsyncRead + Unpin + Send,
     {
-        wire::read_frame(io, wire::FRAME_BYTES_MAX).await
+        match wire::read_frame(io, wire::FRAME_BYTES_MAX).await {
+            Ok(bytes) => Ok(Frame::Bytes(bytes)),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof
+                ) =>
+            {
+                Ok(Frame::Bad(e.to_string()))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     async fn read_response<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<Vec<u8>>
@@ -82,12 +105,15 @@ impl request_response::Codec for FrameCodec {
         &mut self,
         _: &StreamProtocol,
         io: &mut T,
-        req: Vec<u8>,
+        req: Frame,
     ) -> io::Result<()>
     where
         T: futures::AsyncWrite + Unpin + Send,
     {
-        wire::write_frame(io, &req).await
+        match req {
+            Frame::Bytes(bytes) => wire::write_frame(io, &bytes).await,
+            Frame::Bad(reason) => Err(io::Error::new(io::ErrorKind::InvalidInput, reason)),
+        }
     }
 
     async fn write_response<T>(
@@ -430,7 +456,7 @@ impl EventLoop {
             .swarm
             .behaviour_mut()
             .membership
-            .send_request(&to, bytes);
+            .send_request(&to, Frame::Bytes(bytes));
         self.pending.insert(id, to);
     }
 
@@ -498,7 +524,7 @@ impl EventLoop {
         }
     }
 
-    fn on_membership(&mut self, ev: request_response::Event<Vec<u8>, Vec<u8>>) {
+    fn on_membership(&mut self, ev: request_response::Event<Frame, Vec<u8>>) {
         use request_response::{Event as RrEvent, Message as RrMessage};
         match ev {
             RrEvent::Message {
@@ -515,11 +541,15 @@ impl EventLoop {
                     .membership
                     .send_response(channel, Vec::new());
                 self.counters.messages_in += 1;
-                match wire::decode::<Msg>(&request) {
+                let decoded = match request {
+                    Frame::Bytes(bytes) => wire::decode::<Msg>(&bytes).map_err(|e| e.to_string()),
+                    Frame::Bad(reason) => Err(reason),
+                };
+                match decoded {
                     Ok(msg) => self.drive(Event::Message { from: peer, msg }),
                     Err(e) => {
                         self.counters.bad_messages += 1;
-                        self.bad_warn.warn(Instant::now(), &peer, &e.to_string());
+                        self.bad_warn.warn(Instant::now(), &peer, &e);
                     }
                 }
             }

@@ -75,7 +75,10 @@ fn graceful_leave_is_seen_as_left() {
     let (mut c, _root) = cluster();
     c.start("a", &[]).unwrap();
     c.start_joining("b", &[]).unwrap();
-    c.start_joining("c", &[]).unwrap();
+    // c joins by DNS name (`localhost:PORT`), which the transport resolves.
+    let port = c.seed_of(0).rsplit('/').next().unwrap().to_string();
+    c.start("c", &["--join".to_string(), format!("localhost:{port}")])
+        .unwrap();
     c.wait_all(WAIT, "3 alive", |s| s.names_in("alive").len() == 3)
         .unwrap();
     let status = c.terminate(2).unwrap();
