@@ -184,8 +184,18 @@ struct Probe<I> {
     direct_deadline_ms: u64,
     deadline_ms: u64,
     indirect: bool,
+    /// A send of the direct ping failed (`Event::Unreachable`).
+    direct_failed: bool,
     /// Intermediaries asked, and whether each has nacked.
     relays: Vec<(I, bool)>,
+}
+
+impl<I> Probe<I> {
+    /// No ack can come any more: the direct send failed and every intermediary nacked
+    /// (or none could be asked). The probe fails now instead of at its deadline.
+    fn hopeless(&self) -> bool {
+        self.indirect && self.direct_failed && self.relays.iter().all(|(_, nacked)| *nacked)
+    }
 }
 
 /// A ping-req this node serves as intermediary.
@@ -456,7 +466,7 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
             if !self.probes[i].indirect && now >= self.probes[i].direct_deadline_ms {
                 self.go_indirect(i, true);
             }
-            if now >= self.probes[i].deadline_ms {
+            if now >= self.probes[i].deadline_ms || self.probes[i].hopeless() {
                 let probe = self.probes.swap_remove(i);
                 self.probe_failed(probe);
             } else {
@@ -531,6 +541,7 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
             direct_deadline_ms: now + timeout,
             deadline_ms: now + interval.max(2 * timeout),
             indirect: false,
+            direct_failed: false,
             relays: Vec::new(),
         });
         self.stats.probes_sent += 1;
@@ -675,13 +686,20 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
             p.relays.retain(|(r, nacked)| *r != id || *nacked);
         }
         if let Some(i) = self.probes.iter().position(|p| p.target == id) {
+            self.probes[i].direct_failed = true;
             if !self.probes[i].indirect {
                 self.go_indirect(i, false);
             }
-            return;
-        }
-        if self.live_index.contains_key(&id) {
+        } else if self.live_index.contains_key(&id) {
             self.start_probe(id, false);
+        }
+        self.fail_hopeless_probes();
+    }
+
+    fn fail_hopeless_probes(&mut self) {
+        while let Some(i) = self.probes.iter().position(|p| p.hopeless()) {
+            let probe = self.probes.swap_remove(i);
+            self.probe_failed(probe);
         }
     }
 
@@ -698,8 +716,9 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
         } else {
             self.sample_live(2 * self.config.gossip_fanout, None, false)
         };
+        let left = self.local().to_update(None);
         for to in targets {
-            let updates = self.piggyback(&to);
+            let updates = self.piggyback_with(Some(left.clone()));
             self.send(to, Message::Gossip { updates });
         }
     }
@@ -756,6 +775,7 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
                     Some(r) => {
                         r.1 = true;
                         self.stats.nacks_received += 1;
+                        self.fail_hopeless_probes();
                     }
                     None => self.stats.messages_ignored += 1,
                 }
@@ -893,17 +913,22 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
     /// Updates to piggyback on a message to `to`: its own suspicion first (Lifeguard's
     /// buddy system), then the queue, at most `piggyback_max` in all.
     fn piggyback(&mut self, to: &I) -> Vec<Update<I, M>> {
+        let first = self
+            .members
+            .get(to)
+            .filter(|e| e.member.state == State::Suspect)
+            .map(|e| e.member.to_update(e.suspect_from.clone()));
+        self.piggyback_with(first)
+    }
+
+    /// Piggybacked updates with `first` (an update that must get through) ahead of the
+    /// queue.
+    fn piggyback_with(&mut self, first: Option<Update<I, M>>) -> Vec<Update<I, M>> {
         let max = self.config.piggyback_max;
-        let mut out = Vec::new();
-        let mut skip = None;
-        if let Some(e) = self.members.get(to) {
-            if e.member.state == State::Suspect {
-                out.push(e.member.to_update(e.suspect_from.clone()));
-                skip = Some(to);
-            }
-        }
+        let skip = first.as_ref().map(|u| u.id.clone());
+        let mut out: Vec<Update<I, M>> = first.into_iter().collect();
         let limit = self.retransmit_limit();
-        let ids = self.broadcasts.take(max - out.len(), limit, skip);
+        let ids = self.broadcasts.take(max - out.len(), limit, skip.as_ref());
         out.extend(
             ids.iter()
                 .filter_map(|id| self.members.get(id))
@@ -1243,10 +1268,17 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
         }
         s.confirmers.push(from.clone());
         self.stats.confirmations += 1;
+        // The gossiped suspicion names one suspector. Keep naming ourselves once we
+        // suspect too: every suspector then spreads its own name, so each independent
+        // confirmation reaches everyone (relaying others' names would overwrite ours
+        // before it got out).
+        let me = self.id.clone();
         if let Some(e) = self.members.get_mut(id) {
-            e.suspect_from = Some(from);
+            if e.suspect_from.as_ref() != Some(&me) {
+                e.suspect_from = Some(from);
+                self.broadcasts.push(id);
+            }
         }
-        self.broadcasts.push(id);
     }
 
     // ----- random choice -----
