@@ -4,20 +4,24 @@
 #
 #   scripts/bench-allreduce.sh [--sizes 4K,64K,1M,16M,64M] [--iters K] [--worlds 2,3,4]
 #                              [--nets loopback,1gbit] [--no-baselines] [--no-build]
-#                              [--timeout SECONDS] [--logs DIR]
+#                              [--mpi-ring] [--timeout SECONDS] [--logs DIR]
 #
 #   --sizes     message sizes (K/M/G are binary: 64M = 67108864 bytes)
 #   --iters     timed iterations for every size; default per size: min(100, max(5, 128MiB/size))
-#               (the same count is passed to every implementation)
+#               (the same count is passed to every implementation, and the same warm-up count:
+#               min(5, max(1, iters/5)))
 #   --worlds    world sizes (number of ranks); at most 253
 #   --nets      settings to run: loopback (127.0.0.1, distinct ports) and/or a rate such as 1gbit
 #               (hosts rl1..rlN of scripts/netns.sh, rank i in rl(i+1) at 10.77.0.(i+1))
 #   --no-baselines  only ringleader (else Gloo and MPI too, where torch / mpi4py are installed;
 #               scripts/install-baselines.sh installs them)
+#   --mpi-ring  also run Open MPI with its ring allreduce forced (impl=mpi-ring; the default
+#               impl=mpi is Open MPI's own choice of algorithm by size)
 #   --no-build  skip `cargo build --release --workspace` (binary: $COLLECTIVE_BENCH or
 #               target/release/collective-bench)
 #   --timeout   wall-clock limit of one run (one implementation, world and size); default 180
 #   --logs      directory for per-run logs (default: a temporary directory, kept on failure)
+# Environment: COLLECTIVE_BENCH (binary to use), PYTHON (interpreter for the baselines).
 #
 # Output, one line per result, prefixed by the setting:
 #   net=1gbit iperf3_GBps=0.117 iperf3_Gbps=0.94 ring_hosts=4 ring_Gbps_per_host=0.94
@@ -45,11 +49,12 @@ iters=""
 worlds="2,3,4"
 nets="loopback,1gbit"
 baselines=1
+mpi_ring=0
 build=1
 run_timeout=180
 logdir=""
 
-usage() { sed -n '2,24p' "$0" >&2; exit 2; }
+usage() { sed -n '2,29p' "$0" >&2; exit 2; }
 die() { echo "bench-allreduce: $*" >&2; exit 1; }
 note() { echo "# $*" >&2; }
 
@@ -63,6 +68,7 @@ while [ $# -gt 0 ]; do
         --logs) [ $# -ge 2 ] || usage; logdir=$2; shift 2 ;;
         --no-baselines) baselines=0; shift ;;
         --no-build) build=0; shift ;;
+        --mpi-ring) mpi_ring=1; shift ;;
         -h|--help) usage ;;
         *) echo "bench-allreduce: unknown argument '$1'" >&2; usage ;;
     esac
@@ -87,6 +93,12 @@ iters_for() { # default: min(100, max(5, ceil(128 MiB / size)))
     [ "$k" -lt 5 ] && k=5
     [ "$k" -gt 100 ] && k=100
     echo "$k"
+}
+warmup_for() { # min(5, max(1, iters / 5))
+    local w=$(($1 / 5))
+    [ "$w" -lt 1 ] && w=1
+    [ "$w" -gt 5 ] && w=5
+    echo "$w"
 }
 
 IFS=, read -r -a size_list <<<"$sizes"
@@ -137,7 +149,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # ---- tools ----
-PY=$(command -v python3 || true)
+PY=${PYTHON:-$(command -v python3 || true)}
 if [ -n "$PY" ]; then PY=$("$PY" -c 'import sys; print(sys.executable)'); fi
 have_gloo=0
 have_mpi=0
@@ -226,10 +238,10 @@ run_ours() { # NET WORLD SIZE
         set_ns_cmd "$net" "$r"
         if [ "$r" = 0 ]; then
             "${ns_cmd[@]}" timeout "$run_timeout" "$BIN" --world "$w" --rank "$r" --peers "$peers" \
-                --sizes "$s" --iters "$k" >"$log" 2>"$log.r0.err" &
+                --sizes "$s" --iters "$k" --warmup "$(warmup_for "$k")" >"$log" 2>"$log.r0.err" &
         else
             "${ns_cmd[@]}" timeout "$run_timeout" "$BIN" --world "$w" --rank "$r" --peers "$peers" \
-                --sizes "$s" --iters "$k" >"$log.r$r" 2>&1 &
+                --sizes "$s" --iters "$k" --warmup "$(warmup_for "$k")" >"$log.r$r" 2>&1 &
         fi
         pids+=($!)
     done
@@ -249,7 +261,7 @@ run_gloo() { # NET WORLD SIZE
         set_ns_cmd "$net" "$r"
         "${ns_cmd[@]}" timeout "$run_timeout" "$PY" "$here/baseline_allreduce_gloo.py" \
             --rank "$r" --world "$w" --master-addr "$master" --master-port "$port_base" \
-            --ifname "$ifname" --sizes "$s" --iters "$k" --timeout "$run_timeout" \
+            --ifname "$ifname" --sizes "$s" --iters "$k" --warmup "$(warmup_for "$k")" --timeout "$run_timeout" \
             >"$log$([ "$r" = 0 ] || echo ".r$r")" 2>&1 &
         pids+=($!)
     done
@@ -270,12 +282,16 @@ EOF
     chmod +x "$agentdir/rsh-agent"
 }
 
-run_mpi() { # NET WORLD SIZE
-    local net=$1 w=$2 s=$3 k r log rc=0 hosts=""
+run_mpi() { # NET WORLD SIZE [ring]
+    local net=$1 w=$2 s=$3 k r log rc=0 hosts="" impl=mpi
     k=$(iters_for "$(size_bytes "$s")")
-    log="$logdir/$net.mpi.w$w.$s"
     local -a mpi=(mpirun --allow-run-as-root -np "$w" --mca mpi_yield_when_idle 1
         --mca btl "tcp,self")
+    if [ "${4:-}" = ring ]; then
+        impl="mpi-ring"
+        mpi+=(--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4)
+    fi
+    log="$logdir/$net.$impl.w$w.$s"
     if [ "$net" = loopback ]; then
         mpi+=(--oversubscribe --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo)
     else
@@ -284,10 +300,10 @@ run_mpi() { # NET WORLD SIZE
             --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24)
     fi
     timeout "$run_timeout" "${mpi[@]}" "$PY" "$here/baseline_allreduce_mpi.py" \
-        --sizes "$s" --iters "$k" >"$log" 2>&1 </dev/null &
+        --sizes "$s" --iters "$k" --warmup "$(warmup_for "$k")" >"$log" 2>&1 </dev/null &
     pids+=($!)
     wait_all || rc=$?
-    emit "$net" mpi "$w" "$s" "$log" "$rc"
+    emit "$net" "$impl" "$w" "$s" "$log" "$rc"
 }
 
 iperf_ref() { # NET: single-stream goodput rl1 -> rl2, then all hosts sending in a ring at once
@@ -340,6 +356,7 @@ for net in "${net_list[@]}"; do
             [ "$have_ours" = 0 ] || run_ours "$net" "$w" "$s"
             [ "$have_gloo" = 0 ] || run_gloo "$net" "$w" "$s"
             [ "$have_mpi" = 0 ] || run_mpi "$net" "$w" "$s"
+            [ "$have_mpi" = 0 ] || [ "$mpi_ring" = 0 ] || run_mpi "$net" "$w" "$s" ring
         done
     done
     if [ "$net" != loopback ]; then
