@@ -140,14 +140,14 @@ impl Communicator {
         let mut links: Vec<Vec<Option<Link>>> = (0..world)
             .map(|_| (0..world).map(|_| None).collect())
             .collect();
-        for a in 0..world {
-            for b in schedule::peers(a, world) {
-                if a < b {
-                    let (la, lb) = Link::mem_pair(a, b);
-                    links[a][b] = Some(la);
-                    links[b][a] = Some(lb);
-                }
-            }
+        let pairs: Vec<(usize, usize)> = (0..world)
+            .flat_map(|a| schedule::peers(a, world).into_iter().map(move |b| (a, b)))
+            .filter(|(a, b)| a < b)
+            .collect();
+        for (a, b) in pairs {
+            let (la, lb) = Link::mem_pair(a, b);
+            links[a][b] = Some(la);
+            links[b][a] = Some(lb);
         }
         Ok(links
             .into_iter()

@@ -64,7 +64,7 @@ impl Limits {
     /// Checks the limits are usable.
     pub fn validate(&self) -> Result<(), CollectiveError> {
         let bad = |m: &str| Err(CollectiveError::Invalid(m.into()));
-        if self.chunk_bytes == 0 || self.chunk_bytes % 8 != 0 {
+        if self.chunk_bytes == 0 || !self.chunk_bytes.is_multiple_of(8) {
             return bad("chunk_bytes must be a positive multiple of 8");
         }
         if self.chunk_bytes > self.frame_bytes_max || self.frame_bytes_max > u32::MAX as usize {

@@ -125,7 +125,7 @@ pub fn recursive_doubling(rank: usize, world: usize) -> Vec<RdStep> {
     }
     let p = 1usize << (usize::BITS - 1 - world.leading_zeros());
     let rem = world - p;
-    if rank < 2 * rem && rank % 2 == 0 {
+    if rank < 2 * rem && rank.is_multiple_of(2) {
         plan.push(RdStep::Send { to: rank + 1 });
         plan.push(RdStep::RecvResult { from: rank + 1 });
         return plan;
