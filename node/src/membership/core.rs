@@ -661,6 +661,11 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
         for seed in self.seeds.clone() {
             self.send_push_pull(seed, true);
         }
+        // The seeds knew only who had joined before us: sync once more with a random
+        // member soon, which shortens the tail of a mass join.
+        let jitter = self.rng.gen_range(0..self.config.reconnect_interval_ms);
+        let soon = self.now_ms + self.config.reconnect_interval_ms + jitter;
+        self.next_push_pull_ms = self.next_push_pull_ms.min(soon);
     }
 
     fn on_unreachable(&mut self, id: I) {
