@@ -17,7 +17,7 @@ use crate::error::{AbortReason, Algorithm, CollKind, CollectiveError, DType, OpD
 use crate::frame::{Abort, Header};
 use crate::schedule::{self, RdStep};
 use crate::tcp;
-use crate::transport::{Failure, Link, Reader, Writer};
+use crate::transport::{Failure, Inbound, Link, Reader, Writer};
 
 /// Cancels the operations of a [`Communicator`] from another task.
 #[derive(Clone, Debug)]
@@ -118,7 +118,7 @@ impl Communicator {
         let mut streams = tcp::establish(&cfg, listener).await?;
         let mut links: Vec<Option<Link>> = (0..cfg.world).map(|_| None).collect();
         for (peer, s) in streams.drain() {
-            links[peer] = Some(Link::tcp(peer, s));
+            links[peer] = Some(Link::tcp(peer, s, cfg.limits.chunk_bytes));
         }
         Ok(Self::from_links(
             cfg.rank,
@@ -164,7 +164,7 @@ impl Communicator {
         limits: Limits,
         links: Vec<Option<Link>>,
     ) -> Self {
-        let scratch_words = limits.chunk_bytes.max(limits.small_bytes_max).div_ceil(8);
+        let scratch_words = limits.small_bytes_max.div_ceil(8);
         Communicator {
             rank,
             world,
@@ -402,6 +402,18 @@ impl Communicator {
             root: root as u32,
         };
         self.seq += 1;
+        // An abort or loss that arrived while we were idle fails this operation at once.
+        let idle_failure = self
+            .engine
+            .links
+            .iter_mut()
+            .flatten()
+            .find_map(|l| l.reader.poll_failure(&desc));
+        if let Some(f) = idle_failure {
+            let e = f.error.clone();
+            self.fail(f);
+            return Err(e);
+        }
         Ok(desc)
     }
 
@@ -486,8 +498,9 @@ struct Engine {
     rank: usize,
     world: usize,
     links: Vec<Option<Link>>,
-    /// Reused across calls: one chunk for the ring, one whole small message for recursive
-    /// doubling (u64 words so it can be viewed as any element type).
+    /// Reused across calls: one whole small message for recursive doubling (u64 words so
+    /// it can be viewed as any element type). The ring reduces straight out of the links'
+    /// receive buffers and needs none.
     scratch: Vec<u64>,
     chunk_bytes: usize,
 }
@@ -522,25 +535,29 @@ fn pair(
     }
 }
 
-/// Reads one data frame of `desc` with exactly `buf.len()` payload bytes into `buf`.
+/// Takes the next data frame of `desc`, which must carry exactly `bytes` payload bytes.
+/// Hand the message back with [`Reader::recycle`] once used.
 async fn recv_frame(
     reader: &mut Reader,
     me: usize,
     desc: &OpDesc,
-    buf: &mut [u8],
-) -> Result<(), Failure> {
-    match reader.next_header().await? {
-        Header::Abort(a) => Err(Failure::relayed(a, Some(*desc))),
-        Header::Data {
+    bytes: usize,
+) -> Result<Inbound, Failure> {
+    let m = reader.next().await?;
+    match &m {
+        Inbound::Abort(a) => Err(Failure::relayed(*a, Some(*desc))),
+        Inbound::Protocol(d) => Err(Failure::protocol(reader.peer(), d.clone())),
+        Inbound::Data {
             desc: theirs,
-            payload_bytes,
+            bytes: got,
+            ..
         } => {
-            if theirs != *desc {
+            if theirs != desc {
                 return Err(Failure {
                     error: CollectiveError::Mismatch {
                         rank: reader.peer(),
                         ours: *desc,
-                        theirs,
+                        theirs: *theirs,
                     },
                     relay: Abort::Mismatch {
                         rank: me,
@@ -548,13 +565,12 @@ async fn recv_frame(
                     },
                 });
             }
-            if payload_bytes as usize != buf.len() {
+            if *got != bytes {
                 return Err(Failure {
                     error: CollectiveError::Protocol {
                         rank: reader.peer(),
                         detail: format!(
-                            "frame of {payload_bytes} bytes, expected {} (chunk_bytes differ?)",
-                            buf.len()
+                            "frame of {got} bytes, expected {bytes} (chunk_bytes differ?)"
                         ),
                     },
                     relay: Abort::Peer {
@@ -563,9 +579,30 @@ async fn recv_frame(
                     },
                 });
             }
-            reader.read_payload(buf).await
+            Ok(m)
         }
     }
+}
+
+/// The payload of a data message as elements.
+fn payload<T: bytemuck::Pod>(m: &Inbound, len: usize) -> &[T] {
+    match m {
+        Inbound::Data { buf, .. } => &bytemuck::cast_slice::<u64, T>(buf)[..len],
+        _ => unreachable!("recv_frame returns data messages only"),
+    }
+}
+
+/// Receives one frame and copies its payload into `dst`.
+async fn recv_into(
+    reader: &mut Reader,
+    me: usize,
+    desc: &OpDesc,
+    dst: &mut [u8],
+) -> Result<(), Failure> {
+    let m = recv_frame(reader, me, desc, dst.len()).await?;
+    dst.copy_from_slice(payload::<u8>(&m, dst.len()));
+    reader.recycle(m);
+    Ok(())
 }
 
 /// Sends `data` as frames of `chunk_elems`.
@@ -586,42 +623,36 @@ async fn send_all<T: Element>(
     Ok(())
 }
 
-/// Receives frames into `dst`, reducing with `op` through `scratch` or, without `op`,
-/// overwriting `dst`.
+/// Receives frames into `dst`, reducing with `op` straight out of the received buffers or,
+/// without `op`, overwriting `dst`.
 async fn recv_all<T: Element>(
     reader: &mut Reader,
     me: usize,
     desc: &OpDesc,
     dst: &mut [T],
-    scratch: &mut [T],
     reduce: Option<(ReduceOp, bool)>,
     chunk_elems: usize,
 ) -> Result<(), Failure> {
     for c in frames(0, dst.len(), chunk_elems) {
         let d = &mut dst[c];
+        let m = recv_frame(reader, me, desc, std::mem::size_of_val(d)).await?;
+        let src = payload::<T>(&m, d.len());
         match reduce {
-            None => recv_frame(reader, me, desc, as_bytes_mut(d)).await?,
-            Some((op, theirs_first)) => {
-                let s = &mut scratch[..d.len()];
-                recv_frame(reader, me, desc, as_bytes_mut(s)).await?;
-                T::reduce(d, s, op, theirs_first);
-            }
+            None => d.copy_from_slice(src),
+            Some((op, theirs_first)) => T::reduce(d, src, op, theirs_first),
         }
+        reader.recycle(m);
     }
     Ok(())
 }
 
 /// Waits for an abort or loss on a link we only send on (its reverse direction); a data
-/// header that arrives early (the peer is already in the next operation) is kept for it.
+/// frame that arrives early (the peer is already in the next operation) is kept for it.
 async fn watch(reader: Option<&mut Reader>, desc: &OpDesc) -> Failure {
-    if let Some(r) = reader {
-        match r.peek_header().await {
-            Err(f) => return f,
-            Ok(Header::Abort(a)) => return Failure::relayed(a, Some(*desc)),
-            Ok(Header::Data { .. }) => {}
-        }
+    match reader {
+        Some(r) => r.watch(desc).await,
+        None => std::future::pending().await,
     }
-    std::future::pending().await
 }
 
 /// `(&buf[a], &mut buf[b])` for disjoint ranges.
@@ -662,12 +693,11 @@ impl Engine {
             schedule::right(self.rank, self.world),
         );
         let (reader, writer, watched) = pair(&mut self.links, l, r);
-        let scratch = scratch_as::<T>(&mut self.scratch);
         let (src, dst) = split(buf, send, recv);
         let both = async {
             tokio::try_join!(
                 send_all(writer, desc, src, ce),
-                recv_all(reader, me, desc, dst, scratch, op.map(|o| (o, false)), ce),
+                recv_all(reader, me, desc, dst, op.map(|o| (o, false)), ce),
             )
         };
         tokio::select! {
@@ -735,17 +765,17 @@ impl Engine {
                 }
                 RdStep::RecvResult { from } => {
                     let (r, _, _) = pair(links, from, from);
-                    recv_all(r, me, desc, buf, scratch, None, ce).await?;
+                    recv_all(r, me, desc, buf, None, ce).await?;
                 }
                 RdStep::RecvReduce { from, theirs_first } => {
                     let (r, _, _) = pair(links, from, from);
-                    recv_all(r, me, desc, buf, scratch, Some((op, theirs_first)), ce).await?;
+                    recv_all(r, me, desc, buf, Some((op, theirs_first)), ce).await?;
                 }
                 RdStep::Exchange { peer, theirs_first } => {
                     let (r, w, _) = pair(links, peer, peer);
                     tokio::try_join!(
                         send_all(w, desc, buf, ce),
-                        recv_all(r, me, desc, scratch, &mut [], None, ce),
+                        recv_all(r, me, desc, &mut scratch[..], None, ce),
                     )?;
                     T::reduce(buf, scratch, op, theirs_first);
                 }
@@ -781,7 +811,7 @@ impl Engine {
         }
         let ranges: Vec<Range<usize>> = frames(0, buf.len(), ce).collect();
         let body = async {
-            recv_frame(reader, me, desc, &mut buf[ranges[0].clone()]).await?;
+            recv_into(reader, me, desc, &mut buf[ranges[0].clone()]).await?;
             for i in 1..ranges.len() {
                 let (done, rest) = buf.split_at_mut(ranges[i].start);
                 let prev = &done[ranges[i - 1].clone()];
@@ -789,10 +819,10 @@ impl Engine {
                 if forward {
                     tokio::try_join!(
                         send_bytes(writer, desc, prev),
-                        recv_frame(reader, me, desc, next)
+                        recv_into(reader, me, desc, next)
                     )?;
                 } else {
-                    recv_frame(reader, me, desc, next).await?;
+                    recv_into(reader, me, desc, next).await?;
                 }
             }
             if forward {

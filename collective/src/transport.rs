@@ -1,9 +1,14 @@
 //! The transport under the algorithms: per peer, a frame [`Reader`] and a frame [`Writer`],
 //! over TCP (the data plane) or over in-memory channels (tests and single-process groups).
 //!
-//! The communicator is the one owner of its links: only one operation runs at a time
-//! (`&mut self`), and it reads from and writes into the caller's buffer directly, so there is
-//! no extra copy on the data path. Every error on a link means that peer is lost.
+//! Ownership: the operation in progress writes frames itself, straight from the caller's
+//! buffer (no copy). Reading is done by one task per TCP connection that owns the read half:
+//! it reads frames ahead into a small pool of reusable buffers (`read_ahead_frames` of
+//! `chunk_bytes` each) and hands them to the operation, which reduces straight out of them.
+//! So the kernel-to-user copy of incoming data runs in parallel with the sending and
+//! reducing (on another core with a multi-threaded runtime), a closed connection is seen even
+//! between operations, and every buffer on the path is bounded. The in-memory transport
+//! delivers the same messages over channels. Every error on a link means that peer is lost.
 
 use std::io::IoSlice;
 use std::time::Duration;
@@ -12,15 +17,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 use crate::error::{CollectiveError, OpDesc};
 use crate::frame::{Abort, Header, HEADER_BYTES};
 
 /// Read-buffer size of a TCP link: holds a header and a small payload in one syscall;
-/// larger payloads bypass it and land directly in the destination.
+/// larger payloads bypass it and land directly in a pool buffer.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
-/// Frames queued per direction of an in-memory link.
-const MEM_QUEUE_FRAMES: usize = 64;
+/// Frames read ahead per link (each up to `chunk_bytes`): bounds the memory per link.
+const READ_AHEAD_FRAMES: usize = 4;
 /// Zero bytes written per call when padding out a half-written frame before an abort.
 const PAD_BYTES: usize = 64 * 1024;
 
@@ -46,36 +52,52 @@ impl Failure {
             relay: abort,
         }
     }
+    pub fn protocol(rank: usize, detail: String) -> Self {
+        Failure {
+            error: CollectiveError::Protocol { rank, detail },
+            relay: Abort::PeerLost { rank },
+        }
+    }
 }
 
-/// One in-memory frame.
-struct MemFrame {
-    header: [u8; HEADER_BYTES],
-    payload: Vec<u8>,
-}
-
-enum ReadSide {
-    Tcp(BufReader<OwnedReadHalf>),
-    Mem {
-        rx: mpsc::Receiver<MemFrame>,
-        payload: Vec<u8>,
+/// What a link delivers to the operation.
+#[derive(Debug)]
+pub(crate) enum Inbound {
+    /// A data frame; the payload is the first `bytes` bytes of `buf` (u64 words, so it can
+    /// be viewed as any element type).
+    Data {
+        desc: OpDesc,
+        buf: Vec<u64>,
+        bytes: usize,
     },
-}
-
-enum WriteSide {
-    Tcp(OwnedWriteHalf),
-    Mem(mpsc::Sender<MemFrame>),
+    /// The peer aborted the generation.
+    Abort(Abort),
+    /// A malformed header.
+    Protocol(String),
 }
 
 /// Receiving half of a link to `peer`.
 pub(crate) struct Reader {
     peer: usize,
-    side: ReadSide,
-    /// Header bytes read so far (header reads are cancel-safe).
-    hdr: [u8; HEADER_BYTES],
-    hdr_filled: usize,
-    /// A header already read by a watcher, delivered by the next [`Reader::next_header`].
-    pending: Option<Header>,
+    rx: mpsc::Receiver<Inbound>,
+    /// Where consumed TCP buffers go back to the reading task (none in memory).
+    free: Option<mpsc::Sender<Vec<u64>>>,
+    /// A message already taken by a watcher, delivered by the next [`Reader::next`].
+    pending: Option<Inbound>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        if let Some(t) = &self.task {
+            t.abort();
+        }
+    }
+}
+
+enum WriteSide {
+    Tcp(OwnedWriteHalf),
+    Mem(mpsc::Sender<Inbound>),
 }
 
 /// Sending half of a link to `peer`.
@@ -94,14 +116,21 @@ pub(crate) struct Link {
 }
 
 impl Link {
-    /// A link over an established, authenticated TCP stream.
-    pub fn tcp(peer: usize, stream: TcpStream) -> Link {
+    /// A link over an established, authenticated TCP stream; spawns its reading task.
+    pub fn tcp(peer: usize, stream: TcpStream, chunk_bytes: usize) -> Link {
         let (r, w) = stream.into_split();
+        let (tx, rx) = mpsc::channel(READ_AHEAD_FRAMES);
+        let (free_tx, free_rx) = mpsc::channel(READ_AHEAD_FRAMES + 1);
+        let r = BufReader::with_capacity(READ_BUFFER_BYTES, r);
+        let task = tokio::spawn(read_loop(r, tx, free_rx, chunk_bytes.div_ceil(8)));
         Link {
-            reader: Reader::new(
+            reader: Reader {
                 peer,
-                ReadSide::Tcp(BufReader::with_capacity(READ_BUFFER_BYTES, r)),
-            ),
+                rx,
+                free: Some(free_tx),
+                pending: None,
+                task: Some(task),
+            },
             writer: Writer {
                 peer,
                 side: WriteSide::Tcp(w),
@@ -112,16 +141,16 @@ impl Link {
 
     /// A pair of connected in-memory links: `(a's link to b, b's link to a)`.
     pub fn mem_pair(a: usize, b: usize) -> (Link, Link) {
-        let (tx_ab, rx_ab) = mpsc::channel(MEM_QUEUE_FRAMES);
-        let (tx_ba, rx_ba) = mpsc::channel(MEM_QUEUE_FRAMES);
+        let (tx_ab, rx_ab) = mpsc::channel(READ_AHEAD_FRAMES);
+        let (tx_ba, rx_ba) = mpsc::channel(READ_AHEAD_FRAMES);
         let mk = |peer, rx, tx| Link {
-            reader: Reader::new(
+            reader: Reader {
                 peer,
-                ReadSide::Mem {
-                    rx,
-                    payload: Vec::new(),
-                },
-            ),
+                rx,
+                free: None,
+                pending: None,
+                task: None,
+            },
             writer: Writer {
                 peer,
                 side: WriteSide::Mem(tx),
@@ -131,102 +160,128 @@ impl Link {
         (mk(b, rx_ba, tx_ab), mk(a, rx_ab, tx_ba))
     }
 
-    /// Relays `abort` to the peer, closes our sending side and drains the receiving side for
-    /// up to `linger` so the peer reads the abort frame rather than a reset.
+    /// Relays `abort` to the peer, closes our sending side and keeps draining the receiving
+    /// side for up to `linger` so the peer reads the abort frame rather than a reset.
     pub async fn close_with(mut self, abort: Abort, linger: Duration) {
         let deadline = tokio::time::Instant::now() + linger;
         let _ = tokio::time::timeout_at(deadline, self.writer.write_abort(abort)).await;
-        let _ = tokio::time::timeout_at(deadline, self.reader.drain()).await;
+        let drain = async {
+            while let Some(m) = self.reader.rx.recv().await {
+                self.reader.recycle(m);
+            }
+        };
+        let _ = tokio::time::timeout_at(deadline, drain).await;
+    }
+}
+
+/// The reading task of a TCP link: frames into pool buffers, until EOF, an abort, a
+/// malformed header, or the communicator going away.
+async fn read_loop(
+    mut r: BufReader<OwnedReadHalf>,
+    tx: mpsc::Sender<Inbound>,
+    mut free: mpsc::Receiver<Vec<u64>>,
+    frame_words: usize,
+) {
+    let mut allocated = 0;
+    loop {
+        let mut hdr = [0u8; HEADER_BYTES];
+        if r.read_exact(&mut hdr).await.is_err() {
+            return; // the channel closes: the peer is lost
+        }
+        let msg = match Header::decode(&hdr) {
+            Err(d) => Inbound::Protocol(d),
+            Ok(Header::Abort(a)) => Inbound::Abort(a),
+            Ok(Header::Data {
+                desc,
+                payload_bytes,
+            }) => {
+                let bytes = payload_bytes as usize;
+                if bytes > frame_words * 8 {
+                    let _ = tx
+                        .send(Inbound::Protocol(format!("frame of {bytes} bytes")))
+                        .await;
+                    return;
+                }
+                let mut buf = match free.try_recv() {
+                    Ok(b) => b,
+                    Err(_) if allocated < READ_AHEAD_FRAMES + 1 => {
+                        allocated += 1;
+                        vec![0u64; frame_words]
+                    }
+                    Err(_) => match free.recv().await {
+                        Some(b) => b,
+                        None => return,
+                    },
+                };
+                let dst = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut buf)[..bytes];
+                if r.read_exact(dst).await.is_err() {
+                    return;
+                }
+                Inbound::Data { desc, buf, bytes }
+            }
+        };
+        let last = !matches!(msg, Inbound::Data { .. });
+        if tx.send(msg).await.is_err() || last {
+            return;
+        }
     }
 }
 
 impl Reader {
-    fn new(peer: usize, side: ReadSide) -> Self {
-        Reader {
-            peer,
-            side,
-            hdr: [0; HEADER_BYTES],
-            hdr_filled: 0,
-            pending: None,
-        }
-    }
-
     /// The peer's rank.
     pub fn peer(&self) -> usize {
         self.peer
     }
 
-    /// The next header. Cancel-safe: a cancelled call loses nothing.
-    pub async fn next_header(&mut self) -> Result<Header, Failure> {
-        if let Some(h) = self.pending.take() {
-            return Ok(h);
+    /// The next message; a closed link is [`Failure::lost`]. Cancel-safe.
+    pub async fn next(&mut self) -> Result<Inbound, Failure> {
+        if let Some(m) = self.pending.take() {
+            return Ok(m);
         }
-        let peer = self.peer;
-        match &mut self.side {
-            ReadSide::Tcp(r) => {
-                while self.hdr_filled < HEADER_BYTES {
-                    match r.read(&mut self.hdr[self.hdr_filled..]).await {
-                        Ok(0) | Err(_) => return Err(Failure::lost(peer)),
-                        Ok(n) => self.hdr_filled += n,
-                    }
-                }
-                self.hdr_filled = 0;
-            }
-            ReadSide::Mem { rx, payload } => {
-                let f = rx.recv().await.ok_or_else(|| Failure::lost(peer))?;
-                self.hdr = f.header;
-                *payload = f.payload;
-            }
-        }
-        Header::decode(&self.hdr).map_err(|detail| Failure {
-            error: CollectiveError::Protocol { rank: peer, detail },
-            relay: Abort::PeerLost { rank: peer },
-        })
+        self.rx.recv().await.ok_or_else(|| Failure::lost(self.peer))
     }
 
-    /// Reads the next header and keeps it for [`Reader::next_header`]. Cancel-safe.
-    pub async fn peek_header(&mut self) -> Result<Header, Failure> {
-        let h = self.next_header().await?;
-        self.pending = Some(h);
-        Ok(h)
-    }
-
-    /// Reads exactly `buf.len()` payload bytes of the frame whose header was just read.
-    /// Not cancel-safe (a cancelled operation poisons the communicator anyway).
-    pub async fn read_payload(&mut self, buf: &mut [u8]) -> Result<(), Failure> {
-        let peer = self.peer;
-        match &mut self.side {
-            ReadSide::Tcp(r) => {
-                r.read_exact(buf).await.map_err(|_| Failure::lost(peer))?;
-            }
-            ReadSide::Mem { payload, .. } => {
-                if payload.len() != buf.len() {
-                    return Err(Failure {
-                        error: CollectiveError::Protocol {
-                            rank: peer,
-                            detail: "payload length".into(),
-                        },
-                        relay: Abort::PeerLost { rank: peer },
-                    });
+    /// Waits for the next message and keeps it for [`Reader::next`]; returns a failure if
+    /// it is an abort, a malformed frame or a loss. Cancel-safe.
+    pub async fn watch(&mut self, ours: &OpDesc) -> Failure {
+        loop {
+            let m = match self.next().await {
+                Ok(m) => m,
+                Err(f) => return f,
+            };
+            match m {
+                Inbound::Abort(a) => return Failure::relayed(a, Some(*ours)),
+                Inbound::Protocol(d) => return Failure::protocol(self.peer, d),
+                Inbound::Data { .. } => {
+                    self.pending = Some(m);
+                    std::future::pending::<()>().await;
                 }
-                buf.copy_from_slice(payload);
             }
         }
-        Ok(())
     }
 
-    /// Reads and discards until the peer closes.
-    async fn drain(&mut self) {
-        match &mut self.side {
-            ReadSide::Tcp(r) => {
-                let mut sink = [0u8; 16 * 1024];
-                while let Ok(n) = r.read(&mut sink).await {
-                    if n == 0 {
-                        break;
-                    }
+    /// A message whose abort or loss arrived while idle, without waiting.
+    pub fn poll_failure(&mut self, ours: &OpDesc) -> Option<Failure> {
+        if self.pending.is_none() {
+            match self.rx.try_recv() {
+                Ok(m) => self.pending = Some(m),
+                Err(mpsc::error::TryRecvError::Empty) => return None,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    return Some(Failure::lost(self.peer))
                 }
             }
-            ReadSide::Mem { rx, .. } => while rx.recv().await.is_some() {},
+        }
+        match &self.pending {
+            Some(Inbound::Abort(a)) => Some(Failure::relayed(*a, Some(*ours))),
+            Some(Inbound::Protocol(d)) => Some(Failure::protocol(self.peer, d.clone())),
+            _ => None,
+        }
+    }
+
+    /// Returns a consumed buffer to the reading task's pool.
+    pub fn recycle(&self, m: Inbound) {
+        if let (Inbound::Data { buf, .. }, Some(free)) = (m, &self.free) {
+            let _ = free.try_send(buf);
         }
     }
 }
@@ -234,10 +289,10 @@ impl Reader {
 impl Writer {
     /// Writes one frame: `header` then `payload`.
     pub async fn write_frame(&mut self, header: &Header, payload: &[u8]) -> Result<(), Failure> {
-        let hdr = header.encode();
         let peer = self.peer;
         match &mut self.side {
             WriteSide::Tcp(w) => {
+                let hdr = header.encode();
                 let total = HEADER_BYTES + payload.len();
                 let mut done = 0;
                 while done < total {
@@ -257,11 +312,18 @@ impl Writer {
                 }
             }
             WriteSide::Mem(tx) => {
-                let frame = MemFrame {
-                    header: hdr,
-                    payload: payload.to_vec(),
+                let Header::Data { desc, .. } = *header else {
+                    unreachable!("aborts go through write_abort")
                 };
-                tx.send(frame).await.map_err(|_| Failure::lost(peer))?;
+                let mut buf = vec![0u64; payload.len().div_ceil(8)];
+                bytemuck::cast_slice_mut::<u64, u8>(&mut buf)[..payload.len()]
+                    .copy_from_slice(payload);
+                let m = Inbound::Data {
+                    desc,
+                    buf,
+                    bytes: payload.len(),
+                };
+                tx.send(m).await.map_err(|_| Failure::lost(peer))?;
             }
         }
         Ok(())
@@ -270,7 +332,6 @@ impl Writer {
     /// Finishes any half-written frame with zeros, writes an abort frame and closes the
     /// sending direction.
     async fn write_abort(&mut self, abort: Abort) {
-        let hdr = Header::Abort(abort).encode();
         match &mut self.side {
             WriteSide::Tcp(w) => {
                 let zeros = [0u8; PAD_BYTES];
@@ -281,16 +342,11 @@ impl Writer {
                     }
                     self.frame_left -= n;
                 }
-                let _ = w.write_all(&hdr).await;
+                let _ = w.write_all(&Header::Abort(abort).encode()).await;
                 let _ = w.shutdown().await;
             }
             WriteSide::Mem(tx) => {
-                let _ = tx
-                    .send(MemFrame {
-                        header: hdr,
-                        payload: Vec::new(),
-                    })
-                    .await;
+                let _ = tx.send(Inbound::Abort(abort)).await;
             }
         }
     }

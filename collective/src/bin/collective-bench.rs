@@ -44,6 +44,10 @@ struct Args {
     /// Socket buffer size, bytes (default: kernel autotuning).
     #[arg(long)]
     socket_buffer_bytes: Option<usize>,
+    /// Runtime worker threads (1 = a current-thread runtime). With 2 or more, each link's
+    /// reading task runs beside the operation that sends and reduces.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
     /// Shared secret of the group.
     #[arg(long, default_value = "collective-bench")]
     secret: String,
@@ -123,10 +127,17 @@ fn run(args: Args) -> anyhow_free::Result<()> {
         secret: args.secret.into_bytes(),
         limits,
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    let rt = if args.threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.threads)
+            .enable_all()
+            .build()
+    }
+    .map_err(|e| e.to_string())?;
     rt.block_on(async move {
         let mut comm = Communicator::connect(cfg)
             .await
