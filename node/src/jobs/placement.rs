@@ -1,0 +1,462 @@
+//! Placement: which members run a job's workers, and in which ring order. Sans-IO.
+//!
+//! The chief calls [`place`] with its view of the members (gossip plus what running jobs hold)
+//! and records the result in the Raft log, so every replica agrees on the ring.
+//!
+//! Rules:
+//! - only members that are alive and not blacklisted are candidates;
+//! - a member hosts at most `min(free_cpus / cpus_per_worker, free_gpus / gpus_per_worker)`
+//!   workers (the gpu bound only when gpus are asked for), so it is never over-committed;
+//! - `spread` water-fills one worker per member per round, members with the most room first;
+//!   `pack` fills members with the most room first, each to its capacity (fewest members);
+//! - ring order: chosen members by (name, id), ranks of one member adjacent, `local_rank`
+//!   counting within the member;
+//! - deterministic: ties are broken by name, then id.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::jobs::spec::{JobSpec, Placement};
+
+/// A member as placement sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// Peer id (unique).
+    pub id: String,
+    /// Node name (for humans and ordering).
+    pub name: String,
+    /// Gossip says alive (suspect, dead and left members are not candidates).
+    pub alive: bool,
+    /// Blacklisted by the chief (stragglers, repeated failures).
+    pub blacklisted: bool,
+    /// Cpus the member has.
+    pub cpus: u32,
+    /// Gpus the member has.
+    pub gpus: u32,
+    /// Cpus already held by workers of running jobs on this member.
+    pub used_cpus: u32,
+    /// Gpus already held by workers of running jobs on this member.
+    pub used_gpus: u32,
+}
+
+/// What a job asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    /// Number of workers (ring size).
+    pub workers: u32,
+    /// Cpus per worker (at least 1).
+    pub cpus_per_worker: u32,
+    /// Gpus per worker.
+    pub gpus_per_worker: u32,
+    /// Spread or pack.
+    pub placement: Placement,
+}
+
+impl Request {
+    /// The request of a spec at its nominal size (`workers`).
+    pub fn from_spec(spec: &JobSpec) -> Request {
+        Request {
+            workers: spec.workers,
+            cpus_per_worker: spec.resources.cpus_per_worker,
+            gpus_per_worker: spec.resources.gpus_per_worker,
+            placement: spec.placement,
+        }
+    }
+}
+
+/// One worker of a placed job.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Slot {
+    /// Peer id of the member that runs the worker.
+    pub member: String,
+    /// That member's name when the job was placed (for `ring` in the API).
+    pub name: String,
+    /// Rank in the ring, 0-based; rank 0 is the job's chief worker.
+    pub rank: u32,
+    /// Rank among the job's workers on the same member, 0-based.
+    pub local_rank: u32,
+}
+
+/// The job cannot be placed now; it stays pending with this reason shown.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct Unplaceable {
+    /// Human reason, e.g. "needs 4 workers with 1 cpu each; 3 alive members have room for 3".
+    pub reason: String,
+}
+
+/// Chooses members for `req.workers` workers. See the module docs for the rules.
+///
+/// On success the slots are in rank order: `slots[i].rank == i`.
+pub fn place(candidates: &[Candidate], req: &Request) -> Result<Vec<Slot>, Unplaceable> {
+    let wanted = u64::from(req.workers);
+    let mut eligible: Vec<(&Candidate, u64)> = candidates
+        .iter()
+        .filter(|c| c.alive && !c.blacklisted)
+        .map(|c| (c, capacity(c, req)))
+        .collect();
+    let room: u64 = eligible.iter().map(|(_, cap)| cap).sum();
+    if wanted == 0 || room < wanted {
+        return Err(Unplaceable {
+            reason: reason(candidates, req, eligible.len(), room),
+        });
+    }
+
+    // Most room first; ties by name, then id.
+    eligible.sort_by(|(a, ca), (b, cb)| {
+        cb.cmp(ca)
+            .then_with(|| a.name.cmp(&b.name))
+            .then_with(|| a.id.cmp(&b.id))
+    });
+    let mut counts = vec![0u64; eligible.len()];
+    match req.placement {
+        Placement::Pack => {
+            let mut left = wanted;
+            for (count, (_, cap)) in counts.iter_mut().zip(&eligible) {
+                let take = left.min(*cap);
+                *count = take;
+                left -= take;
+                if left == 0 {
+                    break;
+                }
+            }
+        }
+        Placement::Spread => {
+            let mut left = wanted;
+            let mut round = 0u64;
+            while left > 0 {
+                for (count, (_, cap)) in counts.iter_mut().zip(&eligible) {
+                    if left > 0 && *cap > round {
+                        *count += 1;
+                        left -= 1;
+                    }
+                }
+                round += 1;
+            }
+        }
+    }
+
+    // Ring order: chosen members by (name, id), their workers adjacent.
+    let mut chosen: Vec<(&Candidate, u64)> = eligible
+        .iter()
+        .zip(&counts)
+        .filter(|(_, n)| **n > 0)
+        .map(|((c, _), n)| (*c, *n))
+        .collect();
+    chosen.sort_by(|(a, _), (b, _)| a.name.cmp(&b.name).then_with(|| a.id.cmp(&b.id)));
+    let mut slots = Vec::with_capacity(req.workers as usize);
+    for (c, n) in chosen {
+        for local in 0..n {
+            slots.push(Slot {
+                member: c.id.clone(),
+                name: c.name.clone(),
+                rank: u32::try_from(slots.len()).expect("at most req.workers slots"),
+                local_rank: u32::try_from(local).expect("local rank below req.workers"),
+            });
+        }
+    }
+    debug_assert_eq!(slots.len() as u64, wanted);
+    Ok(slots)
+}
+
+/// How many workers of `req` fit on `c` now.
+fn capacity(c: &Candidate, req: &Request) -> u64 {
+    let free_cpus = u64::from(c.cpus.saturating_sub(c.used_cpus));
+    let by_cpu = free_cpus / u64::from(req.cpus_per_worker.max(1));
+    if req.gpus_per_worker == 0 {
+        by_cpu
+    } else {
+        let free_gpus = u64::from(c.gpus.saturating_sub(c.used_gpus));
+        by_cpu.min(free_gpus / u64::from(req.gpus_per_worker))
+    }
+}
+
+fn reason(candidates: &[Candidate], req: &Request, eligible: usize, room: u64) -> String {
+    let mut r = format!(
+        "needs {} with {}",
+        Plural(u64::from(req.workers), "worker"),
+        Plural(u64::from(req.cpus_per_worker), "cpu")
+    );
+    if req.gpus_per_worker > 0 {
+        r.push_str(&format!(
+            " and {}",
+            Plural(u64::from(req.gpus_per_worker), "gpu")
+        ));
+    }
+    let have = if eligible == 1 { "has" } else { "have" };
+    r.push_str(&format!(
+        " each; {} {have} room for {room}",
+        Plural(eligible as u64, "alive member")
+    ));
+    let blacklisted = candidates
+        .iter()
+        .filter(|c| c.alive && c.blacklisted)
+        .count();
+    let not_alive = candidates.iter().filter(|c| !c.alive).count();
+    let mut excluded = Vec::new();
+    if blacklisted > 0 {
+        excluded.push(format!("{blacklisted} blacklisted"));
+    }
+    if not_alive > 0 {
+        excluded.push(format!("{not_alive} not alive"));
+    }
+    if !excluded.is_empty() {
+        r.push_str(&format!(" ({} left out)", excluded.join(", ")));
+    }
+    r
+}
+
+/// "1 cpu", "2 cpus".
+struct Plural<'a>(u64, &'a str);
+
+impl fmt::Display for Plural<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = if self.0 == 1 { "" } else { "s" };
+        write!(f, "{} {}{s}", self.0, self.1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn member(name: &str, cpus: u32, gpus: u32) -> Candidate {
+        Candidate {
+            id: format!("id-{name}"),
+            name: name.into(),
+            alive: true,
+            blacklisted: false,
+            cpus,
+            gpus,
+            used_cpus: 0,
+            used_gpus: 0,
+        }
+    }
+
+    fn req(workers: u32, cpus: u32, gpus: u32, placement: Placement) -> Request {
+        Request {
+            workers,
+            cpus_per_worker: cpus,
+            gpus_per_worker: gpus,
+            placement,
+        }
+    }
+
+    fn names(slots: &[Slot]) -> Vec<&str> {
+        slots.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    #[test]
+    fn spread_puts_one_worker_per_member_in_name_order() {
+        let ms = [member("c", 8, 0), member("a", 8, 0), member("b", 8, 0)];
+        let slots = place(&ms, &req(3, 1, 0, Placement::Spread)).unwrap();
+        assert_eq!(names(&slots), ["a", "b", "c"]);
+        assert!(slots
+            .iter()
+            .enumerate()
+            .all(|(i, s)| s.rank as usize == i && s.local_rank == 0));
+        assert_eq!(slots[0].member, "id-a");
+    }
+
+    #[test]
+    fn spread_prefers_members_with_most_room() {
+        let mut busy = member("a", 8, 0);
+        busy.used_cpus = 7;
+        let ms = [busy, member("b", 8, 0), member("c", 4, 0)];
+        let slots = place(&ms, &req(2, 1, 0, Placement::Spread)).unwrap();
+        assert_eq!(names(&slots), ["b", "c"]);
+        // Five workers: b and c twice each (most room), a once.
+        let slots = place(&ms, &req(5, 1, 0, Placement::Spread)).unwrap();
+        assert_eq!(names(&slots), ["a", "b", "b", "c", "c"]);
+        assert_eq!(
+            slots.iter().map(|s| s.local_rank).collect::<Vec<_>>(),
+            [0, 0, 1, 0, 1]
+        );
+    }
+
+    #[test]
+    fn pack_fills_the_biggest_member_first() {
+        let ms = [member("a", 2, 0), member("b", 8, 0), member("c", 4, 0)];
+        let slots = place(&ms, &req(4, 1, 0, Placement::Pack)).unwrap();
+        assert_eq!(names(&slots), ["b", "b", "b", "b"]);
+        let slots = place(&ms, &req(10, 1, 0, Placement::Pack)).unwrap();
+        assert_eq!(
+            names(&slots),
+            ["b", "b", "b", "b", "b", "b", "b", "b", "c", "c"]
+        );
+        assert_eq!(slots[9].local_rank, 1);
+    }
+
+    #[test]
+    fn gpus_bound_capacity() {
+        let ms = [member("a", 64, 2), member("b", 64, 0), member("c", 64, 4)];
+        let slots = place(&ms, &req(3, 1, 2, Placement::Spread)).unwrap();
+        assert_eq!(names(&slots), ["a", "c", "c"]);
+        let e = place(&ms, &req(4, 1, 2, Placement::Spread)).unwrap_err();
+        assert_eq!(
+            e.reason,
+            "needs 4 workers with 1 cpu and 2 gpus each; 3 alive members have room for 3"
+        );
+    }
+
+    #[test]
+    fn reason_counts_excluded_members() {
+        let mut dead = member("d", 8, 0);
+        dead.alive = false;
+        let mut black = member("e", 8, 0);
+        black.blacklisted = true;
+        let ms = [
+            member("a", 1, 0),
+            member("b", 1, 0),
+            member("c", 1, 0),
+            dead,
+            black,
+        ];
+        let e = place(&ms, &req(4, 1, 0, Placement::Spread)).unwrap_err();
+        assert_eq!(
+            e.reason,
+            "needs 4 workers with 1 cpu each; 3 alive members have room for 3 (1 blacklisted, 1 not alive left out)"
+        );
+        let e = place(&[], &req(1, 2, 0, Placement::Pack)).unwrap_err();
+        assert_eq!(
+            e.reason,
+            "needs 1 worker with 2 cpus each; 0 alive members have room for 0"
+        );
+    }
+
+    #[test]
+    fn used_resources_are_respected() {
+        let mut a = member("a", 4, 0);
+        a.used_cpus = 4;
+        let mut b = member("b", 4, 0);
+        b.used_cpus = 9; // more than it has (stale report): no room, no underflow
+        let e = place(&[a, b], &req(1, 1, 0, Placement::Spread)).unwrap_err();
+        assert!(
+            e.reason.ends_with("2 alive members have room for 0"),
+            "{}",
+            e.reason
+        );
+    }
+
+    #[test]
+    fn ties_broken_by_name_then_id() {
+        let mut x = member("same", 4, 0);
+        x.id = "id-2".into();
+        let mut y = member("same", 4, 0);
+        y.id = "id-1".into();
+        let slots = place(&[x.clone(), y.clone()], &req(1, 1, 0, Placement::Pack)).unwrap();
+        assert_eq!(slots[0].member, "id-1");
+        let slots2 = place(&[y, x], &req(1, 1, 0, Placement::Pack)).unwrap();
+        assert_eq!(slots, slots2);
+    }
+
+    #[test]
+    fn request_from_spec() {
+        let spec = JobSpec::parse(
+            "name = \"a\"\nkind = \"train\"\nworkers = 3\nplacement = \"pack\"\n[resources]\ncpus_per_worker = 2\ngpus_per_worker = 1\n",
+        )
+        .unwrap();
+        assert_eq!(Request::from_spec(&spec), req(3, 2, 1, Placement::Pack));
+    }
+
+    fn arb_candidate() -> impl Strategy<Value = Candidate> {
+        (
+            0u8..6,
+            0u8..3,
+            any::<bool>(),
+            any::<bool>(),
+            0u32..9,
+            0u32..4,
+            0u32..6,
+            0u32..3,
+        )
+            .prop_map(
+                |(n, id, alive, black, cpus, gpus, ucpus, ugpus)| Candidate {
+                    id: format!("id-{id}-{n}"),
+                    name: format!("m{n}"),
+                    alive: alive || black, // bias towards alive
+                    blacklisted: black && !alive,
+                    cpus,
+                    gpus,
+                    used_cpus: ucpus,
+                    used_gpus: ugpus,
+                },
+            )
+    }
+
+    proptest! {
+        #[test]
+        fn placement_invariants(
+            raw in proptest::collection::vec(arb_candidate(), 0..8),
+            workers in 1u32..12,
+            cpw in 1u32..4,
+            gpw in 0u32..3,
+            pack in any::<bool>(),
+        ) {
+            // Peer ids are unique in a real view.
+            let mut seen = std::collections::BTreeSet::new();
+            let ms: Vec<Candidate> = raw.into_iter().filter(|c| seen.insert(c.id.clone())).collect();
+            let placement = if pack { Placement::Pack } else { Placement::Spread };
+            let r = req(workers, cpw, gpw, placement);
+            let room: u64 = ms.iter().filter(|c| c.alive && !c.blacklisted).map(|c| capacity(c, &r)).sum();
+            match place(&ms, &r) {
+                Err(_) => prop_assert!(room < u64::from(workers)),
+                Ok(slots) => {
+                    prop_assert_eq!(slots.len(), workers as usize);
+                    // Ranks contiguous 0..n.
+                    for (i, s) in slots.iter().enumerate() {
+                        prop_assert_eq!(s.rank as usize, i);
+                    }
+                    let mut per: BTreeMap<&str, u32> = BTreeMap::new();
+                    for s in &slots {
+                        *per.entry(s.member.as_str()).or_default() += 1;
+                    }
+                    // Never over-commits, only eligible members.
+                    for (id, n) in &per {
+                        let c = ms.iter().find(|c| c.id == *id).unwrap();
+                        prop_assert!(c.alive && !c.blacklisted);
+                        prop_assert!(u64::from(*n) <= capacity(c, &r));
+                        prop_assert!(c.used_cpus + n * cpw <= c.cpus);
+                        prop_assert!(c.used_gpus + n * gpw <= c.gpus || gpw == 0);
+                    }
+                    // Same member adjacent, local ranks count within it.
+                    let mut runs: Vec<&str> = Vec::new();
+                    for (i, s) in slots.iter().enumerate() {
+                        if i == 0 || slots[i - 1].member != s.member {
+                            prop_assert!(!runs.contains(&s.member.as_str()), "member split: {:?}", slots);
+                            runs.push(&s.member);
+                            prop_assert_eq!(s.local_rank, 0);
+                        } else {
+                            prop_assert_eq!(s.local_rank, slots[i - 1].local_rank + 1);
+                        }
+                    }
+                    let mut caps: Vec<u64> = ms.iter().filter(|c| c.alive && !c.blacklisted)
+                        .map(|c| capacity(c, &r)).collect();
+                    caps.sort_unstable_by(|a, b| b.cmp(a));
+                    if pack {
+                        // Fewest members possible.
+                        let mut acc = 0;
+                        let fewest = caps.iter().take_while(|c| { let before = acc; acc += **c; before < u64::from(workers) }).count();
+                        prop_assert_eq!(per.len(), fewest);
+                    } else {
+                        // Balanced: a member below max - 1 is at capacity.
+                        let max = per.values().copied().max().unwrap();
+                        for c in ms.iter().filter(|c| c.alive && !c.blacklisted) {
+                            let n = per.get(c.id.as_str()).copied().unwrap_or(0);
+                            prop_assert!(n + 1 >= max || u64::from(n) == capacity(c, &r));
+                        }
+                    }
+                    // Deterministic under input order.
+                    let mut rev = ms.clone();
+                    rev.reverse();
+                    prop_assert_eq!(place(&rev, &r).unwrap(), slots);
+                }
+            }
+        }
+    }
+}

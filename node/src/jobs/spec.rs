@@ -1,0 +1,1075 @@
+//! The job spec: what a user submits (TOML, see DESIGN.md "Job spec").
+//!
+//! [`JobSpec::parse`] is the only way a spec enters the system from text. It walks the TOML
+//! document with spans so every error names the field path and the 1-based line, e.g.
+//! `workers: expected a positive integer at line 4` or `unknown field "wrokers" at line 3`.
+//! Once parsed, a [`JobSpec`] is a plain serde value: it travels in the Raft log as it is and
+//! is not re-validated there (a replica must apply exactly what the leader committed).
+//!
+//! The sections `model`, `data`, `train`, `checkpoint` and `search` are kept as generic TOML
+//! tables here; the trainer defines and validates their typed forms.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Range;
+
+use serde::{Deserialize, Serialize};
+use toml::de::{DeTable, DeValue};
+use toml::Spanned;
+
+/// Largest spec text accepted, in bytes.
+pub const SPEC_BYTES_MAX: usize = 256 * 1024;
+/// Longest job name, in bytes.
+pub const NAME_BYTES_MAX: usize = 64;
+/// Most workers (ring size) one job may ask for.
+pub const WORKERS_MAX: u32 = 1024;
+/// Most restarts (attempts after the first) one job may ask for.
+pub const MAX_RESTARTS_MAX: u32 = 100;
+/// Default `max_restarts` when the spec leaves it out.
+pub const MAX_RESTARTS_DEFAULT: u32 = 3;
+/// Most cpus one worker may ask for.
+pub const CPUS_PER_WORKER_MAX: u32 = 4096;
+/// Most gpus one worker may ask for.
+pub const GPUS_PER_WORKER_MAX: u32 = 64;
+/// Most arguments in `command` (program included).
+pub const COMMAND_ARGS_MAX: usize = 256;
+/// Most entries in `env`.
+pub const ENV_VARS_MAX: usize = 256;
+
+/// Environment variables ringleader sets for every command worker; a spec may not set them.
+pub const RESERVED_ENV: [&str; 5] = [
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+];
+
+const TOP_FIELDS: [&str; 15] = [
+    "name",
+    "kind",
+    "workers",
+    "min_workers",
+    "max_workers",
+    "max_restarts",
+    "placement",
+    "command",
+    "env",
+    "resources",
+    "model",
+    "data",
+    "train",
+    "checkpoint",
+    "search",
+];
+const RESOURCE_FIELDS: [&str; 2] = ["cpus_per_worker", "gpus_per_worker"];
+
+/// What a job runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobKind {
+    /// Data-parallel training with the built-in trainer.
+    Train,
+    /// A hyperparameter search: many training trials.
+    Search,
+    /// The user's own program on each worker, with torchrun's environment.
+    Command,
+}
+
+impl JobKind {
+    /// The spelling used in specs, the API and the CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobKind::Train => "train",
+            JobKind::Search => "search",
+            JobKind::Command => "command",
+        }
+    }
+}
+
+impl fmt::Display for JobKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How the workers of one job are laid over members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    /// As few workers per member as possible (the default): a lost member costs little.
+    #[default]
+    Spread,
+    /// As many workers per member as fit: less traffic between hosts.
+    Pack,
+}
+
+impl Placement {
+    /// The spelling used in specs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Placement::Spread => "spread",
+            Placement::Pack => "pack",
+        }
+    }
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Resources one worker needs on its member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Resources {
+    /// Cpus per worker; at least 1, default 1.
+    pub cpus_per_worker: u32,
+    /// Gpus per worker; default 0.
+    pub gpus_per_worker: u32,
+}
+
+impl Default for Resources {
+    fn default() -> Self {
+        Resources {
+            cpus_per_worker: 1,
+            gpus_per_worker: 0,
+        }
+    }
+}
+
+/// A validated job spec.
+///
+/// Invariants (established by [`JobSpec::parse`]): `name` matches `[A-Za-z0-9_.-]{1,64}`;
+/// `1 <= min_workers <= workers <= max_workers <= WORKERS_MAX`; `command` is non-empty exactly
+/// when `kind` is `Command`; `search` is present exactly when `kind` is `Search`; `env` sets no
+/// name of [`RESERVED_ENV`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// Human name; not unique (the job id is).
+    pub name: String,
+    /// What the job runs.
+    pub kind: JobKind,
+    /// Ring size wanted; default 1.
+    pub workers: u32,
+    /// Smallest ring the job accepts (elastic jobs); default `workers`.
+    pub min_workers: u32,
+    /// Largest ring the job accepts (elastic jobs); default `workers`.
+    pub max_workers: u32,
+    /// Attempts allowed after the first one fails; default [`MAX_RESTARTS_DEFAULT`].
+    pub max_restarts: u32,
+    /// Spread or pack workers over members; default spread.
+    pub placement: Placement,
+    /// Program and arguments (`kind = "command"` only).
+    pub command: Vec<String>,
+    /// Extra environment for every worker.
+    pub env: BTreeMap<String, String>,
+    /// Per-worker resources.
+    pub resources: Resources,
+    /// `[model]`, for the trainer.
+    pub model: Option<toml::Table>,
+    /// `[data]`, for the trainer.
+    pub data: Option<toml::Table>,
+    /// `[train]`, for the trainer.
+    pub train: Option<toml::Table>,
+    /// `[checkpoint]`, for the trainer.
+    pub checkpoint: Option<toml::Table>,
+    /// `[search]` (`kind = "search"` only).
+    pub search: Option<toml::Table>,
+}
+
+/// Why a spec was refused. Each variant names the field path (dotted, with `[i]` for array
+/// elements) and, where the field is present in the text, its 1-based line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// The text is not valid TOML (or has a duplicate key).
+    #[error("invalid TOML at line {line}: {message}")]
+    Syntax {
+        /// 1-based line of the problem.
+        line: usize,
+        /// The TOML parser's message.
+        message: String,
+    },
+    /// A key the spec does not define (typos included).
+    #[error("unknown field \"{field}\" at line {line}{}", did_you_mean(suggestion))]
+    UnknownField {
+        /// Dotted path of the key.
+        field: String,
+        /// 1-based line of the key.
+        line: usize,
+        /// A known field spelled closely, if any.
+        suggestion: Option<String>,
+    },
+    /// A field is present but its value is wrong.
+    #[error("{field}: {problem} at line {line}")]
+    Invalid {
+        /// Dotted path of the field.
+        field: String,
+        /// What is wrong, lowercase, e.g. "expected a positive integer".
+        problem: String,
+        /// 1-based line of the value.
+        line: usize,
+    },
+    /// A required field is absent.
+    #[error("{field}: {problem}")]
+    Missing {
+        /// Dotted path of the field.
+        field: String,
+        /// Why it is required, e.g. "required when kind = \"command\"".
+        problem: String,
+    },
+    /// The text is larger than [`SPEC_BYTES_MAX`].
+    #[error("spec is {bytes} bytes; at most {limit} are accepted")]
+    TooLarge {
+        /// Size of the text.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
+}
+
+fn did_you_mean(suggestion: &Option<String>) -> String {
+    match suggestion {
+        Some(s) => format!(" (did you mean \"{s}\"?)"),
+        None => String::new(),
+    }
+}
+
+impl SpecError {
+    /// The dotted field path the error is about, if it is about one.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            SpecError::UnknownField { field, .. }
+            | SpecError::Invalid { field, .. }
+            | SpecError::Missing { field, .. } => Some(field),
+            SpecError::Syntax { .. } | SpecError::TooLarge { .. } => None,
+        }
+    }
+
+    /// The 1-based line the error points at, if any.
+    pub fn line(&self) -> Option<usize> {
+        match self {
+            SpecError::Syntax { line, .. }
+            | SpecError::UnknownField { line, .. }
+            | SpecError::Invalid { line, .. } => Some(*line),
+            SpecError::Missing { .. } | SpecError::TooLarge { .. } => None,
+        }
+    }
+}
+
+impl JobSpec {
+    /// Parses and validates a spec from TOML text. See [`SpecError`] for how errors read.
+    pub fn parse(text: &str) -> Result<JobSpec, SpecError> {
+        if text.len() > SPEC_BYTES_MAX {
+            return Err(SpecError::TooLarge {
+                bytes: text.len(),
+                limit: SPEC_BYTES_MAX,
+            });
+        }
+        let doc = DeTable::parse(text).map_err(|e| SpecError::Syntax {
+            line: e.span().map_or(1, |s| line_of(text, s.start)),
+            message: e.message().trim().to_owned(),
+        })?;
+        Parser { text }.spec(doc.get_ref())
+    }
+}
+
+/// Walks a parsed document; holds the text only to turn spans into lines.
+struct Parser<'t> {
+    text: &'t str,
+}
+
+type Entry<'a, 'i> = (
+    &'a Spanned<std::borrow::Cow<'i, str>>,
+    &'a Spanned<DeValue<'i>>,
+);
+
+impl Parser<'_> {
+    fn line(&self, span: Range<usize>) -> usize {
+        line_of(self.text, span.start)
+    }
+
+    fn invalid(
+        &self,
+        field: &str,
+        value: &Spanned<DeValue<'_>>,
+        problem: impl Into<String>,
+    ) -> SpecError {
+        SpecError::Invalid {
+            field: field.to_owned(),
+            problem: problem.into(),
+            line: self.line(value.span()),
+        }
+    }
+
+    fn spec(&self, doc: &DeTable<'_>) -> Result<JobSpec, SpecError> {
+        // Unknown keys first, in text order, so a typo is reported as a typo and not as the
+        // missing field it was meant to be.
+        self.reject_unknown(doc, "", &TOP_FIELDS)?;
+        let get = |k: &str| -> Option<&Spanned<DeValue<'_>>> { doc.get(k) };
+
+        let name = match get("name") {
+            None => {
+                return Err(SpecError::Missing {
+                    field: "name".into(),
+                    problem: "required".into(),
+                })
+            }
+            Some(v) => self.name(v)?,
+        };
+        let (kind, kind_line) = match get("kind") {
+            None => {
+                return Err(SpecError::Missing {
+                    field: "kind".into(),
+                    problem: "required (one of train, search, command)".into(),
+                })
+            }
+            Some(v) => (self.kind(v)?, self.line(v.span())),
+        };
+        let workers = match get("workers") {
+            None => 1,
+            Some(v) => self.bounded_int("workers", v, 1, WORKERS_MAX)?,
+        };
+        let min_workers = match get("min_workers") {
+            None => workers,
+            Some(v) => {
+                let n = self.bounded_int("min_workers", v, 1, WORKERS_MAX)?;
+                if n > workers {
+                    return Err(self.invalid(
+                        "min_workers",
+                        v,
+                        format!("must be at most workers ({workers}), got {n}"),
+                    ));
+                }
+                n
+            }
+        };
+        let max_workers = match get("max_workers") {
+            None => workers,
+            Some(v) => {
+                let n = self.bounded_int("max_workers", v, 1, WORKERS_MAX)?;
+                if n < workers {
+                    return Err(self.invalid(
+                        "max_workers",
+                        v,
+                        format!("must be at least workers ({workers}), got {n}"),
+                    ));
+                }
+                n
+            }
+        };
+        let max_restarts = match get("max_restarts") {
+            None => MAX_RESTARTS_DEFAULT,
+            Some(v) => self.bounded_int("max_restarts", v, 0, MAX_RESTARTS_MAX)?,
+        };
+        let placement = match get("placement") {
+            None => Placement::default(),
+            Some(v) => match v.get_ref().as_str() {
+                Some("spread") => Placement::Spread,
+                Some("pack") => Placement::Pack,
+                _ => return Err(self.invalid("placement", v, "expected \"spread\" or \"pack\"")),
+            },
+        };
+        let command = match get("command") {
+            None if kind == JobKind::Command => {
+                return Err(SpecError::Missing {
+                    field: "command".into(),
+                    problem: format!(
+                        "required when kind = \"command\" (kind at line {kind_line}), e.g. command = [\"python3\", \"train.py\"]"
+                    ),
+                })
+            }
+            None => Vec::new(),
+            Some(v) if kind != JobKind::Command => {
+                return Err(self.invalid("command", v, format!("only allowed when kind = \"command\", not \"{kind}\"")))
+            }
+            Some(v) => self.command(v)?,
+        };
+        let env = match get("env") {
+            None => BTreeMap::new(),
+            Some(v) => self.env(v)?,
+        };
+        let resources = match get("resources") {
+            None => Resources::default(),
+            Some(v) => self.resources(v)?,
+        };
+        let model = self.section("model", get("model"))?;
+        let data = self.section("data", get("data"))?;
+        let train = self.section("train", get("train"))?;
+        let checkpoint = self.section("checkpoint", get("checkpoint"))?;
+        let search = match (get("search"), kind) {
+            (None, JobKind::Search) => {
+                return Err(SpecError::Missing {
+                    field: "search".into(),
+                    problem: format!("required when kind = \"search\" (kind at line {kind_line})"),
+                })
+            }
+            (Some(v), k) if k != JobKind::Search => {
+                return Err(self.invalid(
+                    "search",
+                    v,
+                    format!("only allowed when kind = \"search\", not \"{k}\""),
+                ))
+            }
+            (v, _) => self.section("search", v)?,
+        };
+        Ok(JobSpec {
+            name,
+            kind,
+            workers,
+            min_workers,
+            max_workers,
+            max_restarts,
+            placement,
+            command,
+            env,
+            resources,
+            model,
+            data,
+            train,
+            checkpoint,
+            search,
+        })
+    }
+
+    fn reject_unknown(
+        &self,
+        table: &DeTable<'_>,
+        prefix: &str,
+        known: &[&str],
+    ) -> Result<(), SpecError> {
+        let mut unknown: Vec<Entry<'_, '_>> = table
+            .iter()
+            .filter(|(k, _)| !known.contains(&k.get_ref().as_ref()))
+            .collect();
+        unknown.sort_by_key(|(k, _)| k.span().start);
+        match unknown.first() {
+            None => Ok(()),
+            Some((k, _)) => {
+                let key: &str = k.get_ref();
+                Err(SpecError::UnknownField {
+                    field: format!("{prefix}{key}"),
+                    line: self.line(k.span()),
+                    suggestion: closest(key, known).map(|s| format!("{prefix}{s}")),
+                })
+            }
+        }
+    }
+
+    fn name(&self, v: &Spanned<DeValue<'_>>) -> Result<String, SpecError> {
+        let problem = format!(
+            "expected a non-empty string of A-Z a-z 0-9 _ . - (at most {NAME_BYTES_MAX} bytes)"
+        );
+        let Some(s) = v.get_ref().as_str() else {
+            return Err(self.invalid("name", v, problem));
+        };
+        let ok = !s.is_empty()
+            && s.len() <= NAME_BYTES_MAX
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-');
+        if ok {
+            Ok(s.to_owned())
+        } else {
+            Err(self.invalid("name", v, problem))
+        }
+    }
+
+    fn kind(&self, v: &Spanned<DeValue<'_>>) -> Result<JobKind, SpecError> {
+        match v.get_ref().as_str() {
+            Some("train") => Ok(JobKind::Train),
+            Some("search") => Ok(JobKind::Search),
+            Some("command") => Ok(JobKind::Command),
+            _ => Err(self.invalid("kind", v, "expected \"train\", \"search\" or \"command\"")),
+        }
+    }
+
+    /// An integer in `min..=max`; the message says "positive" or "non-negative" by `min`.
+    fn bounded_int(
+        &self,
+        field: &str,
+        v: &Spanned<DeValue<'_>>,
+        min: u32,
+        max: u32,
+    ) -> Result<u32, SpecError> {
+        let what = if min == 0 {
+            "a non-negative integer"
+        } else {
+            "a positive integer"
+        };
+        let n = match v.get_ref() {
+            DeValue::Integer(i) => i64::from_str_radix(i.as_str(), i.radix()).ok(),
+            _ => None,
+        };
+        match n {
+            Some(n) if n < i64::from(min) => {
+                Err(self.invalid(field, v, format!("expected {what}")))
+            }
+            Some(n) if n > i64::from(max) => {
+                Err(self.invalid(field, v, format!("must be at most {max}, got {n}")))
+            }
+            Some(n) => Ok(u32::try_from(n).expect("bounded by max: u32")),
+            None => Err(self.invalid(field, v, format!("expected {what}"))),
+        }
+    }
+
+    fn command(&self, v: &Spanned<DeValue<'_>>) -> Result<Vec<String>, SpecError> {
+        let problem = "expected a non-empty array of strings, e.g. [\"python3\", \"train.py\"]";
+        let Some(items) = v.get_ref().as_array() else {
+            return Err(self.invalid("command", v, problem));
+        };
+        if items.is_empty() {
+            return Err(self.invalid("command", v, problem));
+        }
+        if items.len() > COMMAND_ARGS_MAX {
+            return Err(self.invalid(
+                "command",
+                v,
+                format!("at most {COMMAND_ARGS_MAX} arguments, got {}", items.len()),
+            ));
+        }
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            match item.get_ref().as_str() {
+                Some(s) if i > 0 || !s.is_empty() => out.push(s.to_owned()),
+                Some(_) => {
+                    return Err(self.invalid("command[0]", item, "the program must not be empty"))
+                }
+                None => {
+                    return Err(self.invalid(&format!("command[{i}]"), item, "expected a string"))
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn env(&self, v: &Spanned<DeValue<'_>>) -> Result<BTreeMap<String, String>, SpecError> {
+        let Some(table) = v.get_ref().as_table() else {
+            return Err(self.invalid("env", v, "expected a table of NAME = \"value\""));
+        };
+        if table.len() > ENV_VARS_MAX {
+            return Err(self.invalid(
+                "env",
+                v,
+                format!("at most {ENV_VARS_MAX} variables, got {}", table.len()),
+            ));
+        }
+        let mut entries: Vec<Entry<'_, '_>> = table.iter().collect();
+        entries.sort_by_key(|(k, _)| k.span().start);
+        let mut out = BTreeMap::new();
+        for (k, val) in entries {
+            let key: &str = k.get_ref();
+            let field = format!("env.{key}");
+            let valid_name = key
+                .bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+                && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !valid_name {
+                return Err(SpecError::Invalid {
+                    field,
+                    problem: "expected a variable name of A-Z a-z 0-9 _ not starting with a digit"
+                        .into(),
+                    line: self.line(k.span()),
+                });
+            }
+            if RESERVED_ENV.contains(&key) {
+                return Err(SpecError::Invalid {
+                    field,
+                    problem: "reserved: ringleader sets it for every worker".into(),
+                    line: self.line(k.span()),
+                });
+            }
+            match val.get_ref().as_str() {
+                Some(s) => {
+                    out.insert(key.to_owned(), s.to_owned());
+                }
+                None => return Err(self.invalid(&field, val, "expected a string")),
+            }
+        }
+        Ok(out)
+    }
+
+    fn resources(&self, v: &Spanned<DeValue<'_>>) -> Result<Resources, SpecError> {
+        let Some(table) = v.get_ref().as_table() else {
+            return Err(self.invalid("resources", v, "expected a table"));
+        };
+        self.reject_unknown(table, "resources.", &RESOURCE_FIELDS)?;
+        let mut r = Resources::default();
+        if let Some(v) = table.get("cpus_per_worker") {
+            r.cpus_per_worker =
+                self.bounded_int("resources.cpus_per_worker", v, 1, CPUS_PER_WORKER_MAX)?;
+        }
+        if let Some(v) = table.get("gpus_per_worker") {
+            r.gpus_per_worker =
+                self.bounded_int("resources.gpus_per_worker", v, 0, GPUS_PER_WORKER_MAX)?;
+        }
+        Ok(r)
+    }
+
+    /// A section kept generic for the trainer: it must be a table; floats must be finite (the
+    /// spec travels as JSON in the Raft log, which has no NaN or infinity).
+    fn section(
+        &self,
+        field: &str,
+        v: Option<&Spanned<DeValue<'_>>>,
+    ) -> Result<Option<toml::Table>, SpecError> {
+        let Some(v) = v else { return Ok(None) };
+        if !v.get_ref().is_table() {
+            return Err(self.invalid(field, v, "expected a table"));
+        }
+        self.finite_floats(field, v)?;
+        let value =
+            <toml::Value as Deserialize>::deserialize(toml::de::ValueDeserializer::from(v.clone()))
+                .map_err(|e| self.invalid(field, v, e.message().trim().to_owned()))?;
+        match value {
+            toml::Value::Table(t) => Ok(Some(t)),
+            _ => Err(self.invalid(field, v, "expected a table")),
+        }
+    }
+
+    fn finite_floats(&self, path: &str, v: &Spanned<DeValue<'_>>) -> Result<(), SpecError> {
+        match v.get_ref() {
+            DeValue::Float(f) => {
+                let finite = f.as_str().parse::<f64>().is_ok_and(f64::is_finite);
+                if finite {
+                    Ok(())
+                } else {
+                    Err(self.invalid(path, v, "expected a finite number"))
+                }
+            }
+            DeValue::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    self.finite_floats(&format!("{path}[{i}]"), item)?;
+                }
+                Ok(())
+            }
+            DeValue::Table(t) => {
+                for (k, item) in t.iter() {
+                    let key: &str = k.get_ref();
+                    self.finite_floats(&format!("{path}.{key}"), item)?;
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// 1-based line of a byte offset.
+fn line_of(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+/// The known field closest to `key` if it is within edit distance 2 (typos).
+fn closest<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
+    known
+        .iter()
+        .map(|k| (edit_distance(key, k), *k))
+        .filter(|(d, _)| *d <= 2)
+        .min()
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance with adjacent transpositions (optimal string alignment).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = best;
+        }
+    }
+    d[a.len()][b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        JobSpec::parse(text)
+            .expect_err("spec should be refused")
+            .to_string()
+    }
+
+    const HELLO: &str = r#"
+name = "hello"
+kind = "command"
+workers = 2
+command = ["sh", "-c", "echo rank $RANK"]
+"#;
+
+    #[test]
+    fn minimal_command_spec_gets_defaults() {
+        let spec = JobSpec::parse(HELLO).unwrap();
+        assert_eq!(spec.name, "hello");
+        assert_eq!(spec.kind, JobKind::Command);
+        assert_eq!(
+            (spec.workers, spec.min_workers, spec.max_workers),
+            (2, 2, 2)
+        );
+        assert_eq!(spec.max_restarts, MAX_RESTARTS_DEFAULT);
+        assert_eq!(spec.placement, Placement::Spread);
+        assert_eq!(
+            spec.resources,
+            Resources {
+                cpus_per_worker: 1,
+                gpus_per_worker: 0
+            }
+        );
+        assert_eq!(spec.command, vec!["sh", "-c", "echo rank $RANK"]);
+        assert!(spec.env.is_empty() && spec.model.is_none() && spec.search.is_none());
+    }
+
+    #[test]
+    fn design_train_example_parses_with_sections() {
+        let text = include_str!("../../../examples/jobs/digits-mlp.toml");
+        let spec = JobSpec::parse(text).unwrap();
+        assert_eq!(spec.kind, JobKind::Train);
+        assert_eq!(spec.workers, 4);
+        assert_eq!(spec.resources.gpus_per_worker, 0);
+        let model = spec.model.as_ref().unwrap();
+        assert_eq!(model["arch"].as_str(), Some("mlp"));
+        assert_eq!(spec.train.as_ref().unwrap()["lr"].as_float(), Some(0.05));
+        assert_eq!(
+            spec.checkpoint.as_ref().unwrap()["keep"].as_integer(),
+            Some(3)
+        );
+        assert!(spec.search.is_none());
+    }
+
+    #[test]
+    fn hello_command_example_parses() {
+        let text = include_str!("../../../examples/jobs/hello-command.toml");
+        let spec = JobSpec::parse(text).unwrap();
+        assert_eq!(spec.kind, JobKind::Command);
+        assert_eq!(spec.workers, 2);
+        assert_eq!(spec.command[0], "sh");
+        assert!(spec.command[2].contains("ringleader-metric answer 42"));
+    }
+
+    #[test]
+    fn search_spec_with_params_array_of_tables() {
+        let spec = JobSpec::parse(
+            r#"
+name = "digits-asha"
+kind = "search"
+workers = 1
+[search]
+algorithm = "asha"
+trials = 8
+[[search.params]]
+name = "lr"
+type = "double"
+min = 1e-4
+max = 0.3
+"#,
+        )
+        .unwrap();
+        let search = spec.search.unwrap();
+        assert_eq!(search["params"].as_array().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn workers_not_positive_names_field_and_line() {
+        let text = "name = \"a\"\nkind = \"train\"\n\nworkers = 0\n";
+        assert_eq!(err(text), "workers: expected a positive integer at line 4");
+        let text = "name = \"a\"\nkind = \"train\"\n\nworkers = \"four\"\n";
+        assert_eq!(err(text), "workers: expected a positive integer at line 4");
+        let text = "name = \"a\"\nkind = \"train\"\n\nworkers = 2.0\n";
+        assert_eq!(err(text), "workers: expected a positive integer at line 4");
+        let text = "name = \"a\"\nkind = \"train\"\nworkers = -3\n";
+        assert_eq!(err(text), "workers: expected a positive integer at line 3");
+    }
+
+    #[test]
+    fn workers_over_limit() {
+        let text = format!(
+            "name = \"a\"\nkind = \"train\"\nworkers = {}\n",
+            WORKERS_MAX + 1
+        );
+        assert_eq!(
+            err(&text),
+            format!(
+                "workers: must be at most {WORKERS_MAX}, got {} at line 3",
+                WORKERS_MAX + 1
+            )
+        );
+        let text = "name = \"a\"\nkind = \"train\"\nworkers = 99999999999999999999\n";
+        assert_eq!(err(text), "workers: expected a positive integer at line 3");
+    }
+
+    #[test]
+    fn unknown_field_with_line_and_suggestion() {
+        let text = "name = \"a\"\nkind = \"train\"\nwrokers = 2\n";
+        let e = JobSpec::parse(text).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "unknown field \"wrokers\" at line 3 (did you mean \"workers\"?)"
+        );
+        assert_eq!((e.field(), e.line()), (Some("wrokers"), Some(3)));
+        let text = "name = \"a\"\nkind = \"train\"\nflavour = 2\n";
+        assert_eq!(err(text), "unknown field \"flavour\" at line 3");
+    }
+
+    #[test]
+    fn unknown_nested_resource_field() {
+        let text = "name = \"a\"\nkind = \"train\"\n[resources]\ngpus_per_worker = 1\ngpu_per_worker = 1\n";
+        assert_eq!(
+            err(text),
+            "unknown field \"resources.gpu_per_worker\" at line 5 (did you mean \"resources.gpus_per_worker\"?)"
+        );
+    }
+
+    #[test]
+    fn first_unknown_field_in_text_order_wins() {
+        let text = "name = \"a\"\nzzz = 1\nkind = \"train\"\naaa = 2\n";
+        assert_eq!(err(text), "unknown field \"zzz\" at line 2");
+    }
+
+    #[test]
+    fn command_required_and_non_empty_for_command_jobs() {
+        let text = "name = \"a\"\nkind = \"command\"\n";
+        let e = err(text);
+        assert!(
+            e.starts_with("command: required when kind = \"command\" (kind at line 2)"),
+            "{e}"
+        );
+        let text = "name = \"a\"\nkind = \"command\"\ncommand = []\n";
+        assert!(err(text).starts_with("command: expected a non-empty array of strings"));
+        let text = "name = \"a\"\nkind = \"command\"\ncommand = \"python3 train.py\"\n";
+        assert!(err(text).ends_with("at line 3"));
+        let text = "name = \"a\"\nkind = \"command\"\ncommand = [\n  \"python3\",\n  7,\n]\n";
+        assert_eq!(err(text), "command[1]: expected a string at line 5");
+        let text = "name = \"a\"\nkind = \"command\"\ncommand = [\"\", \"x\"]\n";
+        assert_eq!(
+            err(text),
+            "command[0]: the program must not be empty at line 3"
+        );
+    }
+
+    #[test]
+    fn command_refused_for_train_jobs() {
+        let text = "name = \"a\"\nkind = \"train\"\ncommand = [\"x\"]\n";
+        assert_eq!(
+            err(text),
+            "command: only allowed when kind = \"command\", not \"train\" at line 3"
+        );
+    }
+
+    #[test]
+    fn search_section_required_for_search_and_only_there() {
+        let e = err("name = \"a\"\nkind = \"search\"\n");
+        assert_eq!(
+            e,
+            "search: required when kind = \"search\" (kind at line 2)"
+        );
+        let e = err("name = \"a\"\nkind = \"train\"\n[search]\ntrials = 3\n");
+        assert_eq!(
+            e,
+            "search: only allowed when kind = \"search\", not \"train\" at line 3"
+        );
+    }
+
+    #[test]
+    fn name_rules() {
+        assert_eq!(err("kind = \"train\"\n"), "name: required");
+        for bad in [
+            "\"\"",
+            "\"has space\"",
+            "\"slash/y\"",
+            "3",
+            &format!("\"{}\"", "x".repeat(NAME_BYTES_MAX + 1)),
+        ] {
+            let text = format!("kind = \"train\"\nname = {bad}\n");
+            let e = err(&text);
+            assert!(
+                e.starts_with("name: expected a non-empty string"),
+                "{bad}: {e}"
+            );
+            assert!(e.ends_with("at line 2"), "{bad}: {e}");
+        }
+        assert!(JobSpec::parse("name = \"a.b-c_9\"\nkind = \"train\"\n").is_ok());
+    }
+
+    #[test]
+    fn kind_rules() {
+        assert_eq!(
+            err("name = \"a\"\n"),
+            "kind: required (one of train, search, command)"
+        );
+        assert_eq!(
+            err("name = \"a\"\nkind = \"Train\"\n"),
+            "kind: expected \"train\", \"search\" or \"command\" at line 2"
+        );
+    }
+
+    #[test]
+    fn elastic_bounds() {
+        let base = "name = \"a\"\nkind = \"train\"\nworkers = 4\n";
+        let spec = JobSpec::parse(&format!("{base}min_workers = 2\nmax_workers = 8\n")).unwrap();
+        assert_eq!(
+            (spec.min_workers, spec.workers, spec.max_workers),
+            (2, 4, 8)
+        );
+        assert_eq!(
+            err(&format!("{base}min_workers = 5\n")),
+            "min_workers: must be at most workers (4), got 5 at line 4"
+        );
+        assert_eq!(
+            err(&format!("{base}max_workers = 3\n")),
+            "max_workers: must be at least workers (4), got 3 at line 4"
+        );
+        assert_eq!(
+            err(&format!("{base}min_workers = 0\n")),
+            "min_workers: expected a positive integer at line 4"
+        );
+    }
+
+    #[test]
+    fn max_restarts_and_placement() {
+        let base = "name = \"a\"\nkind = \"train\"\n";
+        let spec =
+            JobSpec::parse(&format!("{base}max_restarts = 0\nplacement = \"pack\"\n")).unwrap();
+        assert_eq!((spec.max_restarts, spec.placement), (0, Placement::Pack));
+        assert_eq!(
+            err(&format!("{base}max_restarts = -1\n")),
+            "max_restarts: expected a non-negative integer at line 3"
+        );
+        assert_eq!(
+            err(&format!("{base}max_restarts = 101\n")),
+            "max_restarts: must be at most 100, got 101 at line 3"
+        );
+        assert_eq!(
+            err(&format!("{base}placement = \"random\"\n")),
+            "placement: expected \"spread\" or \"pack\" at line 3"
+        );
+    }
+
+    #[test]
+    fn resources_rules() {
+        let base = "name = \"a\"\nkind = \"train\"\n";
+        let spec = JobSpec::parse(&format!(
+            "{base}[resources]\ncpus_per_worker = 4\ngpus_per_worker = 2\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            spec.resources,
+            Resources {
+                cpus_per_worker: 4,
+                gpus_per_worker: 2
+            }
+        );
+        let spec = JobSpec::parse(&format!("{base}resources.gpus_per_worker = 1\n")).unwrap();
+        assert_eq!(
+            spec.resources,
+            Resources {
+                cpus_per_worker: 1,
+                gpus_per_worker: 1
+            }
+        );
+        assert_eq!(
+            err(&format!("{base}[resources]\ncpus_per_worker = 0\n")),
+            "resources.cpus_per_worker: expected a positive integer at line 4"
+        );
+        assert_eq!(
+            err(&format!("{base}[resources]\ngpus_per_worker = -1\n")),
+            "resources.gpus_per_worker: expected a non-negative integer at line 4"
+        );
+        assert_eq!(
+            err(&format!("{base}resources = 3\n")),
+            "resources: expected a table at line 3"
+        );
+    }
+
+    #[test]
+    fn env_rules() {
+        let base = "name = \"a\"\nkind = \"command\"\ncommand = [\"x\"]\n";
+        let spec = JobSpec::parse(&format!("{base}[env]\nOMP_NUM_THREADS = \"1\"\n")).unwrap();
+        assert_eq!(spec.env["OMP_NUM_THREADS"], "1");
+        assert_eq!(
+            err(&format!("{base}[env]\nA = \"1\"\nRANK = \"3\"\n")),
+            "env.RANK: reserved: ringleader sets it for every worker at line 6"
+        );
+        assert_eq!(
+            err(&format!("{base}[env]\nN = 1\n")),
+            "env.N: expected a string at line 5"
+        );
+        assert!(err(&format!("{base}[env]\n\"1X\" = \"a\"\n"))
+            .starts_with("env.1X: expected a variable name"));
+        assert_eq!(
+            err(&format!("{base}env = [\"A=1\"]\n")),
+            "env: expected a table of NAME = \"value\" at line 4"
+        );
+    }
+
+    #[test]
+    fn generic_sections_must_be_tables_with_finite_floats() {
+        let base = "name = \"a\"\nkind = \"train\"\n";
+        assert_eq!(
+            err(&format!("{base}model = \"mlp\"\n")),
+            "model: expected a table at line 3"
+        );
+        assert_eq!(
+            err(&format!("{base}[train]\nlr = nan\n")),
+            "train.lr: expected a finite number at line 4"
+        );
+        assert_eq!(
+            err(&format!("{base}[model]\nhidden = [1.0, inf]\n")),
+            "model.hidden[1]: expected a finite number at line 4"
+        );
+    }
+
+    #[test]
+    fn syntax_errors_carry_the_line() {
+        let e = JobSpec::parse("name = \"a\"\nkind = \"train\"\nworkers = = 3\n").unwrap_err();
+        assert!(matches!(e, SpecError::Syntax { line: 3, .. }), "{e}");
+        let e = JobSpec::parse("name = \"a\"\nname = \"b\"\n").unwrap_err();
+        assert!(matches!(e, SpecError::Syntax { line: 2, .. }), "{e}");
+        assert!(e.to_string().starts_with("invalid TOML at line 2: "), "{e}");
+    }
+
+    #[test]
+    fn oversized_text_refused_before_parsing() {
+        let text = " ".repeat(SPEC_BYTES_MAX + 1);
+        assert!(matches!(
+            JobSpec::parse(&text),
+            Err(SpecError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn spec_roundtrips_through_json() {
+        let spec = JobSpec::parse(include_str!("../../../examples/jobs/digits-mlp.toml")).unwrap();
+        let json = serde_json::to_string(&spec).unwrap();
+        let back: JobSpec = serde_json::from_str(&json).unwrap();
+        assert_eq!(spec, back);
+    }
+
+    #[test]
+    fn edit_distance_basics() {
+        assert_eq!(edit_distance("wrokers", "workers"), 1);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(closest("nmae", &TOP_FIELDS), Some("name"));
+        assert_eq!(closest("zzzzzz", &TOP_FIELDS), None);
+    }
+}
