@@ -1,0 +1,1135 @@
+//! The replicated control state: a deterministic value that every replica builds by applying
+//! the same committed [`ControlCommand`]s in log order.
+//!
+//! Contract for determinism: [`ControlState::apply`] reads nothing but its arguments (no clock,
+//! no randomness, no hash-map iteration order); time comes in the command (`at_ms`, the
+//! proposer's clock) and job ids come from the log index of the `Submit` entry.
+//!
+//! Job lifecycle (the only legal transitions):
+//!
+//! ```text
+//! pending --Place--> running --all ranks exit 0--> succeeded
+//!    ^                  |
+//!    |   attempt failed |  (a rank exits non-zero, or AttemptFailed)
+//!    +---- retry -------+  while attempt <= max_restarts, else --> failed
+//! pending | running --Cancel--> cancelled
+//! ```
+//!
+//! Attempts are numbered from 1; a report (exit, failure, metric) naming another attempt than
+//! the current one is stale and ignored, so a slow report of an old attempt can never end the
+//! new one.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::jobs::placement::Slot;
+use crate::jobs::spec::{JobSpec, WORKERS_MAX};
+
+/// Most events kept per job; older ones are dropped (and counted).
+pub const EVENTS_PER_JOB_MAX: usize = 256;
+/// Most distinct metric names per job; new names beyond it are ignored.
+pub const METRICS_PER_JOB_MAX: usize = 256;
+/// Longest metric name, in bytes.
+pub const METRIC_NAME_BYTES_MAX: usize = 128;
+/// Longest reason kept in an event, in bytes (longer ones are cut at a char boundary).
+pub const REASON_BYTES_MAX: usize = 1024;
+
+/// A job's id: `j-` and the base-36 log index of its `Submit` entry, e.g. `j-2s`.
+///
+/// Unique within one cluster's log; ordered by submission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct JobId(u64);
+
+impl JobId {
+    /// The id of the job submitted by the log entry at `log_index`.
+    pub fn from_log_index(log_index: u64) -> JobId {
+        JobId(log_index)
+    }
+
+    /// The log index it was derived from.
+    pub fn log_index(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut digits = Vec::new();
+        let mut n = self.0;
+        loop {
+            digits.push(b"0123456789abcdefghijklmnopqrstuvwxyz"[(n % 36) as usize]);
+            n /= 36;
+            if n == 0 {
+                break;
+            }
+        }
+        digits.reverse();
+        write!(f, "j-{}", String::from_utf8(digits).expect("ascii digits"))
+    }
+}
+
+/// A string that is not a job id.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a job id: {0:?} (expected j- and base-36 digits, e.g. j-2s)")]
+pub struct BadJobId(pub String);
+
+impl FromStr for JobId {
+    type Err = BadJobId;
+
+    fn from_str(s: &str) -> Result<JobId, BadJobId> {
+        let bad = || BadJobId(s.to_owned());
+        let digits = s.strip_prefix("j-").ok_or_else(bad)?;
+        // Canonical form only: no leading zeros, no upper case, so one id has one spelling.
+        if digits.is_empty()
+            || (digits.len() > 1 && digits.starts_with('0'))
+            || digits.bytes().any(|b| b.is_ascii_uppercase())
+        {
+            return Err(bad());
+        }
+        u64::from_str_radix(digits, 36)
+            .map(JobId)
+            .map_err(|_| bad())
+    }
+}
+
+impl Serialize for JobId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for JobId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<JobId, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Where a job is in its lifecycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Waiting for placement (new, or between attempts).
+    Pending,
+    /// An attempt is placed and its workers run.
+    Running,
+    /// Every rank of an attempt exited 0.
+    Succeeded,
+    /// The last allowed attempt failed.
+    Failed,
+    /// Cancelled by a user.
+    Cancelled,
+}
+
+impl JobState {
+    /// The spelling used in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Pending => "pending",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    /// Succeeded, failed or cancelled: nothing changes it any more.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobState::Succeeded | JobState::Failed | JobState::Cancelled
+        )
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What an event records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// The job entered the log.
+    Submitted,
+    /// An attempt was placed (reason: "start" or "retry after …").
+    Placed,
+    /// The job could not be placed (reason: why); recorded when the reason changes.
+    Unplaceable,
+    /// A rank of the current attempt exited.
+    WorkerExited,
+    /// The current attempt failed and will be retried.
+    AttemptFailed,
+    /// The job succeeded.
+    Succeeded,
+    /// The job failed for good.
+    Failed,
+    /// The job was cancelled.
+    Cancelled,
+}
+
+/// One line of a job's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobEvent {
+    /// Proposer's wall clock, ms since the Unix epoch.
+    pub at_ms: u64,
+    /// What happened.
+    pub what: EventKind,
+    /// Attempt it concerns (0 before the first placement).
+    pub attempt: u32,
+    /// Why, for humans.
+    pub reason: String,
+}
+
+/// The latest value of one metric.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Metric {
+    /// Value (finite).
+    pub value: f64,
+    /// Step it was measured at, if the worker said.
+    pub step: Option<u64>,
+    /// Attempt that reported it.
+    pub attempt: u32,
+    /// When it was committed (proposer's clock, ms since the Unix epoch).
+    pub at_ms: u64,
+}
+
+/// One job's replicated record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    /// Its id.
+    pub id: JobId,
+    /// The spec as submitted.
+    pub spec: JobSpec,
+    /// Lifecycle state.
+    pub state: JobState,
+    /// Current attempt, 1-based; 0 while never placed.
+    pub attempt: u32,
+    /// Restarts allowed (from the spec): attempts `1..=max_restarts + 1`.
+    pub max_restarts: u32,
+    /// Workers of the current (or last) attempt, in rank order.
+    pub assignment: Vec<Slot>,
+    /// Exit codes reported by ranks of the current attempt.
+    pub exits: BTreeMap<u32, i32>,
+    /// Why the job is pending, when it could not be placed.
+    pub pending_reason: Option<String>,
+    /// History, oldest first, at most [`EVENTS_PER_JOB_MAX`].
+    pub events: Vec<JobEvent>,
+    /// Events dropped from the front of `events`.
+    pub events_dropped: u64,
+    /// Latest value per metric name.
+    pub metrics: BTreeMap<String, Metric>,
+    /// When the submit was committed.
+    pub submitted_at_ms: u64,
+    /// When the first attempt was placed.
+    pub started_at_ms: Option<u64>,
+    /// When the job reached a terminal state.
+    pub finished_at_ms: Option<u64>,
+}
+
+impl Job {
+    fn push_event(&mut self, at_ms: u64, what: EventKind, reason: impl Into<String>) {
+        let mut reason = reason.into();
+        truncate_at_char(&mut reason, REASON_BYTES_MAX);
+        self.events.push(JobEvent {
+            at_ms,
+            what,
+            attempt: self.attempt,
+            reason,
+        });
+        if self.events.len() > EVENTS_PER_JOB_MAX {
+            let extra = self.events.len() - EVENTS_PER_JOB_MAX;
+            self.events.drain(..extra);
+            self.events_dropped += extra as u64;
+        }
+    }
+
+    fn finish(&mut self, at_ms: u64, state: JobState, what: EventKind, reason: impl Into<String>) {
+        debug_assert!(state.is_terminal() && !self.state.is_terminal());
+        self.state = state;
+        self.finished_at_ms = Some(at_ms);
+        self.pending_reason = None;
+        self.push_event(at_ms, what, reason);
+    }
+
+    /// Ends the current attempt as failed: retry (back to pending) or fail the job.
+    fn fail_attempt(&mut self, at_ms: u64, reason: String) {
+        debug_assert_eq!(self.state, JobState::Running);
+        let restarts_used = self.attempt.saturating_sub(1);
+        if restarts_used < self.max_restarts {
+            self.state = JobState::Pending;
+            self.push_event(
+                at_ms,
+                EventKind::AttemptFailed,
+                format!(
+                    "{reason}; retrying (restart {} of {})",
+                    restarts_used + 1,
+                    self.max_restarts
+                ),
+            );
+        } else {
+            let why = if self.max_restarts == 0 {
+                format!("{reason}; no restarts allowed")
+            } else {
+                format!("{reason}; all {} restarts used", self.max_restarts)
+            };
+            self.finish(at_ms, JobState::Failed, EventKind::Failed, why);
+        }
+    }
+}
+
+/// A change to the control state, as committed in the Raft log.
+///
+/// Commands carry the proposer's clock (`at_ms`) so every replica records the same times.
+/// Reports from workers carry the attempt they belong to; stale ones are ignored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "op")]
+pub enum ControlCommand {
+    /// A new job; its id is derived from this entry's log index.
+    Submit {
+        /// The validated spec (boxed: the other commands are small).
+        spec: Box<JobSpec>,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// The chief placed attempt `attempt` (must be the job's next attempt) on `slots`.
+    Place {
+        /// The job.
+        id: JobId,
+        /// The attempt being started: the job's current attempt + 1.
+        attempt: u32,
+        /// Workers in rank order (`slots[i].rank == i`).
+        slots: Vec<Slot>,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// The chief could not place a pending job.
+    Unplaceable {
+        /// The job.
+        id: JobId,
+        /// Why, for humans.
+        reason: String,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// A rank's process exited.
+    WorkerExited {
+        /// The job.
+        id: JobId,
+        /// The attempt the process belonged to.
+        attempt: u32,
+        /// Its rank.
+        rank: u32,
+        /// Exit code (a signal death is reported as 128 + signal, as shells do).
+        code: i32,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// The attempt failed as a whole (a worker's node died, a ring could not form, …).
+    AttemptFailed {
+        /// The job.
+        id: JobId,
+        /// The attempt that failed.
+        attempt: u32,
+        /// Why, for humans.
+        reason: String,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// Latest value of a metric of a running attempt.
+    Metric {
+        /// The job.
+        id: JobId,
+        /// The attempt that reported it.
+        attempt: u32,
+        /// Metric name.
+        name: String,
+        /// Value; must be finite.
+        value: f64,
+        /// Step, if reported.
+        step: Option<u64>,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// A user cancels a job.
+    Cancel {
+        /// The job.
+        id: JobId,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+}
+
+/// A command a proposer must not put in the log.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadCommand {
+    /// A metric value is NaN or infinite (the log is JSON, which cannot hold it).
+    #[error("metric {name:?}: value must be finite")]
+    NonFiniteMetric {
+        /// The metric.
+        name: String,
+    },
+    /// A metric name is empty or longer than [`METRIC_NAME_BYTES_MAX`].
+    #[error("metric name must be 1 to {METRIC_NAME_BYTES_MAX} bytes")]
+    MetricName,
+    /// A placement whose slots are not ranks `0..n` or more than [`WORKERS_MAX`].
+    #[error("placement slots must have ranks 0..n in order, at most {WORKERS_MAX}")]
+    Slots,
+}
+
+impl ControlCommand {
+    /// Checks what the log format and `apply` need; proposers call it before proposing.
+    pub fn check(&self) -> Result<(), BadCommand> {
+        match self {
+            ControlCommand::Metric { name, value, .. } => {
+                if name.is_empty() || name.len() > METRIC_NAME_BYTES_MAX {
+                    return Err(BadCommand::MetricName);
+                }
+                if !value.is_finite() {
+                    return Err(BadCommand::NonFiniteMetric { name: name.clone() });
+                }
+                Ok(())
+            }
+            ControlCommand::Place { slots, .. } => {
+                let ordered = slots.iter().enumerate().all(|(i, s)| s.rank as usize == i);
+                if slots.is_empty() || slots.len() > WORKERS_MAX as usize || !ordered {
+                    return Err(BadCommand::Slots);
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The proposer's clock of this command.
+    pub fn at_ms(&self) -> u64 {
+        match self {
+            ControlCommand::Submit { at_ms, .. }
+            | ControlCommand::Place { at_ms, .. }
+            | ControlCommand::Unplaceable { at_ms, .. }
+            | ControlCommand::WorkerExited { at_ms, .. }
+            | ControlCommand::AttemptFailed { at_ms, .. }
+            | ControlCommand::Metric { at_ms, .. }
+            | ControlCommand::Cancel { at_ms, .. } => *at_ms,
+        }
+    }
+}
+
+/// What applying a command did; returned to the proposer through Raft.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "result")]
+pub enum ControlResponse {
+    /// A job was created.
+    Submitted {
+        /// Its id.
+        id: JobId,
+    },
+    /// The command changed the state.
+    Applied,
+    /// The command was a no-op: a stale or duplicate report (normal, not an error).
+    Ignored {
+        /// Why.
+        reason: String,
+    },
+    /// The command is not allowed in the current state (unknown job, job already finished,
+    /// a placement for the wrong attempt, …). Nothing changed.
+    Rejected {
+        /// Why.
+        reason: String,
+    },
+    /// A Raft entry without a command (blank or membership).
+    Empty,
+}
+
+/// The replicated state machine's data.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ControlState {
+    /// All jobs by id (ordered by submission).
+    pub jobs: BTreeMap<JobId, Job>,
+    /// Largest `at_ms` of any applied command: how fresh this replica is, on the proposer's
+    /// clock.
+    pub applied_at_ms: u64,
+    /// Log index of the last applied command (0 if none).
+    pub applied_index: u64,
+}
+
+impl ControlState {
+    /// Applies the command committed at `log_index`. Deterministic; never panics on any input
+    /// (bad commands are `Rejected`, stale reports and replays of indexes at or below
+    /// `applied_index` are `Ignored`).
+    pub fn apply(&mut self, log_index: u64, cmd: &ControlCommand) -> ControlResponse {
+        if log_index <= self.applied_index {
+            // A replay of an entry already in this state (e.g. after a restart): no effect.
+            return ignored(format!("log index {log_index} already applied"));
+        }
+        self.applied_index = log_index;
+        self.applied_at_ms = self.applied_at_ms.max(cmd.at_ms());
+        if let Err(e) = cmd.check() {
+            return ControlResponse::Rejected {
+                reason: e.to_string(),
+            };
+        }
+        match cmd {
+            ControlCommand::Submit { spec, at_ms } => {
+                let id = JobId::from_log_index(log_index);
+                let mut job = Job {
+                    id,
+                    spec: (**spec).clone(),
+                    state: JobState::Pending,
+                    attempt: 0,
+                    max_restarts: spec.max_restarts,
+                    assignment: Vec::new(),
+                    exits: BTreeMap::new(),
+                    pending_reason: None,
+                    events: Vec::new(),
+                    events_dropped: 0,
+                    metrics: BTreeMap::new(),
+                    submitted_at_ms: *at_ms,
+                    started_at_ms: None,
+                    finished_at_ms: None,
+                };
+                job.push_event(
+                    *at_ms,
+                    EventKind::Submitted,
+                    format!("{} job {:?}", spec.kind, spec.name),
+                );
+                self.jobs.insert(id, job);
+                ControlResponse::Submitted { id }
+            }
+            ControlCommand::Place {
+                id,
+                attempt,
+                slots,
+                at_ms,
+            } => {
+                let job = match self.jobs.get_mut(id) {
+                    Some(job) => job,
+                    None => return unknown(*id),
+                };
+                if job.state != JobState::Pending {
+                    return rejected(format!("{id} is {}, not pending", job.state));
+                }
+                if *attempt != job.attempt + 1 {
+                    return rejected(format!(
+                        "{id}: placement for attempt {attempt}, expected {}",
+                        job.attempt + 1
+                    ));
+                }
+                let first = job.attempt == 0;
+                job.attempt = *attempt;
+                job.state = JobState::Running;
+                job.assignment = slots.clone();
+                job.exits.clear();
+                job.pending_reason = None;
+                if first {
+                    job.started_at_ms = Some(*at_ms);
+                }
+                let ring: Vec<&str> = slots.iter().map(|s| s.name.as_str()).collect();
+                let why = if first { "start" } else { "retry" };
+                job.push_event(
+                    *at_ms,
+                    EventKind::Placed,
+                    format!("{why}: {} workers on {}", slots.len(), ring.join(", ")),
+                );
+                ControlResponse::Applied
+            }
+            ControlCommand::Unplaceable { id, reason, at_ms } => {
+                let job = match self.jobs.get_mut(id) {
+                    Some(job) => job,
+                    None => return unknown(*id),
+                };
+                if job.state != JobState::Pending {
+                    return ignored(format!("{id} is {}, not pending", job.state));
+                }
+                let mut reason = reason.clone();
+                truncate_at_char(&mut reason, REASON_BYTES_MAX);
+                if job.pending_reason.as_ref() == Some(&reason) {
+                    return ignored("same reason as before".to_owned());
+                }
+                job.pending_reason = Some(reason.clone());
+                job.push_event(*at_ms, EventKind::Unplaceable, reason);
+                ControlResponse::Applied
+            }
+            ControlCommand::WorkerExited {
+                id,
+                attempt,
+                rank,
+                code,
+                at_ms,
+            } => {
+                let job = match self.current_attempt(*id, *attempt) {
+                    Ok(job) => job,
+                    Err(r) => return r,
+                };
+                let Some(slot) = job.assignment.get(*rank as usize) else {
+                    return rejected(format!("{id}: no rank {rank} in attempt {attempt}"));
+                };
+                if job.exits.contains_key(rank) {
+                    return ignored(format!("rank {rank} already reported"));
+                }
+                let what = format!("rank {rank} on {} exited with code {code}", slot.name);
+                job.exits.insert(*rank, *code);
+                job.push_event(*at_ms, EventKind::WorkerExited, what.clone());
+                if *code != 0 {
+                    job.fail_attempt(*at_ms, what);
+                } else if job.exits.len() == job.assignment.len() {
+                    let n = job.assignment.len();
+                    job.finish(
+                        *at_ms,
+                        JobState::Succeeded,
+                        EventKind::Succeeded,
+                        format!("all {n} ranks exited 0"),
+                    );
+                }
+                ControlResponse::Applied
+            }
+            ControlCommand::AttemptFailed {
+                id,
+                attempt,
+                reason,
+                at_ms,
+            } => {
+                let job = match self.current_attempt(*id, *attempt) {
+                    Ok(job) => job,
+                    Err(r) => return r,
+                };
+                job.fail_attempt(*at_ms, reason.clone());
+                ControlResponse::Applied
+            }
+            ControlCommand::Metric {
+                id,
+                attempt,
+                name,
+                value,
+                step,
+                at_ms,
+            } => {
+                let job = match self.current_attempt(*id, *attempt) {
+                    Ok(job) => job,
+                    Err(r) => return r,
+                };
+                if !job.metrics.contains_key(name) && job.metrics.len() >= METRICS_PER_JOB_MAX {
+                    return ignored(format!("more than {METRICS_PER_JOB_MAX} metric names"));
+                }
+                job.metrics.insert(
+                    name.clone(),
+                    Metric {
+                        value: *value,
+                        step: *step,
+                        attempt: *attempt,
+                        at_ms: *at_ms,
+                    },
+                );
+                ControlResponse::Applied
+            }
+            ControlCommand::Cancel { id, at_ms } => {
+                let job = match self.jobs.get_mut(id) {
+                    Some(job) => job,
+                    None => return unknown(*id),
+                };
+                if job.state.is_terminal() {
+                    return rejected(format!("{id} already {}", job.state));
+                }
+                let was = job.state;
+                job.finish(
+                    *at_ms,
+                    JobState::Cancelled,
+                    EventKind::Cancelled,
+                    format!("cancelled by user while {was}"),
+                );
+                ControlResponse::Applied
+            }
+        }
+    }
+
+    /// The job, if `attempt` is its current attempt and it is running; otherwise the response
+    /// to give (unknown job: rejected; stale attempt or finished job: ignored).
+    fn current_attempt(&mut self, id: JobId, attempt: u32) -> Result<&mut Job, ControlResponse> {
+        let job = self.jobs.get_mut(&id).ok_or_else(|| unknown(id))?;
+        if attempt != job.attempt {
+            return Err(ignored(format!(
+                "stale report for attempt {attempt}; current is {}",
+                job.attempt
+            )));
+        }
+        if job.state != JobState::Running {
+            return Err(ignored(format!("{id} is {}", job.state)));
+        }
+        Ok(job)
+    }
+
+    /// A job by id.
+    pub fn job(&self, id: JobId) -> Option<&Job> {
+        self.jobs.get(&id)
+    }
+
+    /// Pending jobs in submission order (the chief places them in this order).
+    pub fn pending(&self) -> impl Iterator<Item = &Job> + '_ {
+        self.jobs.values().filter(|j| j.state == JobState::Pending)
+    }
+
+    /// Cpus and gpus held on each member (by peer id) by running jobs, for placement.
+    pub fn used_resources(&self) -> BTreeMap<String, (u32, u32)> {
+        let mut used: BTreeMap<String, (u32, u32)> = BTreeMap::new();
+        for job in self.jobs.values().filter(|j| j.state == JobState::Running) {
+            let r = job.spec.resources;
+            for slot in &job.assignment {
+                let e = used.entry(slot.member.clone()).or_default();
+                e.0 = e.0.saturating_add(r.cpus_per_worker);
+                e.1 = e.1.saturating_add(r.gpus_per_worker);
+            }
+        }
+        used
+    }
+}
+
+fn unknown(id: JobId) -> ControlResponse {
+    ControlResponse::Rejected {
+        reason: format!("no job {id}"),
+    }
+}
+
+fn rejected(reason: String) -> ControlResponse {
+    ControlResponse::Rejected { reason }
+}
+
+fn ignored(reason: String) -> ControlResponse {
+    ControlResponse::Ignored { reason }
+}
+
+fn truncate_at_char(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(workers: u32, max_restarts: u32) -> JobSpec {
+        JobSpec::parse(&format!(
+            "name = \"t\"\nkind = \"command\"\nworkers = {workers}\nmax_restarts = {max_restarts}\ncommand = [\"true\"]\n"
+        ))
+        .unwrap()
+    }
+
+    fn slots(n: u32) -> Vec<Slot> {
+        (0..n)
+            .map(|r| Slot {
+                member: format!("id-{r}"),
+                name: format!("m{r}"),
+                rank: r,
+                local_rank: 0,
+            })
+            .collect()
+    }
+
+    /// A state and a log-index counter, as a replica sees them.
+    struct Replica {
+        state: ControlState,
+        index: u64,
+    }
+
+    impl Replica {
+        fn new() -> Replica {
+            Replica {
+                state: ControlState::default(),
+                index: 0,
+            }
+        }
+        fn apply(&mut self, cmd: ControlCommand) -> ControlResponse {
+            self.index += 1;
+            self.state.apply(self.index, &cmd)
+        }
+        fn submit(&mut self, workers: u32, max_restarts: u32) -> JobId {
+            match self.apply(ControlCommand::Submit {
+                spec: Box::new(spec(workers, max_restarts)),
+                at_ms: 10,
+            }) {
+                ControlResponse::Submitted { id } => id,
+                other => panic!("{other:?}"),
+            }
+        }
+        fn place(&mut self, id: JobId, attempt: u32, n: u32) -> ControlResponse {
+            self.apply(ControlCommand::Place {
+                id,
+                attempt,
+                slots: slots(n),
+                at_ms: 20,
+            })
+        }
+        fn exit(&mut self, id: JobId, attempt: u32, rank: u32, code: i32) -> ControlResponse {
+            self.apply(ControlCommand::WorkerExited {
+                id,
+                attempt,
+                rank,
+                code,
+                at_ms: 30,
+            })
+        }
+        fn job(&self, id: JobId) -> &Job {
+            self.state.job(id).unwrap()
+        }
+    }
+
+    #[test]
+    fn job_id_format_and_parse() {
+        assert_eq!(JobId::from_log_index(1).to_string(), "j-1");
+        assert_eq!(JobId::from_log_index(35).to_string(), "j-z");
+        assert_eq!(JobId::from_log_index(36).to_string(), "j-10");
+        assert_eq!(JobId::from_log_index(0).to_string(), "j-0");
+        for i in [0, 1, 35, 36, 1295, u64::MAX] {
+            let id = JobId::from_log_index(i);
+            assert_eq!(id.to_string().parse::<JobId>().unwrap(), id);
+        }
+        for bad in [
+            "",
+            "j-",
+            "1",
+            "j-01",
+            "j-A",
+            "x-1",
+            "j-!",
+            "j-zzzzzzzzzzzzzzzzzzzzzzz",
+        ] {
+            assert!(bad.parse::<JobId>().is_err(), "{bad}");
+        }
+        assert_eq!(
+            serde_json::to_string(&JobId::from_log_index(36)).unwrap(),
+            "\"j-10\""
+        );
+    }
+
+    #[test]
+    fn submit_creates_pending_job_with_id_from_log_index() {
+        let mut r = Replica::new();
+        r.index = 40;
+        let id = r.submit(2, 3);
+        assert_eq!(id.to_string(), "j-15"); // 41 in base 36
+        let job = r.job(id);
+        assert_eq!(
+            (job.state, job.attempt, job.max_restarts),
+            (JobState::Pending, 0, 3)
+        );
+        assert_eq!(job.events[0].what, EventKind::Submitted);
+        assert_eq!(r.state.pending().count(), 1);
+    }
+
+    #[test]
+    fn happy_path_to_succeeded() {
+        let mut r = Replica::new();
+        let id = r.submit(2, 3);
+        assert_eq!(r.place(id, 1, 2), ControlResponse::Applied);
+        assert_eq!(r.job(id).state, JobState::Running);
+        assert_eq!(r.state.used_resources()["id-1"], (1, 0));
+        assert_eq!(r.exit(id, 1, 1, 0), ControlResponse::Applied);
+        assert_eq!(r.job(id).state, JobState::Running);
+        assert!(
+            matches!(r.exit(id, 1, 1, 0), ControlResponse::Ignored { .. }),
+            "duplicate exit"
+        );
+        assert_eq!(r.exit(id, 1, 0, 0), ControlResponse::Applied);
+        let job = r.job(id);
+        assert_eq!(job.state, JobState::Succeeded);
+        assert_eq!(job.finished_at_ms, Some(30));
+        assert_eq!(job.events.last().unwrap().what, EventKind::Succeeded);
+        assert!(r.state.used_resources().is_empty());
+    }
+
+    #[test]
+    fn nonzero_exit_retries_then_fails_after_max_restarts() {
+        let mut r = Replica::new();
+        let id = r.submit(2, 1);
+        r.place(id, 1, 2);
+        r.exit(id, 1, 0, 3);
+        let job = r.job(id);
+        assert_eq!(job.state, JobState::Pending);
+        let ev = job.events.last().unwrap();
+        assert_eq!(ev.what, EventKind::AttemptFailed);
+        assert_eq!(
+            ev.reason,
+            "rank 0 on m0 exited with code 3; retrying (restart 1 of 1)"
+        );
+        // The other rank of the dead attempt reports late: ignored.
+        assert!(matches!(
+            r.exit(id, 1, 1, 0),
+            ControlResponse::Ignored { .. }
+        ));
+        assert_eq!(r.place(id, 2, 2), ControlResponse::Applied);
+        assert_eq!(r.job(id).attempt, 2);
+        assert!(r.job(id).exits.is_empty());
+        r.exit(id, 2, 1, 137);
+        let job = r.job(id);
+        assert_eq!(job.state, JobState::Failed);
+        assert_eq!(
+            job.events.last().unwrap().reason,
+            "rank 1 on m1 exited with code 137; all 1 restarts used"
+        );
+    }
+
+    #[test]
+    fn no_restarts_allowed_fails_at_once() {
+        let mut r = Replica::new();
+        let id = r.submit(1, 0);
+        r.place(id, 1, 1);
+        r.apply(ControlCommand::AttemptFailed {
+            id,
+            attempt: 1,
+            reason: "node m0 died".into(),
+            at_ms: 5,
+        });
+        let job = r.job(id);
+        assert_eq!(job.state, JobState::Failed);
+        assert_eq!(
+            job.events.last().unwrap().reason,
+            "node m0 died; no restarts allowed"
+        );
+    }
+
+    #[test]
+    fn placement_must_be_for_the_next_attempt_of_a_pending_job() {
+        let mut r = Replica::new();
+        let id = r.submit(1, 3);
+        assert!(matches!(
+            r.place(id, 2, 1),
+            ControlResponse::Rejected { .. }
+        ));
+        assert_eq!(r.place(id, 1, 1), ControlResponse::Applied);
+        assert!(
+            matches!(r.place(id, 2, 1), ControlResponse::Rejected { .. }),
+            "running, not pending"
+        );
+        let bad = ControlCommand::Place {
+            id,
+            attempt: 2,
+            slots: vec![],
+            at_ms: 1,
+        };
+        assert_eq!(bad.check(), Err(BadCommand::Slots));
+        let unknown = JobId::from_log_index(999);
+        assert!(matches!(
+            r.place(unknown, 1, 1),
+            ControlResponse::Rejected { .. }
+        ));
+    }
+
+    #[test]
+    fn unplaceable_records_reason_once_until_it_changes() {
+        let mut r = Replica::new();
+        let id = r.submit(4, 3);
+        let un = |reason: &str| ControlCommand::Unplaceable {
+            id,
+            reason: reason.into(),
+            at_ms: 7,
+        };
+        assert_eq!(r.apply(un("needs 4 workers")), ControlResponse::Applied);
+        assert!(matches!(
+            r.apply(un("needs 4 workers")),
+            ControlResponse::Ignored { .. }
+        ));
+        assert_eq!(r.apply(un("other")), ControlResponse::Applied);
+        let job = r.job(id);
+        assert_eq!(job.pending_reason.as_deref(), Some("other"));
+        assert_eq!(
+            job.events
+                .iter()
+                .filter(|e| e.what == EventKind::Unplaceable)
+                .count(),
+            2
+        );
+        r.place(id, 1, 4);
+        assert_eq!(r.job(id).pending_reason, None);
+        assert!(matches!(
+            r.apply(un("late")),
+            ControlResponse::Ignored { .. }
+        ));
+    }
+
+    #[test]
+    fn cancel_from_pending_and_running_not_from_terminal() {
+        let mut r = Replica::new();
+        let a = r.submit(1, 3);
+        assert_eq!(
+            r.apply(ControlCommand::Cancel { id: a, at_ms: 9 }),
+            ControlResponse::Applied
+        );
+        assert_eq!(r.job(a).state, JobState::Cancelled);
+        assert!(matches!(
+            r.apply(ControlCommand::Cancel { id: a, at_ms: 9 }),
+            ControlResponse::Rejected { .. }
+        ));
+        let b = r.submit(1, 3);
+        r.place(b, 1, 1);
+        assert_eq!(
+            r.apply(ControlCommand::Cancel { id: b, at_ms: 9 }),
+            ControlResponse::Applied
+        );
+        assert_eq!(r.job(b).state, JobState::Cancelled);
+        // Reports after cancel change nothing.
+        assert!(matches!(
+            r.exit(b, 1, 0, 1),
+            ControlResponse::Ignored { .. }
+        ));
+        assert!(matches!(r.place(b, 2, 1), ControlResponse::Rejected { .. }));
+        assert_eq!(r.job(b).state, JobState::Cancelled);
+    }
+
+    #[test]
+    fn exit_for_unknown_rank_is_rejected() {
+        let mut r = Replica::new();
+        let id = r.submit(2, 3);
+        r.place(id, 1, 2);
+        assert!(matches!(
+            r.exit(id, 1, 5, 0),
+            ControlResponse::Rejected { .. }
+        ));
+        assert_eq!(r.job(id).state, JobState::Running);
+    }
+
+    #[test]
+    fn metrics_latest_value_current_attempt_only() {
+        let mut r = Replica::new();
+        let id = r.submit(1, 3);
+        let m = |attempt, value, step| ControlCommand::Metric {
+            id,
+            attempt,
+            name: "loss".into(),
+            value,
+            step,
+            at_ms: 3,
+        };
+        assert!(
+            matches!(r.apply(m(1, 1.0, None)), ControlResponse::Ignored { .. }),
+            "not running yet"
+        );
+        r.place(id, 1, 1);
+        assert_eq!(r.apply(m(1, 0.5, Some(10))), ControlResponse::Applied);
+        assert_eq!(r.apply(m(1, 0.25, Some(20))), ControlResponse::Applied);
+        assert!(matches!(
+            r.apply(m(0, 9.0, None)),
+            ControlResponse::Ignored { .. }
+        ));
+        assert!(matches!(
+            r.apply(m(1, f64::NAN, None)),
+            ControlResponse::Rejected { .. }
+        ));
+        let metric = r.job(id).metrics["loss"];
+        assert_eq!((metric.value, metric.step), (0.25, Some(20)));
+    }
+
+    #[test]
+    fn metric_names_are_bounded() {
+        let mut r = Replica::new();
+        let id = r.submit(1, 3);
+        r.place(id, 1, 1);
+        for i in 0..METRICS_PER_JOB_MAX + 5 {
+            r.apply(ControlCommand::Metric {
+                id,
+                attempt: 1,
+                name: format!("m{i}"),
+                value: 1.0,
+                step: None,
+                at_ms: 1,
+            });
+        }
+        assert_eq!(r.job(id).metrics.len(), METRICS_PER_JOB_MAX);
+        let long = ControlCommand::Metric {
+            id,
+            attempt: 1,
+            name: "x".repeat(200),
+            value: 1.0,
+            step: None,
+            at_ms: 1,
+        };
+        assert_eq!(long.check(), Err(BadCommand::MetricName));
+    }
+
+    #[test]
+    fn events_are_bounded_and_dropped_counted() {
+        let mut r = Replica::new();
+        let id = r.submit(1, 3);
+        for i in 0..EVENTS_PER_JOB_MAX + 10 {
+            r.apply(ControlCommand::Unplaceable {
+                id,
+                reason: format!("r{i}"),
+                at_ms: 1,
+            });
+        }
+        let job = r.job(id);
+        assert_eq!(job.events.len(), EVENTS_PER_JOB_MAX);
+        assert_eq!(job.events_dropped, 11);
+        // Long reasons are cut.
+        r.apply(ControlCommand::Unplaceable {
+            id,
+            reason: "é".repeat(REASON_BYTES_MAX),
+            at_ms: 1,
+        });
+        assert!(r.job(id).pending_reason.as_ref().unwrap().len() <= REASON_BYTES_MAX);
+    }
+
+    #[test]
+    fn replicas_applying_the_same_log_agree_and_snapshot_roundtrips() {
+        let log = |id: JobId| {
+            vec![
+                ControlCommand::Place {
+                    id,
+                    attempt: 1,
+                    slots: slots(2),
+                    at_ms: 2,
+                },
+                ControlCommand::Metric {
+                    id,
+                    attempt: 1,
+                    name: "acc".into(),
+                    value: 0.9,
+                    step: Some(3),
+                    at_ms: 3,
+                },
+                ControlCommand::WorkerExited {
+                    id,
+                    attempt: 1,
+                    rank: 0,
+                    code: 1,
+                    at_ms: 4,
+                },
+                ControlCommand::Place {
+                    id,
+                    attempt: 2,
+                    slots: slots(2),
+                    at_ms: 5,
+                },
+            ]
+        };
+        let mut a = Replica::new();
+        let mut b = Replica::new();
+        let ia = a.submit(2, 3);
+        let ib = b.submit(2, 3);
+        assert_eq!(ia, ib);
+        for cmd in log(ia) {
+            assert_eq!(a.apply(cmd.clone()), b.apply(cmd));
+        }
+        assert_eq!(a.state, b.state);
+        assert_eq!(a.state.applied_index, 5);
+        assert_eq!(a.state.applied_at_ms, 10);
+        let json = serde_json::to_vec(&a.state).unwrap();
+        let back: ControlState = serde_json::from_slice(&json).unwrap();
+        assert_eq!(back, a.state);
+        for cmd in log(ia)
+            .into_iter()
+            .chain([ControlCommand::Cancel { id: ia, at_ms: 1 }])
+        {
+            let json = serde_json::to_string(&cmd).unwrap();
+            assert_eq!(serde_json::from_str::<ControlCommand>(&json).unwrap(), cmd);
+        }
+    }
+}

@@ -1,0 +1,1222 @@
+//! Raft storage for the control plane (openraft 0.9, storage v2): a log store and a state
+//! machine persisted as files under one directory.
+//!
+//! Layout of the directory:
+//!
+//! - `raft-log`: a write-ahead log of records (appends, truncations, purges, votes, committed
+//!   log id), replayed on open. Every record that openraft must find after a crash (entries,
+//!   votes, truncations, purges) is fsynced before the call returns; the committed log id is
+//!   written without fsync (losing it only means fewer entries are re-applied at start-up).
+//!   When purges have left the file mostly dead, it is rewritten to a temporary file, fsynced
+//!   and renamed over the old one.
+//! - `raft-snapshot`: the latest snapshot (metadata and the [`ControlState`] as JSON), written
+//!   to a temporary file, fsynced and renamed. The state machine itself lives in memory: on
+//!   open it is the snapshot's, and openraft re-applies committed entries after it.
+//!
+//! Both files start with an 8-byte magic (format and version). Records are framed as
+//! `len: u32 LE | blake3(len)[..4] | blake3(len ‖ payload): 32 bytes | payload`. On open, a bad record at the
+//! end of `raft-log` (its frame reaches the end of the file, or only zero bytes follow it) is
+//! the torn tail of an append that was never acknowledged: it is cut off with a warning. A bad
+//! record anywhere else, a bad magic, or any bad byte in `raft-snapshot` is corruption:
+//! [`StoreError::Corrupt`], and the node refuses to start rather than serve a damaged log.
+//!
+//! Entries are kept in memory as well (the control log is small and purged after snapshots);
+//! readers never wait for disk I/O, and writes run on tokio's blocking pool.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Cursor, Write};
+use std::ops::RangeBounds;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+
+use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
+use openraft::{
+    AnyError, Entry, EntryPayload, LogId, LogState, OptionalSend, RaftLogReader,
+    RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError, StorageIOError, StoredMembership,
+    Vote,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::control::state::{ControlCommand, ControlResponse, ControlState};
+
+/// Raft node id: derived from the libp2p peer id with [`node_id_of`].
+pub type NodeId = u64;
+
+/// What Raft knows about a node: enough to dial it and show it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RaftNode {
+    /// libp2p peer id (base58), the address book key for Raft RPCs.
+    pub peer_id: String,
+    /// Node name.
+    pub name: String,
+}
+
+impl fmt::Display for RaftNode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}({})", self.name, self.peer_id)
+    }
+}
+
+openraft::declare_raft_types!(
+    /// The control plane's openraft types.
+    pub TypeConfig:
+        D = ControlCommand,
+        R = ControlResponse,
+        NodeId = NodeId,
+        Node = RaftNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+/// The Raft node id of a peer: the first 8 bytes (LE) of blake3 of its peer id string.
+///
+/// Every node computes the same id for a peer; collisions among a cluster's members are
+/// negligible (2^-64 per pair) and detected by the node when it builds the membership.
+pub fn node_id_of(peer_id: &str) -> NodeId {
+    let hash = blake3::hash(peer_id.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&hash.as_bytes()[..8]);
+    u64::from_le_bytes(first)
+}
+
+/// File name of the write-ahead log inside the store directory.
+pub const LOG_FILE: &str = "raft-log";
+/// File name of the snapshot inside the store directory.
+pub const SNAPSHOT_FILE: &str = "raft-snapshot";
+/// Largest record accepted, in bytes (an append of openraft's largest batch of specs fits).
+pub const RECORD_BYTES_MAX: usize = 256 << 20;
+/// Largest snapshot accepted from a leader or from disk, in bytes.
+pub const SNAPSHOT_BYTES_MAX: usize = 512 << 20;
+/// The log file is rewritten after a purge once it is at least this large and twice the size
+/// it had after the last rewrite.
+pub const LOG_COMPACT_BYTES_MIN: u64 = 8 << 20;
+/// Most entries in one record when the log is rewritten.
+const REWRITE_ENTRIES_PER_RECORD: usize = 256;
+
+const LOG_MAGIC: &[u8; 8] = b"RLRLOG01";
+const SNAPSHOT_MAGIC: &[u8; 8] = b"RLSNAP01";
+const FRAME_HEADER_BYTES: usize = 4 + 4 + 32;
+
+/// Errors opening or writing the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// An operating-system I/O error (disk full, permissions, …): an operator problem.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The files are damaged somewhere other than a torn tail: stop, do not serve.
+    #[error("corrupt {path} at byte {offset}: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// Byte offset of the bad record (or 0 for the magic).
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+fn io_err<'p>(op: &'static str, path: &'p Path) -> impl FnOnce(io::Error) -> StoreError + 'p {
+    move |source| StoreError::Io {
+        op,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Record framing
+
+fn frame_hash(payload: &[u8]) -> [u8; 32] {
+    let len = u32::try_from(payload.len()).expect("payload checked against RECORD_BYTES_MAX");
+    let mut h = blake3::Hasher::new();
+    h.update(&len.to_le_bytes());
+    h.update(payload);
+    *h.finalize().as_bytes()
+}
+
+/// Check of the length field alone, so a damaged length is told from a torn write.
+fn len_check(len: [u8; 4]) -> [u8; 4] {
+    let h = blake3::hash(&len);
+    h.as_bytes()[..4].try_into().expect("4 bytes")
+}
+
+fn encode_frame(payload: &[u8], out: &mut Vec<u8>) {
+    assert!(
+        payload.len() <= RECORD_BYTES_MAX,
+        "record of {} bytes over RECORD_BYTES_MAX",
+        payload.len()
+    );
+    let len = u32::try_from(payload.len())
+        .expect("RECORD_BYTES_MAX fits u32")
+        .to_le_bytes();
+    out.extend_from_slice(&len);
+    out.extend_from_slice(&len_check(len));
+    out.extend_from_slice(&frame_hash(payload));
+    out.extend_from_slice(payload);
+}
+
+/// How a sequence of frames ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum FrameEnd {
+    /// The last frame ends exactly at the end of the buffer.
+    Clean,
+    /// The last write did not fully land: cut the buffer at `offset`.
+    Torn { offset: usize, reason: String },
+    /// Damage that is not a torn tail.
+    Corrupt { offset: usize, reason: String },
+}
+
+/// Result of reading frames from a byte buffer (after the magic).
+struct Frames<'a> {
+    /// (offset in the buffer, payload) of every good frame, in order.
+    good: Vec<(usize, &'a [u8])>,
+    end: FrameEnd,
+}
+
+/// Reads frames from `start`. A bad frame is a torn tail when it can only be the last,
+/// partly written append: fewer bytes than a header are left; or its header is bad and only
+/// zeros follow (pages that never landed); or its header is good and the frame reaches the end
+/// of the buffer (cut short, or its payload checksum fails). Anything else is corruption:
+/// a damaged frame with data after it was acknowledged, and was followed by other writes.
+fn read_frames(buf: &[u8], start: usize) -> Frames<'_> {
+    let mut good = Vec::new();
+    let mut at = start;
+    while at < buf.len() {
+        let rest = &buf[at..];
+        let torn = |reason: String| FrameEnd::Torn { offset: at, reason };
+        let corrupt = |reason: String| FrameEnd::Corrupt { offset: at, reason };
+        if rest.len() < FRAME_HEADER_BYTES {
+            return Frames {
+                good,
+                end: torn(format!("{} bytes, shorter than a frame header", rest.len())),
+            };
+        }
+        let len_bytes: [u8; 4] = rest[..4].try_into().expect("4 bytes");
+        if rest[4..8] != len_check(len_bytes) {
+            let end = if rest.iter().all(|&b| b == 0) {
+                torn("zero-filled tail".to_owned())
+            } else {
+                corrupt("frame header checksum mismatch".to_owned())
+            };
+            return Frames { good, end };
+        }
+        let len = u32::from_le_bytes(len_bytes) as usize;
+        if len > RECORD_BYTES_MAX {
+            return Frames {
+                good,
+                end: corrupt(format!("frame length {len} over {RECORD_BYTES_MAX}")),
+            };
+        }
+        let extent = FRAME_HEADER_BYTES + len;
+        if rest.len() < extent {
+            return Frames {
+                good,
+                end: torn(format!("frame of {len} bytes cut short")),
+            };
+        }
+        let payload = &rest[FRAME_HEADER_BYTES..extent];
+        if rest[8..FRAME_HEADER_BYTES] != frame_hash(payload) {
+            let end = if rest.len() == extent {
+                torn("checksum mismatch in the last frame".to_owned())
+            } else {
+                corrupt("checksum mismatch".to_owned())
+            };
+            return Frames { good, end };
+        }
+        good.push((at, payload));
+        at += extent;
+    }
+    Frames {
+        good,
+        end: FrameEnd::Clean,
+    }
+}
+
+fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("fsync directory", dir))
+}
+
+/// Writes `bytes` to `path` atomically: temporary file, fsync, rename, fsync of the directory.
+fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let tmp = path.with_extension("tmp");
+    let mut f = File::create(&tmp).map_err(io_err("create", &tmp))?;
+    f.write_all(bytes).map_err(io_err("write", &tmp))?;
+    f.sync_all().map_err(io_err("fsync", &tmp))?;
+    drop(f);
+    fs::rename(&tmp, path).map_err(io_err("rename", &tmp))?;
+    fsync_dir(dir)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Log store
+
+/// One record of the write-ahead log.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "t", rename_all = "snake_case")]
+enum LogRecord {
+    Append { entries: Vec<Entry<TypeConfig>> },
+    Truncate { since: u64 },
+    Purge { upto: LogId<NodeId> },
+    Vote { vote: Vote<NodeId> },
+    Committed { committed: Option<LogId<NodeId>> },
+}
+
+/// The log as readers see it.
+#[derive(Debug, Default)]
+struct LogMem {
+    entries: BTreeMap<u64, Entry<TypeConfig>>,
+    purged: Option<LogId<NodeId>>,
+    vote: Option<Vote<NodeId>>,
+    committed: Option<LogId<NodeId>>,
+}
+
+impl LogMem {
+    fn apply(&mut self, rec: LogRecord) {
+        match rec {
+            LogRecord::Append { entries } => {
+                for e in entries {
+                    self.entries.insert(e.log_id.index, e);
+                }
+            }
+            LogRecord::Truncate { since } => {
+                self.entries.split_off(&since);
+            }
+            LogRecord::Purge { upto } => {
+                self.entries = self.entries.split_off(&(upto.index + 1));
+                if self.purged.is_none_or(|p| p < upto) {
+                    self.purged = Some(upto);
+                }
+            }
+            LogRecord::Vote { vote } => self.vote = Some(vote),
+            LogRecord::Committed { committed } => self.committed = committed,
+        }
+    }
+}
+
+/// The open log file; only the log store's write path touches it.
+struct LogFile {
+    dir: PathBuf,
+    path: PathBuf,
+    file: File,
+    bytes: u64,
+    bytes_after_rewrite: u64,
+    /// [`LOG_COMPACT_BYTES_MIN`], lowered by tests.
+    compact_bytes_min: u64,
+}
+
+impl LogFile {
+    /// Opens (or creates) the log and replays it.
+    fn open(dir: &Path) -> Result<(LogFile, LogMem), StoreError> {
+        fs::create_dir_all(dir).map_err(io_err("create directory", dir))?;
+        let path = dir.join(LOG_FILE);
+        let tmp = path.with_extension("tmp");
+        if tmp.exists() {
+            // A rewrite that did not reach its rename: the old log is intact.
+            fs::remove_file(&tmp).map_err(io_err("remove", &tmp))?;
+        }
+        if !path.exists() {
+            write_atomically(dir, &path, LOG_MAGIC)?;
+        }
+        let buf = fs::read(&path).map_err(io_err("read", &path))?;
+        if buf.len() < LOG_MAGIC.len() || &buf[..LOG_MAGIC.len()] != LOG_MAGIC {
+            return Err(StoreError::Corrupt {
+                path,
+                offset: 0,
+                reason: "not a ringleader raft log (bad magic)".into(),
+            });
+        }
+        let frames = read_frames(&buf, LOG_MAGIC.len());
+        let mut mem = LogMem::default();
+        for (offset, payload) in &frames.good {
+            let rec: LogRecord =
+                serde_json::from_slice(payload).map_err(|e| StoreError::Corrupt {
+                    path: path.clone(),
+                    offset: *offset as u64,
+                    reason: format!("undecodable record: {e}"),
+                })?;
+            mem.apply(rec);
+        }
+        let mut len = buf.len() as u64;
+        match frames.end {
+            FrameEnd::Clean => {}
+            FrameEnd::Corrupt { offset, reason } => {
+                return Err(StoreError::Corrupt {
+                    path,
+                    offset: offset as u64,
+                    reason,
+                });
+            }
+            FrameEnd::Torn { offset, reason } => {
+                tracing::warn!(path = %path.display(), offset, %reason, "cutting torn tail of raft log");
+                let f = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(io_err("open", &path))?;
+                f.set_len(offset as u64)
+                    .map_err(io_err("truncate", &path))?;
+                f.sync_all().map_err(io_err("fsync", &path))?;
+                len = offset as u64;
+            }
+        }
+        let file = OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(io_err("open", &path))?;
+        let log = LogFile {
+            dir: dir.to_owned(),
+            path,
+            file,
+            bytes: len,
+            bytes_after_rewrite: len,
+            compact_bytes_min: LOG_COMPACT_BYTES_MIN,
+        };
+        Ok((log, mem))
+    }
+
+    fn write(&mut self, rec: &LogRecord, sync: bool) -> Result<(), StoreError> {
+        let payload = serde_json::to_vec(rec).expect("log records serialize");
+        if payload.len() > RECORD_BYTES_MAX {
+            return Err(StoreError::Io {
+                op: "append",
+                path: self.path.clone(),
+                source: io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("record of {} bytes", payload.len()),
+                ),
+            });
+        }
+        let mut frame = Vec::with_capacity(FRAME_HEADER_BYTES + payload.len());
+        encode_frame(&payload, &mut frame);
+        self.file
+            .write_all(&frame)
+            .map_err(io_err("append", &self.path))?;
+        if sync {
+            self.file.sync_data().map_err(io_err("fsync", &self.path))?;
+        }
+        self.bytes += frame.len() as u64;
+        Ok(())
+    }
+
+    fn wants_rewrite(&self) -> bool {
+        self.bytes >= self.compact_bytes_min && self.bytes >= 2 * self.bytes_after_rewrite
+    }
+
+    /// Replaces the file with one holding only `mem`.
+    fn rewrite(&mut self, mem: &LogMem) -> Result<(), StoreError> {
+        let mut buf = LOG_MAGIC.to_vec();
+        let mut push = |rec: &LogRecord| {
+            encode_frame(
+                &serde_json::to_vec(rec).expect("log records serialize"),
+                &mut buf,
+            )
+        };
+        if let Some(vote) = mem.vote {
+            push(&LogRecord::Vote { vote });
+        }
+        if let Some(upto) = mem.purged {
+            push(&LogRecord::Purge { upto });
+        }
+        push(&LogRecord::Committed {
+            committed: mem.committed,
+        });
+        let entries: Vec<&Entry<TypeConfig>> = mem.entries.values().collect();
+        for chunk in entries.chunks(REWRITE_ENTRIES_PER_RECORD) {
+            push(&LogRecord::Append {
+                entries: chunk.iter().map(|e| (*e).clone()).collect(),
+            });
+        }
+        write_atomically(&self.dir, &self.path, &buf)?;
+        self.file = OpenOptions::new()
+            .append(true)
+            .open(&self.path)
+            .map_err(io_err("open", &self.path))?;
+        self.bytes = buf.len() as u64;
+        self.bytes_after_rewrite = self.bytes;
+        Ok(())
+    }
+}
+
+/// openraft's log store: entries, vote and committed log id, persisted in `raft-log`.
+pub struct LogStore {
+    mem: Arc<RwLock<LogMem>>,
+    file: Arc<Mutex<LogFile>>,
+}
+
+/// A cheap handle that reads the log (used by replication tasks).
+#[derive(Clone)]
+pub struct LogReader {
+    mem: Arc<RwLock<LogMem>>,
+}
+
+impl LogStore {
+    /// Opens the log in `dir` (created if missing), recovering from a torn tail.
+    pub fn open(dir: &Path) -> Result<LogStore, StoreError> {
+        let (file, mem) = LogFile::open(dir)?;
+        Ok(LogStore {
+            mem: Arc::new(RwLock::new(mem)),
+            file: Arc::new(Mutex::new(file)),
+        })
+    }
+
+    /// Writes `rec` durably (when `sync`) on the blocking pool, then applies it in memory.
+    async fn persist(&mut self, rec: LogRecord, sync: bool) -> Result<(), StorageError<NodeId>> {
+        let file = self.file.clone();
+        let mem = self.mem.clone();
+        let compact = matches!(rec, LogRecord::Purge { .. });
+        let join = tokio::task::spawn_blocking(move || -> Result<(), StoreError> {
+            let mut file = file.lock().expect("log file lock");
+            file.write(&rec, sync)?;
+            let mut mem = mem.write().expect("log lock");
+            mem.apply(rec);
+            if compact && file.wants_rewrite() {
+                file.rewrite(&mem)?;
+            }
+            Ok(())
+        })
+        .await;
+        match join {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(StorageIOError::write_logs(AnyError::new(&e)).into()),
+            Err(e) => Err(StorageIOError::write_logs(AnyError::new(&e)).into()),
+        }
+    }
+}
+
+fn read_range<RB: RangeBounds<u64>>(mem: &RwLock<LogMem>, range: RB) -> Vec<Entry<TypeConfig>> {
+    let mem = mem.read().expect("log lock");
+    mem.entries.range(range).map(|(_, e)| e.clone()).collect()
+}
+
+impl RaftLogReader<TypeConfig> for LogReader {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + fmt::Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
+        Ok(read_range(&self.mem, range))
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + fmt::Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
+        Ok(read_range(&self.mem, range))
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogReader;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<NodeId>> {
+        let mem = self.mem.read().expect("log lock");
+        let last = mem
+            .entries
+            .values()
+            .next_back()
+            .map(|e| e.log_id)
+            .or(mem.purged);
+        Ok(LogState {
+            last_purged_log_id: mem.purged,
+            last_log_id: last,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> LogReader {
+        LogReader {
+            mem: self.mem.clone(),
+        }
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
+        self.persist(LogRecord::Vote { vote: *vote }, true).await
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
+        Ok(self.mem.read().expect("log lock").vote)
+    }
+
+    async fn save_committed(
+        &mut self,
+        committed: Option<LogId<NodeId>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        // Not fsynced: a committed id older than the truth is always safe.
+        self.persist(LogRecord::Committed { committed }, false)
+            .await
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
+        Ok(self.mem.read().expect("log lock").committed)
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        if entries.is_empty() {
+            callback.log_io_completed(Ok(()));
+            return Ok(());
+        }
+        match self.persist(LogRecord::Append { entries }, true).await {
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                callback.log_io_completed(Err(io::Error::other(e.to_string())));
+                Err(e)
+            }
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        self.persist(
+            LogRecord::Truncate {
+                since: log_id.index,
+            },
+            true,
+        )
+        .await
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        self.persist(LogRecord::Purge { upto: log_id }, true).await
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// State machine
+
+/// A snapshot as stored: metadata and the serialized [`ControlState`].
+#[derive(Debug, Clone)]
+struct StoredSnapshot {
+    meta: SnapshotMeta<NodeId, RaftNode>,
+    data: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct SmInner {
+    state: ControlState,
+    last_applied: Option<LogId<NodeId>>,
+    membership: StoredMembership<NodeId, RaftNode>,
+    current: Option<StoredSnapshot>,
+    snapshots_built: u64,
+}
+
+/// openraft's state machine: the [`ControlState`] in memory, snapshots in `raft-snapshot`.
+///
+/// Clone it to read the state from elsewhere ([`StateMachineStore::read`],
+/// [`StateMachineStore::subscribe`]).
+#[derive(Clone)]
+pub struct StateMachineStore {
+    dir: PathBuf,
+    inner: Arc<RwLock<SmInner>>,
+    applied: Arc<watch::Sender<u64>>,
+}
+
+/// Builds snapshots of the state machine (openraft runs it on its own task).
+pub struct SnapshotBuilder {
+    sm: StateMachineStore,
+}
+
+impl StateMachineStore {
+    /// Opens the state machine in `dir`: the latest snapshot, or an empty state.
+    pub fn open(dir: &Path) -> Result<StateMachineStore, StoreError> {
+        fs::create_dir_all(dir).map_err(io_err("create directory", dir))?;
+        let path = dir.join(SNAPSHOT_FILE);
+        let tmp = path.with_extension("tmp");
+        if tmp.exists() {
+            fs::remove_file(&tmp).map_err(io_err("remove", &tmp))?;
+        }
+        let mut inner = SmInner {
+            state: ControlState::default(),
+            last_applied: None,
+            membership: StoredMembership::default(),
+            current: None,
+            snapshots_built: 0,
+        };
+        if path.exists() {
+            let buf = fs::read(&path).map_err(io_err("read", &path))?;
+            let snap = decode_snapshot_file(&path, &buf)?;
+            let state = decode_state(&snap.data).map_err(|reason| StoreError::Corrupt {
+                path: path.clone(),
+                offset: 0,
+                reason,
+            })?;
+            inner.state = state;
+            inner.last_applied = snap.meta.last_log_id;
+            inner.membership = snap.meta.last_membership.clone();
+            inner.current = Some(snap);
+        }
+        let index = inner.last_applied.map_or(0, |l| l.index);
+        let (tx, _) = watch::channel(index);
+        Ok(StateMachineStore {
+            dir: dir.to_owned(),
+            inner: Arc::new(RwLock::new(inner)),
+            applied: Arc::new(tx),
+        })
+    }
+
+    /// Reads the current state under a lock (keep `f` short; it must not block).
+    pub fn read<T>(&self, f: impl FnOnce(&ControlState) -> T) -> T {
+        f(&self.inner.read().expect("state machine lock").state)
+    }
+
+    /// The last applied log id.
+    pub fn last_applied(&self) -> Option<LogId<NodeId>> {
+        self.inner.read().expect("state machine lock").last_applied
+    }
+
+    /// A receiver of the last applied log index; it changes after every applied batch and
+    /// installed snapshot.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.applied.subscribe()
+    }
+
+    fn persist_snapshot(&self, snap: &StoredSnapshot) -> Result<(), StoreError> {
+        let meta = serde_json::to_vec(&snap.meta).expect("snapshot meta serializes");
+        let mut buf = SNAPSHOT_MAGIC.to_vec();
+        encode_frame(&meta, &mut buf);
+        encode_frame(&snap.data, &mut buf);
+        write_atomically(&self.dir, &self.dir.join(SNAPSHOT_FILE), &buf)
+    }
+
+    async fn persist_snapshot_blocking(
+        &self,
+        snap: StoredSnapshot,
+    ) -> Result<StoredSnapshot, StorageError<NodeId>> {
+        let sm = self.clone();
+        let join =
+            tokio::task::spawn_blocking(move || sm.persist_snapshot(&snap).map(|()| snap)).await;
+        let signature = None;
+        match join {
+            Ok(Ok(snap)) => Ok(snap),
+            Ok(Err(e)) => Err(StorageIOError::write_snapshot(signature, AnyError::new(&e)).into()),
+            Err(e) => Err(StorageIOError::write_snapshot(signature, AnyError::new(&e)).into()),
+        }
+    }
+}
+
+fn decode_state(data: &[u8]) -> Result<ControlState, String> {
+    if data.len() > SNAPSHOT_BYTES_MAX {
+        return Err(format!(
+            "snapshot of {} bytes over {SNAPSHOT_BYTES_MAX}",
+            data.len()
+        ));
+    }
+    serde_json::from_slice(data).map_err(|e| format!("undecodable control state: {e}"))
+}
+
+fn decode_snapshot_file(path: &Path, buf: &[u8]) -> Result<StoredSnapshot, StoreError> {
+    let corrupt = |offset: usize, reason: String| StoreError::Corrupt {
+        path: path.to_owned(),
+        offset: offset as u64,
+        reason,
+    };
+    if buf.len() < SNAPSHOT_MAGIC.len() || &buf[..SNAPSHOT_MAGIC.len()] != SNAPSHOT_MAGIC {
+        return Err(corrupt(
+            0,
+            "not a ringleader raft snapshot (bad magic)".into(),
+        ));
+    }
+    let frames = read_frames(buf, SNAPSHOT_MAGIC.len());
+    // Written by rename after fsync: a snapshot file is never torn, any bad byte is damage.
+    if let FrameEnd::Torn { offset, reason } | FrameEnd::Corrupt { offset, reason } = frames.end {
+        return Err(corrupt(offset, reason));
+    }
+    let [(meta_at, meta), (_, data)] = frames.good[..] else {
+        return Err(corrupt(
+            SNAPSHOT_MAGIC.len(),
+            format!("{} frames, expected 2", frames.good.len()),
+        ));
+    };
+    let meta = serde_json::from_slice(meta)
+        .map_err(|e| corrupt(meta_at, format!("undecodable snapshot meta: {e}")))?;
+    Ok(StoredSnapshot {
+        meta,
+        data: data.to_vec(),
+    })
+}
+
+fn to_snapshot(s: &StoredSnapshot) -> Snapshot<TypeConfig> {
+    Snapshot {
+        meta: s.meta.clone(),
+        snapshot: Box::new(Cursor::new(s.data.clone())),
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        let snap = {
+            let mut inner = self.sm.inner.write().expect("state machine lock");
+            inner.snapshots_built += 1;
+            let data = serde_json::to_vec(&inner.state).expect("control state serializes");
+            let snapshot_id = match inner.last_applied {
+                Some(l) => format!("{l}-{}", inner.snapshots_built),
+                None => format!("none-{}", inner.snapshots_built),
+            };
+            let meta = SnapshotMeta {
+                last_log_id: inner.last_applied,
+                last_membership: inner.membership.clone(),
+                snapshot_id,
+            };
+            StoredSnapshot { meta, data }
+        };
+        let snap = self.sm.persist_snapshot_blocking(snap).await?;
+        let out = to_snapshot(&snap);
+        let mut inner = self.sm.inner.write().expect("state machine lock");
+        // A snapshot installed meanwhile may be newer; keep the newest.
+        if inner
+            .current
+            .as_ref()
+            .is_none_or(|c| c.meta.last_log_id <= snap.meta.last_log_id)
+        {
+            inner.current = Some(snap);
+        }
+        Ok(out)
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<NodeId>>, StoredMembership<NodeId, RaftNode>), StorageError<NodeId>>
+    {
+        let inner = self.inner.read().expect("state machine lock");
+        Ok((inner.last_applied, inner.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<ControlResponse>, StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut out = Vec::new();
+        let index = {
+            let mut inner = self.inner.write().expect("state machine lock");
+            for entry in entries {
+                inner.last_applied = Some(entry.log_id);
+                let resp = match entry.payload {
+                    EntryPayload::Blank => ControlResponse::Empty,
+                    EntryPayload::Normal(cmd) => inner.state.apply(entry.log_id.index, &cmd),
+                    EntryPayload::Membership(m) => {
+                        inner.membership = StoredMembership::new(Some(entry.log_id), m);
+                        ControlResponse::Empty
+                    }
+                };
+                out.push(resp);
+            }
+            inner.last_applied.map_or(0, |l| l.index)
+        };
+        self.applied.send_replace(index);
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
+        SnapshotBuilder { sm: self.clone() }
+    }
+
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, RaftNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        let data = snapshot.into_inner();
+        let state = decode_state(&data).map_err(|reason| {
+            StorageIOError::read_snapshot(Some(meta.signature()), AnyError::error(reason))
+        })?;
+        let snap = self
+            .persist_snapshot_blocking(StoredSnapshot {
+                meta: meta.clone(),
+                data,
+            })
+            .await?;
+        let index = {
+            let mut inner = self.inner.write().expect("state machine lock");
+            inner.state = state;
+            inner.last_applied = meta.last_log_id;
+            inner.membership = meta.last_membership.clone();
+            inner.current = Some(snap);
+            inner.last_applied.map_or(0, |l| l.index)
+        };
+        self.applied.send_replace(index);
+        Ok(())
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        Ok(self
+            .inner
+            .read()
+            .expect("state machine lock")
+            .current
+            .as_ref()
+            .map(to_snapshot))
+    }
+}
+
+/// Opens both halves of the store in `dir`.
+pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
+    Ok((LogStore::open(dir)?, StateMachineStore::open(dir)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use openraft::storage::RaftLogStorageExt;
+    use openraft::testing::{StoreBuilder, Suite};
+    use openraft::{CommittedLeaderId, Membership, RaftLogReader};
+    use proptest::prelude::*;
+    use tempfile::TempDir;
+
+    use super::*;
+    use crate::control::state::{JobId, JobState};
+    use crate::jobs::spec::JobSpec;
+
+    struct Builder;
+
+    impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for Builder {
+        async fn build(
+            &self,
+        ) -> Result<(TempDir, LogStore, StateMachineStore), StorageError<NodeId>> {
+            let dir = TempDir::new().expect("temp dir");
+            let (log, sm) = open(dir.path()).expect("open store");
+            Ok((dir, log, sm))
+        }
+    }
+
+    #[test]
+    fn openraft_storage_suite() {
+        Suite::test_all(Builder).unwrap();
+    }
+
+    fn log_id(term: u64, index: u64) -> LogId<NodeId> {
+        LogId {
+            leader_id: CommittedLeaderId::new(term, 1),
+            index,
+        }
+    }
+
+    fn blank(term: u64, index: u64) -> Entry<TypeConfig> {
+        Entry {
+            log_id: log_id(term, index),
+            payload: EntryPayload::Blank,
+        }
+    }
+
+    fn submit(term: u64, index: u64) -> Entry<TypeConfig> {
+        let spec =
+            JobSpec::parse("name = \"t\"\nkind = \"command\"\ncommand = [\"true\"]\n").unwrap();
+        Entry {
+            log_id: log_id(term, index),
+            payload: EntryPayload::Normal(ControlCommand::Submit {
+                spec: Box::new(spec),
+                at_ms: index,
+            }),
+        }
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// Appends and waits for the flush callback, as openraft does.
+    async fn append(log: &mut LogStore, entries: Vec<Entry<TypeConfig>>) {
+        log.blocking_append(entries).await.unwrap();
+    }
+
+    async fn indexes(log: &mut LogStore) -> Vec<u64> {
+        log.try_get_log_entries(..)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.log_id.index)
+            .collect()
+    }
+
+    fn log_path(dir: &TempDir) -> PathBuf {
+        dir.path().join(LOG_FILE)
+    }
+
+    #[test]
+    fn node_id_is_stable_and_spreads() {
+        assert_eq!(node_id_of("12D3KooWA"), node_id_of("12D3KooWA"));
+        assert_ne!(node_id_of("12D3KooWA"), node_id_of("12D3KooWB"));
+    }
+
+    #[test]
+    fn reopen_keeps_entries_vote_committed_purge_and_truncate() {
+        let dir = TempDir::new().unwrap();
+        rt().block_on(async {
+            let mut log = LogStore::open(dir.path()).unwrap();
+            for i in 1..=10 {
+                append(&mut log, vec![blank(1, i)]).await;
+            }
+            log.save_vote(&Vote::new(3, 7)).await.unwrap();
+            log.save_committed(Some(log_id(1, 6))).await.unwrap();
+            log.truncate(log_id(1, 8)).await.unwrap();
+            log.purge(log_id(1, 3)).await.unwrap();
+            assert_eq!(indexes(&mut log).await, [4, 5, 6, 7]);
+        });
+        rt().block_on(async {
+            let mut log = LogStore::open(dir.path()).unwrap();
+            assert_eq!(indexes(&mut log).await, [4, 5, 6, 7]);
+            assert_eq!(log.read_vote().await.unwrap(), Some(Vote::new(3, 7)));
+            assert_eq!(log.read_committed().await.unwrap(), Some(log_id(1, 6)));
+            let st = log.get_log_state().await.unwrap();
+            assert_eq!(
+                (st.last_purged_log_id, st.last_log_id),
+                (Some(log_id(1, 3)), Some(log_id(1, 7)))
+            );
+        });
+    }
+
+    #[test]
+    fn torn_tail_is_cut_and_appends_go_on() {
+        let dir = TempDir::new().unwrap();
+        rt().block_on(async {
+            let mut log = LogStore::open(dir.path()).unwrap();
+            for i in 1..=3 {
+                append(&mut log, vec![blank(1, i)]).await;
+            }
+        });
+        // Cut the last record short, as a crash in the middle of the write would.
+        let len = fs::metadata(log_path(&dir)).unwrap().len();
+        OpenOptions::new()
+            .write(true)
+            .open(log_path(&dir))
+            .unwrap()
+            .set_len(len - 5)
+            .unwrap();
+        rt().block_on(async {
+            let mut log = LogStore::open(dir.path()).unwrap();
+            assert_eq!(indexes(&mut log).await, [1, 2]);
+            append(&mut log, vec![blank(1, 3), blank(1, 4)]).await;
+        });
+        // Zero-filled pages after the end (a write whose data never landed).
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(log_path(&dir))
+            .unwrap();
+        f.write_all(&[0u8; 300]).unwrap();
+        drop(f);
+        rt().block_on(async {
+            let mut log = LogStore::open(dir.path()).unwrap();
+            assert_eq!(indexes(&mut log).await, [1, 2, 3, 4]);
+        });
+    }
+
+    #[test]
+    fn corruption_before_the_tail_is_refused() {
+        let dir = TempDir::new().unwrap();
+        rt().block_on(async {
+            let mut log = LogStore::open(dir.path()).unwrap();
+            for i in 1..=3 {
+                append(&mut log, vec![blank(1, i)]).await;
+            }
+        });
+        let mut bytes = fs::read(log_path(&dir)).unwrap();
+        let at = LOG_MAGIC.len() + FRAME_HEADER_BYTES + 3; // inside the first record's payload
+        bytes[at] ^= 0x20;
+        fs::write(log_path(&dir), &bytes).unwrap();
+        match LogStore::open(dir.path()) {
+            Err(StoreError::Corrupt { offset, reason, .. }) => {
+                assert_eq!(offset, LOG_MAGIC.len() as u64);
+                assert_eq!(reason, "checksum mismatch");
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("corrupt log opened"),
+        }
+        // A damaged length field is not mistaken for a torn tail.
+        bytes[at] ^= 0x20;
+        bytes[LOG_MAGIC.len()] ^= 0x7f;
+        fs::write(log_path(&dir), &bytes).unwrap();
+        assert!(matches!(
+            LogStore::open(dir.path()),
+            Err(StoreError::Corrupt { .. })
+        ));
+        fs::write(log_path(&dir), b"something else").unwrap();
+        assert!(matches!(
+            LogStore::open(dir.path()),
+            Err(StoreError::Corrupt { offset: 0, .. })
+        ));
+    }
+
+    #[test]
+    fn log_is_rewritten_after_purge() {
+        let dir = TempDir::new().unwrap();
+        rt().block_on(async {
+            let mut log = LogStore::open(dir.path()).unwrap();
+            log.file.lock().unwrap().compact_bytes_min = 0;
+            for i in 1..=50 {
+                append(&mut log, vec![blank(1, i)]).await;
+            }
+            log.save_vote(&Vote::new(2, 1)).await.unwrap();
+            let before = fs::metadata(log_path(&dir)).unwrap().len();
+            log.purge(log_id(1, 45)).await.unwrap();
+            let after = fs::metadata(log_path(&dir)).unwrap().len();
+            assert!(after < before / 4, "{before} -> {after}");
+            append(&mut log, vec![blank(1, 51)]).await;
+        });
+        rt().block_on(async {
+            let mut log = LogStore::open(dir.path()).unwrap();
+            assert_eq!(indexes(&mut log).await, [46, 47, 48, 49, 50, 51]);
+            assert_eq!(log.read_vote().await.unwrap(), Some(Vote::new(2, 1)));
+            assert_eq!(
+                log.get_log_state().await.unwrap().last_purged_log_id,
+                Some(log_id(1, 45))
+            );
+        });
+        assert!(!dir.path().join("raft-log.tmp").exists());
+    }
+
+    #[test]
+    fn state_machine_applies_commands_and_survives_restart_through_snapshot() {
+        let dir = TempDir::new().unwrap();
+        rt().block_on(async {
+            let mut sm = StateMachineStore::open(dir.path()).unwrap();
+            let mut applied = sm.subscribe();
+            let membership = Entry {
+                log_id: log_id(1, 1),
+                payload: EntryPayload::Membership(Membership::new(vec![BTreeSet::from([1])], ())),
+            };
+            let out = sm
+                .apply(vec![membership, submit(1, 2), blank(2, 3)])
+                .await
+                .unwrap();
+            let id = JobId::from_log_index(2);
+            assert_eq!(
+                out,
+                [
+                    ControlResponse::Empty,
+                    ControlResponse::Submitted { id },
+                    ControlResponse::Empty
+                ]
+            );
+            assert!(applied.has_changed().unwrap());
+            assert_eq!(*applied.borrow_and_update(), 3);
+            assert_eq!(
+                sm.read(|s| s.job(id).map(|j| j.state)),
+                Some(JobState::Pending)
+            );
+            let snap = sm
+                .get_snapshot_builder()
+                .await
+                .build_snapshot()
+                .await
+                .unwrap();
+            assert_eq!(snap.meta.last_log_id, Some(log_id(2, 3)));
+        });
+        rt().block_on(async {
+            let mut sm = StateMachineStore::open(dir.path()).unwrap();
+            let (last, membership) = sm.applied_state().await.unwrap();
+            assert_eq!(last, Some(log_id(2, 3)));
+            assert_eq!(membership.log_id(), &Some(log_id(1, 1)));
+            assert_eq!(sm.read(|s| s.jobs.len()), 1);
+            assert!(sm.get_current_snapshot().await.unwrap().is_some());
+        });
+        // A damaged snapshot is refused.
+        let path = dir.path().join(SNAPSHOT_FILE);
+        let mut bytes = fs::read(&path).unwrap();
+        let last = bytes.len() - 2;
+        bytes[last] ^= 1;
+        fs::write(&path, &bytes).unwrap();
+        assert!(matches!(
+            StateMachineStore::open(dir.path()),
+            Err(StoreError::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn install_snapshot_refuses_garbage() {
+        let dir = TempDir::new().unwrap();
+        rt().block_on(async {
+            let mut sm = StateMachineStore::open(dir.path()).unwrap();
+            let meta = SnapshotMeta {
+                last_log_id: Some(log_id(1, 5)),
+                last_membership: StoredMembership::default(),
+                snapshot_id: "x".into(),
+            };
+            let garbage = Box::new(Cursor::new(b"not json".to_vec()));
+            assert!(sm.install_snapshot(&meta, garbage).await.is_err());
+            assert_eq!(sm.applied_state().await.unwrap().0, None);
+            assert!(sm.get_current_snapshot().await.unwrap().is_none());
+        });
+    }
+
+    fn frames_buf(payloads: &[Vec<u8>]) -> (Vec<u8>, Vec<usize>) {
+        let mut buf = LOG_MAGIC.to_vec();
+        let mut starts = Vec::new();
+        for p in payloads {
+            starts.push(buf.len());
+            encode_frame(p, &mut buf);
+        }
+        (buf, starts)
+    }
+
+    proptest! {
+        #[test]
+        fn any_cut_of_a_log_is_a_torn_tail_keeping_a_prefix(
+            payloads in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 1..6),
+            cut_frac in 0.0f64..1.0,
+        ) {
+            let (buf, starts) = frames_buf(&payloads);
+            let cut = LOG_MAGIC.len() + ((buf.len() - LOG_MAGIC.len()) as f64 * cut_frac) as usize;
+            let frames = read_frames(&buf[..cut], LOG_MAGIC.len());
+            let n = frames.good.len();
+            prop_assert!(frames.good.iter().zip(&payloads).all(|((_, got), want)| got == &want.as_slice()));
+            match frames.end {
+                FrameEnd::Clean => prop_assert!(cut == buf.len() || starts.contains(&cut)),
+                FrameEnd::Torn { offset, .. } => prop_assert_eq!(offset, starts[n]),
+                FrameEnd::Corrupt { .. } => prop_assert!(false, "cut read as corruption"),
+            }
+        }
+
+        #[test]
+        fn any_byte_flip_before_the_last_frame_is_corruption(
+            payloads in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 2..6),
+            pos_frac in 0.0f64..1.0,
+            flip in 1u8..=255,
+        ) {
+            let (mut buf, starts) = frames_buf(&payloads);
+            let last = *starts.last().unwrap();
+            let pos = LOG_MAGIC.len() + ((last - LOG_MAGIC.len()) as f64 * pos_frac) as usize;
+            buf[pos] ^= flip;
+            let frames = read_frames(&buf, LOG_MAGIC.len());
+            let is_corrupt = matches!(frames.end, FrameEnd::Corrupt { .. });
+            prop_assert!(is_corrupt, "{:?}", frames.end);
+        }
+    }
+}
