@@ -349,7 +349,9 @@ pub enum ControlCommand {
         attempt: u32,
         /// Metric name.
         name: String,
-        /// Value; must be finite.
+        /// Value; must be finite (a non-finite value travels as `null` and is rejected by
+        /// `apply`, so a bad report can neither break the JSON log nor the state).
+        #[serde(with = "finite_or_null")]
         value: f64,
         /// Step, if reported.
         step: Option<u64>,
@@ -688,6 +690,25 @@ impl ControlState {
     }
 }
 
+/// Serde for an `f64` that may be non-finite: JSON has no NaN or infinity, and serde_json
+/// would write `null` and then fail to read it back. Non-finite values are written as `null`
+/// and read back as NaN.
+mod finite_or_null {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if v.is_finite() {
+            s.serialize_f64(*v)
+        } else {
+            s.serialize_none()
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+    }
+}
+
 fn unknown(id: JobId) -> ControlResponse {
     ControlResponse::Rejected {
         reason: format!("no job {id}"),
@@ -780,6 +801,24 @@ mod tests {
         fn job(&self, id: JobId) -> &Job {
             self.state.job(id).unwrap()
         }
+    }
+
+    #[test]
+    fn submit_with_full_spec_roundtrips_through_json() {
+        // ControlCommand is internally tagged (serde buffers it): make sure nested tables,
+        // arrays and datetimes of a spec come back intact.
+        let text = format!(
+            "{}\n[search]\nalgorithm = \"asha\"\nas_of = 1979-05-27T07:32:00Z\n",
+            include_str!("../../../examples/jobs/digits-mlp.toml")
+                .replace("kind = \"train\"", "kind = \"search\"")
+        );
+        let spec = JobSpec::parse(&text).unwrap();
+        let cmd = ControlCommand::Submit {
+            spec: Box::new(spec),
+            at_ms: 1,
+        };
+        let json = serde_json::to_string(&cmd).unwrap();
+        assert_eq!(serde_json::from_str::<ControlCommand>(&json).unwrap(), cmd);
     }
 
     #[test]
@@ -1023,6 +1062,10 @@ mod tests {
             r.apply(m(1, f64::NAN, None)),
             ControlResponse::Rejected { .. }
         ));
+        // A non-finite value survives the JSON log (as null) and is still rejected.
+        let json = serde_json::to_string(&m(1, f64::INFINITY, None)).unwrap();
+        let back: ControlCommand = serde_json::from_str(&json).unwrap();
+        assert!(matches!(r.apply(back), ControlResponse::Rejected { .. }));
         let metric = r.job(id).metrics["loss"];
         assert_eq!((metric.value, metric.step), (0.25, Some(20)));
     }

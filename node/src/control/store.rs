@@ -264,8 +264,11 @@ fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), StoreEr
 // Log store
 
 /// One record of the write-ahead log.
+///
+/// Externally tagged on purpose: serde buffers internally tagged enums, and its buffer cannot
+/// read JSON's string map keys back as the integer node ids of a membership.
 #[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "t", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 enum LogRecord {
     Append { entries: Vec<Entry<TypeConfig>> },
     Truncate { since: u64 },
@@ -315,6 +318,8 @@ struct LogFile {
     bytes_after_rewrite: u64,
     /// [`LOG_COMPACT_BYTES_MIN`], lowered by tests.
     compact_bytes_min: u64,
+    /// A write failed: no more writes until the store is reopened.
+    poisoned: bool,
 }
 
 impl LogFile {
@@ -382,12 +387,24 @@ impl LogFile {
             bytes: len,
             bytes_after_rewrite: len,
             compact_bytes_min: LOG_COMPACT_BYTES_MIN,
+            poisoned: false,
         };
         Ok((log, mem))
     }
 
     fn write(&mut self, rec: &LogRecord, sync: bool) -> Result<(), StoreError> {
-        let payload = serde_json::to_vec(rec).expect("log records serialize");
+        if self.poisoned {
+            return Err(StoreError::Io {
+                op: "append",
+                path: self.path.clone(),
+                source: io::Error::other("an earlier write failed; reopen the store"),
+            });
+        }
+        let payload = serde_json::to_vec(rec).map_err(|e| StoreError::Io {
+            op: "encode record for",
+            path: self.path.clone(),
+            source: io::Error::new(io::ErrorKind::InvalidData, e),
+        })?;
         if payload.len() > RECORD_BYTES_MAX {
             return Err(StoreError::Io {
                 op: "append",
@@ -400,11 +417,23 @@ impl LogFile {
         }
         let mut frame = Vec::with_capacity(FRAME_HEADER_BYTES + payload.len());
         encode_frame(&payload, &mut frame);
-        self.file
+        let written = self
+            .file
             .write_all(&frame)
-            .map_err(io_err("append", &self.path))?;
-        if sync {
-            self.file.sync_data().map_err(io_err("fsync", &self.path))?;
+            .map_err(io_err("append", &self.path));
+        let synced = match written {
+            Ok(()) if sync => self.file.sync_data().map_err(io_err("fsync", &self.path)),
+            other => other,
+        };
+        if let Err(e) = synced {
+            // Cut a partial frame so later appends cannot follow garbage (which would read as
+            // corruption on open). After a failed fsync the page cache cannot be trusted:
+            // refuse further writes either way.
+            self.poisoned = true;
+            if let Err(cut) = self.file.set_len(self.bytes) {
+                tracing::error!(path = %self.path.display(), error = %cut, "cannot cut a failed append");
+            }
+            return Err(e);
         }
         self.bytes += frame.len() as u64;
         Ok(())
@@ -414,8 +443,17 @@ impl LogFile {
         self.bytes >= self.compact_bytes_min && self.bytes >= 2 * self.bytes_after_rewrite
     }
 
-    /// Replaces the file with one holding only `mem`.
+    /// Replaces the file with one holding only `mem`. On failure the store is poisoned: the
+    /// open handle may point at a file that is no longer the log.
     fn rewrite(&mut self, mem: &LogMem) -> Result<(), StoreError> {
+        let r = self.rewrite_inner(mem);
+        if r.is_err() {
+            self.poisoned = true;
+        }
+        r
+    }
+
+    fn rewrite_inner(&mut self, mem: &LogMem) -> Result<(), StoreError> {
         let mut buf = LOG_MAGIC.to_vec();
         let mut push = |rec: &LogRecord| {
             encode_frame(
@@ -1000,6 +1038,32 @@ mod tests {
                 (st.last_purged_log_id, st.last_log_id),
                 (Some(log_id(1, 3)), Some(log_id(1, 7)))
             );
+        });
+    }
+
+    #[test]
+    fn membership_and_command_entries_survive_reopen() {
+        let dir = TempDir::new().unwrap();
+        let node = RaftNode {
+            peer_id: "12D3KooWA".into(),
+            name: "gpu-a".into(),
+        };
+        let membership = Membership::new(vec![BTreeSet::from([7])], BTreeMap::from([(7, node)]));
+        let entries = vec![
+            Entry {
+                log_id: log_id(1, 1),
+                payload: EntryPayload::Membership(membership),
+            },
+            submit(1, 2),
+        ];
+        rt().block_on(async {
+            let mut log = LogStore::open(dir.path()).unwrap();
+            append(&mut log, entries.clone()).await;
+        });
+        rt().block_on(async {
+            let mut log = LogStore::open(dir.path()).unwrap();
+            let got = log.try_get_log_entries(..).await.unwrap();
+            assert_eq!(got, entries);
         });
     }
 

@@ -339,6 +339,8 @@ impl<I: Ord + Clone + Debug> Reconciler<'_, '_, I> {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     type Id = u64;
@@ -395,26 +397,31 @@ mod tests {
             let mut done = Vec::new();
             while let Some(c) = self.next() {
                 assert!(done.len() < 100, "no convergence: {done:?}");
-                match &c {
-                    Change::AddLearner(id) => assert!(self.learners.insert(*id)),
-                    Change::Promote(id) => {
-                        assert!(self.learners.remove(id));
-                        self.voters.insert(*id);
-                    }
-                    Change::Demote(id) => {
-                        assert_ne!(*id, self.leader);
-                        assert!(self.voters.remove(id));
-                        self.learners.insert(*id);
-                    }
-                    Change::Remove(id) => {
-                        assert_ne!(*id, self.leader);
-                        assert!(self.voters.remove(id) || self.learners.remove(id));
-                    }
-                }
-                assert!(self.voters.is_disjoint(&self.learners));
+                self.settle_one(c.clone());
                 done.push(c);
             }
             done
+        }
+
+        /// Applies one change as Raft would, checking it is legal.
+        fn settle_one(&mut self, c: Change<Id>) {
+            match &c {
+                Change::AddLearner(id) => assert!(self.learners.insert(*id)),
+                Change::Promote(id) => {
+                    assert!(self.learners.remove(id));
+                    self.voters.insert(*id);
+                }
+                Change::Demote(id) => {
+                    assert_ne!(*id, self.leader);
+                    assert!(self.voters.remove(id));
+                    self.learners.insert(*id);
+                }
+                Change::Remove(id) => {
+                    assert_ne!(*id, self.leader);
+                    assert!(self.voters.remove(id) || self.learners.remove(id));
+                }
+            }
+            assert!(self.voters.is_disjoint(&self.learners));
         }
     }
 
@@ -585,6 +592,83 @@ mod tests {
         }
         assert_eq!(a.settle(), b.settle());
         assert_eq!(a.voters, [1, 2, 3].into());
+    }
+
+    fn arb_health() -> impl Strategy<Value = Health> {
+        prop_oneof![
+            4 => Just(Health::Alive),
+            1 => Just(Health::Suspect),
+            1 => Just(Health::Dead),
+            1 => Just(Health::Left),
+        ]
+    }
+
+    proptest! {
+        /// From any membership and view: each step is one legal change that keeps an alive
+        /// majority and spares the leader, and the steps converge.
+        #[test]
+        fn reconciliation_invariants(
+            roles in proptest::collection::vec(0u8..3, 2..10),
+            views in proptest::collection::vec(
+                proptest::option::weighted(0.9, (arb_health(), 0u64..3_000)),
+                2..10,
+            ),
+        ) {
+            let mut w = World::bootstrapped();
+            w.now_ms = 3_000;
+            for (i, role) in roles.iter().enumerate() {
+                let id = i as Id + 2;
+                match role {
+                    1 => { w.voters.insert(id); }
+                    2 => { w.learners.insert(id); }
+                    _ => {}
+                }
+            }
+            for (i, view) in views.iter().enumerate() {
+                if let Some((health, since_ms)) = view {
+                    w.set(i as Id + 2, *health, *since_ms);
+                }
+            }
+            let plan = w.plan();
+            let mut steps = 0;
+            while let Some(c) = w.next() {
+                prop_assert_eq!(&plan[steps], &c, "plan and next_change agree");
+                let mut voters = w.voters.clone();
+                match &c {
+                    Change::Promote(id) => {
+                        prop_assert!(w.learners.contains(id));
+                        voters.insert(*id);
+                    }
+                    Change::Demote(id) | Change::Remove(id) => {
+                        prop_assert_ne!(*id, w.leader);
+                        voters.remove(id);
+                    }
+                    Change::AddLearner(id) => {
+                        prop_assert!(!w.voters.contains(id) && !w.learners.contains(id));
+                    }
+                }
+                if voters != w.voters {
+                    // Changes of the voter set never leave it without an alive majority,
+                    // unless it only loses voters that are not alive.
+                    let alive = |v: &BTreeSet<Id>| v.iter().filter(|id| {
+                        **id == w.leader || w.members.get(id).is_some_and(|m| m.health == Health::Alive)
+                    }).count();
+                    let loses_only_dead = voters.len() < w.voters.len() && alive(&voters) == alive(&w.voters);
+                    prop_assert!(alive(&voters) * 2 > voters.len() || loses_only_dead, "{:?} -> {:?}", w.voters, voters);
+                }
+                w.settle_one(c);
+                steps += 1;
+                prop_assert!(steps <= 40, "no convergence");
+            }
+            prop_assert_eq!(steps, plan.len());
+            prop_assert!(w.voters.contains(&w.leader));
+            // Converged within the large target, unless the voters have no alive majority (then
+            // nothing can commit, and no change is proposed).
+            let alive_voters = w.voters.iter().filter(|id| {
+                **id == w.leader || w.members.get(id).is_some_and(|m| m.health == Health::Alive)
+            }).count();
+            prop_assert!(w.voters.len() <= w.config.voters_large || alive_voters * 2 <= w.voters.len());
+        }
     }
 
     #[test]

@@ -1066,6 +1066,17 @@ max = 0.3
     }
 
     #[test]
+    fn datetimes_and_nested_tables_roundtrip_through_json() {
+        let spec = JobSpec::parse(
+            "name = \"a\"\nkind = \"train\"\n[data]\nas_of = 1979-05-27T07:32:00Z\n[data.extra]\nk = [1, 2.5, \"x\"]\n",
+        )
+        .unwrap();
+        let json = serde_json::to_string(&spec).unwrap();
+        let back: JobSpec = serde_json::from_str(&json).unwrap();
+        assert_eq!(spec, back);
+    }
+
+    #[test]
     fn edit_distance_basics() {
         assert_eq!(edit_distance("wrokers", "workers"), 1);
         assert_eq!(edit_distance("", "abc"), 3);
