@@ -14,11 +14,15 @@
 //!   open it is the snapshot's, and openraft re-applies committed entries after it.
 //!
 //! Both files start with an 8-byte magic (format and version). Records are framed as
-//! `len: u32 LE | blake3(len)[..4] | blake3(len ‖ payload): 32 bytes | payload`. On open, a bad record at the
-//! end of `raft-log` (its frame reaches the end of the file, or only zero bytes follow it) is
-//! the torn tail of an append that was never acknowledged: it is cut off with a warning. A bad
-//! record anywhere else, a bad magic, or any bad byte in `raft-snapshot` is corruption:
-//! [`StoreError::Corrupt`], and the node refuses to start rather than serve a damaged log.
+//! `len: u32 LE | blake3(len)[..4] | blake3(len ‖ payload): 32 bytes | payload`; the short
+//! check of the length tells a damaged length from a torn write. On open, a bad record at the
+//! end of `raft-log` (its good header says it reaches the end of the file, or only zero bytes
+//! follow it) is the torn tail of an append that was never acknowledged: it is cut off with a
+//! warning. A bad record anywhere else, a bad magic, or any bad byte in `raft-snapshot` is
+//! corruption: [`StoreError::Corrupt`], and the node refuses to start rather than serve a
+//! damaged log. (Known limit: damage inside the payload of the very last record reads as a
+//! torn tail, so that one entry is dropped; Raft re-replicates it unless this node was needed
+//! for its quorum.) After a failed write the store refuses further writes until reopened.
 //!
 //! Entries are kept in memory as well (the control log is small and purged after snapshots);
 //! readers never wait for disk I/O, and writes run on tokio's blocking pool.
