@@ -123,7 +123,12 @@ impl NodeArgs {
             let abs = std::path::absolute(&data_dir).unwrap_or_else(|_| data_dir.clone());
             format!("file://{}", abs.join("store").display())
         });
-        let membership = membership::Config::default();
+        // A push-pull carries every member (about 400 bytes each with our metadata), so the
+        // member limit keeps it inside one wire frame.
+        let membership = membership::Config {
+            members_max: 8_000,
+            ..membership::Config::default()
+        };
         membership
             .validate()
             .map_err(|e| anyhow!("membership settings: {e}"))?;

@@ -129,10 +129,18 @@ impl request_response::Codec for FrameCodec {
     }
 }
 
+/// The protocol for request/response RPCs between nodes (Raft, forwarded writes, logs).
+pub const RPC_PROTOCOL: &str = "/ringleader/rpc/1";
+/// Timeout of one RPC on the swarm, in milliseconds (snapshot chunks included).
+const RPC_TIMEOUT_MS: u64 = 10_000;
+/// Depth of the queue of inbound RPCs waiting for their handler.
+const RPC_INBOUND_QUEUE_DEPTH: usize = 256;
+
 /// The node's libp2p behaviours.
 #[derive(NetworkBehaviour)]
 pub struct Behaviour {
     membership: request_response::Behaviour<FrameCodec>,
+    rpc: request_response::Behaviour<FrameCodec>,
     identify: identify::Behaviour,
 }
 
@@ -179,6 +187,11 @@ pub fn build_swarm(
                 request_response::Config::default()
                     .with_request_timeout(Duration::from_millis(REQUEST_TIMEOUT_MS)),
             ),
+            rpc: request_response::Behaviour::new(
+                [(StreamProtocol::new(RPC_PROTOCOL), ProtocolSupport::Full)],
+                request_response::Config::default()
+                    .with_request_timeout(Duration::from_millis(RPC_TIMEOUT_MS)),
+            ),
             identify: identify::Behaviour::new(identify::Config::new(
                 "/ringleader/1".into(),
                 key.public(),
@@ -197,6 +210,41 @@ pub enum Command {
     Status(oneshot::Sender<StatusDoc>),
     /// Leave the cluster gracefully; replies once the announcement went out (or timed out).
     Leave(oneshot::Sender<()>),
+    /// The membership view: every member (tombstones included) and the core's clock.
+    Members(oneshot::Sender<(u64, Vec<MemberView>)>),
+    /// Send an RPC to a peer and reply with its answer.
+    Rpc {
+        to: PeerId,
+        payload: Vec<u8>,
+        reply: oneshot::Sender<Result<Vec<u8>, RpcError>>,
+    },
+    /// Answer an inbound RPC.
+    RpcRespond { key: u64, payload: Vec<u8> },
+}
+
+/// A member as the membership core holds it.
+pub type MemberView = membership::Member<PeerId, NodeMeta>;
+
+/// Why an RPC got no answer.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum RpcError {
+    /// The peer could not be reached, or the connection failed mid-call.
+    #[error("peer {peer} unreachable: {reason}")]
+    Unreachable { peer: PeerId, reason: String },
+    /// The node is shutting down.
+    #[error("node is shutting down")]
+    ShuttingDown,
+}
+
+/// An RPC from a peer, waiting for its handler's answer (`NodeHandle::respond`).
+#[derive(Debug)]
+pub struct InboundRpc {
+    /// The authenticated sender.
+    pub from: PeerId,
+    /// The request frame (not yet decoded).
+    pub payload: Vec<u8>,
+    /// The key to answer with.
+    pub key: u64,
 }
 
 /// A cheap handle to the event loop.
@@ -224,6 +272,31 @@ impl NodeHandle {
             .await
             .map_err(|_| anyhow::anyhow!("node is shutting down"))?;
         Ok(rx.await?)
+    }
+
+    /// Every member the core knows (tombstones included), with the core's clock in ms.
+    pub async fn members(&self) -> anyhow::Result<(u64, Vec<MemberView>)> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Members(tx))
+            .await
+            .map_err(|_| anyhow::anyhow!("node is shutting down"))?;
+        Ok(rx.await?)
+    }
+
+    /// Sends `payload` to `to` on the RPC protocol and waits for the answer.
+    pub async fn rpc(&self, to: PeerId, payload: Vec<u8>) -> Result<Vec<u8>, RpcError> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Rpc { to, payload, reply })
+            .await
+            .map_err(|_| RpcError::ShuttingDown)?;
+        rx.await.map_err(|_| RpcError::ShuttingDown)?
+    }
+
+    /// Answers the inbound RPC `key`.
+    pub async fn respond(&self, key: u64, payload: Vec<u8>) {
+        let _ = self.tx.send(Command::RpcRespond { key, payload }).await;
     }
 }
 
@@ -267,6 +340,16 @@ pub struct EventLoop {
     bad_warn: RateLimitedWarn,
     leaving: Option<(oneshot::Sender<()>, Instant, Vec<OutboundRequestId>)>,
     pending: HashMap<OutboundRequestId, PeerId>,
+    rpc_handler: Option<mpsc::Sender<InboundRpc>>,
+    rpc_calls: HashMap<OutboundRequestId, oneshot::Sender<Result<Vec<u8>, RpcError>>>,
+    rpc_inbound: HashMap<
+        u64,
+        (
+            request_response::InboundRequestId,
+            request_response::ResponseChannel<Vec<u8>>,
+        ),
+    >,
+    rpc_next_key: u64,
 }
 
 impl EventLoop {
@@ -301,8 +384,19 @@ impl EventLoop {
             },
             leaving: None,
             pending: HashMap::new(),
+            rpc_handler: None,
+            rpc_calls: HashMap::new(),
+            rpc_inbound: HashMap::new(),
+            rpc_next_key: 0,
         };
         (lp, NodeHandle { tx })
+    }
+
+    /// Routes inbound RPCs to a handler; returns its queue. Without one, RPCs are refused.
+    pub fn rpc_inbound(&mut self) -> mpsc::Receiver<InboundRpc> {
+        let (tx, rx) = mpsc::channel(RPC_INBOUND_QUEUE_DEPTH);
+        self.rpc_handler = Some(tx);
+        rx
     }
 
     fn now_ms(&self) -> u64 {
@@ -384,6 +478,28 @@ impl EventLoop {
             Command::Status(reply) => {
                 let _ = reply.send(self.status());
             }
+            Command::Members(reply) => {
+                let members = self.core.members().cloned().collect();
+                let _ = reply.send((self.now_ms(), members));
+            }
+            Command::Rpc { to, payload, reply } => {
+                self.offer_addresses(to);
+                let id = self
+                    .swarm
+                    .behaviour_mut()
+                    .rpc
+                    .send_request(&to, Frame::Bytes(payload));
+                self.rpc_calls.insert(id, reply);
+            }
+            Command::RpcRespond { key, payload } => {
+                if let Some((_, channel)) = self.rpc_inbound.remove(&key) {
+                    let _ = self
+                        .swarm
+                        .behaviour_mut()
+                        .rpc
+                        .send_response(channel, payload);
+                }
+            }
             Command::Leave(reply) => {
                 let before: Vec<_> = self.pending.keys().copied().collect();
                 self.drive(Event::Leave);
@@ -433,24 +549,7 @@ impl EventLoop {
                 return;
             }
         };
-        if !self.swarm.is_connected(&to) {
-            // The dial uses the member's advertised addresses (a failed dial drops them from
-            // libp2p's cache, so they are offered again on each attempt).
-            let addrs: Vec<Multiaddr> = self
-                .core
-                .member(&to)
-                .map(|m| {
-                    m.meta
-                        .p2p_addrs
-                        .iter()
-                        .filter_map(|a| a.parse().ok())
-                        .collect()
-                })
-                .unwrap_or_default();
-            for addr in addrs {
-                self.swarm.add_peer_address(to, addr);
-            }
-        }
+        self.offer_addresses(to);
         self.counters.messages_out += 1;
         let id = self
             .swarm
@@ -460,9 +559,104 @@ impl EventLoop {
         self.pending.insert(id, to);
     }
 
+    /// Before a send to a peer we are not connected to, offers libp2p the member's
+    /// advertised addresses (a failed dial drops them from libp2p's cache, so they are
+    /// offered again on each attempt).
+    fn offer_addresses(&mut self, to: PeerId) {
+        if self.swarm.is_connected(&to) {
+            return;
+        }
+        let addrs: Vec<Multiaddr> = self
+            .core
+            .member(&to)
+            .map(|m| {
+                m.meta
+                    .p2p_addrs
+                    .iter()
+                    .filter_map(|a| a.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for addr in addrs {
+            self.swarm.add_peer_address(to, addr);
+        }
+    }
+
+    fn on_rpc(&mut self, ev: request_response::Event<Frame, Vec<u8>>) {
+        use request_response::{Event as RrEvent, Message as RrMessage};
+        match ev {
+            RrEvent::Message {
+                peer,
+                message:
+                    RrMessage::Request {
+                        request_id,
+                        request,
+                        channel,
+                    },
+                ..
+            } => {
+                let payload = match request {
+                    Frame::Bytes(bytes) => bytes,
+                    Frame::Bad(reason) => {
+                        self.counters.bad_messages += 1;
+                        self.bad_warn.warn(Instant::now(), &peer, &reason);
+                        return;
+                    }
+                };
+                let key = self.rpc_next_key;
+                self.rpc_next_key += 1;
+                let Some(handler) = &self.rpc_handler else {
+                    return;
+                };
+                if handler
+                    .try_send(InboundRpc {
+                        from: peer,
+                        payload,
+                        key,
+                    })
+                    .is_ok()
+                {
+                    self.rpc_inbound.insert(key, (request_id, channel));
+                } else {
+                    debug!(%peer, "rpc refused: handler queue full");
+                }
+            }
+            RrEvent::Message {
+                message:
+                    RrMessage::Response {
+                        request_id,
+                        response,
+                    },
+                ..
+            } => {
+                if let Some(reply) = self.rpc_calls.remove(&request_id) {
+                    let _ = reply.send(Ok(response));
+                }
+            }
+            RrEvent::OutboundFailure {
+                peer,
+                request_id,
+                error,
+                ..
+            } => {
+                if let Some(reply) = self.rpc_calls.remove(&request_id) {
+                    let _ = reply.send(Err(RpcError::Unreachable {
+                        peer,
+                        reason: error.to_string(),
+                    }));
+                }
+            }
+            RrEvent::InboundFailure { request_id, .. } => {
+                self.rpc_inbound.retain(|_, (id, _)| *id != request_id);
+            }
+            RrEvent::ResponseSent { .. } => {}
+        }
+    }
+
     fn on_swarm_event(&mut self, event: SwarmEvent<BehaviourEvent>) {
         match event {
             SwarmEvent::Behaviour(BehaviourEvent::Membership(ev)) => self.on_membership(ev),
+            SwarmEvent::Behaviour(BehaviourEvent::Rpc(ev)) => self.on_rpc(ev),
             SwarmEvent::Behaviour(BehaviourEvent::Identify(_)) => {}
             SwarmEvent::ConnectionEstablished {
                 peer_id,

@@ -1,4 +1,5 @@
-//! The node's one wire codec: bincode 2 (serde) with a hard size limit.
+//! The node's one wire codec: bincode 2 (serde) with a hard size limit, and JSON for the
+//! control plane's messages.
 //!
 //! bincode is unmaintained (RUSTSEC-2025-0141), so every encode and decode of a network
 //! message goes through this module and nothing else names bincode: swapping the codec is a
@@ -65,6 +66,30 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
         });
     }
     Ok(value)
+}
+
+/// Encodes `value` as JSON, for messages whose types need a self-describing format (the
+/// Raft log carries job specs with free-form TOML tables); fails past [`FRAME_BYTES_MAX`].
+pub fn encode_json<T: Serialize>(value: &T) -> Result<Vec<u8>, WireError> {
+    let bytes = serde_json::to_vec(value).map_err(|e| WireError::Encode(e.to_string()))?;
+    if bytes.len() > FRAME_BYTES_MAX {
+        return Err(WireError::TooLarge {
+            len: bytes.len(),
+            limit: FRAME_BYTES_MAX,
+        });
+    }
+    Ok(bytes)
+}
+
+/// Decodes one JSON message; the input is bounded by the frame limit.
+pub fn decode_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
+    if bytes.len() > FRAME_BYTES_MAX {
+        return Err(WireError::TooLarge {
+            len: bytes.len(),
+            limit: FRAME_BYTES_MAX,
+        });
+    }
+    serde_json::from_slice(bytes).map_err(|e| WireError::Malformed(e.to_string()))
 }
 
 /// Reads one length-prefixed frame, refusing lengths over `limit` before allocating.
