@@ -1,1 +1,50 @@
-//! Training.
+//! ringleader's trainer: candle models, data, optimizers and the data-parallel loop.
+//!
+//! It sits between `collective` (which it uses to average gradients) and the node (which
+//! uses it to run the workers of a job; this crate never depends on the node). A job's
+//! `[model]`, `[data]`, `[train]` and `[checkpoint]` tables deserialize into [`TrainSpec`];
+//! [`Trainer::new`] builds the model ([`Model`]: MLP, LeNet-like CNN or a small character
+//! transformer), loads the data ([`Dataset`]: the shipped 8×8 digits, synthetic images, or
+//! the project's own text) and takes over one rank's [`collective::Communicator`].
+//! [`Trainer::run`] trains: per step forward, one `backward()`, gradients averaged in
+//! buckets ([`GradSync`]), the optimizer update ([`Optimizer`], [`LrSchedule`]); per epoch
+//! validation; train state ([`TrainState`]) committed to memory every K steps and written
+//! by rank 0 as a checkpoint ([`CheckpointStore`] through opendal, asynchronously by a
+//! [`Checkpointer`]).
+
+mod checkpoint;
+mod checkpointer;
+mod cnn;
+mod dataset;
+mod error;
+mod grad_sync;
+mod mlp;
+mod model;
+mod optimizer;
+mod sampler;
+mod schedule;
+mod spec;
+mod state;
+mod trainer;
+mod transformer;
+
+pub use checkpoint::{operator_from_url, CheckpointStore, CHECKPOINT_FILE_BYTES_MAX, COMMIT_FILE};
+pub use checkpointer::Checkpointer;
+pub use cnn::Cnn;
+pub use dataset::{Batch, Dataset, DIGITS_TOTAL, DIGITS_TRAIN, TEXT_VOCAB};
+pub use error::TrainError;
+pub use grad_sync::{GradSync, SyncTimes};
+pub use mlp::Mlp;
+pub use model::Model;
+pub use optimizer::Optimizer;
+pub use sampler::{DataCursor, Sampler};
+pub use schedule::LrSchedule;
+pub use spec::{
+    Arch, CheckpointSpec, DataSpec, DecayKind, LrScaling, ModelSpec, OptimizerKind, TrainParams,
+    TrainSpec, BATCH_PER_WORKER_MAX, WIDTH_MAX,
+};
+pub use state::{splitmix64, NamedTensor, StateMeta, TrainState, STATE_FORMAT, TENSOR_ELEMS_MAX};
+pub use trainer::{
+    EpochMetrics, Event, StepMetrics, Trainer, BUCKET_BYTES, EVAL_BATCH_SAMPLES, FIRST_BUCKET_BYTES,
+};
+pub use transformer::CharTransformer;

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Data-parallel training throughput: MLP 784-1024-1024-10 and the small CNN on synthetic
+# 28×28 images, batch 64 per worker, 1, 2 and 4 workers.
+#
+#   scripts/bench-train.sh [loopback|netns]     (default loopback; netns needs root)
+#
+# Prints per configuration:
+#   train model=M workers=N net=NET samples_per_s=X efficiency=E comm_fraction=F step_ms=…
+# with efficiency = samples/s(N) / (N · samples/s(1)) and comm_fraction the share of a step
+# spent packing gradients and waiting for the allreduce (rank 0). `netns` runs worker i in
+# host rl(i+1) of `scripts/netns.sh up N 1gbit` (10.77.0.(i+1)), rate limit RATE (default 1gbit).
+#
+# Environment: STEPS (timed steps, default 30), WARMUP (default 5), WORKERS (default "1 2 4"),
+# MODELS (default "mlp cnn"), RATE, BASE_PORT (default 29600), CARGO_TARGET_DIR.
+# All workers run on this machine's cores: with fewer cores than workers the compute is
+# shared and the efficiency says so.
+set -euo pipefail
+
+net=${1:-loopback}
+root=$(cd "$(dirname "$0")/.." && pwd)
+target=${CARGO_TARGET_DIR:-$root/target}
+steps=${STEPS:-30}
+warmup=${WARMUP:-5}
+workers=${WORKERS:-1 2 4}
+models=${MODELS:-mlp cnn}
+rate=${RATE:-1gbit}
+base_port=${BASE_PORT:-29600}
+
+cargo build --manifest-path "$root/Cargo.toml" -p trainer --bin train-worker --release >&2
+bin=$target/release/train-worker
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT INT TERM
+
+spec_for() {
+    local model=$1 f=$tmp/$1.toml
+    case $model in
+        mlp) printf '[model]\narch = "mlp"\nhidden = [1024, 1024]\n' >"$f" ;;
+        cnn) printf '[model]\narch = "cnn"\nchannels = [16, 32]\nkernel = 3\nfc = 128\n' >"$f" ;;
+        *) echo "unknown model $model" >&2; exit 2 ;;
+    esac
+    printf '[data]\ndataset = "synthetic"\nsamples = 8192\nval_samples = 64\nshape = [1, 28, 28]\nclasses = 10\n' >>"$f"
+    printf '[train]\nepochs = 100\nbatch_per_worker = 64\noptimizer = "sgd"\nlr = 0.01\nwarmup_epochs = 0\n' >>"$f"
+    echo "$f"
+}
+
+for model in $models; do
+    spec=$(spec_for "$model")
+    single=""
+    for n in $workers; do
+        if [ "$net" = netns ]; then "$root/scripts/netns.sh" up "$n" "$rate" >&2; fi
+        addrs=""
+        for ((i = 0; i < n; i++)); do
+            if [ "$net" = netns ]; then addrs+="${addrs:+,}10.77.0.$((i + 1)):$base_port";
+            else addrs+="${addrs:+,}127.0.0.1:$((base_port + i))"; fi
+        done
+        pids=()
+        for ((i = 0; i < n; i++)); do
+            cmd=("$bin" --spec "$spec" --rank "$i" --addrs "$addrs" --bench-steps "$steps" --bench-warmup-steps "$warmup")
+            if [ "$net" = netns ]; then cmd=(ip netns exec "rl$((i + 1))" "${cmd[@]}"); fi
+            "${cmd[@]}" >"$tmp/out.$i" 2>"$tmp/err.$i" &
+            pids+=($!)
+        done
+        for p in "${pids[@]}"; do wait "$p" || { cat "$tmp"/err.* >&2; exit 1; }; done
+        pids=()
+        line=$(grep '^bench ' "$tmp/out.0")
+        sps=$(sed -n 's/.*samples_per_s=\([0-9.]*\).*/\1/p' <<<"$line")
+        cf=$(sed -n 's/.*comm_fraction=\([0-9.]*\).*/\1/p' <<<"$line")
+        rest=$(sed -n 's/.*\(step_ms=.*\) comm_fraction.*/\1/p' <<<"$line")
+        if [ -z "$single" ]; then
+            if [ "$n" = 1 ]; then single=$sps; fi
+        fi
+        eff=$(awk -v s="$sps" -v one="${single:-0}" -v n="$n" 'BEGIN { if (one > 0) printf "%.3f", s / (n * one); else print "na" }')
+        label=$net
+        if [ "$net" = netns ]; then label="netns-$rate"; fi
+        echo "train model=$model workers=$n net=$label samples_per_s=$sps efficiency=$eff comm_fraction=$cf $rest"
+    done
+done

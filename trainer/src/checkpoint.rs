@@ -1,0 +1,279 @@
+//! Checkpoints in storage (any opendal service chosen by URL).
+//!
+//! Layout under the storage root: `jobs/<job-id>/ckpt/<step, 12 digits>/` holding
+//! `model.safetensors` (parameters), `optimizer.safetensors` (optimizer state), `meta.json`
+//! ([`StateMeta`]) and, written last, `COMMIT`: JSON with every file's length and blake3
+//! hash. A directory without a valid `COMMIT`, or whose files do not match it, is never
+//! loaded: [`CheckpointStore::load_latest`] warns and falls back to the previous one.
+
+use std::collections::BTreeMap;
+
+use opendal::{ErrorKind, Operator};
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+use crate::error::TrainError;
+use crate::state::{StateMeta, TrainState, STATE_FORMAT};
+
+/// Files of one checkpoint, in writing order (the commit marker comes after them).
+const FILES: [&str; 3] = ["model.safetensors", "optimizer.safetensors", "meta.json"];
+/// Name of the commit marker.
+pub const COMMIT_FILE: &str = "COMMIT";
+/// Largest checkpoint file accepted, bytes (a larger length in a marker is corruption).
+pub const CHECKPOINT_FILE_BYTES_MAX: u64 = 64 << 30;
+
+/// The commit marker: proof that every file was written completely.
+#[derive(Debug, Serialize, Deserialize)]
+struct Commit {
+    step: u64,
+    /// File name → (length in bytes, blake3 hex).
+    files: BTreeMap<String, (u64, String)>,
+}
+
+/// Builds an opendal operator from a storage URL: `file:///abs/path`, `memory://`,
+/// `s3://bucket/prefix?endpoint=…&region=…` (other query keys are passed to the service as
+/// its configuration), or `<scheme>://<root>?k=v` for other compiled-in services.
+pub fn operator_from_url(url: &str) -> Result<Operator, TrainError> {
+    opendal::init_default_registry();
+    let bad = || TrainError::Spec(format!("storage url {url:?}: want scheme://…"));
+    let (scheme, rest) = url.split_once("://").ok_or_else(bad)?;
+    let (location, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let mut cfg: Vec<(String, String)> = query
+        .split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (k.to_string(), v.to_string())
+        })
+        .collect();
+    let op = match scheme {
+        "file" | "fs" => {
+            if !location.starts_with('/') {
+                return Err(TrainError::Spec(format!(
+                    "storage url {url:?}: file:// needs an absolute path"
+                )));
+            }
+            cfg.push(("root".into(), location.into()));
+            Operator::via_iter("fs", cfg)?
+        }
+        "memory" => Operator::via_iter("memory", cfg)?,
+        "s3" => {
+            let (bucket, prefix) = location.split_once('/').unwrap_or((location, ""));
+            if bucket.is_empty() {
+                return Err(TrainError::Spec(format!(
+                    "storage url {url:?}: s3:// needs a bucket"
+                )));
+            }
+            cfg.push(("bucket".into(), bucket.into()));
+            cfg.push(("root".into(), format!("/{prefix}")));
+            if !cfg.iter().any(|(k, _)| k == "region") {
+                cfg.push(("region".into(), "us-east-1".into()));
+            }
+            Operator::via_iter("s3", cfg)?
+        }
+        other => {
+            cfg.push(("root".into(), location.into()));
+            Operator::via_iter(other, cfg)?
+        }
+    };
+    Ok(op)
+}
+
+/// The checkpoints of one job in one storage.
+#[derive(Debug, Clone)]
+pub struct CheckpointStore {
+    op: Operator,
+    job_id: String,
+}
+
+impl CheckpointStore {
+    /// The checkpoints of `job_id` under `op`'s root. The id must be a plain name.
+    pub fn new(op: Operator, job_id: &str) -> Result<Self, TrainError> {
+        if job_id.is_empty()
+            || job_id.len() > 128
+            || !job_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            || job_id.starts_with('.')
+        {
+            return Err(TrainError::Spec(format!(
+                "job id {job_id:?}: 1–128 of [A-Za-z0-9-_.]"
+            )));
+        }
+        Ok(CheckpointStore {
+            op,
+            job_id: job_id.into(),
+        })
+    }
+
+    /// The store for `job_id` at storage `url` (see [`operator_from_url`]).
+    pub fn from_url(url: &str, job_id: &str) -> Result<Self, TrainError> {
+        Self::new(operator_from_url(url)?, job_id)
+    }
+
+    fn root(&self) -> String {
+        format!("jobs/{}/ckpt/", self.job_id)
+    }
+
+    /// The directory of the checkpoint at `step`.
+    pub fn dir(&self, step: u64) -> String {
+        format!("{}{step:012}/", self.root())
+    }
+
+    /// Writes the checkpoint of `state`: the files, then the commit marker.
+    pub async fn write(&self, state: &TrainState) -> Result<(), TrainError> {
+        let dir = self.dir(state.meta.step);
+        let blobs = [
+            TrainState::encode_tensors(&state.params)?,
+            TrainState::encode_tensors(&state.optimizer)?,
+            serde_json::to_vec_pretty(&state.meta).expect("meta serializes"),
+        ];
+        let mut files = BTreeMap::new();
+        for (name, blob) in FILES.iter().zip(&blobs) {
+            files.insert(
+                name.to_string(),
+                (blob.len() as u64, blake3::hash(blob).to_hex().to_string()),
+            );
+            self.op.write(&format!("{dir}{name}"), blob.clone()).await?;
+        }
+        let commit = Commit {
+            step: state.meta.step,
+            files,
+        };
+        self.op
+            .write(
+                &format!("{dir}{COMMIT_FILE}"),
+                serde_json::to_vec(&commit).expect("commit serializes"),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Steps that have a checkpoint directory (committed or not), ascending.
+    pub async fn steps(&self) -> Result<Vec<u64>, TrainError> {
+        let root = self.root();
+        let entries = match self.op.list(&root).await {
+            Ok(e) => e,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut steps: Vec<u64> = entries
+            .iter()
+            .filter_map(|e| e.path().strip_prefix(&root))
+            .filter_map(|p| p.trim_end_matches('/').parse().ok())
+            .collect();
+        steps.sort_unstable();
+        steps.dedup();
+        Ok(steps)
+    }
+
+    /// Loads and verifies the checkpoint at `step`: [`TrainError::Corrupt`] when the marker
+    /// is missing or any file differs from it.
+    pub async fn load(&self, step: u64) -> Result<TrainState, TrainError> {
+        let dir = self.dir(step);
+        let corrupt = |d: String| TrainError::Corrupt {
+            what: dir.clone(),
+            detail: d,
+        };
+        let marker = match self.op.read(&format!("{dir}{COMMIT_FILE}")).await {
+            Ok(b) => b.to_vec(),
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                return Err(corrupt("no commit marker (half-written)".into()))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let commit: Commit =
+            serde_json::from_slice(&marker).map_err(|e| corrupt(format!("commit marker: {e}")))?;
+        if commit.step != step {
+            return Err(corrupt(format!("marker names step {}", commit.step)));
+        }
+        let mut blobs = Vec::new();
+        for name in FILES {
+            let (len, hash) = commit
+                .files
+                .get(name)
+                .ok_or_else(|| corrupt(format!("{name} not in marker")))?;
+            if *len > CHECKPOINT_FILE_BYTES_MAX {
+                return Err(corrupt(format!("{name}: length {len}")));
+            }
+            let blob = match self.op.read(&format!("{dir}{name}")).await {
+                Ok(b) => b.to_vec(),
+                Err(e) if e.kind() == ErrorKind::NotFound => {
+                    return Err(corrupt(format!("{name} missing")))
+                }
+                Err(e) => return Err(e.into()),
+            };
+            if blob.len() as u64 != *len || blake3::hash(&blob).to_hex().as_str() != hash {
+                return Err(corrupt(format!("{name} does not match its commit marker")));
+            }
+            blobs.push(blob);
+        }
+        let meta: StateMeta =
+            serde_json::from_slice(&blobs[2]).map_err(|e| corrupt(format!("meta.json: {e}")))?;
+        if meta.format != STATE_FORMAT || meta.step != step {
+            return Err(corrupt(format!(
+                "meta.json: format {} step {}",
+                meta.format, meta.step
+            )));
+        }
+        Ok(TrainState {
+            meta,
+            params: TrainState::decode_tensors(&blobs[0], &format!("{dir}model.safetensors"))?,
+            optimizer: TrainState::decode_tensors(
+                &blobs[1],
+                &format!("{dir}optimizer.safetensors"),
+            )?,
+        })
+    }
+
+    /// The newest checkpoint that loads and verifies; newer broken ones are skipped with a
+    /// warning. `None` when there is none.
+    pub async fn load_latest(&self) -> Result<Option<TrainState>, TrainError> {
+        for step in self.steps().await?.into_iter().rev() {
+            match self.load(step).await {
+                Ok(s) => return Ok(Some(s)),
+                Err(e @ TrainError::Corrupt { .. }) => {
+                    warn!(job = %self.job_id, step, error = %e, "checkpoint skipped");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Deletes all but the newest `keep` committed checkpoints, and any uncommitted directory
+    /// older than the newest committed one (left by a crash). Returns the steps deleted.
+    pub async fn prune(&self, keep: usize) -> Result<Vec<u64>, TrainError> {
+        let steps = self.steps().await?;
+        let mut committed = Vec::new();
+        let mut uncommitted = Vec::new();
+        for &s in &steps {
+            if self
+                .op
+                .exists(&format!("{}{COMMIT_FILE}", self.dir(s)))
+                .await?
+            {
+                committed.push(s);
+            } else {
+                uncommitted.push(s);
+            }
+        }
+        let newest = committed.last().copied();
+        let mut doomed: Vec<u64> = committed.iter().rev().skip(keep).copied().collect();
+        doomed.extend(uncommitted.into_iter().filter(|&s| Some(s) < newest));
+        doomed.sort_unstable();
+        for &s in &doomed {
+            // Marker first, so a crash mid-delete leaves an uncommitted (ignored) directory.
+            self.op
+                .delete(&format!("{}{COMMIT_FILE}", self.dir(s)))
+                .await?;
+            self.op.delete_with(&self.dir(s)).recursive(true).await?;
+        }
+        Ok(doomed)
+    }
+
+    /// The underlying operator (tests use it to damage checkpoints).
+    pub fn operator(&self) -> &Operator {
+        &self.op
+    }
+}

@@ -1,0 +1,375 @@
+//! The job spec's `[model]`, `[data]`, `[train]` and `[checkpoint]` tables.
+//!
+//! The node deserializes these straight from the job spec (TOML); every field has a serde
+//! default, so a spec names only what it changes. [`TrainSpec::validate`] checks the values.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::TrainError;
+
+/// The trainer's part of a job spec.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TrainSpec {
+    /// `[model]`: architecture and sizes.
+    pub model: ModelSpec,
+    /// `[data]`: dataset.
+    pub data: DataSpec,
+    /// `[train]`: loop, optimizer and schedule.
+    pub train: TrainParams,
+    /// `[checkpoint]`: commit and checkpoint cadence.
+    pub checkpoint: CheckpointSpec,
+}
+
+/// Model architectures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    /// Multi-layer perceptron with ReLU; the input is flattened.
+    Mlp,
+    /// LeNet-like CNN: two (conv, ReLU, 2×2 max-pool) stages, a hidden dense layer, output.
+    #[serde(alias = "lenet")]
+    Cnn,
+    /// Small character-level transformer language model (pre-norm, causal).
+    #[serde(alias = "char-transformer", alias = "gpt")]
+    Transformer,
+}
+
+/// `[model]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ModelSpec {
+    /// Architecture. Default `mlp`.
+    pub arch: Arch,
+    /// MLP hidden layer widths. Default `[256, 256]`.
+    pub hidden: Vec<usize>,
+    /// CNN channels of the two conv stages. Default `[16, 32]`.
+    pub channels: Vec<usize>,
+    /// CNN square kernel size (odd; "same" padding). Default 3.
+    pub kernel: usize,
+    /// CNN hidden dense width. Default 128.
+    pub fc: usize,
+    /// Transformer embedding width. Default 64.
+    pub d_model: usize,
+    /// Transformer blocks. Default 2.
+    pub layers: usize,
+    /// Transformer attention heads (divides `d_model`). Default 4.
+    pub heads: usize,
+    /// Transformer context length, characters. Default 64.
+    pub seq_len: usize,
+}
+
+impl Default for ModelSpec {
+    fn default() -> Self {
+        ModelSpec {
+            arch: Arch::Mlp,
+            hidden: vec![256, 256],
+            channels: vec![16, 32],
+            kernel: 3,
+            fc: 128,
+            d_model: 64,
+            layers: 2,
+            heads: 4,
+            seq_len: 64,
+        }
+    }
+}
+
+/// `[data]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DataSpec {
+    /// `digits` (shipped 8×8 digits), `synthetic` (generated images) or `text` (the project's
+    /// own sources, for the transformer). Default `digits`.
+    pub dataset: String,
+    /// Synthetic: training samples. Default 8192.
+    pub samples: usize,
+    /// Synthetic: validation samples. Default 1024.
+    pub val_samples: usize,
+    /// Synthetic: image shape `[channels, height, width]`. Default `[1, 28, 28]`.
+    pub shape: Vec<usize>,
+    /// Synthetic: classes. Default 10.
+    pub classes: usize,
+    /// Synthetic: noise standard deviation around each class prototype. Default 1.0.
+    pub noise: f32,
+}
+
+impl Default for DataSpec {
+    fn default() -> Self {
+        DataSpec {
+            dataset: "digits".into(),
+            samples: 8192,
+            val_samples: 1024,
+            shape: vec![1, 28, 28],
+            classes: 10,
+            noise: 1.0,
+        }
+    }
+}
+
+/// Optimizers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    /// SGD with momentum and (coupled, L2) weight decay, PyTorch semantics.
+    Sgd,
+    /// AdamW (decoupled weight decay), Loshchilov & Hutter.
+    #[serde(alias = "adam")]
+    Adamw,
+}
+
+/// Learning-rate decay after warm-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DecayKind {
+    /// Cosine from the peak to 0 at the last step.
+    Cosine,
+    /// Multiply by `step_gamma` every `step_epochs` epochs.
+    Step,
+    /// Keep the peak.
+    Constant,
+}
+
+/// How the learning rate follows the world size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LrScaling {
+    /// Peak = `lr` × world size (Goyal et al. 2017), reached by linear warm-up from `lr`.
+    Linear,
+    /// Peak = `lr` whatever the world size.
+    None,
+}
+
+/// `[train]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TrainParams {
+    /// Epochs (passes over the training set). Default 20.
+    pub epochs: u64,
+    /// Stop after this many optimizer steps, if set (before `epochs` are done).
+    pub max_steps: Option<u64>,
+    /// Samples per worker per step. Default 32.
+    pub batch_per_worker: usize,
+    /// Optimizer. Default `sgd`.
+    pub optimizer: OptimizerKind,
+    /// Learning rate for one worker. Default 0.05.
+    pub lr: f64,
+    /// Learning-rate scaling with world size. Default `linear`.
+    pub lr_scaling: LrScaling,
+    /// Linear warm-up length, epochs (fractions allowed). Default 1.
+    pub warmup_epochs: f64,
+    /// Decay after warm-up. Default `cosine`.
+    pub decay: DecayKind,
+    /// Step decay: period, epochs. Default 10.
+    pub step_epochs: u64,
+    /// Step decay: factor. Default 0.1.
+    pub step_gamma: f64,
+    /// SGD momentum. Default 0.9.
+    pub momentum: f64,
+    /// Weight decay (L2 for SGD, decoupled for AdamW). Default 0 for SGD-style specs.
+    pub weight_decay: f64,
+    /// AdamW β₁. Default 0.9.
+    pub beta1: f64,
+    /// AdamW β₂. Default 0.999.
+    pub beta2: f64,
+    /// AdamW ε. Default 1e-8.
+    pub eps: f64,
+    /// Seed of parameter initialisation, shuffles and every other random draw. Default 7.
+    pub seed: u64,
+    /// Validate every this many epochs (0 = only at the end). Default 1.
+    pub eval_every_epochs: u64,
+}
+
+impl Default for TrainParams {
+    fn default() -> Self {
+        TrainParams {
+            epochs: 20,
+            max_steps: None,
+            batch_per_worker: 32,
+            optimizer: OptimizerKind::Sgd,
+            lr: 0.05,
+            lr_scaling: LrScaling::Linear,
+            warmup_epochs: 1.0,
+            decay: DecayKind::Cosine,
+            step_epochs: 10,
+            step_gamma: 0.1,
+            momentum: 0.9,
+            weight_decay: 0.0,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            seed: 7,
+            eval_every_epochs: 1,
+        }
+    }
+}
+
+/// `[checkpoint]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CheckpointSpec {
+    /// Rank 0 writes a checkpoint to storage every this many steps (0 = never). Default 200.
+    pub every_steps: u64,
+    /// Committed checkpoints kept in storage; older ones are pruned. Default 3.
+    pub keep: usize,
+    /// Every worker commits its train state to memory every this many steps (elastic
+    /// recovery restores it). Default 50.
+    pub commit_every_steps: u64,
+}
+
+impl Default for CheckpointSpec {
+    fn default() -> Self {
+        CheckpointSpec {
+            every_steps: 200,
+            keep: 3,
+            commit_every_steps: 50,
+        }
+    }
+}
+
+/// Largest batch per worker accepted, samples.
+pub const BATCH_PER_WORKER_MAX: usize = 1 << 16;
+/// Largest layer width accepted by the spec, units.
+pub const WIDTH_MAX: usize = 1 << 16;
+
+impl TrainSpec {
+    /// Parses the trainer's tables from a whole job spec (other top-level keys are ignored).
+    pub fn from_toml(text: &str) -> Result<Self, TrainError> {
+        let spec: TrainSpec = toml::from_str(text).map_err(|e| TrainError::Spec(e.to_string()))?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Checks every value is usable; the message names the field.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        let bad = |m: String| Err(TrainError::Spec(m));
+        let m = &self.model;
+        let t = &self.train;
+        let width_ok = |w: usize| (1..=WIDTH_MAX).contains(&w);
+        if !m.hidden.iter().all(|&w| width_ok(w)) {
+            return bad(format!(
+                "model.hidden {:?}: widths must be 1..={WIDTH_MAX}",
+                m.hidden
+            ));
+        }
+        if m.arch == Arch::Cnn {
+            if m.channels.len() != 2 || !m.channels.iter().all(|&c| width_ok(c)) {
+                return bad(format!("model.channels {:?}: two widths", m.channels));
+            }
+            if m.kernel % 2 == 0 || m.kernel > 15 {
+                return bad(format!("model.kernel {}: odd, at most 15", m.kernel));
+            }
+            if !width_ok(m.fc) {
+                return bad(format!("model.fc {}", m.fc));
+            }
+        }
+        if m.arch == Arch::Transformer {
+            if m.heads == 0 || m.d_model == 0 || m.d_model % m.heads != 0 || !width_ok(m.d_model) {
+                return bad(format!(
+                    "model.d_model {} must be a positive multiple of model.heads {}",
+                    m.d_model, m.heads
+                ));
+            }
+            if m.layers == 0 || m.layers > 64 || m.seq_len < 2 || m.seq_len > 4096 {
+                return bad("model.layers 1..=64, model.seq_len 2..=4096".into());
+            }
+            if self.data.dataset != "text" {
+                return bad("model.arch transformer needs data.dataset = \"text\"".into());
+            }
+        } else if self.data.dataset == "text" {
+            return bad("data.dataset text needs model.arch = \"transformer\"".into());
+        }
+        match self.data.dataset.as_str() {
+            "digits" | "text" => {}
+            "synthetic" => {
+                let d = &self.data;
+                if d.shape.len() != 3 || d.shape.iter().any(|&s| s == 0 || s > 1024) {
+                    return bad(format!(
+                        "data.shape {:?}: [c, h, w], each 1..=1024",
+                        d.shape
+                    ));
+                }
+                if d.classes < 2 || d.samples == 0 || d.val_samples == 0 {
+                    return bad("data.classes ≥ 2, data.samples and data.val_samples ≥ 1".into());
+                }
+                if !(d.noise.is_finite() && d.noise >= 0.0) {
+                    return bad("data.noise must be finite and ≥ 0".into());
+                }
+            }
+            other => return bad(format!("data.dataset {other:?}: digits | synthetic | text")),
+        }
+        if t.batch_per_worker == 0 || t.batch_per_worker > BATCH_PER_WORKER_MAX {
+            return bad(format!("train.batch_per_worker 1..={BATCH_PER_WORKER_MAX}"));
+        }
+        if !(t.lr.is_finite() && t.lr > 0.0) {
+            return bad(format!("train.lr {} must be positive", t.lr));
+        }
+        if !(t.warmup_epochs.is_finite() && t.warmup_epochs >= 0.0) {
+            return bad("train.warmup_epochs must be ≥ 0".into());
+        }
+        if !(0.0..1.0).contains(&t.momentum)
+            || !(0.0..1.0).contains(&t.beta1)
+            || !(0.0..1.0).contains(&t.beta2)
+        {
+            return bad("train.momentum, beta1, beta2 must be in [0, 1)".into());
+        }
+        if !(t.weight_decay >= 0.0 && t.eps > 0.0 && t.step_gamma > 0.0) {
+            return bad("train.weight_decay ≥ 0, eps > 0, step_gamma > 0".into());
+        }
+        if t.epochs == 0 && t.max_steps.is_none() {
+            return bad("train.epochs must be ≥ 1 (or set train.max_steps)".into());
+        }
+        if self.checkpoint.keep == 0 {
+            return bad("checkpoint.keep must be ≥ 1".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn design_md_example_parses_with_defaults() {
+        let text = r#"
+name = "digits-mlp"
+kind = "train"
+workers = 4
+[resources]
+gpus_per_worker = 0
+[model]
+arch = "mlp"
+hidden = [256, 256]
+[data]
+dataset = "digits"
+[train]
+epochs = 20
+batch_per_worker = 32
+optimizer = "sgd"
+lr = 0.05
+warmup_epochs = 1
+seed = 7
+[checkpoint]
+every_steps = 200
+keep = 3
+"#;
+        let spec = TrainSpec::from_toml(text).unwrap();
+        assert_eq!(spec.model.hidden, vec![256, 256]);
+        assert_eq!(spec.train.optimizer, OptimizerKind::Sgd);
+        assert_eq!(spec.train.warmup_epochs, 1.0);
+        assert_eq!(spec.checkpoint.keep, 3);
+        assert_eq!(spec.train.decay, DecayKind::Cosine);
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        let mut s = TrainSpec::default();
+        s.train.batch_per_worker = 0;
+        assert!(matches!(s.validate(), Err(TrainError::Spec(_))));
+        let mut s = TrainSpec::default();
+        s.model.arch = Arch::Transformer;
+        assert!(s.validate().is_err(), "transformer needs text");
+        assert!(TrainSpec::from_toml("[data]\ndataset = \"imagenet\"").is_err());
+    }
+}

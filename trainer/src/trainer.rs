@@ -1,0 +1,456 @@
+//! The data-parallel training loop.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::{Device, D};
+use collective::Communicator;
+use serde::Serialize;
+use tracing::info;
+
+use crate::checkpointer::Checkpointer;
+use crate::dataset::Dataset;
+use crate::error::TrainError;
+use crate::grad_sync::{GradSync, SyncTimes};
+use crate::model::Model;
+use crate::optimizer::Optimizer;
+use crate::sampler::{DataCursor, Sampler};
+use crate::schedule::LrSchedule;
+use crate::spec::TrainSpec;
+use crate::state::{splitmix64, NamedTensor, StateMeta, TrainState, STATE_FORMAT};
+
+/// Samples per forward pass during validation.
+pub const EVAL_BATCH_SAMPLES: usize = 256;
+/// Gradient bucket size, bytes (after the first).
+pub const BUCKET_BYTES: usize = 4 << 20;
+/// First gradient bucket size, bytes: small, so the first allreduce starts early.
+pub const FIRST_BUCKET_BYTES: usize = 256 << 10;
+
+/// Per-step metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct StepMetrics {
+    /// Steps done after this one.
+    pub step: u64,
+    /// Epoch this step belonged to.
+    pub epoch: u64,
+    /// Training loss averaged over all ranks' batches.
+    pub loss: f64,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Samples per second over the whole group (global batch / step time).
+    pub samples_per_s: f64,
+    /// Forward and backward, s.
+    pub compute_s: f64,
+    /// Gradient extraction and bucket packing (overlapped with allreduce of full buckets), s.
+    pub pack_s: f64,
+    /// Waiting for the allreduce after packing, and unpacking, s.
+    pub comm_wait_s: f64,
+    /// Optimizer update and writing parameters back, s.
+    pub optim_s: f64,
+    /// Whole step, s.
+    pub step_s: f64,
+}
+
+/// Validation metrics at the end of an epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct EpochMetrics {
+    /// Epoch just finished.
+    pub epoch: u64,
+    /// Steps done.
+    pub step: u64,
+    /// Mean validation loss.
+    pub val_loss: f64,
+    /// Validation accuracy in [0, 1] (next-character accuracy for the language model).
+    pub val_accuracy: f64,
+}
+
+/// Progress reported by [`Trainer::run`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub enum Event {
+    /// A step finished.
+    Step(StepMetrics),
+    /// An epoch finished and was validated.
+    Epoch(EpochMetrics),
+    /// The train state was committed to memory at this step.
+    Committed(u64),
+    /// A checkpoint of this step was handed to the writer (rank 0).
+    Checkpoint(u64),
+}
+
+/// One rank of a data-parallel job.
+///
+/// Every step: the rank's share of the global batch (see [`Sampler`]), forward, mean loss,
+/// one `backward()`, gradients averaged over the ranks through the bucketer (with the loss
+/// riding along), then the same optimizer update on every rank. Invariants: all ranks hold
+/// the same parameters after every step (same init from the seed, same averaged gradients,
+/// deterministic update); a fixed seed and world size gives bit-identical runs; N ranks with
+/// batch b follow one rank with batch N·b to float tolerance (with the same peak rate).
+pub struct Trainer {
+    spec: TrainSpec,
+    rank: usize,
+    world: usize,
+    model: Model,
+    sizes: Vec<usize>,
+    params: Vec<Vec<f32>>,
+    optimizer: Optimizer,
+    schedule: LrSchedule,
+    sampler: Sampler,
+    train: Dataset,
+    val: Dataset,
+    sync: GradSync,
+    step: u64,
+    cursor: DataCursor,
+    rng: u64,
+    total_steps: u64,
+    steps_per_epoch: u64,
+    committed: Option<Arc<TrainState>>,
+    metrics: HashMap<String, f64>,
+}
+
+impl std::fmt::Debug for Trainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trainer")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("step", &self.step)
+            .field("cursor", &self.cursor)
+            .finish()
+    }
+}
+
+impl Trainer {
+    /// A trainer for `spec` on `comm`'s rank. Needs a tokio runtime. Every rank builds the
+    /// same initial parameters from the seed, so no broadcast is needed.
+    pub fn new(spec: &TrainSpec, comm: Communicator) -> Result<Self, TrainError> {
+        spec.validate()?;
+        let (rank, world) = (comm.rank(), comm.world());
+        let seed = spec.train.seed;
+        let (train, val) = Dataset::load(&spec.data, spec.model.seq_len, seed)?;
+        let global_batch = world * spec.train.batch_per_worker;
+        let sampler = Sampler::new(train.len(), seed);
+        let steps_per_epoch = sampler.steps_per_epoch(global_batch);
+        if steps_per_epoch == 0 {
+            return Err(TrainError::Spec(format!(
+                "global batch {global_batch} exceeds the {} training samples",
+                train.len()
+            )));
+        }
+        let mut total_steps = spec.train.epochs.saturating_mul(steps_per_epoch);
+        if let Some(m) = spec.train.max_steps {
+            total_steps = if spec.train.epochs == 0 {
+                m
+            } else {
+                total_steps.min(m)
+            };
+        }
+        let model = Model::new(&spec.model, train.input_shape(), train.classes(), seed)?;
+        let params = model.values()?;
+        let sizes: Vec<usize> = params.iter().map(Vec::len).collect();
+        let optimizer = Optimizer::new(&spec.train, &sizes);
+        let schedule = LrSchedule::new(&spec.train, world, steps_per_epoch, total_steps);
+        let sync = GradSync::new(comm, BUCKET_BYTES, FIRST_BUCKET_BYTES)?;
+        info!(
+            rank,
+            world,
+            params = model.num_params(),
+            steps_per_epoch,
+            total_steps,
+            peak_lr = schedule.peak(),
+            "trainer ready"
+        );
+        Ok(Trainer {
+            spec: spec.clone(),
+            rank,
+            world,
+            model,
+            sizes,
+            params,
+            optimizer,
+            schedule,
+            sampler,
+            train,
+            val,
+            sync,
+            step: 0,
+            cursor: DataCursor::default(),
+            rng: seed,
+            total_steps,
+            steps_per_epoch,
+            committed: None,
+            metrics: HashMap::new(),
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    /// World size.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+    /// Steps done.
+    pub fn step_count(&self) -> u64 {
+        self.step
+    }
+    /// Steps the run takes in all (epochs × steps per epoch, capped by `max_steps`).
+    pub fn total_steps(&self) -> u64 {
+        self.total_steps
+    }
+    /// Global steps per epoch.
+    pub fn steps_per_epoch(&self) -> u64 {
+        self.steps_per_epoch
+    }
+    /// The data cursor.
+    pub fn cursor(&self) -> DataCursor {
+        self.cursor
+    }
+    /// The model.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+    /// Current parameters, in parameter order.
+    pub fn params(&self) -> &[Vec<f32>] {
+        &self.params
+    }
+    /// The last in-memory commit.
+    pub fn committed(&self) -> Option<&Arc<TrainState>> {
+        self.committed.as_ref()
+    }
+
+    /// One data-parallel step.
+    pub async fn step(&mut self) -> Result<StepMetrics, TrainError> {
+        let t0 = Instant::now();
+        let b = self.spec.train.batch_per_worker;
+        let idx = self.sampler.indices(self.cursor, self.rank, self.world, b);
+        let batch = self.train.batch(&idx, &Device::Cpu)?;
+        let logits = self.model.forward(&batch.x)?;
+        let loss = candle_nn::loss::cross_entropy(&logits, &batch.y)?;
+        let grads = loss.backward()?;
+        let local: Vec<_> = self
+            .model
+            .params()
+            .iter()
+            .map(|(_, v)| grads.get(v.as_tensor()).cloned())
+            .collect();
+        let mut extras = [loss.to_scalar::<f32>()?];
+        drop(grads);
+        let t1 = Instant::now();
+        let (avg, times): (Vec<Vec<f32>>, SyncTimes) =
+            self.sync.average(&local, &self.sizes, &mut extras).await?;
+        let t2 = Instant::now();
+        let lr = self.schedule.lr(self.step);
+        self.optimizer.step(&mut self.params, &avg, lr as f32);
+        self.model.set_values(&self.params)?;
+        let t3 = Instant::now();
+        let epoch = self.cursor.epoch;
+        self.cursor = self.sampler.advance(self.cursor, b * self.world);
+        self.step += 1;
+        splitmix64(&mut self.rng);
+        let step_s = (t3 - t0).as_secs_f64();
+        let m = StepMetrics {
+            step: self.step,
+            epoch,
+            loss: extras[0] as f64,
+            lr,
+            samples_per_s: (b * self.world) as f64 / step_s.max(1e-9),
+            compute_s: (t1 - t0).as_secs_f64(),
+            pack_s: times.pack_s,
+            comm_wait_s: times.wait_s,
+            optim_s: (t3 - t2).as_secs_f64(),
+            step_s,
+        };
+        self.metrics.insert("loss".into(), m.loss);
+        Ok(m)
+    }
+
+    /// Validation loss and accuracy over the whole validation set (every rank computes the
+    /// same numbers; the set is small).
+    pub fn evaluate(&mut self) -> Result<EpochMetrics, TrainError> {
+        let mut loss_sum = 0.0f64;
+        let mut correct = 0u64;
+        let mut count = 0u64;
+        let n = self.val.len();
+        for lo in (0..n).step_by(EVAL_BATCH_SAMPLES) {
+            let idx: Vec<usize> = (lo..(lo + EVAL_BATCH_SAMPLES).min(n)).collect();
+            let batch = self.val.batch(&idx, &Device::Cpu)?;
+            let logits = self.model.forward(&batch.x)?;
+            let preds = logits.dim(0)? as u64;
+            let loss = candle_nn::loss::cross_entropy(&logits, &batch.y)?.to_scalar::<f32>()?;
+            loss_sum += loss as f64 * preds as f64;
+            let hits = logits
+                .argmax(D::Minus1)?
+                .eq(&batch.y)?
+                .to_dtype(candle_core::DType::U32)?
+                .sum_all()?
+                .to_scalar::<u32>()?;
+            correct += hits as u64;
+            count += preds;
+        }
+        let m = EpochMetrics {
+            epoch: self.cursor.epoch.saturating_sub(1),
+            step: self.step,
+            val_loss: loss_sum / count.max(1) as f64,
+            val_accuracy: correct as f64 / count.max(1) as f64,
+        };
+        self.metrics.insert("val_loss".into(), m.val_loss);
+        self.metrics.insert("val_accuracy".into(), m.val_accuracy);
+        Ok(m)
+    }
+
+    /// A copy of the whole train state.
+    pub fn snapshot(&self) -> TrainState {
+        let names = self.model.params();
+        let params = names
+            .iter()
+            .zip(&self.params)
+            .map(|((n, v), data)| NamedTensor {
+                name: n.clone(),
+                shape: v.dims().to_vec(),
+                data: data.clone(),
+            })
+            .collect();
+        let mut optimizer = Vec::new();
+        for (suffix, bufs) in self.optimizer.state() {
+            for ((n, v), data) in names.iter().zip(bufs) {
+                optimizer.push(NamedTensor {
+                    name: format!("{n}.{suffix}"),
+                    shape: v.dims().to_vec(),
+                    data: data.clone(),
+                });
+            }
+        }
+        optimizer.sort_by(|a, b| a.name.cmp(&b.name));
+        TrainState {
+            meta: StateMeta {
+                format: STATE_FORMAT,
+                step: self.step,
+                epoch: self.cursor.epoch,
+                cursor: self.cursor,
+                rng: self.rng,
+                world: self.world,
+                optimizer: self.spec.train.optimizer,
+                optimizer_steps: self.optimizer.steps_taken(),
+                arch: self.spec.model.arch,
+                num_params: self.model.num_params(),
+                metrics: self.metrics.clone(),
+            },
+            params,
+            optimizer,
+        }
+    }
+
+    /// Commits the train state to memory (what elastic recovery restores).
+    pub fn commit(&mut self) -> Arc<TrainState> {
+        let s = Arc::new(self.snapshot());
+        self.committed = Some(s.clone());
+        s
+    }
+
+    /// Continues from `state` (a commit or checkpoint of the same model and optimizer; the
+    /// world size may differ: the cursor counts samples, not steps).
+    pub fn restore(&mut self, state: &TrainState) -> Result<(), TrainError> {
+        let m = &state.meta;
+        if m.arch != self.spec.model.arch
+            || m.num_params != self.model.num_params()
+            || m.optimizer != self.spec.train.optimizer
+        {
+            return Err(TrainError::StateMismatch(format!(
+                "state of {:?}/{:?} with {} parameters, trainer has {:?}/{:?} with {}",
+                m.arch,
+                m.optimizer,
+                m.num_params,
+                self.spec.model.arch,
+                self.spec.train.optimizer,
+                self.model.num_params()
+            )));
+        }
+        let names: Vec<&str> = self
+            .model
+            .params()
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect();
+        let got: Vec<&str> = state.params.iter().map(|t| t.name.as_str()).collect();
+        if names != got {
+            return Err(TrainError::StateMismatch("parameter names differ".into()));
+        }
+        let params: Vec<Vec<f32>> = state.params.iter().map(|t| t.data.clone()).collect();
+        let mut groups: Vec<(String, Vec<Vec<f32>>)> = Vec::new();
+        for (suffix, _) in self.optimizer.state() {
+            let mut bufs = Vec::new();
+            for n in &names {
+                let key = format!("{n}.{suffix}");
+                let t = state
+                    .optimizer
+                    .iter()
+                    .find(|t| t.name == key)
+                    .ok_or_else(|| TrainError::StateMismatch(format!("{key} missing")))?;
+                bufs.push(t.data.clone());
+            }
+            groups.push((suffix.to_string(), bufs));
+        }
+        self.model.set_values(&params)?;
+        self.optimizer.restore(m.optimizer_steps, groups)?;
+        self.params = params;
+        self.step = m.step;
+        self.cursor = m.cursor;
+        self.rng = m.rng;
+        self.metrics = m.metrics.clone();
+        Ok(())
+    }
+
+    /// Trains until the step budget is spent: validates each `eval_every_epochs` epochs and
+    /// at the end, commits to memory every `commit_every_steps`, and on rank 0 hands a
+    /// checkpoint to `ckpt` every `every_steps` and at the end (unless nothing was trained). Returns the final validation.
+    pub async fn run(
+        &mut self,
+        mut ckpt: Option<&mut Checkpointer>,
+        mut on_event: impl FnMut(&Event),
+    ) -> Result<EpochMetrics, TrainError> {
+        let cfg = self.spec.checkpoint.clone();
+        let eval_every = self.spec.train.eval_every_epochs;
+        let start = self.step;
+        while self.step < self.total_steps {
+            let m = self.step().await?;
+            on_event(&Event::Step(m));
+            if self.cursor.epoch != m.epoch
+                && eval_every > 0
+                && self.cursor.epoch % eval_every == 0
+                && self.step < self.total_steps
+            {
+                let e = self.evaluate()?;
+                on_event(&Event::Epoch(e));
+            }
+            if cfg.commit_every_steps > 0 && self.step % cfg.commit_every_steps == 0 {
+                self.commit();
+                on_event(&Event::Committed(self.step));
+            }
+            if let Some(c) = ckpt.as_deref_mut() {
+                if self.rank == 0 && cfg.every_steps > 0 && self.step % cfg.every_steps == 0 {
+                    c.save(Arc::new(self.snapshot()));
+                    on_event(&Event::Checkpoint(self.step));
+                }
+            }
+        }
+        let e = self.evaluate()?;
+        on_event(&Event::Epoch(e));
+        if let Some(c) = ckpt {
+            if self.rank == 0
+                && cfg.every_steps > 0
+                && self.step % cfg.every_steps != 0
+                && self.step > start
+            {
+                c.save(Arc::new(self.snapshot()));
+                on_event(&Event::Checkpoint(self.step));
+            }
+        }
+        Ok(e)
+    }
+
+    /// Stops the gradient task and returns the communicator.
+    pub async fn into_communicator(self) -> Result<Communicator, TrainError> {
+        self.sync.into_communicator().await
+    }
+}

@@ -1,0 +1,209 @@
+//! Checkpoints: resume equals an uninterrupted run; a corrupt or half-written checkpoint is
+//! skipped with a warning in favour of the previous committed one; pruning keeps `keep`.
+
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use common::on_group;
+use trainer::{
+    operator_from_url, CheckpointStore, Checkpointer, TrainError, TrainParams, TrainSpec, Trainer,
+};
+
+fn spec(total: u64) -> TrainSpec {
+    TrainSpec {
+        train: TrainParams {
+            epochs: 1,
+            max_steps: Some(total),
+            batch_per_worker: 16,
+            optimizer: trainer::OptimizerKind::Adamw,
+            lr: 0.003,
+            ..TrainParams::default()
+        },
+        ..TrainSpec::default()
+    }
+}
+
+/// Runs a group of `world` on `spec`: restores from `store`'s latest checkpoint if `resume`,
+/// trains until `stop` steps are done, rank 0 checkpoints at `stop`; returns rank 0's params.
+fn run(
+    spec: &TrainSpec,
+    world: usize,
+    store: &CheckpointStore,
+    resume: bool,
+    stop: u64,
+) -> Vec<Vec<f32>> {
+    let (spec, store) = (spec.clone(), store.clone());
+    let out = on_group(world, move |c| {
+        let (spec, store) = (spec.clone(), store.clone());
+        async move {
+            let mut t = Trainer::new(&spec, c)?;
+            if resume {
+                let s = store
+                    .load_latest()
+                    .await?
+                    .expect("a checkpoint to resume from");
+                t.restore(&s)?;
+            }
+            while t.step_count() < stop {
+                t.step().await?;
+            }
+            if t.rank() == 0 {
+                let mut ck = Checkpointer::spawn(store.clone(), 3);
+                ck.save(Arc::new(t.snapshot()));
+                ck.close().await?;
+            }
+            Ok::<_, TrainError>(t.params().to_vec())
+        }
+    });
+    out.into_iter().next().unwrap().unwrap()
+}
+
+#[test]
+fn resume_from_checkpoint_equals_uninterrupted_run() {
+    let total = 24;
+    let s = spec(total);
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let interrupted = CheckpointStore::from_url(&url, "job-a").unwrap();
+    run(&s, 2, &interrupted, false, 10);
+    let resumed = run(&s, 2, &interrupted, true, total);
+    let straight_store = CheckpointStore::from_url("memory://", "job-b").unwrap();
+    let straight = run(&s, 2, &straight_store, false, total);
+    assert_eq!(
+        resumed, straight,
+        "resumed run must be bit-identical to the uninterrupted one"
+    );
+    let latest = rt().block_on(interrupted.load_latest()).unwrap().unwrap();
+    assert_eq!(latest.meta.step, total);
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Collects log output for assertions.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Logs {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn corrupt_and_half_written_checkpoints_are_skipped_with_a_warning() {
+    let logs = Logs::default();
+    let sink = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || sink.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    rt().block_on(async {
+        let store = CheckpointStore::new(operator_from_url("memory://").unwrap(), "job-c").unwrap();
+        let mut t = Trainer::new(
+            &spec(40),
+            collective::Communicator::in_memory(1, Default::default())
+                .unwrap()
+                .pop()
+                .unwrap(),
+        )
+        .unwrap();
+        let mut states = Vec::new();
+        for stop in [10, 20, 30] {
+            while t.step_count() < stop {
+                t.step().await.unwrap();
+            }
+            let s = t.snapshot();
+            store.write(&s).await.unwrap();
+            states.push(s);
+        }
+        let op = store.operator().clone();
+        // Step 30: a byte of the parameters flipped after commit.
+        let path = format!("{}model.safetensors", store.dir(30));
+        let mut bytes = op.read(&path).await.unwrap().to_vec();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x40;
+        op.write(&path, bytes).await.unwrap();
+        // Step 40: half-written (files but no commit marker).
+        while t.step_count() < 40 {
+            t.step().await.unwrap();
+        }
+        let mut half = t.snapshot();
+        half.meta.step = 40;
+        store.write(&half).await.unwrap();
+        op.delete(&format!("{}COMMIT", store.dir(40)))
+            .await
+            .unwrap();
+
+        let got = store
+            .load_latest()
+            .await
+            .unwrap()
+            .expect("step 20 survives");
+        assert_eq!(
+            got.meta, states[1].meta,
+            "falls back to the newest intact committed checkpoint"
+        );
+        assert!(
+            got == states[1],
+            "tensors of step 20 differ after the round trip"
+        );
+        assert!(matches!(
+            store.load(30).await,
+            Err(TrainError::Corrupt { .. })
+        ));
+        assert!(matches!(
+            store.load(40).await,
+            Err(TrainError::Corrupt { .. })
+        ));
+
+        // Pruning to 1 keeps the newest committed directory (30, even though corrupt: it is
+        // committed) and removes older ones; the uncommitted 40 is newer, so it stays.
+        let deleted = store.prune(1).await.unwrap();
+        assert_eq!(deleted, vec![10, 20]);
+        assert_eq!(store.steps().await.unwrap(), vec![30, 40]);
+    });
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        text.contains("WARN")
+            && text.contains("checkpoint skipped")
+            && text.contains("step=40")
+            && text.contains("step=30"),
+        "logs: {text}"
+    );
+}
+
+#[test]
+fn writer_coalesces_and_prunes_to_keep() {
+    rt().block_on(async {
+        let store = CheckpointStore::from_url("memory://", "job-d").unwrap();
+        let mut t = Trainer::new(
+            &spec(5),
+            collective::Communicator::in_memory(1, Default::default())
+                .unwrap()
+                .pop()
+                .unwrap(),
+        )
+        .unwrap();
+        let mut ck = Checkpointer::spawn(store.clone(), 2);
+        for _ in 0..5 {
+            t.step().await.unwrap();
+            ck.save(Arc::new(t.snapshot()));
+            ck.flush().await.unwrap();
+        }
+        ck.close().await.unwrap();
+        assert_eq!(store.steps().await.unwrap(), vec![4, 5]);
+        assert_eq!(store.load_latest().await.unwrap().unwrap().meta.step, 5);
+    });
+}

@@ -1,0 +1,117 @@
+//! The standalone launcher: three `train-worker` processes on 127.0.0.1 over the
+//! collective's TCP backend train a digits job, checkpoint it, and a restart with the same
+//! job id resumes from the committed checkpoint.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Deadline for one launch of the three workers, s.
+const LAUNCH_DEADLINE_S: u64 = 120;
+
+fn free_addrs(n: usize) -> String {
+    let ls: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    ls.iter()
+        .map(|l| l.local_addr().unwrap().to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Starts the workers and waits (polling with a deadline) for all of them; kills the rest by
+/// handle if one fails or time runs out. Returns each worker's stdout.
+fn launch(spec: &std::path::Path, data_dir: &std::path::Path, world: usize) -> Vec<String> {
+    let addrs = free_addrs(world);
+    let mut children: Vec<Child> = (0..world)
+        .map(|r| {
+            Command::new(env!("CARGO_BIN_EXE_train-worker"))
+                .args([
+                    "--spec",
+                    spec.to_str().unwrap(),
+                    "--rank",
+                    &r.to_string(),
+                    "--addrs",
+                    &addrs,
+                ])
+                .args([
+                    "--job-id",
+                    "launch-test",
+                    "--data-dir",
+                    data_dir.to_str().unwrap(),
+                ])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(LAUNCH_DEADLINE_S);
+    loop {
+        let states: Vec<_> = children.iter_mut().map(|c| c.try_wait().unwrap()).collect();
+        let failed = states.iter().any(|s| matches!(s, Some(s) if !s.success()));
+        if failed || Instant::now() > deadline {
+            for c in &mut children {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            panic!("worker failed or deadline passed: {states:?}");
+        }
+        if states.iter().all(Option::is_some) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    children
+        .into_iter()
+        .map(|c| String::from_utf8(c.wait_with_output().unwrap().stdout).unwrap())
+        .collect()
+}
+
+#[test]
+fn three_processes_train_checkpoint_and_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("job.toml");
+    std::fs::write(
+        &spec,
+        "name = \"t\"\nworkers = 3\n[model]\narch = \"mlp\"\nhidden = [64]\n[train]\nepochs = 4\n\
+         batch_per_worker = 32\nlr = 0.05\nseed = 3\n[checkpoint]\nevery_steps = 25\nkeep = 2\n",
+    )
+    .unwrap();
+    let data = dir.path().join("data");
+    let out = launch(&spec, &data, 3);
+    for (r, o) in out.iter().enumerate() {
+        assert!(o.contains("done step=60"), "rank {r}: {o}");
+    }
+    assert!(out[0].contains("checkpoint step=60"), "{}", out[0]);
+    let acc = |o: &str| {
+        o.lines()
+            .find(|l| l.contains(" done "))
+            .unwrap()
+            .split("val_accuracy=")
+            .nth(1)
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(acc(&out[0]), acc(&out[2]), "ranks agree");
+    let ckpt = data.join("store/jobs/launch-test/ckpt");
+    let mut steps: Vec<String> = std::fs::read_dir(&ckpt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    steps.sort();
+    // The writer coalesces snapshots that arrive while it is busy, so 50 may have been
+    // superseded by 60; either way at most `keep` remain and the newest is the last step.
+    assert!(
+        steps.len() <= 2 && steps.last().map(String::as_str) == Some("000000000060"),
+        "{steps:?}"
+    );
+    assert!(ckpt.join("000000000060/COMMIT").exists());
+
+    // Same job id again: every rank resumes at step 60, which is the end.
+    let again = launch(&spec, &data, 3);
+    for o in &again {
+        assert!(o.contains("resumed step=60"), "{o}");
+        assert!(o.contains("done step=60"), "{o}");
+    }
+}
