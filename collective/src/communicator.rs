@@ -118,7 +118,12 @@ impl Communicator {
         let mut streams = tcp::establish(&cfg, listener).await?;
         let mut links: Vec<Option<Link>> = (0..cfg.world).map(|_| None).collect();
         for (peer, s) in streams.drain() {
-            links[peer] = Some(Link::tcp(peer, s, cfg.limits.chunk_bytes));
+            links[peer] = Some(Link::tcp(
+                peer,
+                s,
+                cfg.limits.chunk_bytes,
+                cfg.limits.read_ahead_frames,
+            ));
         }
         Ok(Self::from_links(
             cfg.rank,

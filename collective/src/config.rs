@@ -16,14 +16,19 @@ pub struct Limits {
     /// Deadline of every collective operation, ms. Default 60 000.
     pub op_timeout_ms: u64,
     /// Payload bytes per frame: the pipelining granularity of the ring. A multiple of 8.
-    /// Default 512 KiB (measured: 256 KiB–1 MiB are within noise on loopback).
+    /// Default 512 KiB (measured on loopback, N = 4, 64 MiB: 128 KiB–4 MiB are within noise;
+    /// 512 KiB was never worse).
     pub chunk_bytes: usize,
     /// Messages of at most this many bytes use recursive doubling instead of the ring.
-    /// Default 64 KiB (the measured crossover on loopback, N = 3–4).
+    /// Default 64 KiB: the measured crossover on loopback (`collective-bench --algo rd|ring`):
+    /// between 64 and 96 KiB for N = 4, 128–256 KiB for N = 3, about 64–128 KiB for N = 2.
     pub small_bytes_max: usize,
     /// `SO_SNDBUF`/`SO_RCVBUF` for data-plane sockets; `None` keeps the kernel's autotuning
     /// (which on Linux grows further than an explicit size capped by `rmem_max`).
     pub socket_buffer_bytes: Option<usize>,
+    /// Frames each link's reading task may read ahead of the operation (each `chunk_bytes`
+    /// of memory). Default 4.
+    pub read_ahead_frames: usize,
     /// Upper bound on any frame payload, bytes. Default 16 MiB.
     pub frame_bytes_max: usize,
     /// How long a failing rank keeps its connections open to deliver abort frames, ms.
@@ -40,6 +45,7 @@ impl Default for Limits {
             chunk_bytes: 512 * 1024,
             small_bytes_max: 64 * 1024,
             socket_buffer_bytes: None,
+            read_ahead_frames: 4,
             frame_bytes_max: 16 * 1024 * 1024,
             abort_linger_ms: 1_000,
         }
@@ -56,6 +62,7 @@ impl Limits {
             chunk_bytes: 64,
             small_bytes_max: 96,
             socket_buffer_bytes: None,
+            read_ahead_frames: 2,
             frame_bytes_max: 1024 * 1024,
             abort_linger_ms: 500,
         }

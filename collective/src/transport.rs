@@ -3,8 +3,8 @@
 //!
 //! Ownership: the operation in progress writes frames itself, straight from the caller's
 //! buffer (no copy). Reading is done by one task per TCP connection that owns the read half:
-//! it reads frames ahead into a small pool of reusable buffers (`read_ahead_frames` of
-//! `chunk_bytes` each) and hands them to the operation, which reduces straight out of them.
+//! it reads frames ahead into a small pool of reusable buffers (`read_ahead_frames` + 1
+//! of `chunk_bytes` each) and hands them to the operation, which reduces straight out of them.
 //! So the kernel-to-user copy of incoming data runs in parallel with the sending and
 //! reducing (on another core with a multi-threaded runtime), a closed connection is seen even
 //! between operations, and every buffer on the path is bounded. The in-memory transport
@@ -25,8 +25,8 @@ use crate::frame::{Abort, Header, HEADER_BYTES};
 /// Read-buffer size of a TCP link: holds a header and a small payload in one syscall;
 /// larger payloads bypass it and land directly in a pool buffer.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
-/// Frames read ahead per link (each up to `chunk_bytes`): bounds the memory per link.
-const READ_AHEAD_FRAMES: usize = 4;
+/// Frames queued per direction of an in-memory link.
+const MEM_QUEUE_FRAMES: usize = 4;
 /// Zero bytes written per call when padding out a half-written frame before an abort.
 const PAD_BYTES: usize = 64 * 1024;
 
@@ -117,12 +117,18 @@ pub(crate) struct Link {
 
 impl Link {
     /// A link over an established, authenticated TCP stream; spawns its reading task.
-    pub fn tcp(peer: usize, stream: TcpStream, chunk_bytes: usize) -> Link {
+    pub fn tcp(
+        peer: usize,
+        stream: TcpStream,
+        chunk_bytes: usize,
+        read_ahead_frames: usize,
+    ) -> Link {
         let (r, w) = stream.into_split();
-        let (tx, rx) = mpsc::channel(READ_AHEAD_FRAMES);
-        let (free_tx, free_rx) = mpsc::channel(READ_AHEAD_FRAMES + 1);
+        let ahead = read_ahead_frames.max(1);
+        let (tx, rx) = mpsc::channel(ahead);
+        let (free_tx, free_rx) = mpsc::channel(ahead + 1);
         let r = BufReader::with_capacity(READ_BUFFER_BYTES, r);
-        let task = tokio::spawn(read_loop(r, tx, free_rx, chunk_bytes.div_ceil(8)));
+        let task = tokio::spawn(read_loop(r, tx, free_rx, chunk_bytes.div_ceil(8), ahead));
         Link {
             reader: Reader {
                 peer,
@@ -141,8 +147,8 @@ impl Link {
 
     /// A pair of connected in-memory links: `(a's link to b, b's link to a)`.
     pub fn mem_pair(a: usize, b: usize) -> (Link, Link) {
-        let (tx_ab, rx_ab) = mpsc::channel(READ_AHEAD_FRAMES);
-        let (tx_ba, rx_ba) = mpsc::channel(READ_AHEAD_FRAMES);
+        let (tx_ab, rx_ab) = mpsc::channel(MEM_QUEUE_FRAMES);
+        let (tx_ba, rx_ba) = mpsc::channel(MEM_QUEUE_FRAMES);
         let mk = |peer, rx, tx| Link {
             reader: Reader {
                 peer,
@@ -181,6 +187,7 @@ async fn read_loop(
     tx: mpsc::Sender<Inbound>,
     mut free: mpsc::Receiver<Vec<u64>>,
     frame_words: usize,
+    read_ahead_frames: usize,
 ) {
     let mut allocated = 0;
     loop {
@@ -204,7 +211,7 @@ async fn read_loop(
                 }
                 let mut buf = match free.try_recv() {
                     Ok(b) => b,
-                    Err(_) if allocated < READ_AHEAD_FRAMES + 1 => {
+                    Err(_) if allocated < read_ahead_frames + 1 => {
                         allocated += 1;
                         vec![0u64; frame_words]
                     }

@@ -45,7 +45,8 @@ fn tcp_limits() -> Limits {
     }
 }
 
-#[tokio::test]
+// Multi-threaded, so the links' reading tasks run beside the operations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_allreduce_equals_reference() {
     for world in 1..=5 {
         let mut set = JoinSet::new();
@@ -148,7 +149,7 @@ async fn dialer_with_wrong_secret_fails_to_connect() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_rank_mid_operation_fails_every_survivor() {
     // Four ranks allreduce 4 MiB buffers in a loop; rank 2's task is killed (its sockets
     // close, as when the process dies) while operations are running. Every survivor fails

@@ -41,6 +41,9 @@ struct Args {
     /// Ring pipelining granularity, bytes (default: the library's).
     #[arg(long)]
     chunk_bytes: Option<usize>,
+    /// Frames read ahead per link (default: the library's).
+    #[arg(long)]
+    read_ahead_frames: Option<usize>,
     /// Socket buffer size, bytes (default: kernel autotuning).
     #[arg(long)]
     socket_buffer_bytes: Option<usize>,
@@ -108,6 +111,9 @@ fn run(args: Args) -> anyhow_free::Result<()> {
         socket_buffer_bytes: args.socket_buffer_bytes,
         ..Limits::default()
     };
+    if let Some(r) = args.read_ahead_frames {
+        limits.read_ahead_frames = r;
+    }
     if let Some(c) = args.chunk_bytes {
         limits.chunk_bytes = c;
         limits.frame_bytes_max = limits.frame_bytes_max.max(c);
