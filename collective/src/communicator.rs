@@ -76,6 +76,8 @@ pub struct Communicator {
     seq: u64,
     poisoned: Option<CollectiveError>,
     abort: AbortHandle,
+    /// The task relaying a failure to the peers (abort frames, then close).
+    relaying: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -186,6 +188,7 @@ impl Communicator {
             seq: 0,
             poisoned: None,
             abort: AbortHandle(Arc::default()),
+            relaying: None,
         }
     }
 
@@ -238,6 +241,17 @@ impl Communicator {
                 },
             };
             self.fail(f);
+        }
+    }
+
+    /// Closes the connections. After an error, first waits (at most `abort_linger_ms`) until
+    /// the failure has been relayed to the peers, so that they learn its cause (say,
+    /// `PeerLost { rank: 2 }`) rather than seeing this rank vanish: call it before exiting
+    /// the process. Without an error, the peers see this rank as lost at their next
+    /// operation.
+    pub async fn shutdown(mut self) {
+        if let Some(t) = self.relaying.take() {
+            let _ = t.await;
         }
     }
 
@@ -450,10 +464,10 @@ impl Communicator {
         let linger = Duration::from_millis(self.limits.abort_linger_ms);
         let relay = f.relay;
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
+            self.relaying = Some(rt.spawn(async move {
                 let closes = links.into_iter().map(|l| l.close_with(relay, linger));
                 futures_join_all(closes).await;
-            });
+            }));
         }
     }
 }

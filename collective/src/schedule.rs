@@ -1,5 +1,5 @@
-//! The chunk schedules: pure, synchronous, no I/O. The async driver in
-//! [`crate::communicator`] asks these functions what to send and receive at each step.
+//! The chunk schedules: pure, synchronous, no I/O. The async driver inside
+//! [`crate::Communicator`] asks these functions what to send and receive at each step.
 //!
 //! **Ring** (bandwidth-optimal). The buffer of `len` elements is cut into `world` segments
 //! ([`segment`]). Reduce-scatter runs `world − 1` steps; at step `s` rank `r` sends segment

@@ -130,7 +130,7 @@ fn run(args: Args) -> anyhow_free::Result<()> {
         group_id: 0xbe_9c,
         generation: 0,
         addrs,
-        secret: args.secret.into_bytes(),
+        secret: args.secret.clone().into_bytes(),
         limits,
     };
     let rt = if args.threads <= 1 {
@@ -148,49 +148,57 @@ fn run(args: Args) -> anyhow_free::Result<()> {
         let mut comm = Communicator::connect(cfg)
             .await
             .map_err(|e| e.to_string())?;
-        let max = sizes.iter().copied().max().unwrap_or(0);
-        let mut buf = vec![1.0f32; max / 4];
-        for &size in &sizes {
-            let n = size / 4;
-            let b = &mut buf[..n];
-            comm.barrier().await.map_err(|e| e.to_string())?;
-            for _ in 0..args.warmup {
-                comm.allreduce(b, ReduceOp::Sum)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                b.fill(1.0);
-            }
-            let mut times = Vec::with_capacity(args.iters);
-            for _ in 0..args.iters.max(1) {
-                let t0 = Instant::now();
-                comm.allreduce(b, ReduceOp::Sum)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                times.push(t0.elapsed().as_secs_f64());
-            }
-            // Every element went through the same reductions: they must all be equal.
-            if !b.iter().all(|x| *x == b[0]) {
-                return Err("allreduce results differ within the buffer".into());
-            }
-            b.fill(1.0);
-            times.sort_by(|a, b| a.total_cmp(b));
-            let med = times[times.len() / 2];
-            let bytes = (n * 4) as f64;
-            let algbw = bytes / med / 1e9;
-            let w = args.world as f64;
-            let busbw = algbw * 2.0 * (w - 1.0) / w;
-            if args.rank == 0 {
-                println!(
-                    "allreduce world={} size={} time_ms={:.4} algbw_GBps={:.4} busbw_GBps={:.4}",
-                    args.world,
-                    n * 4,
-                    med * 1e3,
-                    algbw,
-                    busbw
-                );
-            }
+        let r = bench(&mut comm, &args, &sizes).await;
+        if r.is_err() {
+            // Let the peers learn the cause before this process exits.
+            comm.shutdown().await;
         }
-        comm.barrier().await.map_err(|e| e.to_string())?;
-        Ok(())
+        r
     })
+}
+
+async fn bench(comm: &mut Communicator, args: &Args, sizes: &[usize]) -> anyhow_free::Result<()> {
+    let max = sizes.iter().copied().max().unwrap_or(0);
+    let mut buf = vec![1.0f32; max / 4];
+    for &size in sizes {
+        let n = size / 4;
+        let b = &mut buf[..n];
+        comm.barrier().await.map_err(|e| e.to_string())?;
+        for _ in 0..args.warmup {
+            comm.allreduce(b, ReduceOp::Sum)
+                .await
+                .map_err(|e| e.to_string())?;
+            b.fill(1.0);
+        }
+        let mut times = Vec::with_capacity(args.iters);
+        for _ in 0..args.iters.max(1) {
+            let t0 = Instant::now();
+            comm.allreduce(b, ReduceOp::Sum)
+                .await
+                .map_err(|e| e.to_string())?;
+            times.push(t0.elapsed().as_secs_f64());
+        }
+        // Every element went through the same reductions: they must all be equal.
+        if !b.iter().all(|x| *x == b[0]) {
+            return Err("allreduce results differ within the buffer".into());
+        }
+        b.fill(1.0);
+        times.sort_by(|a, b| a.total_cmp(b));
+        let med = times[times.len() / 2];
+        let bytes = (n * 4) as f64;
+        let algbw = bytes / med / 1e9;
+        let w = args.world as f64;
+        let busbw = algbw * 2.0 * (w - 1.0) / w;
+        if args.rank == 0 {
+            println!(
+                "allreduce world={} size={} time_ms={:.4} algbw_GBps={:.4} busbw_GBps={:.4}",
+                args.world,
+                n * 4,
+                med * 1e3,
+                algbw,
+                busbw
+            );
+        }
+    }
+    comm.barrier().await.map_err(|e| e.to_string())
 }

@@ -1,0 +1,102 @@
+//! Real processes: `collective-bench` ranks on 127.0.0.1; one is killed with SIGKILL in the
+//! middle of its allreduces and every survivor must exit with `peer lost: rank 2` promptly.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const WORLD: usize = 4;
+const VICTIM: usize = 2;
+
+fn free_ports(n: usize) -> Vec<u16> {
+    // Bound together, so they are distinct; released just before the ranks bind them.
+    let ls: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
+}
+
+struct Ranks(Vec<Child>);
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[test]
+fn sigkill_of_a_rank_fails_every_survivor_quickly() {
+    let peers: Vec<String> = free_ports(WORLD)
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let peers = peers.join(",");
+    let mut ranks = Ranks(Vec::new());
+    for rank in 0..WORLD {
+        let child = Command::new(env!("CARGO_BIN_EXE_collective-bench"))
+            .args(["--world", &WORLD.to_string(), "--rank", &rank.to_string()])
+            .args([
+                "--peers", &peers, "--sizes", "4K,1M", "--iters", "2000", "--warmup", "1",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn collective-bench");
+        ranks.0.push(child);
+    }
+    // Phase 1: the group runs. Rank 0 prints its 4K line (2000 quick iterations), then
+    // loops on 1 MiB allreduces for far longer than this test.
+    let stdout = ranks.0[0].stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("rank 0 reports the first size");
+    assert!(line.starts_with("allreduce world=4 size=4096 "), "{line}");
+
+    // Phase 2: SIGKILL one rank in the middle of the 1 MiB loop.
+    ranks.0[VICTIM].kill().unwrap();
+    let killed_at = Instant::now();
+    ranks.0[VICTIM].wait().unwrap();
+
+    // Phase 3: every survivor exits with an error naming the lost rank, quickly.
+    let deadline = killed_at + Duration::from_secs(10);
+    for (rank, child) in ranks.0.iter_mut().enumerate() {
+        if rank == VICTIM {
+            continue;
+        }
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "rank {rank} still running 10 s after the kill"
+            );
+            std::thread::sleep(Duration::from_millis(10)); // polling a child, with a deadline
+        };
+        let exited_after = killed_at.elapsed();
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(!status.success(), "rank {rank} must fail");
+        assert!(err.contains("peer lost: rank 2"), "rank {rank}: {err}");
+        assert!(
+            exited_after < Duration::from_secs(2),
+            "rank {rank} took {exited_after:?}"
+        );
+    }
+}
