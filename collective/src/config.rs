@@ -26,6 +26,10 @@ pub struct Limits {
     /// `SO_SNDBUF`/`SO_RCVBUF` for data-plane sockets; `None` keeps the kernel's autotuning
     /// (which on Linux grows further than an explicit size capped by `rmem_max`).
     pub socket_buffer_bytes: Option<usize>,
+    /// A peer that sends nothing and acknowledges nothing for this long (its host died
+    /// without closing its connections) is lost: TCP keepalive and `TCP_USER_TIMEOUT`, ms.
+    /// Default 5 000. (A killed process is seen at once: its kernel closes the sockets.)
+    pub peer_silence_ms: u64,
     /// Frames each link's reading task may read ahead of the operation (each `chunk_bytes`
     /// of memory). Default 4.
     pub read_ahead_frames: usize,
@@ -45,6 +49,7 @@ impl Default for Limits {
             chunk_bytes: 512 * 1024,
             small_bytes_max: 64 * 1024,
             socket_buffer_bytes: None,
+            peer_silence_ms: 5_000,
             read_ahead_frames: 4,
             frame_bytes_max: 16 * 1024 * 1024,
             abort_linger_ms: 1_000,
@@ -62,6 +67,7 @@ impl Limits {
             chunk_bytes: 64,
             small_bytes_max: 96,
             socket_buffer_bytes: None,
+            peer_silence_ms: 2_000,
             read_ahead_frames: 2,
             frame_bytes_max: 1024 * 1024,
             abort_linger_ms: 500,
@@ -77,7 +83,7 @@ impl Limits {
         if self.chunk_bytes > self.frame_bytes_max || self.frame_bytes_max > u32::MAX as usize {
             return bad("chunk_bytes must not exceed frame_bytes_max (≤ 4 GiB)");
         }
-        if self.op_timeout_ms == 0 || self.connect_timeout_ms == 0 {
+        if self.op_timeout_ms == 0 || self.connect_timeout_ms == 0 || self.peer_silence_ms == 0 {
             return bad("timeouts must be positive");
         }
         Ok(())

@@ -26,7 +26,7 @@ use tokio::task::JoinSet;
 use tokio::time::{timeout_at, Instant};
 use tracing::{debug, warn};
 
-use crate::config::GroupConfig;
+use crate::config::{GroupConfig, Limits};
 use crate::error::{CollectiveError, HandshakeError};
 use crate::schedule;
 
@@ -42,6 +42,8 @@ const STATUS_BAD_MAC: u8 = 3;
 const DIAL_BACKOFF_MIN_MS: u64 = 20;
 /// Longest pause between dial attempts, ms.
 const DIAL_BACKOFF_MAX_MS: u64 = 500;
+/// Unanswered keepalive probes before a silent peer is declared lost.
+const KEEPALIVE_PROBES: u64 = 3;
 
 /// What both sides of a handshake know.
 #[derive(Clone)]
@@ -172,13 +174,26 @@ pub(crate) async fn handshake_accept(
     Ok(from as usize)
 }
 
-fn tune(stream: &TcpStream, socket_buffer_bytes: Option<usize>) {
+/// Data-plane socket options: no Nagle delay, optional buffer sizes, and a bound on how long
+/// a silent peer (host down, cable cut: no FIN or RST ever comes) goes unnoticed — keepalive
+/// probes when idle and `TCP_USER_TIMEOUT` for unacknowledged data, both about
+/// `peer_silence_ms`.
+fn tune(stream: &TcpStream, lim: &Limits) {
     let _ = stream.set_nodelay(true);
-    if let Some(n) = socket_buffer_bytes {
-        let s = socket2::SockRef::from(stream);
+    let s = socket2::SockRef::from(stream);
+    if let Some(n) = lim.socket_buffer_bytes {
         let _ = s.set_send_buffer_size(n);
         let _ = s.set_recv_buffer_size(n);
     }
+    let probe = Duration::from_millis((lim.peer_silence_ms / (KEEPALIVE_PROBES + 1)).max(1));
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(probe)
+        .with_interval(probe);
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    let keepalive = keepalive.with_retries(KEEPALIVE_PROBES as u32);
+    let _ = s.set_tcp_keepalive(&keepalive);
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    let _ = s.set_tcp_user_timeout(Some(Duration::from_millis(lim.peer_silence_ms)));
 }
 
 /// Dials `to` until the deadline, retrying refused connections and failed handshakes.
@@ -189,7 +204,7 @@ async fn dial(
     to: usize,
     deadline: Instant,
     handshake: Duration,
-    bufs: Option<usize>,
+    lim: Limits,
 ) -> Result<(usize, TcpStream), CollectiveError> {
     let mut backoff = Duration::from_millis(DIAL_BACKOFF_MIN_MS);
     let mut last: CollectiveError = CollectiveError::Connect {
@@ -204,7 +219,7 @@ async fn dial(
                     rank: to,
                     detail: e.to_string(),
                 })?;
-            tune(&s, bufs);
+            tune(&s, &lim);
             match tokio::time::timeout(handshake, handshake_dial(&mut s, &keys, from, to)).await {
                 Ok(Ok(())) => Ok(s),
                 Ok(Err(e)) => Err(CollectiveError::Handshake(e)),
@@ -254,7 +269,7 @@ pub(crate) async fn establish(
             p,
             deadline,
             hs_timeout,
-            lim.socket_buffer_bytes,
+            lim.clone(),
         ));
     }
     let mut handshakes: JoinSet<Result<(usize, TcpStream), HandshakeError>> = JoinSet::new();
@@ -267,7 +282,7 @@ pub(crate) async fn establish(
         tokio::select! {
             r = listener.accept(), if accepting => match r {
                 Ok((mut s, _)) => {
-                    tune(&s, lim.socket_buffer_bytes);
+                    tune(&s, lim);
                     let keys = keys.clone();
                     let expected = to_accept.clone();
                     handshakes.spawn(async move {
