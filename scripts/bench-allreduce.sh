@@ -166,14 +166,20 @@ if [ "$baselines" = 1 ] && [ -n "$PY" ]; then
     fi
 fi
 
-if [ "$build" = 1 ]; then
-    note "building: cargo build --release --workspace"
-    (cd "$root" && cargo build --release --workspace) >"$logdir/build.log" 2>&1 ||
-        { failures=1; tail -30 "$logdir/build.log" >&2; die "cargo build failed (log: $logdir/build.log)"; }
-fi
 BIN=${COLLECTIVE_BENCH:-${CARGO_TARGET_DIR:-$root/target}/release/collective-bench}
 have_ours=1
-if [ ! -x "$BIN" ]; then
+built_ok=1
+if [ "$build" = 1 ]; then
+    note "building: cargo build --release --workspace (log: $logdir/build.log)"
+    if ! (cd "$root" && cargo build --release --workspace) >"$logdir/build.log" 2>&1; then
+        failures=$((failures + 1))
+        tail -20 "$logdir/build.log" >&2
+        note "cargo build failed: no ringleader figures (a stale binary is not used)"
+        built_ok=0
+        have_ours=0
+    fi
+fi
+if [ "$built_ok" = 1 ] && [ ! -x "$BIN" ]; then
     note "no $BIN: no ringleader figures"
     have_ours=0
 fi
