@@ -11,7 +11,8 @@
 # host rl(i+1) of `scripts/netns.sh up N 1gbit` (10.77.0.(i+1)), rate limit RATE (default 1gbit).
 #
 # Environment: STEPS (timed steps, default 30), WARMUP (default 5), WORKERS (default "1 2 4"),
-# MODELS (default "mlp cnn"), RATE, BASE_PORT (default 29600), CARGO_TARGET_DIR.
+# MODELS (default "mlp cnn"), RATE, BASE_PORT (default 29600), CARGO_TARGET_DIR, TRAIN_WORKER
+# (a prebuilt train-worker binary: skips the build).
 # All workers run on this machine's cores: with fewer cores than workers the compute is
 # shared and the efficiency says so.
 set -euo pipefail
@@ -26,8 +27,12 @@ models=${MODELS:-mlp cnn}
 rate=${RATE:-1gbit}
 base_port=${BASE_PORT:-29600}
 
-cargo build --manifest-path "$root/Cargo.toml" -p trainer --bin train-worker --release >&2
-bin=$target/release/train-worker
+if [ -n "${TRAIN_WORKER:-}" ]; then
+    bin=$TRAIN_WORKER
+else
+    cargo build --manifest-path "$root/Cargo.toml" -p trainer --bin train-worker --release >&2
+    bin=$target/release/train-worker
+fi
 tmp=$(mktemp -d)
 pids=()
 cleanup() {

@@ -256,7 +256,7 @@ impl TrainSpec {
             if m.channels.len() != 2 || !m.channels.iter().all(|&c| width_ok(c)) {
                 return bad(format!("model.channels {:?}: two widths", m.channels));
             }
-            if m.kernel % 2 == 0 || m.kernel > 15 {
+            if m.kernel.is_multiple_of(2) || m.kernel > 15 {
                 return bad(format!("model.kernel {}: odd, at most 15", m.kernel));
             }
             if !width_ok(m.fc) {
@@ -264,7 +264,11 @@ impl TrainSpec {
             }
         }
         if m.arch == Arch::Transformer {
-            if m.heads == 0 || m.d_model == 0 || m.d_model % m.heads != 0 || !width_ok(m.d_model) {
+            if m.heads == 0
+                || m.d_model == 0
+                || !m.d_model.is_multiple_of(m.heads)
+                || !width_ok(m.d_model)
+            {
                 return bad(format!(
                     "model.d_model {} must be a positive multiple of model.heads {}",
                     m.d_model, m.heads

@@ -417,18 +417,21 @@ impl Trainer {
             on_event(&Event::Step(m));
             if self.cursor.epoch != m.epoch
                 && eval_every > 0
-                && self.cursor.epoch % eval_every == 0
+                && self.cursor.epoch.is_multiple_of(eval_every)
                 && self.step < self.total_steps
             {
                 let e = self.evaluate()?;
                 on_event(&Event::Epoch(e));
             }
-            if cfg.commit_every_steps > 0 && self.step % cfg.commit_every_steps == 0 {
+            if cfg.commit_every_steps > 0 && self.step.is_multiple_of(cfg.commit_every_steps) {
                 self.commit();
                 on_event(&Event::Committed(self.step));
             }
             if let Some(c) = ckpt.as_deref_mut() {
-                if self.rank == 0 && cfg.every_steps > 0 && self.step % cfg.every_steps == 0 {
+                if self.rank == 0
+                    && cfg.every_steps > 0
+                    && self.step.is_multiple_of(cfg.every_steps)
+                {
                     c.save(Arc::new(self.snapshot()));
                     on_event(&Event::Checkpoint(self.step));
                 }
@@ -439,7 +442,7 @@ impl Trainer {
         if let Some(c) = ckpt {
             if self.rank == 0
                 && cfg.every_steps > 0
-                && self.step % cfg.every_steps != 0
+                && !self.step.is_multiple_of(cfg.every_steps)
                 && self.step > start
             {
                 c.save(Arc::new(self.snapshot()));
