@@ -1,20 +1,198 @@
 //! The HTTP JSON API (axum). The CLI is a client of it.
+//!
+//! | route | does |
+//! | --- | --- |
+//! | `GET /v1/status` | this node, chief and term, members, jobs |
+//! | `POST /v1/jobs` (body: the TOML spec) | validates and commits a job; `{"id": …}` |
+//! | `GET /v1/jobs` | job summaries |
+//! | `GET /v1/jobs/{id}` | one job |
+//! | `POST /v1/jobs/{id}/cancel` | cancels a job |
+//! | `GET /v1/jobs/{id}/logs?offsets=R:N,…` | the current generation's logs, per rank |
+//!
+//! Errors are `{"error": "…"}` with 400 (bad input), 404 (no such job) or 503 (no chief or
+//! chief unreachable: retry).
 
-use axum::{extract::State, http::StatusCode, routing::get, Json, Router};
+use std::collections::BTreeMap;
 
-use crate::{net::NodeHandle, status::StatusDoc};
+use axum::{
+    extract::{DefaultBodyLimit, Path, Query, State},
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    routing::{get, post},
+    Json, Router,
+};
+use serde::Deserialize;
 
-/// Routes of the API.
-pub fn router(node: NodeHandle) -> Router {
-    Router::new()
-        .route("/v1/status", get(status))
-        .route("/healthz", get(|| async { "ok" }))
-        .with_state(node)
+use crate::{
+    consensus::{ControlHandle, ProposeError},
+    control::state::{ControlCommand, ControlResponse, JobId},
+    jobs::spec::{JobSpec, SPEC_BYTES_MAX},
+    net::NodeHandle,
+    status::{JobDoc, JobSummary, LogsDoc, StatusDoc},
+};
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    pub node: NodeHandle,
+    pub control: ControlHandle,
 }
 
-async fn status(State(node): State<NodeHandle>) -> Result<Json<StatusDoc>, (StatusCode, String)> {
-    node.status()
+/// An error answer: status and message.
+pub struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(serde_json::json!({ "error": self.1 }))).into_response()
+    }
+}
+
+impl From<ProposeError> for ApiError {
+    fn from(e: ProposeError) -> Self {
+        let code = match e {
+            ProposeError::Rejected(_) => StatusCode::BAD_REQUEST,
+            ProposeError::NoChief | ProposeError::Unreachable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        ApiError(code, e.to_string())
+    }
+}
+
+type ApiResult<T> = Result<Json<T>, ApiError>;
+
+/// Routes of the API.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/status", get(status))
+        .route("/v1/jobs", get(jobs).post(submit))
+        .route("/v1/jobs/{id}", get(job))
+        .route("/v1/jobs/{id}/cancel", post(cancel))
+        .route("/v1/jobs/{id}/logs", get(logs))
+        .route("/healthz", get(|| async { "ok" }))
+        .layer(DefaultBodyLimit::max(SPEC_BYTES_MAX))
+        .with_state(state)
+}
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn job_id(id: &str) -> Result<JobId, ApiError> {
+    id.parse().map_err(|_| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("{id:?} is not a job id (like j-1a)"),
+        )
+    })
+}
+
+async fn status(State(app): State<AppState>) -> ApiResult<StatusDoc> {
+    let mut doc = app
+        .node
+        .status()
+        .await
+        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    let (chief, term) = app.control.chief();
+    let voters = app.control.voters();
+    doc.chief = chief;
+    doc.term = Some(term);
+    for m in &mut doc.members {
+        m.voter = voters.contains(&m.id);
+    }
+    doc.jobs = app.control.job_summaries();
+    Ok(Json(doc))
+}
+
+async fn submit(
+    State(app): State<AppState>,
+    body: String,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let spec =
+        JobSpec::parse(&body).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
+    let cmd = ControlCommand::Submit {
+        spec: Box::new(spec),
+        at_ms: wall_ms(),
+    };
+    match app.control.propose(cmd).await? {
+        ControlResponse::Submitted { id } => Ok(Json(serde_json::json!({ "id": id.to_string() }))),
+        other => Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("not submitted: {other:?}"),
+        )),
+    }
+}
+
+async fn jobs(State(app): State<AppState>) -> ApiResult<Vec<JobSummary>> {
+    Ok(Json(app.control.job_summaries()))
+}
+
+async fn job(State(app): State<AppState>, Path(id): Path<String>) -> ApiResult<JobDoc> {
+    let id = job_id(&id)?;
+    app.control
+        .job_doc(id)
+        .map(Json)
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no job {id}")))
+}
+
+async fn cancel(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let id = job_id(&id)?;
+    match app
+        .control
+        .propose(ControlCommand::Cancel {
+            id,
+            at_ms: wall_ms(),
+        })
+        .await?
+    {
+        ControlResponse::Applied => Ok(Json(
+            serde_json::json!({ "id": id.to_string(), "state": "cancelled" }),
+        )),
+        ControlResponse::Rejected { reason } | ControlResponse::Ignored { reason } => {
+            Err(ApiError(StatusCode::BAD_REQUEST, reason))
+        }
+        other => Err(ApiError(StatusCode::BAD_REQUEST, format!("{other:?}"))),
+    }
+}
+
+#[derive(Deserialize)]
+struct LogsQuery {
+    /// `rank:offset` pairs, comma separated.
+    offsets: Option<String>,
+}
+
+async fn logs(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+    Query(q): Query<LogsQuery>,
+) -> ApiResult<LogsDoc> {
+    let id = job_id(&id)?;
+    let mut offsets = BTreeMap::new();
+    for pair in q
+        .offsets
+        .as_deref()
+        .unwrap_or("")
+        .split(',')
+        .filter(|p| !p.is_empty())
+    {
+        let parsed = pair
+            .split_once(':')
+            .and_then(|(r, o)| Some((r.parse::<u32>().ok()?, o.parse::<u64>().ok()?)));
+        let (rank, offset) = parsed.ok_or_else(|| {
+            ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("offsets: {pair:?} is not rank:offset"),
+            )
+        })?;
+        offsets.insert(rank, offset);
+    }
+    app.control
+        .logs(id, &offsets)
         .await
         .map(Json)
-        .map_err(|e| (StatusCode::SERVICE_UNAVAILABLE, e.to_string()))
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no job {id}")))
 }

@@ -36,6 +36,34 @@ pub enum Cmd {
     Node(NodeArgs),
     /// This node, the chief and term, members with state, jobs.
     Status,
+    /// Submit a job spec (TOML); prints the job id.
+    Submit {
+        /// The spec file.
+        file: PathBuf,
+    },
+    /// List jobs.
+    Jobs,
+    /// One job: state, generation, ring, step, metrics, events.
+    Job {
+        /// Job id.
+        id: String,
+        /// Redraw a progress line until the job ends.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Cancel a job.
+    Cancel {
+        /// Job id.
+        id: String,
+    },
+    /// A job's logs (its current generation, every rank).
+    Logs {
+        /// Job id.
+        id: String,
+        /// Keep printing new lines until the job ends.
+        #[arg(long, short)]
+        follow: bool,
+    },
     /// Start a local 3-node cluster, show it, and stop it.
     Demo,
     /// Write a new cluster key (swarm.key format) to FILE, or print it.
@@ -184,4 +212,128 @@ pub fn keygen(file: Option<PathBuf>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn client(cli: &Cli) -> ApiClient {
+    ApiClient::new(&cli.peer, cli.token.clone())
+}
+
+/// How often `job --watch` and `logs --follow` poll, in milliseconds.
+const POLL_MS: u64 = 500;
+
+/// `ringleader submit FILE`.
+pub fn submit(cli: &Cli, file: &std::path::Path) -> Result<()> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let id = client(cli)
+        .submit(&text)
+        .with_context(|| format!("{}", file.display()))?;
+    if cli.json {
+        println!("{}", serde_json::json!({ "id": id }));
+    } else {
+        println!("{id}");
+    }
+    Ok(())
+}
+
+/// `ringleader jobs`.
+pub fn jobs(cli: &Cli) -> Result<()> {
+    let jobs: Vec<crate::status::JobSummary> = client(cli).get("/v1/jobs")?;
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&jobs)?);
+        return Ok(());
+    }
+    println!("{:<10} {:<24} {:<8} STATE", "ID", "NAME", "KIND");
+    for j in jobs {
+        println!("{:<10} {:<24} {:<8} {}", j.id, j.name, j.kind, j.state);
+    }
+    Ok(())
+}
+
+fn is_terminal(state: &str) -> bool {
+    matches!(state, "succeeded" | "failed" | "cancelled")
+}
+
+/// `ringleader job ID [--watch]`.
+pub fn job(cli: &Cli, id: &str, watch: bool) -> Result<()> {
+    let c = client(cli);
+    if !watch {
+        let doc = c.job(id)?;
+        if cli.json {
+            println!("{}", serde_json::to_string_pretty(&doc)?);
+        } else {
+            print!("{}", doc.to_text());
+        }
+        return Ok(());
+    }
+    use std::io::Write;
+    loop {
+        let doc = c.job(id)?;
+        if cli.json {
+            println!("{}", serde_json::to_string(&doc)?);
+        } else {
+            print!("\r\x1b[2K{}", doc.progress_line());
+            std::io::stdout().flush()?;
+        }
+        if is_terminal(&doc.state) {
+            if !cli.json {
+                println!();
+            }
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(POLL_MS));
+    }
+}
+
+/// `ringleader cancel ID`.
+pub fn cancel(cli: &Cli, id: &str) -> Result<()> {
+    let v: serde_json::Value = client(cli).post(&format!("/v1/jobs/{id}/cancel"), "")?;
+    if cli.json {
+        println!("{v}");
+    } else {
+        println!("{id} cancelled");
+    }
+    Ok(())
+}
+
+/// `ringleader logs ID [--follow]`.
+pub fn logs(cli: &Cli, id: &str, follow: bool) -> Result<()> {
+    let c = client(cli);
+    let mut offsets: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut generation = None;
+    loop {
+        let q: Vec<String> = offsets.iter().map(|(r, o)| format!("{r}:{o}")).collect();
+        let doc: crate::status::LogsDoc =
+            c.get(&format!("/v1/jobs/{id}/logs?offsets={}", q.join(",")))?;
+        for chunk in &doc.chunks {
+            if generation != Some(chunk.generation) {
+                generation = Some(chunk.generation);
+                offsets.clear();
+                if !cli.json {
+                    println!("== generation {}", chunk.generation);
+                }
+            }
+            if let Some(e) = &chunk.error {
+                eprintln!("rank {}: log unavailable: {e}", chunk.rank);
+            }
+            for line in chunk.text.lines() {
+                if cli.json {
+                    println!(
+                        "{}",
+                        serde_json::json!({ "rank": chunk.rank, "line": line })
+                    );
+                } else {
+                    println!("[rank {}] {line}", chunk.rank);
+                }
+            }
+            offsets.insert(chunk.rank, chunk.next_offset);
+        }
+        let drained = doc.chunks.iter().all(|c| c.text.is_empty());
+        if !follow || (is_terminal(&doc.state) && drained) {
+            return Ok(());
+        }
+        if drained {
+            std::thread::sleep(std::time::Duration::from_millis(POLL_MS));
+        }
+    }
 }

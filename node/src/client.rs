@@ -6,7 +6,7 @@ use anyhow::{anyhow, Result};
 use serde::de::DeserializeOwned;
 
 /// How long the CLI waits for a node to answer, in milliseconds.
-pub const REQUEST_TIMEOUT_MS: u64 = 5_000;
+pub const REQUEST_TIMEOUT_MS: u64 = 10_000;
 
 /// A client of one node's API (`host:port`).
 #[derive(Clone, Debug)]
@@ -31,24 +31,43 @@ impl ApiClient {
         }
     }
 
-    /// `GET path`, decoded as JSON; errors name the node's address.
+    /// `GET path`, decoded as JSON; errors name the node's address or carry its message.
     pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
         let url = format!("http://{}{}", self.peer, path);
         let mut req = self.agent.get(&url);
         if let Some(token) = &self.token {
             req = req.header("authorization", &format!("Bearer {token}"));
         }
-        let mut resp = req
+        let resp = req
             .call()
             .map_err(|e| anyhow!("cannot reach ringleader node at {}: {e}", self.peer))?;
+        self.decode(resp)
+    }
+
+    /// `POST path` with a text body, decoded as JSON.
+    pub fn post<T: DeserializeOwned>(&self, path: &str, body: &str) -> Result<T> {
+        let url = format!("http://{}{}", self.peer, path);
+        let mut req = self.agent.post(&url).header("content-type", "text/plain");
+        if let Some(token) = &self.token {
+            req = req.header("authorization", &format!("Bearer {token}"));
+        }
+        let resp = req
+            .send(body)
+            .map_err(|e| anyhow!("cannot reach ringleader node at {}: {e}", self.peer))?;
+        self.decode(resp)
+    }
+
+    fn decode<T: DeserializeOwned>(&self, mut resp: ureq::http::Response<ureq::Body>) -> Result<T> {
         let status = resp.status();
         if !status.is_success() {
             let body = resp.body_mut().read_to_string().unwrap_or_default();
-            return Err(anyhow!(
-                "node at {} answered {status}: {}",
-                self.peer,
-                body.trim()
-            ));
+            let msg = serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v["error"].as_str().map(str::to_string))
+                .unwrap_or_else(|| {
+                    format!("node at {} answered {status}: {}", self.peer, body.trim())
+                });
+            return Err(anyhow!("{msg}"));
         }
         resp.body_mut()
             .read_json::<T>()
@@ -58,5 +77,19 @@ impl ApiClient {
     /// The node's status document.
     pub fn status(&self) -> Result<crate::status::StatusDoc> {
         self.get("/v1/status")
+    }
+
+    /// Submits a job spec (TOML text); returns the job id.
+    pub fn submit(&self, spec: &str) -> Result<String> {
+        let v: serde_json::Value = self.post("/v1/jobs", spec)?;
+        v["id"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| anyhow!("no job id in answer: {v}"))
+    }
+
+    /// One job.
+    pub fn job(&self, id: &str) -> Result<crate::status::JobDoc> {
+        self.get(&format!("/v1/jobs/{id}"))
     }
 }

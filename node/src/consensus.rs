@@ -32,24 +32,24 @@ use tracing::{debug, info, warn};
 
 use crate::{
     control::{
-        state::{ControlCommand, ControlResponse, ControlState, JobState},
+        state::{ControlCommand, ControlResponse, ControlState, Job, JobId, JobState},
         store::{self, node_id_of, NodeId, RaftNode, StateMachineStore, TypeConfig},
         voters::{self, Change, Health, VoterConfig},
     },
     jobs::placement::{self, Candidate, Request},
     membership::State,
     net::{InboundRpc, MemberView, NodeHandle},
-    status::NodeRef,
+    status::{FreshnessDoc, GenerationDoc, JobDoc, JobSummary, LogChunk, LogsDoc, NodeRef},
     wire,
     worker::Supervisor,
 };
 
 /// Raft heartbeat period, in milliseconds.
-const HEARTBEAT_MS: u64 = 250;
+const HEARTBEAT_MS: u64 = 150;
 /// Raft election timeout range, in milliseconds: a chief that dies is replaced within about
 /// this (plus a heartbeat), and a loaded host does not start needless elections.
-const ELECTION_MIN_MS: u64 = 1_000;
-const ELECTION_MAX_MS: u64 = 2_000;
+const ELECTION_MIN_MS: u64 = 700;
+const ELECTION_MAX_MS: u64 = 1_400;
 /// Period of the chief's loop (autopilot, placement, dead workers), in milliseconds.
 const CHIEF_PERIOD_MS: u64 = 250;
 /// How long a proposal may take, forwarding included, in milliseconds.
@@ -59,6 +59,8 @@ const REPORT_QUEUE_DEPTH: usize = 1_024;
 /// A leader that has not heard from a quorum for this long does not call itself chief (it
 /// may be on the minority side of a partition), in milliseconds.
 const QUORUM_STALE_MS: u64 = ELECTION_MAX_MS;
+/// Largest piece of a log returned by one read, in bytes.
+const LOG_CHUNK_BYTES_MAX: u64 = 256 * 1024;
 
 /// RPCs between nodes' control planes.
 #[derive(Debug, Serialize, Deserialize)]
@@ -69,6 +71,13 @@ pub enum RpcRequest {
     InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
     /// A write forwarded to the chief.
     Propose(ControlCommand),
+    /// A piece of a rank's log kept on the node that ran it.
+    Logs {
+        job: JobId,
+        generation: u32,
+        rank: u32,
+        offset: u64,
+    },
 }
 
 /// Answers to [`RpcRequest`]s.
@@ -80,6 +89,7 @@ pub enum RpcResponse {
         Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>,
     ),
     Propose(Result<ControlResponse, ProposeError>),
+    Logs(LogChunk),
     /// The request could not be decoded.
     Malformed(String),
 }
@@ -222,6 +232,8 @@ pub struct ControlHandle {
     sm: StateMachineStore,
     node: NodeHandle,
     node_id: NodeId,
+    me: String,
+    jobs_dir: std::path::PathBuf,
     epoch: Instant,
 }
 
@@ -271,6 +283,8 @@ pub async fn start(
         sm,
         node,
         node_id,
+        me: cfg.me.to_string(),
+        jobs_dir: cfg.data_dir.join("jobs"),
         epoch: Instant::now(),
     };
     tokio::spawn(serve_rpcs(handle.clone(), rpc_rx));
@@ -387,6 +401,95 @@ impl ControlHandle {
         }
     }
 
+    /// Job summaries for `status` and `jobs`.
+    pub fn job_summaries(&self) -> Vec<JobSummary> {
+        self.read(|s| {
+            s.jobs
+                .values()
+                .map(|j| JobSummary {
+                    id: j.id.to_string(),
+                    name: j.spec.name.clone(),
+                    kind: j.spec.kind.to_string(),
+                    state: j.state.to_string(),
+                })
+                .collect()
+        })
+    }
+
+    /// One job as the API shows it.
+    pub fn job_doc(&self, id: JobId) -> Option<JobDoc> {
+        let (applied_index, chief) = self.freshness();
+        self.read(|s| s.job(id).map(|j| job_doc(j, applied_index, chief)))
+    }
+
+    /// The logs of a job's current generation, each rank read from `offsets[rank]` on.
+    pub async fn logs(&self, id: JobId, offsets: &BTreeMap<u32, u64>) -> Option<LogsDoc> {
+        let (state, generation, slots) = self.read(|s| {
+            s.job(id)
+                .map(|j| (j.state.to_string(), j.attempt, j.assignment.clone()))
+        })?;
+        let mut chunks = Vec::new();
+        for slot in slots {
+            let offset = offsets.get(&slot.rank).copied().unwrap_or(0);
+            let chunk = if slot.member == self.me {
+                read_log(&self.jobs_dir, id, generation, slot.rank, offset)
+            } else {
+                self.remote_log(&slot.member, id, generation, slot.rank, offset)
+                    .await
+            };
+            chunks.push(chunk);
+        }
+        Some(LogsDoc {
+            id: id.to_string(),
+            state,
+            chunks,
+        })
+    }
+
+    async fn remote_log(
+        &self,
+        member: &str,
+        job: JobId,
+        generation: u32,
+        rank: u32,
+        offset: u64,
+    ) -> LogChunk {
+        let failed = |e: String| LogChunk {
+            rank,
+            generation,
+            offset,
+            text: String::new(),
+            next_offset: offset,
+            error: Some(e),
+        };
+        let Ok(peer) = member.parse::<PeerId>() else {
+            return failed("bad peer id".into());
+        };
+        let req = RpcRequest::Logs {
+            job,
+            generation,
+            rank,
+            offset,
+        };
+        let payload = match wire::encode_json(&req) {
+            Ok(p) => p,
+            Err(e) => return failed(e.to_string()),
+        };
+        match self.node.rpc(peer, payload).await {
+            Ok(bytes) => match wire::decode_json::<RpcResponse>(&bytes) {
+                Ok(RpcResponse::Logs(chunk)) => chunk,
+                Ok(_) => failed("unexpected answer".into()),
+                Err(e) => failed(e.to_string()),
+            },
+            Err(e) => failed(e.to_string()),
+        }
+    }
+
+    /// Stops Raft (node shutdown).
+    pub async fn shutdown(&self) {
+        let _ = self.raft.shutdown().await;
+    }
+
     /// Milliseconds since this handle started (for logs).
     pub fn uptime_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
@@ -412,6 +515,12 @@ async fn serve_rpcs(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>) {
                     };
                     RpcResponse::Propose(r)
                 }
+                Ok(RpcRequest::Logs {
+                    job,
+                    generation,
+                    rank,
+                    offset,
+                }) => RpcResponse::Logs(read_log(&ctl.jobs_dir, job, generation, rank, offset)),
                 Err(e) => {
                     debug!(peer = %rpc.from, "malformed rpc: {e}");
                     RpcResponse::Malformed(e.to_string())
@@ -662,5 +771,84 @@ async fn supervise_loop(ctl: ControlHandle, mut supervisor: Supervisor) {
             r = applied.changed() => if r.is_err() { supervisor.stop_all(); return },
             _ = tick.tick() => {}
         }
+    }
+}
+
+/// Reads up to [`LOG_CHUNK_BYTES_MAX`] of a local rank log from `offset`.
+fn read_log(jobs_dir: &Path, job: JobId, generation: u32, rank: u32, offset: u64) -> LogChunk {
+    use std::io::{Read, Seek, SeekFrom};
+    let path = crate::worker::log_path(jobs_dir, job, generation, rank);
+    let mut chunk = LogChunk {
+        rank,
+        generation,
+        offset,
+        text: String::new(),
+        next_offset: offset,
+        error: None,
+    };
+    let result = (|| -> std::io::Result<()> {
+        let mut f = match std::fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        f.seek(SeekFrom::Start(offset))?;
+        let mut buf = Vec::new();
+        f.take(LOG_CHUNK_BYTES_MAX).read_to_end(&mut buf)?;
+        chunk.next_offset = offset + buf.len() as u64;
+        chunk.text = String::from_utf8_lossy(&buf).into_owned();
+        Ok(())
+    })();
+    if let Err(e) = result {
+        chunk.error = Some(format!("{}: {e}", path.display()));
+    }
+    chunk
+}
+
+/// The API's view of a job record.
+pub fn job_doc(j: &Job, applied_index: u64, chief: bool) -> JobDoc {
+    let metric = |name: &str| j.metrics.get(name).map(|m| m.value.max(0.0) as u64);
+    let step = metric("step").or_else(|| j.metrics.values().filter_map(|m| m.step).max());
+    let history = j
+        .events
+        .iter()
+        .filter(|e| e.what == crate::control::state::EventKind::Placed)
+        .map(|e| GenerationDoc {
+            generation: e.attempt,
+            reason: e.reason.clone(),
+            at_ms: e.at_ms,
+        })
+        .collect();
+    JobDoc {
+        id: j.id.to_string(),
+        name: j.spec.name.clone(),
+        kind: j.spec.kind.to_string(),
+        state: j.state.to_string(),
+        generation: j.attempt,
+        max_restarts: j.max_restarts,
+        workers: j.spec.workers,
+        ring: j.assignment.iter().map(|s| s.name.clone()).collect(),
+        pending_reason: j.pending_reason.clone(),
+        step,
+        epoch: metric("epoch"),
+        metrics: j
+            .metrics
+            .iter()
+            .map(|(k, m)| (k.clone(), m.value))
+            .collect(),
+        history,
+        events: j
+            .events
+            .iter()
+            .filter_map(|e| serde_json::to_value(e).ok())
+            .collect(),
+        exits: j.exits.clone(),
+        submitted_at_ms: j.submitted_at_ms,
+        started_at_ms: j.started_at_ms,
+        finished_at_ms: j.finished_at_ms,
+        freshness: FreshnessDoc {
+            applied_index,
+            served_by: if chief { "chief" } else { "replica" }.into(),
+        },
     }
 }

@@ -26,6 +26,11 @@ fn main() {
             })
         }
         Cmd::Status => ringleader::cli::status(&cli),
+        Cmd::Submit { file } => ringleader::cli::submit(&cli, file),
+        Cmd::Jobs => ringleader::cli::jobs(&cli),
+        Cmd::Job { id, watch } => ringleader::cli::job(&cli, id, *watch),
+        Cmd::Cancel { id } => ringleader::cli::cancel(&cli, id),
+        Cmd::Logs { id, follow } => ringleader::cli::logs(&cli, id, *follow),
         Cmd::Demo => ringleader::demo::run(),
         Cmd::Keygen { file } => ringleader::cli::keygen(file.clone()),
         Cmd::BenchMembership(args) => ringleader::bench::run(args),

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use crate::{
-    identity,
+    consensus, identity,
     membership::{self, Membership},
     meta::{self, NodeMeta},
     net,
@@ -172,11 +172,26 @@ pub async fn run(config: NodeConfig) -> Result<()> {
     };
     let epoch = Instant::now();
     let core = Membership::new(peer_id, meta, config.membership.clone(), rand::random(), 0);
-    let (event_loop, handle) = net::EventLoop::new(swarm, core, epoch, config.join.clone());
-
-    let app = crate::api::router(handle.clone());
-    let api_task = tokio::spawn(async move { axum::serve(api_listener, app).await });
+    let (mut event_loop, handle) = net::EventLoop::new(swarm, core, epoch, config.join.clone());
+    let rpc_rx = event_loop.rpc_inbound();
     let mut loop_task = tokio::spawn(event_loop.run());
+    let control = consensus::start(
+        consensus::ControlConfig {
+            me: peer_id,
+            name: config.name.clone(),
+            data_dir: &config.data_dir,
+            bootstrap: config.join.is_empty(),
+        },
+        handle.clone(),
+        rpc_rx,
+    )
+    .await?;
+
+    let app = crate::api::router(crate::api::AppState {
+        node: handle.clone(),
+        control: control.clone(),
+    });
+    let api_task = tokio::spawn(async move { axum::serve(api_listener, app).await });
     write_atomically(
         &config.data_dir.join(NODE_INFO_FILE),
         &serde_json::to_vec_pretty(&info)?,
@@ -192,6 +207,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         _ = term.recv() => info!("terminated"),
         res = &mut loop_task => bail!("node event loop stopped unexpectedly: {res:?}"),
     }
+    control.shutdown().await;
     if let Err(e) = handle.leave().await {
         warn!("graceful leave failed: {e}");
     }

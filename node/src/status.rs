@@ -105,15 +105,16 @@ impl StatusDoc {
         let alive = self.members.iter().filter(|m| m.state == "alive").count();
         let _ = writeln!(out, "members: {} ({alive} alive)\n", self.members.len());
         let header = [
-            "NAME", "STATE", "CPUS", "MEM_MB", "GPUS", "API", "DATA", "ID",
+            "NAME", "STATE", "VOTER", "CPUS", "MEM_MB", "GPUS", "API", "DATA", "ID",
         ];
-        let rows: Vec<[String; 8]> = self
+        let rows: Vec<[String; 9]> = self
             .members
             .iter()
             .map(|m| {
                 [
                     format!("{}{}", m.name, if m.is_self { "*" } else { "" }),
                     m.state.clone(),
+                    if m.voter { "yes" } else { "-" }.to_string(),
                     m.cpus.to_string(),
                     m.memory_mb.to_string(),
                     m.gpus.len().to_string(),
@@ -155,4 +156,140 @@ impl StatusDoc {
         }
         out
     }
+}
+
+/// One generation (attempt) of a job and why it formed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GenerationDoc {
+    pub generation: u32,
+    /// start | retry | peer-lost | …, then the details.
+    pub reason: String,
+    pub at_ms: u64,
+}
+
+/// How fresh a replica's answer is.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FreshnessDoc {
+    /// Raft log index applied by the replica that answered.
+    pub applied_index: u64,
+    /// `chief` when the chief answered (as fresh as committed state gets), else `replica`
+    /// (possibly a little behind).
+    pub served_by: String,
+}
+
+/// `GET /v1/jobs/{id}`: one job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobDoc {
+    pub id: String,
+    pub name: String,
+    pub kind: String,
+    pub state: String,
+    /// The current attempt; a generation of the ring.
+    pub generation: u32,
+    pub max_restarts: u32,
+    pub workers: u32,
+    /// Member names in rank order.
+    pub ring: Vec<String>,
+    pub pending_reason: Option<String>,
+    pub step: Option<u64>,
+    pub epoch: Option<u64>,
+    /// Latest value of each metric.
+    pub metrics: BTreeMap<String, f64>,
+    pub history: Vec<GenerationDoc>,
+    pub events: Vec<serde_json::Value>,
+    /// Exit codes of the current generation's ranks that have exited.
+    pub exits: BTreeMap<u32, i32>,
+    pub submitted_at_ms: u64,
+    pub started_at_ms: Option<u64>,
+    pub finished_at_ms: Option<u64>,
+    pub freshness: FreshnessDoc,
+}
+
+impl JobDoc {
+    /// A one-line progress summary for `job --watch`.
+    pub fn progress_line(&self) -> String {
+        let mut s = format!(
+            "{} {} [{}] generation {}",
+            self.id, self.name, self.state, self.generation
+        );
+        if let Some(step) = self.step {
+            s.push_str(&format!(" step {step}"));
+        }
+        if let Some(epoch) = self.epoch {
+            s.push_str(&format!(" epoch {epoch}"));
+        }
+        for (k, v) in self
+            .metrics
+            .iter()
+            .filter(|(k, _)| *k != "step" && *k != "epoch")
+            .take(6)
+        {
+            s.push_str(&format!(" {k}={v:.4}"));
+        }
+        if let Some(r) = &self.pending_reason {
+            s.push_str(&format!(" (pending: {r})"));
+        }
+        s
+    }
+
+    /// A readable description for terminals.
+    pub fn to_text(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let _ = writeln!(out, "job        {} ({})", self.id, self.name);
+        let _ = writeln!(out, "kind       {}", self.kind);
+        let _ = writeln!(out, "state      {}", self.state);
+        let _ = writeln!(
+            out,
+            "generation {} (max restarts {})",
+            self.generation, self.max_restarts
+        );
+        let _ = writeln!(
+            out,
+            "ring       {}",
+            if self.ring.is_empty() {
+                "-".to_string()
+            } else {
+                self.ring.join(" → ")
+            }
+        );
+        if let Some(r) = &self.pending_reason {
+            let _ = writeln!(out, "pending    {r}");
+        }
+        if !self.metrics.is_empty() {
+            let _ = writeln!(out, "metrics");
+            for (k, v) in &self.metrics {
+                let _ = writeln!(out, "  {k:<20} {v}");
+            }
+        }
+        let _ = writeln!(out, "events");
+        for e in &self.events {
+            let what = e["what"].as_str().unwrap_or("?");
+            let reason = e["reason"].as_str().unwrap_or("");
+            let _ = writeln!(out, "  {:<14} {reason}", what);
+        }
+        out
+    }
+}
+
+/// A piece of one rank's log.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LogChunk {
+    pub rank: u32,
+    pub generation: u32,
+    /// Byte offset of `text` in the rank's log.
+    pub offset: u64,
+    pub text: String,
+    /// Where the next read starts.
+    pub next_offset: u64,
+    /// Why this rank's log could not be read, if it could not.
+    pub error: Option<String>,
+}
+
+/// `GET /v1/jobs/{id}/logs`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LogsDoc {
+    pub id: String,
+    pub state: String,
+    pub chunks: Vec<LogChunk>,
 }

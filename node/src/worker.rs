@@ -85,6 +85,9 @@ pub struct Supervisor {
     jobs_dir: PathBuf,
     reports: mpsc::Sender<ControlCommand>,
     running: HashMap<Key, oneshot::Sender<()>>,
+    /// Ranks whose process ended by itself, while their exit report is on its way: they are
+    /// not started again.
+    finished: std::collections::HashSet<Key>,
     epoch_ms: fn() -> u64,
 }
 
@@ -102,6 +105,7 @@ impl Supervisor {
             jobs_dir,
             reports,
             running: HashMap::new(),
+            finished: Default::default(),
             epoch_ms: clock_ms,
         }
     }
@@ -120,7 +124,7 @@ impl Supervisor {
                 }
                 let key = (job.id, job.attempt, slot.rank);
                 wanted.insert(key, ());
-                if self.running.contains_key(&key) {
+                if self.running.contains_key(&key) || self.finished.contains(&key) {
                     continue;
                 }
                 let rank0 = &job.assignment[0];
@@ -169,8 +173,11 @@ impl Supervisor {
         }
         // Stop what is no longer wanted (the attempt moved on, the job ended); forget what
         // finished by itself.
+        let finished = &mut self.finished;
+        finished.retain(|key| wanted.contains_key(key));
         self.running.retain(|key, kill| {
             if kill.is_closed() {
+                finished.insert(*key);
                 return false;
             }
             if wanted.contains_key(key) {
