@@ -111,6 +111,9 @@ async fn submit(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let spec =
         JobSpec::parse(&body).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
+    if spec.kind == crate::jobs::spec::JobKind::Train {
+        crate::train::validate(&spec).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
+    }
     let cmd = ControlCommand::Submit {
         spec: Box::new(spec),
         at_ms: wall_ms(),

@@ -74,6 +74,9 @@ pub enum Cmd {
     /// Membership benchmark (scripts/bench-membership.sh runs this).
     #[command(hide = true)]
     BenchMembership(crate::bench::BenchArgs),
+    /// One worker of a train job (the supervisor runs this).
+    #[command(hide = true)]
+    TrainWorker(trainer::worker::WorkerArgs),
 }
 
 /// `ringleader node` flags.

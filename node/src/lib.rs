@@ -21,5 +21,6 @@ pub mod meta;
 pub mod net;
 pub mod node;
 pub mod status;
+pub mod train;
 pub mod wire;
 pub mod worker;

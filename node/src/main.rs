@@ -31,6 +31,7 @@ fn main() {
         Cmd::Job { id, watch } => ringleader::cli::job(&cli, id, *watch),
         Cmd::Cancel { id } => ringleader::cli::cancel(&cli, id),
         Cmd::Logs { id, follow } => ringleader::cli::logs(&cli, id, *follow),
+        Cmd::TrainWorker(args) => ringleader::train::run_worker(args.clone()),
         Cmd::Demo => ringleader::demo::run(),
         Cmd::Keygen { file } => ringleader::cli::keygen(file.clone()),
         Cmd::BenchMembership(args) => ringleader::bench::run(args),

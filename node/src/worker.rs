@@ -1,4 +1,4 @@
-//! Runs this node's share of command jobs (`kind = "command"`): one process per assigned rank.
+//! Runs this node's share of command and train jobs: one process per assigned rank.
 //!
 //! The supervisor is reconciled against the replicated control state: a rank assigned to
 //! this node in a job's current attempt, not yet exited, has a process; anything else
@@ -7,6 +7,11 @@
 //! `MASTER_PORT`, …), so an unmodified PyTorch DDP script works. Their stdout and stderr go
 //! to `<data-dir>/jobs/<id>/attempt-<a>/rank-<r>.log`; stdout lines
 //! `ringleader-metric NAME VALUE [STEP]` become job metrics; the exit code is reported.
+//!
+//! A train job (`kind = "train"`) is the same path with a fixed program: this node's own
+//! binary as `ringleader train-worker` (see [`crate::train`]), given a spec file written next
+//! to the rank's log (`attempt-<a>/spec.toml`), the ring's addresses, the node's storage URL
+//! and, in its environment, the ring secret.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -69,6 +74,14 @@ pub fn master_port(id: JobId, attempt: u32) -> u16 {
     MASTER_PORT_BASE + x % MASTER_PORT_SPAN
 }
 
+/// The storage URL `ringleader node` uses by default: `file://<data-dir>/store`, the data
+/// dir being the parent of `jobs_dir`.
+fn default_storage(jobs_dir: &Path) -> String {
+    let data_dir = jobs_dir.parent().unwrap_or(jobs_dir);
+    let abs = std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    format!("file://{}", abs.join("store").display())
+}
+
 /// Where a rank's log lives under the jobs directory.
 pub fn log_path(jobs_dir: &Path, id: JobId, attempt: u32, rank: u32) -> PathBuf {
     jobs_dir
@@ -89,6 +102,10 @@ pub struct Supervisor {
     /// not started again.
     finished: std::collections::HashSet<Key>,
     epoch_ms: fn() -> u64,
+    /// Checkpoint storage URL handed to train workers.
+    storage: String,
+    /// Ranks of train jobs waiting for a member's address, already logged.
+    waiting: std::collections::HashSet<Key>,
 }
 
 impl Supervisor {
@@ -102,12 +119,21 @@ impl Supervisor {
     ) -> Self {
         Supervisor {
             me,
+            storage: default_storage(&jobs_dir),
             jobs_dir,
             reports,
             running: HashMap::new(),
             finished: Default::default(),
             epoch_ms: clock_ms,
+            waiting: Default::default(),
         }
+    }
+
+    /// Sets the checkpoint storage URL of train jobs (default: `file://<data-dir>/store`,
+    /// the data dir being the parent of `jobs_dir`, as `ringleader node` defaults it).
+    pub fn with_storage(mut self, url: String) -> Self {
+        self.storage = url;
+        self
     }
 
     /// Brings the processes in line with `state`. `host_of` gives a member's host for
@@ -115,7 +141,8 @@ impl Supervisor {
     pub fn reconcile(&mut self, state: &ControlState, host_of: &dyn Fn(&str) -> Option<String>) {
         let mut wanted: BTreeMap<Key, ()> = BTreeMap::new();
         for job in state.jobs.values() {
-            if job.state != JobState::Running || job.spec.kind != JobKind::Command {
+            let train = job.spec.kind == JobKind::Train;
+            if job.state != JobState::Running || !(train || job.spec.kind == JobKind::Command) {
                 continue;
             }
             for slot in job.assignment.iter().filter(|s| s.member == self.me) {
@@ -157,12 +184,31 @@ impl Supervisor {
                     ("RINGLEADER_ATTEMPT".into(), job.attempt.to_string()),
                 ];
                 env.extend(job.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+                let log = log_path(&self.jobs_dir, job.id, job.attempt, slot.rank);
+                let (command, files) = if train {
+                    let Some(addrs) = crate::train::ring_addrs(job, host_of) else {
+                        if self.waiting.insert(key) {
+                            info!(job = %job.id, attempt = job.attempt, rank = slot.rank, "waiting for the ring members' addresses");
+                        }
+                        continue;
+                    };
+                    let spec_file = log.with_file_name("spec.toml");
+                    env.push(("RINGLEADER_SECRET".into(), crate::train::ring_secret(job)));
+                    let command = self.train_command(job, slot.rank, &addrs, &spec_file);
+                    (
+                        command,
+                        vec![(spec_file, crate::train::spec_text(&job.spec))],
+                    )
+                } else {
+                    (job.spec.command.clone(), Vec::new())
+                };
                 let (kill_tx, kill_rx) = oneshot::channel();
                 let run = Run {
                     key,
-                    command: job.spec.command.clone(),
+                    command,
+                    files,
                     env,
-                    log: log_path(&self.jobs_dir, job.id, job.attempt, slot.rank),
+                    log,
                     reports: self.reports.clone(),
                     clock_ms: self.epoch_ms,
                 };
@@ -175,6 +221,7 @@ impl Supervisor {
         // finished by itself.
         let finished = &mut self.finished;
         finished.retain(|key| wanted.contains_key(key));
+        self.waiting.retain(|key| wanted.contains_key(key));
         self.running.retain(|key, kill| {
             if kill.is_closed() {
                 finished.insert(*key);
@@ -191,6 +238,40 @@ impl Supervisor {
         });
     }
 
+    /// The command line of a train job's rank: this binary's hidden `train-worker`.
+    fn train_command(
+        &self,
+        job: &crate::control::state::Job,
+        rank: u32,
+        addrs: &[std::net::SocketAddr],
+        spec_file: &Path,
+    ) -> Vec<String> {
+        let exe = std::env::current_exe()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| "ringleader".into());
+        let data_dir = self.jobs_dir.parent().unwrap_or(&self.jobs_dir);
+        let addrs: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+        vec![
+            exe,
+            "train-worker".into(),
+            "--spec".into(),
+            spec_file.display().to_string(),
+            "--rank".into(),
+            rank.to_string(),
+            "--addrs".into(),
+            addrs.join(","),
+            "--job-id".into(),
+            job.id.to_string(),
+            "--generation".into(),
+            job.attempt.to_string(),
+            "--data-dir".into(),
+            data_dir.display().to_string(),
+            "--storage".into(),
+            self.storage.clone(),
+            "--metric-lines".into(),
+        ]
+    }
+
     /// Kills every process (node shutdown).
     pub fn stop_all(&mut self) {
         for (_, kill) in self.running.drain() {
@@ -203,6 +284,8 @@ impl Supervisor {
 struct Run {
     key: Key,
     command: Vec<String>,
+    /// Files written before the process starts (path, contents).
+    files: Vec<(PathBuf, String)>,
     env: Vec<(String, String)>,
     log: PathBuf,
     reports: mpsc::Sender<ControlCommand>,
@@ -244,6 +327,9 @@ impl Run {
             .append(true)
             .open(&self.log)
             .await?;
+        for (path, text) in &self.files {
+            tokio::fs::write(path, text).await?;
+        }
         let (program, args) = self
             .command
             .split_first()

@@ -10,7 +10,8 @@
 //! buckets ([`GradSync`]), the optimizer update ([`Optimizer`], [`LrSchedule`]); per epoch
 //! validation; train state ([`TrainState`]) committed to memory every K steps and written
 //! by rank 0 as a checkpoint ([`CheckpointStore`] through opendal, asynchronously by a
-//! [`Checkpointer`]).
+//! [`Checkpointer`]). [`worker::run`] is one whole worker process (ring, resume, train,
+//! metric lines), used by the `train-worker` binary and the node.
 
 mod checkpoint;
 mod checkpointer;
@@ -27,6 +28,7 @@ mod spec;
 mod state;
 mod trainer;
 mod transformer;
+pub mod worker;
 
 pub use checkpoint::{operator_from_url, CheckpointStore, CHECKPOINT_FILE_BYTES_MAX, COMMIT_FILE};
 pub use checkpointer::Checkpointer;
