@@ -105,8 +105,23 @@ async fn status(State(app): State<AppState>) -> ApiResult<StatusDoc> {
     Ok(Json(doc))
 }
 
+#[derive(Deserialize)]
+struct SubmitQuery {
+    /// Idempotency token: a retried submit with the same token gets the same job.
+    token: Option<String>,
+}
+
+/// How long a submit keeps retrying while there is no chief (an election), in milliseconds.
+const SUBMIT_RETRY_MS: u64 = 10_000;
+/// Pause between those retries, in milliseconds.
+const SUBMIT_RETRY_PAUSE_MS: u64 = 200;
+
+/// Validates and commits a job. The write carries an idempotency token (the client's, or
+/// one made here), so retrying it through an election commits the job once: the answer is
+/// either the job's id or a clear retryable error, never a duplicate job.
 async fn submit(
     State(app): State<AppState>,
+    Query(q): Query<SubmitQuery>,
     body: String,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let spec =
@@ -114,11 +129,26 @@ async fn submit(
     if spec.kind == crate::jobs::spec::JobKind::Train {
         crate::train::validate(&spec).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
     }
+    let token = q
+        .token
+        .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
     let cmd = ControlCommand::Submit {
         spec: Box::new(spec),
         at_ms: wall_ms(),
+        token: Some(token),
     };
-    match app.control.propose(cmd).await? {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(SUBMIT_RETRY_MS);
+    let answer = loop {
+        match app.control.propose(cmd.clone()).await {
+            Err(ProposeError::NoChief | ProposeError::Unreachable(_))
+                if std::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(SUBMIT_RETRY_PAUSE_MS)).await;
+            }
+            other => break other?,
+        }
+    };
+    match answer {
         ControlResponse::Submitted { id } => Ok(Json(serde_json::json!({ "id": id.to_string() }))),
         other => Err(ApiError(
             StatusCode::BAD_REQUEST,

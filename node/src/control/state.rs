@@ -36,6 +36,8 @@ pub const METRICS_PER_JOB_MAX: usize = 256;
 pub const METRIC_NAME_BYTES_MAX: usize = 128;
 /// Longest reason kept in an event, in bytes (longer ones are cut at a char boundary).
 pub const REASON_BYTES_MAX: usize = 1024;
+/// Longest submit token, in bytes.
+pub const TOKEN_BYTES_MAX: usize = 128;
 
 /// A job's id: `j-` and the base-36 log index of its `Submit` entry, e.g. `j-2s`.
 ///
@@ -296,6 +298,11 @@ pub enum ControlCommand {
         spec: Box<JobSpec>,
         /// Proposer's clock.
         at_ms: u64,
+        /// The client's idempotency token: a retried submit with the same token (after an
+        /// answer was lost, say during an election) returns the first submit's id instead of
+        /// creating a second job. At most [`TOKEN_BYTES_MAX`] bytes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token: Option<String>,
     },
     /// The chief placed attempt `attempt` (must be the job's next attempt) on `slots`.
     Place {
@@ -379,6 +386,9 @@ pub enum BadCommand {
     /// A metric name is empty or longer than [`METRIC_NAME_BYTES_MAX`].
     #[error("metric name must be 1 to {METRIC_NAME_BYTES_MAX} bytes")]
     MetricName,
+    /// A submit token that is empty or longer than [`TOKEN_BYTES_MAX`].
+    #[error("submit token must be 1 to {TOKEN_BYTES_MAX} bytes")]
+    Token,
     /// A placement whose slots are not ranks `0..n` or more than [`WORKERS_MAX`].
     #[error("placement slots must have ranks 0..n in order, at most {WORKERS_MAX}")]
     Slots,
@@ -403,6 +413,11 @@ impl ControlCommand {
                     return Err(BadCommand::Slots);
                 }
                 Ok(())
+            }
+            ControlCommand::Submit { token: Some(t), .. }
+                if t.is_empty() || t.len() > TOKEN_BYTES_MAX =>
+            {
+                Err(BadCommand::Token)
             }
             _ => Ok(()),
         }
@@ -458,6 +473,9 @@ pub struct ControlState {
     pub applied_at_ms: u64,
     /// Log index of the last applied command (0 if none).
     pub applied_index: u64,
+    /// Submit tokens seen, with the job each created (see `ControlCommand::Submit`).
+    #[serde(default)]
+    pub tokens: BTreeMap<String, JobId>,
 }
 
 impl ControlState {
@@ -477,8 +495,14 @@ impl ControlState {
             };
         }
         match cmd {
-            ControlCommand::Submit { spec, at_ms } => {
+            ControlCommand::Submit { spec, at_ms, token } => {
+                if let Some(id) = token.as_ref().and_then(|t| self.tokens.get(t)) {
+                    return ControlResponse::Submitted { id: *id };
+                }
                 let id = JobId::from_log_index(log_index);
+                if let Some(t) = token {
+                    self.tokens.insert(t.clone(), id);
+                }
                 let mut job = Job {
                     id,
                     spec: (**spec).clone(),
@@ -776,6 +800,7 @@ mod tests {
             match self.apply(ControlCommand::Submit {
                 spec: Box::new(spec(workers, max_restarts)),
                 at_ms: 10,
+                token: None,
             }) {
                 ControlResponse::Submitted { id } => id,
                 other => panic!("{other:?}"),
@@ -816,6 +841,7 @@ mod tests {
         let cmd = ControlCommand::Submit {
             spec: Box::new(spec),
             at_ms: 1,
+            token: Some("t-1".into()),
         };
         let json = serde_json::to_string(&cmd).unwrap();
         assert_eq!(serde_json::from_str::<ControlCommand>(&json).unwrap(), cmd);
@@ -1174,5 +1200,27 @@ mod tests {
             let json = serde_json::to_string(&cmd).unwrap();
             assert_eq!(serde_json::from_str::<ControlCommand>(&json).unwrap(), cmd);
         }
+    }
+
+    #[test]
+    fn a_retried_submit_with_the_same_token_returns_the_first_id() {
+        let mut state = ControlState::default();
+        let submit = |token: Option<&str>| ControlCommand::Submit {
+            spec: Box::new(spec(1, 0)),
+            at_ms: 5,
+            token: token.map(str::to_string),
+        };
+        let first = state.apply(1, &submit(Some("abc")));
+        let again = state.apply(2, &submit(Some("abc")));
+        assert_eq!(first, again, "same token, same job");
+        assert_eq!(state.jobs.len(), 1);
+        let other = state.apply(3, &submit(Some("def")));
+        assert_ne!(first, other);
+        state.apply(4, &submit(None));
+        assert_eq!(state.jobs.len(), 3);
+        assert!(matches!(
+            state.apply(5, &submit(Some(""))),
+            ControlResponse::Rejected { .. }
+        ));
     }
 }

@@ -983,6 +983,7 @@ mod tests {
             payload: EntryPayload::Normal(ControlCommand::Submit {
                 spec: Box::new(spec),
                 at_ms: index,
+                token: None,
             }),
         }
     }
