@@ -119,13 +119,12 @@ impl Communicator {
         cfg.validate()?;
         let mut streams = tcp::establish(&cfg, listener).await?;
         let mut links: Vec<Option<Link>> = (0..cfg.world).map(|_| None).collect();
-        for (peer, s) in streams.drain() {
-            links[peer] = Some(Link::tcp(
-                peer,
-                s,
-                cfg.limits.chunk_bytes,
-                cfg.limits.read_ahead_frames,
-            ));
+        let (chunk, ahead) = (cfg.limits.chunk_bytes, cfg.limits.read_ahead_frames);
+        for (peer, (s, ch)) in streams.drain() {
+            links[peer] = Some(match ch {
+                Some(ch) => Link::shm(peer, s, ch),
+                None => Link::tcp(peer, s, chunk, ahead),
+            });
         }
         Ok(Self::from_links(
             cfg.rank,
@@ -211,6 +210,16 @@ impl Communicator {
     /// The limits in force.
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+    /// How many of this rank's links carry data through shared memory (peers on the same
+    /// host, with [`Limits::shared_memory`]); the others use TCP.
+    pub fn shared_memory_links(&self) -> usize {
+        self.engine
+            .links
+            .iter()
+            .flatten()
+            .filter(|l| l.is_shm())
+            .count()
     }
     /// The error that poisoned this communicator, if any.
     pub fn error(&self) -> Option<&CollectiveError> {
@@ -606,7 +615,7 @@ async fn recv_frame(
 /// The payload of a data message as elements.
 fn payload<T: bytemuck::Pod>(m: &Inbound, len: usize) -> &[T] {
     match m {
-        Inbound::Data { buf, .. } => &bytemuck::cast_slice::<u64, T>(buf)[..len],
+        Inbound::Data { buf, .. } => buf.elems(len),
         _ => unreachable!("recv_frame returns data messages only"),
     }
 }
@@ -713,16 +722,21 @@ impl Engine {
         );
         let (reader, writer, watched) = pair(&mut self.links, l, r);
         let (src, dst) = split(buf, send, recv);
-        let both = async {
-            tokio::try_join!(
-                send_all(writer, desc, src, ce),
-                recv_all(reader, me, desc, dst, op.map(|o| (o, false)), ce),
-            )
+        // The link to the right is watched (for its abort or loss) only while we still send
+        // on it: once our frames are out, the right peer may finish the operation and close
+        // before our frames from the left are in, which is no failure of ours. A failure
+        // it relays after that reaches us around the ring, through the left.
+        let sending = async {
+            tokio::select! {
+                r = send_all(writer, desc, src, ce) => r,
+                f = watch(watched, desc) => Err(f),
+            }
         };
-        tokio::select! {
-            r = both => r.map(|_| ()),
-            f = watch(watched, desc) => Err(f),
-        }
+        tokio::try_join!(
+            sending,
+            recv_all(reader, me, desc, dst, op.map(|o| (o, false)), ce),
+        )
+        .map(|_| ())
     }
 
     /// Ring reduce-scatter (see [`crate::schedule`]); with `Avg`, divides the owned segment.

@@ -38,6 +38,10 @@ pub struct Limits {
     /// How long a failing rank keeps its connections open to deliver abort frames, ms.
     /// Default 1 000.
     pub abort_linger_ms: u64,
+    /// Move a link's data frames to a shared-memory segment when its peer proves it is on
+    /// the same host (the TCP connection stays, for aborts and liveness). Both ends must
+    /// allow it. Default true (measured in BENCH.md).
+    pub shared_memory: bool,
 }
 
 impl Default for Limits {
@@ -53,6 +57,7 @@ impl Default for Limits {
             read_ahead_frames: 4,
             frame_bytes_max: 16 * 1024 * 1024,
             abort_linger_ms: 1_000,
+            shared_memory: true,
         }
     }
 }
@@ -71,6 +76,7 @@ impl Limits {
             read_ahead_frames: 2,
             frame_bytes_max: 1024 * 1024,
             abort_linger_ms: 500,
+            shared_memory: true,
         }
     }
 

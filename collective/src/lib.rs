@@ -15,8 +15,9 @@
 //!
 //! Layout: [`schedule`] holds the pure chunk schedules (ring, recursive doubling), property
 //! tested; `communicator` drives them over `transport` links (TCP with the handshake of
-//! `tcp`, or in-memory channels); `frame` is the 32-byte frame header; `nccl` is the GPU
-//! path behind feature `cuda`.
+//! `tcp`, or in-memory channels; between ranks on the same host the data frames of a TCP
+//! link move to a shared-memory ring, `shm`); `frame` is the 32-byte frame header; `nccl`
+//! is the GPU path behind feature `cuda`.
 
 mod bucketer;
 mod communicator;
@@ -26,6 +27,7 @@ mod error;
 mod frame;
 mod nccl;
 pub mod schedule;
+mod shm;
 mod tcp;
 mod transport;
 

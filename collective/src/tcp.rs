@@ -14,6 +14,19 @@
 //! The acceptor refuses another group or generation (status 1) or an unexpected rank
 //! (status 2) before any MAC, and a bad MAC (status 3); the dialer refuses an acceptor whose
 //! MAC does not verify. Nonces from both sides make a recorded handshake useless later.
+//!
+//! Then, on the authenticated connection, the data path is chosen (see [`crate::shm`]):
+//!
+//! ```text
+//! dialer → acceptor  S1 = offer name      offer 1: segment created, name = its 32 hex chars;
+//!                                          offer 0: none (shm off, or too large), name zeros (33 B)
+//! acceptor → dialer  S2 = status token    status 1: mapped, token = the 32 bytes inside it;
+//!                                          status 0: declined (another host, shm off), zeros (33 B)
+//! ```
+//!
+//! With status 1 and the right token both ends move data frames to the segment and keep the
+//! TCP connection for abort frames and liveness; otherwise the link is TCP, as before. Only
+//! a peer that passed the MAC ever learns a segment's name.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -29,9 +42,11 @@ use tracing::{debug, warn};
 use crate::config::{GroupConfig, Limits};
 use crate::error::{CollectiveError, HandshakeError};
 use crate::schedule;
+use crate::shm;
 
 const MAGIC: [u8; 4] = *b"RLHS";
-const VERSION: u32 = 1;
+/// Version 2 added the data-path negotiation (S1/S2) after the handshake.
+const VERSION: u32 = 2;
 const KEY_CONTEXT: &str = "ringleader collective 2024 data-plane handshake v1";
 const D1_BYTES: usize = 48;
 const STATUS_OK: u8 = 0;
@@ -174,6 +189,84 @@ pub(crate) async fn handshake_accept(
     Ok(from as usize)
 }
 
+/// S1 and S2: one flag byte, then a segment name or token.
+const PATH_MSG_BYTES: usize = 1 + shm::NAME_HEX_BYTES;
+
+/// Dialer side of the data-path choice: offers a shared-memory segment when `lim` allows
+/// one, and returns its end if the acceptor proved it mapped it.
+async fn negotiate_dial(
+    stream: &mut TcpStream,
+    lim: &Limits,
+) -> Result<Option<shm::Channel>, HandshakeError> {
+    let addr = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let io = |e: std::io::Error| malformed(&addr, &format!("io: {e}"));
+    let offer = if lim.shared_memory {
+        shm::Offer::create(lim.chunk_bytes).unwrap_or_else(|e| {
+            debug!(error = %e, "no shared-memory segment");
+            None
+        })
+    } else {
+        None
+    };
+    let mut s1 = [0u8; PATH_MSG_BYTES];
+    if let Some(o) = &offer {
+        s1[0] = 1;
+        s1[1..].copy_from_slice(o.name().as_bytes());
+    }
+    stream.write_all(&s1).await.map_err(io)?;
+    let mut s2 = [0u8; PATH_MSG_BYTES];
+    stream.read_exact(&mut s2).await.map_err(io)?;
+    match (s2[0], offer) {
+        (0, _) => Ok(None),
+        (1, Some(o)) if o.proves(&s2[1..]) => o
+            .into_channel()
+            .map(Some)
+            .map_err(|e| malformed(&addr, &format!("shared-memory waker: {e}"))),
+        (1, _) => Err(malformed(&addr, "wrong shared-memory token")),
+        (s, _) => Err(malformed(&addr, &format!("data-path status {s}"))),
+    }
+}
+
+/// Acceptor side of the data-path choice: maps the offered segment if `lim` allows and it
+/// is on this host.
+async fn negotiate_accept(
+    stream: &mut TcpStream,
+    lim: &Limits,
+) -> Result<Option<shm::Channel>, HandshakeError> {
+    let addr = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let io = |e: std::io::Error| malformed(&addr, &format!("io: {e}"));
+    let mut s1 = [0u8; PATH_MSG_BYTES];
+    stream.read_exact(&mut s1).await.map_err(io)?;
+    let mut s2 = [0u8; PATH_MSG_BYTES];
+    let ch = match s1[0] {
+        0 => None,
+        1 if lim.shared_memory => match shm::open(&s1[1..], lim.chunk_bytes) {
+            Ok((ch, token)) => {
+                s2[0] = 1;
+                s2[1..].copy_from_slice(&token);
+                Some(ch)
+            }
+            Err(e) => {
+                debug!(peer = %addr, error = %e, "shared memory declined");
+                None
+            }
+        },
+        1 => None,
+        f => return Err(malformed(&addr, &format!("data-path offer {f}"))),
+    };
+    stream.write_all(&s2).await.map_err(io)?;
+    Ok(ch)
+}
+
+/// An authenticated connection and, when the peer is on this host, its shared segment.
+pub(crate) type Connection = (TcpStream, Option<shm::Channel>);
+
 /// Data-plane socket options: no Nagle delay, optional buffer sizes, and a bound on how long
 /// a silent peer (host down, cable cut: no FIN or RST ever comes) goes unnoticed — keepalive
 /// probes when idle and `TCP_USER_TIMEOUT` for unacknowledged data, both about
@@ -205,7 +298,7 @@ async fn dial(
     deadline: Instant,
     handshake: Duration,
     lim: Limits,
-) -> Result<(usize, TcpStream), CollectiveError> {
+) -> Result<(usize, Connection), CollectiveError> {
     let mut backoff = Duration::from_millis(DIAL_BACKOFF_MIN_MS);
     let mut last: CollectiveError = CollectiveError::Connect {
         rank: to,
@@ -220,8 +313,12 @@ async fn dial(
                     detail: e.to_string(),
                 })?;
             tune(&s, &lim);
-            match tokio::time::timeout(handshake, handshake_dial(&mut s, &keys, from, to)).await {
-                Ok(Ok(())) => Ok(s),
+            let both = async {
+                handshake_dial(&mut s, &keys, from, to).await?;
+                negotiate_dial(&mut s, &lim).await
+            };
+            match tokio::time::timeout(handshake, both).await {
+                Ok(Ok(ch)) => Ok((s, ch)),
                 Ok(Err(e)) => Err(CollectiveError::Handshake(e)),
                 Err(_) => Err(CollectiveError::Connect {
                     rank: to,
@@ -250,7 +347,7 @@ async fn dial(
 pub(crate) async fn establish(
     cfg: &GroupConfig,
     listener: &TcpListener,
-) -> Result<HashMap<usize, TcpStream>, CollectiveError> {
+) -> Result<HashMap<usize, Connection>, CollectiveError> {
     let me = cfg.rank;
     let lim = &cfg.limits;
     let keys = HandshakeKeys::new(&cfg.secret, cfg.group_id, cfg.generation);
@@ -272,7 +369,7 @@ pub(crate) async fn establish(
             lim.clone(),
         ));
     }
-    let mut handshakes: JoinSet<Result<(usize, TcpStream), HandshakeError>> = JoinSet::new();
+    let mut handshakes: JoinSet<Result<(usize, Connection), HandshakeError>> = JoinSet::new();
     let mut accepted = 0;
     loop {
         let accepting = accepted < to_accept.len();
@@ -285,11 +382,16 @@ pub(crate) async fn establish(
                     tune(&s, lim);
                     let keys = keys.clone();
                     let expected = to_accept.clone();
+                    let lim = lim.clone();
                     handshakes.spawn(async move {
-                        let from = tokio::time::timeout(hs_timeout, handshake_accept(&mut s, &keys, me, &expected))
+                        let both = async {
+                            let from = handshake_accept(&mut s, &keys, me, &expected).await?;
+                            Ok::<_, HandshakeError>((from, negotiate_accept(&mut s, &lim).await?))
+                        };
+                        let (from, ch) = tokio::time::timeout(hs_timeout, both)
                             .await
                             .map_err(|_| malformed("", "handshake timed out"))??;
-                        Ok((from, s))
+                        Ok((from, (s, ch)))
                     });
                 }
                 Err(e) => warn!(error = %e, "accept failed"),

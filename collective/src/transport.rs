@@ -11,6 +11,8 @@
 //! delivers the same messages over channels. Every error on a link means that peer is lost.
 
 use std::io::IoSlice;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
@@ -21,6 +23,7 @@ use tokio::task::JoinHandle;
 
 use crate::error::{CollectiveError, OpDesc};
 use crate::frame::{Abort, Header, HEADER_BYTES};
+use crate::shm::{self, LinkState};
 
 /// Read-buffer size of a TCP link: holds a header and a small payload in one syscall;
 /// larger payloads bypass it and land directly in a pool buffer.
@@ -63,11 +66,10 @@ impl Failure {
 /// What a link delivers to the operation.
 #[derive(Debug)]
 pub(crate) enum Inbound {
-    /// A data frame; the payload is the first `bytes` bytes of `buf` (u64 words, so it can
-    /// be viewed as any element type).
+    /// A data frame; the payload is the first `bytes` bytes of `buf`.
     Data {
         desc: OpDesc,
-        buf: Vec<u64>,
+        buf: Payload,
         bytes: usize,
     },
     /// The peer aborted the generation.
@@ -76,10 +78,40 @@ pub(crate) enum Inbound {
     Protocol(String),
 }
 
+/// Where a received payload lies. Both are 8-aligned, so they can be viewed as any element
+/// type.
+#[derive(Debug)]
+pub(crate) enum Payload {
+    /// A buffer of the TCP reading task's pool, or an in-memory message.
+    Heap(Vec<u64>),
+    /// Still in the peer's shared-memory slot: reduced from in place.
+    Shm(shm::Slot),
+}
+
+impl Payload {
+    /// The first `len` elements.
+    pub fn elems<T: bytemuck::Pod>(&self, len: usize) -> &[T] {
+        match self {
+            Payload::Heap(b) => &bytemuck::cast_slice::<u64, T>(b)[..len],
+            Payload::Shm(s) => bytemuck::cast_slice(s.bytes(len * std::mem::size_of::<T>())),
+        }
+    }
+}
+
+/// The receiving side of a shared-memory link: frames come from the ring, aborts and the
+/// peer's death from the TCP connection (the channel).
+struct ShmIn {
+    ring: shm::Consumer,
+    state: Arc<LinkState>,
+}
+
 /// Receiving half of a link to `peer`.
 pub(crate) struct Reader {
     peer: usize,
+    /// TCP or in-memory frames; on a shared-memory link only aborts and malformed frames
+    /// from the TCP connection, whose end (EOF, reset) closes the channel.
     rx: mpsc::Receiver<Inbound>,
+    shm: Option<ShmIn>,
     /// Where consumed TCP buffers go back to the reading task (none in memory).
     free: Option<mpsc::Sender<Vec<u64>>>,
     /// A message already taken by a watcher, delivered by the next [`Reader::next`].
@@ -98,6 +130,12 @@ impl Drop for Reader {
 enum WriteSide {
     Tcp(OwnedWriteHalf),
     Mem(mpsc::Sender<Inbound>),
+    /// Frames into the shared ring; the TCP half carries only the abort frame.
+    Shm {
+        tcp: OwnedWriteHalf,
+        ring: shm::Producer,
+        state: Arc<LinkState>,
+    },
 }
 
 /// Sending half of a link to `peer`.
@@ -133,6 +171,7 @@ impl Link {
             reader: Reader {
                 peer,
                 rx,
+                shm: None,
                 free: Some(free_tx),
                 pending: None,
                 task: Some(task),
@@ -145,6 +184,45 @@ impl Link {
         }
     }
 
+    /// A link over an authenticated TCP stream whose peer mapped the shared-memory segment
+    /// `ch`: data frames go through the segment's rings; the TCP connection stays open for
+    /// abort frames and to notice the peer's death (EOF or reset ends every wait on the
+    /// rings at once).
+    pub fn shm(peer: usize, stream: TcpStream, ch: shm::Channel) -> Link {
+        let state = ch.state();
+        let (producer, consumer) = ch.split();
+        let (r, w) = stream.into_split();
+        let (tx, rx) = mpsc::channel(1);
+        let task = tokio::spawn(control_loop(r, tx, state.clone(), consumer.capacity()));
+        Link {
+            reader: Reader {
+                peer,
+                rx,
+                shm: Some(ShmIn {
+                    ring: consumer,
+                    state: state.clone(),
+                }),
+                free: None,
+                pending: None,
+                task: Some(task),
+            },
+            writer: Writer {
+                peer,
+                side: WriteSide::Shm {
+                    tcp: w,
+                    ring: producer,
+                    state,
+                },
+                frame_left: 0,
+            },
+        }
+    }
+
+    /// Whether data goes through shared memory.
+    pub fn is_shm(&self) -> bool {
+        self.reader.shm.is_some()
+    }
+
     /// A pair of connected in-memory links: `(a's link to b, b's link to a)`.
     pub fn mem_pair(a: usize, b: usize) -> (Link, Link) {
         let (tx_ab, rx_ab) = mpsc::channel(MEM_QUEUE_FRAMES);
@@ -153,6 +231,7 @@ impl Link {
             reader: Reader {
                 peer,
                 rx,
+                shm: None,
                 free: None,
                 pending: None,
                 task: None,
@@ -224,12 +303,67 @@ async fn read_loop(
                 if r.read_exact(dst).await.is_err() {
                     return;
                 }
-                Inbound::Data { desc, buf, bytes }
+                Inbound::Data {
+                    desc,
+                    buf: Payload::Heap(buf),
+                    bytes,
+                }
             }
         };
         let last = !matches!(msg, Inbound::Data { .. });
         if tx.send(msg).await.is_err() || last {
             return;
+        }
+    }
+}
+
+/// The TCP side of a shared-memory link: nothing but an abort frame may arrive. Ends the
+/// link's state (waking every ring waiter) on that frame, EOF, reset or anything malformed.
+async fn control_loop(
+    mut r: OwnedReadHalf,
+    tx: mpsc::Sender<Inbound>,
+    state: Arc<LinkState>,
+    slot_bytes: usize,
+) {
+    let mut hdr = [0u8; HEADER_BYTES];
+    let msg = match r.read_exact(&mut hdr).await {
+        Err(_) => None,
+        Ok(_) => Some(match Header::decode(&hdr) {
+            Ok(Header::Abort(a)) => Inbound::Abort(a),
+            Ok(Header::Data { .. }) => Inbound::Protocol(format!(
+                "data frame over tcp on a shared-memory link (slots of {slot_bytes} bytes)"
+            )),
+            Err(d) => Inbound::Protocol(d),
+        }),
+    };
+    let abort = match &msg {
+        Some(Inbound::Abort(a)) => Some(*a),
+        _ => None,
+    };
+    if let Some(m) = msg {
+        let _ = tx.send(m).await; // capacity 1, the only message: never waits
+    }
+    state.end(abort);
+}
+
+/// Decodes a frame taken from a shared-memory ring: only data frames that fit the slot.
+fn shm_inbound(hdr: &[u8; HEADER_BYTES], slot: shm::Slot, slot_bytes: usize) -> Inbound {
+    match Header::decode(hdr) {
+        Err(d) => Inbound::Protocol(d),
+        Ok(Header::Abort(_)) => Inbound::Protocol("abort frame in a shared-memory ring".into()),
+        Ok(Header::Data {
+            desc,
+            payload_bytes,
+        }) => {
+            let bytes = payload_bytes as usize;
+            if bytes > slot_bytes {
+                return Inbound::Protocol(format!("frame of {bytes} bytes"));
+            }
+            Inbound::Data {
+                desc,
+                buf: Payload::Shm(slot),
+                bytes,
+            }
         }
     }
 }
@@ -245,7 +379,50 @@ impl Reader {
         if let Some(m) = self.pending.take() {
             return Ok(m);
         }
-        self.rx.recv().await.ok_or_else(|| Failure::lost(self.peer))
+        let Reader { peer, rx, shm, .. } = self;
+        let Some(ShmIn { ring, state }) = shm else {
+            return rx.recv().await.ok_or_else(|| Failure::lost(*peer));
+        };
+        // Ring first: frames the peer published before it died or aborted still count, and
+        // the two paths are not ordered, so the ring is checked again after the TCP side
+        // reports its end.
+        let mut checks = 0;
+        let mut closed = false;
+        loop {
+            match ring.try_take() {
+                Ok(Some((hdr, slot))) => return Ok(shm_inbound(&hdr, slot, ring.capacity())),
+                Ok(None) if closed => return Err(Failure::lost(*peer)),
+                Ok(None) => {}
+                Err(d) => return Ok(Inbound::Protocol(d)),
+            }
+            match rx.try_recv() {
+                Ok(m) => return Ok(m),
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    closed = true;
+                    continue;
+                }
+                Err(mpsc::error::TryRecvError::Empty) => {}
+            }
+            if checks < shm::SPIN_CHECKS {
+                checks += 1;
+                std::hint::spin_loop();
+                continue;
+            }
+            let notified = state.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let _sleeping = ring.sleeping();
+            if ring.has_frame() {
+                continue;
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                m = rx.recv() => match m {
+                    Some(m) => return Ok(m),
+                    None => closed = true,
+                },
+            }
+        }
     }
 
     /// Waits for the next message and keeps it for [`Reader::next`]; returns a failure if
@@ -270,11 +447,17 @@ impl Reader {
     /// A message whose abort or loss arrived while idle, without waiting.
     pub fn poll_failure(&mut self, ours: &OpDesc) -> Option<Failure> {
         if self.pending.is_none() {
+            if self.shm.as_ref().is_some_and(|s| s.ring.has_frame()) {
+                return None; // data first, as over TCP; a failure behind it shows up later
+            }
             match self.rx.try_recv() {
                 Ok(m) => self.pending = Some(m),
                 Err(mpsc::error::TryRecvError::Empty) => return None,
                 Err(mpsc::error::TryRecvError::Disconnected) => {
-                    return Some(Failure::lost(self.peer))
+                    if self.shm.as_ref().is_some_and(|s| s.ring.has_frame()) {
+                        return None; // published just before the end: next() delivers it
+                    }
+                    return Some(Failure::lost(self.peer));
                 }
             }
         }
@@ -285,10 +468,27 @@ impl Reader {
         }
     }
 
-    /// Returns a consumed buffer to the reading task's pool.
-    pub fn recycle(&self, m: Inbound) {
-        if let (Inbound::Data { buf, .. }, Some(free)) = (m, &self.free) {
-            let _ = free.try_send(buf);
+    /// Returns a consumed buffer to the reading task's pool, or its slot to the peer.
+    /// Messages are recycled in the order they were received.
+    pub fn recycle(&mut self, m: Inbound) {
+        match m {
+            Inbound::Data {
+                buf: Payload::Heap(buf),
+                ..
+            } => {
+                if let Some(free) = &self.free {
+                    let _ = free.try_send(buf);
+                }
+            }
+            Inbound::Data {
+                buf: Payload::Shm(slot),
+                ..
+            } => {
+                if let Some(s) = &mut self.shm {
+                    s.ring.release(slot);
+                }
+            }
+            _ => {}
         }
     }
 }
@@ -327,10 +527,44 @@ impl Writer {
                     .copy_from_slice(payload);
                 let m = Inbound::Data {
                     desc,
-                    buf,
+                    buf: Payload::Heap(buf),
                     bytes: payload.len(),
                 };
                 tx.send(m).await.map_err(|_| Failure::lost(peer))?;
+            }
+            WriteSide::Shm { ring, state, .. } => {
+                let Header::Data { desc, .. } = *header else {
+                    unreachable!("aborts go through write_abort")
+                };
+                let hdr = header.encode();
+                let mut checks = 0;
+                loop {
+                    if state.dead.load(Ordering::SeqCst) {
+                        // Like a write to a closed socket, but naming the abort if one came.
+                        return Err(match *state.abort.lock().expect("not poisoned") {
+                            Some(a) => Failure::relayed(a, Some(desc)),
+                            None => Failure::lost(peer),
+                        });
+                    }
+                    match ring.try_put(&hdr, payload) {
+                        Ok(true) => return Ok(()),
+                        Ok(false) => {}
+                        Err(d) => return Err(Failure::protocol(peer, d)),
+                    }
+                    if checks < shm::SPIN_CHECKS {
+                        checks += 1;
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    let notified = state.notify.notified();
+                    tokio::pin!(notified);
+                    notified.as_mut().enable();
+                    let _sleeping = ring.sleeping();
+                    if ring.has_room() || state.dead.load(Ordering::SeqCst) {
+                        continue;
+                    }
+                    notified.await;
+                }
             }
         }
         Ok(())
@@ -354,6 +588,11 @@ impl Writer {
             }
             WriteSide::Mem(tx) => {
                 let _ = tx.send(Inbound::Abort(abort)).await;
+            }
+            WriteSide::Shm { tcp, .. } => {
+                // Ring frames are published whole: nothing to pad.
+                let _ = tcp.write_all(&Header::Abort(abort).encode()).await;
+                let _ = tcp.shutdown().await;
             }
         }
     }

@@ -1,5 +1,6 @@
 //! Real processes: `collective-bench` ranks on 127.0.0.1; one is killed with SIGKILL in the
-//! middle of its allreduces and every survivor must exit with `peer lost: rank 2` promptly.
+//! middle of its allreduces and every survivor must exit with `peer lost: rank 2` promptly,
+//! with the links on shared memory (the default between processes on one host) and on TCP.
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
@@ -30,7 +31,16 @@ impl Drop for Ranks {
 }
 
 #[test]
-fn sigkill_of_a_rank_fails_every_survivor_quickly() {
+fn sigkill_of_a_rank_fails_every_survivor_quickly_over_shm() {
+    sigkill_of_a_rank(&[]);
+}
+
+#[test]
+fn sigkill_of_a_rank_fails_every_survivor_quickly_over_tcp() {
+    sigkill_of_a_rank(&["--no-shm"]);
+}
+
+fn sigkill_of_a_rank(extra: &[&str]) {
     let peers: Vec<String> = free_ports(WORLD)
         .iter()
         .map(|p| format!("127.0.0.1:{p}"))
@@ -43,6 +53,7 @@ fn sigkill_of_a_rank_fails_every_survivor_quickly() {
             .args([
                 "--peers", &peers, "--sizes", "4K,1M", "--iters", "2000", "--warmup", "1",
             ])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -1,12 +1,14 @@
 //! Tests over the real TCP data plane on 127.0.0.1: results, the handshake's refusals,
-//! connect deadlines, and a rank killed in the middle of an operation.
+//! connect deadlines, and a rank killed in the middle of an operation. Data tests run with
+//! the shared-memory path on (every link moves to shm: all ranks share this host) and off.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use collective::testing::probe_handshake;
 use collective::{
-    reference_reduce, CollectiveError, Communicator, GroupConfig, HandshakeError, Limits, ReduceOp,
+    bf16, f16, reference_reduce, CollectiveError, Communicator, Element, GroupConfig,
+    HandshakeError, Limits, ReduceOp,
 };
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -45,14 +47,35 @@ fn tcp_limits() -> Limits {
     }
 }
 
+/// Connects and checks the data path: with `shared_memory`, every link of a group on one
+/// host is on shared memory; without, none.
+async fn connect(cfg: GroupConfig, l: &TcpListener) -> Communicator {
+    let shm = cfg.limits.shared_memory;
+    let c = Communicator::connect_with_listener(cfg, l).await.unwrap();
+    let links = collective::schedule::peers(c.rank(), c.world()).len();
+    let want = if shm { links } else { 0 };
+    assert_eq!(c.shared_memory_links(), want, "rank {}", c.rank());
+    c
+}
+
 // Multi-threaded, so the links' reading tasks run beside the operations.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tcp_allreduce_equals_reference() {
+async fn tcp_allreduce_equals_reference_shm_on_and_off() {
+    for shared_memory in [true, false] {
+        let limits = Limits {
+            shared_memory,
+            ..tcp_limits()
+        };
+        allreduce_equals_reference(limits).await;
+    }
+}
+
+async fn allreduce_equals_reference(limits: Limits) {
     for world in 1..=5 {
         let mut set = JoinSet::new();
-        for (cfg, l) in group(world, 1, tcp_limits()).await {
+        for (cfg, l) in group(world, 1, limits.clone()).await {
             set.spawn(async move {
-                let mut c = Communicator::connect_with_listener(cfg, &l).await.unwrap();
+                let mut c = connect(cfg, &l).await;
                 let r = c.rank();
                 let mut outs = Vec::new();
                 // Small (recursive doubling), odd, multi-chunk ring, and empty.
@@ -76,11 +99,88 @@ async fn tcp_allreduce_equals_reference() {
                     .collect();
                 let want = reference_reduce(&ins, op);
                 for (r, outs) in &res {
-                    assert_eq!(outs[k], want, "world {world} len {len} {op:?} rank {r}");
+                    assert_eq!(
+                        outs[k], want,
+                        "world {world} len {len} {op:?} rank {r} {limits:?}"
+                    );
                 }
                 k += 1;
             }
         }
+    }
+}
+
+/// Exactly representable test values (small integers) for rank `r`, element `i`.
+fn value(r: usize, i: usize) -> f32 {
+    (((r * 7 + i * 3) % 17) as f32) - 8.0
+}
+
+/// Every dtype and op, N = 2..5, odd and empty lengths, both algorithms and multi-frame
+/// rings (1 KiB frames), over one group per world.
+async fn every_dtype<T: Element>(conv: fn(f32) -> T, limits: &Limits) {
+    const LENS: [usize; 5] = [0, 1, 13, 1001, 5003];
+    const OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max];
+    let limits = Limits {
+        chunk_bytes: 1024,
+        small_bytes_max: 256,
+        ..limits.clone()
+    };
+    for world in 2..=5 {
+        let ins = |len: usize| -> Vec<Vec<T>> {
+            (0..world)
+                .map(|r| (0..len).map(|i| conv(value(r, i))).collect())
+                .collect()
+        };
+        let mut set = JoinSet::new();
+        for (cfg, l) in group(world, 2, limits.clone()).await {
+            set.spawn(async move {
+                let mut c = connect(cfg, &l).await;
+                let r = c.rank();
+                let mut outs = Vec::new();
+                for len in LENS {
+                    for op in OPS {
+                        let mut buf: Vec<T> = (0..len).map(|i| conv(value(r, i))).collect();
+                        let shm = c.shared_memory_links();
+                        c.allreduce(&mut buf, op)
+                            .await
+                            .unwrap_or_else(|e| panic!("rank {r} len {len} {op:?} shm {shm}: {e}"));
+                        outs.push(buf);
+                    }
+                }
+                (r, outs)
+            });
+        }
+        let res = set.join_all().await;
+        let mut k = 0;
+        for len in LENS {
+            for op in OPS {
+                let want = reference_reduce(&ins(len), op);
+                for (r, outs) in &res {
+                    assert_eq!(
+                        outs[k],
+                        want,
+                        "world {world} len {len} {op:?} {:?} rank {r} shm {}",
+                        T::DTYPE,
+                        limits.shared_memory
+                    );
+                }
+                k += 1;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_every_dtype_equals_reference_shm_on_and_off() {
+    for shared_memory in [true, false] {
+        let limits = Limits {
+            shared_memory,
+            ..tcp_limits()
+        };
+        every_dtype::<f32>(|x| x, &limits).await;
+        every_dtype::<f64>(|x| x as f64, &limits).await;
+        every_dtype::<f16>(f16::from_f32, &limits).await;
+        every_dtype::<bf16>(bf16::from_f32, &limits).await;
     }
 }
 
@@ -150,13 +250,24 @@ async fn dialer_with_wrong_secret_fails_to_connect() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_rank_mid_operation_fails_every_survivor() {
+async fn killed_rank_mid_operation_fails_every_survivor_over_shm() {
+    killed_rank_mid_operation(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_rank_mid_operation_fails_every_survivor_over_tcp() {
+    killed_rank_mid_operation(false).await;
+}
+
+async fn killed_rank_mid_operation(shared_memory: bool) {
     // Four ranks allreduce 4 MiB buffers in a loop; rank 2's task is killed (its sockets
     // close, as when the process dies) while operations are running. Every survivor fails
-    // with PeerLost{2} within about a second, far inside the 30 s operation deadline.
+    // with PeerLost{2} within about a second, far inside the 30 s operation deadline — over
+    // shared memory too, where the survivors may be asleep on a ring.
     let limits = Limits {
         op_timeout_ms: 30_000,
         chunk_bytes: 64 * 1024,
+        shared_memory,
         ..tcp_limits()
     };
     let mut set = JoinSet::new();
@@ -166,7 +277,7 @@ async fn killed_rank_mid_operation_fails_every_survivor() {
         let started = started_tx.clone();
         let rank = cfg.rank;
         let fut = async move {
-            let mut c = Communicator::connect_with_listener(cfg, &l).await.unwrap();
+            let mut c = connect(cfg, &l).await;
             let mut buf = vec![1.0f32; 1 << 20];
             let mut ops = 0u64;
             loop {

@@ -1,7 +1,7 @@
 //! `collective-bench`: allreduce bandwidth and latency, one process per rank.
 //!
 //! ```text
-//! collective-bench --world N --rank R --peers HOST:PORT,HOST:PORT,... [--sizes 4K,1M,64M] [--iters K]
+//! collective-bench --world N --rank R --peers HOST:PORT,HOST:PORT,... [--sizes 4K,1M,64M] [--iters K] [--no-shm]
 //! ```
 //!
 //! Each rank listens on its own entry of `--peers`. Rank 0 prints one line per size, in
@@ -51,6 +51,10 @@ struct Args {
     /// reading task runs beside the operation that sends and reduces.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Keep every link's data on TCP, even between ranks on this host (default: shared
+    /// memory between same-host ranks).
+    #[arg(long)]
+    no_shm: bool,
     /// Shared secret of the group.
     #[arg(long, default_value = "collective-bench")]
     secret: String,
@@ -109,6 +113,7 @@ fn run(args: Args) -> anyhow_free::Result<()> {
         connect_timeout_ms: 60_000,
         op_timeout_ms: 300_000,
         socket_buffer_bytes: args.socket_buffer_bytes,
+        shared_memory: !args.no_shm,
         ..Limits::default()
     };
     if let Some(r) = args.read_ahead_frames {
@@ -191,12 +196,13 @@ async fn bench(comm: &mut Communicator, args: &Args, sizes: &[usize]) -> anyhow_
         let busbw = algbw * 2.0 * (w - 1.0) / w;
         if args.rank == 0 {
             println!(
-                "allreduce world={} size={} time_ms={:.4} algbw_GBps={:.4} busbw_GBps={:.4}",
+                "allreduce world={} size={} time_ms={:.4} algbw_GBps={:.4} busbw_GBps={:.4} shm_links={}",
                 args.world,
                 n * 4,
                 med * 1e3,
                 algbw,
-                busbw
+                busbw,
+                comm.shared_memory_links()
             );
         }
     }
