@@ -1,26 +1,59 @@
 //! `ringleader demo`: a local cluster on this machine, end to end.
+//!
+//! Starts 3 nodes, submits the bundled `examples/jobs/digits-mlp.toml` (a `kind = "train"`
+//! job on 3 workers), draws a live progress line from the job's metrics over the API, checks
+//! the result (the job succeeded with validation accuracy ≥ [`ACCURACY_MIN`]), prints where
+//! rank 0 wrote the checkpoint, and stops every node. Fails (non-zero exit) otherwise. The
+//! nodes' data directories are kept so the checkpoint can be looked at.
 
-use std::time::Duration;
+use std::{
+    io::Write,
+    time::{Duration, Instant},
+};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
-use crate::local::LocalCluster;
+use crate::{local::LocalCluster, status::JobDoc};
 
 /// Nodes the demo starts.
 const DEMO_NODES: usize = 3;
 /// How long the demo waits for the cluster to form, in seconds.
 const FORM_WAIT_S: u64 = 30;
+/// How long the training job may take, in seconds.
+const TRAIN_WAIT_S: u64 = 600;
+/// Gap between two polls of the job, in milliseconds.
+const POLL_MS: u64 = 250;
+/// Validation accuracy the demo's job must reach.
+pub const ACCURACY_MIN: f64 = 0.97;
+/// The job the demo runs (shipped with the binary).
+const JOB_SPEC: &str = include_str!("../../examples/jobs/digits-mlp.toml");
 
-/// Starts a local 3-node cluster, prints its status, and stops it cleanly.
+/// Starts a local 3-node cluster, trains the digits MLP on it, and stops it.
 pub fn run() -> Result<()> {
     let exe = std::env::current_exe().context("locating the ringleader binary")?;
     let root = tempfile::Builder::new()
         .prefix("ringleader-demo-")
-        .tempdir()?;
-    let mut cluster = LocalCluster::new(exe, root.path());
+        .tempdir()?
+        .keep();
+    let mut cluster = LocalCluster::new(exe, &root);
+    let t0 = Instant::now();
+    let result = train(&mut cluster, &root);
+    println!("stopping the cluster");
+    cluster.stop_all();
+    let outcome = result?;
+    println!(
+        "demo finished in {:.1} s: {outcome}",
+        t0.elapsed().as_secs_f64()
+    );
+    println!("(the nodes' data is kept in {})", root.display());
+    Ok(())
+}
+
+/// Forms the cluster, runs the job, and checks it; returns a one-line summary.
+fn train(cluster: &mut LocalCluster, root: &std::path::Path) -> Result<String> {
     println!(
         "starting a local cluster of {DEMO_NODES} nodes in {}",
-        root.path().display()
+        root.display()
     );
     cluster.start("demo-1", &[])?;
     for i in 2..=DEMO_NODES {
@@ -28,16 +61,102 @@ pub fn run() -> Result<()> {
     }
     let took = cluster.wait_all(
         Duration::from_secs(FORM_WAIT_S),
-        "every node to see all alive",
-        |s| s.names_in("alive").len() == DEMO_NODES,
+        "every node to see all alive with a chief",
+        |s| s.names_in("alive").len() == DEMO_NODES && s.chief.is_some(),
     )?;
     println!(
         "cluster formed in {:.2} s; status from demo-1:\n",
         took.as_secs_f64()
     );
     print!("{}", cluster.status(0)?.to_table());
-    println!("\nstopping the cluster");
-    cluster.stop_all();
-    println!("demo finished");
-    Ok(())
+
+    let client = cluster.nodes[DEMO_NODES - 1].client();
+    let id = client.submit(JOB_SPEC).context("submitting the demo job")?;
+    println!("\nsubmitted examples/jobs/digits-mlp.toml to demo-{DEMO_NODES}: job {id}");
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(TRAIN_WAIT_S);
+    let mut shown = 0usize;
+    let doc = loop {
+        if let Ok(doc) = cluster.nodes[0].client().job(&id) {
+            let line = progress(&doc, started.elapsed());
+            print!("\r{line:<shown$}");
+            shown = line.len();
+            let _ = std::io::stdout().flush();
+            if matches!(doc.state.as_str(), "succeeded" | "failed" | "cancelled") {
+                println!();
+                break doc;
+            }
+        }
+        if Instant::now() > deadline {
+            println!();
+            bail!("job {id} did not finish in {TRAIN_WAIT_S} s");
+        }
+        std::thread::sleep(Duration::from_millis(POLL_MS));
+    };
+    let secs = started.elapsed().as_secs_f64();
+    if doc.state != "succeeded" {
+        bail!(
+            "job {id} {}: exits {:?}; see `ringleader logs {id}`",
+            doc.state,
+            doc.exits
+        );
+    }
+    let acc = doc.metrics.get("val_accuracy").copied().unwrap_or(0.0);
+    println!(
+        "trained on {} workers ({}) in {secs:.1} s: step {}, validation accuracy {:.2}%",
+        doc.ring.len(),
+        doc.ring.join(", "),
+        doc.step.unwrap_or(0),
+        100.0 * acc
+    );
+    if acc < ACCURACY_MIN {
+        bail!(
+            "validation accuracy {:.2}% is below {:.0}%",
+            100.0 * acc,
+            100.0 * ACCURACY_MIN
+        );
+    }
+    let rank0 = doc.ring.first().context("the job has no ring")?;
+    let node = cluster
+        .nodes
+        .iter()
+        .find(|n| &n.name == rank0)
+        .context("rank 0's node")?;
+    let ckpt_root = node.dir.join("store/jobs").join(&id).join("ckpt");
+    let latest = std::fs::read_dir(&ckpt_root)
+        .with_context(|| format!("reading {}", ckpt_root.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join(trainer::COMMIT_FILE).is_file())
+        .max()
+        .with_context(|| format!("no committed checkpoint under {}", ckpt_root.display()))?;
+    println!(
+        "checkpoint (written by rank 0 on {rank0}): {}",
+        latest.display()
+    );
+    Ok(format!(
+        "job {id} reached {:.2}% validation accuracy",
+        100.0 * acc
+    ))
+}
+
+/// The live progress line: state, step, epoch, loss, validation accuracy, time.
+fn progress(doc: &JobDoc, elapsed: Duration) -> String {
+    let mut s = format!("{} [{}]", doc.id, doc.state);
+    if let Some(step) = doc.step {
+        s.push_str(&format!(" step {step}"));
+    }
+    if let Some(epoch) = doc.epoch {
+        s.push_str(&format!(" epoch {epoch}"));
+    }
+    if let Some(loss) = doc.metrics.get("loss") {
+        s.push_str(&format!(" loss {loss:.4}"));
+    }
+    if let Some(acc) = doc.metrics.get("val_accuracy") {
+        s.push_str(&format!(" val_accuracy {:.2}%", 100.0 * acc));
+    }
+    if let Some(r) = doc.metrics.get("samples_per_s") {
+        s.push_str(&format!(" {r:.0} samples/s"));
+    }
+    s.push_str(&format!(" {:.1} s", elapsed.as_secs_f64()));
+    s
 }

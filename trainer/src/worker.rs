@@ -4,9 +4,10 @@
 //! A worker connects the collective's TCP ring, resumes from the job's latest committed
 //! checkpoint when every rank finds the same one, trains, and prints progress; rank 0
 //! writes checkpoints. With `metric_lines`, rank 0 also prints `ringleader-metric NAME VALUE
-//! [STEP]` lines (`step`, `epoch`, `loss`, `lr`, `samples_per_s`, `val_loss`,
-//! `val_accuracy`), at most one step report per [`METRIC_STEP_INTERVAL_MS`] plus one at every
-//! epoch, which the node's supervisor turns into job metrics.
+//! [STEP]` lines (`step`, `epoch` (1-based: the epoch in progress or just validated),
+//! `loss`, `lr`, `samples_per_s`, `val_loss`, `val_accuracy`), at most one step report per
+//! [`METRIC_STEP_INTERVAL_MS`] plus one at every validation, which the node's supervisor
+//! turns into job metrics.
 
 use std::net::SocketAddr;
 use std::time::Instant;
@@ -148,6 +149,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
                 if report && due {
                     last_report = Some(Instant::now());
                     println!("ringleader-metric step {}", m.step);
+                    println!("ringleader-metric epoch {}", m.epoch + 1);
                     println!("ringleader-metric loss {} {}", m.loss, m.step);
                     println!("ringleader-metric lr {} {}", m.lr, m.step);
                     println!(
@@ -163,7 +165,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
                 );
                 if report {
                     println!("ringleader-metric step {}", m.step);
-                    println!("ringleader-metric epoch {}", m.epoch);
+                    println!("ringleader-metric epoch {}", m.epoch + 1);
                     println!("ringleader-metric val_loss {} {}", m.val_loss, m.step);
                     println!(
                         "ringleader-metric val_accuracy {} {}",
