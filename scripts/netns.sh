@@ -5,6 +5,15 @@
 #   scripts/netns.sh down          remove every rl* namespace, their veths and the bridge
 #   scripts/netns.sh exec I CMD... run CMD inside host I (= ip netns exec rlI CMD...)
 #   scripts/netns.sh status        list hosts, addresses and rate limits
+#   scripts/netns.sh partition G1 G2...  cut the network between groups of hosts, each a
+#                                  comma-separated list of indices (e.g. `partition 1,2 3,4,5`)
+#   scripts/netns.sh heal          undo every partition
+#
+# Partitions are blackhole routes inside the hosts (host a gets `blackhole 10.77.0.b/32` for
+# every host b in another group): the hosts of one group still reach each other, and every
+# host still reaches (and is reached from) the root namespace at 10.77.0.254, so a test can
+# watch both sides. A host in no group keeps reaching everyone. Established connections
+# between groups stall (nothing passes either way) until `heal`.
 #
 # Layout (needs root, iproute2; no netem needed):
 #   - host i (1 <= i <= 253) is the network namespace "rlI" with interface eth0 = 10.77.0.I/24
@@ -40,6 +49,8 @@ usage: $prog up N [RATE]     create hosts rl1..rlN at ${SUBNET_PREFIX}.1..N/24 (
        $prog down            remove all rl* hosts, their veths and bridge $BRIDGE
        $prog exec I CMD...   run CMD in host I (namespace rlI)
        $prog status          list hosts
+       $prog partition G1 G2...  cut links between groups of hosts (G: comma-separated indices)
+       $prog heal            undo every partition
 EOF
     exit 2
 }
@@ -241,6 +252,46 @@ cmd_status() {
     [ "$any" = 1 ] || echo "no rl* hosts"
 }
 
+cmd_partition() {
+    [ $# -ge 2 ] || usage
+    need_root
+    local -A group=()
+    local g=0 spec h a b
+    local -a hosts
+    for spec in "$@"; do
+        g=$((g + 1))
+        IFS=, read -ra hosts <<<"$spec"
+        [ ${#hosts[@]} -ge 1 ] || die "empty group '$spec'"
+        for h in "${hosts[@]}"; do
+            is_uint "$h" || die "host index must be an integer (got '$h')"
+            ns_exists "rl$h" || die "host rl$h does not exist (run: $prog up N)"
+            [ -z "${group[$h]:-}" ] || die "host $h is in two groups"
+            group[$h]=$g
+        done
+    done
+    for a in "${!group[@]}"; do
+        for b in "${!group[@]}"; do
+            if [ "${group[$a]}" != "${group[$b]}" ]; then
+                ip netns exec "rl$a" ip route replace blackhole "$SUBNET_PREFIX.$b/32"
+            fi
+        done
+    done
+    echo "netns: partitioned $*"
+}
+
+cmd_heal() {
+    [ $# -eq 0 ] || usage
+    need_root
+    local ns r
+    for ns in $(our_namespaces); do
+        for r in $(ip netns exec "$ns" ip -o route show type blackhole 2>/dev/null |
+            awk '{print $2}'); do
+            ip netns exec "$ns" ip route del blackhole "$r" 2>/dev/null || true
+        done
+    done
+    echo "netns: healed"
+}
+
 [ $# -ge 1 ] || usage
 sub=$1
 shift
@@ -249,6 +300,8 @@ case "$sub" in
     down) cmd_down "$@" ;;
     exec) cmd_exec "$@" ;;
     status) cmd_status "$@" ;;
+    partition) cmd_partition "$@" ;;
+    heal) cmd_heal "$@" ;;
     -h|--help|help) usage ;;
     *) echo "$prog: unknown command '$sub'" >&2; usage ;;
 esac

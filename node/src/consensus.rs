@@ -8,7 +8,10 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::Path,
-    sync::Arc,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -59,6 +62,13 @@ const REPORT_QUEUE_DEPTH: usize = 1_024;
 /// A leader that has not heard from a quorum for this long does not call itself chief (it
 /// may be on the minority side of a partition), in milliseconds.
 const QUORUM_STALE_MS: u64 = ELECTION_MAX_MS;
+/// A follower or learner that has not accepted an AppendEntries (heartbeats included) from
+/// the leader for this long does not name a chief (it may be on the minority side of a
+/// partition; a learner never starts an election, so openraft keeps naming the old leader),
+/// in milliseconds.
+const LEADER_STALE_MS: u64 = ELECTION_MAX_MS;
+/// [`ControlHandle::leader_contact_ms`] before the first AppendEntries is accepted.
+const NEVER: u64 = u64::MAX;
 /// Largest piece of a log returned by one read, in bytes.
 const LOG_CHUNK_BYTES_MAX: u64 = 256 * 1024;
 
@@ -235,6 +245,9 @@ pub struct ControlHandle {
     me: String,
     jobs_dir: std::path::PathBuf,
     epoch: Instant,
+    /// When (ms since `epoch`) this node last accepted an AppendEntries from a leader, or
+    /// [`NEVER`]; written by [`serve_rpcs`].
+    leader_contact_ms: Arc<AtomicU64>,
 }
 
 fn wall_ms() -> u64 {
@@ -286,9 +299,11 @@ pub async fn start(
         me: cfg.me.to_string(),
         jobs_dir: cfg.data_dir.join("jobs"),
         epoch: Instant::now(),
+        leader_contact_ms: Arc::new(AtomicU64::new(NEVER)),
     };
     tokio::spawn(serve_rpcs(handle.clone(), rpc_rx));
     tokio::spawn(chief_loop(handle.clone()));
+    tokio::spawn(quiet_when_stale_loop(handle.clone()));
     let (reports_tx, reports_rx) = mpsc::channel(REPORT_QUEUE_DEPTH);
     tokio::spawn(report_loop(handle.clone(), reports_rx));
     let supervisor = Supervisor::new(
@@ -302,12 +317,19 @@ pub async fn start(
 }
 
 impl ControlHandle {
-    /// The chief and the term, if this node knows a chief that is in touch with a quorum.
+    /// The chief and the term, if this node knows a chief that is in touch with a quorum:
+    /// a leader that a quorum acknowledged within [`QUORUM_STALE_MS`], or, on any other node,
+    /// the leader it accepted an AppendEntries from within [`LEADER_STALE_MS`]. So the
+    /// minority side of a partition names no chief.
     pub fn chief(&self) -> (Option<NodeRef>, u64) {
         let m = self.raft.metrics().borrow().clone();
-        let stale = m.state == ServerState::Leader
-            && m.millis_since_quorum_ack
-                .is_none_or(|ms| ms > QUORUM_STALE_MS);
+        let stale = if m.state == ServerState::Leader {
+            m.millis_since_quorum_ack
+                .is_none_or(|ms| ms > QUORUM_STALE_MS)
+        } else {
+            let last = self.leader_contact_ms.load(Ordering::Relaxed);
+            last == NEVER || self.uptime_ms().saturating_sub(last) > LEADER_STALE_MS
+        };
         let chief = m.current_leader.filter(|_| !stale).and_then(|id| {
             m.membership_config
                 .membership()
@@ -362,6 +384,11 @@ impl ControlHandle {
     }
 
     async fn propose_inner(&self, cmd: ControlCommand) -> Result<ControlResponse, ProposeError> {
+        // Fail fast where no chief is in touch with a quorum (a minority side): forwarding
+        // to an old leader, or appending as one, would only wait for the timeout.
+        if self.chief().0.is_none() {
+            return Err(ProposeError::NoChief);
+        }
         let m = self.raft.metrics().borrow().clone();
         let Some(leader) = m.current_leader else {
             return Err(ProposeError::NoChief);
@@ -392,6 +419,9 @@ impl ControlHandle {
     }
 
     async fn propose_local(&self, cmd: ControlCommand) -> Result<ControlResponse, ProposeError> {
+        if self.chief().0.is_none() {
+            return Err(ProposeError::NoChief);
+        }
         match self.raft.client_write(cmd).await {
             Ok(resp) => Ok(resp.data),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
@@ -502,7 +532,14 @@ async fn serve_rpcs(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>) {
         tokio::spawn(async move {
             let resp = match wire::decode_json::<RpcRequest>(&rpc.payload) {
                 Ok(RpcRequest::AppendEntries(r)) => {
-                    RpcResponse::AppendEntries(ctl.raft.append_entries(r).await)
+                    let r = ctl.raft.append_entries(r).await;
+                    // Anything but a higher vote means the sender leads this node's term.
+                    if matches!(&r, Ok(resp) if !matches!(resp, AppendEntriesResponse::HigherVote(_)))
+                    {
+                        ctl.leader_contact_ms
+                            .store(ctl.uptime_ms(), Ordering::Relaxed);
+                    }
+                    RpcResponse::AppendEntries(r)
                 }
                 Ok(RpcRequest::Vote(r)) => RpcResponse::Vote(ctl.raft.vote(r).await),
                 Ok(RpcRequest::InstallSnapshot(r)) => {
@@ -541,6 +578,32 @@ fn health(state: State) -> Health {
     }
 }
 
+/// A leader out of touch with a quorum stops its heartbeats (openraft 0.9's leader never
+/// steps down by itself), so the followers and learners on its side of a partition stop
+/// naming it after [`LEADER_STALE_MS`], and its voters elect. Heartbeats resume when a
+/// quorum answers again or the node is no longer leader.
+async fn quiet_when_stale_loop(ctl: ControlHandle) {
+    let mut tick = tokio::time::interval(Duration::from_millis(HEARTBEAT_MS));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut quiet = false;
+    loop {
+        tick.tick().await;
+        let m = ctl.raft.metrics().borrow().clone();
+        let stale = m.state == ServerState::Leader
+            && m.millis_since_quorum_ack
+                .is_none_or(|ms| ms > QUORUM_STALE_MS);
+        if stale != quiet {
+            quiet = stale;
+            if quiet {
+                warn!("no quorum heard from: stopping heartbeats until one answers");
+            } else {
+                info!("heartbeats resumed");
+            }
+            ctl.raft.runtime_config().heartbeat(!quiet);
+        }
+    }
+}
+
 /// The chief's work, every [`CHIEF_PERIOD_MS`] while this node leads: one voter change,
 /// failing attempts whose workers are gone, placing pending jobs.
 async fn chief_loop(ctl: ControlHandle) {
@@ -550,7 +613,7 @@ async fn chief_loop(ctl: ControlHandle) {
     loop {
         tick.tick().await;
         let m = ctl.raft.metrics().borrow().clone();
-        if m.state != ServerState::Leader {
+        if m.state != ServerState::Leader || ctl.chief().0.is_none() {
             continue;
         }
         let Ok((now_ms, members)) = ctl.node.members().await else {
