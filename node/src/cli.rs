@@ -74,6 +74,9 @@ pub enum Cmd {
     /// Membership benchmark (scripts/bench-membership.sh runs this).
     #[command(hide = true)]
     BenchMembership(crate::bench::BenchArgs),
+    /// Control-plane benchmark (scripts/bench-control.sh runs this).
+    #[command(hide = true)]
+    BenchControl(crate::bench_control::BenchControlArgs),
     /// One worker of a train job (the supervisor runs this).
     #[command(hide = true)]
     TrainWorker(trainer::worker::WorkerArgs),

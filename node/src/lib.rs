@@ -8,6 +8,7 @@
 pub mod addr;
 pub mod api;
 pub mod bench;
+pub mod bench_control;
 pub mod cli;
 pub mod client;
 pub mod consensus;

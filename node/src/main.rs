@@ -35,6 +35,7 @@ fn main() {
         Cmd::Demo => ringleader::demo::run(),
         Cmd::Keygen { file } => ringleader::cli::keygen(file.clone()),
         Cmd::BenchMembership(args) => ringleader::bench::run(args),
+        Cmd::BenchControl(args) => ringleader::bench_control::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
