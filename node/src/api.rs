@@ -111,8 +111,10 @@ struct SubmitQuery {
     token: Option<String>,
 }
 
-/// How long a submit keeps retrying while there is no chief (an election), in milliseconds.
-const SUBMIT_RETRY_MS: u64 = 10_000;
+/// How long a submit keeps retrying while there is no chief, in milliseconds: long enough
+/// for an election (a new chief is known within about 3 s), short enough that the minority
+/// side of a partition refuses writes promptly.
+const SUBMIT_RETRY_MS: u64 = 4_000;
 /// Pause between those retries, in milliseconds.
 const SUBMIT_RETRY_PAUSE_MS: u64 = 200;
 

@@ -745,7 +745,7 @@ command = ["sh", "-c", "echo rank $RANK"]
         let text = include_str!("../../../examples/jobs/digits-mlp.toml");
         let spec = JobSpec::parse(text).unwrap();
         assert_eq!(spec.kind, JobKind::Train);
-        assert_eq!(spec.workers, 4);
+        assert_eq!(spec.workers, 3);
         assert_eq!(spec.resources.gpus_per_worker, 0);
         let model = spec.model.as_ref().unwrap();
         assert_eq!(model["arch"].as_str(), Some("mlp"));
