@@ -240,13 +240,17 @@ run_ours() { # NET WORLD SIZE
         peers+="${peers:+,}$(host_of "$net" "$r"):$((port_base + r))"
     done
     log="$logdir/$net.ringleader.w$w.$s"
+    # Emulated hosts share this machine's /dev/shm, which real hosts don't: keep their links
+    # on TCP so the rate-limited veths are what is measured.
+    local shm=()
+    [ "$net" = loopback ] || shm=(--no-shm)
     for r in $(seq 0 $((w - 1))); do
         set_ns_cmd "$net" "$r"
         if [ "$r" = 0 ]; then
-            "${ns_cmd[@]}" timeout "$run_timeout" "$BIN" --world "$w" --rank "$r" --peers "$peers" \
+            "${ns_cmd[@]}" timeout "$run_timeout" "$BIN" --world "$w" --rank "$r" --peers "$peers" "${shm[@]}" \
                 --sizes "$s" --iters "$k" --warmup "$(warmup_for "$k")" >"$log" 2>"$log.r0.err" &
         else
-            "${ns_cmd[@]}" timeout "$run_timeout" "$BIN" --world "$w" --rank "$r" --peers "$peers" \
+            "${ns_cmd[@]}" timeout "$run_timeout" "$BIN" --world "$w" --rank "$r" --peers "$peers" "${shm[@]}" \
                 --sizes "$s" --iters "$k" --warmup "$(warmup_for "$k")" >"$log.r$r" 2>&1 &
         fi
         pids+=($!)
