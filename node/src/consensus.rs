@@ -233,6 +233,8 @@ pub struct ControlConfig<'a> {
     pub data_dir: &'a Path,
     /// Start a new cluster (a node started without `--join`) if this node has no Raft state.
     pub bootstrap: bool,
+    /// Storage URL train workers checkpoint to (`--storage`).
+    pub storage: String,
 }
 
 /// A cheap handle to the control plane.
@@ -311,7 +313,8 @@ pub async fn start(
         cfg.data_dir.join("jobs"),
         reports_tx,
         wall_ms,
-    );
+    )
+    .with_storage(cfg.storage.clone());
     tokio::spawn(supervise_loop(handle.clone(), supervisor));
     Ok(handle)
 }

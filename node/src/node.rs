@@ -181,6 +181,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
             name: config.name.clone(),
             data_dir: &config.data_dir,
             bootstrap: config.join.is_empty(),
+            storage: config.storage.clone(),
         },
         handle.clone(),
         rpc_rx,

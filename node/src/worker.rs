@@ -222,20 +222,23 @@ impl Supervisor {
         let finished = &mut self.finished;
         finished.retain(|key| wanted.contains_key(key));
         self.waiting.retain(|key| wanted.contains_key(key));
+        let mut stop = Vec::new();
         self.running.retain(|key, kill| {
             if kill.is_closed() {
                 finished.insert(*key);
                 return false;
             }
-            if wanted.contains_key(key) {
-                return true;
+            if !wanted.contains_key(key) {
+                stop.push(*key);
             }
-            info!(job = %key.0, attempt = key.1, rank = key.2, "stopping worker");
-            if let Some(tx) = std::mem::replace(kill, oneshot::channel().0).into() {
-                let _ = tx.send(());
-            }
-            false
+            true
         });
+        for key in stop {
+            info!(job = %key.0, attempt = key.1, rank = key.2, "stopping worker");
+            if let Some(kill) = self.running.remove(&key) {
+                let _ = kill.send(());
+            }
+        }
     }
 
     /// The command line of a train job's rank: this binary's hidden `train-worker`.
@@ -345,6 +348,9 @@ impl Run {
             .spawn()
             .map_err(|e| anyhow::anyhow!("starting {program:?}: {e}"))?;
         let pgid = child.id().map(|p| p as i32);
+        // Whatever ends this task (the process exiting, a kill, the node shutting down and
+        // dropping it), the rank's whole process group goes with it, as torchrun does.
+        let _group = ProcessGroup(pgid);
         let (line_tx, mut lines) = mpsc::channel::<(bool, String)>(256);
         let out = child
             .stdout
@@ -451,6 +457,20 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(
 }
 
 use tokio::io::AsyncReadExt as _;
+
+/// Kills a process group when dropped.
+struct ProcessGroup(Option<i32>);
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.0 {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pgid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {
