@@ -245,3 +245,26 @@ fn a_full_restart_keeps_jobs_and_their_states() {
         );
     }
 }
+
+#[test]
+fn an_unmodified_pytorch_ddp_script_runs_as_a_command_job() {
+    let torch = std::process::Command::new("python3")
+        .args(["-c", "import torch.distributed"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !torch {
+        println!("SKIPPED: PyTorch is not installed (scripts/install-baselines.sh installs it)");
+        return;
+    }
+    let (c, _root) = formed(2);
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ddp/train_ddp.py");
+    let spec = format!(
+        "name = \"torch-ddp\"\nkind = \"command\"\nworkers = 2\ncommand = [\"python3\", {:?}]\n",
+        script.canonicalize().unwrap().display().to_string()
+    );
+    let id = submit(&c, 1, &spec);
+    let doc = wait_job_state(&c, 0, &id, "succeeded");
+    assert_eq!(doc.metrics.get("world_size"), Some(&2.0), "{doc:?}");
+    assert!(doc.metrics.contains_key("loss"), "{doc:?}");
+}
