@@ -36,10 +36,12 @@ use crate::{
 const METRIC_REPORT_INTERVAL_MS: u64 = 500;
 /// Longest line kept from a worker's output, in bytes (longer ones are cut).
 const LINE_BYTES_MAX: usize = 64 * 1024;
-/// First port of the range `MASTER_PORT` is drawn from.
+/// First port of the range `MASTER_PORT` is drawn from. The range, plus the train ring's
+/// ports just above it (one per rank), stays below Linux's ephemeral ports (32768 and up), so
+/// an outgoing connection of this host never holds the port a rank must bind.
 const MASTER_PORT_BASE: u16 = 20_000;
 /// Size of that range.
-const MASTER_PORT_SPAN: u16 = 20_000;
+const MASTER_PORT_SPAN: u16 = 11_000;
 
 /// A metric line printed by a worker: `ringleader-metric NAME VALUE [STEP]`.
 #[derive(Clone, Debug, PartialEq)]

@@ -13,7 +13,7 @@ const SPEC: &str = r#"
 name = "digits-smoke"
 kind = "train"
 workers = 3
-max_restarts = 0
+max_restarts = 2
 [model]
 arch = "mlp"
 hidden = [32]
