@@ -35,12 +35,20 @@ pub struct BenchArgs {
 
 const WAIT: Duration = Duration::from_secs(60);
 
+/// The median of `v` (NaN when empty).
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     if v.is_empty() {
         return f64::NAN;
     }
     v[v.len() / 2]
+}
+
+/// Prints `AREA FIGURE=median` and `AREA FIGURE_all=run,run,…` for repeated measurements.
+pub(crate) fn print_runs(area: &str, figure: &str, runs: &[f64]) {
+    println!("{area} {figure}={:.3}", median(runs.to_vec()));
+    let all: Vec<String> = runs.iter().map(|d| format!("{d:.3}")).collect();
+    println!("{area} {figure}_all={}", all.join(","));
 }
 
 /// Runs the benchmark and prints its figures.
@@ -91,15 +99,7 @@ fn real(args: &BenchArgs) -> Result<()> {
         cluster.restart(victim)?;
         cluster.wait_all(WAIT, "rejoin", |s| s.names_in("alive").len() == n)?;
     }
-    println!("membership detect_s={:.3}", median(detect.clone()));
-    println!(
-        "membership detect_s_all={}",
-        detect
-            .iter()
-            .map(|d| format!("{d:.3}"))
-            .collect::<Vec<_>>()
-            .join(",")
-    );
+    print_runs("membership", "detect_s", &detect);
 
     let suspicions = |c: &LocalCluster| -> Result<u64> {
         let mut total = 0;

@@ -46,13 +46,7 @@ const POLL_MS: u64 = 20;
 /// A trivial command job.
 const TRIVIAL: &str = "name = \"bench\"\nkind = \"command\"\nworkers = 1\ncommand = [\"true\"]\n";
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v[v.len() / 2]
-}
+use crate::bench::print_runs;
 
 /// The `p`-th percentile (nearest rank) of `v`.
 fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
@@ -157,15 +151,7 @@ fn failover(c: &mut LocalCluster, runs: usize) -> Result<()> {
         c.restart(victim)?;
         wait_formed(c, 5)?;
     }
-    println!("control failover_s={:.3}", median(times.clone()));
-    println!(
-        "control failover_s_all={}",
-        times
-            .iter()
-            .map(|d| format!("{d:.3}"))
-            .collect::<Vec<_>>()
-            .join(",")
-    );
+    print_runs("control", "failover_s", &times);
     Ok(())
 }
 
