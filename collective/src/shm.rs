@@ -66,7 +66,7 @@ pub(crate) const NAME_HEX_BYTES: usize = 32;
 pub const SHM_SEGMENT_BYTES_MAX: usize = 256 * 1024 * 1024;
 /// Frame slots per direction. Measured on the 2-core loopback box (N = 4, 64 MiB): see
 /// BENCH.md.
-pub const SHM_SLOTS: u32 = 4;
+pub const SHM_SLOTS: u32 = 8;
 /// Most slots an acceptor accepts in a segment's layout.
 const SHM_SLOTS_MAX: u32 = 64;
 /// Times a waiter re-checks its ring (with a CPU pause between) before going to sleep.
