@@ -66,7 +66,9 @@ for model in $models; do
         pids=()
         for ((i = 0; i < n; i++)); do
             cmd=("$bin" --spec "$spec" --rank "$i" --addrs "$addrs" --bench-steps "$steps" --bench-warmup-steps "$warmup")
-            if [ "$net" = netns ]; then cmd=(ip netns exec "rl$((i + 1))" "${cmd[@]}"); fi
+            # The namespaces share /dev/shm: without --no-shm the ranks would find each other
+            # "on one host" and move gradients through shared memory, past the rate limit.
+            if [ "$net" = netns ]; then cmd=(ip netns exec "rl$((i + 1))" "${cmd[@]}" --no-shm); fi
             "${cmd[@]}" >"$tmp/out.$i" 2>"$tmp/err.$i" &
             pids+=($!)
         done

@@ -68,6 +68,11 @@ pub struct WorkerArgs {
     /// Rank 0 prints `ringleader-metric` lines (for the node's supervisor).
     #[arg(long)]
     pub metric_lines: bool,
+    /// Never use the collective's shared-memory path between ranks on one host: every byte
+    /// goes over TCP. For hosts emulated in network namespaces, which share `/dev/shm` and
+    /// would otherwise bypass their rate-limited links.
+    #[arg(long)]
+    pub no_shm: bool,
 }
 
 /// Runs one worker to the end of training (or of the benchmark).
@@ -91,7 +96,10 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         generation: args.generation,
         addrs: args.addrs.clone(),
         secret: args.secret.clone().into_bytes(),
-        limits: Limits::default(),
+        limits: Limits {
+            shared_memory: !args.no_shm,
+            ..Limits::default()
+        },
     };
     let mut comm = Communicator::connect(cfg)
         .await
