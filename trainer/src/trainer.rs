@@ -149,7 +149,12 @@ impl Trainer {
         let sizes: Vec<usize> = params.iter().map(Vec::len).collect();
         let optimizer = Optimizer::new(&spec.train, &sizes);
         let schedule = LrSchedule::new(&spec.train, world, steps_per_epoch, total_steps);
-        let sync = GradSync::new(comm, BUCKET_BYTES, FIRST_BUCKET_BYTES)?;
+        let sync = GradSync::new(
+            comm,
+            BUCKET_BYTES,
+            FIRST_BUCKET_BYTES,
+            spec.train.grad_compression,
+        )?;
         info!(
             rank,
             world,

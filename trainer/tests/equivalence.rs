@@ -3,8 +3,11 @@
 
 mod common;
 
-use common::{max_diff, train_params};
-use trainer::{Arch, DataSpec, ModelSpec, OptimizerKind, TrainParams, TrainSpec};
+use common::{max_diff, on_group, train_params};
+use trainer::{
+    Arch, DataSpec, GradCompression, ModelSpec, OptimizerKind, TrainError, TrainParams, TrainSpec,
+    Trainer,
+};
 
 const STEPS: u64 = 15;
 
@@ -80,4 +83,49 @@ fn same_seed_and_world_is_bit_identical_and_another_seed_is_not() {
     let mut other = s.clone();
     other.train.seed += 1;
     assert_ne!(train_params(&other, 2, 10)[0], a[0]);
+}
+
+#[test]
+fn bf16_gradients_train_stay_identical_across_ranks_and_follow_f32_loosely() {
+    let (world, b, lr) = (3, 8, 0.05);
+    let mut s = spec(Arch::Mlp, OptimizerKind::Sgd, b, lr);
+    s.train.grad_compression = GradCompression::Bf16;
+    let runs = on_group(world, move |c| {
+        let s = s.clone();
+        async move {
+            let mut t = Trainer::new(&s, c)?;
+            let mut losses = Vec::new();
+            for _ in 0..STEPS {
+                losses.push(t.step().await?.loss);
+            }
+            Ok::<_, TrainError>((t.params().to_vec(), losses))
+        }
+    });
+    let runs: Vec<_> = runs.into_iter().map(|r| r.expect("training")).collect();
+    for (r, run) in runs.iter().enumerate().skip(1) {
+        assert_eq!(
+            runs[0], *run,
+            "rank {r} diverged from rank 0 (must be bit-identical with bf16 too)"
+        );
+    }
+    let losses = &runs[0].1;
+    let head = losses[..3].iter().sum::<f64>() / 3.0;
+    let tail = losses[losses.len() - 3..].iter().sum::<f64>() / 3.0;
+    assert!(
+        tail < 0.9 * head,
+        "loss must fall with bf16 gradients: {losses:?}"
+    );
+    // One f32 process with the global batch: equal only to bf16 tolerance (each gradient
+    // value keeps 8 significant bits, and every ring step rounds the partial sum again).
+    let single = train_params(
+        &spec(Arch::Mlp, OptimizerKind::Sgd, world * b, lr * 3.0),
+        1,
+        STEPS,
+    );
+    let (d, m) = max_diff(&runs[0].0, &single[0]);
+    eprintln!("bf16 vs f32 single process: max |Δ| = {d} (max |p| = {m})");
+    assert!(
+        d <= 5e-3 * m.max(1.0),
+        "bf16: max |Δ| = {d} (max |p| = {m}) beyond bf16 tolerance"
+    );
 }
