@@ -10,6 +10,13 @@
 # spent packing gradients and waiting for the allreduce (rank 0). `netns` runs worker i in
 # host rl(i+1) of `scripts/netns.sh up N 1gbit` (10.77.0.(i+1)), rate limit RATE (default 1gbit).
 #
+# COMPRESSION=bf16 adds `grad_compression = "bf16"` to the spec (gradients allreduced as
+# bf16) and a `grad=bf16` field to each line.
+#
+# Where PyTorch is installed (`python3 -c "import torch"`), PyTorch DDP (gloo, one thread per
+# rank, scripts/baseline_train_ddp.py) runs the same configurations beside ours:
+#   train impl=ddp model=M workers=N net=NET samples_per_s=X efficiency=E
+#
 # Environment: STEPS (timed steps, default 30), WARMUP (default 5), WORKERS (default "1 2 4"),
 # MODELS (default "mlp cnn"), RATE, BASE_PORT (default 29600), CARGO_TARGET_DIR, TRAIN_WORKER
 # (a prebuilt train-worker binary: skips the build).
@@ -26,6 +33,10 @@ workers=${WORKERS:-1 2 4}
 models=${MODELS:-mlp cnn}
 rate=${RATE:-1gbit}
 base_port=${BASE_PORT:-29600}
+compression=${COMPRESSION:-none}
+case $compression in none | bf16) ;; *) echo "COMPRESSION=$compression: none | bf16" >&2; exit 2 ;; esac
+grad_field=""
+if [ "$compression" != none ]; then grad_field=" grad=$compression"; fi
 
 if [ -n "${TRAIN_WORKER:-}" ]; then
     bin=$TRAIN_WORKER
@@ -33,6 +44,9 @@ else
     cargo build --manifest-path "$root/Cargo.toml" -p trainer --bin train-worker --release >&2
     bin=$target/release/train-worker
 fi
+ddp=""
+if python3 -c "import torch" 2>/dev/null; then ddp=1; else echo "no torch: skipping the DDP baseline" >&2; fi
+ddp_port=$((base_port + 100))
 tmp=$(mktemp -d)
 pids=()
 cleanup() {
@@ -50,12 +64,34 @@ spec_for() {
     esac
     printf '[data]\ndataset = "synthetic"\nsamples = 8192\nval_samples = 64\nshape = [1, 28, 28]\nclasses = 10\n' >>"$f"
     printf '[train]\nepochs = 100\nbatch_per_worker = 64\noptimizer = "sgd"\nlr = 0.01\nwarmup_epochs = 0\n' >>"$f"
+    printf 'grad_compression = "%s"\n' "$compression" >>"$f"
     echo "$f"
+}
+
+# PyTorch DDP on the same configuration; prints its samples/s.
+run_ddp() {
+    local model=$1 n=$2 i master=127.0.0.1
+    if [ "$net" = netns ]; then master=10.77.0.1; fi
+    pids=()
+    for ((i = 0; i < n; i++)); do
+        cmd=(env RANK="$i" WORLD_SIZE="$n" MASTER_ADDR="$master" MASTER_PORT="$ddp_port"
+            python3 "$root/scripts/baseline_train_ddp.py" --model "$model" --steps "$steps"
+            --warmup "$warmup" --compression "$compression")
+        if [ "$net" = netns ]; then
+            cmd=(ip netns exec "rl$((i + 1))" env GLOO_SOCKET_IFNAME=eth0 "${cmd[@]}")
+        fi
+        "${cmd[@]}" >"$tmp/ddp.$i" 2>"$tmp/ddperr.$i" &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || { cat "$tmp"/ddperr.* >&2; exit 1; }; done
+    pids=()
+    sed -n 's/^ddp .*samples_per_s=\([0-9.]*\).*/\1/p' "$tmp/ddp.0"
 }
 
 for model in $models; do
     spec=$(spec_for "$model")
     single=""
+    ddp_single=""
     for n in $workers; do
         if [ "$net" = netns ]; then "$root/scripts/netns.sh" up "$n" "$rate" >&2; fi
         addrs=""
@@ -84,6 +120,12 @@ for model in $models; do
         eff=$(awk -v s="$sps" -v one="${single:-0}" -v n="$n" 'BEGIN { if (one > 0) printf "%.3f", s / (n * one); else print "na" }')
         label=$net
         if [ "$net" = netns ]; then label="netns-$rate"; fi
-        echo "train model=$model workers=$n net=$label samples_per_s=$sps efficiency=$eff comm_fraction=$cf $rest"
+        echo "train model=$model workers=$n net=$label$grad_field samples_per_s=$sps efficiency=$eff comm_fraction=$cf $rest"
+        if [ -n "$ddp" ]; then
+            dsps=$(run_ddp "$model" "$n")
+            if [ -z "$ddp_single" ] && [ "$n" = 1 ]; then ddp_single=$dsps; fi
+            deff=$(awk -v s="$dsps" -v one="${ddp_single:-0}" -v n="$n" 'BEGIN { if (one > 0) printf "%.3f", s / (n * one); else print "na" }')
+            echo "train impl=ddp model=$model workers=$n net=$label$grad_field samples_per_s=$dsps efficiency=$deff"
+        fi
     done
 done
