@@ -15,7 +15,7 @@ use crate::config::{GroupConfig, Limits};
 use crate::element::{as_bytes, as_bytes_mut, Element};
 use crate::error::{AbortReason, Algorithm, CollKind, CollectiveError, DType, OpDesc, ReduceOp};
 use crate::frame::{Abort, Header};
-use crate::schedule::{self, RdStep};
+use crate::schedule::{self, RdStep, RecvMode, RingAction, RingKind};
 use crate::tcp;
 use crate::transport::{Failure, Inbound, Link, Reader, Writer};
 
@@ -119,7 +119,10 @@ impl Communicator {
         cfg.validate()?;
         let mut streams = tcp::establish(&cfg, listener).await?;
         let mut links: Vec<Option<Link>> = (0..cfg.world).map(|_| None).collect();
-        let (chunk, ahead) = (cfg.limits.chunk_bytes, cfg.limits.read_ahead_frames);
+        // A TCP link holds its read-ahead frames plus the one being read: at least
+        // RING_GROUP, whatever the socket buffers, so that the ring cannot deadlock.
+        let chunk = cfg.limits.chunk_bytes;
+        let ahead = cfg.limits.read_ahead_frames.max(RING_GROUP - 1);
         for (peer, (s, ch)) in streams.drain() {
             links[peer] = Some(match ch {
                 Some(ch) => Link::shm(peer, s, ch),
@@ -280,10 +283,7 @@ impl Communicator {
         let fut = async {
             match algo {
                 Algorithm::RecursiveDoubling => engine.recursive_doubling(buf, op, &desc).await,
-                _ => {
-                    engine.ring_reduce_scatter(buf, op, &desc).await?;
-                    engine.ring_allgather(buf, &desc).await
-                }
+                _ => engine.ring(buf, op, RingKind::Allreduce, &desc).await,
             }
         };
         let r = guarded(fut, abort, self.limits.op_timeout_ms, &desc, self.rank).await;
@@ -309,7 +309,7 @@ impl Communicator {
             return Ok(());
         }
         let Communicator { engine, abort, .. } = self;
-        let fut = engine.ring_reduce_scatter(buf, op, &desc);
+        let fut = engine.ring(buf, op, RingKind::ReduceScatter, &desc);
         let r = guarded(fut, abort, self.limits.op_timeout_ms, &desc, self.rank).await;
         self.finish(r)
     }
@@ -329,7 +329,8 @@ impl Communicator {
             return Ok(());
         }
         let Communicator { engine, abort, .. } = self;
-        let fut = engine.ring_allgather(buf, &desc);
+        // The op is not used: allgather only copies.
+        let fut = engine.ring(buf, ReduceOp::Sum, RingKind::Allgather, &desc);
         let r = guarded(fut, abort, self.limits.op_timeout_ms, &desc, self.rank).await;
         self.finish(r)
     }
@@ -521,6 +522,14 @@ async fn guarded(
     }
 }
 
+/// Chunks a ring plan takes at a time ([`schedule::ring_plan`]): how many frames a rank may
+/// run ahead of its left neighbour, and the most frames a ring link must hold for the ring
+/// not to deadlock. Shared-memory links hold `SHM_SLOTS` (8; at least `SHM_SLOTS_MIN` = 4
+/// accepted), in-memory ones 4, TCP links their read-ahead frames (raised to at least
+/// `RING_GROUP − 1`) plus the one being read, plus the socket buffers.
+const RING_GROUP: usize = 4;
+const _: () = assert!(RING_GROUP <= crate::shm::SHM_SLOTS_MIN as usize);
+
 /// The data path: links, a reusable scratch buffer, and the algorithms.
 struct Engine {
     rank: usize,
@@ -683,15 +692,36 @@ async fn watch(reader: Option<&mut Reader>, desc: &OpDesc) -> Failure {
     }
 }
 
-/// `(&buf[a], &mut buf[b])` for disjoint ranges.
-fn split<T>(buf: &mut [T], a: Range<usize>, b: Range<usize>) -> (&[T], &mut [T]) {
-    if a.end <= b.start {
-        let (x, y) = buf.split_at_mut(b.start);
-        (&x[a], &mut y[..b.len()])
-    } else {
-        assert!(b.end <= a.start, "ring segments are disjoint");
-        let (x, y) = buf.split_at_mut(a.start);
-        (&y[..a.len()], &mut x[b])
+/// One action of a ring plan on `buf`: send a range right, or receive a frame from the left
+/// into a range (reducing with `op`, or copying). A received frame is released before this
+/// returns.
+#[allow(clippy::too_many_arguments)]
+async fn ring_action<T: Element>(
+    reader: &mut Reader,
+    writer: &mut Writer,
+    me: usize,
+    desc: &OpDesc,
+    buf: &mut [T],
+    action: &RingAction,
+    op: ReduceOp,
+    world: usize,
+) -> Result<(), Failure> {
+    match action {
+        RingAction::Send(x) => send_bytes(writer, desc, as_bytes(&buf[x.clone()])).await,
+        RingAction::Recv(x, mode) => {
+            let d = &mut buf[x.clone()];
+            let m = recv_frame(reader, me, desc, std::mem::size_of_val(d)).await?;
+            let src = payload::<T>(&m, d.len());
+            match mode {
+                RecvMode::Copy => d.copy_from_slice(src),
+                RecvMode::Reduce | RecvMode::ReduceOwned => T::reduce(d, src, op, false),
+            }
+            reader.recycle(m);
+            if *mode == RecvMode::ReduceOwned && op == ReduceOp::Avg {
+                T::divide(d, world);
+            }
+            Ok(())
+        }
     }
 }
 
@@ -704,77 +734,44 @@ impl Engine {
         self.chunk_bytes / std::mem::size_of::<T>()
     }
 
-    /// One ring step: send `buf[send]` right while receiving `buf[recv]` from the left,
-    /// sub-chunk by sub-chunk, reducing on arrival when `op` is given.
-    async fn ring_step<T: Element>(
-        &mut self,
-        buf: &mut [T],
-        send: Range<usize>,
-        recv: Range<usize>,
-        op: Option<ReduceOp>,
-        desc: &OpDesc,
-    ) -> Result<(), Failure> {
-        let ce = self.chunk_elems::<T>();
-        let (me, l, r) = (
-            self.rank,
-            schedule::left(self.rank, self.world),
-            schedule::right(self.rank, self.world),
-        );
-        let (reader, writer, watched) = pair(&mut self.links, l, r);
-        let (src, dst) = split(buf, send, recv);
-        // The link to the right is watched (for its abort or loss) only while we still send
-        // on it: once our frames are out, the right peer may finish the operation and close
-        // before our frames from the left are in, which is no failure of ours. A failure
-        // it relays after that reaches us around the ring, through the left.
-        let sending = async {
-            tokio::select! {
-                r = send_all(writer, desc, src, ce) => r,
-                f = watch(watched, desc) => Err(f),
-            }
-        };
-        tokio::try_join!(
-            sending,
-            recv_all(reader, me, desc, dst, op.map(|o| (o, false)), ce),
-        )
-        .map(|_| ())
-    }
-
-    /// Ring reduce-scatter (see [`crate::schedule`]); with `Avg`, divides the owned segment.
-    async fn ring_reduce_scatter<T: Element>(
+    /// Runs this rank's [`schedule::ring_plan`] of `kind`: frames to the right, frames from
+    /// the left, one at a time in the plan's (chunk-major) order. A received frame is reduced
+    /// or copied into `buf` straight out of the link's buffer and released at once, before
+    /// anything is sent, so a link never holds more than [`RING_GROUP`] frames. With `Avg`,
+    /// each chunk of the owned segment is divided as it completes.
+    async fn ring<T: Element>(
         &mut self,
         buf: &mut [T],
         op: ReduceOp,
+        kind: RingKind,
         desc: &OpDesc,
     ) -> Result<(), Failure> {
-        let (n, w) = (buf.len(), self.world);
-        for step in 0..w - 1 {
-            let st = schedule::reduce_scatter_step(self.rank, w, step);
-            let (s, r) = (
-                schedule::segment(n, w, st.send),
-                schedule::segment(n, w, st.recv),
-            );
-            self.ring_step(buf, s, r, Some(op), desc).await?;
+        let ce = self.chunk_elems::<T>();
+        let (me, w) = (self.rank, self.world);
+        let plan = schedule::ring_plan(me, w, buf.len(), ce, RING_GROUP, kind);
+        let last_send = plan
+            .iter()
+            .rposition(|a| matches!(a, RingAction::Send(_)))
+            .map_or(0, |i| i + 1);
+        let (sending, draining) = plan.split_at(last_send);
+        let (l, r) = (schedule::left(me, w), schedule::right(me, w));
+        let (reader, writer, watched) = pair(&mut self.links, l, r);
+        // The link to the right is watched (for its abort or loss) only while we still send
+        // on it: once our frames are out, the right peer may finish the operation and close
+        // before our last frames from the left are in, which is no failure of ours. A
+        // failure it relays after that reaches us around the ring, through the left.
+        let run = async {
+            for a in sending {
+                ring_action(reader, writer, me, desc, buf, a, op, w).await?;
+            }
+            Ok::<(), Failure>(())
+        };
+        tokio::select! {
+            r = run => r?,
+            f = watch(watched, desc) => return Err(f),
         }
-        if op == ReduceOp::Avg {
-            T::divide(&mut buf[schedule::segment(n, w, self.rank)], w);
-        }
-        Ok(())
-    }
-
-    /// Ring allgather of the segments (see [`crate::schedule`]).
-    async fn ring_allgather<T: Element>(
-        &mut self,
-        buf: &mut [T],
-        desc: &OpDesc,
-    ) -> Result<(), Failure> {
-        let (n, w) = (buf.len(), self.world);
-        for step in 0..w - 1 {
-            let st = schedule::allgather_step(self.rank, w, step);
-            let (s, r) = (
-                schedule::segment(n, w, st.send),
-                schedule::segment(n, w, st.recv),
-            );
-            self.ring_step(buf, s, r, None, desc).await?;
+        for a in draining {
+            ring_action(reader, writer, me, desc, buf, a, op, w).await?;
         }
         Ok(())
     }

@@ -31,7 +31,8 @@ pub struct Limits {
     /// Default 5 000. (A killed process is seen at once: its kernel closes the sockets.)
     pub peer_silence_ms: u64,
     /// Frames each link's reading task may read ahead of the operation (each `chunk_bytes`
-    /// of memory). Default 4.
+    /// of memory). Default 4; at least 3 is used (the ring's chunk-major order needs a link to
+    /// hold 4 frames).
     pub read_ahead_frames: usize,
     /// Upper bound on any frame payload, bytes. Default 16 MiB.
     pub frame_bytes_max: usize,

@@ -8,8 +8,10 @@
 //! last step rank `r` holds segment `r` reduced over all ranks, each contribution exactly
 //! once. Allgather then runs `world − 1` steps; at step `s` rank `r` sends segment `r − s`
 //! and receives (overwrites) segment `r − s − 1`. Invariant: afterwards every rank holds every
-//! segment as reduced by its owner, so all ranks are bitwise equal. Each step's segment is
-//! split into sub-chunks ([`subchunks`]) so that sending, receiving and reducing overlap.
+//! segment as reduced by its owner, so all ranks are bitwise equal. Each segment is cut into
+//! frame-sized chunks, and [`ring_plan`] orders the steps **chunk-major**: a group of chunks
+//! goes through every step before the next group starts, so a received chunk is reduced (or
+//! copied) into the buffer and sent on while it is still in the cache.
 //!
 //! **Recursive doubling** (latency-optimal, `⌈log2 world⌉` rounds, +2 when `world` is not a
 //! power of two). With `p` the largest power of two ≤ `world` and `rem = world − p`, ranks
@@ -81,6 +83,133 @@ pub fn subchunks(range: Range<usize>, chunk_elems: usize) -> impl Iterator<Item 
     (range.start..end)
         .step_by(chunk)
         .map(move |s| s..(s + chunk).min(end))
+}
+
+/// Which ring collective a plan is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RingKind {
+    /// `world − 1` reduce-scatter steps per chunk.
+    ReduceScatter,
+    /// `world − 1` allgather steps per chunk.
+    Allgather,
+    /// Reduce-scatter then allgather steps, `2·(world − 1)` per chunk.
+    Allreduce,
+}
+
+/// What a received frame does to its range of the buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecvMode {
+    /// Reduce into the buffer (a partial sum, sent on by a later action).
+    Reduce,
+    /// Reduce into the buffer; this completes a chunk of the rank's own segment (the place
+    /// to divide for `Avg`).
+    ReduceOwned,
+    /// Overwrite the buffer (allgather).
+    Copy,
+}
+
+/// One action of a ring plan, on a range of the caller's buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RingAction {
+    /// Send `buf[range]` to the right neighbour as one frame (an empty range: an empty frame).
+    Send(Range<usize>),
+    /// Receive one frame of `range.len()` elements from the left neighbour into `buf[range]`.
+    Recv(Range<usize>, RecvMode),
+}
+
+/// Range of chunk `chunk` of segment `seg`: the segment cut at multiples of `chunk_elems`
+/// from its start; empty past its end (segments differ by one element, so one segment may
+/// have a chunk fewer than another).
+pub fn ring_chunk(
+    len: usize,
+    world: usize,
+    seg: usize,
+    chunk: usize,
+    chunk_elems: usize,
+) -> Range<usize> {
+    let s = segment(len, world, seg);
+    let ce = chunk_elems.max(1);
+    let start = (s.start + chunk * ce).min(s.end);
+    start..(start + ce).min(s.end)
+}
+
+/// Chunks per segment in a ring plan: enough for the largest segment, at least one (an
+/// empty buffer still sends one empty frame per step, so that it synchronises and is
+/// checked).
+pub fn ring_chunks(len: usize, world: usize, chunk_elems: usize) -> usize {
+    len.div_ceil(world).div_ceil(chunk_elems.max(1)).max(1)
+}
+
+/// The ring plan of `rank`, in the order of its frames on both of its ring links.
+///
+/// **Chunk-major** (the order NCCL uses): chunks are taken `group` at a time; each group
+/// goes through every step of the collective before the next group starts. Step `t` of
+/// chunk `c` sends chunk `c` of the step's segment; for `t ≥ 1` it is sent right after the
+/// left neighbour's step `t − 1` of the same chunk (the same segment) was received into the
+/// buffer, so the data forwarded is still in the cache, and the receiver never needs to hold
+/// a frame while it sends. Within a group the order on a link is `(c₀, 0), (c₁, 0), …,
+/// (c₀, 1), (c₁, 1), …`: a rank may run `group` frames ahead of its left neighbour, and
+/// a link never needs more than `group` frames in flight (see the deadlock test), so links
+/// with at least `group` slots cannot deadlock.
+///
+/// The steps are those of [`reduce_scatter_step`] and [`allgather_step`]: a reduce-scatter
+/// step `t` sends segment `rank − t − 1` and receives (reduces) segment `rank − t − 2`; an
+/// allgather step `u` sends segment `rank − u` and receives (copies) segment `rank − u − 1`.
+/// In an allreduce the last reduce-scatter receive completes the rank's own chunk, which the
+/// first allgather step sends on.
+pub fn ring_plan(
+    rank: usize,
+    world: usize,
+    len: usize,
+    chunk_elems: usize,
+    group: usize,
+    kind: RingKind,
+) -> Vec<RingAction> {
+    let mut plan = Vec::new();
+    if world <= 1 {
+        return plan;
+    }
+    let rs = world - 1;
+    let (steps, first_ag) = match kind {
+        RingKind::ReduceScatter => (rs, usize::MAX),
+        RingKind::Allgather => (rs, 0),
+        RingKind::Allreduce => (2 * rs, rs),
+    };
+    // (segment sent, segment received, what the receive does) of step `t`.
+    let step = |t: usize| {
+        if t < first_ag {
+            let st = reduce_scatter_step(rank, world, t);
+            let mode = if t + 1 == rs {
+                RecvMode::ReduceOwned
+            } else {
+                RecvMode::Reduce
+            };
+            (st.send, st.recv, mode)
+        } else {
+            let st = allgather_step(rank, world, t - first_ag);
+            (st.send, st.recv, RecvMode::Copy)
+        }
+    };
+    let chunks = ring_chunks(len, world, chunk_elems);
+    let group = group.max(1);
+    let chunk = |seg, c| ring_chunk(len, world, seg, c, chunk_elems);
+    for g in (0..chunks).step_by(group) {
+        let cs = g..(g + group).min(chunks);
+        for t in 0..steps {
+            for c in cs.clone() {
+                if t > 0 {
+                    let (_, recv, mode) = step(t - 1);
+                    plan.push(RingAction::Recv(chunk(recv, c), mode));
+                }
+                plan.push(RingAction::Send(chunk(step(t).0, c)));
+            }
+        }
+        for c in cs {
+            let (_, recv, mode) = step(steps - 1);
+            plan.push(RingAction::Recv(chunk(recv, c), mode));
+        }
+    }
+    plan
 }
 
 /// One action of recursive doubling.
@@ -178,6 +307,7 @@ pub fn peers(rank: usize, world: usize) -> BTreeSet<usize> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::VecDeque;
 
     /// Symbolic value: how many times each rank's contribution is in it.
     type Sym = Vec<u32>;
@@ -188,69 +318,77 @@ mod tests {
         }
     }
 
-    /// Runs the ring schedule on symbolic values (one `Sym` per element per rank).
-    fn simulate_ring(len: usize, world: usize, chunk: usize) -> Vec<Vec<Sym>> {
-        let mut bufs: Vec<Vec<Sym>> = (0..world)
-            .map(|r| {
-                (0..len)
-                    .map(|_| {
-                        let mut s = vec![0; world];
-                        s[r] = 1;
-                        s
-                    })
-                    .collect()
-            })
+    fn unit(world: usize, r: usize) -> Sym {
+        let mut s = vec![0; world];
+        s[r] = 1;
+        s
+    }
+
+    /// Runs every rank's [`ring_plan`] on symbolic values (rank `r` starts with the unit
+    /// vector `r` in every element), over links of `slots` frames each: a send waits while
+    /// its link is full, a receive while it is empty, a receive releases its frame at once
+    /// (as the driver does). Checks that each received frame is the range the left
+    /// neighbour sent, that every rank finishes (no deadlock), and returns the buffers and,
+    /// per rank and element, how often a `ReduceOwned` receive touched it.
+    #[allow(clippy::type_complexity)]
+    fn simulate_ring(
+        len: usize,
+        world: usize,
+        chunk: usize,
+        group: usize,
+        slots: usize,
+        kind: RingKind,
+    ) -> (Vec<Vec<Sym>>, Vec<Vec<u32>>) {
+        let mut bufs: Vec<Vec<Sym>> = (0..world).map(|r| vec![unit(world, r); len]).collect();
+        let mut owned = vec![vec![0u32; len]; world];
+        let plans: Vec<Vec<RingAction>> = (0..world)
+            .map(|r| ring_plan(r, world, len, chunk, group, kind))
             .collect();
-        for step in 0..world - 1 {
-            // All ranks send at once: snapshot what is sent, then deliver.
-            let sent: Vec<(usize, usize, Vec<Sym>)> = (0..world)
-                .map(|r| {
-                    let st = reduce_scatter_step(r, world, step);
-                    let mut data = Vec::new();
-                    for c in subchunks(segment(len, world, st.send), chunk) {
-                        data.extend_from_slice(&bufs[r][c]);
+        // links[r]: frames in flight from r to its right neighbour.
+        let mut links: Vec<VecDeque<(Range<usize>, Vec<Sym>)>> = vec![VecDeque::new(); world];
+        let mut pc = vec![0usize; world];
+        loop {
+            let mut progressed = false;
+            for r in 0..world {
+                while let Some(a) = plans[r].get(pc[r]) {
+                    match a {
+                        RingAction::Send(range) => {
+                            if links[r].len() >= slots {
+                                break;
+                            }
+                            links[r].push_back((range.clone(), bufs[r][range.clone()].to_vec()));
+                        }
+                        RingAction::Recv(range, mode) => {
+                            let from = left(r, world);
+                            let Some((sent, data)) = links[from].pop_front() else {
+                                break;
+                            };
+                            assert_eq!(&sent, range, "rank {r} receives what {from} sent");
+                            for (i, d) in range.clone().zip(data) {
+                                match mode {
+                                    RecvMode::Copy => bufs[r][i] = d,
+                                    RecvMode::Reduce => add(&mut bufs[r][i], &d),
+                                    RecvMode::ReduceOwned => {
+                                        add(&mut bufs[r][i], &d);
+                                        owned[r][i] += 1;
+                                    }
+                                }
+                            }
+                        }
                     }
-                    (right(r, world), st.send, data)
-                })
-                .collect();
-            for (to, seg, data) in sent {
-                let st = reduce_scatter_step(to, world, step);
-                assert_eq!(
-                    st.recv, seg,
-                    "receiver expects the segment the sender sends"
-                );
-                for (i, d) in segment(len, world, seg).zip(data) {
-                    add(&mut bufs[to][i], &d);
+                    pc[r] += 1;
+                    progressed = true;
                 }
             }
-        }
-        for (r, buf) in bufs.iter().enumerate() {
-            for i in segment(len, world, r) {
-                assert!(
-                    buf[i].iter().all(|&c| c == 1),
-                    "rank {r} owns segment {r} fully reduced"
-                );
+            if pc.iter().zip(&plans).all(|(p, plan)| *p == plan.len()) {
+                assert!(links.iter().all(VecDeque::is_empty), "no frame left over");
+                return (bufs, owned);
             }
+            assert!(
+                progressed,
+                "ring deadlocks: len {len} world {world} chunk {chunk} group {group} slots {slots}: {pc:?}"
+            );
         }
-        for step in 0..world - 1 {
-            let sent: Vec<(usize, usize, Vec<Sym>)> = (0..world)
-                .map(|r| {
-                    let st = allgather_step(r, world, step);
-                    (
-                        right(r, world),
-                        st.send,
-                        bufs[r][segment(len, world, st.send)].to_vec(),
-                    )
-                })
-                .collect();
-            for (to, seg, data) in sent {
-                assert_eq!(allgather_step(to, world, step).recv, seg);
-                for (i, d) in segment(len, world, seg).zip(data) {
-                    bufs[to][i] = d;
-                }
-            }
-        }
-        bufs
     }
 
     fn simulate_rd(world: usize) -> Vec<Sym> {
@@ -348,13 +486,66 @@ mod tests {
         }
 
         #[test]
-        fn ring_reduces_every_element_exactly_once(len in 0usize..40, world in 2usize..10, chunk in 1usize..7) {
-            let bufs = simulate_ring(len, world, chunk);
-            for buf in &bufs {
+        fn ring_allreduce_reduces_every_element_exactly_once(
+            len in 0usize..60, world in 2usize..9, chunk in 1usize..7, group in 1usize..5,
+        ) {
+            // Links of `group` slots: the bound the plan promises to stay within.
+            let (bufs, owned) = simulate_ring(len, world, chunk, group, group, RingKind::Allreduce);
+            for (r, buf) in bufs.iter().enumerate() {
                 for sym in buf {
                     prop_assert!(sym.iter().all(|&c| c == 1));
                 }
                 prop_assert_eq!(buf, &bufs[0]);
+                for (i, &n) in owned[r].iter().enumerate() {
+                    prop_assert_eq!(n, u32::from(segment(len, world, r).contains(&i)));
+                }
+            }
+        }
+
+        #[test]
+        fn ring_reduce_scatter_completes_each_owned_segment_once(
+            len in 0usize..60, world in 2usize..9, chunk in 1usize..7, group in 1usize..5,
+        ) {
+            let (bufs, owned) =
+                simulate_ring(len, world, chunk, group, group, RingKind::ReduceScatter);
+            for (r, buf) in bufs.iter().enumerate() {
+                for i in segment(len, world, r) {
+                    prop_assert!(buf[i].iter().all(|&c| c == 1));
+                }
+                for (i, &n) in owned[r].iter().enumerate() {
+                    prop_assert_eq!(n, u32::from(segment(len, world, r).contains(&i)));
+                }
+            }
+        }
+
+        #[test]
+        fn ring_allgather_gives_every_rank_every_segment(
+            len in 0usize..60, world in 2usize..9, chunk in 1usize..7, group in 1usize..5,
+        ) {
+            let (bufs, _) = simulate_ring(len, world, chunk, group, group, RingKind::Allgather);
+            for buf in &bufs {
+                for owner in 0..world {
+                    for i in segment(len, world, owner) {
+                        prop_assert_eq!(&buf[i], &unit(world, owner));
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn ring_plans_send_one_frame_per_chunk_and_step(
+            len in 0usize..200, world in 2usize..9, chunk in 1usize..9, group in 1usize..6,
+        ) {
+            let chunks = ring_chunks(len, world, chunk);
+            for r in 0..world {
+                let plan = ring_plan(r, world, len, chunk, group, RingKind::Allreduce);
+                let sends = plan.iter().filter(|a| matches!(a, RingAction::Send(_))).count();
+                prop_assert_eq!(sends, chunks * 2 * (world - 1));
+                prop_assert_eq!(plan.len(), 2 * sends);
+                for a in &plan {
+                    let (RingAction::Send(x) | RingAction::Recv(x, _)) = a;
+                    prop_assert!(x.len() <= chunk && x.end <= len);
+                }
             }
         }
 

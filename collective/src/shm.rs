@@ -67,6 +67,9 @@ pub const SHM_SEGMENT_BYTES_MAX: usize = 256 * 1024 * 1024;
 /// Frame slots per direction. Measured on the 2-core loopback box (N = 4, 64 MiB): see
 /// BENCH.md.
 pub const SHM_SLOTS: u32 = 8;
+/// Fewest slots an acceptor accepts (else the link stays on TCP): the chunk-major ring needs a
+/// link to hold this many frames (`RING_GROUP` in the communicator) not to deadlock.
+pub(crate) const SHM_SLOTS_MIN: u32 = 4;
 /// Most slots an acceptor accepts in a segment's layout.
 const SHM_SLOTS_MAX: u32 = 64;
 /// Times a waiter re-checks its ring (with a CPU pause between) before going to sleep.
@@ -365,6 +368,9 @@ pub(crate) fn open(
             "slots of {} bytes, frames of {frame_bytes}",
             layout.cap
         ));
+    }
+    if layout.slots < SHM_SLOTS_MIN {
+        return Err(format!("{} slots, at least {SHM_SLOTS_MIN}", layout.slots));
     }
     let mut token = [0u8; TOKEN_BYTES];
     map.read(OFF_TOKEN, &mut token);

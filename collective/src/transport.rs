@@ -28,7 +28,7 @@ use crate::shm::{self, LinkState};
 /// Read-buffer size of a TCP link: holds a header and a small payload in one syscall;
 /// larger payloads bypass it and land directly in a pool buffer.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
-/// Frames queued per direction of an in-memory link.
+/// Frames queued per direction of an in-memory link (the ring needs at least 4).
 const MEM_QUEUE_FRAMES: usize = 4;
 /// Zero bytes written per call when padding out a half-written frame before an abort.
 const PAD_BYTES: usize = 64 * 1024;
