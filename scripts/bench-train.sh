@@ -18,7 +18,8 @@
 #   train impl=ddp model=M workers=N net=NET samples_per_s=X efficiency=E
 #
 # Environment: STEPS (timed steps, default 30), WARMUP (default 5), WORKERS (default "1 2 4"),
-# MODELS (default "mlp cnn"), RATE, BASE_PORT (default 29600), CARGO_TARGET_DIR, TRAIN_WORKER
+# MODELS (default "mlp cnn"), THREADS (compute threads per worker, RAYON_NUM_THREADS for
+# candle; default 1, as DDP's one thread per rank), RATE, BASE_PORT (default 29600), CARGO_TARGET_DIR, TRAIN_WORKER
 # (a prebuilt train-worker binary: skips the build).
 # All workers run on this machine's cores: with fewer cores than workers the compute is
 # shared and the efficiency says so.
@@ -33,6 +34,9 @@ workers=${WORKERS:-1 2 4}
 models=${MODELS:-mlp cnn}
 rate=${RATE:-1gbit}
 base_port=${BASE_PORT:-29600}
+# One compute thread per worker, as the DDP baseline (torch.set_num_threads(1)): the
+# comparison is per core, and 4 workers on a small machine do not oversubscribe it.
+export RAYON_NUM_THREADS=${THREADS:-1}
 compression=${COMPRESSION:-none}
 case $compression in none | bf16) ;; *) echo "COMPRESSION=$compression: none | bf16" >&2; exit 2 ;; esac
 grad_field=""
