@@ -23,7 +23,7 @@ pub const METRIC_STEP_INTERVAL_MS: u64 = 250;
 /// What one worker needs; also its command line (`clap::Args`, flattened by both binaries).
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkerArgs {
-    /// Job spec (TOML with [model], [data], [train], [checkpoint]; other keys are ignored).
+    /// Job spec (TOML with `[model]`, `[data]`, `[train]`, `[checkpoint]`; other keys are ignored).
     #[arg(long)]
     pub spec: std::path::PathBuf,
     /// This worker's rank.
