@@ -100,10 +100,7 @@ pub(crate) async fn handshake_dial(
     from: usize,
     to: usize,
 ) -> Result<(), HandshakeError> {
-    let addr = stream
-        .peer_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
+    let addr = peer_label(stream);
     let io = |e: std::io::Error| malformed(&addr, &format!("io: {e}"));
     let mut d1 = [0u8; D1_BYTES];
     d1[0..4].copy_from_slice(&MAGIC);
@@ -147,10 +144,7 @@ pub(crate) async fn handshake_accept(
     me: usize,
     expected: &BTreeSet<usize>,
 ) -> Result<usize, HandshakeError> {
-    let addr = stream
-        .peer_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
+    let addr = peer_label(stream);
     let io = |e: std::io::Error| malformed(&addr, &format!("io: {e}"));
     let mut d1 = [0u8; D1_BYTES];
     stream.read_exact(&mut d1).await.map_err(io)?;
@@ -192,16 +186,21 @@ pub(crate) async fn handshake_accept(
 /// S1 and S2: one flag byte, then a segment name or token.
 const PATH_MSG_BYTES: usize = 1 + shm::NAME_HEX_BYTES;
 
+/// The peer's address for error messages (empty if the socket no longer knows it).
+fn peer_label(stream: &TcpStream) -> String {
+    stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default()
+}
+
 /// Dialer side of the data-path choice: offers a shared-memory segment when `lim` allows
 /// one, and returns its end if the acceptor proved it mapped it.
 async fn negotiate_dial(
     stream: &mut TcpStream,
     lim: &Limits,
 ) -> Result<Option<shm::Channel>, HandshakeError> {
-    let addr = stream
-        .peer_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
+    let addr = peer_label(stream);
     let io = |e: std::io::Error| malformed(&addr, &format!("io: {e}"));
     let offer = if lim.shared_memory {
         shm::Offer::create(lim.chunk_bytes).unwrap_or_else(|e| {
@@ -236,10 +235,7 @@ async fn negotiate_accept(
     stream: &mut TcpStream,
     lim: &Limits,
 ) -> Result<Option<shm::Channel>, HandshakeError> {
-    let addr = stream
-        .peer_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
+    let addr = peer_label(stream);
     let io = |e: std::io::Error| malformed(&addr, &format!("io: {e}"));
     let mut s1 = [0u8; PATH_MSG_BYTES];
     stream.read_exact(&mut s1).await.map_err(io)?;
