@@ -234,6 +234,29 @@ impl Dataset {
         }
     }
 
+    /// The images and labels of `indices` as flat buffers (`xs`: `[b, c, h, w]`), reusing
+    /// their allocations; an error for a text dataset.
+    pub fn image_batch_into(
+        &self,
+        indices: &[usize],
+        xs: &mut Vec<f32>,
+        ys: &mut Vec<u32>,
+    ) -> Result<(), TrainError> {
+        let Samples::Images { x, y, shape, .. } = &self.samples else {
+            return Err(TrainError::Spec(
+                "an image model needs an image dataset".into(),
+            ));
+        };
+        let dim = shape.iter().product::<usize>();
+        xs.clear();
+        ys.clear();
+        for &i in indices {
+            xs.extend_from_slice(&x[i * dim..(i + 1) * dim]);
+            ys.push(y[i]);
+        }
+        Ok(())
+    }
+
     /// The samples at `indices`, in that order, as tensors on `device`.
     pub fn batch(&self, indices: &[usize], device: &Device) -> Result<Batch, TrainError> {
         let b = indices.len();

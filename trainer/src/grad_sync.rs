@@ -2,26 +2,38 @@
 
 use std::time::{Duration, Instant};
 
-use candle_core::Tensor;
 use collective::{bf16, BucketConfig, Bucketer, Communicator, ReduceOp};
 
 use crate::error::TrainError;
 use crate::spec::GradCompression;
 
-/// Time spent in one [`GradSync::average`].
+/// Time spent in one step's gradient averaging.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct SyncTimes {
-    /// Copying gradients out of candle and into buckets; full buckets are already being
+    /// Copying gradients into buckets ([`GradSync::push`]); full buckets are already being
     /// allreduced meanwhile (overlap), s.
     pub pack_s: f64,
-    /// Waiting for the last buckets after packing, plus unpacking, s.
+    /// Waiting for the last buckets after the last push, plus unpacking
+    /// ([`GradSync::finish`]), s.
     pub wait_s: f64,
+}
+
+/// What a push carried: a parameter's gradient or the extras.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Param(usize),
+    Extras,
 }
 
 /// Averages gradients (and a few scalars riding along, such as the loss) over all ranks.
 ///
-/// One background task owns the communicator (inside the [`Bucketer`]); gradients are
-/// pushed in parameter order, so every rank runs the same sequence of allreduces.
+/// One background task owns the communicator (inside the [`Bucketer`]). Per step:
+/// [`GradSync::push_extras`] and [`GradSync::push`] for every parameter as soon as its
+/// gradient is ready (full buckets go on the wire at once, while the caller computes the
+/// next gradients), then [`GradSync::finish`], which waits for the rest and writes the
+/// averages back in place. The push order is the caller's, and must be the same on every
+/// rank (it is: the same model runs the same backward), so every rank runs the same
+/// sequence of allreduces.
 ///
 /// With [`GradCompression::Bf16`] the gradients and the extras are rounded to bf16 (to
 /// nearest even) before packing, allreduced as bf16 (the collective reduces through f32
@@ -31,12 +43,15 @@ pub struct SyncTimes {
 pub struct GradSync {
     buckets: Buckets,
     world: usize,
+    /// This step's pushes, in order.
+    slots: Vec<Slot>,
+    times: SyncTimes,
 }
 
 /// The bucketer in the element type that goes over the wire.
 enum Buckets {
     F32(Bucketer<f32>),
-    /// With the reused bf16 staging buffer (one step's gradients and extras, unpacked).
+    /// With the reused bf16 staging buffer.
     Bf16(Bucketer<bf16>, Vec<bf16>),
 }
 
@@ -68,7 +83,12 @@ impl GradSync {
             GradCompression::None => Buckets::F32(Bucketer::new(comm, cfg)?),
             GradCompression::Bf16 => Buckets::Bf16(Bucketer::new(comm, cfg)?, Vec::new()),
         };
-        Ok(GradSync { buckets, world })
+        Ok(GradSync {
+            buckets,
+            world,
+            slots: Vec::new(),
+            times: SyncTimes::default(),
+        })
     }
 
     /// World size.
@@ -76,84 +96,85 @@ impl GradSync {
         self.world
     }
 
-    /// Averages `grads` (one per parameter, in parameter order; `None` for a parameter the
-    /// loss does not reach, taken as zeros of `sizes[i]`) and `extras` in place across ranks.
-    /// Returns the averaged gradients as flat buffers.
-    pub async fn average(
-        &mut self,
-        grads: &[Option<Tensor>],
-        sizes: &[usize],
-        extras: &mut [f32],
-    ) -> Result<(Vec<Vec<f32>>, SyncTimes), TrainError> {
+    /// Queues the gradient of parameter `param` (every parameter once per step).
+    pub async fn push(&mut self, param: usize, grad: &[f32]) -> Result<(), TrainError> {
+        self.push_slot(Slot::Param(param), grad).await
+    }
+
+    /// Queues the extras (once per step).
+    pub async fn push_extras(&mut self, extras: &[f32]) -> Result<(), TrainError> {
+        self.push_slot(Slot::Extras, extras).await
+    }
+
+    async fn push_slot(&mut self, slot: Slot, values: &[f32]) -> Result<(), TrainError> {
         let t0 = Instant::now();
-        let mut flat = Vec::with_capacity(grads.len());
-        for (g, &n) in grads.iter().zip(sizes) {
-            let v = match g {
-                Some(t) => t.flatten_all()?.to_vec1::<f32>()?,
-                None => vec![0.0; n],
-            };
-            if v.len() != n {
-                return Err(TrainError::StateMismatch(format!(
-                    "gradient of {} values for {n}",
-                    v.len()
-                )));
-            }
-            match &mut self.buckets {
-                Buckets::F32(b) => b.push(&v).await?,
-                Buckets::Bf16(b, stage) => {
-                    stage.clear();
-                    stage.extend(v.iter().map(|&x| bf16::from_f32(x)));
-                    b.push(stage).await?;
-                }
-            }
-            flat.push(v);
+        if self.slots.contains(&slot) {
+            return Err(TrainError::StateMismatch(format!(
+                "{slot:?} pushed twice in a step"
+            )));
         }
-        let t1 = match &mut self.buckets {
-            Buckets::F32(b) => {
-                b.push(extras).await?;
-                let t1 = Instant::now();
-                let mut outs: Vec<&mut [f32]> = flat.iter_mut().map(|v| v.as_mut_slice()).collect();
-                outs.push(extras);
-                b.finish(&mut outs).await?;
-                t1
-            }
+        self.slots.push(slot);
+        match &mut self.buckets {
+            Buckets::F32(b) => b.push(values).await?,
             Buckets::Bf16(b, stage) => {
                 stage.clear();
-                stage.extend(extras.iter().map(|&x| bf16::from_f32(x)));
+                stage.extend(values.iter().map(|&x| bf16::from_f32(x)));
                 b.push(stage).await?;
-                let t1 = Instant::now();
+            }
+        }
+        self.times.pack_s += secs(t0.elapsed());
+        Ok(())
+    }
+
+    /// Waits for every bucket of the step and overwrites the pushed gradients (`grads`,
+    /// indexed by parameter, each as long as pushed) and `extras` with the averages across
+    /// ranks. Every parameter must have been pushed. Returns the step's times.
+    pub async fn finish(
+        &mut self,
+        grads: &mut [Vec<f32>],
+        extras: &mut [f32],
+    ) -> Result<SyncTimes, TrainError> {
+        let t0 = Instant::now();
+        let slots = std::mem::take(&mut self.slots);
+        let mut params: Vec<Option<&mut [f32]>> =
+            grads.iter_mut().map(|g| Some(g.as_mut_slice())).collect();
+        let mut extras = Some(extras);
+        let mut outs: Vec<&mut [f32]> = Vec::with_capacity(slots.len());
+        for s in &slots {
+            let out = match *s {
+                Slot::Param(i) => params.get_mut(i).and_then(Option::take),
+                Slot::Extras => extras.take(),
+            };
+            outs.push(out.ok_or_else(|| TrainError::StateMismatch(format!("{s:?} out of range")))?);
+        }
+        if params.iter().any(Option::is_some) {
+            return Err(TrainError::StateMismatch(
+                "a parameter's gradient was not pushed this step".into(),
+            ));
+        }
+        match &mut self.buckets {
+            Buckets::F32(b) => b.finish(&mut outs).await?,
+            Buckets::Bf16(b, stage) => {
                 // Unpack the whole step into the staging buffer, then widen to f32.
                 stage.clear();
-                stage.resize(sizes.iter().sum::<usize>() + extras.len(), bf16::ZERO);
+                stage.resize(outs.iter().map(|o| o.len()).sum(), bf16::ZERO);
                 {
-                    let mut outs: Vec<&mut [bf16]> = Vec::with_capacity(sizes.len() + 1);
+                    let mut views: Vec<&mut [bf16]> = Vec::with_capacity(outs.len());
                     let mut rest = stage.as_mut_slice();
-                    for &n in sizes.iter().chain([&extras.len()]) {
-                        let (head, tail) = rest.split_at_mut(n);
-                        outs.push(head);
+                    for o in &outs {
+                        let (head, tail) = rest.split_at_mut(o.len());
+                        views.push(head);
                         rest = tail;
                     }
-                    b.finish(&mut outs).await?;
+                    b.finish(&mut views).await?;
                 }
-                let mut src = stage.iter();
-                for d in flat
-                    .iter_mut()
-                    .flat_map(|v| v.iter_mut())
-                    .chain(extras.iter_mut())
-                {
-                    *d = src.next().map_or(0.0, |x| x.to_f32());
+                for (d, s) in outs.iter_mut().flat_map(|o| o.iter_mut()).zip(stage.iter()) {
+                    *d = s.to_f32();
                 }
-                t1
             }
-        };
-        let t2 = Instant::now();
-        Ok((
-            flat,
-            SyncTimes {
-                pack_s: secs(t1 - t0),
-                wait_s: secs(t2 - t1),
-            },
-        ))
+        }
+        self.times.wait_s = secs(t0.elapsed());
+        Ok(std::mem::take(&mut self.times))
     }
 
     /// Stops the bucket task and returns the communicator (for the next generation or a

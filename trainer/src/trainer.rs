@@ -12,7 +12,8 @@ use tracing::info;
 use crate::checkpointer::Checkpointer;
 use crate::dataset::Dataset;
 use crate::error::TrainError;
-use crate::grad_sync::{GradSync, SyncTimes};
+use crate::grad_sync::GradSync;
+use crate::layers::Layers;
 use crate::model::Model;
 use crate::optimizer::Optimizer;
 use crate::sampler::{DataCursor, Sampler};
@@ -91,8 +92,14 @@ pub struct Trainer {
     rank: usize,
     world: usize,
     model: Model,
-    sizes: Vec<usize>,
+    /// The layer-wise engine (MLP, CNN); `None`: candle's autograd (transformer).
+    layers: Option<Layers>,
     params: Vec<Vec<f32>>,
+    /// Gradients, then their averages, in parameter order.
+    grads: Vec<Vec<f32>>,
+    /// Reused batch buffers of the layer-wise engine.
+    xs: Vec<f32>,
+    ys: Vec<u32>,
     optimizer: Optimizer,
     schedule: LrSchedule,
     sampler: Sampler,
@@ -147,6 +154,9 @@ impl Trainer {
         let model = Model::new(&spec.model, train.input_shape(), train.classes(), seed)?;
         let params = model.values()?;
         let sizes: Vec<usize> = params.iter().map(Vec::len).collect();
+        let names: Vec<&str> = model.params().iter().map(|(n, _)| n.as_str()).collect();
+        let layers = Layers::for_model(&spec.model, train.input_shape(), train.classes(), &names)?;
+        let grads = sizes.iter().map(|&n| vec![0.0; n]).collect();
         let optimizer = Optimizer::new(&spec.train, &sizes);
         let schedule = LrSchedule::new(&spec.train, world, steps_per_epoch, total_steps);
         let sync = GradSync::new(
@@ -169,8 +179,11 @@ impl Trainer {
             rank,
             world,
             model,
-            sizes,
+            layers,
             params,
+            grads,
+            xs: Vec::new(),
+            ys: Vec::new(),
             optimizer,
             schedule,
             sampler,
@@ -225,29 +238,64 @@ impl Trainer {
     }
 
     /// One data-parallel step.
+    ///
+    /// With the layer-wise engine each layer's gradients are pushed to the allreduce as
+    /// soon as the backward pass has computed them, so the last layers' buckets are on the
+    /// wire while the first layers' gradients are computed. With candle's autograd all
+    /// gradients come at once, after `backward()`.
     pub async fn step(&mut self) -> Result<StepMetrics, TrainError> {
         let t0 = Instant::now();
         let b = self.spec.train.batch_per_worker;
         let idx = self.sampler.indices(self.cursor, self.rank, self.world, b);
-        let batch = self.train.batch(&idx, &Device::Cpu)?;
-        let logits = self.model.forward(&batch.x)?;
-        let loss = candle_nn::loss::cross_entropy(&logits, &batch.y)?;
-        let grads = loss.backward()?;
-        let local: Vec<_> = self
-            .model
-            .params()
-            .iter()
-            .map(|(_, v)| grads.get(v.as_tensor()).cloned())
-            .collect();
-        let mut extras = [loss.to_scalar::<f32>()?];
-        drop(grads);
+        let mut extras = [0.0f32];
+        match &mut self.layers {
+            Some(layers) => {
+                self.train
+                    .image_batch_into(&idx, &mut self.xs, &mut self.ys)?;
+                layers.forward(&self.params, &self.xs, b);
+                extras[0] = layers.loss(&self.ys);
+                self.sync.push_extras(&extras).await?;
+                for i in (0..layers.len()).rev() {
+                    for p in layers
+                        .backward(i, &self.params, &mut self.grads)
+                        .into_iter()
+                        .flatten()
+                    {
+                        self.sync.push(p, &self.grads[p]).await?;
+                    }
+                }
+            }
+            None => {
+                let batch = self.train.batch(&idx, &Device::Cpu)?;
+                let logits = self.model.forward(&batch.x)?;
+                let loss = candle_nn::loss::cross_entropy(&logits, &batch.y)?;
+                let grads = loss.backward()?;
+                extras[0] = loss.to_scalar::<f32>()?;
+                self.sync.push_extras(&extras).await?;
+                for (i, (_, v)) in self.model.params().iter().enumerate() {
+                    let g = &mut self.grads[i];
+                    match grads.get(v.as_tensor()) {
+                        Some(t) => {
+                            let flat = t.flatten_all()?;
+                            g.clear();
+                            g.extend_from_slice(&flat.to_vec1::<f32>()?);
+                        }
+                        // A parameter the loss does not reach.
+                        None => g.fill(0.0),
+                    }
+                    self.sync.push(i, g).await?;
+                }
+            }
+        }
         let t1 = Instant::now();
-        let (avg, times): (Vec<Vec<f32>>, SyncTimes) =
-            self.sync.average(&local, &self.sizes, &mut extras).await?;
+        let times = self.sync.finish(&mut self.grads, &mut extras).await?;
         let t2 = Instant::now();
         let lr = self.schedule.lr(self.step);
-        self.optimizer.step(&mut self.params, &avg, lr as f32);
-        self.model.set_values(&self.params)?;
+        self.optimizer
+            .step(&mut self.params, &self.grads, lr as f32);
+        if self.layers.is_none() {
+            self.model.set_values(&self.params)?;
+        }
         let t3 = Instant::now();
         let epoch = self.cursor.epoch;
         self.cursor = self.sampler.advance(self.cursor, b * self.world);
@@ -260,9 +308,9 @@ impl Trainer {
             loss: extras[0] as f64,
             lr,
             samples_per_s: (b * self.world) as f64 / step_s.max(1e-9),
-            compute_s: (t1 - t0).as_secs_f64(),
+            compute_s: ((t1 - t0).as_secs_f64() - times.pack_s).max(0.0),
             pack_s: times.pack_s,
-            comm_wait_s: times.wait_s,
+            comm_wait_s: (t2 - t1).as_secs_f64(),
             optim_s: (t3 - t2).as_secs_f64(),
             step_s,
         };
@@ -279,18 +327,36 @@ impl Trainer {
         let n = self.val.len();
         for lo in (0..n).step_by(EVAL_BATCH_SAMPLES) {
             let idx: Vec<usize> = (lo..(lo + EVAL_BATCH_SAMPLES).min(n)).collect();
-            let batch = self.val.batch(&idx, &Device::Cpu)?;
-            let logits = self.model.forward(&batch.x)?;
-            let preds = logits.dim(0)? as u64;
-            let loss = candle_nn::loss::cross_entropy(&logits, &batch.y)?.to_scalar::<f32>()?;
+            let (loss, hits, preds) = match &mut self.layers {
+                Some(layers) => {
+                    self.val
+                        .image_batch_into(&idx, &mut self.xs, &mut self.ys)?;
+                    let classes = self.val.classes();
+                    let logits = layers.forward(&self.params, &self.xs, idx.len());
+                    let hits = logits
+                        .chunks_exact(classes)
+                        .zip(&self.ys)
+                        .filter(|(row, &y)| argmax(row) == y as usize)
+                        .count() as u64;
+                    (layers.loss(&self.ys), hits, idx.len() as u64)
+                }
+                None => {
+                    let batch = self.val.batch(&idx, &Device::Cpu)?;
+                    let logits = self.model.forward(&batch.x)?;
+                    let preds = logits.dim(0)? as u64;
+                    let loss =
+                        candle_nn::loss::cross_entropy(&logits, &batch.y)?.to_scalar::<f32>()?;
+                    let hits = logits
+                        .argmax(D::Minus1)?
+                        .eq(&batch.y)?
+                        .to_dtype(candle_core::DType::U32)?
+                        .sum_all()?
+                        .to_scalar::<u32>()?;
+                    (loss, hits as u64, preds)
+                }
+            };
             loss_sum += loss as f64 * preds as f64;
-            let hits = logits
-                .argmax(D::Minus1)?
-                .eq(&batch.y)?
-                .to_dtype(candle_core::DType::U32)?
-                .sum_all()?
-                .to_scalar::<u32>()?;
-            correct += hits as u64;
+            correct += hits;
             count += preds;
         }
         let m = EpochMetrics {
@@ -461,4 +527,15 @@ impl Trainer {
     pub async fn into_communicator(self) -> Result<Communicator, TrainError> {
         self.sync.into_communicator().await
     }
+}
+
+/// Index of the first maximum (candle's `argmax` picks the first on ties too).
+fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best
 }
