@@ -165,36 +165,71 @@ impl<T: Element> Bucketer<T> {
     /// reduced values back into `tensors` (the pushed tensors, same order and lengths).
     /// The bucketer is then ready for the next step.
     pub async fn finish(&mut self, tensors: &mut [&mut [T]]) -> Result<(), CollectiveError> {
+        self.finish_each(tensors, |_, _| {}).await
+    }
+
+    /// [`Bucketer::finish`] that unpacks each bucket as soon as it is back and calls
+    /// `ready(i, tensors[i])` as soon as every value of tensor `i` is in: the caller's
+    /// per-tensor work (an optimizer update) overlaps the allreduce of the later buckets.
+    /// After an error `ready` is not called again, and the error is returned once every
+    /// bucket of the step is back.
+    pub async fn finish_each(
+        &mut self,
+        tensors: &mut [&mut [T]],
+        mut ready: impl FnMut(usize, &mut [T]),
+    ) -> Result<(), CollectiveError> {
         if !self.current.is_empty() {
             self.flush().await?;
         }
-        while self.in_flight > 0 {
-            self.collect_one().await?;
-        }
         let pushed = std::mem::take(&mut self.pushed_elems);
         self.index = 0;
-        let result = match self.error.take() {
-            Some(e) => Err(e),
-            None if tensors.iter().map(|t| t.len()).sum::<usize>() != pushed => {
-                Err(CollectiveError::Invalid(format!(
-                    "finish with other tensors than the {pushed} elements pushed"
-                )))
-            }
-            None => {
-                let mut src = self.done.iter().flat_map(|b| b.iter());
-                for t in tensors.iter_mut() {
-                    for (d, s) in t.iter_mut().zip(&mut src) {
-                        *d = *s;
+        if self.error.is_none() && tensors.iter().map(|t| t.len()).sum::<usize>() != pushed {
+            self.error = Some(CollectiveError::Invalid(format!(
+                "finish with other tensors than the {pushed} elements pushed"
+            )));
+        }
+        // Unpack cursor: tensor `t`, value `at` within it.
+        let (mut t, mut at) = (0, 0);
+        let mut unpacked = 0;
+        loop {
+            while unpacked < self.done.len() {
+                if self.error.is_none() {
+                    let mut src = self.done[unpacked].as_slice();
+                    while !src.is_empty() && t < tensors.len() {
+                        let dst = &mut tensors[t][at..];
+                        let k = dst.len().min(src.len());
+                        dst[..k].copy_from_slice(&src[..k]);
+                        src = &src[k..];
+                        at += k;
+                        if at == tensors[t].len() {
+                            ready(t, tensors[t]);
+                            t += 1;
+                            at = 0;
+                        }
                     }
                 }
-                Ok(())
+                unpacked += 1;
             }
-        };
+            if self.in_flight == 0 {
+                break;
+            }
+            self.collect_one().await?;
+        }
+        if self.error.is_none() {
+            // Empty tensors at the end.
+            while t < tensors.len() {
+                ready(t, tensors[t]);
+                t += 1;
+            }
+        }
         for mut b in self.done.drain(..) {
             b.clear();
             self.free.push(b);
         }
-        result
+        match self.error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Stops the background task and returns the communicator.

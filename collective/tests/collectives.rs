@@ -271,9 +271,10 @@ async fn operation_deadline_fails_with_timeout_and_tells_peers() {
 }
 
 #[tokio::test]
-async fn bucketer_fuses_and_unpacks_in_place() {
+async fn bucketer_fuses_and_unpacks_in_place_all_at_once_or_tensor_by_tensor() {
     let world = 3;
-    let sizes = [1usize, 300, 5, 1000, 7, 64];
+    // Empty tensors too, in the middle and at the end.
+    let sizes = [1usize, 300, 0, 5, 1000, 7, 64, 0];
     let cfg = BucketConfig {
         bucket_bytes: 256,
         first_bucket_bytes: 64,
@@ -299,7 +300,20 @@ async fn bucketer_fuses_and_unpacks_in_place() {
                 }
                 let mut views: Vec<&mut [f32]> =
                     tensors.iter_mut().map(|t| t.as_mut_slice()).collect();
-                b.finish(&mut views).await.unwrap();
+                if step == 0 {
+                    b.finish(&mut views).await.unwrap();
+                } else {
+                    // Each tensor is handed out once, in order, complete.
+                    let mut seen: Vec<(usize, Vec<f32>)> = Vec::new();
+                    b.finish_each(&mut views, |i, t| seen.push((i, t.to_vec())))
+                        .await
+                        .unwrap();
+                    let order: Vec<usize> = seen.iter().map(|(i, _)| *i).collect();
+                    assert_eq!(order, (0..sizes.len()).collect::<Vec<_>>());
+                    for (i, v) in &seen {
+                        assert_eq!(v, &tensors[*i], "tensor {i} handed out before it was whole");
+                    }
+                }
                 results.push(tensors);
             }
             let c = b.into_communicator().await.unwrap();

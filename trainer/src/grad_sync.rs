@@ -35,7 +35,8 @@ enum Slot {
 /// rank (it is: the same model runs the same backward), so every rank runs the same
 /// sequence of allreduces.
 ///
-/// With [`GradCompression::Bf16`] the gradients and the extras are rounded to bf16 (to
+/// With one rank the values are already their averages and nothing is copied; with
+/// [`GradCompression::Bf16`] the gradients and the extras are rounded to bf16 (to
 /// nearest even) before packing, allreduced as bf16 (the collective reduces through f32
 /// and rounds each partial sum back to bf16), and widened to f32 afterwards: half the
 /// bytes on the wire, about 3 significant digits per value. Every rank still ends with the
@@ -114,6 +115,10 @@ impl GradSync {
             )));
         }
         self.slots.push(slot);
+        if self.world == 1 {
+            // The average over one rank is the value itself: nothing to copy or send.
+            return Ok(());
+        }
         match &mut self.buckets {
             Buckets::F32(b) => b.push(values).await?,
             Buckets::Bf16(b, stage) => {
@@ -128,11 +133,15 @@ impl GradSync {
 
     /// Waits for every bucket of the step and overwrites the pushed gradients (`grads`,
     /// indexed by parameter, each as long as pushed) and `extras` with the averages across
-    /// ranks. Every parameter must have been pushed. Returns the step's times.
+    /// ranks, calling `ready(i, average)` for parameter `i` as soon as its bucket(s) are
+    /// back and unpacked, so that work on it (the optimizer update) overlaps the allreduce
+    /// of later buckets. Every parameter must have been pushed. Returns the step's times
+    /// (`wait_s` includes the time spent in `ready`).
     pub async fn finish(
         &mut self,
         grads: &mut [Vec<f32>],
         extras: &mut [f32],
+        mut ready: impl FnMut(usize, &[f32]),
     ) -> Result<SyncTimes, TrainError> {
         let t0 = Instant::now();
         let slots = std::mem::take(&mut self.slots);
@@ -152,25 +161,36 @@ impl GradSync {
                 "a parameter's gradient was not pushed this step".into(),
             ));
         }
+        let mut ready_slot = |k: usize, v: &[f32]| {
+            if let Slot::Param(i) = slots[k] {
+                ready(i, v);
+            }
+        };
         match &mut self.buckets {
-            Buckets::F32(b) => b.finish(&mut outs).await?,
+            _ if self.world == 1 => {
+                for (k, o) in outs.iter().enumerate() {
+                    ready_slot(k, o);
+                }
+            }
+            Buckets::F32(b) => b.finish_each(&mut outs, |k, v| ready_slot(k, v)).await?,
             Buckets::Bf16(b, stage) => {
-                // Unpack the whole step into the staging buffer, then widen to f32.
+                // Unpack into the staging buffer, widening each tensor to f32 as it is in.
                 stage.clear();
                 stage.resize(outs.iter().map(|o| o.len()).sum(), bf16::ZERO);
-                {
-                    let mut views: Vec<&mut [bf16]> = Vec::with_capacity(outs.len());
-                    let mut rest = stage.as_mut_slice();
-                    for o in &outs {
-                        let (head, tail) = rest.split_at_mut(o.len());
-                        views.push(head);
-                        rest = tail;
+                let mut views: Vec<&mut [bf16]> = Vec::with_capacity(outs.len());
+                let mut rest = stage.as_mut_slice();
+                for o in &outs {
+                    let (head, tail) = rest.split_at_mut(o.len());
+                    views.push(head);
+                    rest = tail;
+                }
+                b.finish_each(&mut views, |k, v| {
+                    for (d, s) in outs[k].iter_mut().zip(v.iter()) {
+                        *d = s.to_f32();
                     }
-                    b.finish(&mut views).await?;
-                }
-                for (d, s) in outs.iter_mut().flat_map(|o| o.iter_mut()).zip(stage.iter()) {
-                    *d = s.to_f32();
-                }
+                    ready_slot(k, outs[k]);
+                })
+                .await?;
             }
         }
         self.times.wait_s = secs(t0.elapsed());

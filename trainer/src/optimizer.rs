@@ -45,10 +45,8 @@ impl Optimizer {
         }
     }
 
-    /// Applies one update with learning rate `lr` to `params` given (averaged) `grads`.
-    ///
-    /// SGD (PyTorch semantics): `b = μ·b + (g + λ·p)`, `p -= lr·b`.
-    /// AdamW: `m = β₁m + (1−β₁)g`, `v = β₂v + (1−β₂)g²`, `p -= lr·(m̂/(√v̂+ε) + λ·p)`.
+    /// Applies one update with learning rate `lr` to `params` given (averaged) `grads`:
+    /// [`Optimizer::begin_step`], then [`Optimizer::update`] for every parameter.
     pub fn step(&mut self, params: &mut [Vec<f32>], grads: &[Vec<f32>], lr: f32) {
         assert_eq!(
             params.len(),
@@ -56,34 +54,53 @@ impl Optimizer {
             "optimizer built for other parameters"
         );
         assert_eq!(params.len(), grads.len());
+        self.begin_step();
+        for (i, (p, g)) in params.iter_mut().zip(grads).enumerate() {
+            self.update(i, p, g, lr);
+        }
+    }
+
+    /// Starts an update (counts it, for AdamW's bias correction).
+    pub fn begin_step(&mut self) {
         self.t += 1;
+    }
+
+    /// Updates parameter `i` (`p`, with averaged gradient `g`) with learning rate `lr`,
+    /// within the update begun by [`Optimizer::begin_step`]. Parameters are independent, so
+    /// they may be updated in any order, each as soon as its gradient is in.
+    ///
+    /// SGD (PyTorch semantics): `b = μ·b + (g + λ·p)`, `p -= lr·b`.
+    /// AdamW: `m = β₁m + (1−β₁)g`, `v = β₂v + (1−β₂)g²`, `p -= lr·(m̂/(√v̂+ε) + λ·p)`.
+    ///
+    /// # Panics
+    /// If `i`, `p` or `g` do not match the parameters the optimizer was built for.
+    pub fn update(&mut self, i: usize, p: &mut [f32], g: &[f32], lr: f32) {
+        assert!(
+            p.len() == self.m[i].len() && g.len() == p.len(),
+            "optimizer built for other parameters"
+        );
         match self.kind {
             OptimizerKind::Sgd => {
                 let (mu, wd) = (self.momentum, self.weight_decay);
-                for ((p, g), b) in params.iter_mut().zip(grads).zip(&mut self.m) {
-                    for ((p, &g), b) in p.iter_mut().zip(g).zip(b.iter_mut()) {
-                        *b = mu * *b + (g + wd * *p);
-                        *p -= lr * *b;
-                    }
+                for ((p, &g), b) in p.iter_mut().zip(g).zip(self.m[i].iter_mut()) {
+                    *b = mu * *b + (g + wd * *p);
+                    *p -= lr * *b;
                 }
             }
             OptimizerKind::Adamw => {
                 let (b1, b2, eps, wd) = (self.beta1, self.beta2, self.eps, self.weight_decay);
                 let c1 = 1.0 - b1.powi(self.t.min(i32::MAX as u64) as i32);
                 let c2 = 1.0 - b2.powi(self.t.min(i32::MAX as u64) as i32);
-                for (((p, g), m), v) in params
+                for (((p, &g), m), v) in p
                     .iter_mut()
-                    .zip(grads)
-                    .zip(&mut self.m)
-                    .zip(&mut self.v)
+                    .zip(g)
+                    .zip(self.m[i].iter_mut())
+                    .zip(self.v[i].iter_mut())
                 {
-                    for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut())
-                    {
-                        *m = b1 * *m + (1.0 - b1) * g;
-                        *v = b2 * *v + (1.0 - b2) * g * g;
-                        let update = (*m / c1) / ((*v / c2).sqrt() + eps);
-                        *p -= lr * (update + wd * *p);
-                    }
+                    *m = b1 * *m + (1.0 - b1) * g;
+                    *v = b2 * *v + (1.0 - b2) * g * g;
+                    let update = (*m / c1) / ((*v / c2).sqrt() + eps);
+                    *p -= lr * (update + wd * *p);
                 }
             }
         }

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use candle_core::{Device, D};
 use collective::Communicator;
@@ -45,9 +45,10 @@ pub struct StepMetrics {
     pub compute_s: f64,
     /// Gradient extraction and bucket packing (overlapped with allreduce of full buckets), s.
     pub pack_s: f64,
-    /// Waiting for the allreduce after packing, and unpacking, s.
+    /// Waiting for the allreduce after the last push, and unpacking, s.
     pub comm_wait_s: f64,
-    /// Optimizer update and writing parameters back, s.
+    /// Optimizer updates (each done as its gradient comes back, between waits) and, for
+    /// the autograd engine, writing parameters back into the model, s.
     pub optim_s: f64,
     /// Whole step, s.
     pub step_s: f64,
@@ -288,11 +289,21 @@ impl Trainer {
             }
         }
         let t1 = Instant::now();
-        let times = self.sync.finish(&mut self.grads, &mut extras).await?;
-        let t2 = Instant::now();
+        // Each parameter is updated as soon as its averaged gradient is in, while later
+        // buckets are still being reduced.
         let lr = self.schedule.lr(self.step);
-        self.optimizer
-            .step(&mut self.params, &self.grads, lr as f32);
+        self.optimizer.begin_step();
+        let (params, optimizer) = (&mut self.params, &mut self.optimizer);
+        let mut optim = Duration::ZERO;
+        let times = self
+            .sync
+            .finish(&mut self.grads, &mut extras, |i, g| {
+                let t = Instant::now();
+                optimizer.update(i, &mut params[i], g, lr as f32);
+                optim += t.elapsed();
+            })
+            .await?;
+        let t2 = Instant::now();
         if self.layers.is_none() {
             self.model.set_values(&self.params)?;
         }
@@ -310,8 +321,8 @@ impl Trainer {
             samples_per_s: (b * self.world) as f64 / step_s.max(1e-9),
             compute_s: ((t1 - t0).as_secs_f64() - times.pack_s).max(0.0),
             pack_s: times.pack_s,
-            comm_wait_s: (t2 - t1).as_secs_f64(),
-            optim_s: (t3 - t2).as_secs_f64(),
+            comm_wait_s: (t2 - t1).saturating_sub(optim).as_secs_f64(),
+            optim_s: (optim + (t3 - t2)).as_secs_f64(),
             step_s,
         };
         self.metrics.insert("loss".into(), m.loss);
