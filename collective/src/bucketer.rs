@@ -44,8 +44,9 @@ type Done<T> = (Vec<T>, Result<(), CollectiveError>);
 /// and unpack the reduced values in place. Bucket buffers are reused from step to step.
 ///
 /// Invariant: the concatenation of the pushed tensors is cut into buckets of
-/// `first_bucket_bytes`, then `bucket_bytes`, …; bucket `i` is reduced by the `i`-th
-/// allreduce on every rank, so ranks that push the same sizes run the same operations.
+/// `first_bucket_bytes`, then `bucket_bytes`, …, and where [`Bucketer::send_partial`] is
+/// called; bucket `i` is reduced by the `i`-th allreduce on every rank, so ranks that push
+/// the same sizes and cut at the same points run the same operations.
 pub struct Bucketer<T: Element> {
     cfg: BucketConfig,
     to_worker: mpsc::Sender<Vec<T>>,
@@ -130,6 +131,22 @@ impl<T: Element> Bucketer<T> {
             }
         }
         Ok(())
+    }
+
+    /// Values in the bucket being filled.
+    pub fn pending(&self) -> usize {
+        self.current.len()
+    }
+
+    /// Hands the bucket being filled to the allreduce task now, full or not (nothing if it
+    /// is empty): for a caller that knows no more values come for a while, such as a
+    /// backward pass between layers. Ranks must call it at the same points of the push
+    /// sequence, so that they cut the same buckets.
+    pub async fn send_partial(&mut self) -> Result<(), CollectiveError> {
+        if self.current.is_empty() {
+            return Ok(());
+        }
+        self.flush().await
     }
 
     async fn flush(&mut self) -> Result<(), CollectiveError> {

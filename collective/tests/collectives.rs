@@ -295,8 +295,14 @@ async fn bucketer_fuses_and_unpacks_in_place_all_at_once_or_tensor_by_tensor() {
                     .enumerate()
                     .map(|(t, &n)| (0..n).map(|i| value(r + step, i + t)).collect())
                     .collect();
-                for t in &tensors {
+                for (i, t) in tensors.iter().enumerate() {
                     b.push(t).await.unwrap();
+                    if step == 1 && i == 1 {
+                        // A cut where a layer ends: the partial bucket goes now.
+                        assert!(b.pending() > 0);
+                        b.send_partial().await.unwrap();
+                        assert_eq!(b.pending(), 0);
+                    }
                 }
                 let mut views: Vec<&mut [f32]> =
                     tensors.iter_mut().map(|t| t.as_mut_slice()).collect();

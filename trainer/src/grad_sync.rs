@@ -107,6 +107,26 @@ impl GradSync {
         self.push_slot(Slot::Extras, extras).await
     }
 
+    /// Marks a point where the caller pauses pushing (between layers of the backward pass):
+    /// the bucket being filled goes on the wire now if it holds at least `min_bytes` (of the
+    /// wire type), rather than waiting to fill up.
+    pub async fn pause(&mut self, min_bytes: usize) -> Result<(), TrainError> {
+        match &mut self.buckets {
+            _ if self.world == 1 => {}
+            Buckets::F32(b) => {
+                if b.pending() * 4 >= min_bytes {
+                    b.send_partial().await?;
+                }
+            }
+            Buckets::Bf16(b, _) => {
+                if b.pending() * 2 >= min_bytes {
+                    b.send_partial().await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     async fn push_slot(&mut self, slot: Slot, values: &[f32]) -> Result<(), TrainError> {
         let t0 = Instant::now();
         if self.slots.contains(&slot) {

@@ -84,11 +84,14 @@ struct Scratch {
     wp: Vec<f32>,
     /// Their gradient.
     dwp: Vec<f32>,
+    /// Gradient of the convolution's output (between the two halves of the backward).
+    dconv: Vec<f32>,
 }
 
 /// A sequential model run layer by layer (see the module docs).
 ///
-/// Use: [`Layers::forward`], [`Layers::loss`], then [`Layers::backward`] for every layer
+/// Use: [`Layers::forward`], [`Layers::loss`], then [`Layers::backward`] (or its two halves)
+/// for every layer
 /// from `len() - 1` down to 0; each returns the parameters whose gradients it wrote.
 #[derive(Debug)]
 pub struct Layers {
@@ -279,22 +282,30 @@ impl Layers {
 
     /// Backward through layer `i` (call from the last layer down to 0 after
     /// [`Layers::loss`]): writes the gradients of its parameters into `grads` (sized as the
-    /// parameters) and returns their indices.
+    /// parameters) and returns their indices. [`Layers::backward_params`], then
+    /// [`Layers::backward_input`].
     pub fn backward(
         &mut self,
         i: usize,
         params: &[Vec<f32>],
         grads: &mut [Vec<f32>],
     ) -> Option<[usize; 2]> {
+        let done = self.backward_params(i, grads);
+        self.backward_input(i, params);
+        done
+    }
+
+    /// First half of the backward through layer `i`: the gradients of its parameters
+    /// (into `grads`; their indices are returned), so that they can go on the wire while
+    /// [`Layers::backward_input`] computes the gradient of the layer's input.
+    pub fn backward_params(&mut self, i: usize, grads: &mut [Vec<f32>]) -> Option<[usize; 2]> {
         if i < self.first_param_op {
             return None;
         }
-        let need_dx = i > self.first_param_op;
         let batch = self.batch;
         let (x, y) = (&self.acts[i], &self.acts[i + 1]);
         let sc = &mut self.scratch[i];
         let g = &mut self.grad;
-        let next = &mut self.grad_next;
         match self.ops[i] {
             Op::Dense {
                 w,
@@ -316,55 +327,72 @@ impl Layers {
                     false,
                 );
                 column_sums(g, &mut grads[b]);
-                if need_dx {
-                    next.resize(batch * n_in, 0.0);
-                    matmul(
-                        next,
-                        (batch, n_in, n_out),
-                        g,
-                        Trans::No,
-                        &params[w],
-                        Trans::No,
-                        false,
-                    );
-                    std::mem::swap(g, next);
-                }
             }
             Op::ConvPool { w, b, k, oc, input } => {
                 let s = Nhwc { b: batch, ..input };
                 let (rows, kkc) = (batch * s.h * s.w, k * k * s.c);
                 relu_backward(g, y);
-                // The pooled maxima are the ReLU outputs that count; `conv` becomes its
-                // gradient.
-                next.resize(rows * oc, 0.0);
-                max_pool2_backward(g, &sc.arg, next, rows * oc);
-                let dconv = &*next;
+                // The pooled maxima are the ReLU outputs that count; `conv` gets the
+                // gradient of the convolution's output (kept for `backward_input`).
+                sc.dconv.resize(rows * oc, 0.0);
+                max_pool2_backward(g, &sc.arg, &mut sc.dconv, rows * oc);
                 sc.dwp.resize(oc * kkc, 0.0);
                 matmul(
                     &mut sc.dwp,
                     (oc, kkc, rows),
-                    dconv,
+                    &sc.dconv,
                     Trans::Yes,
                     &sc.cols,
                     Trans::No,
                     false,
                 );
                 permute_taps(&sc.dwp, oc, s.c, k * k, false, &mut grads[w]);
-                column_sums(dconv, &mut grads[b]);
-                if need_dx {
-                    // dcols into `cols` (no longer needed), then col2im into `g`.
-                    matmul(
-                        &mut sc.cols,
-                        (rows, kkc, oc),
-                        dconv,
-                        Trans::No,
-                        &sc.wp,
-                        Trans::No,
-                        false,
-                    );
-                    g.resize(s.len(), 0.0);
-                    col2im(&sc.cols, s, k, g);
-                }
+                column_sums(&sc.dconv, &mut grads[b]);
+            }
+            Op::ToNhwc { .. } | Op::ToNchw { .. } => {}
+        }
+        self.ops[i].params()
+    }
+
+    /// Second half of the backward through layer `i`: the gradient of its input, which the
+    /// layer before needs (skipped when no layer before has parameters).
+    pub fn backward_input(&mut self, i: usize, params: &[Vec<f32>]) {
+        if i <= self.first_param_op {
+            return;
+        }
+        let batch = self.batch;
+        let sc = &mut self.scratch[i];
+        let g = &mut self.grad;
+        let next = &mut self.grad_next;
+        match self.ops[i] {
+            Op::Dense { w, n_in, n_out, .. } => {
+                next.resize(batch * n_in, 0.0);
+                matmul(
+                    next,
+                    (batch, n_in, n_out),
+                    g,
+                    Trans::No,
+                    &params[w],
+                    Trans::No,
+                    false,
+                );
+                std::mem::swap(g, next);
+            }
+            Op::ConvPool { k, oc, input, .. } => {
+                let s = Nhwc { b: batch, ..input };
+                let (rows, kkc) = (batch * s.h * s.w, k * k * s.c);
+                // dcols into `cols` (no longer needed), then col2im into `g`.
+                matmul(
+                    &mut sc.cols,
+                    (rows, kkc, oc),
+                    &sc.dconv,
+                    Trans::No,
+                    &sc.wp,
+                    Trans::No,
+                    false,
+                );
+                g.resize(s.len(), 0.0);
+                col2im(&sc.cols, s, k, g);
             }
             Op::ToNhwc { input } | Op::ToNchw { input } => {
                 let s = Nhwc { b: batch, ..input };
@@ -375,7 +403,6 @@ impl Layers {
                 std::mem::swap(g, next);
             }
         }
-        self.ops[i].params()
     }
 }
 

@@ -25,7 +25,8 @@ use crate::state::{splitmix64, NamedTensor, StateMeta, TrainState, STATE_FORMAT}
 pub const EVAL_BATCH_SAMPLES: usize = 256;
 /// Gradient bucket size, bytes (after the first).
 pub const BUCKET_BYTES: usize = 4 << 20;
-/// First gradient bucket size, bytes: small, so the first allreduce starts early.
+/// First gradient bucket size, bytes: small, so the first allreduce starts early. Also the
+/// least a partial bucket holds to be sent at the end of a layer's backward.
 pub const FIRST_BUCKET_BYTES: usize = 256 << 10;
 
 /// Per-step metrics.
@@ -257,13 +258,16 @@ impl Trainer {
                 extras[0] = layers.loss(&self.ys);
                 self.sync.push_extras(&extras).await?;
                 for i in (0..layers.len()).rev() {
-                    for p in layers
-                        .backward(i, &self.params, &mut self.grads)
-                        .into_iter()
-                        .flatten()
-                    {
+                    // This layer's gradients go on the wire before the gradient of its input
+                    // is computed.
+                    let done = layers.backward_params(i, &mut self.grads);
+                    for p in done.into_iter().flatten() {
                         self.sync.push(p, &self.grads[p]).await?;
                     }
+                    if done.is_some() {
+                        self.sync.pause(FIRST_BUCKET_BYTES).await?;
+                    }
+                    layers.backward_input(i, &self.params);
                 }
             }
             None => {
