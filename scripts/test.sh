@@ -5,5 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # The checkpoint test reads safetensors from Python when it can; best effort, never fatal.
 python3 -m pip install --quiet --disable-pip-version-check safetensors numpy >/dev/null 2>&1 || true
+# The S3 checkpoint test runs against s3s-fs (a file-backed S3 server, ~2 min to build once);
+# best effort too: without it that test says so and passes.
+if ! command -v s3s-fs >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/s3s-fs" ]; then
+    cargo install --quiet --locked s3s-fs --version 0.14.1 --features binary >/dev/null 2>&1 || true
+fi
 cargo test --workspace
 cargo check -p collective --features cuda

@@ -34,7 +34,8 @@ struct Commit {
 /// `s3://bucket/prefix?endpoint=…&region=…` (other query keys are passed to the service as
 /// its configuration), or `<scheme>://<root>?k=v` for other compiled-in services.
 pub fn operator_from_url(url: &str) -> Result<Operator, TrainError> {
-    opendal::init_default_registry();
+    // Registers the compiled-in services and installs the HTTP transport (S3 needs it).
+    opendal::install_default();
     let bad = || TrainError::Spec(format!("storage url {url:?}: want scheme://…"));
     let (scheme, rest) = url.split_once("://").ok_or_else(bad)?;
     let (location, query) = rest.split_once('?').unwrap_or((rest, ""));

@@ -5,6 +5,10 @@ use candle_nn::{conv2d, linear, Conv2d, Conv2dConfig, Linear, VarBuilder};
 
 /// Two stages of (conv k×k "same", ReLU, 2×2 max-pool), a dense hidden layer, the output.
 /// Works for 8×8 (digits: 8 → 4 → 2) and 28×28 (28 → 14 → 7) inputs.
+///
+/// This defines the function and the parameters; training differentiates it layer by layer
+/// ([`crate::Layers`]), not through candle's autograd, whose `max_pool2d` backward (candle
+/// 0.11) scales the gradient by ¼.
 #[derive(Debug)]
 pub struct Cnn {
     conv1: Conv2d,

@@ -84,8 +84,8 @@ pub enum Event {
 /// One rank of a data-parallel job.
 ///
 /// Every step: the rank's share of the global batch (see [`Sampler`]), forward, mean loss,
-/// one `backward()`, gradients averaged over the ranks through the bucketer (with the loss
-/// riding along), then the same optimizer update on every rank. Invariants: all ranks hold
+/// backward (see [`Trainer::step`]), gradients averaged over the ranks through the bucketer
+/// (with the loss riding along), then the same optimizer update on every rank. Invariants: all ranks hold
 /// the same parameters after every step (same init from the seed, same averaged gradients,
 /// deterministic update); a fixed seed and world size gives bit-identical runs; N ranks with
 /// batch b follow one rank with batch N·b to float tolerance (with the same peak rate).

@@ -207,3 +207,119 @@ fn writer_coalesces_and_prunes_to_keep() {
         assert_eq!(store.load_latest().await.unwrap().unwrap().meta.step, 5);
     });
 }
+
+/// An S3-compatible server (s3s-fs, a file-backed S3 implementation) on a free port, killed
+/// on drop.
+struct S3Server {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl S3Server {
+    /// `None` when no `s3s-fs` binary is found (`S3S_FS`, `PATH`, `~/.cargo/bin`; scripts/test.sh
+    /// installs it).
+    fn start() -> Option<S3Server> {
+        let bin = std::env::var_os("S3S_FS")
+            .map(std::path::PathBuf::from)
+            .into_iter()
+            .chain(std::env::var_os("PATH").into_iter().flat_map(|p| {
+                std::env::split_paths(&p)
+                    .map(|d| d.join("s3s-fs"))
+                    .collect::<Vec<_>>()
+            }))
+            .chain(
+                std::env::var_os("HOME")
+                    .map(|h| std::path::Path::new(&h).join(".cargo/bin/s3s-fs")),
+            )
+            .find(|p| p.is_file())?;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("ckpt")).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = std::process::Command::new(bin)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args([
+                "--access-key",
+                "ringleader",
+                "--secret-key",
+                "ringleader-secret",
+            ])
+            .arg(dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("starting s3s-fs");
+        let server = S3Server {
+            child,
+            port,
+            _dir: dir,
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "s3s-fs did not listen in 20 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Some(server)
+    }
+
+    fn url(&self, prefix: &str) -> String {
+        format!(
+            "s3://ckpt/{prefix}?endpoint=http://127.0.0.1:{}&access_key_id=ringleader&secret_access_key=ringleader-secret",
+            self.port
+        )
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn checkpoints_through_s3_resume_like_local_ones() {
+    let Some(server) = S3Server::start() else {
+        eprintln!("no s3s-fs binary: skipping the S3 checkpoint test");
+        return;
+    };
+    let total = 12;
+    let s = spec(total);
+    let store = CheckpointStore::from_url(&server.url("runs"), "job-s3").unwrap();
+    run(&s, 2, &store, false, 5);
+    let resumed = run(&s, 2, &store, true, total);
+    let straight = run(
+        &s,
+        2,
+        &CheckpointStore::from_url("memory://", "job-s3b").unwrap(),
+        false,
+        total,
+    );
+    assert_eq!(
+        resumed, straight,
+        "resumed through S3 must equal the uninterrupted run"
+    );
+    let rt = rt();
+    assert_eq!(rt.block_on(store.steps()).unwrap(), vec![5, total]);
+    // What is in the bucket is what a file store would hold: the committed files.
+    let listed = rt
+        .block_on(async {
+            store
+                .operator()
+                .list_with(&store.dir(5))
+                .recursive(true)
+                .await
+        })
+        .unwrap();
+    let mut names: Vec<String> = listed.iter().map(|e| e.name().to_string()).collect();
+    names.sort();
+    assert!(names.iter().any(|n| n == trainer::COMMIT_FILE), "{names:?}");
+    assert!(names.iter().any(|n| n.ends_with(".safetensors")), "{names:?}");
+}
