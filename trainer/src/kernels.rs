@@ -298,6 +298,27 @@ pub(crate) fn softmax_cross_entropy(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// im2col and col2im are adjoint for any shape and odd kernel: ⟨im2col(x), g⟩ =
+        /// ⟨x, col2im(g)⟩ (integers, so the sums are exact).
+        #[test]
+        fn im2col_col2im_adjoint(b in 1usize..3, h in 1usize..7, w in 1usize..7, c in 1usize..4,
+                                 half in 0usize..3, seed in 0u64..1000) {
+            let s = Nhwc { b, h, w, c };
+            let k = 2 * half + 1;
+            let x: Vec<f32> = (0..s.len()).map(|i| ((i as u64 * 31 + seed) % 9) as f32 - 4.0).collect();
+            let mut cols = vec![0.0; b * h * w * k * k * c];
+            im2col(&x, s, k, &mut cols);
+            let g: Vec<f32> = (0..cols.len()).map(|i| ((i as u64 * 17 + seed) % 7) as f32 - 3.0).collect();
+            let mut dx = vec![0.0; s.len()];
+            col2im(&g, s, k, &mut dx);
+            let lhs: f64 = cols.iter().zip(&g).map(|(a, b)| (a * b) as f64).sum();
+            let rhs: f64 = x.iter().zip(&dx).map(|(a, b)| (a * b) as f64).sum();
+            prop_assert_eq!(lhs, rhs);
+        }
+    }
 
     fn naive(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
         let mut d = vec![0.0; m * n];

@@ -321,5 +321,8 @@ fn checkpoints_through_s3_resume_like_local_ones() {
     let mut names: Vec<String> = listed.iter().map(|e| e.name().to_string()).collect();
     names.sort();
     assert!(names.iter().any(|n| n == trainer::COMMIT_FILE), "{names:?}");
-    assert!(names.iter().any(|n| n.ends_with(".safetensors")), "{names:?}");
+    assert!(
+        names.iter().any(|n| n.ends_with(".safetensors")),
+        "{names:?}"
+    );
 }
