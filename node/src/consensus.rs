@@ -775,6 +775,7 @@ async fn place_pending(ctl: &ControlHandle, members: &[MemberView]) {
                     id,
                     attempt: attempt + 1,
                     slots,
+                    secret: crate::control::state::new_ring_secret(),
                     at_ms: wall_ms(),
                 }
             }

@@ -10,13 +10,11 @@
 //! - address of rank r: the host of the member's advertised `data_addr`, port
 //!   [`data_port`]`(job, attempt, r)` = [`crate::worker::master_port`]`(job, attempt) + 1 + r`;
 //! - group id: from the job id (the trainer hashes it); generation: the attempt;
-//! - secret: [`ring_secret`], a hash of the job id, its commit time and its spec.
-//!
-//! Weakness of that secret: anything derived from replicated state can be derived by whoever
-//! can read that state (any member, and any client of an API without a token). It keeps
-//! stray, stale and cross-job connections out of a ring; it is no defence against an
-//! attacker on the data network. A per-job random secret in the control state, sent only to
-//! members over the (pre-shared-key) swarm, would be.
+//! - secret: [`ring_secret`], 32 random bytes the chief drew for this attempt, replicated
+//!   with the placement (only between members: the swarm is keyed when the cluster has a key)
+//!   and handed to the workers in their environment; the API never shows it. A process
+//!   without it (a stale worker of an earlier attempt, another job's, anyone on the data
+//!   network without the cluster's state) fails the ring handshake.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -116,18 +114,10 @@ pub fn ring_addrs(job: &Job, host_of: &dyn Fn(&str) -> Option<String>) -> Option
         .collect()
 }
 
-/// The shared secret of `job`'s data-plane connections (see the module docs for its limits).
-pub fn ring_secret(job: &Job) -> String {
-    let material = format!(
-        "{}/{}/{}",
-        job.id,
-        job.submitted_at_ms,
-        spec_text(&job.spec)
-    );
-    blake3::derive_key("ringleader train data-plane secret v1", material.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+/// The shared secret of `job`'s data-plane connections: the current attempt's random
+/// [`Job::ring_secret`], drawn by the chief when it placed the attempt.
+pub fn ring_secret(job: &Job) -> &str {
+    &job.ring_secret
 }
 
 /// The hidden `ringleader train-worker` subcommand: one worker process.

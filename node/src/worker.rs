@@ -195,7 +195,10 @@ impl Supervisor {
                         continue;
                     };
                     let spec_file = log.with_file_name("spec.toml");
-                    env.push(("RINGLEADER_SECRET".into(), crate::train::ring_secret(job)));
+                    env.push((
+                        "RINGLEADER_SECRET".into(),
+                        crate::train::ring_secret(job).to_string(),
+                    ));
                     let command = self.train_command(job, slot.rank, &addrs, &spec_file);
                     (
                         command,

@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
+use rand::RngCore;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::jobs::placement::Slot;
@@ -226,6 +227,13 @@ pub struct Job {
     pub events_dropped: u64,
     /// Latest value per metric name.
     pub metrics: BTreeMap<String, Metric>,
+    /// The shared secret of the current attempt's data-plane connections, drawn at random by
+    /// the chief at placement. It lives only in the replicated log and state, which travel
+    /// only between members (over the swarm, keyed when the cluster has a key), and in the
+    /// environment of the attempt's workers; the API never shows it. A new attempt gets a new
+    /// one, so a stale worker cannot join the next ring.
+    #[serde(default)]
+    pub ring_secret: String,
     /// When the submit was committed.
     pub submitted_at_ms: u64,
     /// When the first attempt was placed.
@@ -312,6 +320,10 @@ pub enum ControlCommand {
         attempt: u32,
         /// Workers in rank order (`slots[i].rank == i`).
         slots: Vec<Slot>,
+        /// The data-plane secret of this attempt (see [`Job::ring_secret`]): 32 random bytes
+        /// as [`RING_SECRET_HEX_LEN`] lowercase hex digits, drawn by the chief.
+        #[serde(default)]
+        secret: String,
         /// Proposer's clock.
         at_ms: u64,
     },
@@ -392,6 +404,19 @@ pub enum BadCommand {
     /// A placement whose slots are not ranks `0..n` or more than [`WORKERS_MAX`].
     #[error("placement slots must have ranks 0..n in order, at most {WORKERS_MAX}")]
     Slots,
+    /// A placement whose secret is not [`RING_SECRET_HEX_LEN`] lowercase hex digits.
+    #[error("placement secret must be {RING_SECRET_HEX_LEN} lowercase hex digits")]
+    Secret,
+}
+
+/// Length of a ring secret in hex digits (32 bytes).
+pub const RING_SECRET_HEX_LEN: usize = 64;
+
+/// A new ring secret: 32 bytes from the operating system's generator, as hex.
+pub fn new_ring_secret() -> String {
+    let mut bytes = [0u8; RING_SECRET_HEX_LEN / 2];
+    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl ControlCommand {
@@ -407,10 +432,14 @@ impl ControlCommand {
                 }
                 Ok(())
             }
-            ControlCommand::Place { slots, .. } => {
+            ControlCommand::Place { slots, secret, .. } => {
                 let ordered = slots.iter().enumerate().all(|(i, s)| s.rank as usize == i);
                 if slots.is_empty() || slots.len() > WORKERS_MAX as usize || !ordered {
                     return Err(BadCommand::Slots);
+                }
+                let hex = |c: char| c.is_ascii_digit() || ('a'..='f').contains(&c);
+                if secret.len() != RING_SECRET_HEX_LEN || !secret.chars().all(hex) {
+                    return Err(BadCommand::Secret);
                 }
                 Ok(())
             }
@@ -515,6 +544,7 @@ impl ControlState {
                     events: Vec::new(),
                     events_dropped: 0,
                     metrics: BTreeMap::new(),
+                    ring_secret: String::new(),
                     submitted_at_ms: *at_ms,
                     started_at_ms: None,
                     finished_at_ms: None,
@@ -531,6 +561,7 @@ impl ControlState {
                 id,
                 attempt,
                 slots,
+                secret,
                 at_ms,
             } => {
                 let job = match self.jobs.get_mut(id) {
@@ -550,6 +581,7 @@ impl ControlState {
                 job.attempt = *attempt;
                 job.state = JobState::Running;
                 job.assignment = slots.clone();
+                job.ring_secret = secret.clone();
                 job.exits.clear();
                 job.pending_reason = None;
                 if first {
@@ -811,6 +843,7 @@ mod tests {
                 id,
                 attempt,
                 slots: slots(n),
+                secret: new_ring_secret(),
                 at_ms: 20,
             })
         }
@@ -978,14 +1011,47 @@ mod tests {
             id,
             attempt: 2,
             slots: vec![],
+            secret: new_ring_secret(),
             at_ms: 1,
         };
         assert_eq!(bad.check(), Err(BadCommand::Slots));
+        for secret in [
+            String::new(),
+            "AB".repeat(32),
+            "0".repeat(63),
+            "g".repeat(64),
+        ] {
+            let cmd = ControlCommand::Place {
+                id,
+                attempt: 2,
+                slots: slots(1),
+                secret,
+                at_ms: 1,
+            };
+            assert_eq!(cmd.check(), Err(BadCommand::Secret));
+        }
         let unknown = JobId::from_log_index(999);
         assert!(matches!(
             r.place(unknown, 1, 1),
             ControlResponse::Rejected { .. }
         ));
+    }
+
+    #[test]
+    fn each_attempt_gets_its_own_ring_secret_which_the_api_never_shows() {
+        let mut r = Replica::new();
+        let id = r.submit(1, 3);
+        assert_eq!(r.place(id, 1, 1), ControlResponse::Applied);
+        let first = r.state.jobs[&id].ring_secret.clone();
+        assert_eq!(first.len(), RING_SECRET_HEX_LEN);
+        assert_eq!(r.exit(id, 1, 0, 1), ControlResponse::Applied);
+        assert_eq!(r.state.jobs[&id].state, JobState::Pending, "retried");
+        assert_eq!(r.place(id, 2, 1), ControlResponse::Applied);
+        let second = r.state.jobs[&id].ring_secret.clone();
+        assert_ne!(first, second, "a new attempt, a new secret");
+        let doc = crate::consensus::job_doc(&r.state.jobs[&id], 1, true);
+        let json = serde_json::to_string(&doc).unwrap();
+        assert!(!json.contains(&second) && !json.contains(&first), "{json}");
     }
 
     #[test]
@@ -1154,6 +1220,7 @@ mod tests {
                     id,
                     attempt: 1,
                     slots: slots(2),
+                    secret: new_ring_secret(),
                     at_ms: 2,
                 },
                 ControlCommand::Metric {
@@ -1175,6 +1242,7 @@ mod tests {
                     id,
                     attempt: 2,
                     slots: slots(2),
+                    secret: new_ring_secret(),
                     at_ms: 5,
                 },
             ]
