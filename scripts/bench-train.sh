@@ -11,7 +11,10 @@
 # host rl(i+1) of `scripts/netns.sh up N 1gbit` (10.77.0.(i+1)), rate limit RATE (default 1gbit).
 #
 # COMPRESSION=bf16 adds `grad_compression = "bf16"` to the spec (gradients allreduced as
-# bf16) and a `grad=bf16` field to each line.
+# bf16) and a `grad=bf16` field to each line. FACTORS=auto|never|always sets
+# `sufficient_factors` (default: the spec's default, auto: dense layers' gradients travel as
+# gathered sufficient factors where that halves the bytes and some link is not shared
+# memory) and adds a `factors=…` field.
 #
 # Where PyTorch is installed (`python3 -c "import torch"`), PyTorch DDP (gloo, one thread per
 # rank, scripts/baseline_train_ddp.py) runs the same configurations beside ours:
@@ -41,6 +44,9 @@ compression=${COMPRESSION:-none}
 case $compression in none | bf16) ;; *) echo "COMPRESSION=$compression: none | bf16" >&2; exit 2 ;; esac
 grad_field=""
 if [ "$compression" != none ]; then grad_field=" grad=$compression"; fi
+factors=${FACTORS:-}
+case $factors in "" | auto | never | always) ;; *) echo "FACTORS=$factors: auto | never | always" >&2; exit 2 ;; esac
+if [ -n "$factors" ]; then grad_field+=" factors=$factors"; fi
 
 if [ -n "${TRAIN_WORKER:-}" ]; then
     bin=$TRAIN_WORKER
@@ -61,14 +67,17 @@ trap cleanup EXIT INT TERM
 
 spec_for() {
     local model=$1 f=$tmp/$1.toml
-    case $model in
-        mlp) printf '[model]\narch = "mlp"\nhidden = [1024, 1024]\n' >"$f" ;;
-        cnn) printf '[model]\narch = "cnn"\nchannels = [16, 32]\nkernel = 3\nfc = 128\n' >"$f" ;;
-        *) echo "unknown model $model" >&2; exit 2 ;;
-    esac
-    printf '[data]\ndataset = "synthetic"\nsamples = 8192\nval_samples = 64\nshape = [1, 28, 28]\nclasses = 10\n' >>"$f"
-    printf '[train]\nepochs = 100\nbatch_per_worker = 64\noptimizer = "sgd"\nlr = 0.01\nwarmup_epochs = 0\n' >>"$f"
-    printf 'grad_compression = "%s"\n' "$compression" >>"$f"
+    {
+        case $model in
+            mlp) printf '[model]\narch = "mlp"\nhidden = [1024, 1024]\n' ;;
+            cnn) printf '[model]\narch = "cnn"\nchannels = [16, 32]\nkernel = 3\nfc = 128\n' ;;
+            *) echo "unknown model $model" >&2; exit 2 ;;
+        esac
+        printf '[data]\ndataset = "synthetic"\nsamples = 8192\nval_samples = 64\nshape = [1, 28, 28]\nclasses = 10\n'
+        printf '[train]\nepochs = 100\nbatch_per_worker = 64\noptimizer = "sgd"\nlr = 0.01\nwarmup_epochs = 0\n'
+        printf 'grad_compression = "%s"\n' "$compression"
+        if [ -n "$factors" ]; then printf 'sufficient_factors = "%s"\n' "$factors"; fi
+    } >"$f"
     echo "$f"
 }
 

@@ -34,7 +34,26 @@ impl Default for BucketConfig {
     }
 }
 
-type Done<T> = (Vec<T>, Result<(), CollectiveError>);
+/// Work for the background task, in the order every rank hands it over.
+#[derive(Debug)]
+enum Work<T> {
+    /// A bucket to allreduce.
+    Reduce(Vec<T>),
+    /// An allgather buffer (`world` equal segments, this rank's filled).
+    Gather(Vec<T>),
+}
+
+type Done<T> = (Work<T>, Result<(), CollectiveError>);
+
+/// What [`Bucketer::finish_each`] hands to its callback.
+#[derive(Debug)]
+pub enum Ready<'a, T> {
+    /// Tensor `i` of the step (in push order) is whole: its reduced values.
+    Tensor(usize, &'a mut [T]),
+    /// The `i`-th gather of the step ([`Bucketer::push_gather`]) is back: every rank's
+    /// contribution, rank after rank.
+    Gathered(usize, &'a [T]),
+}
 
 /// Packs tensors into buckets and allreduces each bucket as soon as it is full, in a
 /// background task that owns the [`Communicator`], while the caller goes on pushing.
@@ -42,6 +61,8 @@ type Done<T> = (Vec<T>, Result<(), CollectiveError>);
 /// Per step: [`Bucketer::push`] every tensor in a fixed order (the same on every rank), then
 /// [`Bucketer::finish`] with the same tensors in the same order to wait for the last bucket
 /// and unpack the reduced values in place. Bucket buffers are reused from step to step.
+/// [`Bucketer::push_gather`] queues an allgather among the buckets (for values that are
+/// cheaper to gather than to reduce), in the same ordered stream of operations.
 ///
 /// Invariant: the concatenation of the pushed tensors is cut into buckets of
 /// `first_bucket_bytes`, then `bucket_bytes`, …, and where [`Bucketer::send_partial`] is
@@ -49,12 +70,12 @@ type Done<T> = (Vec<T>, Result<(), CollectiveError>);
 /// the same sizes and cut at the same points run the same operations.
 pub struct Bucketer<T: Element> {
     cfg: BucketConfig,
-    to_worker: mpsc::Sender<Vec<T>>,
+    to_worker: mpsc::Sender<Work<T>>,
     from_worker: mpsc::Receiver<Done<T>>,
     worker: JoinHandle<Communicator>,
     current: Vec<T>,
-    /// Buckets of this step already reduced, in order.
-    done: Vec<Vec<T>>,
+    /// Work of this step already done (buckets reduced, gathers gathered), in order.
+    done: Vec<Work<T>>,
     /// Buckets sent and not yet received back.
     in_flight: usize,
     /// Index of the bucket being filled.
@@ -63,6 +84,8 @@ pub struct Bucketer<T: Element> {
     free: Vec<Vec<T>>,
     pushed_elems: usize,
     error: Option<CollectiveError>,
+    rank: usize,
+    world: usize,
 }
 
 impl<T: Element> Bucketer<T> {
@@ -77,14 +100,18 @@ impl<T: Element> Bucketer<T> {
                 "bucket sizes below one element".into(),
             ));
         }
-        let (to_worker, mut rx) = mpsc::channel::<Vec<T>>(cfg.in_flight_buckets_max);
+        let (rank, world) = (comm.rank(), comm.world());
+        let (to_worker, mut rx) = mpsc::channel::<Work<T>>(cfg.in_flight_buckets_max);
         let (tx, from_worker) = mpsc::channel(cfg.in_flight_buckets_max);
         let op = cfg.op;
         let worker = tokio::spawn(async move {
             let mut comm = comm;
-            while let Some(mut bucket) = rx.recv().await {
-                let r = comm.allreduce(&mut bucket, op).await;
-                if tx.send((bucket, r)).await.is_err() {
+            while let Some(mut work) = rx.recv().await {
+                let r = match &mut work {
+                    Work::Reduce(bucket) => comm.allreduce(bucket, op).await,
+                    Work::Gather(buf) => comm.allgather(buf).await,
+                };
+                if tx.send((work, r)).await.is_err() {
                     break;
                 }
             }
@@ -102,6 +129,8 @@ impl<T: Element> Bucketer<T> {
             free: Vec::new(),
             pushed_elems: 0,
             error: None,
+            rank,
+            world,
         })
     }
 
@@ -155,23 +184,43 @@ impl<T: Element> Bucketer<T> {
         }
         let next = self.free.pop().unwrap_or_default();
         let bucket = std::mem::replace(&mut self.current, next);
-        self.to_worker
-            .send(bucket)
-            .await
-            .map_err(|_| CollectiveError::Aborted)?;
-        self.in_flight += 1;
+        self.send(Work::Reduce(bucket)).await?;
         self.index += 1;
         Ok(())
     }
 
+    async fn send(&mut self, work: Work<T>) -> Result<(), CollectiveError> {
+        self.to_worker
+            .send(work)
+            .await
+            .map_err(|_| CollectiveError::Aborted)?;
+        self.in_flight += 1;
+        Ok(())
+    }
+
+    /// Queues an allgather of `local` (as long on every rank) behind the buckets handed over
+    /// so far; the bucket being filled stays open. Its result, every rank's `local` in rank
+    /// order, comes to [`Bucketer::finish_each`]'s callback as [`Ready::Gathered`]. Ranks
+    /// must queue the same gathers at the same points of the push sequence.
+    pub async fn push_gather(&mut self, local: &[T]) -> Result<(), CollectiveError> {
+        if self.in_flight >= self.cfg.in_flight_buckets_max {
+            self.collect_one().await?;
+        }
+        let mut buf = self.free.pop().unwrap_or_default();
+        buf.clear();
+        buf.resize(local.len() * self.world, T::default());
+        buf[local.len() * self.rank..local.len() * (self.rank + 1)].copy_from_slice(local);
+        self.send(Work::Gather(buf)).await
+    }
+
     async fn collect_one(&mut self) -> Result<(), CollectiveError> {
-        let (bucket, r) = self
+        let (work, r) = self
             .from_worker
             .recv()
             .await
             .ok_or(CollectiveError::Aborted)?;
         self.in_flight -= 1;
-        self.done.push(bucket);
+        self.done.push(work);
         if let Err(e) = r {
             self.error.get_or_insert(e);
         }
@@ -182,18 +231,18 @@ impl<T: Element> Bucketer<T> {
     /// reduced values back into `tensors` (the pushed tensors, same order and lengths).
     /// The bucketer is then ready for the next step.
     pub async fn finish(&mut self, tensors: &mut [&mut [T]]) -> Result<(), CollectiveError> {
-        self.finish_each(tensors, |_, _| {}).await
+        self.finish_each(tensors, |_| {}).await
     }
 
-    /// [`Bucketer::finish`] that unpacks each bucket as soon as it is back and calls
-    /// `ready(i, tensors[i])` as soon as every value of tensor `i` is in: the caller's
-    /// per-tensor work (an optimizer update) overlaps the allreduce of the later buckets.
-    /// After an error `ready` is not called again, and the error is returned once every
-    /// bucket of the step is back.
+    /// [`Bucketer::finish`] that unpacks each bucket as soon as it is back and calls `ready`
+    /// with [`Ready::Tensor`] as soon as every value of a tensor is in, and with
+    /// [`Ready::Gathered`] for each gather as it comes back: the caller's per-tensor work (an
+    /// optimizer update) overlaps the operations still in flight. After an error `ready` is
+    /// not called again, and the error is returned once all work of the step is back.
     pub async fn finish_each(
         &mut self,
         tensors: &mut [&mut [T]],
-        mut ready: impl FnMut(usize, &mut [T]),
+        mut ready: impl FnMut(Ready<'_, T>),
     ) -> Result<(), CollectiveError> {
         if !self.current.is_empty() {
             self.flush().await?;
@@ -207,21 +256,30 @@ impl<T: Element> Bucketer<T> {
         }
         // Unpack cursor: tensor `t`, value `at` within it.
         let (mut t, mut at) = (0, 0);
+        let mut gathers = 0;
         let mut unpacked = 0;
         loop {
             while unpacked < self.done.len() {
                 if self.error.is_none() {
-                    let mut src = self.done[unpacked].as_slice();
-                    while !src.is_empty() && t < tensors.len() {
-                        let dst = &mut tensors[t][at..];
-                        let k = dst.len().min(src.len());
-                        dst[..k].copy_from_slice(&src[..k]);
-                        src = &src[k..];
-                        at += k;
-                        if at == tensors[t].len() {
-                            ready(t, tensors[t]);
-                            t += 1;
-                            at = 0;
+                    match &self.done[unpacked] {
+                        Work::Gather(buf) => {
+                            ready(Ready::Gathered(gathers, buf));
+                            gathers += 1;
+                        }
+                        Work::Reduce(bucket) => {
+                            let mut src = bucket.as_slice();
+                            while !src.is_empty() && t < tensors.len() {
+                                let dst = &mut tensors[t][at..];
+                                let k = dst.len().min(src.len());
+                                dst[..k].copy_from_slice(&src[..k]);
+                                src = &src[k..];
+                                at += k;
+                                if at == tensors[t].len() {
+                                    ready(Ready::Tensor(t, tensors[t]));
+                                    t += 1;
+                                    at = 0;
+                                }
+                            }
                         }
                     }
                 }
@@ -235,11 +293,12 @@ impl<T: Element> Bucketer<T> {
         if self.error.is_none() {
             // Empty tensors at the end.
             while t < tensors.len() {
-                ready(t, tensors[t]);
+                ready(Ready::Tensor(t, tensors[t]));
                 t += 1;
             }
         }
-        for mut b in self.done.drain(..) {
+        for w in self.done.drain(..) {
+            let (Work::Reduce(mut b) | Work::Gather(mut b)) = w;
             b.clear();
             self.free.push(b);
         }

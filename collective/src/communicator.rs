@@ -224,6 +224,16 @@ impl Communicator {
             .filter(|l| l.is_shm())
             .count()
     }
+    /// How many of this rank's links carry data over the network (TCP, or the in-memory
+    /// transport of tests), not through shared memory.
+    pub fn network_links(&self) -> usize {
+        self.engine
+            .links
+            .iter()
+            .flatten()
+            .filter(|l| !l.is_shm())
+            .count()
+    }
     /// The error that poisoned this communicator, if any.
     pub fn error(&self) -> Option<&CollectiveError> {
         self.poisoned.as_ref()

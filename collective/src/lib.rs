@@ -31,7 +31,7 @@ mod shm;
 mod tcp;
 mod transport;
 
-pub use bucketer::{BucketConfig, Bucketer};
+pub use bucketer::{BucketConfig, Bucketer, Ready};
 pub use communicator::{AbortHandle, Communicator};
 pub use config::{GroupConfig, Limits};
 #[doc(hidden)]

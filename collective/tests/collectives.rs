@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use collective::{
     bf16, f16, reference_reduce, AbortReason, BucketConfig, Bucketer, CollKind, CollectiveError,
-    Communicator, DType, Element, Limits, ReduceOp,
+    Communicator, DType, Element, Limits, Ready, ReduceOp,
 };
 use tokio::task::JoinSet;
 
@@ -303,6 +303,12 @@ async fn bucketer_fuses_and_unpacks_in_place_all_at_once_or_tensor_by_tensor() {
                         b.send_partial().await.unwrap();
                         assert_eq!(b.pending(), 0);
                     }
+                    if step == 1 && (i == 3 || i == 4) {
+                        // A gather among the buckets, with the bucket being filled left open.
+                        let local: Vec<f32> =
+                            (0..5).map(|j| (100 * r + 10 * i + j) as f32).collect();
+                        b.push_gather(&local).await.unwrap();
+                    }
                 }
                 let mut views: Vec<&mut [f32]> =
                     tensors.iter_mut().map(|t| t.as_mut_slice()).collect();
@@ -311,9 +317,22 @@ async fn bucketer_fuses_and_unpacks_in_place_all_at_once_or_tensor_by_tensor() {
                 } else {
                     // Each tensor is handed out once, in order, complete.
                     let mut seen: Vec<(usize, Vec<f32>)> = Vec::new();
-                    b.finish_each(&mut views, |i, t| seen.push((i, t.to_vec())))
-                        .await
-                        .unwrap();
+                    let mut gathered: Vec<(usize, Vec<f32>)> = Vec::new();
+                    b.finish_each(&mut views, |ready| match ready {
+                        Ready::Tensor(i, t) => seen.push((i, t.to_vec())),
+                        Ready::Gathered(i, g) => gathered.push((i, g.to_vec())),
+                    })
+                    .await
+                    .unwrap();
+                    for (k, (i, g)) in gathered.iter().enumerate() {
+                        assert_eq!(*i, k, "gathers in order");
+                        let layer = 3 + k;
+                        let want: Vec<f32> = (0..world)
+                            .flat_map(|q| (0..5).map(move |j| (100 * q + 10 * layer + j) as f32))
+                            .collect();
+                        assert_eq!(g, &want, "every rank's contribution, in rank order");
+                    }
+                    assert_eq!(gathered.len(), 2);
                     let order: Vec<usize> = seen.iter().map(|(i, _)| *i).collect();
                     assert_eq!(order, (0..sizes.len()).collect::<Vec<_>>());
                     for (i, v) in &seen {

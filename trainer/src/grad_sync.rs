@@ -2,9 +2,10 @@
 
 use std::time::{Duration, Instant};
 
-use collective::{bf16, BucketConfig, Bucketer, Communicator, ReduceOp};
+use collective::{bf16, BucketConfig, Bucketer, Communicator, Ready, ReduceOp};
 
 use crate::error::TrainError;
+use crate::kernels::{matmul, Trans};
 use crate::spec::GradCompression;
 
 /// Time spent in one step's gradient averaging.
@@ -23,6 +24,17 @@ pub struct SyncTimes {
 enum Slot {
     Param(usize),
     Extras,
+}
+
+/// A dense layer whose gradients travel as sufficient factors ([`GradSync::push_factors`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Factors {
+    /// Weight `[n_out, n_in]` and bias `[n_out]` parameter indices.
+    w: usize,
+    b: usize,
+    batch: usize,
+    n_in: usize,
+    n_out: usize,
 }
 
 /// Averages gradients (and a few scalars riding along, such as the loss) over all ranks.
@@ -46,6 +58,10 @@ pub struct GradSync {
     world: usize,
     /// This step's pushes, in order.
     slots: Vec<Slot>,
+    /// This step's factor gathers, in order.
+    factors: Vec<Factors>,
+    /// Staging buffer of one rank's factors.
+    factor_stage: Vec<f32>,
     times: SyncTimes,
 }
 
@@ -88,6 +104,8 @@ impl GradSync {
             buckets,
             world,
             slots: Vec::new(),
+            factors: Vec::new(),
+            factor_stage: Vec::new(),
             times: SyncTimes::default(),
         })
     }
@@ -97,9 +115,87 @@ impl GradSync {
         self.world
     }
 
+    /// Averages a few `values` across ranks now, outside any step (between steps only).
+    pub async fn average_now(&mut self, values: &mut [f32]) -> Result<(), TrainError> {
+        if !self.slots.is_empty() || !self.factors.is_empty() {
+            return Err(TrainError::StateMismatch(
+                "average_now inside a step".into(),
+            ));
+        }
+        match &mut self.buckets {
+            _ if self.world == 1 => {}
+            Buckets::F32(b) => {
+                b.push(values).await?;
+                b.finish(&mut [values]).await?;
+            }
+            Buckets::Bf16(b, stage) => {
+                stage.clear();
+                stage.extend(values.iter().map(|&x| bf16::from_f32(x)));
+                b.push(stage).await?;
+                b.finish(&mut [stage.as_mut_slice()]).await?;
+                for (d, s) in values.iter_mut().zip(stage.iter()) {
+                    *d = s.to_f32();
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Queues the gradient of parameter `param` (every parameter once per step).
     pub async fn push(&mut self, param: usize, grad: &[f32]) -> Result<(), TrainError> {
         self.push_slot(Slot::Param(param), grad).await
+    }
+
+    /// Queues a dense layer's gradients as its sufficient factors: `out_grad`, the gradient
+    /// of the layer's pre-activation output (`[batch, n_out]`), and `input` (`[batch, n_in]`),
+    /// for weight `w` (`[n_out, n_in]`) and bias `b`. They are allgathered, and
+    /// [`GradSync::finish`] forms the averages `(1/n)·Σ_r out_gradᵣᵀ·inputᵣ` and
+    /// `(1/n)·Σ_r Σ_rows out_gradᵣ`, the same on every rank (with bf16 compression the
+    /// factors travel as bf16). More than one rank.
+    pub async fn push_factors(
+        &mut self,
+        (w, b): (usize, usize),
+        out_grad: &[f32],
+        input: &[f32],
+        (n_in, n_out): (usize, usize),
+    ) -> Result<(), TrainError> {
+        let t0 = Instant::now();
+        let batch = out_grad.len() / n_out.max(1);
+        if self.world == 1
+            || out_grad.len() != batch * n_out
+            || input.len() != batch * n_in
+            || self.slots.contains(&Slot::Param(w))
+            || self.factors.iter().any(|f| f.w == w)
+        {
+            return Err(TrainError::StateMismatch(format!(
+                "sufficient factors of parameter {w}: {} and {} values for {n_out} × {n_in}, world {}",
+                out_grad.len(),
+                input.len(),
+                self.world
+            )));
+        }
+        match &mut self.buckets {
+            Buckets::F32(bucketer) => {
+                self.factor_stage.clear();
+                self.factor_stage.extend_from_slice(out_grad);
+                self.factor_stage.extend_from_slice(input);
+                bucketer.push_gather(&self.factor_stage).await?;
+            }
+            Buckets::Bf16(bucketer, stage) => {
+                stage.clear();
+                stage.extend(out_grad.iter().chain(input).map(|&x| bf16::from_f32(x)));
+                bucketer.push_gather(stage).await?;
+            }
+        }
+        self.factors.push(Factors {
+            w,
+            b,
+            batch,
+            n_in,
+            n_out,
+        });
+        self.times.pack_s += secs(t0.elapsed());
+        Ok(())
     }
 
     /// Queues the extras (once per step).
@@ -129,7 +225,8 @@ impl GradSync {
 
     async fn push_slot(&mut self, slot: Slot, values: &[f32]) -> Result<(), TrainError> {
         let t0 = Instant::now();
-        if self.slots.contains(&slot) {
+        let factored = |i: usize| self.factors.iter().any(|f| f.w == i || f.b == i);
+        if self.slots.contains(&slot) || matches!(slot, Slot::Param(i) if factored(i)) {
             return Err(TrainError::StateMismatch(format!(
                 "{slot:?} pushed twice in a step"
             )));
@@ -165,8 +262,25 @@ impl GradSync {
     ) -> Result<SyncTimes, TrainError> {
         let t0 = Instant::now();
         let slots = std::mem::take(&mut self.slots);
+        let factors = std::mem::take(&mut self.factors);
         let mut params: Vec<Option<&mut [f32]>> =
             grads.iter_mut().map(|g| Some(g.as_mut_slice())).collect();
+        let mut factor_outs: Vec<(&mut [f32], &mut [f32])> = Vec::with_capacity(factors.len());
+        for f in &factors {
+            let w = params.get_mut(f.w).and_then(Option::take);
+            let b = params.get_mut(f.b).and_then(Option::take);
+            match (w, b) {
+                (Some(w), Some(b)) if w.len() == f.n_out * f.n_in && b.len() == f.n_out => {
+                    factor_outs.push((w, b))
+                }
+                _ => {
+                    return Err(TrainError::StateMismatch(format!(
+                    "sufficient factors for parameters {} and {}: out of range or of another shape",
+                    f.w, f.b
+                )))
+                }
+            }
+        }
         let mut extras = Some(extras);
         let mut outs: Vec<&mut [f32]> = Vec::with_capacity(slots.len());
         for s in &slots {
@@ -181,18 +295,35 @@ impl GradSync {
                 "a parameter's gradient was not pushed this step".into(),
             ));
         }
-        let mut ready_slot = |k: usize, v: &[f32]| {
-            if let Slot::Param(i) = slots[k] {
-                ready(i, v);
-            }
+        let param_of = |k: usize| match slots[k] {
+            Slot::Param(i) => Some(i),
+            Slot::Extras => None,
         };
         match &mut self.buckets {
             _ if self.world == 1 => {
                 for (k, o) in outs.iter().enumerate() {
-                    ready_slot(k, o);
+                    if let Some(i) = param_of(k) {
+                        ready(i, o);
+                    }
                 }
             }
-            Buckets::F32(b) => b.finish_each(&mut outs, |k, v| ready_slot(k, v)).await?,
+            Buckets::F32(b) => {
+                let n = self.world;
+                b.finish_each(&mut outs, |r| match r {
+                    Ready::Tensor(k, v) => {
+                        if let Some(i) = param_of(k) {
+                            ready(i, v);
+                        }
+                    }
+                    Ready::Gathered(j, all) => {
+                        let (f, (dw, db)) = (&factors[j], &mut factor_outs[j]);
+                        average_from_factors(all, n, f, dw, db);
+                        ready(f.w, dw);
+                        ready(f.b, db);
+                    }
+                })
+                .await?
+            }
             Buckets::Bf16(b, stage) => {
                 // Unpack into the staging buffer, widening each tensor to f32 as it is in.
                 stage.clear();
@@ -204,11 +335,24 @@ impl GradSync {
                     views.push(head);
                     rest = tail;
                 }
-                b.finish_each(&mut views, |k, v| {
-                    for (d, s) in outs[k].iter_mut().zip(v.iter()) {
-                        *d = s.to_f32();
+                let (n, wide) = (self.world, &mut self.factor_stage);
+                b.finish_each(&mut views, |r| match r {
+                    Ready::Tensor(k, v) => {
+                        for (d, s) in outs[k].iter_mut().zip(v.iter()) {
+                            *d = s.to_f32();
+                        }
+                        if let Some(i) = param_of(k) {
+                            ready(i, outs[k]);
+                        }
                     }
-                    ready_slot(k, outs[k]);
+                    Ready::Gathered(j, all) => {
+                        wide.clear();
+                        wide.extend(all.iter().map(|x| x.to_f32()));
+                        let (f, (dw, db)) = (&factors[j], &mut factor_outs[j]);
+                        average_from_factors(wide, n, f, dw, db);
+                        ready(f.w, dw);
+                        ready(f.b, db);
+                    }
                 })
                 .await?;
             }
@@ -229,4 +373,34 @@ impl GradSync {
 
 fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
+}
+
+/// The average over ranks of a dense layer's gradients from every rank's sufficient factors
+/// (`all`: rank after rank, each `[out_grad | input]`): `dw = (1/n)·Σ_r out_gradᵣᵀ·inputᵣ`,
+/// `db = (1/n)·Σ_r Σ_rows out_gradᵣ`. Every rank computes it from the same values in the
+/// same order, so every rank gets the same bits.
+fn average_from_factors(all: &[f32], n: usize, f: &Factors, dw: &mut [f32], db: &mut [f32]) {
+    let (g_len, x_len) = (f.batch * f.n_out, f.batch * f.n_in);
+    db.fill(0.0);
+    for (r, part) in all.chunks_exact(g_len + x_len).enumerate() {
+        let (g, x) = part.split_at(g_len);
+        matmul(
+            dw,
+            (f.n_out, f.n_in, f.batch),
+            g,
+            Trans::Yes,
+            x,
+            Trans::No,
+            r > 0,
+        );
+        for row in g.chunks_exact(f.n_out) {
+            for (d, v) in db.iter_mut().zip(row) {
+                *d += v;
+            }
+        }
+    }
+    let scale = 1.0 / n as f32;
+    for v in dw.iter_mut().chain(db.iter_mut()) {
+        *v *= scale;
+    }
 }

@@ -19,7 +19,7 @@ use crate::kernels::{
     add_bias, col2im, column_sums, im2col, matmul, max_pool2, max_pool2_backward, relu,
     relu_backward, softmax_cross_entropy, transpose_images, Nhwc, Trans,
 };
-use crate::spec::{Arch, ModelSpec};
+use crate::spec::{Arch, ModelSpec, SufficientFactors};
 
 /// One layer. `w` and `b` index the model's parameter list (sorted by name).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +88,26 @@ struct Scratch {
     dconv: Vec<f32>,
 }
 
+/// What the first half of a layer's backward produced.
+#[derive(Debug)]
+pub enum LayerGrads<'a> {
+    /// The gradients of parameters `[weight, bias]`, written into `grads`.
+    Params([usize; 2]),
+    /// A dense layer's sufficient factors (see [`SufficientFactors`]), its parameter
+    /// gradients not computed: weight `w` (`[n_out, n_in]`) gets `out_gradᵀ·input`, bias `b`
+    /// the column sums of `out_grad`.
+    Factors {
+        /// Weight and bias parameter indices.
+        params: (usize, usize),
+        /// Gradient of the layer's pre-activation output, `[batch, n_out]`.
+        out_grad: &'a [f32],
+        /// The layer's input, `[batch, n_in]`.
+        input: &'a [f32],
+        /// `(n_in, n_out)`.
+        dims: (usize, usize),
+    },
+}
+
 /// A sequential model run layer by layer (see the module docs).
 ///
 /// Use: [`Layers::forward`], [`Layers::loss`], then [`Layers::backward`] (or its two halves)
@@ -104,6 +124,8 @@ pub struct Layers {
     grad_next: Vec<f32>,
     /// Ops before this one have no parameters: their input gradient is not needed.
     first_param_op: usize,
+    /// Per op: a dense layer whose gradients leave as sufficient factors.
+    factors: Vec<bool>,
     batch: usize,
     classes: usize,
 }
@@ -185,6 +207,7 @@ impl Layers {
         Ok(Some(Layers {
             scratch: ops.iter().map(|_| Scratch::default()).collect(),
             acts: vec![Vec::new(); ops.len() + 1],
+            factors: vec![false; ops.len()],
             ops,
             grad: Vec::new(),
             grad_next: Vec::new(),
@@ -192,6 +215,22 @@ impl Layers {
             batch: 0,
             classes,
         }))
+    }
+
+    /// Chooses the dense layers whose gradients leave as sufficient factors, for `world`
+    /// ranks of `batch` samples each (see [`SufficientFactors`]); returns how many.
+    pub fn choose_factors(&mut self, mode: SufficientFactors, world: usize, batch: usize) -> usize {
+        for (op, f) in self.ops.iter().zip(&mut self.factors) {
+            *f = match *op {
+                Op::Dense { n_in, n_out, .. } if world > 1 => match mode {
+                    SufficientFactors::Never => false,
+                    SufficientFactors::Always => true,
+                    SufficientFactors::Auto => world * batch * (n_in + n_out) <= n_in * n_out,
+                },
+                _ => false,
+            };
+        }
+        self.factors.iter().filter(|f| **f).count()
     }
 
     /// Number of layers.
@@ -284,21 +323,29 @@ impl Layers {
     /// [`Layers::loss`]): writes the gradients of its parameters into `grads` (sized as the
     /// parameters) and returns their indices. [`Layers::backward_params`], then
     /// [`Layers::backward_input`].
+    ///
+    /// # Panics
+    /// If layer `i` was chosen for sufficient factors (use the two halves then).
     pub fn backward(
         &mut self,
         i: usize,
         params: &[Vec<f32>],
         grads: &mut [Vec<f32>],
     ) -> Option<[usize; 2]> {
-        let done = self.backward_params(i, grads);
+        let done = match self.backward_params(i, grads) {
+            Some(LayerGrads::Params(p)) => Some(p),
+            Some(LayerGrads::Factors { .. }) => panic!("layer {i} leaves as factors"),
+            None => None,
+        };
         self.backward_input(i, params);
         done
     }
 
     /// First half of the backward through layer `i`: the gradients of its parameters
-    /// (into `grads`; their indices are returned), so that they can go on the wire while
-    /// [`Layers::backward_input`] computes the gradient of the layer's input.
-    pub fn backward_params(&mut self, i: usize, grads: &mut [Vec<f32>]) -> Option<[usize; 2]> {
+    /// (into `grads`), or for a layer chosen by [`Layers::choose_factors`] its sufficient
+    /// factors, so that they can go on the wire while [`Layers::backward_input`] computes
+    /// the gradient of the layer's input. `None` for a layer without parameters.
+    pub fn backward_params(&mut self, i: usize, grads: &mut [Vec<f32>]) -> Option<LayerGrads<'_>> {
         if i < self.first_param_op {
             return None;
         }
@@ -316,6 +363,14 @@ impl Layers {
             } => {
                 if r {
                     relu_backward(g, y);
+                }
+                if self.factors[i] {
+                    return Some(LayerGrads::Factors {
+                        params: (w, b),
+                        out_grad: g,
+                        input: x,
+                        dims: (n_in, n_out),
+                    });
                 }
                 matmul(
                     &mut grads[w],
@@ -351,7 +406,7 @@ impl Layers {
             }
             Op::ToNhwc { .. } | Op::ToNchw { .. } => {}
         }
-        self.ops[i].params()
+        self.ops[i].params().map(LayerGrads::Params)
     }
 
     /// Second half of the backward through layer `i`: the gradient of its input, which the

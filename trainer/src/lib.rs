@@ -48,7 +48,7 @@ pub use sampler::{DataCursor, Sampler};
 pub use schedule::LrSchedule;
 pub use spec::{
     Arch, CheckpointSpec, DataSpec, DecayKind, GradCompression, LrScaling, ModelSpec,
-    OptimizerKind, TrainParams, TrainSpec, BATCH_PER_WORKER_MAX, WIDTH_MAX,
+    OptimizerKind, SufficientFactors, TrainParams, TrainSpec, BATCH_PER_WORKER_MAX, WIDTH_MAX,
 };
 pub use state::{splitmix64, NamedTensor, StateMeta, TrainState, STATE_FORMAT, TENSOR_ELEMS_MAX};
 pub use trainer::{

@@ -154,6 +154,31 @@ pub enum GradCompression {
     Bf16,
 }
 
+/// How the weight gradients of dense layers travel.
+///
+/// A dense layer's weight gradient over a batch of `b` is a sum of `b` outer products, its
+/// *sufficient factors* (the output gradients, `b × out`, and the inputs, `b × in`;
+/// Xie et al., "Distributed Machine Learning via Sufficient Factor Broadcasting", 2015).
+/// Allgathering the factors of `n` ranks sends `(n−1)·b·(in+out)` values per rank; an
+/// allreduce of the gradient sends `2(n−1)/n·in·out`. Each rank then forms the same exact
+/// average gradient from the gathered factors (one product with `n·b` terms, `n` times the
+/// local work). The bias gradient comes from the same factors.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SufficientFactors {
+    /// Gather the factors of a dense layer when that sends at most half the bytes of the
+    /// allreduce (`n·b·(in+out) ≤ in·out`), when some rank's links go over the network
+    /// (not all through shared memory on one host, where the allreduce is cheap and the
+    /// `n`-fold products cost more than they save). Decided at the first step, alike on every
+    /// rank.
+    #[default]
+    Auto,
+    /// Always allreduce gradients.
+    Never,
+    /// Gather the factors of every dense layer (with more than one rank; for tests).
+    Always,
+}
+
 /// `[train]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -195,6 +220,10 @@ pub struct TrainParams {
     /// Gradient compression in the allreduce: `none` or `bf16` (any other value is refused
     /// when the spec is parsed). Default `none`.
     pub grad_compression: GradCompression,
+    /// Dense layers' weight gradients as gathered sufficient factors: `auto`, `never` or
+    /// `always` (see [`SufficientFactors`]; with `grad_compression = "bf16"` the factors
+    /// travel as bf16). Default `auto`.
+    pub sufficient_factors: SufficientFactors,
 }
 
 impl Default for TrainParams {
@@ -218,6 +247,7 @@ impl Default for TrainParams {
             seed: 7,
             eval_every_epochs: 1,
             grad_compression: GradCompression::None,
+            sufficient_factors: SufficientFactors::Auto,
         }
     }
 }

@@ -13,12 +13,12 @@ use crate::checkpointer::Checkpointer;
 use crate::dataset::Dataset;
 use crate::error::TrainError;
 use crate::grad_sync::GradSync;
-use crate::layers::Layers;
+use crate::layers::{LayerGrads, Layers};
 use crate::model::Model;
 use crate::optimizer::Optimizer;
 use crate::sampler::{DataCursor, Sampler};
 use crate::schedule::LrSchedule;
-use crate::spec::TrainSpec;
+use crate::spec::{SufficientFactors, TrainSpec};
 use crate::state::{splitmix64, NamedTensor, StateMeta, TrainState, STATE_FORMAT};
 
 /// Samples per forward pass during validation.
@@ -96,6 +96,12 @@ pub struct Trainer {
     model: Model,
     /// The layer-wise engine (MLP, CNN); `None`: candle's autograd (transformer).
     layers: Option<Layers>,
+    /// Dense layers whose gradients leave as sufficient factors.
+    factored: usize,
+    /// This rank's links that are not shared memory.
+    network_links: usize,
+    /// `auto` factors not chosen yet (they are at the start of this trainer's first step).
+    factors_pending: bool,
     params: Vec<Vec<f32>>,
     /// Gradients, then their averages, in parameter order.
     grads: Vec<Vec<f32>>,
@@ -157,7 +163,18 @@ impl Trainer {
         let params = model.values()?;
         let sizes: Vec<usize> = params.iter().map(Vec::len).collect();
         let names: Vec<&str> = model.params().iter().map(|(n, _)| n.as_str()).collect();
-        let layers = Layers::for_model(&spec.model, train.input_shape(), train.classes(), &names)?;
+        let mut layers =
+            Layers::for_model(&spec.model, train.input_shape(), train.classes(), &names)?;
+        // `auto` waits for the first step, which tells every rank whether any rank has a
+        // network link (see `Trainer::choose_factors`); the other modes decide now.
+        let t = &spec.train;
+        let factored = match (&mut layers, t.sufficient_factors) {
+            (Some(l), mode) if mode != SufficientFactors::Auto => {
+                l.choose_factors(mode, world, t.batch_per_worker)
+            }
+            _ => 0,
+        };
+        let network_links = comm.network_links();
         let grads = sizes.iter().map(|&n| vec![0.0; n]).collect();
         let optimizer = Optimizer::new(&spec.train, &sizes);
         let schedule = LrSchedule::new(&spec.train, world, steps_per_epoch, total_steps);
@@ -174,6 +191,7 @@ impl Trainer {
             steps_per_epoch,
             total_steps,
             peak_lr = schedule.peak(),
+            factored,
             "trainer ready"
         );
         Ok(Trainer {
@@ -182,6 +200,9 @@ impl Trainer {
             world,
             model,
             layers,
+            factored,
+            network_links,
+            factors_pending: spec.train.sufficient_factors == SufficientFactors::Auto,
             params,
             grads,
             xs: Vec::new(),
@@ -213,6 +234,11 @@ impl Trainer {
     /// Steps done.
     pub fn step_count(&self) -> u64 {
         self.step
+    }
+    /// Dense layers whose gradients travel as sufficient factors rather than through the
+    /// allreduce (see [`crate::SufficientFactors`]).
+    pub fn factored_layers(&self) -> usize {
+        self.factored
     }
     /// Steps the run takes in all (epochs × steps per epoch, capped by `max_steps`).
     pub fn total_steps(&self) -> u64 {
@@ -249,6 +275,13 @@ impl Trainer {
         let t0 = Instant::now();
         let b = self.spec.train.batch_per_worker;
         let idx = self.sampler.indices(self.cursor, self.rank, self.world, b);
+        if self.factors_pending {
+            // Whether this rank has network links, averaged: whether any rank has.
+            let mut any = [f32::from(u8::from(self.network_links > 0))];
+            self.sync.average_now(&mut any).await?;
+            self.factors_pending = false;
+            self.choose_factors(any[0] > 0.0);
+        }
         let mut extras = [0.0f32];
         match &mut self.layers {
             Some(layers) => {
@@ -260,12 +293,24 @@ impl Trainer {
                 for i in (0..layers.len()).rev() {
                     // This layer's gradients go on the wire before the gradient of its input
                     // is computed.
-                    let done = layers.backward_params(i, &mut self.grads);
-                    for p in done.into_iter().flatten() {
-                        self.sync.push(p, &self.grads[p]).await?;
-                    }
-                    if done.is_some() {
-                        self.sync.pause(FIRST_BUCKET_BYTES).await?;
+                    match layers.backward_params(i, &mut self.grads) {
+                        Some(LayerGrads::Params(ps)) => {
+                            for p in ps {
+                                self.sync.push(p, &self.grads[p]).await?;
+                            }
+                            self.sync.pause(FIRST_BUCKET_BYTES).await?;
+                        }
+                        Some(LayerGrads::Factors {
+                            params,
+                            out_grad,
+                            input,
+                            dims,
+                        }) => {
+                            self.sync
+                                .push_factors(params, out_grad, input, dims)
+                                .await?;
+                        }
+                        None => {}
                     }
                     layers.backward_input(i, &self.params);
                 }
@@ -331,6 +376,23 @@ impl Trainer {
         };
         self.metrics.insert("loss".into(), m.loss);
         Ok(m)
+    }
+
+    /// Chooses, at the start of the first step, the dense layers whose gradients leave as sufficient
+    /// factors under `auto`: those where that sends at most half the bytes, and only when
+    /// some rank's links go over the network. On one host (every link shared memory, at
+    /// GB/s) the allreduce is cheap and the factors' extra products (each rank forms every
+    /// rank's share of the weight gradient) cost more than they save. Every rank sees the
+    /// same averaged flag, so all decide alike, and alike on every run.
+    fn choose_factors(&mut self, any_network: bool) {
+        let t = &self.spec.train;
+        if t.sufficient_factors != SufficientFactors::Auto {
+            return;
+        }
+        if let Some(l) = &mut self.layers {
+            let world = if any_network { self.world } else { 1 };
+            self.factored = l.choose_factors(SufficientFactors::Auto, world, t.batch_per_worker);
+        }
     }
 
     /// Validation loss and accuracy over the whole validation set (every rank computes the

@@ -5,8 +5,8 @@ mod common;
 
 use common::{max_diff, on_group, train_params};
 use trainer::{
-    Arch, DataSpec, GradCompression, ModelSpec, OptimizerKind, TrainError, TrainParams, TrainSpec,
-    Trainer,
+    Arch, DataSpec, GradCompression, ModelSpec, OptimizerKind, SufficientFactors, TrainError,
+    TrainParams, TrainSpec, Trainer,
 };
 
 const STEPS: u64 = 15;
@@ -36,10 +36,16 @@ fn spec(arch: Arch, optimizer: OptimizerKind, batch: usize, lr: f64) -> TrainSpe
 }
 
 fn check(arch: Arch, optimizer: OptimizerKind, lr: f64) {
+    check_with(arch, optimizer, lr, SufficientFactors::Auto);
+}
+
+fn check_with(arch: Arch, optimizer: OptimizerKind, lr: f64, factors: SufficientFactors) {
     let world = 3;
     let b = 8;
     // Linear scaling: N workers at `lr` peak at N·lr, which the single worker gets directly.
-    let multi = train_params(&spec(arch, optimizer, b, lr), world, STEPS);
+    let mut multi_spec = spec(arch, optimizer, b, lr);
+    multi_spec.train.sufficient_factors = factors;
+    let multi = train_params(&multi_spec, world, STEPS);
     let single = train_params(
         &spec(arch, optimizer, world * b, lr * world as f64),
         1,
@@ -67,6 +73,55 @@ fn check(arch: Arch, optimizer: OptimizerKind, lr: f64) {
 #[test]
 fn mlp_sgd_three_workers_equal_one_with_triple_batch() {
     check(Arch::Mlp, OptimizerKind::Sgd, 0.05);
+}
+
+/// Every dense layer's gradients as gathered sufficient factors instead of allreduced: the
+/// same training, to float tolerance, and still bit-identical ranks.
+#[test]
+fn sufficient_factors_follow_one_worker_too() {
+    check_with(
+        Arch::Mlp,
+        OptimizerKind::Sgd,
+        0.05,
+        SufficientFactors::Always,
+    );
+    check_with(
+        Arch::Cnn,
+        OptimizerKind::Adamw,
+        0.002,
+        SufficientFactors::Always,
+    );
+}
+
+/// Which layers `auto` gathers as factors: those where that sends at most half the bytes.
+#[test]
+fn auto_chooses_factors_where_they_halve_the_bytes() {
+    let factored = |arch, world, factors| {
+        let mut s = spec(arch, OptimizerKind::Sgd, 8, 0.05);
+        s.train.sufficient_factors = factors;
+        let out = on_group(world, move |c| {
+            let s = s.clone();
+            async move {
+                // `auto` decides at the first step.
+                let mut t = Trainer::new(&s, c)?;
+                t.step().await?;
+                Ok::<_, TrainError>(t.factored_layers())
+            }
+        });
+        out.into_iter().map(|r| r.unwrap()).collect::<Vec<_>>()
+    };
+    // MLP 64-64-32-10, batch 8: 3·8·(64+64) ≤ 64·64 for the first layer only.
+    assert_eq!(factored(Arch::Mlp, 3, SufficientFactors::Auto), vec![1; 3]);
+    assert_eq!(
+        factored(Arch::Mlp, 3, SufficientFactors::Always),
+        vec![3; 3]
+    );
+    assert_eq!(factored(Arch::Mlp, 3, SufficientFactors::Never), vec![0; 3]);
+    // One rank has nothing to send.
+    assert_eq!(factored(Arch::Mlp, 1, SufficientFactors::Always), vec![0]);
+    // The CNN's 32-32 dense layer: 2·8·64 ≤ 32·32 with two ranks, not with three.
+    assert_eq!(factored(Arch::Cnn, 2, SufficientFactors::Auto), vec![1; 2]);
+    assert_eq!(factored(Arch::Cnn, 3, SufficientFactors::Auto), vec![0; 3]);
 }
 
 #[test]
