@@ -392,6 +392,12 @@ impl Trainer {
         if let Some(l) = &mut self.layers {
             let world = if any_network { self.world } else { 1 };
             self.factored = l.choose_factors(SufficientFactors::Auto, world, t.batch_per_worker);
+            info!(
+                rank = self.rank,
+                any_network,
+                factored = self.factored,
+                "dense layers whose gradients travel as sufficient factors"
+            );
         }
     }
 
