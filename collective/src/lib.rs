@@ -46,6 +46,38 @@ pub use nccl::{nccl_available, NcclCommunicator};
 
 #[doc(hidden)]
 pub mod testing {
-    //! Hooks for this crate's integration tests (not a stable API).
+    //! Hooks for integration tests of this workspace (not a stable API).
+    use std::net::TcpListener;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
     pub use crate::tcp::probe_handshake;
+
+    /// First port [`unused_local_port`] hands out.
+    const TEST_PORT_MIN: u32 = 12_000;
+    /// Ports it hands out: `TEST_PORT_MIN..TEST_PORT_MIN + TEST_PORTS` (below the workers'
+    /// 20000–31000 and the ephemeral range).
+    const TEST_PORTS: u32 = 7_000;
+
+    /// A TCP port on 127.0.0.1 that is free now, for a process the test starts to bind.
+    /// Unlike a port the OS picks for `:0` (and that the test releases), it lies below the
+    /// ephemeral range, so no outgoing connection can take it before the process binds it;
+    /// calls within a process never repeat one, and processes start at different places.
+    ///
+    /// # Panics
+    /// If every port of the range is taken.
+    pub fn unused_local_port() -> u16 {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let start = (std::process::id() % 64) * (TEST_PORTS / 64);
+        for _ in 0..TEST_PORTS {
+            let k = NEXT.fetch_add(1, Ordering::Relaxed);
+            let port = (TEST_PORT_MIN + (start + k) % TEST_PORTS) as u16;
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+        panic!(
+            "no free port in {TEST_PORT_MIN}..{}",
+            TEST_PORT_MIN + TEST_PORTS
+        );
+    }
 }

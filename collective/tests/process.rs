@@ -3,7 +3,6 @@
 //! with the links on shared memory (the default between processes on one host) and on TCP.
 
 use std::io::{BufRead, BufReader, Read};
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -12,11 +11,9 @@ const WORLD: usize = 4;
 const VICTIM: usize = 2;
 
 fn free_ports(n: usize) -> Vec<u16> {
-    // Bound together, so they are distinct; released just before the ranks bind them.
-    let ls: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
+    (0..n)
+        .map(|_| collective::testing::unused_local_port())
+        .collect()
 }
 
 struct Ranks(Vec<Child>);

@@ -59,9 +59,7 @@ fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
 }
 
 fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    Ok(collective::testing::unused_local_port())
 }
 
 /// Starts `n` nodes on fixed p2p ports and waits for n alive, a chief and the voters.

@@ -13,11 +13,7 @@ fn exe() -> &'static str {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    collective::testing::unused_local_port()
 }
 
 /// A cluster of `n` nodes on fixed p2p ports (so a restarted cluster finds its seed again),

@@ -172,26 +172,23 @@ impl Layers {
                     ops.push(Op::ToNhwc { input: image });
                 }
                 let [c1, c2] = [spec.channels[0], spec.channels[1]];
-                ops.push(Op::ConvPool {
-                    w: index("conv1.weight".into())?,
-                    b: index("conv1.bias".into())?,
-                    k: spec.kernel,
-                    oc: c1,
-                    input: image,
-                });
+                let conv = |name: &str, oc, input| -> Result<Op, TrainError> {
+                    Ok(Op::ConvPool {
+                        w: index(format!("{name}.weight"))?,
+                        b: index(format!("{name}.bias"))?,
+                        k: spec.kernel,
+                        oc,
+                        input,
+                    })
+                };
+                ops.push(conv("conv1", c1, image)?);
                 let mid = Nhwc {
                     b: 0,
                     h: h / 2,
                     w: w / 2,
                     c: c1,
                 };
-                ops.push(Op::ConvPool {
-                    w: index("conv2.weight".into())?,
-                    b: index("conv2.bias".into())?,
-                    k: spec.kernel,
-                    oc: c2,
-                    input: mid,
-                });
+                ops.push(conv("conv2", c2, mid)?);
                 let out = Nhwc {
                     b: 0,
                     h: h / 4,

@@ -8,12 +8,14 @@
 //! the project's own text) and takes over one rank's [`collective::Communicator`].
 //! [`Trainer::run`] trains: per step forward and backward (layer by layer for the MLP and
 //! CNN, [`Layers`], each layer's gradients going on the wire as soon as they are computed;
-//! candle's autograd for the transformer), gradients averaged in buckets ([`GradSync`]),
-//! each parameter's optimizer update as soon as its average is back ([`Optimizer`],
-//! [`LrSchedule`]); per epoch validation; train state ([`TrainState`]) committed to
-//! memory every K steps and written by rank 0 as a checkpoint ([`CheckpointStore`] through
-//! opendal, asynchronously by a [`Checkpointer`]). [`worker::run`] is one whole worker process (ring, resume, train,
-//! metric lines), used by the `train-worker` binary and the node.
+//! candle's autograd for the transformer), gradients averaged in buckets ([`GradSync`];
+//! over the network, wide dense layers' gradients as gathered sufficient factors,
+//! [`SufficientFactors`]), each parameter's optimizer update as soon as its average is back
+//! ([`Optimizer`], [`LrSchedule`]); per epoch validation; train state ([`TrainState`])
+//! committed to memory every K steps and written by rank 0 as a checkpoint
+//! ([`CheckpointStore`] through opendal, asynchronously by a [`Checkpointer`]).
+//! [`worker::run`] is one whole worker process (ring, resume, train, metric lines), used by
+//! the `train-worker` binary and the node.
 
 mod checkpoint;
 mod checkpointer;

@@ -235,11 +235,7 @@ impl S3Server {
             .find(|p| p.is_file())?;
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("ckpt")).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = collective::testing::unused_local_port();
         let child = std::process::Command::new(bin)
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args([

@@ -2,7 +2,6 @@
 //! collective's TCP backend train a digits job, checkpoint it, and a restart with the same
 //! job id resumes from the committed checkpoint.
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -10,11 +9,8 @@ use std::time::{Duration, Instant};
 const LAUNCH_DEADLINE_S: u64 = 120;
 
 fn free_addrs(n: usize) -> String {
-    let ls: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    ls.iter()
-        .map(|l| l.local_addr().unwrap().to_string())
+    (0..n)
+        .map(|_| format!("127.0.0.1:{}", collective::testing::unused_local_port()))
         .collect::<Vec<_>>()
         .join(",")
 }

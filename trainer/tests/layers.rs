@@ -1,7 +1,7 @@
 //! The layer-wise engine computes the same function and gradients as candle's autograd on
 //! the candle-nn models.
 
-use candle_core::{Device, Tensor};
+use candle_core::{backprop::GradStore, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use trainer::{Arch, Layers, Model, ModelSpec};
@@ -63,16 +63,21 @@ fn check(spec: ModelSpec, shape: [usize; 3], classes: usize, batch: usize) {
         written.iter().all(|w| *w),
         "every parameter gets a gradient"
     );
-    for ((name, var), g) in model.params().iter().zip(&ours) {
-        let want = grads
+    assert_grads_match(&model, &grads, &ours, "mlp");
+}
+
+/// Every parameter's gradient in `ours` equals candle's in `want` to 1e-4 (relative).
+fn assert_grads_match(model: &Model, want: &GradStore, ours: &[Vec<f32>], label: &str) {
+    for ((name, var), g) in model.params().iter().zip(ours) {
+        let w = want
             .get(var.as_tensor())
             .unwrap()
             .flatten_all()
             .unwrap()
             .to_vec1::<f32>()
             .unwrap();
-        let d = rel_diff(g, &want);
-        assert!(d < 1e-4, "{name}: gradient differs by {d}");
+        let d = rel_diff(g, &w);
+        assert!(d < 1e-4, "{label} {name}: gradient differs by {d}");
     }
 }
 
@@ -173,17 +178,7 @@ fn check_cnn(spec: &ModelSpec, shape: [usize; 3], classes: usize, batch: usize) 
     for i in (0..layers.len()).rev() {
         layers.backward(i, &params, &mut grads);
     }
-    for ((name, var), g) in model.params().iter().zip(&grads) {
-        let w = want
-            .get(var.as_tensor())
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
-        let d = rel_diff(g, &w);
-        assert!(d < 1e-4, "{shape:?} {name}: gradient differs by {d}");
-    }
+    assert_grads_match(&model, &want, &grads, &format!("{shape:?}"));
 }
 
 #[test]
