@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use collective::{bf16, BucketConfig, Bucketer, Communicator, Ready, ReduceOp};
 
 use crate::error::TrainError;
-use crate::kernels::{matmul, Trans};
+use crate::kernels::{column_sums, matmul, Trans};
 use crate::spec::GradCompression;
 
 /// Time spent in one step's gradient averaging.
@@ -115,29 +115,16 @@ impl GradSync {
         self.world
     }
 
-    /// Averages a few `values` across ranks now, outside any step (between steps only).
+    /// Averages a few `values` across ranks now, outside any step (between steps only): a
+    /// step of no parameters with `values` as its extras.
     pub async fn average_now(&mut self, values: &mut [f32]) -> Result<(), TrainError> {
         if !self.slots.is_empty() || !self.factors.is_empty() {
             return Err(TrainError::StateMismatch(
                 "average_now inside a step".into(),
             ));
         }
-        match &mut self.buckets {
-            _ if self.world == 1 => {}
-            Buckets::F32(b) => {
-                b.push(values).await?;
-                b.finish(&mut [values]).await?;
-            }
-            Buckets::Bf16(b, stage) => {
-                stage.clear();
-                stage.extend(values.iter().map(|&x| bf16::from_f32(x)));
-                b.push(stage).await?;
-                b.finish(&mut [stage.as_mut_slice()]).await?;
-                for (d, s) in values.iter_mut().zip(stage.iter()) {
-                    *d = s.to_f32();
-                }
-            }
-        }
+        self.push_extras(values).await?;
+        self.finish(&mut [], values, |_, _| {}).await?;
         Ok(())
     }
 
@@ -182,8 +169,7 @@ impl GradSync {
                 bucketer.push_gather(&self.factor_stage).await?;
             }
             Buckets::Bf16(bucketer, stage) => {
-                stage.clear();
-                stage.extend(out_grad.iter().chain(input).map(|&x| bf16::from_f32(x)));
+                narrow(stage, out_grad.iter().chain(input));
                 bucketer.push_gather(stage).await?;
             }
         }
@@ -239,8 +225,7 @@ impl GradSync {
         match &mut self.buckets {
             Buckets::F32(b) => b.push(values).await?,
             Buckets::Bf16(b, stage) => {
-                stage.clear();
-                stage.extend(values.iter().map(|&x| bf16::from_f32(x)));
+                narrow(stage, values);
                 b.push(stage).await?;
             }
         }
@@ -375,13 +360,18 @@ fn secs(d: Duration) -> f64 {
     d.as_secs_f64()
 }
 
+/// Replaces `stage` with `values` rounded to bf16 (to nearest even).
+fn narrow<'a>(stage: &mut Vec<bf16>, values: impl IntoIterator<Item = &'a f32>) {
+    stage.clear();
+    stage.extend(values.into_iter().map(|&x| bf16::from_f32(x)));
+}
+
 /// The average over ranks of a dense layer's gradients from every rank's sufficient factors
 /// (`all`: rank after rank, each `[out_grad | input]`): `dw = (1/n)·Σ_r out_gradᵣᵀ·inputᵣ`,
 /// `db = (1/n)·Σ_r Σ_rows out_gradᵣ`. Every rank computes it from the same values in the
 /// same order, so every rank gets the same bits.
 fn average_from_factors(all: &[f32], n: usize, f: &Factors, dw: &mut [f32], db: &mut [f32]) {
     let (g_len, x_len) = (f.batch * f.n_out, f.batch * f.n_in);
-    db.fill(0.0);
     for (r, part) in all.chunks_exact(g_len + x_len).enumerate() {
         let (g, x) = part.split_at(g_len);
         matmul(
@@ -393,11 +383,7 @@ fn average_from_factors(all: &[f32], n: usize, f: &Factors, dw: &mut [f32], db: 
             Trans::No,
             r > 0,
         );
-        for row in g.chunks_exact(f.n_out) {
-            for (d, v) in db.iter_mut().zip(row) {
-                *d += v;
-            }
-        }
+        column_sums(g, db, r > 0);
     }
     let scale = 1.0 / n as f32;
     for v in dw.iter_mut().chain(db.iter_mut()) {

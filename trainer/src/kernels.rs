@@ -112,9 +112,12 @@ pub(crate) fn relu_backward(g: &mut [f32], out: &[f32]) {
     }
 }
 
-/// `dst[j] = Σ_i x[i, j]` over the rows of `x` (`[rows, dst.len()]`): a bias gradient.
-pub(crate) fn column_sums(x: &[f32], dst: &mut [f32]) {
-    dst.fill(0.0);
+/// `dst[j] (+)= Σ_i x[i, j]` over the rows of `x` (`[rows, dst.len()]`): a bias gradient.
+/// With `accumulate` the sums are added to `dst`, otherwise they overwrite it.
+pub(crate) fn column_sums(x: &[f32], dst: &mut [f32], accumulate: bool) {
+    if !accumulate {
+        dst.fill(0.0);
+    }
     for row in x.chunks_exact(dst.len()) {
         for (d, v) in dst.iter_mut().zip(row) {
             *d += v;
@@ -135,6 +138,16 @@ impl Nhwc {
     /// Values in the batch.
     pub fn len(&self) -> usize {
         self.b * self.h * self.w * self.c
+    }
+
+    /// The shape after [`max_pool2`], with `c` channels.
+    pub fn pooled(&self, c: usize) -> Nhwc {
+        Nhwc {
+            h: self.h / 2,
+            w: self.w / 2,
+            c,
+            ..*self
+        }
     }
 }
 

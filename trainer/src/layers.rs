@@ -52,10 +52,10 @@ impl Op {
     fn sizes(&self) -> (usize, usize) {
         match *self {
             Op::Dense { n_in, n_out, .. } => (n_in, n_out),
-            Op::ConvPool { oc, input, .. } => (
-                input.h * input.w * input.c,
-                (input.h / 2) * (input.w / 2) * oc,
-            ),
+            Op::ConvPool { oc, input, .. } => {
+                let out = input.pooled(oc);
+                (input.h * input.w * input.c, out.h * out.w * out.c)
+            }
             Op::ToNhwc { input } | Op::ToNchw { input } => {
                 let n = input.h * input.w * input.c;
                 (n, n)
@@ -182,19 +182,9 @@ impl Layers {
                     })
                 };
                 ops.push(conv("conv1", c1, image)?);
-                let mid = Nhwc {
-                    b: 0,
-                    h: h / 2,
-                    w: w / 2,
-                    c: c1,
-                };
+                let mid = image.pooled(c1);
                 ops.push(conv("conv2", c2, mid)?);
-                let out = Nhwc {
-                    b: 0,
-                    h: h / 4,
-                    w: w / 4,
-                    c: c2,
-                };
+                let out = mid.pooled(c2);
                 ops.push(Op::ToNchw { input: out });
                 ops.push(dense("fc1", out.h * out.w * c2, spec.fc, true)?);
                 ops.push(dense("fc2", spec.fc, classes, false)?);
@@ -378,7 +368,7 @@ impl Layers {
                     Trans::No,
                     false,
                 );
-                column_sums(g, &mut grads[b]);
+                column_sums(g, &mut grads[b], false);
             }
             Op::ConvPool { w, b, k, oc, input } => {
                 let s = Nhwc { b: batch, ..input };
@@ -399,7 +389,7 @@ impl Layers {
                     false,
                 );
                 permute_taps(&sc.dwp, oc, s.c, k * k, false, &mut grads[w]);
-                column_sums(&sc.dconv, &mut grads[b]);
+                column_sums(&sc.dconv, &mut grads[b], false);
             }
             Op::ToNhwc { .. } | Op::ToNchw { .. } => {}
         }

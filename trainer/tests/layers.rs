@@ -16,23 +16,65 @@ fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
         / scale
 }
 
+/// A model, its layer-wise engine and a random batch, as flat buffers and as tensors.
+struct Case {
+    model: Model,
+    params: Vec<Vec<f32>>,
+    layers: Layers,
+    xs: Vec<f32>,
+    ys: Vec<u32>,
+    x: Tensor,
+    y: Tensor,
+}
+
+impl Case {
+    /// `spec`'s model (parameters from `model_seed`) for `shape` inputs and `classes`, and
+    /// `batch` samples drawn from `data_seed`.
+    fn new(
+        spec: &ModelSpec,
+        (shape, classes, batch): ([usize; 3], usize, usize),
+        model_seed: u64,
+        data_seed: u64,
+    ) -> Case {
+        let model = Model::new(spec, shape, classes, model_seed).unwrap();
+        let params = model.values().unwrap();
+        let names: Vec<&str> = model.params().iter().map(|(n, _)| n.as_str()).collect();
+        let layers = Layers::for_model(spec, shape, classes, &names)
+            .unwrap()
+            .expect("a sequential model");
+        let mut rng = StdRng::seed_from_u64(data_seed);
+        let dim: usize = shape.iter().product();
+        let xs: Vec<f32> = (0..batch * dim).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let ys: Vec<u32> = (0..batch)
+            .map(|_| rng.gen_range(0..classes as u32))
+            .collect();
+        let x =
+            Tensor::from_slice(&xs, (batch, shape[0], shape[1], shape[2]), &Device::Cpu).unwrap();
+        let y = Tensor::from_slice(&ys, batch, &Device::Cpu).unwrap();
+        Case {
+            model,
+            params,
+            layers,
+            xs,
+            ys,
+            x,
+            y,
+        }
+    }
+}
+
 fn check(spec: ModelSpec, shape: [usize; 3], classes: usize, batch: usize) {
-    let model = Model::new(&spec, shape, classes, 7).unwrap();
-    let params = model.values().unwrap();
-    let names: Vec<&str> = model.params().iter().map(|(n, _)| n.as_str()).collect();
-    let mut layers = Layers::for_model(&spec, shape, classes, &names)
-        .unwrap()
-        .expect("a sequential model");
-    let mut rng = StdRng::seed_from_u64(3);
-    let dim: usize = shape.iter().product();
-    let xs: Vec<f32> = (0..batch * dim).map(|_| rng.gen_range(-1.0..1.0)).collect();
-    let ys: Vec<u32> = (0..batch)
-        .map(|_| rng.gen_range(0..classes as u32))
-        .collect();
+    let Case {
+        model,
+        params,
+        mut layers,
+        xs,
+        ys,
+        x,
+        y,
+    } = Case::new(&spec, (shape, classes, batch), 7, 3);
 
     // candle: forward, cross-entropy, one backward().
-    let x = Tensor::from_slice(&xs, (batch, shape[0], shape[1], shape[2]), &Device::Cpu).unwrap();
-    let y = Tensor::from_slice(&ys, batch, &Device::Cpu).unwrap();
     let logits = model.forward(&x).unwrap();
     let loss = candle_nn::loss::cross_entropy(&logits, &y).unwrap();
     let grads = loss.backward().unwrap();
@@ -143,20 +185,15 @@ fn reference_cnn(model: &Model, x: &Tensor, k: usize) -> Tensor {
 /// The CNN's forward agrees with candle-nn's, and its gradients with candle's autograd of
 /// [`reference_cnn`].
 fn check_cnn(spec: &ModelSpec, shape: [usize; 3], classes: usize, batch: usize) {
-    let model = Model::new(spec, shape, classes, 11).unwrap();
-    let params = model.values().unwrap();
-    let names: Vec<&str> = model.params().iter().map(|(n, _)| n.as_str()).collect();
-    let mut layers = Layers::for_model(spec, shape, classes, &names)
-        .unwrap()
-        .unwrap();
-    let mut rng = StdRng::seed_from_u64(5);
-    let dim: usize = shape.iter().product();
-    let xs: Vec<f32> = (0..batch * dim).map(|_| rng.gen_range(-1.0..1.0)).collect();
-    let ys: Vec<u32> = (0..batch)
-        .map(|_| rng.gen_range(0..classes as u32))
-        .collect();
-    let x = Tensor::from_slice(&xs, (batch, shape[0], shape[1], shape[2]), &Device::Cpu).unwrap();
-    let y = Tensor::from_slice(&ys, batch, &Device::Cpu).unwrap();
+    let Case {
+        model,
+        params,
+        mut layers,
+        xs,
+        ys,
+        x,
+        y,
+    } = Case::new(spec, (shape, classes, batch), 11, 5);
     let logits = model.forward(&x).unwrap();
     let want = logits.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     let reference = reference_cnn(&model, &x, spec.kernel);
