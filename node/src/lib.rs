@@ -1,27 +1,24 @@
-//! The ringleader node: the `ringleader` binary's library.
+//! The ringleader node: the `ringleader` binary's library, one module per part.
 //!
-//! A node joins a cluster by seed address and learns its members through gossip
-//! ([`membership`], a sans-IO SWIM/Lifeguard core driven by [`net`]'s libp2p event loop). It
-//! serves an HTTP JSON API ([`api`]) of which the CLI ([`cli`]) is a client. The collective
-//! data plane and the trainer are separate crates that know nothing of the node.
+//! Data flows one way, from the network up to the user:
+//!
+//! | part | owns | may use |
+//! | --- | --- | --- |
+//! | [`cluster`] | the libp2p swarm, identity, addresses, the wire codec, gossip membership, member metadata | nothing above it |
+//! | [`control`] | openraft glue, the replicated control state, its store, voters, the RPC server | `cluster`, `jobs`' leaf modules (spec, logs) |
+//! | [`chief`] | what the chief decides (`decide`: placement, lost attempts) and its loop | `control`, `cluster` |
+//! | [`jobs`] | job specs, the per-node supervisor (pure plan + process I/O), rank launch | `control`, `cluster` |
+//! | [`api`] | HTTP routes, the status and job documents, the CLI's HTTP client | `control`, `cluster`, `jobs` |
+//! | [`cli`] | commands, the demo, benchmarks, local clusters of real processes | everything |
+//!
+//! [`node`] wires the parts together at start-up. The collective data plane and the trainer
+//! are separate crates that know nothing of the node. The project's architecture is in
+//! `docs/design.md`.
 
-pub mod addr;
 pub mod api;
-pub mod bench;
-pub mod bench_control;
+pub mod chief;
 pub mod cli;
-pub mod client;
-pub mod consensus;
+pub mod cluster;
 pub mod control;
-pub mod demo;
-pub mod identity;
 pub mod jobs;
-pub mod local;
-pub mod membership;
-pub mod meta;
-pub mod net;
 pub mod node;
-pub mod status;
-pub mod train;
-pub mod wire;
-pub mod worker;

@@ -31,11 +31,11 @@ fn main() {
         Cmd::Job { id, watch } => ringleader::cli::job(&cli, id, *watch),
         Cmd::Cancel { id } => ringleader::cli::cancel(&cli, id),
         Cmd::Logs { id, follow } => ringleader::cli::logs(&cli, id, *follow),
-        Cmd::TrainWorker(args) => ringleader::train::run_worker(args.clone()),
-        Cmd::Demo => ringleader::demo::run(),
+        Cmd::TrainWorker(args) => ringleader::cli::train_worker::run_worker(args.clone()),
+        Cmd::Demo => ringleader::cli::demo::run(),
         Cmd::Keygen { file } => ringleader::cli::keygen(file.clone()),
-        Cmd::BenchMembership(args) => ringleader::bench::run(args),
-        Cmd::BenchControl(args) => ringleader::bench_control::run(args),
+        Cmd::BenchMembership(args) => ringleader::cli::bench_membership::run(args),
+        Cmd::BenchControl(args) => ringleader::cli::bench_control::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -13,10 +13,13 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use crate::{
-    consensus, identity,
-    membership::{self, Membership},
-    meta::{self, NodeMeta},
-    net,
+    cluster::{
+        identity,
+        membership::{self, Membership},
+        meta::{self, NodeMeta},
+        net,
+    },
+    control, jobs,
 };
 
 /// File in the data directory where a running node records how to reach it.
@@ -175,18 +178,24 @@ pub async fn run(config: NodeConfig) -> Result<()> {
     let (mut event_loop, handle) = net::EventLoop::new(swarm, core, epoch, config.join.clone());
     let rpc_rx = event_loop.rpc_inbound();
     let mut loop_task = tokio::spawn(event_loop.run());
-    let control = consensus::start(
-        consensus::ControlConfig {
+    let control = control::start(
+        control::handle::ControlConfig {
             me: peer_id,
             name: config.name.clone(),
             data_dir: &config.data_dir,
             bootstrap: config.join.is_empty(),
-            storage: config.storage.clone(),
         },
         handle.clone(),
         rpc_rx,
     )
     .await?;
+    tokio::spawn(crate::chief::driver::run(control.clone()));
+    jobs::supervisor::start(
+        control.clone(),
+        peer_id.to_string(),
+        config.data_dir.join("jobs"),
+        config.storage.clone(),
+    );
 
     let app = crate::api::router(crate::api::AppState {
         node: handle.clone(),

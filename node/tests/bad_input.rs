@@ -1,5 +1,6 @@
-//! A peer that speaks the membership protocol badly: garbled, truncated and oversized
-//! frames are dropped and counted, and the node carries on.
+//! Peers that speak the node's protocols badly: garbled, truncated and oversized membership
+//! frames are dropped and counted, and the node carries on; control RPCs that only the chief
+//! may originate, or that carry a spec the API would refuse, are refused.
 
 use std::time::{Duration, Instant};
 
@@ -9,7 +10,15 @@ use libp2p::{
     swarm::SwarmEvent,
     StreamProtocol,
 };
-use ringleader::{local::LocalCluster, net::MEMBERSHIP_PROTOCOL};
+use ringleader::{
+    cli::local::LocalCluster,
+    cluster::net::{MEMBERSHIP_PROTOCOL, RPC_PROTOCOL},
+    control::{
+        protocol::{ProposeError, RpcRequest, RpcResponse},
+        state::{ControlCommand, ControlResponse, JobId, Slot},
+    },
+    jobs::JobSpec,
+};
 
 /// Writes requests as raw bytes, with no length prefix of its own, so a test can send any
 /// frame header it likes.
@@ -69,13 +78,11 @@ fn frame(body: &[u8]) -> Vec<u8> {
     f
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn garbled_truncated_and_oversized_messages_are_dropped_and_counted() {
-    let root = tempfile::tempdir().unwrap();
-    let mut cluster = LocalCluster::new(env!("CARGO_BIN_EXE_ringleader"), root.path());
-    cluster.start("target", &[]).unwrap();
-    let seed: libp2p::Multiaddr = cluster.seed_of(0).parse().unwrap();
+type RawSwarm = libp2p::Swarm<request_response::Behaviour<RawCodec>>;
 
+/// A peer with a fresh identity (no cluster key: the test cluster has none) that speaks
+/// `protocol` with [`RawCodec`], connected to `seed`.
+async fn raw_peer(seed: libp2p::Multiaddr, protocol: &'static str) -> (RawSwarm, libp2p::PeerId) {
     let mut swarm = libp2p::SwarmBuilder::with_new_identity()
         .with_tokio()
         .with_tcp(
@@ -86,10 +93,7 @@ async fn garbled_truncated_and_oversized_messages_are_dropped_and_counted() {
         .unwrap()
         .with_behaviour(|_| {
             request_response::Behaviour::<RawCodec>::new(
-                [(
-                    StreamProtocol::new(MEMBERSHIP_PROTOCOL),
-                    ProtocolSupport::Full,
-                )],
+                [(StreamProtocol::new(protocol), ProtocolSupport::Full)],
                 request_response::Config::default(),
             )
         })
@@ -103,6 +107,143 @@ async fn garbled_truncated_and_oversized_messages_are_dropped_and_counted() {
             Err(_) => panic!("could not connect to the node"),
         }
     };
+    (swarm, peer)
+}
+
+/// Sends one control RPC and decodes the node's answer (a length-prefixed JSON frame).
+async fn call(swarm: &mut RawSwarm, peer: libp2p::PeerId, req: &RpcRequest) -> RpcResponse {
+    let id = swarm
+        .behaviour_mut()
+        .send_request(&peer, frame(&serde_json::to_vec(req).unwrap()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, swarm.select_next_some()).await {
+            Ok(SwarmEvent::Behaviour(request_response::Event::Message {
+                message:
+                    request_response::Message::Response {
+                        request_id,
+                        response,
+                    },
+                ..
+            })) if request_id == id => {
+                assert!(response.len() >= 4, "short answer: {response:?}");
+                return serde_json::from_slice(&response[4..]).unwrap();
+            }
+            Ok(SwarmEvent::Behaviour(request_response::Event::OutboundFailure {
+                error, ..
+            })) => panic!("rpc failed: {error}"),
+            Ok(_) => {}
+            Err(_) => panic!("no answer to {req:?} within 20 s"),
+        }
+    }
+}
+
+fn refused(resp: RpcResponse) -> String {
+    match resp {
+        RpcResponse::Propose(Err(ProposeError::Rejected(why))) => why,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_commands_only_a_chief_may_make_are_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::new(env!("CARGO_BIN_EXE_ringleader"), root.path());
+    cluster.start("chief", &[]).unwrap();
+    cluster
+        .wait_all(Duration::from_secs(30), "a chief", |s| s.chief.is_some())
+        .unwrap();
+    let client = cluster.nodes[0].client();
+    let spec_text = "name = \"held\"\nkind = \"command\"\ncommand = [\"sleep\", \"60\"]\n";
+    let id_text = tokio::task::block_in_place(|| client.submit(spec_text)).unwrap();
+    let id: JobId = id_text.parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::task::block_in_place(|| client.job(&id_text))
+        .unwrap()
+        .state
+        != "running"
+    {
+        assert!(Instant::now() < deadline, "the job never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let seed: libp2p::Multiaddr = cluster.seed_of(0).parse().unwrap();
+    let (mut swarm, peer) = raw_peer(seed, RPC_PROTOCOL).await;
+    let me = swarm.local_peer_id().to_string();
+
+    // What only the chief decides.
+    let place = ControlCommand::Place {
+        id,
+        attempt: 2,
+        slots: vec![Slot {
+            member: me.clone(),
+            name: "intruder".into(),
+            rank: 0,
+            local_rank: 0,
+        }],
+        secret: "ab".repeat(32),
+        at_ms: 1,
+    };
+    let why = refused(call(&mut swarm, peer, &RpcRequest::Propose(place)).await);
+    assert!(why.contains("only the chief"), "{why}");
+    let failed = ControlCommand::AttemptFailed {
+        id,
+        attempt: 1,
+        reason: "forged".into(),
+        at_ms: 1,
+    };
+    let why = refused(call(&mut swarm, peer, &RpcRequest::Propose(failed)).await);
+    assert!(why.contains("only the chief"), "{why}");
+    // A rank's exit from a member that does not run it.
+    let exited = ControlCommand::WorkerExited {
+        id,
+        attempt: 1,
+        rank: 0,
+        code: 0,
+        at_ms: 1,
+    };
+    let why = refused(call(&mut swarm, peer, &RpcRequest::Propose(exited)).await);
+    assert!(why.contains("does not run on the sender"), "{why}");
+    // A spec the API would refuse, sent already parsed: the field is named.
+    let mut bad = JobSpec::parse(spec_text).unwrap();
+    bad.workers = 0;
+    let submit = |spec: JobSpec| ControlCommand::Submit {
+        spec: Box::new(spec),
+        at_ms: 1,
+        token: None,
+    };
+    let why = refused(call(&mut swarm, peer, &RpcRequest::Propose(submit(bad))).await);
+    assert!(why.starts_with("workers:"), "{why}");
+    // What a member may forward still works.
+    let ok = call(
+        &mut swarm,
+        peer,
+        &RpcRequest::Propose(submit(JobSpec::parse(spec_text).unwrap())),
+    )
+    .await;
+    assert!(
+        matches!(
+            ok,
+            RpcResponse::Propose(Ok(ControlResponse::Submitted { .. }))
+        ),
+        "{ok:?}"
+    );
+
+    // Nothing forged took effect: the job runs its first attempt on the chief.
+    let doc = tokio::task::block_in_place(|| client.job(&id_text)).unwrap();
+    assert_eq!(doc.state, "running");
+    assert_eq!(doc.generation, 1);
+    assert_eq!(doc.ring, vec!["chief".to_string()]);
+    cluster.stop_all();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbled_truncated_and_oversized_messages_are_dropped_and_counted() {
+    let root = tempfile::tempdir().unwrap();
+    let mut cluster = LocalCluster::new(env!("CARGO_BIN_EXE_ringleader"), root.path());
+    cluster.start("target", &[]).unwrap();
+    let seed: libp2p::Multiaddr = cluster.seed_of(0).parse().unwrap();
+    let (mut swarm, peer) = raw_peer(seed, MEMBERSHIP_PROTOCOL).await;
 
     let garbage: Vec<u8> = (0..200u32)
         .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use ringleader::{local::LocalCluster, status::StatusDoc};
+use ringleader::{api::status::StatusDoc, cli::local::LocalCluster};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -95,8 +95,16 @@ fn a_node_with_another_cluster_key_is_never_admitted() {
     let (mut c, root) = cluster();
     let key_a = root.path().join("a.key");
     let key_b = root.path().join("b.key");
-    std::fs::write(&key_a, ringleader::identity::generate_cluster_key()).unwrap();
-    std::fs::write(&key_b, ringleader::identity::generate_cluster_key()).unwrap();
+    std::fs::write(
+        &key_a,
+        ringleader::cluster::identity::generate_cluster_key(),
+    )
+    .unwrap();
+    std::fs::write(
+        &key_b,
+        ringleader::cluster::identity::generate_cluster_key(),
+    )
+    .unwrap();
     let with = |k: &std::path::Path| vec!["--cluster-key".to_string(), k.display().to_string()];
     c.start("k0", &with(&key_a)).unwrap();
     c.start_joining("k1", &with(&key_a)).unwrap();

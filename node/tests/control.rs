@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use ringleader::{local::LocalCluster, status::StatusDoc};
+use ringleader::{api::status::StatusDoc, cli::local::LocalCluster};
 
 const WAIT: Duration = Duration::from_secs(40);
 
@@ -66,7 +66,7 @@ fn wait_job_state(
     node: usize,
     id: &str,
     state: &str,
-) -> ringleader::status::JobDoc {
+) -> ringleader::api::status::JobDoc {
     let deadline = std::time::Instant::now() + WAIT;
     loop {
         if let Ok(doc) = c.nodes[node].client().job(id) {
@@ -102,7 +102,7 @@ command = ["sh", "-c", "echo env RANK=$RANK WORLD_SIZE=$WORLD_SIZE LOCAL_RANK=$L
     assert_eq!(doc.generation, 1);
     assert_eq!(doc.ring.len(), 2);
     assert!(doc.metrics.contains_key("rank_seen"), "{doc:?}");
-    let logs: ringleader::status::LogsDoc = c.nodes[follower]
+    let logs: ringleader::api::status::LogsDoc = c.nodes[follower]
         .client()
         .get(&format!("/v1/jobs/{id}/logs"))
         .unwrap();

@@ -18,7 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ringleader::{client::ApiClient, status::StatusDoc};
+use ringleader::api::{client::ApiClient, status::StatusDoc};
 
 const NODES: usize = 5;
 /// Bounded wait for each phase.

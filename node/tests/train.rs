@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use ringleader::local::LocalCluster;
+use ringleader::cli::local::LocalCluster;
 
 /// Forming the cluster and running the job each get this long (a debug build trains slowly).
 const WAIT: Duration = Duration::from_secs(120);

@@ -1,14 +1,36 @@
 //! Control: chief election and the replicated control state (Raft, via openraft).
 //!
 //! - [`state`]: the replicated state machine's data and its deterministic `apply`.
-//! - [`voters`]: sans-IO voter reconciliation (which members vote), autopilot-like.
 //! - [`store`]: openraft log store and state machine persisted as checksummed files.
+//! - [`voters`]: sans-IO voter reconciliation (which members vote), autopilot-like.
+//! - [`handle`]: starting Raft on a node, [`handle::ControlHandle`] (the write path through
+//!   the chief, reads, who is chief, the voter upkeep's Raft calls).
+//! - [`protocol`]: the control plane's RPC messages between nodes.
+//! - [`rpc`]: their server, with what a peer may forward ([`rpc::authorize`]).
+//! - `network`: openraft's network adapter over those RPCs.
 //!
-//! The network half (Raft RPCs over libp2p request-response) and the driver that ties
-//! gossip, placement and Raft together are wired by the node.
+//! May use: `cluster` (the swarm handle, member view, wire codec), the leaf modules
+//! `jobs::spec` and `jobs::logs`. Used by: `chief`, `jobs`' supervisor, `api`.
 
+pub mod handle;
+mod network;
+pub mod protocol;
+pub mod rpc;
 pub mod state;
 pub mod store;
 pub mod voters;
 
 pub use state::{ControlCommand, ControlResponse, ControlState, Job, JobId, JobState};
+
+/// Starts this node's control plane: Raft on `node`'s swarm, and the server of the peers'
+/// RPCs arriving on `rpc_rx`. The chief's loop and the supervisor are started by the node on
+/// top of the returned handle.
+pub async fn start(
+    cfg: handle::ControlConfig<'_>,
+    node: crate::cluster::net::NodeHandle,
+    rpc_rx: tokio::sync::mpsc::Receiver<crate::cluster::net::InboundRpc>,
+) -> anyhow::Result<handle::ControlHandle> {
+    let ctl = handle::open(cfg, node).await?;
+    tokio::spawn(rpc::serve(ctl.clone(), rpc_rx));
+    Ok(ctl)
+}

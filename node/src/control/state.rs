@@ -26,7 +26,6 @@ use std::str::FromStr;
 use rand::RngCore;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::jobs::placement::Slot;
 use crate::jobs::spec::{JobSpec, WORKERS_MAX};
 
 /// Most events kept per job; older ones are dropped (and counted).
@@ -384,6 +383,19 @@ pub enum ControlCommand {
         /// Proposer's clock.
         at_ms: u64,
     },
+}
+
+/// One worker of a placed job.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Slot {
+    /// Peer id of the member that runs the worker.
+    pub member: String,
+    /// That member's name when the job was placed (for `ring` in the API).
+    pub name: String,
+    /// Rank in the ring, 0-based; rank 0 is the job's chief worker.
+    pub rank: u32,
+    /// Rank among the job's workers on the same member, 0-based.
+    pub local_rank: u32,
 }
 
 /// A command a proposer must not put in the log.
@@ -1049,7 +1061,7 @@ mod tests {
         assert_eq!(r.place(id, 2, 1), ControlResponse::Applied);
         let second = r.state.jobs[&id].ring_secret.clone();
         assert_ne!(first, second, "a new attempt, a new secret");
-        let doc = crate::consensus::job_doc(&r.state.jobs[&id], 1, true);
+        let doc = crate::api::status::job_doc(&r.state.jobs[&id], 1, true);
         let json = serde_json::to_string(&doc).unwrap();
         assert!(!json.contains(&second) && !json.contains(&first), "{json}");
     }

@@ -1,12 +1,85 @@
-//! Jobs: what users submit and where it runs.
+//! Jobs: what users submit, and how this node runs its share of them.
 //!
-//! - [`spec`]: the job spec (TOML) with line-accurate validation errors.
-//! - [`placement`]: sans-IO choice of workers for a job, in ring order.
+//! - [`spec`]: the job spec (TOML) with line-accurate validation errors; [`admit`] and
+//!   [`admit_text`] are the one gate every spec passes to enter the log, from the API or
+//!   forwarded by another node.
+//! - [`train_spec`]: the trainer's sections of a train job's spec.
+//! - [`launch`]: a rank's ports, environment, command line and files (pure).
+//! - [`supervisor`]: the per-node reconcile, a pure [`supervisor::plan`] carried out by the
+//!   [`supervisor::Supervisor`]; [`process`] runs one rank's process; [`logs`] keeps and
+//!   reads rank logs.
 //!
-//! Lifecycle, retries and the replicated job records live in `crate::control`.
+//! May use: `control` (the replicated job records, the handle to propose reports), `cluster`
+//! (member hosts). `spec`, `train_spec` and `logs` are leaves that `control` and `api` use.
+//! Placement and retries are the chief's (`crate::chief`).
 
-pub mod placement;
+pub mod launch;
+pub mod logs;
+pub mod process;
 pub mod spec;
+pub mod supervisor;
+pub mod train_spec;
 
-pub use placement::{place, Candidate, Request, Slot, Unplaceable};
 pub use spec::{JobKind, JobSpec, Placement, Resources, SpecError};
+
+/// Parses and checks a spec's text as the API admits it: [`JobSpec::parse`] (sizes, fields,
+/// lines), then the kind's own sections (a train job's trainer tables). The error names the
+/// field.
+pub fn admit_text(text: &str) -> Result<JobSpec, String> {
+    let spec = JobSpec::parse(text).map_err(|e| e.to_string())?;
+    if spec.kind == JobKind::Train {
+        train_spec::validate(&spec)?;
+    }
+    Ok(spec)
+}
+
+/// Checks a spec that arrived already parsed (a submit forwarded by another node) through
+/// exactly the same gate: it is written back to TOML, admitted as text, and must come back
+/// unchanged.
+pub fn admit(spec: &JobSpec) -> Result<(), String> {
+    let again = admit_text(&spec.to_toml())?;
+    if again != *spec {
+        return Err("spec changes when parsed again; refused".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_specs_survive_a_forward() {
+        for text in [
+            include_str!("../../../examples/jobs/digits-mlp.toml"),
+            include_str!("../../../examples/jobs/hello-command.toml"),
+            include_str!("../../../examples/jobs/torch-ddp.toml"),
+        ] {
+            let spec = admit_text(text).unwrap();
+            admit(&spec).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_forwarded_spec_meets_the_apis_limits() {
+        let text = "name = \"a\"\nkind = \"train\"\nworkers = 2\n[train]\nlr = 0.1\n";
+        let spec = admit_text(text).unwrap();
+        let mut bad = spec.clone();
+        bad.min_workers = 3;
+        assert!(admit(&bad).unwrap_err().starts_with("min_workers:"));
+        let mut bad = spec.clone();
+        bad.name = "no spaces allowed".into();
+        assert!(admit(&bad).unwrap_err().starts_with("name:"));
+        let mut bad = spec.clone();
+        bad.train
+            .as_mut()
+            .unwrap()
+            .insert("lrr".into(), toml::Value::Float(0.1));
+        assert!(admit(&bad)
+            .unwrap_err()
+            .starts_with("train.lrr: unknown field"));
+        let mut bad = spec;
+        bad.env.insert("RANK".into(), "3".into());
+        assert!(admit(&bad).unwrap_err().contains("RANK"));
+    }
+}

@@ -1,4 +1,4 @@
-//! The job spec: what a user submits (TOML, see DESIGN.md "Job spec").
+//! The job spec: what a user submits (TOML, see the README and docs/design.md).
 //!
 //! [`JobSpec::parse`] is the only way a spec enters the system from text. It walks the TOML
 //! document with spans so every error names the field path and the 1-based line, e.g.
@@ -271,6 +271,60 @@ impl JobSpec {
             message: e.message().trim().to_owned(),
         })?;
         Parser { text }.spec(doc.get_ref())
+    }
+}
+
+impl JobSpec {
+    /// The spec as TOML text that [`JobSpec::parse`] reads back to an equal spec (fields at
+    /// their defaults are written too; an empty `command` or `env` is left out).
+    pub fn to_toml(&self) -> String {
+        use toml::Value;
+        let int = |n: u32| Value::Integer(i64::from(n));
+        let mut t = toml::Table::new();
+        t.insert("name".into(), Value::String(self.name.clone()));
+        t.insert("kind".into(), Value::String(self.kind.as_str().into()));
+        t.insert("workers".into(), int(self.workers));
+        t.insert("min_workers".into(), int(self.min_workers));
+        t.insert("max_workers".into(), int(self.max_workers));
+        t.insert("max_restarts".into(), int(self.max_restarts));
+        t.insert(
+            "placement".into(),
+            Value::String(self.placement.as_str().into()),
+        );
+        if !self.command.is_empty() {
+            let args = self.command.iter().cloned().map(Value::String).collect();
+            t.insert("command".into(), Value::Array(args));
+        }
+        if !self.env.is_empty() {
+            let env = self
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                .collect();
+            t.insert("env".into(), Value::Table(env));
+        }
+        let mut resources = toml::Table::new();
+        resources.insert(
+            "cpus_per_worker".into(),
+            int(self.resources.cpus_per_worker),
+        );
+        resources.insert(
+            "gpus_per_worker".into(),
+            int(self.resources.gpus_per_worker),
+        );
+        t.insert("resources".into(), Value::Table(resources));
+        for (name, section) in [
+            ("model", &self.model),
+            ("data", &self.data),
+            ("train", &self.train),
+            ("checkpoint", &self.checkpoint),
+            ("search", &self.search),
+        ] {
+            if let Some(section) = section {
+                t.insert(name.into(), Value::Table(section.clone()));
+            }
+        }
+        toml::to_string(&t).unwrap_or_default()
     }
 }
 

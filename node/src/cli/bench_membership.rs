@@ -1,14 +1,14 @@
 //! `ringleader bench-membership`: the membership figures, printed as `membership FIGURE=VALUE`.
 //!
 //! Real-process figures start a [`LocalCluster`] of this binary on 127.0.0.1; simulation
-//! figures come from [`crate::membership::sim`] at default settings.
+//! figures come from [`crate::cluster::membership::sim`] at default settings.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
 
-use crate::{local::LocalCluster, membership};
+use crate::{cli::local::LocalCluster, cluster::membership};
 
 /// Benchmark options.
 #[derive(Clone, Debug, Args)]
@@ -110,7 +110,7 @@ fn real(args: &BenchArgs) -> Result<()> {
     };
     let before = suspicions(&cluster)?;
     let stop = Instant::now() + Duration::from_secs(args.burn_s);
-    let burners: Vec<_> = (0..crate::meta::host_cpus())
+    let burners: Vec<_> = (0..crate::cluster::meta::host_cpus())
         .map(|_| {
             std::thread::spawn(move || {
                 let mut x = 0u64;

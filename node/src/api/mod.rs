@@ -11,6 +11,16 @@
 //!
 //! Errors are `{"error": "…"}` with 400 (bad input), 404 (no such job) or 503 (no chief or
 //! chief unreachable: retry).
+//!
+//! - [`status`]: the documents the API returns (`status`, `job`, `logs`), the user-facing
+//!   contract (README, docs/design.md); fields may be added, never renamed.
+//! - [`client`]: the CLI's HTTP client for these routes.
+//!
+//! May use: `control` (reads, proposals), `cluster` (the member view), `jobs` (admitting a
+//! spec). Used by: `cli`, the node's start-up.
+
+pub mod client;
+pub mod status;
 
 use std::collections::BTreeMap;
 
@@ -24,11 +34,14 @@ use axum::{
 use serde::Deserialize;
 
 use crate::{
-    consensus::{ControlHandle, ProposeError},
-    control::state::{ControlCommand, ControlResponse, JobId},
-    jobs::spec::{JobSpec, SPEC_BYTES_MAX},
-    net::NodeHandle,
-    status::{JobDoc, JobSummary, LogsDoc, StatusDoc},
+    api::status::{job_doc, job_summaries, JobDoc, JobSummary, LogsDoc, StatusDoc},
+    cluster::net::NodeHandle,
+    control::{
+        handle::{wall_ms, ControlHandle},
+        protocol::ProposeError,
+        state::{ControlCommand, ControlResponse, JobId},
+    },
+    jobs::spec::SPEC_BYTES_MAX,
 };
 
 /// What the handlers share.
@@ -72,13 +85,6 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 fn job_id(id: &str) -> Result<JobId, ApiError> {
     id.parse().map_err(|_| {
         ApiError(
@@ -89,11 +95,12 @@ fn job_id(id: &str) -> Result<JobId, ApiError> {
 }
 
 async fn status(State(app): State<AppState>) -> ApiResult<StatusDoc> {
-    let mut doc = app
+    let view = app
         .node
-        .status()
+        .view()
         .await
         .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    let mut doc = StatusDoc::from_view(&view);
     let (chief, term) = app.control.chief();
     let voters = app.control.voters();
     doc.chief = chief;
@@ -101,7 +108,7 @@ async fn status(State(app): State<AppState>) -> ApiResult<StatusDoc> {
     for m in &mut doc.members {
         m.voter = voters.contains(&m.id);
     }
-    doc.jobs = app.control.job_summaries();
+    doc.jobs = app.control.read(job_summaries);
     Ok(Json(doc))
 }
 
@@ -126,11 +133,7 @@ async fn submit(
     Query(q): Query<SubmitQuery>,
     body: String,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let spec =
-        JobSpec::parse(&body).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
-    if spec.kind == crate::jobs::spec::JobKind::Train {
-        crate::train::validate(&spec).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
-    }
+    let spec = crate::jobs::admit_text(&body).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
     let token = q
         .token
         .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
@@ -160,13 +163,14 @@ async fn submit(
 }
 
 async fn jobs(State(app): State<AppState>) -> ApiResult<Vec<JobSummary>> {
-    Ok(Json(app.control.job_summaries()))
+    Ok(Json(app.control.read(job_summaries)))
 }
 
 async fn job(State(app): State<AppState>, Path(id): Path<String>) -> ApiResult<JobDoc> {
     let id = job_id(&id)?;
+    let (applied_index, chief) = app.control.freshness();
     app.control
-        .job_doc(id)
+        .read(|s| s.job(id).map(|j| job_doc(j, applied_index, chief)))
         .map(Json)
         .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no job {id}")))
 }
@@ -225,9 +229,14 @@ async fn logs(
         })?;
         offsets.insert(rank, offset);
     }
-    app.control
+    let (state, chunks) = app
+        .control
         .logs(id, &offsets)
         .await
-        .map(Json)
-        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no job {id}")))
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no job {id}")))?;
+    Ok(Json(LogsDoc {
+        id: id.to_string(),
+        state: state.to_string(),
+        chunks,
+    }))
 }

@@ -20,7 +20,10 @@ use std::{
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::{client::ApiClient, local::LocalCluster, status::StatusDoc};
+use crate::{
+    api::{client::ApiClient, status::StatusDoc},
+    cli::local::LocalCluster,
+};
 
 /// Benchmark options.
 #[derive(Clone, Debug, Args)]
@@ -46,7 +49,7 @@ const POLL_MS: u64 = 20;
 /// A trivial command job.
 const TRIVIAL: &str = "name = \"bench\"\nkind = \"command\"\nworkers = 1\ncommand = [\"true\"]\n";
 
-use crate::bench::print_runs;
+use crate::cli::bench_membership::print_runs;
 
 /// The `p`-th percentile (nearest rank) of `v`.
 fn percentile(mut v: Vec<f64>, p: f64) -> f64 {

@@ -15,8 +15,7 @@
 
 use std::fmt;
 
-use serde::{Deserialize, Serialize};
-
+pub use crate::control::state::Slot;
 use crate::jobs::spec::{JobSpec, Placement};
 
 /// A member as placement sees it.
@@ -63,19 +62,6 @@ impl Request {
             placement: spec.placement,
         }
     }
-}
-
-/// One worker of a placed job.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Slot {
-    /// Peer id of the member that runs the worker.
-    pub member: String,
-    /// That member's name when the job was placed (for `ring` in the API).
-    pub name: String,
-    /// Rank in the ring, 0-based; rank 0 is the job's chief worker.
-    pub rank: u32,
-    /// Rank among the job's workers on the same member, 0-based.
-    pub local_rank: u32,
 }
 
 /// The job cannot be placed now; it stays pending with this reason shown.

@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use crate::{local::LocalCluster, status::JobDoc};
+use crate::{api::status::JobDoc, cli::local::LocalCluster};
 
 /// Nodes the demo starts.
 const DEMO_NODES: usize = 3;
@@ -26,7 +26,7 @@ const POLL_MS: u64 = 250;
 /// Validation accuracy the demo's job must reach.
 pub const ACCURACY_MIN: f64 = 0.97;
 /// The job the demo runs (shipped with the binary).
-const JOB_SPEC: &str = include_str!("../../examples/jobs/digits-mlp.toml");
+const JOB_SPEC: &str = include_str!("../../../examples/jobs/digits-mlp.toml");
 
 /// Starts a local 3-node cluster, trains the digits MLP on it, and stops it.
 pub fn run() -> Result<()> {

@@ -1,20 +1,19 @@
 //! The status document: what `GET /v1/status` returns and `ringleader status` prints.
 //!
-//! The field names are the user-facing contract in DESIGN.md; fields may be added, never
-//! renamed.
+//! The field names are the user-facing contract (README, docs/design.md); fields may be
+//! added, never renamed.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::meta::Gpu;
+use crate::{
+    cluster::{meta::Gpu, net::ClusterView},
+    control::state::{ControlState, EventKind, Job},
+};
 
-/// A node named by peer id and human name.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct NodeRef {
-    pub id: String,
-    pub name: String,
-}
+pub use crate::cluster::meta::NodeRef;
+pub use crate::jobs::logs::LogChunk;
 
 /// One member as this node sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -40,6 +39,52 @@ pub struct MemberDoc {
     pub is_self: bool,
 }
 
+impl StatusDoc {
+    /// The membership part of the document from this node's view; the control plane fills
+    /// in `chief`, `term`, `voter` and `jobs`.
+    pub fn from_view(view: &ClusterView) -> StatusDoc {
+        let mut members: Vec<MemberDoc> = view
+            .members
+            .iter()
+            .map(|m| MemberDoc {
+                id: m.id.to_string(),
+                name: m.meta.name.clone(),
+                state: m.state.as_str().to_string(),
+                voter: false,
+                blacklisted: false,
+                incarnation: m.incarnation,
+                cpus: m.meta.cpus,
+                memory_mb: m.meta.memory_mb,
+                gpus: m.meta.gpus.clone(),
+                labels: m.meta.labels.clone(),
+                p2p_addrs: m.meta.p2p_addrs.clone(),
+                api_addr: m.meta.api_addr.clone(),
+                data_addr: m.meta.data_addr.clone(),
+                version: m.meta.version.clone(),
+                is_self: m.id == view.local,
+            })
+            .collect();
+        members.sort_by(|a, b| (&a.name, &a.id).cmp(&(&b.name, &b.id)));
+        let me = view
+            .members
+            .iter()
+            .find(|m| m.id == view.local)
+            .map(|m| m.meta.name.clone())
+            .unwrap_or_default();
+        StatusDoc {
+            node: NodeRef {
+                id: view.local.to_string(),
+                name: me,
+            },
+            chief: None,
+            term: None,
+            members,
+            jobs: Vec::new(),
+            counters: view.counters.clone(),
+        }
+    }
+}
+
 /// A job in the summary list.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct JobSummary {
@@ -49,22 +94,7 @@ pub struct JobSummary {
     pub state: String,
 }
 
-/// Counters of the node's networking, for operators and tests.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Counters {
-    pub messages_in: u64,
-    pub messages_out: u64,
-    /// Membership messages dropped as garbled, truncated or oversized.
-    pub bad_messages: u64,
-    pub send_failures: u64,
-    pub seed_dial_failures: u64,
-    /// Suspicions this node raised against other members.
-    pub suspicions: u64,
-    /// Incoming connections that failed their handshake (wrong or missing cluster key, …).
-    pub refused_connections: u64,
-    /// Lifeguard local health score (0 is healthy).
-    pub health_score: u32,
-}
+pub use crate::cluster::net::Counters;
 
 /// `GET /v1/status`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -272,24 +302,71 @@ impl JobDoc {
     }
 }
 
-/// A piece of one rank's log.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct LogChunk {
-    pub rank: u32,
-    pub generation: u32,
-    /// Byte offset of `text` in the rank's log.
-    pub offset: u64,
-    pub text: String,
-    /// Where the next read starts.
-    pub next_offset: u64,
-    /// Why this rank's log could not be read, if it could not.
-    pub error: Option<String>,
-}
-
 /// `GET /v1/jobs/{id}/logs`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LogsDoc {
     pub id: String,
     pub state: String,
     pub chunks: Vec<LogChunk>,
+}
+
+/// Job summaries for `status` and `jobs`.
+pub fn job_summaries(s: &ControlState) -> Vec<JobSummary> {
+    s.jobs
+        .values()
+        .map(|j| JobSummary {
+            id: j.id.to_string(),
+            name: j.spec.name.clone(),
+            kind: j.spec.kind.to_string(),
+            state: j.state.to_string(),
+        })
+        .collect()
+}
+
+/// The API's view of a job record.
+pub fn job_doc(j: &Job, applied_index: u64, chief: bool) -> JobDoc {
+    let metric = |name: &str| j.metrics.get(name).map(|m| m.value.max(0.0) as u64);
+    let step = metric("step").or_else(|| j.metrics.values().filter_map(|m| m.step).max());
+    let history = j
+        .events
+        .iter()
+        .filter(|e| e.what == EventKind::Placed)
+        .map(|e| GenerationDoc {
+            generation: e.attempt,
+            reason: e.reason.clone(),
+            at_ms: e.at_ms,
+        })
+        .collect();
+    JobDoc {
+        id: j.id.to_string(),
+        name: j.spec.name.clone(),
+        kind: j.spec.kind.to_string(),
+        state: j.state.to_string(),
+        generation: j.attempt,
+        max_restarts: j.max_restarts,
+        workers: j.spec.workers,
+        ring: j.assignment.iter().map(|s| s.name.clone()).collect(),
+        pending_reason: j.pending_reason.clone(),
+        step,
+        epoch: metric("epoch"),
+        metrics: j
+            .metrics
+            .iter()
+            .map(|(k, m)| (k.clone(), m.value))
+            .collect(),
+        history,
+        events: j
+            .events
+            .iter()
+            .filter_map(|e| serde_json::to_value(e).ok())
+            .collect(),
+        exits: j.exits.clone(),
+        submitted_at_ms: j.submitted_at_ms,
+        started_at_ms: j.started_at_ms,
+        finished_at_ms: j.finished_at_ms,
+        freshness: FreshnessDoc {
+            applied_index,
+            served_by: if chief { "chief" } else { "replica" }.into(),
+        },
+    }
 }

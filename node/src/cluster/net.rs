@@ -3,7 +3,7 @@
 //! The swarm (TCP, optionally a pre-shared-key layer, Noise, Yamux) carries membership
 //! messages as length-prefixed frames on a request-response protocol; the response is an
 //! empty frame, since SWIM's acks are messages of their own. Everything protocol-like happens
-//! in [`crate::membership::Membership`]: this loop turns swarm events into core events and the
+//! in [`crate::cluster::membership::Membership`]: this loop turns swarm events into core events and the
 //! core's actions into sends. Other tasks reach the loop through a [`NodeHandle`].
 
 use std::{
@@ -21,13 +21,13 @@ use libp2p::{
     swarm::{dial_opts::DialOpts, ConnectionId, NetworkBehaviour, SwarmEvent},
     tcp, yamux, Multiaddr, PeerId, StreamProtocol, Swarm, Transport,
 };
+use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
-use crate::{
+use crate::cluster::{
     membership::{self, Action, Event, Membership, State},
     meta::NodeMeta,
-    status::{Counters, MemberDoc, NodeRef, StatusDoc},
     wire,
 };
 
@@ -207,7 +207,7 @@ pub fn build_swarm(
 /// Requests into the event loop.
 pub enum Command {
     /// A snapshot of membership for the API.
-    Status(oneshot::Sender<StatusDoc>),
+    View(oneshot::Sender<ClusterView>),
     /// Leave the cluster gracefully; replies once the announcement went out (or timed out).
     Leave(oneshot::Sender<()>),
     /// The membership view: every member (tombstones included) and the core's clock.
@@ -224,6 +224,34 @@ pub enum Command {
 
 /// A member as the membership core holds it.
 pub type MemberView = membership::Member<PeerId, NodeMeta>;
+
+/// A snapshot of this node's view of the cluster (the API turns it into the status document).
+#[derive(Clone, Debug)]
+pub struct ClusterView {
+    /// This node's peer id.
+    pub local: PeerId,
+    /// Every member the core knows, this node and tombstones included.
+    pub members: Vec<MemberView>,
+    /// The networking counters, with the core's health score and suspicions filled in.
+    pub counters: Counters,
+}
+
+/// Counters of the node's networking, for operators and tests.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Counters {
+    pub messages_in: u64,
+    pub messages_out: u64,
+    /// Membership messages dropped as garbled, truncated or oversized.
+    pub bad_messages: u64,
+    pub send_failures: u64,
+    pub seed_dial_failures: u64,
+    /// Suspicions this node raised against other members.
+    pub suspicions: u64,
+    /// Incoming connections that failed their handshake (wrong or missing cluster key, …).
+    pub refused_connections: u64,
+    /// Lifeguard local health score (0 is healthy).
+    pub health_score: u32,
+}
 
 /// Why an RPC got no answer.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -254,11 +282,11 @@ pub struct NodeHandle {
 }
 
 impl NodeHandle {
-    /// The current status document.
-    pub async fn status(&self) -> anyhow::Result<StatusDoc> {
+    /// This node's view of the cluster: its members and the networking counters.
+    pub async fn view(&self) -> anyhow::Result<ClusterView> {
         let (tx, rx) = oneshot::channel();
         self.tx
-            .send(Command::Status(tx))
+            .send(Command::View(tx))
             .await
             .map_err(|_| anyhow::anyhow!("node is shutting down"))?;
         Ok(rx.await?)
@@ -475,8 +503,8 @@ impl EventLoop {
 
     fn on_command(&mut self, cmd: Command) {
         match cmd {
-            Command::Status(reply) => {
-                let _ = reply.send(self.status());
+            Command::View(reply) => {
+                let _ = reply.send(self.view());
             }
             Command::Members(reply) => {
                 let members = self.core.members().cloned().collect();
@@ -776,47 +804,13 @@ impl EventLoop {
         }
     }
 
-    fn status(&self) -> StatusDoc {
-        let local = *self.core.local_id();
-        let mut members: Vec<MemberDoc> = self
-            .core
-            .members()
-            .map(|m| MemberDoc {
-                id: m.id.to_string(),
-                name: m.meta.name.clone(),
-                state: m.state.as_str().to_string(),
-                voter: false,
-                blacklisted: false,
-                incarnation: m.incarnation,
-                cpus: m.meta.cpus,
-                memory_mb: m.meta.memory_mb,
-                gpus: m.meta.gpus.clone(),
-                labels: m.meta.labels.clone(),
-                p2p_addrs: m.meta.p2p_addrs.clone(),
-                api_addr: m.meta.api_addr.clone(),
-                data_addr: m.meta.data_addr.clone(),
-                version: m.meta.version.clone(),
-                is_self: m.id == local,
-            })
-            .collect();
-        members.sort_by(|a, b| (&a.name, &a.id).cmp(&(&b.name, &b.id)));
-        let me = self
-            .core
-            .member(&local)
-            .map(|m| m.meta.name.clone())
-            .unwrap_or_default();
+    fn view(&self) -> ClusterView {
         let mut counters = self.counters.clone();
         counters.health_score = self.core.health_score();
         counters.suspicions = self.core.stats().suspicions_raised;
-        StatusDoc {
-            node: NodeRef {
-                id: local.to_string(),
-                name: me,
-            },
-            chief: None,
-            term: None,
-            members,
-            jobs: Vec::new(),
+        ClusterView {
+            local: *self.core.local_id(),
+            members: self.core.members().cloned().collect(),
             counters,
         }
     }

@@ -11,7 +11,10 @@ use std::{
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::{client::ApiClient, node::NodeInfo, status::StatusDoc};
+use crate::{
+    api::{client::ApiClient, status::StatusDoc},
+    node::NodeInfo,
+};
 
 /// How long a node may take to write its `node.json` after being spawned, in milliseconds.
 const START_WAIT_MS: u64 = 20_000;

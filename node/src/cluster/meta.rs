@@ -56,3 +56,28 @@ pub fn host_cpus() -> u32 {
         .map(|n| n.get() as u32)
         .unwrap_or(1)
 }
+
+/// A node named by peer id and human name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRef {
+    pub id: String,
+    pub name: String,
+}
+
+#[cfg(test)]
+impl NodeMeta {
+    /// A member named `name` with `cpus` cpus and its data plane on `host`, for tests.
+    pub fn for_test(name: &str, cpus: u32, host: &str) -> NodeMeta {
+        NodeMeta {
+            name: name.into(),
+            p2p_addrs: Vec::new(),
+            api_addr: String::new(),
+            data_addr: format!("{host}:7072"),
+            cpus,
+            memory_mb: 1024,
+            gpus: Vec::new(),
+            labels: BTreeMap::new(),
+            version: "test".into(),
+        }
+    }
+}

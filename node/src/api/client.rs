@@ -75,7 +75,7 @@ impl ApiClient {
     }
 
     /// The node's status document.
-    pub fn status(&self) -> Result<crate::status::StatusDoc> {
+    pub fn status(&self) -> Result<crate::api::status::StatusDoc> {
         self.get("/v1/status")
     }
 
@@ -89,7 +89,7 @@ impl ApiClient {
     }
 
     /// One job.
-    pub fn job(&self, id: &str) -> Result<crate::status::JobDoc> {
+    pub fn job(&self, id: &str) -> Result<crate::api::status::JobDoc> {
         self.get(&format!("/v1/jobs/{id}"))
     }
 }

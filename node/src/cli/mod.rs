@@ -1,11 +1,29 @@
 //! The command line: `ringleader node` runs a node; every other command is an API client.
+//!
+//! - [`demo`]: `ringleader demo`, a local cluster end to end.
+//! - [`bench_membership`], [`bench_control`]: the benchmarks' figures.
+//! - [`local`]: a cluster of real `ringleader node` processes on this host, for the demo, the
+//!   benchmarks and the integration tests (public because the binary's demo needs it).
+//! - [`train_worker`]: the hidden `train-worker` subcommand, one rank of a train job.
+//!
+//! May use: everything in the crate.
+
+pub mod bench_control;
+pub mod bench_membership;
+pub mod demo;
+pub mod local;
+pub mod train_worker;
 
 use std::{collections::BTreeMap, path::PathBuf};
 
 use anyhow::{anyhow, Context, Result};
 use clap::{Args, Parser, Subcommand};
 
-use crate::{addr, client::ApiClient, membership, node::NodeConfig};
+use crate::{
+    api::client::ApiClient,
+    cluster::{addr, membership},
+    node::NodeConfig,
+};
 
 /// ringleader: a peer-to-peer cluster for distributed deep learning.
 #[derive(Debug, Parser)]
@@ -73,16 +91,18 @@ pub enum Cmd {
     },
     /// Membership benchmark (scripts/bench-membership.sh runs this).
     #[command(hide = true)]
-    BenchMembership(crate::bench::BenchArgs),
+    BenchMembership(bench_membership::BenchArgs),
     /// Control-plane benchmark (scripts/bench-control.sh runs this).
     #[command(hide = true)]
-    BenchControl(crate::bench_control::BenchControlArgs),
+    BenchControl(bench_control::BenchControlArgs),
     /// One worker of a train job (the supervisor runs this).
     #[command(hide = true)]
     TrainWorker(trainer::worker::WorkerArgs),
 }
 
 /// `ringleader node` flags.
+// The field docs are the `--help` text, where `<data-dir>` is a placeholder, not HTML.
+#[allow(rustdoc::invalid_html_tags)]
 #[derive(Clone, Debug, Args)]
 pub struct NodeArgs {
     /// Node name shown to users (default: the host name).
@@ -203,7 +223,7 @@ pub fn status(cli: &Cli) -> Result<()> {
 
 /// `ringleader keygen [FILE]`.
 pub fn keygen(file: Option<PathBuf>) -> Result<()> {
-    let key = crate::identity::generate_cluster_key();
+    let key = crate::cluster::identity::generate_cluster_key();
     match file {
         None => print!("{key}"),
         Some(path) => {
@@ -244,7 +264,7 @@ pub fn submit(cli: &Cli, file: &std::path::Path) -> Result<()> {
 
 /// `ringleader jobs`.
 pub fn jobs(cli: &Cli) -> Result<()> {
-    let jobs: Vec<crate::status::JobSummary> = client(cli).get("/v1/jobs")?;
+    let jobs: Vec<crate::api::status::JobSummary> = client(cli).get("/v1/jobs")?;
     if cli.json {
         println!("{}", serde_json::to_string_pretty(&jobs)?);
         return Ok(());
@@ -309,7 +329,7 @@ pub fn logs(cli: &Cli, id: &str, follow: bool) -> Result<()> {
     let mut generation = None;
     loop {
         let q: Vec<String> = offsets.iter().map(|(r, o)| format!("{r}:{o}")).collect();
-        let doc: crate::status::LogsDoc =
+        let doc: crate::api::status::LogsDoc =
             c.get(&format!("/v1/jobs/{id}/logs?offsets={}", q.join(",")))?;
         for chunk in &doc.chunks {
             if generation != Some(chunk.generation) {

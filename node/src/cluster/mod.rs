@@ -1,0 +1,19 @@
+//! The cluster: how nodes reach, know and trust each other.
+//!
+//! - [`net`]: the libp2p swarm (TCP, optional pre-shared key, Noise, Yamux) and the one event
+//!   loop that owns it, drives [`membership`] and carries the control plane's RPCs; other
+//!   tasks hold a cheap [`net::NodeHandle`].
+//! - [`membership`]: gossip membership, a sans-IO SWIM/Lifeguard core with its simulation.
+//! - [`meta`]: what a member advertises (name, addresses, cpus, memory, gpus, labels).
+//! - [`identity`]: the persistent Ed25519 identity and the cluster key.
+//! - [`addr`]: addresses as users write them (`host:port` or a multiaddr).
+//! - [`wire`]: the node's one wire codec, with its size limits.
+//!
+//! May use: nothing else of the node. Used by every other part.
+
+pub mod addr;
+pub mod identity;
+pub mod membership;
+pub mod meta;
+pub mod net;
+pub mod wire;

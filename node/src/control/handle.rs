@@ -1,0 +1,455 @@
+//! The control handle: this node's Raft (openraft over the swarm, see `network` and `rpc`),
+//! the write path (any node forwards to the chief), reads of the replicated state, and who
+//! is chief.
+//!
+//! The chief is the Raft leader. Gossip proposes (who is alive), the quorum decides (what is
+//! committed): a node never acts as chief because of its gossip view alone.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use libp2p::PeerId;
+use openraft::{
+    error::{ClientWriteError, RaftError},
+    ChangeMembers, Raft, ServerState,
+};
+use tracing::{info, warn};
+
+use crate::{
+    cluster::{
+        membership::State,
+        meta::NodeRef,
+        net::{MemberView, NodeHandle},
+        wire,
+    },
+    control::{
+        network::Network,
+        protocol::{ProposeError, RpcRequest, RpcResponse},
+        state::{ControlCommand, ControlResponse, ControlState, JobId, JobState},
+        store::{self, node_id_of, NodeId, RaftNode, StateMachineStore, TypeConfig},
+        voters::{self, Change, Health, VoterConfig},
+    },
+    jobs::logs::{read_log, LogChunk},
+};
+
+/// Raft heartbeat period, in milliseconds.
+const HEARTBEAT_MS: u64 = 150;
+/// Raft election timeout range, in milliseconds: a chief that dies is replaced within about
+/// this (plus a heartbeat), and a loaded host does not start needless elections.
+const ELECTION_MIN_MS: u64 = 700;
+pub const ELECTION_MAX_MS: u64 = 1_400;
+/// How long a proposal may take, forwarding included, in milliseconds.
+const PROPOSE_TIMEOUT_MS: u64 = 5_000;
+/// A leader that has not heard from a quorum for this long does not call itself chief (it
+/// may be on the minority side of a partition), in milliseconds.
+pub const QUORUM_STALE_MS: u64 = ELECTION_MAX_MS;
+/// A follower or learner that has not accepted an AppendEntries (heartbeats included) from
+/// the leader for this long does not name a chief (it may be on the minority side of a
+/// partition; a learner never starts an election, so openraft keeps naming the old leader),
+/// in milliseconds.
+pub const LEADER_STALE_MS: u64 = ELECTION_MAX_MS;
+/// [`ControlHandle::leader_contact_ms`] before the first AppendEntries is accepted.
+const NEVER: u64 = u64::MAX;
+
+/// What the node's control plane is started with.
+pub struct ControlConfig<'a> {
+    /// This node's peer id and name.
+    pub me: PeerId,
+    pub name: String,
+    /// `<data-dir>`: Raft keeps its files in `<data-dir>/raft`, workers their logs in
+    /// `<data-dir>/jobs`.
+    pub data_dir: &'a Path,
+    /// Start a new cluster (a node started without `--join`) if this node has no Raft state.
+    pub bootstrap: bool,
+}
+
+/// A cheap handle to the control plane.
+#[derive(Clone)]
+pub struct ControlHandle {
+    pub(super) raft: Raft<TypeConfig>,
+    sm: StateMachineStore,
+    pub(super) node: NodeHandle,
+    node_id: NodeId,
+    me: String,
+    pub(super) jobs_dir: std::path::PathBuf,
+    epoch: Instant,
+    /// When (ms since `epoch`) this node last accepted an AppendEntries from a leader, or
+    /// [`NEVER`]; written by the RPC server.
+    pub(super) leader_contact_ms: Arc<AtomicU64>,
+}
+
+/// Milliseconds since the Unix epoch: the clock stamped on proposals.
+pub fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Starts Raft and the heartbeat guard (see [`super::start`], which also serves the RPCs).
+pub async fn open(cfg: ControlConfig<'_>, node: NodeHandle) -> Result<ControlHandle> {
+    let raft_dir = cfg.data_dir.join("raft");
+    let (log, sm) = store::open(&raft_dir)
+        .with_context(|| format!("opening Raft state in {}", raft_dir.display()))?;
+    let config = openraft::Config {
+        cluster_name: "ringleader".into(),
+        heartbeat_interval: HEARTBEAT_MS,
+        election_timeout_min: ELECTION_MIN_MS,
+        election_timeout_max: ELECTION_MAX_MS,
+        ..Default::default()
+    }
+    .validate()?;
+    let node_id = node_id_of(&cfg.me.to_string());
+    let raft = Raft::new(
+        node_id,
+        Arc::new(config),
+        Network { node: node.clone() },
+        log,
+        sm.clone(),
+    )
+    .await?;
+    if cfg.bootstrap && !raft.is_initialized().await? {
+        let me = RaftNode {
+            peer_id: cfg.me.to_string(),
+            name: cfg.name.clone(),
+        };
+        raft.initialize(BTreeMap::from([(node_id, me)])).await?;
+        info!("bootstrapped a new cluster: this node is its first voter");
+    }
+    let handle = ControlHandle {
+        raft,
+        sm,
+        node,
+        node_id,
+        me: cfg.me.to_string(),
+        jobs_dir: cfg.data_dir.join("jobs"),
+        epoch: Instant::now(),
+        leader_contact_ms: Arc::new(AtomicU64::new(NEVER)),
+    };
+    tokio::spawn(quiet_when_stale_loop(handle.clone()));
+    Ok(handle)
+}
+
+impl ControlHandle {
+    /// The chief and the term, if this node knows a chief that is in touch with a quorum:
+    /// a leader that a quorum acknowledged within [`QUORUM_STALE_MS`], or, on any other node,
+    /// the leader it accepted an AppendEntries from within [`LEADER_STALE_MS`]. So the
+    /// minority side of a partition names no chief.
+    pub fn chief(&self) -> (Option<NodeRef>, u64) {
+        let m = self.raft.metrics().borrow().clone();
+        let stale = if m.state == ServerState::Leader {
+            m.millis_since_quorum_ack
+                .is_none_or(|ms| ms > QUORUM_STALE_MS)
+        } else {
+            let last = self.leader_contact_ms.load(Ordering::Relaxed);
+            last == NEVER || self.uptime_ms().saturating_sub(last) > LEADER_STALE_MS
+        };
+        let chief = m.current_leader.filter(|_| !stale).and_then(|id| {
+            m.membership_config
+                .membership()
+                .get_node(&id)
+                .map(|n| NodeRef {
+                    id: n.peer_id.clone(),
+                    name: n.name.clone(),
+                })
+        });
+        (chief, m.current_term)
+    }
+
+    /// Peer ids of the current voters.
+    pub fn voters(&self) -> BTreeSet<String> {
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        membership
+            .voter_ids()
+            .filter_map(|id| membership.get_node(&id).map(|n| n.peer_id.clone()))
+            .collect()
+    }
+
+    /// Reads this replica's state.
+    pub fn read<T>(&self, f: impl FnOnce(&ControlState) -> T) -> T {
+        self.sm.read(f)
+    }
+
+    /// How this replica's reads relate to the chief's: applied index and whether this node
+    /// is the chief.
+    pub fn freshness(&self) -> (u64, bool) {
+        let m = self.raft.metrics().borrow().clone();
+        (
+            m.last_applied.map_or(0, |l| l.index),
+            m.state == ServerState::Leader,
+        )
+    }
+
+    /// Commits `cmd`, here if this node is the chief, else through the chief.
+    pub async fn propose(&self, cmd: ControlCommand) -> Result<ControlResponse, ProposeError> {
+        cmd.check()
+            .map_err(|e| ProposeError::Rejected(e.to_string()))?;
+        tokio::time::timeout(
+            Duration::from_millis(PROPOSE_TIMEOUT_MS),
+            self.propose_inner(cmd),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(ProposeError::Unreachable(format!(
+                "no commit within {PROPOSE_TIMEOUT_MS} ms"
+            )))
+        })
+    }
+
+    async fn propose_inner(&self, cmd: ControlCommand) -> Result<ControlResponse, ProposeError> {
+        // Fail fast where no chief is in touch with a quorum (a minority side): forwarding
+        // to an old leader, or appending as one, would only wait for the timeout.
+        if self.chief().0.is_none() {
+            return Err(ProposeError::NoChief);
+        }
+        let m = self.raft.metrics().borrow().clone();
+        let Some(leader) = m.current_leader else {
+            return Err(ProposeError::NoChief);
+        };
+        if leader == self.node_id {
+            return self.propose_local(cmd).await;
+        }
+        let peer = m
+            .membership_config
+            .membership()
+            .get_node(&leader)
+            .and_then(|n| n.peer_id.parse::<PeerId>().ok())
+            .ok_or(ProposeError::NoChief)?;
+        let payload = wire::encode_json(&RpcRequest::Propose(cmd))
+            .map_err(|e| ProposeError::Rejected(e.to_string()))?;
+        let bytes = self
+            .node
+            .rpc(peer, payload)
+            .await
+            .map_err(|e| ProposeError::Unreachable(e.to_string()))?;
+        match wire::decode_json::<RpcResponse>(&bytes) {
+            Ok(RpcResponse::Propose(r)) => r,
+            Ok(_) => Err(ProposeError::Unreachable(
+                "unexpected answer from the chief".into(),
+            )),
+            Err(e) => Err(ProposeError::Unreachable(e.to_string())),
+        }
+    }
+
+    pub(super) async fn propose_local(
+        &self,
+        cmd: ControlCommand,
+    ) -> Result<ControlResponse, ProposeError> {
+        if self.chief().0.is_none() {
+            return Err(ProposeError::NoChief);
+        }
+        match self.raft.client_write(cmd).await {
+            Ok(resp) => Ok(resp.data),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
+                Err(ProposeError::NoChief)
+            }
+            Err(e) => Err(ProposeError::Unreachable(e.to_string())),
+        }
+    }
+
+    /// The logs of a job's current generation, each rank read from `offsets[rank]` on.
+    /// Returns the job's state and one chunk per rank, or `None` if there is no such job.
+    pub async fn logs(
+        &self,
+        id: JobId,
+        offsets: &BTreeMap<u32, u64>,
+    ) -> Option<(JobState, Vec<LogChunk>)> {
+        let (state, generation, slots) = self.read(|s| {
+            s.job(id)
+                .map(|j| (j.state, j.attempt, j.assignment.clone()))
+        })?;
+        let mut chunks = Vec::new();
+        for slot in slots {
+            let offset = offsets.get(&slot.rank).copied().unwrap_or(0);
+            let chunk = if slot.member == self.me {
+                read_log(&self.jobs_dir, id, generation, slot.rank, offset)
+            } else {
+                self.remote_log(&slot.member, id, generation, slot.rank, offset)
+                    .await
+            };
+            chunks.push(chunk);
+        }
+        Some((state, chunks))
+    }
+
+    async fn remote_log(
+        &self,
+        member: &str,
+        job: JobId,
+        generation: u32,
+        rank: u32,
+        offset: u64,
+    ) -> LogChunk {
+        let failed = |e: String| LogChunk {
+            rank,
+            generation,
+            offset,
+            text: String::new(),
+            next_offset: offset,
+            error: Some(e),
+        };
+        let Ok(peer) = member.parse::<PeerId>() else {
+            return failed("bad peer id".into());
+        };
+        let req = RpcRequest::Logs {
+            job,
+            generation,
+            rank,
+            offset,
+        };
+        let payload = match wire::encode_json(&req) {
+            Ok(p) => p,
+            Err(e) => return failed(e.to_string()),
+        };
+        match self.node.rpc(peer, payload).await {
+            Ok(bytes) => match wire::decode_json::<RpcResponse>(&bytes) {
+                Ok(RpcResponse::Logs(chunk)) => chunk,
+                Ok(_) => failed("unexpected answer".into()),
+                Err(e) => failed(e.to_string()),
+            },
+            Err(e) => failed(e.to_string()),
+        }
+    }
+
+    /// Stops Raft (node shutdown).
+    pub async fn shutdown(&self) {
+        let _ = self.raft.shutdown().await;
+    }
+
+    /// Milliseconds since this handle started (for logs).
+    pub fn uptime_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Whether this node is the chief now: the Raft leader, in touch with a quorum.
+    pub fn is_chief(&self) -> bool {
+        self.raft.metrics().borrow().state == ServerState::Leader && self.chief().0.is_some()
+    }
+
+    /// The node's event-loop handle (membership, RPCs).
+    pub fn node(&self) -> &NodeHandle {
+        &self.node
+    }
+
+    /// A receiver that changes whenever this replica applies log entries.
+    pub fn subscribe_applied(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.sm.subscribe()
+    }
+
+    /// The chief's voter upkeep: at most one change of who votes (add a learner, promote,
+    /// demote or remove a member), chosen by [`voters::next_change`] from gossip's view.
+    pub async fn reconcile_voters(
+        &self,
+        config: &VoterConfig,
+        now_ms: u64,
+        members: &[MemberView],
+    ) -> Result<()> {
+        let ctl = self;
+        let m = self.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let learners: BTreeSet<NodeId> = membership.learner_ids().collect();
+        let mut view = BTreeMap::new();
+        let mut nodes = BTreeMap::new();
+        for member in members {
+            let id = node_id_of(&member.id.to_string());
+            view.insert(
+                id,
+                voters::MemberView {
+                    health: health(member.state),
+                    since_ms: member.state_since_ms,
+                },
+            );
+            nodes.insert(
+                id,
+                RaftNode {
+                    peer_id: member.id.to_string(),
+                    name: member.meta.name.clone(),
+                },
+            );
+        }
+        let input = voters::Input {
+            leader: &ctl.node_id,
+            voters: &voters,
+            learners: &learners,
+            members: &view,
+            now_ms,
+        };
+        let Some(change) = voters::next_change(&input, config) else {
+            return Ok(());
+        };
+        info!(?change, "voter change");
+        match change {
+            Change::AddLearner(id) => {
+                let node = nodes.get(&id).cloned().unwrap_or_default();
+                ctl.raft.add_learner(id, node, false).await?;
+            }
+            Change::Promote(id) => {
+                ctl.raft
+                    .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), true)
+                    .await?;
+            }
+            Change::Demote(id) => {
+                ctl.raft
+                    .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), true)
+                    .await?;
+            }
+            Change::Remove(id) => {
+                if voters.contains(&id) {
+                    ctl.raft
+                        .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)
+                        .await?;
+                } else {
+                    ctl.raft
+                        .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
+                        .await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn health(state: State) -> Health {
+    match state {
+        State::Alive => Health::Alive,
+        State::Suspect => Health::Suspect,
+        State::Dead => Health::Dead,
+        State::Left => Health::Left,
+    }
+}
+
+/// A leader out of touch with a quorum stops its heartbeats (openraft 0.9's leader never
+/// steps down by itself), so the followers and learners on its side of a partition stop
+/// naming it after [`LEADER_STALE_MS`], and its voters elect. Heartbeats resume when a
+/// quorum answers again or the node is no longer leader.
+async fn quiet_when_stale_loop(ctl: ControlHandle) {
+    let mut tick = tokio::time::interval(Duration::from_millis(HEARTBEAT_MS));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut quiet = false;
+    loop {
+        tick.tick().await;
+        let m = ctl.raft.metrics().borrow().clone();
+        let stale = m.state == ServerState::Leader
+            && m.millis_since_quorum_ack
+                .is_none_or(|ms| ms > QUORUM_STALE_MS);
+        if stale != quiet {
+            quiet = stale;
+            if quiet {
+                warn!("no quorum heard from: stopping heartbeats until one answers");
+            } else {
+                info!("heartbeats resumed");
+            }
+            ctl.raft.runtime_config().heartbeat(!quiet);
+        }
+    }
+}

@@ -1,0 +1,198 @@
+//! How a rank is launched: its ports, its environment, its command line and the files it
+//! needs. Pure: every node computes the same ring from the replicated job record, without a
+//! round-trip.
+//!
+//! - Command jobs get the environment torchrun gives (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+//!   `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, [`master_port`], `TORCHELASTIC_RESTART_COUNT`, …), so
+//!   an unmodified PyTorch DDP script works.
+//! - Train jobs run this node's own binary as `ringleader train-worker` with a spec file
+//!   (the trainer's sections, [`super::train_spec::spec_text`]) and the ring:
+//!   - address of rank r: the host of the member's advertised `data_addr`, port
+//!     [`data_port`]`(job, attempt, r)` = [`master_port`]`(job, attempt) + 1 + r`;
+//!   - group id: from the job id (the trainer hashes it); generation: the attempt;
+//!   - secret: the attempt's random [`Job::ring_secret`], drawn by the chief and replicated
+//!     with the placement, handed over in the environment (`RINGLEADER_SECRET`), never shown
+//!     by the API. A process without it (a stale worker of an earlier attempt, another job's,
+//!     anyone on the data network) fails the ring handshake.
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::{Path, PathBuf},
+};
+
+use crate::{
+    control::state::{Job, JobId, Slot},
+    jobs::{logs::log_path, spec::JobKind, train_spec},
+};
+
+/// First port of the range `MASTER_PORT` is drawn from. The range, plus the train ring's
+/// ports just above it (one per rank), stays below Linux's ephemeral ports (32768 and up), so
+/// an outgoing connection of this host never holds the port a rank must bind.
+const MASTER_PORT_BASE: u16 = 20_000;
+/// Size of that range.
+const MASTER_PORT_SPAN: u16 = 11_000;
+
+/// The rendezvous port of an attempt: the same on every node, different across attempts.
+pub fn master_port(id: JobId, attempt: u32) -> u16 {
+    let h = blake3::hash(format!("{id}/{attempt}").as_bytes());
+    let x = u16::from_le_bytes([h.as_bytes()[0], h.as_bytes()[1]]);
+    MASTER_PORT_BASE + x % MASTER_PORT_SPAN
+}
+
+/// The data-plane port of `rank` in `attempt` of job `id`: one above the attempt's
+/// rendezvous port, then one per rank (so several ranks fit on one host).
+pub fn data_port(id: JobId, attempt: u32, rank: u32) -> u16 {
+    master_port(id, attempt)
+        .saturating_add(1)
+        .saturating_add(rank.min(u16::MAX as u32) as u16)
+}
+
+/// The data-plane address of every rank of `job`'s current attempt, in rank order, or
+/// `None` while a member's host is unknown. `host_of` gives a member's advertised host.
+pub fn ring_addrs(job: &Job, host_of: &dyn Fn(&str) -> Option<String>) -> Option<Vec<SocketAddr>> {
+    job.assignment
+        .iter()
+        .map(|slot| {
+            let ip: IpAddr = host_of(&slot.member)?.parse().ok()?;
+            Some(SocketAddr::new(
+                ip,
+                data_port(job.id, job.attempt, slot.rank),
+            ))
+        })
+        .collect()
+}
+
+/// The storage URL `ringleader node` uses by default: `file://<data-dir>/store`, the data
+/// dir being the parent of `jobs_dir`.
+pub fn default_storage(jobs_dir: &Path) -> String {
+    let data_dir = jobs_dir.parent().unwrap_or(jobs_dir);
+    let abs = std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    format!("file://{}", abs.join("store").display())
+}
+
+/// What a node launches its ranks with.
+#[derive(Clone, Debug)]
+pub struct LaunchContext {
+    /// The member's peer id.
+    pub me: String,
+    /// `<data-dir>/jobs`: logs and spec files.
+    pub jobs_dir: PathBuf,
+    /// Checkpoint storage URL handed to train workers.
+    pub storage: String,
+    /// This node's binary (train ranks run it as `train-worker`).
+    pub exe: String,
+}
+
+/// One rank's process, ready to spawn.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Launch {
+    /// Program and arguments.
+    pub command: Vec<String>,
+    /// Files written before the process starts (path, contents).
+    pub files: Vec<(PathBuf, String)>,
+    /// Environment added to the node's.
+    pub env: Vec<(String, String)>,
+    /// Where its stdout and stderr go.
+    pub log: PathBuf,
+}
+
+/// The launch of `slot` of `job`'s current attempt, or `None` while a train ring member's
+/// address is unknown. `host_of` gives a member's advertised host.
+pub fn launch(
+    ctx: &LaunchContext,
+    job: &Job,
+    slot: &Slot,
+    host_of: &dyn Fn(&str) -> Option<String>,
+) -> Option<Launch> {
+    let rank0 = &job.assignment[0];
+    let master_addr = host_of(&rank0.member).unwrap_or_else(|| "127.0.0.1".to_string());
+    let local_world = job
+        .assignment
+        .iter()
+        .filter(|s| s.member == slot.member)
+        .count();
+    let mut env: Vec<(String, String)> = vec![
+        ("RANK".into(), slot.rank.to_string()),
+        ("WORLD_SIZE".into(), job.assignment.len().to_string()),
+        ("LOCAL_RANK".into(), slot.local_rank.to_string()),
+        ("LOCAL_WORLD_SIZE".into(), local_world.to_string()),
+        ("GROUP_RANK".into(), "0".into()),
+        ("MASTER_ADDR".into(), master_addr),
+        (
+            "MASTER_PORT".into(),
+            master_port(job.id, job.attempt).to_string(),
+        ),
+        (
+            "TORCHELASTIC_RESTART_COUNT".into(),
+            (job.attempt - 1).to_string(),
+        ),
+        (
+            "TORCHELASTIC_MAX_RESTARTS".into(),
+            job.max_restarts.to_string(),
+        ),
+        ("RINGLEADER_JOB_ID".into(), job.id.to_string()),
+        ("RINGLEADER_ATTEMPT".into(), job.attempt.to_string()),
+    ];
+    env.extend(job.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let log = log_path(&ctx.jobs_dir, job.id, job.attempt, slot.rank);
+    if job.spec.kind != JobKind::Train {
+        return Some(Launch {
+            command: job.spec.command.clone(),
+            files: Vec::new(),
+            env,
+            log,
+        });
+    }
+    let addrs = ring_addrs(job, host_of)?;
+    let spec_file = log.with_file_name("spec.toml");
+    env.push(("RINGLEADER_SECRET".into(), job.ring_secret.clone()));
+    let data_dir = ctx.jobs_dir.parent().unwrap_or(&ctx.jobs_dir);
+    let addrs: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+    let command = vec![
+        ctx.exe.clone(),
+        "train-worker".into(),
+        "--spec".into(),
+        spec_file.display().to_string(),
+        "--rank".into(),
+        slot.rank.to_string(),
+        "--addrs".into(),
+        addrs.join(","),
+        "--job-id".into(),
+        job.id.to_string(),
+        "--generation".into(),
+        job.attempt.to_string(),
+        "--data-dir".into(),
+        data_dir.display().to_string(),
+        "--storage".into(),
+        ctx.storage.clone(),
+        "--metric-lines".into(),
+    ];
+    Some(Launch {
+        command,
+        files: vec![(spec_file, train_spec::spec_text(&job.spec))],
+        env,
+        log,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn master_port_is_stable_and_in_range() {
+        let id = JobId::from_log_index(12);
+        assert_eq!(master_port(id, 1), master_port(id, 1));
+        for a in 0..50 {
+            let p = master_port(id, a);
+            assert!((MASTER_PORT_BASE..MASTER_PORT_BASE + MASTER_PORT_SPAN).contains(&p));
+        }
+    }
+
+    #[test]
+    fn data_ports_follow_the_rendezvous_port() {
+        let id = JobId::from_log_index(7);
+        assert_eq!(data_port(id, 2, 0), master_port(id, 2) + 1);
+        assert_eq!(data_port(id, 2, 3), master_port(id, 2) + 4);
+    }
+}

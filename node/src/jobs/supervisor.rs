@@ -1,0 +1,307 @@
+//! Runs this node's share of command and train jobs: one process per assigned rank.
+//!
+//! The supervisor is reconciled against the replicated control state. [`plan`] is the pure
+//! part: a rank assigned to this node in a job's current attempt, not yet exited, is wanted
+//! and, if it has no process, launched ([`super::launch`]); a process no longer wanted (an
+//! old attempt, a cancelled or failed job) is stopped. [`Supervisor`] carries the plan out
+//! ([`super::process`] runs each rank), and the supervisor's loop reconciles on every applied log entry
+//! and once a second. Rank logs go to `<data-dir>/jobs/<id>/attempt-<a>/rank-<r>.log`.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    path::PathBuf,
+    time::Duration,
+};
+
+use tokio::sync::{mpsc, oneshot};
+use tracing::{info, warn};
+
+use crate::{
+    control::{
+        handle::{wall_ms, ControlHandle},
+        protocol::ProposeError,
+        state::{ControlCommand, ControlState, JobState},
+    },
+    jobs::{
+        launch::{default_storage, launch, Launch, LaunchContext},
+        process::{Key, Run},
+        spec::JobKind,
+    },
+};
+
+/// Depth of the queue of worker reports (exits, metrics) waiting to be proposed.
+const REPORT_QUEUE_DEPTH: usize = 1_024;
+/// Period of the reconcile when nothing is applied, in milliseconds.
+const RECONCILE_PERIOD_MS: u64 = 1_000;
+/// Pause between two tries of a report that must arrive, in milliseconds.
+const REPORT_RETRY_PAUSE_MS: u64 = 500;
+/// Tries of a report that must arrive (a rank's exit) before it is dropped.
+const REPORT_TRIES_MAX: u32 = 60;
+
+/// What the supervisor must do to match the state.
+#[derive(Debug, Default, PartialEq)]
+pub struct Plan {
+    /// Every rank that should have a process now (running or to start).
+    pub wanted: BTreeSet<Key>,
+    /// Ranks to start, with their launch.
+    pub start: Vec<(Key, Launch)>,
+    /// Wanted ranks that cannot start yet: a ring member's address is unknown.
+    pub waiting: Vec<Key>,
+    /// Ranks with a process that is no longer wanted.
+    pub stop: Vec<Key>,
+}
+
+/// The pure reconcile: what to start and stop, given the state, the ranks that have a
+/// process (`have`: running, or ended by themselves with their exit report on its way) and
+/// members' hosts (`host_of`).
+pub fn plan(
+    state: &ControlState,
+    ctx: &LaunchContext,
+    have: &BTreeSet<Key>,
+    host_of: &dyn Fn(&str) -> Option<String>,
+) -> Plan {
+    let mut plan = Plan::default();
+    for job in state.jobs.values() {
+        let runs_ranks = matches!(job.spec.kind, JobKind::Train | JobKind::Command);
+        if job.state != JobState::Running || !runs_ranks {
+            continue;
+        }
+        for slot in job.assignment.iter().filter(|s| s.member == ctx.me) {
+            if job.exits.contains_key(&slot.rank) {
+                continue;
+            }
+            let key = (job.id, job.attempt, slot.rank);
+            plan.wanted.insert(key);
+            if have.contains(&key) {
+                continue;
+            }
+            match launch(ctx, job, slot, host_of) {
+                Some(l) => plan.start.push((key, l)),
+                None => plan.waiting.push(key),
+            }
+        }
+    }
+    plan.stop = have
+        .iter()
+        .filter(|k| !plan.wanted.contains(k))
+        .copied()
+        .collect();
+    plan
+}
+
+/// Runs and stops this node's worker processes.
+pub struct Supervisor {
+    ctx: LaunchContext,
+    reports: mpsc::Sender<ControlCommand>,
+    running: HashMap<Key, oneshot::Sender<()>>,
+    /// Ranks whose process ended by itself, while their exit report is on its way: they are
+    /// not started again.
+    finished: HashSet<Key>,
+    clock_ms: fn() -> u64,
+    /// Ranks of train jobs waiting for a member's address, already logged.
+    waiting: HashSet<Key>,
+}
+
+impl Supervisor {
+    /// A supervisor for the member `me` (peer id), keeping logs under `jobs_dir` and sending
+    /// its reports (exits, metrics) to `reports`; `clock_ms` stamps them.
+    pub fn new(
+        me: String,
+        jobs_dir: PathBuf,
+        reports: mpsc::Sender<ControlCommand>,
+        clock_ms: fn() -> u64,
+    ) -> Self {
+        let exe = std::env::current_exe()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| "ringleader".into());
+        Supervisor {
+            ctx: LaunchContext {
+                me,
+                storage: default_storage(&jobs_dir),
+                jobs_dir,
+                exe,
+            },
+            reports,
+            running: HashMap::new(),
+            finished: HashSet::new(),
+            clock_ms,
+            waiting: HashSet::new(),
+        }
+    }
+
+    /// Sets the checkpoint storage URL of train jobs (default: `file://<data-dir>/store`,
+    /// the data dir being the parent of `jobs_dir`, as `ringleader node` defaults it).
+    pub fn with_storage(mut self, url: String) -> Self {
+        self.ctx.storage = url;
+        self
+    }
+
+    /// Brings the processes in line with `state`. `host_of` gives a member's host for
+    /// `MASTER_ADDR` and the train ring.
+    pub fn reconcile(&mut self, state: &ControlState, host_of: &dyn Fn(&str) -> Option<String>) {
+        // A process that ended by itself is finished, not to be started again.
+        let finished = &mut self.finished;
+        self.running.retain(|key, kill| {
+            let alive = !kill.is_closed();
+            if !alive {
+                finished.insert(*key);
+            }
+            alive
+        });
+        let have: BTreeSet<Key> = self
+            .running
+            .keys()
+            .chain(self.finished.iter())
+            .copied()
+            .collect();
+        let plan = plan(state, &self.ctx, &have, host_of);
+        for key in &plan.waiting {
+            if self.waiting.insert(*key) {
+                info!(job = %key.0, attempt = key.1, rank = key.2, "waiting for the ring members' addresses");
+            }
+        }
+        for (key, launch) in plan.start {
+            let (kill_tx, kill_rx) = oneshot::channel();
+            let run = Run {
+                key,
+                launch,
+                reports: self.reports.clone(),
+                clock_ms: self.clock_ms,
+            };
+            info!(job = %key.0, attempt = key.1, rank = key.2, "starting worker");
+            tokio::spawn(run.run(kill_rx));
+            self.running.insert(key, kill_tx);
+        }
+        for key in plan.stop {
+            if let Some(kill) = self.running.remove(&key) {
+                info!(job = %key.0, attempt = key.1, rank = key.2, "stopping worker");
+                let _ = kill.send(());
+            }
+        }
+        self.finished.retain(|key| plan.wanted.contains(key));
+        self.waiting.retain(|key| plan.wanted.contains(key));
+    }
+
+    /// Kills every process (node shutdown).
+    pub fn stop_all(&mut self) {
+        for (_, kill) in self.running.drain() {
+            let _ = kill.send(());
+        }
+    }
+}
+
+/// Starts this node's supervisor on top of the control plane: ranks follow the replicated
+/// state, and their reports are proposed to the chief.
+pub fn start(ctl: ControlHandle, me: String, jobs_dir: PathBuf, storage: String) {
+    let (reports_tx, reports_rx) = mpsc::channel(REPORT_QUEUE_DEPTH);
+    tokio::spawn(report_loop(ctl.clone(), reports_rx));
+    let supervisor = Supervisor::new(me, jobs_dir, reports_tx, wall_ms).with_storage(storage);
+    tokio::spawn(run(ctl, supervisor));
+}
+
+/// Proposes the workers' reports, retrying while there is no chief (reports are idempotent:
+/// a duplicate or stale one is ignored by the state machine).
+async fn report_loop(ctl: ControlHandle, mut rx: mpsc::Receiver<ControlCommand>) {
+    while let Some(cmd) = rx.recv().await {
+        let must_arrive = matches!(cmd, ControlCommand::WorkerExited { .. });
+        for attempt in 0u32.. {
+            match ctl.propose(cmd.clone()).await {
+                Ok(_) | Err(ProposeError::Rejected(_)) => break,
+                Err(e) if !must_arrive || attempt >= REPORT_TRIES_MAX => {
+                    warn!("worker report dropped: {e}");
+                    break;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(REPORT_RETRY_PAUSE_MS)).await,
+            }
+        }
+    }
+}
+
+/// Keeps this node's worker processes in line with the replicated state.
+async fn run(ctl: ControlHandle, mut supervisor: Supervisor) {
+    let mut applied = ctl.subscribe_applied();
+    let mut tick = tokio::time::interval(Duration::from_millis(RECONCILE_PERIOD_MS));
+    loop {
+        let members = match ctl.node().members().await {
+            Ok((_, m)) => m,
+            Err(_) => {
+                supervisor.stop_all();
+                return;
+            }
+        };
+        let hosts: BTreeMap<String, String> = members
+            .iter()
+            .filter_map(|m| {
+                let host = m
+                    .meta
+                    .data_addr
+                    .rsplit_once(':')
+                    .map(|(h, _)| h.trim_matches(['[', ']']).to_string())?;
+                Some((m.id.to_string(), host))
+            })
+            .collect();
+        ctl.read(|s| supervisor.reconcile(s, &|id| hosts.get(id).cloned()));
+        tokio::select! {
+            r = applied.changed() => if r.is_err() { supervisor.stop_all(); return },
+            _ = tick.tick() => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        chief::{decide, tests as chief},
+        cluster::membership::State,
+    };
+
+    fn ctx(me: &str) -> LaunchContext {
+        LaunchContext {
+            me: me.into(),
+            jobs_dir: PathBuf::from("/tmp/rl/jobs"),
+            storage: "memory://".into(),
+            exe: "/bin/ringleader".into(),
+        }
+    }
+
+    #[test]
+    fn starts_this_members_ranks_and_stops_them_when_the_attempt_ends() {
+        let mut state = ControlState::default();
+        let id = chief::submit(&mut state, 1, 2);
+        let members = vec![
+            chief::member("a", State::Alive, 1),
+            chief::member("b", State::Alive, 1),
+        ];
+        let place = decide(&state, &members, 5, &mut || "ab".repeat(32));
+        state.apply(2, &place[0]);
+        let me = members[1].id.to_string();
+        let host = |_: &str| Some("127.0.0.1".to_string());
+        let p = plan(&state, &ctx(&me), &BTreeSet::new(), &host);
+        assert_eq!(p.wanted, BTreeSet::from([(id, 1, 1)]));
+        let [(key, launch)] = p.start.as_slice() else {
+            panic!("{p:?}")
+        };
+        assert_eq!(*key, (id, 1, 1));
+        assert_eq!(launch.command, vec!["true".to_string()]);
+        let env: BTreeMap<_, _> = launch.env.iter().cloned().collect();
+        assert_eq!(env["RANK"], "1");
+        assert_eq!(env["WORLD_SIZE"], "2");
+        assert_eq!(env["TORCHELASTIC_RESTART_COUNT"], "0");
+        // Running: nothing to start; after the attempt fails, it is stopped.
+        let have = BTreeSet::from([(id, 1, 1)]);
+        assert!(plan(&state, &ctx(&me), &have, &host).start.is_empty());
+        state.apply(
+            3,
+            &ControlCommand::AttemptFailed {
+                id,
+                attempt: 1,
+                reason: "test".into(),
+                at_ms: 6,
+            },
+        );
+        let p = plan(&state, &ctx(&me), &have, &host);
+        assert_eq!(p.stop, vec![(id, 1, 1)]);
+        assert!(p.wanted.is_empty());
+    }
+}
