@@ -642,3 +642,63 @@ fn control_lines_parse_or_are_refused_by_name() {
         assert_eq!(source.next(4).await.unwrap(), None);
     });
 }
+
+/// A state restored into a bigger world whose global batch no longer fits in the rest of
+/// the epoch starts the next epoch; the step budget and the learning-rate schedule are
+/// those of the new world from the restored step on.
+#[test]
+fn restoring_into_another_world_rebases_cursor_budget_and_schedule() {
+    let mut spec = spec(OptimizerKind::Sgd);
+    spec.train.max_steps = None;
+    spec.train.epochs = 2;
+    // World 2, batch 16: 46 steps per epoch over the 1500 digits; after 45 the cursor is
+    // at 1440, where a world-4 global batch of 64 no longer fits.
+    let state = Arc::new(plain_state(&spec, 2, 45));
+    assert_eq!(
+        state.meta.cursor,
+        DataCursor {
+            epoch: 0,
+            offset: 1440
+        }
+    );
+    let s = spec.clone();
+    let got = on_group(4, move |c| {
+        let (spec, state) = (s.clone(), state.clone());
+        async move {
+            let mut t = Trainer::new(&spec, c)?;
+            t.restore(&state)?;
+            let (cursor, total) = (t.cursor(), t.total_steps());
+            let m = t.step().await?;
+            Ok::<_, TrainError>((cursor, total, m.lr))
+        }
+    });
+    let (cursor, total, lr) = *got[0].as_ref().unwrap();
+    assert_eq!(
+        cursor,
+        DataCursor {
+            epoch: 1,
+            offset: 0
+        }
+    );
+    // 23 steps of 64 in the last epoch.
+    assert_eq!(total, 45 + 23);
+    let schedule = trainer::LrSchedule::new(&spec.train, 4, 23, 68);
+    assert_eq!(lr, schedule.lr(45));
+    assert!(schedule.peak() == 4.0 * spec.train.lr);
+}
+
+/// Training a step again after a re-form rewrites its checkpoint: the new one loads.
+#[test]
+fn a_checkpoint_of_the_same_step_is_rewritten_whole() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let store = trainer::CheckpointStore::from_url("memory://", "job-e").unwrap();
+        store.write(&synthetic(12, 1.0)).await.unwrap();
+        store.write(&synthetic(12, 2.0)).await.unwrap();
+        let back = store.load_latest().await.unwrap().unwrap();
+        assert_eq!(back.params, synthetic(12, 2.0).params);
+    });
+}
