@@ -440,9 +440,7 @@ async fn run_elastic(
         }
         None => println!(
             "{tag} stopped step={} generation={} steps_lost={}",
-            summary.state.as_ref().map_or(0, |s| s.meta.step),
-            summary.generation,
-            summary.steps_lost
+            summary.step, summary.generation, summary.steps_lost
         ),
     }
     Ok(())

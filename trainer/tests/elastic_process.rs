@@ -38,11 +38,13 @@ impl Drop for Worker {
     }
 }
 
-/// Starts worker `rank` of generation 0; its stdout lines go to `lines` as (rank, line).
+/// Starts worker `rank` of generation 0, every step delayed by `delay_ms`; its stdout
+/// lines go to `lines` as (rank, line).
 fn start(
     dir: &std::path::Path,
     rank: usize,
     addrs: &[SocketAddr],
+    delay_ms: u64,
     lines: &mpsc::Sender<(usize, String)>,
 ) -> Worker {
     let joined: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
@@ -52,7 +54,7 @@ fn start(
         .args(["--job-id", "elastic-test", "--secret", SECRET])
         .args(["--data-dir", dir.join("data").to_str().unwrap()])
         .args(["--max-steps", &STEPS.to_string(), "--elastic", "--verbose"])
-        .env("RINGLEADER_TEST_STEP_DELAY_MS", STEP_DELAY_MS.to_string())
+        .env("RINGLEADER_TEST_STEP_DELAY_MS", delay_ms.to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -115,7 +117,9 @@ fn survivors_keep_their_processes_and_finish_after_a_kill() {
     write_spec(dir.path());
     let (tx, rx) = mpsc::channel();
     let gen0 = addrs(3);
-    let mut workers: Vec<Worker> = (0..3).map(|r| start(dir.path(), r, &gen0, &tx)).collect();
+    let mut workers: Vec<Worker> = (0..3)
+        .map(|r| start(dir.path(), r, &gen0, STEP_DELAY_MS, &tx))
+        .collect();
     let pids: Vec<u32> = workers.iter().map(|w| w.child.id()).collect();
     let mut seen = Vec::new();
 
@@ -225,7 +229,7 @@ fn a_stop_line_ends_a_worker_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     write_spec(dir.path());
     let (tx, rx) = mpsc::channel();
-    let mut w = start(dir.path(), 0, &addrs(1), &tx);
+    let mut w = start(dir.path(), 0, &addrs(1), STEP_DELAY_MS, &tx);
     let mut seen = Vec::new();
     wait_lines(&rx, &mut seen, &[0], |l| l.contains(" loss="));
     let stdin = w.stdin.as_mut().unwrap();
@@ -244,4 +248,36 @@ fn a_stop_line_ends_a_worker_cleanly() {
     let stopped = seen.iter().find(|(_, l)| l.contains(" stopped ")).unwrap();
     let step: u64 = field(&stopped.1, "step").unwrap().parse().unwrap();
     assert!(step > 0 && step < STEPS, "{}", stopped.1);
+}
+
+/// A straggler shows in the rank-stats lines: its compute time holds the delay, and the
+/// other rank waits for it.
+#[test]
+fn rank_stats_show_a_straggler() {
+    let dir = tempfile::tempdir().unwrap();
+    write_spec(dir.path());
+    let (tx, rx) = mpsc::channel();
+    let a = addrs(2);
+    let slow_ms = 4 * STEP_DELAY_MS;
+    let workers = [
+        start(dir.path(), 0, &a, 0, &tx),
+        start(dir.path(), 1, &a, slow_ms, &tx),
+    ];
+    let mut seen = Vec::new();
+    // The first report covers the first step only; wait for a later one from each rank.
+    let later = |l: &str| {
+        l.starts_with("ringleader-rank-stats ")
+            && field(l, "step").and_then(|s| s.parse::<u64>().ok()) > Some(1)
+    };
+    wait_lines(&rx, &mut seen, &[0, 1], later);
+    let stats = |r: usize, key: &str| -> f64 {
+        let l = &seen.iter().find(|(k, l)| *k == r && later(l)).unwrap().1;
+        field(l, key).unwrap().parse().unwrap()
+    };
+    let slow = slow_ms as f64;
+    assert!(stats(1, "compute_ms") >= slow, "{seen:#?}");
+    assert!(stats(0, "compute_ms") < slow, "{seen:#?}");
+    assert!(stats(0, "wait_ms") > 0.5 * slow, "{seen:#?}");
+    // Dropping the workers kills them.
+    drop(workers);
 }

@@ -72,7 +72,10 @@ pub struct ElasticSummary {
     /// The train state at the end (a completed step); `None` when stopped while waiting
     /// for a generation (no trainer).
     pub state: Option<TrainState>,
-    /// The last generation joined.
+    /// Steps this worker had completed at the end (in its last generation; a step that
+    /// failed is not counted).
+    pub step: u64,
+    /// The last generation joined (or tried).
     pub generation: u64,
     /// Generations joined after the first.
     pub reforms: u64,
@@ -164,15 +167,13 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
         let mut summary = ElasticSummary {
             finished: None,
             state: None,
+            step: 0,
             generation: gen.generation,
             reforms: 0,
             steps_lost: 0,
         };
         loop {
             summary.generation = gen.generation;
-            if gen.generation != first_generation {
-                summary.reforms += 1;
-            }
             let joined = self
                 .join(&gen, &mut log, last_generation, step_reached)
                 .await;
@@ -191,6 +192,9 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
                 Err(JoinError::Fatal(e)) => return Err(e),
             };
             last_generation = Some(gen.generation);
+            if gen.generation != first_generation {
+                summary.reforms += 1;
+            }
             summary.steps_lost += resumed.steps_lost;
             on_event(&ElasticEvent::Resumed(resumed));
 
@@ -214,6 +218,7 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
                 )
                 .await;
             step_reached = trainer.step_count();
+            summary.step = step_reached;
             match end {
                 Ok(RunEnd::Finished(m)) => {
                     summary.finished = Some(m);
@@ -286,8 +291,12 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
         let restored_step = match &state {
             Some(s) => {
                 trainer.restore(s)?;
-                log.truncate_after(s.meta.step);
-                if log.get(s.meta.step).is_none() {
+                if source == RestoreSource::Memory {
+                    // Its own history up to the restored commit stays valid.
+                    log.truncate_after(s.meta.step);
+                } else {
+                    // Its commits (if any) are of another history, even at the same steps.
+                    log.clear();
                     log.push(s.clone());
                 }
                 s.meta.step
