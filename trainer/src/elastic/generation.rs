@@ -290,6 +290,50 @@ impl GenerationSource for GenerationChannel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn generation_lines_round_trip(
+            generation in any::<u64>(),
+            ports in proptest::collection::vec(1u16.., 1..8),
+            pick in any::<usize>(),
+            secret in ".*",
+        ) {
+            let g = Generation {
+                generation,
+                rank: pick % ports.len(),
+                addrs: ports.iter().map(|&p| SocketAddr::from(([10, 0, 0, 1], p))).collect(),
+                secret,
+            };
+            let line = g.to_line();
+            prop_assert!(!line.contains('\n'));
+            prop_assert_eq!(parse_control_line(&line), Ok(Control::Generation(g)));
+        }
+
+        #[test]
+        fn bounded_lines_match_a_plain_split(
+            lines in proptest::collection::vec("[a-z]{0,20}", 0..6),
+            max in 0usize..24,
+            capacity in 1usize..8,
+        ) {
+            let text = lines.iter().map(|l| format!("{l}\n")).collect::<String>();
+            let mut r = std::io::BufReader::with_capacity(capacity, text.as_bytes());
+            let mut got = Vec::new();
+            while let Some(l) = read_bounded_line(&mut r, max).unwrap() {
+                got.push(l);
+            }
+            let want: Vec<_> = lines
+                .iter()
+                .map(|l| if l.len() <= max {
+                    Ok(l.clone())
+                } else {
+                    Err(ControlLineError::TooLong { bytes: l.len(), max })
+                })
+                .collect();
+            prop_assert_eq!(got, want);
+        }
+    }
 
     #[test]
     fn bounded_lines_refuse_long_ones_and_keep_going() {
