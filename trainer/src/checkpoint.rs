@@ -121,9 +121,16 @@ impl CheckpointStore {
         format!("{}{step:012}/", self.root())
     }
 
-    /// Writes the checkpoint of `state`: the files, then the commit marker.
+    /// Writes the checkpoint of `state`: the files, then the commit marker. A checkpoint
+    /// of the same step already there (an elastic run restored to an older commit trains
+    /// that step again) loses its marker first, so a crash mid-rewrite leaves an
+    /// uncommitted directory, never a marker over other files.
     pub async fn write(&self, state: &TrainState) -> Result<(), TrainError> {
         let dir = self.dir(state.meta.step);
+        let marker = format!("{dir}{COMMIT_FILE}");
+        if self.op.exists(&marker).await? {
+            self.op.delete(&marker).await?;
+        }
         let blobs = [
             TrainState::encode_tensors(&state.params)?,
             TrainState::encode_tensors(&state.optimizer)?,
@@ -143,7 +150,7 @@ impl CheckpointStore {
         };
         self.op
             .write(
-                &format!("{dir}{COMMIT_FILE}"),
+                &marker,
                 serde_json::to_vec(&commit).expect("commit serializes"),
             )
             .await?;

@@ -14,13 +14,18 @@
 //! ([`Optimizer`], [`LrSchedule`]); per epoch validation; train state ([`TrainState`])
 //! committed to memory every K steps and written by rank 0 as a checkpoint
 //! ([`CheckpointStore`] through opendal, asynchronously by a [`Checkpointer`]).
-//! [`worker::run`] is one whole worker process (ring, resume, train, metric lines), used by
-//! the `train-worker` binary and the node.
+//! [`elastic`] keeps a worker alive across lost ranks: commits kept in memory, agreement on
+//! the newest common commit in the next ring generation (broadcast to joiners), restore into
+//! a trainer for the new world, and go on ([`elastic::ElasticRun`]).
+//! [`worker::run`] is one whole worker process (ring, resume, train, metric lines; with
+//! `--elastic`, generations from the node on stdin), used by the `train-worker` binary and
+//! the node.
 
 mod checkpoint;
 mod checkpointer;
 mod cnn;
 mod dataset;
+pub mod elastic;
 mod error;
 mod grad_sync;
 mod kernels;
@@ -54,6 +59,7 @@ pub use spec::{
 };
 pub use state::{splitmix64, NamedTensor, StateMeta, TrainState, STATE_FORMAT, TENSOR_ELEMS_MAX};
 pub use trainer::{
-    EpochMetrics, Event, StepMetrics, Trainer, BUCKET_BYTES, EVAL_BATCH_SAMPLES, FIRST_BUCKET_BYTES,
+    EpochMetrics, Event, RunEnd, StepMetrics, Trainer, BUCKET_BYTES, EVAL_BATCH_SAMPLES,
+    FIRST_BUCKET_BYTES,
 };
 pub use transformer::CharTransformer;

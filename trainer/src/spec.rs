@@ -260,8 +260,11 @@ pub struct CheckpointSpec {
     pub every_steps: u64,
     /// Committed checkpoints kept in storage; older ones are pruned. Default 3.
     pub keep: usize,
-    /// Every worker commits its train state to memory every this many steps (elastic
-    /// recovery restores it). Default 50.
+    /// Every worker commits its train state to memory every this many steps; elastic
+    /// recovery restores the newest commit all surviving ranks share (see
+    /// [`crate::elastic`]), so at most about this many steps are trained again after a
+    /// lost rank. 0 = never (a re-form then falls back to the durable checkpoint). Default
+    /// 50.
     pub commit_every_steps: u64,
 }
 

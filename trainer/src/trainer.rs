@@ -11,6 +11,7 @@ use tracing::info;
 
 use crate::checkpointer::Checkpointer;
 use crate::dataset::Dataset;
+use crate::elastic::{CommitLog, COMMITS_KEPT};
 use crate::error::TrainError;
 use crate::grad_sync::GradSync;
 use crate::layers::{LayerGrads, Layers};
@@ -81,6 +82,16 @@ pub enum Event {
     Checkpoint(u64),
 }
 
+/// How [`Trainer::run_until`] ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunEnd {
+    /// The step budget is spent; the final validation.
+    Finished(EpochMetrics),
+    /// The interrupt asked to stop between two steps (no step is half done, the state is
+    /// consistent and nothing was validated or checkpointed at the end).
+    Interrupted,
+}
+
 /// One rank of a data-parallel job.
 ///
 /// Every step: the rank's share of the global batch (see [`Sampler`]), forward, mean loss,
@@ -119,8 +130,11 @@ pub struct Trainer {
     rng: u64,
     total_steps: u64,
     steps_per_epoch: u64,
-    committed: Option<Arc<TrainState>>,
+    /// In-memory commits, newest last (what elastic recovery restores).
+    commits: CommitLog,
     metrics: HashMap<String, f64>,
+    /// Test-only: slept inside every step's compute part (emulates a straggler).
+    compute_delay: Duration,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -218,8 +232,9 @@ impl Trainer {
             rng: seed,
             total_steps,
             steps_per_epoch,
-            committed: None,
+            commits: CommitLog::new(COMMITS_KEPT),
             metrics: HashMap::new(),
+            compute_delay: Duration::ZERO,
         })
     }
 
@@ -262,7 +277,26 @@ impl Trainer {
     }
     /// The last in-memory commit.
     pub fn committed(&self) -> Option<&Arc<TrainState>> {
-        self.committed.as_ref()
+        self.commits.latest()
+    }
+    /// The in-memory commits (the last [`COMMITS_KEPT`]).
+    pub fn commits(&self) -> &CommitLog {
+        &self.commits
+    }
+    /// Takes the in-memory commits out (leaving an empty log), to carry them into the
+    /// trainer of the next generation.
+    pub fn take_commits(&mut self) -> CommitLog {
+        std::mem::replace(&mut self.commits, CommitLog::new(COMMITS_KEPT))
+    }
+    /// Replaces the in-memory commits (those carried over from the previous generation).
+    pub fn set_commits(&mut self, commits: CommitLog) {
+        self.commits = commits;
+    }
+    /// Test-only: sleeps `delay` inside every step's compute part, so that it counts as
+    /// compute time; emulates a straggler (the worker reads it from
+    /// `RINGLEADER_TEST_STEP_DELAY_MS`). Zero by default.
+    pub fn set_compute_delay(&mut self, delay: Duration) {
+        self.compute_delay = delay;
     }
 
     /// One data-parallel step.
@@ -273,6 +307,9 @@ impl Trainer {
     /// gradients come at once, after `backward()`.
     pub async fn step(&mut self) -> Result<StepMetrics, TrainError> {
         let t0 = Instant::now();
+        if !self.compute_delay.is_zero() {
+            tokio::time::sleep(self.compute_delay).await;
+        }
         let b = self.spec.train.batch_per_worker;
         let idx = self.sampler.indices(self.cursor, self.rank, self.world, b);
         if self.factors_pending {
@@ -495,15 +532,30 @@ impl Trainer {
         }
     }
 
-    /// Commits the train state to memory (what elastic recovery restores).
+    /// Commits the train state to memory (what elastic recovery restores); the log keeps
+    /// the last [`COMMITS_KEPT`].
     pub fn commit(&mut self) -> Arc<TrainState> {
         let s = Arc::new(self.snapshot());
-        self.committed = Some(s.clone());
+        self.commits.push(s.clone());
         s
     }
 
     /// Continues from `state` (a commit or checkpoint of the same model and optimizer; the
     /// world size may differ: the cursor counts samples, not steps).
+    ///
+    /// From a state of another world size (an elastic re-form), so that the run goes on
+    /// as it would with the new world from there:
+    /// - the cursor moves to the next epoch when this world's global batch no longer fits
+    ///   in the rest of the epoch (what [`Sampler::advance`] does every step), so the data
+    ///   of the step restored into are sharded over the new (rank, world);
+    /// - the step budget is rebased: the steps restored plus the steps this world needs for
+    ///   the rest of the `epochs` (still capped by `max_steps`, which counts steps);
+    /// - the learning-rate schedule is rebuilt for this world and that budget and evaluated
+    ///   at the restored step: peak = base lr × this world under linear scaling, warm-up
+    ///   not repeated (a step past this world's warm-up length gets the decayed peak; one
+    ///   inside it goes on along this world's ramp).
+    ///
+    /// From a state of the same world size it is exactly the continuing run.
     pub fn restore(&mut self, state: &TrainState) -> Result<(), TrainError> {
         let m = &state.meta;
         if m.arch != self.spec.model.arch
@@ -552,7 +604,51 @@ impl Trainer {
         self.cursor = m.cursor;
         self.rng = m.rng;
         self.metrics = m.metrics.clone();
+        if m.world != self.world {
+            self.rebase_for_world();
+        }
         Ok(())
+    }
+
+    /// After restoring a state of another world size: the cursor, step budget and
+    /// learning-rate schedule of this world (see [`Trainer::restore`]).
+    fn rebase_for_world(&mut self) {
+        let global_batch = self.world * self.spec.train.batch_per_worker;
+        let len = self.train.len();
+        if self.cursor.offset + global_batch > len {
+            self.cursor = DataCursor {
+                epoch: self.cursor.epoch + 1,
+                offset: 0,
+            };
+        }
+        let t = &self.spec.train;
+        if t.epochs > 0 {
+            let rest = if self.cursor.epoch < t.epochs {
+                let this_epoch = ((len - self.cursor.offset) / global_batch) as u64;
+                this_epoch + (t.epochs - self.cursor.epoch - 1) * self.steps_per_epoch
+            } else {
+                0
+            };
+            let mut total = self.step.saturating_add(rest);
+            if let Some(m) = t.max_steps {
+                total = total.min(m);
+            }
+            self.total_steps = total;
+        }
+        self.schedule = LrSchedule::new(
+            &self.spec.train,
+            self.world,
+            self.steps_per_epoch,
+            self.total_steps,
+        );
+        info!(
+            rank = self.rank,
+            world = self.world,
+            step = self.step,
+            total_steps = self.total_steps,
+            lr = self.schedule.lr(self.step),
+            "restored a state of another world size: budget and schedule rebased"
+        );
     }
 
     /// Trains until the step budget is spent: validates each `eval_every_epochs` epochs and
@@ -560,13 +656,30 @@ impl Trainer {
     /// checkpoint to `ckpt` every `every_steps` and at the end (unless nothing was trained). Returns the final validation.
     pub async fn run(
         &mut self,
+        ckpt: Option<&mut Checkpointer>,
+        on_event: impl FnMut(&Event),
+    ) -> Result<EpochMetrics, TrainError> {
+        match self.run_until(ckpt, on_event, || false).await? {
+            RunEnd::Finished(e) => Ok(e),
+            RunEnd::Interrupted => unreachable!("the interrupt never fires"),
+        }
+    }
+
+    /// [`Trainer::run`], asking `interrupt` before every step whether to stop there (a new
+    /// generation or a stop from the node): then it returns [`RunEnd::Interrupted`] at once.
+    pub async fn run_until(
+        &mut self,
         mut ckpt: Option<&mut Checkpointer>,
         mut on_event: impl FnMut(&Event),
-    ) -> Result<EpochMetrics, TrainError> {
+        mut interrupt: impl FnMut() -> bool,
+    ) -> Result<RunEnd, TrainError> {
         let cfg = self.spec.checkpoint.clone();
         let eval_every = self.spec.train.eval_every_epochs;
         let start = self.step;
         while self.step < self.total_steps {
+            if interrupt() {
+                return Ok(RunEnd::Interrupted);
+            }
             let m = self.step().await?;
             on_event(&Event::Step(m));
             if self.cursor.epoch != m.epoch
@@ -603,7 +716,7 @@ impl Trainer {
                 on_event(&Event::Checkpoint(self.step));
             }
         }
-        Ok(e)
+        Ok(RunEnd::Finished(e))
     }
 
     /// Stops the gradient task and returns the communicator.

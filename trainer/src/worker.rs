@@ -8,17 +8,46 @@
 //! `loss`, `lr`, `samples_per_s`, `val_loss`, `val_accuracy`), at most one step report per
 //! [`METRIC_STEP_INTERVAL_MS`] plus one at every validation, which the node's supervisor
 //! turns into job metrics.
+//!
+//! With `--elastic` the worker survives lost ranks ([`crate::elastic`]): after the first
+//! generation (the command line's `--rank`, `--addrs`, `--generation`, `--secret`) further
+//! generations arrive on stdin, one control line each:
+//! `ringleader-generation {"generation":1,"rank":0,"addrs":["127.0.0.1:20001","127.0.0.1:20002"],"secret":"<hex>"}`;
+//! `ringleader-stop` or the end of stdin ends the worker (exit 0) after the current step.
+//! It prints, one line per event, `key=value` fields:
+//! - `ringleader-elastic failed generation=G lost_rank=R error="..."` (`lost_rank=-` when
+//!   the error names no lost rank; `"` and `\` in the error escaped with `\`);
+//! - `ringleader-elastic resumed generation=G world=N rank=R step=S restored_step=C
+//!   steps_lost=L source=memory|broadcast|checkpoint|fresh` after joining a generation (the
+//!   first one included; `step`: the most steps any rank had reached);
+//! - from every rank, after its first step in a generation and then at most once per
+//!   [`RANK_STATS_INTERVAL_MS`]:
+//!   `ringleader-rank-stats generation=G rank=R step=S compute_ms=X wait_ms=Y`, the mean
+//!   compute and communication-wait time per step since the last such line (straggler
+//!   detection).
+//!
+//! Test-only: the environment variable [`STEP_DELAY_ENV`] (`RINGLEADER_TEST_STEP_DELAY_MS`,
+//! read once at start) makes every step sleep that long in its compute part, to emulate a
+//! straggler. Never set it in production.
 
 use std::net::SocketAddr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use collective::{Communicator, GroupConfig, Limits, ReduceOp};
 
-use crate::{CheckpointStore, Checkpointer, Event, TrainSpec, Trainer};
+use crate::elastic::{
+    forward_control_lines, generation_channel, ElasticEvent, ElasticRun, Generation, Resumed,
+    TcpConnector,
+};
+use crate::{CheckpointStore, Checkpointer, Event, StepMetrics, TrainSpec, Trainer};
 
 /// Shortest gap between two step reports in `ringleader-metric` lines, in milliseconds.
 pub const METRIC_STEP_INTERVAL_MS: u64 = 250;
+/// Shortest gap between two `ringleader-rank-stats` lines of a rank, in milliseconds.
+pub const RANK_STATS_INTERVAL_MS: u64 = 1000;
+/// Test-only: milliseconds every step sleeps in its compute part (emulates a straggler).
+pub const STEP_DELAY_ENV: &str = "RINGLEADER_TEST_STEP_DELAY_MS";
 
 /// What one worker needs; also its command line (`clap::Args`, flattened by both binaries).
 #[derive(Debug, Clone, clap::Args)]
@@ -73,89 +102,38 @@ pub struct WorkerArgs {
     /// would otherwise bypass their rate-limited links.
     #[arg(long)]
     pub no_shm: bool,
+    /// Elastic: survive lost ranks; later generations arrive on stdin as control lines
+    /// (see the module doc), a stop line or the end of stdin ends the worker.
+    #[arg(long)]
+    pub elastic: bool,
 }
 
-/// Runs one worker to the end of training (or of the benchmark).
-pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(&args.spec)
-        .with_context(|| format!("reading {}", args.spec.display()))?;
-    let mut spec = TrainSpec::from_toml(&text)?;
-    if let Some(m) = args.max_steps {
-        spec.train.max_steps = Some(m);
-    }
-    let world = args.addrs.len();
-    if args.rank >= world {
-        bail!("rank {} of {world} addresses", args.rank);
-    }
-    let group_id =
-        u64::from_le_bytes(blake3::hash(args.job_id.as_bytes()).as_bytes()[..8].try_into()?);
-    let cfg = GroupConfig {
-        rank: args.rank,
-        world,
-        group_id,
-        generation: args.generation,
-        addrs: args.addrs.clone(),
-        secret: args.secret.clone().into_bytes(),
-        limits: Limits {
-            shared_memory: !args.no_shm,
-            ..Limits::default()
-        },
-    };
-    let mut comm = Communicator::connect(cfg)
-        .await
-        .context("connecting the ring")?;
-    let tag = format!("rank={} workers={world}", args.rank);
+/// Prints a worker's progress lines (the `rank=R workers=N` lines and, with
+/// `metric_lines`, the `ringleader-metric` lines).
+struct Lines {
+    tag: String,
+    verbose: bool,
+    metric_lines: bool,
+    last_report: Option<Instant>,
+}
 
-    if args.bench_steps > 0 {
-        let mut trainer = Trainer::new(&spec, comm)?;
-        return bench(&mut trainer, &spec, &args).await;
-    }
-
-    let data_dir = std::path::absolute(&args.data_dir)?;
-    let url = args
-        .storage
-        .clone()
-        .unwrap_or_else(|| format!("file://{}/store", data_dir.display()));
-    let store = CheckpointStore::from_url(&url, &args.job_id)?;
-    // Resume only when every rank sees the same latest checkpoint (a shared store); with
-    // per-node stores the ranks would disagree, so they all start over instead.
-    let latest = store.load_latest().await?;
-    let mine = latest.as_ref().map_or(-1.0, |s| s.meta.step as f64);
-    let mut agree = [mine, -mine];
-    comm.allreduce(&mut agree, ReduceOp::Max)
-        .await
-        .context("agreeing on the checkpoint to resume from")?;
-    let resume = if agree[0] == -agree[1] {
-        latest
-    } else {
-        println!("{tag} checkpoints differ across ranks (per-node storage?): starting over");
-        None
-    };
-    let mut trainer = Trainer::new(&spec, comm)?;
-    if let Some(state) = resume {
-        trainer.restore(&state)?;
-        println!(
-            "{tag} resumed step={} epoch={} from={url}",
-            state.meta.step, state.meta.epoch
-        );
-    }
-    let mut ckpt = Checkpointer::spawn(store, spec.checkpoint.keep);
-    let verbose = args.verbose;
-    let report = args.metric_lines && args.rank == 0;
-    let mut last_report: Option<Instant> = None;
-    let final_metrics = trainer
-        .run(Some(&mut ckpt), |e| match e {
+impl Lines {
+    fn event(&mut self, e: &Event) {
+        let tag = &self.tag;
+        let report = self.metric_lines;
+        match e {
             Event::Step(m) => {
-                if verbose {
+                if self.verbose {
                     println!(
                         "{tag} step={} loss={:.4} lr={:.4} samples_per_s={:.0}",
                         m.step, m.loss, m.lr, m.samples_per_s
                     );
                 }
-                let due = last_report
+                let due = self
+                    .last_report
                     .is_none_or(|t| t.elapsed().as_millis() as u64 >= METRIC_STEP_INTERVAL_MS);
                 if report && due {
-                    last_report = Some(Instant::now());
+                    self.last_report = Some(Instant::now());
                     println!("ringleader-metric step {}", m.step);
                     println!("ringleader-metric epoch {}", m.epoch + 1);
                     println!("ringleader-metric loss {} {}", m.loss, m.step);
@@ -183,8 +161,176 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
             }
             Event::Checkpoint(s) => println!("{tag} checkpoint step={s}"),
             _ => {}
+        }
+    }
+}
+
+/// Mean compute and wait time per step since the last `ringleader-rank-stats` line: the
+/// first step is reported at once, then at most one line per [`RANK_STATS_INTERVAL_MS`].
+#[derive(Debug, Default)]
+pub struct RankStats {
+    last: Option<Instant>,
+    steps: u64,
+    compute_s: f64,
+    wait_s: f64,
+}
+
+impl RankStats {
+    /// Adds a step finished at `now`; when it is the first or [`RANK_STATS_INTERVAL_MS`]
+    /// have passed since the last report, returns the means `(compute_ms, wait_ms)` and
+    /// starts counting again.
+    pub fn record(&mut self, m: &StepMetrics, now: Instant) -> Option<(f64, f64)> {
+        self.steps += 1;
+        self.compute_s += m.compute_s;
+        self.wait_s += m.comm_wait_s;
+        let interval = Duration::from_millis(RANK_STATS_INTERVAL_MS);
+        if self
+            .last
+            .is_some_and(|t| now.saturating_duration_since(t) < interval)
+        {
+            return None;
+        }
+        let n = self.steps as f64;
+        let out = (1e3 * self.compute_s / n, 1e3 * self.wait_s / n);
+        *self = RankStats {
+            last: Some(now),
+            ..RankStats::default()
+        };
+        Some(out)
+    }
+}
+
+/// `ringleader-elastic failed generation=G lost_rank=R error="..."`.
+pub fn failed_line(generation: u64, lost_rank: Option<usize>, error: &str) -> String {
+    let lost = lost_rank.map_or("-".to_string(), |r| r.to_string());
+    let quoted: String = error
+        .chars()
+        .flat_map(|c| match c {
+            '"' | '\\' => vec!['\\', c],
+            '\n' | '\r' => vec![' '],
+            c => vec![c],
         })
-        .await?;
+        .collect();
+    format!("ringleader-elastic failed generation={generation} lost_rank={lost} error=\"{quoted}\"")
+}
+
+/// `ringleader-elastic resumed generation=G world=N rank=R step=S restored_step=C
+/// steps_lost=L source=...`.
+pub fn resumed_line(r: &Resumed) -> String {
+    format!(
+        "ringleader-elastic resumed generation={} world={} rank={} step={} restored_step={} steps_lost={} source={}",
+        r.generation, r.world, r.rank, r.step, r.restored_step, r.steps_lost, r.source
+    )
+}
+
+/// `ringleader-rank-stats generation=G rank=R step=S compute_ms=X wait_ms=Y`.
+pub fn rank_stats_line(
+    generation: u64,
+    rank: usize,
+    step: u64,
+    compute_ms: f64,
+    wait_ms: f64,
+) -> String {
+    format!(
+        "ringleader-rank-stats generation={generation} rank={rank} step={step} compute_ms={compute_ms:.3} wait_ms={wait_ms:.3}"
+    )
+}
+
+/// The test-only step delay from [`STEP_DELAY_ENV`] (zero when unset).
+fn step_delay() -> anyhow::Result<Duration> {
+    match std::env::var(STEP_DELAY_ENV) {
+        Ok(v) => {
+            let ms: u64 = v
+                .trim()
+                .parse()
+                .with_context(|| format!("{STEP_DELAY_ENV}={v:?}: want milliseconds"))?;
+            Ok(Duration::from_millis(ms))
+        }
+        Err(_) => Ok(Duration::ZERO),
+    }
+}
+
+/// Runs one worker to the end of training (or of the benchmark).
+pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&args.spec)
+        .with_context(|| format!("reading {}", args.spec.display()))?;
+    let mut spec = TrainSpec::from_toml(&text)?;
+    if let Some(m) = args.max_steps {
+        spec.train.max_steps = Some(m);
+    }
+    let world = args.addrs.len();
+    if args.rank >= world {
+        bail!("rank {} of {world} addresses", args.rank);
+    }
+    let group_id =
+        u64::from_le_bytes(blake3::hash(args.job_id.as_bytes()).as_bytes()[..8].try_into()?);
+    let compute_delay = step_delay()?;
+    if args.elastic {
+        if args.bench_steps > 0 {
+            bail!("--bench-steps does not go with --elastic");
+        }
+        return run_elastic(args, spec, group_id, compute_delay).await;
+    }
+    let cfg = GroupConfig {
+        rank: args.rank,
+        world,
+        group_id,
+        generation: args.generation,
+        addrs: args.addrs.clone(),
+        secret: args.secret.clone().into_bytes(),
+        limits: Limits {
+            shared_memory: !args.no_shm,
+            ..Limits::default()
+        },
+    };
+    let mut comm = Communicator::connect(cfg)
+        .await
+        .context("connecting the ring")?;
+    let tag = format!("rank={} workers={world}", args.rank);
+
+    if args.bench_steps > 0 {
+        let mut trainer = Trainer::new(&spec, comm)?;
+        trainer.set_compute_delay(compute_delay);
+        return bench(&mut trainer, &spec, &args).await;
+    }
+
+    let data_dir = std::path::absolute(&args.data_dir)?;
+    let url = args
+        .storage
+        .clone()
+        .unwrap_or_else(|| format!("file://{}/store", data_dir.display()));
+    let store = CheckpointStore::from_url(&url, &args.job_id)?;
+    // Resume only when every rank sees the same latest checkpoint (a shared store); with
+    // per-node stores the ranks would disagree, so they all start over instead.
+    let latest = store.load_latest().await?;
+    let mine = latest.as_ref().map_or(-1.0, |s| s.meta.step as f64);
+    let mut agree = [mine, -mine];
+    comm.allreduce(&mut agree, ReduceOp::Max)
+        .await
+        .context("agreeing on the checkpoint to resume from")?;
+    let resume = if agree[0] == -agree[1] {
+        latest
+    } else {
+        println!("{tag} checkpoints differ across ranks (per-node storage?): starting over");
+        None
+    };
+    let mut trainer = Trainer::new(&spec, comm)?;
+    trainer.set_compute_delay(compute_delay);
+    if let Some(state) = resume {
+        trainer.restore(&state)?;
+        println!(
+            "{tag} resumed step={} epoch={} from={url}",
+            state.meta.step, state.meta.epoch
+        );
+    }
+    let mut ckpt = Checkpointer::spawn(store, spec.checkpoint.keep);
+    let mut lines = Lines {
+        tag: tag.clone(),
+        verbose: args.verbose,
+        metric_lines: args.metric_lines && args.rank == 0,
+        last_report: None,
+    };
+    let final_metrics = trainer.run(Some(&mut ckpt), |e| lines.event(e)).await?;
     ckpt.close().await?;
     if args.rank == 0 {
         if let Some(step) = store_latest_step(&url, &args.job_id).await {
@@ -198,6 +344,105 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         "{tag} done step={} val_loss={:.4} val_accuracy={:.4}",
         final_metrics.step, final_metrics.val_loss, final_metrics.val_accuracy
     );
+    Ok(())
+}
+
+/// [`run`] with `--elastic`: the first generation from the arguments, later ones from stdin.
+async fn run_elastic(
+    args: WorkerArgs,
+    spec: TrainSpec,
+    group_id: u64,
+    compute_delay: Duration,
+) -> anyhow::Result<()> {
+    let (tx, source) = generation_channel();
+    // A blocking read of stdin cannot be cancelled: a plain thread, so that it never holds
+    // up the runtime's shutdown (the process exits with it still blocked).
+    std::thread::Builder::new()
+        .name("control-lines".into())
+        .spawn(move || forward_control_lines(std::io::stdin().lock(), tx))
+        .context("starting the control-line reader")?;
+    let connector = TcpConnector {
+        group_id,
+        limits: Limits {
+            shared_memory: !args.no_shm,
+            ..Limits::default()
+        },
+    };
+    let data_dir = std::path::absolute(&args.data_dir)?;
+    let url = args
+        .storage
+        .clone()
+        .unwrap_or_else(|| format!("file://{}/store", data_dir.display()));
+    let store = CheckpointStore::from_url(&url, &args.job_id)?;
+    let keep = spec.checkpoint.keep;
+    let mut run = ElasticRun::new(spec, source, connector)
+        .with_store(store.clone())
+        .with_compute_delay(compute_delay);
+    let first = Generation {
+        generation: args.generation,
+        rank: args.rank,
+        addrs: args.addrs.clone(),
+        secret: args.secret.clone(),
+    };
+    let mut ckpt = Checkpointer::spawn(store, keep);
+    let mut lines = Lines {
+        tag: format!("rank={} workers={}", args.rank, args.addrs.len()),
+        verbose: args.verbose,
+        metric_lines: args.metric_lines && args.rank == 0,
+        last_report: None,
+    };
+    let mut stats = RankStats::default();
+    let mut rank = args.rank;
+    let summary = run
+        .run(first, Some(&mut ckpt), |e| match e {
+            ElasticEvent::Train {
+                generation,
+                rank,
+                event,
+            } => {
+                lines.event(event);
+                if let Event::Step(m) = event {
+                    if let Some((c, w)) = stats.record(m, Instant::now()) {
+                        println!("{}", rank_stats_line(*generation, *rank, m.step, c, w));
+                    }
+                }
+            }
+            ElasticEvent::Failed {
+                generation,
+                lost_rank,
+                error,
+            } => println!("{}", failed_line(*generation, *lost_rank, error)),
+            ElasticEvent::Resumed(r) => {
+                println!("{}", resumed_line(r));
+                lines.tag = format!("rank={} workers={}", r.rank, r.world);
+                lines.metric_lines = args.metric_lines && r.rank == 0;
+                rank = r.rank;
+                stats = RankStats::default();
+            }
+        })
+        .await?;
+    ckpt.close().await?;
+    let tag = &lines.tag;
+    match summary.finished {
+        Some(m) => {
+            if rank == 0 {
+                if let Some(step) = store_latest_step(&url, &args.job_id).await {
+                    println!(
+                        "{tag} checkpoint committed step={step} at={url} dir=jobs/{}/ckpt/{step:012}/",
+                        args.job_id
+                    );
+                }
+            }
+            println!(
+                "{tag} done step={} val_loss={:.4} val_accuracy={:.4}",
+                m.step, m.val_loss, m.val_accuracy
+            );
+        }
+        None => println!(
+            "{tag} stopped step={} generation={} steps_lost={}",
+            summary.step, summary.generation, summary.steps_lost
+        ),
+    }
     Ok(())
 }
 
@@ -240,4 +485,65 @@ async fn bench(trainer: &mut Trainer, spec: &TrainSpec, args: &WorkerArgs) -> an
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::elastic::RestoreSource;
+
+    fn step(compute_s: f64, comm_wait_s: f64) -> StepMetrics {
+        StepMetrics {
+            step: 1,
+            epoch: 0,
+            loss: 1.0,
+            lr: 0.1,
+            samples_per_s: 1.0,
+            compute_s,
+            pack_s: 0.0,
+            comm_wait_s,
+            optim_s: 0.0,
+            step_s: compute_s + comm_wait_s,
+        }
+    }
+
+    #[test]
+    fn rank_stats_report_the_first_step_then_means_once_per_interval() {
+        let t0 = Instant::now();
+        let mut s = RankStats::default();
+        assert_eq!(s.record(&step(0.010, 0.002), t0), Some((10.0, 2.0)));
+        assert_eq!(
+            s.record(&step(0.020, 0.0), t0 + Duration::from_millis(400)),
+            None
+        );
+        let at = t0 + Duration::from_millis(RANK_STATS_INTERVAL_MS);
+        let (c, w) = s.record(&step(0.040, 0.004), at).unwrap();
+        assert!((c - 30.0).abs() < 1e-9 && (w - 2.0).abs() < 1e-9, "{c} {w}");
+    }
+
+    #[test]
+    fn elastic_lines_are_key_value_and_quote_the_error() {
+        assert_eq!(
+            failed_line(2, Some(1), "peer \"lost\"\nrank 1 \\"),
+            r#"ringleader-elastic failed generation=2 lost_rank=1 error="peer \"lost\" rank 1 \\""#
+        );
+        assert!(failed_line(0, None, "x").contains(" lost_rank=- "));
+        let r = Resumed {
+            generation: 3,
+            world: 2,
+            rank: 1,
+            step: 17,
+            restored_step: 15,
+            steps_lost: 2,
+            source: RestoreSource::Broadcast,
+        };
+        assert_eq!(
+            resumed_line(&r),
+            "ringleader-elastic resumed generation=3 world=2 rank=1 step=17 restored_step=15 steps_lost=2 source=broadcast"
+        );
+        assert_eq!(
+            rank_stats_line(3, 1, 20, 12.5, 0.25),
+            "ringleader-rank-stats generation=3 rank=1 step=20 compute_ms=12.500 wait_ms=0.250"
+        );
+    }
 }

@@ -1,0 +1,356 @@
+//! Generations from the node: the [`Generation`] a worker is told to join, the
+//! [`GenerationSource`] trait it waits on, an in-memory [`GenerationChannel`], and the
+//! control-line format the worker reads on stdin.
+//!
+//! Control lines, one per line (UTF-8, at most [`GENERATION_LINE_BYTES_MAX`] bytes):
+//! - `ringleader-generation {"generation":1,"rank":0,"addrs":["127.0.0.1:20001","127.0.0.1:20002"],"secret":"<hex>"}`:
+//!   join that generation (newer ones supersede older ones not yet joined);
+//! - `ringleader-stop`: end after the current step (so does the end of input).
+
+use std::future::Future;
+use std::io::BufRead;
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use crate::elastic::error::ElasticError;
+
+/// Longest control line accepted, bytes (without the newline).
+pub const GENERATION_LINE_BYTES_MAX: usize = 64 << 10;
+/// Most ranks a generation may name.
+pub const GENERATION_WORLD_MAX: usize = 4096;
+/// Control messages queued between the reader and the training loop.
+pub const CONTROL_QUEUE_DEPTH: usize = 16;
+/// Prefix of a generation line (followed by one space and the JSON object).
+pub const GENERATION_LINE_PREFIX: &str = "ringleader-generation";
+/// The stop line.
+pub const STOP_LINE: &str = "ringleader-stop";
+
+/// One generation of the ring as the node decided it: who this worker is in it and where
+/// everyone listens.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Generation {
+    /// Generation number; a connection from another generation is refused.
+    pub generation: u64,
+    /// This worker's rank in it.
+    pub rank: usize,
+    /// Data-plane address of every rank, in rank order.
+    pub addrs: Vec<SocketAddr>,
+    /// Shared secret of the generation's data-plane connections.
+    pub secret: String,
+}
+
+impl std::fmt::Debug for Generation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Generation")
+            .field("generation", &self.generation)
+            .field("rank", &self.rank)
+            .field("addrs", &self.addrs)
+            .field("secret", &"<redacted>")
+            .finish()
+    }
+}
+
+impl Generation {
+    /// Ranks in the generation.
+    pub fn world(&self) -> usize {
+        self.addrs.len()
+    }
+
+    /// Checks the rank is inside the world and the world is within limits.
+    pub fn validate(&self) -> Result<(), ControlLineError> {
+        let world = self.world();
+        if world == 0 || world > GENERATION_WORLD_MAX {
+            return Err(ControlLineError::Invalid(format!(
+                "{world} addresses (1..={GENERATION_WORLD_MAX})"
+            )));
+        }
+        if self.rank >= world {
+            return Err(ControlLineError::Invalid(format!(
+                "rank {} of {world} addresses",
+                self.rank
+            )));
+        }
+        Ok(())
+    }
+
+    /// The control line announcing this generation (without the newline).
+    pub fn to_line(&self) -> String {
+        format!(
+            "{GENERATION_LINE_PREFIX} {}",
+            serde_json::to_string(self).expect("a generation serializes")
+        )
+    }
+}
+
+/// A control message from the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Control {
+    /// Join this generation.
+    Generation(Generation),
+    /// End after the current step.
+    Stop,
+}
+
+/// A control line that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ControlLineError {
+    /// Longer than [`GENERATION_LINE_BYTES_MAX`].
+    #[error("control line of {bytes} bytes, at most {max}")]
+    TooLong {
+        /// Bytes read (at least; reading stops past the limit).
+        bytes: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Not UTF-8.
+    #[error("control line is not utf-8")]
+    NotUtf8,
+    /// Neither a generation nor a stop line (the start of the line is quoted).
+    #[error(
+        "unknown control line {0:?}: want `{GENERATION_LINE_PREFIX} {{json}}` or `{STOP_LINE}`"
+    )]
+    Unknown(String),
+    /// The generation's JSON does not parse.
+    #[error("generation line: {0}")]
+    Json(String),
+    /// The generation parses but is unusable.
+    #[error("generation line: {0}")]
+    Invalid(String),
+}
+
+/// Parses one control line (surrounding whitespace ignored).
+pub fn parse_control_line(line: &str) -> Result<Control, ControlLineError> {
+    if line.len() > GENERATION_LINE_BYTES_MAX {
+        return Err(ControlLineError::TooLong {
+            bytes: line.len(),
+            max: GENERATION_LINE_BYTES_MAX,
+        });
+    }
+    let line = line.trim();
+    if line == STOP_LINE {
+        return Ok(Control::Stop);
+    }
+    let json = line
+        .strip_prefix(GENERATION_LINE_PREFIX)
+        .and_then(|r| r.strip_prefix([' ', '\t']))
+        .ok_or_else(|| ControlLineError::Unknown(line.chars().take(40).collect()))?;
+    let g: Generation =
+        serde_json::from_str(json).map_err(|e| ControlLineError::Json(e.to_string()))?;
+    g.validate()?;
+    Ok(Control::Generation(g))
+}
+
+/// Reads one line of at most `max` bytes (newline excluded). `Ok(None)` at the end of input;
+/// a longer line is consumed to its newline and refused without being kept in memory.
+pub fn read_bounded_line(
+    reader: &mut impl BufRead,
+    max: usize,
+) -> std::io::Result<Option<Result<String, ControlLineError>>> {
+    let mut line = Vec::new();
+    let mut len = 0usize;
+    let mut any = false;
+    loop {
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            if !any {
+                return Ok(None);
+            }
+            break;
+        }
+        any = true;
+        let (end, used) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i, i + 1),
+            None => (buf.len(), buf.len()),
+        };
+        len += end;
+        // Past the limit nothing more is kept: the rest is only counted and skipped.
+        if len <= max {
+            line.extend_from_slice(&buf[..end]);
+        }
+        let newline = end < used;
+        reader.consume(used);
+        if newline {
+            break;
+        }
+    }
+    if len > max {
+        return Ok(Some(Err(ControlLineError::TooLong { bytes: len, max })));
+    }
+    Ok(Some(
+        String::from_utf8(line).map_err(|_| ControlLineError::NotUtf8),
+    ))
+}
+
+/// Reads control lines from `reader` until the end of input or a stop line, sending each
+/// into `tx`; unusable lines are logged and skipped. Blocking: run it on its own thread
+/// (a blocking read of stdin cannot be cancelled, so it must not hold up a runtime).
+pub fn forward_control_lines(mut reader: impl BufRead, tx: mpsc::Sender<Control>) {
+    loop {
+        let line = match read_bounded_line(&mut reader, GENERATION_LINE_BYTES_MAX) {
+            Ok(Some(l)) => l,
+            Ok(None) => break,
+            Err(e) => {
+                warn!(error = %e, "reading control lines failed: treated as the end");
+                break;
+            }
+        };
+        let control = match line.and_then(|l| parse_control_line(&l)) {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %e, "control line refused");
+                continue;
+            }
+        };
+        let stop = control == Control::Stop;
+        if tx.blocking_send(control).is_err() || stop {
+            break;
+        }
+    }
+    let _ = tx.blocking_send(Control::Stop);
+}
+
+/// Where a worker learns the generations it is to join (from the node: stdin lines, or a
+/// channel in tests).
+pub trait GenerationSource: Send {
+    /// Waits for the next generation newer than `after_generation`; `None`: the job is over
+    /// for this rank (stop, or the source closed).
+    fn next(
+        &mut self,
+        after_generation: u64,
+    ) -> impl Future<Output = Result<Option<Generation>, ElasticError>> + Send;
+
+    /// A control message already waiting, without waiting: the newest generation newer
+    /// than `after_generation` (older ones are dropped), or a stop, which wins.
+    fn pending(&mut self, after_generation: u64) -> Option<Control>;
+}
+
+/// A [`GenerationSource`] fed through a bounded channel (by [`forward_control_lines`] or by
+/// a test acting as the node). A closed channel means stop.
+#[derive(Debug)]
+pub struct GenerationChannel {
+    rx: mpsc::Receiver<Control>,
+    stopped: bool,
+}
+
+/// A channel of [`CONTROL_QUEUE_DEPTH`] control messages and its receiving source.
+pub fn generation_channel() -> (mpsc::Sender<Control>, GenerationChannel) {
+    let (tx, rx) = mpsc::channel(CONTROL_QUEUE_DEPTH);
+    (tx, GenerationChannel { rx, stopped: false })
+}
+
+impl GenerationSource for GenerationChannel {
+    async fn next(&mut self, after_generation: u64) -> Result<Option<Generation>, ElasticError> {
+        while !self.stopped {
+            match self.rx.recv().await {
+                Some(Control::Generation(g)) if g.generation > after_generation => {
+                    return Ok(Some(g))
+                }
+                Some(Control::Generation(g)) => {
+                    warn!(
+                        generation = g.generation,
+                        after_generation, "stale generation ignored"
+                    );
+                }
+                Some(Control::Stop) | None => self.stopped = true,
+            }
+        }
+        Ok(None)
+    }
+
+    fn pending(&mut self, after_generation: u64) -> Option<Control> {
+        if self.stopped {
+            return Some(Control::Stop);
+        }
+        let mut newest: Option<Generation> = None;
+        loop {
+            match self.rx.try_recv() {
+                Ok(Control::Generation(g)) => {
+                    if g.generation > after_generation
+                        && newest.as_ref().is_none_or(|n| g.generation > n.generation)
+                    {
+                        newest = Some(g);
+                    }
+                }
+                Ok(Control::Stop) | Err(mpsc::error::TryRecvError::Disconnected) => {
+                    self.stopped = true;
+                    return Some(Control::Stop);
+                }
+                Err(mpsc::error::TryRecvError::Empty) => break,
+            }
+        }
+        newest.map(Control::Generation)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn generation_lines_round_trip(
+            generation in any::<u64>(),
+            ports in proptest::collection::vec(1u16.., 1..8),
+            pick in any::<usize>(),
+            secret in ".*",
+        ) {
+            let g = Generation {
+                generation,
+                rank: pick % ports.len(),
+                addrs: ports.iter().map(|&p| SocketAddr::from(([10, 0, 0, 1], p))).collect(),
+                secret,
+            };
+            let line = g.to_line();
+            prop_assert!(!line.contains('\n'));
+            prop_assert_eq!(parse_control_line(&line), Ok(Control::Generation(g)));
+        }
+
+        #[test]
+        fn bounded_lines_match_a_plain_split(
+            lines in proptest::collection::vec("[a-z]{0,20}", 0..6),
+            max in 0usize..24,
+            capacity in 1usize..8,
+        ) {
+            let text = lines.iter().map(|l| format!("{l}\n")).collect::<String>();
+            let mut r = std::io::BufReader::with_capacity(capacity, text.as_bytes());
+            let mut got = Vec::new();
+            while let Some(l) = read_bounded_line(&mut r, max).unwrap() {
+                got.push(l);
+            }
+            let want: Vec<_> = lines
+                .iter()
+                .map(|l| if l.len() <= max {
+                    Ok(l.clone())
+                } else {
+                    Err(ControlLineError::TooLong { bytes: l.len(), max })
+                })
+                .collect();
+            prop_assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn bounded_lines_refuse_long_ones_and_keep_going() {
+        let long = "x".repeat(30);
+        let text = format!("short\n{long}\nlast");
+        let mut r = std::io::BufReader::with_capacity(4, text.as_bytes());
+        let mut got = Vec::new();
+        while let Some(l) = read_bounded_line(&mut r, 10).unwrap() {
+            got.push(l);
+        }
+        assert_eq!(
+            got,
+            vec![
+                Ok("short".to_string()),
+                Err(ControlLineError::TooLong { bytes: 30, max: 10 }),
+                Ok("last".to_string()),
+            ]
+        );
+    }
+}

@@ -1,0 +1,396 @@
+//! The elastic run loop: train in a generation; on a collective failure (or a new
+//! generation from the node) re-form, agree, restore and go on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use collective::CollectiveError;
+use tracing::{info, warn};
+
+use crate::checkpoint::CheckpointStore;
+use crate::checkpointer::Checkpointer;
+use crate::elastic::agreement::{agree, agree_on_checkpoint, Holding, RestoreSource};
+use crate::elastic::commit_log::CommitLog;
+use crate::elastic::error::ElasticError;
+use crate::elastic::generation::{Control, Generation, GenerationSource};
+use crate::elastic::ring::RingConnector;
+use crate::error::TrainError;
+use crate::spec::TrainSpec;
+use crate::state::TrainState;
+use crate::trainer::{EpochMetrics, Event, RunEnd, Trainer};
+
+/// Progress of an elastic run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ElasticEvent {
+    /// The trainer of `generation` reported `event`.
+    Train {
+        /// The generation training.
+        generation: u64,
+        /// This worker's rank in it.
+        rank: usize,
+        /// What happened.
+        event: Event,
+    },
+    /// The collective of `generation` failed (connecting, agreeing or training); the
+    /// worker waits for the next generation.
+    Failed {
+        /// The generation that failed.
+        generation: u64,
+        /// The rank (of that generation) whose connection was lost, when the error names one.
+        lost_rank: Option<usize>,
+        /// The error, as text.
+        error: String,
+    },
+    /// The worker restored a state in a new generation and goes on training.
+    Resumed(Resumed),
+}
+
+/// A re-form done: the generation joined and the state restored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resumed {
+    /// The generation joined.
+    pub generation: u64,
+    /// Its world size.
+    pub world: usize,
+    /// This worker's rank in it.
+    pub rank: usize,
+    /// The most steps any rank of the generation had reached before.
+    pub step: u64,
+    /// The step restored (0 for a fresh start).
+    pub restored_step: u64,
+    /// `step - restored_step`: steps trained before and to be trained again.
+    pub steps_lost: u64,
+    /// Where this rank's state came from.
+    pub source: RestoreSource,
+}
+
+/// How an elastic run ended.
+#[derive(Debug, Clone)]
+pub struct ElasticSummary {
+    /// The final validation when the step budget was spent; `None` when stopped.
+    pub finished: Option<EpochMetrics>,
+    /// The train state at the end (a completed step); `None` when stopped while waiting
+    /// for a generation (no trainer).
+    pub state: Option<TrainState>,
+    /// Steps this worker had completed at the end (in its last generation; a step that
+    /// failed is not counted).
+    pub step: u64,
+    /// The last generation joined (or tried).
+    pub generation: u64,
+    /// Generations joined after the first.
+    pub reforms: u64,
+    /// Steps lost over all re-forms.
+    pub steps_lost: u64,
+}
+
+/// Whether a collective error ends only the generation (the ring is re-formed) rather than
+/// the worker: lost or aborting peers, timeouts, mismatches, connecting. Malformed frames
+/// (corruption or a bug), invalid arguments and CUDA errors stop the worker.
+pub fn reformable(e: &CollectiveError) -> bool {
+    matches!(
+        e,
+        CollectiveError::PeerLost { .. }
+            | CollectiveError::Mismatch { .. }
+            | CollectiveError::Timeout { .. }
+            | CollectiveError::Aborted
+            | CollectiveError::PeerAborted { .. }
+            | CollectiveError::Connect { .. }
+            | CollectiveError::Listen { .. }
+            | CollectiveError::Handshake(_)
+    )
+}
+
+/// The collective error a train error carries, when re-forming cures it.
+fn reformable_train(e: &TrainError) -> Option<&CollectiveError> {
+    match e {
+        TrainError::Collective(c) if reformable(c) => Some(c),
+        _ => None,
+    }
+}
+
+/// One worker's elastic training: a spec, where generations come from and how rings are
+/// connected.
+///
+/// Re-forming builds a new [`Trainer`] on the new communicator and restores the agreed
+/// state into it ([`Trainer::restore`]): the data are re-sharded for the new (rank, world)
+/// from the world-independent cursor, and the learning rate follows the new world (peak =
+/// base lr × world under linear scaling, warm-up not repeated). The commit log moves from
+/// the old trainer to the new one, cut back to the restored step.
+#[derive(Debug)]
+pub struct ElasticRun<S, C> {
+    spec: TrainSpec,
+    source: S,
+    connector: C,
+    store: Option<CheckpointStore>,
+    compute_delay: Duration,
+}
+
+impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
+    /// A run of `spec` taking generations from `source` and rings from `connector`.
+    pub fn new(spec: TrainSpec, source: S, connector: C) -> Self {
+        ElasticRun {
+            spec,
+            source,
+            connector,
+            store: None,
+            compute_delay: Duration::ZERO,
+        }
+    }
+
+    /// Falls back to `store`'s latest checkpoint when no rank holds a commit.
+    pub fn with_store(mut self, store: CheckpointStore) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Test-only: every trainer sleeps `delay` in each step's compute part
+    /// ([`Trainer::set_compute_delay`]).
+    pub fn with_compute_delay(mut self, delay: Duration) -> Self {
+        self.compute_delay = delay;
+        self
+    }
+
+    /// Trains from generation `first` until the step budget is spent, a stop arrives, or
+    /// the source ends (then `Ok` with what was reached). Rank 0 of each generation hands
+    /// checkpoints to `ckpt`.
+    pub async fn run(
+        &mut self,
+        first: Generation,
+        mut ckpt: Option<&mut Checkpointer>,
+        mut on_event: impl FnMut(&ElasticEvent),
+    ) -> Result<ElasticSummary, ElasticError> {
+        let mut gen = first;
+        let first_generation = gen.generation;
+        let mut log = CommitLog::default();
+        let mut last_generation: Option<u64> = None;
+        let mut step_reached = 0u64;
+        let mut summary = ElasticSummary {
+            finished: None,
+            state: None,
+            step: 0,
+            generation: gen.generation,
+            reforms: 0,
+            steps_lost: 0,
+        };
+        loop {
+            summary.generation = gen.generation;
+            let joined = self
+                .join(&gen, &mut log, last_generation, step_reached)
+                .await;
+            let (mut trainer, resumed) = match joined {
+                Ok(j) => j,
+                Err(JoinError::Reform(e)) => {
+                    on_event(&failed(gen.generation, &e));
+                    match self.source.next(gen.generation).await? {
+                        Some(g) => {
+                            gen = g;
+                            continue;
+                        }
+                        None => return Ok(summary),
+                    }
+                }
+                Err(JoinError::Fatal(e)) => return Err(e),
+            };
+            last_generation = Some(gen.generation);
+            if gen.generation != first_generation {
+                summary.reforms += 1;
+            }
+            summary.steps_lost += resumed.steps_lost;
+            on_event(&ElasticEvent::Resumed(resumed));
+
+            let (generation, rank) = (gen.generation, trainer.rank());
+            let mut control = None;
+            let source = &mut self.source;
+            let end = trainer
+                .run_until(
+                    ckpt.as_deref_mut(),
+                    |event| {
+                        on_event(&ElasticEvent::Train {
+                            generation,
+                            rank,
+                            event: event.clone(),
+                        })
+                    },
+                    || {
+                        control = source.pending(generation);
+                        control.is_some()
+                    },
+                )
+                .await;
+            step_reached = trainer.step_count();
+            summary.step = step_reached;
+            match end {
+                Ok(RunEnd::Finished(m)) => {
+                    summary.finished = Some(m);
+                    summary.state = Some(trainer.snapshot());
+                    finish(trainer).await;
+                    return Ok(summary);
+                }
+                Ok(RunEnd::Interrupted) => match control.take() {
+                    Some(Control::Generation(g)) => {
+                        // Between two steps the state is consistent: commit it, so the
+                        // next generation can start from here if every rank got this far.
+                        trainer.commit();
+                        log = trainer.take_commits();
+                        info!(
+                            from = generation,
+                            to = g.generation,
+                            step = step_reached,
+                            "leaving a healthy generation for a newer one"
+                        );
+                        close(trainer, true).await;
+                        gen = g;
+                    }
+                    _ => {
+                        summary.state = Some(trainer.snapshot());
+                        close(trainer, true).await;
+                        return Ok(summary);
+                    }
+                },
+                Err(e) => {
+                    let Some(c) = reformable_train(&e) else {
+                        return Err(e.into());
+                    };
+                    on_event(&failed(generation, c));
+                    log = trainer.take_commits();
+                    close(trainer, false).await;
+                    match self.source.next(generation).await? {
+                        Some(g) => gen = g,
+                        None => return Ok(summary),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Connects generation `gen`, agrees on the state, builds and restores the trainer.
+    async fn join(
+        &mut self,
+        gen: &Generation,
+        log: &mut CommitLog,
+        last_generation: Option<u64>,
+        step_reached: u64,
+    ) -> Result<(Trainer, Resumed), JoinError> {
+        let mut comm = self.connector.connect(gen).await?;
+        let holding = Holding {
+            log,
+            last_generation,
+            step_reached,
+        };
+        let agreed = agree(&mut comm, holding).await?;
+        let (state, source) = match (agreed.state, &self.store) {
+            (Some(s), _) => (Some(s), agreed.source),
+            (None, Some(store)) => match agree_on_checkpoint(&mut comm, store).await? {
+                Some(s) => (Some(Arc::new(s)), RestoreSource::Checkpoint),
+                None => (None, RestoreSource::Fresh),
+            },
+            (None, None) => (None, RestoreSource::Fresh),
+        };
+        let mut trainer = Trainer::new(&self.spec, comm)?;
+        trainer.set_compute_delay(self.compute_delay);
+        let restored_step = match &state {
+            Some(s) => {
+                trainer.restore(s)?;
+                if source == RestoreSource::Memory {
+                    // Its own history up to the restored commit stays valid.
+                    log.truncate_after(s.meta.step);
+                } else {
+                    // Its commits (if any) are of another history, even at the same steps.
+                    log.clear();
+                    log.push(s.clone());
+                }
+                s.meta.step
+            }
+            None => {
+                log.clear();
+                0
+            }
+        };
+        trainer.set_commits(std::mem::take(log));
+        let group_step = agreed.group_step.max(restored_step);
+        let resumed = Resumed {
+            generation: gen.generation,
+            world: trainer.world(),
+            rank: trainer.rank(),
+            step: group_step,
+            restored_step,
+            steps_lost: group_step - restored_step,
+            source,
+        };
+        info!(?resumed, "joined generation");
+        Ok((trainer, resumed))
+    }
+}
+
+/// Why joining a generation failed.
+enum JoinError {
+    /// The generation failed; wait for the next.
+    Reform(CollectiveError),
+    /// Stop the worker.
+    Fatal(ElasticError),
+}
+
+impl From<CollectiveError> for JoinError {
+    fn from(e: CollectiveError) -> Self {
+        if reformable(&e) {
+            JoinError::Reform(e)
+        } else {
+            JoinError::Fatal(e.into())
+        }
+    }
+}
+
+impl From<TrainError> for JoinError {
+    fn from(e: TrainError) -> Self {
+        match e {
+            TrainError::Collective(c) => c.into(),
+            e => JoinError::Fatal(e.into()),
+        }
+    }
+}
+
+fn failed(generation: u64, e: &CollectiveError) -> ElasticEvent {
+    let lost_rank = match e {
+        CollectiveError::PeerLost { rank } => Some(*rank),
+        _ => None,
+    };
+    ElasticEvent::Failed {
+        generation,
+        lost_rank,
+        error: e.to_string(),
+    }
+}
+
+/// Ends the last generation of a finished run without failing a peer's last operation:
+/// a closed link fails any operation still in flight on the other side, and peers finish
+/// the last step at slightly different times. So: a barrier (every rank is past the last
+/// step), then the collective's `abort_linger_ms` for the peers to leave the barrier too,
+/// then close.
+async fn finish(trainer: Trainer) {
+    match trainer.into_communicator().await {
+        Ok(mut comm) => {
+            if let Err(e) = comm.barrier().await {
+                warn!(error = %e, "final barrier");
+            }
+            let linger = Duration::from_millis(comm.limits().abort_linger_ms);
+            tokio::time::sleep(linger).await;
+            comm.shutdown().await;
+        }
+        Err(e) => warn!(error = %e, "closing the generation's communicator"),
+    }
+}
+
+/// Ends a trainer's generation: stops its gradient task and closes the communicator;
+/// `abort` first tells the peers (leaving a healthy generation), so that a peer blocked in
+/// an operation fails at once rather than at its deadline.
+async fn close(trainer: Trainer, abort: bool) {
+    match trainer.into_communicator().await {
+        Ok(mut comm) => {
+            if abort {
+                comm.abort().await;
+            }
+            comm.shutdown().await;
+        }
+        Err(e) => warn!(error = %e, "closing the generation's communicator"),
+    }
+}
