@@ -543,19 +543,22 @@ impl Trainer {
     /// Continues from `state` (a commit or checkpoint of the same model and optimizer; the
     /// world size may differ: the cursor counts samples, not steps).
     ///
-    /// From a state of another world size (an elastic re-form), so that the run goes on
-    /// as it would with the new world from there:
+    /// The run goes on as this world would run it from the state's position (what matters
+    /// when the state was made by another world size, or by a run that changed world size
+    /// before: an elastic re-form):
     /// - the cursor moves to the next epoch when this world's global batch no longer fits
     ///   in the rest of the epoch (what [`Sampler::advance`] does every step), so the data
-    ///   of the step restored into are sharded over the new (rank, world);
-    /// - the step budget is rebased: the steps restored plus the steps this world needs for
-    ///   the rest of the `epochs` (still capped by `max_steps`, which counts steps);
-    /// - the learning-rate schedule is rebuilt for this world and that budget and evaluated
+    ///   of the steps from here are sharded over this (rank, world);
+    /// - the step budget is the steps restored plus the steps this world needs for the
+    ///   rest of the `epochs` (still capped by `max_steps`, which counts steps);
+    /// - the learning-rate schedule is built for this world and that budget and evaluated
     ///   at the restored step: peak = base lr × this world under linear scaling, warm-up
     ///   not repeated (a step past this world's warm-up length gets the decayed peak; one
     ///   inside it goes on along this world's ramp).
     ///
-    /// From a state of the same world size it is exactly the continuing run.
+    /// For a state written by an uninterrupted run of this world all three are what that
+    /// run had (the budget is `epochs` × steps per epoch), so restoring it is exactly the
+    /// continuing run.
     pub fn restore(&mut self, state: &TrainState) -> Result<(), TrainError> {
         let m = &state.meta;
         if m.arch != self.spec.model.arch
@@ -604,15 +607,13 @@ impl Trainer {
         self.cursor = m.cursor;
         self.rng = m.rng;
         self.metrics = m.metrics.clone();
-        if m.world != self.world {
-            self.rebase_for_world();
-        }
+        self.rebase_on_cursor();
         Ok(())
     }
 
-    /// After restoring a state of another world size: the cursor, step budget and
-    /// learning-rate schedule of this world (see [`Trainer::restore`]).
-    fn rebase_for_world(&mut self) {
+    /// After a restore: the cursor, step budget and learning-rate schedule of this world
+    /// from the restored position (see [`Trainer::restore`]).
+    fn rebase_on_cursor(&mut self) {
         let global_batch = self.world * self.spec.train.batch_per_worker;
         let len = self.train.len();
         if self.cursor.offset + global_batch > len {
@@ -635,20 +636,23 @@ impl Trainer {
             }
             self.total_steps = total;
         }
+        let before = self.schedule.clone();
         self.schedule = LrSchedule::new(
             &self.spec.train,
             self.world,
             self.steps_per_epoch,
             self.total_steps,
         );
-        info!(
-            rank = self.rank,
-            world = self.world,
-            step = self.step,
-            total_steps = self.total_steps,
-            lr = self.schedule.lr(self.step),
-            "restored a state of another world size: budget and schedule rebased"
-        );
+        if self.schedule != before {
+            info!(
+                rank = self.rank,
+                world = self.world,
+                step = self.step,
+                total_steps = self.total_steps,
+                lr = self.schedule.lr(self.step),
+                "restored a state of another world history: step budget and schedule rebased"
+            );
+        }
     }
 
     /// Trains until the step budget is spent: validates each `eval_every_epochs` epochs and

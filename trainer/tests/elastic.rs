@@ -669,10 +669,15 @@ fn restoring_into_another_world_rebases_cursor_budget_and_schedule() {
             t.restore(&state)?;
             let (cursor, total) = (t.cursor(), t.total_steps());
             let m = t.step().await?;
-            Ok::<_, TrainError>((cursor, total, m.lr))
+            // A commit of this world-4 run restored into world 4 again keeps its budget.
+            let commit = t.commit();
+            let mut again = Trainer::new(&spec, t.into_communicator().await?)?;
+            again.restore(&commit)?;
+            Ok::<_, TrainError>((cursor, total, m.lr, again.total_steps()))
         }
     });
-    let (cursor, total, lr) = *got[0].as_ref().unwrap();
+    let (cursor, total, lr, total_again) = *got[0].as_ref().unwrap();
+    assert_eq!(total_again, total, "not 2 × 23 from the step count alone");
     assert_eq!(
         cursor,
         DataCursor {
