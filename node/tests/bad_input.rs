@@ -174,12 +174,13 @@ async fn forwarded_commands_only_a_chief_may_make_are_refused() {
     // What only the chief decides.
     let place = ControlCommand::Place {
         id,
-        attempt: 2,
+        generation: 2,
         slots: vec![Slot {
             member: me.clone(),
             name: "intruder".into(),
             rank: 0,
             local_rank: 0,
+            worker: 0,
         }],
         secret: "ab".repeat(32),
         at_ms: 1,
@@ -188,7 +189,7 @@ async fn forwarded_commands_only_a_chief_may_make_are_refused() {
     assert!(why.contains("only the chief"), "{why}");
     let failed = ControlCommand::AttemptFailed {
         id,
-        attempt: 1,
+        generation: 1,
         reason: "forged".into(),
         at_ms: 1,
     };
@@ -197,7 +198,7 @@ async fn forwarded_commands_only_a_chief_may_make_are_refused() {
     // A rank's exit from a member that does not run it.
     let exited = ControlCommand::WorkerExited {
         id,
-        attempt: 1,
+        generation: 1,
         rank: 0,
         code: 0,
         at_ms: 1,
@@ -229,7 +230,7 @@ async fn forwarded_commands_only_a_chief_may_make_are_refused() {
         "{ok:?}"
     );
 
-    // Nothing forged took effect: the job runs its first attempt on the chief.
+    // Nothing forged took effect: the job runs its first generation on the chief.
     let doc = tokio::task::block_in_place(|| client.job(&id_text)).unwrap();
     assert_eq!(doc.state, "running");
     assert_eq!(doc.generation, 1);

@@ -7,7 +7,7 @@
 //! | `GET /v1/jobs` | job summaries |
 //! | `GET /v1/jobs/{id}` | one job |
 //! | `POST /v1/jobs/{id}/cancel` | cancels a job |
-//! | `GET /v1/jobs/{id}/logs?offsets=R:N,…` | the current generation's logs, per rank |
+//! | `GET /v1/jobs/{id}/logs?offsets=W:N,…` | the current ring's logs, one chunk per rank, read from byte `N` of worker `W`'s log |
 //!
 //! Errors are `{"error": "…"}` with 400 (bad input), 404 (no such job) or 503 (no chief or
 //! chief unreachable: retry).
@@ -105,8 +105,17 @@ async fn status(State(app): State<AppState>) -> ApiResult<StatusDoc> {
     let voters = app.control.voters();
     doc.chief = chief;
     doc.term = Some(term);
+    let blacklist = app.control.read(|s| s.blacklist.clone());
+    let now = wall_ms();
     for m in &mut doc.members {
         m.voter = voters.contains(&m.id);
+        if let Some(b) = blacklist.get(&m.id).filter(|b| b.until_ms > now) {
+            m.blacklisted = true;
+            m.blacklist_reason = Some(format!(
+                "{} (until {} ms, strike {})",
+                b.reason, b.until_ms, b.strikes
+            ));
+        }
     }
     doc.jobs = app.control.read(job_summaries);
     Ok(Json(doc))
@@ -200,7 +209,8 @@ async fn cancel(
 
 #[derive(Deserialize)]
 struct LogsQuery {
-    /// `rank:offset` pairs, comma separated.
+    /// `worker:offset` pairs, comma separated (worker ids equal ranks until an elastic
+    /// ring re-forms).
     offsets: Option<String>,
 }
 
@@ -224,7 +234,7 @@ async fn logs(
         let (rank, offset) = parsed.ok_or_else(|| {
             ApiError(
                 StatusCode::BAD_REQUEST,
-                format!("offsets: {pair:?} is not rank:offset"),
+                format!("offsets: {pair:?} is not worker:offset"),
             )
         })?;
         offsets.insert(rank, offset);

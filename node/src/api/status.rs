@@ -24,6 +24,9 @@ pub struct MemberDoc {
     pub state: String,
     pub voter: bool,
     pub blacklisted: bool,
+    /// Why, while `blacklisted`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blacklist_reason: Option<String>,
     pub incarnation: u64,
     pub cpus: u32,
     pub memory_mb: u64,
@@ -52,6 +55,7 @@ impl StatusDoc {
                 state: m.state.as_str().to_string(),
                 voter: false,
                 blacklisted: false,
+                blacklist_reason: None,
                 incarnation: m.incarnation,
                 cpus: m.meta.cpus,
                 memory_mb: m.meta.memory_mb,
@@ -188,12 +192,15 @@ impl StatusDoc {
     }
 }
 
-/// One generation (attempt) of a job and why it formed.
+/// One generation (generation) of a job and why it formed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct GenerationDoc {
     pub generation: u32,
-    /// start | retry | peer-lost | …, then the details.
+    /// start | retry | peer-lost | hung | straggler | joined, then the details.
     pub reason: String,
+    /// Member names in rank order.
+    #[serde(default)]
+    pub ring: Vec<String>,
     pub at_ms: u64,
 }
 
@@ -214,8 +221,12 @@ pub struct JobDoc {
     pub name: String,
     pub kind: String,
     pub state: String,
-    /// The current attempt; a generation of the ring.
+    /// The current generation; a generation of the ring.
     pub generation: u32,
+    /// The current attempt (a start or a retry from durable state), 1-based; `attempt - 1`
+    /// of `max_restarts` are used. Re-forms of an elastic ring use none.
+    #[serde(default)]
+    pub attempt: u32,
     pub max_restarts: u32,
     pub workers: u32,
     /// Member names in rank order.
@@ -330,10 +341,11 @@ pub fn job_doc(j: &Job, applied_index: u64, chief: bool) -> JobDoc {
     let history = j
         .events
         .iter()
-        .filter(|e| e.what == EventKind::Placed)
+        .filter(|e| matches!(e.what, EventKind::Placed | EventKind::Reformed))
         .map(|e| GenerationDoc {
-            generation: e.attempt,
+            generation: e.generation,
             reason: e.reason.clone(),
+            ring: e.ring.clone(),
             at_ms: e.at_ms,
         })
         .collect();
@@ -342,7 +354,8 @@ pub fn job_doc(j: &Job, applied_index: u64, chief: bool) -> JobDoc {
         name: j.spec.name.clone(),
         kind: j.spec.kind.to_string(),
         state: j.state.to_string(),
-        generation: j.attempt,
+        generation: j.generation,
+        attempt: j.attempt,
         max_restarts: j.max_restarts,
         workers: j.spec.workers,
         ring: j.assignment.iter().map(|s| s.name.clone()).collect(),

@@ -1,8 +1,12 @@
 //! The chief: what the Raft leader decides for the cluster's jobs, and the loop that asks.
 //!
 //! [`decide`] is pure: from the replicated state, gossip's view of the members and the time
-//! it returns the commands to propose (fail an attempt whose worker's member is gone, place a
-//! pending job, record why a job cannot be placed). [`driver`] runs it every
+//! it returns the commands to propose: place a pending job, or record why it cannot be
+//! placed; for a running job that lost a rank (its member dead or left, its process exited
+//! non-zero, its peers reported it hung, or it straggled for `straggler_window` steps),
+//! re-form an elastic job's ring without it while at least `min_workers` remain (a straggler
+//! is also blacklisted), else fail the attempt; grow an elastic job's ring by one available
+//! member per generation while it is below `max_workers`. [`driver`] runs it every
 //! [`driver::CHIEF_PERIOD_MS`] while this node is chief, next to the voter upkeep, and
 //! proposes what it returns; the state machine ignores a command that arrives stale, so a
 //! decision made just before losing leadership is harmless.
@@ -17,11 +21,11 @@ use std::collections::BTreeMap;
 
 use crate::{
     cluster::{membership::State, net::MemberView},
-    control::state::{ControlCommand, ControlState, JobState},
+    control::state::{ControlCommand, ControlState, Job, JobState, Slot, REJOIN_AFTER_MS},
 };
 use placement::{Candidate, Request};
 
-/// What the chief should propose now. `new_secret` draws a placement's ring secret (random
+/// What the chief should propose now. `new_secret` draws a generation's ring secret (random
 /// in production, fixed in tests).
 pub fn decide(
     state: &ControlState,
@@ -29,51 +33,18 @@ pub fn decide(
     now_ms: u64,
     new_secret: &mut dyn FnMut() -> String,
 ) -> Vec<ControlCommand> {
-    let mut out = fail_lost_attempts(state, members, now_ms);
-    out.extend(place_pending(state, members, now_ms, new_secret));
+    let mut candidates = candidates(state, members, now_ms);
+    let mut out = Vec::new();
+    for job in state.jobs.values().filter(|j| j.state == JobState::Running) {
+        out.extend(running(job, members, &mut candidates, now_ms, new_secret));
+    }
+    out.extend(place_pending(state, &mut candidates, now_ms, new_secret));
     out
 }
 
-/// A running attempt with a worker on a member that gossip reports dead or left is failed
-/// as a whole (torchrun's semantics: the survivors are stopped, and it is retried).
-fn fail_lost_attempts(
-    state: &ControlState,
-    members: &[MemberView],
-    now_ms: u64,
-) -> Vec<ControlCommand> {
-    let gone: BTreeMap<String, &str> = members
-        .iter()
-        .filter(|m| matches!(m.state, State::Dead | State::Left))
-        .map(|m| (m.id.to_string(), m.state.as_str()))
-        .collect();
-    state
-        .jobs
-        .values()
-        .filter(|j| j.state == JobState::Running)
-        .filter_map(|j| {
-            let slot = j.assignment.iter().find(|s| gone.contains_key(&s.member))?;
-            Some(ControlCommand::AttemptFailed {
-                id: j.id,
-                attempt: j.attempt,
-                reason: format!(
-                    "peer-lost: rank {} on {} is {}",
-                    slot.rank, slot.name, gone[&slot.member]
-                ),
-                at_ms: now_ms,
-            })
-        })
-        .collect()
-}
-
-/// Places every pending job that fits, in job order; later jobs of the round see the
-/// resources of earlier ones as taken. A job that does not fit gets its reason recorded
-/// once (not again while the reason is the same).
-fn place_pending(
-    state: &ControlState,
-    members: &[MemberView],
-    now_ms: u64,
-    new_secret: &mut dyn FnMut() -> String,
-) -> Vec<ControlCommand> {
+/// Members as placement sees them: alive or not, blacklisted or not, with what running jobs
+/// hold; in (name, id) order.
+fn candidates(state: &ControlState, members: &[MemberView], now_ms: u64) -> Vec<Candidate> {
     let used = state.used_resources();
     let mut candidates: Vec<Candidate> = members
         .iter()
@@ -81,10 +52,10 @@ fn place_pending(
             let id = m.id.to_string();
             let (used_cpus, used_gpus) = used.get(&id).copied().unwrap_or((0, 0));
             Candidate {
+                blacklisted: state.is_blacklisted(&id, now_ms),
                 id,
                 name: m.meta.name.clone(),
                 alive: m.state == State::Alive,
-                blacklisted: false,
                 cpus: m.meta.cpus,
                 gpus: m.meta.gpus.len() as u32,
                 used_cpus,
@@ -93,10 +64,184 @@ fn place_pending(
         })
         .collect();
     candidates.sort_by(|a, b| (&a.name, &a.id).cmp(&(&b.name, &b.id)));
+    candidates
+}
+
+/// A rank the current generation lost, and why (the history's reason).
+struct Lost<'a> {
+    slot: &'a Slot,
+    reason: String,
+    straggler: bool,
+}
+
+/// The ranks of `job`'s current generation that are lost, in rank order.
+fn lost_ranks<'a>(job: &'a Job, members: &[MemberView]) -> Vec<Lost<'a>> {
+    let gone: BTreeMap<String, &str> = members
+        .iter()
+        .filter(|m| matches!(m.state, State::Dead | State::Left))
+        .map(|m| (m.id.to_string(), m.state.as_str()))
+        .collect();
+    let elastic = &job.spec.elastic;
+    let mut lost = Vec::new();
+    for slot in &job.assignment {
+        let who = format!("{} (rank {})", slot.name, slot.rank);
+        let straggling = job.rank_stats.get(&slot.rank).filter(|s| {
+            s.slow_since_step.is_some_and(|since| {
+                s.step.saturating_sub(since) >= u64::from(elastic.straggler_window)
+            })
+        });
+        let (reason, straggler) = if let Some(state) = gone.get(&slot.member) {
+            (format!("peer-lost {who}: member {state}"), false)
+        } else if let Some(code) = job.exits.get(&slot.rank).filter(|c| **c != 0) {
+            (format!("peer-lost {who}: exited with code {code}"), false)
+        } else if let Some(seen) = job.suspects.get(&slot.rank) {
+            (format!("hung {who}: {seen}"), false)
+        } else if let Some(stat) = straggling {
+            let reason = format!(
+                "straggler {who}: {:.1} ms of compute per step, over {}x the ring's median for {} steps",
+                stat.compute_ms, elastic.straggler_factor, elastic.straggler_window
+            );
+            (reason, true)
+        } else {
+            continue;
+        };
+        lost.push(Lost {
+            slot,
+            reason,
+            straggler,
+        });
+    }
+    lost
+}
+
+/// `slots` in ring order with ranks `0..n` and local ranks counted per member.
+fn reranked(slots: impl IntoIterator<Item = Slot>) -> Vec<Slot> {
+    let mut out: Vec<Slot> = Vec::new();
+    for mut slot in slots {
+        slot.rank = out.len() as u32;
+        slot.local_rank = out.iter().filter(|s| s.member == slot.member).count() as u32;
+        out.push(slot);
+    }
+    out
+}
+
+/// What a running job needs: nothing, a re-form (elastic jobs), or a failed attempt.
+fn running(
+    job: &Job,
+    members: &[MemberView],
+    candidates: &mut [Candidate],
+    now_ms: u64,
+    new_secret: &mut dyn FnMut() -> String,
+) -> Vec<ControlCommand> {
+    let lost = lost_ranks(job, members);
+    if !lost.is_empty() {
+        return shrink(job, &lost, now_ms, new_secret);
+    }
+    // Growth: an elastic ring below max_workers takes one available member per generation.
+    if !job.is_elastic() || job.assignment.len() >= job.spec.max_workers as usize {
+        return Vec::new();
+    }
+    let req = Request::from_spec(&job.spec);
+    let joiner = candidates.iter_mut().find(|c| {
+        c.alive
+            && !c.blacklisted
+            && !job.assignment.iter().any(|s| s.member == c.id)
+            && job
+                .departed
+                .get(&c.id)
+                .is_none_or(|at| now_ms.saturating_sub(*at) >= REJOIN_AFTER_MS)
+            && c.cpus.saturating_sub(c.used_cpus) >= req.cpus_per_worker
+            && c.gpus.saturating_sub(c.used_gpus) >= req.gpus_per_worker
+    });
+    let Some(joiner) = joiner else {
+        return Vec::new();
+    };
+    joiner.used_cpus += req.cpus_per_worker;
+    joiner.used_gpus += req.gpus_per_worker;
+    let worker = job.next_worker;
+    let new = Slot {
+        member: joiner.id.clone(),
+        name: joiner.name.clone(),
+        rank: 0,
+        local_rank: 0,
+        worker,
+    };
+    vec![ControlCommand::Reform {
+        id: job.id,
+        generation: job.generation + 1,
+        slots: reranked(job.assignment.iter().cloned().chain([new])),
+        secret: new_secret(),
+        reason: format!("joined {}", joiner.name),
+        at_ms: now_ms,
+    }]
+}
+
+/// A job that lost ranks: an elastic one re-forms without them (blacklisting stragglers)
+/// while `min_workers` remain; otherwise the attempt fails, except for stragglers alone,
+/// which stay in the ring rather than go below `min_workers`.
+fn shrink(
+    job: &Job,
+    lost: &[Lost<'_>],
+    now_ms: u64,
+    new_secret: &mut dyn FnMut() -> String,
+) -> Vec<ControlCommand> {
+    let survivors = job.assignment.len() - lost.len();
+    let reason = lost
+        .iter()
+        .map(|l| l.reason.as_str())
+        .collect::<Vec<_>>()
+        .join("; ");
+    if job.is_elastic() && survivors >= job.spec.min_workers as usize {
+        let mut out: Vec<ControlCommand> = lost
+            .iter()
+            .filter(|l| l.straggler)
+            .map(|l| ControlCommand::Blacklist {
+                member: l.slot.member.clone(),
+                name: l.slot.name.clone(),
+                cooldown_ms: u64::from(job.spec.elastic.blacklist_cooldown_s) * 1_000,
+                reason: format!("job {}: {}", job.id, l.reason),
+                at_ms: now_ms,
+            })
+            .collect();
+        let keep = job
+            .assignment
+            .iter()
+            .filter(|s| !lost.iter().any(|l| l.slot.rank == s.rank))
+            .cloned();
+        out.push(ControlCommand::Reform {
+            id: job.id,
+            generation: job.generation + 1,
+            slots: reranked(keep),
+            secret: new_secret(),
+            reason,
+            at_ms: now_ms,
+        });
+        return out;
+    }
+    if lost.iter().all(|l| l.straggler) {
+        return Vec::new();
+    }
+    vec![ControlCommand::AttemptFailed {
+        id: job.id,
+        generation: job.generation,
+        reason,
+        at_ms: now_ms,
+    }]
+}
+
+/// Places every pending job that fits, in job order; later jobs of the round see the
+/// resources of earlier ones as taken. A job that does not fit gets its reason recorded
+/// once (not again while the reason is the same).
+fn place_pending(
+    state: &ControlState,
+    candidates: &mut [Candidate],
+    now_ms: u64,
+    new_secret: &mut dyn FnMut() -> String,
+) -> Vec<ControlCommand> {
     let mut out = Vec::new();
     for job in state.pending() {
         let req = Request::from_spec(&job.spec);
-        match placement::place(&candidates, &req) {
+        match placement::place(candidates, &req) {
             Ok(slots) => {
                 for slot in &slots {
                     if let Some(c) = candidates.iter_mut().find(|c| c.id == slot.member) {
@@ -106,7 +251,7 @@ fn place_pending(
                 }
                 out.push(ControlCommand::Place {
                     id: job.id,
-                    attempt: job.attempt + 1,
+                    generation: job.generation + 1,
                     slots,
                     secret: new_secret(),
                     at_ms: now_ms,
@@ -174,7 +319,7 @@ pub(crate) mod tests {
         let cmds = decide(&state, &members, 5, &mut secret);
         let [ControlCommand::Place {
             id: placed,
-            attempt: 1,
+            generation: 1,
             slots,
             ..
         }] = cmds.as_slice()
@@ -189,13 +334,15 @@ pub(crate) mod tests {
         members[1].state = State::Dead;
         let cmds = decide(&state, &members, 7, &mut secret);
         let [ControlCommand::AttemptFailed {
-            attempt: 1, reason, ..
+            generation: 1,
+            reason,
+            ..
         }] = cmds.as_slice()
         else {
             panic!("{cmds:?}")
         };
         assert!(
-            reason.starts_with("peer-lost: rank 1 on b is dead"),
+            reason.starts_with("peer-lost b (rank 1): member dead"),
             "{reason}"
         );
     }
@@ -226,5 +373,211 @@ pub(crate) mod tests {
             matches!(cmds[1], ControlCommand::Unplaceable { .. }),
             "{cmds:?}"
         );
+    }
+
+    /// An elastic command job of `workers` ranks (min 2, max `max`) placed on `members`.
+    fn elastic_running(
+        members: &[MemberView],
+        workers: u32,
+        max: u32,
+        extra: &str,
+    ) -> (ControlState, JobId) {
+        let mut state = ControlState::default();
+        let text = format!(
+            "name = \"e\"\nkind = \"command\"\nworkers = {workers}\nmin_workers = 2\nmax_workers = {max}\ncommand = [\"true\"]\n{extra}"
+        );
+        let cmd = ControlCommand::Submit {
+            spec: Box::new(JobSpec::parse(&text).unwrap()),
+            at_ms: 1,
+            token: None,
+        };
+        let ControlResponse::Submitted { id } = state.apply(1, &cmd) else {
+            panic!()
+        };
+        let place = decide(&state, members, 2, &mut secret);
+        assert_eq!(state.apply(2, &place[0]), ControlResponse::Applied);
+        (state, id)
+    }
+
+    fn reform_of(cmds: &[ControlCommand]) -> (&Vec<Slot>, &str) {
+        match cmds.last() {
+            Some(ControlCommand::Reform { slots, reason, .. }) => (slots, reason),
+            other => panic!("expected a re-form, got {other:?} in {cmds:?}"),
+        }
+    }
+
+    #[test]
+    fn an_elastic_job_reforms_without_a_dead_member_and_keeps_its_restarts() {
+        let mut members = vec![
+            member("a", State::Alive, 1),
+            member("b", State::Alive, 1),
+            member("c", State::Alive, 1),
+        ];
+        let (mut state, id) = elastic_running(&members, 3, 3, "");
+        members[1].state = State::Dead;
+        let cmds = decide(&state, &members, 10, &mut secret);
+        let (slots, reason) = reform_of(&cmds);
+        assert_eq!(reason, "peer-lost b (rank 1): member dead");
+        let names: Vec<&str> = slots.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["a", "c"]);
+        assert_eq!(slots[1].rank, 1, "re-ranked");
+        assert_eq!(slots[1].worker, 2, "the survivor keeps its worker id");
+        assert_eq!(state.apply(3, &cmds[0]), ControlResponse::Applied);
+        let job = state.job(id).unwrap();
+        assert_eq!((job.generation, job.attempt), (2, 1), "no restart used");
+        assert_eq!(job.process_generation(), 2, "command ranks restart");
+        // Below min_workers: the attempt fails (a retry from durable state).
+        members[2].state = State::Left;
+        let cmds = decide(&state, &members, 11, &mut secret);
+        assert!(
+            matches!(
+                cmds.as_slice(),
+                [ControlCommand::AttemptFailed { generation: 2, .. }]
+            ),
+            "{cmds:?}"
+        );
+    }
+
+    #[test]
+    fn a_crashed_or_hung_rank_is_left_out() {
+        let members = vec![
+            member("a", State::Alive, 1),
+            member("b", State::Alive, 1),
+            member("c", State::Alive, 1),
+        ];
+        let (mut state, id) = elastic_running(&members, 3, 3, "");
+        let exit = ControlCommand::WorkerExited {
+            id,
+            generation: 1,
+            rank: 2,
+            code: 137,
+            at_ms: 5,
+        };
+        assert_eq!(state.apply(3, &exit), ControlResponse::Applied);
+        assert_eq!(
+            state.job(id).unwrap().state,
+            JobState::Running,
+            "an elastic job goes on"
+        );
+        let cmds = decide(&state, &members, 10, &mut secret);
+        assert_eq!(
+            reform_of(&cmds).1,
+            "peer-lost c (rank 2): exited with code 137"
+        );
+        state.apply(4, &cmds[0]);
+        let hung = ControlCommand::RankLost {
+            id,
+            generation: 2,
+            rank: 1,
+            reason: "peer silent for 2000 ms".into(),
+            at_ms: 11,
+        };
+        assert_eq!(state.apply(5, &hung), ControlResponse::Applied);
+        // Two ranks left, min_workers 2: the hung one cannot be dropped, the attempt fails.
+        let cmds = decide(&state, &members, 12, &mut secret);
+        let [ControlCommand::AttemptFailed { reason, .. }] = cmds.as_slice() else {
+            panic!("{cmds:?}")
+        };
+        assert!(
+            reason.starts_with("hung b (rank 1): peer silent"),
+            "{reason}"
+        );
+    }
+
+    #[test]
+    fn a_straggler_is_dropped_and_blacklisted_after_its_window_but_never_below_min() {
+        let members = vec![
+            member("a", State::Alive, 1),
+            member("b", State::Alive, 1),
+            member("c", State::Alive, 1),
+        ];
+        let (mut state, id) = elastic_running(&members, 3, 3, "[elastic]\nstraggler_window = 10\n");
+        let mut index = 3;
+        let mut stats = |state: &mut ControlState, rank: u32, step: u64, ms: f64| {
+            index += 1;
+            let cmd = ControlCommand::RankStats {
+                id,
+                generation: 1,
+                rank,
+                step,
+                compute_ms: ms,
+                wait_ms: 1.0,
+                at_ms: 5,
+            };
+            assert_eq!(state.apply(index, &cmd), ControlResponse::Applied);
+        };
+        for step in [5, 10, 14] {
+            stats(&mut state, 0, step, 10.0);
+            stats(&mut state, 1, step, 11.0);
+            stats(&mut state, 2, step, 50.0);
+        }
+        let slow = state.job(id).unwrap().rank_stats[&2];
+        assert_eq!(slow.slow_since_step, Some(5));
+        assert!(
+            decide(&state, &members, 10, &mut secret).is_empty(),
+            "10 steps not reached"
+        );
+        stats(&mut state, 2, 16, 50.0);
+        let cmds = decide(&state, &members, 10, &mut secret);
+        assert!(
+            matches!(&cmds[0], ControlCommand::Blacklist { name, .. } if name == "c"),
+            "{cmds:?}"
+        );
+        assert!(reform_of(&cmds).1.starts_with("straggler c (rank 2)"));
+        state.apply(20, &cmds[0]);
+        state.apply(21, &cmds[1]);
+        assert!(state.is_blacklisted(&members[2].id.to_string(), 10 + 59_000));
+        assert!(!state.is_blacklisted(&members[2].id.to_string(), 10 + 60_001));
+        // Now at min_workers: a straggler stays.
+        let (mut state, id) =
+            elastic_running(&members[..2], 2, 3, "[elastic]\nstraggler_window = 1\n");
+        for (i, (rank, ms)) in [(0, 10.0), (1, 50.0), (1, 50.0)].into_iter().enumerate() {
+            let cmd = ControlCommand::RankStats {
+                id,
+                generation: 1,
+                rank,
+                step: 5 + i as u64,
+                compute_ms: ms,
+                wait_ms: 1.0,
+                at_ms: 5,
+            };
+            state.apply(10 + i as u64, &cmd);
+        }
+        assert!(decide(&state, &members[..2], 10, &mut secret).is_empty());
+    }
+
+    #[test]
+    fn an_elastic_ring_grows_back_with_a_member_after_the_rejoin_delay() {
+        let mut members = vec![
+            member("a", State::Alive, 1),
+            member("b", State::Alive, 1),
+            member("c", State::Alive, 1),
+        ];
+        let (mut state, id) = elastic_running(&members, 3, 3, "");
+        members[2].state = State::Dead;
+        let cmds = decide(&state, &members, 1_000, &mut secret);
+        state.apply(3, &cmds[0]);
+        members[2].state = State::Alive;
+        assert!(
+            decide(&state, &members, 1_000 + REJOIN_AFTER_MS - 1, &mut secret).is_empty(),
+            "too soon"
+        );
+        let cmds = decide(&state, &members, 1_000 + REJOIN_AFTER_MS, &mut secret);
+        let (slots, reason) = reform_of(&cmds);
+        assert_eq!(reason, "joined c");
+        assert_eq!(slots.len(), 3);
+        assert_eq!(slots[2].worker, 3, "a joiner gets a new worker id");
+        state.apply(4, &cmds[0]);
+        let job = state.job(id).unwrap();
+        let reasons: Vec<&str> = job
+            .events
+            .iter()
+            .filter(|e| e.what == crate::control::state::EventKind::Reformed)
+            .map(|e| e.reason.as_str())
+            .collect();
+        assert_eq!(reasons, ["peer-lost c (rank 2): member dead", "joined c"]);
+        assert_eq!(job.generation, 3);
+        // Full again: nothing more.
+        assert!(decide(&state, &members, 100_000, &mut secret).is_empty());
     }
 }

@@ -134,11 +134,13 @@ pub fn place(candidates: &[Candidate], req: &Request) -> Result<Vec<Slot>, Unpla
     let mut slots = Vec::with_capacity(req.workers as usize);
     for (c, n) in chosen {
         for local in 0..n {
+            let rank = u32::try_from(slots.len()).expect("at most req.workers slots");
             slots.push(Slot {
                 member: c.id.clone(),
                 name: c.name.clone(),
-                rank: u32::try_from(slots.len()).expect("at most req.workers slots"),
+                rank,
                 local_rank: u32::try_from(local).expect("local rank below req.workers"),
+                worker: rank,
             });
         }
     }

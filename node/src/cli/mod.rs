@@ -352,7 +352,7 @@ pub fn logs(cli: &Cli, id: &str, follow: bool) -> Result<()> {
                     println!("[rank {}] {line}", chunk.rank);
                 }
             }
-            offsets.insert(chunk.rank, chunk.next_offset);
+            offsets.insert(chunk.worker, chunk.next_offset);
         }
         let drained = doc.chunks.iter().all(|c| c.text.is_empty());
         if !follow || (is_terminal(&doc.state) && drained) {

@@ -258,6 +258,7 @@ impl ControlHandle {
 
     /// The logs of a job's current generation, each rank read from `offsets[rank]` on.
     /// Returns the job's state and one chunk per rank, or `None` if there is no such job.
+    /// Offsets are by worker id (equal to the rank unless an elastic ring re-formed).
     pub async fn logs(
         &self,
         id: JobId,
@@ -265,17 +266,18 @@ impl ControlHandle {
     ) -> Option<(JobState, Vec<LogChunk>)> {
         let (state, generation, slots) = self.read(|s| {
             s.job(id)
-                .map(|j| (j.state, j.attempt, j.assignment.clone()))
+                .map(|j| (j.state, j.process_generation(), j.assignment.clone()))
         })?;
         let mut chunks = Vec::new();
         for slot in slots {
-            let offset = offsets.get(&slot.rank).copied().unwrap_or(0);
-            let chunk = if slot.member == self.me {
-                read_log(&self.jobs_dir, id, generation, slot.rank, offset)
+            let offset = offsets.get(&slot.worker).copied().unwrap_or(0);
+            let mut chunk = if slot.member == self.me {
+                read_log(&self.jobs_dir, id, generation, slot.worker, offset)
             } else {
-                self.remote_log(&slot.member, id, generation, slot.rank, offset)
+                self.remote_log(&slot.member, id, generation, slot.worker, offset)
                     .await
             };
+            chunk.rank = slot.rank;
             chunks.push(chunk);
         }
         Some((state, chunks))
@@ -286,11 +288,12 @@ impl ControlHandle {
         member: &str,
         job: JobId,
         generation: u32,
-        rank: u32,
+        worker: u32,
         offset: u64,
     ) -> LogChunk {
         let failed = |e: String| LogChunk {
-            rank,
+            rank: worker,
+            worker,
             generation,
             offset,
             text: String::new(),
@@ -303,7 +306,7 @@ impl ControlHandle {
         let req = RpcRequest::Logs {
             job,
             generation,
-            rank,
+            worker,
             offset,
         };
         let payload = match wire::encode_json(&req) {

@@ -30,8 +30,9 @@ pub enum RpcRequest {
     /// A piece of a rank's log kept on the node that ran it.
     Logs {
         job: JobId,
+        /// The generation the worker's process was started for.
         generation: u32,
-        rank: u32,
+        worker: u32,
         offset: u64,
     },
 }

@@ -23,16 +23,16 @@ use crate::{
 /// Whether the member `from` (a peer id) may have `cmd` committed by forwarding it to the
 /// chief. A member forwards what its users and its own ranks produce: a submit (whose spec
 /// is admitted again exactly as the API admits one, see [`crate::jobs::admit`]), a cancel,
-/// and the exits and metrics of ranks it runs in the job's current attempt. What only the
+/// and the exits and metrics of ranks it runs in the job's current generation. What only the
 /// chief decides (placements, failed attempts, unplaceable jobs) is never accepted from the
 /// wire: the chief proposes those to its own Raft.
 pub fn authorize(from: &str, cmd: &ControlCommand, state: &ControlState) -> Result<(), String> {
-    let runs_in_current_attempt = |id: JobId, attempt: u32, rank: Option<u32>| {
+    let runs_in_current_generation = |id: JobId, generation: u32, rank: Option<u32>| {
         let job = state.job(id).ok_or_else(|| format!("no job {id}"))?;
-        if job.attempt != attempt {
+        if job.generation != generation {
             return Err(format!(
-                "job {id} is at attempt {}, not {attempt}",
-                job.attempt
+                "job {id} is at generation {}, not {generation}",
+                job.generation
             ));
         }
         let runs = job
@@ -52,10 +52,24 @@ pub fn authorize(from: &str, cmd: &ControlCommand, state: &ControlState) -> Resu
         ControlCommand::Submit { spec, .. } => crate::jobs::admit(spec),
         ControlCommand::Cancel { .. } => Ok(()),
         ControlCommand::WorkerExited {
-            id, attempt, rank, ..
-        } => runs_in_current_attempt(*id, *attempt, Some(*rank)),
-        ControlCommand::Metric { id, attempt, .. } => runs_in_current_attempt(*id, *attempt, None),
+            id,
+            generation,
+            rank,
+            ..
+        } => runs_in_current_generation(*id, *generation, Some(*rank)),
+        ControlCommand::Metric { id, generation, .. }
+        | ControlCommand::RankLost { id, generation, .. } => {
+            runs_in_current_generation(*id, *generation, None)
+        }
+        ControlCommand::RankStats {
+            id,
+            generation,
+            rank,
+            ..
+        } => runs_in_current_generation(*id, *generation, Some(*rank)),
         ControlCommand::Place { .. }
+        | ControlCommand::Reform { .. }
+        | ControlCommand::Blacklist { .. }
         | ControlCommand::Unplaceable { .. }
         | ControlCommand::AttemptFailed { .. } => {
             Err("only the chief places jobs and fails attempts; not accepted from a peer".into())
@@ -102,9 +116,9 @@ pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>) {
                 Ok(RpcRequest::Logs {
                     job,
                     generation,
-                    rank,
+                    worker,
                     offset,
-                }) => RpcResponse::Logs(read_log(&ctl.jobs_dir, job, generation, rank, offset)),
+                }) => RpcResponse::Logs(read_log(&ctl.jobs_dir, job, generation, worker, offset)),
                 Err(e) => {
                     debug!(peer = %rpc.from, "malformed rpc: {e}");
                     RpcResponse::Malformed(e.to_string())
@@ -134,7 +148,7 @@ mod tests {
         let runner = members[0].id.to_string();
         let exited = ControlCommand::WorkerExited {
             id,
-            attempt: 1,
+            generation: 1,
             rank: 0,
             code: 0,
             at_ms: 1,
@@ -143,7 +157,7 @@ mod tests {
         assert!(authorize("someone-else", &exited, &state).is_err());
         let stale = ControlCommand::Metric {
             id,
-            attempt: 7,
+            generation: 7,
             name: "loss".into(),
             value: 1.0,
             step: None,

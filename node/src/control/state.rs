@@ -8,16 +8,23 @@
 //! Job lifecycle (the only legal transitions):
 //!
 //! ```text
+//!                      Reform (elastic: a new generation of the survivors, or with a joiner)
+//!                      +--+
+//!                      v  |
 //! pending --Place--> running --all ranks exit 0--> succeeded
 //!    ^                  |
-//!    |   attempt failed |  (a rank exits non-zero, or AttemptFailed)
-//!    +---- retry -------+  while attempt <= max_restarts, else --> failed
+//!    |  attempt failed  |  (a rank exits non-zero, or AttemptFailed)
+//!    +---- retry -------+  while restarts used < max_restarts, else --> failed
 //! pending | running --Cancel--> cancelled
 //! ```
 //!
-//! Attempts are numbered from 1; a report (exit, failure, metric) naming another attempt than
-//! the current one is stale and ignored, so a slow report of an old attempt can never end the
-//! new one.
+//! Two counters, both from 1. An *attempt* runs from durable state (the start, or a retry
+//! from the last checkpoint); only a new attempt uses up one of `max_restarts`. A
+//! *generation* is one formation of the ring: every placement starts one, and so does every
+//! [`ControlCommand::Reform`] of an elastic job (a member lost, hung or blacklisted, or one
+//! that joins), inside the same attempt. Processes, ports, secrets and reports are keyed by
+//! generation: a report (exit, failure, metric) naming another generation than the current
+//! one is stale and ignored, so a slow report of an old generation can never end the new one.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -116,9 +123,9 @@ impl<'de> Deserialize<'de> for JobId {
 pub enum JobState {
     /// Waiting for placement (new, or between attempts).
     Pending,
-    /// An attempt is placed and its workers run.
+    /// A generation is placed and its workers run.
     Running,
-    /// Every rank of an attempt exited 0.
+    /// Every rank of the current generation exited 0.
     Succeeded,
     /// The last allowed attempt failed.
     Failed,
@@ -159,11 +166,14 @@ impl fmt::Display for JobState {
 pub enum EventKind {
     /// The job entered the log.
     Submitted,
-    /// An attempt was placed (reason: "start" or "retry after …").
+    /// A generation was placed (reason: "start" or "retry …").
     Placed,
+    /// An elastic job's ring re-formed as a new generation inside its attempt (reason:
+    /// "peer-lost <member> (rank r)", "hung …", "straggler …", "joined …").
+    Reformed,
     /// The job could not be placed (reason: why); recorded when the reason changes.
     Unplaceable,
-    /// A rank of the current attempt exited.
+    /// A rank of the current generation exited.
     WorkerExited,
     /// The current attempt failed and will be retried.
     AttemptFailed,
@@ -182,10 +192,13 @@ pub struct JobEvent {
     pub at_ms: u64,
     /// What happened.
     pub what: EventKind,
-    /// Attempt it concerns (0 before the first placement).
-    pub attempt: u32,
+    /// Generation it concerns (0 before the first placement).
+    pub generation: u32,
     /// Why, for humans.
     pub reason: String,
+    /// The ring, member names in rank order, for `Placed` and `Reformed` events.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ring: Vec<String>,
 }
 
 /// The latest value of one metric.
@@ -195,8 +208,8 @@ pub struct Metric {
     pub value: f64,
     /// Step it was measured at, if the worker said.
     pub step: Option<u64>,
-    /// Attempt that reported it.
-    pub attempt: u32,
+    /// Generation that reported it.
+    pub generation: u32,
     /// When it was committed (proposer's clock, ms since the Unix epoch).
     pub at_ms: u64,
 }
@@ -210,13 +223,34 @@ pub struct Job {
     pub spec: JobSpec,
     /// Lifecycle state.
     pub state: JobState,
-    /// Current attempt, 1-based; 0 while never placed.
+    /// Current generation of the ring, 1-based; 0 while never placed.
+    pub generation: u32,
+    /// Current attempt, 1-based; 0 while never placed. `attempt - 1` restarts are used.
+    #[serde(default)]
     pub attempt: u32,
+    /// The generation the current attempt was placed in: train ranks keep their process
+    /// through the attempt's re-forms, so their processes and logs are keyed by it.
+    #[serde(default)]
+    pub attempt_generation: u32,
+    /// Ranks of the current generation that their peers reported lost (a hang, a silent or
+    /// broken connection), with the report: the chief re-forms without them.
+    #[serde(default)]
+    pub suspects: BTreeMap<u32, String>,
+    /// Each rank's latest step timing in the current generation (straggler detection).
+    #[serde(default)]
+    pub rank_stats: BTreeMap<u32, RankStat>,
+    /// Members that left the current attempt's ring, and when (proposer's clock, ms): one
+    /// may join again [`REJOIN_AFTER_MS`] later.
+    #[serde(default)]
+    pub departed: BTreeMap<String, u64>,
+    /// The next unused worker id of the current attempt (a joiner's).
+    #[serde(default)]
+    pub next_worker: u32,
     /// Restarts allowed (from the spec): attempts `1..=max_restarts + 1`.
     pub max_restarts: u32,
-    /// Workers of the current (or last) attempt, in rank order.
+    /// Workers of the current (or last) generation, in rank order.
     pub assignment: Vec<Slot>,
-    /// Exit codes reported by ranks of the current attempt.
+    /// Exit codes reported by ranks of the current generation.
     pub exits: BTreeMap<u32, i32>,
     /// Why the job is pending, when it could not be placed.
     pub pending_reason: Option<String>,
@@ -226,30 +260,95 @@ pub struct Job {
     pub events_dropped: u64,
     /// Latest value per metric name.
     pub metrics: BTreeMap<String, Metric>,
-    /// The shared secret of the current attempt's data-plane connections, drawn at random by
+    /// The shared secret of the current generation's data-plane connections, drawn at random by
     /// the chief at placement. It lives only in the replicated log and state, which travel
     /// only between members (over the swarm, keyed when the cluster has a key), and in the
-    /// environment of the attempt's workers; the API never shows it. A new attempt gets a new
+    /// environment of the generation's workers; the API never shows it. A new generation gets a new
     /// one, so a stale worker cannot join the next ring.
     #[serde(default)]
     pub ring_secret: String,
     /// When the submit was committed.
     pub submitted_at_ms: u64,
-    /// When the first attempt was placed.
+    /// When the first generation was placed.
     pub started_at_ms: Option<u64>,
     /// When the job reached a terminal state.
     pub finished_at_ms: Option<u64>,
 }
 
+/// A rank's step timing as it last reported it (`ringleader-rank-stats` lines, about once a
+/// second, averaged over the steps since the previous report).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RankStat {
+    /// Steps done.
+    pub step: u64,
+    /// Compute time per step (forward, backward, optimizer), ms.
+    pub compute_ms: f64,
+    /// Time per step waiting for the network, ms.
+    pub wait_ms: f64,
+    /// The step since which the rank has been slower than `straggler_factor` × the median
+    /// of the others, if it is now.
+    pub slow_since_step: Option<u64>,
+}
+
+/// A member kept out of new rings for a while (a straggler), cluster-wide.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Blacklisting {
+    /// Its name when it was blacklisted.
+    pub name: String,
+    /// Until when (proposer's clock, ms since the Unix epoch).
+    pub until_ms: u64,
+    /// How many times it was blacklisted: the cooldown doubles each time.
+    pub strikes: u32,
+    /// Why, for humans.
+    pub reason: String,
+}
+
+/// How long a member that left a job's ring waits before it may join that ring again, in
+/// milliseconds (a member whose rank crashed does not flap in and out).
+pub const REJOIN_AFTER_MS: u64 = 10_000;
+/// Longest blacklisting, whatever the strikes, in milliseconds (a day).
+pub const BLACKLIST_MS_MAX: u64 = 86_400_000;
+
 impl Job {
+    /// The generation this job's rank processes are keyed by: train ranks live through the
+    /// re-forms of an attempt (survivors keep their state in memory), command ranks are
+    /// started again at each generation with the new `WORLD_SIZE` (torchrun's elastic
+    /// semantics).
+    pub fn process_generation(&self) -> u32 {
+        if self.spec.kind == crate::jobs::spec::JobKind::Train {
+            self.attempt_generation
+        } else {
+            self.generation
+        }
+    }
+
+    /// Starts generation `generation` on `slots`: the ring, its secret and the per-generation
+    /// records.
+    fn start_generation(&mut self, generation: u32, slots: &[Slot], secret: &str, at_ms: u64) {
+        for old in &self.assignment {
+            if !slots.iter().any(|s| s.member == old.member) {
+                self.departed.insert(old.member.clone(), at_ms);
+            }
+        }
+        self.generation = generation;
+        let past = slots.iter().map(|s| s.worker.saturating_add(1)).max();
+        self.next_worker = self.next_worker.max(past.unwrap_or(0));
+        self.assignment = slots.to_vec();
+        self.ring_secret = secret.to_owned();
+        self.exits.clear();
+        self.suspects.clear();
+        self.rank_stats.clear();
+    }
+
     fn push_event(&mut self, at_ms: u64, what: EventKind, reason: impl Into<String>) {
         let mut reason = reason.into();
         truncate_at_char(&mut reason, REASON_BYTES_MAX);
         self.events.push(JobEvent {
             at_ms,
             what,
-            attempt: self.attempt,
+            generation: self.generation,
             reason,
+            ring: Vec::new(),
         });
         if self.events.len() > EVENTS_PER_JOB_MAX {
             let extra = self.events.len() - EVENTS_PER_JOB_MAX;
@@ -264,6 +363,20 @@ impl Job {
         self.finished_at_ms = Some(at_ms);
         self.pending_reason = None;
         self.push_event(at_ms, what, reason);
+    }
+
+    /// Records a new ring (a placement or a re-form) as an event with its members.
+    fn push_ring_event(&mut self, at_ms: u64, what: EventKind, reason: String) {
+        self.push_event(at_ms, what, reason);
+        if let Some(last) = self.events.last_mut() {
+            last.ring = self.assignment.iter().map(|s| s.name.clone()).collect();
+        }
+    }
+
+    /// Whether the job's ring may shrink or grow instead of restarting: `min_workers <
+    /// workers` or `max_workers > workers`.
+    pub fn is_elastic(&self) -> bool {
+        self.spec.min_workers < self.spec.workers || self.spec.max_workers > self.spec.workers
     }
 
     /// Ends the current attempt as failed: retry (back to pending) or fail the job.
@@ -295,7 +408,7 @@ impl Job {
 /// A change to the control state, as committed in the Raft log.
 ///
 /// Commands carry the proposer's clock (`at_ms`) so every replica records the same times.
-/// Reports from workers carry the attempt they belong to; stale ones are ignored.
+/// Reports from workers carry the generation they belong to; stale ones are ignored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "op")]
 pub enum ControlCommand {
@@ -311,15 +424,15 @@ pub enum ControlCommand {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         token: Option<String>,
     },
-    /// The chief placed attempt `attempt` (must be the job's next attempt) on `slots`.
+    /// The chief placed generation `generation` (must be the job's next generation) on `slots`.
     Place {
         /// The job.
         id: JobId,
-        /// The attempt being started: the job's current attempt + 1.
-        attempt: u32,
+        /// The generation being started: the job's current generation + 1.
+        generation: u32,
         /// Workers in rank order (`slots[i].rank == i`).
         slots: Vec<Slot>,
-        /// The data-plane secret of this attempt (see [`Job::ring_secret`]): 32 random bytes
+        /// The data-plane secret of this generation (see [`Job::ring_secret`]): 32 random bytes
         /// as [`RING_SECRET_HEX_LEN`] lowercase hex digits, drawn by the chief.
         #[serde(default)]
         secret: String,
@@ -339,8 +452,8 @@ pub enum ControlCommand {
     WorkerExited {
         /// The job.
         id: JobId,
-        /// The attempt the process belonged to.
-        attempt: u32,
+        /// The generation the process belonged to.
+        generation: u32,
         /// Its rank.
         rank: u32,
         /// Exit code (a signal death is reported as 128 + signal, as shells do).
@@ -348,23 +461,24 @@ pub enum ControlCommand {
         /// Proposer's clock.
         at_ms: u64,
     },
-    /// The attempt failed as a whole (a worker's node died, a ring could not form, …).
+    /// The attempt of this generation failed as a whole (a worker's node died, too few
+    /// ranks remain for an elastic job, …): it is retried from durable state.
     AttemptFailed {
         /// The job.
         id: JobId,
-        /// The attempt that failed.
-        attempt: u32,
+        /// The generation that failed.
+        generation: u32,
         /// Why, for humans.
         reason: String,
         /// Proposer's clock.
         at_ms: u64,
     },
-    /// Latest value of a metric of a running attempt.
+    /// Latest value of a metric of a running generation.
     Metric {
         /// The job.
         id: JobId,
-        /// The attempt that reported it.
-        attempt: u32,
+        /// The generation that reported it.
+        generation: u32,
         /// Metric name.
         name: String,
         /// Value; must be finite (a non-finite value travels as `null` and is rejected by
@@ -373,6 +487,70 @@ pub enum ControlCommand {
         value: f64,
         /// Step, if reported.
         step: Option<u64>,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// The chief re-formed a running elastic job's ring as generation `generation` (the
+    /// job's current generation + 1) inside the same attempt: without lost, hung or
+    /// straggling members, or with one that joined. Uses up no restart.
+    Reform {
+        /// The job.
+        id: JobId,
+        /// The job's current generation + 1.
+        generation: u32,
+        /// Workers in rank order (`slots[i].rank == i`); survivors keep their `worker`.
+        slots: Vec<Slot>,
+        /// The new generation's data-plane secret (as in `Place`).
+        secret: String,
+        /// Why (`peer-lost <member> (rank r)`, `hung …`, `straggler …`, `joined …`).
+        reason: String,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// A rank's peers lost it while its process lives (its collective went silent or broke):
+    /// reported by the node of the rank that noticed.
+    RankLost {
+        /// The job.
+        id: JobId,
+        /// The generation it was lost in.
+        generation: u32,
+        /// The lost rank.
+        rank: u32,
+        /// What the reporting rank saw.
+        reason: String,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// A rank's step timing (see [`RankStat`]).
+    RankStats {
+        /// The job.
+        id: JobId,
+        /// The generation it runs in.
+        generation: u32,
+        /// Its rank.
+        rank: u32,
+        /// Steps done.
+        step: u64,
+        /// Compute time per step, ms; finite and non-negative.
+        #[serde(with = "finite_or_null")]
+        compute_ms: f64,
+        /// Network wait per step, ms; finite and non-negative.
+        #[serde(with = "finite_or_null")]
+        wait_ms: f64,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// The chief blacklists a member for `cooldown_ms` × 2^(strikes) (capped at
+    /// [`BLACKLIST_MS_MAX`]).
+    Blacklist {
+        /// Its peer id.
+        member: String,
+        /// Its name.
+        name: String,
+        /// Base cooldown, ms.
+        cooldown_ms: u64,
+        /// Why.
+        reason: String,
         /// Proposer's clock.
         at_ms: u64,
     },
@@ -396,6 +574,10 @@ pub struct Slot {
     pub rank: u32,
     /// Rank among the job's workers on the same member, 0-based.
     pub local_rank: u32,
+    /// The worker's id within its attempt: its rank when placed, kept through re-forms (its
+    /// rank may change); a joiner gets the next unused id.
+    #[serde(default)]
+    pub worker: u32,
 }
 
 /// A command a proposer must not put in the log.
@@ -444,7 +626,22 @@ impl ControlCommand {
                 }
                 Ok(())
             }
-            ControlCommand::Place { slots, secret, .. } => {
+            ControlCommand::RankStats {
+                compute_ms,
+                wait_ms,
+                ..
+            } => {
+                let ok = |v: &f64| v.is_finite() && *v >= 0.0;
+                if ok(compute_ms) && ok(wait_ms) {
+                    Ok(())
+                } else {
+                    Err(BadCommand::NonFiniteMetric {
+                        name: "rank stats".into(),
+                    })
+                }
+            }
+            ControlCommand::Place { slots, secret, .. }
+            | ControlCommand::Reform { slots, secret, .. } => {
                 let ordered = slots.iter().enumerate().all(|(i, s)| s.rank as usize == i);
                 if slots.is_empty() || slots.len() > WORKERS_MAX as usize || !ordered {
                     return Err(BadCommand::Slots);
@@ -473,6 +670,10 @@ impl ControlCommand {
             | ControlCommand::WorkerExited { at_ms, .. }
             | ControlCommand::AttemptFailed { at_ms, .. }
             | ControlCommand::Metric { at_ms, .. }
+            | ControlCommand::Reform { at_ms, .. }
+            | ControlCommand::RankLost { at_ms, .. }
+            | ControlCommand::RankStats { at_ms, .. }
+            | ControlCommand::Blacklist { at_ms, .. }
             | ControlCommand::Cancel { at_ms, .. } => *at_ms,
         }
     }
@@ -495,7 +696,7 @@ pub enum ControlResponse {
         reason: String,
     },
     /// The command is not allowed in the current state (unknown job, job already finished,
-    /// a placement for the wrong attempt, …). Nothing changed.
+    /// a placement for the wrong generation, …). Nothing changed.
     Rejected {
         /// Why.
         reason: String,
@@ -517,6 +718,9 @@ pub struct ControlState {
     /// Submit tokens seen, with the job each created (see `ControlCommand::Submit`).
     #[serde(default)]
     pub tokens: BTreeMap<String, JobId>,
+    /// Blacklisted members by peer id (expired entries are kept for their strikes).
+    #[serde(default)]
+    pub blacklist: BTreeMap<String, Blacklisting>,
 }
 
 impl ControlState {
@@ -548,7 +752,13 @@ impl ControlState {
                     id,
                     spec: (**spec).clone(),
                     state: JobState::Pending,
+                    generation: 0,
                     attempt: 0,
+                    attempt_generation: 0,
+                    suspects: BTreeMap::new(),
+                    rank_stats: BTreeMap::new(),
+                    departed: BTreeMap::new(),
+                    next_worker: 0,
                     max_restarts: spec.max_restarts,
                     assignment: Vec::new(),
                     exits: BTreeMap::new(),
@@ -571,7 +781,7 @@ impl ControlState {
             }
             ControlCommand::Place {
                 id,
-                attempt,
+                generation,
                 slots,
                 secret,
                 at_ms,
@@ -583,25 +793,26 @@ impl ControlState {
                 if job.state != JobState::Pending {
                     return rejected(format!("{id} is {}, not pending", job.state));
                 }
-                if *attempt != job.attempt + 1 {
+                if *generation != job.generation + 1 {
                     return rejected(format!(
-                        "{id}: placement for attempt {attempt}, expected {}",
-                        job.attempt + 1
+                        "{id}: placement for generation {generation}, expected {}",
+                        job.generation + 1
                     ));
                 }
-                let first = job.attempt == 0;
-                job.attempt = *attempt;
+                let first = job.generation == 0;
+                job.next_worker = 0;
+                job.start_generation(*generation, slots, secret, *at_ms);
+                job.departed.clear();
+                job.attempt += 1;
+                job.attempt_generation = *generation;
                 job.state = JobState::Running;
-                job.assignment = slots.clone();
-                job.ring_secret = secret.clone();
-                job.exits.clear();
                 job.pending_reason = None;
                 if first {
                     job.started_at_ms = Some(*at_ms);
                 }
                 let ring: Vec<&str> = slots.iter().map(|s| s.name.as_str()).collect();
                 let why = if first { "start" } else { "retry" };
-                job.push_event(
+                job.push_ring_event(
                     *at_ms,
                     EventKind::Placed,
                     format!("{why}: {} workers on {}", slots.len(), ring.join(", ")),
@@ -627,17 +838,17 @@ impl ControlState {
             }
             ControlCommand::WorkerExited {
                 id,
-                attempt,
+                generation,
                 rank,
                 code,
                 at_ms,
             } => {
-                let job = match self.current_attempt(*id, *attempt) {
+                let job = match self.current_attempt(*id, *generation) {
                     Ok(job) => job,
                     Err(r) => return r,
                 };
                 let Some(slot) = job.assignment.get(*rank as usize) else {
-                    return rejected(format!("{id}: no rank {rank} in attempt {attempt}"));
+                    return rejected(format!("{id}: no rank {rank} in generation {generation}"));
                 };
                 if job.exits.contains_key(rank) {
                     return ignored(format!("rank {rank} already reported"));
@@ -645,9 +856,14 @@ impl ControlState {
                 let what = format!("rank {rank} on {} exited with code {code}", slot.name);
                 job.exits.insert(*rank, *code);
                 job.push_event(*at_ms, EventKind::WorkerExited, what.clone());
-                if *code != 0 {
+                if *code != 0 && !job.is_elastic() {
                     job.fail_attempt(*at_ms, what);
-                } else if job.exits.len() == job.assignment.len() {
+                } else if *code != 0 {
+                    // An elastic job goes on without the rank: the chief re-forms the ring,
+                    // or fails the attempt when too few would remain.
+                } else if job.exits.len() == job.assignment.len()
+                    && job.exits.values().all(|c| *c == 0)
+                {
                     let n = job.assignment.len();
                     job.finish(
                         *at_ms,
@@ -660,11 +876,11 @@ impl ControlState {
             }
             ControlCommand::AttemptFailed {
                 id,
-                attempt,
+                generation,
                 reason,
                 at_ms,
             } => {
-                let job = match self.current_attempt(*id, *attempt) {
+                let job = match self.current_attempt(*id, *generation) {
                     Ok(job) => job,
                     Err(r) => return r,
                 };
@@ -673,13 +889,13 @@ impl ControlState {
             }
             ControlCommand::Metric {
                 id,
-                attempt,
+                generation,
                 name,
                 value,
                 step,
                 at_ms,
             } => {
-                let job = match self.current_attempt(*id, *attempt) {
+                let job = match self.current_attempt(*id, *generation) {
                     Ok(job) => job,
                     Err(r) => return r,
                 };
@@ -691,10 +907,128 @@ impl ControlState {
                     Metric {
                         value: *value,
                         step: *step,
-                        attempt: *attempt,
+                        generation: *generation,
                         at_ms: *at_ms,
                     },
                 );
+                ControlResponse::Applied
+            }
+            ControlCommand::Reform {
+                id,
+                generation,
+                slots,
+                secret,
+                reason,
+                at_ms,
+            } => {
+                let job = match self.jobs.get_mut(id) {
+                    Some(job) => job,
+                    None => return unknown(*id),
+                };
+                if job.state != JobState::Running {
+                    return ignored(format!("{id} is {}, not running", job.state));
+                }
+                if *generation != job.generation + 1 {
+                    return ignored(format!(
+                        "{id}: re-form as generation {generation}, expected {}",
+                        job.generation + 1
+                    ));
+                }
+                let n = slots.len() as u32;
+                if !job.is_elastic() || n < job.spec.min_workers || n > job.spec.max_workers {
+                    return rejected(format!(
+                        "{id}: a ring of {n} is outside {}..={} or the job is not elastic",
+                        job.spec.min_workers, job.spec.max_workers
+                    ));
+                }
+                job.start_generation(*generation, slots, secret, *at_ms);
+                job.push_ring_event(*at_ms, EventKind::Reformed, reason.clone());
+                ControlResponse::Applied
+            }
+            ControlCommand::RankLost {
+                id,
+                generation,
+                rank,
+                reason,
+                at_ms: _,
+            } => {
+                let job = match self.current_attempt(*id, *generation) {
+                    Ok(job) => job,
+                    Err(r) => return r,
+                };
+                if *rank as usize >= job.assignment.len() {
+                    return rejected(format!("{id}: no rank {rank} in generation {generation}"));
+                }
+                let mut reason = reason.clone();
+                truncate_at_char(&mut reason, REASON_BYTES_MAX);
+                job.suspects.entry(*rank).or_insert(reason);
+                ControlResponse::Applied
+            }
+            ControlCommand::RankStats {
+                id,
+                generation,
+                rank,
+                step,
+                compute_ms,
+                wait_ms,
+                at_ms: _,
+            } => {
+                let job = match self.current_attempt(*id, *generation) {
+                    Ok(job) => job,
+                    Err(r) => return r,
+                };
+                if *rank as usize >= job.assignment.len() {
+                    return rejected(format!("{id}: no rank {rank} in generation {generation}"));
+                }
+                let mut others: Vec<f64> = job
+                    .rank_stats
+                    .iter()
+                    .filter(|(r, _)| *r != rank)
+                    .map(|(_, s)| s.compute_ms)
+                    .collect();
+                others.sort_by(f64::total_cmp);
+                let median = others.get(others.len() / 2).copied();
+                let slow =
+                    median.is_some_and(|m| *compute_ms > job.spec.elastic.straggler_factor * m);
+                let before = job.rank_stats.get(rank).and_then(|s| s.slow_since_step);
+                job.rank_stats.insert(
+                    *rank,
+                    RankStat {
+                        step: *step,
+                        compute_ms: *compute_ms,
+                        wait_ms: *wait_ms,
+                        slow_since_step: if slow {
+                            Some(before.unwrap_or(*step))
+                        } else {
+                            None
+                        },
+                    },
+                );
+                ControlResponse::Applied
+            }
+            ControlCommand::Blacklist {
+                member,
+                name,
+                cooldown_ms,
+                reason,
+                at_ms,
+            } => {
+                let entry = self
+                    .blacklist
+                    .entry(member.clone())
+                    .or_insert_with(|| Blacklisting {
+                        name: name.clone(),
+                        until_ms: 0,
+                        strikes: 0,
+                        reason: String::new(),
+                    });
+                let factor = 1u64 << entry.strikes.min(20);
+                entry.strikes = entry.strikes.saturating_add(1);
+                entry.until_ms =
+                    at_ms.saturating_add(cooldown_ms.saturating_mul(factor).min(BLACKLIST_MS_MAX));
+                entry.name = name.clone();
+                entry.reason = reason.clone();
+                truncate_at_char(&mut entry.reason, REASON_BYTES_MAX);
                 ControlResponse::Applied
             }
             ControlCommand::Cancel { id, at_ms } => {
@@ -717,14 +1051,14 @@ impl ControlState {
         }
     }
 
-    /// The job, if `attempt` is its current attempt and it is running; otherwise the response
-    /// to give (unknown job: rejected; stale attempt or finished job: ignored).
-    fn current_attempt(&mut self, id: JobId, attempt: u32) -> Result<&mut Job, ControlResponse> {
+    /// The job, if `generation` is its current generation and it is running; otherwise the response
+    /// to give (unknown job: rejected; stale generation or finished job: ignored).
+    fn current_attempt(&mut self, id: JobId, generation: u32) -> Result<&mut Job, ControlResponse> {
         let job = self.jobs.get_mut(&id).ok_or_else(|| unknown(id))?;
-        if attempt != job.attempt {
+        if generation != job.generation {
             return Err(ignored(format!(
-                "stale report for attempt {attempt}; current is {}",
-                job.attempt
+                "stale report for generation {generation}; current is {}",
+                job.generation
             )));
         }
         if job.state != JobState::Running {
@@ -744,6 +1078,13 @@ impl ControlState {
     }
 
     /// Cpus and gpus held on each member (by peer id) by running jobs, for placement.
+    /// Whether `member` is blacklisted at `now_ms`.
+    pub fn is_blacklisted(&self, member: &str, now_ms: u64) -> bool {
+        self.blacklist
+            .get(member)
+            .is_some_and(|b| b.until_ms > now_ms)
+    }
+
     pub fn used_resources(&self) -> BTreeMap<String, (u32, u32)> {
         let mut used: BTreeMap<String, (u32, u32)> = BTreeMap::new();
         for job in self.jobs.values().filter(|j| j.state == JobState::Running) {
@@ -819,6 +1160,7 @@ mod tests {
                 name: format!("m{r}"),
                 rank: r,
                 local_rank: 0,
+                worker: r,
             })
             .collect()
     }
@@ -850,19 +1192,19 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
-        fn place(&mut self, id: JobId, attempt: u32, n: u32) -> ControlResponse {
+        fn place(&mut self, id: JobId, generation: u32, n: u32) -> ControlResponse {
             self.apply(ControlCommand::Place {
                 id,
-                attempt,
+                generation,
                 slots: slots(n),
                 secret: new_ring_secret(),
                 at_ms: 20,
             })
         }
-        fn exit(&mut self, id: JobId, attempt: u32, rank: u32, code: i32) -> ControlResponse {
+        fn exit(&mut self, id: JobId, generation: u32, rank: u32, code: i32) -> ControlResponse {
             self.apply(ControlCommand::WorkerExited {
                 id,
-                attempt,
+                generation,
                 rank,
                 code,
                 at_ms: 30,
@@ -928,7 +1270,7 @@ mod tests {
         assert_eq!(id.to_string(), "j-15"); // 41 in base 36
         let job = r.job(id);
         assert_eq!(
-            (job.state, job.attempt, job.max_restarts),
+            (job.state, job.generation, job.max_restarts),
             (JobState::Pending, 0, 3)
         );
         assert_eq!(job.events[0].what, EventKind::Submitted);
@@ -970,13 +1312,13 @@ mod tests {
             ev.reason,
             "rank 0 on m0 exited with code 3; retrying (restart 1 of 1)"
         );
-        // The other rank of the dead attempt reports late: ignored.
+        // The other rank of the dead generation reports late: ignored.
         assert!(matches!(
             r.exit(id, 1, 1, 0),
             ControlResponse::Ignored { .. }
         ));
         assert_eq!(r.place(id, 2, 2), ControlResponse::Applied);
-        assert_eq!(r.job(id).attempt, 2);
+        assert_eq!(r.job(id).generation, 2);
         assert!(r.job(id).exits.is_empty());
         r.exit(id, 2, 1, 137);
         let job = r.job(id);
@@ -994,7 +1336,7 @@ mod tests {
         r.place(id, 1, 1);
         r.apply(ControlCommand::AttemptFailed {
             id,
-            attempt: 1,
+            generation: 1,
             reason: "node m0 died".into(),
             at_ms: 5,
         });
@@ -1021,7 +1363,7 @@ mod tests {
         );
         let bad = ControlCommand::Place {
             id,
-            attempt: 2,
+            generation: 2,
             slots: vec![],
             secret: new_ring_secret(),
             at_ms: 1,
@@ -1035,7 +1377,7 @@ mod tests {
         ] {
             let cmd = ControlCommand::Place {
                 id,
-                attempt: 2,
+                generation: 2,
                 slots: slots(1),
                 secret,
                 at_ms: 1,
@@ -1060,7 +1402,7 @@ mod tests {
         assert_eq!(r.state.jobs[&id].state, JobState::Pending, "retried");
         assert_eq!(r.place(id, 2, 1), ControlResponse::Applied);
         let second = r.state.jobs[&id].ring_secret.clone();
-        assert_ne!(first, second, "a new attempt, a new secret");
+        assert_ne!(first, second, "a new generation, a new secret");
         let doc = crate::api::status::job_doc(&r.state.jobs[&id], 1, true);
         let json = serde_json::to_string(&doc).unwrap();
         assert!(!json.contains(&second) && !json.contains(&first), "{json}");
@@ -1143,9 +1485,9 @@ mod tests {
     fn metrics_latest_value_current_attempt_only() {
         let mut r = Replica::new();
         let id = r.submit(1, 3);
-        let m = |attempt, value, step| ControlCommand::Metric {
+        let m = |generation, value, step| ControlCommand::Metric {
             id,
-            attempt,
+            generation,
             name: "loss".into(),
             value,
             step,
@@ -1182,7 +1524,7 @@ mod tests {
         for i in 0..METRICS_PER_JOB_MAX + 5 {
             r.apply(ControlCommand::Metric {
                 id,
-                attempt: 1,
+                generation: 1,
                 name: format!("m{i}"),
                 value: 1.0,
                 step: None,
@@ -1192,7 +1534,7 @@ mod tests {
         assert_eq!(r.job(id).metrics.len(), METRICS_PER_JOB_MAX);
         let long = ControlCommand::Metric {
             id,
-            attempt: 1,
+            generation: 1,
             name: "x".repeat(200),
             value: 1.0,
             step: None,
@@ -1230,14 +1572,14 @@ mod tests {
             vec![
                 ControlCommand::Place {
                     id,
-                    attempt: 1,
+                    generation: 1,
                     slots: slots(2),
                     secret: new_ring_secret(),
                     at_ms: 2,
                 },
                 ControlCommand::Metric {
                     id,
-                    attempt: 1,
+                    generation: 1,
                     name: "acc".into(),
                     value: 0.9,
                     step: Some(3),
@@ -1245,14 +1587,14 @@ mod tests {
                 },
                 ControlCommand::WorkerExited {
                     id,
-                    attempt: 1,
+                    generation: 1,
                     rank: 0,
                     code: 1,
                     at_ms: 4,
                 },
                 ControlCommand::Place {
                     id,
-                    attempt: 2,
+                    generation: 2,
                     slots: slots(2),
                     secret: new_ring_secret(),
                     at_ms: 5,

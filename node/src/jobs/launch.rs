@@ -8,11 +8,11 @@
 //! - Train jobs run this node's own binary as `ringleader train-worker` with a spec file
 //!   (the trainer's sections, [`super::train_spec::spec_text`]) and the ring:
 //!   - address of rank r: the host of the member's advertised `data_addr`, port
-//!     [`data_port`]`(job, attempt, r)` = [`master_port`]`(job, attempt) + 1 + r`;
-//!   - group id: from the job id (the trainer hashes it); generation: the attempt;
-//!   - secret: the attempt's random [`Job::ring_secret`], drawn by the chief and replicated
+//!     [`data_port`]`(job, generation, r)` = [`master_port`]`(job, generation) + 1 + r`;
+//!   - group id: from the job id (the trainer hashes it); generation: the generation;
+//!   - secret: the generation's random [`Job::ring_secret`], drawn by the chief and replicated
 //!     with the placement, handed over in the environment (`RINGLEADER_SECRET`), never shown
-//!     by the API. A process without it (a stale worker of an earlier attempt, another job's,
+//!     by the API. A process without it (a stale worker of an earlier generation, another job's,
 //!     anyone on the data network) fails the ring handshake.
 
 use std::{
@@ -32,22 +32,23 @@ const MASTER_PORT_BASE: u16 = 20_000;
 /// Size of that range.
 const MASTER_PORT_SPAN: u16 = 11_000;
 
-/// The rendezvous port of an attempt: the same on every node, different across attempts.
-pub fn master_port(id: JobId, attempt: u32) -> u16 {
-    let h = blake3::hash(format!("{id}/{attempt}").as_bytes());
+/// The rendezvous port of a generation: the same on every node, different across
+/// generations.
+pub fn master_port(id: JobId, generation: u32) -> u16 {
+    let h = blake3::hash(format!("{id}/{generation}").as_bytes());
     let x = u16::from_le_bytes([h.as_bytes()[0], h.as_bytes()[1]]);
     MASTER_PORT_BASE + x % MASTER_PORT_SPAN
 }
 
-/// The data-plane port of `rank` in `attempt` of job `id`: one above the attempt's
+/// The data-plane port of `rank` in `generation` of job `id`: one above the generation's
 /// rendezvous port, then one per rank (so several ranks fit on one host).
-pub fn data_port(id: JobId, attempt: u32, rank: u32) -> u16 {
-    master_port(id, attempt)
+pub fn data_port(id: JobId, generation: u32, rank: u32) -> u16 {
+    master_port(id, generation)
         .saturating_add(1)
         .saturating_add(rank.min(u16::MAX as u32) as u16)
 }
 
-/// The data-plane address of every rank of `job`'s current attempt, in rank order, or
+/// The data-plane address of every rank of `job`'s current generation, in rank order, or
 /// `None` while a member's host is unknown. `host_of` gives a member's advertised host.
 pub fn ring_addrs(job: &Job, host_of: &dyn Fn(&str) -> Option<String>) -> Option<Vec<SocketAddr>> {
     job.assignment
@@ -56,7 +57,7 @@ pub fn ring_addrs(job: &Job, host_of: &dyn Fn(&str) -> Option<String>) -> Option
             let ip: IpAddr = host_of(&slot.member)?.parse().ok()?;
             Some(SocketAddr::new(
                 ip,
-                data_port(job.id, job.attempt, slot.rank),
+                data_port(job.id, job.generation, slot.rank),
             ))
         })
         .collect()
@@ -68,6 +69,22 @@ pub fn default_storage(jobs_dir: &Path) -> String {
     let data_dir = jobs_dir.parent().unwrap_or(jobs_dir);
     let abs = std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
     format!("file://{}", abs.join("store").display())
+}
+
+/// The control line that moves a live elastic train rank to `job`'s current generation as
+/// `slot`'s rank, or `None` while a ring member's address is unknown.
+pub fn generation_line(
+    job: &Job,
+    slot: &Slot,
+    host_of: &dyn Fn(&str) -> Option<String>,
+) -> Option<String> {
+    let generation = trainer::elastic::Generation {
+        generation: u64::from(job.generation),
+        rank: slot.rank as usize,
+        addrs: ring_addrs(job, host_of)?,
+        secret: job.ring_secret.clone(),
+    };
+    Some(generation.to_line())
 }
 
 /// What a node launches its ranks with.
@@ -96,7 +113,7 @@ pub struct Launch {
     pub log: PathBuf,
 }
 
-/// The launch of `slot` of `job`'s current attempt, or `None` while a train ring member's
+/// The launch of `slot` of `job`'s current generation, or `None` while a train ring member's
 /// address is unknown. `host_of` gives a member's advertised host.
 pub fn launch(
     ctx: &LaunchContext,
@@ -120,11 +137,11 @@ pub fn launch(
         ("MASTER_ADDR".into(), master_addr),
         (
             "MASTER_PORT".into(),
-            master_port(job.id, job.attempt).to_string(),
+            master_port(job.id, job.generation).to_string(),
         ),
         (
             "TORCHELASTIC_RESTART_COUNT".into(),
-            (job.attempt - 1).to_string(),
+            (job.generation - 1).to_string(),
         ),
         (
             "TORCHELASTIC_MAX_RESTARTS".into(),
@@ -132,9 +149,10 @@ pub fn launch(
         ),
         ("RINGLEADER_JOB_ID".into(), job.id.to_string()),
         ("RINGLEADER_ATTEMPT".into(), job.attempt.to_string()),
+        ("RINGLEADER_GENERATION".into(), job.generation.to_string()),
     ];
     env.extend(job.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-    let log = log_path(&ctx.jobs_dir, job.id, job.attempt, slot.rank);
+    let log = log_path(&ctx.jobs_dir, job.id, job.process_generation(), slot.worker);
     if job.spec.kind != JobKind::Train {
         return Some(Launch {
             command: job.spec.command.clone(),
@@ -148,7 +166,7 @@ pub fn launch(
     env.push(("RINGLEADER_SECRET".into(), job.ring_secret.clone()));
     let data_dir = ctx.jobs_dir.parent().unwrap_or(&ctx.jobs_dir);
     let addrs: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
-    let command = vec![
+    let mut command = vec![
         ctx.exe.clone(),
         "train-worker".into(),
         "--spec".into(),
@@ -160,13 +178,16 @@ pub fn launch(
         "--job-id".into(),
         job.id.to_string(),
         "--generation".into(),
-        job.attempt.to_string(),
+        job.generation.to_string(),
         "--data-dir".into(),
         data_dir.display().to_string(),
         "--storage".into(),
         ctx.storage.clone(),
         "--metric-lines".into(),
     ];
+    if job.is_elastic() {
+        command.push("--elastic".into());
+    }
     Some(Launch {
         command,
         files: vec![(spec_file, train_spec::spec_text(&job.spec))],

@@ -13,7 +13,13 @@ pub const LOG_CHUNK_BYTES_MAX: u64 = 256 * 1024;
 /// A piece of one rank's log.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LogChunk {
+    /// The worker's rank in the current generation.
     pub rank: u32,
+    /// The worker's id (see [`crate::control::state::Slot::worker`]): offsets are per worker,
+    /// since an elastic train worker keeps its log through re-forms while its rank changes.
+    #[serde(default)]
+    pub worker: u32,
+    /// The generation the worker's process was started for: a new one starts a new log.
     pub generation: u32,
     /// Byte offset of `text` in the rank's log.
     pub offset: u64,
@@ -24,20 +30,29 @@ pub struct LogChunk {
     pub error: Option<String>,
 }
 
-/// Where a rank's log lives under the jobs directory.
-pub fn log_path(jobs_dir: &Path, id: JobId, attempt: u32, rank: u32) -> PathBuf {
+/// Where a worker's log lives under the jobs directory: by the generation its process was
+/// started for and its worker id (see [`crate::control::state::Job::process_generation`]).
+pub fn log_path(jobs_dir: &Path, id: JobId, generation: u32, worker: u32) -> PathBuf {
     jobs_dir
         .join(id.to_string())
-        .join(format!("attempt-{attempt}"))
-        .join(format!("rank-{rank}.log"))
+        .join(format!("generation-{generation}"))
+        .join(format!("worker-{worker}.log"))
 }
 
 /// Reads up to [`LOG_CHUNK_BYTES_MAX`] of a local rank log from `offset`.
-pub fn read_log(jobs_dir: &Path, job: JobId, generation: u32, rank: u32, offset: u64) -> LogChunk {
+/// The chunk's `rank` is the worker id; the caller sets the current rank.
+pub fn read_log(
+    jobs_dir: &Path,
+    job: JobId,
+    generation: u32,
+    worker: u32,
+    offset: u64,
+) -> LogChunk {
     use std::io::{Read, Seek, SeekFrom};
-    let path = log_path(jobs_dir, job, generation, rank);
+    let path = log_path(jobs_dir, job, generation, worker);
     let mut chunk = LogChunk {
-        rank,
+        rank: worker,
+        worker,
         generation,
         offset,
         text: String::new(),

@@ -1,11 +1,20 @@
-//! One rank's process, from spawn to its exit report: output to the rank's log, metric
-//! lines to the chief, the whole process group killed with it.
+//! One rank's process, from spawn to its exit report: output to the rank's log, reports to
+//! the chief, the whole process group killed with it.
 //!
-//! Stdout lines `ringleader-metric NAME VALUE [STEP]` become job metrics (at most one report
-//! per metric per [`METRIC_REPORT_INTERVAL_MS`], the last value always); the exit code (a
-//! signal death as 128 + signal, as shells report it) is sent as
-//! [`ControlCommand::WorkerExited`]. A rank killed because its attempt or job ended reports
-//! nothing.
+//! Stdout lines the node reads:
+//! - `ringleader-metric NAME VALUE [STEP]`: a job metric (at most one report per metric per
+//!   [`METRIC_REPORT_INTERVAL_MS`], the last value always);
+//! - `ringleader-rank-stats generation=G rank=R step=S compute_ms=X wait_ms=Y` (elastic train
+//!   ranks, about once a second): [`ControlCommand::RankStats`], for straggler detection;
+//! - `ringleader-elastic failed generation=G lost_rank=R error="…"`: the rank's collective
+//!   lost rank R; [`ControlCommand::RankLost`], so the chief re-forms without it;
+//! - `ringleader-elastic resumed … steps_lost=L`: metrics `steps_lost` and `restored_step`.
+//!
+//! The exit code (a signal death as 128 + signal, as shells report it) is sent as
+//! [`ControlCommand::WorkerExited`] for the generation and rank the process was in last. A
+//! rank killed because its generation or job ended reports nothing. A train rank of an
+//! elastic job lives through re-forms: the supervisor sends it each new generation, which
+//! this task writes to the process's stdin (`ringleader-generation {…}`).
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -15,16 +24,16 @@ use std::{
 
 use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt as _, AsyncWriteExt, BufReader},
-    sync::{mpsc, oneshot},
+    sync::mpsc,
 };
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::{
-    control::state::{ControlCommand, JobId, METRIC_NAME_BYTES_MAX},
+    control::state::{ControlCommand, JobId, METRIC_NAME_BYTES_MAX, REASON_BYTES_MAX},
     jobs::launch::Launch,
 };
 
-/// A rank's process: (job, attempt, rank).
+/// A rank's process: (job, the generation it was started for, worker).
 pub type Key = (JobId, u32, u32);
 
 /// Shortest gap between two reports of the same metric, in milliseconds (the last value is
@@ -32,6 +41,22 @@ pub type Key = (JobId, u32, u32);
 pub const METRIC_REPORT_INTERVAL_MS: u64 = 500;
 /// Longest line kept from a worker's output, in bytes (longer ones are cut).
 const LINE_BYTES_MAX: usize = 64 * 1024;
+/// Depth of a rank's control queue (kill, new generations).
+pub const CONTROL_QUEUE_DEPTH: usize = 8;
+
+/// What the supervisor tells a running rank.
+#[derive(Debug)]
+pub enum Control {
+    /// Kill the process group; report nothing.
+    Kill,
+    /// The ring re-formed: the process is now `rank` of `generation`; `line` (a
+    /// `ringleader-generation` control line) goes to its stdin.
+    Generation {
+        generation: u32,
+        rank: u32,
+        line: String,
+    },
+}
 
 /// A metric line printed by a worker: `ringleader-metric NAME VALUE [STEP]`.
 #[derive(Clone, Debug, PartialEq)]
@@ -59,22 +84,119 @@ pub fn parse_metric_line(line: &str) -> Option<MetricLine> {
     Some(MetricLine { name, value, step })
 }
 
+/// An elastic worker's report line, parsed.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ElasticLine {
+    /// `ringleader-rank-stats`.
+    Stats {
+        generation: u32,
+        rank: u32,
+        step: u64,
+        compute_ms: f64,
+        wait_ms: f64,
+    },
+    /// `ringleader-elastic failed` naming a lost rank.
+    Lost {
+        generation: u32,
+        rank: u32,
+        error: String,
+    },
+    /// `ringleader-elastic resumed`.
+    Resumed { restored_step: u64, steps_lost: u64 },
+}
+
+/// Parses `ringleader-rank-stats …` and `ringleader-elastic failed|resumed …` lines (fields
+/// `key=value`; a quoted `error="…"` runs to the end of the line). Anything else, a failure
+/// that names no rank included, is `None`.
+pub fn parse_elastic_line(line: &str) -> Option<ElasticLine> {
+    let (head, rest) = if let Some(rest) = line.strip_prefix("ringleader-rank-stats ") {
+        ("stats", rest)
+    } else if let Some(rest) = line.strip_prefix("ringleader-elastic failed ") {
+        ("failed", rest)
+    } else if let Some(rest) = line.strip_prefix("ringleader-elastic resumed ") {
+        ("resumed", rest)
+    } else {
+        return None;
+    };
+    let (fields, error) = match rest.split_once(" error=") {
+        Some((f, e)) => (f, Some(unquote(e))),
+        None => (rest, None),
+    };
+    let kv: BTreeMap<&str, &str> = fields
+        .split_whitespace()
+        .filter_map(|p| p.split_once('='))
+        .collect();
+    let num = |k: &str| kv.get(k).and_then(|v| v.parse::<u64>().ok());
+    let ms = |k: &str| {
+        kv.get(k)
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|v| v.is_finite() && *v >= 0.0)
+    };
+    let small = |k: &str| num(k).and_then(|v| u32::try_from(v).ok());
+    match head {
+        "stats" => Some(ElasticLine::Stats {
+            generation: small("generation")?,
+            rank: small("rank")?,
+            step: num("step")?,
+            compute_ms: ms("compute_ms")?,
+            wait_ms: ms("wait_ms")?,
+        }),
+        "failed" => {
+            let mut error = error.unwrap_or_default();
+            let mut cut = error.len().min(REASON_BYTES_MAX);
+            while !error.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            error.truncate(cut);
+            Some(ElasticLine::Lost {
+                generation: small("generation")?,
+                rank: small("lost_rank")?,
+                error,
+            })
+        }
+        _ => Some(ElasticLine::Resumed {
+            restored_step: num("restored_step")?,
+            steps_lost: num("steps_lost")?,
+        }),
+    }
+}
+
+/// The text of a `"…"` field with `\"` and `\\` escapes (as the trainer writes it).
+fn unquote(field: &str) -> String {
+    let inner = field.strip_prefix('"').unwrap_or(field);
+    let inner = inner.strip_suffix('"').unwrap_or(inner);
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        match (c, c == '\\') {
+            (_, true) => out.extend(chars.next()),
+            (c, false) => out.push(c),
+        }
+    }
+    out
+}
+
 /// One worker process, from spawn to its exit report.
 pub(super) struct Run {
     pub(super) key: Key,
+    /// The generation and rank it runs as now (changed by [`Control::Generation`]).
+    pub(super) generation: u32,
+    pub(super) rank: u32,
     pub(super) launch: Launch,
+    /// Whether the process reads control lines on stdin (an elastic train rank).
+    pub(super) control_stdin: bool,
     pub(super) reports: mpsc::Sender<ControlCommand>,
     pub(super) clock_ms: fn() -> u64,
 }
 
 impl Run {
-    pub(super) async fn run(self, kill: oneshot::Receiver<()>) {
-        let (id, attempt, rank) = self.key;
-        let code = match self.supervise(kill).await {
+    pub(super) async fn run(mut self, control: mpsc::Receiver<Control>) {
+        let id = self.key.0;
+        let code = match self.supervise(control).await {
             Ok(Some(code)) => code,
-            Ok(None) => return, // killed because the attempt or job ended: nothing to report
+            Ok(None) => return, // killed because the generation or job ended: nothing to report
             Err(e) => {
-                warn!(job = %id, attempt, rank, "worker could not run: {e}");
+                warn!(job = %id, generation = self.generation, rank = self.rank, "worker could not run: {e}");
                 127
             }
         };
@@ -83,8 +205,8 @@ impl Run {
             .reports
             .send(ControlCommand::WorkerExited {
                 id,
-                attempt,
-                rank,
+                generation: self.generation,
+                rank: self.rank,
                 code,
                 at_ms,
             })
@@ -92,8 +214,11 @@ impl Run {
     }
 
     /// Runs the process; `Some(code)` when it exited by itself, `None` when killed.
-    async fn supervise(&self, mut kill: oneshot::Receiver<()>) -> anyhow::Result<Option<i32>> {
-        let (id, attempt, _) = self.key;
+    async fn supervise(
+        &mut self,
+        mut control: mpsc::Receiver<Control>,
+    ) -> anyhow::Result<Option<i32>> {
+        let id = self.key.0;
         if let Some(dir) = self.launch.log.parent() {
             tokio::fs::create_dir_all(dir).await?;
         }
@@ -110,6 +235,11 @@ impl Run {
             .command
             .split_first()
             .ok_or_else(|| anyhow::anyhow!("empty command"))?;
+        let stdin = if self.control_stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        };
         let mut child = tokio::process::Command::new(program)
             .args(args)
             .envs(
@@ -118,7 +248,7 @@ impl Run {
                     .iter()
                     .map(|(k, v)| (k.as_str(), v.as_str())),
             )
-            .stdin(Stdio::null())
+            .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
@@ -129,6 +259,7 @@ impl Run {
         // Whatever ends this task (the process exiting, a kill, the node shutting down and
         // dropping it), the rank's whole process group goes with it, as torchrun does.
         let _group = ProcessGroup(pgid);
+        let mut stdin = child.stdin.take();
         let (line_tx, mut lines) = mpsc::channel::<(bool, String)>(256);
         let out = child
             .stdout
@@ -147,25 +278,47 @@ impl Run {
                     Some((is_stdout, text)) => {
                         log.write_all(text.as_bytes()).await?;
                         log.write_all(b"\n").await?;
-                        if let Some(m) = is_stdout.then(|| parse_metric_line(&text)).flatten() {
+                        if !is_stdout {
+                            continue;
+                        }
+                        if let Some(m) = parse_metric_line(&text) {
                             let due = last_sent.get(&m.name).is_none_or(|t| t.elapsed() >= Duration::from_millis(METRIC_REPORT_INTERVAL_MS));
                             if due {
                                 last_sent.insert(m.name.clone(), Instant::now());
                                 unsent.remove(&m.name);
-                                self.report_metric(id, attempt, m).await;
+                                self.report_metric(id, m).await;
                             } else {
                                 unsent.insert(m.name.clone(), m);
                             }
+                        } else if let Some(e) = parse_elastic_line(&text) {
+                            self.report_elastic(id, e).await;
                         }
                     }
                     None => break child.wait().await?,
                 },
-                _ = &mut kill, if !killed => {
-                    killed = true;
-                    if let Some(pgid) = pgid {
-                        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
+                msg = control.recv(), if !killed => match msg {
+                    Some(Control::Generation { generation, rank, line }) => {
+                        info!(job = %id, generation, rank, "worker goes on in a new generation");
+                        self.generation = generation;
+                        self.rank = rank;
+                        if let Some(pipe) = stdin.as_mut() {
+                            let sent = async {
+                                pipe.write_all(line.as_bytes()).await?;
+                                pipe.write_all(b"\n").await?;
+                                pipe.flush().await
+                            };
+                            if let Err(e) = sent.await {
+                                warn!(job = %id, generation, rank, "could not tell the worker its generation: {e}");
+                            }
+                        }
                     }
-                    let _ = child.kill().await;
+                    Some(Control::Kill) | None => {
+                        killed = true;
+                        if let Some(pgid) = pgid {
+                            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
+                        }
+                        let _ = child.kill().await;
+                    }
                 }
             }
         };
@@ -177,7 +330,7 @@ impl Run {
             return Ok(None);
         }
         for (_, m) in unsent {
-            self.report_metric(id, attempt, m).await;
+            self.report_metric(id, m).await;
         }
         use std::os::unix::process::ExitStatusExt;
         Ok(Some(
@@ -187,11 +340,11 @@ impl Run {
         ))
     }
 
-    async fn report_metric(&self, id: JobId, attempt: u32, m: MetricLine) {
+    async fn report_metric(&self, id: JobId, m: MetricLine) {
         let at_ms = (self.clock_ms)();
         let cmd = ControlCommand::Metric {
             id,
-            attempt,
+            generation: self.generation,
             name: m.name,
             value: m.value,
             step: m.step,
@@ -199,6 +352,61 @@ impl Run {
         };
         // Metrics are best effort: when the report queue is full, this value is dropped.
         let _ = self.reports.try_send(cmd);
+    }
+
+    async fn report_elastic(&self, id: JobId, line: ElasticLine) {
+        let at_ms = (self.clock_ms)();
+        match line {
+            ElasticLine::Stats {
+                generation,
+                rank,
+                step,
+                compute_ms,
+                wait_ms,
+            } => {
+                // Best effort, like metrics.
+                let _ = self.reports.try_send(ControlCommand::RankStats {
+                    id,
+                    generation,
+                    rank,
+                    step,
+                    compute_ms,
+                    wait_ms,
+                    at_ms,
+                });
+            }
+            ElasticLine::Lost {
+                generation,
+                rank,
+                error,
+            } => {
+                let reason = format!("rank {} saw: {error}", self.rank);
+                let _ = self
+                    .reports
+                    .send(ControlCommand::RankLost {
+                        id,
+                        generation,
+                        rank,
+                        reason,
+                        at_ms,
+                    })
+                    .await;
+            }
+            ElasticLine::Resumed {
+                restored_step,
+                steps_lost,
+            } => {
+                for (name, value) in [("restored_step", restored_step), ("steps_lost", steps_lost)]
+                {
+                    let m = MetricLine {
+                        name: name.into(),
+                        value: value as f64,
+                        step: None,
+                    };
+                    self.report_metric(id, m).await;
+                }
+            }
+        }
     }
 }
 
@@ -279,6 +487,47 @@ mod tests {
             "ringleader-metric x 1 2 3",
         ] {
             assert_eq!(parse_metric_line(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn elastic_lines() {
+        assert_eq!(
+            parse_elastic_line(
+                "ringleader-rank-stats generation=3 rank=1 step=20 compute_ms=12.500 wait_ms=0.250"
+            ),
+            Some(ElasticLine::Stats {
+                generation: 3,
+                rank: 1,
+                step: 20,
+                compute_ms: 12.5,
+                wait_ms: 0.25
+            })
+        );
+        assert_eq!(
+            parse_elastic_line(
+                r#"ringleader-elastic failed generation=2 lost_rank=1 error="peer \"lost\" rank 1""#
+            ),
+            Some(ElasticLine::Lost {
+                generation: 2,
+                rank: 1,
+                error: "peer \"lost\" rank 1".into()
+            })
+        );
+        assert_eq!(
+            parse_elastic_line("ringleader-elastic resumed generation=3 world=2 rank=1 step=17 restored_step=15 steps_lost=2 source=broadcast"),
+            Some(ElasticLine::Resumed {
+                restored_step: 15,
+                steps_lost: 2
+            })
+        );
+        for bad in [
+            "ringleader-elastic failed generation=2 lost_rank=- error=\"x\"",
+            "ringleader-rank-stats generation=3 rank=1 step=20 compute_ms=nan wait_ms=0",
+            "ringleader-rank-stats generation=3 rank=1",
+            "hello",
+        ] {
+            assert_eq!(parse_elastic_line(bad), None, "{bad}");
         }
     }
 }

@@ -45,7 +45,7 @@ pub const RESERVED_ENV: [&str; 5] = [
     "MASTER_PORT",
 ];
 
-const TOP_FIELDS: [&str; 15] = [
+const TOP_FIELDS: [&str; 16] = [
     "name",
     "kind",
     "workers",
@@ -61,7 +61,17 @@ const TOP_FIELDS: [&str; 15] = [
     "train",
     "checkpoint",
     "search",
+    "elastic",
 ];
+const ELASTIC_FIELDS: [&str; 3] = [
+    "straggler_factor",
+    "straggler_window",
+    "blacklist_cooldown_s",
+];
+/// Largest `elastic.straggler_window`, in steps.
+pub const STRAGGLER_WINDOW_MAX: u32 = 1_000_000;
+/// Largest `elastic.blacklist_cooldown_s`, in seconds (a day).
+pub const BLACKLIST_COOLDOWN_S_MAX: u32 = 86_400;
 const RESOURCE_FIELDS: [&str; 2] = ["cpus_per_worker", "gpus_per_worker"];
 
 /// What a job runs.
@@ -138,6 +148,29 @@ impl Default for Resources {
     }
 }
 
+/// `[elastic]`: how an elastic job treats slow ranks. Every field has a default.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Elastic {
+    /// A rank whose compute time per step stays above this many times the ring's median is
+    /// a straggler; finite, above 1; default 2.
+    pub straggler_factor: f64,
+    /// For this many steps in a row, at least 1; default 20.
+    pub straggler_window: u32,
+    /// A straggler's member is blacklisted for this job for this long, in seconds, doubled
+    /// at each repeat (Spark's executor blacklist); default 60.
+    pub blacklist_cooldown_s: u32,
+}
+
+impl Default for Elastic {
+    fn default() -> Self {
+        Elastic {
+            straggler_factor: 2.0,
+            straggler_window: 20,
+            blacklist_cooldown_s: 60,
+        }
+    }
+}
+
 /// A validated job spec.
 ///
 /// Invariants (established by [`JobSpec::parse`]): `name` matches `[A-Za-z0-9_.-]{1,64}`;
@@ -176,6 +209,9 @@ pub struct JobSpec {
     pub checkpoint: Option<toml::Table>,
     /// `[search]` (`kind = "search"` only).
     pub search: Option<toml::Table>,
+    /// `[elastic]`, with defaults.
+    #[serde(default)]
+    pub elastic: Elastic,
 }
 
 /// Why a spec was refused. Each variant names the field path (dotted, with `[i]` for array
@@ -324,6 +360,20 @@ impl JobSpec {
                 t.insert(name.into(), Value::Table(section.clone()));
             }
         }
+        let mut elastic = toml::Table::new();
+        elastic.insert(
+            "straggler_factor".into(),
+            Value::Float(self.elastic.straggler_factor),
+        );
+        elastic.insert(
+            "straggler_window".into(),
+            int(self.elastic.straggler_window),
+        );
+        elastic.insert(
+            "blacklist_cooldown_s".into(),
+            int(self.elastic.blacklist_cooldown_s),
+        );
+        t.insert("elastic".into(), Value::Table(elastic));
         toml::to_string(&t).unwrap_or_default()
     }
 }
@@ -467,6 +517,10 @@ impl Parser<'_> {
             }
             (v, _) => self.section("search", v)?,
         };
+        let elastic = match get("elastic") {
+            None => Elastic::default(),
+            Some(v) => self.elastic(v)?,
+        };
         Ok(JobSpec {
             name,
             kind,
@@ -483,7 +537,41 @@ impl Parser<'_> {
             train,
             checkpoint,
             search,
+            elastic,
         })
+    }
+
+    fn elastic(&self, v: &Spanned<DeValue<'_>>) -> Result<Elastic, SpecError> {
+        let Some(table) = v.get_ref().as_table() else {
+            return Err(self.invalid("elastic", v, "expected a table"));
+        };
+        self.reject_unknown(table, "elastic.", &ELASTIC_FIELDS)?;
+        let mut e = Elastic::default();
+        if let Some(v) = table.get("straggler_factor") {
+            let f = match v.get_ref() {
+                DeValue::Float(f) => f.as_str().parse::<f64>().ok(),
+                DeValue::Integer(i) => i64::from_str_radix(i.as_str(), i.radix())
+                    .ok()
+                    .map(|i| i as f64),
+                _ => None,
+            };
+            e.straggler_factor = f.filter(|f| f.is_finite() && *f > 1.0).ok_or_else(|| {
+                self.invalid("elastic.straggler_factor", v, "expected a number above 1")
+            })?;
+        }
+        if let Some(v) = table.get("straggler_window") {
+            e.straggler_window =
+                self.bounded_int("elastic.straggler_window", v, 1, STRAGGLER_WINDOW_MAX)?;
+        }
+        if let Some(v) = table.get("blacklist_cooldown_s") {
+            e.blacklist_cooldown_s = self.bounded_int(
+                "elastic.blacklist_cooldown_s",
+                v,
+                1,
+                BLACKLIST_COOLDOWN_S_MAX,
+            )?;
+        }
+        Ok(e)
     }
 
     fn reject_unknown(

@@ -1,11 +1,15 @@
 //! Runs this node's share of command and train jobs: one process per assigned rank.
 //!
 //! The supervisor is reconciled against the replicated control state. [`plan`] is the pure
-//! part: a rank assigned to this node in a job's current attempt, not yet exited, is wanted
-//! and, if it has no process, launched ([`super::launch`]); a process no longer wanted (an
-//! old attempt, a cancelled or failed job) is stopped. [`Supervisor`] carries the plan out
-//! ([`super::process`] runs each rank), and the supervisor's loop reconciles on every applied log entry
-//! and once a second. Rank logs go to `<data-dir>/jobs/<id>/attempt-<a>/rank-<r>.log`.
+//! part: a worker assigned to this node in a job's current generation, not yet exited, is
+//! wanted and, if it has no process, launched ([`super::launch`]); a live elastic train rank
+//! whose ring re-formed is told its new generation instead; a process no longer wanted (an
+//! old generation of a command job, an old attempt, a worker left out of the ring, a
+//! cancelled or failed job) is stopped. [`Supervisor`] carries the plan out
+//! ([`super::process`] runs each rank), and the supervisor's loop reconciles on every applied
+//! log entry and once a second. Logs go to
+//! `<data-dir>/jobs/<id>/generation-<g>/worker-<w>.log`, `g` being the generation the
+//! process was started for.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
@@ -13,7 +17,7 @@ use std::{
     time::Duration,
 };
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::{
@@ -23,8 +27,8 @@ use crate::{
         state::{ControlCommand, ControlState, JobState},
     },
     jobs::{
-        launch::{default_storage, launch, Launch, LaunchContext},
-        process::{Key, Run},
+        launch::{default_storage, generation_line, launch, Launch, LaunchContext},
+        process::{Control, Key, Run, CONTROL_QUEUE_DEPTH},
         spec::JobKind,
     },
 };
@@ -38,26 +42,50 @@ const REPORT_RETRY_PAUSE_MS: u64 = 500;
 /// Tries of a report that must arrive (a rank's exit) before it is dropped.
 const REPORT_TRIES_MAX: u32 = 60;
 
+/// A rank process to start.
+#[derive(Debug, PartialEq)]
+pub struct Start {
+    pub key: Key,
+    pub launch: Launch,
+    /// The generation and rank it starts as.
+    pub generation: u32,
+    pub rank: u32,
+    /// It reads later generations on stdin (an elastic train rank).
+    pub control_stdin: bool,
+}
+
+/// A live rank to move to the job's current generation.
+#[derive(Debug, PartialEq)]
+pub struct Move {
+    pub key: Key,
+    pub generation: u32,
+    pub rank: u32,
+    /// The `ringleader-generation` control line for its stdin.
+    pub line: String,
+}
+
 /// What the supervisor must do to match the state.
 #[derive(Debug, Default, PartialEq)]
 pub struct Plan {
-    /// Every rank that should have a process now (running or to start).
+    /// Every process that should exist now (running or to start).
     pub wanted: BTreeSet<Key>,
-    /// Ranks to start, with their launch.
-    pub start: Vec<(Key, Launch)>,
-    /// Wanted ranks that cannot start yet: a ring member's address is unknown.
+    /// Processes to start.
+    pub start: Vec<Start>,
+    /// Live processes to move to a new generation.
+    pub moves: Vec<Move>,
+    /// Wanted processes that cannot start or move yet: a ring member's address is unknown.
     pub waiting: Vec<Key>,
-    /// Ranks with a process that is no longer wanted.
+    /// Processes that are no longer wanted.
     pub stop: Vec<Key>,
 }
 
-/// The pure reconcile: what to start and stop, given the state, the ranks that have a
-/// process (`have`: running, or ended by themselves with their exit report on its way) and
-/// members' hosts (`host_of`).
+/// The pure reconcile: what to start, move and stop, given the state, the processes there
+/// are (`have`: key → the generation each runs as; running, or ended by themselves with
+/// their exit report on its way) and members' hosts (`host_of`).
 pub fn plan(
     state: &ControlState,
     ctx: &LaunchContext,
-    have: &BTreeSet<Key>,
+    have: &BTreeMap<Key, u32>,
     host_of: &dyn Fn(&str) -> Option<String>,
 ) -> Plan {
     let mut plan = Plan::default();
@@ -66,23 +94,39 @@ pub fn plan(
         if job.state != JobState::Running || !runs_ranks {
             continue;
         }
+        let control_stdin = job.spec.kind == JobKind::Train && job.is_elastic();
         for slot in job.assignment.iter().filter(|s| s.member == ctx.me) {
             if job.exits.contains_key(&slot.rank) {
                 continue;
             }
-            let key = (job.id, job.attempt, slot.rank);
+            let key = (job.id, job.process_generation(), slot.worker);
             plan.wanted.insert(key);
-            if have.contains(&key) {
-                continue;
-            }
-            match launch(ctx, job, slot, host_of) {
-                Some(l) => plan.start.push((key, l)),
-                None => plan.waiting.push(key),
+            match have.get(&key) {
+                Some(g) if *g == job.generation || !control_stdin => {}
+                Some(_) => match generation_line(job, slot, host_of) {
+                    Some(line) => plan.moves.push(Move {
+                        key,
+                        generation: job.generation,
+                        rank: slot.rank,
+                        line,
+                    }),
+                    None => plan.waiting.push(key),
+                },
+                None => match launch(ctx, job, slot, host_of) {
+                    Some(launch) => plan.start.push(Start {
+                        key,
+                        launch,
+                        generation: job.generation,
+                        rank: slot.rank,
+                        control_stdin,
+                    }),
+                    None => plan.waiting.push(key),
+                },
             }
         }
     }
     plan.stop = have
-        .iter()
+        .keys()
         .filter(|k| !plan.wanted.contains(k))
         .copied()
         .collect();
@@ -93,10 +137,11 @@ pub fn plan(
 pub struct Supervisor {
     ctx: LaunchContext,
     reports: mpsc::Sender<ControlCommand>,
-    running: HashMap<Key, oneshot::Sender<()>>,
-    /// Ranks whose process ended by itself, while their exit report is on its way: they are
+    /// Live processes: their control queue and the generation they run as.
+    running: HashMap<Key, (mpsc::Sender<Control>, u32)>,
+    /// Processes that ended by themselves, while their exit report is on its way: they are
     /// not started again.
-    finished: HashSet<Key>,
+    finished: HashMap<Key, u32>,
     clock_ms: fn() -> u64,
     /// Ranks of train jobs waiting for a member's address, already logged.
     waiting: HashSet<Key>,
@@ -123,7 +168,7 @@ impl Supervisor {
             },
             reports,
             running: HashMap::new(),
-            finished: HashSet::new(),
+            finished: HashMap::new(),
             clock_ms,
             waiting: HashSet::new(),
         }
@@ -141,53 +186,76 @@ impl Supervisor {
     pub fn reconcile(&mut self, state: &ControlState, host_of: &dyn Fn(&str) -> Option<String>) {
         // A process that ended by itself is finished, not to be started again.
         let finished = &mut self.finished;
-        self.running.retain(|key, kill| {
-            let alive = !kill.is_closed();
+        self.running.retain(|key, (control, generation)| {
+            let alive = !control.is_closed();
             if !alive {
-                finished.insert(*key);
+                finished.insert(*key, *generation);
             }
             alive
         });
-        let have: BTreeSet<Key> = self
+        let have: BTreeMap<Key, u32> = self
             .running
-            .keys()
-            .chain(self.finished.iter())
-            .copied()
+            .iter()
+            .map(|(k, (_, g))| (*k, *g))
+            .chain(self.finished.iter().map(|(k, g)| (*k, *g)))
             .collect();
         let plan = plan(state, &self.ctx, &have, host_of);
         for key in &plan.waiting {
             if self.waiting.insert(*key) {
-                info!(job = %key.0, attempt = key.1, rank = key.2, "waiting for the ring members' addresses");
+                info!(job = %key.0, generation = key.1, rank = key.2, "waiting for the ring members' addresses");
             }
         }
-        for (key, launch) in plan.start {
-            let (kill_tx, kill_rx) = oneshot::channel();
+        for start in plan.start {
+            let (control_tx, control_rx) = mpsc::channel(CONTROL_QUEUE_DEPTH);
             let run = Run {
-                key,
-                launch,
+                key: start.key,
+                generation: start.generation,
+                rank: start.rank,
+                launch: start.launch,
+                control_stdin: start.control_stdin,
                 reports: self.reports.clone(),
                 clock_ms: self.clock_ms,
             };
-            info!(job = %key.0, attempt = key.1, rank = key.2, "starting worker");
-            tokio::spawn(run.run(kill_rx));
-            self.running.insert(key, kill_tx);
+            let (job, generation, rank) = (start.key.0, start.generation, start.rank);
+            info!(job = %job, generation, rank, worker = start.key.2, "starting worker");
+            tokio::spawn(run.run(control_rx));
+            self.running
+                .insert(start.key, (control_tx, start.generation));
         }
-        for key in plan.stop {
-            if let Some(kill) = self.running.remove(&key) {
-                info!(job = %key.0, attempt = key.1, rank = key.2, "stopping worker");
-                let _ = kill.send(());
+        for m in plan.moves {
+            if let Some((control, generation)) = self.running.get_mut(&m.key) {
+                let msg = Control::Generation {
+                    generation: m.generation,
+                    rank: m.rank,
+                    line: m.line,
+                };
+                if control.try_send(msg).is_ok() {
+                    *generation = m.generation;
+                }
             }
         }
-        self.finished.retain(|key| plan.wanted.contains(key));
+        for key in plan.stop {
+            if let Some((control, _)) = self.running.remove(&key) {
+                info!(job = %key.0, generation = key.1, worker = key.2, "stopping worker");
+                stop(&control);
+            }
+        }
+        self.finished.retain(|key, _| plan.wanted.contains(key));
         self.waiting.retain(|key| plan.wanted.contains(key));
     }
 
     /// Kills every process (node shutdown).
     pub fn stop_all(&mut self) {
-        for (_, kill) in self.running.drain() {
-            let _ = kill.send(());
+        for (_, (control, _)) in self.running.drain() {
+            stop(&control);
         }
     }
+}
+
+/// Kills a rank's process: by message, or, when its queue is full, by dropping the queue
+/// (its task kills the process group when the queue closes).
+fn stop(control: &mpsc::Sender<Control>) {
+    let _ = control.try_send(Control::Kill);
 }
 
 /// Starts this node's supervisor on top of the control plane: ranks follow the replicated
@@ -204,10 +272,10 @@ pub fn start(ctl: ControlHandle, me: String, jobs_dir: PathBuf, storage: String)
 async fn report_loop(ctl: ControlHandle, mut rx: mpsc::Receiver<ControlCommand>) {
     while let Some(cmd) = rx.recv().await {
         let must_arrive = matches!(cmd, ControlCommand::WorkerExited { .. });
-        for attempt in 0u32.. {
+        for generation in 0u32.. {
             match ctl.propose(cmd.clone()).await {
                 Ok(_) | Err(ProposeError::Rejected(_)) => break,
-                Err(e) if !must_arrive || attempt >= REPORT_TRIES_MAX => {
+                Err(e) if !must_arrive || generation >= REPORT_TRIES_MAX => {
                     warn!("worker report dropped: {e}");
                     break;
                 }
@@ -277,25 +345,25 @@ mod tests {
         state.apply(2, &place[0]);
         let me = members[1].id.to_string();
         let host = |_: &str| Some("127.0.0.1".to_string());
-        let p = plan(&state, &ctx(&me), &BTreeSet::new(), &host);
+        let p = plan(&state, &ctx(&me), &BTreeMap::new(), &host);
         assert_eq!(p.wanted, BTreeSet::from([(id, 1, 1)]));
-        let [(key, launch)] = p.start.as_slice() else {
+        let [start] = p.start.as_slice() else {
             panic!("{p:?}")
         };
-        assert_eq!(*key, (id, 1, 1));
-        assert_eq!(launch.command, vec!["true".to_string()]);
-        let env: BTreeMap<_, _> = launch.env.iter().cloned().collect();
+        assert_eq!(start.key, (id, 1, 1));
+        assert_eq!(start.launch.command, vec!["true".to_string()]);
+        let env: BTreeMap<_, _> = start.launch.env.iter().cloned().collect();
         assert_eq!(env["RANK"], "1");
         assert_eq!(env["WORLD_SIZE"], "2");
         assert_eq!(env["TORCHELASTIC_RESTART_COUNT"], "0");
-        // Running: nothing to start; after the attempt fails, it is stopped.
-        let have = BTreeSet::from([(id, 1, 1)]);
+        // Running: nothing to start; after the generation fails, it is stopped.
+        let have = BTreeMap::from([((id, 1, 1), 1)]);
         assert!(plan(&state, &ctx(&me), &have, &host).start.is_empty());
         state.apply(
             3,
             &ControlCommand::AttemptFailed {
                 id,
-                attempt: 1,
+                generation: 1,
                 reason: "test".into(),
                 at_ms: 6,
             },
