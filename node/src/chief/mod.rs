@@ -95,7 +95,8 @@ fn lost_ranks<'a>(job: &'a Job, members: &[MemberView]) -> Vec<Lost<'a>> {
         } else if let Some(code) = job.exits.get(&slot.rank).filter(|c| **c != 0) {
             (format!("peer-lost {who}: exited with code {code}"), false)
         } else if let Some(seen) = job.suspects.get(&slot.rank) {
-            (format!("hung {who}: {seen}"), false)
+            let kind = if seen.hung { "hung" } else { "peer-lost" };
+            (format!("{kind} {who}: {}", seen.reason), false)
         } else if let Some(stat) = straggling {
             let reason = format!(
                 "straggler {who}: {:.1} ms of compute per step, over {}x the ring's median for {} steps",
@@ -469,7 +470,8 @@ pub(crate) mod tests {
             id,
             generation: 2,
             rank: 1,
-            reason: "peer silent for 2000 ms".into(),
+            hung: true,
+            reason: "process stopped for 3000 ms".into(),
             at_ms: 11,
         };
         assert_eq!(state.apply(5, &hung), ControlResponse::Applied);
@@ -479,7 +481,7 @@ pub(crate) mod tests {
             panic!("{cmds:?}")
         };
         assert!(
-            reason.starts_with("hung b (rank 1): peer silent"),
+            reason.starts_with("hung b (rank 1): process stopped"),
             "{reason}"
         );
     }

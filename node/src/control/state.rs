@@ -33,7 +33,7 @@ use std::str::FromStr;
 use rand::RngCore;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::jobs::spec::{JobSpec, WORKERS_MAX};
+use crate::jobs::spec::{JobKind, JobSpec, WORKERS_MAX};
 
 /// Most events kept per job; older ones are dropped (and counted).
 pub const EVENTS_PER_JOB_MAX: usize = 256;
@@ -232,10 +232,11 @@ pub struct Job {
     /// through the attempt's re-forms, so their processes and logs are keyed by it.
     #[serde(default)]
     pub attempt_generation: u32,
-    /// Ranks of the current generation that their peers reported lost (a hang, a silent or
-    /// broken connection), with the report: the chief re-forms without them.
+    /// Ranks of the current generation reported lost while their member lives (a peer saw
+    /// the connection break, or the rank's node saw its process stopped), with the report:
+    /// the chief re-forms without them.
     #[serde(default)]
-    pub suspects: BTreeMap<u32, String>,
+    pub suspects: BTreeMap<u32, Suspect>,
     /// Each rank's latest step timing in the current generation (straggler detection).
     #[serde(default)]
     pub rank_stats: BTreeMap<u32, RankStat>,
@@ -273,6 +274,15 @@ pub struct Job {
     pub started_at_ms: Option<u64>,
     /// When the job reached a terminal state.
     pub finished_at_ms: Option<u64>,
+}
+
+/// Why a rank of the current generation is thought lost.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Suspect {
+    /// Its process lives but makes no progress (stopped); else its connection broke.
+    pub hung: bool,
+    /// What was seen, by whom.
+    pub reason: String,
 }
 
 /// A rank's step timing as it last reported it (`ringleader-rank-stats` lines, about once a
@@ -315,7 +325,7 @@ impl Job {
     /// started again at each generation with the new `WORLD_SIZE` (torchrun's elastic
     /// semantics).
     pub fn process_generation(&self) -> u32 {
-        if self.spec.kind == crate::jobs::spec::JobKind::Train {
+        if self.spec.kind == JobKind::Train {
             self.attempt_generation
         } else {
             self.generation
@@ -507,8 +517,8 @@ pub enum ControlCommand {
         /// Proposer's clock.
         at_ms: u64,
     },
-    /// A rank's peers lost it while its process lives (its collective went silent or broke):
-    /// reported by the node of the rank that noticed.
+    /// A rank is lost although its member lives: a peer's collective lost its connection
+    /// (reported by that peer's node), or its own node saw its process stopped (`hung`).
     RankLost {
         /// The job.
         id: JobId,
@@ -516,6 +526,9 @@ pub enum ControlCommand {
         generation: u32,
         /// The lost rank.
         rank: u32,
+        /// Its process lives but makes no progress.
+        #[serde(default)]
+        hung: bool,
         /// What the reporting rank saw.
         reason: String,
         /// Proposer's clock.
@@ -850,10 +863,11 @@ impl ControlState {
                 let Some(slot) = job.assignment.get(*rank as usize) else {
                     return rejected(format!("{id}: no rank {rank} in generation {generation}"));
                 };
+                let member = slot.name.clone();
                 if job.exits.contains_key(rank) {
                     return ignored(format!("rank {rank} already reported"));
                 }
-                let what = format!("rank {rank} on {} exited with code {code}", slot.name);
+                let what = format!("rank {rank} on {member} exited with code {code}");
                 job.exits.insert(*rank, *code);
                 job.push_event(*at_ms, EventKind::WorkerExited, what.clone());
                 if *code != 0 && !job.is_elastic() {
@@ -861,6 +875,16 @@ impl ControlState {
                 } else if *code != 0 {
                     // An elastic job goes on without the rank: the chief re-forms the ring,
                     // or fails the attempt when too few would remain.
+                } else if *rank == 0 && job.is_elastic() && job.spec.kind == JobKind::Train {
+                    // An elastic train rank exits 0 only when training is over, and rank 0
+                    // exits after its final checkpoint is committed: the job is done, and a
+                    // rank still joining or lingering is stopped.
+                    job.finish(
+                        *at_ms,
+                        JobState::Succeeded,
+                        EventKind::Succeeded,
+                        format!("rank 0 on {member} finished training"),
+                    );
                 } else if job.exits.len() == job.assignment.len()
                     && job.exits.values().all(|c| *c == 0)
                 {
@@ -949,6 +973,7 @@ impl ControlState {
                 id,
                 generation,
                 rank,
+                hung,
                 reason,
                 at_ms: _,
             } => {
@@ -961,7 +986,14 @@ impl ControlState {
                 }
                 let mut reason = reason.clone();
                 truncate_at_char(&mut reason, REASON_BYTES_MAX);
-                job.suspects.entry(*rank).or_insert(reason);
+                let suspect = job.suspects.entry(*rank).or_insert(Suspect {
+                    hung: *hung,
+                    reason: reason.clone(),
+                });
+                // Its own node's word that it hangs outranks a peer's broken connection.
+                if *hung && !suspect.hung {
+                    *suspect = Suspect { hung: true, reason };
+                }
                 ControlResponse::Applied
             }
             ControlCommand::RankStats {

@@ -8,7 +8,7 @@
 //! - Train jobs run this node's own binary as `ringleader train-worker` with a spec file
 //!   (the trainer's sections, [`super::train_spec::spec_text`]) and the ring:
 //!   - address of rank r: the host of the member's advertised `data_addr`, port
-//!     [`data_port`]`(job, generation, r)` = [`master_port`]`(job, generation) + 1 + r`;
+//!     [`data_port`]`(job, r)` = [`master_port`]`(job, generation, secret) + 1 + r`;
 //!   - group id: from the job id (the trainer hashes it); generation: the generation;
 //!   - secret: the generation's random [`Job::ring_secret`], drawn by the chief and replicated
 //!     with the placement, handed over in the environment (`RINGLEADER_SECRET`), never shown
@@ -33,17 +33,18 @@ const MASTER_PORT_BASE: u16 = 20_000;
 const MASTER_PORT_SPAN: u16 = 11_000;
 
 /// The rendezvous port of a generation: the same on every node, different across
-/// generations.
-pub fn master_port(id: JobId, generation: u32) -> u16 {
-    let h = blake3::hash(format!("{id}/{generation}").as_bytes());
+/// generations, and across clusters that share a host (it hashes the generation's random
+/// ring secret too).
+pub fn master_port(id: JobId, generation: u32, secret: &str) -> u16 {
+    let h = blake3::hash(format!("{id}/{generation}/{secret}").as_bytes());
     let x = u16::from_le_bytes([h.as_bytes()[0], h.as_bytes()[1]]);
     MASTER_PORT_BASE + x % MASTER_PORT_SPAN
 }
 
-/// The data-plane port of `rank` in `generation` of job `id`: one above the generation's
+/// The data-plane port of `rank` in `job`'s current generation: one above the generation's
 /// rendezvous port, then one per rank (so several ranks fit on one host).
-pub fn data_port(id: JobId, generation: u32, rank: u32) -> u16 {
-    master_port(id, generation)
+pub fn data_port(job: &Job, rank: u32) -> u16 {
+    master_port(job.id, job.generation, &job.ring_secret)
         .saturating_add(1)
         .saturating_add(rank.min(u16::MAX as u32) as u16)
 }
@@ -55,10 +56,7 @@ pub fn ring_addrs(job: &Job, host_of: &dyn Fn(&str) -> Option<String>) -> Option
         .iter()
         .map(|slot| {
             let ip: IpAddr = host_of(&slot.member)?.parse().ok()?;
-            Some(SocketAddr::new(
-                ip,
-                data_port(job.id, job.generation, slot.rank),
-            ))
+            Some(SocketAddr::new(ip, data_port(job, slot.rank)))
         })
         .collect()
 }
@@ -137,7 +135,7 @@ pub fn launch(
         ("MASTER_ADDR".into(), master_addr),
         (
             "MASTER_PORT".into(),
-            master_port(job.id, job.generation).to_string(),
+            master_port(job.id, job.generation, &job.ring_secret).to_string(),
         ),
         (
             "TORCHELASTIC_RESTART_COUNT".into(),
@@ -199,21 +197,45 @@ pub fn launch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{
+        chief::{decide, tests as chief},
+        cluster::membership::State,
+        control::state::ControlState,
+    };
 
     #[test]
-    fn master_port_is_stable_and_in_range() {
+    fn master_port_is_stable_in_range_and_per_cluster() {
         let id = JobId::from_log_index(12);
-        assert_eq!(master_port(id, 1), master_port(id, 1));
-        for a in 0..50 {
-            let p = master_port(id, a);
+        assert_eq!(master_port(id, 1, "s"), master_port(id, 1, "s"));
+        for g in 0..50 {
+            let p = master_port(id, g, "s");
             assert!((MASTER_PORT_BASE..MASTER_PORT_BASE + MASTER_PORT_SPAN).contains(&p));
         }
+        let other_cluster = (0..8)
+            .filter(|i| master_port(id, 1, "s") != master_port(id, 1, &format!("t{i}")))
+            .count();
+        assert!(other_cluster >= 7, "another secret, another port");
     }
 
     #[test]
     fn data_ports_follow_the_rendezvous_port() {
-        let id = JobId::from_log_index(7);
-        assert_eq!(data_port(id, 2, 0), master_port(id, 2) + 1);
-        assert_eq!(data_port(id, 2, 3), master_port(id, 2) + 4);
+        let mut state = ControlState::default();
+        let id = chief::submit(&mut state, 1, 2);
+        let members = vec![
+            chief::member("a", State::Alive, 1),
+            chief::member("b", State::Alive, 1),
+        ];
+        let place = decide(&state, &members, 5, &mut || "ab".repeat(32));
+        state.apply(2, &place[0]);
+        let job = state.job(id).unwrap();
+        let master = master_port(id, 1, &"ab".repeat(32));
+        assert_eq!(data_port(job, 0), master + 1);
+        assert_eq!(data_port(job, 1), master + 2);
+        let addrs = ring_addrs(job, &|_| Some("10.0.0.1".into())).unwrap();
+        assert_eq!(addrs[1].port(), master + 2);
+        assert!(
+            ring_addrs(job, &|_| None).is_none(),
+            "an unknown host: wait"
+        );
     }
 }

@@ -43,6 +43,21 @@ pub const METRIC_REPORT_INTERVAL_MS: u64 = 500;
 const LINE_BYTES_MAX: usize = 64 * 1024;
 /// Depth of a rank's control queue (kill, new generations).
 pub const CONTROL_QUEUE_DEPTH: usize = 8;
+/// A rank whose process stays stopped (SIGSTOP, a debugger) this long is reported hung, in
+/// milliseconds: the chief re-forms an elastic ring without it.
+pub const HUNG_STOPPED_MS: u64 = 3_000;
+/// How often the process's run state is looked at, in milliseconds.
+const WATCH_PERIOD_MS: u64 = 500;
+
+/// Whether process `pid` is stopped (run state `T` or `t` in `/proc/<pid>/stat`).
+fn is_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // The state follows the command name, which is in parentheses and may hold spaces.
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "T" || state == "t")
+    })
+}
 
 /// What the supervisor tells a running rank.
 #[derive(Debug)]
@@ -272,8 +287,36 @@ impl Run {
         let mut last_sent: HashMap<String, Instant> = HashMap::new();
         let mut unsent: BTreeMap<String, MetricLine> = BTreeMap::new();
         let mut killed = false;
+        let mut watch = tokio::time::interval(Duration::from_millis(WATCH_PERIOD_MS));
+        watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut stopped_since: Option<Instant> = None;
+        let mut reported_hung = false;
         let status = loop {
             tokio::select! {
+                _ = watch.tick(), if !killed && !reported_hung => {
+                    let stopped = pgid.is_some_and(|p| is_stopped(p as u32));
+                    match (stopped, stopped_since) {
+                        (false, _) => stopped_since = None,
+                        (true, None) => stopped_since = Some(Instant::now()),
+                        (true, Some(t)) if t.elapsed() >= Duration::from_millis(HUNG_STOPPED_MS) => {
+                            reported_hung = true;
+                            let ms = t.elapsed().as_millis();
+                            warn!(job = %id, generation = self.generation, rank = self.rank, "worker stopped for {ms} ms: reported hung");
+                            let _ = self
+                                .reports
+                                .send(ControlCommand::RankLost {
+                                    id,
+                                    generation: self.generation,
+                                    rank: self.rank,
+                                    hung: true,
+                                    reason: format!("its process is stopped (run state T) for {ms} ms"),
+                                    at_ms: (self.clock_ms)(),
+                                })
+                                .await;
+                        }
+                        (true, Some(_)) => {}
+                    }
+                }
                 line = lines.recv() => match line {
                     Some((is_stdout, text)) => {
                         log.write_all(text.as_bytes()).await?;
@@ -387,6 +430,7 @@ impl Run {
                         id,
                         generation,
                         rank,
+                        hung: false,
                         reason,
                         at_ms,
                     })

@@ -1,0 +1,406 @@
+//! Real-process tests of elastic jobs: a 3-node cluster runs a job with `min_workers = 2`,
+//! a fault is injected (a rank's process killed, a whole node killed, a rank stopped with
+//! SIGSTOP), and the ring re-forms as a new generation inside the same attempt. Each test
+//! asserts the generation's reason in `history`, that the survivors' processes are the ones
+//! that started (train jobs keep their state in memory), and that the job ends `succeeded`.
+//!
+//! Waits poll with deadlines; every node is stopped by PID when its cluster is dropped, and
+//! the worker processes die with their nodes' process groups.
+
+use std::{
+    collections::BTreeMap,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use ringleader::{api::status::JobDoc, cli::local::LocalCluster};
+
+/// Bound on each wait (a debug build on two cores is slow).
+const WAIT: Duration = Duration::from_secs(120);
+/// Poll period.
+const POLL: Duration = Duration::from_millis(100);
+
+fn exe() -> &'static str {
+    env!("CARGO_BIN_EXE_ringleader")
+}
+
+/// One test at a time: each runs a 3-node cluster with 3 training ranks on this host, and
+/// the hang test's silence bound should not race a machine loaded by the others.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A formed cluster of `n` nodes, `e0` first.
+fn cluster(root: &Path, n: usize) -> LocalCluster {
+    let mut c = LocalCluster::new(exe(), root);
+    c.start("e0", &[]).unwrap();
+    for i in 1..n {
+        c.start_joining(&format!("e{i}"), &[]).unwrap();
+    }
+    c.wait_all(WAIT, "formed with a chief", |s| {
+        s.names_in("alive").len() == n && s.chief.is_some()
+    })
+    .unwrap();
+    c
+}
+
+/// Polls node `i`'s view of job `id` until `cond` holds.
+fn wait_job(
+    c: &LocalCluster,
+    i: usize,
+    id: &str,
+    what: &str,
+    cond: impl Fn(&JobDoc) -> bool,
+) -> JobDoc {
+    let deadline = Instant::now() + WAIT;
+    let mut last = None;
+    loop {
+        if let Ok(doc) = c.nodes[i].client().job(id) {
+            if cond(&doc) {
+                return doc;
+            }
+            last = Some(doc);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "job {id}: {what} not within {WAIT:?}; last seen: {last:#?}"
+        );
+        std::thread::sleep(POLL);
+    }
+}
+
+/// `train-worker` processes of job `id` on this host: PID → the `--rank` they started as.
+fn train_workers(id: &str) -> BTreeMap<u32, u32> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = raw
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let has = |flag: &str, value: &str| args.windows(2).any(|w| w[0] == flag && w[1] == value);
+        if !args.iter().any(|a| a == "train-worker") || !has("--job-id", id) {
+            continue;
+        }
+        let rank = args
+            .windows(2)
+            .find(|w| w[0] == "--rank")
+            .and_then(|w| w[1].parse().ok());
+        if let Some(rank) = rank {
+            out.insert(pid, rank);
+        }
+    }
+    out
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie is not alive: the supervisor reaps its children, so a dead one disappears.
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z")
+    })
+}
+
+fn signal(pid: u32, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).unwrap();
+}
+
+/// Every log line of job `id` on every node, with the log's path.
+fn all_logs(c: &LocalCluster, id: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for node in &c.nodes {
+        let dir = node.dir.join("jobs").join(id);
+        let Ok(gens) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for g in gens.flatten() {
+            for f in std::fs::read_dir(g.path()).into_iter().flatten().flatten() {
+                if f.path().extension().is_some_and(|e| e == "log") {
+                    let text = std::fs::read_to_string(f.path()).unwrap_or_default();
+                    out.push((f.path().display().to_string(), text));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A train job of 3 workers that may go down to 2; slowed by the test-only step delay so a
+/// fault lands mid-run; commits in memory every 5 steps.
+fn train_spec(name: &str, steps: u32) -> String {
+    format!(
+        r#"
+name = "{name}"
+kind = "train"
+workers = 3
+min_workers = 2
+max_workers = 3
+max_restarts = 0
+env = {{ RINGLEADER_TEST_STEP_DELAY_MS = "15" }}
+[model]
+arch = "mlp"
+hidden = [64]
+[data]
+dataset = "digits"
+[train]
+epochs = 500
+max_steps = {steps}
+batch_per_worker = 32
+lr = 0.05
+[checkpoint]
+every_steps = 1000
+keep = 1
+commit_every_steps = 5
+"#
+    )
+}
+
+fn history_reasons(doc: &JobDoc) -> Vec<String> {
+    doc.history.iter().map(|h| h.reason.clone()).collect()
+}
+
+/// What a fault leaves for the test to do once the ring re-formed.
+enum After {
+    /// Nothing: the victim's member is alive and joins again by itself.
+    Nothing,
+    /// Restart node `i` (it was killed); it joins again.
+    Restart(usize),
+    /// The victim process was stopped: its node must kill it (a stale worker never comes
+    /// back into the ring); then nothing.
+    Reaped,
+}
+
+/// Runs a train job, injects `fault` on rank 2 once training is under way, and checks the
+/// re-form (a generation with `reason_prefix`, survivors' processes unchanged, restored from
+/// memory, at most one commit interval of steps lost), the growth back to 3 workers when
+/// the member is available again (`joined`, the joiner's state by broadcast), and success.
+fn train_fault(
+    name: &str,
+    fault: impl FnOnce(&mut LocalCluster, &JobDoc, u32) -> After,
+    reason_prefix: &str,
+) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let root = tempfile::Builder::new()
+        .prefix("rl-elastic-")
+        .tempdir()
+        .unwrap();
+    let mut c = cluster(root.path(), 3);
+    let id = c.nodes[0]
+        .client()
+        .submit(&train_spec(name, 1_800))
+        .unwrap();
+
+    // Phase 1: under way on 3 workers, one process per rank.
+    let doc = wait_job(&c, 0, &id, "past step 30", |d| {
+        d.state == "running" && d.ring.len() == 3 && d.step.is_some_and(|s| s >= 30)
+    });
+    let workers = train_workers(&id);
+    assert_eq!(workers.len(), 3, "{workers:?}");
+    let by_rank: BTreeMap<u32, u32> = workers.iter().map(|(p, r)| (*r, *p)).collect();
+    let victim = by_rank[&2];
+    let victim_node = doc.ring[2].clone();
+    let survivors = [by_rank[&0], by_rank[&1]];
+
+    // Phase 2: the fault; the ring re-forms as generation 2 of the same attempt.
+    let after = fault(&mut c, &doc, victim);
+    let observer = c.running()[0];
+    let reformed = wait_job(&c, observer, &id, "re-formed", |d| d.generation >= 2);
+    let reasons = history_reasons(&reformed);
+    assert!(
+        reasons[1].starts_with(&format!("{reason_prefix}{victim_node} (rank 2)")),
+        "history {reasons:?} does not start generation 2 with {reason_prefix:?}"
+    );
+    assert_eq!(reformed.attempt, 1, "a re-form uses no restart");
+    assert_eq!(reformed.history[1].ring.len(), 2, "{:?}", reformed.history);
+    for pid in survivors {
+        assert!(alive(pid), "survivor {pid} was restarted");
+    }
+    match after {
+        After::Nothing => {}
+        After::Restart(i) => c.restart(i).unwrap(),
+        After::Reaped => {
+            let deadline = Instant::now() + WAIT;
+            while alive(victim) {
+                assert!(
+                    Instant::now() < deadline,
+                    "the stopped worker {victim} was not killed"
+                );
+                std::thread::sleep(POLL);
+            }
+        }
+    }
+
+    // Phase 3: the member is back: the ring grows to 3 again with it.
+    let grown = wait_job(&c, observer, &id, "grown back", |d| {
+        d.history
+            .iter()
+            .any(|h| h.reason == format!("joined {victim_node}"))
+            || d.state != "running"
+    });
+    assert_eq!(
+        grown.state, "running",
+        "finished before the member joined again"
+    );
+    let joined = grown
+        .history
+        .iter()
+        .find(|h| h.reason.starts_with("joined"))
+        .unwrap();
+    assert_eq!(joined.ring.len(), 3, "{:?}", grown.history);
+
+    // Phase 4: the job finishes; survivors kept their processes all along.
+    let deadline = Instant::now() + WAIT;
+    let done = loop {
+        let doc = c.nodes[observer].client().job(&id).unwrap();
+        if matches!(doc.state.as_str(), "succeeded" | "failed" | "cancelled") {
+            break doc;
+        }
+        if Instant::now() > deadline {
+            let tails: Vec<(String, Vec<String>)> = all_logs(&c, &id)
+                .into_iter()
+                .map(|(p, t)| {
+                    let lines: Vec<String> = t.lines().map(str::to_owned).collect();
+                    (p, lines[lines.len().saturating_sub(12)..].to_vec())
+                })
+                .collect();
+            panic!("job {id} did not finish: {doc:#?}\n{tails:#?}");
+        }
+        std::thread::sleep(POLL);
+    };
+    let logs = all_logs(&c, &id);
+    assert_eq!(done.state, "succeeded", "{done:#?}\n{logs:#?}");
+    let resumed = |generation: u32, source: &str| {
+        logs.iter()
+            .flat_map(|(_, t)| t.lines())
+            .filter(|l| {
+                l.starts_with(&format!(
+                    "ringleader-elastic resumed generation={generation} "
+                )) && l.ends_with(&format!("source={source}"))
+            })
+            .count()
+    };
+    assert_eq!(
+        resumed(2, "memory"),
+        2,
+        "both survivors restore from memory: {logs:#?}"
+    );
+    assert_eq!(
+        resumed(3, "broadcast"),
+        1,
+        "the joiner gets the state by broadcast"
+    );
+    let lost = done.metrics.get("steps_lost").copied().unwrap_or(f64::NAN);
+    assert!(
+        lost <= 5.0,
+        "at most one commit interval of steps lost, got {lost}"
+    );
+    let acc = done.metrics.get("val_accuracy").copied().unwrap_or(0.0);
+    assert!(
+        acc > 0.9,
+        "training went on to a good model: val_accuracy {acc}"
+    );
+    c.stop_all();
+}
+
+#[test]
+fn killed_rank_process_survivors_keep_training() {
+    train_fault(
+        "kill-rank",
+        |_, _, victim| {
+            signal(victim, nix::sys::signal::Signal::SIGKILL);
+            After::Nothing
+        },
+        "peer-lost ",
+    );
+}
+
+#[test]
+fn killed_node_survivors_keep_training_and_take_it_back() {
+    train_fault(
+        "kill-node",
+        |c, doc, _| {
+            let name = doc.ring[2].clone();
+            let i = c.nodes.iter().position(|n| n.name == name).unwrap();
+            c.kill9(i).unwrap();
+            After::Restart(i)
+        },
+        "peer-lost ",
+    );
+}
+
+#[test]
+fn stopped_rank_is_named_hung_left_out_and_killed() {
+    train_fault(
+        "hang",
+        |_, _, victim| {
+            signal(victim, nix::sys::signal::Signal::SIGSTOP);
+            After::Reaped
+        },
+        "hung ",
+    );
+}
+
+#[test]
+fn elastic_command_job_restarts_every_rank_with_the_new_world_size() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let root = tempfile::Builder::new()
+        .prefix("rl-elastic-cmd-")
+        .tempdir()
+        .unwrap();
+    let mut c = cluster(root.path(), 3);
+    let done_file = root.path().join("done");
+    let spec = format!(
+        r#"
+name = "elastic-cmd"
+kind = "command"
+workers = 3
+min_workers = 2
+max_restarts = 0
+command = ["sh", "-c", "echo world=$WORLD_SIZE restart=$TORCHELASTIC_RESTART_COUNT rank=$RANK; while [ ! -e {} ]; do sleep 0.05; done"]
+"#,
+        done_file.display()
+    );
+    let id = c.nodes[0].client().submit(&spec).unwrap();
+    let doc = wait_job(&c, 0, &id, "running on 3", |d| {
+        d.state == "running" && d.ring.len() == 3
+    });
+    // The victim is a node that is not rank 0's.
+    let name = doc.ring[2].clone();
+    let victim = c.nodes.iter().position(|n| n.name == name).unwrap();
+    c.kill9(victim).unwrap();
+    let observer = if victim == 0 { 1 } else { 0 };
+    let reformed = wait_job(&c, observer, &id, "re-formed on 2", |d| {
+        d.generation == 2 && d.ring.len() == 2
+    });
+    let reason = &reformed.history[1].reason;
+    assert!(
+        reason.starts_with(&format!("peer-lost {name} (rank 2): member dead")),
+        "{reason}"
+    );
+    // Every rank of generation 2 runs again with WORLD_SIZE 2 and the restart count up.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let lines: Vec<String> = all_logs(&c, &id)
+            .into_iter()
+            .filter(|(p, _)| p.contains("generation-2"))
+            .flat_map(|(_, t)| t.lines().map(str::to_owned).collect::<Vec<_>>())
+            .collect();
+        let restarted = lines
+            .iter()
+            .filter(|l| l.starts_with("world=2 restart=1"))
+            .count();
+        if restarted == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "generation 2's ranks: {lines:?}");
+        std::thread::sleep(POLL);
+    }
+    std::fs::write(&done_file, b"").unwrap();
+    let done = wait_job(&c, observer, &id, "succeeded", |d| d.state == "succeeded");
+    assert_eq!((done.generation, done.attempt), (2, 1));
+    c.stop_all();
+}
