@@ -13,7 +13,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ringleader::{api::status::JobDoc, cli::local::LocalCluster};
+use ringleader::{
+    api::status::JobDoc,
+    cli::local::{process_alive as alive, train_workers, LocalCluster, Throttle},
+};
 
 /// Bound on each wait (a debug build on two cores is slow).
 const WAIT: Duration = Duration::from_secs(120);
@@ -67,66 +70,8 @@ fn wait_job(
     }
 }
 
-/// `train-worker` processes of job `id` on this host: PID → the `--rank` they started as.
-fn train_workers(id: &str) -> BTreeMap<u32, u32> {
-    let mut out = BTreeMap::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<String> = raw
-            .split(|b| *b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        let has = |flag: &str, value: &str| args.windows(2).any(|w| w[0] == flag && w[1] == value);
-        if !args.iter().any(|a| a == "train-worker") || !has("--job-id", id) {
-            continue;
-        }
-        let rank = args
-            .windows(2)
-            .find(|w| w[0] == "--rank")
-            .and_then(|w| w[1].parse().ok());
-        if let Some(rank) = rank {
-            out.insert(pid, rank);
-        }
-    }
-    out
-}
-
-fn alive(pid: u32) -> bool {
-    // A zombie is not alive: the supervisor reaps its children, so a dead one disappears.
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        s.rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z")
-    })
-}
-
 fn signal(pid: u32, sig: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).unwrap();
-}
-
-/// Every log line of job `id` on every node, with the log's path.
-fn all_logs(c: &LocalCluster, id: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for node in &c.nodes {
-        let dir = node.dir.join("jobs").join(id);
-        let Ok(gens) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for g in gens.flatten() {
-            for f in std::fs::read_dir(g.path()).into_iter().flatten().flatten() {
-                if f.path().extension().is_some_and(|e| e == "log") {
-                    let text = std::fs::read_to_string(f.path()).unwrap_or_default();
-                    out.push((f.path().display().to_string(), text));
-                }
-            }
-        }
-    }
-    out
 }
 
 /// A train job of 3 workers that may go down to 2; slowed by the test-only step delay so a
@@ -260,7 +205,8 @@ fn train_fault(
             break doc;
         }
         if Instant::now() > deadline {
-            let tails: Vec<(String, Vec<String>)> = all_logs(&c, &id)
+            let tails: Vec<(std::path::PathBuf, Vec<String>)> = c
+                .job_logs(&id)
                 .into_iter()
                 .map(|(p, t)| {
                     let lines: Vec<String> = t.lines().map(str::to_owned).collect();
@@ -271,7 +217,7 @@ fn train_fault(
         }
         std::thread::sleep(POLL);
     };
-    let logs = all_logs(&c, &id);
+    let logs = c.job_logs(&id);
     assert_eq!(done.state, "succeeded", "{done:#?}\n{logs:#?}");
     let resumed = |generation: u32, source: &str| {
         logs.iter()
@@ -384,9 +330,10 @@ command = ["sh", "-c", "echo world=$WORLD_SIZE restart=$TORCHELASTIC_RESTART_COU
     // Every rank of generation 2 runs again with WORLD_SIZE 2 and the restart count up.
     let deadline = Instant::now() + WAIT;
     loop {
-        let lines: Vec<String> = all_logs(&c, &id)
+        let lines: Vec<String> = c
+            .job_logs(&id)
             .into_iter()
-            .filter(|(p, _)| p.contains("generation-2"))
+            .filter(|(p, _)| p.to_string_lossy().contains("generation-2"))
             .flat_map(|(_, t)| t.lines().map(str::to_owned).collect::<Vec<_>>())
             .collect();
         let restarted = lines
@@ -402,5 +349,63 @@ command = ["sh", "-c", "echo world=$WORLD_SIZE restart=$TORCHELASTIC_RESTART_COU
     std::fs::write(&done_file, b"").unwrap();
     let done = wait_job(&c, observer, &id, "succeeded", |d| d.state == "succeeded");
     assert_eq!((done.generation, done.attempt), (2, 1));
+    c.stop_all();
+}
+
+#[test]
+fn throttled_rank_is_dropped_as_a_straggler_and_blacklisted() {
+    if !Throttle::available() {
+        eprintln!("SKIPPED throttled_rank_is_dropped_as_a_straggler_and_blacklisted: needs root and cgroup v1's cpu controller");
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let root = tempfile::Builder::new()
+        .prefix("rl-elastic-slow-")
+        .tempdir()
+        .unwrap();
+    let mut c = cluster(root.path(), 3);
+    // Real compute (no step delay) so the throttled rank's compute time stands out.
+    let spec = train_spec("straggler", 3_000)
+        .replace("env = { RINGLEADER_TEST_STEP_DELAY_MS = \"15\" }\n", "")
+        .replace("hidden = [64]", "hidden = [256, 256]")
+        .replace(
+            "commit_every_steps = 5\n",
+            "commit_every_steps = 5\n[elastic]\nstraggler_window = 10\n",
+        );
+    assert!(!spec.contains("DELAY"), "{spec}");
+    let id = c.nodes[0].client().submit(&spec).unwrap();
+    let doc = wait_job(&c, 0, &id, "past step 30", |d| {
+        d.state == "running" && d.step.is_some_and(|s| s >= 30)
+    });
+    let by_rank: BTreeMap<u32, u32> = train_workers(&id).iter().map(|(p, r)| (*r, *p)).collect();
+    let slow_node = doc.ring[2].clone();
+    let throttle = Throttle::new(by_rank[&2], 5).unwrap();
+
+    // The ring drops it after its window, the member is blacklisted, the survivors go on.
+    let reformed = wait_job(&c, 0, &id, "straggler dropped", |d| d.generation >= 2);
+    drop(throttle);
+    let reason = &reformed.history[1].reason;
+    assert!(
+        reason.starts_with(&format!("straggler {slow_node} (rank 2)")),
+        "{reason}"
+    );
+    assert!(alive(by_rank[&0]) && alive(by_rank[&1]), "survivors kept");
+    let status = c.status(0).unwrap();
+    let member = status.members.iter().find(|m| m.name == slow_node).unwrap();
+    assert!(member.blacklisted, "{member:?}");
+    assert!(
+        member
+            .blacklist_reason
+            .as_deref()
+            .is_some_and(|r| r.contains("straggler")),
+        "{member:?}"
+    );
+    let done = wait_job(&c, 0, &id, "finished", |d| d.state != "running");
+    assert_eq!(done.state, "succeeded", "{done:#?}");
+    assert!(
+        !done.history.iter().any(|h| h.reason.starts_with("joined")),
+        "a blacklisted member is not taken back: {:?}",
+        done.history
+    );
     c.stop_all();
 }

@@ -263,3 +263,126 @@ fn spawn(exe: &Path, name: &str, dir: &Path, extra: &[String]) -> Result<(Child,
         std::thread::sleep(Duration::from_millis(POLL_MS));
     }
 }
+
+/// `train-worker` processes of job `id` on this host: PID → the `--rank` each started as.
+pub fn train_workers(id: &str) -> std::collections::BTreeMap<u32, u32> {
+    let mut out = std::collections::BTreeMap::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in procs.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = raw
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let value = |flag: &str| args.windows(2).find(|w| w[0] == flag).map(|w| w[1].clone());
+        if !args.iter().any(|a| a == "train-worker") || value("--job-id").as_deref() != Some(id) {
+            continue;
+        }
+        if let Some(rank) = value("--rank").and_then(|r| r.parse().ok()) {
+            out.insert(pid, rank);
+        }
+    }
+    out
+}
+
+/// Whether process `pid` exists and is not a zombie.
+pub fn process_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z")
+    })
+}
+
+impl LocalCluster {
+    /// Every rank log of job `id` on every node, as (path, text).
+    pub fn job_logs(&self, id: &str) -> Vec<(PathBuf, String)> {
+        let mut out = Vec::new();
+        for node in &self.nodes {
+            let dir = node.dir.join("jobs").join(id);
+            let Ok(generations) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for g in generations.flatten() {
+                for f in std::fs::read_dir(g.path()).into_iter().flatten().flatten() {
+                    if f.path().extension().is_some_and(|e| e == "log") {
+                        let text = std::fs::read_to_string(f.path()).unwrap_or_default();
+                        out.push((f.path(), text));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The lines of job `id`'s rank logs (all nodes) that start with `prefix`.
+    pub fn job_log_lines(&self, id: &str, prefix: &str) -> Vec<String> {
+        self.job_logs(id)
+            .iter()
+            .flat_map(|(_, t)| t.lines())
+            .filter(|l| l.starts_with(prefix))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+/// Where cgroup v1's `cpu` controller is mounted.
+pub const CGROUP_CPU: &str = "/sys/fs/cgroup/cpu";
+/// Period of a [`Throttle`]'s CPU quota, microseconds.
+const THROTTLE_PERIOD_US: u32 = 100_000;
+
+/// A real straggler: a cgroup v1 `cpu` group capping every thread of a process at a share
+/// of one core; the threads go back to the root group and the group is removed when
+/// dropped. Needs root and the controller ([`Throttle::available`]).
+pub struct Throttle {
+    dir: PathBuf,
+    pid: u32,
+}
+
+impl Throttle {
+    /// Whether cgroup v1's `cpu` controller is there and writable.
+    pub fn available() -> bool {
+        let probe = Path::new(CGROUP_CPU).join("ringleader-probe");
+        let ok = std::fs::create_dir_all(&probe).is_ok();
+        let _ = std::fs::remove_dir(&probe);
+        ok
+    }
+
+    /// Caps process `pid` at `percent` of one core.
+    pub fn new(pid: u32, percent: u32) -> Result<Throttle> {
+        let dir = Path::new(CGROUP_CPU).join(format!("ringleader-throttle-{pid}"));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let t = Throttle { dir, pid };
+        std::fs::write(
+            t.dir.join("cpu.cfs_period_us"),
+            THROTTLE_PERIOD_US.to_string(),
+        )?;
+        let quota = THROTTLE_PERIOD_US / 100 * percent.clamp(1, 100);
+        std::fs::write(t.dir.join("cpu.cfs_quota_us"), quota.to_string())?;
+        for task in std::fs::read_dir(format!("/proc/{pid}/task"))?.flatten() {
+            let tid = task.file_name().to_string_lossy().into_owned();
+            let _ = std::fs::write(t.dir.join("tasks"), tid);
+        }
+        Ok(t)
+    }
+}
+
+impl Drop for Throttle {
+    fn drop(&mut self) {
+        let root = Path::new(CGROUP_CPU).join("tasks");
+        if let Ok(tasks) = std::fs::read_to_string(self.dir.join("tasks")) {
+            for tid in tasks.lines() {
+                let _ = std::fs::write(&root, tid);
+            }
+        }
+        let _ = std::fs::write(&root, self.pid.to_string());
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}

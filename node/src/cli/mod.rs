@@ -1,7 +1,7 @@
 //! The command line: `ringleader node` runs a node; every other command is an API client.
 //!
 //! - [`demo`]: `ringleader demo`, a local cluster end to end.
-//! - [`bench_membership`], [`bench_control`]: the benchmarks' figures.
+//! - [`bench_membership`], [`bench_control`], [`bench_elastic`]: the benchmarks' figures.
 //! - [`local`]: a cluster of real `ringleader node` processes on this host, for the demo, the
 //!   benchmarks and the integration tests (public because the binary's demo needs it).
 //! - [`train_worker`]: the hidden `train-worker` subcommand, one rank of a train job.
@@ -9,6 +9,7 @@
 //! May use: everything in the crate.
 
 pub mod bench_control;
+pub mod bench_elastic;
 pub mod bench_membership;
 pub mod demo;
 pub mod local;
@@ -92,6 +93,9 @@ pub enum Cmd {
     /// Membership benchmark (scripts/bench-membership.sh runs this).
     #[command(hide = true)]
     BenchMembership(bench_membership::BenchArgs),
+    /// Elastic-training benchmark (scripts/bench-elastic.sh runs this).
+    #[command(hide = true)]
+    BenchElastic(bench_elastic::BenchElasticArgs),
     /// Control-plane benchmark (scripts/bench-control.sh runs this).
     #[command(hide = true)]
     BenchControl(bench_control::BenchControlArgs),
