@@ -409,3 +409,59 @@ fn throttled_rank_is_dropped_as_a_straggler_and_blacklisted() {
     );
     c.stop_all();
 }
+
+#[test]
+fn chief_killed_with_a_rank_the_new_chief_reforms() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let root = tempfile::Builder::new()
+        .prefix("rl-elastic-chief-")
+        .tempdir()
+        .unwrap();
+    // The first node bootstraps the cluster and is its chief; its name sorts last, so the
+    // job's three workers are placed on the other three.
+    let mut c = LocalCluster::new(exe(), root.path());
+    c.start("z-chief", &[]).unwrap();
+    for name in ["a1", "a2", "a3"] {
+        c.start_joining(name, &[]).unwrap();
+    }
+    c.wait_all(WAIT, "formed with 3 voters", |s| {
+        s.names_in("alive").len() == 4
+            && s.chief.as_ref().is_some_and(|ch| ch.name == "z-chief")
+            && s.members.iter().filter(|m| m.voter).count() == 3
+    })
+    .unwrap();
+    let id = c.nodes[1]
+        .client()
+        .submit(&train_spec("chief", 1_200))
+        .unwrap();
+    let doc = wait_job(&c, 1, &id, "past step 30", |d| {
+        d.state == "running" && d.step.is_some_and(|s| s >= 30)
+    });
+    assert_eq!(doc.ring, ["a1", "a2", "a3"]);
+    let by_rank: BTreeMap<u32, u32> = train_workers(&id).iter().map(|(p, r)| (*r, *p)).collect();
+
+    // Rank 2's process and the chief die together: the next chief makes the re-form.
+    signal(by_rank[&2], nix::sys::signal::Signal::SIGKILL);
+    c.kill9(0).unwrap();
+    let reformed = wait_job(&c, 1, &id, "re-formed by the new chief", |d| {
+        d.generation >= 2
+    });
+    assert!(
+        reformed.history[1]
+            .reason
+            .starts_with("peer-lost a3 (rank 2)"),
+        "{:?}",
+        reformed.history
+    );
+    let status = c.status(1).unwrap();
+    assert!(
+        status.chief.as_ref().is_some_and(|ch| ch.name != "z-chief"),
+        "{:?}",
+        status.chief
+    );
+    assert!(alive(by_rank[&0]) && alive(by_rank[&1]), "survivors kept");
+    let done = wait_job(&c, 1, &id, "finished", |d| d.state != "running");
+    assert_eq!(done.state, "succeeded", "{done:#?}");
+    assert_eq!(done.attempt, 1);
+    c.stop_all();
+}
