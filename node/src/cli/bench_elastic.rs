@@ -32,6 +32,8 @@ use crate::{
 const WARM_STEPS: u64 = 200;
 /// In-memory commit interval of the benchmark's job, steps.
 const COMMIT_EVERY_STEPS: u32 = 10;
+/// Samples per worker per step.
+const BATCH_PER_WORKER: usize = 32;
 /// CPU share a straggler gets, percent of one core.
 const STRAGGLER_PERCENT: u32 = 5;
 /// Bound on every wait.
@@ -68,7 +70,7 @@ dataset = "digits"
 [train]
 epochs = 100000
 max_steps = 1000000
-batch_per_worker = 32
+batch_per_worker = {BATCH_PER_WORKER}
 lr = 0.05
 [checkpoint]
 every_steps = 1000000
@@ -195,17 +197,21 @@ fn signal(pid: u32, sig: nix::sys::signal::Signal) -> Result<()> {
         .map_err(|e| anyhow!("signal {sig} to {pid}: {e}"))
 }
 
-/// The mean of the job's `samples_per_s` metric over `over`.
+/// The job's samples per second over `over`: steps done (its `step` metric) × the global
+/// batch of its ring (a throttled ring runs in bursts, so a per-step rate would flatter it).
 fn throughput(c: &LocalCluster, id: &str, over: Duration) -> Result<f64> {
-    let end = Instant::now() + over;
-    let mut seen = Vec::new();
-    while Instant::now() < end {
-        if let Some(v) = c.nodes[0].client().job(id)?.metrics.get("samples_per_s") {
-            seen.push(*v);
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    Ok(seen.iter().sum::<f64>() / seen.len().max(1) as f64)
+    let step_of = || -> Result<(f64, usize)> {
+        let doc = c.nodes[0].client().job(id)?;
+        Ok((
+            doc.metrics.get("step").copied().unwrap_or(0.0),
+            doc.ring.len(),
+        ))
+    };
+    let (s0, _) = step_of()?;
+    let t0 = Instant::now();
+    std::thread::sleep(over);
+    let (s1, world) = step_of()?;
+    Ok((s1 - s0) * (BATCH_PER_WORKER * world) as f64 / t0.elapsed().as_secs_f64())
 }
 
 fn one(fault: &str) -> Result<String> {
