@@ -30,6 +30,9 @@ struct Commit {
     files: BTreeMap<String, (u64, String)>,
 }
 
+/// Tries of a storage request that failed with a temporary error, after the first.
+pub const STORAGE_RETRIES_MAX: usize = 4;
+
 /// Builds an opendal operator from a storage URL: `file:///abs/path`, `memory://`,
 /// `s3://bucket/prefix?endpoint=…&region=…` (other query keys are passed to the service as
 /// its configuration), or `<scheme>://<root>?k=v` for other compiled-in services.
@@ -77,7 +80,9 @@ pub fn operator_from_url(url: &str) -> Result<Operator, TrainError> {
             Operator::via_iter(other, cfg)?
         }
     };
-    Ok(op)
+    // A temporary error (a dropped connection, a throttled request) is retried with
+    // exponential backoff instead of stopping the checkpoint writer.
+    Ok(op.layer(opendal::layers::RetryLayer::new().with_max_times(STORAGE_RETRIES_MAX)))
 }
 
 /// The checkpoints of one job in one storage.
