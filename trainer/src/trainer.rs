@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use candle_core::{Device, D};
-use collective::Communicator;
+use collective::{AbortHandle, Communicator};
 use serde::Serialize;
 use tracing::info;
 
@@ -135,6 +135,8 @@ pub struct Trainer {
     metrics: HashMap<String, f64>,
     /// Test-only: slept inside every step's compute part (emulates a straggler).
     compute_delay: Duration,
+    /// Cancels the communicator's operations (it lives in the gradient task).
+    abort: AbortHandle,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -189,6 +191,7 @@ impl Trainer {
             _ => 0,
         };
         let network_links = comm.network_links();
+        let abort = comm.abort_handle();
         let grads = sizes.iter().map(|&n| vec![0.0; n]).collect();
         let optimizer = Optimizer::new(&spec.train, &sizes);
         let schedule = LrSchedule::new(&spec.train, world, steps_per_epoch, total_steps);
@@ -235,6 +238,7 @@ impl Trainer {
             commits: CommitLog::new(COMMITS_KEPT),
             metrics: HashMap::new(),
             compute_delay: Duration::ZERO,
+            abort,
         })
     }
 
@@ -245,6 +249,13 @@ impl Trainer {
     /// World size.
     pub fn world(&self) -> usize {
         self.world
+    }
+    /// A handle that aborts this trainer's communicator from another task
+    /// ([`AbortHandle::abort`]): the step in flight (and every later one) fails with
+    /// [`collective::CollectiveError::Aborted`], and the peers' with `PeerAborted`. The
+    /// trainer's state is then mid-step: restore a commit before training on.
+    pub fn abort_handle(&self) -> AbortHandle {
+        self.abort.clone()
     }
     /// Steps done.
     pub fn step_count(&self) -> u64 {

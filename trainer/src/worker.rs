@@ -16,7 +16,11 @@
 //! `ringleader-stop` or the end of stdin ends the worker (exit 0) after the current step.
 //! It prints, one line per event, `key=value` fields:
 //! - `ringleader-elastic failed generation=G lost_rank=R error="..."` (`lost_rank=-` when
-//!   the error names no lost rank; `"` and `\` in the error escaped with `\`);
+//!   the error names no lost rank; `"` and `\` in the error escaped with `\`). No failed
+//!   line when the generation was superseded: a newer generation (or a stop) arrived
+//!   inside a step, and the step was aborted for it, by this worker after
+//!   [`crate::elastic::ABORT_GRACE_MS`] or by a peer that left first (a peer that aborts
+//!   before this worker has read the newer generation shows as `lost_rank=-`);
 //! - `ringleader-elastic resumed generation=G world=N rank=R step=S restored_step=C
 //!   steps_lost=L source=memory|broadcast|checkpoint|fresh` after joining a generation (the
 //!   first one included; `step`: the most steps any rank had reached);

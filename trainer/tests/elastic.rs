@@ -1,6 +1,7 @@
 //! Elastic training in one process, over the in-memory backend: a lost rank's survivors
 //! re-form and go on exactly like a fresh run of the new world from the same commit; a
-//! joiner gets the state by broadcast; the agreement picks the newest common commit; a
+//! joiner gets the state by broadcast; survivors blocked on a silent rank leave for the
+//! next generation at once; the agreement picks the newest common commit; a
 //! stale generation cannot connect; control lines parse or are refused by name.
 //!
 //! The test plays the node: it reads the workers' events and hands out generations. Every
@@ -11,7 +12,7 @@ mod common;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{mpsc as std_mpsc, Arc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use collective::{Communicator, Limits};
 use common::on_group;
@@ -20,7 +21,7 @@ use trainer::elastic::{
     agree, forward_control_lines, generation_channel, parse_control_line, reformable, CommitLog,
     Control, ControlLineError, ElasticEvent, ElasticRun, ElasticSummary, Generation,
     GenerationSource, Holding, MemoryRing, RestoreSource, RingConnector, TcpConnector,
-    GENERATION_LINE_BYTES_MAX,
+    ABORT_GRACE_MS, GENERATION_LINE_BYTES_MAX,
 };
 use trainer::{
     DataCursor, DataSpec, Event, ModelSpec, NamedTensor, OptimizerKind, StateMeta,
@@ -81,11 +82,25 @@ struct Report {
     event: ElasticEvent,
 }
 
-/// One elastic worker on its own thread and runtime. `kill_after`: the worker is dropped
-/// mid-run (like a killed process: its links close) at the first await after that step.
+/// What becomes of a worker.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fate {
+    /// It runs to its end.
+    Runs,
+    /// Dropped mid-run (like a killed process: its links close) at the first await after
+    /// this step.
+    KilledAfter(u64),
+    /// No longer driven from the first await after this step (like a stopped process or a
+    /// dead host: its links stay open and silent) until the test drops [`Worker::release`].
+    StoppedAfter(u64),
+}
+
+/// One elastic worker on its own thread and runtime.
 struct Worker {
     control: mpsc::Sender<Control>,
     handle: std::thread::JoinHandle<Option<ElasticSummary>>,
+    /// Dropping it ends a stopped worker (its links close then).
+    release: tokio::sync::oneshot::Sender<()>,
 }
 
 fn start_worker(
@@ -94,11 +109,31 @@ fn start_worker(
     ring: &MemoryRing,
     first: Generation,
     delay: Duration,
-    kill_after: Option<u64>,
+    fate: Fate,
+    reports: std_mpsc::Sender<Report>,
+) -> Worker {
+    start_worker_with(id, spec, ring, first, delay, fate, None, reports)
+}
+
+/// [`start_worker`], with the run's abort grace when `abort_grace` is set.
+#[allow(clippy::too_many_arguments)]
+fn start_worker_with(
+    id: usize,
+    spec: &TrainSpec,
+    ring: &MemoryRing,
+    first: Generation,
+    delay: Duration,
+    fate: Fate,
+    abort_grace: Option<Duration>,
     reports: std_mpsc::Sender<Report>,
 ) -> Worker {
     let (control, source) = generation_channel();
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
     let (spec, ring) = (spec.clone(), ring.clone());
+    let kill_after = match fate {
+        Fate::Runs => None,
+        Fate::KilledAfter(s) | Fate::StoppedAfter(s) => Some(s),
+    };
     let handle = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -106,6 +141,9 @@ fn start_worker(
             .expect("runtime");
         rt.block_on(async move {
             let mut run = ElasticRun::new(spec, source, ring).with_compute_delay(delay);
+            if let Some(g) = abort_grace {
+                run = run.with_abort_grace(g);
+            }
             let (kill_tx, mut kill_rx) = tokio::sync::oneshot::channel::<()>();
             let mut kill_tx = Some(kill_tx);
             let fut = run.run(first, None, |e| {
@@ -121,14 +159,24 @@ fn start_worker(
                     event: e.clone(),
                 });
             });
+            tokio::pin!(fut);
             tokio::select! {
                 biased;
-                _ = &mut kill_rx => None,
-                r = fut => Some(r.expect("elastic run")),
+                _ = &mut kill_rx => {}
+                r = &mut fut => return Some(r.expect("elastic run")),
             }
+            if matches!(fate, Fate::StoppedAfter(_)) {
+                // Silent: the run is kept, with its links open, but never polled again.
+                let _ = released.await;
+            }
+            None
         })
     });
-    Worker { control, handle }
+    Worker {
+        control,
+        handle,
+        release,
+    }
 }
 
 /// Waits (with a deadline) until `pred` has held for `n` reports; returns those.
@@ -262,14 +310,18 @@ fn survivors_of_a_lost_rank_match_a_fresh_run_from_the_commit() {
     // Phase 1: generation 0 of 3; rank 2 dies during step 11.
     let workers: Vec<Worker> = (0..3)
         .map(|r| {
-            let kill = (r == 2).then_some(10);
+            let fate = if r == 2 {
+                Fate::KilledAfter(10)
+            } else {
+                Fate::Runs
+            };
             start_worker(
                 r,
                 &spec,
                 &ring,
                 generation(0, r, 3),
                 Duration::ZERO,
-                kill,
+                fate,
                 tx.clone(),
             )
         })
@@ -362,7 +414,7 @@ fn a_joiner_gets_the_state_by_broadcast_and_matches_a_fresh_run() {
                 &ring,
                 generation(0, r, 2),
                 delay,
-                None,
+                Fate::Runs,
                 tx.clone(),
             )
         })
@@ -387,7 +439,7 @@ fn a_joiner_gets_the_state_by_broadcast_and_matches_a_fresh_run() {
         &ring,
         generation(1, 2, 3),
         delay,
-        None,
+        Fate::Runs,
         tx.clone(),
     ));
     let ends: Vec<ElasticSummary> = workers
@@ -421,6 +473,154 @@ fn a_joiner_gets_the_state_by_broadcast_and_matches_a_fresh_run() {
             "joiner's loss at {step}"
         );
     }
+}
+
+/// Wall-time bound on the survivors' whole recovery from a silent rank, s: far below the
+/// collective's op timeout in the test ([`SILENT_OP_TIMEOUT_MS`]), which is all that would
+/// end the blocked step without the abort (the in-memory transport has no silence bound).
+const SILENT_RECOVERY_S: u64 = 15;
+/// The op timeout while a rank is silent, ms.
+const SILENT_OP_TIMEOUT_MS: u64 = 60_000;
+
+/// Rank 2 goes silent (no longer driven, links open: a stopped process or a dead host),
+/// so ranks 0 and 1 block inside a step's allreduce. Generation 1 (ranks 0 and 1) arrives
+/// on their control channels: each aborts its blocked step after the abort grace, reports
+/// no failure (nobody is known lost: the generation was superseded), and both restore
+/// their newest common commit from memory and finish, well before the op timeout.
+#[test]
+fn survivors_blocked_on_a_silent_rank_leave_for_a_newer_generation_at_once() {
+    let spec = spec(OptimizerKind::Sgd);
+    let ring = MemoryRing::new(Limits {
+        op_timeout_ms: SILENT_OP_TIMEOUT_MS,
+        ..Limits::for_test()
+    });
+    let (tx, rx) = std_mpsc::channel();
+    let mut log = Vec::new();
+    let silent_after = 6;
+    // Phase 1: generation 0 of 3; rank 2 goes silent after step 6, in the compute delay
+    // of step 7 (before any of step 7's gradients leave): the survivors block in step 7.
+    let mut workers: Vec<Worker> = (0..3)
+        .map(|r| {
+            let (fate, delay) = if r == 2 {
+                (Fate::StoppedAfter(silent_after), Duration::from_millis(1))
+            } else {
+                (Fate::Runs, Duration::ZERO)
+            };
+            start_worker(
+                r,
+                &spec,
+                &ring,
+                generation(0, r, 3),
+                delay,
+                fate,
+                tx.clone(),
+            )
+        })
+        .collect();
+    // Phase 2: the survivors have reported step 6. Nothing between that report and the
+    // start of step 7 yields, so the watcher cannot see generation 1 before step 7 starts:
+    // they leave from inside the blocked step, not at a step boundary.
+    wait_for(&rx, &mut log, 2, |r| {
+        r.rank_id < 2
+            && matches!(
+                r.event,
+                ElasticEvent::Train {
+                    generation: 0,
+                    event: Event::Step(ref m),
+                    ..
+                } if m.step == silent_after
+            )
+    });
+    // Phase 3: the node's next generation, the two survivors.
+    let sent = Instant::now();
+    for (r, w) in workers.iter().enumerate().take(2) {
+        w.control
+            .blocking_send(Control::Generation(generation(1, r, 2)))
+            .unwrap();
+    }
+    wait_for(
+        &rx,
+        &mut log,
+        2,
+        |r| matches!(r.event, ElasticEvent::Resumed(ref x) if x.generation == 1),
+    );
+    let recovered = sent.elapsed();
+    println!(
+        "survivors resumed generation 1 after {recovered:?} (abort grace {ABORT_GRACE_MS} ms)"
+    );
+    let deadline = sent + Duration::from_secs(SILENT_RECOVERY_S);
+    let silent = workers.pop().unwrap();
+    let ends: Vec<ElasticSummary> = workers
+        .into_iter()
+        .map(|w| {
+            while !w.handle.is_finished() {
+                assert!(
+                    Instant::now() < deadline,
+                    "survivors still running: {log:#?}"
+                );
+                if let Ok(r) = rx.recv_timeout(Duration::from_millis(50)) {
+                    log.push(r);
+                }
+            }
+            w.handle.join().unwrap().expect("finished")
+        })
+        .collect();
+    let finished = sent.elapsed();
+    assert!(
+        finished < Duration::from_secs(SILENT_RECOVERY_S),
+        "finished {finished:?} after generation 1 was sent"
+    );
+    // Cleanup: rank 2's run is dropped (its links close; nobody listens any more).
+    drop(silent.release);
+    assert!(
+        silent.handle.join().unwrap().is_none(),
+        "rank 2 was stopped"
+    );
+    drop(tx);
+    log.extend(rx.try_iter());
+
+    // Phase 4: no failure reported (the step was aborted for the newer generation), the
+    // newest common commit restored from memory, and the run finished.
+    let failures: Vec<&Report> = log
+        .iter()
+        .filter(|r| matches!(r.event, ElasticEvent::Failed { .. }))
+        .collect();
+    assert!(failures.is_empty(), "failures reported: {failures:#?}");
+    let (r0, r1) = (resumed(&log, 0, 1), resumed(&log, 1, 1));
+    assert_eq!((r0.world, r0.rank, r1.rank), (2, 0, 1));
+    assert_eq!(r0.source, RestoreSource::Memory);
+    assert_eq!(r1.source, RestoreSource::Memory);
+    assert_eq!(r0.restored_step, r1.restored_step);
+    // A leave at a step boundary would have committed step 6 first: the aborted step 7
+    // left the survivors with their periodic commit of step 4.
+    assert_eq!(r0.restored_step, silent_after / COMMIT_EVERY * COMMIT_EVERY);
+    assert_eq!((r0.step, r0.steps_lost), (silent_after, 2), "{r0:?}");
+    let last_step_0 = log
+        .iter()
+        .filter_map(|r| match &r.event {
+            ElasticEvent::Train {
+                generation: 0,
+                event: Event::Step(m),
+                ..
+            } => Some(m.step),
+            _ => None,
+        })
+        .max();
+    assert_eq!(
+        last_step_0,
+        Some(silent_after),
+        "a step after the silence completed"
+    );
+    for (r, end) in ends.iter().enumerate() {
+        assert_eq!(end.reforms, 1, "rank {r}");
+        let state = end.state.as_ref().unwrap();
+        assert_eq!(state.meta.step, TOTAL_STEPS, "rank {r}");
+    }
+    assert_same_state(
+        ends[0].state.as_ref().unwrap(),
+        ends[1].state.as_ref().unwrap(),
+        "ranks 0 and 1",
+    );
 }
 
 fn synthetic(step: u64, v: f32) -> Arc<TrainState> {

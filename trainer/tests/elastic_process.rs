@@ -1,7 +1,9 @@
 //! Elastic workers as real processes: three `train-worker --elastic` processes on
 //! 127.0.0.1; one is killed by PID; the test, playing the node, writes the next generation
-//! to the survivors' stdin; the same two processes finish the run with falling loss. And a
-//! stop line ends a worker cleanly.
+//! to the survivors' stdin; the same two processes finish the run with falling loss. One
+//! is stopped (SIGSTOP: its connections stay open and silent): the survivors, blocked in a
+//! step, leave for the next generation within seconds. And a stop line ends a worker
+//! cleanly.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
@@ -222,6 +224,109 @@ fn survivors_keep_their_processes_and_finish_after_a_kill() {
         let last: f64 = losses[losses.len() - 3..].iter().sum::<f64>() / 3.0;
         assert!(last < 0.7 * first, "rank {r}: loss {first} -> {last}");
     }
+}
+
+/// The most the survivors of a stopped rank may take, from the next generation written to
+/// their stdin to resuming in it, s: the abort grace (`ABORT_GRACE_MS`, 1 s) plus
+/// connecting and agreeing, far below the collective's op timeout (60 s), which is all that
+/// would end their blocked step otherwise (a stopped process's kernel still acknowledges
+/// TCP, so the connections never go silent).
+const STOPPED_RECOVERY_S: u64 = 5;
+/// How long the survivors print nothing before the test takes them as blocked, ms.
+const QUIET_MS: u64 = 500;
+
+/// Sends `signal` (`STOP`) to the process `pid` the test started.
+fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid}: {status}");
+}
+
+#[test]
+fn survivors_of_a_stopped_rank_leave_for_the_next_generation_within_seconds() {
+    let dir = tempfile::tempdir().unwrap();
+    write_spec(dir.path());
+    let (tx, rx) = mpsc::channel();
+    let gen0 = addrs(3);
+    let mut workers: Vec<Worker> = (0..3)
+        .map(|r| start(dir.path(), r, &gen0, STEP_DELAY_MS, &tx))
+        .collect();
+    let mut seen = Vec::new();
+
+    // Phase 1: training in generation 0, past the first commits.
+    wait_lines(&rx, &mut seen, &[0], |l| {
+        field(l, "step").and_then(|s| s.parse::<u64>().ok()) >= Some(12) && l.contains("loss=")
+    });
+
+    // Phase 2: stop rank 2; the survivors block inside a step: they go quiet.
+    signal(workers[2].child.id(), "STOP");
+    let deadline = Instant::now() + Duration::from_secs(PHASE_DEADLINE_S);
+    loop {
+        assert!(Instant::now() < deadline, "the survivors never went quiet");
+        match rx.recv_timeout(Duration::from_millis(QUIET_MS)) {
+            Ok(x) => seen.push(x),
+            Err(mpsc::RecvTimeoutError::Timeout) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let blocked_at = seen.len();
+
+    // Phase 3: the node's next generation, the survivors, on their stdin.
+    let gen1 = addrs(2);
+    let sent = Instant::now();
+    for (r, w) in workers.iter_mut().take(2).enumerate() {
+        let g = Generation {
+            generation: 1,
+            rank: r,
+            addrs: gen1.clone(),
+            secret: SECRET.into(),
+        };
+        let stdin = w.stdin.as_mut().unwrap();
+        writeln!(stdin, "{}", g.to_line()).unwrap();
+        stdin.flush().unwrap();
+    }
+    wait_lines(&rx, &mut seen, &[0, 1], |l| {
+        l.starts_with("ringleader-elastic resumed generation=1 ")
+    });
+    let recovered = sent.elapsed();
+    println!("survivors of a stopped rank resumed generation 1 after {recovered:?}");
+    assert!(
+        recovered < Duration::from_secs(STOPPED_RECOVERY_S),
+        "resumed after {recovered:?}"
+    );
+    wait_lines(&rx, &mut seen, &[0, 1], |l| l.contains(" done step="));
+
+    // Phase 4: the blocked step was left, not reported as a peer loss; the survivors
+    // restored a commit from memory and finished.
+    for r in 0..2 {
+        let out: Vec<&str> = seen[blocked_at..]
+            .iter()
+            .filter(|(k, _)| *k == r)
+            .map(|(_, l)| l.as_str())
+            .collect();
+        let lost: Vec<&&str> = out
+            .iter()
+            .filter(|l| {
+                l.starts_with("ringleader-elastic failed")
+                    && field(l, "lost_rank").is_some_and(|x| x != "-")
+            })
+            .collect();
+        assert!(lost.is_empty(), "rank {r} reported a lost rank: {lost:?}");
+        let resumed = out
+            .iter()
+            .find(|l| l.starts_with("ringleader-elastic resumed generation=1 "))
+            .unwrap();
+        assert_eq!(field(resumed, "source"), Some("memory"), "{resumed}");
+        assert!(
+            out.iter()
+                .any(|l| l.contains(&format!(" done step={STEPS} "))),
+            "rank {r}: {out:#?}"
+        );
+    }
+    // Cleanup: dropping the workers kills them, the stopped one included (SIGKILL).
+    drop(workers);
 }
 
 #[test]

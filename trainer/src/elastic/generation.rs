@@ -227,6 +227,14 @@ pub trait GenerationSource: Send {
     /// A control message already waiting, without waiting: the newest generation newer
     /// than `after_generation` (older ones are dropped), or a stop, which wins.
     fn pending(&mut self, after_generation: u64) -> Option<Control>;
+
+    /// Waits until [`GenerationSource::pending`]`(after_generation)` would return something
+    /// (a generation newer than `after_generation`, or a stop), without taking it: the
+    /// message stays in the source for `pending` or `next`. Never resolves while nothing
+    /// newer arrives. Cancel-safe: dropping the future loses nothing. The elastic loop
+    /// runs it next to a training step, to abort the step's collective when the node has
+    /// moved on ([`crate::elastic::ElasticRun`]).
+    fn arrived(&mut self, after_generation: u64) -> impl Future<Output = ()> + Send;
 }
 
 /// A [`GenerationSource`] fed through a bounded channel (by [`forward_control_lines`] or by
@@ -235,16 +243,29 @@ pub trait GenerationSource: Send {
 pub struct GenerationChannel {
     rx: mpsc::Receiver<Control>,
     stopped: bool,
+    /// A generation taken off the channel by [`GenerationSource::arrived`], not yet handed
+    /// out (the first one received newer than the generation asked about).
+    held: Option<Generation>,
 }
 
 /// A channel of [`CONTROL_QUEUE_DEPTH`] control messages and its receiving source.
 pub fn generation_channel() -> (mpsc::Sender<Control>, GenerationChannel) {
     let (tx, rx) = mpsc::channel(CONTROL_QUEUE_DEPTH);
-    (tx, GenerationChannel { rx, stopped: false })
+    (
+        tx,
+        GenerationChannel {
+            rx,
+            stopped: false,
+            held: None,
+        },
+    )
 }
 
 impl GenerationSource for GenerationChannel {
     async fn next(&mut self, after_generation: u64) -> Result<Option<Generation>, ElasticError> {
+        if let Some(g) = self.take_held(after_generation) {
+            return Ok(Some(g));
+        }
         while !self.stopped {
             match self.rx.recv().await {
                 Some(Control::Generation(g)) if g.generation > after_generation => {
@@ -266,7 +287,7 @@ impl GenerationSource for GenerationChannel {
         if self.stopped {
             return Some(Control::Stop);
         }
-        let mut newest: Option<Generation> = None;
+        let mut newest = self.take_held(after_generation);
         loop {
             match self.rx.try_recv() {
                 Ok(Control::Generation(g)) => {
@@ -285,12 +306,47 @@ impl GenerationSource for GenerationChannel {
         }
         newest.map(Control::Generation)
     }
+
+    async fn arrived(&mut self, after_generation: u64) {
+        if self
+            .held
+            .as_ref()
+            .is_some_and(|g| g.generation > after_generation)
+        {
+            return;
+        }
+        while !self.stopped {
+            // `recv` is cancel-safe, and what it returns is kept before the next await.
+            match self.rx.recv().await {
+                Some(Control::Generation(g)) if g.generation > after_generation => {
+                    self.held = Some(g);
+                    return;
+                }
+                Some(Control::Generation(g)) => {
+                    warn!(
+                        generation = g.generation,
+                        after_generation, "stale generation ignored"
+                    );
+                }
+                Some(Control::Stop) | None => self.stopped = true,
+            }
+        }
+    }
+}
+
+impl GenerationChannel {
+    /// The held generation, when it is newer than `after_generation` (an older one is
+    /// dropped).
+    fn take_held(&mut self, after_generation: u64) -> Option<Generation> {
+        self.held.take().filter(|g| g.generation > after_generation)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::time::Duration;
 
     proptest! {
         #[test]
@@ -333,6 +389,45 @@ mod tests {
                 .collect();
             prop_assert_eq!(got, want);
         }
+    }
+
+    fn gen(generation: u64) -> Generation {
+        Generation {
+            generation,
+            rank: 0,
+            addrs: vec![SocketAddr::from(([127, 0, 0, 1], 1))],
+            secret: String::new(),
+        }
+    }
+
+    /// `arrived` waits for something `pending` would return, and leaves it there: stale
+    /// generations do not wake it, the held one is coalesced with newer ones by `pending`
+    /// and handed out first by `next`, and a stop wakes it and wins.
+    #[tokio::test]
+    async fn arrived_waits_for_a_newer_control_and_keeps_it() {
+        let (tx, mut src) = generation_channel();
+        tx.send(Control::Generation(gen(3))).await.unwrap();
+        let waited = tokio::time::timeout(Duration::from_millis(20), src.arrived(3)).await;
+        assert!(waited.is_err(), "a stale generation woke it");
+        tx.send(Control::Generation(gen(4))).await.unwrap();
+        src.arrived(3).await;
+        src.arrived(3).await;
+        tx.send(Control::Generation(gen(5))).await.unwrap();
+        assert_eq!(src.pending(3), Some(Control::Generation(gen(5))));
+        assert_eq!(src.pending(3), None);
+
+        tx.send(Control::Generation(gen(6))).await.unwrap();
+        src.arrived(5).await;
+        tx.send(Control::Generation(gen(7))).await.unwrap();
+        assert_eq!(src.next(5).await.unwrap(), Some(gen(6)));
+        assert_eq!(src.next(6).await.unwrap(), Some(gen(7)));
+
+        tx.send(Control::Generation(gen(8))).await.unwrap();
+        src.arrived(7).await;
+        tx.send(Control::Stop).await.unwrap();
+        assert_eq!(src.pending(7), Some(Control::Stop));
+        src.arrived(100).await;
+        assert_eq!(src.next(100).await.unwrap(), None);
     }
 
     #[test]

@@ -15,7 +15,9 @@
 //!   ([`RingConnector`]: [`TcpConnector`], [`MemoryRing`]);
 //! - the loop, [`ElasticRun`]: train; on a re-formable collective failure report it, wait
 //!   for the next generation, connect, agree, restore into a new [`crate::Trainer`] and go
-//!   on; count the steps lost.
+//!   on; count the steps lost. A newer generation (or a stop) arriving inside a step that
+//!   does not end within [`ABORT_GRACE_MS`] aborts the step's communicator, so that a step
+//!   blocked on a silent peer does not wait for the collective's silence bound or deadline.
 //!
 //! Which ranks form a generation, and when, is the node's decision (its chief), not this
 //! module's. A worker left out of a generation should be told to stop (or be restarted):
@@ -41,4 +43,4 @@ pub use generation::{
     GENERATION_LINE_BYTES_MAX, GENERATION_LINE_PREFIX, GENERATION_WORLD_MAX, STOP_LINE,
 };
 pub use ring::{MemoryRing, RingConnector, TcpConnector};
-pub use runner::{reformable, ElasticEvent, ElasticRun, ElasticSummary, Resumed};
+pub use runner::{reformable, ElasticEvent, ElasticRun, ElasticSummary, Resumed, ABORT_GRACE_MS};

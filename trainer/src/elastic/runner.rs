@@ -1,6 +1,8 @@
 //! The elastic run loop: train in a generation; on a collective failure (or a new
 //! generation from the node) re-form, agree, restore and go on.
 
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +35,11 @@ pub enum ElasticEvent {
     },
     /// The collective of `generation` failed (connecting, agreeing or training); the
     /// worker waits for the next generation.
+    ///
+    /// Not reported when a newer generation (or a stop) had already arrived and the step
+    /// failed as `Aborted` (this worker aborted it, see [`ABORT_GRACE_MS`]) or
+    /// `PeerAborted` (a peer left for the newer generation first): the generation was
+    /// superseded, nobody was lost.
     Failed {
         /// The generation that failed.
         generation: u64,
@@ -70,7 +77,8 @@ pub struct ElasticSummary {
     /// The final validation when the step budget was spent; `None` when stopped.
     pub finished: Option<EpochMetrics>,
     /// The train state at the end (a completed step); `None` when stopped while waiting
-    /// for a generation (no trainer).
+    /// for a generation (no trainer), or when a stop aborted a step (the state is
+    /// mid-step).
     pub state: Option<TrainState>,
     /// Steps this worker had completed at the end (in its last generation; a step that
     /// failed is not counted).
@@ -82,6 +90,17 @@ pub struct ElasticSummary {
     /// Steps lost over all re-forms.
     pub steps_lost: u64,
 }
+
+/// How long a worker inside a step waits, once a newer generation or a stop has arrived,
+/// for the step to end by itself before it aborts the step's collective, in milliseconds
+/// (default of [`ElasticRun::with_abort_grace`]).
+///
+/// A step that ends within the grace leaves at a step boundary with a fresh commit (no step
+/// lost, as when the control arrives between steps). A step that does not is most likely
+/// blocked on a silent peer (its host died or its process is stopped: no reset arrives,
+/// and the collective would only notice after `peer_silence_ms` or `op_timeout_ms`):
+/// aborting it lets the worker join the new generation from its last commit at once.
+pub const ABORT_GRACE_MS: u64 = 1_000;
 
 /// Whether a collective error ends only the generation (the ring is re-formed) rather than
 /// the worker: lost or aborting peers, timeouts, mismatches, connecting. Malformed frames
@@ -116,6 +135,11 @@ fn reformable_train(e: &TrainError) -> Option<&CollectiveError> {
 /// from the world-independent cursor, and the learning rate follows the new world (peak =
 /// base lr × world under linear scaling, warm-up not repeated). The commit log moves from
 /// the old trainer to the new one, cut back to the restored step.
+///
+/// While a step runs, the source is watched ([`GenerationSource::arrived`]): when a newer
+/// generation or a stop arrives and the step has not ended within the abort grace
+/// ([`ABORT_GRACE_MS`]), the step's communicator is aborted, so that a step blocked on a
+/// silent peer fails at once rather than at the collective's silence bound or deadline.
 #[derive(Debug)]
 pub struct ElasticRun<S, C> {
     spec: TrainSpec,
@@ -123,6 +147,7 @@ pub struct ElasticRun<S, C> {
     connector: C,
     store: Option<CheckpointStore>,
     compute_delay: Duration,
+    abort_grace: Duration,
 }
 
 impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
@@ -134,7 +159,15 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
             connector,
             store: None,
             compute_delay: Duration::ZERO,
+            abort_grace: Duration::from_millis(ABORT_GRACE_MS),
         }
+    }
+
+    /// How long a step may go on after a newer generation or a stop arrived before its
+    /// communicator is aborted (default [`ABORT_GRACE_MS`]); zero aborts at once.
+    pub fn with_abort_grace(mut self, grace: Duration) -> Self {
+        self.abort_grace = grace;
+        self
     }
 
     /// Falls back to `store`'s latest checkpoint when no rank holds a commit.
@@ -199,10 +232,15 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
             on_event(&ElasticEvent::Resumed(resumed));
 
             let (generation, rank) = (gen.generation, trainer.rank());
-            let mut control = None;
+            let abort = trainer.abort_handle();
+            // Set once a newer generation or a stop waits in the source: the trainer stops
+            // at the next step boundary, and the watcher aborts a step that outlasts the
+            // grace.
+            let newer = AtomicBool::new(false);
+            let grace = self.abort_grace;
             let source = &mut self.source;
-            let end = trainer
-                .run_until(
+            let end = {
+                let run = trainer.run_until(
                     ckpt.as_deref_mut(),
                     |event| {
                         on_event(&ElasticEvent::Train {
@@ -211,12 +249,32 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
                             event: event.clone(),
                         })
                     },
-                    || {
-                        control = source.pending(generation);
-                        control.is_some()
-                    },
-                )
-                .await;
+                    || newer.load(Ordering::SeqCst),
+                );
+                let watch = async {
+                    source.arrived(generation).await;
+                    newer.store(true, Ordering::SeqCst);
+                    tokio::time::sleep(grace).await;
+                    info!(
+                        generation,
+                        grace_ms = grace.as_millis() as u64,
+                        "a newer generation or a stop arrived and the step has not ended: aborting it"
+                    );
+                    abort.abort();
+                    std::future::pending::<Infallible>().await
+                };
+                tokio::select! {
+                    biased;
+                    end = run => end,
+                    never = watch => match never {},
+                }
+            };
+            let superseded = newer.load(Ordering::SeqCst);
+            let mut control = if superseded {
+                self.source.pending(generation)
+            } else {
+                None
+            };
             step_reached = trainer.step_count();
             summary.step = step_reached;
             match end {
@@ -251,10 +309,34 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
                     let Some(c) = reformable_train(&e) else {
                         return Err(e.into());
                     };
-                    on_event(&failed(generation, c));
+                    let left = superseded
+                        && matches!(
+                            c,
+                            CollectiveError::Aborted | CollectiveError::PeerAborted { .. }
+                        );
+                    if left {
+                        info!(
+                            generation,
+                            step = step_reached,
+                            error = %c,
+                            "step aborted to leave for a newer generation (or a stop): not a peer loss"
+                        );
+                    } else {
+                        on_event(&failed(generation, c));
+                    }
                     log = trainer.take_commits();
-                    close(trainer, false).await;
-                    match self.source.next(generation).await? {
+                    if left {
+                        leave(trainer).await;
+                    } else {
+                        close(trainer, false).await;
+                    }
+                    // The newest control waiting (a stop wins); else the next to arrive.
+                    let next = match control.take() {
+                        Some(Control::Generation(g)) => Some(g),
+                        Some(Control::Stop) => None,
+                        None => self.source.next(generation).await?,
+                    };
+                    match next {
                         Some(g) => gen = g,
                         None => return Ok(summary),
                     }
@@ -390,6 +472,20 @@ async fn close(trainer: Trainer, abort: bool) {
                 comm.abort().await;
             }
             comm.shutdown().await;
+        }
+        Err(e) => warn!(error = %e, "closing the generation's communicator"),
+    }
+}
+
+/// Ends a superseded generation whose step was aborted: stops the trainer's gradient task
+/// and relays the abort to the peers in the background. The relay lingers up to
+/// `abort_linger_ms` on a peer that does not read (the silent one the abort was most
+/// likely for); the survivors are leaving for the newer generation anyway, so joining it
+/// does not wait for that.
+async fn leave(trainer: Trainer) {
+    match trainer.into_communicator().await {
+        Ok(comm) => {
+            tokio::spawn(comm.shutdown());
         }
         Err(e) => warn!(error = %e, "closing the generation's communicator"),
     }
