@@ -4,6 +4,7 @@ is SIGKILLed, on this host. Printed beside `ringleader bench-elastic`'s worker-k
 
 What it runs, per measurement run (`--runs`, 3 by default):
 
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 \\
     torchrun --nnodes 1:4 --nproc-per-node 4 --max-restarts 3 \\
         --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:<free port> --rdzv-id <unique> \\
         scripts/baseline_elastic_train.py --ckpt-dir <tmp> --ckpt-every 10
@@ -45,8 +46,15 @@ Output: exactly one line on stdout,
 progress and a per-run breakdown go to stderr as `#` lines. When torch or torchrun is
 missing, or no run completes, the stdout line is `# skipped: <reason>` (still exit 0).
 Everything started is SIGKILLed on the way out, whatever happens (torchrun's process group and
-every worker's: torchrun starts each worker in a session of its own); each run is bounded by
-`--timeout-s` (120 s). Stdlib only; torch is needed only by the processes it launches.
+every worker's: torchrun starts each worker in a session of its own); each phase of a run
+(launch to kill, kill to recovery) is bounded by `--timeout-s` (120 s), so a run by twice
+that. Stdlib only; torch is needed only by the processes it launches.
+
+torchrun runs with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (`--share-store` drops it): with the
+rendezvous TCPStore shared with the workers, torch's default since 2.5, a restarted worker
+group reads the previous group's keys from the store and Gloo dials the dead workers' ports
+("Gloo connectFullMesh failed ... Connection refused"), so every restart fails until
+--max-restarts is spent (seen with torch 2.15.0; pytorch/pytorch#135712).
 
     python3 scripts/baseline_elastic_torchrun.py [--runs 3] [--timeout-s 120] \\
         [--nnodes 1:4] [--rdzv-conf last_call_timeout=1] [--log-dir DIR]
@@ -195,15 +203,22 @@ def one_run(args, run_idx, launcher):
     if args.monitor_interval is not None:
         cmd += ["--monitor-interval", str(args.monitor_interval)]
     cmd += [TRAIN_SCRIPT, "--ckpt-dir", ckpt_dir, "--ckpt-every", str(args.ckpt_every)]
-    if run_idx == 0:
-        note("command: " + " ".join(cmd))
 
-    env = dict(os.environ, LOGLEVEL="INFO", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, LOGLEVEL="INFO", OMP_NUM_THREADS="1")
+    env.pop("PYTHONUNBUFFERED", None)  # the workers write whole lines; see baseline_elastic_train
+    if not args.share_store:
+        # pytorch/pytorch#135712: with the rendezvous TCPStore shared with the workers (the
+        # default since torch 2.5), a restarted group reads the previous group's keys and Gloo's
+        # connectFullMesh dials dead ports ("Connection refused"), so every restart fails.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    shown = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 " if not args.share_store else "") + " ".join(cmd)
+    if run_idx == 0:
+        note("command: " + shown)
     log = None
     if args.log_dir:
         os.makedirs(args.log_dir, exist_ok=True)
         log = open(os.path.join(args.log_dir, f"torchrun-run{run_idx + 1}.log"), "w")
-        log.write("# " + " ".join(cmd) + "\n")
+        log.write("# " + shown + "\n")
     worker_pids = set()
     t_launch = time.time()
     proc = subprocess.Popen(
@@ -220,7 +235,7 @@ def one_run(args, run_idx, launcher):
     for t in threads:
         t.start()
 
-    deadline = t_launch + args.timeout_s
+    deadline = t_launch + args.timeout_s  # warm-up; the recovery gets a deadline of its own
     victim_pid = None
     warm_steps = 0  # rank 0's completed steps in the first group
     t_first_step = None
@@ -273,6 +288,7 @@ def one_run(args, run_idx, launcher):
                 if t_kill is None and warm_steps >= args.warmup_steps and victim_pid is not None:
                     os.kill(victim_pid, signal.SIGKILL)
                     t_kill = time.time()
+                    deadline = t_kill + args.timeout_s
             elif t_kill is not None and t > t_kill:
                 r["recover_s"] = t - t_kill
                 r["steps_lost"] = last_step_before - (step - 1)
@@ -300,19 +316,25 @@ def median_of(runs, key, as_int=False):
     if not vals:
         return "?"
     m = statistics.median(vals)
-    return str(int(m)) if as_int and m == int(m) else (fmt(m) if not as_int else f"{m:.1f}")
+    if as_int:
+        return str(int(m)) if m == int(m) else f"{m:.1f}"
+    return fmt(m)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--timeout-s", type=float, default=120.0, help="bound on each run, seconds")
+    ap.add_argument("--timeout-s", type=float, default=120.0,
+                    help="bound on each phase of a run (launch to kill, kill to recovery), seconds")
     ap.add_argument("--workers", type=int, default=4, help="--nproc-per-node")
     ap.add_argument("--nnodes", default="1:4", help="torchrun --nnodes (MIN:MAX or N)")
     ap.add_argument("--max-restarts", type=int, default=3)
     ap.add_argument("--rdzv-conf", default="", help="torchrun --rdzv-conf, e.g. last_call_timeout=1")
     ap.add_argument("--monitor-interval", type=float, default=None,
                     help="torchrun --monitor-interval (default: torchrun's own, 0.1 s in torch 2.x)")
+    ap.add_argument("--share-store", action="store_true",
+                    help="keep torchrun's default shared rendezvous store (restarts then fail, "
+                    "pytorch/pytorch#135712); by default TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
     ap.add_argument("--warmup-steps", type=int, default=20, help="rank 0's steps before the kill")
     ap.add_argument("--victim-rank", type=int, default=None, help="rank to kill (default: last)")
     ap.add_argument("--ckpt-every", type=int, default=10, help="checkpoint interval, steps")

@@ -24,11 +24,20 @@ at step 1.
 import argparse
 import datetime
 import os
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def emit(line: str) -> None:
+    """One write per line: the workers share torchrun's stdout, and a line written in one
+    write(2) of under PIPE_BUF bytes is never interleaved with another process's (print() with
+    an unbuffered stdout writes the text and the newline separately)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def main() -> None:
@@ -46,7 +55,7 @@ def main() -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     # Before the process group: the driver needs the PID even if the rendezvous never completes.
-    print(f"pid rank={rank} pid={os.getpid()} world={world} restart={restart} t={time.time():.6f}", flush=True)
+    emit(f"pid rank={rank} pid={os.getpid()} world={world} restart={restart} t={time.time():.6f}")
 
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -77,7 +86,7 @@ def main() -> None:
         loss.backward()
         opt.step()
         if step % args.print_every == 0:
-            print(f"step rank={rank} world={world} restart={restart} step={step} t={time.time():.6f}", flush=True)
+            emit(f"step rank={rank} world={world} restart={restart} step={step} t={time.time():.6f}")
         if ckpt and rank == 0 and step % args.ckpt_every == 0:
             tmp = ckpt + ".tmp"
             torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)

@@ -5,7 +5,8 @@
 //! the digits MLP on 3 workers (`min_workers = 2`, in-memory commits every
 //! [`COMMIT_EVERY_STEPS`] steps), once it is past [`WARM_STEPS`] steps:
 //! - `worker-kill`: SIGKILL rank 2's process;
-//! - `host-kill`: SIGKILL rank 2's node and its worker at once;
+//! - `host-kill`: rank 2's host loses power: its node and its worker are frozen at once
+//!   (SIGSTOP: no packet, no connection reset leaves the host; gossip declares it dead);
 //! - `hang`: SIGSTOP rank 2's process;
 //! - `straggler`: rank 2's process throttled to 5 % of a core (cgroup v1 `cpu` quota; the
 //!   line says `skipped` without the controller), with the job's samples/s before
@@ -231,8 +232,11 @@ fn one(fault: &str) -> Result<String> {
             None
         }
         "host-kill" => {
-            b.cluster.kill9(b.victim_node)?;
-            signal(b.pids[2], nix::sys::signal::Signal::SIGKILL)?;
+            let node = b.cluster.nodes[b.victim_node]
+                .pid()
+                .context("rank 2's node")?;
+            signal(node, nix::sys::signal::Signal::SIGSTOP)?;
+            signal(b.pids[2], nix::sys::signal::Signal::SIGSTOP)?;
             None
         }
         "hang" => {
@@ -285,6 +289,10 @@ fn one(fault: &str) -> Result<String> {
             reform.reason
         )
     };
+    if fault == "host-kill" {
+        let _ = signal(b.pids[2], nix::sys::signal::Signal::SIGKILL);
+        b.cluster.kill9(b.victim_node)?;
+    }
     if fault == "hang" {
         let _ = signal(b.pids[2], nix::sys::signal::Signal::SIGCONT);
     }
