@@ -77,6 +77,11 @@ fn signal(pid: u32, sig: nix::sys::signal::Signal) {
 /// A train job of 3 workers that may go down to 2; slowed by the test-only step delay so a
 /// fault lands mid-run; commits in memory every 5 steps.
 fn train_spec(name: &str, steps: u32) -> String {
+    train_spec_env(name, steps, "")
+}
+
+/// [`train_spec`] with more environment (`, KEY = "value"` pairs).
+fn train_spec_env(name: &str, steps: u32, env: &str) -> String {
     format!(
         r#"
 name = "{name}"
@@ -85,7 +90,7 @@ workers = 3
 min_workers = 2
 max_workers = 3
 max_restarts = 0
-env = {{ RINGLEADER_TEST_STEP_DELAY_MS = "15" }}
+env = {{ RINGLEADER_TEST_STEP_DELAY_MS = "15"{env} }}
 [model]
 arch = "mlp"
 hidden = [64]
@@ -128,6 +133,16 @@ fn train_fault(
     fault: impl FnOnce(&mut LocalCluster, &JobDoc, u32) -> After,
     reason_prefix: &str,
 ) {
+    train_fault_env(name, "", fault, reason_prefix)
+}
+
+/// [`train_fault`] with more environment for the job's workers.
+fn train_fault_env(
+    name: &str,
+    env: &str,
+    fault: impl FnOnce(&mut LocalCluster, &JobDoc, u32) -> After,
+    reason_prefix: &str,
+) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let root = tempfile::Builder::new()
         .prefix("rl-elastic-")
@@ -136,7 +151,7 @@ fn train_fault(
     let mut c = cluster(root.path(), 3);
     let id = c.nodes[0]
         .client()
-        .submit(&train_spec(name, 1_800))
+        .submit(&train_spec_env(name, 1_800, env))
         .unwrap();
 
     // Phase 1: under way on 3 workers, one process per rank.
@@ -286,6 +301,17 @@ fn stopped_rank_is_named_hung_left_out_and_killed() {
             signal(victim, nix::sys::signal::Signal::SIGSTOP);
             After::Reaped
         },
+        "hung ",
+    );
+}
+
+#[test]
+fn deadlocked_rank_is_named_hung_by_its_heartbeat() {
+    // The worker started as rank 2 never returns from step 60's forward pass.
+    train_fault_env(
+        "deadlock",
+        ", RINGLEADER_TEST_HANG = \"2:60\"",
+        |_, _, _| After::Reaped,
         "hung ",
     );
 }

@@ -24,6 +24,7 @@
 mod checkpoint;
 mod checkpointer;
 mod cnn;
+mod compute_clock;
 mod dataset;
 pub mod elastic;
 mod error;
@@ -44,6 +45,7 @@ pub mod worker;
 pub use checkpoint::{operator_from_url, CheckpointStore, CHECKPOINT_FILE_BYTES_MAX, COMMIT_FILE};
 pub use checkpointer::Checkpointer;
 pub use cnn::Cnn;
+pub use compute_clock::{ComputeClock, ComputeSection};
 pub use dataset::{Batch, Dataset, DIGITS_TOTAL, DIGITS_TRAIN, TEXT_VOCAB};
 pub use error::TrainError;
 pub use grad_sync::{GradSync, SyncTimes};

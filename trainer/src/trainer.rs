@@ -10,6 +10,7 @@ use serde::Serialize;
 use tracing::info;
 
 use crate::checkpointer::Checkpointer;
+use crate::compute_clock::ComputeClock;
 use crate::dataset::Dataset;
 use crate::elastic::{CommitLog, COMMITS_KEPT};
 use crate::error::TrainError;
@@ -135,6 +136,10 @@ pub struct Trainer {
     metrics: HashMap<String, f64>,
     /// Test-only: slept inside every step's compute part (emulates a straggler).
     compute_delay: Duration,
+    /// Marks the step's compute sections (the progress heartbeat).
+    compute_clock: ComputeClock,
+    /// Test-only: the step whose forward pass never returns (emulates a deadlock).
+    hang_at_step: Option<u64>,
     /// Cancels the communicator's operations (it lives in the gradient task).
     abort: AbortHandle,
 }
@@ -238,6 +243,8 @@ impl Trainer {
             commits: CommitLog::new(COMMITS_KEPT),
             metrics: HashMap::new(),
             compute_delay: Duration::ZERO,
+            compute_clock: ComputeClock::default(),
+            hang_at_step: None,
             abort,
         })
     }
@@ -310,6 +317,17 @@ impl Trainer {
         self.compute_delay = delay;
     }
 
+    /// Marks this trainer's compute sections on `clock` (read by a heartbeat thread).
+    pub fn set_compute_clock(&mut self, clock: ComputeClock) {
+        self.compute_clock = clock;
+    }
+
+    /// Test-only: the forward pass of step `step` (1-based) never returns, its compute
+    /// section open: a rank that deadlocked in its own computation.
+    pub fn set_test_hang_at_step(&mut self, step: Option<u64>) {
+        self.hang_at_step = step;
+    }
+
     /// One data-parallel step.
     ///
     /// With the layer-wise engine each layer's gradients are pushed to the allreduce as
@@ -335,13 +353,25 @@ impl Trainer {
             Some(layers) => {
                 self.train
                     .image_batch_into(&idx, &mut self.xs, &mut self.ys)?;
-                layers.forward(&self.params, &self.xs, b);
-                extras[0] = layers.loss(&self.ys);
+                {
+                    let _computing = self.compute_clock.enter();
+                    if self.hang_at_step == Some(self.step + 1) {
+                        loop {
+                            std::thread::sleep(Duration::from_secs(1));
+                        }
+                    }
+                    layers.forward(&self.params, &self.xs, b);
+                    extras[0] = layers.loss(&self.ys);
+                }
                 self.sync.push_extras(&extras).await?;
                 for i in (0..layers.len()).rev() {
                     // This layer's gradients go on the wire before the gradient of its input
                     // is computed.
-                    match layers.backward_params(i, &mut self.grads) {
+                    let grads = {
+                        let _computing = self.compute_clock.enter();
+                        layers.backward_params(i, &mut self.grads)
+                    };
+                    match grads {
                         Some(LayerGrads::Params(ps)) => {
                             for p in ps {
                                 self.sync.push(p, &self.grads[p]).await?;
@@ -360,14 +390,17 @@ impl Trainer {
                         }
                         None => {}
                     }
+                    let _computing = self.compute_clock.enter();
                     layers.backward_input(i, &self.params);
                 }
             }
             None => {
                 let batch = self.train.batch(&idx, &Device::Cpu)?;
+                let computing = self.compute_clock.enter();
                 let logits = self.model.forward(&batch.x)?;
                 let loss = candle_nn::loss::cross_entropy(&logits, &batch.y)?;
                 let grads = loss.backward()?;
+                drop(computing);
                 extras[0] = loss.to_scalar::<f32>()?;
                 self.sync.push_extras(&extras).await?;
                 for (i, (_, v)) in self.model.params().iter().enumerate() {

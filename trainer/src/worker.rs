@@ -30,9 +30,17 @@
 //!   compute and communication-wait time per step since the last such line (straggler
 //!   detection).
 //!
+//! With `--elastic`, a heartbeat thread prints `ringleader-heartbeat computing_ms=X` every
+//! [`HEARTBEAT_INTERVAL_MS`] while the training thread has been inside one compute section
+//! (a forward or backward pass) for at least that long: the node names a rank stuck in its
+//! own computation (a deadlock) hung, while ranks blocked on it, waiting on the network, say
+//! nothing.
+//!
 //! Test-only: the environment variable [`STEP_DELAY_ENV`] (`RINGLEADER_TEST_STEP_DELAY_MS`,
 //! read once at start) makes every step sleep that long in its compute part, to emulate a
-//! straggler. Never set it in production.
+//! straggler; [`HANG_ENV`] (`RINGLEADER_TEST_HANG=RANK:STEP`) makes the worker started as
+//! rank RANK never return from step STEP's forward pass, to emulate a deadlock. Never set
+//! them in production.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -52,6 +60,42 @@ pub const METRIC_STEP_INTERVAL_MS: u64 = 250;
 pub const RANK_STATS_INTERVAL_MS: u64 = 1000;
 /// Test-only: milliseconds every step sleeps in its compute part (emulates a straggler).
 pub const STEP_DELAY_ENV: &str = "RINGLEADER_TEST_STEP_DELAY_MS";
+/// Test-only: `RANK:STEP`, the worker started as rank RANK hangs in step STEP's forward pass.
+pub const HANG_ENV: &str = "RINGLEADER_TEST_HANG";
+/// Period of the progress heartbeat, and the shortest compute section it reports, ms.
+pub const HEARTBEAT_INTERVAL_MS: u64 = 1_000;
+
+/// The step this worker hangs in, from [`HANG_ENV`], if it names this rank.
+fn test_hang_at_step(rank: usize) -> anyhow::Result<Option<u64>> {
+    let Ok(v) = std::env::var(HANG_ENV) else {
+        return Ok(None);
+    };
+    let parsed = v.split_once(':').and_then(|(r, s)| {
+        Some((
+            r.trim().parse::<usize>().ok()?,
+            s.trim().parse::<u64>().ok()?,
+        ))
+    });
+    let (r, step) = parsed.with_context(|| format!("{HANG_ENV}={v:?}: want RANK:STEP"))?;
+    Ok((r == rank).then_some(step))
+}
+
+/// Prints `ringleader-heartbeat computing_ms=X` every [`HEARTBEAT_INTERVAL_MS`] while the
+/// training thread is inside one compute section for at least that long. A plain thread: it
+/// goes on when the runtime's threads are stuck.
+fn spawn_heartbeat(clock: crate::ComputeClock) -> anyhow::Result<()> {
+    std::thread::Builder::new()
+        .name("heartbeat".into())
+        .spawn(move || loop {
+            std::thread::sleep(Duration::from_millis(HEARTBEAT_INTERVAL_MS));
+            let ms = clock.computing_ms();
+            if ms >= HEARTBEAT_INTERVAL_MS {
+                println!("ringleader-heartbeat computing_ms={ms}");
+            }
+        })
+        .context("starting the heartbeat")?;
+    Ok(())
+}
 
 /// What one worker needs; also its command line (`clap::Args`, flattened by both binaries).
 #[derive(Debug, Clone, clap::Args)]
@@ -379,9 +423,13 @@ async fn run_elastic(
         .unwrap_or_else(|| format!("file://{}/store", data_dir.display()));
     let store = CheckpointStore::from_url(&url, &args.job_id)?;
     let keep = spec.checkpoint.keep;
+    let clock = crate::ComputeClock::default();
+    spawn_heartbeat(clock.clone())?;
     let mut run = ElasticRun::new(spec, source, connector)
         .with_store(store.clone())
-        .with_compute_delay(compute_delay);
+        .with_compute_delay(compute_delay)
+        .with_compute_clock(clock)
+        .with_test_hang_at_step(test_hang_at_step(args.rank)?);
     let first = Generation {
         generation: args.generation,
         rank: args.rank,

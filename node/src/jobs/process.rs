@@ -8,7 +8,13 @@
 //!   ranks, about once a second): [`ControlCommand::RankStats`], for straggler detection;
 //! - `ringleader-elastic failed generation=G lost_rank=R error="…"`: the rank's collective
 //!   lost rank R; [`ControlCommand::RankLost`], so the chief re-forms without it;
-//! - `ringleader-elastic resumed … steps_lost=L`: metrics `steps_lost` and `restored_step`.
+//! - `ringleader-elastic resumed … steps_lost=L`: metrics `steps_lost` and `restored_step`;
+//! - `ringleader-heartbeat computing_ms=X` (elastic train ranks, while one compute section
+//!   runs long): past [`HUNG_COMPUTING_MS_MIN`] and [`HUNG_COMPUTE_FACTOR`] × the rank's
+//!   usual compute time per step, the rank is reported hung (a deadlock in its own
+//!   computation; the ranks waiting for it are on the network and report nothing).
+//!
+//! A process stopped (SIGSTOP) for [`HUNG_STOPPED_MS`] is reported hung too.
 //!
 //! The exit code (a signal death as 128 + signal, as shells report it) is sent as
 //! [`ControlCommand::WorkerExited`] for the generation and rank the process was in last. A
@@ -46,6 +52,10 @@ pub const CONTROL_QUEUE_DEPTH: usize = 8;
 /// A rank whose process stays stopped (SIGSTOP, a debugger) this long is reported hung, in
 /// milliseconds: the chief re-forms an elastic ring without it.
 pub const HUNG_STOPPED_MS: u64 = 3_000;
+/// A compute section running this long, at least, makes a rank hung, in milliseconds.
+pub const HUNG_COMPUTING_MS_MIN: u64 = 5_000;
+/// … and at least this many times the rank's usual compute time per step.
+pub const HUNG_COMPUTE_FACTOR: f64 = 20.0;
 /// How often the process's run state is looked at, in milliseconds.
 const WATCH_PERIOD_MS: u64 = 500;
 
@@ -118,6 +128,8 @@ pub enum ElasticLine {
     },
     /// `ringleader-elastic resumed`.
     Resumed { restored_step: u64, steps_lost: u64 },
+    /// `ringleader-heartbeat`: the training thread is inside one compute section.
+    Heartbeat { computing_ms: u64 },
 }
 
 /// Parses `ringleader-rank-stats …` and `ringleader-elastic failed|resumed …` lines (fields
@@ -130,6 +142,8 @@ pub fn parse_elastic_line(line: &str) -> Option<ElasticLine> {
         ("failed", rest)
     } else if let Some(rest) = line.strip_prefix("ringleader-elastic resumed ") {
         ("resumed", rest)
+    } else if let Some(rest) = line.strip_prefix("ringleader-heartbeat ") {
+        ("heartbeat", rest)
     } else {
         return None;
     };
@@ -169,6 +183,9 @@ pub fn parse_elastic_line(line: &str) -> Option<ElasticLine> {
                 error,
             })
         }
+        "heartbeat" => Some(ElasticLine::Heartbeat {
+            computing_ms: num("computing_ms")?,
+        }),
         _ => Some(ElasticLine::Resumed {
             restored_step: num("restored_step")?,
             steps_lost: num("steps_lost")?,
@@ -200,6 +217,10 @@ pub(super) struct Run {
     pub(super) launch: Launch,
     /// Whether the process reads control lines on stdin (an elastic train rank).
     pub(super) control_stdin: bool,
+    /// The rank's compute time per step as it last reported it, ms.
+    pub(super) compute_ms: f64,
+    /// Reported hung already (once per process).
+    pub(super) reported_hung: bool,
     pub(super) reports: mpsc::Sender<ControlCommand>,
     pub(super) clock_ms: fn() -> u64,
 }
@@ -290,29 +311,16 @@ impl Run {
         let mut watch = tokio::time::interval(Duration::from_millis(WATCH_PERIOD_MS));
         watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut stopped_since: Option<Instant> = None;
-        let mut reported_hung = false;
         let status = loop {
             tokio::select! {
-                _ = watch.tick(), if !killed && !reported_hung => {
+                _ = watch.tick(), if !killed && !self.reported_hung => {
                     let stopped = pgid.is_some_and(|p| is_stopped(p as u32));
                     match (stopped, stopped_since) {
                         (false, _) => stopped_since = None,
                         (true, None) => stopped_since = Some(Instant::now()),
                         (true, Some(t)) if t.elapsed() >= Duration::from_millis(HUNG_STOPPED_MS) => {
-                            reported_hung = true;
                             let ms = t.elapsed().as_millis();
-                            warn!(job = %id, generation = self.generation, rank = self.rank, "worker stopped for {ms} ms: reported hung");
-                            let _ = self
-                                .reports
-                                .send(ControlCommand::RankLost {
-                                    id,
-                                    generation: self.generation,
-                                    rank: self.rank,
-                                    hung: true,
-                                    reason: format!("its process is stopped (run state T) for {ms} ms"),
-                                    at_ms: (self.clock_ms)(),
-                                })
-                                .await;
+                            self.report_hung(id, format!("its process is stopped (run state T) for {ms} ms")).await;
                         }
                         (true, Some(_)) => {}
                     }
@@ -397,7 +405,27 @@ impl Run {
         let _ = self.reports.try_send(cmd);
     }
 
-    async fn report_elastic(&self, id: JobId, line: ElasticLine) {
+    /// Reports this rank hung, once.
+    async fn report_hung(&mut self, id: JobId, reason: String) {
+        if self.reported_hung {
+            return;
+        }
+        self.reported_hung = true;
+        warn!(job = %id, generation = self.generation, rank = self.rank, "worker hung: {reason}");
+        let _ = self
+            .reports
+            .send(ControlCommand::RankLost {
+                id,
+                generation: self.generation,
+                rank: self.rank,
+                hung: true,
+                reason,
+                at_ms: (self.clock_ms)(),
+            })
+            .await;
+    }
+
+    async fn report_elastic(&mut self, id: JobId, line: ElasticLine) {
         let at_ms = (self.clock_ms)();
         match line {
             ElasticLine::Stats {
@@ -407,6 +435,7 @@ impl Run {
                 compute_ms,
                 wait_ms,
             } => {
+                self.compute_ms = compute_ms;
                 // Best effort, like metrics.
                 let _ = self.reports.try_send(ControlCommand::RankStats {
                     id,
@@ -435,6 +464,20 @@ impl Run {
                         at_ms,
                     })
                     .await;
+            }
+            ElasticLine::Heartbeat { computing_ms } => {
+                let bound =
+                    (HUNG_COMPUTE_FACTOR * self.compute_ms).max(HUNG_COMPUTING_MS_MIN as f64);
+                if computing_ms as f64 >= bound && !self.reported_hung {
+                    let usual = self.compute_ms;
+                    self.report_hung(
+                        id,
+                        format!(
+                            "no progress: {computing_ms} ms inside one compute section (usually {usual:.1} ms a step)"
+                        ),
+                    )
+                    .await;
+                }
             }
             ElasticLine::Resumed {
                 restored_step,
@@ -565,7 +608,12 @@ mod tests {
                 steps_lost: 2
             })
         );
+        assert_eq!(
+            parse_elastic_line("ringleader-heartbeat computing_ms=5200"),
+            Some(ElasticLine::Heartbeat { computing_ms: 5200 })
+        );
         for bad in [
+            "ringleader-heartbeat computing_ms=soon",
             "ringleader-elastic failed generation=2 lost_rank=- error=\"x\"",
             "ringleader-rank-stats generation=3 rank=1 step=20 compute_ms=nan wait_ms=0",
             "ringleader-rank-stats generation=3 rank=1",

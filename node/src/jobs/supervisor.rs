@@ -213,6 +213,8 @@ impl Supervisor {
                 rank: start.rank,
                 launch: start.launch,
                 control_stdin: start.control_stdin,
+                compute_ms: 0.0,
+                reported_hung: false,
                 reports: self.reports.clone(),
                 clock_ms: self.clock_ms,
             };

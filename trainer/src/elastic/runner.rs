@@ -11,6 +11,7 @@ use tracing::{info, warn};
 
 use crate::checkpoint::CheckpointStore;
 use crate::checkpointer::Checkpointer;
+use crate::compute_clock::ComputeClock;
 use crate::elastic::agreement::{agree, agree_on_checkpoint, Holding, RestoreSource};
 use crate::elastic::commit_log::CommitLog;
 use crate::elastic::error::ElasticError;
@@ -147,6 +148,8 @@ pub struct ElasticRun<S, C> {
     connector: C,
     store: Option<CheckpointStore>,
     compute_delay: Duration,
+    compute_clock: ComputeClock,
+    hang_at_step: Option<u64>,
     abort_grace: Duration,
 }
 
@@ -159,6 +162,8 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
             connector,
             store: None,
             compute_delay: Duration::ZERO,
+            compute_clock: ComputeClock::default(),
+            hang_at_step: None,
             abort_grace: Duration::from_millis(ABORT_GRACE_MS),
         }
     }
@@ -180,6 +185,19 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
     /// ([`Trainer::set_compute_delay`]).
     pub fn with_compute_delay(mut self, delay: Duration) -> Self {
         self.compute_delay = delay;
+        self
+    }
+
+    /// Every trainer marks its compute sections on `clock` (the progress heartbeat).
+    pub fn with_compute_clock(mut self, clock: ComputeClock) -> Self {
+        self.compute_clock = clock;
+        self
+    }
+
+    /// Test-only: the forward pass of step `step` never returns
+    /// ([`Trainer::set_test_hang_at_step`]).
+    pub fn with_test_hang_at_step(mut self, step: Option<u64>) -> Self {
+        self.hang_at_step = step;
         self
     }
 
@@ -370,6 +388,8 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
         };
         let mut trainer = Trainer::new(&self.spec, comm)?;
         trainer.set_compute_delay(self.compute_delay);
+        trainer.set_compute_clock(self.compute_clock.clone());
+        trainer.set_test_hang_at_step(self.hang_at_step);
         let restored_step = match &state {
             Some(s) => {
                 trainer.restore(s)?;
