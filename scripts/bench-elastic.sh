@@ -13,7 +13,10 @@ cd "$(dirname "$0")/.."
 cargo build --release --workspace --bin ringleader >&2
 target/release/ringleader bench-elastic "$@"
 if python3 -c "import torch" 2>/dev/null && [ -f scripts/baseline_elastic_torchrun.py ]; then
+    # As the issue asks (torchrun's default rendezvous waits last_call_timeout = 30 s for
+    # more nodes at every restart), then with that wait cut to 1 s.
     python3 scripts/baseline_elastic_torchrun.py
+    python3 scripts/baseline_elastic_torchrun.py --rdzv-conf last_call_timeout=1 | sed 's/^elastic impl=torchrun /elastic impl=torchrun-last-call-1s /'
 else
     echo "# torchrun baseline skipped: torch is not installed (scripts/install-baselines.sh)"
 fi
