@@ -30,9 +30,9 @@ use crate::{
 };
 
 /// Steps the job trains before the fault.
-const WARM_STEPS: u64 = 200;
+pub const WARM_STEPS: u64 = 200;
 /// In-memory commit interval of the benchmark's job, steps.
-const COMMIT_EVERY_STEPS: u32 = 10;
+pub const COMMIT_EVERY_STEPS: u32 = 10;
 /// Samples per worker per step.
 const BATCH_PER_WORKER: usize = 32;
 /// CPU share a straggler gets, percent of one core.

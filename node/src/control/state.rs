@@ -169,7 +169,7 @@ pub enum EventKind {
     /// A generation was placed (reason: "start" or "retry …").
     Placed,
     /// An elastic job's ring re-formed as a new generation inside its attempt (reason:
-    /// "peer-lost <member> (rank r)", "hung …", "straggler …", "joined …").
+    /// `peer-lost <member> (rank r)`, `hung …`, `straggler …`, `joined …`).
     Reformed,
     /// The job could not be placed (reason: why); recorded when the reason changes.
     Unplaceable,
