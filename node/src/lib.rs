@@ -22,3 +22,4 @@ pub mod cluster;
 pub mod control;
 pub mod jobs;
 pub mod node;
+pub mod search;

@@ -30,6 +30,7 @@ fn main() {
         Cmd::Jobs => ringleader::cli::jobs(&cli),
         Cmd::Job { id, watch } => ringleader::cli::job(&cli, id, *watch),
         Cmd::Cancel { id } => ringleader::cli::cancel(&cli, id),
+        Cmd::Trials { id } => ringleader::cli::trials(&cli, id),
         Cmd::Logs { id, follow } => ringleader::cli::logs(&cli, id, *follow),
         Cmd::TrainWorker(args) => ringleader::cli::train_worker::run_worker(args.clone()),
         Cmd::Demo => ringleader::cli::demo::run(),

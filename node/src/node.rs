@@ -49,6 +49,8 @@ pub struct NodeConfig {
     pub storage: String,
     /// Labels advertised to the cluster.
     pub labels: BTreeMap<String, String>,
+    /// Cpus advertised for placement (`None`: the host's).
+    pub cpus: Option<u32>,
     /// Membership timers and limits.
     pub membership: membership::Config,
 }
@@ -159,7 +161,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         p2p_addrs: listen_addrs.iter().map(|a| a.to_string()).collect(),
         api_addr: api_addr.to_string(),
         data_addr: data_addr.to_string(),
-        cpus: meta::host_cpus(),
+        cpus: config.cpus.unwrap_or_else(meta::host_cpus),
         memory_mb: meta::host_memory_mb(),
         gpus: Vec::new(),
         labels: config.labels.clone(),
@@ -190,6 +192,10 @@ pub async fn run(config: NodeConfig) -> Result<()> {
     )
     .await?;
     tokio::spawn(crate::chief::driver::run(control.clone()));
+    tokio::spawn(crate::search::writer::run(
+        control.clone(),
+        config.storage.clone(),
+    ));
     jobs::supervisor::start(
         control.clone(),
         peer_id.to_string(),

@@ -20,6 +20,8 @@
 //! [`worker::run`] is one whole worker process (ring, resume, train, metric lines; with
 //! `--elastic`, generations from the node on stdin), used by the `train-worker` binary and
 //! the node.
+//! [`search`] holds the hyperparameter-search algorithms (grid, random, ASHA, Hyperband,
+//! TPE, median stopping) as pure functions of a search's trial table.
 
 mod checkpoint;
 mod checkpointer;
@@ -36,6 +38,7 @@ mod model;
 mod optimizer;
 mod sampler;
 mod schedule;
+pub mod search;
 mod spec;
 mod state;
 mod trainer;

@@ -138,6 +138,10 @@ pub struct Trainer {
     compute_delay: Duration,
     /// Marks the step's compute sections (the progress heartbeat).
     compute_clock: ComputeClock,
+    /// Stop (validated and checkpointed, as at the end) once this many epochs are done,
+    /// before the step budget is spent: a search trial trained to its rung, whose schedule
+    /// stays the whole run's so that a promotion goes on exactly where it stopped.
+    stop_epoch: Option<u64>,
     /// Test-only: the step whose forward pass never returns (emulates a deadlock).
     hang_at_step: Option<u64>,
     /// Cancels the communicator's operations (it lives in the gradient task).
@@ -244,6 +248,7 @@ impl Trainer {
             metrics: HashMap::new(),
             compute_delay: Duration::ZERO,
             compute_clock: ComputeClock::default(),
+            stop_epoch: None,
             hang_at_step: None,
             abort,
         })
@@ -699,7 +704,19 @@ impl Trainer {
         }
     }
 
-    /// Trains until the step budget is spent: validates each `eval_every_epochs` epochs and
+    /// Ends the run once `epochs` epochs are done (see [`Trainer::run_until`]); `None`: at the
+    /// end of the step budget only. The learning-rate schedule is not changed: a later run
+    /// restored from this one's checkpoint goes on along the same schedule.
+    pub fn set_stop_epoch(&mut self, epochs: Option<u64>) {
+        self.stop_epoch = epochs;
+    }
+
+    /// Whether the epochs [`Trainer::set_stop_epoch`] asked for are done.
+    fn stop_reached(&self) -> bool {
+        self.stop_epoch.is_some_and(|e| self.cursor.epoch >= e)
+    }
+
+    /// Trains until the step budget is spent (or the stop epoch is reached): validates each `eval_every_epochs` epochs and
     /// at the end, commits to memory every `commit_every_steps`, and on rank 0 hands a
     /// checkpoint to `ckpt` every `every_steps` and at the end (unless nothing was trained). Returns the final validation.
     pub async fn run(
@@ -724,7 +741,7 @@ impl Trainer {
         let cfg = self.spec.checkpoint.clone();
         let eval_every = self.spec.train.eval_every_epochs;
         let start = self.step;
-        while self.step < self.total_steps {
+        while self.step < self.total_steps && !self.stop_reached() {
             if interrupt() {
                 return Ok(RunEnd::Interrupted);
             }
@@ -734,6 +751,7 @@ impl Trainer {
                 && eval_every > 0
                 && self.cursor.epoch.is_multiple_of(eval_every)
                 && self.step < self.total_steps
+                && !self.stop_reached()
             {
                 let e = self.evaluate()?;
                 on_event(&Event::Epoch(e));

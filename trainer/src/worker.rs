@@ -7,7 +7,10 @@
 //! [STEP]` lines (`step`, `epoch` (1-based: the epoch in progress or just validated),
 //! `loss`, `lr`, `samples_per_s`, `val_loss`, `val_accuracy`), at most one step report per
 //! [`METRIC_STEP_INTERVAL_MS`] plus one at every validation, which the node's supervisor
-//! turns into job metrics.
+//! turns into job metrics. At every validation it also prints the search's report line
+//! `ringleader-report EPOCHS val_loss X val_accuracy Y` (`EPOCHS`: epochs done, the
+//! resource a search trial is measured in). `--stop-at-epoch N` ends the run after N
+//! epochs (validated and checkpointed), keeping the whole run's schedule.
 //!
 //! With `--elastic` the worker survives lost ranks ([`crate::elastic`]): after the first
 //! generation (the command line's `--rank`, `--addrs`, `--generation`, `--secret`) further
@@ -133,6 +136,11 @@ pub struct WorkerArgs {
     /// Overrides train.max_steps.
     #[arg(long)]
     pub max_steps: Option<u64>,
+    /// Stop once this many epochs are done, validated and checkpointed, keeping the whole
+    /// run's learning-rate schedule (a search trial trained to its rung; a later run with a
+    /// higher value resumes from the checkpoint and goes on).
+    #[arg(long)]
+    pub stop_at_epoch: Option<u64>,
     /// Benchmark: skip this many steps, time the next `bench_steps`, print one `bench` line.
     #[arg(long, default_value_t = 0)]
     pub bench_steps: u64,
@@ -198,6 +206,13 @@ impl Lines {
                     m.epoch, m.step, m.val_loss, m.val_accuracy
                 );
                 if report {
+                    // The search's per-epoch report: resource (epochs done), then metrics.
+                    println!(
+                        "ringleader-report {} val_loss {} val_accuracy {}",
+                        m.epoch + 1,
+                        m.val_loss,
+                        m.val_accuracy
+                    );
                     println!("ringleader-metric step {}", m.step);
                     println!("ringleader-metric epoch {}", m.epoch + 1);
                     println!("ringleader-metric val_loss {} {}", m.val_loss, m.step);
@@ -364,6 +379,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     };
     let mut trainer = Trainer::new(&spec, comm)?;
     trainer.set_compute_delay(compute_delay);
+    trainer.set_stop_epoch(args.stop_at_epoch);
     if let Some(state) = resume {
         trainer.restore(&state)?;
         println!(

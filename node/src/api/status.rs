@@ -14,6 +14,7 @@ use crate::{
 
 pub use crate::cluster::meta::NodeRef;
 pub use crate::jobs::logs::LogChunk;
+pub use crate::search::summary::{BestDoc, TrialDoc};
 
 /// One member as this node sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -244,9 +245,78 @@ pub struct JobDoc {
     pub started_at_ms: Option<u64>,
     pub finished_at_ms: Option<u64>,
     pub freshness: FreshnessDoc,
+    /// A search's trials, in id order (empty for other jobs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trials: Vec<TrialDoc>,
+    /// A search's best trial so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best: Option<BestDoc>,
+    /// A trial's job: its search and trial id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trial_of: Option<TrialOfDoc>,
+    /// A search's metric and direction (`max` or `min`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search_metric: Option<String>,
+    /// A search's direction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search_direction: Option<String>,
+}
+
+/// On a trial's job: which search and trial it runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrialOfDoc {
+    /// The search job's id.
+    pub search: String,
+    /// The trial's id in it.
+    pub trial: u32,
+    /// A speculative copy of the trial's run.
+    pub copy: bool,
 }
 
 impl JobDoc {
+    /// A search's trials, best first (by its metric and direction; trials without a metric
+    /// last; ties: more resource, then lower id).
+    pub fn leaderboard(&self) -> Vec<TrialDoc> {
+        let direction = if self.search_direction.as_deref() == Some("min") {
+            trainer::search::Direction::Min
+        } else {
+            trainer::search::Direction::Max
+        };
+        let mut rows = self.trials.clone();
+        crate::search::summary::sort_best_first(&mut rows, direction);
+        rows
+    }
+
+    /// A search's leaderboard, best first, as a table.
+    pub fn leaderboard_table(&self) -> String {
+        use std::fmt::Write;
+        let rows = self.leaderboard();
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:>5}  {:<10} {:>10} {:>8} {:>5}  {:<8} {:<8} params",
+            "trial", "state", "metric", "resource", "promo", "node", "job"
+        );
+        for t in &rows {
+            let metric = t.metric.map_or("-".to_string(), |m| format!("{m:.4}"));
+            let params = t
+                .params
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let _ = writeln!(
+                out,
+                "{:>5}  {:<10} {:>10} {:>8} {:>5}  {:<8} {:<8} {params}",
+                t.id, t.state, metric, t.resource, t.promotions, t.node, t.job
+            );
+        }
+        if let Some(b) = &self.best {
+            let _ = writeln!(out, "best: trial {} with {}", b.id, b.metric);
+        }
+        out
+    }
+
     /// A one-line progress summary for `job --watch`.
     pub fn progress_line(&self) -> String {
         let mut s = format!(
@@ -336,6 +406,10 @@ pub fn job_summaries(s: &ControlState) -> Vec<JobSummary> {
 
 /// The API's view of a job record.
 pub fn job_doc(j: &Job, applied_index: u64, chief: bool) -> JobDoc {
+    let search = j
+        .search
+        .as_ref()
+        .and_then(|_| crate::search::spec::search_spec(&j.spec).ok());
     let metric = |name: &str| j.metrics.get(name).map(|m| m.value.max(0.0) as u64);
     let step = metric("step").or_else(|| j.metrics.values().filter_map(|m| m.step).max());
     let history = j
@@ -381,5 +455,24 @@ pub fn job_doc(j: &Job, applied_index: u64, chief: bool) -> JobDoc {
             applied_index,
             served_by: if chief { "chief" } else { "replica" }.into(),
         },
+        trials: j
+            .search
+            .as_ref()
+            .map(crate::search::summary::trials)
+            .unwrap_or_default(),
+        best: match (&j.search, &search) {
+            (Some(r), Some(s)) => crate::search::summary::best(r, s.direction),
+            _ => None,
+        },
+        trial_of: j.trial_of.as_ref().map(|t| TrialOfDoc {
+            search: t.search.to_string(),
+            trial: t.trial,
+            copy: t.copy,
+        }),
+        search_metric: search.as_ref().map(|s| s.metric.clone()),
+        search_direction: search.as_ref().map(|s| match s.direction {
+            trainer::search::Direction::Max => "max".to_owned(),
+            trainer::search::Direction::Min => "min".to_owned(),
+        }),
     }
 }

@@ -6,7 +6,8 @@
 //! non-zero, its peers reported it hung, or it straggled for `straggler_window` steps),
 //! re-form an elastic job's ring without it while at least `min_workers` remain (a straggler
 //! is also blacklisted), else fail the attempt; grow an elastic job's ring by one available
-//! member per generation while it is below `max_workers`. [`driver`] runs it every
+//! member per generation while it is below `max_workers`; start, promote and copy the trials
+//! of searches and end them ([`search`]). [`driver`] runs it every
 //! [`driver::CHIEF_PERIOD_MS`] while this node is chief, next to the voter upkeep, and
 //! proposes what it returns; the state machine ignores a command that arrives stale, so a
 //! decision made just before losing leadership is harmless.
@@ -16,6 +17,7 @@
 
 pub mod driver;
 pub mod placement;
+pub mod search;
 
 use std::collections::BTreeMap;
 
@@ -39,6 +41,7 @@ pub fn decide(
         out.extend(running(job, members, &mut candidates, now_ms, new_secret));
     }
     out.extend(place_pending(state, &mut candidates, now_ms, new_secret));
+    out.extend(search::decide(state, &mut candidates, now_ms, new_secret));
     out
 }
 
@@ -242,7 +245,13 @@ fn place_pending(
     let mut out = Vec::new();
     for job in state.pending() {
         let req = Request::from_spec(&job.spec);
-        match placement::place(candidates, &req) {
+        // A trial's job runs again where it ran (its checkpoint is there) when it can.
+        let prefer = job
+            .trial_of
+            .as_ref()
+            .and_then(|_| job.assignment.first())
+            .map(|s| s.member.as_str());
+        match search::place_preferring(candidates, &req, prefer, None) {
             Ok(slots) => {
                 for slot in &slots {
                     if let Some(c) = candidates.iter_mut().find(|c| c.id == slot.member) {

@@ -70,6 +70,11 @@ pub enum Cmd {
         #[arg(long)]
         watch: bool,
     },
+    /// A search's trials, best first (`--json`: `{id, state, metric, direction, trials, best}`).
+    Trials {
+        /// The search job's id.
+        id: String,
+    },
     /// Cancel a job.
     Cancel {
         /// Job id.
@@ -121,6 +126,11 @@ pub struct NodeArgs {
     /// Collective data-plane address (default: the --listen host, a port the OS picks).
     #[arg(long)]
     pub data: Option<String>,
+    /// Cpus this node offers to jobs (default: the host's logical cpus); each worker takes
+    /// `cpus_per_worker` of them. More than the host has over-commits it on purpose (many
+    /// light trials), fewer keeps some for other work.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub cpus: Option<u32>,
     /// Seed node(s) to join, host:port or multiaddr; repeat or separate with commas.
     #[arg(long, value_delimiter = ',')]
     pub join: Vec<String>,
@@ -200,6 +210,7 @@ impl NodeArgs {
             cluster_key: self.cluster_key,
             storage,
             labels: self.labels.into_iter().collect::<BTreeMap<_, _>>(),
+            cpus: self.cpus,
             membership,
         })
     }
@@ -313,6 +324,37 @@ pub fn job(cli: &Cli, id: &str, watch: bool) -> Result<()> {
         }
         std::thread::sleep(std::time::Duration::from_millis(POLL_MS));
     }
+}
+
+/// `ringleader trials ID`: a search's leaderboard.
+pub fn trials(cli: &Cli, id: &str) -> Result<()> {
+    let doc = client(cli).job(id)?;
+    if doc.kind != "search" {
+        return Err(anyhow!("{id} is a {} job, not a search", doc.kind));
+    }
+    if cli.json {
+        let board = doc.leaderboard();
+        let v = serde_json::json!({
+            "id": doc.id,
+            "state": doc.state,
+            "metric": doc.search_metric,
+            "direction": doc.search_direction,
+            "trials": board,
+            "best": doc.best,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!(
+            "{} {} [{}] metric {} ({})",
+            doc.id,
+            doc.name,
+            doc.state,
+            doc.search_metric.as_deref().unwrap_or("?"),
+            doc.search_direction.as_deref().unwrap_or("?")
+        );
+        print!("{}", doc.leaderboard_table());
+    }
+    Ok(())
 }
 
 /// `ringleader cancel ID`.

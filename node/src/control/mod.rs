@@ -1,6 +1,8 @@
 //! Control: chief election and the replicated control state (Raft, via openraft).
 //!
-//! - [`state`]: the replicated state machine's data and its deterministic `apply`.
+//! - [`state`]: the replicated state machine's data and its deterministic `apply`; a
+//!   search's trials are applied in `trials` (records from `crate::search`).
+//! - [`id`]: job ids.
 //! - [`store`]: openraft log store and state machine persisted as checksummed files.
 //! - [`voters`]: sans-IO voter reconciliation (which members vote), autopilot-like.
 //! - [`handle`]: starting Raft on a node, [`handle::ControlHandle`] (the write path through
@@ -10,14 +12,17 @@
 //! - `network`: openraft's network adapter over those RPCs.
 //!
 //! May use: `cluster` (the swarm handle, member view, wire codec), the leaf modules
-//! `jobs::spec` and `jobs::logs`. Used by: `chief`, `jobs`' supervisor, `api`.
+//! `jobs::spec` and `jobs::logs`, `search` (a search's records and trial specs, leaves
+//! that name jobs by [`id::JobId`]). Used by: `chief`, `jobs`' supervisor, `api`.
 
 pub mod handle;
+pub mod id;
 mod network;
 pub mod protocol;
 pub mod rpc;
 pub mod state;
 pub mod store;
+pub mod trials;
 pub mod voters;
 
 pub use state::{ControlCommand, ControlResponse, ControlState, Job, JobId, JobState};

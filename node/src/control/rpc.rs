@@ -67,12 +67,19 @@ pub fn authorize(from: &str, cmd: &ControlCommand, state: &ControlState) -> Resu
             rank,
             ..
         } => runs_in_current_generation(*id, *generation, Some(*rank)),
+        ControlCommand::TrialReport { id, generation, .. } => {
+            runs_in_current_generation(*id, *generation, Some(0))
+        }
         ControlCommand::Place { .. }
+        | ControlCommand::TrialStart { .. }
+        | ControlCommand::TrialPromote { .. }
+        | ControlCommand::TrialCopy { .. }
+        | ControlCommand::SearchFinished { .. }
         | ControlCommand::Reform { .. }
         | ControlCommand::Blacklist { .. }
         | ControlCommand::Unplaceable { .. }
         | ControlCommand::AttemptFailed { .. } => {
-            Err("only the chief places jobs and fails attempts; not accepted from a peer".into())
+            Err("only the chief places jobs, fails attempts and drives searches; not accepted from a peer".into())
         }
     }
 }

@@ -28,12 +28,16 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::str::FromStr;
 
 use rand::RngCore;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
-use crate::jobs::spec::{JobKind, JobSpec, WORKERS_MAX};
+pub use super::id::{BadJobId, JobId};
+use crate::{
+    jobs::spec::{JobKind, JobSpec, WORKERS_MAX},
+    search::record::{SearchRecord, TrialOf},
+};
+use trainer::search::Params;
 
 /// Most events kept per job; older ones are dropped (and counted).
 pub const EVENTS_PER_JOB_MAX: usize = 256;
@@ -45,77 +49,6 @@ pub const METRIC_NAME_BYTES_MAX: usize = 128;
 pub const REASON_BYTES_MAX: usize = 1024;
 /// Longest submit token, in bytes.
 pub const TOKEN_BYTES_MAX: usize = 128;
-
-/// A job's id: `j-` and the base-36 log index of its `Submit` entry, e.g. `j-2s`.
-///
-/// Unique within one cluster's log; ordered by submission.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct JobId(u64);
-
-impl JobId {
-    /// The id of the job submitted by the log entry at `log_index`.
-    pub fn from_log_index(log_index: u64) -> JobId {
-        JobId(log_index)
-    }
-
-    /// The log index it was derived from.
-    pub fn log_index(self) -> u64 {
-        self.0
-    }
-}
-
-impl fmt::Display for JobId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut digits = Vec::new();
-        let mut n = self.0;
-        loop {
-            digits.push(b"0123456789abcdefghijklmnopqrstuvwxyz"[(n % 36) as usize]);
-            n /= 36;
-            if n == 0 {
-                break;
-            }
-        }
-        digits.reverse();
-        write!(f, "j-{}", String::from_utf8(digits).expect("ascii digits"))
-    }
-}
-
-/// A string that is not a job id.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("not a job id: {0:?} (expected j- and base-36 digits, e.g. j-2s)")]
-pub struct BadJobId(pub String);
-
-impl FromStr for JobId {
-    type Err = BadJobId;
-
-    fn from_str(s: &str) -> Result<JobId, BadJobId> {
-        let bad = || BadJobId(s.to_owned());
-        let digits = s.strip_prefix("j-").ok_or_else(bad)?;
-        // Canonical form only: no leading zeros, no upper case, so one id has one spelling.
-        if digits.is_empty()
-            || (digits.len() > 1 && digits.starts_with('0'))
-            || digits.bytes().any(|b| b.is_ascii_uppercase())
-        {
-            return Err(bad());
-        }
-        u64::from_str_radix(digits, 36)
-            .map(JobId)
-            .map_err(|_| bad())
-    }
-}
-
-impl Serialize for JobId {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for JobId {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<JobId, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
 
 /// Where a job is in its lifecycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -183,6 +116,10 @@ pub enum EventKind {
     Failed,
     /// The job was cancelled.
     Cancelled,
+    /// A search's trial started, reported a rung, was promoted, paused, stopped, re-run,
+    /// copied or failed (on the search job); a trial's job was re-opened to run again (on
+    /// the trial's job).
+    Trial,
 }
 
 /// One line of a job's history.
@@ -274,6 +211,12 @@ pub struct Job {
     pub started_at_ms: Option<u64>,
     /// When the job reached a terminal state.
     pub finished_at_ms: Option<u64>,
+    /// A search job's trials (`kind = "search"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search: Option<SearchRecord>,
+    /// A trial's run job: which search and trial it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trial_of: Option<TrialOf>,
 }
 
 /// Why a rank of the current generation is thought lost.
@@ -320,6 +263,35 @@ pub const REJOIN_AFTER_MS: u64 = 10_000;
 pub const BLACKLIST_MS_MAX: u64 = 86_400_000;
 
 impl Job {
+    /// A new pending job, submitted at `at_ms`.
+    pub(super) fn new(id: JobId, spec: JobSpec, at_ms: u64) -> Job {
+        Job {
+            id,
+            max_restarts: spec.max_restarts,
+            spec,
+            state: JobState::Pending,
+            generation: 0,
+            attempt: 0,
+            attempt_generation: 0,
+            suspects: BTreeMap::new(),
+            rank_stats: BTreeMap::new(),
+            departed: BTreeMap::new(),
+            next_worker: 0,
+            assignment: Vec::new(),
+            exits: BTreeMap::new(),
+            pending_reason: None,
+            events: Vec::new(),
+            events_dropped: 0,
+            metrics: BTreeMap::new(),
+            ring_secret: String::new(),
+            submitted_at_ms: at_ms,
+            started_at_ms: None,
+            finished_at_ms: None,
+            search: None,
+            trial_of: None,
+        }
+    }
+
     /// The generation this job's rank processes are keyed by: train ranks live through the
     /// re-forms of an attempt (survivors keep their state in memory), command ranks are
     /// started again at each generation with the new `WORLD_SIZE` (torchrun's elastic
@@ -350,7 +322,7 @@ impl Job {
         self.rank_stats.clear();
     }
 
-    fn push_event(&mut self, at_ms: u64, what: EventKind, reason: impl Into<String>) {
+    pub(super) fn push_event(&mut self, at_ms: u64, what: EventKind, reason: impl Into<String>) {
         let mut reason = reason.into();
         truncate_at_char(&mut reason, REASON_BYTES_MAX);
         self.events.push(JobEvent {
@@ -367,12 +339,42 @@ impl Job {
         }
     }
 
-    fn finish(&mut self, at_ms: u64, state: JobState, what: EventKind, reason: impl Into<String>) {
+    pub(super) fn finish(
+        &mut self,
+        at_ms: u64,
+        state: JobState,
+        what: EventKind,
+        reason: impl Into<String>,
+    ) {
         debug_assert!(state.is_terminal() && !self.state.is_terminal());
         self.state = state;
         self.finished_at_ms = Some(at_ms);
         self.pending_reason = None;
         self.push_event(at_ms, what, reason);
+    }
+
+    /// Starts the next generation as a new attempt on `slots` (a placement: `why` is
+    /// `start`, `retry`, or a trial's `promoted …`).
+    pub(super) fn place(&mut self, slots: &[Slot], secret: &str, at_ms: u64, why: &str) {
+        let first = self.generation == 0;
+        let generation = self.generation + 1;
+        self.next_worker = 0;
+        self.start_generation(generation, slots, secret, at_ms);
+        self.departed.clear();
+        self.attempt += 1;
+        self.attempt_generation = generation;
+        self.state = JobState::Running;
+        self.pending_reason = None;
+        self.finished_at_ms = None;
+        if first {
+            self.started_at_ms = Some(at_ms);
+        }
+        let ring: Vec<&str> = slots.iter().map(|s| s.name.as_str()).collect();
+        self.push_ring_event(
+            at_ms,
+            EventKind::Placed,
+            format!("{why}: {} workers on {}", slots.len(), ring.join(", ")),
+        );
     }
 
     /// Records a new ring (a placement or a re-form) as an event with its members.
@@ -574,6 +576,82 @@ pub enum ControlCommand {
         /// Proposer's clock.
         at_ms: u64,
     },
+    /// The chief starts a search's next trial (`trial` = the number of trials so far) with
+    /// `params`, as a job of its own placed on `slots`; the job's id comes from this entry's
+    /// log index.
+    TrialStart {
+        /// The search job.
+        search: JobId,
+        /// The new trial's id.
+        trial: u32,
+        /// Its parameters.
+        params: Params,
+        /// Its Hyperband bracket (0 otherwise).
+        bracket: u32,
+        /// The resource its first run trains to (0: the trial spec's own length).
+        target: u32,
+        /// Where its job runs, in rank order.
+        slots: Vec<Slot>,
+        /// The data-plane secret of its ring (as in `Place`).
+        secret: String,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// The chief promotes a paused trial to `target` (ASHA's promotion of a trial that
+    /// waited at its rung): its job runs again on `slots`, resuming from its checkpoint.
+    TrialPromote {
+        /// The search job.
+        search: JobId,
+        /// The trial.
+        trial: u32,
+        /// The next rung's resource.
+        target: u32,
+        /// Where it runs, in rank order.
+        slots: Vec<Slot>,
+        /// The data-plane secret (as in `Place`).
+        secret: String,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// The chief starts a speculative copy of a slow running trial on `slots` (another
+    /// member); the first of the two to finish wins and the other is stopped. The copy's
+    /// job id comes from this entry's log index.
+    TrialCopy {
+        /// The search job.
+        search: JobId,
+        /// The trial.
+        trial: u32,
+        /// Where the copy runs, in rank order.
+        slots: Vec<Slot>,
+        /// The data-plane secret (as in `Place`).
+        secret: String,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// A trial's run reported the search's metric at `resource` (its rank 0's
+    /// `ringleader-report` line); the searcher decides at once whether the trial goes on,
+    /// pauses at its rung, is promoted, or stops.
+    TrialReport {
+        /// The run job.
+        id: JobId,
+        /// The generation that reported it.
+        generation: u32,
+        /// Resource done (epochs).
+        resource: u32,
+        /// The metric's value; finite.
+        #[serde(with = "finite_or_null")]
+        value: f64,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// The chief ends a search: no trial runs and none will start; paused trials are
+    /// stopped and the best is recorded.
+    SearchFinished {
+        /// The search job.
+        search: JobId,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
 }
 
 /// One worker of a placed job.
@@ -653,8 +731,16 @@ impl ControlCommand {
                     })
                 }
             }
+            ControlCommand::TrialReport { value, .. } if !value.is_finite() => {
+                Err(BadCommand::NonFiniteMetric {
+                    name: "trial report".into(),
+                })
+            }
             ControlCommand::Place { slots, secret, .. }
-            | ControlCommand::Reform { slots, secret, .. } => {
+            | ControlCommand::Reform { slots, secret, .. }
+            | ControlCommand::TrialStart { slots, secret, .. }
+            | ControlCommand::TrialPromote { slots, secret, .. }
+            | ControlCommand::TrialCopy { slots, secret, .. } => {
                 let ordered = slots.iter().enumerate().all(|(i, s)| s.rank as usize == i);
                 if slots.is_empty() || slots.len() > WORKERS_MAX as usize || !ordered {
                     return Err(BadCommand::Slots);
@@ -687,7 +773,12 @@ impl ControlCommand {
             | ControlCommand::RankLost { at_ms, .. }
             | ControlCommand::RankStats { at_ms, .. }
             | ControlCommand::Blacklist { at_ms, .. }
-            | ControlCommand::Cancel { at_ms, .. } => *at_ms,
+            | ControlCommand::Cancel { at_ms, .. }
+            | ControlCommand::TrialStart { at_ms, .. }
+            | ControlCommand::TrialPromote { at_ms, .. }
+            | ControlCommand::TrialCopy { at_ms, .. }
+            | ControlCommand::TrialReport { at_ms, .. }
+            | ControlCommand::SearchFinished { at_ms, .. } => *at_ms,
         }
     }
 }
@@ -752,6 +843,15 @@ impl ControlState {
                 reason: e.to_string(),
             };
         }
+        let response = self.apply_command(log_index, cmd);
+        if response == ControlResponse::Applied {
+            self.after_applied(cmd);
+        }
+        response
+    }
+
+    /// [`ControlState::apply`] of a checked command, before its effects on searches.
+    fn apply_command(&mut self, log_index: u64, cmd: &ControlCommand) -> ControlResponse {
         match cmd {
             ControlCommand::Submit { spec, at_ms, token } => {
                 if let Some(id) = token.as_ref().and_then(|t| self.tokens.get(t)) {
@@ -761,34 +861,19 @@ impl ControlState {
                 if let Some(t) = token {
                     self.tokens.insert(t.clone(), id);
                 }
-                let mut job = Job {
-                    id,
-                    spec: (**spec).clone(),
-                    state: JobState::Pending,
-                    generation: 0,
-                    attempt: 0,
-                    attempt_generation: 0,
-                    suspects: BTreeMap::new(),
-                    rank_stats: BTreeMap::new(),
-                    departed: BTreeMap::new(),
-                    next_worker: 0,
-                    max_restarts: spec.max_restarts,
-                    assignment: Vec::new(),
-                    exits: BTreeMap::new(),
-                    pending_reason: None,
-                    events: Vec::new(),
-                    events_dropped: 0,
-                    metrics: BTreeMap::new(),
-                    ring_secret: String::new(),
-                    submitted_at_ms: *at_ms,
-                    started_at_ms: None,
-                    finished_at_ms: None,
-                };
+                let mut job = Job::new(id, (**spec).clone(), *at_ms);
                 job.push_event(
                     *at_ms,
                     EventKind::Submitted,
                     format!("{} job {:?}", spec.kind, spec.name),
                 );
+                if spec.kind == JobKind::Search {
+                    // A search holds nothing itself: it runs from the start, its trials
+                    // are jobs placed by the chief.
+                    job.state = JobState::Running;
+                    job.started_at_ms = Some(*at_ms);
+                    job.search = Some(SearchRecord::default());
+                }
                 self.jobs.insert(id, job);
                 ControlResponse::Submitted { id }
             }
@@ -812,24 +897,12 @@ impl ControlState {
                         job.generation + 1
                     ));
                 }
-                let first = job.generation == 0;
-                job.next_worker = 0;
-                job.start_generation(*generation, slots, secret, *at_ms);
-                job.departed.clear();
-                job.attempt += 1;
-                job.attempt_generation = *generation;
-                job.state = JobState::Running;
-                job.pending_reason = None;
-                if first {
-                    job.started_at_ms = Some(*at_ms);
-                }
-                let ring: Vec<&str> = slots.iter().map(|s| s.name.as_str()).collect();
-                let why = if first { "start" } else { "retry" };
-                job.push_ring_event(
-                    *at_ms,
-                    EventKind::Placed,
-                    format!("{why}: {} workers on {}", slots.len(), ring.join(", ")),
-                );
+                let why = if job.generation == 0 {
+                    "start"
+                } else {
+                    "retry"
+                };
+                job.place(slots, secret, *at_ms, why);
                 ControlResponse::Applied
             }
             ControlCommand::Unplaceable { id, reason, at_ms } => {
@@ -837,7 +910,8 @@ impl ControlState {
                     Some(job) => job,
                     None => return unknown(*id),
                 };
-                if job.state != JobState::Pending {
+                let running_search = job.search.is_some() && job.state == JobState::Running;
+                if job.state != JobState::Pending && !running_search {
                     return ignored(format!("{id} is {}, not pending", job.state));
                 }
                 let mut reason = reason.clone();
@@ -1080,12 +1154,21 @@ impl ControlState {
                 );
                 ControlResponse::Applied
             }
+            ControlCommand::TrialStart { .. }
+            | ControlCommand::TrialPromote { .. }
+            | ControlCommand::TrialCopy { .. }
+            | ControlCommand::TrialReport { .. }
+            | ControlCommand::SearchFinished { .. } => self.apply_trial(log_index, cmd),
         }
     }
 
     /// The job, if `generation` is its current generation and it is running; otherwise the response
     /// to give (unknown job: rejected; stale generation or finished job: ignored).
-    fn current_attempt(&mut self, id: JobId, generation: u32) -> Result<&mut Job, ControlResponse> {
+    pub(super) fn current_attempt(
+        &mut self,
+        id: JobId,
+        generation: u32,
+    ) -> Result<&mut Job, ControlResponse> {
         let job = self.jobs.get_mut(&id).ok_or_else(|| unknown(id))?;
         if generation != job.generation {
             return Err(ignored(format!(
@@ -1150,17 +1233,17 @@ mod finite_or_null {
     }
 }
 
-fn unknown(id: JobId) -> ControlResponse {
+pub(super) fn unknown(id: JobId) -> ControlResponse {
     ControlResponse::Rejected {
         reason: format!("no job {id}"),
     }
 }
 
-fn rejected(reason: String) -> ControlResponse {
+pub(super) fn rejected(reason: String) -> ControlResponse {
     ControlResponse::Rejected { reason }
 }
 
-fn ignored(reason: String) -> ControlResponse {
+pub(super) fn ignored(reason: String) -> ControlResponse {
     ControlResponse::Ignored { reason }
 }
 

@@ -109,6 +109,8 @@ pub struct Launch {
     pub env: Vec<(String, String)>,
     /// Where its stdout and stderr go.
     pub log: PathBuf,
+    /// A search trial's metric: rank 0's `ringleader-report` lines report it.
+    pub trial_metric: Option<String>,
 }
 
 /// The launch of `slot` of `job`'s current generation, or `None` while a train ring member's
@@ -149,7 +151,16 @@ pub fn launch(
         ("RINGLEADER_ATTEMPT".into(), job.attempt.to_string()),
         ("RINGLEADER_GENERATION".into(), job.generation.to_string()),
     ];
+    if let Some(of) = &job.trial_of {
+        env.push(("RINGLEADER_SEARCH_ID".into(), of.search.to_string()));
+        env.push(("RINGLEADER_TRIAL_ID".into(), of.trial.to_string()));
+        env.push((
+            "RINGLEADER_TRIAL_COPY".into(),
+            u8::from(of.copy).to_string(),
+        ));
+    }
     env.extend(job.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let trial_metric = job.trial_of.as_ref().map(|t| t.metric.clone());
     let log = log_path(&ctx.jobs_dir, job.id, job.process_generation(), slot.worker);
     if job.spec.kind != JobKind::Train {
         return Some(Launch {
@@ -157,6 +168,7 @@ pub fn launch(
             files: Vec::new(),
             env,
             log,
+            trial_metric,
         });
     }
     let addrs = ring_addrs(job, host_of)?;
@@ -186,11 +198,17 @@ pub fn launch(
     if job.is_elastic() {
         command.push("--elastic".into());
     }
+    if let Some(target) = job.trial_of.as_ref().map(|t| t.target).filter(|t| *t > 0) {
+        // A search trial trained to its rung; the schedule stays the whole run's.
+        command.push("--stop-at-epoch".into());
+        command.push(target.to_string());
+    }
     Some(Launch {
         command,
         files: vec![(spec_file, train_spec::spec_text(&job.spec))],
         env,
         log,
+        trial_metric,
     })
 }
 

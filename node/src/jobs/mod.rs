@@ -23,12 +23,24 @@ pub mod train_spec;
 pub use spec::{JobKind, JobSpec, Placement, Resources, SpecError};
 
 /// Parses and checks a spec's text as the API admits it: [`JobSpec::parse`] (sizes, fields,
-/// lines), then the kind's own sections (a train job's trainer tables). The error names the
-/// field.
+/// lines), then the kind's own sections (a train job's trainer tables; a search's `[search]`
+/// and every trial it could make). The error names the field (and its line, for a
+/// search's).
 pub fn admit_text(text: &str) -> Result<JobSpec, String> {
     let spec = JobSpec::parse(text).map_err(|e| e.to_string())?;
-    if spec.kind == JobKind::Train {
-        train_spec::validate(&spec)?;
+    match spec.kind {
+        JobKind::Train => {
+            train_spec::validate(&spec)?;
+        }
+        JobKind::Search => {
+            crate::search::spec::validate(&spec).map_err(|e| {
+                match spec::line_of_field(text, &e.field) {
+                    Some(line) => format!("{e} at line {line}"),
+                    None => e.to_string(),
+                }
+            })?;
+        }
+        JobKind::Command => {}
     }
     Ok(spec)
 }

@@ -14,6 +14,9 @@
 //!   usual compute time per step, the rank is reported hung (a deadlock in its own
 //!   computation; the ranks waiting for it are on the network and report nothing).
 //!
+//! - `ringleader-report RESOURCE NAME VALUE [NAME VALUE …]` (a search trial's rank 0): the
+//!   search metric's value at RESOURCE (epochs done), as [`ControlCommand::TrialReport`].
+//!
 //! A process stopped (SIGSTOP) for [`HUNG_STOPPED_MS`] is reported hung too.
 //!
 //! The exit code (a signal death as 128 + signal, as shells report it) is sent as
@@ -56,6 +59,9 @@ pub const HUNG_STOPPED_MS: u64 = 3_000;
 pub const HUNG_COMPUTING_MS_MIN: u64 = 5_000;
 /// … and at least this many times the rank's usual compute time per step.
 pub const HUNG_COMPUTE_FACTOR: f64 = 20.0;
+/// A rank stopped gracefully (its job cancelled, a search trial stopped early) gets SIGTERM,
+/// then SIGKILL after this long, in milliseconds.
+pub const STOP_GRACE_MS: u64 = 5_000;
 /// How often the process's run state is looked at, in milliseconds.
 const WATCH_PERIOD_MS: u64 = 500;
 
@@ -74,6 +80,9 @@ fn is_stopped(pid: u32) -> bool {
 pub enum Control {
     /// Kill the process group; report nothing.
     Kill,
+    /// Stop the process group gracefully: SIGTERM, then SIGKILL after [`STOP_GRACE_MS`];
+    /// report nothing.
+    Stop,
     /// The ring re-formed: the process is now `rank` of `generation`; `line` (a
     /// `ringleader-generation` control line) goes to its stdin.
     Generation {
@@ -107,6 +116,27 @@ pub fn parse_metric_line(line: &str) -> Option<MetricLine> {
         return None;
     }
     Some(MetricLine { name, value, step })
+}
+
+/// Parses a search trial's report line, `ringleader-report RESOURCE NAME VALUE [NAME
+/// VALUE …]` (resource: epochs done, or any count that grows), and returns the resource and
+/// the value of `metric`; `None` for anything else, a malformed line, a non-finite value, or
+/// a line without `metric`.
+pub fn parse_report_line(line: &str, metric: &str) -> Option<(u32, f64)> {
+    let mut parts = line.split_whitespace();
+    if parts.next()? != "ringleader-report" {
+        return None;
+    }
+    let resource: u32 = parts.next()?.parse().ok()?;
+    let rest: Vec<&str> = parts.collect();
+    if !rest.len().is_multiple_of(2) {
+        return None;
+    }
+    rest.chunks_exact(2)
+        .find(|kv| kv[0] == metric)
+        .and_then(|kv| kv[1].parse::<f64>().ok())
+        .filter(|v| v.is_finite())
+        .map(|v| (resource, v))
 }
 
 /// An elastic worker's report line, parsed.
@@ -311,8 +341,16 @@ impl Run {
         let mut watch = tokio::time::interval(Duration::from_millis(WATCH_PERIOD_MS));
         watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut stopped_since: Option<Instant> = None;
+        let mut term_deadline: Option<tokio::time::Instant> = None;
         let status = loop {
             tokio::select! {
+                _ = tokio::time::sleep_until(term_deadline.unwrap_or_else(tokio::time::Instant::now)), if term_deadline.is_some() => {
+                    term_deadline = None;
+                    if let Some(pgid) = pgid {
+                        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
+                    }
+                    let _ = child.kill().await;
+                }
                 _ = watch.tick(), if !killed && !self.reported_hung => {
                     let stopped = pgid.is_some_and(|p| is_stopped(p as u32));
                     match (stopped, stopped_since) {
@@ -343,6 +381,24 @@ impl Run {
                             }
                         } else if let Some(e) = parse_elastic_line(&text) {
                             self.report_elastic(id, e).await;
+                        } else if let Some((resource, value)) = self
+                            .launch
+                            .trial_metric
+                            .as_deref()
+                            .filter(|_| self.rank == 0)
+                            .and_then(|m| parse_report_line(&text, m))
+                        {
+                            let at_ms = (self.clock_ms)();
+                            let _ = self
+                                .reports
+                                .send(ControlCommand::TrialReport {
+                                    id,
+                                    generation: self.generation,
+                                    resource,
+                                    value,
+                                    at_ms,
+                                })
+                                .await;
                         }
                     }
                     None => break child.wait().await?,
@@ -369,6 +425,14 @@ impl Run {
                             let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
                         }
                         let _ = child.kill().await;
+                    }
+                    Some(Control::Stop) => {
+                        // SIGTERM first; SIGKILL when the grace period is over.
+                        killed = true;
+                        if let Some(pgid) = pgid {
+                            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGTERM);
+                        }
+                        term_deadline = Some(tokio::time::Instant::now() + Duration::from_millis(STOP_GRACE_MS));
                     }
                 }
             }

@@ -175,7 +175,8 @@ impl Default for Elastic {
 ///
 /// Invariants (established by [`JobSpec::parse`]): `name` matches `[A-Za-z0-9_.-]{1,64}`;
 /// `1 <= min_workers <= workers <= max_workers <= WORKERS_MAX`; `command` is non-empty exactly
-/// when `kind` is `Command`; `search` is present exactly when `kind` is `Search`; `env` sets no
+/// when `kind` is `Command` (and may be for a `Search` of command trials); `search` is
+/// present exactly when `kind` is `Search`; `env` sets no
 /// name of [`RESERVED_ENV`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobSpec {
@@ -484,8 +485,8 @@ impl Parser<'_> {
                 })
             }
             None => Vec::new(),
-            Some(v) if kind != JobKind::Command => {
-                return Err(self.invalid("command", v, format!("only allowed when kind = \"command\", not \"{kind}\"")))
+            Some(v) if kind == JobKind::Train => {
+                return Err(self.invalid("command", v, "only allowed when kind = \"command\" or \"search\" (command trials), not \"train\""))
             }
             Some(v) => self.command(v)?,
         };
@@ -797,6 +798,44 @@ impl Parser<'_> {
     }
 }
 
+/// The 1-based line of the field at `path` (dotted, `[i]` for array elements, as
+/// [`SpecError`] names fields) in the spec `text`: the line of its value, or, when the
+/// field is absent, of the deepest part of the path that is present (its table). `None`
+/// when the text does not parse or nothing of the path is in it.
+pub fn line_of_field(text: &str, path: &str) -> Option<usize> {
+    let doc = DeTable::parse(text).ok()?;
+    let mut value: Option<&Spanned<DeValue<'_>>> = None;
+    let mut table: Option<&DeTable<'_>> = Some(doc.get_ref());
+    let mut line = None;
+    for part in path.split('.') {
+        let (key, indexes) = match part.find('[') {
+            Some(i) => (&part[..i], &part[i..]),
+            None => (part, ""),
+        };
+        let Some(v) = table.and_then(|t| t.get(key)) else {
+            return line;
+        };
+        let mut v = v;
+        line = Some(line_of(text, v.span().start));
+        for index in indexes
+            .split(['[', ']'])
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| s.parse::<usize>().ok())
+        {
+            match v.get_ref().as_array().and_then(|a| a.get(index)) {
+                Some(item) => {
+                    v = item;
+                    line = Some(line_of(text, v.span().start));
+                }
+                None => return line,
+            }
+        }
+        value = Some(v);
+        table = v.get_ref().as_table();
+    }
+    value.map(|v| line_of(text, v.span().start)).or(line)
+}
+
 /// 1-based line of a byte offset.
 fn line_of(text: &str, offset: usize) -> usize {
     let end = offset.min(text.len());
@@ -1014,7 +1053,7 @@ max = 0.3
         let text = "name = \"a\"\nkind = \"train\"\ncommand = [\"x\"]\n";
         assert_eq!(
             err(text),
-            "command: only allowed when kind = \"command\", not \"train\" at line 3"
+            "command: only allowed when kind = \"command\" or \"search\" (command trials), not \"train\" at line 3"
         );
     }
 

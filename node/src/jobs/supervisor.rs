@@ -238,8 +238,17 @@ impl Supervisor {
         }
         for key in plan.stop {
             if let Some((control, _)) = self.running.remove(&key) {
-                info!(job = %key.0, generation = key.1, worker = key.2, "stopping worker");
-                stop(&control);
+                // A cancelled job's ranks (a trial stopped early included) may clean up:
+                // SIGTERM, then SIGKILL after a grace period. Others go at once.
+                let graceful = state
+                    .job(key.0)
+                    .is_some_and(|j| j.state == JobState::Cancelled);
+                info!(job = %key.0, generation = key.1, worker = key.2, graceful, "stopping worker");
+                if graceful {
+                    let _ = control.try_send(Control::Stop);
+                } else {
+                    stop(&control);
+                }
             }
         }
         self.finished.retain(|key, _| plan.wanted.contains(key));
@@ -273,7 +282,10 @@ pub fn start(ctl: ControlHandle, me: String, jobs_dir: PathBuf, storage: String)
 /// a duplicate or stale one is ignored by the state machine).
 async fn report_loop(ctl: ControlHandle, mut rx: mpsc::Receiver<ControlCommand>) {
     while let Some(cmd) = rx.recv().await {
-        let must_arrive = matches!(cmd, ControlCommand::WorkerExited { .. });
+        let must_arrive = matches!(
+            cmd,
+            ControlCommand::WorkerExited { .. } | ControlCommand::TrialReport { .. }
+        );
         for generation in 0u32.. {
             match ctl.propose(cmd.clone()).await {
                 Ok(_) | Err(ProposeError::Rejected(_)) => break,

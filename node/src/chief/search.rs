@@ -1,0 +1,245 @@
+//! What the chief decides for running searches (pure, like [`super::decide`]): which trial
+//! to start or promote next, on which members, while the search has fewer than
+//! `max_parallel` active trials and the cluster has room; a speculative copy of a trial
+//! that runs slower than `speculate_factor` × the median of its peers' runs to the same
+//! target, on another member with room; and the end of a search when the searcher has
+//! nothing more and no trial is active.
+//!
+//! Everything comes from the replicated record, so a new chief carries on where the old
+//! one stopped: the searcher is a pure function of the trial table. Reports and the
+//! decisions they trigger are applied by the state machine itself (`control::trials`).
+
+use trainer::search::{Suggestion, Trial, TrialState};
+
+use super::placement::{self, Candidate, Request, Slot};
+use crate::control::{
+    state::{ControlCommand, ControlState, Job, JobState},
+    trials::searcher_of,
+};
+
+/// Fewest finished runs to the same target before a slow trial gets a speculative copy.
+pub const SPECULATE_SAMPLES_MIN: usize = 3;
+
+/// The commands for every running search.
+pub fn decide(
+    state: &ControlState,
+    candidates: &mut [Candidate],
+    now_ms: u64,
+    new_secret: &mut dyn FnMut() -> String,
+) -> Vec<ControlCommand> {
+    let mut out = Vec::new();
+    for job in state.jobs.values() {
+        if job.state == JobState::Running && job.search.is_some() {
+            out.extend(search(state, job, candidates, now_ms, new_secret));
+        }
+    }
+    out
+}
+
+/// Takes the resources of `slots` from the candidates.
+fn take(candidates: &mut [Candidate], slots: &[Slot], req: &Request) {
+    for slot in slots {
+        if let Some(c) = candidates.iter_mut().find(|c| c.id == slot.member) {
+            c.used_cpus += req.cpus_per_worker;
+            c.used_gpus += req.gpus_per_worker;
+        }
+    }
+}
+
+/// Places `req` on `prefer` when it has room (a promoted trial's checkpoint is there),
+/// else anywhere; `avoid` is never used (a copy runs away from its original).
+pub fn place_preferring(
+    candidates: &[Candidate],
+    req: &Request,
+    prefer: Option<&str>,
+    avoid: Option<&str>,
+) -> Result<Vec<Slot>, placement::Unplaceable> {
+    let only = |keep: &dyn Fn(&Candidate) -> bool| -> Vec<Candidate> {
+        candidates
+            .iter()
+            .map(|c| Candidate {
+                alive: c.alive && keep(c),
+                ..c.clone()
+            })
+            .collect()
+    };
+    if let Some(p) = prefer {
+        if let Ok(slots) = placement::place(&only(&|c| c.id == p), req) {
+            return Ok(slots);
+        }
+    }
+    match avoid {
+        Some(a) => placement::place(&only(&|c| c.id != a), req),
+        None => placement::place(candidates, req),
+    }
+}
+
+fn search(
+    state: &ControlState,
+    job: &Job,
+    candidates: &mut [Candidate],
+    now_ms: u64,
+    new_secret: &mut dyn FnMut() -> String,
+) -> Vec<ControlCommand> {
+    let Some((s, searcher)) = searcher_of(job) else {
+        return Vec::new();
+    };
+    let record = job.search.as_ref().expect("a search");
+    let req = Request::from_spec(&job.spec);
+    let cap = if s.max_parallel == 0 {
+        usize::MAX
+    } else {
+        s.max_parallel as usize
+    };
+    let mut trials: Vec<Trial> = record.trials.clone();
+    let mut active = record.active();
+    let mut out = Vec::new();
+    let mut unplaceable = None;
+    while active < cap {
+        match searcher.suggest(&trials) {
+            Suggestion::New {
+                params,
+                bracket,
+                target,
+            } => {
+                let slots = match placement::place(candidates, &req) {
+                    Ok(slots) => slots,
+                    Err(e) => {
+                        unplaceable = Some(e.reason);
+                        break;
+                    }
+                };
+                take(candidates, &slots, &req);
+                let trial = trials.len() as u32;
+                let mut t = Trial::new(trial, params.clone(), bracket, target);
+                t.state = TrialState::Running;
+                trials.push(t);
+                active += 1;
+                out.push(ControlCommand::TrialStart {
+                    search: job.id,
+                    trial,
+                    params,
+                    bracket,
+                    target,
+                    slots,
+                    secret: new_secret(),
+                    at_ms: now_ms,
+                });
+            }
+            Suggestion::Promote { trial, target } => {
+                let last = record
+                    .runs
+                    .get(trial as usize)
+                    .and_then(|r| state.job(r.job))
+                    .and_then(|j| j.assignment.first())
+                    .map(|s| s.member.clone());
+                let slots = match place_preferring(candidates, &req, last.as_deref(), None) {
+                    Ok(slots) => slots,
+                    Err(e) => {
+                        unplaceable = Some(e.reason);
+                        break;
+                    }
+                };
+                take(candidates, &slots, &req);
+                if let Some(t) = trials.get_mut(trial as usize) {
+                    t.state = TrialState::Running;
+                    t.target = target;
+                }
+                active += 1;
+                out.push(ControlCommand::TrialPromote {
+                    search: job.id,
+                    trial,
+                    target,
+                    slots,
+                    secret: new_secret(),
+                    at_ms: now_ms,
+                });
+            }
+            Suggestion::Wait => break,
+            Suggestion::Exhausted => {
+                if active == 0 && out.is_empty() {
+                    out.push(ControlCommand::SearchFinished {
+                        search: job.id,
+                        at_ms: now_ms,
+                    });
+                }
+                break;
+            }
+        }
+    }
+    if let Some(reason) = unplaceable.filter(|_| active == 0) {
+        // No trial runs and none can start: say why on the search, once.
+        let reason = format!("no room for a trial: {reason}");
+        if job.pending_reason.as_deref() != Some(reason.as_str()) {
+            out.push(ControlCommand::Unplaceable {
+                id: job.id,
+                reason,
+                at_ms: now_ms,
+            });
+        }
+    }
+    if s.speculate_factor > 0.0 {
+        out.extend(speculate(
+            state,
+            job,
+            s.speculate_factor,
+            &req,
+            candidates,
+            now_ms,
+            new_secret,
+        ));
+    }
+    out
+}
+
+/// Speculative copies of running trials slower than `factor` × the median duration of the
+/// search's finished runs to the same target.
+fn speculate(
+    state: &ControlState,
+    job: &Job,
+    factor: f64,
+    req: &Request,
+    candidates: &mut [Candidate],
+    now_ms: u64,
+    new_secret: &mut dyn FnMut() -> String,
+) -> Vec<ControlCommand> {
+    let record = job.search.as_ref().expect("a search");
+    let mut out = Vec::new();
+    for (t, run) in record.trials.iter().zip(&record.runs) {
+        if t.state != TrialState::Running || run.copy.is_some() {
+            continue;
+        }
+        let Some(original) = state.job(run.job).filter(|j| j.state == JobState::Running) else {
+            continue;
+        };
+        let mut peers: Vec<u64> = record
+            .runs
+            .iter()
+            .flat_map(|r| r.run_ms.iter())
+            .filter(|(target, _)| *target == t.target)
+            .map(|(_, ms)| *ms)
+            .collect();
+        if peers.len() < SPECULATE_SAMPLES_MIN {
+            continue;
+        }
+        peers.sort_unstable();
+        let median = peers[peers.len() / 2] as f64;
+        let elapsed = now_ms.saturating_sub(run.run_started_at_ms) as f64;
+        if median <= 0.0 || elapsed <= factor * median {
+            continue;
+        }
+        let avoid = original.assignment.first().map(|s| s.member.as_str());
+        let Ok(slots) = place_preferring(candidates, req, None, avoid) else {
+            continue;
+        };
+        take(candidates, &slots, req);
+        out.push(ControlCommand::TrialCopy {
+            search: job.id,
+            trial: t.id,
+            slots,
+            secret: new_secret(),
+            at_ms: now_ms,
+        });
+    }
+    out
+}

@@ -1,0 +1,1052 @@
+//! The `[search]` table of a search job: [`SearchSpec`] and its parser.
+//!
+//! Parsed by hand from a `toml::Table` rather than through serde so every error carries the
+//! full dotted path of the offending key (`search.params[1].max`, `search.trails` for an
+//! unknown key, `search.metric` for a missing one), which the node maps back to a line of
+//! the submitted file.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use super::space::{self, ParamKind, ParamSpec, Scale};
+
+/// Most parameters in one search.
+pub const PARAMS_MAX: usize = 64;
+/// Most values in one discrete or categorical parameter.
+pub const VALUES_MAX: usize = 1000;
+/// Longest parameter name, bytes.
+pub const PARAM_NAME_BYTES_MAX: usize = 128;
+/// Most trials in one search.
+pub const TRIALS_MAX: u32 = 100_000;
+/// Default `grid_points` of a double parameter.
+pub const GRID_POINTS_DEFAULT: u32 = 5;
+/// Most `grid_points` of a double parameter.
+pub const GRID_POINTS_MAX: u32 = 1000;
+/// Most values an integer parameter may enumerate in a grid search.
+pub const GRID_INTEGER_VALUES_MAX: u64 = 1000;
+/// Most points in a grid (the product of the parameters' grid lengths).
+pub const GRID_SIZE_MAX: u64 = 100_000;
+
+/// A problem with a `[search]` table: the full path of the key and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{field}: {problem}")]
+pub struct SearchError {
+    /// Dotted path of the offending (or missing) key, `[i]` for array elements:
+    /// `search.algorithm`, `search.params[1].max`, `search.params[0].values[2]`.
+    pub field: String,
+    /// What is wrong, lowercase.
+    pub problem: String,
+}
+
+impl SearchError {
+    /// An error at `field`.
+    pub fn new(field: impl Into<String>, problem: impl Into<String>) -> SearchError {
+        SearchError {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
+/// The search algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    /// Every point of the Cartesian product of the parameters' grid values.
+    Grid,
+    /// Independent draws by each parameter's scale.
+    Random,
+    /// Asynchronous successive halving (Li et al. 2020).
+    Asha,
+    /// Hyperband over ASHA brackets (Li et al. 2018, 2020).
+    Hyperband,
+    /// Tree-structured Parzen estimator (Bergstra et al. 2011).
+    Tpe,
+}
+
+/// Whether the metric is maximised or minimised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    /// Higher is better (accuracy).
+    Max,
+    /// Lower is better (loss).
+    Min,
+}
+
+/// What a trial runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrialKind {
+    /// A ringleader training job built from the template (resumable from checkpoints).
+    Train,
+    /// A user command printing metric lines (cannot pause and resume).
+    Command,
+}
+
+/// Early stopping for grid, random and TPE searches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stopping {
+    /// Trials run to their target.
+    None,
+    /// The median stopping rule (Golovin et al. 2017).
+    Median,
+}
+
+/// A search job's `[search]` table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SearchSpec {
+    /// `trial`: what each trial runs. Default `train`.
+    pub trial: TrialKind,
+    /// `algorithm`: required.
+    pub algorithm: Algorithm,
+    /// `trials`: number of trials to create, 1..=[`TRIALS_MAX`]; required except for a
+    /// grid, where it caps the grid and defaults to the grid's size.
+    pub trials: u32,
+    /// `max_parallel`: most trials pending or running at once; 0 (default) = no cap.
+    pub max_parallel: u32,
+    /// `metric`: name of the reported metric to optimise; required.
+    pub metric: String,
+    /// `direction`: `max` or `min`; required.
+    pub direction: Direction,
+    /// `seed`: seeds every random choice. Default 0.
+    pub seed: u64,
+    /// `resource`: what rungs count; only `epochs`. Default `epochs`.
+    pub resource: String,
+    /// `min_resource`: first rung, epochs (≥ 1). Default 1.
+    pub min_resource: u32,
+    /// `max_resource`: last rung and every trial's final target, epochs (≥ `min_resource`).
+    /// Required for ASHA and Hyperband with command trials; for train trials the node fills
+    /// it from the template's `train.epochs` when absent.
+    pub max_resource: Option<u32>,
+    /// `reduction_factor` η: ASHA keeps the top 1/η of each rung (≥ 2). Default 3.
+    pub reduction_factor: u32,
+    /// `stopping`: early stopping for grid, random and TPE. Default `none`.
+    pub stopping: Stopping,
+    /// `max_trial_failures`: failed trials tolerated before the node fails the search.
+    /// Default 3.
+    pub max_trial_failures: u32,
+    /// `speculate_factor`: the node starts a speculative copy of a trial running this many
+    /// times longer than the median; 0 = off, else finite and > 1. Default 2.0.
+    pub speculate_factor: f64,
+    /// `[[search.params]]`: the searched parameters (1..=[`PARAMS_MAX`]).
+    pub params: Vec<ParamSpec>,
+}
+
+const SEARCH_KEYS: &[&str] = &[
+    "trial",
+    "algorithm",
+    "trials",
+    "max_parallel",
+    "metric",
+    "direction",
+    "seed",
+    "resource",
+    "min_resource",
+    "max_resource",
+    "reduction_factor",
+    "stopping",
+    "max_trial_failures",
+    "speculate_factor",
+    "params",
+];
+
+const PARAM_KEYS: &[&str] = &[
+    "name",
+    "type",
+    "min",
+    "max",
+    "scale",
+    "values",
+    "grid_points",
+];
+
+impl SearchSpec {
+    /// Parses and validates the `[search]` table (its `[[search.params]]` being the array of
+    /// tables under key `params`). Unknown keys are refused; integers are accepted where
+    /// floats are expected.
+    pub fn from_table(search: &toml::Table) -> Result<SearchSpec, SearchError> {
+        let f = Fields::new(search, "search".to_string());
+        f.check_keys(SEARCH_KEYS)?;
+
+        let trial = f
+            .choice(
+                "trial",
+                "trial kind",
+                &[("train", TrialKind::Train), ("command", TrialKind::Command)],
+            )?
+            .unwrap_or(TrialKind::Train);
+        let algorithm = f.required(
+            "algorithm",
+            f.choice(
+                "algorithm",
+                "algorithm",
+                &[
+                    ("grid", Algorithm::Grid),
+                    ("random", Algorithm::Random),
+                    ("asha", Algorithm::Asha),
+                    ("hyperband", Algorithm::Hyperband),
+                    ("tpe", Algorithm::Tpe),
+                ],
+            )?,
+        )?;
+        let trials = f.u32_in("trials", 1, TRIALS_MAX)?;
+        let max_parallel = f.u32_in("max_parallel", 0, u32::MAX)?.unwrap_or(0);
+        let metric = f.required("metric", f.str("metric")?)?;
+        if metric.is_empty() {
+            return Err(f.err("metric", "must not be empty"));
+        }
+        let direction = f.required(
+            "direction",
+            f.choice(
+                "direction",
+                "direction",
+                &[("max", Direction::Max), ("min", Direction::Min)],
+            )?,
+        )?;
+        let seed = match f.int("seed")? {
+            None => 0,
+            Some(s) if s >= 0 => s as u64,
+            Some(_) => return Err(f.err("seed", "must be a non-negative integer")),
+        };
+        let resource = f.str("resource")?.unwrap_or("epochs");
+        if resource != "epochs" {
+            return Err(f.err(
+                "resource",
+                format!("unknown resource \"{resource}\" (only \"epochs\" is supported)"),
+            ));
+        }
+        let min_resource = f.u32_in("min_resource", 1, u32::MAX)?.unwrap_or(1);
+        let max_resource = f.u32_in("max_resource", 1, u32::MAX)?;
+        if let Some(max) = max_resource {
+            if max < min_resource {
+                return Err(f.err(
+                    "max_resource",
+                    format!("must be at least min_resource ({min_resource})"),
+                ));
+            }
+        }
+        let reduction_factor = f.u32_in("reduction_factor", 2, u32::MAX)?.unwrap_or(3);
+        let stopping = f
+            .choice(
+                "stopping",
+                "stopping rule",
+                &[("none", Stopping::None), ("median", Stopping::Median)],
+            )?
+            .unwrap_or(Stopping::None);
+        let max_trial_failures = f.u32_in("max_trial_failures", 0, u32::MAX)?.unwrap_or(3);
+        let speculate_factor = f.float("speculate_factor")?.unwrap_or(2.0);
+        if speculate_factor != 0.0 && speculate_factor <= 1.0 {
+            return Err(f.err("speculate_factor", "must be 0 (off) or greater than 1"));
+        }
+
+        let params = parse_params(&f)?;
+
+        let asha = matches!(algorithm, Algorithm::Asha | Algorithm::Hyperband);
+        if asha && stopping == Stopping::Median {
+            return Err(f.err(
+                "stopping",
+                "median stopping applies to grid, random and tpe searches (asha and hyperband stop trials themselves)",
+            ));
+        }
+        if asha && trial == TrialKind::Command && max_resource.is_none() {
+            return Err(f.err(
+                "max_resource",
+                "missing (required for asha and hyperband with command trials)",
+            ));
+        }
+        let trials = if algorithm == Algorithm::Grid {
+            for (i, p) in params.iter().enumerate() {
+                if matches!(p.kind, ParamKind::Integer { .. })
+                    && p.grid_len() > GRID_INTEGER_VALUES_MAX
+                {
+                    return Err(SearchError::new(
+                        format!("search.params[{i}].max"),
+                        format!(
+                            "an integer range of {} values is too large for a grid (at most {GRID_INTEGER_VALUES_MAX})",
+                            p.grid_len()
+                        ),
+                    ));
+                }
+            }
+            let size = space::grid_size(&params);
+            if size > GRID_SIZE_MAX {
+                return Err(f.err(
+                    "params",
+                    format!("the grid has {size} points (at most {GRID_SIZE_MAX})"),
+                ));
+            }
+            trials.map_or(size as u32, |cap| cap.min(size as u32))
+        } else {
+            f.required("trials", trials)?
+        };
+
+        Ok(SearchSpec {
+            trial,
+            algorithm,
+            trials,
+            max_parallel,
+            metric: metric.to_string(),
+            direction,
+            seed,
+            resource: resource.to_string(),
+            min_resource,
+            max_resource,
+            reduction_factor,
+            stopping,
+            max_trial_failures,
+            speculate_factor,
+            params,
+        })
+    }
+
+    /// The grid's size (product of the parameters' grid lengths), saturating.
+    pub fn grid_size(&self) -> u64 {
+        space::grid_size(&self.params)
+    }
+
+    /// The checks sampling and the rungs rely on, repeated by [`SearchSpec::searcher`] for a
+    /// spec built or completed outside [`SearchSpec::from_table`].
+    pub(crate) fn validate_for_searcher(&self) -> Result<(), SearchError> {
+        if self.min_resource < 1 {
+            return Err(SearchError::new(
+                "search.min_resource",
+                "must be at least 1",
+            ));
+        }
+        if self.reduction_factor < 2 {
+            return Err(SearchError::new(
+                "search.reduction_factor",
+                "must be at least 2",
+            ));
+        }
+        if self.params.is_empty() {
+            return Err(SearchError::new("search.params", "must not be empty"));
+        }
+        for (i, p) in self.params.iter().enumerate() {
+            let bad = match &p.kind {
+                ParamKind::Double { min, max, .. } => {
+                    !(min.is_finite() && max.is_finite() && min < max)
+                }
+                ParamKind::Integer { min, max, .. } => min > max,
+                ParamKind::Discrete { values } | ParamKind::Categorical { values } => {
+                    values.is_empty()
+                }
+            };
+            if bad {
+                return Err(SearchError::new(
+                    format!("search.params[{i}]"),
+                    "empty range or list",
+                ));
+            }
+        }
+        match self.max_resource {
+            Some(max) if max < self.min_resource => Err(SearchError::new(
+                "search.max_resource",
+                format!("must be at least min_resource ({})", self.min_resource),
+            )),
+            None if matches!(self.algorithm, Algorithm::Asha | Algorithm::Hyperband) => {
+                Err(SearchError::new(
+                    "search.max_resource",
+                    "missing (asha and hyperband need the largest resource; for train trials it defaults to the template's train.epochs)",
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+fn parse_params(f: &Fields<'_>) -> Result<Vec<ParamSpec>, SearchError> {
+    let value = f.required("params", f.table.get("params"))?;
+    let array = value
+        .as_array()
+        .ok_or_else(|| f.err("params", expected("an array of tables", value)))?;
+    if array.is_empty() {
+        return Err(f.err("params", "must list at least one parameter"));
+    }
+    if array.len() > PARAMS_MAX {
+        return Err(f.err(
+            "params",
+            format!("{} parameters (at most {PARAMS_MAX})", array.len()),
+        ));
+    }
+    let mut params: Vec<ParamSpec> = Vec::with_capacity(array.len());
+    for (i, item) in array.iter().enumerate() {
+        let path = format!("search.params[{i}]");
+        let table = item
+            .as_table()
+            .ok_or_else(|| SearchError::new(&path, expected("a table", item)))?;
+        let p = parse_param(&Fields::new(table, path))?;
+        for (j, other) in params.iter().enumerate() {
+            let clash = if other.name == p.name {
+                Some("duplicate parameter name")
+            } else if is_prefix(&other.name, &p.name) || is_prefix(&p.name, &other.name) {
+                Some("one name is a prefix of the other")
+            } else {
+                None
+            };
+            if let Some(clash) = clash {
+                return Err(SearchError::new(
+                    format!("search.params[{i}].name"),
+                    format!("{clash} (\"{}\", search.params[{j}])", other.name),
+                ));
+            }
+        }
+        params.push(p);
+    }
+    Ok(params)
+}
+
+/// `a` is a dotted prefix of `b` (`train` of `train.lr`).
+fn is_prefix(a: &str, b: &str) -> bool {
+    b.len() > a.len() && b.starts_with(a) && b.as_bytes()[a.len()] == b'.'
+}
+
+fn parse_param(f: &Fields<'_>) -> Result<ParamSpec, SearchError> {
+    f.check_keys(PARAM_KEYS)?;
+    let name = f.required("name", f.str("name")?)?;
+    check_name(name).map_err(|problem| f.err("name", problem))?;
+    let kind = f.required(
+        "type",
+        f.choice(
+            "type",
+            "parameter type",
+            &[
+                ("double", "double"),
+                ("integer", "integer"),
+                ("discrete", "discrete"),
+                ("categorical", "categorical"),
+            ],
+        )?,
+    )?;
+    let numeric = matches!(kind, "double" | "integer");
+    for key in ["min", "max", "scale"] {
+        if !numeric && f.table.contains_key(key) {
+            return Err(f.err(
+                key,
+                format!("only double and integer parameters take `{key}`"),
+            ));
+        }
+    }
+    if numeric && f.table.contains_key("values") {
+        return Err(f.err(
+            "values",
+            "only discrete and categorical parameters take `values`",
+        ));
+    }
+    if kind != "double" && f.table.contains_key("grid_points") {
+        return Err(f.err("grid_points", "only double parameters take `grid_points`"));
+    }
+    let scale = f
+        .choice(
+            "scale",
+            "scale",
+            &[
+                ("linear", Scale::Linear),
+                ("log", Scale::Log),
+                ("reverse_log", Scale::ReverseLog),
+            ],
+        )?
+        .unwrap_or(Scale::Linear);
+    let grid_points = f
+        .u32_in("grid_points", 2, GRID_POINTS_MAX)?
+        .unwrap_or(GRID_POINTS_DEFAULT);
+    let kind = match kind {
+        "double" => {
+            let min = f.required("min", f.float("min")?)?;
+            let max = f.required("max", f.float("max")?)?;
+            if max <= min {
+                return Err(f.err("max", format!("must be greater than min ({min})")));
+            }
+            match scale {
+                Scale::Linear => {}
+                Scale::Log if min <= 0.0 => {
+                    return Err(f.err("min", "log scale needs min > 0"));
+                }
+                Scale::Log => {}
+                Scale::ReverseLog if min < 0.0 => {
+                    return Err(f.err("min", "reverse_log scale needs 0 <= min < max < 1"));
+                }
+                Scale::ReverseLog if max >= 1.0 => {
+                    return Err(f.err("max", "reverse_log scale needs 0 <= min < max < 1"));
+                }
+                Scale::ReverseLog => {}
+            }
+            ParamKind::Double { min, max, scale }
+        }
+        "integer" => {
+            let min = f.required("min", f.int("min")?)?;
+            let max = f.required("max", f.int("max")?)?;
+            if max < min {
+                return Err(f.err("max", format!("must be at least min ({min})")));
+            }
+            match scale {
+                Scale::Log if min <= 0 => {
+                    return Err(f.err("min", "log scale needs min > 0"));
+                }
+                Scale::ReverseLog => {
+                    return Err(f.err(
+                        "scale",
+                        "reverse_log needs 0 <= min < max < 1, which no integer range has",
+                    ));
+                }
+                Scale::Linear | Scale::Log => {}
+            }
+            ParamKind::Integer { min, max, scale }
+        }
+        discrete_or_categorical => {
+            let discrete = discrete_or_categorical == "discrete";
+            let value = f.required("values", f.table.get("values"))?;
+            let values = value
+                .as_array()
+                .ok_or_else(|| f.err("values", expected("an array", value)))?;
+            if values.is_empty() {
+                return Err(f.err("values", "must not be empty"));
+            }
+            if values.len() > VALUES_MAX {
+                return Err(f.err(
+                    "values",
+                    format!("{} values (at most {VALUES_MAX})", values.len()),
+                ));
+            }
+            for (j, v) in values.iter().enumerate() {
+                let path = format!("{}.values[{j}]", f.path);
+                let number = match v {
+                    toml::Value::Integer(_) => true,
+                    toml::Value::Float(x) => x.is_finite(),
+                    _ => false,
+                };
+                if discrete && !number {
+                    return Err(SearchError::new(path, expected("a finite number", v)));
+                }
+                if let Some(k) = values[..j].iter().position(|w| w == v) {
+                    return Err(SearchError::new(path, format!("duplicate of values[{k}]")));
+                }
+            }
+            if discrete {
+                ParamKind::Discrete {
+                    values: values.clone(),
+                }
+            } else {
+                ParamKind::Categorical {
+                    values: values.clone(),
+                }
+            }
+        }
+    };
+    Ok(ParamSpec {
+        name: name.to_string(),
+        kind,
+        grid_points,
+    })
+}
+
+/// A parameter name: a dotted path of non-empty segments of `[A-Za-z0-9_-]`.
+fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if name.len() > PARAM_NAME_BYTES_MAX {
+        return Err(format!("longer than {PARAM_NAME_BYTES_MAX} bytes"));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')))
+    {
+        return Err(format!(
+            "character {c:?} not allowed (a dotted path of [A-Za-z0-9_-] like \"train.lr\")"
+        ));
+    }
+    if name.split('.').any(str::is_empty) {
+        return Err("empty path segment (a dotted path like \"train.lr\")".into());
+    }
+    Ok(())
+}
+
+fn expected(what: &str, found: &toml::Value) -> String {
+    format!("expected {what}, found {}", found.type_str())
+}
+
+/// One TOML table being parsed, with its path for errors.
+struct Fields<'a> {
+    table: &'a toml::Table,
+    path: String,
+}
+
+impl<'a> Fields<'a> {
+    fn new(table: &'a toml::Table, path: String) -> Fields<'a> {
+        Fields { table, path }
+    }
+
+    fn err(&self, key: &str, problem: impl Into<String>) -> SearchError {
+        SearchError::new(format!("{}.{key}", self.path), problem)
+    }
+
+    fn check_keys(&self, allowed: &[&str]) -> Result<(), SearchError> {
+        match self.table.keys().find(|k| !allowed.contains(&k.as_str())) {
+            Some(key) => Err(self.err(key, "unknown field")),
+            None => Ok(()),
+        }
+    }
+
+    fn required<T>(&self, key: &str, value: Option<T>) -> Result<T, SearchError> {
+        value.ok_or_else(|| self.err(key, "missing (required)"))
+    }
+
+    fn str(&self, key: &str) -> Result<Option<&'a str>, SearchError> {
+        self.table
+            .get(key)
+            .map(|v| {
+                v.as_str()
+                    .ok_or_else(|| self.err(key, expected("a string", v)))
+            })
+            .transpose()
+    }
+
+    fn int(&self, key: &str) -> Result<Option<i64>, SearchError> {
+        self.table
+            .get(key)
+            .map(|v| {
+                v.as_integer()
+                    .ok_or_else(|| self.err(key, expected("an integer", v)))
+            })
+            .transpose()
+    }
+
+    /// A finite float; an integer is accepted.
+    fn float(&self, key: &str) -> Result<Option<f64>, SearchError> {
+        let Some(v) = self.table.get(key) else {
+            return Ok(None);
+        };
+        let x = match v {
+            toml::Value::Float(x) => *x,
+            toml::Value::Integer(i) => *i as f64,
+            _ => return Err(self.err(key, expected("a number", v))),
+        };
+        if !x.is_finite() {
+            return Err(self.err(key, "must be finite"));
+        }
+        Ok(Some(x))
+    }
+
+    fn u32_in(&self, key: &str, min: u32, max: u32) -> Result<Option<u32>, SearchError> {
+        let Some(i) = self.int(key)? else {
+            return Ok(None);
+        };
+        if i < i64::from(min) {
+            return Err(self.err(key, format!("must be at least {min}")));
+        }
+        if i > i64::from(max) {
+            return Err(self.err(key, format!("must be at most {max}")));
+        }
+        Ok(Some(i as u32))
+    }
+
+    fn choice<T: Copy>(
+        &self,
+        key: &str,
+        what: &str,
+        options: &[(&str, T)],
+    ) -> Result<Option<T>, SearchError> {
+        let Some(s) = self.str(key)? else {
+            return Ok(None);
+        };
+        match options.iter().find(|(name, _)| *name == s) {
+            Some((_, t)) => Ok(Some(*t)),
+            None => {
+                let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
+                Err(self.err(
+                    key,
+                    format!("unknown {what} \"{s}\" (expected {})", names.join(", ")),
+                ))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<SearchSpec, SearchError> {
+        let doc: toml::Table = toml::from_str(text).expect("test toml");
+        SearchSpec::from_table(doc["search"].as_table().expect("[search]"))
+    }
+
+    const FULL: &str = r#"
+        [search]
+        trial = "train"
+        algorithm = "hyperband"
+        trials = 40
+        max_parallel = 4
+        metric = "val_loss"
+        direction = "min"
+        seed = 7
+        resource = "epochs"
+        min_resource = 1
+        max_resource = 27
+        reduction_factor = 3
+        stopping = "none"
+        max_trial_failures = 5
+        speculate_factor = 0
+        [[search.params]]
+        name = "train.lr"
+        type = "double"
+        min = 1e-4
+        max = 1
+        scale = "log"
+        [[search.params]]
+        name = "train.momentum"
+        type = "double"
+        min = 0
+        max = 0.99
+        scale = "reverse_log"
+        grid_points = 4
+        [[search.params]]
+        name = "model.hidden"
+        type = "categorical"
+        values = [[64], [128, 128], "wide"]
+        [[search.params]]
+        name = "train.batch_size"
+        type = "discrete"
+        values = [16, 32, 64.0]
+        [[search.params]]
+        name = "model.layers"
+        type = "integer"
+        min = 1
+        max = 8
+        scale = "log"
+    "#;
+
+    #[test]
+    fn a_full_table_parses() {
+        let s = parse(FULL).unwrap();
+        assert_eq!(s.trial, TrialKind::Train);
+        assert_eq!(s.algorithm, Algorithm::Hyperband);
+        assert_eq!((s.trials, s.max_parallel), (40, 4));
+        assert_eq!(
+            (s.metric.as_str(), s.direction),
+            ("val_loss", Direction::Min)
+        );
+        assert_eq!(s.seed, 7);
+        assert_eq!((s.min_resource, s.max_resource), (1, Some(27)));
+        assert_eq!((s.reduction_factor, s.stopping), (3, Stopping::None));
+        assert_eq!((s.max_trial_failures, s.speculate_factor), (5, 0.0));
+        assert_eq!(s.params.len(), 5);
+        assert_eq!(
+            s.params[0],
+            ParamSpec {
+                name: "train.lr".into(),
+                kind: ParamKind::Double {
+                    min: 1e-4,
+                    max: 1.0,
+                    scale: Scale::Log
+                },
+                grid_points: GRID_POINTS_DEFAULT,
+            }
+        );
+        assert_eq!(s.params[1].grid_points, 4);
+        let ParamKind::Categorical { values } = &s.params[2].kind else {
+            panic!("categorical expected");
+        };
+        assert_eq!(values[1], toml::Value::Array(vec![128.into(), 128.into()]));
+        assert!(matches!(
+            s.params[4].kind,
+            ParamKind::Integer {
+                min: 1,
+                max: 8,
+                scale: Scale::Log
+            }
+        ));
+        // The spec round-trips through JSON (the node's log format).
+        let json = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<SearchSpec>(&json).unwrap(), s);
+    }
+
+    #[test]
+    fn defaults_fill_in() {
+        let s = parse(
+            r#"
+            [search]
+            algorithm = "random"
+            trials = 3
+            metric = "acc"
+            direction = "max"
+            [[search.params]]
+            name = "lr"
+            type = "double"
+            min = 0
+            max = 1
+        "#,
+        )
+        .unwrap();
+        assert_eq!(s.trial, TrialKind::Train);
+        assert_eq!(
+            (s.max_parallel, s.seed, s.resource.as_str()),
+            (0, 0, "epochs")
+        );
+        assert_eq!((s.min_resource, s.max_resource), (1, None));
+        assert_eq!((s.reduction_factor, s.stopping), (3, Stopping::None));
+        assert_eq!((s.max_trial_failures, s.speculate_factor), (3, 2.0));
+    }
+
+    /// A valid grid search; each bad case edits it.
+    fn base(algorithm: &str, extra: &str, params: &str) -> String {
+        format!(
+            r#"
+            [search]
+            algorithm = "{algorithm}"
+            metric = "acc"
+            direction = "max"
+            {extra}
+            [[search.params]]
+            name = "train.lr"
+            type = "double"
+            min = 0.001
+            max = 0.1
+            [[search.params]]
+            name = "model.hidden"
+            {params}
+        "#
+        )
+    }
+
+    const INTEGER: &str = "type = \"integer\"\nmin = 1\nmax = 4";
+
+    #[test]
+    fn grid_trials_default_to_and_are_capped_by_the_grid_size() {
+        let s = parse(&base("grid", "", INTEGER)).unwrap();
+        assert_eq!(s.trials, 20);
+        let s = parse(&base("grid", "trials = 7", INTEGER)).unwrap();
+        assert_eq!(s.trials, 7);
+        let s = parse(&base("grid", "trials = 700", INTEGER)).unwrap();
+        assert_eq!(s.trials, 20);
+    }
+
+    #[test]
+    fn bad_tables_name_the_offending_field() {
+        let cases: &[(String, &str, &str)] = &[
+            (
+                base("grid", "", "type = \"double\"\nmin = 2\nmax = 1"),
+                "search.params[1].max",
+                "must be greater than min",
+            ),
+            (
+                base("bayes", "", INTEGER),
+                "search.algorithm",
+                "unknown algorithm \"bayes\"",
+            ),
+            (
+                base("grid", "", "type = \"categorical\"\nvalues = []"),
+                "search.params[1].values",
+                "must not be empty",
+            ),
+            (
+                base("grid", "trails = 20", INTEGER),
+                "search.trails",
+                "unknown field",
+            ),
+            (
+                base("grid", "", "type = \"discrete\"\nvalues = [1, 2, \"x\"]"),
+                "search.params[1].values[2]",
+                "expected a finite number, found string",
+            ),
+            (
+                base("grid", "", "type = \"categorical\"\nvalues = [[1], [1]]"),
+                "search.params[1].values[1]",
+                "duplicate of values[0]",
+            ),
+            (base("random", "", INTEGER), "search.trials", "missing"),
+            (
+                base("random", "trials = 0", INTEGER),
+                "search.trials",
+                "at least 1",
+            ),
+            (
+                base(
+                    "grid",
+                    "",
+                    "type = \"integer\"\nmin = 1\nmax = 4\nsteps = 2",
+                ),
+                "search.params[1].steps",
+                "unknown field",
+            ),
+            (
+                base("grid", "", "type = \"integer\"\nmin = 1.5\nmax = 4"),
+                "search.params[1].min",
+                "expected an integer, found float",
+            ),
+            (
+                base(
+                    "grid",
+                    "",
+                    "type = \"double\"\nmin = 0\nmax = 1\nscale = \"log\"",
+                ),
+                "search.params[1].min",
+                "log scale needs min > 0",
+            ),
+            (
+                base(
+                    "grid",
+                    "",
+                    "type = \"double\"\nmin = 0\nmax = 1\nscale = \"reverse_log\"",
+                ),
+                "search.params[1].max",
+                "reverse_log",
+            ),
+            (
+                base(
+                    "grid",
+                    "",
+                    "type = \"integer\"\nmin = 0\nmax = 1\nscale = \"reverse_log\"",
+                ),
+                "search.params[1].scale",
+                "reverse_log",
+            ),
+            (
+                base("grid", "", "type = \"integer\"\nmax = 1"),
+                "search.params[1].min",
+                "missing",
+            ),
+            (
+                base("grid", "", "type = \"float\"\nmin = 0\nmax = 1"),
+                "search.params[1].type",
+                "unknown parameter type \"float\"",
+            ),
+            (
+                base("grid", "", "type = \"categorical\"\nvalues = [1]\nmin = 0"),
+                "search.params[1].min",
+                "only double and integer",
+            ),
+            (
+                base(
+                    "grid",
+                    "",
+                    "type = \"integer\"\nmin = 1\nmax = 4\ngrid_points = 3",
+                ),
+                "search.params[1].grid_points",
+                "only double",
+            ),
+            (
+                base("grid", "", "type = \"integer\"\nmin = 0\nmax = 5000"),
+                "search.params[1].max",
+                "too large for a grid",
+            ),
+            (
+                base("grid", "", "type = \"discrete\"\nvalues = 3"),
+                "search.params[1].values",
+                "expected an array, found integer",
+            ),
+            (
+                base("asha", "trial = \"command\"\ntrials = 9", INTEGER),
+                "search.max_resource",
+                "missing",
+            ),
+            (
+                base("asha", "trials = 9\nstopping = \"median\"", INTEGER),
+                "search.stopping",
+                "median stopping applies to grid",
+            ),
+            (
+                base("grid", "min_resource = 5\nmax_resource = 4", INTEGER),
+                "search.max_resource",
+                "at least min_resource",
+            ),
+            (
+                base("grid", "reduction_factor = 1", INTEGER),
+                "search.reduction_factor",
+                "at least 2",
+            ),
+            (
+                base("grid", "speculate_factor = 0.5", INTEGER),
+                "search.speculate_factor",
+                "greater than 1",
+            ),
+            (
+                base("grid", "seed = -1", INTEGER),
+                "search.seed",
+                "non-negative",
+            ),
+            (
+                base("grid", "resource = \"steps\"", INTEGER),
+                "search.resource",
+                "only \"epochs\"",
+            ),
+            (
+                base("grid", "direction2 = \"max\"", INTEGER),
+                "search.direction2",
+                "unknown field",
+            ),
+            (
+                base("grid", "metric = \"\"", INTEGER).replacen("metric = \"acc\"\n", "", 1),
+                "search.metric",
+                "must not be empty",
+            ),
+            (
+                base("grid", "", INTEGER).replacen("name = \"model.hidden\"\n", "", 1),
+                "search.params[1].name",
+                "missing",
+            ),
+            (
+                base("grid", "", INTEGER).replace("model.hidden", "train.lr"),
+                "search.params[1].name",
+                "duplicate parameter name",
+            ),
+            (
+                base("grid", "", INTEGER).replace("model.hidden", "train"),
+                "search.params[1].name",
+                "prefix",
+            ),
+            (
+                base("grid", "", INTEGER).replace("model.hidden", "model..hidden"),
+                "search.params[1].name",
+                "empty path segment",
+            ),
+            (
+                base("grid", "", INTEGER).replace("model.hidden", "model hidden"),
+                "search.params[1].name",
+                "not allowed",
+            ),
+        ];
+        for (text, field, problem) in cases {
+            let err = parse(text).expect_err(text);
+            assert_eq!(err.field, *field, "{err} for\n{text}");
+            assert!(err.problem.contains(problem), "{err} for\n{text}");
+        }
+        let err = parse(&base("grid", "trails = 20", INTEGER)).unwrap_err();
+        assert_eq!(err.to_string(), "search.trails: unknown field");
+    }
+
+    #[test]
+    fn a_missing_metric_names_its_key() {
+        let text = base("grid", "", INTEGER).replacen("metric = \"acc\"\n", "", 1);
+        let err = parse(&text).unwrap_err();
+        assert_eq!(err.field, "search.metric");
+        assert_eq!(err.to_string(), "search.metric: missing (required)");
+        let no_params = "[search]\nalgorithm = \"grid\"\nmetric = \"a\"\ndirection = \"min\"";
+        assert_eq!(parse(no_params).unwrap_err().field, "search.params");
+    }
+
+    #[test]
+    fn the_grid_size_is_capped() {
+        let many = "type = \"integer\"\nmin = 1\nmax = 1000";
+        let text = format!(
+            "{}\n[[search.params]]\nname = \"a\"\n{many}\n[[search.params]]\nname = \"b\"\n{many}",
+            base("grid", "", many)
+        );
+        let err = parse(&text).unwrap_err();
+        assert_eq!(err.field, "search.params");
+        assert!(err.problem.contains("at most 100000"), "{err}");
+    }
+
+    #[test]
+    fn train_asha_may_leave_max_resource_to_the_node() {
+        let mut s = parse(&base("asha", "trials = 9", INTEGER)).unwrap();
+        assert_eq!(s.max_resource, None);
+        let err = s.searcher(true).unwrap_err();
+        assert_eq!(err.field, "search.max_resource");
+        s.max_resource = Some(9);
+        assert_eq!(s.searcher(true).unwrap().rungs(0), vec![1, 3, 9]);
+    }
+}
