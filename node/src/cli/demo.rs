@@ -3,8 +3,10 @@
 //! Starts 3 nodes, submits the bundled `examples/jobs/digits-mlp.toml` (a `kind = "train"`
 //! job on 3 workers), draws a live progress line from the job's metrics over the API, checks
 //! the result (the job succeeded with validation accuracy ≥ [`ACCURACY_MIN`]), prints where
-//! rank 0 wrote the checkpoint, and stops every node. Fails (non-zero exit) otherwise. The
-//! nodes' data directories are kept so the checkpoint can be looked at.
+//! rank 0 wrote the checkpoint; then runs the bundled `examples/jobs/digits-asha.toml` (an
+//! ASHA search over the MLP's learning rate and width, trials spread over the nodes) and
+//! prints its leaderboard; and stops every node. Fails (non-zero exit) otherwise. The nodes'
+//! data directories are kept so the checkpoint and the search's summary can be looked at.
 
 use std::{
     io::Write,
@@ -27,6 +29,12 @@ const POLL_MS: u64 = 250;
 pub const ACCURACY_MIN: f64 = 0.97;
 /// The job the demo runs (shipped with the binary).
 const JOB_SPEC: &str = include_str!("../../../examples/jobs/digits-mlp.toml");
+/// The search the demo runs after it (shipped with the binary).
+const SEARCH_SPEC: &str = include_str!("../../../examples/jobs/digits-asha.toml");
+/// How long the search may take, in seconds.
+const SEARCH_WAIT_S: u64 = 600;
+/// Validation accuracy the search's best trial must reach.
+pub const SEARCH_BEST_MIN: f64 = 0.9;
 
 /// Starts a local 3-node cluster, trains the digits MLP on it, and stops it.
 pub fn run() -> Result<()> {
@@ -37,7 +45,10 @@ pub fn run() -> Result<()> {
         .keep();
     let mut cluster = LocalCluster::new(exe, &root);
     let t0 = Instant::now();
-    let result = train(&mut cluster, &root);
+    let result = train(&mut cluster, &root).and_then(|trained| {
+        let searched = search(&cluster)?;
+        Ok(format!("{trained}; {searched}"))
+    });
     println!("stopping the cluster");
     cluster.stop_all();
     let outcome = result?;
@@ -136,6 +147,66 @@ fn train(cluster: &mut LocalCluster, root: &std::path::Path) -> Result<String> {
     Ok(format!(
         "job {id} reached {:.2}% validation accuracy",
         100.0 * acc
+    ))
+}
+
+/// Runs the ASHA search on the formed cluster and prints its leaderboard; returns a
+/// one-line summary.
+fn search(cluster: &LocalCluster) -> Result<String> {
+    let client = cluster.nodes[0].client();
+    let id = client
+        .submit(SEARCH_SPEC)
+        .context("submitting the demo search")?;
+    println!("\nsubmitted examples/jobs/digits-asha.toml (an ASHA search) to demo-1: job {id}");
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(SEARCH_WAIT_S);
+    let mut shown = 0usize;
+    let doc = loop {
+        if let Ok(doc) = client.job(&id) {
+            let count = |s: &str| doc.trials.iter().filter(|t| t.state == s).count();
+            let line = format!(
+                "{id} [{}] {} trials: {} running, {} paused, {} stopped early, {} finished; {:.1} s",
+                doc.state,
+                doc.trials.len(),
+                count("running"),
+                count("paused"),
+                count("stopped"),
+                count("succeeded"),
+                started.elapsed().as_secs_f64()
+            );
+            print!("\r{line:<shown$}");
+            shown = line.len();
+            let _ = std::io::stdout().flush();
+            if matches!(doc.state.as_str(), "succeeded" | "failed" | "cancelled") {
+                println!();
+                break doc;
+            }
+        }
+        if Instant::now() > deadline {
+            println!();
+            bail!("search {id} did not finish in {SEARCH_WAIT_S} s");
+        }
+        std::thread::sleep(Duration::from_millis(POLL_MS));
+    };
+    if doc.state != "succeeded" {
+        bail!("search {id} {}; see `ringleader job {id}`", doc.state);
+    }
+    println!("leaderboard (`ringleader trials {id}`):");
+    print!("{}", doc.leaderboard_table());
+    let best = doc.best.as_ref().context("the search has no best trial")?;
+    if best.metric < SEARCH_BEST_MIN {
+        bail!(
+            "the search's best validation accuracy {:.2}% is below {:.0}%",
+            100.0 * best.metric,
+            100.0 * SEARCH_BEST_MIN
+        );
+    }
+    let epochs: u32 = doc.trials.iter().map(|t| t.resource).sum();
+    Ok(format!(
+        "search {id}: {} trials, {epochs} epochs in all, best {:.2}% in {:.1} s",
+        doc.trials.len(),
+        100.0 * best.metric,
+        started.elapsed().as_secs_f64()
     ))
 }
 

@@ -66,10 +66,39 @@ mod tests {
             include_str!("../../../examples/jobs/digits-mlp.toml"),
             include_str!("../../../examples/jobs/hello-command.toml"),
             include_str!("../../../examples/jobs/torch-ddp.toml"),
+            include_str!("../../../examples/jobs/digits-asha.toml"),
+            include_str!("../../../examples/jobs/random-command.toml"),
         ] {
             let spec = admit_text(text).unwrap();
             admit(&spec).unwrap();
         }
+    }
+
+    #[test]
+    fn a_bad_search_is_refused_at_submit_with_its_field_and_line() {
+        let text = "name = \"s\"\nkind = \"search\"\ncommand = [\"true\"]\n[search]\ntrial = \"command\"\nalgorithm = \"random\"\ntrials = 3\nmetric = \"m\"\ndirection = \"max\"\n[[search.params]]\nname = \"lr\"\ntype = \"double\"\nmin = 1.0\nmax = 0.5\n";
+        let e = admit_text(text).unwrap_err();
+        assert!(e.starts_with("search.params[0]."), "{e}");
+        assert!(
+            e.ends_with("at line 13") || e.ends_with("at line 14"),
+            "{e}"
+        );
+        let e = admit_text(&text.replace("algorithm = \"random\"", "algorithm = \"bayes\""))
+            .unwrap_err();
+        assert!(e.starts_with("search.algorithm: "), "{e}");
+        assert!(e.ends_with("at line 6"), "{e}");
+        let e = admit_text(&text.replace("metric = \"m\"\n", "")).unwrap_err();
+        assert!(e.starts_with("search.metric: "), "{e}");
+        // A search of train trials whose parameter is no key of the trial spec.
+        let text = "name = \"s\"\nkind = \"search\"\n[train]\nepochs = 2\n[search]\nalgorithm = \"random\"\ntrials = 3\nmetric = \"val_accuracy\"\ndirection = \"max\"\n[[search.params]]\nname = \"train.lrr\"\ntype = \"double\"\nmin = 0.1\nmax = 0.5\n";
+        let e = admit_text(text).unwrap_err();
+        assert!(
+            e.contains("train.lrr") && e.contains("unknown field"),
+            "{e}"
+        );
+        assert!(e.ends_with("at line 10"), "{e}");
+        let spec = admit_text(&text.replace("train.lrr", "train.lr")).unwrap();
+        admit(&spec).unwrap();
     }
 
     #[test]

@@ -543,6 +543,42 @@ mod tests {
     }
 
     #[test]
+    fn grid_suggests_every_point_of_the_product_once_first_param_slowest() {
+        // x, y: 5 grid points each; n: the integers 1..=4; c: 2 values.
+        let s = spec("grid", "max", "trials = 100000")
+            .searcher(false)
+            .unwrap();
+        assert_eq!(s.budget(), 5 * 5 * 4 * 2);
+        let mut trials: Vec<Trial> = Vec::new();
+        loop {
+            match s.suggest(&trials) {
+                Suggestion::New { params, .. } => {
+                    let mut t = Trial::new(trials.len() as u32, params, 0, 0);
+                    t.state = TrialState::Succeeded;
+                    trials.push(t);
+                }
+                Suggestion::Exhausted => break,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(trials.len(), 200);
+        let points: std::collections::BTreeSet<String> =
+            trials.iter().map(|t| format!("{:?}", t.params)).collect();
+        assert_eq!(points.len(), 200, "every point once");
+        // The first parameter changes every 5 * 4 * 2 = 40 trials, the last every trial.
+        let changes = |name: &str| {
+            trials
+                .windows(2)
+                .filter(|w| w[0].params[name] != w[1].params[name])
+                .count()
+        };
+        assert_eq!(changes("x"), 4);
+        assert_eq!(changes("c"), 199);
+        assert_eq!(trials[0].params["x"], toml::Value::Float(0.0));
+        assert_eq!(trials[199].params["x"], toml::Value::Float(1.0));
+    }
+
+    #[test]
     fn plain_trials_run_to_their_target() {
         let s = spec("random", "min", "").searcher(true).unwrap();
         let mut t = Trial::new(0, Params::new(), 0, 9);
