@@ -31,6 +31,10 @@ use crate::search::{
     spec::{search_spec, trial_spec},
 };
 
+/// Most reports kept per trial (one per epoch or step that grows); later ones are ignored,
+/// so a command trial that reports every step cannot grow the log without bound.
+pub const REPORTS_PER_TRIAL_MAX: usize = 1_000;
+
 /// A trial to start (see [`ControlCommand::TrialStart`]).
 struct NewTrial<'a> {
     trial: u32,
@@ -336,6 +340,12 @@ impl ControlState {
         }
         if resource <= reached {
             return ignored(format!("trial {} reported {reached} already", of.trial));
+        }
+        if t.reports.len() >= REPORTS_PER_TRIAL_MAX {
+            return ignored(format!(
+                "trial {} has {REPORTS_PER_TRIAL_MAX} reports already",
+                of.trial
+            ));
         }
         t.reports.push(Report { resource, value });
         let decision = searcher.on_report(&record.trials, of.trial, resource, value);

@@ -342,6 +342,7 @@ impl Run {
         watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut stopped_since: Option<Instant> = None;
         let mut term_deadline: Option<tokio::time::Instant> = None;
+        let mut last_report: Option<u32> = None;
         let status = loop {
             tokio::select! {
                 _ = tokio::time::sleep_until(term_deadline.unwrap_or_else(tokio::time::Instant::now)), if term_deadline.is_some() => {
@@ -387,7 +388,11 @@ impl Run {
                             .as_deref()
                             .filter(|_| self.rank == 0)
                             .and_then(|m| parse_report_line(&text, m))
+                            .filter(|(r, _)| last_report.is_none_or(|last| *r > last))
                         {
+                            // Only progress counts: a report at or below the last is dropped
+                            // here (the state machine would ignore it).
+                            last_report = Some(resource);
                             let at_ms = (self.clock_ms)();
                             let _ = self
                                 .reports
@@ -638,6 +643,25 @@ mod tests {
             "ringleader-metric x 1 2 3",
         ] {
             assert_eq!(parse_metric_line(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn report_lines() {
+        let line = "ringleader-report 3 val_loss 0.2 val_accuracy 0.91";
+        assert_eq!(parse_report_line(line, "val_accuracy"), Some((3, 0.91)));
+        assert_eq!(parse_report_line(line, "val_loss"), Some((3, 0.2)));
+        assert_eq!(parse_report_line(line, "loss"), None, "not reported");
+        for bad in [
+            "ringleader-report",
+            "ringleader-report x acc 1",
+            "ringleader-report -1 acc 1",
+            "ringleader-report 3 acc",
+            "ringleader-report 3 acc nan",
+            "ringleader-report 3 acc inf",
+            "ringleader-metric acc 1 3",
+        ] {
+            assert_eq!(parse_report_line(bad, "acc"), None, "{bad}");
         }
     }
 
