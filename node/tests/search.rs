@@ -46,11 +46,15 @@ fn python() -> bool {
 
 /// A formed cluster of 3 nodes, `s0` first, each offering `cpus` cpus.
 fn cluster(root: &Path, cpus: u32) -> LocalCluster {
+    cluster_with(root, &["--cpus".to_string(), cpus.to_string()])
+}
+
+/// A formed cluster of 3 nodes started with `extra` arguments.
+fn cluster_with(root: &Path, extra: &[String]) -> LocalCluster {
     let mut c = LocalCluster::new(exe(), root);
-    let extra = ["--cpus".to_string(), cpus.to_string()];
-    c.start("s0", &extra).unwrap();
+    c.start("s0", extra).unwrap();
     for i in 1..3 {
-        c.start_joining(&format!("s{i}"), &extra).unwrap();
+        c.start_joining(&format!("s{i}"), extra).unwrap();
     }
     c.wait_all(WAIT, "formed with a chief", |s| {
         s.names_in("alive").len() == 3 && s.chief.is_some()
@@ -418,5 +422,77 @@ fn slowed_trial_is_overtaken_by_its_speculative_copy() {
     assert!(
         won.trial_of.as_ref().is_some_and(|t| t.copy),
         "the copy's job is the trial's: {won:#?}"
+    );
+}
+
+#[test]
+fn train_trial_of_a_killed_node_resumes_from_its_checkpoint_elsewhere() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let root = tempfile::Builder::new()
+        .prefix("rl-search-")
+        .tempdir()
+        .unwrap();
+    // One store for all nodes (a shared file system; `s3://` works the same).
+    let shared = format!("file://{}", root.path().join("shared").display());
+    let mut c = cluster_with(root.path(), &["--storage".to_string(), shared]);
+    let spec = r#"
+name = "moved"
+kind = "search"
+env = { RINGLEADER_TEST_STEP_DELAY_MS = "4" }
+[model]
+arch = "mlp"
+hidden = [32]
+[data]
+dataset = "digits"
+[train]
+epochs = 12
+batch_per_worker = 32
+[checkpoint]
+every_steps = 20
+[search]
+algorithm = "random"
+trials = 2
+metric = "val_accuracy"
+direction = "max"
+[[search.params]]
+name = "train.lr"
+type = "double"
+min = 0.02
+max = 0.1
+"#;
+    let id = c.nodes[0].client().submit(spec).unwrap();
+    let chief = c.status(0).unwrap().chief.unwrap().name;
+    let doc = wait_job(&c, 0, &id, "a trial past epoch 3 on a non-chief", |d| {
+        d.trials
+            .iter()
+            .any(|t| t.state == "running" && t.node != chief && t.resource >= 3)
+    });
+    let trial = doc
+        .trials
+        .iter()
+        .find(|t| t.state == "running" && t.node != chief && t.resource >= 3)
+        .unwrap()
+        .clone();
+    let victim = c.nodes.iter().position(|n| n.name == trial.node).unwrap();
+    c.kill9(victim).unwrap();
+    let observer = c.running()[0];
+    let done = wait_job(&c, observer, &id, "search ended", ended);
+    assert_eq!(done.state, "succeeded", "{done:#?}");
+    assert_accounted(&done, 2);
+    let moved = &done.trials[trial.id as usize];
+    assert_eq!(moved.state, "succeeded", "{moved:?}");
+    assert_ne!(moved.node, trial.node);
+    assert_eq!(moved.resource, 12);
+    // The re-run resumed from the checkpoint the dead node's run wrote, not from scratch.
+    let resumed: Vec<String> = c
+        .job_logs(&moved.job)
+        .iter()
+        .flat_map(|(_, t)| t.lines().map(str::to_owned).collect::<Vec<_>>())
+        .filter(|l| l.contains(" resumed step="))
+        .collect();
+    assert!(!resumed.is_empty(), "no resumed line in the re-run's log");
+    assert!(
+        !resumed.iter().any(|l| l.contains(" resumed step=0 ")),
+        "{resumed:?}"
     );
 }
