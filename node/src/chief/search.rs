@@ -378,6 +378,33 @@ values = [1, 2, 3, 4]
     }
 
     #[test]
+    fn a_member_that_joins_mid_search_gets_the_next_trials() {
+        let mut state = ControlState::default();
+        let search = submit(&mut state);
+        let mut members = vec![member("a", State::Alive, 1)];
+        let mut c = candidates_of(&state, &members);
+        let cmds = decide(&state, &mut c, 10, &mut secret);
+        assert_eq!(cmds.len(), 1, "one cpu: one trial: {cmds:?}");
+        apply(&mut state, &cmds);
+        let mut c = candidates_of(&state, &members);
+        assert!(
+            decide(&state, &mut c, 20, &mut secret).is_empty(),
+            "no room"
+        );
+        members.push(member("b", State::Alive, 1));
+        let mut c = candidates_of(&state, &members);
+        let cmds = decide(&state, &mut c, 30, &mut secret);
+        let [ControlCommand::TrialStart {
+            trial: 1, slots, ..
+        }] = cmds.as_slice()
+        else {
+            panic!("{cmds:?}")
+        };
+        assert_eq!(slots[0].name, "b");
+        let _ = search;
+    }
+
+    #[test]
     fn a_trial_much_slower_than_its_peers_gets_a_copy_on_another_member() {
         let mut state = ControlState::default();
         let search = submit(&mut state);
