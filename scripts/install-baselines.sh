@@ -5,7 +5,8 @@
 #   scripts/install-baselines.sh [--no-torch] [--no-mpi]
 #
 # - apt: openmpi-bin libopenmpi-dev iperf3 (+ iproute2 for ip/tc)
-# - pip: numpy, mpi4py (built against the system Open MPI), torch (CPU use only)
+# - pip: numpy, mpi4py (built against the system Open MPI), torch (CPU use only), optuna
+#   (scripts/baseline_search_optuna.py)
 #
 # About torch: PyPI carries no CPU-only build of torch for Linux x86_64 (the "+cpu" wheels live on
 # the PyTorch project's own index, which is not reachable here), and `pip install --no-deps torch`
@@ -21,7 +22,7 @@ for arg in "$@"; do
     case "$arg" in
         --no-torch) want_torch=0 ;;
         --no-mpi) want_mpi=0 ;;
-        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
         *) echo "usage: $0 [--no-torch] [--no-mpi]" >&2; exit 2 ;;
     esac
 done
@@ -52,6 +53,7 @@ fi
 
 # ---- python packages ----
 if have_py numpy; then log "numpy present"; else log "pip install numpy"; "$PY" -m pip install -q numpy; fi
+if have_py optuna; then log "optuna present"; else log "pip install optuna"; "$PY" -m pip install -q optuna; fi
 
 if [ "$want_mpi" = 1 ]; then
     if have_py mpi4py; then
@@ -74,7 +76,7 @@ fi
 # ---- check ----
 "$PY" - <<'PYEOF'
 import importlib
-for m in ("numpy", "mpi4py", "torch"):
+for m in ("numpy", "mpi4py", "torch", "optuna"):
     try:
         mod = importlib.import_module(m)
         extra = ""

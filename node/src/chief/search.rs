@@ -2,7 +2,8 @@
 //! to start or promote next, on which members, while the search has fewer than
 //! `max_parallel` active trials and the cluster has room; a speculative copy of a trial
 //! that runs slower than `speculate_factor` × the median of its peers' runs to the same
-//! target, on another member with room; and the end of a search when the searcher has
+//! target (and at least [`SPECULATE_ELAPSED_MS_MIN`]), on another member with room; and
+//! the end of a search when the searcher has
 //! nothing more and no trial is active.
 //!
 //! Everything comes from the replicated record, so a new chief carries on where the old
@@ -19,6 +20,9 @@ use crate::control::{
 
 /// Fewest finished runs to the same target before a slow trial gets a speculative copy.
 pub const SPECULATE_SAMPLES_MIN: usize = 3;
+/// A run younger than this never gets a copy, in milliseconds: for runs of a fraction of a
+/// second, process start-up and the chief's period alone look "slow".
+pub const SPECULATE_ELAPSED_MS_MIN: u64 = 2_000;
 
 /// The commands for every running search.
 pub fn decide(
@@ -224,8 +228,11 @@ fn speculate(
         }
         peers.sort_unstable();
         let median = peers[peers.len() / 2] as f64;
-        let elapsed = now_ms.saturating_sub(run.run_started_at_ms) as f64;
-        if median <= 0.0 || elapsed <= factor * median {
+        let elapsed_ms = now_ms.saturating_sub(run.run_started_at_ms);
+        if median <= 0.0
+            || elapsed_ms < SPECULATE_ELAPSED_MS_MIN
+            || elapsed_ms as f64 <= factor * median
+        {
             continue;
         }
         let avoid = original.assignment.first().map(|s| s.member.as_str());
@@ -437,9 +444,12 @@ values = [1, 2, 3, 4]
                 }],
             );
         }
-        // Trial 1 still runs at 500 ms: over 2 × the 100 ms median, a copy away from it.
+        // Trial 1 still runs at 2010 ms: over 2 × the 100 ms median (and the 2 s floor), a
+        // copy away from it; at 1500 ms not yet.
         let mut c = candidates_of(&state, &members);
-        let cmds = decide(&state, &mut c, 500, &mut secret);
+        assert!(decide(&state, &mut c, 1_500, &mut secret).is_empty());
+        let mut c = candidates_of(&state, &members);
+        let cmds = decide(&state, &mut c, 2_010, &mut secret);
         let record = state.job(search).unwrap().search.as_ref().unwrap();
         let slow_node = state.job(record.runs[1].job).unwrap().assignment[0]
             .member
@@ -454,7 +464,7 @@ values = [1, 2, 3, 4]
         apply(&mut state, &cmds);
         let mut c = candidates_of(&state, &members);
         assert!(
-            decide(&state, &mut c, 600, &mut secret).is_empty(),
+            decide(&state, &mut c, 2_100, &mut secret).is_empty(),
             "one copy at a time"
         );
     }

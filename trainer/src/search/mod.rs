@@ -385,9 +385,17 @@ impl Searcher {
     /// The trials' final values as (trial, key), best first, ties by lower id: the
     /// observations TPE learns from (failed trials and NaN values left out).
     fn observations<'a>(&self, trials: &'a [Trial]) -> Vec<(&'a Trial, f64)> {
+        // Finished, paused and stopped trials count with their last value (a pruned trial's
+        // last intermediate value, as Optuna's TPE uses it); running ones do not: their
+        // partial values would make the suggestion depend on timing.
         let mut obs: Vec<(&Trial, f64)> = trials
             .iter()
-            .filter(|t| t.state != TrialState::Failed)
+            .filter(|t| {
+                matches!(
+                    t.state,
+                    TrialState::Succeeded | TrialState::Stopped | TrialState::Paused
+                )
+            })
             .filter_map(|t| {
                 t.final_report()
                     .filter(|r| !r.value.is_nan())
