@@ -3,8 +3,11 @@
 # check of the `cuda` feature (it must compile on a machine without CUDA).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The checkpoint test reads safetensors from Python when it can; best effort, never fatal.
-python3 -m pip install --quiet --disable-pip-version-check safetensors numpy >/dev/null 2>&1 || true
+# Tests read what the project writes with the formats' own Python readers when they can
+# (safetensors checkpoints, Prometheus' exposition, TensorBoard event files); best effort,
+# never fatal: without them those tests say SKIPPED.
+python3 -m pip install --quiet --disable-pip-version-check safetensors numpy prometheus_client >/dev/null 2>&1 || true
+python3 -m pip install --quiet --disable-pip-version-check tensorboard >/dev/null 2>&1 || true
 # The S3 checkpoint test runs against s3s-fs (a file-backed S3 server, ~2 min to build once);
 # best effort too: without it that test says so and passes.
 if ! command -v s3s-fs >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/s3s-fs" ]; then

@@ -45,8 +45,11 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     /// Optional cluster key file (swarm.key format).
     pub cluster_key: Option<PathBuf>,
-    /// Storage URL for checkpoints and records.
+    /// Storage URL for checkpoints and records (may carry keys: log it through
+    /// [`crate::api::redact::redact_url`]).
     pub storage: String,
+    /// File holding the API token (`None`: the API is open to anyone who reaches it).
+    pub token_file: Option<PathBuf>,
     /// Labels advertised to the cluster.
     pub labels: BTreeMap<String, String>,
     /// Cpus advertised for placement (`None`: the host's).
@@ -111,6 +114,16 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         Some(path) => Some(identity::load_cluster_key(path)?),
         None => {
             warn!("no --cluster-key: the cluster is open, any host that can reach the listen port can join");
+            None
+        }
+    };
+
+    let token = match &config.token_file {
+        Some(path) => Some(std::sync::Arc::new(
+            crate::api::auth::ApiToken::from_file(path).context("--token-file")?,
+        )),
+        None => {
+            warn!(api = %config.api, "no --token-file: the API is open, anyone who can reach its address can submit and cancel jobs");
             None
         }
     };
@@ -206,13 +219,14 @@ pub async fn run(config: NodeConfig) -> Result<()> {
     let app = crate::api::router(crate::api::AppState {
         node: handle.clone(),
         control: control.clone(),
+        token,
     });
     let api_task = tokio::spawn(async move { axum::serve(api_listener, app).await });
     write_atomically(
         &config.data_dir.join(NODE_INFO_FILE),
         &serde_json::to_vec_pretty(&info)?,
     )?;
-    info!(peer = %peer_id, name = %config.name, p2p = ?info.p2p_addrs, api = %info.api_addr, data = %info.data_addr, storage = %config.storage, "node started");
+    info!(peer = %peer_id, name = %config.name, p2p = ?info.p2p_addrs, api = %info.api_addr, data = %info.data_addr, storage = %crate::api::redact::redact_url(&config.storage), "node started");
     // The data-plane listener is held so its advertised port stays ours; the collective
     // takes it over when this node is given a place in a ring.
     let _data_listener = data_listener;

@@ -12,6 +12,14 @@
 //! resource a search trial is measured in). `--stop-at-epoch N` ends the run after N
 //! epochs (validated and checkpointed), keeping the whole run's schedule.
 //!
+//! Always, in the job's storage (the checkpoints' URL; see [`crate::observe`]): rank 0
+//! writes TensorBoard event files under `jobs/<job-id>/tb/` (rewritten every few seconds
+//! and at the end, also when training fails), and at the end of the run the ranks gather
+//! the phases of their first [`crate::observe::TIMELINE_STEPS`] steps and rank 0 writes
+//! `jobs/<job-id>/timeline.json` (with `--elastic`, each worker writes its own
+//! `jobs/<job-id>/timeline-rank-<rank>.json` instead). A storage error there is logged and
+//! never stops training.
+//!
 //! With `--elastic` the worker survives lost ranks ([`crate::elastic`]): after the first
 //! generation (the command line's `--rank`, `--addrs`, `--generation`, `--secret`) further
 //! generations arrive on stdin, one control line each:
@@ -50,11 +58,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use collective::{Communicator, GroupConfig, Limits, ReduceOp};
+use opendal::Operator;
+use tracing::warn;
 
 use crate::elastic::{
     forward_control_lines, generation_channel, ElasticEvent, ElasticRun, Generation, Resumed,
     TcpConnector,
 };
+use crate::observe::{unix_now_s, write_job_timeline, PhaseRecorder, RankTimeline, TensorBoard};
 use crate::{CheckpointStore, Checkpointer, Event, StepMetrics, TrainSpec, Trainer};
 
 /// Shortest gap between two step reports in `ringleader-metric` lines, in milliseconds.
@@ -123,7 +134,7 @@ pub struct WorkerArgs {
     #[arg(long, default_value = "ringleader-data")]
     pub data_dir: std::path::PathBuf,
     /// Checkpoint storage URL; default `file://<data-dir>/store`.
-    #[arg(long)]
+    #[arg(long, env = "RINGLEADER_STORAGE", hide_env_values = true)]
     pub storage: Option<String>,
     /// Shared secret authenticating the data-plane connections.
     #[arg(
@@ -394,7 +405,55 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         metric_lines: args.metric_lines && args.rank == 0,
         last_report: None,
     };
-    let final_metrics = trainer.run(Some(&mut ckpt), |e| lines.event(e)).await?;
+    let op = observe_operator(&url);
+    let mut tb = op
+        .clone()
+        .filter(|_| args.rank == 0)
+        .map(|op| TensorBoard::spawn(op, &args.job_id, unix_now_s()));
+    let mut phases = PhaseRecorder::default();
+    let result = trainer
+        .run(Some(&mut ckpt), |e| {
+            lines.event(e);
+            let now_s = unix_now_s();
+            if let Event::Step(m) = e {
+                phases.record(m, 1e6 * now_s);
+            }
+            if let Some(tb) = &mut tb {
+                tb.event(e, now_s, Instant::now());
+            }
+        })
+        .await;
+    let final_metrics = match result {
+        Ok(m) => m,
+        Err(e) => {
+            // The curves up to the failure are worth keeping.
+            if let Some(tb) = tb {
+                let _ = tb.close().await;
+            }
+            return Err(e.into());
+        }
+    };
+    // Every rank takes part in the gather, storage or not (the ranks must agree on it).
+    match trainer.into_communicator().await {
+        Ok(mut comm) => {
+            let op = op.unwrap_or_else(|| {
+                Operator::via_iter("memory", Vec::<(String, String)>::new())
+                    .expect("the memory service is compiled in")
+            });
+            match write_job_timeline(&mut comm, &phases, &op, &args.job_id).await {
+                Ok(Some(path)) => println!("{tag} timeline at={url} path={path}"),
+                Ok(None) => {}
+                Err(e) => warn!(error = %e, "timeline not written"),
+            }
+        }
+        Err(e) => warn!(error = %e, "timeline skipped: no communicator"),
+    }
+    if let Some(tb) = tb {
+        let path = tb.path().to_string();
+        if tb.close().await {
+            println!("{tag} tensorboard at={url} path={path}");
+        }
+    }
     ckpt.close().await?;
     if args.rank == 0 {
         if let Some(step) = store_latest_step(&url, &args.job_id).await {
@@ -461,7 +520,10 @@ async fn run_elastic(
     };
     let mut stats = RankStats::default();
     let mut rank = args.rank;
-    let summary = run
+    let op = observe_operator(&url);
+    let mut tb: Option<TensorBoard> = None;
+    let mut timeline = op.clone().map(|op| RankTimeline::new(op, &args.job_id));
+    let result = run
         .run(first, Some(&mut ckpt), |e| match e {
             ElasticEvent::Train {
                 generation,
@@ -469,10 +531,23 @@ async fn run_elastic(
                 event,
             } => {
                 lines.event(event);
+                let now_s = unix_now_s();
                 if let Event::Step(m) = event {
                     if let Some((c, w)) = stats.record(m, Instant::now()) {
                         println!("{}", rank_stats_line(*generation, *rank, m.step, c, w));
                     }
+                    if let Some(t) = &mut timeline {
+                        t.step(*generation, *rank, m, 1e6 * now_s);
+                    }
+                }
+                // Whoever is rank 0 now keeps the curves (from the first time it is).
+                if *rank == 0 && tb.is_none() {
+                    tb = op
+                        .clone()
+                        .map(|op| TensorBoard::spawn(op, &args.job_id, now_s));
+                }
+                if let Some(tb) = tb.as_mut().filter(|_| *rank == 0) {
+                    tb.event(event, now_s, Instant::now());
                 }
             }
             ElasticEvent::Failed {
@@ -488,7 +563,14 @@ async fn run_elastic(
                 stats = RankStats::default();
             }
         })
-        .await?;
+        .await;
+    if let Some(t) = timeline {
+        t.close().await;
+    }
+    if let Some(tb) = tb {
+        let _ = tb.close().await;
+    }
+    let summary = result?;
     ckpt.close().await?;
     let tag = &lines.tag;
     match summary.finished {
@@ -512,6 +594,15 @@ async fn run_elastic(
         ),
     }
     Ok(())
+}
+
+/// The operator the job's TensorBoard files and timeline are written through (the
+/// checkpoints' storage), or `None` (logged) when it cannot be built: training goes on
+/// without them.
+fn observe_operator(url: &str) -> Option<Operator> {
+    crate::operator_from_url(url)
+        .inspect_err(|e| warn!(url, error = %e, "no tensorboard or timeline: storage"))
+        .ok()
 }
 
 /// The step of the latest committed checkpoint, if any (after the writer has closed).

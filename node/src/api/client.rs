@@ -61,8 +61,13 @@ impl ApiClient {
         let status = resp.status();
         if !status.is_success() {
             let body = resp.body_mut().read_to_string().unwrap_or_default();
-            let msg = serde_json::from_str::<serde_json::Value>(&body)
-                .ok()
+            let doc = serde_json::from_str::<serde_json::Value>(&body).ok();
+            if status == ureq::http::StatusCode::UNAUTHORIZED {
+                let missing = doc.as_ref().and_then(|v| v["reason"].as_str()) == Some("missing")
+                    || self.token.is_none();
+                return Err(anyhow!("{}", unauthorized_message(&self.peer, missing)));
+            }
+            let msg = doc
                 .and_then(|v| v["error"].as_str().map(str::to_string))
                 .unwrap_or_else(|| {
                     format!("node at {} answered {status}: {}", self.peer, body.trim())
@@ -72,6 +77,11 @@ impl ApiClient {
         resp.body_mut()
             .read_json::<T>()
             .map_err(|e| anyhow!("node at {} sent an unreadable answer: {e}", self.peer))
+    }
+
+    /// A job's metric histories.
+    pub fn job_metrics(&self, id: &str) -> Result<crate::api::status::MetricsDoc> {
+        self.get(&format!("/v1/jobs/{id}/metrics"))
     }
 
     /// The node's status document.
@@ -91,5 +101,17 @@ impl ApiClient {
     /// One job.
     pub fn job(&self, id: &str) -> Result<crate::api::status::JobDoc> {
         self.get(&format!("/v1/jobs/{id}"))
+    }
+}
+
+/// What the CLI says when the node answers 401: a missing token (none sent, or the node
+/// says so) or a refused one.
+pub fn unauthorized_message(peer: &str, missing: bool) -> String {
+    if missing {
+        format!(
+            "the node wants an API token: pass --token or set RINGLEADER_TOKEN (node at {peer})"
+        )
+    } else {
+        format!("the API token was refused by the node at {peer}")
     }
 }

@@ -8,10 +8,16 @@
 //! | `GET /v1/jobs/{id}` | one job |
 //! | `POST /v1/jobs/{id}/cancel` | cancels a job |
 //! | `GET /v1/jobs/{id}/logs?offsets=W:N,…` | the current ring's logs, one chunk per rank, read from byte `N` of worker `W`'s log |
+//! | `GET /v1/jobs/{id}/metrics` | each metric's history: `{"id": …, "metrics": {"loss": [[step, value], …]}}` |
+//! | `GET /metrics` | Prometheus text exposition ([`prometheus`]) |
+//! | `GET /healthz` | `ok`; open even with a token |
 //!
-//! Errors are `{"error": "…"}` with 400 (bad input), 404 (no such job) or 503 (no chief or
-//! chief unreachable: retry).
+//! Errors are `{"error": "…"}` with 400 (bad input), 401 (API token missing or wrong, see
+//! [`auth`]), 404 (no such job) or 503 (no chief or chief unreachable: retry).
 //!
+//! - [`auth`]: the bearer-token middleware (`ringleader node --token-file`).
+//! - [`prometheus`]: the `/metrics` exposition, written by hand.
+//! - [`redact`]: URLs with their credentials hidden, for logs.
 //! - [`status`]: the documents the API returns (`status`, `job`, `logs`), the user-facing
 //!   contract (README, docs/design.md); fields may be added, never renamed.
 //! - [`client`]: the CLI's HTTP client for these routes.
@@ -19,14 +25,17 @@
 //! May use: `control` (reads, proposals), `cluster` (the member view), `jobs` (admitting a
 //! spec). Used by: `cli`, the node's start-up.
 
+pub mod auth;
 pub mod client;
+pub mod prometheus;
+pub mod redact;
 pub mod status;
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use axum::{
     extract::{DefaultBodyLimit, Path, Query, State},
-    http::StatusCode,
+    http::{header, StatusCode},
     response::{IntoResponse, Response},
     routing::{get, post},
     Json, Router,
@@ -34,7 +43,7 @@ use axum::{
 use serde::Deserialize;
 
 use crate::{
-    api::status::{job_doc, job_summaries, JobDoc, JobSummary, LogsDoc, StatusDoc},
+    api::status::{job_doc, job_summaries, JobDoc, JobSummary, LogsDoc, MetricsDoc, StatusDoc},
     cluster::net::NodeHandle,
     control::{
         handle::{wall_ms, ControlHandle},
@@ -47,8 +56,12 @@ use crate::{
 /// What the handlers share.
 #[derive(Clone)]
 pub struct AppState {
+    /// The membership event loop's handle (the member view).
     pub node: NodeHandle,
+    /// The control plane's handle (reads, proposals).
     pub control: ControlHandle,
+    /// The API token; `None`: the API is open (see [`auth`]).
+    pub token: Option<Arc<auth::ApiToken>>,
 }
 
 /// An error answer: status and message.
@@ -72,17 +85,27 @@ impl From<ProposeError> for ApiError {
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
 
-/// Routes of the API.
+/// Routes of the API; with a token, behind [`auth::require_token`].
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let token = state.token.clone();
+    let routes = Router::new()
         .route("/v1/status", get(status))
         .route("/v1/jobs", get(jobs).post(submit))
         .route("/v1/jobs/{id}", get(job))
         .route("/v1/jobs/{id}/cancel", post(cancel))
         .route("/v1/jobs/{id}/logs", get(logs))
+        .route("/v1/jobs/{id}/metrics", get(job_metrics))
+        .route("/metrics", get(prometheus_metrics))
         .route("/healthz", get(|| async { "ok" }))
-        .layer(DefaultBodyLimit::max(SPEC_BYTES_MAX))
-        .with_state(state)
+        .layer(DefaultBodyLimit::max(SPEC_BYTES_MAX));
+    let routes = match token {
+        Some(token) => routes.layer(axum::middleware::from_fn_with_state(
+            token,
+            auth::require_token,
+        )),
+        None => routes,
+    };
+    routes.with_state(state)
 }
 
 fn job_id(id: &str) -> Result<JobId, ApiError> {
@@ -95,6 +118,11 @@ fn job_id(id: &str) -> Result<JobId, ApiError> {
 }
 
 async fn status(State(app): State<AppState>) -> ApiResult<StatusDoc> {
+    status_doc(&app).await.map(Json)
+}
+
+/// This node's status document: its member view, the chief and term, jobs.
+async fn status_doc(app: &AppState) -> Result<StatusDoc, ApiError> {
     let view = app
         .node
         .view()
@@ -118,7 +146,47 @@ async fn status(State(app): State<AppState>) -> ApiResult<StatusDoc> {
         }
     }
     doc.jobs = app.control.read(job_summaries);
-    Ok(Json(doc))
+    Ok(doc)
+}
+
+/// `GET /metrics`: the Prometheus exposition of this node's view.
+async fn prometheus_metrics(State(app): State<AppState>) -> Result<Response, ApiError> {
+    let doc = status_doc(&app).await?;
+    let jobs = app.control.read(|s| {
+        s.jobs
+            .values()
+            .map(|j| {
+                let metrics: BTreeMap<String, f64> = j
+                    .metrics
+                    .iter()
+                    .map(|(k, m)| (k.clone(), m.value))
+                    .collect();
+                let step = metrics
+                    .get("step")
+                    .map(|v| v.max(0.0) as u64)
+                    .or_else(|| j.metrics.values().filter_map(|m| m.step).max());
+                prometheus::JobSample {
+                    id: j.id.to_string(),
+                    name: j.spec.name.clone(),
+                    kind: j.spec.kind.to_string(),
+                    state: j.state.to_string(),
+                    step,
+                    metrics,
+                }
+            })
+            .collect::<Vec<_>>()
+    });
+    let text = prometheus::render(&doc, &jobs);
+    Ok(([(header::CONTENT_TYPE, prometheus::CONTENT_TYPE)], text).into_response())
+}
+
+/// `GET /v1/jobs/{id}/metrics`: each metric's history.
+async fn job_metrics(State(app): State<AppState>, Path(id): Path<String>) -> ApiResult<MetricsDoc> {
+    let id = job_id(&id)?;
+    app.control
+        .read(|s| s.job(id).map(MetricsDoc::of))
+        .map(Json)
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no job {id}")))
 }
 
 #[derive(Deserialize)]

@@ -237,6 +237,13 @@ pub struct JobDoc {
     pub epoch: Option<u64>,
     /// Latest value of each metric.
     pub metrics: BTreeMap<String, f64>,
+    /// A train job's planned epochs (the spec's `[train] epochs`, or a trial's rung).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epochs_total: Option<u64>,
+    /// A train job's total steps when known: `[train] max_steps` alone, a `total_steps`
+    /// metric, or estimated once an epoch has been validated (see [`total_steps`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_steps: Option<u64>,
     pub history: Vec<GenerationDoc>,
     pub events: Vec<serde_json::Value>,
     /// Exit codes of the current generation's ranks that have exited.
@@ -383,6 +390,97 @@ impl JobDoc {
     }
 }
 
+/// `GET /v1/jobs/{id}/metrics`: each metric's history.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MetricsDoc {
+    /// The job.
+    pub id: String,
+    /// Per metric, `[x, value]` points oldest first; `x` is the step the value was reported
+    /// at, or the report's sequence number when it came without a step. Bounded by
+    /// `control::state::METRIC_HISTORY_POINTS_MAX` (older stretches thinned evenly).
+    pub metrics: BTreeMap<String, Vec<(u64, f64)>>,
+}
+
+impl MetricsDoc {
+    /// The document of job `j`.
+    pub fn of(j: &Job) -> MetricsDoc {
+        MetricsDoc {
+            id: j.id.to_string(),
+            metrics: j
+                .metric_history
+                .iter()
+                .map(|(k, h)| (k.clone(), h.points.clone()))
+                .collect(),
+        }
+    }
+}
+
+/// A `[train]` field of a train job's spec, as an unsigned integer.
+fn train_param(j: &Job, key: &str) -> Option<u64> {
+    j.spec
+        .train
+        .as_ref()?
+        .get(key)?
+        .as_integer()
+        .and_then(|v| u64::try_from(v).ok())
+}
+
+/// Default of `[train] epochs` (trainer's `TrainParams`).
+const TRAIN_EPOCHS_DEFAULT: u64 = 20;
+/// Default of `[train] eval_every_epochs`.
+const TRAIN_EVAL_EVERY_EPOCHS_DEFAULT: u64 = 1;
+
+/// A train job's planned epochs: the spec's, or fewer for a trial trained to a rung.
+pub fn epochs_total(j: &Job) -> Option<u64> {
+    if j.spec.kind != crate::jobs::spec::JobKind::Train {
+        return None;
+    }
+    let epochs = train_param(j, "epochs").unwrap_or(TRAIN_EPOCHS_DEFAULT);
+    match j.trial_of.as_ref().map(|t| u64::from(t.target)) {
+        Some(target) if target > 0 && (epochs == 0 || target < epochs) => Some(target),
+        _ => (epochs > 0).then_some(epochs),
+    }
+}
+
+/// A train job's total steps, if it can be told: a `total_steps` metric if the worker
+/// reports one; `[train] max_steps` when `epochs = 0`; else epochs × steps per epoch
+/// (capped by `max_steps`), where steps per epoch is estimated from the steps at which
+/// validations were reported (`val_loss`, every `eval_every_epochs` epochs): the smallest
+/// gap between two of them, or the first one's step if there is one only (exact for a run
+/// that started at epoch 0). `None` until then: a spinner, not a bar.
+pub fn total_steps(j: &Job) -> Option<u64> {
+    if let Some(m) = j.metrics.get("total_steps") {
+        return Some(m.value.max(0.0) as u64);
+    }
+    if j.spec.kind != crate::jobs::spec::JobKind::Train {
+        return None;
+    }
+    let max_steps = train_param(j, "max_steps");
+    let epochs = epochs_total(j);
+    let Some(epochs) = epochs else {
+        return max_steps;
+    };
+    let every = train_param(j, "eval_every_epochs").unwrap_or(TRAIN_EVAL_EVERY_EPOCHS_DEFAULT);
+    let val = j
+        .metric_history
+        .get("val_loss")
+        .or_else(|| j.metric_history.get("val_accuracy"))?;
+    // Only points reported with a step carry one; in a full history the stride thins
+    // them, so gaps are a multiple of the epoch: the smallest one is used.
+    let steps: Vec<u64> = val.points.iter().map(|p| p.0).filter(|s| *s > 0).collect();
+    if every == 0 || steps.is_empty() {
+        return None;
+    }
+    let gap = steps
+        .windows(2)
+        .filter_map(|w| w[1].checked_sub(w[0]).filter(|g| *g > 0))
+        .min()
+        .unwrap_or(steps[0]);
+    let per_epoch = (gap / every).max(1);
+    let total = epochs.saturating_mul(per_epoch);
+    Some(max_steps.map_or(total, |m| total.min(m)))
+}
+
 /// `GET /v1/jobs/{id}/logs`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LogsDoc {
@@ -441,6 +539,8 @@ pub fn job_doc(j: &Job, applied_index: u64, chief: bool) -> JobDoc {
             .iter()
             .map(|(k, m)| (k.clone(), m.value))
             .collect(),
+        epochs_total: epochs_total(j),
+        total_steps: total_steps(j),
         history,
         events: j
             .events
@@ -474,5 +574,64 @@ pub fn job_doc(j: &Job, applied_index: u64, chief: bool) -> JobDoc {
             trainer::search::Direction::Max => "max".to_owned(),
             trainer::search::Direction::Min => "min".to_owned(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::state::{ControlCommand, ControlResponse};
+
+    fn train_job(train: &str) -> Job {
+        let text = format!("name = \"t\"\nkind = \"train\"\nworkers = 1\n[train]\n{train}");
+        let mut state = ControlState::default();
+        let cmd = ControlCommand::Submit {
+            spec: Box::new(crate::jobs::spec::JobSpec::parse(&text).unwrap()),
+            at_ms: 1,
+            token: None,
+        };
+        let ControlResponse::Submitted { id } = state.apply(1, &cmd) else {
+            panic!("not submitted")
+        };
+        state.job(id).unwrap().clone()
+    }
+
+    fn validated_at(job: &mut Job, steps: &[u64]) {
+        let h = job.metric_history.entry("val_loss".into()).or_default();
+        for s in steps {
+            h.record(Some(*s), 0.5);
+        }
+    }
+
+    #[test]
+    fn total_steps_come_from_the_spec_and_validations() {
+        let mut j = train_job("epochs = 4\n");
+        assert_eq!(epochs_total(&j), Some(4));
+        assert_eq!(total_steps(&j), None, "unknown before the first validation");
+        validated_at(&mut j, &[25]);
+        assert_eq!(total_steps(&j), Some(100));
+        validated_at(&mut j, &[50, 75]);
+        assert_eq!(total_steps(&j), Some(100));
+
+        let mut j = train_job("epochs = 6\neval_every_epochs = 2\nmax_steps = 100\n");
+        validated_at(&mut j, &[40]);
+        assert_eq!(total_steps(&j), Some(100), "6 × 20 capped by max_steps");
+
+        let j = train_job("epochs = 0\nmax_steps = 300\n");
+        assert_eq!((epochs_total(&j), total_steps(&j)), (None, Some(300)));
+
+        let mut j = train_job("epochs = 2\neval_every_epochs = 0\n");
+        validated_at(&mut j, &[10]);
+        assert_eq!(total_steps(&j), None, "validation only at the end: unknown");
+    }
+
+    #[test]
+    fn metrics_doc_lists_each_history() {
+        let mut j = train_job("epochs = 1\n");
+        validated_at(&mut j, &[3, 6]);
+        let doc = MetricsDoc::of(&j);
+        assert_eq!(doc.metrics["val_loss"], vec![(3, 0.5), (6, 0.5)]);
+        let v = serde_json::to_value(&doc).unwrap();
+        assert_eq!(v["metrics"]["val_loss"][1], serde_json::json!([6, 0.5]));
     }
 }

@@ -33,6 +33,8 @@ pub struct LocalNode {
     pub args: Vec<String>,
     /// What it wrote to `node.json` on its last start.
     pub info: NodeInfo,
+    /// The API token its clients send (the cluster's when it was started).
+    pub token: Option<String>,
     child: Option<Child>,
 }
 
@@ -44,7 +46,7 @@ impl LocalNode {
 
     /// An API client for this node.
     pub fn client(&self) -> ApiClient {
-        ApiClient::new(&self.info.api_addr, None)
+        ApiClient::new(&self.info.api_addr, self.token.clone())
     }
 }
 
@@ -54,6 +56,9 @@ pub struct LocalCluster {
     root: PathBuf,
     /// The nodes, by index of start.
     pub nodes: Vec<LocalNode>,
+    /// The API token the clients of nodes started from now on send (pass the node its
+    /// `--token-file` too); `None`: no token.
+    pub token: Option<String>,
 }
 
 impl LocalCluster {
@@ -63,6 +68,7 @@ impl LocalCluster {
             exe: exe.into(),
             root: root.into(),
             nodes: Vec::new(),
+            token: None,
         }
     }
 
@@ -82,6 +88,7 @@ impl LocalCluster {
             dir,
             args: extra.to_vec(),
             info,
+            token: self.token.clone(),
             child: Some(child),
         });
         Ok(self.nodes.len() - 1)

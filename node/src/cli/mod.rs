@@ -143,6 +143,11 @@ pub struct NodeArgs {
     /// Storage URL for checkpoints (default: file://<data-dir>/store).
     #[arg(long)]
     pub storage: Option<String>,
+    /// File holding the API token (mode 0600; whitespace trimmed): every API request but
+    /// /healthz then needs `Authorization: Bearer <token>` (the CLI's --token). Without it
+    /// the API is open to anyone who can reach --api.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
     /// A label advertised to the cluster, key=value; repeatable.
     #[arg(long = "label", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
@@ -209,6 +214,7 @@ impl NodeArgs {
             data_dir,
             cluster_key: self.cluster_key,
             storage,
+            token_file: self.token_file,
             labels: self.labels.into_iter().collect::<BTreeMap<_, _>>(),
             cpus: self.cpus,
             membership,
@@ -307,23 +313,95 @@ pub fn job(cli: &Cli, id: &str, watch: bool) -> Result<()> {
         }
         return Ok(());
     }
-    use std::io::Write;
+    if !cli.json && std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        return watch_bar(&c, id);
+    }
+    // Not a terminal (a log, a pipe): one line per change, or one JSON document per poll.
+    let mut last = String::new();
     loop {
         let doc = c.job(id)?;
         if cli.json {
             println!("{}", serde_json::to_string(&doc)?);
         } else {
-            print!("\r\x1b[2K{}", doc.progress_line());
-            std::io::stdout().flush()?;
+            let line = doc.progress_line();
+            if line != last {
+                println!("{line}");
+                last = line;
+            }
         }
         if is_terminal(&doc.state) {
-            if !cli.json {
-                println!();
-            }
             return Ok(());
         }
         std::thread::sleep(std::time::Duration::from_millis(POLL_MS));
     }
+}
+
+/// The bar's template once the total steps are known: steps done of total and the ETA
+/// (indicatif's, from the rate the steps advance at), then [`bar_message`] on a second line
+/// so a narrow terminal cuts neither.
+const BAR_TEMPLATE: &str =
+    "{spinner} {prefix} [{bar:30}] {pos}/{len} steps  ETA {eta}\n  {wide_msg}";
+/// The template while they are not: a spinner and the step count.
+const SPINNER_TEMPLATE: &str = "{spinner} {prefix} step {pos}\n  {wide_msg}";
+
+/// `job --watch` on a terminal: a progress bar (a spinner until the total steps are known)
+/// redrawn at each poll, then the final progress line.
+fn watch_bar(c: &ApiClient, id: &str) -> Result<()> {
+    use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+    let style = |template: &str| {
+        ProgressStyle::with_template(template)
+            .map(|s| s.progress_chars("=> "))
+            .map_err(|e| anyhow!("progress bar template: {e}"))
+    };
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stdout());
+    bar.set_style(style(SPINNER_TEMPLATE)?);
+    bar.enable_steady_tick(std::time::Duration::from_millis(POLL_MS / 4));
+    let mut has_total = false;
+    loop {
+        let doc = match c.job(id) {
+            Ok(doc) => doc,
+            Err(e) => {
+                bar.abandon();
+                return Err(e);
+            }
+        };
+        bar.set_prefix(format!("{} {}", doc.id, doc.name));
+        if let (Some(total), false) = (doc.total_steps, has_total) {
+            bar.set_style(style(BAR_TEMPLATE)?);
+            bar.set_length(total);
+            has_total = true;
+        }
+        if let Some(step) = doc.step {
+            bar.set_position(step);
+        }
+        bar.set_message(bar_message(&doc));
+        if is_terminal(&doc.state) {
+            bar.finish_and_clear();
+            println!("{}", doc.progress_line());
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(POLL_MS));
+    }
+}
+
+/// The bar's text after the steps: state, epoch of epochs, loss, validation accuracy, and
+/// why the job waits.
+pub fn bar_message(doc: &crate::api::status::JobDoc) -> String {
+    let mut s = format!("[{}]", doc.state);
+    match (doc.epoch, doc.epochs_total) {
+        (Some(e), Some(total)) => s.push_str(&format!(" epoch {e}/{total}")),
+        (Some(e), None) => s.push_str(&format!(" epoch {e}")),
+        _ => {}
+    }
+    for key in ["loss", "val_accuracy"] {
+        if let Some(v) = doc.metrics.get(key) {
+            s.push_str(&format!(" {key}={v:.4}"));
+        }
+    }
+    if let Some(r) = &doc.pending_reason {
+        s.push_str(&format!(" (pending: {r})"));
+    }
+    s
 }
 
 /// `ringleader trials ID`: a search's leaderboard.
@@ -407,5 +485,27 @@ pub fn logs(cli: &Cli, id: &str, follow: bool) -> Result<()> {
         if drained {
             std::thread::sleep(std::time::Duration::from_millis(POLL_MS));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bar_message_shows_epoch_of_total_loss_and_accuracy() {
+        let doc: crate::api::status::JobDoc = serde_json::from_value(serde_json::json!({
+            "id": "j-1", "name": "mnist", "kind": "train", "state": "running",
+            "generation": 1, "max_restarts": 0, "workers": 2, "ring": [],
+            "pending_reason": null, "step": 40, "epoch": 3, "epochs_total": 5,
+            "metrics": {"loss": 0.123456, "val_accuracy": 0.9, "lr": 0.1},
+            "history": [], "events": [], "exits": {}, "submitted_at_ms": 0,
+            "freshness": {"applied_index": 1, "served_by": "chief"},
+        }))
+        .unwrap();
+        assert_eq!(
+            bar_message(&doc),
+            "[running] epoch 3/5 loss=0.1235 val_accuracy=0.9000"
+        );
     }
 }

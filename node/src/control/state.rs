@@ -45,6 +45,10 @@ pub const EVENTS_PER_JOB_MAX: usize = 256;
 pub const METRICS_PER_JOB_MAX: usize = 256;
 /// Longest metric name, in bytes.
 pub const METRIC_NAME_BYTES_MAX: usize = 128;
+/// Most points kept in one metric's history ([`MetricHistory`]). The history lives in the
+/// replicated state and its snapshots, so it is kept small: a train job's 7 metrics take
+/// about 50 KB of JSON at most.
+pub const METRIC_HISTORY_POINTS_MAX: usize = 256;
 /// Longest reason kept in an event, in bytes (longer ones are cut at a char boundary).
 pub const REASON_BYTES_MAX: usize = 1024;
 /// Longest submit token, in bytes.
@@ -151,6 +155,43 @@ pub struct Metric {
     pub at_ms: u64,
 }
 
+/// One metric's history, bounded by [`METRIC_HISTORY_POINTS_MAX`] points.
+///
+/// When full it drops every other point and from then on keeps one report in twice as
+/// many (`stride` doubles): the whole run's curve keeps its shape at a coarser grain, and
+/// points stay evenly spaced in reports. The latest value is always in `Job::metrics`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct MetricHistory {
+    /// Points kept, oldest first: (the step it was reported at, or the report's sequence
+    /// number among this metric's reports when it came without one; the value).
+    pub points: Vec<(u64, f64)>,
+    /// Reports seen: the next report's sequence number.
+    pub reports: u64,
+    /// One report in `stride` is kept (a power of two; 0 reads as 1).
+    pub stride: u64,
+}
+
+impl MetricHistory {
+    /// Records one report. Invariant: `points.len() <= METRIC_HISTORY_POINTS_MAX`.
+    pub fn record(&mut self, step: Option<u64>, value: f64) {
+        let seq = self.reports;
+        self.reports += 1;
+        self.stride = self.stride.max(1);
+        if !seq.is_multiple_of(self.stride) {
+            return;
+        }
+        if self.points.len() >= METRIC_HISTORY_POINTS_MAX {
+            self.points = self.points.iter().step_by(2).copied().collect();
+            self.stride *= 2;
+            if !seq.is_multiple_of(self.stride) {
+                return;
+            }
+        }
+        self.points.push((step.unwrap_or(seq), value));
+        debug_assert!(self.points.len() <= METRIC_HISTORY_POINTS_MAX);
+    }
+}
+
 /// One job's replicated record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Job {
@@ -198,6 +239,9 @@ pub struct Job {
     pub events_dropped: u64,
     /// Latest value per metric name.
     pub metrics: BTreeMap<String, Metric>,
+    /// Each metric's bounded history (names as in `metrics`).
+    #[serde(default)]
+    pub metric_history: BTreeMap<String, MetricHistory>,
     /// The shared secret of the current generation's data-plane connections, drawn at random by
     /// the chief at placement. It lives only in the replicated log and state, which travel
     /// only between members (over the swarm, keyed when the cluster has a key), and in the
@@ -283,6 +327,7 @@ impl Job {
             events: Vec::new(),
             events_dropped: 0,
             metrics: BTreeMap::new(),
+            metric_history: BTreeMap::new(),
             ring_secret: String::new(),
             submitted_at_ms: at_ms,
             started_at_ms: None,
@@ -1009,6 +1054,10 @@ impl ControlState {
                         at_ms: *at_ms,
                     },
                 );
+                job.metric_history
+                    .entry(name.clone())
+                    .or_default()
+                    .record(*step, *value);
                 ControlResponse::Applied
             }
             ControlCommand::Reform {
@@ -1759,5 +1808,36 @@ mod tests {
             state.apply(5, &submit(Some(""))),
             ControlResponse::Rejected { .. }
         ));
+    }
+}
+
+#[cfg(test)]
+mod metric_history_tests {
+    use super::*;
+
+    #[test]
+    fn history_is_bounded_and_keeps_the_whole_curve() {
+        let mut h = MetricHistory::default();
+        let reports = 10 * METRIC_HISTORY_POINTS_MAX as u64 + 3;
+        for i in 0..reports {
+            h.record(Some(i * 10), i as f64);
+            assert!(h.points.len() <= METRIC_HISTORY_POINTS_MAX);
+        }
+        assert!(h.points.len() >= METRIC_HISTORY_POINTS_MAX / 2);
+        assert_eq!(h.points[0], (0, 0.0), "the start of the curve stays");
+        let last = h.points.last().unwrap().0;
+        assert!(last >= (reports - h.stride) * 10, "the end too: {last}");
+        let gaps: std::collections::BTreeSet<u64> =
+            h.points.windows(2).map(|w| w[1].0 - w[0].0).collect();
+        assert_eq!(gaps.len(), 1, "evenly spaced: {gaps:?}");
+    }
+
+    #[test]
+    fn reports_without_a_step_are_numbered() {
+        let mut h = MetricHistory::default();
+        h.record(None, 1.0);
+        h.record(Some(7), 2.0);
+        h.record(None, 3.0);
+        assert_eq!(h.points, vec![(0, 1.0), (7, 2.0), (2, 3.0)]);
     }
 }

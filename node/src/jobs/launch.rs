@@ -92,7 +92,7 @@ pub struct LaunchContext {
     pub me: String,
     /// `<data-dir>/jobs`: logs and spec files.
     pub jobs_dir: PathBuf,
-    /// Checkpoint storage URL handed to train workers.
+    /// Checkpoint storage URL handed to train workers (as `RINGLEADER_STORAGE`).
     pub storage: String,
     /// This node's binary (train ranks run it as `train-worker`).
     pub exe: String,
@@ -174,6 +174,9 @@ pub fn launch(
     let addrs = ring_addrs(job, host_of)?;
     let spec_file = log.with_file_name("spec.toml");
     env.push(("RINGLEADER_SECRET".into(), job.ring_secret.clone()));
+    // In the environment, not the argv: a storage URL may carry keys, and a command line
+    // is readable by every user of the host (/proc/PID/cmdline, ps).
+    env.push(("RINGLEADER_STORAGE".into(), ctx.storage.clone()));
     let data_dir = ctx.jobs_dir.parent().unwrap_or(&ctx.jobs_dir);
     let addrs: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
     let mut command = vec![
@@ -191,8 +194,6 @@ pub fn launch(
         job.generation.to_string(),
         "--data-dir".into(),
         data_dir.display().to_string(),
-        "--storage".into(),
-        ctx.storage.clone(),
         "--metric-lines".into(),
     ];
     if job.is_elastic() {
@@ -233,6 +234,44 @@ mod tests {
             .filter(|i| master_port(id, 1, "s") != master_port(id, 1, &format!("t{i}")))
             .count();
         assert!(other_cluster >= 7, "another secret, another port");
+    }
+
+    #[test]
+    fn train_ranks_get_the_storage_url_in_their_environment_not_argv() {
+        let mut state = ControlState::default();
+        let spec =
+            crate::jobs::spec::JobSpec::parse("name = \"t\"\nkind = \"train\"\nworkers = 1\n")
+                .unwrap();
+        let submit = crate::control::state::ControlCommand::Submit {
+            spec: Box::new(spec),
+            at_ms: 1,
+            token: None,
+        };
+        let crate::control::state::ControlResponse::Submitted { id } = state.apply(1, &submit)
+        else {
+            panic!("not submitted")
+        };
+        let members = vec![chief::member("a", State::Alive, 1)];
+        let place = decide(&state, &members, 5, &mut || "ab".repeat(32));
+        state.apply(2, &place[0]);
+        let job = state.job(id).unwrap();
+        let url = "s3://bucket?access_key_id=AK&secret_access_key=SK";
+        let ctx = LaunchContext {
+            me: job.assignment[0].member.clone(),
+            jobs_dir: PathBuf::from("/tmp/rl/jobs"),
+            storage: url.into(),
+            exe: "/bin/ringleader".into(),
+        };
+        let l = launch(&ctx, job, &job.assignment[0], &|_| Some("127.0.0.1".into())).unwrap();
+        assert!(l.command.iter().any(|a| a == "train-worker"));
+        assert!(
+            !l.command
+                .iter()
+                .any(|a| a.contains("secret_access_key") || a == "--storage"),
+            "{:?}",
+            l.command
+        );
+        assert!(l.env.contains(&("RINGLEADER_STORAGE".into(), url.into())));
     }
 
     #[test]

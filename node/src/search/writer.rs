@@ -17,6 +17,7 @@ pub async fn run(ctl: ControlHandle, storage: String) {
     let op = match trainer::operator_from_url(&storage) {
         Ok(op) => op,
         Err(e) => {
+            let storage = crate::api::redact::redact_url(&storage);
             warn!(%storage, "search summaries will not be written: {e}");
             return;
         }
