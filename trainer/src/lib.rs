@@ -22,6 +22,9 @@
 //! the node.
 //! [`search`] holds the hyperparameter-search algorithms (grid, random, ASHA, Hyperband,
 //! TPE, median stopping) as pure functions of a search's trial table.
+//! [`observe`] shows a job beyond its metric lines: rank 0's TensorBoard event files under
+//! `jobs/<job-id>/tb/` and the ranks' phase timeline `jobs/<job-id>/timeline.json` (Chrome
+//! trace events), both in the job's storage, written by [`worker::run`].
 
 mod checkpoint;
 mod checkpointer;
@@ -35,6 +38,7 @@ mod kernels;
 mod layers;
 mod mlp;
 mod model;
+pub mod observe;
 mod optimizer;
 mod sampler;
 mod schedule;
