@@ -17,6 +17,9 @@ pub struct SyncTimes {
     /// Waiting for the last buckets after the last push, plus unpacking
     /// ([`GradSync::finish`]), s.
     pub wait_s: f64,
+    /// Bytes this rank sent over the collective in the step, by the ring's schedule:
+    /// 2·(n−1)/n of every allreduced bucket, (n−1)× its own gathered factors.
+    pub sent_bytes: u64,
 }
 
 /// What a push carried: a parameter's gradient or the extras.
@@ -70,6 +73,16 @@ enum Buckets {
     F32(Bucketer<f32>),
     /// With the reused bf16 staging buffer.
     Bf16(Bucketer<bf16>, Vec<bf16>),
+}
+
+impl Buckets {
+    /// Bytes of one value on the wire.
+    fn elem_bytes(&self) -> usize {
+        match self {
+            Buckets::F32(_) => 4,
+            Buckets::Bf16(..) => 2,
+        }
+    }
 }
 
 impl std::fmt::Debug for GradSync {
@@ -173,6 +186,8 @@ impl GradSync {
                 bucketer.push_gather(stage).await?;
             }
         }
+        let own = ((out_grad.len() + input.len()) * self.buckets.elem_bytes()) as u64;
+        self.times.sent_bytes += own * (self.world as u64 - 1);
         self.factors.push(Factors {
             w,
             b,
@@ -229,6 +244,9 @@ impl GradSync {
                 b.push(stage).await?;
             }
         }
+        let n = self.world as u64;
+        let bytes = (values.len() * self.buckets.elem_bytes()) as u64;
+        self.times.sent_bytes += 2 * (n - 1) * bytes / n;
         self.times.pack_s += secs(t0.elapsed());
         Ok(())
     }

@@ -55,6 +55,9 @@ pub struct StepMetrics {
     pub optim_s: f64,
     /// Whole step, s.
     pub step_s: f64,
+    /// Bytes this rank sent over the collective in the step (by the ring's schedule; 0 on
+    /// one rank).
+    pub sent_bytes: u64,
 }
 
 /// Validation metrics at the end of an epoch.
@@ -459,6 +462,7 @@ impl Trainer {
             comm_wait_s: (t2 - t1).saturating_sub(optim).as_secs_f64(),
             optim_s: (optim + (t3 - t2)).as_secs_f64(),
             step_s,
+            sent_bytes: times.sent_bytes,
         };
         self.metrics.insert("loss".into(), m.loss);
         Ok(m)

@@ -5,7 +5,9 @@
 //! checkpoint when every rank finds the same one, trains, and prints progress; rank 0
 //! writes checkpoints. With `metric_lines`, rank 0 also prints `ringleader-metric NAME VALUE
 //! [STEP]` lines (`step`, `epoch` (1-based: the epoch in progress or just validated),
-//! `loss`, `lr`, `samples_per_s`, `val_loss`, `val_accuracy`), at most one step report per
+//! `loss`, `lr`, `samples_per_s`, `collective_bytes` (bytes rank 0 sent over the collective
+//! so far), `allreduce_wait_ms` (mean wait per step for the gradients' allreduce since the
+//! last report), `val_loss`, `val_accuracy`), at most one step report per
 //! [`METRIC_STEP_INTERVAL_MS`] plus one at every validation, which the node's supervisor
 //! turns into job metrics. At every validation it also prints the search's report line
 //! `ringleader-report EPOCHS val_loss X val_accuracy Y` (`EPOCHS`: epochs done, the
@@ -182,6 +184,10 @@ struct Lines {
     verbose: bool,
     metric_lines: bool,
     last_report: Option<Instant>,
+    /// Bytes this rank sent over the collective so far.
+    sent_bytes: u64,
+    /// Communication wait since the last step report: (seconds, steps).
+    wait: (f64, u64),
 }
 
 impl Lines {
@@ -190,6 +196,9 @@ impl Lines {
         let report = self.metric_lines;
         match e {
             Event::Step(m) => {
+                self.sent_bytes += m.sent_bytes;
+                self.wait.0 += m.comm_wait_s;
+                self.wait.1 += 1;
                 if self.verbose {
                     println!(
                         "{tag} step={} loss={:.4} lr={:.4} samples_per_s={:.0}",
@@ -208,6 +217,18 @@ impl Lines {
                     println!(
                         "ringleader-metric samples_per_s {} {}",
                         m.samples_per_s, m.step
+                    );
+                    // The collective: bytes sent so far, and the mean wait per step for
+                    // the allreduce since the last report (what is not overlapped).
+                    println!(
+                        "ringleader-metric collective_bytes {} {}",
+                        self.sent_bytes, m.step
+                    );
+                    let (wait_s, steps) = std::mem::take(&mut self.wait);
+                    println!(
+                        "ringleader-metric allreduce_wait_ms {} {}",
+                        1e3 * wait_s / steps.max(1) as f64,
+                        m.step
                     );
                 }
             }
@@ -404,6 +425,8 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         verbose: args.verbose,
         metric_lines: args.metric_lines && args.rank == 0,
         last_report: None,
+        sent_bytes: 0,
+        wait: (0.0, 0),
     };
     let op = observe_operator(&url);
     let mut tb = op
@@ -517,6 +540,8 @@ async fn run_elastic(
         verbose: args.verbose,
         metric_lines: args.metric_lines && args.rank == 0,
         last_report: None,
+        sent_bytes: 0,
+        wait: (0.0, 0),
     };
     let mut stats = RankStats::default();
     let mut rank = args.rank;
@@ -663,6 +688,7 @@ mod tests {
             comm_wait_s,
             optim_s: 0.0,
             step_s: compute_s + comm_wait_s,
+            sent_bytes: 0,
         }
     }
 

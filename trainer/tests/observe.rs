@@ -222,6 +222,7 @@ fn tensorboard_reads_the_event_file() {
             comm_wait_s: 0.0,
             optim_s: 0.0,
             step_s: 0.0,
+            sent_bytes: 0,
         };
         log.step(&m, 1_700_000_000.0 + s as f64);
         if s % 10 == 0 {

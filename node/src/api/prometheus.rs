@@ -12,7 +12,7 @@
 //! | `ringleader_raft_term` | gauge | |
 //! | `ringleader_is_chief` | gauge (0 or 1) | |
 //! | `ringleader_jobs` | gauge | `state`, `kind` |
-//! | `ringleader_job_step`, `_epoch`, `_loss`, `_val_accuracy`, `_samples_per_second` | gauge | `job_id`, `job_name` |
+//! | `ringleader_job_step`, `_epoch`, `_loss`, `_val_accuracy`, `_samples_per_second`, `_collective_sent_bytes`, `_allreduce_wait_milliseconds` | gauge | `job_id`, `job_name` |
 //! | `ringleader_gossip_*_total` | counter | |
 //! | `ringleader_gossip_health_score` | gauge | |
 
@@ -50,7 +50,7 @@ pub struct JobSample {
 }
 
 /// Per-job gauges: (metric name in the job, exported suffix, help).
-const JOB_GAUGES: [(&str, &str, &str); 4] = [
+const JOB_GAUGES: [(&str, &str, &str); 6] = [
     (
         "epoch",
         "epoch",
@@ -66,6 +66,16 @@ const JOB_GAUGES: [(&str, &str, &str); 4] = [
         "samples_per_s",
         "samples_per_second",
         "Training throughput the job reported, samples per second.",
+    ),
+    (
+        "collective_bytes",
+        "collective_sent_bytes",
+        "Bytes the job's rank 0 sent over the collective so far (by the ring's schedule).",
+    ),
+    (
+        "allreduce_wait_ms",
+        "allreduce_wait_milliseconds",
+        "Mean wait per step for the gradients' allreduce, the part not overlapped (rank 0).",
     ),
 ];
 

@@ -101,6 +101,7 @@ mod tests {
             comm_wait_s: 0.001,
             optim_s: 0.0,
             step_s: 0.002,
+            sent_bytes: 0,
         }
     }
 

@@ -173,6 +173,7 @@ mod tests {
             comm_wait_s: 0.0,
             optim_s: 0.0,
             step_s: 0.0,
+            sent_bytes: 0,
         }
     }
 

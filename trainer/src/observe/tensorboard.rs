@@ -193,6 +193,7 @@ mod tests {
             comm_wait_s: 0.0,
             optim_s: 0.0,
             step_s: 0.0,
+            sent_bytes: 0,
         };
         for s in 1..=5 {
             tb.event(&Event::Step(m(s)), 2.0, t0);

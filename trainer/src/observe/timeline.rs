@@ -297,6 +297,7 @@ mod tests {
             comm_wait_s: 0.004,
             optim_s: 0.002,
             step_s: 0.017,
+            sent_bytes: 0,
         }
     }
 
