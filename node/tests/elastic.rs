@@ -122,6 +122,10 @@ enum After {
     /// The victim process was stopped: its node must kill it (a stale worker never comes
     /// back into the ring); then nothing.
     Reaped,
+    /// Node `i` and the victim were frozen (SIGSTOP, a host that hangs): wake the victim
+    /// first, while its node still sleeps, and see the new ring go on without it; then wake
+    /// the node, which kills its stale worker.
+    Thaw(usize),
 }
 
 /// Runs a train job, injects `fault` on rank 2 once training is under way, and checks the
@@ -167,7 +171,11 @@ fn train_fault_env(
 
     // Phase 2: the fault; the ring re-forms as generation 2 of the same attempt.
     let after = fault(&mut c, &doc, victim);
-    let observer = c.running()[0];
+    let observer = c
+        .running()
+        .into_iter()
+        .find(|&i| c.nodes[i].name != victim_node)
+        .unwrap();
     let reformed = wait_job(&c, observer, &id, "re-formed", |d| d.generation >= 2);
     let reasons = history_reasons(&reformed);
     assert!(
@@ -188,6 +196,44 @@ fn train_fault_env(
                 assert!(
                     Instant::now() < deadline,
                     "the stopped worker {victim} was not killed"
+                );
+                std::thread::sleep(POLL);
+            }
+        }
+        After::Thaw(i) => {
+            // The stale worker wakes into a ring that moved on: its old connections are
+            // gone and the new generation's ports and secret are not its own, so the new
+            // ring goes on undisturbed while it lives.
+            signal(victim, nix::sys::signal::Signal::SIGCONT);
+            let step_then = reformed.step.unwrap_or(0);
+            let watch_until = Instant::now() + Duration::from_secs(3);
+            let mut stepped = false;
+            while Instant::now() < watch_until {
+                let d = c.nodes[observer].client().job(&id).unwrap();
+                assert_eq!(
+                    d.generation,
+                    reformed.generation,
+                    "{:?}",
+                    history_reasons(&d)
+                );
+                assert_eq!(d.state, "running");
+                stepped |= d.step.unwrap_or(0) > step_then;
+                for pid in survivors {
+                    assert!(alive(pid), "survivor {pid} was disturbed");
+                }
+                std::thread::sleep(POLL);
+            }
+            assert!(
+                stepped,
+                "the new ring trained on while the stale worker was awake"
+            );
+            let node = c.nodes[i].pid().unwrap();
+            signal(node, nix::sys::signal::Signal::SIGCONT);
+            let deadline = Instant::now() + WAIT;
+            while alive(victim) {
+                assert!(
+                    Instant::now() < deadline,
+                    "the stale worker {victim} was not stopped by its node"
                 );
                 std::thread::sleep(POLL);
             }
@@ -302,6 +348,23 @@ fn stopped_rank_is_named_hung_left_out_and_killed() {
             After::Reaped
         },
         "hung ",
+    );
+}
+
+#[test]
+fn frozen_host_wakes_its_stale_worker_cannot_disturb_the_new_ring() {
+    // The host hangs (node and worker stopped): gossip declares it dead, the ring re-forms;
+    // then the worker wakes first (SIGCONT), then its node.
+    train_fault(
+        "thaw",
+        |c, doc, victim| {
+            let name = doc.ring[2].clone();
+            let i = c.nodes.iter().position(|n| n.name == name).unwrap();
+            signal(c.nodes[i].pid().unwrap(), nix::sys::signal::Signal::SIGSTOP);
+            signal(victim, nix::sys::signal::Signal::SIGSTOP);
+            After::Thaw(i)
+        },
+        "peer-lost ",
     );
 }
 
