@@ -13,6 +13,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod common;
+
+use common::{exe, POLL};
 use ringleader::{
     api::status::JobDoc,
     cli::local::{process_alive as alive, train_workers, LocalCluster, Throttle},
@@ -20,29 +23,14 @@ use ringleader::{
 
 /// Bound on each wait (a debug build on two cores is slow).
 const WAIT: Duration = Duration::from_secs(120);
-/// Poll period.
-const POLL: Duration = Duration::from_millis(100);
-
-fn exe() -> &'static str {
-    env!("CARGO_BIN_EXE_ringleader")
-}
 
 /// One test at a time: each runs a 3-node cluster with 3 training ranks on this host, and
 /// the hang test's silence bound should not race a machine loaded by the others.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// A formed cluster of `n` nodes, `e0` first.
+/// A formed cluster of `n` nodes, `e0` first (three voters: it survives losing one).
 fn cluster(root: &Path, n: usize) -> LocalCluster {
-    let mut c = LocalCluster::new(exe(), root);
-    c.start("e0", &[]).unwrap();
-    for i in 1..n {
-        c.start_joining(&format!("e{i}"), &[]).unwrap();
-    }
-    c.wait_all(WAIT, "formed with a chief", |s| {
-        s.names_in("alive").len() == n && s.chief.is_some()
-    })
-    .unwrap();
-    c
+    common::formed_cluster(root, "e", n, &[], WAIT)
 }
 
 /// Polls node `i`'s view of job `id` until `cond` holds.
@@ -53,21 +41,7 @@ fn wait_job(
     what: &str,
     cond: impl Fn(&JobDoc) -> bool,
 ) -> JobDoc {
-    let deadline = Instant::now() + WAIT;
-    let mut last = None;
-    loop {
-        if let Ok(doc) = c.nodes[i].client().job(id) {
-            if cond(&doc) {
-                return doc;
-            }
-            last = Some(doc);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "job {id}: {what} not within {WAIT:?}; last seen: {last:#?}"
-        );
-        std::thread::sleep(POLL);
-    }
+    common::wait_job(c, i, id, what, WAIT, cond)
 }
 
 fn signal(pid: u32, sig: nix::sys::signal::Signal) {

@@ -15,19 +15,16 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod common;
+
+use common::{exe, POLL};
 use ringleader::{api::status::JobDoc, cli::local::LocalCluster};
 
 /// Bound on each wait (a debug build on two cores is slow).
 const WAIT: Duration = Duration::from_secs(180);
-/// Poll period.
-const POLL: Duration = Duration::from_millis(100);
 
 /// One test at a time: each runs a 3-node cluster with several trials at once.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn exe() -> &'static str {
-    env!("CARGO_BIN_EXE_ringleader")
-}
 
 fn trial_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/search/trial.py")
@@ -51,16 +48,7 @@ fn cluster(root: &Path, cpus: u32) -> LocalCluster {
 
 /// A formed cluster of 3 nodes started with `extra` arguments.
 fn cluster_with(root: &Path, extra: &[String]) -> LocalCluster {
-    let mut c = LocalCluster::new(exe(), root);
-    c.start("s0", extra).unwrap();
-    for i in 1..3 {
-        c.start_joining(&format!("s{i}"), extra).unwrap();
-    }
-    c.wait_all(WAIT, "formed with a chief", |s| {
-        s.names_in("alive").len() == 3 && s.chief.is_some()
-    })
-    .unwrap();
-    c
+    common::formed_cluster(root, "s", 3, extra, WAIT)
 }
 
 /// Polls node `i`'s view of job `id` until `cond` holds.
@@ -71,21 +59,7 @@ fn wait_job(
     what: &str,
     cond: impl Fn(&JobDoc) -> bool,
 ) -> JobDoc {
-    let deadline = Instant::now() + WAIT;
-    let mut last = None;
-    loop {
-        if let Ok(doc) = c.nodes[i].client().job(id) {
-            if cond(&doc) {
-                return doc;
-            }
-            last = Some(doc);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "job {id}: {what} not within {WAIT:?}; last seen: {last:#?}"
-        );
-        std::thread::sleep(POLL);
-    }
+    common::wait_job(c, i, id, what, WAIT, cond)
 }
 
 fn ended(doc: &JobDoc) -> bool {

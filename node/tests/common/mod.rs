@@ -1,0 +1,69 @@
+//! Helpers shared by the real-process tests: a formed local cluster, and polling a job.
+
+#![allow(dead_code)]
+
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use ringleader::{api::status::JobDoc, cli::local::LocalCluster};
+
+/// Poll period.
+pub const POLL: Duration = Duration::from_millis(100);
+
+/// The `ringleader` binary under test.
+pub fn exe() -> &'static str {
+    env!("CARGO_BIN_EXE_ringleader")
+}
+
+/// Starts `n` nodes named `{prefix}0`, `{prefix}1`, … with `extra` arguments (the first
+/// alone, the others joining it) and waits, up to `wait`, until every node sees them all
+/// alive, a chief, and min(n, 3) voters: a control plane that survives the loss of any one
+/// node (with two voters, losing either stops every write).
+pub fn formed_cluster(
+    root: &Path,
+    prefix: &str,
+    n: usize,
+    extra: &[String],
+    wait: Duration,
+) -> LocalCluster {
+    let mut c = LocalCluster::new(exe(), root);
+    c.start(&format!("{prefix}0"), extra).unwrap();
+    for i in 1..n {
+        c.start_joining(&format!("{prefix}{i}"), extra).unwrap();
+    }
+    c.wait_all(wait, "formed: all alive, a chief, the voters", |s| {
+        s.names_in("alive").len() == n
+            && s.chief.is_some()
+            && s.members.iter().filter(|m| m.voter).count() == n.min(3)
+    })
+    .unwrap();
+    c
+}
+
+/// Polls node `i`'s view of job `id` until `cond` holds, up to `wait`.
+pub fn wait_job(
+    c: &LocalCluster,
+    i: usize,
+    id: &str,
+    what: &str,
+    wait: Duration,
+    cond: impl Fn(&JobDoc) -> bool,
+) -> JobDoc {
+    let deadline = Instant::now() + wait;
+    let mut last = None;
+    loop {
+        if let Ok(doc) = c.nodes[i].client().job(id) {
+            if cond(&doc) {
+                return doc;
+            }
+            last = Some(doc);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "job {id}: {what} not within {wait:?}; last seen: {last:#?}"
+        );
+        std::thread::sleep(POLL);
+    }
+}
