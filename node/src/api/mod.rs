@@ -2,6 +2,7 @@
 //!
 //! | route | does |
 //! | --- | --- |
+//! | `GET /` | the dashboard ([`dashboard`]); open even with a token, its API calls send it |
 //! | `GET /v1/status` | this node, chief and term, members, jobs |
 //! | `POST /v1/jobs` (body: the TOML spec) | validates and commits a job; `{"id": …}` |
 //! | `GET /v1/jobs` | job summaries |
@@ -15,6 +16,7 @@
 //! Errors are `{"error": "…"}` with 400 (bad input), 401 (API token missing or wrong, see
 //! [`auth`]), 404 (no such job) or 503 (no chief or chief unreachable: retry).
 //!
+//! - [`dashboard`]: the single-page dashboard served at `/`.
 //! - [`auth`]: the bearer-token middleware (`ringleader node --token-file`).
 //! - [`prometheus`]: the `/metrics` exposition, written by hand.
 //! - [`redact`]: URLs with their credentials hidden, for logs.
@@ -27,6 +29,7 @@
 
 pub mod auth;
 pub mod client;
+pub mod dashboard;
 pub mod prometheus;
 pub mod redact;
 pub mod status;
@@ -89,6 +92,7 @@ type ApiResult<T> = Result<Json<T>, ApiError>;
 pub fn router(state: AppState) -> Router {
     let token = state.token.clone();
     let routes = Router::new()
+        .route("/", get(dashboard::page))
         .route("/v1/status", get(status))
         .route("/v1/jobs", get(jobs).post(submit))
         .route("/v1/jobs/{id}", get(job))

@@ -1,0 +1,331 @@
+//! Real-process test of the dashboard (`GET /`): a 3-node local cluster whose nodes want an
+//! API token runs a command job that reports loss and accuracy curves and a grid search of
+//! command trials; then headless Chromium renders `http://API/#token=TOKEN` and the test
+//! checks that the page drew every member, both jobs, the curves and the search's best
+//! trial; without the token the page says how to give it.
+//!
+//! Without a Chromium binary the browser part says SKIPPED and returns. With
+//! `RINGLEADER_SCREENSHOT=1` the screenshot goes to `docs/dashboard.png` (the README shows
+//! it), else to the test's temporary directory.
+//!
+//! Waits poll with deadlines; nodes are stopped by PID when the cluster is dropped, and the
+//! browser's process group is killed if it outlives its time.
+
+use std::{
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use ringleader::{api::status::JobDoc, cli::local::LocalCluster};
+
+/// Bound on each wait (a debug build on two cores is slow).
+const WAIT: Duration = Duration::from_secs(180);
+/// Poll period.
+const POLL: Duration = Duration::from_millis(100);
+/// Bound on one browser run (it stops itself after its virtual time budget).
+const BROWSER_WAIT: Duration = Duration::from_secs(90);
+/// Virtual time the page gets to poll the API and draw, in milliseconds.
+const VIRTUAL_TIME_BUDGET_MS: u64 = 8_000;
+/// The token the nodes want.
+const TOKEN: &str = "dash-b0ard_t0ken";
+/// Members' names.
+const NAMES: [&str; 3] = ["dash-alpha", "dash-beta", "dash-gamma"];
+
+fn exe() -> &'static str {
+    env!("CARGO_BIN_EXE_ringleader")
+}
+
+/// Writes `text` to `path` with mode 0600.
+fn write_private(path: &Path, text: &str) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .unwrap();
+    std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
+}
+
+/// A command job that reports a falling loss and a rising validation accuracy.
+const CURVES_JOB: &str = r#"
+name = "curves"
+kind = "command"
+workers = 1
+command = ["awk", "BEGIN { for (i = 1; i <= 12; i++) { printf \"ringleader-metric loss %.4f %d\\n\", 2.2 * exp(-i / 4) + 0.1, i * 10; printf \"ringleader-metric val_accuracy %.4f %d\\n\", 0.95 - 0.8 * exp(-i / 3), i * 10; fflush(); system(\"sleep 0.6\") } }"]
+"#;
+
+/// A grid search of command trials: 4 learning rates over 3 decades × 2 batch sizes; the
+/// metric peaks at lr = 0.03 and prefers the larger batch.
+const SEARCH_JOB: &str = r#"
+name = "grid"
+kind = "search"
+command = ["sh", "-c", "awk -v lr=\"$RINGLEADER_PARAM_LR\" -v b=\"$RINGLEADER_PARAM_BATCH\" 'BEGIN { l = log(lr) / log(10); printf \"ringleader-report 1 m %.4f\\n\", 0.9 - 0.08 * (l + 1.6) ^ 2 + b / 6400 }'"]
+[search]
+trial = "command"
+algorithm = "grid"
+metric = "m"
+direction = "max"
+[[search.params]]
+name = "lr"
+type = "discrete"
+values = [0.0003, 0.003, 0.03, 0.3]
+[[search.params]]
+name = "batch"
+type = "discrete"
+values = [32, 64]
+"#;
+
+/// Polls node `i`'s view of job `id` until it ended.
+fn wait_ended(c: &LocalCluster, i: usize, id: &str) -> JobDoc {
+    let deadline = Instant::now() + WAIT;
+    let mut last = None;
+    loop {
+        if let Ok(doc) = c.nodes[i].client().job(id) {
+            if matches!(doc.state.as_str(), "succeeded" | "failed" | "cancelled") {
+                return doc;
+            }
+            last = Some(doc);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "job {id} not ended within {WAIT:?}; last seen: {last:#?}"
+        );
+        std::thread::sleep(POLL);
+    }
+}
+
+/// A Chromium binary on `PATH`, if any.
+fn chromium() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .flat_map(|name| std::env::split_paths(&path).map(move |dir| dir.join(name)))
+        .find(|p| p.is_file())
+}
+
+/// The page without its `<script>` elements: what it drew, not the code that drew it.
+fn drawn(dom: &str) -> String {
+    let mut out = String::new();
+    let mut rest = dom;
+    while let Some(start) = rest.find("<script") {
+        out.push_str(&rest[..start]);
+        rest = rest[start..]
+            .find("</script>")
+            .map_or("", |end| &rest[start + end + "</script>".len()..]);
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Runs headless `browser` on `url` with `args`, in its own process group under `dir`;
+/// returns its stdout. Kills the group if it outlives [`BROWSER_WAIT`].
+fn headless(browser: &Path, dir: &Path, url: &str, args: &[String]) -> String {
+    let profile = tempfile::tempdir_in(dir).unwrap();
+    let out_path = profile.path().join("stdout");
+    let err_path = profile.path().join("stderr");
+    let mut child = Command::new(browser)
+        .args([
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-extensions",
+            "--hide-scrollbars",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(format!("--virtual-time-budget={VIRTUAL_TIME_BUDGET_MS}"))
+        .args(args)
+        .arg(url)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let deadline = Instant::now() + BROWSER_WAIT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let _ = child.wait();
+            panic!(
+                "the browser ran past {BROWSER_WAIT:?}: {}",
+                std::fs::read_to_string(&err_path).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(POLL);
+    };
+    // Its helpers (renderer, zygote) share its group; none may outlive the test.
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    assert!(
+        status.success(),
+        "the browser failed ({status}): {}",
+        std::fs::read_to_string(&err_path).unwrap_or_default()
+    );
+    std::fs::read_to_string(&out_path).unwrap()
+}
+
+#[test]
+fn the_dashboard_shows_members_jobs_curves_and_a_search() {
+    let root = tempfile::Builder::new()
+        .prefix("rl-dashboard-")
+        .tempdir()
+        .unwrap();
+    let token_file = root.path().join("api.token");
+    write_private(&token_file, &format!("{TOKEN}\n"));
+    let token_args = ["--token-file".to_string(), token_file.display().to_string()];
+
+    // Phase 1: three nodes that want the token.
+    let mut c = LocalCluster::new(exe(), root.path().join("nodes"));
+    c.token = Some(TOKEN.to_string());
+    c.start(NAMES[0], &token_args).unwrap();
+    for name in &NAMES[1..] {
+        c.start_joining(name, &token_args).unwrap();
+    }
+    c.wait_all(WAIT, "formed with a chief", |s| {
+        s.names_in("alive").len() == 3 && s.chief.is_some()
+    })
+    .unwrap();
+    let api = c.nodes[0].info.api_addr.clone();
+
+    // Phase 2: the page is open and carries its policy; the data is not.
+    let agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(10)))
+        .http_status_as_error(false)
+        .build()
+        .new_agent();
+    let mut resp = agent.get(&format!("http://{api}/")).call().unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(header("content-type"), "text/html; charset=utf-8");
+    let csp = header("content-security-policy");
+    assert!(csp.starts_with("default-src 'self'"), "{csp}");
+    assert!(csp.contains("connect-src 'self'"), "{csp}");
+    let page = resp.body_mut().read_to_string().unwrap();
+    assert!(page.contains("<title>ringleader</title>"));
+    let resp = agent
+        .get(&format!("http://{api}/v1/status"))
+        .call()
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+
+    // Phase 3: a job with curves and a search, both run to their end.
+    let client = c.nodes[0].client();
+    let job = client.submit(CURVES_JOB).unwrap();
+    let search = client.submit(SEARCH_JOB).unwrap();
+    let job_doc = wait_ended(&c, 1, &job);
+    assert_eq!(job_doc.state, "succeeded", "{job_doc:#?}");
+    let search_doc = wait_ended(&c, 2, &search);
+    assert_eq!(search_doc.state, "succeeded", "{search_doc:#?}");
+    assert_eq!(search_doc.trials.len(), 8, "{search_doc:#?}");
+    let best = search_doc.best.clone().expect("a best trial");
+    assert_eq!(best.params["lr"].as_float(), Some(0.03), "{best:?}");
+    let deadline = Instant::now() + WAIT;
+    while client
+        .job_metrics(&job)
+        .unwrap()
+        .metrics
+        .get("loss")
+        .map_or(0, Vec::len)
+        < 3
+    {
+        assert!(Instant::now() < deadline, "no loss curve for {job}");
+        std::thread::sleep(POLL);
+    }
+
+    // Phase 4: the browser.
+    let Some(browser) = chromium() else {
+        eprintln!("SKIPPED: no chromium (apt-get install chromium)");
+        return;
+    };
+    let url = format!("http://{api}/#token={TOKEN}");
+    let dom = drawn(&headless(
+        &browser,
+        root.path(),
+        &url,
+        &["--dump-dom".to_string()],
+    ));
+    assert!(
+        !dom.contains("wants an API token") && !dom.contains("did not answer"),
+        "the page could not read the API: {dom}"
+    );
+    for name in NAMES {
+        assert!(dom.contains(name), "member {name} not on the page: {dom}");
+    }
+    for id in [&job, &search] {
+        assert!(dom.contains(id.as_str()), "job {id} not on the page: {dom}");
+    }
+    let best_job = &search_doc
+        .trials
+        .iter()
+        .find(|t| t.id == best.id)
+        .expect("the best trial among the trials")
+        .job;
+    assert!(
+        dom.contains(&format!("best: trial {} with", best.id)) && dom.contains(best_job.as_str()),
+        "the best trial {} ({best_job}) not on the page: {dom}",
+        best.id
+    );
+    assert!(dom.contains("<polyline"), "no curve drawn: {dom}");
+    assert!(dom.contains("val_accuracy"), "no accuracy curve: {dom}");
+    assert!(
+        dom.contains("lr (log)"),
+        "the scatter's lr axis is not log: {dom}"
+    );
+    assert!(dom.contains("Datasets: none yet"));
+    assert!(!dom.contains(TOKEN), "the token is on the page");
+
+    // Without the token the page says how to give it.
+    let bare = drawn(&headless(
+        &browser,
+        root.path(),
+        &format!("http://{api}/"),
+        &["--dump-dom".to_string()],
+    ));
+    assert!(
+        bare.contains("this node wants an API token: open") && bare.contains("#token=YOUR_TOKEN"),
+        "{bare}"
+    );
+
+    // Phase 5: a screenshot, for the README when asked.
+    let png = if std::env::var_os("RINGLEADER_SCREENSHOT").is_some_and(|v| v == "1") {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/dashboard.png")
+    } else {
+        root.path().join("dashboard.png")
+    };
+    let _ = std::fs::remove_file(&png);
+    headless(
+        &browser,
+        root.path(),
+        &url,
+        &[
+            format!("--screenshot={}", png.display()),
+            "--window-size=1400,1000".to_string(),
+        ],
+    );
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(
+        bytes.len() > 1_000 && bytes.starts_with(b"\x89PNG"),
+        "{} is not a PNG",
+        png.display()
+    );
+    eprintln!("screenshot: {} ({} bytes)", png.display(), bytes.len());
+}
