@@ -7,11 +7,13 @@
 //! Waits poll with deadlines; the node is stopped by PID when its cluster is dropped.
 
 use std::{
-    path::Path,
     process::{Command, Output, Stdio},
     time::{Duration, Instant},
 };
 
+mod common;
+
+use common::{exe, write_private};
 use ringleader::cli::local::LocalCluster;
 
 /// Bound on each wait (a debug build on two cores is slow).
@@ -20,22 +22,6 @@ const WAIT: Duration = Duration::from_secs(120);
 const POLL: Duration = Duration::from_millis(100);
 /// The token the test node wants.
 const TOKEN: &str = "t0k-3n_for-the-test";
-
-fn exe() -> &'static str {
-    env!("CARGO_BIN_EXE_ringleader")
-}
-
-/// Writes `text` to `path` with mode 0600.
-fn write_private(path: &Path, text: &str) {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .unwrap();
-    std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
-}
 
 /// Runs the CLI against `peer` with `args`, `RINGLEADER_TOKEN` set to `token` (or unset).
 fn cli(peer: &str, token: Option<&str>, args: &[&str]) -> Output {

@@ -18,6 +18,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod common;
+
+use common::{exe, write_private};
 use ringleader::{api::status::JobDoc, cli::local::LocalCluster};
 
 /// Bound on each wait (a debug build on two cores is slow).
@@ -32,22 +35,6 @@ const VIRTUAL_TIME_BUDGET_MS: u64 = 8_000;
 const TOKEN: &str = "dash-b0ard_t0ken";
 /// Members' names.
 const NAMES: [&str; 3] = ["dash-alpha", "dash-beta", "dash-gamma"];
-
-fn exe() -> &'static str {
-    env!("CARGO_BIN_EXE_ringleader")
-}
-
-/// Writes `text` to `path` with mode 0600.
-fn write_private(path: &Path, text: &str) {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .unwrap();
-    std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
-}
 
 /// A command job that reports a falling loss and a rising validation accuracy.
 const CURVES_JOB: &str = r#"

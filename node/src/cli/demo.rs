@@ -85,25 +85,9 @@ fn train(cluster: &mut LocalCluster, root: &std::path::Path) -> Result<String> {
     let id = client.submit(JOB_SPEC).context("submitting the demo job")?;
     println!("\nsubmitted examples/jobs/digits-mlp.toml to demo-{DEMO_NODES}: job {id}");
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(TRAIN_WAIT_S);
-    let mut shown = 0usize;
-    let doc = loop {
-        if let Ok(doc) = cluster.nodes[0].client().job(&id) {
-            let line = progress(&doc, started.elapsed());
-            print!("\r{line:<shown$}");
-            shown = line.len();
-            let _ = std::io::stdout().flush();
-            if matches!(doc.state.as_str(), "succeeded" | "failed" | "cancelled") {
-                println!();
-                break doc;
-            }
-        }
-        if Instant::now() > deadline {
-            println!();
-            bail!("job {id} did not finish in {TRAIN_WAIT_S} s");
-        }
-        std::thread::sleep(Duration::from_millis(POLL_MS));
-    };
+    let doc = follow(&cluster.nodes[0].client(), &id, TRAIN_WAIT_S, |doc| {
+        progress(doc, started.elapsed())
+    })?;
     let secs = started.elapsed().as_secs_f64();
     if doc.state != "succeeded" {
         bail!(
@@ -159,35 +143,19 @@ fn search(cluster: &LocalCluster) -> Result<String> {
         .context("submitting the demo search")?;
     println!("\nsubmitted examples/jobs/digits-asha.toml (an ASHA search) to demo-1: job {id}");
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(SEARCH_WAIT_S);
-    let mut shown = 0usize;
-    let doc = loop {
-        if let Ok(doc) = client.job(&id) {
-            let count = |s: &str| doc.trials.iter().filter(|t| t.state == s).count();
-            let line = format!(
-                "{id} [{}] {} trials: {} running, {} paused, {} stopped early, {} finished; {:.1} s",
-                doc.state,
-                doc.trials.len(),
-                count("running"),
-                count("paused"),
-                count("stopped"),
-                count("succeeded"),
-                started.elapsed().as_secs_f64()
-            );
-            print!("\r{line:<shown$}");
-            shown = line.len();
-            let _ = std::io::stdout().flush();
-            if matches!(doc.state.as_str(), "succeeded" | "failed" | "cancelled") {
-                println!();
-                break doc;
-            }
-        }
-        if Instant::now() > deadline {
-            println!();
-            bail!("search {id} did not finish in {SEARCH_WAIT_S} s");
-        }
-        std::thread::sleep(Duration::from_millis(POLL_MS));
-    };
+    let doc = follow(&client, &id, SEARCH_WAIT_S, |doc| {
+        let count = |s: &str| doc.trials.iter().filter(|t| t.state == s).count();
+        format!(
+            "{id} [{}] {} trials: {} running, {} paused, {} stopped early, {} finished; {:.1} s",
+            doc.state,
+            doc.trials.len(),
+            count("running"),
+            count("paused"),
+            count("stopped"),
+            count("succeeded"),
+            started.elapsed().as_secs_f64()
+        )
+    })?;
     if doc.state != "succeeded" {
         bail!("search {id} {}; see `ringleader job {id}`", doc.state);
     }
@@ -208,6 +176,35 @@ fn search(cluster: &LocalCluster) -> Result<String> {
         100.0 * best.metric,
         started.elapsed().as_secs_f64()
     ))
+}
+
+/// Polls job `id` and redraws `line(doc)` in place until the job ends (its last document)
+/// or `wait_s` pass (an error).
+fn follow(
+    client: &crate::api::client::ApiClient,
+    id: &str,
+    wait_s: u64,
+    line: impl Fn(&JobDoc) -> String,
+) -> Result<JobDoc> {
+    let deadline = Instant::now() + Duration::from_secs(wait_s);
+    let mut shown = 0usize;
+    loop {
+        if let Ok(doc) = client.job(id) {
+            let text = line(&doc);
+            print!("\r{text:<shown$}");
+            shown = text.len();
+            let _ = std::io::stdout().flush();
+            if matches!(doc.state.as_str(), "succeeded" | "failed" | "cancelled") {
+                println!();
+                return Ok(doc);
+            }
+        }
+        if Instant::now() > deadline {
+            println!();
+            bail!("job {id} did not finish in {wait_s} s");
+        }
+        std::thread::sleep(Duration::from_millis(POLL_MS));
+    }
 }
 
 /// The live progress line: state, step, epoch, loss, validation accuracy, time.

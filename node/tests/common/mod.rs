@@ -17,6 +17,18 @@ pub fn exe() -> &'static str {
     env!("CARGO_BIN_EXE_ringleader")
 }
 
+/// Writes `text` to `path` with mode 0600 (a token file).
+pub fn write_private(path: &Path, text: &str) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .unwrap();
+    std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
+}
+
 /// Starts `n` nodes named `{prefix}0`, `{prefix}1`, … with `extra` arguments (the first
 /// alone, the others joining it) and waits, up to `wait`, until every node sees them all
 /// alive, a chief, and min(n, 3) voters: a control plane that survives the loss of any one
