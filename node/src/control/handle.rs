@@ -401,6 +401,11 @@ impl ControlHandle {
                     .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), true)
                     .await?;
             }
+            Change::PromotePair(a, b) => {
+                ctl.raft
+                    .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([a, b])), true)
+                    .await?;
+            }
             Change::Demote(id) => {
                 ctl.raft
                     .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), true)

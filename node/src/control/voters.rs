@@ -10,7 +10,10 @@
 //! 1. a voter or learner that gossip reports `left` is removed at once;
 //! 2. a voter or learner `dead` for at least `dead_grace_ms` is removed;
 //! 3. while there are fewer voters than wanted, the alive learner that has been alive longest
-//!    (ties by id) is promoted;
+//!    (ties by id) is promoted; when one more voter would make the count even, the two
+//!    longest-alive learners are promoted in one change (never two voters: losing either
+//!    would stop every write), and while there is only one such learner, nothing is promoted
+//!    yet (rule 4 adds the next);
 //! 4. an alive member that is not in the Raft membership is added as a learner (every node
 //!    learns the log, so every node can serve reads and knows the chief);
 //! 5. while there are more voters than the target, one is demoted to learner (not alive ones
@@ -126,6 +129,10 @@ pub enum Change<I> {
     AddLearner(I),
     /// Make a learner a voter.
     Promote(I),
+    /// Make two learners voters in one change: growing from an odd voter count to the next
+    /// odd one without passing through an even count (two voters: losing either stops every
+    /// write).
+    PromotePair(I, I),
     /// Make a voter a learner.
     Demote(I),
     /// Drop a voter or learner from the membership.
@@ -171,13 +178,27 @@ pub fn next_change<I: Ord + Clone + Debug>(
             .map(|id| (id, input.members.get(id).map_or(0, |v| v.since_ms)))
             .collect();
         candidates.sort_by(|(a, sa), (b, sb)| sa.cmp(sb).then_with(|| a.cmp(b)));
-        for (id, _) in candidates {
-            let mut after: BTreeSet<&I> = input.voters.iter().collect();
-            after.insert(id);
-            if r.keeps_alive_majority(&after) {
-                return Some(Change::Promote(id.clone()));
+        let even_after_one = (input.voters.len() + 1).is_multiple_of(2);
+        if !even_after_one {
+            for (id, _) in &candidates {
+                let mut after: BTreeSet<&I> = input.voters.iter().collect();
+                after.insert(id);
+                if r.keeps_alive_majority(&after) {
+                    return Some(Change::Promote((*id).clone()));
+                }
+            }
+        } else if let [(a, _), (b, _), ..] = candidates.as_slice() {
+            // Both the current set (it must commit the change) and the new one need an
+            // alive majority.
+            let now: BTreeSet<&I> = input.voters.iter().collect();
+            let mut after = now.clone();
+            after.insert(a);
+            after.insert(b);
+            if r.keeps_alive_majority(&now) && r.keeps_alive_majority(&after) {
+                return Some(Change::PromotePair((*a).clone(), (*b).clone()));
             }
         }
+        // One learner short of a pair: rule 4 adds the member that will make it.
     }
 
     // 4: every alive member learns the log.
@@ -244,6 +265,12 @@ pub fn plan<I: Ord + Clone + Debug>(input: &Input<'_, I>, config: &VoterConfig) 
             Change::Promote(id) => {
                 learners.remove(id);
                 voters.insert(id.clone());
+            }
+            Change::PromotePair(a, b) => {
+                for id in [a, b] {
+                    learners.remove(id);
+                    voters.insert(id.clone());
+                }
             }
             Change::Demote(id) => {
                 voters.remove(id);
@@ -411,6 +438,13 @@ mod tests {
                     assert!(self.learners.remove(id));
                     self.voters.insert(*id);
                 }
+                Change::PromotePair(a, b) => {
+                    assert_ne!(a, b);
+                    for id in [a, b] {
+                        assert!(self.learners.remove(id));
+                        self.voters.insert(*id);
+                    }
+                }
                 Change::Demote(id) => {
                     assert_ne!(*id, self.leader);
                     assert!(self.voters.remove(id));
@@ -441,8 +475,9 @@ mod tests {
         assert_eq!(w.settle(), [AddLearner(2)]);
         assert_eq!(w.voters, [1].into());
         w.set(3, Health::Alive, 20);
-        // Three: the older learner is promoted first, then the new member learns and is promoted.
-        assert_eq!(w.settle(), [Promote(2), AddLearner(3), Promote(3)]);
+        // Three: the new member learns, then both learners are promoted in one change (never
+        // two voters, where losing either stops every write).
+        assert_eq!(w.settle(), [AddLearner(3), PromotePair(2, 3)]);
         assert_eq!(w.voters, [1, 2, 3].into());
         w.set(4, Health::Alive, 30);
         assert_eq!(w.settle(), [AddLearner(4)]);
@@ -459,7 +494,7 @@ mod tests {
         assert_eq!(w.voters, [1, 2, 3].into());
         w.set(7, Health::Alive, 70);
         let steps = w.settle();
-        assert_eq!(steps, [Promote(4), Promote(5), AddLearner(7)]);
+        assert_eq!(steps, [PromotePair(4, 5), AddLearner(7)]);
         assert_eq!(w.voters, [1, 2, 3, 4, 5].into());
         assert_eq!(w.learners, [6, 7].into());
     }
@@ -541,9 +576,9 @@ mod tests {
             w.set(id, Health::Alive, 0);
         }
         assert_eq!(w.next(), None);
-        // Once 2 is back, 4 and 5 are promoted (3 alive of 4, then 4 alive of 5).
+        // Once 2 is back, 4 and 5 are promoted together (4 alive of 5).
         w.set(2, Health::Alive, 1);
-        assert_eq!(w.plan(), [Promote(4), Promote(5)]);
+        assert_eq!(w.plan(), [PromotePair(4, 5)]);
     }
 
     #[test]
@@ -638,6 +673,11 @@ mod tests {
                     Change::Promote(id) => {
                         prop_assert!(w.learners.contains(id));
                         voters.insert(*id);
+                    }
+                    Change::PromotePair(a, b) => {
+                        prop_assert!(a != b && w.learners.contains(a) && w.learners.contains(b));
+                        voters.insert(*a);
+                        voters.insert(*b);
                     }
                     Change::Demote(id) | Change::Remove(id) => {
                         prop_assert_ne!(*id, w.leader);
