@@ -4,6 +4,7 @@
 //!
 //! | part | owns | may use |
 //! | --- | --- | --- |
+//! | [`datasets`] | content-addressed datasets: manifests, chunks, verification | nothing of the node yet |
 //! | [`cluster`] | the libp2p swarm, identity, addresses, the wire codec, gossip membership, member metadata | nothing above it |
 //! | [`control`] | openraft glue, the replicated control state, its store, voters, the RPC server | `cluster`, `jobs`' leaf modules (spec, logs) |
 //! | [`chief`] | what the chief decides (`decide`: placement, lost attempts) and its loop | `control`, `cluster` |
@@ -20,6 +21,7 @@ pub mod chief;
 pub mod cli;
 pub mod cluster;
 pub mod control;
+pub mod datasets;
 pub mod jobs;
 pub mod node;
 pub mod search;
