@@ -6,10 +6,11 @@
 //! | --- | --- | --- |
 //! | [`datasets`] | content-addressed datasets: manifests, chunks, verification | nothing of the node yet |
 //! | [`cluster`] | the libp2p swarm, identity, addresses, the wire codec, gossip membership, member metadata | nothing above it |
-//! | [`control`] | openraft glue, the replicated control state, its store, voters, the RPC server | `cluster`, `jobs`' leaf modules (spec, logs) |
-//! | [`chief`] | what the chief decides (`decide`: placement, lost attempts) and its loop | `control`, `cluster` |
+//! | [`search`] | search jobs: the spec and trial specs, the replicated trial records, the leaderboard and `summary.json` | `jobs`' leaf modules, `control::id` (its writer: the control handle) |
+//! | [`control`] | openraft glue, the replicated control state (a search's commands included), its store, voters, the RPC server | `cluster`, `jobs`' leaf modules (spec, logs), `search`'s records |
+//! | [`chief`] | what the chief decides (`decide`: placement, lost attempts, re-forms, searches' trials) and its loop | `control`, `cluster`, `search` |
 //! | [`jobs`] | job specs, the per-node supervisor (pure plan + process I/O), rank launch | `control`, `cluster` |
-//! | [`api`] | HTTP routes, the status and job documents, the CLI's HTTP client | `control`, `cluster`, `jobs` |
+//! | [`api`] | HTTP routes, the dashboard, the status and job documents, token auth, Prometheus, the CLI's HTTP client | `control`, `cluster`, `jobs`, `search` |
 //! | [`cli`] | commands, the demo, benchmarks, local clusters of real processes | everything |
 //!
 //! [`node`] wires the parts together at start-up. The collective data plane and the trainer
