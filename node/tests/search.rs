@@ -18,7 +18,10 @@ use std::{
 mod common;
 
 use common::{exe, POLL};
-use ringleader::{api::status::JobDoc, cli::local::LocalCluster};
+use ringleader::{
+    api::status::{JobDoc, TrialDoc},
+    cli::local::LocalCluster,
+};
 
 /// Bound on each wait (a debug build on two cores is slow).
 const WAIT: Duration = Duration::from_secs(180);
@@ -60,6 +63,27 @@ fn wait_job(
     cond: impl Fn(&JobDoc) -> bool,
 ) -> JobDoc {
     common::wait_job(c, i, id, what, WAIT, cond)
+}
+
+/// A fresh directory for one test's cluster.
+fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("rl-search-")
+        .tempdir()
+        .unwrap()
+}
+
+/// Waits until a trial of search `id` runs on a member other than the chief with at least
+/// `resource` reported; returns the search's document then and that trial.
+fn trial_running_off_chief(c: &LocalCluster, id: &str, resource: u32) -> (JobDoc, TrialDoc) {
+    let chief = c.status(0).unwrap().chief.unwrap().name;
+    let off_chief =
+        |t: &&TrialDoc| t.state == "running" && t.node != chief && t.resource >= resource;
+    let doc = wait_job(c, 0, id, "a trial running on a non-chief", |d| {
+        d.trials.iter().any(|t| off_chief(&t))
+    });
+    let trial = doc.trials.iter().find(off_chief).unwrap().clone();
+    (doc, trial)
 }
 
 fn ended(doc: &JobDoc) -> bool {
@@ -116,10 +140,7 @@ scale = "log"
 #[test]
 fn asha_search_of_train_trials_promotes_from_checkpoints() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let root = tempfile::Builder::new()
-        .prefix("rl-search-")
-        .tempdir()
-        .unwrap();
+    let root = scratch();
     let c = cluster(root.path(), 2);
     let spec = r#"
 name = "asha"
@@ -205,10 +226,7 @@ fn random_search_of_command_trials_runs_the_example_script() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let root = tempfile::Builder::new()
-        .prefix("rl-search-")
-        .tempdir()
-        .unwrap();
+    let root = scratch();
     let c = cluster(root.path(), 2);
     // Trial 2 fails once (exit 3) and is retried; the median rule may stop laggards.
     let spec = command_search(
@@ -269,10 +287,7 @@ fn node_killed_mid_search_every_trial_is_accounted_for() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let root = tempfile::Builder::new()
-        .prefix("rl-search-")
-        .tempdir()
-        .unwrap();
+    let root = scratch();
     let mut c = cluster(root.path(), 2);
     let spec = command_search(
         "kill-node",
@@ -282,19 +297,8 @@ fn node_killed_mid_search_every_trial_is_accounted_for() {
     );
     let id = c.nodes[0].client().submit(&spec).unwrap();
     // Kill a node that is not the chief once it runs a trial.
-    let chief = c.status(0).unwrap().chief.unwrap().name;
-    let doc = wait_job(&c, 0, &id, "trials running on a non-chief", |d| {
-        d.trials
-            .iter()
-            .any(|t| t.state == "running" && t.node != chief && t.resource >= 1)
-    });
-    let victim_name = doc
-        .trials
-        .iter()
-        .find(|t| t.state == "running" && t.node != chief)
-        .unwrap()
-        .node
-        .clone();
+    let (doc, running) = trial_running_off_chief(&c, &id, 1);
+    let victim_name = running.node;
     let on_victim: Vec<u32> = doc
         .trials
         .iter()
@@ -326,10 +330,7 @@ fn chief_killed_mid_search_the_new_chief_carries_on() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let root = tempfile::Builder::new()
-        .prefix("rl-search-")
-        .tempdir()
-        .unwrap();
+    let root = scratch();
     let mut c = cluster(root.path(), 1);
     // One trial per node at a time: the search outlives the first chief by several rounds.
     let spec = command_search(
@@ -365,10 +366,7 @@ fn slowed_trial_is_overtaken_by_its_speculative_copy() {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let root = tempfile::Builder::new()
-        .prefix("rl-search-")
-        .tempdir()
-        .unwrap();
+    let root = scratch();
     let c = cluster(root.path(), 2);
     // Trial 4's first run sleeps 40x longer per epoch (6 × 0.1 s × 40 = 24 s); its copy does not.
     let spec = command_search(
@@ -402,10 +400,7 @@ fn slowed_trial_is_overtaken_by_its_speculative_copy() {
 #[test]
 fn train_trial_of_a_killed_node_resumes_from_its_checkpoint_elsewhere() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let root = tempfile::Builder::new()
-        .prefix("rl-search-")
-        .tempdir()
-        .unwrap();
+    let root = scratch();
     // One store for all nodes (a shared file system; `s3://` works the same).
     let shared = format!("file://{}", root.path().join("shared").display());
     let mut c = cluster_with(root.path(), &["--storage".to_string(), shared]);
@@ -435,18 +430,7 @@ min = 0.02
 max = 0.1
 "#;
     let id = c.nodes[0].client().submit(spec).unwrap();
-    let chief = c.status(0).unwrap().chief.unwrap().name;
-    let doc = wait_job(&c, 0, &id, "a trial past epoch 3 on a non-chief", |d| {
-        d.trials
-            .iter()
-            .any(|t| t.state == "running" && t.node != chief && t.resource >= 3)
-    });
-    let trial = doc
-        .trials
-        .iter()
-        .find(|t| t.state == "running" && t.node != chief && t.resource >= 3)
-        .unwrap()
-        .clone();
+    let (_, trial) = trial_running_off_chief(&c, &id, 3);
     let victim = c.nodes.iter().position(|n| n.name == trial.node).unwrap();
     c.kill9(victim).unwrap();
     let observer = c.running()[0];

@@ -2,8 +2,10 @@
 //! collective's TCP backend train a digits job, checkpoint it, and a restart with the same
 //! job id resumes from the committed checkpoint.
 
+mod common;
+
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Deadline for one launch of the three workers, s.
 const LAUNCH_DEADLINE_S: u64 = 120;
@@ -48,22 +50,7 @@ fn launch(
                 .unwrap()
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(LAUNCH_DEADLINE_S);
-    loop {
-        let states: Vec<_> = children.iter_mut().map(|c| c.try_wait().unwrap()).collect();
-        let failed = states.iter().any(|s| matches!(s, Some(s) if !s.success()));
-        if failed || Instant::now() > deadline {
-            for c in &mut children {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-            panic!("worker failed or deadline passed: {states:?}");
-        }
-        if states.iter().all(Option::is_some) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_success(&mut children, Duration::from_secs(LAUNCH_DEADLINE_S));
     children
         .into_iter()
         .map(|c| String::from_utf8(c.wait_with_output().unwrap().stdout).unwrap())

@@ -3,9 +3,11 @@
 //! `train-worker` processes; TensorBoard's own reader accepts the event file (when python3
 //! has `tensorboard`); and a worker whose observability writes fail still trains.
 
+mod common;
+
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use trainer::observe::event_file::decode_file;
 use trainer::observe::{ScalarLog, EPOCH_TAGS, PHASES, STEP_TAGS, TIMELINE_STEPS};
@@ -42,22 +44,7 @@ fn launch(spec: &Path, data_dir: &Path, world: usize, job: &str, extra: &[&str])
         })
         .collect();
     let stdins: Vec<_> = children.iter_mut().map(|c| c.stdin.take()).collect();
-    let deadline = Instant::now() + Duration::from_secs(LAUNCH_DEADLINE_S);
-    loop {
-        let states: Vec<_> = children.iter_mut().map(|c| c.try_wait().unwrap()).collect();
-        let failed = states.iter().any(|s| matches!(s, Some(s) if !s.success()));
-        if failed || Instant::now() > deadline {
-            for c in &mut children {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-            panic!("worker failed or deadline passed: {states:?}");
-        }
-        if states.iter().all(Option::is_some) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::wait_success(&mut children, Duration::from_secs(LAUNCH_DEADLINE_S));
     drop(stdins);
     children
         .into_iter()

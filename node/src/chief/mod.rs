@@ -251,14 +251,9 @@ fn place_pending(
             .as_ref()
             .and_then(|_| job.assignment.first())
             .map(|s| s.member.as_str());
-        match search::place_preferring(candidates, &req, prefer, None) {
+        match placement::place_preferring(candidates, &req, prefer, None) {
             Ok(slots) => {
-                for slot in &slots {
-                    if let Some(c) = candidates.iter_mut().find(|c| c.id == slot.member) {
-                        c.used_cpus += req.cpus_per_worker;
-                        c.used_gpus += req.gpus_per_worker;
-                    }
-                }
+                placement::take(candidates, &slots, &req);
                 out.push(ControlCommand::Place {
                     id: job.id,
                     generation: job.generation + 1,

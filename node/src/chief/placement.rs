@@ -11,7 +11,10 @@
 //!   `pack` fills members with the most room first, each to its capacity (fewest members);
 //! - ring order: chosen members by (name, id), ranks of one member adjacent, `local_rank`
 //!   counting within the member;
-//! - deterministic: ties are broken by name, then id.
+//! - deterministic: ties are broken by name, then id;
+//! - [`place_preferring`] tries one member first (where a search trial's checkpoint is)
+//!   or keeps off one (a speculative copy runs away from its original); [`take`] counts
+//!   placed slots against the candidates, so later jobs of the same round see them held.
 
 use std::fmt;
 
@@ -202,6 +205,44 @@ impl fmt::Display for Plural<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = if self.0 == 1 { "" } else { "s" };
         write!(f, "{} {}{s}", self.0, self.1)
+    }
+}
+
+/// Takes the resources of `slots` from the candidates.
+pub fn take(candidates: &mut [Candidate], slots: &[Slot], req: &Request) {
+    for slot in slots {
+        if let Some(c) = candidates.iter_mut().find(|c| c.id == slot.member) {
+            c.used_cpus += req.cpus_per_worker;
+            c.used_gpus += req.gpus_per_worker;
+        }
+    }
+}
+
+/// Places `req` on `prefer` when it has room (a promoted trial's checkpoint is there),
+/// else anywhere; `avoid` is never used (a copy runs away from its original).
+pub fn place_preferring(
+    candidates: &[Candidate],
+    req: &Request,
+    prefer: Option<&str>,
+    avoid: Option<&str>,
+) -> Result<Vec<Slot>, Unplaceable> {
+    let only = |keep: &dyn Fn(&Candidate) -> bool| -> Vec<Candidate> {
+        candidates
+            .iter()
+            .map(|c| Candidate {
+                alive: c.alive && keep(c),
+                ..c.clone()
+            })
+            .collect()
+    };
+    if let Some(p) = prefer {
+        if let Ok(slots) = place(&only(&|c| c.id == p), req) {
+            return Ok(slots);
+        }
+    }
+    match avoid {
+        Some(a) => place(&only(&|c| c.id != a), req),
+        None => place(candidates, req),
     }
 }
 

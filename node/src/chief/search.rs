@@ -12,7 +12,7 @@
 
 use trainer::search::{Suggestion, Trial, TrialState};
 
-use super::placement::{self, Candidate, Request, Slot};
+use super::placement::{self, place_preferring, take, Candidate, Request};
 use crate::control::{
     state::{ControlCommand, ControlState, Job, JobState},
     trials::searcher_of,
@@ -38,44 +38,6 @@ pub fn decide(
         }
     }
     out
-}
-
-/// Takes the resources of `slots` from the candidates.
-fn take(candidates: &mut [Candidate], slots: &[Slot], req: &Request) {
-    for slot in slots {
-        if let Some(c) = candidates.iter_mut().find(|c| c.id == slot.member) {
-            c.used_cpus += req.cpus_per_worker;
-            c.used_gpus += req.gpus_per_worker;
-        }
-    }
-}
-
-/// Places `req` on `prefer` when it has room (a promoted trial's checkpoint is there),
-/// else anywhere; `avoid` is never used (a copy runs away from its original).
-pub fn place_preferring(
-    candidates: &[Candidate],
-    req: &Request,
-    prefer: Option<&str>,
-    avoid: Option<&str>,
-) -> Result<Vec<Slot>, placement::Unplaceable> {
-    let only = |keep: &dyn Fn(&Candidate) -> bool| -> Vec<Candidate> {
-        candidates
-            .iter()
-            .map(|c| Candidate {
-                alive: c.alive && keep(c),
-                ..c.clone()
-            })
-            .collect()
-    };
-    if let Some(p) = prefer {
-        if let Ok(slots) = placement::place(&only(&|c| c.id == p), req) {
-            return Ok(slots);
-        }
-    }
-    match avoid {
-        Some(a) => placement::place(&only(&|c| c.id != a), req),
-        None => placement::place(candidates, req),
-    }
 }
 
 fn search(

@@ -565,7 +565,6 @@ impl ControlState {
             JobState::Cancelled => RunEnd::Cancelled,
             JobState::Pending | JobState::Running => return,
         };
-        let run_job_target = Some(of.target);
         let last_reason = run_job
             .events
             .last()
@@ -594,16 +593,14 @@ impl ControlState {
         let what = match end {
             RunEnd::Succeeded => {
                 // This run finished first: it is the trial's job; the other is stopped.
-                if let Some(j) = run_job_target {
-                    run.run_ms
-                        .push((j, at_ms.saturating_sub(run.run_started_at_ms)));
-                }
+                run.run_ms
+                    .push((of.target, at_ms.saturating_sub(run.run_started_at_ms)));
                 run.job = id;
                 run.copy = None;
                 cancel = other;
                 if let Some(target) = run.continue_to.take().filter(|_| live) {
-                    // Promoted at its rung: the same job goes on towards the next one.
-                    run.run_started_at_ms = at_ms;
+                    // Promoted at its rung: the same job goes on towards the next one (its
+                    // run restarts when it is placed: `run_placed`).
                     reopen = Some((id, target, format!("promoted: runs on to {target}")));
                     None
                 } else if live {
@@ -647,7 +644,6 @@ impl ControlState {
                         failures + 1
                     ),
                 ));
-                run.run_started_at_ms = at_ms;
                 Some(format!(
                     "trial {} failed ({last_reason}); retried (failure {} of {max_failures})",
                     of.trial,

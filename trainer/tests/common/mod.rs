@@ -65,3 +65,24 @@ pub fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> (f32, f32) {
     }
     (d, m)
 }
+
+/// Waits until every child exited successfully; kills them all and panics when one fails or
+/// `within` passes first.
+pub fn wait_success(children: &mut [std::process::Child], within: std::time::Duration) {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let states: Vec<_> = children.iter_mut().map(|c| c.try_wait().unwrap()).collect();
+        let failed = states.iter().any(|s| matches!(s, Some(s) if !s.success()));
+        if failed || std::time::Instant::now() > deadline {
+            for c in children.iter_mut() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            panic!("worker failed or deadline passed: {states:?}");
+        }
+        if states.iter().all(Option::is_some) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
