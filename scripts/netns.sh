@@ -2,6 +2,10 @@
 # Emulated cluster of N hosts on one Linux machine, for benchmarks and integration tests.
 #
 #   scripts/netns.sh up N [RATE]   create hosts rl1..rlN (idempotent; hosts above N are removed)
+#   scripts/netns.sh rate I [RATE] [--egress|--ingress]
+#                                  set (or, without RATE, remove) the rate limit of host I alone:
+#                                  both directions, or only the host's egress (its upload) or
+#                                  ingress (its download); the other direction is left as it is
 #   scripts/netns.sh down          remove every rl* namespace, their veths and the bridge
 #   scripts/netns.sh exec I CMD... run CMD inside host I (= ip netns exec rlI CMD...)
 #   scripts/netns.sh status        list hosts, addresses and rate limits
@@ -27,6 +31,10 @@
 #     (125 kB at 1 Gbit/s; smaller bursts lose throughput to retransmits), at least 16 KiB;
 #     the queue holds up to 5 ms of traffic (tbf latency 5ms).
 #     Without RATE the links are unlimited (veth speed, several Gbit/s).
+#   - `rate I RATE` applies the same tbf (same burst and latency rules) to host I only, after
+#     `up`: e.g. `up 4` then `rate 1 300mbit --egress` caps what rl1 sends at 300 Mbit/s while
+#     what it receives, and every other host, stays unlimited. Egress is the tbf on eth0 inside
+#     rlI, ingress the tbf on rlvethI. A later `up` sets every host back to its own RATE.
 #
 # `down` also ends processes still running inside rl* namespaces (by the PIDs that
 # `ip netns pids` reports: TERM, then KILL after 2 s), since a namespace with live processes
@@ -46,6 +54,8 @@ prog=$(basename "$0")
 usage() {
     cat >&2 <<EOF
 usage: $prog up N [RATE]     create hosts rl1..rlN at ${SUBNET_PREFIX}.1..N/24 (RATE e.g. 1gbit)
+       $prog rate I [RATE] [--egress|--ingress]
+                             set (no RATE: remove) host I's limit, both directions or one
        $prog down            remove all rl* hosts, their veths and bridge $BRIDGE
        $prog exec I CMD...   run CMD in host I (namespace rlI)
        $prog status          list hosts
@@ -140,6 +150,24 @@ set_rate() { # dev rate burst [netns]
     fi
 }
 
+# Rate of the root tbf on dev (in namespace ns, if given), or "unlimited".
+tbf_rate() { # dev [netns]
+    local dev=$1 ns=${2:-} q
+    local -a pre=()
+    [ -n "$ns" ] && pre=(ip netns exec "$ns")
+    q=$("${pre[@]}" tc qdisc show dev "$dev" 2>/dev/null | grep -o 'tbf .*rate [^ ]*' |
+        sed 's/.*rate //' | head -1 || true)
+    echo "${q:-unlimited}"
+}
+
+# Bytes per second of a RATE argument, or die naming it.
+checked_bps() {
+    local bps
+    bps=$(rate_bytes_per_s "$1") || die "bad RATE '$1' (examples: 1gbit, 100mbit, 125mbps)"
+    [ "$bps" -gt 0 ] || die "RATE must be positive"
+    echo "$bps"
+}
+
 cmd_up() {
     if [ $# -lt 1 ] || [ $# -gt 2 ]; then usage; fi
     local n=$1 rate=${2:-} bps="" burst=""
@@ -147,8 +175,7 @@ cmd_up() {
         die "N must be an integer in 1..$MAX_HOSTS (got '$n')"
     fi
     if [ -n "$rate" ]; then
-        bps=$(rate_bytes_per_s "$rate") || die "bad RATE '$rate' (examples: 1gbit, 100mbit, 125mbps)"
-        [ "$bps" -gt 0 ] || die "RATE must be positive"
+        bps=$(checked_bps "$rate")
         burst=$(burst_for "$bps")
     fi
     need_root
@@ -212,6 +239,39 @@ cmd_up() {
     done
 }
 
+cmd_rate() {
+    local i="" rate="" dir=both a bps="" burst=""
+    for a in "$@"; do
+        case "$a" in
+            --egress | --ingress)
+                [ "$dir" = both ] || die "give at most one of --egress, --ingress"
+                dir=${a#--}
+                ;;
+            -*) die "unknown option '$a'" ;;
+            *)
+                if [ -z "$i" ]; then i=$a
+                elif [ -z "$rate" ]; then rate=$a
+                else usage
+                fi
+                ;;
+        esac
+    done
+    [ -n "$i" ] || usage
+    if ! is_uint "$i" || [ "$i" -lt 1 ] || [ "$i" -gt "$MAX_HOSTS" ]; then
+        die "host index must be an integer in 1..$MAX_HOSTS (got '$i')"
+    fi
+    if [ -n "$rate" ]; then
+        bps=$(checked_bps "$rate")
+        burst=$(burst_for "$bps")
+    fi
+    need_root
+    take_lock
+    ns_exists "rl$i" || die "host rl$i does not exist (run: $prog up N)"
+    if [ "$dir" != ingress ]; then set_rate eth0 "$rate" "$burst" "rl$i"; fi
+    if [ "$dir" != egress ]; then set_rate "rlveth$i" "$rate" "$burst"; fi
+    echo "netns: rl$i egress $(tbf_rate eth0 "rl$i") ingress $(tbf_rate "rlveth$i")${rate:+ (tbf burst $burst B, latency $LATENCY)}"
+}
+
 cmd_down() {
     [ $# -eq 0 ] || usage
     need_root
@@ -237,7 +297,7 @@ cmd_exec() {
 
 cmd_status() {
     [ $# -eq 0 ] || usage
-    local ns q addr any=0
+    local ns addr any=0
     if link_exists "$BRIDGE"; then
         echo "bridge $BRIDGE $(ip -o -4 addr show dev "$BRIDGE" | awk '{print $4}' | head -1)"
     else
@@ -246,8 +306,7 @@ cmd_status() {
     for ns in $(our_namespaces); do
         any=1
         addr=$(ip netns exec "$ns" ip -o -4 addr show dev eth0 2>/dev/null | awk '{print $4}' | head -1)
-        q=$(ip netns exec "$ns" tc qdisc show dev eth0 2>/dev/null | grep -o 'tbf.*rate [^ ]*' | sed 's/.*rate /rate /' || true)
-        echo "$ns ${addr:-no-address} ${q:-unlimited} pids=$(ip netns pids "$ns" 2>/dev/null | wc -l)"
+        echo "$ns ${addr:-no-address} egress $(tbf_rate eth0 "$ns") ingress $(tbf_rate "rlveth${ns#rl}") pids=$(ip netns pids "$ns" 2>/dev/null | wc -l)"
     done
     [ "$any" = 1 ] || echo "no rl* hosts"
 }
@@ -297,6 +356,7 @@ sub=$1
 shift
 case "$sub" in
     up) cmd_up "$@" ;;
+    rate) cmd_rate "$@" ;;
     down) cmd_down "$@" ;;
     exec) cmd_exec "$@" ;;
     status) cmd_status "$@" ;;

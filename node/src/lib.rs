@@ -4,10 +4,10 @@
 //!
 //! | part | owns | may use |
 //! | --- | --- | --- |
-//! | [`datasets`] | content-addressed datasets: manifests, chunks, verification | nothing of the node yet |
 //! | [`cluster`] | the libp2p swarm, identity, addresses, the wire codec, gossip membership, member metadata | nothing above it |
 //! | [`search`] | search jobs: the spec and trial specs, the replicated trial records, the leaderboard and `summary.json` | `jobs`' leaf modules, `control::id` (its writer: the control handle) |
 //! | [`control`] | openraft glue, the replicated control state (a search's commands included), its store, voters, the RPC server | `cluster`, `jobs`' leaf modules (spec, logs), `search`'s records |
+//! | [`datasets`] | datasets shared peer to peer: manifests, the store, the authenticated transport, serving, multi-source fetch, the service | `cluster`, `control`, `jobs::spec` |
 //! | [`chief`] | what the chief decides (`decide`: placement, lost attempts, re-forms, searches' trials) and its loop | `control`, `cluster`, `search` |
 //! | [`jobs`] | job specs, the per-node supervisor (pure plan + process I/O), rank launch | `control`, `cluster` |
 //! | [`api`] | HTTP routes, the dashboard, the status and job documents, token auth, Prometheus, the CLI's HTTP client | `control`, `cluster`, `jobs`, `search` |

@@ -31,6 +31,7 @@ fn main() {
         Cmd::Job { id, watch } => ringleader::cli::job(&cli, id, *watch),
         Cmd::Cancel { id } => ringleader::cli::cancel(&cli, id),
         Cmd::Trials { id } => ringleader::cli::trials(&cli, id),
+        Cmd::Dataset(cmd) => ringleader::cli::datasets::run(&cli, cmd),
         Cmd::Logs { id, follow } => ringleader::cli::logs(&cli, id, *follow),
         Cmd::TrainWorker(args) => ringleader::cli::train_worker::run_worker(args.clone()),
         Cmd::Demo => ringleader::cli::demo::run(),

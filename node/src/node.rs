@@ -39,6 +39,13 @@ pub struct NodeConfig {
     pub api: std::net::SocketAddr,
     /// Collective data-plane bind address (port 0: the OS picks).
     pub data: std::net::SocketAddr,
+    /// Dataset transfer bind address (port 0: the OS picks).
+    pub datasets: std::net::SocketAddr,
+    /// Serving cap for datasets, bytes per second (0: none).
+    pub dataset_upload_bytes_per_s: u64,
+    /// Serving cap for datasets while a job's ring runs on this node, bytes per second
+    /// (0: none).
+    pub dataset_busy_bytes_per_s: u64,
     /// Seeds to join through.
     pub join: Vec<Multiaddr>,
     /// Where identity, state and the default store live.
@@ -67,6 +74,8 @@ pub struct NodeInfo {
     pub p2p_addrs: Vec<String>,
     pub api_addr: String,
     pub data_addr: String,
+    #[serde(default)]
+    pub datasets_addr: String,
 }
 
 impl NodeInfo {
@@ -134,7 +143,11 @@ pub async fn run(config: NodeConfig) -> Result<()> {
     let data_listener = std::net::TcpListener::bind(config.data)
         .with_context(|| format!("binding the data plane on {}", config.data))?;
 
-    let mut swarm = net::build_swarm(key, psk)?;
+    let datasets_listener = tokio::net::TcpListener::bind(config.datasets)
+        .await
+        .with_context(|| format!("binding the dataset port on {}", config.datasets))?;
+
+    let mut swarm = net::build_swarm(key, psk.map(|k| k.psk))?;
     swarm
         .listen_on(config.listen.clone())
         .with_context(|| format!("listening on {}", config.listen))?;
@@ -168,12 +181,15 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         .find(|ip| !ip.is_unspecified());
     let api_addr = advertised(api_listener.local_addr()?, host_ip);
     let data_addr = advertised(data_listener.local_addr()?, host_ip);
+    let datasets_addr = advertised(datasets_listener.local_addr()?, host_ip);
 
     let meta = NodeMeta {
         name: config.name.clone(),
         p2p_addrs: listen_addrs.iter().map(|a| a.to_string()).collect(),
         api_addr: api_addr.to_string(),
         data_addr: data_addr.to_string(),
+        datasets_addr: datasets_addr.to_string(),
+        datasets: Vec::new(),
         cpus: config.cpus.unwrap_or_else(meta::host_cpus),
         memory_mb: meta::host_memory_mb(),
         gpus: Vec::new(),
@@ -187,6 +203,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         p2p_addrs: meta.p2p_addrs.clone(),
         api_addr: meta.api_addr.clone(),
         data_addr: meta.data_addr.clone(),
+        datasets_addr: meta.datasets_addr.clone(),
     };
     let epoch = Instant::now();
     let core = Membership::new(peer_id, meta, config.membership.clone(), rand::random(), 0);
@@ -209,8 +226,25 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         control.clone(),
         config.storage.clone(),
     ));
+    let datasets = crate::datasets::Datasets::start(
+        crate::datasets::DatasetsConfig {
+            dir: config.data_dir.join("datasets"),
+            key: crate::datasets::transport::AuthKey::new(psk.as_ref()),
+            upload_bytes_per_s: config.dataset_upload_bytes_per_s,
+            busy_bytes_per_s: config.dataset_busy_bytes_per_s,
+            chunk_bytes: crate::datasets::CHUNK_BYTES_DEFAULT,
+            me: peer_id.to_string(),
+            name: config.name.clone(),
+        },
+        datasets_listener,
+        handle.clone(),
+        control.clone(),
+    )
+    .await
+    .context("starting the dataset service")?;
     jobs::supervisor::start(
         control.clone(),
+        datasets.clone(),
         peer_id.to_string(),
         config.data_dir.join("jobs"),
         config.storage.clone(),
@@ -219,6 +253,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
     let app = crate::api::router(crate::api::AppState {
         node: handle.clone(),
         control: control.clone(),
+        datasets,
         token,
     });
     let api_task = tokio::spawn(async move { axum::serve(api_listener, app).await });

@@ -7,10 +7,10 @@
 //! Needs root and `ip netns`; otherwise it prints "SKIPPED: needs root and ip netns" and
 //! passes. Every process is killed by PID and the namespaces removed, even on failure.
 
+mod common;
+
 use std::{
     collections::BTreeMap,
-    path::PathBuf,
-    process::{Child, Command, Stdio},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, Mutex,
@@ -18,167 +18,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ringleader::api::{client::ApiClient, status::StatusDoc};
+use common::netns::{addr, netns, usable, Hosts, WAIT};
+use ringleader::api::client::ApiClient;
+use ringleader::api::status::StatusDoc;
 
 const NODES: usize = 5;
-/// Bounded wait for each phase.
-const WAIT: Duration = Duration::from_secs(30);
-/// Poll period of the phase waits and of the background poller.
+/// Poll period of the background poller.
 const POLL: Duration = Duration::from_millis(100);
-
-fn exe() -> &'static str {
-    env!("CARGO_BIN_EXE_ringleader")
-}
-
-fn netns_sh() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns.sh")
-}
-
-fn netns(args: &[&str]) {
-    let out = Command::new(netns_sh())
-        .args(args)
-        .output()
-        .expect("running netns.sh");
-    assert!(
-        out.status.success(),
-        "netns.sh {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn usable() -> bool {
-    // The effective uid is the second field of the `Uid:` line.
-    let root = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
-        })
-        .unwrap_or(false);
-    let ip = Command::new("ip")
-        .args(["netns", "list"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    root && ip
-}
-
-/// Host `i` (1-based): its namespace address.
-fn addr(i: usize) -> String {
-    format!("10.77.0.{i}")
-}
-
-/// The node processes and the namespaces; both are gone when this is dropped.
-struct Hosts {
-    children: Vec<Child>,
-    dir: tempfile::TempDir,
-    stop: Arc<AtomicBool>,
-}
-
-impl Hosts {
-    fn up() -> Hosts {
-        netns(&["up", &NODES.to_string()]);
-        let dir = tempfile::Builder::new()
-            .prefix("rl-partition-")
-            .tempdir()
-            .unwrap();
-        let mut hosts = Hosts {
-            children: Vec::new(),
-            dir,
-            stop: Arc::new(AtomicBool::new(false)),
-        };
-        for i in 1..=NODES {
-            let data = hosts.dir.path().join(format!("n{i}"));
-            std::fs::create_dir_all(&data).unwrap();
-            let log = std::fs::File::create(data.join("node.log")).unwrap();
-            let mut cmd = Command::new("ip");
-            cmd.args(["netns", "exec", &format!("rl{i}"), exe(), "node"])
-                .args(["--name", &format!("n{i}")])
-                .args(["--listen", &format!("{}:7070", addr(i))])
-                .args(["--api", &format!("{}:7071", addr(i))])
-                .arg("--data-dir")
-                .arg(&data);
-            if i > 1 {
-                cmd.args(["--join", &format!("{}:7070", addr(1))]);
-            }
-            // `ip netns exec` execs the node: the child's PID is the node's.
-            let child = cmd
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .expect("starting a node in its namespace");
-            hosts.children.push(child);
-        }
-        hosts
-    }
-
-    fn client(&self, i: usize) -> ApiClient {
-        ApiClient::new(&format!("{}:7071", addr(i)), None)
-    }
-
-    fn status(&self, i: usize) -> anyhow::Result<StatusDoc> {
-        self.client(i).status()
-    }
-
-    /// Polls the statuses of `hosts` until `cond` holds for each, or panics after [`WAIT`].
-    fn wait(&self, hosts: &[usize], what: &str, cond: impl Fn(&StatusDoc) -> bool) {
-        let start = Instant::now();
-        loop {
-            let mut last = None;
-            for &i in hosts {
-                match self.status(i) {
-                    Ok(s) if cond(&s) => {}
-                    Ok(s) => last = Some(format!("n{i}: {s:?}")),
-                    Err(e) => last = Some(format!("n{i}: {e}")),
-                }
-            }
-            let Some(last) = last else {
-                eprintln!("{what}: {:.1} s", start.elapsed().as_secs_f64());
-                return;
-            };
-            if start.elapsed() > WAIT {
-                panic!(
-                    "{what}: not within {WAIT:?}; last view {last}\n{}",
-                    self.logs()
-                );
-            }
-            std::thread::sleep(POLL);
-        }
-    }
-
-    /// The tails of the node logs, for failure messages.
-    fn logs(&self) -> String {
-        let mut out = String::new();
-        for i in 1..=NODES {
-            let log = std::fs::read_to_string(self.dir.path().join(format!("n{i}/node.log")))
-                .unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(8).collect();
-            out.push_str(&format!("--- n{i}\n"));
-            for l in tail.into_iter().rev() {
-                out.push_str(l);
-                out.push('\n');
-            }
-        }
-        out
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let _ = Command::new(netns_sh())
-            .arg("down")
-            .stdout(Stdio::null())
-            .status();
-    }
-}
 
 /// What the poller saw: for each term, the chief every node named in it.
 #[derive(Default)]
@@ -246,7 +92,7 @@ fn a_two_three_split_keeps_one_chief_per_term_and_only_the_majority_writes() {
         return;
     }
     let all: Vec<usize> = (1..=NODES).collect();
-    let hosts = Hosts::up();
+    let hosts = Hosts::up(NODES, "partition", |_| Vec::new());
     let (seen, poller) = spawn_poller(hosts.stop.clone());
 
     // Phase: the cluster forms (5 alive everywhere, a chief, 3 voters).

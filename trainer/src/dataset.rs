@@ -1,14 +1,17 @@
-//! Datasets held in memory: the shipped 8×8 digits, generated images, and the project's own
-//! text for the character-level language model.
+//! Datasets held in memory: the shipped 8×8 digits, generated images, the project's own
+//! text for the character-level language model, and shared datasets read from a directory
+//! (see [`crate::shared_dataset`]).
 
 use std::io::Read;
+use std::path::Path;
 
 use candle_core::{Device, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::error::TrainError;
-use crate::spec::DataSpec;
+use crate::shared_dataset::{self, Split, TRAIN_FILE, VAL_FILE};
+use crate::spec::{is_builtin_dataset, DataSpec};
 
 /// The shipped digits (see `examples/data/README.md`): gzip of a small binary format.
 static DIGITS_GZ: &[u8] = include_bytes!("../../examples/data/digits.bin.gz");
@@ -80,7 +83,8 @@ pub struct Batch {
 
 impl Dataset {
     /// Loads the training and validation splits a spec asks for. `seq_len` is the language
-    /// model's context (text only).
+    /// model's context (text only). A shared dataset (any name but a built-in's) is read
+    /// from [`DataSpec::shared_dir`], which must be set.
     pub fn load(
         spec: &DataSpec,
         seq_len: usize,
@@ -90,8 +94,63 @@ impl Dataset {
             "digits" => Self::digits(),
             "synthetic" => Ok(Self::synthetic(spec, seed)),
             "text" => Ok(Self::project_text(seq_len)),
-            other => Err(TrainError::Spec(format!("unknown dataset {other:?}"))),
+            other => {
+                debug_assert!(!is_builtin_dataset(other));
+                let dir = spec.shared_dir.as_deref().ok_or_else(|| {
+                    TrainError::Spec(format!(
+                        "data.dataset {other:?} is a shared dataset, but no directory holds it \
+                         (the worker takes it from {})",
+                        crate::worker::DATASET_DIR_ENV
+                    ))
+                })?;
+                Self::shared(dir)
+            }
         }
+    }
+
+    /// A shared dataset from `dir` (format: [`crate::shared_dataset`]): the training split
+    /// from `train.safetensors`, the validation split from `val.safetensors` or, without
+    /// it, the last 10% of the training file. Both splits have the same sample shape and
+    /// classes (the largest label of both plus one, at least 2).
+    pub fn shared(dir: &Path) -> Result<(Dataset, Dataset), TrainError> {
+        let train_path = dir.join(TRAIN_FILE);
+        let val_path = dir.join(VAL_FILE);
+        let train = shared_dataset::read_split(&train_path)?;
+        let has_val = val_path.try_exists().map_err(|e| TrainError::Dataset {
+            path: val_path.display().to_string(),
+            detail: format!("cannot stat: {e}"),
+        })?;
+        let (train, val) = if has_val {
+            let val = shared_dataset::read_split(&val_path)?;
+            if val.shape != train.shape {
+                return Err(TrainError::Dataset {
+                    path: val_path.display().to_string(),
+                    detail: format!(
+                        "x: sample shape {:?} differs from {TRAIN_FILE}'s {:?}",
+                        val.shape, train.shape
+                    ),
+                });
+            }
+            (train, val)
+        } else {
+            train.split_tail(&train_path)?
+        };
+        let classes = train
+            .y
+            .iter()
+            .chain(&val.y)
+            .max()
+            .map_or(0, |&k| k as usize + 1)
+            .max(2);
+        let images = |s: Split| Dataset {
+            samples: Samples::Images {
+                x: s.x,
+                y: s.y,
+                shape: s.shape,
+                classes,
+            },
+        };
+        Ok((images(train), images(val)))
     }
 
     /// The shipped 8×8 digits, pixels scaled to [0, 1]: (train 1,500, validation 297).
@@ -298,6 +357,153 @@ impl Dataset {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shared_dataset::{export_digits, write_shared_dataset};
+    use crate::spec::{Arch, ModelSpec, TrainSpec};
+    use crate::{Model, Trainer};
+
+    /// Samples, labels, shape and classes of an image dataset.
+    fn parts(d: &Dataset) -> (&[f32], &[u32], [usize; 3], usize) {
+        let Samples::Images {
+            x,
+            y,
+            shape,
+            classes,
+        } = &d.samples
+        else {
+            panic!("not images")
+        };
+        (x, y, *shape, *classes)
+    }
+
+    #[test]
+    fn exported_digits_load_as_the_built_in_digits() {
+        let dir = tempfile::tempdir().unwrap();
+        export_digits(dir.path()).unwrap();
+        let (train, val) = Dataset::shared(dir.path()).unwrap();
+        let (bt, bv) = Dataset::digits().unwrap();
+        assert_eq!(parts(&train), parts(&bt));
+        assert_eq!(parts(&val), parts(&bv));
+        assert_eq!((train.input_shape(), train.classes()), ([1, 8, 8], 10));
+        let spec = DataSpec {
+            dataset: "digits-shared".into(),
+            shared_dir: Some(dir.path().into()),
+            ..DataSpec::default()
+        };
+        let (t, v) = Dataset::load(&spec, 0, 1).unwrap();
+        assert_eq!(
+            (t.len(), v.len()),
+            (DIGITS_TRAIN, DIGITS_TOTAL - DIGITS_TRAIN)
+        );
+    }
+
+    #[test]
+    fn a_shared_name_without_a_directory_is_refused() {
+        let spec = DataSpec {
+            dataset: "mnist".into(),
+            ..DataSpec::default()
+        };
+        let e = Dataset::load(&spec, 0, 1).unwrap_err().to_string();
+        assert!(e.contains("\"mnist\" is a shared dataset"), "{e}");
+        assert!(e.contains(crate::worker::DATASET_DIR_ENV), "{e}");
+    }
+
+    #[test]
+    fn shared_splits_share_classes_and_the_tail_validates_without_val_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // 20 samples of 3 values, labels 0..=4 in train; the validation file holds label 6.
+        let x: Vec<f32> = (0..60).map(|v| v as f32 / 60.0).collect();
+        let mut y: Vec<u32> = (0..20).map(|i| i % 5).collect();
+        y[19] = 6;
+        write_shared_dataset(dir.path(), &x, &[3], &y, 1).unwrap();
+        let (t, v) = Dataset::shared(dir.path()).unwrap();
+        assert_eq!((t.len(), v.len()), (19, 1));
+        assert_eq!((t.classes(), v.classes()), (7, 7));
+        assert_eq!(t.input_shape(), [1, 1, 3]);
+
+        write_shared_dataset(dir.path(), &x, &[3], &y, 0).unwrap();
+        let (t, v) = Dataset::shared(dir.path()).unwrap();
+        assert_eq!((t.len(), v.len()), (18, 2));
+        assert_eq!(parts(&v).1, &[3, 6]);
+        assert_eq!(parts(&v).0, &x[54..]);
+        assert_eq!((t.classes(), v.classes()), (7, 7));
+
+        // One class only: still a two-class head.
+        write_shared_dataset(dir.path(), &x, &[3], &[0; 20], 0).unwrap();
+        assert_eq!(Dataset::shared(dir.path()).unwrap().0.classes(), 2);
+    }
+
+    #[test]
+    fn a_val_file_of_another_sample_shape_is_refused() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        write_shared_dataset(a.path(), &[0.0; 8], &[2, 2], &[0, 1], 1).unwrap();
+        write_shared_dataset(b.path(), &[0.0; 8], &[4], &[0, 1], 1).unwrap();
+        std::fs::copy(b.path().join(VAL_FILE), a.path().join(VAL_FILE)).unwrap();
+        let e = Dataset::shared(a.path()).unwrap_err().to_string();
+        assert!(e.contains(VAL_FILE) && e.contains("differs from"), "{e}");
+        let e = Dataset::shared(&a.path().join("nowhere"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(TRAIN_FILE) && e.contains("missing file"), "{e}");
+    }
+
+    #[test]
+    fn models_on_shared_digits_take_the_data_shape() {
+        let dir = tempfile::tempdir().unwrap();
+        export_digits(dir.path()).unwrap();
+        let (train, _) = Dataset::shared(dir.path()).unwrap();
+        let batch = train.batch(&[0, 1, 2], &Device::Cpu).unwrap();
+        assert_eq!(batch.x.dims(), &[3, 1, 8, 8]);
+        for arch in [Arch::Mlp, Arch::Cnn] {
+            let spec = ModelSpec {
+                arch,
+                hidden: vec![16],
+                channels: vec![4, 8],
+                fc: 16,
+                ..ModelSpec::default()
+            };
+            let model = Model::new(&spec, train.input_shape(), train.classes(), 1).unwrap();
+            let first = &model.params()[0];
+            if arch == Arch::Mlp {
+                assert_eq!(first.0, "fc0.bias");
+                let w = &model.params()[1];
+                assert_eq!((w.0.as_str(), w.1.dims()), ("fc0.weight", &[16, 64][..]));
+            }
+            assert_eq!(model.forward(&batch.x).unwrap().dims(), &[3, 10]);
+        }
+        // A [N, D] dataset is 1×1×D: the MLP takes it, the CNN refuses it clearly.
+        let flat = tempfile::tempdir().unwrap();
+        write_shared_dataset(flat.path(), &[0.5; 20], &[5], &[0, 1, 2, 0], 1).unwrap();
+        let (t, _) = Dataset::shared(flat.path()).unwrap();
+        let mlp = ModelSpec {
+            hidden: vec![4],
+            ..ModelSpec::default()
+        };
+        assert!(Model::new(&mlp, t.input_shape(), t.classes(), 1).is_ok());
+        let cnn = ModelSpec {
+            arch: Arch::Cnn,
+            ..ModelSpec::default()
+        };
+        let e = Model::new(&cnn, t.input_shape(), t.classes(), 1).unwrap_err();
+        assert!(e.to_string().contains("at least 4×4"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_trainer_steps_on_a_shared_dataset() {
+        let dir = tempfile::tempdir().unwrap();
+        export_digits(dir.path()).unwrap();
+        let mut spec = TrainSpec::from_toml(
+            "[model]\narch = \"cnn\"\nchannels = [4, 8]\nfc = 16\n[data]\ndataset = \"digits-copy\"",
+        )
+        .unwrap();
+        let comm = collective::Communicator::in_memory(1, Default::default())
+            .unwrap()
+            .pop()
+            .unwrap();
+        spec.data.shared_dir = Some(dir.path().into());
+        let mut t = Trainer::new(&spec, comm).unwrap();
+        t.step().await.unwrap();
+        assert_eq!(t.step_count(), 1);
+    }
 
     #[test]
     fn digits_load_with_fixed_split_and_all_classes() {

@@ -29,6 +29,15 @@ pub enum TrainError {
         /// What is wrong with it.
         detail: String,
     },
+    /// A shared dataset's file is missing, unreadable, too large or not in the expected
+    /// format (an operator error: fix the dataset; see [`crate::shared_dataset`]).
+    #[error("dataset {path}: {detail}")]
+    Dataset {
+        /// The file (or directory).
+        path: String,
+        /// What is wrong with it, naming the tensor where one is at fault.
+        detail: String,
+    },
     /// A saved train state does not fit this model or run (names, shapes, world).
     #[error("state mismatch: {0}")]
     StateMismatch(String),

@@ -4,8 +4,9 @@
 //! uses it to run the workers of a job; this crate never depends on the node). A job's
 //! `[model]`, `[data]`, `[train]` and `[checkpoint]` tables deserialize into [`TrainSpec`];
 //! [`Trainer::new`] builds the model ([`Model`]: MLP, LeNet-like CNN or a small character
-//! transformer), loads the data ([`Dataset`]: the shipped 8×8 digits, synthetic images, or
-//! the project's own text) and takes over one rank's [`collective::Communicator`].
+//! transformer), loads the data ([`Dataset`]: the shipped 8×8 digits, synthetic images, the
+//! project's own text, or a shared dataset's safetensors files, [`shared_dataset`]) and
+//! takes over one rank's [`collective::Communicator`].
 //! [`Trainer::run`] trains: per step forward and backward (layer by layer for the MLP and
 //! CNN, [`Layers`], each layer's gradients going on the wire as soon as they are computed;
 //! candle's autograd for the transformer), gradients averaged in buckets ([`GradSync`];
@@ -43,6 +44,7 @@ mod optimizer;
 mod sampler;
 mod schedule;
 pub mod search;
+pub mod shared_dataset;
 mod spec;
 mod state;
 mod trainer;
@@ -62,9 +64,11 @@ pub use model::Model;
 pub use optimizer::Optimizer;
 pub use sampler::{DataCursor, Sampler};
 pub use schedule::LrSchedule;
+pub use shared_dataset::{export_digits, write_shared_dataset};
 pub use spec::{
-    Arch, CheckpointSpec, DataSpec, DecayKind, GradCompression, LrScaling, ModelSpec,
-    OptimizerKind, SufficientFactors, TrainParams, TrainSpec, BATCH_PER_WORKER_MAX, WIDTH_MAX,
+    check_dataset_name, is_builtin_dataset, Arch, CheckpointSpec, DataSpec, DecayKind,
+    GradCompression, LrScaling, ModelSpec, OptimizerKind, SufficientFactors, TrainParams,
+    TrainSpec, BATCH_PER_WORKER_MAX, BUILTIN_DATASETS, DATASET_NAME_BYTES_MAX, WIDTH_MAX,
 };
 pub use state::{splitmix64, NamedTensor, StateMeta, TrainState, STATE_FORMAT, TENSOR_ELEMS_MAX};
 pub use trainer::{

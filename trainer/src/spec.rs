@@ -3,6 +3,8 @@
 //! The node deserializes these straight from the job spec (TOML); every field has a serde
 //! default, so a spec names only what it changes. [`TrainSpec::validate`] checks the values.
 
+use std::path::PathBuf;
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::TrainError;
@@ -79,8 +81,10 @@ impl Default for ModelSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct DataSpec {
-    /// `digits` (shipped 8×8 digits), `synthetic` (generated images) or `text` (the project's
-    /// own sources, for the transformer). Default `digits`.
+    /// `digits` (shipped 8×8 digits), `synthetic` (generated images), `text` (the project's
+    /// own sources, for the transformer), or any other name: a shared dataset (see
+    /// [`check_dataset_name`]; its files in the directory [`DataSpec::shared_dir`], for
+    /// `model.arch` mlp or cnn). Default `digits`.
     pub dataset: String,
     /// Synthetic: training samples. Default 8192.
     pub samples: usize,
@@ -92,6 +96,12 @@ pub struct DataSpec {
     pub classes: usize,
     /// Synthetic: noise standard deviation around each class prototype. Default 1.0.
     pub noise: f32,
+    /// Not part of the job spec (never read from or written to it): the directory holding a
+    /// shared dataset's `train.safetensors` (and `val.safetensors`) on this machine. The
+    /// worker sets it from `RINGLEADER_DATASET_DIR` ([`crate::worker::DATASET_DIR_ENV`]);
+    /// ignored for the built-in datasets. Default none.
+    #[serde(skip)]
+    pub shared_dir: Option<PathBuf>,
 }
 
 impl Default for DataSpec {
@@ -103,6 +113,7 @@ impl Default for DataSpec {
             shape: vec![1, 28, 28],
             classes: 10,
             noise: 1.0,
+            shared_dir: None,
         }
     }
 }
@@ -278,6 +289,36 @@ impl Default for CheckpointSpec {
     }
 }
 
+/// The datasets built into the trainer (every other `data.dataset` names a shared dataset).
+pub const BUILTIN_DATASETS: [&str; 3] = ["digits", "synthetic", "text"];
+/// Longest shared dataset name, bytes.
+pub const DATASET_NAME_BYTES_MAX: usize = 64;
+
+/// Whether `name` is one of the [`BUILTIN_DATASETS`].
+pub fn is_builtin_dataset(name: &str) -> bool {
+    BUILTIN_DATASETS.contains(&name)
+}
+
+/// Checks a `data.dataset` value: a built-in, or a shared dataset name matching
+/// `[A-Za-z0-9][A-Za-z0-9._-]{0,63}` (so it is a safe single path component: never empty,
+/// never `.` or `..`, no separator). The error names the field.
+pub fn check_dataset_name(name: &str) -> Result<(), String> {
+    if is_builtin_dataset(name) {
+        return Ok(());
+    }
+    let mut bytes = name.bytes();
+    let first_ok = bytes.next().is_some_and(|b| b.is_ascii_alphanumeric());
+    let rest_ok = bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if first_ok && rest_ok && name.len() <= DATASET_NAME_BYTES_MAX {
+        Ok(())
+    } else {
+        Err(format!(
+            "data.dataset {name:?}: a shared dataset name is letters, digits, '.', '_', '-' \
+             (at most {DATASET_NAME_BYTES_MAX}), starting with a letter or digit"
+        ))
+    }
+}
+
 /// Largest batch per worker accepted, samples.
 pub const BATCH_PER_WORKER_MAX: usize = 1 << 16;
 /// Largest layer width accepted by the spec, units.
@@ -329,7 +370,11 @@ impl TrainSpec {
                 return bad("model.layers 1..=64, model.seq_len 2..=4096".into());
             }
             if self.data.dataset != "text" {
-                return bad("model.arch transformer needs data.dataset = \"text\"".into());
+                return bad(format!(
+                    "model.arch transformer needs data.dataset = \"text\", not {:?} (shared \
+                     datasets are for model.arch mlp or cnn)",
+                    self.data.dataset
+                ));
             }
         } else if self.data.dataset == "text" {
             return bad("data.dataset text needs model.arch = \"transformer\"".into());
@@ -351,7 +396,8 @@ impl TrainSpec {
                     return bad("data.noise must be finite and ≥ 0".into());
                 }
             }
-            other => return bad(format!("data.dataset {other:?}: digits | synthetic | text")),
+            // A shared dataset: its shape and classes come from its files, checked when loaded.
+            other => check_dataset_name(other).map_err(TrainError::Spec)?,
         }
         if t.batch_per_worker == 0 || t.batch_per_worker > BATCH_PER_WORKER_MAX {
             return bad(format!("train.batch_per_worker 1..={BATCH_PER_WORKER_MAX}"));
@@ -425,7 +471,59 @@ keep = 3
         let mut s = TrainSpec::default();
         s.model.arch = Arch::Transformer;
         assert!(s.validate().is_err(), "transformer needs text");
-        assert!(TrainSpec::from_toml("[data]\ndataset = \"imagenet\"").is_err());
+        assert!(TrainSpec::from_toml("[data]\ndataset = \"image/net\"").is_err());
+    }
+
+    #[test]
+    fn shared_dataset_names_are_checked_and_exclude_the_transformer() {
+        for ok in ["imagenet", "mnist-2024.v1", "a", "9_x", &"a".repeat(64)] {
+            assert_eq!(check_dataset_name(ok), Ok(()), "{ok}");
+            assert!(!is_builtin_dataset(ok));
+        }
+        for builtin in BUILTIN_DATASETS {
+            assert!(is_builtin_dataset(builtin));
+            assert_eq!(check_dataset_name(builtin), Ok(()));
+        }
+        for bad in [
+            "",
+            "a/b",
+            "..",
+            ".hidden",
+            "-x",
+            "_x",
+            "a b",
+            "é",
+            &"a".repeat(65),
+        ] {
+            let e = check_dataset_name(bad).unwrap_err();
+            assert!(
+                e.starts_with(&format!("data.dataset {bad:?}: a shared")),
+                "{e}"
+            );
+        }
+        let e = check_dataset_name("a/b").unwrap_err();
+        assert!(
+            e.contains("letters, digits, '.', '_', '-' (at most 64)"),
+            "{e}"
+        );
+        let s =
+            TrainSpec::from_toml("[model]\narch = \"cnn\"\n[data]\ndataset = \"mnist\"").unwrap();
+        assert_eq!(
+            (s.data.dataset.as_str(), s.data.shared_dir),
+            ("mnist", None)
+        );
+        let e =
+            TrainSpec::from_toml("[model]\narch = \"transformer\"\n[data]\ndataset = \"mnist\"")
+                .unwrap_err();
+        assert!(e.to_string().contains("model.arch transformer"), "{e}");
+        let e = TrainSpec::from_toml("[data]\ndataset = \"a/b\"").unwrap_err();
+        assert!(e.to_string().contains("data.dataset \"a/b\""), "{e}");
+        // The directory is never part of the spec text.
+        let s = TrainSpec::from_toml("[data]\nshared_dir = \"/etc\"").unwrap();
+        assert_eq!(s.data.shared_dir, None);
+        let mut s = TrainSpec::default();
+        s.data.shared_dir = Some("/data/x".into());
+        assert!(!toml::to_string(&s).unwrap().contains("/data/x"));
     }
 
     #[test]

@@ -49,6 +49,12 @@
 //! own computation (a deadlock) hung, while ranks blocked on it, waiting on the network, say
 //! nothing.
 //!
+//! A job on a shared dataset (`data.dataset` not a built-in, see
+//! [`crate::shared_dataset`]) reads it from the directory named by the environment variable
+//! [`DATASET_DIR_ENV`] (`RINGLEADER_DATASET_DIR`: the absolute path of the dataset's
+//! directory, set by the node once the dataset is on this machine); unset, the worker stops
+//! with an error before it connects the ring. For a built-in dataset it is ignored.
+//!
 //! Test-only: the environment variable [`STEP_DELAY_ENV`] (`RINGLEADER_TEST_STEP_DELAY_MS`,
 //! read once at start) makes every step sleep that long in its compute part, to emulate a
 //! straggler; [`HANG_ENV`] (`RINGLEADER_TEST_HANG=RANK:STEP`) makes the worker started as
@@ -74,6 +80,8 @@ use crate::{CheckpointStore, Checkpointer, Event, StepMetrics, TrainSpec, Traine
 pub const METRIC_STEP_INTERVAL_MS: u64 = 250;
 /// Shortest gap between two `ringleader-rank-stats` lines of a rank, in milliseconds.
 pub const RANK_STATS_INTERVAL_MS: u64 = 1000;
+/// The directory holding the job's shared dataset (an absolute path; set by the node).
+pub const DATASET_DIR_ENV: &str = "RINGLEADER_DATASET_DIR";
 /// Test-only: milliseconds every step sleeps in its compute part (emulates a straggler).
 pub const STEP_DELAY_ENV: &str = "RINGLEADER_TEST_STEP_DELAY_MS";
 /// Test-only: `RANK:STEP`, the worker started as rank RANK hangs in step STEP's forward pass.
@@ -345,11 +353,31 @@ fn step_delay() -> anyhow::Result<Duration> {
     }
 }
 
+/// The directory of `dataset` from [`DATASET_DIR_ENV`]'s value `var`: none for a built-in,
+/// required (and not empty) for a shared dataset.
+fn shared_dataset_dir(
+    dataset: &str,
+    var: Option<std::ffi::OsString>,
+) -> anyhow::Result<Option<std::path::PathBuf>> {
+    if crate::is_builtin_dataset(dataset) {
+        return Ok(None);
+    }
+    match var {
+        Some(dir) if !dir.is_empty() => Ok(Some(dir.into())),
+        _ => bail!(
+            "data.dataset {dataset:?} is a shared dataset: {DATASET_DIR_ENV} must name its \
+             directory (the node sets it)"
+        ),
+    }
+}
+
 /// Runs one worker to the end of training (or of the benchmark).
 pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.spec)
         .with_context(|| format!("reading {}", args.spec.display()))?;
     let mut spec = TrainSpec::from_toml(&text)?;
+    spec.data.shared_dir =
+        shared_dataset_dir(&spec.data.dataset, std::env::var_os(DATASET_DIR_ENV))?;
     if let Some(m) = args.max_steps {
         spec.train.max_steps = Some(m);
     }
@@ -704,6 +732,25 @@ mod tests {
         let at = t0 + Duration::from_millis(RANK_STATS_INTERVAL_MS);
         let (c, w) = s.record(&step(0.040, 0.004), at).unwrap();
         assert!((c - 30.0).abs() < 1e-9 && (w - 2.0).abs() < 1e-9, "{c} {w}");
+    }
+
+    #[test]
+    fn a_shared_dataset_needs_the_directory_variable() {
+        assert_eq!(
+            shared_dataset_dir("digits", Some("/x".into())).unwrap(),
+            None
+        );
+        assert_eq!(
+            shared_dataset_dir("mnist", Some("/data/mnist".into())).unwrap(),
+            Some("/data/mnist".into())
+        );
+        for unset in [None, Some("".into())] {
+            let e = shared_dataset_dir("mnist", unset).unwrap_err().to_string();
+            assert!(
+                e.contains("\"mnist\"") && e.contains(DATASET_DIR_ENV),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! A 3-worker digits job reaches ≥ 97% validation accuracy within a fixed step budget
-//! (deterministic: the same seed gives the same run, so this passes or fails every time).
+//! (deterministic: the same seed gives the same run, so this passes or fails every time);
+//! the digits exported as a shared dataset train exactly like the built-in.
 
 mod common;
 
-use common::on_group;
+use common::{on_group, train_params};
 use trainer::{Arch, Event, ModelSpec, OptimizerKind, TrainError, TrainParams, TrainSpec, Trainer};
 
 /// Step budget: 3 workers × 32 samples = 96 per step, 15 steps per epoch, so 15 epochs.
@@ -61,4 +62,17 @@ fn three_workers_reach_97_percent_on_digits() {
         "val accuracy {:.4} after {STEPS} steps (per epoch {epochs:?})",
         last.val_accuracy
     );
+}
+
+#[test]
+fn shared_digits_train_exactly_like_the_built_in() {
+    let dir = tempfile::tempdir().unwrap();
+    trainer::export_digits(dir.path()).unwrap();
+    let builtin = TrainSpec::from_toml("[model]\nhidden = [32]").unwrap();
+    let mut shared = builtin.clone();
+    shared.data.dataset = "digits-copy".into();
+    shared.data.shared_dir = Some(dir.path().into());
+    let a = train_params(&builtin, 2, 20);
+    let b = train_params(&shared, 2, 20);
+    assert_eq!(a, b, "same data, same seed: the same parameters");
 }

@@ -1,19 +1,49 @@
-//! A checkpoint loads in Python with `safetensors` (skipped, saying so, when python3 or the
-//! `safetensors`/`numpy` packages are missing).
+//! Python and the trainer share files through `safetensors`: a checkpoint loads in Python,
+//! and `examples/make_dataset.py` writes a shared dataset the trainer reads. Skipped, saying
+//! so, when the interpreter or its `safetensors`/`numpy` packages are missing; `PYTHON`
+//! picks the interpreter (default `python3`).
 
 use std::process::Command;
 
-use trainer::{CheckpointStore, TrainSpec, Trainer};
+use trainer::{CheckpointStore, Dataset, TrainSpec, Trainer};
+
+/// The interpreter, if it has safetensors and numpy; otherwise says SKIPPED.
+fn python() -> Option<String> {
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    let probe = Command::new(&python)
+        .args(["-c", "import safetensors.numpy, numpy"])
+        .status();
+    if matches!(probe, Ok(s) if s.success()) {
+        Some(python)
+    } else {
+        println!("SKIPPED: {python} with safetensors and numpy not available (pip install safetensors numpy)");
+        None
+    }
+}
+
+#[test]
+fn make_dataset_py_writes_a_readable_shared_dataset() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/make_dataset.py");
+    let out = Command::new(&python)
+        .arg(script)
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "python failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (train, val) = Dataset::shared(dir.path()).unwrap();
+    assert_eq!((train.len(), val.len()), (900, 100));
+    assert_eq!((train.input_shape(), train.classes()), ([1, 28, 28], 10));
+}
 
 #[test]
 fn checkpoint_loads_in_python_safetensors() {
-    let probe = Command::new("python3")
-        .args(["-c", "import safetensors.numpy, numpy"])
-        .status();
-    if !matches!(probe, Ok(s) if s.success()) {
-        eprintln!("SKIPPED: python3 with safetensors and numpy not available (pip install safetensors numpy)");
-        return;
-    }
+    let Some(python) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -37,7 +67,7 @@ fn checkpoint_loads_in_python_safetensors() {
     let ckpt = dir.path().join("jobs/py/ckpt/000000000003");
     // The script prints `name shape sum` per tensor of model.safetensors; compare with ours.
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/check_checkpoint.py");
-    let out = Command::new("python3")
+    let out = Command::new(&python)
         .arg(script)
         .arg(&ckpt)
         .output()

@@ -33,8 +33,17 @@ impl ApiClient {
 
     /// `GET path`, decoded as JSON; errors name the node's address or carry its message.
     pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
-        let url = format!("http://{}{}", self.peer, path);
-        let mut req = self.agent.get(&url);
+        self.call_without_body(self.agent.get(&self.url(path)))
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.peer, path)
+    }
+
+    fn call_without_body<T: DeserializeOwned>(
+        &self,
+        mut req: ureq::RequestBuilder<ureq::typestate::WithoutBody>,
+    ) -> Result<T> {
         if let Some(token) = &self.token {
             req = req.header("authorization", &format!("Bearer {token}"));
         }
@@ -46,8 +55,28 @@ impl ApiClient {
 
     /// `POST path` with a text body, decoded as JSON.
     pub fn post<T: DeserializeOwned>(&self, path: &str, body: &str) -> Result<T> {
-        let url = format!("http://{}{}", self.peer, path);
-        let mut req = self.agent.post(&url).header("content-type", "text/plain");
+        self.post_with(path, "text/plain", body)
+    }
+
+    /// `POST path` with a JSON body, decoded as JSON.
+    pub fn post_json<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<T> {
+        self.post_with(path, "application/json", &body.to_string())
+    }
+
+    fn post_with<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        content_type: &str,
+        body: &str,
+    ) -> Result<T> {
+        let mut req = self
+            .agent
+            .post(&self.url(path))
+            .header("content-type", content_type);
         if let Some(token) = &self.token {
             req = req.header("authorization", &format!("Bearer {token}"));
         }
@@ -55,6 +84,11 @@ impl ApiClient {
             .send(body)
             .map_err(|e| anyhow!("cannot reach ringleader node at {}: {e}", self.peer))?;
         self.decode(resp)
+    }
+
+    /// `DELETE path`, decoded as JSON.
+    pub fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        self.call_without_body(self.agent.delete(&self.url(path)))
     }
 
     fn decode<T: DeserializeOwned>(&self, mut resp: ureq::http::Response<ureq::Body>) -> Result<T> {

@@ -10,12 +10,14 @@
 //! | `POST /v1/jobs/{id}/cancel` | cancels a job |
 //! | `GET /v1/jobs/{id}/logs?offsets=W:N,…` | the current ring's logs, one chunk per rank, read from byte `N` of worker `W`'s log |
 //! | `GET /v1/jobs/{id}/metrics` | each metric's history: `{"id": …, "metrics": {"loss": [[step, value], …]}}` |
+//! | `/v1/datasets…` | datasets shared peer to peer ([`datasets`]) |
 //! | `GET /metrics` | Prometheus text exposition ([`prometheus`]) |
 //! | `GET /healthz` | `ok`; open even with a token |
 //!
 //! Errors are `{"error": "…"}` with 400 (bad input), 401 (API token missing or wrong, see
 //! [`auth`]), 404 (no such job) or 503 (no chief or chief unreachable: retry).
 //!
+//! - [`datasets`]: the dataset routes.
 //! - [`dashboard`]: the single-page dashboard served at `/`.
 //! - [`auth`]: the bearer-token middleware (`ringleader node --token-file`).
 //! - [`prometheus`]: the `/metrics` exposition, written by hand.
@@ -25,11 +27,12 @@
 //! - [`client`]: the CLI's HTTP client for these routes.
 //!
 //! May use: `control` (reads, proposals), `cluster` (the member view), `jobs` (admitting a
-//! spec). Used by: `cli`, the node's start-up.
+//! spec), `datasets` (the service). Used by: `cli`, the node's start-up.
 
 pub mod auth;
 pub mod client;
 pub mod dashboard;
+pub mod datasets;
 pub mod prometheus;
 pub mod redact;
 pub mod status;
@@ -63,6 +66,8 @@ pub struct AppState {
     pub node: NodeHandle,
     /// The control plane's handle (reads, proposals).
     pub control: ControlHandle,
+    /// The dataset service.
+    pub datasets: crate::datasets::Datasets,
     /// The API token; `None`: the API is open (see [`auth`]).
     pub token: Option<Arc<auth::ApiToken>>,
 }
@@ -99,6 +104,15 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/jobs/{id}/cancel", post(cancel))
         .route("/v1/jobs/{id}/logs", get(logs))
         .route("/v1/jobs/{id}/metrics", get(job_metrics))
+        .route("/v1/datasets", get(datasets::list).post(datasets::add))
+        .route(
+            "/v1/datasets/{name}",
+            axum::routing::delete(datasets::remove),
+        )
+        .route(
+            "/v1/datasets/{name}/get",
+            get(datasets::get_status).post(datasets::get),
+        )
         .route("/metrics", get(prometheus_metrics))
         .route("/healthz", get(|| async { "ok" }))
         .layer(DefaultBodyLimit::max(SPEC_BYTES_MAX));
@@ -180,7 +194,12 @@ async fn prometheus_metrics(State(app): State<AppState>) -> Result<Response, Api
             })
             .collect::<Vec<_>>()
     });
-    let text = prometheus::render(&doc, &jobs);
+    let mut text = prometheus::render(&doc, &jobs);
+    text.push_str(&prometheus::render_datasets(&prometheus::DatasetSample {
+        served_bytes: app.datasets.served_bytes(),
+        fetched_bytes: app.datasets.fetched_bytes(),
+        registered: app.control.read(|s| s.datasets.len()),
+    }));
     Ok(([(header::CONTENT_TYPE, prometheus::CONTENT_TYPE)], text).into_response())
 }
 
@@ -215,6 +234,20 @@ async fn submit(
     body: String,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let spec = crate::jobs::admit_text(&body).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
+    if let Some(name) = spec
+        .data
+        .as_ref()
+        .and_then(|d| d.get("dataset"))
+        .and_then(|v| v.as_str())
+        .filter(|n| !crate::datasets::BUILTIN.contains(n))
+    {
+        if app.control.read(|s| !s.datasets.contains_key(name)) {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("data.dataset {name:?}: no such dataset (add it with `ringleader dataset add`; see `ringleader dataset ls`)"),
+            ));
+        }
+    }
     let token = q
         .token
         .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));

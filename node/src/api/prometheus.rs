@@ -134,6 +134,49 @@ impl Exposition {
     }
 }
 
+/// This node's dataset figures.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DatasetSample {
+    /// Bytes served to peers since the node started.
+    pub served_bytes: u64,
+    /// Verified bytes fetched from peers since the node started.
+    pub fetched_bytes: u64,
+    /// Datasets in the registry.
+    pub registered: usize,
+}
+
+/// The dataset families (appended to [`render`]'s text).
+pub fn render_datasets(d: &DatasetSample) -> String {
+    let mut e = Exposition(String::new());
+    e.family(
+        "ringleader_dataset_served_bytes_total",
+        "counter",
+        "Dataset bytes this node served to peers since it started.",
+    );
+    e.sample(
+        "ringleader_dataset_served_bytes_total",
+        &[],
+        d.served_bytes as f64,
+    );
+    e.family(
+        "ringleader_dataset_fetched_bytes_total",
+        "counter",
+        "Verified dataset bytes this node fetched from peers since it started.",
+    );
+    e.sample(
+        "ringleader_dataset_fetched_bytes_total",
+        &[],
+        d.fetched_bytes as f64,
+    );
+    e.family(
+        "ringleader_datasets",
+        "gauge",
+        "Datasets in the cluster's registry.",
+    );
+    e.sample("ringleader_datasets", &[], d.registered as f64);
+    e.0
+}
+
 /// The exposition of `status` (this node's view of members, chief, term and counters) and
 /// `jobs`.
 pub fn render(status: &StatusDoc, jobs: &[JobSample]) -> String {
@@ -282,6 +325,7 @@ mod tests {
             p2p_addrs: Vec::new(),
             api_addr: String::new(),
             data_addr: String::new(),
+            datasets_addr: String::new(),
             version: String::new(),
             is_self: name == "a",
         }

@@ -37,6 +37,9 @@ pub struct MemberDoc {
     pub p2p_addrs: Vec<String>,
     pub api_addr: String,
     pub data_addr: String,
+    /// Dataset transfer address.
+    #[serde(default)]
+    pub datasets_addr: String,
     pub version: String,
     /// True for the node that answered.
     #[serde(rename = "self")]
@@ -65,6 +68,7 @@ impl StatusDoc {
                 p2p_addrs: m.meta.p2p_addrs.clone(),
                 api_addr: m.meta.api_addr.clone(),
                 data_addr: m.meta.data_addr.clone(),
+                datasets_addr: m.meta.datasets_addr.clone(),
                 version: m.meta.version.clone(),
                 is_self: m.id == view.local,
             })

@@ -4,6 +4,7 @@
 //! - [`bench_membership`], [`bench_control`], [`bench_elastic`]: the benchmarks' figures.
 //! - [`local`]: a cluster of real `ringleader node` processes on this host, for the demo, the
 //!   benchmarks and the integration tests (public because the binary's demo needs it).
+//! - [`datasets`]: `ringleader dataset add | ls | get | rm`.
 //! - [`train_worker`]: the hidden `train-worker` subcommand, one rank of a train job.
 //!
 //! May use: everything in the crate.
@@ -11,6 +12,7 @@
 pub mod bench_control;
 pub mod bench_elastic;
 pub mod bench_membership;
+pub mod datasets;
 pub mod demo;
 pub mod local;
 pub mod train_worker;
@@ -88,6 +90,9 @@ pub enum Cmd {
         #[arg(long, short)]
         follow: bool,
     },
+    /// Datasets shared peer to peer: add, ls, get, rm.
+    #[command(subcommand)]
+    Dataset(datasets::DatasetCmd),
     /// Start a local 3-node cluster, show it, and stop it.
     Demo,
     /// Write a new cluster key (swarm.key format) to FILE, or print it.
@@ -126,6 +131,16 @@ pub struct NodeArgs {
     /// Collective data-plane address (default: the --listen host, a port the OS picks).
     #[arg(long)]
     pub data: Option<String>,
+    /// Dataset transfer address (default: the --listen host, a port the OS picks).
+    #[arg(long)]
+    pub datasets: Option<String>,
+    /// While a job's ring runs on this node, serve datasets to peers at most this fast
+    /// (MB/s, 10^6 bytes; 0: no cap), so the collective keeps the link.
+    #[arg(long, default_value_t = 50)]
+    pub dataset_busy_mbps: u64,
+    /// Serve datasets to peers at most this fast at all times (MB/s; 0: no cap).
+    #[arg(long, default_value_t = 0)]
+    pub dataset_upload_mbps: u64,
     /// Cpus this node offers to jobs (default: the host's logical cpus); each worker takes
     /// `cpus_per_worker` of them. More than the host has over-commits it on purpose (many
     /// light trials), fewer keeps some for other work.
@@ -165,19 +180,21 @@ impl NodeArgs {
     pub fn into_config(self) -> Result<NodeConfig> {
         let listen = addr::parse_listen_addr(&self.listen).context("--listen")?;
         let api = addr::parse_bind_addr(&self.api).context("--api")?;
+        let listen_host = listen
+            .iter()
+            .find_map(|p| match p {
+                libp2p::multiaddr::Protocol::Ip4(ip) => Some(std::net::IpAddr::V4(ip)),
+                libp2p::multiaddr::Protocol::Ip6(ip) => Some(std::net::IpAddr::V6(ip)),
+                _ => None,
+            })
+            .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
         let data = match &self.data {
             Some(d) => addr::parse_bind_addr(d).context("--data")?,
-            None => {
-                let host = listen
-                    .iter()
-                    .find_map(|p| match p {
-                        libp2p::multiaddr::Protocol::Ip4(ip) => Some(std::net::IpAddr::V4(ip)),
-                        libp2p::multiaddr::Protocol::Ip6(ip) => Some(std::net::IpAddr::V6(ip)),
-                        _ => None,
-                    })
-                    .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
-                std::net::SocketAddr::new(host, 0)
-            }
+            None => std::net::SocketAddr::new(listen_host, 0),
+        };
+        let datasets = match &self.datasets {
+            Some(d) => addr::parse_bind_addr(d).context("--datasets")?,
+            None => std::net::SocketAddr::new(listen_host, 0),
         };
         let join = self
             .join
@@ -196,10 +213,11 @@ impl NodeArgs {
             let abs = std::path::absolute(&data_dir).unwrap_or_else(|_| data_dir.clone());
             format!("file://{}", abs.join("store").display())
         });
-        // A push-pull carries every member (about 400 bytes each with our metadata), so the
-        // member limit keeps it inside one wire frame.
+        // A push-pull carries every member (about 400 bytes each with our metadata, up to
+        // 300 more for a member advertising the most datasets), so the member limit keeps it
+        // inside one wire frame.
         let membership = membership::Config {
-            members_max: 8_000,
+            members_max: 6_000,
             ..membership::Config::default()
         };
         membership
@@ -210,6 +228,9 @@ impl NodeArgs {
             listen,
             api,
             data,
+            datasets,
+            dataset_busy_bytes_per_s: self.dataset_busy_mbps.saturating_mul(1_000_000),
+            dataset_upload_bytes_per_s: self.dataset_upload_mbps.saturating_mul(1_000_000),
             join,
             data_dir,
             cluster_key: self.cluster_key,

@@ -37,16 +37,34 @@ pub fn load_or_create_identity(data_dir: &Path) -> Result<Keypair> {
     Ok(key)
 }
 
+/// A cluster key: libp2p's pre-shared key, and the same secret for the node's own
+/// authenticated connections (datasets), which get keys derived from it.
+#[derive(Clone, Copy)]
+pub struct ClusterKey {
+    /// For libp2p's private-network layer.
+    pub psk: PreSharedKey,
+    secret: [u8; 32],
+}
+
+impl ClusterKey {
+    /// A key for one use, derived from the cluster key (BLAKE3's key derivation with
+    /// `context`, a string unique to that use): holders of the cluster key agree on it,
+    /// nobody else can compute it, and it reveals nothing of the cluster key.
+    pub fn derive(&self, context: &str) -> [u8; 32] {
+        blake3::derive_key(context, &self.secret)
+    }
+}
+
 /// Reads a cluster key in the IPFS `swarm.key` format:
 /// `/key/swarm/psk/1.0.0/`, `/base16/`, then 64 hex digits, one per line.
-pub fn load_cluster_key(path: &Path) -> Result<PreSharedKey> {
+pub fn load_cluster_key(path: &Path) -> Result<ClusterKey> {
     let text = fs::read_to_string(path)
         .with_context(|| format!("reading cluster key {}", path.display()))?;
     parse_cluster_key(&text).with_context(|| format!("cluster key {}", path.display()))
 }
 
 /// Parses the `swarm.key` text format.
-pub fn parse_cluster_key(text: &str) -> Result<PreSharedKey> {
+pub fn parse_cluster_key(text: &str) -> Result<ClusterKey> {
     let lines: Vec<&str> = text
         .lines()
         .map(str::trim)
@@ -58,9 +76,12 @@ pub fn parse_cluster_key(text: &str) -> Result<PreSharedKey> {
                 bail!("expected 64 hex digits on the third line");
             }
             let normalised = format!("/key/swarm/psk/1.0.0/\n/base16/\n{hex}");
-            normalised
+            let psk = normalised
                 .parse::<PreSharedKey>()
-                .map_err(|e| anyhow::anyhow!("{e}"))
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let mut secret = [0u8; 32];
+            hex::decode_to_slice(hex, &mut secret)?;
+            Ok(ClusterKey { psk, secret })
         }
         _ => bail!("expected the swarm.key format: /key/swarm/psk/1.0.0/, /base16/, 64 hex digits"),
     }
@@ -89,7 +110,14 @@ mod tests {
         let text = generate_cluster_key();
         let a = parse_cluster_key(&text).unwrap();
         let b = parse_cluster_key(&text).unwrap();
-        assert_eq!(a.fingerprint().to_string(), b.fingerprint().to_string());
+        assert_eq!(
+            a.psk.fingerprint().to_string(),
+            b.psk.fingerprint().to_string()
+        );
+        assert_eq!(a.derive("x"), b.derive("x"));
+        assert_ne!(a.derive("x"), a.derive("y"));
+        let other = parse_cluster_key(&generate_cluster_key()).unwrap();
+        assert_ne!(a.derive("x"), other.derive("x"));
         assert!(parse_cluster_key("/key/swarm/psk/1.0.0/\n/base16/\nabc\n").is_err());
         assert!(parse_cluster_key("hello").is_err());
     }

@@ -24,6 +24,11 @@ pub struct NodeMeta {
     pub api_addr: String,
     /// Collective data-plane address, `host:port`.
     pub data_addr: String,
+    /// Dataset transfer address, `host:port` (see `datasets::transport`).
+    pub datasets_addr: String,
+    /// The datasets this node holds, whole or in part (a fetch under way serves the chunks
+    /// it has); at most [`HELD_DATASETS_MAX`], so metadata stays small.
+    pub datasets: Vec<HeldDataset>,
     /// Logical CPUs.
     pub cpus: u32,
     /// Physical memory in MiB.
@@ -57,6 +62,21 @@ pub fn host_cpus() -> u32 {
         .unwrap_or(1)
 }
 
+/// Most datasets one member advertises in its metadata: a node holding more advertises the
+/// whole copies first, then the newest fetches (the rest can still be fetched from it by
+/// peers that learn of it later, but are not listed).
+pub const HELD_DATASETS_MAX: usize = 32;
+
+/// A dataset a member holds, by the first 8 bytes of its root: 9 bytes of gossip each. A
+/// prefix collision is harmless: a fetcher checks what it gets against the full root.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct HeldDataset {
+    /// The first 8 bytes of the dataset's root, big-endian.
+    pub root_prefix: u64,
+    /// Whether the member holds every chunk (`false`: a fetch under way).
+    pub complete: bool,
+}
+
 /// A node named by peer id and human name.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeRef {
@@ -73,6 +93,8 @@ impl NodeMeta {
             p2p_addrs: Vec::new(),
             api_addr: String::new(),
             data_addr: format!("{host}:7072"),
+            datasets_addr: format!("{host}:7073"),
+            datasets: Vec::new(),
             cpus,
             memory_mb: 1024,
             gpus: Vec::new(),

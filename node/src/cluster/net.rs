@@ -220,7 +220,12 @@ pub enum Command {
     },
     /// Answer an inbound RPC.
     RpcRespond { key: u64, payload: Vec<u8> },
+    /// Change this node's metadata (it is gossiped with a higher version) when `f` changes it.
+    UpdateMeta(MetaUpdate),
 }
+
+/// A change to this node's metadata, run on the event loop.
+pub type MetaUpdate = Box<dyn FnOnce(&mut NodeMeta) + Send>;
 
 /// A member as the membership core holds it.
 pub type MemberView = membership::Member<PeerId, NodeMeta>;
@@ -320,6 +325,12 @@ impl NodeHandle {
             .await
             .map_err(|_| RpcError::ShuttingDown)?;
         rx.await.map_err(|_| RpcError::ShuttingDown)?
+    }
+
+    /// Changes this node's own metadata with `f`; the new metadata is gossiped (as a new
+    /// version) only if `f` changed it.
+    pub async fn update_meta(&self, f: impl FnOnce(&mut NodeMeta) + Send + 'static) {
+        let _ = self.tx.send(Command::UpdateMeta(Box::new(f))).await;
     }
 
     /// Answers the inbound RPC `key`.
@@ -509,6 +520,13 @@ impl EventLoop {
             Command::Members(reply) => {
                 let members = self.core.members().cloned().collect();
                 let _ = reply.send((self.now_ms(), members));
+            }
+            Command::UpdateMeta(f) => {
+                let mut meta = self.core.local().meta.clone();
+                f(&mut meta);
+                if meta != self.core.local().meta {
+                    self.drive(Event::SetMeta(meta));
+                }
             }
             Command::Rpc { to, payload, reply } => {
                 self.offer_addresses(to);

@@ -3,6 +3,7 @@
 //! - [`state`]: the replicated state machine's data and its deterministic `apply`; a
 //!   search's trials are applied in `trials` (records from `crate::search`).
 //! - [`id`]: job ids.
+//! - [`datasets`]: the dataset registry (name → root and figures).
 //! - [`store`]: openraft log store and state machine persisted as checksummed files.
 //! - [`voters`]: sans-IO voter reconciliation (which members vote), autopilot-like.
 //! - [`handle`]: starting Raft on a node, [`handle::ControlHandle`] (the write path through
@@ -13,8 +14,9 @@
 //!
 //! May use: `cluster` (the swarm handle, member view, wire codec), the leaf modules
 //! `jobs::spec` and `jobs::logs`, `search` (a search's records and trial specs, leaves
-//! that name jobs by [`id::JobId`]). Used by: `chief`, `jobs`' supervisor, `api`.
+//! that name jobs by [`id::JobId`]), `datasets`' leaves (roots, the naming rule). Used by: `chief`, `jobs`' supervisor, `api`.
 
+pub mod datasets;
 pub mod handle;
 pub mod id;
 mod network;

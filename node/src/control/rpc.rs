@@ -50,7 +50,9 @@ pub fn authorize(from: &str, cmd: &ControlCommand, state: &ControlState) -> Resu
     };
     match cmd {
         ControlCommand::Submit { spec, .. } => crate::jobs::admit(spec),
-        ControlCommand::Cancel { .. } => Ok(()),
+        ControlCommand::Cancel { .. }
+        | ControlCommand::DatasetAdd { .. }
+        | ControlCommand::DatasetRemove { .. } => Ok(()),
         ControlCommand::WorkerExited {
             id,
             generation,
@@ -62,6 +64,12 @@ pub fn authorize(from: &str, cmd: &ControlCommand, state: &ControlState) -> Resu
             runs_in_current_generation(*id, *generation, None)
         }
         ControlCommand::RankStats {
+            id,
+            generation,
+            rank,
+            ..
+        }
+        | ControlCommand::WorkerNote {
             id,
             generation,
             rank,

@@ -32,6 +32,7 @@ use std::fmt;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
+pub use super::datasets::DatasetRecord;
 pub use super::id::{BadJobId, JobId};
 use crate::{
     jobs::spec::{JobKind, JobSpec, WORKERS_MAX},
@@ -120,6 +121,8 @@ pub enum EventKind {
     Failed,
     /// The job was cancelled.
     Cancelled,
+    /// A rank's note (a dataset fetched before it started).
+    Note,
     /// A search's trial started, reported a rung, was promoted, paused, stopped, re-run,
     /// copied or failed (on the search job); a trial's job was re-opened to run again (on
     /// the trial's job).
@@ -697,6 +700,35 @@ pub enum ControlCommand {
         /// Proposer's clock.
         at_ms: u64,
     },
+    /// A rank says something worth the job's history (its dataset was fetched, say).
+    WorkerNote {
+        /// The job.
+        id: JobId,
+        /// The rank's generation.
+        generation: u32,
+        /// The rank.
+        rank: u32,
+        /// What happened (cut to [`REASON_BYTES_MAX`]).
+        message: String,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// A dataset is registered under `name` (refused if the name exists).
+    DatasetAdd {
+        /// Its name (`datasets::check_name`).
+        name: String,
+        /// What it names.
+        record: DatasetRecord,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// A dataset's name is removed; holders delete content no name refers to.
+    DatasetRemove {
+        /// The name.
+        name: String,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
 }
 
 /// One worker of a placed job.
@@ -737,6 +769,9 @@ pub enum BadCommand {
     /// A placement whose secret is not [`RING_SECRET_HEX_LEN`] lowercase hex digits.
     #[error("placement secret must be {RING_SECRET_HEX_LEN} lowercase hex digits")]
     Secret,
+    /// A dataset name outside the naming rule (`datasets::check_name`).
+    #[error("{0}")]
+    DatasetName(String),
 }
 
 /// Length of a ring secret in hex digits (32 bytes).
@@ -796,6 +831,10 @@ impl ControlCommand {
                 }
                 Ok(())
             }
+            ControlCommand::DatasetAdd { name, .. }
+            | ControlCommand::DatasetRemove { name, .. } => {
+                crate::datasets::check_name(name).map_err(BadCommand::DatasetName)
+            }
             ControlCommand::Submit { token: Some(t), .. }
                 if t.is_empty() || t.len() > TOKEN_BYTES_MAX =>
             {
@@ -823,7 +862,10 @@ impl ControlCommand {
             | ControlCommand::TrialPromote { at_ms, .. }
             | ControlCommand::TrialCopy { at_ms, .. }
             | ControlCommand::TrialReport { at_ms, .. }
-            | ControlCommand::SearchFinished { at_ms, .. } => *at_ms,
+            | ControlCommand::SearchFinished { at_ms, .. }
+            | ControlCommand::WorkerNote { at_ms, .. }
+            | ControlCommand::DatasetAdd { at_ms, .. }
+            | ControlCommand::DatasetRemove { at_ms, .. } => *at_ms,
         }
     }
 }
@@ -870,6 +912,9 @@ pub struct ControlState {
     /// Blacklisted members by peer id (expired entries are kept for their strikes).
     #[serde(default)]
     pub blacklist: BTreeMap<String, Blacklisting>,
+    /// The dataset registry: name → what it names (see `control::datasets`).
+    #[serde(default)]
+    pub datasets: BTreeMap<String, DatasetRecord>,
 }
 
 impl ControlState {
@@ -1208,6 +1253,24 @@ impl ControlState {
             | ControlCommand::TrialCopy { .. }
             | ControlCommand::TrialReport { .. }
             | ControlCommand::SearchFinished { .. } => self.apply_trial(log_index, cmd),
+            ControlCommand::WorkerNote {
+                id,
+                generation,
+                rank,
+                message,
+                at_ms,
+            } => {
+                let job = match self.current_attempt(*id, *generation) {
+                    Ok(job) => job,
+                    Err(r) => return r,
+                };
+                let mut message = format!("rank {rank}: {message}");
+                truncate_at_char(&mut message, REASON_BYTES_MAX);
+                job.push_event(*at_ms, EventKind::Note, message);
+                ControlResponse::Applied
+            }
+            ControlCommand::DatasetAdd { name, record, .. } => self.dataset_add(name, record),
+            ControlCommand::DatasetRemove { name, .. } => self.dataset_remove(name),
         }
     }
 

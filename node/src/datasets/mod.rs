@@ -14,21 +14,67 @@
 //!
 //! - [`manifest`]: the manifest, its limits, building one from local files, decoding one
 //!   from a peer (every field checked), chunk ranges and chunk verification.
+//! - [`store`]: the copies on disk — whole ones, fetches under way (`.part`, resumable),
+//!   adds being copied in — and writing a copy's files elsewhere (`get --to`).
+//! - [`transport`]: TCP connections authenticated with the cluster key, and the
+//!   request/answer messages on them.
+//! - [`serve`]: what this node holds and the server giving it to peers, with the rate cap
+//!   that makes dataset traffic yield to a job's ring.
+//! - [`fetch`]: the multi-source fetch (scheduler, one task per holder).
+//! - [`service`]: the node's entry point — add, get, ls, rm; gossip of holdings; deleting
+//!   content no name refers to.
+//!
+//! The registry of names is in the control state (`control::datasets`); which members hold
+//! what travels in member metadata (`cluster::meta::HeldDataset`).
 //!
 //! [`DatasetError`] is the room's error: the operator's files (I/O, unsupported files),
 //! a peer's bad manifest, a peer's bad chunk.
 //!
-//! May use: nothing of the node yet. Used by: nothing yet.
+//! May use: `cluster` (member view, metadata, wire codec, the cluster key), `control` (the
+//! registry, proposing), `jobs::spec` (what a job is). Used by: the node, `api`, `jobs`'
+//! supervisor (a train worker's dataset).
 
 use std::io;
 use std::path::PathBuf;
 
+pub mod fetch;
 pub mod manifest;
+pub mod serve;
+pub mod service;
+pub mod store;
+pub mod transport;
+
+pub use service::{DatasetDoc, Datasets, DatasetsConfig, DatasetsError};
 
 pub use manifest::{
     ChunkHash, FileEntry, Manifest, Root, CHUNK_BYTES_DEFAULT, CHUNK_BYTES_MAX, CHUNK_BYTES_MIN,
     FILES_MAX, MANIFEST_BYTES_MAX, PATH_BYTES_MAX,
 };
+
+/// Longest dataset name, in bytes (the trainer's rule for `data.dataset`).
+pub const NAME_BYTES_MAX: usize = trainer::DATASET_NAME_BYTES_MAX;
+
+/// The datasets a train job may name without adding them (the trainer's built-ins).
+pub const BUILTIN: [&str; 3] = trainer::BUILTIN_DATASETS;
+
+/// Checks a dataset name: 1 to 64 letters, digits, `.`, `_`, `-`, starting with a letter or
+/// digit, and not a built-in's name. The error says so, naming the value.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    let starts_ok = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric());
+    if !starts_ok || name.len() > NAME_BYTES_MAX || !name.chars().all(ok_char) {
+        return Err(format!(
+            "dataset name {name:?}: 1 to {NAME_BYTES_MAX} letters, digits, '.', '_' or '-', starting with a letter or digit"
+        ));
+    }
+    if BUILTIN.contains(&name) {
+        return Err(format!("dataset name {name:?} is a built-in dataset's"));
+    }
+    Ok(())
+}
 
 /// Why a dataset could not be built, decoded or checked.
 ///
@@ -151,6 +197,21 @@ pub enum DatasetError {
         expected: u32,
         /// The length received, in bytes.
         actual: usize,
+    },
+    /// A manifest whose root is not the one asked for.
+    #[error("manifest does not hash to the dataset's root")]
+    RootMismatch,
+    /// A file being added changed between hashing and copying.
+    #[error("{}: changed while being added; add it again once it is stable", path.display())]
+    ChangedWhileAdding {
+        /// The file.
+        path: PathBuf,
+    },
+    /// `--to` names a file that exists with other bytes.
+    #[error("{}: exists with other content; remove it or choose another --to", path.display())]
+    ExportExists {
+        /// The file.
+        path: PathBuf,
     },
     /// A chunk whose BLAKE3 hash is not the manifest's: corrupt or forged, never to be used.
     #[error("path {path:?} chunk {index}: hash does not match the manifest")]

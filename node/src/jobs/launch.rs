@@ -111,6 +111,18 @@ pub struct Launch {
     pub log: PathBuf,
     /// A search trial's metric: rank 0's `ringleader-report` lines report it.
     pub trial_metric: Option<String>,
+    /// A shared dataset the process trains on: it is fetched to this node first if
+    /// missing, and its directory goes to the process as `RINGLEADER_DATASET_DIR`.
+    pub dataset: Option<String>,
+}
+
+/// The shared dataset a train job names (`[data] dataset`), if it is not a built-in.
+pub fn shared_dataset(job: &Job) -> Option<String> {
+    if job.spec.kind != JobKind::Train {
+        return None;
+    }
+    let name = job.spec.data.as_ref()?.get("dataset")?.as_str()?;
+    (!crate::datasets::BUILTIN.contains(&name)).then(|| name.to_owned())
 }
 
 /// The launch of `slot` of `job`'s current generation, or `None` while a train ring member's
@@ -169,6 +181,7 @@ pub fn launch(
             env,
             log,
             trial_metric,
+            dataset: None,
         });
     }
     let addrs = ring_addrs(job, host_of)?;
@@ -210,6 +223,7 @@ pub fn launch(
         env,
         log,
         trial_metric,
+        dataset: shared_dataset(job),
     })
 }
 

@@ -26,7 +26,7 @@
 //! this task writes to the process's stdin (`ringleader-generation {…}`).
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, VecDeque},
     process::Stdio,
     time::{Duration, Instant},
 };
@@ -253,9 +253,77 @@ pub(super) struct Run {
     pub(super) reported_hung: bool,
     pub(super) reports: mpsc::Sender<ControlCommand>,
     pub(super) clock_ms: fn() -> u64,
+    /// The node's dataset service (`None` in tests without one).
+    pub(super) datasets: Option<crate::datasets::Datasets>,
+}
+
+/// The next control message: one stashed while the process was not yet running, else the
+/// next to arrive.
+async fn next_control(
+    stash: &mut VecDeque<Control>,
+    control: &mut mpsc::Receiver<Control>,
+) -> Option<Control> {
+    match stash.pop_front() {
+        Some(m) => Some(m),
+        None => control.recv().await,
+    }
 }
 
 impl Run {
+    /// The directory of the shared dataset `name` on this node, fetched first if missing;
+    /// the fetch's progress goes to the rank's log and its start and end to the job's
+    /// events.
+    async fn fetch_dataset(
+        &self,
+        datasets: &crate::datasets::Datasets,
+        name: &str,
+        log: &mut tokio::fs::File,
+    ) -> anyhow::Result<std::path::PathBuf> {
+        let mut lines: Vec<String> = Vec::new();
+        let mut noted = false;
+        let result = datasets
+            .ensure_local(name, |s| {
+                let pct = (s.chunks_done * 100).checked_div(s.chunks).unwrap_or(0);
+                lines.push(format!(
+                    "ringleader: fetching dataset {name:?}: {pct}% of {} MB, {} MB/s from {} holder(s)",
+                    s.size_bytes / 1_000_000,
+                    s.mb_per_s,
+                    s.sources.len()
+                ));
+            })
+            .await;
+        if !lines.is_empty() {
+            noted = true;
+            for line in &lines {
+                log.write_all(line.as_bytes()).await?;
+                log.write_all(b"\n").await?;
+            }
+        }
+        let message = match (&result, noted) {
+            (Ok(_), false) => None,
+            (Ok(dir), true) => Some(format!(
+                "dataset {name:?} fetched to this node ({})",
+                dir.display()
+            )),
+            (Err(e), _) => Some(e.to_string()),
+        };
+        if let Some(message) = message {
+            log.write_all(format!("ringleader: {message}\n").as_bytes())
+                .await?;
+            let _ = self
+                .reports
+                .send(ControlCommand::WorkerNote {
+                    id: self.key.0,
+                    generation: self.generation,
+                    rank: self.rank,
+                    message,
+                    at_ms: (self.clock_ms)(),
+                })
+                .await;
+        }
+        Ok(result?)
+    }
+
     pub(super) async fn run(mut self, control: mpsc::Receiver<Control>) {
         let id = self.key.0;
         let code = match self.supervise(control).await {
@@ -296,6 +364,27 @@ impl Run {
         for (path, text) in &self.launch.files {
             tokio::fs::write(path, text).await?;
         }
+        // Control messages that arrive while the dataset is fetched: a kill ends the wait,
+        // a new generation is replayed once the process runs (as if it had run all along).
+        let mut stash: VecDeque<Control> = VecDeque::new();
+        let mut env = self.launch.env.clone();
+        if let Some(name) = self.launch.dataset.clone() {
+            let Some(datasets) = self.datasets.clone() else {
+                anyhow::bail!("dataset {name:?}: this node has no dataset service");
+            };
+            let fetch = self.fetch_dataset(&datasets, &name, &mut log);
+            tokio::pin!(fetch);
+            let dir = loop {
+                tokio::select! {
+                    dir = &mut fetch => break dir?,
+                    msg = control.recv() => match msg {
+                        Some(Control::Kill) | Some(Control::Stop) | None => return Ok(None),
+                        Some(m) => stash.push_back(m),
+                    },
+                }
+            };
+            env.push(("RINGLEADER_DATASET_DIR".into(), dir.display().to_string()));
+        }
         let (program, args) = self
             .launch
             .command
@@ -308,12 +397,7 @@ impl Run {
         };
         let mut child = tokio::process::Command::new(program)
             .args(args)
-            .envs(
-                self.launch
-                    .env
-                    .iter()
-                    .map(|(k, v)| (k.as_str(), v.as_str())),
-            )
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(stdin)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -408,7 +492,7 @@ impl Run {
                     }
                     None => break child.wait().await?,
                 },
-                msg = control.recv(), if !killed => match msg {
+                msg = next_control(&mut stash, &mut control), if !killed => match msg {
                     Some(Control::Generation { generation, rank, line }) => {
                         info!(job = %id, generation, rank, "worker goes on in a new generation");
                         self.generation = generation;

@@ -145,6 +145,8 @@ pub struct Supervisor {
     clock_ms: fn() -> u64,
     /// Ranks of train jobs waiting for a member's address, already logged.
     waiting: HashSet<Key>,
+    /// The node's dataset service: train ranks fetch their shared dataset through it.
+    datasets: Option<crate::datasets::Datasets>,
 }
 
 impl Supervisor {
@@ -171,7 +173,14 @@ impl Supervisor {
             finished: HashMap::new(),
             clock_ms,
             waiting: HashSet::new(),
+            datasets: None,
         }
+    }
+
+    /// Gives train ranks the node's dataset service.
+    pub fn with_datasets(mut self, datasets: crate::datasets::Datasets) -> Self {
+        self.datasets = Some(datasets);
+        self
     }
 
     /// Sets the checkpoint storage URL of train jobs (default: `file://<data-dir>/store`,
@@ -217,6 +226,7 @@ impl Supervisor {
                 reported_hung: false,
                 reports: self.reports.clone(),
                 clock_ms: self.clock_ms,
+                datasets: self.datasets.clone(),
             };
             let (job, generation, rank) = (start.key.0, start.generation, start.rank);
             info!(job = %job, generation, rank, worker = start.key.2, "starting worker");
@@ -271,10 +281,18 @@ fn stop(control: &mpsc::Sender<Control>) {
 
 /// Starts this node's supervisor on top of the control plane: ranks follow the replicated
 /// state, and their reports are proposed to the chief.
-pub fn start(ctl: ControlHandle, me: String, jobs_dir: PathBuf, storage: String) {
+pub fn start(
+    ctl: ControlHandle,
+    datasets: crate::datasets::Datasets,
+    me: String,
+    jobs_dir: PathBuf,
+    storage: String,
+) {
     let (reports_tx, reports_rx) = mpsc::channel(REPORT_QUEUE_DEPTH);
     tokio::spawn(report_loop(ctl.clone(), reports_rx));
-    let supervisor = Supervisor::new(me, jobs_dir, reports_tx, wall_ms).with_storage(storage);
+    let supervisor = Supervisor::new(me, jobs_dir, reports_tx, wall_ms)
+        .with_storage(storage)
+        .with_datasets(datasets);
     tokio::spawn(run(ctl, supervisor));
 }
 
@@ -284,7 +302,9 @@ async fn report_loop(ctl: ControlHandle, mut rx: mpsc::Receiver<ControlCommand>)
     while let Some(cmd) = rx.recv().await {
         let must_arrive = matches!(
             cmd,
-            ControlCommand::WorkerExited { .. } | ControlCommand::TrialReport { .. }
+            ControlCommand::WorkerExited { .. }
+                | ControlCommand::TrialReport { .. }
+                | ControlCommand::WorkerNote { .. }
         );
         for generation in 0u32.. {
             match ctl.propose(cmd.clone()).await {

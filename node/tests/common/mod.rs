@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod netns;
+
 use std::{
     path::Path,
     time::{Duration, Instant},

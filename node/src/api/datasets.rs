@@ -1,0 +1,102 @@
+//! The dataset routes: `/v1/datasets`.
+//!
+//! | route | does |
+//! | --- | --- |
+//! | `GET /v1/datasets` | every registered dataset with its live holders ([`DatasetDoc`]) |
+//! | `POST /v1/datasets` `{"name", "path"}` | adds the file or directory at `path` on this node (blocks while it is copied in); 201 and the dataset |
+//! | `DELETE /v1/datasets/{name}` | removes the name; holders delete the content |
+//! | `POST /v1/datasets/{name}/get` `{"to": optional dir}` | starts (or joins) a fetch to this node; 202 and its [`FetchStatus`] |
+//! | `GET /v1/datasets/{name}/get` | the latest fetch on this node |
+//!
+//! Errors: 400 (a bad name or path, a file that cannot be shared), 404 (no such dataset, or
+//! no fetch of it here), 409 (the name exists), 503 (no chief), 500 (this node failed, a
+//! full disk included).
+
+use axum::{
+    extract::{Path, State},
+    http::StatusCode,
+    Json,
+};
+use serde::Deserialize;
+
+use super::{ApiError, AppState};
+use crate::datasets::{fetch::FetchStatus, DatasetDoc, DatasetsError};
+
+impl From<DatasetsError> for ApiError {
+    fn from(e: DatasetsError) -> Self {
+        let code = match &e {
+            DatasetsError::NotFound(_) => StatusCode::NOT_FOUND,
+            DatasetsError::Exists(_) => StatusCode::CONFLICT,
+            DatasetsError::BadInput(_) => StatusCode::BAD_REQUEST,
+            DatasetsError::Propose(p) => return ApiError::from(p.clone()),
+            DatasetsError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(code, e.to_string())
+    }
+}
+
+/// `POST /v1/datasets` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddRequest {
+    /// The dataset's name.
+    pub name: String,
+    /// An absolute path on the node.
+    pub path: String,
+}
+
+/// `POST /v1/datasets/{name}/get` body.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GetRequest {
+    /// Also write the files under this absolute directory on the node.
+    #[serde(default)]
+    pub to: Option<String>,
+}
+
+pub(super) async fn list(State(app): State<AppState>) -> Json<Vec<DatasetDoc>> {
+    Json(app.datasets.list().await)
+}
+
+pub(super) async fn add(
+    State(app): State<AppState>,
+    Json(req): Json<AddRequest>,
+) -> Result<(StatusCode, Json<DatasetDoc>), ApiError> {
+    let doc = app
+        .datasets
+        .add(&req.name, std::path::Path::new(&req.path))
+        .await?;
+    Ok((StatusCode::CREATED, Json(doc)))
+}
+
+pub(super) async fn remove(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    app.datasets.remove(&name).await?;
+    Ok(Json(serde_json::json!({ "removed": name })))
+}
+
+pub(super) async fn get(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+    body: Option<Json<GetRequest>>,
+) -> Result<(StatusCode, Json<FetchStatus>), ApiError> {
+    let req = body.map(|Json(r)| r).unwrap_or_default();
+    let fetch = app
+        .datasets
+        .get(&name, req.to.map(std::path::PathBuf::from))?;
+    Ok((StatusCode::ACCEPTED, Json(fetch.status())))
+}
+
+pub(super) async fn get_status(
+    State(app): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<FetchStatus>, ApiError> {
+    app.datasets.fetch_status(&name).map(Json).ok_or_else(|| {
+        ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no fetch of dataset {name:?} on this node"),
+        )
+    })
+}

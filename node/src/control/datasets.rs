@@ -1,0 +1,120 @@
+//! The control state's dataset registry: which names exist and the content each names.
+//!
+//! A name is added once, with the root of its manifest and the figures `dataset ls` shows;
+//! adding a name that exists is refused (the content of a name never changes under a job
+//! that uses it: add a new name instead). Removing a name drops it from the registry; each
+//! node then deletes its copy of content no name refers to any more (`datasets::service`).
+//! Which members hold a dataset is not here: it changes with every fetch and every death,
+//! so it travels in gossip metadata instead (`cluster::meta::HeldDataset`).
+
+use serde::{Deserialize, Serialize};
+
+use super::state::{rejected, ControlResponse, ControlState};
+use crate::datasets::Root;
+
+/// Most names in the registry (the registry lives in every snapshot).
+pub const DATASETS_MAX: usize = 10_000;
+
+/// One registered dataset.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatasetRecord {
+    /// The root of its manifest: what the name stands for.
+    pub root: Root,
+    /// Total bytes of its files.
+    pub size_bytes: u64,
+    /// How many files.
+    pub files: u64,
+    /// How many chunks, all files together.
+    pub chunks: u64,
+    /// When it was added, ms since the Unix epoch (the proposer's clock).
+    pub added_at_ms: u64,
+    /// The member (name) it was added on: its first holder.
+    pub added_on: String,
+}
+
+impl ControlState {
+    /// Applies `DatasetAdd`.
+    pub(super) fn dataset_add(&mut self, name: &str, record: &DatasetRecord) -> ControlResponse {
+        if self.datasets.contains_key(name) {
+            return rejected(format!("dataset {name:?} exists"));
+        }
+        if self.datasets.len() >= DATASETS_MAX {
+            return rejected(format!(
+                "the registry holds {DATASETS_MAX} datasets already"
+            ));
+        }
+        self.datasets.insert(name.to_owned(), record.clone());
+        ControlResponse::Applied
+    }
+
+    /// Applies `DatasetRemove`.
+    pub(super) fn dataset_remove(&mut self, name: &str) -> ControlResponse {
+        match self.datasets.remove(name) {
+            Some(_) => ControlResponse::Applied,
+            None => rejected(format!("no dataset {name:?}")),
+        }
+    }
+
+    /// Whether any registered name refers to `root`.
+    pub fn dataset_root_named(&self, root: &Root) -> bool {
+        self.datasets.values().any(|r| r.root == *root)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::state::ControlCommand;
+
+    fn record(byte: u8) -> DatasetRecord {
+        DatasetRecord {
+            root: Root([byte; 32]),
+            size_bytes: 10,
+            files: 1,
+            chunks: 1,
+            added_at_ms: 5,
+            added_on: "a".into(),
+        }
+    }
+
+    fn add(name: &str, byte: u8) -> ControlCommand {
+        ControlCommand::DatasetAdd {
+            name: name.into(),
+            record: record(byte),
+            at_ms: 5,
+        }
+    }
+
+    #[test]
+    fn a_name_is_added_once_and_removed_once() {
+        let mut s = ControlState::default();
+        assert_eq!(s.apply(1, &add("d", 1)), ControlResponse::Applied);
+        assert!(
+            matches!(s.apply(2, &add("d", 2)), ControlResponse::Rejected { reason } if reason.contains("exists"))
+        );
+        assert_eq!(s.datasets["d"].root, Root([1; 32]));
+        assert!(s.dataset_root_named(&Root([1; 32])));
+        let rm = ControlCommand::DatasetRemove {
+            name: "d".into(),
+            at_ms: 6,
+        };
+        assert_eq!(s.apply(3, &rm), ControlResponse::Applied);
+        assert!(matches!(s.apply(4, &rm), ControlResponse::Rejected { .. }));
+        assert!(!s.dataset_root_named(&Root([1; 32])));
+    }
+
+    #[test]
+    fn a_bad_name_never_reaches_the_registry() {
+        let mut s = ControlState::default();
+        for bad in ["", "a/b", "digits", "../x", &"x".repeat(65)] {
+            assert!(
+                matches!(
+                    s.apply(1 + s.applied_index, &add(bad, 1)),
+                    ControlResponse::Rejected { .. }
+                ),
+                "{bad:?}"
+            );
+        }
+        assert!(s.datasets.is_empty());
+    }
+}

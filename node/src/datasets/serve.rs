@@ -1,0 +1,300 @@
+//! Serving: what this node holds ([`Holdings`]), the listener that gives it to peers, and
+//! the [`Throttle`] that makes dataset traffic yield to a job's ring on this host.
+//!
+//! A node serves every chunk it has verified: whole copies, and the verified chunks of a
+//! fetch still under way (so a dataset spreads from the first holders to the last fetchers
+//! at once, not in waves). Chunks are read from disk as they are asked for and are not
+//! re-hashed here: the receiver checks each against the manifest.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tracing::{debug, warn};
+
+use super::store::{ChunkIndex, ChunkSet, Held, Store};
+use super::transport::{self, AuthKey, Reply, Request, REASON_BYTES_MAX};
+use super::{Manifest, Root};
+
+/// Most peers served at once; more are refused until one ends.
+pub const CONNECTIONS_MAX: usize = 64;
+/// A connection with no request for this long is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bytes written between two looks at the throttle.
+const SLICE_BYTES: usize = 256 << 10;
+
+/// One dataset this node holds, whole or in part.
+#[derive(Debug)]
+pub struct Holding {
+    /// Its manifest.
+    pub manifest: Arc<Manifest>,
+    /// The manifest's canonical encoding (what peers ask for).
+    pub encoded: Arc<Vec<u8>>,
+    /// Its chunk index.
+    pub index: ChunkIndex,
+    /// The verified chunks (all of them once whole).
+    pub have: RwLock<ChunkSet>,
+    /// Whether the copy is whole (its files are where readers look).
+    pub complete: AtomicBool,
+}
+
+impl Holding {
+    /// A holding of `manifest`'s dataset with the chunks in `have`.
+    pub fn new(manifest: Manifest, have: ChunkSet) -> Self {
+        let index = ChunkIndex::new(&manifest);
+        let complete = have.is_full();
+        Holding {
+            encoded: Arc::new(manifest.encode()),
+            manifest: Arc::new(manifest),
+            index,
+            have: RwLock::new(have),
+            complete: AtomicBool::new(complete),
+        }
+    }
+
+    /// The store entry it lives in.
+    pub fn held(&self, root: Root) -> Held {
+        Held {
+            root,
+            complete: self.complete.load(Ordering::Acquire),
+        }
+    }
+}
+
+/// What this node holds, by root; shared by the server, fetches and the service.
+#[derive(Debug, Default)]
+pub struct Holdings {
+    map: Mutex<HashMap<Root, Arc<Holding>>>,
+    /// Bumped on every change (the service re-advertises when it moves).
+    pub version: AtomicU64,
+}
+
+impl Holdings {
+    /// The holding of `root`.
+    pub fn get(&self, root: &Root) -> Option<Arc<Holding>> {
+        self.map.lock().expect("holdings lock").get(root).cloned()
+    }
+
+    /// Records (or replaces) the holding of `root`.
+    pub fn insert(&self, root: Root, holding: Arc<Holding>) {
+        self.map
+            .lock()
+            .expect("holdings lock")
+            .insert(root, holding);
+        self.changed();
+    }
+
+    /// Forgets `root`.
+    pub fn remove(&self, root: &Root) -> Option<Arc<Holding>> {
+        let h = self.map.lock().expect("holdings lock").remove(root);
+        self.changed();
+        h
+    }
+
+    /// Every holding.
+    pub fn all(&self) -> Vec<(Root, Arc<Holding>)> {
+        let map = self.map.lock().expect("holdings lock");
+        map.iter().map(|(r, h)| (*r, h.clone())).collect()
+    }
+
+    /// Notes a change (a holding became whole).
+    pub fn changed(&self) {
+        self.version.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// A shared rate cap on what this node serves: the operator's upload cap, if any, and a
+/// lower one while a job's ring runs on this host (`busy`), so dataset uploads do not steal
+/// the collective's bandwidth.
+#[derive(Debug)]
+pub struct Throttle {
+    /// The cap in bytes per second at all times (0: none).
+    upload_bytes_per_s: u64,
+    /// The cap in bytes per second while busy (0: none).
+    busy_bytes_per_s: u64,
+    busy: AtomicBool,
+    next: Mutex<Instant>,
+    /// Bytes served in all (for /metrics).
+    pub served_bytes: AtomicU64,
+}
+
+impl Throttle {
+    /// A throttle capping at `upload_bytes_per_s` always and at `busy_bytes_per_s` while
+    /// busy (0: no such cap).
+    pub fn new(upload_bytes_per_s: u64, busy_bytes_per_s: u64) -> Self {
+        Throttle {
+            upload_bytes_per_s,
+            busy_bytes_per_s,
+            busy: AtomicBool::new(false),
+            next: Mutex::new(Instant::now()),
+            served_bytes: AtomicU64::new(0),
+        }
+    }
+
+    /// Says whether a ring is active on this host.
+    pub fn set_busy(&self, busy: bool) {
+        self.busy.store(busy, Ordering::Release);
+    }
+
+    /// Whether a ring is active on this host.
+    pub fn is_busy(&self) -> bool {
+        self.busy.load(Ordering::Acquire)
+    }
+
+    /// The cap that applies now, bytes per second (0: none).
+    pub fn cap(&self) -> u64 {
+        let busy = if self.is_busy() {
+            self.busy_bytes_per_s
+        } else {
+            0
+        };
+        match (self.upload_bytes_per_s, busy) {
+            (0, b) => b,
+            (u, 0) => u,
+            (u, b) => u.min(b),
+        }
+    }
+
+    /// Waits until `bytes` more may be sent under the cap (at once without one).
+    async fn pace(&self, bytes: usize) {
+        let cap = self.cap();
+        if cap == 0 {
+            return;
+        }
+        let cost = Duration::from_secs_f64(bytes as f64 / cap as f64);
+        let start = {
+            let mut next = self.next.lock().expect("throttle lock");
+            let start = (*next).max(Instant::now());
+            *next = start + cost;
+            start
+        };
+        tokio::time::sleep_until(start.into()).await;
+    }
+
+    /// Writes `bytes` to `w` in slices, each paced.
+    async fn write<W: AsyncWrite + Unpin>(&self, w: &mut W, bytes: &[u8]) -> std::io::Result<()> {
+        for slice in bytes.chunks(SLICE_BYTES) {
+            self.pace(slice.len()).await;
+            w.write_all(slice).await?;
+            self.served_bytes
+                .fetch_add(slice.len() as u64, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+/// What the server needs.
+#[derive(Clone)]
+pub struct Server {
+    /// The store chunks are read from.
+    pub store: Store,
+    /// What this node holds.
+    pub holdings: Arc<Holdings>,
+    /// The transport key.
+    pub key: AuthKey,
+    /// The cap while busy.
+    pub throttle: Arc<Throttle>,
+}
+
+/// Accepts peers on `listener` and serves each on a task of its own, at most
+/// [`CONNECTIONS_MAX`] at once, until the listener fails.
+pub async fn run(server: Server, listener: TcpListener) {
+    let slots = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                warn!("dataset listener: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            debug!(%peer, "dataset server busy: connection refused");
+            continue;
+        };
+        let server = server.clone();
+        tokio::spawn(async move {
+            if let Err(e) = serve(&server, stream).await {
+                debug!(%peer, "dataset connection ended: {e}");
+            }
+            drop(permit);
+        });
+    }
+}
+
+async fn serve(server: &Server, mut stream: TcpStream) -> Result<(), transport::TransportError> {
+    let _ = stream.set_nodelay(true);
+    transport::server_handshake(&mut stream, &server.key).await?;
+    let (r, w) = stream.split();
+    let mut r = BufReader::new(r);
+    let mut w = BufWriter::with_capacity(SLICE_BYTES, w);
+    loop {
+        let request = match tokio::time::timeout(IDLE_TIMEOUT, transport::read_header(&mut r)).await
+        {
+            Ok(Ok(Some(request))) => request,
+            Ok(Ok(None)) | Err(_) => return Ok(()),
+            Ok(Err(e)) => return Err(e),
+        };
+        answer(server, &mut w, request).await?;
+        w.flush().await?;
+    }
+}
+
+async fn answer<W: AsyncWrite + Unpin>(
+    server: &Server,
+    w: &mut W,
+    request: Request,
+) -> Result<(), transport::TransportError> {
+    let not_here = |reason: String| {
+        let mut reason = reason;
+        reason.truncate(REASON_BYTES_MAX);
+        Reply::NotHere { reason }
+    };
+    let root = match &request {
+        Request::Manifest { root } | Request::Have { root } | Request::Chunk { root, .. } => *root,
+    };
+    let Some(holding) = server.holdings.get(&root) else {
+        return transport::write_header(w, &not_here("not held".into())).await;
+    };
+    match request {
+        Request::Manifest { .. } => {
+            let len = holding.encoded.len() as u64;
+            transport::write_header(w, &Reply::Manifest { len }).await?;
+            w.write_all(&holding.encoded).await?;
+        }
+        Request::Have { .. } => {
+            let bitmap = holding.have.read().expect("have lock").bitmap().to_vec();
+            let len = bitmap.len() as u64;
+            transport::write_header(w, &Reply::Have { len }).await?;
+            w.write_all(&bitmap).await?;
+        }
+        Request::Chunk { index, .. } => {
+            if !holding.have.read().expect("have lock").contains(index) {
+                return transport::write_header(w, &not_here(format!("no chunk {index}"))).await;
+            }
+            let store = server.store.clone();
+            let held = holding.held(root);
+            let h = holding.clone();
+            let read = tokio::task::spawn_blocking(move || {
+                store.read_chunk(&held, &h.manifest, &h.index, index)
+            })
+            .await
+            .map_err(|e| transport::TransportError::Protocol(e.to_string()))?;
+            let bytes = match read {
+                Ok(bytes) => bytes,
+                // The copy was removed or became whole (renamed) meanwhile: the asker tries
+                // again or elsewhere.
+                Err(e) => return transport::write_header(w, &not_here(e.to_string())).await,
+            };
+            let len = bytes.len() as u32;
+            transport::write_header(w, &Reply::Chunk { index, len }).await?;
+            server.throttle.write(w, &bytes).await?;
+        }
+    }
+    Ok(())
+}

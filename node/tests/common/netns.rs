@@ -1,0 +1,184 @@
+//! Emulated hosts for real-process tests: `scripts/netns.sh` namespaces rl1..rlN at
+//! 10.77.0.I, one `ringleader node` in each. Needs root and `ip netns` ([`usable`]); a test
+//! without them prints SKIPPED. Every process is killed by PID and the namespaces removed
+//! when [`Hosts`] is dropped, even on failure. Only one test at a time may use them: keep
+//! each such test in a test binary of its own.
+
+use std::{
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::{atomic::AtomicBool, Arc},
+    time::{Duration, Instant},
+};
+
+use ringleader::api::{client::ApiClient, status::StatusDoc};
+
+/// Bounded wait of [`Hosts::wait`].
+pub const WAIT: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(100);
+
+fn netns_sh() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns.sh")
+}
+
+/// Runs `scripts/netns.sh ARGS`, asserting it succeeds.
+pub fn netns(args: &[&str]) {
+    let out = Command::new(netns_sh())
+        .args(args)
+        .output()
+        .expect("running netns.sh");
+    assert!(
+        out.status.success(),
+        "netns.sh {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Whether namespaces can be made here: root and `ip netns`.
+pub fn usable() -> bool {
+    // The effective uid is the second field of the `Uid:` line.
+    let root = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false);
+    let ip = Command::new("ip")
+        .args(["netns", "list"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    root && ip
+}
+
+/// Host `i` (1-based): its namespace address.
+pub fn addr(i: usize) -> String {
+    format!("10.77.0.{i}")
+}
+
+/// The node processes and the namespaces; both are gone when this is dropped.
+pub struct Hosts {
+    n: usize,
+    children: Vec<Child>,
+    /// Where the nodes' data directories (`n1`, `n2`, …) are.
+    pub dir: tempfile::TempDir,
+    /// Set when the hosts go down (a test's background pollers watch it).
+    pub stop: Arc<AtomicBool>,
+}
+
+impl Hosts {
+    /// Creates `n` hosts and starts node `n{i}` in host `i` with `extra(i)` arguments
+    /// (node 1 alone, the others joining it); `what` names the temporary directory.
+    pub fn up(n: usize, what: &str, extra: impl Fn(usize) -> Vec<String>) -> Hosts {
+        netns(&["up", &n.to_string()]);
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("rl-{what}-"))
+            .tempdir()
+            .unwrap();
+        let mut hosts = Hosts {
+            n,
+            children: Vec::new(),
+            dir,
+            stop: Arc::new(AtomicBool::new(false)),
+        };
+        for i in 1..=n {
+            let data = hosts.data_dir(i);
+            std::fs::create_dir_all(&data).unwrap();
+            let log = std::fs::File::create(data.join("node.log")).unwrap();
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", &format!("rl{i}"), super::exe(), "node"])
+                .args(["--name", &format!("n{i}")])
+                .args(["--listen", &format!("{}:7070", addr(i))])
+                .args(["--api", &format!("{}:7071", addr(i))])
+                .arg("--data-dir")
+                .arg(&data)
+                .args(extra(i));
+            if i > 1 {
+                cmd.args(["--join", &format!("{}:7070", addr(1))]);
+            }
+            // `ip netns exec` execs the node: the child's PID is the node's.
+            let child = cmd
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("starting a node in its namespace");
+            hosts.children.push(child);
+        }
+        hosts
+    }
+
+    /// Node `i`'s data directory.
+    pub fn data_dir(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("n{i}"))
+    }
+
+    /// A client of node `i`'s API.
+    pub fn client(&self, i: usize) -> ApiClient {
+        ApiClient::new(&format!("{}:7071", addr(i)), None)
+    }
+
+    /// Node `i`'s status.
+    pub fn status(&self, i: usize) -> anyhow::Result<StatusDoc> {
+        self.client(i).status()
+    }
+
+    /// Polls the statuses of `hosts` until `cond` holds for each, or panics after [`WAIT`].
+    pub fn wait(&self, hosts: &[usize], what: &str, cond: impl Fn(&StatusDoc) -> bool) {
+        let start = Instant::now();
+        loop {
+            let mut last = None;
+            for &i in hosts {
+                match self.status(i) {
+                    Ok(s) if cond(&s) => {}
+                    Ok(s) => last = Some(format!("n{i}: {s:?}")),
+                    Err(e) => last = Some(format!("n{i}: {e}")),
+                }
+            }
+            let Some(last) = last else {
+                eprintln!("{what}: {:.1} s", start.elapsed().as_secs_f64());
+                return;
+            };
+            if start.elapsed() > WAIT {
+                panic!(
+                    "{what}: not within {WAIT:?}; last view {last}\n{}",
+                    self.logs()
+                );
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// The tails of the node logs, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for i in 1..=self.n {
+            let log =
+                std::fs::read_to_string(self.data_dir(i).join("node.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(8).collect();
+            out.push_str(&format!("--- n{i}\n"));
+            for l in tail.into_iter().rev() {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = Command::new(netns_sh())
+            .arg("down")
+            .stdout(Stdio::null())
+            .status();
+    }
+}

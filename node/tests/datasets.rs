@@ -1,0 +1,502 @@
+//! Datasets shared peer to peer, with real node processes: add, list, get with `--to`
+//! (byte-identical), rm; a holder whose copy is corrupt is dropped and the fetch still
+//! gives the right bytes; a fetch resumes after its node was killed; a full disk is a clear
+//! error with nothing half-written visible; bad input is refused with clear errors.
+
+mod common;
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    time::{Duration, Instant},
+};
+
+use common::{exe, formed_cluster, POLL};
+use ringleader::cli::local::LocalCluster;
+
+const FORM_WAIT: Duration = Duration::from_secs(60);
+const WAIT: Duration = Duration::from_secs(60);
+const MIB: usize = 1 << 20;
+
+/// Starts nodes of their own names and arguments (the first alone, the others joining it)
+/// and waits until all are alive with a chief and its voters (one below three nodes, as
+/// voters grow 1 → 3).
+fn cluster_of(root: &Path, nodes: &[(&str, &[&str])]) -> LocalCluster {
+    let mut c = LocalCluster::new(exe(), root);
+    for (i, (name, args)) in nodes.iter().enumerate() {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        if i == 0 {
+            c.start(name, &args).unwrap();
+        } else {
+            c.start_joining(name, &args).unwrap();
+        }
+    }
+    let n = nodes.len();
+    let voters = if n >= 3 { 3 } else { 1 };
+    c.wait_all(FORM_WAIT, "formed", |s| {
+        s.names_in("alive").len() == n
+            && s.chief.is_some()
+            && s.members.iter().filter(|m| m.voter).count() == voters
+    })
+    .unwrap();
+    c
+}
+
+/// Runs the CLI against node `i`.
+fn cli(c: &LocalCluster, i: usize, args: &[&str]) -> Output {
+    Command::new(exe())
+        .arg("--peer")
+        .arg(&c.nodes[i].info.api_addr)
+        .args(args)
+        .output()
+        .expect("running the CLI")
+}
+
+fn ok(out: Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "CLI failed: {}\n{}",
+        text,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+fn fails(out: Output) -> String {
+    assert!(
+        !out.status.success(),
+        "CLI should fail: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Pseudo-random bytes (xorshift), different for each seed.
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A dataset directory: one file of `mib` MiB plus a few small ones and an empty one.
+fn make_tree(dir: &Path, mib: usize, seed: u64) -> PathBuf {
+    let src = dir.join(format!("src-{seed}"));
+    std::fs::create_dir_all(src.join("nested/deeper")).unwrap();
+    std::fs::write(src.join("big.bin"), noise(mib * MIB + 12_345, seed)).unwrap();
+    std::fs::write(src.join("nested/a.txt"), b"first\n").unwrap();
+    std::fs::write(src.join("nested/deeper/b.txt"), noise(5_000, seed + 1)).unwrap();
+    std::fs::write(src.join("empty"), b"").unwrap();
+    src
+}
+
+fn same_tree(a: &Path, b: &Path) {
+    for rel in ["big.bin", "nested/a.txt", "nested/deeper/b.txt", "empty"] {
+        assert_eq!(
+            std::fs::read(a.join(rel)).unwrap(),
+            std::fs::read(b.join(rel)).unwrap(),
+            "{rel} differs"
+        );
+    }
+}
+
+fn ls(c: &LocalCluster, i: usize) -> Vec<serde_json::Value> {
+    let out = ok(cli(c, i, &["--json", "dataset", "ls"]));
+    serde_json::from_str(&out).unwrap()
+}
+
+/// Polls node `i`'s `dataset ls` until dataset `name`'s holders are `holders`.
+fn wait_holders(c: &LocalCluster, i: usize, name: &str, holders: &[&str]) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let rows = ls(c, i);
+        let row = rows.iter().find(|r| r["name"] == name);
+        let got: Vec<String> = row
+            .and_then(|r| r["holders"].as_array())
+            .map(|a| a.iter().map(|h| h.as_str().unwrap().to_owned()).collect())
+            .unwrap_or_default();
+        if got == holders {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "holders of {name}: want {holders:?}, last {got:?}"
+        );
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Node `i`'s latest fetch of `name`, from the API.
+fn fetch_status(c: &LocalCluster, i: usize, name: &str) -> Option<serde_json::Value> {
+    c.nodes[i]
+        .client()
+        .get::<serde_json::Value>(&format!("/v1/datasets/{name}/get"))
+        .ok()
+}
+
+#[test]
+fn add_list_get_to_and_remove_with_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = formed_cluster(&dir.path().join("c"), "d", 3, &[], FORM_WAIT);
+    let src = make_tree(dir.path(), 9, 1);
+
+    let added = ok(cli(
+        &c,
+        0,
+        &["dataset", "add", "shared-1", src.to_str().unwrap()],
+    ));
+    assert!(added.contains("added shared-1"), "{added}");
+    let rows = ls(&c, 2);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["files"], 4);
+    assert_eq!(rows[0]["size_bytes"], (9 * MIB + 12_345 + 6 + 5_000) as u64);
+    assert_eq!(rows[0]["chunks"], 5); // 3 of big.bin at 4 MiB, 1 each for a.txt and b.txt
+    assert_eq!(rows[0]["root"].as_str().unwrap().len(), 64);
+    wait_holders(&c, 2, "shared-1", &["d0"]);
+
+    // get --to on two other nodes: byte-identical files at their relative paths.
+    for i in [1, 2] {
+        let to = dir.path().join(format!("out-{i}"));
+        let text = ok(cli(
+            &c,
+            i,
+            &["dataset", "get", "shared-1", "--to", to.to_str().unwrap()],
+        ));
+        assert!(text.contains("fetched shared-1"), "{text}");
+        same_tree(&src, &to);
+    }
+    wait_holders(&c, 0, "shared-1", &["d0", "d1", "d2"]);
+    // The last fetch had two holders to draw on.
+    let last = fetch_status(&c, 2, "shared-1").unwrap();
+    assert_eq!(last["state"], "done");
+    assert_eq!(last["bytes"], rows[0]["size_bytes"]);
+    // A second get is a no-op on a node that holds it.
+    let again = ok(cli(&c, 1, &["dataset", "get", "shared-1"]));
+    assert!(again.contains("is on the node"), "{again}");
+
+    // Bad input: a name that exists, a path that does not, a bad name, an unknown dataset,
+    // a train job naming a dataset nobody added, --to over other content.
+    let err = fails(cli(
+        &c,
+        1,
+        &["dataset", "add", "shared-1", src.to_str().unwrap()],
+    ));
+    assert!(err.contains("exists"), "{err}");
+    let err = fails(cli(&c, 0, &["dataset", "add", "other", "/no/such/path"]));
+    assert!(err.contains("/no/such/path"), "{err}");
+    let err = fails(cli(
+        &c,
+        0,
+        &["dataset", "add", "a/b", src.to_str().unwrap()],
+    ));
+    assert!(err.contains("dataset name"), "{err}");
+    let err = fails(cli(
+        &c,
+        0,
+        &["dataset", "add", "digits", src.to_str().unwrap()],
+    ));
+    assert!(err.contains("built-in"), "{err}");
+    let err = fails(cli(&c, 0, &["dataset", "get", "nope"]));
+    assert!(err.contains("no dataset \"nope\""), "{err}");
+    let spec = dir.path().join("job.toml");
+    std::fs::write(
+        &spec,
+        "name = \"x\"\nkind = \"train\"\n[data]\ndataset = \"nope\"\n[model]\narch = \"mlp\"\n",
+    )
+    .unwrap();
+    let err = fails(cli(&c, 0, &["submit", spec.to_str().unwrap()]));
+    assert!(err.contains("data.dataset \"nope\""), "{err}");
+    let clash = dir.path().join("clash");
+    std::fs::create_dir_all(clash.join("nested")).unwrap();
+    std::fs::write(clash.join("nested/a.txt"), b"mine").unwrap();
+    let err = fails(cli(
+        &c,
+        2,
+        &[
+            "dataset",
+            "get",
+            "shared-1",
+            "--to",
+            clash.to_str().unwrap(),
+        ],
+    ));
+    assert!(err.contains("exists with other content"), "{err}");
+    assert_eq!(
+        std::fs::read(clash.join("nested/a.txt")).unwrap(),
+        b"mine",
+        "nothing overwritten"
+    );
+
+    // rm: the name goes, and every holder deletes the content.
+    ok(cli(&c, 2, &["dataset", "rm", "shared-1"]));
+    assert!(ls(&c, 0).is_empty());
+    let root = rows[0]["root"].as_str().unwrap();
+    let deadline = Instant::now() + WAIT;
+    while c
+        .nodes
+        .iter()
+        .any(|n| n.dir.join("datasets").join(root).exists())
+    {
+        assert!(Instant::now() < deadline, "copies not deleted after rm");
+        std::thread::sleep(POLL);
+    }
+    let err = fails(cli(&c, 0, &["dataset", "rm", "shared-1"]));
+    assert!(err.contains("no dataset"), "{err}");
+}
+
+#[test]
+fn a_holder_with_a_corrupt_copy_is_dropped_and_the_bytes_come_right() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = formed_cluster(&dir.path().join("c"), "k", 3, &[], FORM_WAIT);
+    let src = make_tree(dir.path(), 20, 2);
+    ok(cli(
+        &c,
+        0,
+        &["dataset", "add", "lies", src.to_str().unwrap()],
+    ));
+    ok(cli(&c, 1, &["dataset", "get", "lies"]));
+    wait_holders(&c, 2, "lies", &["k0", "k1"]);
+
+    // k1's copy rots: one byte flipped in every chunk of big.bin.
+    let root = ls(&c, 0)[0]["root"].as_str().unwrap().to_owned();
+    let big = c.nodes[1]
+        .dir
+        .join("datasets")
+        .join(&root)
+        .join("files/big.bin");
+    let mut bytes = std::fs::read(&big).unwrap();
+    for chunk in 0..bytes.len().div_ceil(4 * MIB) {
+        bytes[chunk * 4 * MIB + 7] ^= 0xff;
+    }
+    std::fs::write(&big, &bytes).unwrap();
+
+    let to = dir.path().join("out");
+    let out = ok(cli(
+        &c,
+        2,
+        &[
+            "--json",
+            "dataset",
+            "get",
+            "lies",
+            "--to",
+            to.to_str().unwrap(),
+        ],
+    ));
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    same_tree(&src, &to);
+    let sources = status["sources"].as_array().unwrap();
+    let k1 = sources
+        .iter()
+        .find(|s| s["name"] == "k1")
+        .expect("k1 was asked");
+    assert!(
+        k1["state"].as_str().unwrap().starts_with("dropped"),
+        "k1 sent corrupt chunks but was not dropped: {status:#}"
+    );
+    let k0 = sources.iter().find(|s| s["name"] == "k0").unwrap();
+    assert_eq!(
+        k0["bytes"].as_u64().unwrap() + k1["bytes"].as_u64().unwrap(),
+        status["bytes"].as_u64().unwrap()
+    );
+}
+
+#[test]
+fn an_interrupted_fetch_resumes_from_its_verified_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    // The holder serves at 4 MB/s, so the fetch takes about 5 s and can be cut.
+    let mut c = cluster_of(
+        &dir.path().join("c"),
+        &[("r0", &["--dataset-upload-mbps", "4"]), ("r1", &[])],
+    );
+    let src = make_tree(dir.path(), 20, 3);
+    ok(cli(
+        &c,
+        0,
+        &["dataset", "add", "slow", src.to_str().unwrap()],
+    ));
+    let root = ls(&c, 0)[0]["root"].as_str().unwrap().to_owned();
+    let total_chunks = ls(&c, 0)[0]["chunks"].as_u64().unwrap();
+    c.nodes[1]
+        .client()
+        .post_json::<serde_json::Value>("/v1/datasets/slow/get", &serde_json::json!({}))
+        .unwrap();
+    let store = c.nodes[1].dir.join("datasets");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let s = fetch_status(&c, 1, "slow").unwrap();
+        assert_eq!(
+            s["state"], "fetching",
+            "finished before it could be cut: {s:#}"
+        );
+        // Nothing is visible as whole while the fetch runs.
+        assert!(!store.join(&root).exists());
+        if s["chunks_done"].as_u64().unwrap() >= 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no progress: {s:#}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.kill9(1).unwrap();
+    assert!(store.join(format!("{root}.part")).exists());
+    assert!(!store.join(&root).exists());
+
+    c.restart(1).unwrap();
+    let out = ok(cli(&c, 1, &["--json", "dataset", "get", "slow"]));
+    let s: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let resumed = s["resumed_chunks"].as_u64().unwrap();
+    assert!(resumed >= 2, "resumed {resumed} chunks: {s:#}");
+    assert_eq!(s["chunks_done"].as_u64().unwrap(), total_chunks);
+    assert!(s["bytes"].as_u64().unwrap() < s["size_bytes"].as_u64().unwrap());
+    same_tree(&src, &store.join(&root).join("files"));
+    assert!(!store.join(format!("{root}.part")).exists());
+}
+
+/// Whether this process may mount a tmpfs (root, with mount available).
+fn can_mount() -> bool {
+    nix_is_root()
+        && Command::new("mount")
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+}
+
+fn nix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+/// Unmounts a tmpfs when dropped.
+struct Mount(PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_is_a_clear_error_and_nothing_half_written_is_visible() {
+    if !can_mount() {
+        println!("SKIPPED: needs root and mount (a small tmpfs fills up)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root_dir = dir.path().join("c");
+    // f1's dataset store is a 6 MiB filesystem; the dataset is 12 MiB.
+    let store = root_dir.join("f1/datasets");
+    std::fs::create_dir_all(&store).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=6m", "tmpfs"])
+        .arg(&store)
+        .status()
+        .unwrap();
+    if !mounted.success() {
+        println!("SKIPPED: mounting a tmpfs failed (no privileges in this container)");
+        return;
+    }
+    let _mount = Mount(store.clone());
+    let c = cluster_of(&root_dir, &[("f0", &[]), ("f1", &[])]);
+    let src = make_tree(dir.path(), 12, 4);
+    ok(cli(
+        &c,
+        0,
+        &["dataset", "add", "big", src.to_str().unwrap()],
+    ));
+    let to = dir.path().join("out");
+    let err = fails(cli(
+        &c,
+        1,
+        &["dataset", "get", "big", "--to", to.to_str().unwrap()],
+    ));
+    assert!(err.contains("disk full"), "{err}");
+    let root = ls(&c, 0)[0]["root"].as_str().unwrap().to_owned();
+    assert!(
+        !store.join(&root).exists(),
+        "no whole copy after a failed fetch"
+    );
+    assert!(!to.join("big.bin").exists(), "nothing written to --to");
+    // The node is still fine: it answers and lists the dataset.
+    assert_eq!(ls(&c, 1).len(), 1);
+}
+
+#[test]
+fn a_train_job_fetches_its_shared_dataset_to_nodes_that_lack_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // t0 adds the dataset and offers 1 cpu; the job's workers take 2 each, so they run on
+    // t1 and t2, which hold nothing and fetch it first.
+    let c = cluster_of(
+        &dir.path().join("c"),
+        &[
+            ("t0", &["--cpus", "1"]),
+            ("t1", &["--cpus", "2"]),
+            ("t2", &["--cpus", "2"]),
+        ],
+    );
+    let data = dir.path().join("digits-st");
+    trainer::export_digits(&data).unwrap();
+    ok(cli(
+        &c,
+        0,
+        &["dataset", "add", "digits-st", data.to_str().unwrap()],
+    ));
+    let spec = dir.path().join("job.toml");
+    std::fs::write(
+        &spec,
+        r#"name = "shared-digits"
+kind = "train"
+workers = 2
+[resources]
+cpus_per_worker = 2
+[model]
+arch = "mlp"
+hidden = [64]
+[data]
+dataset = "digits-st"
+[train]
+epochs = 6
+batch_per_worker = 32
+lr = 0.1
+seed = 3
+"#,
+    )
+    .unwrap();
+    let id = ok(cli(&c, 0, &["submit", spec.to_str().unwrap()]))
+        .trim()
+        .to_owned();
+    let doc = common::wait_job(&c, 0, &id, "succeeded", Duration::from_secs(180), |d| {
+        matches!(d.state.as_str(), "succeeded" | "failed")
+    });
+    assert_eq!(doc.state, "succeeded", "{doc:#?}");
+    assert!(
+        !doc.ring.iter().any(|m| m == "t0"),
+        "the ring was meant for t1 and t2: {:?}",
+        doc.ring
+    );
+    let accuracy = doc.metrics["val_accuracy"];
+    assert!(accuracy > 0.85, "val_accuracy {accuracy}");
+    let fetched: Vec<_> = doc
+        .events
+        .iter()
+        .filter(|e| e["what"] == "note" && e.to_string().contains("fetched"))
+        .collect();
+    assert_eq!(
+        fetched.len(),
+        2,
+        "one fetch note per rank: {:#?}",
+        doc.events
+    );
+    wait_holders(&c, 0, "digits-st", &["t0", "t1", "t2"]);
+}
