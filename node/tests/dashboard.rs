@@ -214,8 +214,16 @@ fn the_dashboard_shows_members_jobs_curves_and_a_search() {
         .unwrap();
     assert_eq!(resp.status().as_u16(), 401);
 
-    // Phase 3: a job with curves and a search, both run to their end.
+    // Phase 3: a dataset, and a job with curves and a search, both run to their end.
     let client = c.nodes[0].client();
+    let data = root.path().join("dash-data.bin");
+    std::fs::write(&data, vec![7u8; 9 * 1024]).unwrap();
+    let _: serde_json::Value = client
+        .post_json(
+            "/v1/datasets",
+            &serde_json::json!({ "name": "dash-data", "path": data.display().to_string() }),
+        )
+        .unwrap();
     let job = client.submit(CURVES_JOB).unwrap();
     let search = client.submit(SEARCH_JOB).unwrap();
     let job_doc = wait_ended(&c, 1, &job);
@@ -277,7 +285,12 @@ fn the_dashboard_shows_members_jobs_curves_and_a_search() {
         dom.contains("lr (log)"),
         "the scatter's lr axis is not log: {dom}"
     );
-    assert!(dom.contains("Datasets: none yet"));
+    for text in ["dash-data", "9.0 KiB", "on dash-alpha"] {
+        assert!(
+            dom.contains(text),
+            "the datasets panel lacks {text:?}: {dom}"
+        );
+    }
     assert!(!dom.contains(TOKEN), "the token is on the page");
 
     // Without the token the page says how to give it.

@@ -500,3 +500,56 @@ seed = 3
     );
     wait_holders(&c, 0, "digits-st", &["t0", "t1", "t2"]);
 }
+
+#[test]
+fn a_peer_without_the_cluster_key_gets_nothing() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("swarm.key");
+    let out = Command::new(exe())
+        .arg("keygen")
+        .arg(&key)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key_arg = key.to_str().unwrap();
+    let c = cluster_of(
+        &dir.path().join("c"),
+        &[
+            ("p0", &["--cluster-key", key_arg]),
+            ("p1", &["--cluster-key", key_arg]),
+        ],
+    );
+    let src = make_tree(dir.path(), 1, 5);
+    ok(cli(
+        &c,
+        0,
+        &["dataset", "add", "private", src.to_str().unwrap()],
+    ));
+    // A member with the key fetches it.
+    ok(cli(&c, 1, &["dataset", "get", "private"]));
+    let status = c.nodes[0].client().status().unwrap();
+    let me = status.members.iter().find(|m| m.name == "p0").unwrap();
+    let root = ls(&c, 0)[0]["root"].as_str().unwrap().to_owned();
+
+    // An outsider speaks the protocol without the key: the node answers the hello (its
+    // nonce and proof), refuses the made-up proof, and sends nothing more.
+    let mut s = std::net::TcpStream::connect(&me.datasets_addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut hello = ringleader::datasets::transport::MAGIC.to_vec();
+    hello.extend_from_slice(&[9u8; 32]);
+    s.write_all(&hello).unwrap();
+    let mut answer = [0u8; 64];
+    s.read_exact(&mut answer).unwrap();
+    s.write_all(&[0u8; 32]).unwrap();
+    let request = format!("{{\"Manifest\":{{\"root\":\"{root}\"}}}}");
+    let _ = s.write_all(&(request.len() as u32).to_le_bytes());
+    let _ = s.write_all(request.as_bytes());
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "an outsider got {} bytes", rest.len());
+}
