@@ -9,7 +9,8 @@
 //! | [`control`] | openraft glue, the replicated control state (a search's commands included), its store, voters, the RPC server | `cluster`, `jobs`' leaf modules (spec, logs), `search`'s records |
 //! | [`datasets`] | datasets shared peer to peer: manifests, the store, the authenticated transport, serving, multi-source fetch, the service | `cluster`, `control`, `jobs::spec` |
 //! | [`chief`] | what the chief decides (`decide`: placement, lost attempts, re-forms, searches' trials) and its loop | `control`, `cluster`, `search` |
-//! | [`jobs`] | job specs, the per-node supervisor (pure plan + process I/O), rank launch | `control`, `cluster` |
+//! | [`gpus`] | this host's GPUs: discovery (the CUDA driver, or a test-only fake source), `--gpus`, a rank's `CUDA_VISIBLE_DEVICES` | `cluster::meta` |
+//! | [`jobs`] | job specs, the per-node supervisor (pure plan + process I/O), rank launch | `control`, `cluster`, `gpus` |
 //! | [`api`] | HTTP routes, the dashboard, the status and job documents, token auth, Prometheus, the CLI's HTTP client | `control`, `cluster`, `jobs`, `search` |
 //! | [`cli`] | commands, the demo, benchmarks, local clusters of real processes | everything |
 //!
@@ -23,6 +24,7 @@ pub mod cli;
 pub mod cluster;
 pub mod control;
 pub mod datasets;
+pub mod gpus;
 pub mod jobs;
 pub mod node;
 pub mod search;

@@ -61,6 +61,8 @@ pub struct NodeConfig {
     pub labels: BTreeMap<String, String>,
     /// Cpus advertised for placement (`None`: the host's).
     pub cpus: Option<u32>,
+    /// Which of the host's GPUs the node offers to jobs (`--gpus`).
+    pub gpus: crate::gpus::Selection,
     /// Membership timers and limits.
     pub membership: membership::Config,
 }
@@ -117,6 +119,16 @@ fn multiaddr_ip(m: &Multiaddr) -> Option<std::net::IpAddr> {
 pub async fn run(config: NodeConfig) -> Result<()> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
+    let gpu_source = crate::gpus::Source::from_env();
+    let discovered = crate::gpus::discover(&gpu_source, &config.gpus)?;
+    match &discovered.none_because {
+        Some(why) => info!(reason = %why, "no GPUs"),
+        None => info!(
+            gpus = discovered.gpus.len(),
+            test_source = matches!(gpu_source, crate::gpus::Source::Test(_)),
+            "GPUs offered to jobs"
+        ),
+    }
     let key = identity::load_or_create_identity(&config.data_dir)?;
     let peer_id = key.public().to_peer_id();
     let psk = match &config.cluster_key {
@@ -192,7 +204,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         datasets: Vec::new(),
         cpus: config.cpus.unwrap_or_else(meta::host_cpus),
         memory_mb: meta::host_memory_mb(),
-        gpus: Vec::new(),
+        gpus: discovered.gpus,
         labels: config.labels.clone(),
         version: env!("CARGO_PKG_VERSION").to_string(),
     };
@@ -248,6 +260,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         peer_id.to_string(),
         config.data_dir.join("jobs"),
         config.storage.clone(),
+        crate::gpus::inherited_visible_devices(&gpu_source),
     );
 
     let app = crate::api::router(crate::api::AppState {

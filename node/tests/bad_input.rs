@@ -181,6 +181,7 @@ async fn forwarded_commands_only_a_chief_may_make_are_refused() {
             rank: 0,
             local_rank: 0,
             worker: 0,
+            gpus: Vec::new(),
         }],
         secret: "ab".repeat(32),
         at_ms: 1,

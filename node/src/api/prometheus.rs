@@ -310,25 +310,7 @@ mod tests {
     use crate::api::status::{Counters, MemberDoc, NodeRef};
 
     fn member(name: &str, state: &str) -> MemberDoc {
-        MemberDoc {
-            id: format!("id-{name}"),
-            name: name.into(),
-            state: state.into(),
-            voter: true,
-            blacklisted: false,
-            blacklist_reason: None,
-            incarnation: 0,
-            cpus: 1,
-            memory_mb: 1,
-            gpus: Vec::new(),
-            labels: BTreeMap::new(),
-            p2p_addrs: Vec::new(),
-            api_addr: String::new(),
-            data_addr: String::new(),
-            datasets_addr: String::new(),
-            version: String::new(),
-            is_self: name == "a",
-        }
+        MemberDoc::for_test(name, state)
     }
 
     fn status() -> StatusDoc {

@@ -46,6 +46,32 @@ pub struct MemberDoc {
     pub is_self: bool,
 }
 
+#[cfg(test)]
+impl MemberDoc {
+    /// A voter named `name` in `state` with 1 cpu, for tests (`self` when named `a`).
+    pub fn for_test(name: &str, state: &str) -> MemberDoc {
+        MemberDoc {
+            id: format!("id-{name}"),
+            name: name.into(),
+            state: state.into(),
+            voter: true,
+            blacklisted: false,
+            blacklist_reason: None,
+            incarnation: 0,
+            cpus: 1,
+            memory_mb: 1,
+            gpus: Vec::new(),
+            labels: BTreeMap::new(),
+            p2p_addrs: Vec::new(),
+            api_addr: String::new(),
+            data_addr: String::new(),
+            datasets_addr: String::new(),
+            version: String::new(),
+            is_self: name == "a",
+        }
+    }
+}
+
 impl StatusDoc {
     /// The membership part of the document from this node's view; the control plane fills
     /// in `chief`, `term`, `voter` and `jobs`.
@@ -184,6 +210,18 @@ impl StatusDoc {
         for row in &rows {
             let cells: Vec<&str> = row.iter().map(String::as_str).collect();
             let _ = writeln!(out, "{}", line(&cells));
+        }
+        if self.members.iter().any(|m| !m.gpus.is_empty()) {
+            let _ = writeln!(out, "\ngpus:");
+            for m in &self.members {
+                for g in &m.gpus {
+                    let _ = writeln!(
+                        out,
+                        "  {}  {}  {}  {} MiB  {}",
+                        m.name, g.index, g.model, g.memory_mb, g.uuid
+                    );
+                }
+            }
         }
         if self.jobs.is_empty() {
             let _ = writeln!(out, "\njobs: none");
@@ -627,6 +665,47 @@ mod tests {
         let mut j = train_job("epochs = 2\neval_every_epochs = 0\n");
         validated_at(&mut j, &[10]);
         assert_eq!(total_steps(&j), None, "validation only at the end: unknown");
+    }
+
+    #[test]
+    fn the_table_lists_each_members_gpus() {
+        let gpu = |index| Gpu {
+            index,
+            model: "H100".into(),
+            memory_mb: 81_559,
+            uuid: format!("GPU-test-{index}"),
+        };
+        let member = |name: &str, gpus: Vec<Gpu>| MemberDoc {
+            cpus: 4,
+            gpus,
+            is_self: false,
+            ..MemberDoc::for_test(name, "alive")
+        };
+        let mut doc = StatusDoc {
+            node: NodeRef {
+                id: "id-a".into(),
+                name: "a".into(),
+            },
+            chief: None,
+            term: None,
+            members: vec![member("a", vec![gpu(0), gpu(1)]), member("b", Vec::new())],
+            jobs: Vec::new(),
+            counters: Counters::default(),
+        };
+        let text = doc.to_table();
+        assert!(
+            text.contains(
+                "gpus:\n  a  0  H100  81559 MiB  GPU-test-0\n  a  1  H100  81559 MiB  GPU-test-1\n"
+            ),
+            "{text}"
+        );
+        let v = serde_json::to_value(&doc.members[0]).unwrap();
+        assert_eq!(
+            v["gpus"][1],
+            serde_json::json!({"index": 1, "model": "H100", "memory_mb": 81559, "uuid": "GPU-test-1"})
+        );
+        doc.members[0].gpus.clear();
+        assert!(!doc.to_table().contains("gpus:"));
     }
 
     #[test]

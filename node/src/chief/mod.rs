@@ -1,12 +1,13 @@
 //! The chief: what the Raft leader decides for the cluster's jobs, and the loop that asks.
 //!
 //! [`decide`] is pure: from the replicated state, gossip's view of the members and the time
-//! it returns the commands to propose: place a pending job, or record why it cannot be
-//! placed; for a running job that lost a rank (its member dead or left, its process exited
+//! it returns the commands to propose: place a pending job (each rank with its own GPUs, see
+//! [`placement`]), or record why it cannot be placed; for a running job that lost a rank (its member dead or left, its process exited
 //! non-zero, its peers reported it hung, or it straggled for `straggler_window` steps),
 //! re-form an elastic job's ring without it while at least `min_workers` remain (a straggler
 //! is also blacklisted), else fail the attempt; grow an elastic job's ring by one available
-//! member per generation while it is below `max_workers`; start, promote and copy the trials
+//! member per generation while it is below `max_workers` (survivors keep their GPUs, a
+//! joiner gets its member's lowest free ones); start, promote and copy the trials
 //! of searches and end them ([`search`]). [`driver`] runs it every
 //! [`driver::CHIEF_PERIOD_MS`] while this node is chief, next to the voter upkeep, and
 //! proposes what it returns; the state machine ignores a command that arrives stale, so a
@@ -53,16 +54,16 @@ fn candidates(state: &ControlState, members: &[MemberView], now_ms: u64) -> Vec<
         .iter()
         .map(|m| {
             let id = m.id.to_string();
-            let (used_cpus, used_gpus) = used.get(&id).copied().unwrap_or((0, 0));
+            let held = used.get(&id).cloned().unwrap_or_default();
             Candidate {
                 blacklisted: state.is_blacklisted(&id, now_ms),
                 id,
                 name: m.meta.name.clone(),
                 alive: m.state == State::Alive,
                 cpus: m.meta.cpus,
-                gpus: m.meta.gpus.len() as u32,
-                used_cpus,
-                used_gpus,
+                gpus: m.meta.gpus.iter().map(|g| g.index).collect(),
+                used_cpus: held.cpus,
+                used_gpus: held.gpus,
             }
         })
         .collect();
@@ -155,13 +156,17 @@ fn running(
                 .get(&c.id)
                 .is_none_or(|at| now_ms.saturating_sub(*at) >= REJOIN_AFTER_MS)
             && c.cpus.saturating_sub(c.used_cpus) >= req.cpus_per_worker
-            && c.gpus.saturating_sub(c.used_gpus) >= req.gpus_per_worker
+            && placement::free_gpus(c).len() >= req.gpus_per_worker as usize
     });
     let Some(joiner) = joiner else {
         return Vec::new();
     };
+    let gpus: Vec<u32> = placement::free_gpus(joiner)
+        .into_iter()
+        .take(req.gpus_per_worker as usize)
+        .collect();
     joiner.used_cpus += req.cpus_per_worker;
-    joiner.used_gpus += req.gpus_per_worker;
+    joiner.used_gpus.extend(&gpus);
     let worker = job.next_worker;
     let new = Slot {
         member: joiner.id.clone(),
@@ -169,6 +174,7 @@ fn running(
         rank: 0,
         local_rank: 0,
         worker,
+        gpus,
     };
     vec![ControlCommand::Reform {
         id: job.id,
@@ -296,6 +302,34 @@ pub(crate) mod tests {
         }
     }
 
+    /// An alive member with `gpus` GPUs, indices `0..gpus`.
+    pub(crate) fn gpu_member(name: &str, cpus: u32, gpus: u32) -> MemberView {
+        let mut m = member(name, State::Alive, cpus);
+        m.meta.gpus = (0..gpus)
+            .map(|index| crate::cluster::meta::Gpu {
+                index,
+                model: "H100".into(),
+                memory_mb: 81_559,
+                uuid: format!("GPU-test-{index}"),
+            })
+            .collect();
+        m
+    }
+
+    /// Submits the job `spec` (TOML) at the next log index; returns its id.
+    pub(crate) fn submit_text(state: &mut ControlState, spec: &str) -> JobId {
+        let index = state.applied_index + 1;
+        let cmd = ControlCommand::Submit {
+            spec: Box::new(JobSpec::parse(spec).unwrap()),
+            at_ms: 1,
+            token: None,
+        };
+        match state.apply(index, &cmd) {
+            ControlResponse::Submitted { id } => id,
+            other => panic!("{other:?}"),
+        }
+    }
+
     /// Submits a command job of `workers` ranks; returns its id.
     pub(crate) fn submit(state: &mut ControlState, index: u64, workers: u32) -> JobId {
         let text = format!(
@@ -314,6 +348,149 @@ pub(crate) mod tests {
 
     fn secret() -> String {
         "ab".repeat(32)
+    }
+
+    /// Applies `cmds` at the next log indexes, each applied.
+    fn apply_all(state: &mut ControlState, cmds: &[ControlCommand]) {
+        for cmd in cmds {
+            let index = state.applied_index + 1;
+            assert_eq!(state.apply(index, cmd), ControlResponse::Applied, "{cmd:?}");
+        }
+    }
+
+    fn devices(state: &ControlState, id: JobId) -> Vec<Vec<u32>> {
+        let job = state.job(id).unwrap();
+        job.assignment.iter().map(|s| s.gpus.clone()).collect()
+    }
+
+    const TWO_BY_ONE_GPU: &str = "name = \"g\"\nkind = \"command\"\nworkers = 2\ncommand = [\"true\"]\n[resources]\ngpus_per_worker = 1\n";
+
+    #[test]
+    fn jobs_get_disjoint_gpus_and_an_ended_job_frees_them() {
+        let members = vec![gpu_member("a", 8, 4)];
+        let mut state = ControlState::default();
+        let first = submit_text(&mut state, TWO_BY_ONE_GPU);
+        let cmds = decide(&state, &members, 5, &mut secret);
+        apply_all(&mut state, &cmds);
+        let second = submit_text(&mut state, TWO_BY_ONE_GPU);
+        let cmds = decide(&state, &members, 6, &mut secret);
+        apply_all(&mut state, &cmds);
+        assert_eq!(devices(&state, first), [vec![0], vec![1]]);
+        assert_eq!(devices(&state, second), [vec![2], vec![3]]);
+        // No device left: the third waits, with a reason.
+        let third = submit_text(&mut state, TWO_BY_ONE_GPU);
+        let cmds = decide(&state, &members, 7, &mut secret);
+        let [ControlCommand::Unplaceable { reason, .. }] = cmds.as_slice() else {
+            panic!("{cmds:?}")
+        };
+        assert_eq!(
+            reason,
+            "needs 2 workers with 1 cpu and 1 gpu each; 1 alive member has room for 0"
+        );
+        apply_all(&mut state, &cmds);
+        // The first ends: its devices go to the third.
+        for rank in 0..2 {
+            let exit = ControlCommand::WorkerExited {
+                id: first,
+                generation: 1,
+                rank,
+                code: 0,
+                at_ms: 8,
+            };
+            apply_all(&mut state, &[exit]);
+        }
+        assert_eq!(state.job(first).unwrap().state, JobState::Succeeded);
+        let cmds = decide(&state, &members, 9, &mut secret);
+        apply_all(&mut state, &cmds);
+        assert_eq!(devices(&state, third), [vec![0], vec![1]]);
+    }
+
+    #[test]
+    fn a_placement_on_a_held_gpu_is_ignored() {
+        let members = vec![gpu_member("a", 8, 4)];
+        let mut state = ControlState::default();
+        let first = submit_text(&mut state, TWO_BY_ONE_GPU);
+        let second = submit_text(&mut state, TWO_BY_ONE_GPU);
+        // Both decided on the same (stale) view: the second is refused when applied.
+        let stale = decide(&state, &members, 5, &mut secret);
+        let [ControlCommand::Place { slots, .. }, _] = stale.as_slice() else {
+            panic!("{stale:?}")
+        };
+        apply_all(&mut state, &stale[..1]);
+        let again = ControlCommand::Place {
+            id: second,
+            generation: 1,
+            slots: slots.clone(),
+            secret: secret(),
+            at_ms: 6,
+        };
+        let r = state.apply(state.applied_index + 1, &again);
+        assert!(
+            matches!(&r, ControlResponse::Ignored { reason } if reason.starts_with("gpu 0 of a is held by")),
+            "{r:?}"
+        );
+        assert_eq!(state.job(first).unwrap().state, JobState::Running);
+        assert_eq!(state.job(second).unwrap().state, JobState::Pending);
+        // One GPU twice in one placement is malformed.
+        let mut twice = slots.clone();
+        twice[1].gpus = twice[0].gpus.clone();
+        let bad = ControlCommand::Place {
+            id: second,
+            generation: 1,
+            slots: twice,
+            secret: secret(),
+            at_ms: 6,
+        };
+        assert!(matches!(
+            bad.check(),
+            Err(crate::control::state::BadCommand::Gpus)
+        ));
+    }
+
+    #[test]
+    fn a_reform_keeps_survivors_gpus_and_a_joiner_gets_the_lowest_free() {
+        let members = vec![gpu_member("a", 8, 4), gpu_member("b", 8, 2)];
+        let mut state = ControlState::default();
+        let elastic = submit_text(&mut state, "name = \"e\"\nkind = \"command\"\nworkers = 3\nmin_workers = 2\nmax_workers = 3\nplacement = \"pack\"\ncommand = [\"true\"]\n[resources]\ngpus_per_worker = 1\n",
+        );
+        let cmds = decide(&state, &members, 5, &mut secret);
+        apply_all(&mut state, &cmds);
+        assert_eq!(devices(&state, elastic), [vec![0], vec![1], vec![2]]);
+        // Another job takes b's device 0 (a has one free device, b two: b has more room).
+        let other = submit_text(&mut state, "name = \"o\"\nkind = \"command\"\nworkers = 1\nplacement = \"pack\"\ncommand = [\"true\"]\n[resources]\ngpus_per_worker = 1\n",
+        );
+        let cmds = decide(&state, &members, 6, &mut secret);
+        apply_all(&mut state, &cmds);
+        assert_eq!(state.job(other).unwrap().assignment[0].name, "b");
+        assert_eq!(devices(&state, other), [vec![0]]);
+        // Rank 1 crashes: the survivors keep devices 0 and 2 (not re-packed to 0 and 1).
+        let exit = ControlCommand::WorkerExited {
+            id: elastic,
+            generation: 1,
+            rank: 1,
+            code: 137,
+            at_ms: 7,
+        };
+        apply_all(&mut state, &[exit]);
+        let cmds = decide(&state, &members, 8, &mut secret);
+        let (slots, _) = reform_of(&cmds);
+        assert_eq!(
+            slots.iter().map(|s| s.gpus.clone()).collect::<Vec<_>>(),
+            [vec![0], vec![2]]
+        );
+        apply_all(&mut state, &cmds);
+        // It grows back with b, whose lowest free device is 1.
+        let cmds = decide(&state, &members, 9, &mut secret);
+        let (slots, reason) = reform_of(&cmds);
+        assert_eq!(reason, "joined b");
+        assert_eq!(
+            slots
+                .iter()
+                .map(|s| (s.name.as_str(), s.gpus.clone()))
+                .collect::<Vec<_>>(),
+            [("a", vec![0]), ("a", vec![2]), ("b", vec![1])]
+        );
+        apply_all(&mut state, &cmds);
     }
 
     #[test]

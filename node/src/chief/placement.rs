@@ -7,6 +7,9 @@
 //! - only members that are alive and not blacklisted are candidates;
 //! - a member hosts at most `min(free_cpus / cpus_per_worker, free_gpus / gpus_per_worker)`
 //!   workers (the gpu bound only when gpus are asked for), so it is never over-committed;
+//! - devices: each worker gets `gpus_per_worker` of its member's GPUs, the lowest-indexed
+//!   ones that no slot of a running job holds, in rank order within the member, so no two
+//!   ranks share a GPU (`Slot::gpus`);
 //! - `spread` water-fills one worker per member per round, members with the most room first;
 //!   `pack` fills members with the most room first, each to its capacity (fewest members);
 //! - ring order: chosen members by (name, id), ranks of one member adjacent, `local_rank`
@@ -16,7 +19,7 @@
 //!   or keeps off one (a speculative copy runs away from its original); [`take`] counts
 //!   placed slots against the candidates, so later jobs of the same round see them held.
 
-use std::fmt;
+use std::{collections::BTreeSet, fmt};
 
 pub use crate::control::state::Slot;
 use crate::jobs::spec::{JobSpec, Placement};
@@ -34,12 +37,12 @@ pub struct Candidate {
     pub blacklisted: bool,
     /// Cpus the member has.
     pub cpus: u32,
-    /// Gpus the member has.
-    pub gpus: u32,
+    /// The GPUs the member offers, by device index.
+    pub gpus: Vec<u32>,
     /// Cpus already held by workers of running jobs on this member.
     pub used_cpus: u32,
-    /// Gpus already held by workers of running jobs on this member.
-    pub used_gpus: u32,
+    /// GPUs already held by workers of running jobs on this member, by device index.
+    pub used_gpus: BTreeSet<u32>,
 }
 
 /// What a job asks for.
@@ -135,15 +138,20 @@ pub fn place(candidates: &[Candidate], req: &Request) -> Result<Vec<Slot>, Unpla
         .collect();
     chosen.sort_by(|(a, _), (b, _)| a.name.cmp(&b.name).then_with(|| a.id.cmp(&b.id)));
     let mut slots = Vec::with_capacity(req.workers as usize);
+    let per_worker = req.gpus_per_worker as usize;
     for (c, n) in chosen {
+        let free = free_gpus(c);
         for local in 0..n {
             let rank = u32::try_from(slots.len()).expect("at most req.workers slots");
+            let first = local as usize * per_worker;
             slots.push(Slot {
                 member: c.id.clone(),
                 name: c.name.clone(),
                 rank,
                 local_rank: u32::try_from(local).expect("local rank below req.workers"),
                 worker: rank,
+                // Capacity counted the free devices: there are enough.
+                gpus: free[first..first + per_worker].to_vec(),
             });
         }
     }
@@ -158,9 +166,22 @@ fn capacity(c: &Candidate, req: &Request) -> u64 {
     if req.gpus_per_worker == 0 {
         by_cpu
     } else {
-        let free_gpus = u64::from(c.gpus.saturating_sub(c.used_gpus));
+        let free_gpus = free_gpus(c).len() as u64;
         by_cpu.min(free_gpus / u64::from(req.gpus_per_worker))
     }
+}
+
+/// `c`'s GPUs that no running job's slot holds, lowest index first.
+pub fn free_gpus(c: &Candidate) -> Vec<u32> {
+    let mut free: Vec<u32> = c
+        .gpus
+        .iter()
+        .copied()
+        .filter(|g| !c.used_gpus.contains(g))
+        .collect();
+    free.sort_unstable();
+    free.dedup();
+    free
 }
 
 fn reason(candidates: &[Candidate], req: &Request, eligible: usize, room: u64) -> String {
@@ -208,12 +229,12 @@ impl fmt::Display for Plural<'_> {
     }
 }
 
-/// Takes the resources of `slots` from the candidates.
+/// Takes the resources of `slots` (their cpus and their devices) from the candidates.
 pub fn take(candidates: &mut [Candidate], slots: &[Slot], req: &Request) {
     for slot in slots {
         if let Some(c) = candidates.iter_mut().find(|c| c.id == slot.member) {
             c.used_cpus += req.cpus_per_worker;
-            c.used_gpus += req.gpus_per_worker;
+            c.used_gpus.extend(&slot.gpus);
         }
     }
 }
@@ -261,9 +282,9 @@ mod tests {
             alive: true,
             blacklisted: false,
             cpus,
-            gpus,
+            gpus: (0..gpus).collect(),
             used_cpus: 0,
-            used_gpus: 0,
+            used_gpus: BTreeSet::new(),
         }
     }
 
@@ -331,6 +352,44 @@ mod tests {
             e.reason,
             "needs 4 workers with 1 cpu and 2 gpus each; 3 alive members have room for 3"
         );
+    }
+
+    fn devices(slots: &[Slot]) -> Vec<Vec<u32>> {
+        slots.iter().map(|s| s.gpus.clone()).collect()
+    }
+
+    #[test]
+    fn workers_get_the_lowest_free_devices_and_never_share_one() {
+        let mut ms = [member("a", 8, 4)];
+        let one = req(2, 1, 1, Placement::Pack);
+        let first = place(&ms, &one).unwrap();
+        assert_eq!(devices(&first), [vec![0], vec![1]]);
+        take(&mut ms, &first, &one);
+        let second = place(&ms, &one).unwrap();
+        assert_eq!(
+            devices(&second),
+            [vec![2], vec![3]],
+            "disjoint from the first"
+        );
+        take(&mut ms, &second, &one);
+        assert!(
+            place(&ms, &req(1, 1, 1, Placement::Pack)).is_err(),
+            "all held"
+        );
+        // Device 1 freed: the next worker gets it; a job without gpus gets none.
+        ms[0].used_gpus.remove(&1);
+        let third = place(&ms, &req(1, 1, 1, Placement::Pack)).unwrap();
+        assert_eq!(devices(&third), [vec![1]]);
+        assert_eq!(
+            devices(&place(&ms, &req(1, 1, 0, Placement::Pack)).unwrap()),
+            [Vec::<u32>::new()]
+        );
+        // Two per worker, in rank order within each member; members offer their own indices.
+        let mut b = member("b", 8, 0);
+        b.gpus = vec![7, 3, 5, 1];
+        let slots = place(&[member("a", 8, 2), b], &req(3, 1, 2, Placement::Spread)).unwrap();
+        assert_eq!(names(&slots), ["a", "b", "b"]);
+        assert_eq!(devices(&slots), [vec![0, 1], vec![1, 3], vec![5, 7]]);
     }
 
     #[test]
@@ -411,9 +470,11 @@ mod tests {
                     alive: alive || black, // bias towards alive
                     blacklisted: black && !alive,
                     cpus,
-                    gpus,
+                    gpus: (0..gpus).collect(),
                     used_cpus: ucpus,
-                    used_gpus: ugpus,
+                    // Held devices may be ones the member no longer offers (it restarted
+                    // with fewer).
+                    used_gpus: (0..ugpus).map(|g| g * 2).collect(),
                 },
             )
     }
@@ -451,7 +512,17 @@ mod tests {
                         prop_assert!(c.alive && !c.blacklisted);
                         prop_assert!(u64::from(*n) <= capacity(c, &r));
                         prop_assert!(c.used_cpus + n * cpw <= c.cpus);
-                        prop_assert!(c.used_gpus + n * gpw <= c.gpus || gpw == 0);
+                        prop_assert!(free_gpus(c).len() as u32 >= n * gpw);
+                    }
+                    // Devices: gpw each, offered by the member, free, never shared.
+                    let mut given = std::collections::BTreeSet::new();
+                    for s in &slots {
+                        let c = ms.iter().find(|c| c.id == s.member).unwrap();
+                        prop_assert_eq!(s.gpus.len(), gpw as usize);
+                        for g in &s.gpus {
+                            prop_assert!(c.gpus.contains(g) && !c.used_gpus.contains(g));
+                            prop_assert!(given.insert((s.member.clone(), *g)), "shared: {:?}", slots);
+                        }
                     }
                     // Same member adjacent, local ranks count within it.
                     let mut runs: Vec<&str> = Vec::new();

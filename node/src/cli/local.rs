@@ -35,6 +35,8 @@ pub struct LocalNode {
     pub info: NodeInfo,
     /// The API token its clients send (the cluster's when it was started).
     pub token: Option<String>,
+    /// Environment it was started with on top of this process's (kept for restarts).
+    pub env: Vec<(String, String)>,
     child: Option<Child>,
 }
 
@@ -59,6 +61,9 @@ pub struct LocalCluster {
     /// The API token the clients of nodes started from now on send (pass the node its
     /// `--token-file` too); `None`: no token.
     pub token: Option<String>,
+    /// Environment added to this process's for nodes started from now on (e.g. the
+    /// test-only `RINGLEADER_TEST_GPUS`).
+    pub env: Vec<(String, String)>,
 }
 
 impl LocalCluster {
@@ -69,6 +74,7 @@ impl LocalCluster {
             root: root.into(),
             nodes: Vec::new(),
             token: None,
+            env: Vec::new(),
         }
     }
 
@@ -82,13 +88,14 @@ impl LocalCluster {
     pub fn start(&mut self, name: &str, extra: &[String]) -> Result<usize> {
         let dir = self.root.join(name);
         std::fs::create_dir_all(&dir)?;
-        let (child, info) = spawn(&self.exe, name, &dir, extra)?;
+        let (child, info) = spawn(&self.exe, name, &dir, extra, &self.env)?;
         self.nodes.push(LocalNode {
             name: name.to_string(),
             dir,
             args: extra.to_vec(),
             info,
             token: self.token.clone(),
+            env: self.env.clone(),
             child: Some(child),
         });
         Ok(self.nodes.len() - 1)
@@ -107,7 +114,7 @@ impl LocalCluster {
         if node.child.is_some() {
             bail!("node {} is still running", node.name);
         }
-        let (child, info) = spawn(&self.exe, &node.name, &node.dir, &node.args)?;
+        let (child, info) = spawn(&self.exe, &node.name, &node.dir, &node.args, &node.env)?;
         node.child = Some(child);
         node.info = info;
         Ok(())
@@ -222,7 +229,13 @@ fn stop_gracefully(mut child: Child) -> Result<std::process::ExitStatus> {
     }
 }
 
-fn spawn(exe: &Path, name: &str, dir: &Path, extra: &[String]) -> Result<(Child, NodeInfo)> {
+fn spawn(
+    exe: &Path,
+    name: &str,
+    dir: &Path,
+    extra: &[String],
+    env: &[(String, String)],
+) -> Result<(Child, NodeInfo)> {
     let _ = std::fs::remove_file(dir.join(crate::node::NODE_INFO_FILE));
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -242,6 +255,7 @@ fn spawn(exe: &Path, name: &str, dir: &Path, extra: &[String]) -> Result<(Child,
         .arg("--data-dir")
         .arg(dir)
         .args(extra)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)

@@ -146,6 +146,12 @@ pub struct NodeArgs {
     /// light trials), fewer keeps some for other work.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65_536))]
     pub cpus: Option<u32>,
+    /// GPUs this node offers to jobs: device indices like `0,1` (each must exist), `none`,
+    /// or `all` (default: every GPU the CUDA driver lists; none on a host without one). Each
+    /// rank gets its own devices as CUDA_VISIBLE_DEVICES. Test-only: RINGLEADER_TEST_GPUS
+    /// (`MODEL:MEMORY_MB,…`) replaces the driver with fake devices 0, 1, ….
+    #[arg(long, default_value = "all")]
+    pub gpus: crate::gpus::Selection,
     /// Seed node(s) to join, host:port or multiaddr; repeat or separate with commas.
     #[arg(long, value_delimiter = ',')]
     pub join: Vec<String>,
@@ -214,10 +220,10 @@ impl NodeArgs {
             format!("file://{}", abs.join("store").display())
         });
         // A push-pull carries every member (about 400 bytes each with our metadata, up to
-        // 300 more for a member advertising the most datasets), so the member limit keeps it
-        // inside one wire frame.
+        // 300 more for a member advertising the most datasets, about 70 per GPU: 560 for
+        // eight), so the member limit keeps it inside one 4 MiB wire frame.
         let membership = membership::Config {
-            members_max: 6_000,
+            members_max: 3_000,
             ..membership::Config::default()
         };
         membership
@@ -238,6 +244,7 @@ impl NodeArgs {
             token_file: self.token_file,
             labels: self.labels.into_iter().collect::<BTreeMap<_, _>>(),
             cpus: self.cpus,
+            gpus: self.gpus,
             membership,
         })
     }

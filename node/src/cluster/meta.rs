@@ -4,13 +4,21 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-/// One GPU of a host.
+/// One GPU a member offers to jobs (see `gpus`, which discovers them).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Gpu {
-    /// Model name, e.g. `H100`.
+    /// Device index: the CUDA driver's ordinal on its host, as `--gpus` and a rank's
+    /// `CUDA_VISIBLE_DEVICES` name it.
+    #[serde(default)]
+    pub index: u32,
+    /// Model name as the driver gives it, e.g. `NVIDIA H100 80GB HBM3`.
     pub model: String,
     /// Device memory in MiB.
     pub memory_mb: u64,
+    /// The device's UUID as nvidia-smi prints it, `GPU-` and 32 hex digits in 8-4-4-4-12
+    /// groups (`GPU-test-<index>` for a test device).
+    #[serde(default)]
+    pub uuid: String,
 }
 
 /// Member metadata: versioned by the membership core, replaced whole on change.
@@ -33,7 +41,8 @@ pub struct NodeMeta {
     pub cpus: u32,
     /// Physical memory in MiB.
     pub memory_mb: u64,
-    /// GPUs (none detected yet: GPU discovery comes with the `cuda` feature).
+    /// The GPUs this node offers to jobs, by ascending index (discovered at start, kept by
+    /// `--gpus`).
     pub gpus: Vec<Gpu>,
     /// Free-form labels (`--label k=v`).
     pub labels: BTreeMap<String, String>,

@@ -26,7 +26,7 @@
 //! generation: a report (exit, failure, metric) naming another generation than the current
 //! one is stale and ignored, so a slow report of an old generation can never end the new one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use rand::RngCore;
@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 pub use super::datasets::DatasetRecord;
 pub use super::id::{BadJobId, JobId};
 use crate::{
-    jobs::spec::{JobKind, JobSpec, WORKERS_MAX},
+    jobs::spec::{JobKind, JobSpec, GPUS_PER_WORKER_MAX, WORKERS_MAX},
     search::record::{SearchRecord, TrialOf},
 };
 use trainer::search::Params;
@@ -746,6 +746,20 @@ pub struct Slot {
     /// rank may change); a joiner gets the next unused id.
     #[serde(default)]
     pub worker: u32,
+    /// The member's GPUs given to this worker, by device index: chosen at placement (the
+    /// lowest-indexed ones no running job's slot on the member holds), kept through
+    /// re-forms. While the job runs, no other slot on the member holds any of them.
+    #[serde(default)]
+    pub gpus: Vec<u32>,
+}
+
+/// What the slots of running jobs hold on one member.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Cpus (`cpus_per_worker` per slot).
+    pub cpus: u32,
+    /// GPUs, by device index.
+    pub gpus: BTreeSet<u32>,
 }
 
 /// A command a proposer must not put in the log.
@@ -766,6 +780,10 @@ pub enum BadCommand {
     /// A placement whose slots are not ranks `0..n` or more than [`WORKERS_MAX`].
     #[error("placement slots must have ranks 0..n in order, at most {WORKERS_MAX}")]
     Slots,
+    /// A placement that gives a slot more than [`GPUS_PER_WORKER_MAX`] GPUs, or one GPU of a
+    /// member to two slots.
+    #[error("placement slots must hold at most {GPUS_PER_WORKER_MAX} gpus each, no gpu of a member twice")]
+    Gpus,
     /// A placement whose secret is not [`RING_SECRET_HEX_LEN`] lowercase hex digits.
     #[error("placement secret must be {RING_SECRET_HEX_LEN} lowercase hex digits")]
     Secret,
@@ -824,6 +842,14 @@ impl ControlCommand {
                 let ordered = slots.iter().enumerate().all(|(i, s)| s.rank as usize == i);
                 if slots.is_empty() || slots.len() > WORKERS_MAX as usize || !ordered {
                     return Err(BadCommand::Slots);
+                }
+                let mut given = BTreeSet::new();
+                let gpus_ok = slots.iter().all(|s| {
+                    s.gpus.len() <= GPUS_PER_WORKER_MAX as usize
+                        && s.gpus.iter().all(|g| given.insert((s.member.as_str(), *g)))
+                });
+                if !gpus_ok {
+                    return Err(BadCommand::Gpus);
                 }
                 let hex = |c: char| c.is_ascii_digit() || ('a'..='f').contains(&c);
                 if secret.len() != RING_SECRET_HEX_LEN || !secret.chars().all(hex) {
@@ -932,6 +958,9 @@ impl ControlState {
             return ControlResponse::Rejected {
                 reason: e.to_string(),
             };
+        }
+        if let Some(reason) = self.gpu_taken(cmd) {
+            return ignored(reason);
         }
         let response = self.apply_command(log_index, cmd);
         if response == ControlResponse::Applied {
@@ -1304,7 +1333,6 @@ impl ControlState {
         self.jobs.values().filter(|j| j.state == JobState::Pending)
     }
 
-    /// Cpus and gpus held on each member (by peer id) by running jobs, for placement.
     /// Whether `member` is blacklisted at `now_ms`.
     pub fn is_blacklisted(&self, member: &str, now_ms: u64) -> bool {
         self.blacklist
@@ -1312,17 +1340,53 @@ impl ControlState {
             .is_some_and(|b| b.until_ms > now_ms)
     }
 
-    pub fn used_resources(&self) -> BTreeMap<String, (u32, u32)> {
-        let mut used: BTreeMap<String, (u32, u32)> = BTreeMap::new();
+    /// What the slots of running jobs' current generations hold on each member (by peer
+    /// id), for placement: a job that ends, or an attempt that fails, holds nothing.
+    pub fn used_resources(&self) -> BTreeMap<String, Held> {
+        let mut used: BTreeMap<String, Held> = BTreeMap::new();
         for job in self.jobs.values().filter(|j| j.state == JobState::Running) {
-            let r = job.spec.resources;
             for slot in &job.assignment {
-                let e = used.entry(slot.member.clone()).or_default();
-                e.0 = e.0.saturating_add(r.cpus_per_worker);
-                e.1 = e.1.saturating_add(r.gpus_per_worker);
+                let held = used.entry(slot.member.clone()).or_default();
+                held.cpus = held.cpus.saturating_add(job.spec.resources.cpus_per_worker);
+                held.gpus.extend(&slot.gpus);
             }
         }
         used
+    }
+
+    /// Why `cmd`'s slots cannot have their GPUs: one is held by a slot of another running
+    /// job on the same member (a decision made on a stale view). Keeps "no two ranks share
+    /// a GPU" whatever the proposer saw.
+    fn gpu_taken(&self, cmd: &ControlCommand) -> Option<String> {
+        let (own, slots) = match cmd {
+            ControlCommand::Place { id, slots, .. } | ControlCommand::Reform { id, slots, .. } => {
+                (Some(*id), slots)
+            }
+            ControlCommand::TrialStart { slots, .. }
+            | ControlCommand::TrialPromote { slots, .. }
+            | ControlCommand::TrialCopy { slots, .. } => (None, slots),
+            _ => return None,
+        };
+        if slots.iter().all(|s| s.gpus.is_empty()) {
+            return None;
+        }
+        let others = self
+            .jobs
+            .values()
+            .filter(|j| j.state == JobState::Running && Some(j.id) != own);
+        for job in others {
+            for held in &job.assignment {
+                for slot in slots.iter().filter(|s| s.member == held.member) {
+                    if let Some(gpu) = slot.gpus.iter().find(|g| held.gpus.contains(g)) {
+                        return Some(format!(
+                            "gpu {gpu} of {} is held by {} (rank {})",
+                            slot.name, job.id, held.rank
+                        ));
+                    }
+                }
+            }
+        }
+        None
     }
 }
 
@@ -1388,6 +1452,7 @@ mod tests {
                 rank: r,
                 local_rank: 0,
                 worker: r,
+                gpus: Vec::new(),
             })
             .collect()
     }
@@ -1510,7 +1575,7 @@ mod tests {
         let id = r.submit(2, 3);
         assert_eq!(r.place(id, 1, 2), ControlResponse::Applied);
         assert_eq!(r.job(id).state, JobState::Running);
-        assert_eq!(r.state.used_resources()["id-1"], (1, 0));
+        assert_eq!(r.state.used_resources()["id-1"].cpus, 1);
         assert_eq!(r.exit(id, 1, 1, 0), ControlResponse::Applied);
         assert_eq!(r.job(id).state, JobState::Running);
         assert!(

@@ -786,6 +786,7 @@ max = 0.5
             rank: 0,
             local_rank: 0,
             worker: 0,
+            gpus: Vec::new(),
         }
     }
 

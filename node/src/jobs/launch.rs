@@ -5,6 +5,10 @@
 //! - Command jobs get the environment torchrun gives (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
 //!   `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, [`master_port`], `TORCHELASTIC_RESTART_COUNT`, …), so
 //!   an unmodified PyTorch DDP script works.
+//! - GPUs: a rank given devices (`Slot::gpus`) gets `CUDA_VISIBLE_DEVICES` naming exactly
+//!   those ([`crate::gpus::visible_devices`]), set after the spec's `env` so it wins; a rank
+//!   given none has it left as the node's. Train ranks also get `RINGLEADER_GPUS`, their
+//!   device count (0: the CPU).
 //! - Train jobs run this node's own binary as `ringleader train-worker` with a spec file
 //!   (the trainer's sections, [`super::train_spec::spec_text`]) and the ring:
 //!   - address of rank r: the host of the member's advertised `data_addr`, port
@@ -22,6 +26,7 @@ use std::{
 
 use crate::{
     control::state::{Job, JobId, Slot},
+    gpus,
     jobs::{logs::log_path, spec::JobKind, train_spec},
 };
 
@@ -96,6 +101,10 @@ pub struct LaunchContext {
     pub storage: String,
     /// This node's binary (train ranks run it as `train-worker`).
     pub exe: String,
+    /// The node's own `CUDA_VISIBLE_DEVICES` entries when it was started with them
+    /// ([`gpus::inherited_visible_devices`]): device `i` of a rank is entry `i`. `None`: the
+    /// index itself.
+    pub device_names: Option<Vec<String>>,
 }
 
 /// One rank's process, ready to spawn.
@@ -172,6 +181,10 @@ pub fn launch(
         ));
     }
     env.extend(job.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    if !slot.gpus.is_empty() {
+        let visible = gpus::visible_devices(&slot.gpus, ctx.device_names.as_deref());
+        env.push(("CUDA_VISIBLE_DEVICES".into(), visible));
+    }
     let trial_metric = job.trial_of.as_ref().map(|t| t.metric.clone());
     let log = log_path(&ctx.jobs_dir, job.id, job.process_generation(), slot.worker);
     if job.spec.kind != JobKind::Train {
@@ -187,6 +200,7 @@ pub fn launch(
     let addrs = ring_addrs(job, host_of)?;
     let spec_file = log.with_file_name("spec.toml");
     env.push(("RINGLEADER_SECRET".into(), job.ring_secret.clone()));
+    env.push(("RINGLEADER_GPUS".into(), slot.gpus.len().to_string()));
     // In the environment, not the argv: a storage URL may carry keys, and a command line
     // is readable by every user of the host (/proc/PID/cmdline, ps).
     env.push(("RINGLEADER_STORAGE".into(), ctx.storage.clone()));
@@ -275,6 +289,7 @@ mod tests {
             jobs_dir: PathBuf::from("/tmp/rl/jobs"),
             storage: url.into(),
             exe: "/bin/ringleader".into(),
+            device_names: None,
         };
         let l = launch(&ctx, job, &job.assignment[0], &|_| Some("127.0.0.1".into())).unwrap();
         assert!(l.command.iter().any(|a| a == "train-worker"));
@@ -286,6 +301,71 @@ mod tests {
             l.command
         );
         assert!(l.env.contains(&("RINGLEADER_STORAGE".into(), url.into())));
+    }
+
+    /// The environment value `name` of `l`, the last one set (as the process sees it).
+    fn env_of<'a>(l: &'a Launch, name: &str) -> Option<&'a str> {
+        l.env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn ranks_see_only_their_own_gpus() {
+        let members = vec![chief::gpu_member("a", 8, 4)];
+        let mut state = ControlState::default();
+        let spec = |kind: &str, gpus: u32| {
+            format!(
+                "name = \"g\"\nkind = \"{kind}\"\nworkers = 2\n{}[env]\nCUDA_VISIBLE_DEVICES = \"7\"\n[resources]\ngpus_per_worker = {gpus}\n",
+                if kind == "command" { "command = [\"true\"]\n" } else { "" }
+            )
+        };
+        let command = chief::submit_text(&mut state, &spec("command", 1));
+        let train = chief::submit_text(&mut state, &spec("train", 1));
+        let cpu = chief::submit_text(&mut state, &spec("train", 0));
+        for cmd in decide(&state, &members, 5, &mut || "ab".repeat(32)) {
+            state.apply(state.applied_index + 1, &cmd);
+        }
+        let mut ctx = LaunchContext {
+            me: String::new(),
+            jobs_dir: PathBuf::from("/tmp/rl/jobs"),
+            storage: "memory://".into(),
+            exe: "/bin/ringleader".into(),
+            device_names: None,
+        };
+        let host = |_: &str| Some("127.0.0.1".to_string());
+        let launches = |ctx: &LaunchContext, id| {
+            let job = state.job(id).unwrap();
+            job.assignment
+                .iter()
+                .map(|slot| launch(ctx, job, slot, &host).unwrap())
+                .collect::<Vec<_>>()
+        };
+        let visible = |ls: &[Launch]| -> Vec<Option<String>> {
+            ls.iter()
+                .map(|l| env_of(l, "CUDA_VISIBLE_DEVICES").map(str::to_owned))
+                .collect()
+        };
+        let c = launches(&ctx, command);
+        assert_eq!(visible(&c), [Some("0".into()), Some("1".into())]);
+        assert!(c.iter().all(|l| env_of(l, "RINGLEADER_GPUS").is_none()));
+        let t = launches(&ctx, train);
+        assert_eq!(visible(&t), [Some("2".into()), Some("3".into())]);
+        assert!(t.iter().all(|l| env_of(l, "RINGLEADER_GPUS") == Some("1")));
+        // No gpu asked for: the spec's own value stands, and the trainer is told 0.
+        let none = launches(&ctx, cpu);
+        assert_eq!(visible(&none), [Some("7".into()), Some("7".into())]);
+        assert!(none
+            .iter()
+            .all(|l| env_of(l, "RINGLEADER_GPUS") == Some("0")));
+        // A node started with CUDA_VISIBLE_DEVICES: its own names for the devices.
+        ctx.device_names = Some(["4", "5", "6", "GPU-x"].map(String::from).to_vec());
+        assert_eq!(
+            visible(&launches(&ctx, train)),
+            [Some("6".into()), Some("GPU-x".into())]
+        );
     }
 
     #[test]

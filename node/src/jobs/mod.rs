@@ -10,7 +10,7 @@
 //!   reads rank logs.
 //!
 //! May use: `control` (the replicated job records, the handle to propose reports), `cluster`
-//! (member hosts). `spec`, `train_spec` and `logs` are leaves that `control` and `api` use.
+//! (member hosts), `gpus` (a rank's `CUDA_VISIBLE_DEVICES`). `spec`, `train_spec` and `logs` are leaves that `control` and `api` use.
 //! Placement and retries are the chief's (`crate::chief`).
 
 pub mod launch;

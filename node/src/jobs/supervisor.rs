@@ -167,6 +167,7 @@ impl Supervisor {
                 storage: default_storage(&jobs_dir),
                 jobs_dir,
                 exe,
+                device_names: None,
             },
             reports,
             running: HashMap::new(),
@@ -180,6 +181,13 @@ impl Supervisor {
     /// Gives train ranks the node's dataset service.
     pub fn with_datasets(mut self, datasets: crate::datasets::Datasets) -> Self {
         self.datasets = Some(datasets);
+        self
+    }
+
+    /// Names a rank's devices in its `CUDA_VISIBLE_DEVICES` by the node's own entries
+    /// (`gpus::inherited_visible_devices`; default: by index).
+    pub fn with_device_names(mut self, names: Option<Vec<String>>) -> Self {
+        self.ctx.device_names = names;
         self
     }
 
@@ -287,12 +295,14 @@ pub fn start(
     me: String,
     jobs_dir: PathBuf,
     storage: String,
+    device_names: Option<Vec<String>>,
 ) {
     let (reports_tx, reports_rx) = mpsc::channel(REPORT_QUEUE_DEPTH);
     tokio::spawn(report_loop(ctl.clone(), reports_rx));
     let supervisor = Supervisor::new(me, jobs_dir, reports_tx, wall_ms)
         .with_storage(storage)
-        .with_datasets(datasets);
+        .with_datasets(datasets)
+        .with_device_names(device_names);
     tokio::spawn(run(ctl, supervisor));
 }
 
@@ -364,6 +374,7 @@ mod tests {
             jobs_dir: PathBuf::from("/tmp/rl/jobs"),
             storage: "memory://".into(),
             exe: "/bin/ringleader".into(),
+            device_names: None,
         }
     }
 

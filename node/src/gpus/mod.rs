@@ -1,0 +1,211 @@
+//! This host's GPUs: which devices it has, which of them it offers to jobs, and what a rank
+//! is told about the devices it is given.
+//!
+//! - [`discover`] lists the devices once, at start-up, from a [`Source`]: the CUDA driver
+//!   (`driver`, through cudarc loaded at run time, so the same binary runs on hosts without
+//!   CUDA: no libcuda, or a driver that fails, means no GPUs and a reason, never a panic), or,
+//!   **for tests only**, the fake devices named by [`TEST_GPUS_ENV`] (`fake`); then keeps the
+//!   devices `--gpus` names ([`Selection`]).
+//! - [`visible_devices`]: a rank's `CUDA_VISIBLE_DEVICES` from the device indices the chief
+//!   gave it (`Slot::gpus`).
+//!
+//! A device's index is the driver's ordinal as this node's process sees it. A node started
+//! with `CUDA_VISIBLE_DEVICES` itself sees only those devices, numbered from 0 within that
+//! list ([`inherited_visible_devices`]), so a rank's device `i` is entry `i` of the node's
+//! list.
+//!
+//! May use: `cluster::meta` (the [`Gpu`] record it reports). Used by: the node's start-up
+//! and `jobs::launch`.
+
+mod driver;
+mod fake;
+mod selection;
+
+pub use fake::parse_test_gpus;
+pub use selection::Selection;
+
+use crate::cluster::meta::Gpu;
+
+/// Test-only: when set, the node reports these fake devices instead of asking the driver;
+/// `MODEL:MEMORY_MB` entries separated by commas (e.g. `H100:81559,H100:81559`), indices
+/// 0.. in order, UUIDs `GPU-test-<index>`; empty: no GPUs.
+pub const TEST_GPUS_ENV: &str = "RINGLEADER_TEST_GPUS";
+/// Most GPUs a node advertises: member metadata travels in every gossip push-pull. A driver
+/// that lists more offers the first ones.
+pub const GPUS_MAX: usize = 64;
+/// Longest model name advertised, in bytes; a longer one is cut at a character boundary.
+pub const GPU_MODEL_BYTES_MAX: usize = 64;
+
+/// Where a node's GPUs come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The CUDA driver.
+    Driver,
+    /// Test-only: the text of [`TEST_GPUS_ENV`].
+    Test(String),
+}
+
+impl Source {
+    /// [`Source::Test`] when [`TEST_GPUS_ENV`] is set, else the driver.
+    pub fn from_env() -> Source {
+        match std::env::var(TEST_GPUS_ENV) {
+            Ok(text) => Source::Test(text),
+            Err(_) => Source::Driver,
+        }
+    }
+}
+
+/// What discovery found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Discovery {
+    /// The devices the node offers, by ascending index.
+    pub gpus: Vec<Gpu>,
+    /// Why the host reports no GPUs at all (no driver, the driver failed), when it does not
+    /// for want of devices alone; logged once at start.
+    pub none_because: Option<String>,
+}
+
+/// A `--gpus` value or a test source that cannot be used: the node does not start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GpuError {
+    /// `--gpus` is neither `all`, `none` nor a list of device indices (clap names the flag
+    /// and the value when it reports this).
+    #[error("{problem}")]
+    Selection {
+        /// The value given.
+        text: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// `--gpus` names a device this host does not have.
+    #[error("--gpus: no GPU {index} on this host ({have})")]
+    NoSuchDevice {
+        /// The missing index.
+        index: u32,
+        /// What the host has, or why it has none.
+        have: String,
+    },
+    /// [`TEST_GPUS_ENV`] is malformed.
+    #[error("{TEST_GPUS_ENV}: {problem}")]
+    TestGpus {
+        /// What is wrong with it.
+        problem: String,
+    },
+}
+
+/// This host's GPUs from `source`, restricted to `selection`. An index `selection` names
+/// that the host does not have is an error; a host without a usable driver has no GPUs
+/// (and says why in [`Discovery::none_because`]).
+pub fn discover(source: &Source, selection: &Selection) -> Result<Discovery, GpuError> {
+    let (listed, none_because) = match source {
+        Source::Test(text) => (parse_test_gpus(text)?, None),
+        Source::Driver => match driver::list() {
+            Ok(mut gpus) => {
+                gpus.truncate(GPUS_MAX);
+                (gpus, None)
+            }
+            Err(why) => (Vec::new(), Some(why)),
+        },
+    };
+    let gpus = selection.restrict(listed, none_because.as_deref())?;
+    Ok(Discovery { gpus, none_because })
+}
+
+/// The node's own `CUDA_VISIBLE_DEVICES` entries, when it was started with a non-empty one
+/// and its GPUs come from the driver (which numbers devices within that list); `None`
+/// otherwise (a rank's device `i` is then named `i`).
+pub fn inherited_visible_devices(source: &Source) -> Option<Vec<String>> {
+    if *source != Source::Driver {
+        return None;
+    }
+    let text = std::env::var("CUDA_VISIBLE_DEVICES").ok()?;
+    let entries: Vec<String> = text
+        .split(',')
+        .map(|e| e.trim().to_owned())
+        .filter(|e| !e.is_empty())
+        .collect();
+    (!entries.is_empty()).then_some(entries)
+}
+
+/// A rank's `CUDA_VISIBLE_DEVICES`: its device indices joined by commas, each named by the
+/// node's own list when it has one ([`inherited_visible_devices`]; an index beyond that
+/// list, which discovery never gives, is named by itself).
+pub fn visible_devices(devices: &[u32], inherited: Option<&[String]>) -> String {
+    devices
+        .iter()
+        .map(|&i| {
+            inherited
+                .and_then(|names| names.get(i as usize))
+                .cloned()
+                .unwrap_or_else(|| i.to_string())
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `model` cut to [`GPU_MODEL_BYTES_MAX`] at a character boundary.
+fn bounded_model(model: &str) -> String {
+    let mut end = model.len().min(GPU_MODEL_BYTES_MAX);
+    while !model.is_char_boundary(end) {
+        end -= 1;
+    }
+    model[..end].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_source_then_selection() {
+        let source = Source::Test("H100:81559,A100:40536".into());
+        let all = discover(&source, &Selection::All).unwrap();
+        assert_eq!(all.none_because, None);
+        assert_eq!(
+            all.gpus
+                .iter()
+                .map(|g| (g.index, g.model.as_str(), g.uuid.as_str()))
+                .collect::<Vec<_>>(),
+            [(0, "H100", "GPU-test-0"), (1, "A100", "GPU-test-1")]
+        );
+        let one = discover(&source, &"1".parse().unwrap()).unwrap();
+        assert_eq!(one.gpus, all.gpus[1..]);
+        assert!(discover(&source, &Selection::None).unwrap().gpus.is_empty());
+        assert_eq!(
+            discover(&source, &"0,2".parse().unwrap())
+                .unwrap_err()
+                .to_string(),
+            "--gpus: no GPU 2 on this host (it has 0, 1)"
+        );
+        assert!(matches!(
+            discover(&Source::Test("H100".into()), &Selection::All),
+            Err(GpuError::TestGpus { .. })
+        ));
+    }
+
+    #[test]
+    fn visible_devices_name_indices_or_the_nodes_own_entries() {
+        assert_eq!(visible_devices(&[0, 1], None), "0,1");
+        assert_eq!(visible_devices(&[3], None), "3");
+        let inherited = ["4".to_string(), "GPU-abc".to_string()];
+        assert_eq!(visible_devices(&[1, 0], Some(&inherited)), "GPU-abc,4");
+        assert_eq!(visible_devices(&[2], Some(&inherited)), "2");
+        assert_eq!(visible_devices(&[], None), "");
+    }
+
+    #[test]
+    fn inherited_list_only_for_the_driver() {
+        assert_eq!(
+            inherited_visible_devices(&Source::Test(String::new())),
+            None
+        );
+    }
+
+    #[test]
+    fn long_models_are_cut_at_a_char_boundary() {
+        let long = "é".repeat(GPU_MODEL_BYTES_MAX);
+        let cut = bounded_model(&long);
+        assert!(cut.len() <= GPU_MODEL_BYTES_MAX && long.starts_with(&cut));
+        assert_eq!(bounded_model("H100"), "H100");
+    }
+}

@@ -1,0 +1,149 @@
+//! Real-process tests of GPU discovery and exclusive allocation, with the test-only fake
+//! devices of `RINGLEADER_TEST_GPUS` (no GPU needed): members advertise their devices,
+//! `--gpus` restricts them, and each rank gets its own devices as `CUDA_VISIBLE_DEVICES`,
+//! never another running rank's. Bounded waits; every process is stopped by PID when its
+//! cluster is dropped.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{exe, wait_job, POLL};
+use ringleader::cli::local::LocalCluster;
+
+const WAIT: Duration = Duration::from_secs(40);
+
+/// A command job of `workers` ranks of one gpu each, packed on one member, printing its
+/// rank and `CUDA_VISIBLE_DEVICES`, then sleeping (cancelled by the test).
+fn spec(name: &str, workers: u32) -> String {
+    format!(
+        r#"name = "{name}"
+kind = "command"
+workers = {workers}
+placement = "pack"
+command = ["sh", "-c", "echo rank=$RANK CVD=$CUDA_VISIBLE_DEVICES; exec sleep 30"]
+[resources]
+gpus_per_worker = 1
+"#
+    )
+}
+
+/// Polls until job `id`'s logs hold `n` lines starting with `rank=`; returns them sorted.
+fn rank_lines(c: &LocalCluster, id: &str, n: usize) -> Vec<String> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mut lines = c.job_log_lines(id, "rank=");
+        lines.sort();
+        if lines.len() >= n {
+            return lines;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "job {id}: {n} rank lines not within {WAIT:?}; got {lines:?}"
+        );
+        std::thread::sleep(POLL);
+    }
+}
+
+fn cancel(c: &LocalCluster, id: &str) {
+    let _: serde_json::Value = c.nodes[0]
+        .client()
+        .post(&format!("/v1/jobs/{id}/cancel"), "")
+        .expect("cancel");
+}
+
+#[test]
+fn fake_gpus_are_advertised_restricted_and_given_to_one_rank_each() {
+    let root = tempfile::Builder::new()
+        .prefix("rl-gpus-")
+        .tempdir()
+        .unwrap();
+    let mut c = LocalCluster::new(exe(), root.path());
+    let cpus = ["--cpus".to_string(), "8".to_string()];
+
+    // Phase 1: g0 has four fake H100s; g1 has two A100s of which `--gpus 1` offers one; an
+    // index the host lacks stops a node at start, naming it.
+    c.env = vec![(
+        "RINGLEADER_TEST_GPUS".into(),
+        "H100:81559,H100:81559,H100:81559,H100:81559".into(),
+    )];
+    c.start("g0", &cpus).unwrap();
+    c.env = vec![(
+        "RINGLEADER_TEST_GPUS".into(),
+        "A100:40536,A100:40536".into(),
+    )];
+    let restricted = [&cpus[..], &["--gpus".to_string(), "1".to_string()]].concat();
+    c.start_joining("g1", &restricted).unwrap();
+    let missing = [&cpus[..], &["--gpus".to_string(), "0,5".to_string()]].concat();
+    let err = c.start_joining("bad", &missing).unwrap_err().to_string();
+    assert!(
+        err.contains("--gpus: no GPU 5 on this host (it has 0, 1)"),
+        "{err}"
+    );
+    c.wait_all(WAIT, "two alive members and a chief", |s| {
+        s.names_in("alive").len() == 2 && s.chief.is_some()
+    })
+    .unwrap();
+
+    // `status --json` shows each member's devices.
+    let out = std::process::Command::new(exe())
+        .args(["status", "--json", "--peer", &c.nodes[1].info.api_addr])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let gpus_of = |name: &str| {
+        doc["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == name)
+            .unwrap_or_else(|| panic!("no member {name}: {doc}"))["gpus"]
+            .clone()
+    };
+    let h100 = |i: u32| serde_json::json!({"index": i, "model": "H100", "memory_mb": 81559, "uuid": format!("GPU-test-{i}")});
+    assert_eq!(
+        gpus_of("g0"),
+        serde_json::json!([h100(0), h100(1), h100(2), h100(3)])
+    );
+    assert_eq!(
+        gpus_of("g1"),
+        serde_json::json!([{"index": 1, "model": "A100", "memory_mb": 40536, "uuid": "GPU-test-1"}])
+    );
+
+    // Phase 2: two jobs of two one-gpu ranks, packed on g0, get disjoint devices.
+    let client = c.nodes[0].client();
+    let first = client.submit(&spec("first", 2)).unwrap();
+    assert_eq!(rank_lines(&c, &first, 2), ["rank=0 CVD=0", "rank=1 CVD=1"]);
+    let second = client.submit(&spec("second", 2)).unwrap();
+    assert_eq!(rank_lines(&c, &second, 2), ["rank=0 CVD=2", "rank=1 CVD=3"]);
+
+    // Phase 3: no member has two free devices now: a third waits, saying why; a one-rank
+    // job gets g1's only device, which is device 1.
+    let third = client.submit(&spec("third", 2)).unwrap();
+    let doc = wait_job(&c, 0, &third, "unplaceable", WAIT, |d| {
+        d.pending_reason.is_some()
+    });
+    assert_eq!(doc.state, "pending");
+    assert_eq!(
+        doc.pending_reason.as_deref(),
+        Some("needs 2 workers with 1 cpu and 1 gpu each; 2 alive members have room for 1")
+    );
+    let single = client.submit(&spec("single", 1)).unwrap();
+    assert_eq!(rank_lines(&c, &single, 1), ["rank=0 CVD=1"]);
+    let doc = wait_job(&c, 0, &single, "running on g1", WAIT, |d| {
+        d.state == "running"
+    });
+    assert_eq!(doc.ring, ["g1"]);
+
+    // Phase 4: the first ends (cancelled): its devices go to the third.
+    cancel(&c, &first);
+    wait_job(&c, 0, &third, "placed", WAIT, |d| d.state == "running");
+    assert_eq!(rank_lines(&c, &third, 2), ["rank=0 CVD=0", "rank=1 CVD=1"]);
+
+    for id in [&second, &third, &single] {
+        cancel(&c, id);
+        wait_job(&c, 0, id, "cancelled", WAIT, |d| d.state == "cancelled");
+    }
+    c.stop_all();
+}
