@@ -16,7 +16,22 @@ command -v chromium >/dev/null || (apt-get install -y --no-install-recommends ch
 if ! command -v s3s-fs >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/s3s-fs" ]; then
     cargo install --quiet --locked s3s-fs --version 0.14.1 --features binary >/dev/null 2>&1 || true
 fi
-cargo test --workspace
+# Every test's own output is kept (--show-output) so that a test that skipped part of itself
+# (it prints "SKIPPED: why") is listed at the end instead of passing silently as `ok`.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace -- --show-output 2>&1 | tee "$log"
+awk '
+    /^---- .* stdout ----$/ { test = $2; next }
+    /SKIPPED/ { sub(/^[[:space:]]+/, ""); print "  " (test == "" ? "?" : test) ": " $0 }
+' "$log" | sort -u > "$log.skips"
+if [ -s "$log.skips" ]; then
+    echo "skipped (a tool or privilege this machine lacks): $(wc -l < "$log.skips")"
+    cat "$log.skips"
+else
+    echo "skipped: none"
+fi
+rm -f "$log.skips"
 cargo check -p collective --features cuda
 # Every public doc renders without a broken link (the parts' module docs are the map).
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet

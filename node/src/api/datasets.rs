@@ -85,7 +85,8 @@ pub(super) async fn get(
     let req = body.map(|Json(r)| r).unwrap_or_default();
     let fetch = app
         .datasets
-        .get(&name, req.to.map(std::path::PathBuf::from))?;
+        .get(&name, req.to.map(std::path::PathBuf::from))
+        .await?;
     Ok((StatusCode::ACCEPTED, Json(fetch.status())))
 }
 

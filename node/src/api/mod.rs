@@ -241,7 +241,7 @@ async fn submit(
         .and_then(|v| v.as_str())
         .filter(|n| !crate::datasets::BUILTIN.contains(n))
     {
-        if app.control.read(|s| !s.datasets.contains_key(name)) {
+        if app.datasets.lookup(name).await.is_none() {
             return Err(ApiError(
                 StatusCode::BAD_REQUEST,
                 format!("data.dataset {name:?}: no such dataset (add it with `ringleader dataset add`; see `ringleader dataset ls`)"),

@@ -92,7 +92,9 @@ pub fn decode_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
     serde_json::from_slice(bytes).map_err(|e| WireError::Malformed(e.to_string()))
 }
 
-/// Reads one length-prefixed frame, refusing lengths over `limit` before allocating.
+/// Reads one length-prefixed frame, refusing lengths over `limit` before reading on. The
+/// buffer grows as bytes arrive (from [`FRAME_START_BYTES`]), not to the announced length at
+/// once: a peer announcing a large frame and sending nothing holds next to no memory.
 pub async fn read_frame<R>(io: &mut R, limit: usize) -> std::io::Result<Vec<u8>>
 where
     R: futures::AsyncRead + Unpin,
@@ -107,10 +109,19 @@ where
             WireError::TooLarge { len, limit },
         ));
     }
-    let mut buf = vec![0u8; len];
-    io.read_exact(&mut buf).await?;
+    let mut buf = Vec::with_capacity(len.min(FRAME_START_BYTES));
+    let got = io.take(len as u64).read_to_end(&mut buf).await?;
+    if got != len {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("frame cut short at {got} of {len} bytes"),
+        ));
+    }
     Ok(buf)
 }
+
+/// The first allocation of a frame being read; it doubles as bytes arrive.
+pub const FRAME_START_BYTES: usize = 64 << 10;
 
 /// Writes one length-prefixed frame.
 pub async fn write_frame<W>(io: &mut W, bytes: &[u8]) -> std::io::Result<()>

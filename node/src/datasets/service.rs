@@ -34,6 +34,8 @@ use crate::jobs::spec::JobKind;
 /// How long a root just added is kept though no name refers to it yet (the name's commit
 /// may reach this replica later than the files).
 const PIN_AFTER_ADD: Duration = Duration::from_secs(60);
+/// How long a lookup waits for this replica to apply a name it does not know yet.
+const REGISTRY_LAG: Duration = Duration::from_secs(3);
 /// How often the upkeep runs (advertise, delete unnamed content, note a busy ring).
 const UPKEEP_EVERY: Duration = Duration::from_millis(500);
 
@@ -253,7 +255,7 @@ impl Datasets {
 
     /// Removes the name `name`; holders delete the content once no name refers to it.
     pub async fn remove(&self, name: &str) -> Result<(), DatasetsError> {
-        if self.registered(name).is_none() {
+        if self.lookup(name).await.is_none() {
             return Err(DatasetsError::NotFound(name.to_owned()));
         }
         let cmd = ControlCommand::DatasetRemove {
@@ -311,11 +313,27 @@ impl Datasets {
         self.inner.control.read(|s| s.datasets.get(name).cloned())
     }
 
+    /// The registry's record of `name`, waiting up to [`REGISTRY_LAG`] for this replica to
+    /// apply it: a name added on another node a moment ago may not have reached this one.
+    pub async fn lookup(&self, name: &str) -> Option<DatasetRecord> {
+        let deadline = Instant::now() + REGISTRY_LAG;
+        loop {
+            if let Some(r) = self.registered(name) {
+                return Some(r);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Starts fetching `name` to this node (or joins the fetch under way) and returns it;
     /// with `to`, the files are also written under that directory once fetched.
-    pub fn get(&self, name: &str, to: Option<PathBuf>) -> Result<Arc<Fetch>, DatasetsError> {
+    pub async fn get(&self, name: &str, to: Option<PathBuf>) -> Result<Arc<Fetch>, DatasetsError> {
         let record = self
-            .registered(name)
+            .lookup(name)
+            .await
             .ok_or_else(|| DatasetsError::NotFound(name.to_owned()))?;
         if let Some(to) = &to {
             if !to.is_absolute() {
@@ -384,12 +402,13 @@ impl Datasets {
         mut progress: impl FnMut(&FetchStatus),
     ) -> Result<PathBuf, DatasetsError> {
         let record = self
-            .registered(name)
+            .lookup(name)
+            .await
             .ok_or_else(|| DatasetsError::NotFound(name.to_owned()))?;
         if let Some(dir) = self.inner.store.files_dir(&record.root) {
             return Ok(dir);
         }
-        let fetch = self.get(name, None)?;
+        let fetch = self.get(name, None).await?;
         loop {
             let ended = fetch.ended.notified();
             if fetch.has_ended() {

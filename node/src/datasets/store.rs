@@ -477,12 +477,13 @@ impl Partial {
                 .join(FILES_DIR)
                 .join(&manifest.files()[place.file].path)
         };
-        self.files[place.file]
-            .write_all_at(bytes, place.offset)
+        let file = &self.files[place.file];
+        file.write_all_at(bytes, place.offset)
             .map_err(|source| DatasetError::Io {
                 path: path(),
                 source,
             })?;
+        start_writeback(file, place.offset, bytes.len());
         self.have_log
             .write_all(&(g as u32).to_le_bytes())
             .map_err(|source| DatasetError::Io {
@@ -491,6 +492,23 @@ impl Partial {
             })?;
         self.have.insert(g);
         Ok(())
+    }
+}
+
+/// Starts writing a range of `file` to disk without waiting for it (Linux'
+/// `sync_file_range(SYNC_FILE_RANGE_WRITE)`), so the flush when a fetch finishes has little
+/// left to do: the disk keeps up with the network as chunks arrive instead of taking a
+/// second per 512 MiB at the end. Best effort: an error only means the final flush does it.
+fn start_writeback(file: &File, offset: u64, len: usize) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a plain syscall on an open descriptor; it reads no memory of ours.
+    unsafe {
+        libc::sync_file_range(
+            file.as_raw_fd(),
+            offset as libc::off64_t,
+            len as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        );
     }
 }
 
