@@ -23,6 +23,7 @@
 #
 # Environment:
 #   BENCH_DATASET_MB   size of each dataset in MiB (512); e.g. 32 for a quick run
+#   BENCH_CHUNK_MIB    chunk size of the datasets, 1..4 MiB (4, the default of `dataset add`)
 #   HOLDER_RATE        holders' egress cap, a tc rate (300mbit)
 #   RINGLEADER         a prebuilt binary: skips `cargo build --release --workspace`
 #                      (default binary: target/release/ringleader)
@@ -44,6 +45,7 @@ root=$(cd "$here/.." && pwd)
 NETNS="$here/netns.sh"
 
 size_mib=${BENCH_DATASET_MB:-512}
+chunk_mib=${BENCH_CHUNK_MIB:-4}
 holder_rate=${HOLDER_RATE:-300mbit}
 wait_s=${WAIT_S:-120}
 fetch_timeout_s=${FETCH_TIMEOUT_S:-600}
@@ -282,8 +284,8 @@ for i in $(seq 1 "$HOSTS"); do wait_for formed "$i" "$HOSTS"; done
 note "cluster of $HOSTS formed in $((SECONDS - t0)) s"
 
 # ---- seeding (links unlimited) ----
-rl 1 dataset add bench "$work/data" >"$work/add-bench.log" 2>&1 || { cat "$work/add-bench.log" >&2; die "dataset add bench failed"; }
-rl 1 dataset add bench1 "$work/data1" >"$work/add-bench1.log" 2>&1 || { cat "$work/add-bench1.log" >&2; die "dataset add bench1 failed"; }
+rl 1 dataset add --chunk-mib "$chunk_mib" bench "$work/data" >"$work/add-bench.log" 2>&1 || { cat "$work/add-bench.log" >&2; die "dataset add bench failed"; }
+rl 1 dataset add --chunk-mib "$chunk_mib" bench1 "$work/data1" >"$work/add-bench1.log" 2>&1 || { cat "$work/add-bench1.log" >&2; die "dataset add bench1 failed"; }
 for i in 2 3; do
     wait_for holders "$i" bench h1
     timeout "$fetch_timeout_s" "$bin" --peer "$(api "$i")" dataset get bench >"$work/seed-h$i.log" 2>&1 ||

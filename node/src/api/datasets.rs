@@ -3,7 +3,7 @@
 //! | route | does |
 //! | --- | --- |
 //! | `GET /v1/datasets` | every registered dataset with its live holders ([`DatasetDoc`]) |
-//! | `POST /v1/datasets` `{"name", "path"}` | adds the file or directory at `path` on this node (blocks while it is copied in); 201 and the dataset |
+//! | `POST /v1/datasets` `{"name", "path", "chunk_mib"?}` | adds the file or directory at `path` on this node (blocks while it is copied in); 201 and the dataset |
 //! | `DELETE /v1/datasets/{name}` | removes the name; holders delete the content |
 //! | `POST /v1/datasets/{name}/get` `{"to": optional dir}` | starts (or joins) a fetch to this node; 202 and its [`FetchStatus`] |
 //! | `GET /v1/datasets/{name}/get` | the latest fetch on this node |
@@ -43,6 +43,9 @@ pub struct AddRequest {
     pub name: String,
     /// An absolute path on the node.
     pub path: String,
+    /// Chunk size in MiB, 1 to 4 (default 4).
+    #[serde(default)]
+    pub chunk_mib: Option<u32>,
 }
 
 /// `POST /v1/datasets/{name}/get` body.
@@ -64,7 +67,11 @@ pub(super) async fn add(
 ) -> Result<(StatusCode, Json<DatasetDoc>), ApiError> {
     let doc = app
         .datasets
-        .add(&req.name, std::path::Path::new(&req.path))
+        .add(
+            &req.name,
+            std::path::Path::new(&req.path),
+            req.chunk_mib.map(|m| m.saturating_mul(1 << 20)),
+        )
         .await?;
     Ok((StatusCode::CREATED, Json(doc)))
 }

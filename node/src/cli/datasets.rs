@@ -24,6 +24,9 @@ pub enum DatasetCmd {
         name: String,
         /// The file or directory (a relative path is made absolute here first).
         path: PathBuf,
+        /// Chunk size in MiB, 1 to 4: the unit of transfer and verification.
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=4))]
+        chunk_mib: u32,
     },
     /// List datasets with their live holders (`--json`: [{name, size_bytes, files, chunks,
     /// root, holders, fetching, added_at, added_on}]).
@@ -60,11 +63,19 @@ struct Row {
 pub fn run(cli: &Cli, cmd: &DatasetCmd) -> Result<()> {
     let c = client(cli);
     match cmd {
-        DatasetCmd::Add { name, path } => {
+        DatasetCmd::Add {
+            name,
+            path,
+            chunk_mib,
+        } => {
             let path = std::path::absolute(path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
             let doc: serde_json::Value = c.post_json(
                 "/v1/datasets",
-                &serde_json::json!({ "name": name, "path": path.display().to_string() }),
+                &serde_json::json!({
+                    "name": name,
+                    "path": path.display().to_string(),
+                    "chunk_mib": chunk_mib,
+                }),
             )?;
             if cli.json {
                 println!("{}", serde_json::to_string_pretty(&doc)?);

@@ -645,6 +645,7 @@ async fn holder(shared: &Arc<Shared>, source: &Source, id: HolderId) -> HolderEn
     let mut in_flight = std::collections::VecDeque::new();
     let mut rate = 0.0f64; // bytes per second, smoothed
     let mut last_arrival = Instant::now();
+    let mut writes: JoinSet<(u64, u32, Result<bool, HolderEnd>)> = JoinSet::new();
     loop {
         if !have_known {
             let have = if source.complete {
@@ -680,6 +681,11 @@ async fn holder(shared: &Arc<Shared>, source: &Source, id: HolderId) -> HolderEn
             in_flight.push_back(g);
         }
         if in_flight.is_empty() {
+            while let Some(done) = writes.join_next().await {
+                if let Some(end) = settle(shared, &source.name, id, rate, done) {
+                    return end;
+                }
+            }
             if shared.sched.lock().expect("sched lock").all_done() {
                 return HolderEnd::Done;
             }
@@ -740,47 +746,91 @@ async fn holder(shared: &Arc<Shared>, source: &Source, id: HolderId) -> HolderEn
         } else {
             0.7 * rate + 0.3 * sample
         };
+        // Verify and write on the blocking pool while this task reads the next chunk: a
+        // reader that stops for that would let the sender's window close, and a link
+        // shaped with a small burst never gets that time back.
         let sh = shared.clone();
-        let written = tokio::task::spawn_blocking(move || -> Result<bool, HolderEnd> {
-            sh.manifest
-                .verify_chunk(place.file, place.chunk, &bytes)
-                .map_err(|e| HolderEnd::Bad(e.to_string()))?;
-            if sh.sched.lock().expect("sched lock").is_done(g) {
-                return Ok(false); // the other copy of an endgame chunk was first
-            }
-            let mut partial = sh.partial.lock().expect("partial lock");
-            let Some(partial) = partial.as_mut() else {
-                return Ok(false); // the fetch is over
-            };
-            partial
-                .write_chunk(&sh.manifest, g, &bytes)
-                .map_err(|e| HolderEnd::Write(disk_error(e)))?;
-            Ok(sh.sched.lock().expect("sched lock").complete(g))
-        })
-        .await;
-        match written {
-            Ok(Ok(true)) => {
-                shared.holding.have.write().expect("have lock").insert(g);
-                *shared.last_progress.lock().expect("progress lock") = Instant::now();
-                {
-                    let mut s = shared.fetch.status.lock().expect("fetch lock");
-                    s.chunks_done += 1;
-                    s.bytes += u64::from(len);
-                }
-                shared.fetch.source(&source.name, |s| {
-                    s.bytes += u64::from(len);
-                    s.chunks += 1;
-                    s.mb_per_s = (rate / 1e5).round() / 10.0;
-                    s.state = "active".into();
-                });
-                shared.progress.notify_waiters();
-            }
-            Ok(Ok(false)) => {}
-            Ok(Err(end)) => {
-                shared.sched.lock().expect("sched lock").release(id, g);
+        writes.spawn_blocking(move || {
+            let result = store_chunk(&sh, place, g, &bytes);
+            (g, len, result)
+        });
+        while let Some(done) = writes.try_join_next() {
+            if let Some(end) = settle(shared, &source.name, id, rate, done) {
                 return end;
             }
-            Err(e) => return HolderEnd::Write(e.to_string()),
+        }
+        if writes.len() >= WRITES_IN_FLIGHT_MAX {
+            if let Some(done) = writes.join_next().await {
+                if let Some(end) = settle(shared, &source.name, id, rate, done) {
+                    return end;
+                }
+            }
+        }
+    }
+}
+
+/// Chunks one holder's task may have being verified and written at once.
+const WRITES_IN_FLIGHT_MAX: usize = 4;
+
+/// Verifies chunk `g` and writes it to the copy; `Ok(false)` if it was in already (the
+/// other copy of an endgame chunk) or the fetch is over.
+fn store_chunk(
+    sh: &Shared,
+    place: super::store::ChunkPlace,
+    g: u64,
+    bytes: &[u8],
+) -> Result<bool, HolderEnd> {
+    sh.manifest
+        .verify_chunk(place.file, place.chunk, bytes)
+        .map_err(|e| HolderEnd::Bad(e.to_string()))?;
+    if sh.sched.lock().expect("sched lock").is_done(g) {
+        return Ok(false);
+    }
+    let mut partial = sh.partial.lock().expect("partial lock");
+    let Some(partial) = partial.as_mut() else {
+        return Ok(false);
+    };
+    partial
+        .write_chunk(&sh.manifest, g, bytes)
+        .map_err(|e| HolderEnd::Write(disk_error(e)))?;
+    Ok(sh.sched.lock().expect("sched lock").complete(g))
+}
+
+/// Records a stored chunk (progress, the holder's figures); returns how the holder's task
+/// ends if the chunk was bad or could not be written.
+fn settle(
+    shared: &Shared,
+    name: &str,
+    id: HolderId,
+    rate: f64,
+    done: Result<(u64, u32, Result<bool, HolderEnd>), tokio::task::JoinError>,
+) -> Option<HolderEnd> {
+    let (g, len, result) = match done {
+        Ok(d) => d,
+        Err(e) => return Some(HolderEnd::Write(e.to_string())),
+    };
+    match result {
+        Ok(true) => {
+            shared.holding.have.write().expect("have lock").insert(g);
+            *shared.last_progress.lock().expect("progress lock") = Instant::now();
+            {
+                let mut s = shared.fetch.status.lock().expect("fetch lock");
+                s.chunks_done += 1;
+                s.bytes += u64::from(len);
+            }
+            shared.fetch.source(name, |s| {
+                s.bytes += u64::from(len);
+                s.chunks += 1;
+                s.mb_per_s = (rate / 1e5).round() / 10.0;
+                s.state = "active".into();
+            });
+            shared.progress.notify_waiters();
+            None
+        }
+        Ok(false) => None,
+        Err(end) => {
+            shared.sched.lock().expect("sched lock").release(id, g);
+            Some(end)
         }
     }
 }

@@ -194,9 +194,15 @@ impl Datasets {
         fetches.values().map(|f| f.status().bytes).sum()
     }
 
-    /// Adds the file or directory at `path` (on this node) as `name`: copies it into the
-    /// store, then registers the name. The files are this node's to serve from then on.
-    pub async fn add(&self, name: &str, path: &Path) -> Result<DatasetDoc, DatasetsError> {
+    /// Adds the file or directory at `path` (on this node) as `name`, cut into chunks of
+    /// `chunk_bytes` (default: the node's): copies it into the store, then registers the
+    /// name. The files are this node's to serve from then on.
+    pub async fn add(
+        &self,
+        name: &str,
+        path: &Path,
+        chunk_bytes: Option<u32>,
+    ) -> Result<DatasetDoc, DatasetsError> {
         check_name(name).map_err(DatasetsError::BadInput)?;
         if self.registered(name).is_some() {
             return Err(DatasetsError::Exists(name.to_owned()));
@@ -209,7 +215,7 @@ impl Datasets {
         }
         let store = self.inner.store.clone();
         let src = path.to_path_buf();
-        let chunk_bytes = self.inner.cfg.chunk_bytes;
+        let chunk_bytes = chunk_bytes.unwrap_or(self.inner.cfg.chunk_bytes);
         let manifest = tokio::task::spawn_blocking(move || store.import(&src, chunk_bytes))
             .await
             .map_err(|e| DatasetsError::Internal(e.to_string()))?
