@@ -682,7 +682,7 @@ async fn holder(shared: &Arc<Shared>, source: &Source, id: HolderId) -> HolderEn
         }
         if in_flight.is_empty() {
             while let Some(done) = writes.join_next().await {
-                if let Some(end) = settle(shared, &source.name, id, rate, done) {
+                if let Some(end) = settle(shared, id, done) {
                     return end;
                 }
             }
@@ -750,18 +750,24 @@ async fn holder(shared: &Arc<Shared>, source: &Source, id: HolderId) -> HolderEn
         // reader that stops for that would let the sender's window close, and a link
         // shaped with a small burst never gets that time back.
         let sh = shared.clone();
+        let name = source.name.clone();
         writes.spawn_blocking(move || {
             let result = store_chunk(&sh, place, g, &bytes);
+            if let Ok(true) = result {
+                // Counted here, not when the task looks at the result: the fetch may end
+                // (and this task be dropped) the moment the last chunk is in.
+                record(&sh, &name, len, rate);
+            }
             (g, len, result)
         });
         while let Some(done) = writes.try_join_next() {
-            if let Some(end) = settle(shared, &source.name, id, rate, done) {
+            if let Some(end) = settle(shared, id, done) {
                 return end;
             }
         }
         if writes.len() >= WRITES_IN_FLIGHT_MAX {
             if let Some(done) = writes.join_next().await {
-                if let Some(end) = settle(shared, &source.name, id, rate, done) {
+                if let Some(end) = settle(shared, id, done) {
                     return end;
                 }
             }
@@ -793,45 +799,45 @@ fn store_chunk(
     partial
         .write_chunk(&sh.manifest, g, bytes)
         .map_err(|e| HolderEnd::Write(disk_error(e)))?;
-    Ok(sh.sched.lock().expect("sched lock").complete(g))
+    let new = sh.sched.lock().expect("sched lock").complete(g);
+    if new {
+        // Served to others from now on.
+        sh.holding.have.write().expect("have lock").insert(g);
+    }
+    Ok(new)
 }
 
-/// Records a stored chunk (progress, the holder's figures); returns how the holder's task
-/// ends if the chunk was bad or could not be written.
+/// Records a stored chunk: progress, the holder's figures; wakes idle holders.
+fn record(shared: &Shared, name: &str, len: u32, rate: f64) {
+    *shared.last_progress.lock().expect("progress lock") = Instant::now();
+    {
+        let mut s = shared.fetch.status.lock().expect("fetch lock");
+        s.chunks_done += 1;
+        s.bytes += u64::from(len);
+    }
+    shared.fetch.source(name, |s| {
+        s.bytes += u64::from(len);
+        s.chunks += 1;
+        s.mb_per_s = (rate / 1e5).round() / 10.0;
+        s.state = "active".into();
+    });
+    shared.progress.notify_waiters();
+}
+
+/// Looks at a stored chunk's result; returns how the holder's task ends if the chunk was
+/// bad or could not be written.
 fn settle(
     shared: &Shared,
-    name: &str,
     id: HolderId,
-    rate: f64,
     done: Result<(u64, u32, Result<bool, HolderEnd>), tokio::task::JoinError>,
 ) -> Option<HolderEnd> {
-    let (g, len, result) = match done {
-        Ok(d) => d,
-        Err(e) => return Some(HolderEnd::Write(e.to_string())),
-    };
-    match result {
-        Ok(true) => {
-            shared.holding.have.write().expect("have lock").insert(g);
-            *shared.last_progress.lock().expect("progress lock") = Instant::now();
-            {
-                let mut s = shared.fetch.status.lock().expect("fetch lock");
-                s.chunks_done += 1;
-                s.bytes += u64::from(len);
-            }
-            shared.fetch.source(name, |s| {
-                s.bytes += u64::from(len);
-                s.chunks += 1;
-                s.mb_per_s = (rate / 1e5).round() / 10.0;
-                s.state = "active".into();
-            });
-            shared.progress.notify_waiters();
-            None
-        }
-        Ok(false) => None,
-        Err(end) => {
+    match done {
+        Ok((_, _, Ok(_))) => None,
+        Ok((g, _, Err(end))) => {
             shared.sched.lock().expect("sched lock").release(id, g);
             Some(end)
         }
+        Err(e) => Some(HolderEnd::Write(e.to_string())),
     }
 }
 

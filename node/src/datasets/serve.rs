@@ -233,49 +233,94 @@ async fn serve(server: &Server, mut stream: TcpStream) -> Result<(), transport::
     let (r, w) = stream.split();
     let mut r = BufReader::new(r);
     let mut w = BufWriter::with_capacity(SLICE_BYTES, w);
-    loop {
-        let request = match tokio::time::timeout(IDLE_TIMEOUT, transport::read_header(&mut r)).await
-        {
-            Ok(Ok(Some(request))) => request,
-            Ok(Ok(None)) | Err(_) => return Ok(()),
-            Ok(Err(e)) => return Err(e),
-        };
-        answer(server, &mut w, request).await?;
-        w.flush().await?;
-    }
+    // The next answer is read from disk while the current one is sent, so the link never
+    // waits for the disk between two chunks.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Answer>(READ_AHEAD);
+    let reader = async move {
+        loop {
+            let request =
+                match tokio::time::timeout(IDLE_TIMEOUT, transport::read_header(&mut r)).await {
+                    Ok(Ok(Some(request))) => request,
+                    Ok(Ok(None)) | Err(_) => return Ok(()),
+                    Ok(Err(e)) => return Err(e),
+                };
+            let answer = prepare(server, request).await?;
+            if tx.send(answer).await.is_err() {
+                return Ok(()); // the writer stopped
+            }
+        }
+    };
+    let writer = async {
+        while let Some(answer) = rx.recv().await {
+            transport::write_header(&mut w, &answer.reply).await?;
+            match &answer.body {
+                Body::None => {}
+                Body::Shared(bytes) => w.write_all(bytes).await?,
+                Body::Owned(bytes) => w.write_all(bytes).await?,
+                Body::Paced(bytes) => server.throttle.write(&mut w, bytes).await?,
+            }
+            w.flush().await?;
+        }
+        Ok::<(), transport::TransportError>(())
+    };
+    let (read, written) = tokio::join!(reader, writer);
+    written.and(read)
 }
 
-async fn answer<W: AsyncWrite + Unpin>(
-    server: &Server,
-    w: &mut W,
-    request: Request,
-) -> Result<(), transport::TransportError> {
+/// Answers prepared ahead of the one being sent, per connection.
+const READ_AHEAD: usize = 1;
+
+/// An answer ready to send.
+struct Answer {
+    reply: Reply,
+    body: Body,
+}
+
+/// What follows an answer's header.
+enum Body {
+    None,
+    /// The manifest's encoding.
+    Shared(Arc<Vec<u8>>),
+    /// A bitmap.
+    Owned(Vec<u8>),
+    /// A chunk: sent under the throttle.
+    Paced(Vec<u8>),
+}
+
+async fn prepare(server: &Server, request: Request) -> Result<Answer, transport::TransportError> {
     let not_here = |reason: String| {
         let mut reason = reason;
         reason.truncate(REASON_BYTES_MAX);
-        Reply::NotHere { reason }
+        Answer {
+            reply: Reply::NotHere { reason },
+            body: Body::None,
+        }
     };
     let root = match &request {
         Request::Manifest { root } | Request::Have { root } | Request::Chunk { root, .. } => *root,
     };
     let Some(holding) = server.holdings.get(&root) else {
-        return transport::write_header(w, &not_here("not held".into())).await;
+        return Ok(not_here("not held".into()));
     };
-    match request {
-        Request::Manifest { .. } => {
-            let len = holding.encoded.len() as u64;
-            transport::write_header(w, &Reply::Manifest { len }).await?;
-            w.write_all(&holding.encoded).await?;
-        }
+    Ok(match request {
+        Request::Manifest { .. } => Answer {
+            reply: Reply::Manifest {
+                len: holding.encoded.len() as u64,
+            },
+            body: Body::Shared(holding.encoded.clone()),
+        },
         Request::Have { .. } => {
             let bitmap = holding.have.read().expect("have lock").bitmap().to_vec();
-            let len = bitmap.len() as u64;
-            transport::write_header(w, &Reply::Have { len }).await?;
-            w.write_all(&bitmap).await?;
+            Answer {
+                reply: Reply::Have {
+                    len: bitmap.len() as u64,
+                },
+                body: Body::Owned(bitmap),
+            }
         }
         Request::Chunk { index, .. } => {
             if !holding.have.read().expect("have lock").contains(index) {
-                return transport::write_header(w, &not_here(format!("no chunk {index}"))).await;
+                return Ok(not_here(format!("no chunk {index}")));
             }
             let store = server.store.clone();
             let held = holding.held(root);
@@ -285,16 +330,18 @@ async fn answer<W: AsyncWrite + Unpin>(
             })
             .await
             .map_err(|e| transport::TransportError::Protocol(e.to_string()))?;
-            let bytes = match read {
-                Ok(bytes) => bytes,
+            match read {
+                Ok(bytes) => Answer {
+                    reply: Reply::Chunk {
+                        index,
+                        len: bytes.len() as u32,
+                    },
+                    body: Body::Paced(bytes),
+                },
                 // The copy was removed or became whole (renamed) meanwhile: the asker tries
                 // again or elsewhere.
-                Err(e) => return transport::write_header(w, &not_here(e.to_string())).await,
-            };
-            let len = bytes.len() as u32;
-            transport::write_header(w, &Reply::Chunk { index, len }).await?;
-            server.throttle.write(w, &bytes).await?;
+                Err(e) => not_here(e.to_string()),
+            }
         }
-    }
-    Ok(())
+    })
 }
