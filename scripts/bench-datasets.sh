@@ -23,7 +23,8 @@
 #
 # Environment:
 #   BENCH_DATASET_MB   size of each dataset in MiB (512); e.g. 32 for a quick run
-#   BENCH_CHUNK_MIB    chunk size of the datasets, 1..4 MiB (4, the default of `dataset add`)
+#   BENCH_CHUNK_MIB    chunk size of the datasets, 1..4 MiB (default: `dataset add`'s choice,
+#                      1 MiB for datasets up to 64 GiB)
 #   HOLDER_RATE        holders' egress cap, a tc rate (300mbit)
 #   RINGLEADER         a prebuilt binary: skips `cargo build --release --workspace`
 #                      (default binary: target/release/ringleader)
@@ -45,7 +46,8 @@ root=$(cd "$here/.." && pwd)
 NETNS="$here/netns.sh"
 
 size_mib=${BENCH_DATASET_MB:-512}
-chunk_mib=${BENCH_CHUNK_MIB:-4}
+chunk_args=()
+if [ -n "${BENCH_CHUNK_MIB:-}" ]; then chunk_args=(--chunk-mib "$BENCH_CHUNK_MIB"); fi
 holder_rate=${HOLDER_RATE:-300mbit}
 wait_s=${WAIT_S:-120}
 fetch_timeout_s=${FETCH_TIMEOUT_S:-600}
@@ -284,8 +286,8 @@ for i in $(seq 1 "$HOSTS"); do wait_for formed "$i" "$HOSTS"; done
 note "cluster of $HOSTS formed in $((SECONDS - t0)) s"
 
 # ---- seeding (links unlimited) ----
-rl 1 dataset add --chunk-mib "$chunk_mib" bench "$work/data" >"$work/add-bench.log" 2>&1 || { cat "$work/add-bench.log" >&2; die "dataset add bench failed"; }
-rl 1 dataset add --chunk-mib "$chunk_mib" bench1 "$work/data1" >"$work/add-bench1.log" 2>&1 || { cat "$work/add-bench1.log" >&2; die "dataset add bench1 failed"; }
+rl 1 dataset add "${chunk_args[@]}" bench "$work/data" >"$work/add-bench.log" 2>&1 || { cat "$work/add-bench.log" >&2; die "dataset add bench failed"; }
+rl 1 dataset add "${chunk_args[@]}" bench1 "$work/data1" >"$work/add-bench1.log" 2>&1 || { cat "$work/add-bench1.log" >&2; die "dataset add bench1 failed"; }
 for i in 2 3; do
     wait_for holders "$i" bench h1
     timeout "$fetch_timeout_s" "$bin" --peer "$(api "$i")" dataset get bench >"$work/seed-h$i.log" 2>&1 ||

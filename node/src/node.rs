@@ -244,7 +244,6 @@ pub async fn run(config: NodeConfig) -> Result<()> {
             key: crate::datasets::transport::AuthKey::new(psk.as_ref()),
             upload_bytes_per_s: config.dataset_upload_bytes_per_s,
             busy_bytes_per_s: config.dataset_busy_bytes_per_s,
-            chunk_bytes: crate::datasets::CHUNK_BYTES_DEFAULT,
             me: peer_id.to_string(),
             name: config.name.clone(),
         },

@@ -43,7 +43,7 @@ pub struct AddRequest {
     pub name: String,
     /// An absolute path on the node.
     pub path: String,
-    /// Chunk size in MiB, 1 to 4 (default 4).
+    /// Chunk size in MiB, 1 to 4 (default: by the dataset's size).
     #[serde(default)]
     pub chunk_mib: Option<u32>,
 }

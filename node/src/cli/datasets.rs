@@ -24,9 +24,10 @@ pub enum DatasetCmd {
         name: String,
         /// The file or directory (a relative path is made absolute here first).
         path: PathBuf,
-        /// Chunk size in MiB, 1 to 4: the unit of transfer and verification.
-        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=4))]
-        chunk_mib: u32,
+        /// Chunk size in MiB, 1 to 4: the unit of transfer and verification (default: 1 MiB
+        /// up to 64 GiB, then 2 and 4 MiB, so the manifest stays small).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=4))]
+        chunk_mib: Option<u32>,
     },
     /// List datasets with their live holders (`--json`: [{name, size_bytes, files, chunks,
     /// root, holders, fetching, added_at, added_on}]).

@@ -50,8 +50,6 @@ pub struct DatasetsConfig {
     pub upload_bytes_per_s: u64,
     /// Serving cap while a job's ring runs on this host, bytes per second (0: none).
     pub busy_bytes_per_s: u64,
-    /// Chunk size of datasets added here.
-    pub chunk_bytes: u32,
     /// This node's peer id.
     pub me: String,
     /// This node's name.
@@ -195,8 +193,8 @@ impl Datasets {
     }
 
     /// Adds the file or directory at `path` (on this node) as `name`, cut into chunks of
-    /// `chunk_bytes` (default: the node's): copies it into the store, then registers the
-    /// name. The files are this node's to serve from then on.
+    /// `chunk_bytes` (default: [`super::manifest::chunk_bytes_for`] its size): copies it into
+    /// the store, then registers the name. The files are this node's to serve from then on.
     pub async fn add(
         &self,
         name: &str,
@@ -215,16 +213,21 @@ impl Datasets {
         }
         let store = self.inner.store.clone();
         let src = path.to_path_buf();
-        let chunk_bytes = chunk_bytes.unwrap_or(self.inner.cfg.chunk_bytes);
-        let manifest = tokio::task::spawn_blocking(move || store.import(&src, chunk_bytes))
-            .await
-            .map_err(|e| DatasetsError::Internal(e.to_string()))?
-            .map_err(|e| match e {
-                super::DatasetError::Io { ref source, .. } if source.raw_os_error() == Some(28) => {
-                    DatasetsError::Internal(format!("disk full: {e}"))
-                }
-                e => DatasetsError::BadInput(e.to_string()),
-            })?;
+        let manifest = tokio::task::spawn_blocking(move || {
+            let chunk_bytes = match chunk_bytes {
+                Some(c) => c,
+                None => super::manifest::chunk_bytes_for(super::manifest::source_bytes(&src)?),
+            };
+            store.import(&src, chunk_bytes)
+        })
+        .await
+        .map_err(|e| DatasetsError::Internal(e.to_string()))?
+        .map_err(|e| match e {
+            super::DatasetError::Io { ref source, .. } if source.raw_os_error() == Some(28) => {
+                DatasetsError::Internal(format!("disk full: {e}"))
+            }
+            e => DatasetsError::BadInput(e.to_string()),
+        })?;
         let root = manifest.root();
         self.pin(root);
         if self.inner.holdings.get(&root).is_none() {
