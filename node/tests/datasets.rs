@@ -143,7 +143,7 @@ fn fetch_status(c: &LocalCluster, i: usize, name: &str) -> Option<serde_json::Va
 #[test]
 fn add_list_get_to_and_remove_with_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
-    let c = formed_cluster(&dir.path().join("c"), "d", 3, &[], FORM_WAIT);
+    let mut c = formed_cluster(&dir.path().join("c"), "d", 3, &[], FORM_WAIT);
     let src = make_tree(dir.path(), 9, 1);
 
     let added = ok(cli(
@@ -173,10 +173,14 @@ fn add_list_get_to_and_remove_with_clear_errors() {
         same_tree(&src, &to);
     }
     wait_holders(&c, 0, "shared-1", &["d0", "d1", "d2"]);
-    // The last fetch had two holders to draw on.
     let last = fetch_status(&c, 2, "shared-1").unwrap();
     assert_eq!(last["state"], "done");
     assert_eq!(last["bytes"], rows[0]["size_bytes"]);
+    // A dead member is no holder; restarted, it holds its copy again.
+    c.kill9(2).unwrap();
+    wait_holders(&c, 0, "shared-1", &["d0", "d1"]);
+    c.restart(2).unwrap();
+    wait_holders(&c, 0, "shared-1", &["d0", "d1", "d2"]);
     // A second get is a no-op on a node that holds it.
     let again = ok(cli(&c, 1, &["dataset", "get", "shared-1"]));
     assert!(again.contains("is on the node"), "{again}");
