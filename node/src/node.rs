@@ -65,6 +65,8 @@ pub struct NodeConfig {
     pub gpus: crate::gpus::Selection,
     /// Membership timers and limits.
     pub membership: membership::Config,
+    /// Raft builds a snapshot every this many entries (`--raft-snapshot-every`).
+    pub raft_snapshot_every: u64,
 }
 
 /// What a running node writes to `<data-dir>/node.json`: how local tools reach it.
@@ -228,6 +230,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
             name: config.name.clone(),
             data_dir: &config.data_dir,
             bootstrap: config.join.is_empty(),
+            snapshot_every: config.raft_snapshot_every,
         },
         handle.clone(),
         rpc_rx,

@@ -141,6 +141,11 @@ pub struct NodeArgs {
     /// Serve datasets to peers at most this fast at all times (MB/s; 0: no cap).
     #[arg(long, default_value_t = 0)]
     pub dataset_upload_mbps: u64,
+    /// Raft builds a snapshot of the control state every this many log entries and purges
+    /// the log before it; a node that joins later catches up from the snapshot.
+    #[arg(long, default_value_t = crate::control::handle::SNAPSHOT_EVERY_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(10..))]
+    pub raft_snapshot_every: u64,
     /// Cpus this node offers to jobs (default: the host's logical cpus); each worker takes
     /// `cpus_per_worker` of them. More than the host has over-commits it on purpose (many
     /// light trials), fewer keeps some for other work.
@@ -237,6 +242,7 @@ impl NodeArgs {
             datasets,
             dataset_busy_bytes_per_s: self.dataset_busy_mbps.saturating_mul(1_000_000),
             dataset_upload_bytes_per_s: self.dataset_upload_mbps.saturating_mul(1_000_000),
+            raft_snapshot_every: self.raft_snapshot_every,
             join,
             data_dir,
             cluster_key: self.cluster_key,

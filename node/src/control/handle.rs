@@ -69,7 +69,15 @@ pub struct ControlConfig<'a> {
     pub data_dir: &'a Path,
     /// Start a new cluster (a node started without `--join`) if this node has no Raft state.
     pub bootstrap: bool,
+    /// Build a snapshot (and purge the log before it) every this many applied entries.
+    pub snapshot_every: u64,
 }
+
+/// Entries between snapshots unless `--raft-snapshot-every` says otherwise.
+pub const SNAPSHOT_EVERY_DEFAULT: u64 = 5_000;
+/// Most entries in one AppendEntries: a spec may be 256 KiB (more as JSON), and a batch must
+/// fit one 4 MiB frame.
+pub const APPEND_ENTRIES_MAX: u64 = 4;
 
 /// A cheap handle to the control plane.
 #[derive(Clone)]
@@ -104,6 +112,10 @@ pub async fn open(cfg: ControlConfig<'_>, node: NodeHandle) -> Result<ControlHan
         heartbeat_interval: HEARTBEAT_MS,
         election_timeout_min: ELECTION_MIN_MS,
         election_timeout_max: ELECTION_MAX_MS,
+        max_payload_entries: APPEND_ENTRIES_MAX,
+        snapshot_max_chunk_size: super::protocol::SNAPSHOT_CHUNK_BYTES,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(cfg.snapshot_every),
+        max_in_snapshot_log_to_keep: cfg.snapshot_every / 5,
         ..Default::default()
     }
     .validate()?;

@@ -101,7 +101,7 @@ impl RaftNetwork<TypeConfig> for Conn {
         RPCError<NodeId, RaftNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
         match self
-            .call(&RpcRequest::InstallSnapshot(rpc), option.hard_ttl())
+            .call(&RpcRequest::InstallSnapshot(rpc.into()), option.hard_ttl())
             .await?
         {
             RpcResponse::InstallSnapshot(r) => {

@@ -24,7 +24,7 @@ use crate::{
 pub enum RpcRequest {
     AppendEntries(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<NodeId>),
-    InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
+    InstallSnapshot(SnapshotChunk),
     /// A write forwarded to the chief.
     Propose(ControlCommand),
     /// A piece of a rank's log kept on the node that ran it.
@@ -35,6 +35,52 @@ pub enum RpcRequest {
         worker: u32,
         offset: u64,
     },
+}
+
+/// One chunk of a snapshot on the wire: openraft's `InstallSnapshotRequest` with its bytes
+/// as hex. JSON would write them as a list of numbers, about 3.7 characters a byte, and a
+/// chunk of openraft's default size would not fit a frame; hex takes 2, so a chunk of
+/// [`SNAPSHOT_CHUNK_BYTES`] is about 2 MiB on the wire.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SnapshotChunk {
+    vote: openraft::Vote<NodeId>,
+    meta: openraft::SnapshotMeta<NodeId, crate::control::store::RaftNode>,
+    offset: u64,
+    data: String,
+    done: bool,
+}
+
+/// The largest snapshot chunk sent, in bytes (openraft's `snapshot_max_chunk_size`).
+pub const SNAPSHOT_CHUNK_BYTES: u64 = 1 << 20;
+
+impl From<InstallSnapshotRequest<TypeConfig>> for SnapshotChunk {
+    fn from(r: InstallSnapshotRequest<TypeConfig>) -> Self {
+        SnapshotChunk {
+            vote: r.vote,
+            meta: r.meta,
+            offset: r.offset,
+            data: hex::encode(&r.data),
+            done: r.done,
+        }
+    }
+}
+
+impl TryFrom<SnapshotChunk> for InstallSnapshotRequest<TypeConfig> {
+    type Error = String;
+
+    fn try_from(c: SnapshotChunk) -> Result<Self, String> {
+        if c.data.len() as u64 > 2 * SNAPSHOT_CHUNK_BYTES {
+            return Err(format!("snapshot chunk of {} hex digits", c.data.len()));
+        }
+        let data = hex::decode(&c.data).map_err(|e| format!("snapshot chunk: {e}"))?;
+        Ok(InstallSnapshotRequest {
+            vote: c.vote,
+            meta: c.meta,
+            offset: c.offset,
+            data,
+            done: c.done,
+        })
+    }
 }
 
 /// Answers to [`RpcRequest`]s.

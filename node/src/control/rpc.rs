@@ -110,9 +110,10 @@ pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>) {
                     RpcResponse::AppendEntries(r)
                 }
                 Ok(RpcRequest::Vote(r)) => RpcResponse::Vote(ctl.raft.vote(r).await),
-                Ok(RpcRequest::InstallSnapshot(r)) => {
-                    RpcResponse::InstallSnapshot(ctl.raft.install_snapshot(r).await)
-                }
+                Ok(RpcRequest::InstallSnapshot(chunk)) => match chunk.try_into() {
+                    Ok(r) => RpcResponse::InstallSnapshot(ctl.raft.install_snapshot(r).await),
+                    Err(e) => RpcResponse::Malformed(e),
+                },
                 Ok(RpcRequest::Propose(cmd)) => {
                     let from = rpc.from.to_string();
                     let allowed = cmd
