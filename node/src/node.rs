@@ -210,6 +210,8 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         labels: config.labels.clone(),
         version: env!("CARGO_PKG_VERSION").to_string(),
     };
+    meta.check()
+        .map_err(|e| anyhow::anyhow!("this node's metadata: {e} (see --name and --label)"))?;
     let info = NodeInfo {
         id: peer_id.to_string(),
         name: config.name.clone(),

@@ -50,6 +50,66 @@ pub struct NodeMeta {
     pub version: String,
 }
 
+/// Limits on what a member may advertise, so gossip frames stay small and a hostile member
+/// cannot bloat every other member's view.
+pub mod limits {
+    /// Longest name, address, label key or value, model or version string, bytes.
+    pub const TEXT_BYTES_MAX: usize = 256;
+    /// Most labels.
+    pub const LABELS_MAX: usize = 32;
+    /// Most advertised libp2p addresses.
+    pub const ADDRS_MAX: usize = 16;
+    /// Most GPUs.
+    pub const GPUS_MAX: usize = 64;
+}
+
+impl NodeMeta {
+    /// Checks every field against [`limits`] (and [`HELD_DATASETS_MAX`]); the error names
+    /// the field. A member whose metadata fails is not believed (its gossip is dropped).
+    pub fn check(&self) -> Result<(), String> {
+        use limits::*;
+        let text = |what: &str, v: &str| {
+            if v.len() > TEXT_BYTES_MAX {
+                Err(format!(
+                    "{what}: {} bytes, more than {TEXT_BYTES_MAX}",
+                    v.len()
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        text("name", &self.name)?;
+        text("api_addr", &self.api_addr)?;
+        text("data_addr", &self.data_addr)?;
+        text("datasets_addr", &self.datasets_addr)?;
+        text("version", &self.version)?;
+        if self.p2p_addrs.len() > ADDRS_MAX {
+            return Err(format!("p2p_addrs: more than {ADDRS_MAX}"));
+        }
+        for a in &self.p2p_addrs {
+            text("p2p_addrs", a)?;
+        }
+        if self.labels.len() > LABELS_MAX {
+            return Err(format!("labels: more than {LABELS_MAX}"));
+        }
+        for (k, v) in &self.labels {
+            text("label key", k)?;
+            text("label value", v)?;
+        }
+        if self.gpus.len() > GPUS_MAX {
+            return Err(format!("gpus: more than {GPUS_MAX}"));
+        }
+        for g in &self.gpus {
+            text("gpu model", &g.model)?;
+            text("gpu uuid", &g.uuid)?;
+        }
+        if self.datasets.len() > HELD_DATASETS_MAX {
+            return Err(format!("datasets: more than {HELD_DATASETS_MAX}"));
+        }
+        Ok(())
+    }
+}
+
 /// Physical memory of this host in MiB (0 if unknown).
 pub fn host_memory_mb() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
@@ -91,6 +151,34 @@ pub struct HeldDataset {
 pub struct NodeRef {
     pub id: String,
     pub name: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oversized_metadata_is_refused_naming_the_field() {
+        let ok = NodeMeta::for_test("a", 1, "127.0.0.1");
+        assert_eq!(ok.check(), Ok(()));
+        let mut m = ok.clone();
+        m.name = "x".repeat(limits::TEXT_BYTES_MAX + 1);
+        assert!(m.check().unwrap_err().starts_with("name"));
+        let mut m = ok.clone();
+        for i in 0..=limits::LABELS_MAX {
+            m.labels.insert(format!("k{i}"), "v".into());
+        }
+        assert!(m.check().unwrap_err().starts_with("labels"));
+        let mut m = ok;
+        m.datasets = vec![
+            HeldDataset {
+                root_prefix: 1,
+                complete: true
+            };
+            HELD_DATASETS_MAX + 1
+        ];
+        assert!(m.check().unwrap_err().starts_with("datasets"));
+    }
 }
 
 #[cfg(test)]

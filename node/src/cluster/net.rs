@@ -782,7 +782,17 @@ impl EventLoop {
                     .send_response(channel, Vec::new());
                 self.counters.messages_in += 1;
                 let decoded = match request {
-                    Frame::Bytes(bytes) => wire::decode::<Msg>(&bytes).map_err(|e| e.to_string()),
+                    Frame::Bytes(bytes) => wire::decode::<Msg>(&bytes)
+                        .map_err(|e| e.to_string())
+                        .and_then(|msg| {
+                            // Metadata over its limits is not believed: the whole message
+                            // goes, as a malformed one would.
+                            msg.updates()
+                                .iter()
+                                .try_for_each(|u| u.meta.check())
+                                .map(|()| msg)
+                                .map_err(|e| format!("member metadata: {e}"))
+                        }),
                     Frame::Bad(reason) => Err(reason),
                 };
                 match decoded {
