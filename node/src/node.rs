@@ -67,6 +67,8 @@ pub struct NodeConfig {
     pub membership: membership::Config,
     /// Raft builds a snapshot every this many entries (`--raft-snapshot-every`).
     pub raft_snapshot_every: u64,
+    /// Ended jobs leave the live state this long after they finished, seconds (0: never).
+    pub job_retention_s: u64,
 }
 
 /// What a running node writes to `<data-dir>/node.json`: how local tools reach it.
@@ -238,7 +240,16 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         rpc_rx,
     )
     .await?;
-    tokio::spawn(crate::chief::driver::run(control.clone()));
+    tokio::spawn(crate::chief::driver::run(
+        control.clone(),
+        config.job_retention_s.saturating_mul(1000),
+    ));
+    tokio::spawn(crate::jobs::archive::write_ended(
+        control.clone(),
+        config.storage.clone(),
+        "job record",
+        crate::jobs::archive::due_records,
+    ));
     tokio::spawn(crate::search::writer::run(
         control.clone(),
         config.storage.clone(),
@@ -271,6 +282,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         node: handle.clone(),
         control: control.clone(),
         datasets,
+        storage: config.storage.clone(),
         token,
     });
     let api_task = tokio::spawn(async move { axum::serve(api_listener, app).await });

@@ -68,6 +68,8 @@ pub struct AppState {
     pub control: ControlHandle,
     /// The dataset service.
     pub datasets: crate::datasets::Datasets,
+    /// The storage URL, where ended jobs' records are (`jobs::archive`).
+    pub storage: String,
     /// The API token; `None`: the API is open (see [`auth`]).
     pub token: Option<Arc<auth::ApiToken>>,
 }
@@ -283,10 +285,21 @@ async fn jobs(State(app): State<AppState>) -> ApiResult<Vec<JobSummary>> {
 async fn job(State(app): State<AppState>, Path(id): Path<String>) -> ApiResult<JobDoc> {
     let id = job_id(&id)?;
     let (applied_index, chief) = app.control.freshness();
-    app.control
+    if let Some(doc) = app
+        .control
         .read(|s| s.job(id).map(|j| job_doc(j, applied_index, chief)))
-        .map(Json)
-        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no job {id}")))
+    {
+        return Ok(Json(doc));
+    }
+    // Compacted out of the live state: its record in the store.
+    match crate::jobs::archive::read_record(&app.storage, id).await {
+        Some(job) => {
+            let mut doc = job_doc(&job, applied_index, chief);
+            doc.freshness.served_by = "archive".into();
+            Ok(Json(doc))
+        }
+        None => Err(ApiError(StatusCode::NOT_FOUND, format!("no job {id}"))),
+    }
 }
 
 async fn cancel(

@@ -252,8 +252,9 @@ pub struct GenerationDoc {
 pub struct FreshnessDoc {
     /// Raft log index applied by the replica that answered.
     pub applied_index: u64,
-    /// `chief` when the chief answered (as fresh as committed state gets), else `replica`
-    /// (possibly a little behind).
+    /// `chief` when the chief answered (as fresh as committed state gets), `replica`
+    /// (possibly a little behind), or `archive` for a job compacted out of the live state
+    /// (its record in the store).
     pub served_by: String,
 }
 

@@ -146,6 +146,11 @@ pub struct NodeArgs {
     #[arg(long, default_value_t = crate::control::handle::SNAPSHOT_EVERY_DEFAULT,
           value_parser = clap::value_parser!(u64).range(10..))]
     pub raft_snapshot_every: u64,
+    /// Ended jobs leave the cluster's live state this many seconds after they finished
+    /// (0: never; the chief's setting applies); their records stay in the store
+    /// (`jobs/<id>/record.json`) and `job ID` still answers from there.
+    #[arg(long, default_value_t = 7 * 24 * 3600)]
+    pub job_retention_s: u64,
     /// Cpus this node offers to jobs (default: the host's logical cpus); each worker takes
     /// `cpus_per_worker` of them. More than the host has over-commits it on purpose (many
     /// light trials), fewer keeps some for other work.
@@ -243,6 +248,7 @@ impl NodeArgs {
             dataset_busy_bytes_per_s: self.dataset_busy_mbps.saturating_mul(1_000_000),
             dataset_upload_bytes_per_s: self.dataset_upload_mbps.saturating_mul(1_000_000),
             raft_snapshot_every: self.raft_snapshot_every,
+            job_retention_s: self.job_retention_s,
             join,
             data_dir,
             cluster_key: self.cluster_key,

@@ -4,6 +4,7 @@
 //!   search's trials are applied in `trials` (records from `crate::search`).
 //! - [`id`]: job ids.
 //! - [`datasets`]: the dataset registry (name → root and figures).
+//! - [`compaction`]: ended jobs past the retention leave the live state.
 //! - [`store`]: openraft log store and state machine persisted as checksummed files.
 //! - [`voters`]: sans-IO voter reconciliation (which members vote), autopilot-like.
 //! - [`handle`]: starting Raft on a node, [`handle::ControlHandle`] (the write path through
@@ -16,6 +17,7 @@
 //! `jobs::spec` and `jobs::logs`, `search` (a search's records and trial specs, leaves
 //! that name jobs by [`id::JobId`]), `datasets`' leaves (roots, the naming rule). Used by: `chief`, `jobs`' supervisor, `api`.
 
+pub mod compaction;
 pub mod datasets;
 pub mod handle;
 pub mod id;

@@ -83,6 +83,7 @@ pub fn authorize(from: &str, cmd: &ControlCommand, state: &ControlState) -> Resu
         | ControlCommand::TrialPromote { .. }
         | ControlCommand::TrialCopy { .. }
         | ControlCommand::SearchFinished { .. }
+        | ControlCommand::Compact { .. }
         | ControlCommand::Reform { .. }
         | ControlCommand::Blacklist { .. }
         | ControlCommand::Unplaceable { .. }

@@ -713,6 +713,14 @@ pub enum ControlCommand {
         /// Proposer's clock.
         at_ms: u64,
     },
+    /// The chief drops ended jobs past the retention from the live state (see
+    /// `control::compaction`); their records stay in storage.
+    Compact {
+        /// The jobs (at most `compaction::COMPACT_IDS_MAX`).
+        ids: Vec<JobId>,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
     /// A dataset is registered under `name` (refused if the name exists).
     DatasetAdd {
         /// Its name (`datasets::check_name`).
@@ -787,6 +795,9 @@ pub enum BadCommand {
     /// A placement whose secret is not [`RING_SECRET_HEX_LEN`] lowercase hex digits.
     #[error("placement secret must be {RING_SECRET_HEX_LEN} lowercase hex digits")]
     Secret,
+    /// A `Compact` naming more than `compaction::COMPACT_IDS_MAX` jobs.
+    #[error("compact: more than {} jobs", super::compaction::COMPACT_IDS_MAX)]
+    Compact,
     /// A dataset name outside the naming rule (`datasets::check_name`).
     #[error("{0}")]
     DatasetName(String),
@@ -890,6 +901,7 @@ impl ControlCommand {
             | ControlCommand::TrialReport { at_ms, .. }
             | ControlCommand::SearchFinished { at_ms, .. }
             | ControlCommand::WorkerNote { at_ms, .. }
+            | ControlCommand::Compact { at_ms, .. }
             | ControlCommand::DatasetAdd { at_ms, .. }
             | ControlCommand::DatasetRemove { at_ms, .. } => *at_ms,
         }
@@ -1298,6 +1310,7 @@ impl ControlState {
                 job.push_event(*at_ms, EventKind::Note, message);
                 ControlResponse::Applied
             }
+            ControlCommand::Compact { ids, .. } => self.compact(ids),
             ControlCommand::DatasetAdd { name, record, .. } => self.dataset_add(name, record),
             ControlCommand::DatasetRemove { name, .. } => self.dataset_remove(name),
         }

@@ -8,11 +8,13 @@
 //! - [`supervisor`]: the per-node reconcile, a pure [`supervisor::plan`] carried out by the
 //!   [`supervisor::Supervisor`]; [`process`] runs one rank's process; [`logs`] keeps and
 //!   reads rank logs.
+//! - [`archive`]: every ended job's record written to the store (what outlives compaction).
 //!
 //! May use: `control` (the replicated job records, the handle to propose reports), `cluster`
 //! (member hosts), `gpus` (a rank's `CUDA_VISIBLE_DEVICES`). `spec`, `train_spec` and `logs` are leaves that `control` and `api` use.
 //! Placement and retries are the chief's (`crate::chief`).
 
+pub mod archive;
 pub mod launch;
 pub mod logs;
 pub mod process;
