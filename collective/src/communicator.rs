@@ -42,7 +42,8 @@ impl AbortHandle {
         self.0.aborted.load(Ordering::SeqCst)
     }
 
-    async fn wait(&self) {
+    /// Returns once [`AbortHandle::abort`] has been called.
+    pub(crate) async fn wait(&self) {
         loop {
             let notified = self.0.notify.notified();
             if self.is_aborted() {

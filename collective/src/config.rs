@@ -97,6 +97,50 @@ impl Limits {
     }
 }
 
+/// Tunables of an [`crate::NcclCommunicator`]: its watchdog and how it waits for the GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NcclConfig {
+    /// Interval between two heartbeats (a barrier on the TCP group that bootstrapped NCCL),
+    /// ms. Default 100. A killed peer closes its TCP links at once, a dead host is noticed
+    /// after the group's `peer_silence_ms`; the NCCL communicator is aborted at the next
+    /// heartbeat after that. A peer whose heartbeats stop (its runtime stalls) is declared
+    /// after the group's `op_timeout_ms`.
+    pub heartbeat_interval_ms: u64,
+    /// When NCCL itself reports an error, how long to wait for the watchdog to name its
+    /// cause (usually a lost peer, seen over TCP) before aborting with the NCCL error and
+    /// telling the other ranks, ms. Default 1 000.
+    pub fault_grace_ms: u64,
+}
+
+impl Default for NcclConfig {
+    fn default() -> Self {
+        NcclConfig {
+            heartbeat_interval_ms: 100,
+            fault_grace_ms: 1_000,
+        }
+    }
+}
+
+impl NcclConfig {
+    /// Short timers for tests.
+    pub fn for_test() -> Self {
+        NcclConfig {
+            heartbeat_interval_ms: 10,
+            fault_grace_ms: 100,
+        }
+    }
+
+    /// Checks the tunables are usable.
+    pub fn validate(&self) -> Result<(), CollectiveError> {
+        if self.heartbeat_interval_ms == 0 {
+            return Err(CollectiveError::Invalid(
+                "heartbeat_interval_ms must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Everything needed to create one rank of a group.
 #[derive(Clone)]
 pub struct GroupConfig {

@@ -13,12 +13,27 @@
 //! operations fail fast with [`CollectiveError::PeerLost`] on every rank, and the node builds
 //! the next generation.
 //!
+//! On GPUs, [`Communicator::nccl`] turns a connected group into an [`NcclCommunicator`]
+//! (feature `cuda`): allreduce, broadcast and allgather on device buffers through NCCL,
+//! bootstrapped over the TCP group, which then stays connected for a watchdog's heartbeats.
+//! When a peer dies, the watchdog aborts the NCCL communicator and its operations fail with
+//! the same [`CollectiveError::PeerLost`] as the TCP backend's, so the node's elastic path
+//! is the same on CPUs and GPUs. Without the feature the same API returns
+//! [`CollectiveError::NotBuiltWithCuda`].
+//!
 //! Layout: [`schedule`] holds the pure chunk schedules (ring, recursive doubling), property
 //! tested; `communicator` drives them over `transport` links (TCP with the handshake of
 //! `tcp`, or in-memory channels; between ranks on the same host the data frames of a TCP
-//! link move to a shared-memory ring, `shm`); `frame` is the 32-byte frame header; `nccl`
-//! is the GPU path behind feature `cuda`.
+//! link move to a shared-memory ring, `shm`); `frame` is the 32-byte frame header. The GPU
+//! path: `nccl` (behind `cuda`) calls NCCL; its CPU-side logic is plain code tested
+//! without a GPU: `bootstrap` (the id exchange and readiness round), `abort` (the cell that
+//! holds a communicator and aborts it once), `wait` (polling the stream under an abort
+//! flag) and `watchdog` (the heartbeat over the TCP group and the abort decision).
 
+// The GPU path's plain parts: used by `nccl` only with `cuda`, tested in both builds.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod abort;
+mod bootstrap;
 mod bucketer;
 mod communicator;
 mod config;
@@ -30,10 +45,14 @@ pub mod schedule;
 mod shm;
 mod tcp;
 mod transport;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod wait;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod watchdog;
 
 pub use bucketer::{BucketConfig, Bucketer, Ready};
 pub use communicator::{AbortHandle, Communicator};
-pub use config::{GroupConfig, Limits};
+pub use config::{GroupConfig, Limits, NcclConfig};
 #[doc(hidden)]
 pub use element::reference_reduce;
 pub use element::Element;

@@ -359,21 +359,3 @@ async fn bucketer_fuses_and_unpacks_in_place_all_at_once_or_tensor_by_tensor() {
         }
     }
 }
-
-#[tokio::test]
-async fn nccl_without_cuda_is_a_typed_error_or_skipped() {
-    let mut comms = Communicator::in_memory(1, Limits::for_test()).unwrap();
-    let c = &mut comms[0];
-    let r = c.nccl(0).await;
-    if cfg!(feature = "cuda") {
-        if collective::nccl_available() {
-            let n = r.expect("nccl with a GPU and libnccl");
-            assert_eq!((n.rank(), n.world()), (0, 1));
-        } else {
-            eprintln!("skipped: no libcuda/libnccl on this host");
-            assert!(matches!(r, Err(CollectiveError::Nccl(_))));
-        }
-    } else {
-        assert!(matches!(r, Err(CollectiveError::NotBuiltWithCuda)));
-    }
-}

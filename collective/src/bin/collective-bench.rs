@@ -7,12 +7,18 @@
 //! Each rank listens on its own entry of `--peers`. Rank 0 prints one line per size, in
 //! nccl-tests conventions: `allreduce world=N size=BYTES time_ms=MEDIAN algbw_GBps=X
 //! busbw_GBps=Y` with algbw = bytes / time and busbw = algbw · 2(N−1)/N.
+//!
+//! With `--nccl [--device D]` (a build with feature `cuda`), the same group bootstraps NCCL
+//! and the figures are those of an out-of-place NCCL allreduce of f32 on GPU D (default:
+//! the rank): `gpu allreduce ranks=N size=BYTES time_ms=… algbw_GBps=… busbw_GBps=…`. With
+//! one rank there are no peers: busbw is then reported equal to algbw, the rate at which the
+//! GPU's memory moves the buffer through NCCL (a local figure, not a network one).
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Instant;
 
 use clap::Parser;
-use collective::{Communicator, GroupConfig, Limits, ReduceOp};
+use collective::{Communicator, GroupConfig, Limits, NcclConfig, ReduceOp};
 
 #[derive(Parser, Debug)]
 #[command(about = "allreduce benchmark over the collective TCP data plane")]
@@ -55,6 +61,12 @@ struct Args {
     /// memory between same-host ranks).
     #[arg(long)]
     no_shm: bool,
+    /// Benchmark NCCL on the GPU instead of the TCP data plane (needs feature `cuda`).
+    #[arg(long)]
+    nccl: bool,
+    /// GPU of this rank with `--nccl` (default: the rank).
+    #[arg(long)]
+    device: Option<usize>,
     /// Shared secret of the group.
     #[arg(long, default_value = "collective-bench")]
     secret: String,
@@ -149,6 +161,17 @@ fn run(args: Args) -> anyhow_free::Result<()> {
             .build()
     }
     .map_err(|e| e.to_string())?;
+    if args.nccl {
+        let device = args.device.unwrap_or(args.rank);
+        // The runtime keeps running the watchdog while this thread drives the GPU.
+        let comm = rt
+            .block_on(async {
+                let group = Communicator::connect(cfg).await?;
+                group.nccl(device, NcclConfig::default()).await
+            })
+            .map_err(|e| e.to_string())?;
+        return gpu::bench(&comm, &args, &sizes);
+    }
     rt.block_on(async move {
         let mut comm = Communicator::connect(cfg)
             .await
@@ -207,4 +230,72 @@ async fn bench(comm: &mut Communicator, args: &Args, sizes: &[usize]) -> anyhow_
         }
     }
     comm.barrier().await.map_err(|e| e.to_string())
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    use std::time::Instant;
+
+    use collective::{NcclCommunicator, ReduceOp};
+
+    use crate::{anyhow_free, Args};
+
+    /// Out-of-place f32 sum of every size; rank 0 prints one `gpu allreduce` line per size.
+    pub fn bench(comm: &NcclCommunicator, args: &Args, sizes: &[usize]) -> anyhow_free::Result<()> {
+        let s = comm.stream();
+        let cuda = |e: cudarc::driver::DriverError| format!("cuda: {e:?}");
+        let w = comm.world();
+        for &size in sizes {
+            let n = (size / 4).max(1);
+            let send = s.clone_htod(&vec![1.0f32; n]).map_err(cuda)?;
+            let mut recv = s.alloc_zeros::<f32>(n).map_err(cuda)?;
+            for _ in 0..args.warmup {
+                comm.allreduce_into(&send, &mut recv, ReduceOp::Sum)
+                    .map_err(|e| e.to_string())?;
+            }
+            let mut times = Vec::with_capacity(args.iters);
+            for _ in 0..args.iters.max(1) {
+                let t0 = Instant::now();
+                comm.allreduce_into(&send, &mut recv, ReduceOp::Sum)
+                    .map_err(|e| e.to_string())?;
+                times.push(t0.elapsed().as_secs_f64());
+            }
+            let got = s.clone_dtoh(&recv).map_err(cuda)?;
+            if got.iter().any(|x| *x != w as f32) {
+                return Err(format!("allreduce of ones over {w} ranks is not {w}"));
+            }
+            times.sort_by(|a, b| a.total_cmp(b));
+            let med = times[times.len() / 2];
+            let bytes = (n * 4) as f64;
+            let algbw = bytes / med / 1e9;
+            // One rank: no peers, so the local rate stands in for the bus rate.
+            let busbw = if w == 1 {
+                algbw
+            } else {
+                algbw * 2.0 * (w as f64 - 1.0) / w as f64
+            };
+            if comm.rank() == 0 {
+                println!(
+                    "gpu allreduce ranks={w} size={} time_ms={:.4} algbw_GBps={:.4} busbw_GBps={:.4}",
+                    n * 4,
+                    med * 1e3,
+                    algbw,
+                    busbw
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+mod gpu {
+    use collective::NcclCommunicator;
+
+    use crate::{anyhow_free, Args};
+
+    pub fn bench(_: &NcclCommunicator, _: &Args, _: &[usize]) -> anyhow_free::Result<()> {
+        // Not reached: Communicator::nccl returns NotBuiltWithCuda first.
+        Err("built without the cuda feature".into())
+    }
 }
