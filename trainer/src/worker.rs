@@ -176,8 +176,9 @@ pub struct WorkerArgs {
     pub metric_lines: bool,
     /// Never use the collective's shared-memory path between ranks on one host: every byte
     /// goes over TCP. For hosts emulated in network namespaces, which share `/dev/shm` and
-    /// would otherwise bypass their rate-limited links.
-    #[arg(long)]
+    /// would otherwise bypass their rate-limited links. A job sets it for its workers with
+    /// `RINGLEADER_NO_SHM = "true"` in its `env`.
+    #[arg(long, env = "RINGLEADER_NO_SHM")]
     pub no_shm: bool,
     /// Elastic: survive lost ranks; later generations arrive on stdin as control lines
     /// (see the module doc), a stop line or the end of stdin ends the worker.

@@ -154,6 +154,26 @@ pub struct NodeRef {
 }
 
 #[cfg(test)]
+impl NodeMeta {
+    /// A member named `name` with `cpus` cpus and its data plane on `host`, for tests.
+    pub fn for_test(name: &str, cpus: u32, host: &str) -> NodeMeta {
+        NodeMeta {
+            name: name.into(),
+            p2p_addrs: Vec::new(),
+            api_addr: String::new(),
+            data_addr: format!("{host}:7072"),
+            datasets_addr: format!("{host}:7073"),
+            datasets: Vec::new(),
+            cpus,
+            memory_mb: 1024,
+            gpus: Vec::new(),
+            labels: BTreeMap::new(),
+            version: "test".into(),
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -178,25 +198,5 @@ mod tests {
             HELD_DATASETS_MAX + 1
         ];
         assert!(m.check().unwrap_err().starts_with("datasets"));
-    }
-}
-
-#[cfg(test)]
-impl NodeMeta {
-    /// A member named `name` with `cpus` cpus and its data plane on `host`, for tests.
-    pub fn for_test(name: &str, cpus: u32, host: &str) -> NodeMeta {
-        NodeMeta {
-            name: name.into(),
-            p2p_addrs: Vec::new(),
-            api_addr: String::new(),
-            data_addr: format!("{host}:7072"),
-            datasets_addr: format!("{host}:7073"),
-            datasets: Vec::new(),
-            cpus,
-            memory_mb: 1024,
-            gpus: Vec::new(),
-            labels: BTreeMap::new(),
-            version: "test".into(),
-        }
     }
 }

@@ -333,6 +333,7 @@ async fn report_loop(ctl: ControlHandle, mut rx: mpsc::Receiver<ControlCommand>)
 async fn run(ctl: ControlHandle, mut supervisor: Supervisor) {
     let mut applied = ctl.subscribe_applied();
     let mut tick = tokio::time::interval(Duration::from_millis(RECONCILE_PERIOD_MS));
+    let mut fence = Fence::default();
     loop {
         let members = match ctl.node().members().await {
             Ok((_, m)) => m,
@@ -341,6 +342,26 @@ async fn run(ctl: ControlHandle, mut supervisor: Supervisor) {
                 return;
             }
         };
+        let now = tokio::time::Instant::now().into_std();
+        match fence.observe(ctl.chief().0.is_some(), now) {
+            FenceStep::Run => {}
+            FenceStep::Stop => {
+                warn!(
+                    "no chief for {FENCE_AFTER_MS} ms (this side of a partition has no quorum): stopping this node's ranks; the chief's side goes on without them"
+                );
+                supervisor.stop_all();
+            }
+            FenceStep::Wait => {}
+        }
+        if fence.fenced {
+            // While fenced nothing runs here: the replicated state may still name this
+            // node's ranks, but the chief has (or will have) re-formed without them.
+            tokio::select! {
+                r = applied.changed() => if r.is_err() { return },
+                _ = tick.tick() => {}
+            }
+            continue;
+        }
         let hosts: BTreeMap<String, String> = members
             .iter()
             .filter_map(|m| {
@@ -360,6 +381,52 @@ async fn run(ctl: ControlHandle, mut supervisor: Supervisor) {
     }
 }
 
+/// How long a node goes on running its ranks without a chief (no quorum on its side of a
+/// partition) before it stops them, in milliseconds. Longer than an election (a chief's
+/// death is not a partition) and than the majority's failure detection, so the majority
+/// has re-formed the ring before the minority's ranks stop.
+pub const FENCE_AFTER_MS: u64 = 10_000;
+
+/// Whether this node may run ranks: not while it has had no chief for [`FENCE_AFTER_MS`]
+/// (sans-IO; time passed in).
+#[derive(Debug, Default)]
+struct Fence {
+    /// Since when no chief has been seen.
+    no_chief_since: Option<std::time::Instant>,
+    /// Ranks were stopped and none start until a chief is seen again.
+    fenced: bool,
+}
+
+/// What [`Fence::observe`] asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum FenceStep {
+    /// Run as usual.
+    Run,
+    /// Stop every rank now (entering the fence).
+    Stop,
+    /// Fenced or waiting out the grace: start nothing new if fenced.
+    Wait,
+}
+
+impl Fence {
+    fn observe(&mut self, has_chief: bool, now: std::time::Instant) -> FenceStep {
+        if has_chief {
+            self.no_chief_since = None;
+            if self.fenced {
+                info!("a chief again: this node runs ranks again");
+            }
+            self.fenced = false;
+            return FenceStep::Run;
+        }
+        let since = *self.no_chief_since.get_or_insert(now);
+        if !self.fenced && now.duration_since(since) >= Duration::from_millis(FENCE_AFTER_MS) {
+            self.fenced = true;
+            return FenceStep::Stop;
+        }
+        FenceStep::Wait
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -367,6 +434,34 @@ mod tests {
         chief::{decide, tests as chief},
         cluster::membership::State,
     };
+
+    #[test]
+    fn ranks_stop_after_the_fence_time_without_a_chief_and_run_again_with_one() {
+        let t0 = std::time::Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut f = Fence::default();
+        assert_eq!(f.observe(true, at(0)), FenceStep::Run);
+        assert_eq!(f.observe(false, at(100)), FenceStep::Wait);
+        assert!(!f.fenced, "an election is not a partition");
+        assert_eq!(
+            f.observe(false, at(100 + FENCE_AFTER_MS - 1)),
+            FenceStep::Wait
+        );
+        assert_eq!(f.observe(false, at(100 + FENCE_AFTER_MS)), FenceStep::Stop);
+        assert!(f.fenced);
+        assert_eq!(
+            f.observe(false, at(200 + FENCE_AFTER_MS)),
+            FenceStep::Wait,
+            "stopped once"
+        );
+        assert_eq!(f.observe(true, at(300 + FENCE_AFTER_MS)), FenceStep::Run);
+        assert!(!f.fenced);
+        assert_eq!(
+            f.observe(false, at(400 + FENCE_AFTER_MS)),
+            FenceStep::Wait,
+            "a new grace"
+        );
+    }
 
     fn ctx(me: &str) -> LaunchContext {
         LaunchContext {
