@@ -71,6 +71,15 @@ pub mod testing {
 
     pub use crate::tcp::probe_handshake;
 
+    /// Length of a data-plane frame header, bytes.
+    pub const FRAME_HEADER_BYTES: usize = crate::frame::HEADER_BYTES;
+
+    /// Decodes a data-plane frame header as a peer sent it (for the hostile-bytes tests
+    /// and fuzz targets): `Ok(())` if it is a valid header, else the decoder's error.
+    pub fn decode_frame_header(b: &[u8; FRAME_HEADER_BYTES]) -> Result<(), String> {
+        crate::frame::Header::decode(b).map(|_| ())
+    }
+
     /// First port [`unused_local_port`] hands out.
     const TEST_PORT_MIN: u32 = 12_000;
     /// Ports it hands out: `TEST_PORT_MIN..TEST_PORT_MIN + TEST_PORTS` (below the workers'

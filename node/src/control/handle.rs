@@ -176,6 +176,13 @@ impl ControlHandle {
         (chief, m.current_term)
     }
 
+    /// Whether every entry of this node's log is applied (a node restarted from its own
+    /// log is not caught up before).
+    pub fn log_applied(&self) -> bool {
+        let m = self.raft.metrics().borrow().clone();
+        m.last_applied.map(|l| l.index) >= m.last_log_index
+    }
+
     /// Peer ids of the current voters.
     pub fn voters(&self) -> BTreeSet<String> {
         let m = self.raft.metrics().borrow().clone();

@@ -8,6 +8,8 @@
 //! - [`supervisor`]: the per-node reconcile, a pure [`supervisor::plan`] carried out by the
 //!   [`supervisor::Supervisor`]; [`process`] runs one rank's process; [`logs`] keeps and
 //!   reads rank logs.
+//! - [`groups`]: running ranks' process groups on disk, killed at the next start after a
+//!   kill -9 of the node.
 //! - [`archive`]: every ended job's record written to the store (what outlives compaction).
 //!
 //! May use: `control` (the replicated job records, the handle to propose reports), `cluster`
@@ -15,6 +17,7 @@
 //! Placement and retries are the chief's (`crate::chief`).
 
 pub mod archive;
+pub mod groups;
 pub mod launch;
 pub mod logs;
 pub mod process;

@@ -255,6 +255,8 @@ pub(super) struct Run {
     pub(super) clock_ms: fn() -> u64,
     /// The node's dataset service (`None` in tests without one).
     pub(super) datasets: Option<crate::datasets::Datasets>,
+    /// Where running ranks' process groups are recorded (`None` in tests).
+    pub(super) groups: Option<std::sync::Arc<super::groups::Groups>>,
 }
 
 /// The next control message: one stashed while the process was not yet running, else the
@@ -395,7 +397,18 @@ impl Run {
         } else {
             Stdio::null()
         };
-        let mut child = tokio::process::Command::new(program)
+        let mut cmd = tokio::process::Command::new(program);
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                // The rank's group leader dies with its node, kill -9 included (a drop
+                // guard cannot run then); its own children are killed by group when the node
+                // starts again (`groups`).
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = cmd
             .args(args)
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(stdin)
@@ -409,6 +422,7 @@ impl Run {
         // Whatever ends this task (the process exiting, a kill, the node shutting down and
         // dropping it), the rank's whole process group goes with it, as torchrun does.
         let _group = ProcessGroup(pgid);
+        let _recorded = pgid.and_then(|g| self.groups.as_ref().map(|r| r.record(g)));
         let mut stdin = child.stdin.take();
         let (line_tx, mut lines) = mpsc::channel::<(bool, String)>(256);
         let out = child

@@ -147,6 +147,8 @@ pub struct Supervisor {
     waiting: HashSet<Key>,
     /// The node's dataset service: train ranks fetch their shared dataset through it.
     datasets: Option<crate::datasets::Datasets>,
+    /// Running ranks' process groups on disk (`None` in tests).
+    groups: Option<std::sync::Arc<super::groups::Groups>>,
 }
 
 impl Supervisor {
@@ -175,7 +177,17 @@ impl Supervisor {
             clock_ms,
             waiting: HashSet::new(),
             datasets: None,
+            groups: None,
         }
+    }
+
+    /// Records running ranks' process groups under the jobs directory, first killing what a
+    /// previous run of this node left there (see `jobs::groups`).
+    pub fn with_groups(mut self) -> Self {
+        self.groups = Some(std::sync::Arc::new(super::groups::Groups::open(
+            &self.ctx.jobs_dir,
+        )));
+        self
     }
 
     /// Gives train ranks the node's dataset service.
@@ -235,6 +247,7 @@ impl Supervisor {
                 reports: self.reports.clone(),
                 clock_ms: self.clock_ms,
                 datasets: self.datasets.clone(),
+                groups: self.groups.clone(),
             };
             let (job, generation, rank) = (start.key.0, start.generation, start.rank);
             info!(job = %job, generation, rank, worker = start.key.2, "starting worker");
@@ -343,7 +356,8 @@ async fn run(ctl: ControlHandle, mut supervisor: Supervisor) {
             }
         };
         let now = tokio::time::Instant::now().into_std();
-        match fence.observe(ctl.chief().0.is_some(), now) {
+        let ready = ctl.chief().0.is_some() && ctl.log_applied();
+        match fence.observe(ready, now) {
             FenceStep::Run => {}
             FenceStep::Stop => {
                 warn!(
@@ -387,14 +401,32 @@ async fn run(ctl: ControlHandle, mut supervisor: Supervisor) {
 /// has re-formed the ring before the minority's ranks stop.
 pub const FENCE_AFTER_MS: u64 = 10_000;
 
-/// Whether this node may run ranks: not while it has had no chief for [`FENCE_AFTER_MS`]
-/// (sans-IO; time passed in).
-#[derive(Debug, Default)]
+/// How long a chief must have been seen, with this node's log applied, before ranks start
+/// (at start-up and after a fence), in milliseconds: a node restarted from its own old log
+/// would otherwise start ranks of generations the cluster has moved past.
+pub const SETTLE_MS: u64 = 1_000;
+
+/// Whether this node may run ranks (sans-IO; time passed in): not before it has seen a chief
+/// for [`SETTLE_MS`] with its log applied (at start and after a fence), and not once it has
+/// had no chief for [`FENCE_AFTER_MS`].
+#[derive(Debug)]
 struct Fence {
     /// Since when no chief has been seen.
     no_chief_since: Option<std::time::Instant>,
-    /// Ranks were stopped and none start until a chief is seen again.
+    /// Since when a chief has been seen (and the log applied).
+    chief_since: Option<std::time::Instant>,
+    /// Ranks may not run (they were stopped, or none started yet).
     fenced: bool,
+}
+
+impl Default for Fence {
+    fn default() -> Self {
+        Fence {
+            no_chief_since: None,
+            chief_since: None,
+            fenced: true,
+        }
+    }
 }
 
 /// What [`Fence::observe`] asks for.
@@ -404,26 +436,37 @@ enum FenceStep {
     Run,
     /// Stop every rank now (entering the fence).
     Stop,
-    /// Fenced or waiting out the grace: start nothing new if fenced.
+    /// Start nothing new (fenced), or wait out a grace.
     Wait,
 }
 
 impl Fence {
-    fn observe(&mut self, has_chief: bool, now: std::time::Instant) -> FenceStep {
-        if has_chief {
+    /// `ready`: a chief is seen and this node's log is applied.
+    fn observe(&mut self, ready: bool, now: std::time::Instant) -> FenceStep {
+        if ready {
             self.no_chief_since = None;
-            if self.fenced {
-                info!("a chief again: this node runs ranks again");
+            let since = *self.chief_since.get_or_insert(now);
+            if self.fenced && now.duration_since(since) >= Duration::from_millis(SETTLE_MS) {
+                info!("a chief for {SETTLE_MS} ms with the log applied: this node runs ranks");
+                self.fenced = false;
             }
-            self.fenced = false;
-            return FenceStep::Run;
+            return if self.fenced {
+                FenceStep::Wait
+            } else {
+                FenceStep::Run
+            };
         }
+        self.chief_since = None;
         let since = *self.no_chief_since.get_or_insert(now);
         if !self.fenced && now.duration_since(since) >= Duration::from_millis(FENCE_AFTER_MS) {
             self.fenced = true;
             return FenceStep::Stop;
         }
-        FenceStep::Wait
+        if self.fenced {
+            FenceStep::Wait
+        } else {
+            FenceStep::Run
+        }
     }
 }
 
@@ -436,31 +479,44 @@ mod tests {
     };
 
     #[test]
-    fn ranks_stop_after_the_fence_time_without_a_chief_and_run_again_with_one() {
+    fn ranks_wait_for_a_settled_chief_and_stop_after_the_fence_time_without_one() {
         let t0 = std::time::Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let mut f = Fence::default();
-        assert_eq!(f.observe(true, at(0)), FenceStep::Run);
-        assert_eq!(f.observe(false, at(100)), FenceStep::Wait);
-        assert!(!f.fenced, "an election is not a partition");
         assert_eq!(
-            f.observe(false, at(100 + FENCE_AFTER_MS - 1)),
-            FenceStep::Wait
+            f.observe(false, at(0)),
+            FenceStep::Wait,
+            "nothing runs before a chief"
         );
-        assert_eq!(f.observe(false, at(100 + FENCE_AFTER_MS)), FenceStep::Stop);
+        assert_eq!(
+            f.observe(true, at(10)),
+            FenceStep::Wait,
+            "a chief seen just now"
+        );
+        assert_eq!(f.observe(true, at(10 + SETTLE_MS)), FenceStep::Run);
+        let t = 10 + SETTLE_MS;
+        assert_eq!(
+            f.observe(false, at(t + 100)),
+            FenceStep::Run,
+            "an election is not a partition"
+        );
+        assert_eq!(
+            f.observe(false, at(t + 99 + FENCE_AFTER_MS)),
+            FenceStep::Run
+        );
+        assert_eq!(
+            f.observe(false, at(t + 100 + FENCE_AFTER_MS)),
+            FenceStep::Stop
+        );
         assert!(f.fenced);
         assert_eq!(
-            f.observe(false, at(200 + FENCE_AFTER_MS)),
+            f.observe(false, at(t + 200 + FENCE_AFTER_MS)),
             FenceStep::Wait,
             "stopped once"
         );
-        assert_eq!(f.observe(true, at(300 + FENCE_AFTER_MS)), FenceStep::Run);
-        assert!(!f.fenced);
-        assert_eq!(
-            f.observe(false, at(400 + FENCE_AFTER_MS)),
-            FenceStep::Wait,
-            "a new grace"
-        );
+        let back = t + 300 + FENCE_AFTER_MS;
+        assert_eq!(f.observe(true, at(back)), FenceStep::Wait, "settling again");
+        assert_eq!(f.observe(true, at(back + SETTLE_MS)), FenceStep::Run);
     }
 
     fn ctx(me: &str) -> LaunchContext {
