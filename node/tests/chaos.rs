@@ -365,22 +365,11 @@ fn proc_scanner(marks: PathBuf, history: Shared, stop: Arc<AtomicBool>) {
 
 /// PIDs of live processes whose command line contains `needle`.
 fn worker_pids(needle: &str) -> Vec<u32> {
-    let mut out = Vec::new();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for entry in procs.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        if String::from_utf8_lossy(&raw).contains(needle) && process_alive(pid) {
-            out.push(pid);
-        }
-    }
-    out
+    ringleader::cli::local::processes()
+        .into_iter()
+        .filter(|(pid, args)| args.join(" ").contains(needle) && process_alive(*pid))
+        .map(|(pid, _)| pid)
+        .collect()
 }
 
 /// The driver's view of the cluster it churns.

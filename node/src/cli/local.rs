@@ -285,23 +285,29 @@ fn spawn(
     }
 }
 
+/// Every process of this host with its arguments (from `/proc/PID/cmdline`).
+pub fn processes() -> Vec<(u32, Vec<String>)> {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_string_lossy().parse::<u32>().ok()?;
+            let raw = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let args = raw
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            Some((pid, args))
+        })
+        .collect()
+}
+
 /// `train-worker` processes of job `id` on this host: PID → the `--rank` each started as.
 pub fn train_workers(id: &str) -> std::collections::BTreeMap<u32, u32> {
     let mut out = std::collections::BTreeMap::new();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for entry in procs.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<String> = raw
-            .split(|b| *b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
+    for (pid, args) in processes() {
         let value = |flag: &str| args.windows(2).find(|w| w[0] == flag).map(|w| w[1].clone());
         if !args.iter().any(|a| a == "train-worker") || value("--job-id").as_deref() != Some(id) {
             continue;
