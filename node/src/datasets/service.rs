@@ -35,7 +35,7 @@ use crate::jobs::spec::JobKind;
 /// may reach this replica later than the files).
 const PIN_AFTER_ADD: Duration = Duration::from_secs(60);
 /// How long a lookup waits for this replica to apply a name it does not know yet.
-const REGISTRY_LAG: Duration = Duration::from_secs(3);
+pub const REGISTRY_LAG: Duration = Duration::from_secs(3);
 /// How often the upkeep runs (advertise, delete unnamed content, note a busy ring).
 const UPKEEP_EVERY: Duration = Duration::from_millis(500);
 
