@@ -2,6 +2,8 @@
 //! command jobs with torchrun's environment, failover, restarts. Bounded waits; every
 //! process is stopped by PID when its cluster is dropped.
 
+mod common;
+
 use std::time::Duration;
 
 use ringleader::{api::status::StatusDoc, cli::local::LocalCluster};
@@ -36,14 +38,7 @@ fn formed(n: usize) -> (LocalCluster, tempfile::TempDir) {
         ];
         c.start(&format!("n{i}"), &args).unwrap();
     }
-    // Voters grow in odd numbers (an even count adds no fault tolerance): 1, 3, then 5.
-    let voters = if n >= 3 { 3 } else { 1 };
-    c.wait_all(WAIT, "formed with a chief and voters", |s| {
-        s.names_in("alive").len() == n
-            && s.chief.is_some()
-            && s.members.iter().filter(|m| m.voter).count() == voters
-    })
-    .unwrap();
+    common::wait_formed(&c, n, WAIT);
     (c, root)
 }
 

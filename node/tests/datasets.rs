@@ -19,8 +19,7 @@ const WAIT: Duration = Duration::from_secs(60);
 const MIB: usize = 1 << 20;
 
 /// Starts nodes of their own names and arguments (the first alone, the others joining it)
-/// and waits until all are alive with a chief and its voters (one below three nodes, as
-/// voters grow 1 → 3).
+/// and waits until they are formed (`common::wait_formed`).
 fn cluster_of(root: &Path, nodes: &[(&str, &[&str])]) -> LocalCluster {
     let mut c = LocalCluster::new(exe(), root);
     for (i, (name, args)) in nodes.iter().enumerate() {
@@ -31,14 +30,7 @@ fn cluster_of(root: &Path, nodes: &[(&str, &[&str])]) -> LocalCluster {
             c.start_joining(name, &args).unwrap();
         }
     }
-    let n = nodes.len();
-    let voters = if n >= 3 { 3 } else { 1 };
-    c.wait_all(FORM_WAIT, "formed", |s| {
-        s.names_in("alive").len() == n
-            && s.chief.is_some()
-            && s.members.iter().filter(|m| m.voter).count() == voters
-    })
-    .unwrap();
+    common::wait_formed(&c, nodes.len(), FORM_WAIT);
     c
 }
 

@@ -32,9 +32,7 @@ pub fn write_private(path: &Path, text: &str) {
 }
 
 /// Starts `n` nodes named `{prefix}0`, `{prefix}1`, … with `extra` arguments (the first
-/// alone, the others joining it) and waits, up to `wait`, until every node sees them all
-/// alive, a chief, and min(n, 3) voters: a control plane that survives the loss of any one
-/// node (with two voters, losing either stops every write).
+/// alone, the others joining it) and waits until they are formed ([`wait_formed`]).
 pub fn formed_cluster(
     root: &Path,
     prefix: &str,
@@ -47,13 +45,21 @@ pub fn formed_cluster(
     for i in 1..n {
         c.start_joining(&format!("{prefix}{i}"), extra).unwrap();
     }
+    wait_formed(&c, n, wait);
+    c
+}
+
+/// Waits, up to `wait`, until every node sees `n` members alive, a chief, and the voters
+/// the autopilot keeps: one below three members, else three (voters grow 1 → 3 → 5, never
+/// through an even count).
+pub fn wait_formed(c: &LocalCluster, n: usize, wait: Duration) {
+    let voters = if n >= 3 { 3 } else { 1 };
     c.wait_all(wait, "formed: all alive, a chief, the voters", |s| {
         s.names_in("alive").len() == n
             && s.chief.is_some()
-            && s.members.iter().filter(|m| m.voter).count() == n.min(3)
+            && s.members.iter().filter(|m| m.voter).count() == voters
     })
     .unwrap();
-    c
 }
 
 /// Polls node `i`'s view of job `id` until `cond` holds, up to `wait`.
