@@ -210,12 +210,16 @@ scale = "log"
         .join("s0/store/experiments")
         .join(&id)
         .join("summary.json");
+    // The store's writes are not atomic: wait for the whole document, not just the file.
     let deadline = Instant::now() + WAIT;
-    while !summary.exists() {
-        assert!(Instant::now() < deadline, "no {}", summary.display());
+    let doc: serde_json::Value = loop {
+        let read = std::fs::read(&summary).ok();
+        if let Some(doc) = read.and_then(|b| serde_json::from_slice(&b).ok()) {
+            break doc;
+        }
+        assert!(Instant::now() < deadline, "no whole {}", summary.display());
         std::thread::sleep(POLL);
-    }
-    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
+    };
     assert_eq!(doc["best"]["id"], best.id);
     assert_eq!(doc["trials"].as_array().unwrap().len(), 9);
 }
