@@ -180,5 +180,10 @@ impl Drop for Hosts {
             .arg("down")
             .stdout(Stdio::null())
             .status();
+        if std::thread::panicking() {
+            // A failed test keeps the whole node logs, not only the tails in its message.
+            self.dir.disable_cleanup(true);
+            eprintln!("the node logs are kept in {}", self.dir.path().display());
+        }
     }
 }
