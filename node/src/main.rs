@@ -9,6 +9,9 @@ fn init_logging() {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Not eprintln! on a failed write (a full disk under the log file): that panics,
+        // and would take down whatever task logged.
+        .log_internal_errors(false)
         .init();
 }
 

@@ -87,7 +87,9 @@ impl From<ProposeError> for ApiError {
     fn from(e: ProposeError) -> Self {
         let code = match e {
             ProposeError::Rejected(_) => StatusCode::BAD_REQUEST,
-            ProposeError::NoChief | ProposeError::Unreachable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ProposeError::NoChief | ProposeError::Unreachable(_) | ProposeError::Stopped(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         };
         ApiError(code, e.to_string())
     }
@@ -153,6 +155,7 @@ async fn status_doc(app: &AppState) -> Result<StatusDoc, ApiError> {
     let voters = app.control.voters();
     doc.chief = chief;
     doc.term = Some(term);
+    doc.control_fault = app.control.fault();
     let blacklist = app.control.read(|s| s.blacklist.clone());
     let now = wall_ms();
     for m in &mut doc.members {

@@ -11,6 +11,7 @@
 //! | `ringleader_members` | gauge | `state` (alive, suspect, dead, left) |
 //! | `ringleader_raft_term` | gauge | |
 //! | `ringleader_is_chief` | gauge (0 or 1) | |
+//! | `ringleader_control_stopped` | gauge (0 or 1) | |
 //! | `ringleader_jobs` | gauge | `state`, `kind` |
 //! | `ringleader_job_step`, `_epoch`, `_loss`, `_val_accuracy`, `_samples_per_second`, `_collective_sent_bytes`, `_allreduce_wait_milliseconds` | gauge | `job_id`, `job_name` |
 //! | `ringleader_gossip_*_total` | counter | |
@@ -211,6 +212,16 @@ pub fn render(status: &StatusDoc, jobs: &[JobSample]) -> String {
         .as_ref()
         .is_some_and(|c| c.id == status.node.id);
     e.sample("ringleader_is_chief", &[], u8::from(chief).into());
+    e.family(
+        "ringleader_control_stopped",
+        "gauge",
+        "1 while this node's Raft is stopped because its disk took no write, else 0.",
+    );
+    e.sample(
+        "ringleader_control_stopped",
+        &[],
+        u8::from(status.control_fault.is_some()).into(),
+    );
 
     e.family("ringleader_jobs", "gauge", "Jobs by state and kind.");
     let mut grid: BTreeMap<(&str, &str), u64> = JOB_STATES
@@ -335,6 +346,7 @@ mod tests {
                 suspicions: 2,
                 ..Counters::default()
             },
+            control_fault: None,
         }
     }
 
@@ -515,6 +527,7 @@ mod tests {
         no_chief.term = None;
         let text = render(&no_chief, &[]);
         assert!(text.contains("\nringleader_is_chief 0\n"));
+        assert!(text.contains("\nringleader_control_stopped 0\n"));
         assert!(text.contains("\nringleader_raft_term 0\n"));
     }
 }

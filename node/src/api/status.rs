@@ -116,6 +116,7 @@ impl StatusDoc {
             members,
             jobs: Vec::new(),
             counters: view.counters.clone(),
+            control_fault: None,
         }
     }
 }
@@ -142,6 +143,10 @@ pub struct StatusDoc {
     pub jobs: Vec<JobSummary>,
     #[serde(default)]
     pub counters: Counters,
+    /// Why this node's Raft is stopped (its disk took no write), while it is; absent
+    /// otherwise. It restarts by itself once the disk takes writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_fault: Option<String>,
 }
 
 impl StatusDoc {
@@ -167,6 +172,9 @@ impl StatusDoc {
         };
         let _ = writeln!(out, "node   {} ({})", self.node.name, self.node.id);
         let _ = writeln!(out, "chief  {chief}");
+        if let Some(fault) = &self.control_fault {
+            let _ = writeln!(out, "STOPPED {fault}");
+        }
         let alive = self.members.iter().filter(|m| m.state == "alive").count();
         let _ = writeln!(out, "members: {} ({alive} alive)\n", self.members.len());
         let header = [
@@ -692,6 +700,7 @@ mod tests {
             members: vec![member("a", vec![gpu(0), gpu(1)]), member("b", Vec::new())],
             jobs: Vec::new(),
             counters: Counters::default(),
+            control_fault: None,
         };
         let text = doc.to_table();
         assert!(

@@ -11,6 +11,9 @@ pub fn run_worker(args: trainer::worker::WorkerArgs) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Not eprintln! on a failed write (a full disk under the log file): that panics,
+        // and would take down whatever task logged.
+        .log_internal_errors(false)
         .init();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

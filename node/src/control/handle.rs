@@ -10,7 +10,7 @@ use std::{
     path::Path,
     sync::{
         atomic::{AtomicU64, Ordering},
-        Arc,
+        Arc, Mutex, RwLock,
     },
     time::{Duration, Instant},
 };
@@ -82,10 +82,17 @@ pub const APPEND_ENTRIES_MAX: u64 = 4;
 /// A cheap handle to the control plane.
 #[derive(Clone)]
 pub struct ControlHandle {
-    pub(super) raft: Raft<TypeConfig>,
-    sm: StateMachineStore,
+    /// This node's Raft; replaced when it restarts after a storage failure
+    /// ([`super::recovery`]). Read it with [`ControlHandle::raft`].
+    live: Arc<RwLock<Raft<TypeConfig>>>,
+    /// Why this node's Raft is stopped (its log could not be written), until it restarts.
+    pub(super) fault: Arc<Mutex<Option<String>>>,
+    pub(super) sm: StateMachineStore,
+    /// `<data-dir>/raft` and the Raft configuration, to restart Raft on the same files.
+    pub(super) raft_dir: std::path::PathBuf,
+    pub(super) config: Arc<openraft::Config>,
     pub(super) node: NodeHandle,
-    node_id: NodeId,
+    pub(super) node_id: NodeId,
     me: String,
     pub(super) jobs_dir: std::path::PathBuf,
     epoch: Instant,
@@ -119,10 +126,11 @@ pub async fn open(cfg: ControlConfig<'_>, node: NodeHandle) -> Result<ControlHan
         ..Default::default()
     }
     .validate()?;
+    let config = Arc::new(config);
     let node_id = node_id_of(&cfg.me.to_string());
     let raft = Raft::new(
         node_id,
-        Arc::new(config),
+        config.clone(),
         Network { node: node.clone() },
         log,
         sm.clone(),
@@ -137,8 +145,11 @@ pub async fn open(cfg: ControlConfig<'_>, node: NodeHandle) -> Result<ControlHan
         info!("bootstrapped a new cluster: this node is its first voter");
     }
     let handle = ControlHandle {
-        raft,
+        live: Arc::new(RwLock::new(raft)),
+        fault: Arc::new(Mutex::new(None)),
         sm,
+        raft_dir,
+        config,
         node,
         node_id,
         me: cfg.me.to_string(),
@@ -147,16 +158,38 @@ pub async fn open(cfg: ControlConfig<'_>, node: NodeHandle) -> Result<ControlHan
         leader_contact_ms: Arc::new(AtomicU64::new(NEVER)),
     };
     tokio::spawn(quiet_when_stale_loop(handle.clone()));
+    tokio::spawn(super::recovery::restart_after_storage_failures(
+        handle.clone(),
+    ));
     Ok(handle)
 }
 
 impl ControlHandle {
+    /// This node's Raft as it is now (a cheap clone).
+    pub(super) fn raft(&self) -> Raft<TypeConfig> {
+        self.live.read().expect("raft lock").clone()
+    }
+
+    /// Puts `raft` in place of the stopped one.
+    pub(super) fn replace_raft(&self, raft: Raft<TypeConfig>) {
+        *self.live.write().expect("raft lock") = raft;
+    }
+
+    /// Why this node's Raft is stopped, while it is (its log or snapshot could not be
+    /// written: a full or failing disk). It restarts by itself once writes succeed again.
+    pub fn fault(&self) -> Option<String> {
+        self.fault.lock().expect("fault lock").clone()
+    }
+
     /// The chief and the term, if this node knows a chief that is in touch with a quorum:
     /// a leader that a quorum acknowledged within [`QUORUM_STALE_MS`], or, on any other node,
     /// the leader it accepted an AppendEntries from within [`LEADER_STALE_MS`]. So the
     /// minority side of a partition names no chief.
     pub fn chief(&self) -> (Option<NodeRef>, u64) {
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.raft().metrics().borrow().clone();
+        if self.fault().is_some() {
+            return (None, m.current_term);
+        }
         let stale = if m.state == ServerState::Leader {
             m.millis_since_quorum_ack
                 .is_none_or(|ms| ms > QUORUM_STALE_MS)
@@ -179,13 +212,13 @@ impl ControlHandle {
     /// Whether every entry of this node's log is applied (a node restarted from its own
     /// log is not caught up before).
     pub fn log_applied(&self) -> bool {
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.raft().metrics().borrow().clone();
         m.last_applied.map(|l| l.index) >= m.last_log_index
     }
 
     /// Peer ids of the current voters.
     pub fn voters(&self) -> BTreeSet<String> {
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.raft().metrics().borrow().clone();
         let membership = m.membership_config.membership();
         membership
             .voter_ids()
@@ -201,7 +234,7 @@ impl ControlHandle {
     /// How this replica's reads relate to the chief's: applied index and whether this node
     /// is the chief.
     pub fn freshness(&self) -> (u64, bool) {
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.raft().metrics().borrow().clone();
         (
             m.last_applied.map_or(0, |l| l.index),
             m.state == ServerState::Leader,
@@ -225,12 +258,15 @@ impl ControlHandle {
     }
 
     async fn propose_inner(&self, cmd: ControlCommand) -> Result<ControlResponse, ProposeError> {
+        if let Some(fault) = self.fault() {
+            return Err(ProposeError::Stopped(fault));
+        }
         // Fail fast where no chief is in touch with a quorum (a minority side): forwarding
         // to an old leader, or appending as one, would only wait for the timeout.
         if self.chief().0.is_none() {
             return Err(ProposeError::NoChief);
         }
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.raft().metrics().borrow().clone();
         let Some(leader) = m.current_leader else {
             return Err(ProposeError::NoChief);
         };
@@ -263,10 +299,13 @@ impl ControlHandle {
         &self,
         cmd: ControlCommand,
     ) -> Result<ControlResponse, ProposeError> {
+        if let Some(fault) = self.fault() {
+            return Err(ProposeError::Stopped(fault));
+        }
         if self.chief().0.is_none() {
             return Err(ProposeError::NoChief);
         }
-        match self.raft.client_write(cmd).await {
+        match self.raft().client_write(cmd).await {
             Ok(resp) => Ok(resp.data),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => {
                 Err(ProposeError::NoChief)
@@ -344,7 +383,7 @@ impl ControlHandle {
 
     /// Stops Raft (node shutdown).
     pub async fn shutdown(&self) {
-        let _ = self.raft.shutdown().await;
+        let _ = self.raft().shutdown().await;
     }
 
     /// Milliseconds since this handle started (for logs).
@@ -354,7 +393,7 @@ impl ControlHandle {
 
     /// Whether this node is the chief now: the Raft leader, in touch with a quorum.
     pub fn is_chief(&self) -> bool {
-        self.raft.metrics().borrow().state == ServerState::Leader && self.chief().0.is_some()
+        self.raft().metrics().borrow().state == ServerState::Leader && self.chief().0.is_some()
     }
 
     /// The node's event-loop handle (membership, RPCs).
@@ -376,7 +415,7 @@ impl ControlHandle {
         members: &[MemberView],
     ) -> Result<()> {
         let ctl = self;
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.raft().metrics().borrow().clone();
         let membership = m.membership_config.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         let learners: BTreeSet<NodeId> = membership.learner_ids().collect();
@@ -413,30 +452,30 @@ impl ControlHandle {
         match change {
             Change::AddLearner(id) => {
                 let node = nodes.get(&id).cloned().unwrap_or_default();
-                ctl.raft.add_learner(id, node, false).await?;
+                ctl.raft().add_learner(id, node, false).await?;
             }
             Change::Promote(id) => {
-                ctl.raft
+                ctl.raft()
                     .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), true)
                     .await?;
             }
             Change::PromotePair(a, b) => {
-                ctl.raft
+                ctl.raft()
                     .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([a, b])), true)
                     .await?;
             }
             Change::Demote(id) => {
-                ctl.raft
+                ctl.raft()
                     .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), true)
                     .await?;
             }
             Change::Remove(id) => {
                 if voters.contains(&id) {
-                    ctl.raft
+                    ctl.raft()
                         .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)
                         .await?;
                 } else {
-                    ctl.raft
+                    ctl.raft()
                         .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false)
                         .await?;
                 }
@@ -465,7 +504,7 @@ async fn quiet_when_stale_loop(ctl: ControlHandle) {
     let mut quiet = false;
     loop {
         tick.tick().await;
-        let m = ctl.raft.metrics().borrow().clone();
+        let m = ctl.raft().metrics().borrow().clone();
         let stale = m.state == ServerState::Leader
             && m.millis_since_quorum_ack
                 .is_none_or(|ms| ms > QUORUM_STALE_MS);
@@ -476,7 +515,7 @@ async fn quiet_when_stale_loop(ctl: ControlHandle) {
             } else {
                 info!("heartbeats resumed");
             }
-            ctl.raft.runtime_config().heartbeat(!quiet);
+            ctl.raft().runtime_config().heartbeat(!quiet);
         }
     }
 }

@@ -9,6 +9,7 @@
 //! - [`voters`]: sans-IO voter reconciliation (which members vote), autopilot-like.
 //! - [`handle`]: starting Raft on a node, [`handle::ControlHandle`] (the write path through
 //!   the chief, reads, who is chief, the voter upkeep's Raft calls).
+//! - [`recovery`]: Raft restarts on its files once a full disk takes writes again.
 //! - [`protocol`]: the control plane's RPC messages between nodes.
 //! - [`rpc`]: their server, with what a peer may forward ([`rpc::authorize`]).
 //! - `network`: openraft's network adapter over those RPCs.
@@ -23,6 +24,7 @@ pub mod handle;
 pub mod id;
 mod network;
 pub mod protocol;
+pub mod recovery;
 pub mod rpc;
 pub mod state;
 pub mod store;

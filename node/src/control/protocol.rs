@@ -111,4 +111,10 @@ pub enum ProposeError {
     /// The command is not valid.
     #[error("rejected: {0}")]
     Rejected(String),
+    /// This node's Raft is stopped: its log could not be written (see
+    /// `ControlHandle::fault`). Nothing was committed; another node takes the write.
+    #[error(
+        "this node's control plane is stopped ({0}); nothing was committed, retry on another node"
+    )]
+    Stopped(String),
 }

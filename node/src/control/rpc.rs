@@ -101,7 +101,7 @@ pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>) {
         tokio::spawn(async move {
             let resp = match wire::decode_json::<RpcRequest>(&rpc.payload) {
                 Ok(RpcRequest::AppendEntries(r)) => {
-                    let r = ctl.raft.append_entries(r).await;
+                    let r = ctl.raft().append_entries(r).await;
                     // Anything but a higher vote means the sender leads this node's term.
                     if matches!(&r, Ok(resp) if !matches!(resp, AppendEntriesResponse::HigherVote(_)))
                     {
@@ -110,9 +110,9 @@ pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>) {
                     }
                     RpcResponse::AppendEntries(r)
                 }
-                Ok(RpcRequest::Vote(r)) => RpcResponse::Vote(ctl.raft.vote(r).await),
+                Ok(RpcRequest::Vote(r)) => RpcResponse::Vote(ctl.raft().vote(r).await),
                 Ok(RpcRequest::InstallSnapshot(chunk)) => match chunk.try_into() {
-                    Ok(r) => RpcResponse::InstallSnapshot(ctl.raft.install_snapshot(r).await),
+                    Ok(r) => RpcResponse::InstallSnapshot(ctl.raft().install_snapshot(r).await),
                     Err(e) => RpcResponse::Malformed(e),
                 },
                 Ok(RpcRequest::Propose(cmd)) => {

@@ -254,12 +254,20 @@ fn fsync_dir(dir: &Path) -> Result<(), StoreError> {
 }
 
 /// Writes `bytes` to `path` atomically: temporary file, fsync, rename, fsync of the directory.
+/// A failed write removes its temporary file (on a full disk it holds the space another write
+/// needs).
 fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
     let tmp = path.with_extension("tmp");
-    let mut f = File::create(&tmp).map_err(io_err("create", &tmp))?;
-    f.write_all(bytes).map_err(io_err("write", &tmp))?;
-    f.sync_all().map_err(io_err("fsync", &tmp))?;
-    drop(f);
+    let written = File::create(&tmp)
+        .map_err(io_err("create", &tmp))
+        .and_then(|mut f| {
+            f.write_all(bytes).map_err(io_err("write", &tmp))?;
+            f.sync_all().map_err(io_err("fsync", &tmp))
+        });
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
     fs::rename(&tmp, path).map_err(io_err("rename", &tmp))?;
     fsync_dir(dir)
 }
