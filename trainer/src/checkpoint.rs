@@ -39,7 +39,9 @@ pub const STORAGE_RETRIES_MAX: usize = 4;
 pub fn operator_from_url(url: &str) -> Result<Operator, TrainError> {
     // Registers the compiled-in services and installs the HTTP transport (S3 needs it).
     opendal::install_default();
-    let bad = || TrainError::Spec(format!("storage url {url:?}: want scheme://…"));
+    // Errors name the URL without its secrets (they end up in logs).
+    let shown = crate::redact::redact_url(url);
+    let bad = || TrainError::Spec(format!("storage url {shown:?}: want scheme://…"));
     let (scheme, rest) = url.split_once("://").ok_or_else(bad)?;
     let (location, query) = rest.split_once('?').unwrap_or((rest, ""));
     let mut cfg: Vec<(String, String)> = query
@@ -54,7 +56,7 @@ pub fn operator_from_url(url: &str) -> Result<Operator, TrainError> {
         "file" | "fs" => {
             if !location.starts_with('/') {
                 return Err(TrainError::Spec(format!(
-                    "storage url {url:?}: file:// needs an absolute path"
+                    "storage url {shown:?}: file:// needs an absolute path"
                 )));
             }
             cfg.push(("root".into(), location.into()));
@@ -65,7 +67,7 @@ pub fn operator_from_url(url: &str) -> Result<Operator, TrainError> {
             let (bucket, prefix) = location.split_once('/').unwrap_or((location, ""));
             if bucket.is_empty() {
                 return Err(TrainError::Spec(format!(
-                    "storage url {url:?}: s3:// needs a bucket"
+                    "storage url {shown:?}: s3:// needs a bucket"
                 )));
             }
             cfg.push(("bucket".into(), bucket.into()));
@@ -288,5 +290,19 @@ impl CheckpointStore {
     /// The underlying operator (tests use it to damage checkpoints).
     pub fn operator(&self) -> &Operator {
         &self.op
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_storage_url_is_named_without_its_secrets() {
+        let err = operator_from_url("s3://?secret_access_key=hunter2&region=x")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("secret_access_key=REDACTED"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
     }
 }

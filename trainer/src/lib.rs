@@ -41,6 +41,7 @@ mod mlp;
 mod model;
 pub mod observe;
 mod optimizer;
+pub mod redact;
 mod sampler;
 mod schedule;
 pub mod search;

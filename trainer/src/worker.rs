@@ -74,6 +74,7 @@ use crate::elastic::{
     TcpConnector,
 };
 use crate::observe::{unix_now_s, write_job_timeline, PhaseRecorder, RankTimeline, TensorBoard};
+use crate::redact::redact_url;
 use crate::{CheckpointStore, Checkpointer, Event, StepMetrics, TrainSpec, Trainer};
 
 /// Shortest gap between two step reports in `ringleader-metric` lines, in milliseconds.
@@ -444,8 +445,10 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     if let Some(state) = resume {
         trainer.restore(&state)?;
         println!(
-            "{tag} resumed step={} epoch={} from={url}",
-            state.meta.step, state.meta.epoch
+            "{tag} resumed step={} epoch={} from={}",
+            state.meta.step,
+            state.meta.epoch,
+            redact_url(&url)
         );
     }
     let mut ckpt = Checkpointer::spawn(store, spec.checkpoint.keep);
@@ -493,7 +496,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
                     .expect("the memory service is compiled in")
             });
             match write_job_timeline(&mut comm, &phases, &op, &args.job_id).await {
-                Ok(Some(path)) => println!("{tag} timeline at={url} path={path}"),
+                Ok(Some(path)) => println!("{tag} timeline at={} path={path}", redact_url(&url)),
                 Ok(None) => {}
                 Err(e) => warn!(error = %e, "timeline not written"),
             }
@@ -503,14 +506,15 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     if let Some(tb) = tb {
         let path = tb.path().to_string();
         if tb.close().await {
-            println!("{tag} tensorboard at={url} path={path}");
+            println!("{tag} tensorboard at={} path={path}", redact_url(&url));
         }
     }
     ckpt.close().await?;
     if args.rank == 0 {
         if let Some(step) = store_latest_step(&url, &args.job_id).await {
             println!(
-                "{tag} checkpoint committed step={step} at={url} dir=jobs/{}/ckpt/{step:012}/",
+                "{tag} checkpoint committed step={step} at={} dir=jobs/{}/ckpt/{step:012}/",
+                redact_url(&url),
                 args.job_id
             );
         }
@@ -632,7 +636,8 @@ async fn run_elastic(
             if rank == 0 {
                 if let Some(step) = store_latest_step(&url, &args.job_id).await {
                     println!(
-                        "{tag} checkpoint committed step={step} at={url} dir=jobs/{}/ckpt/{step:012}/",
+                        "{tag} checkpoint committed step={step} at={} dir=jobs/{}/ckpt/{step:012}/",
+                        redact_url(&url),
                         args.job_id
                     );
                 }
@@ -655,7 +660,9 @@ async fn run_elastic(
 /// without them.
 fn observe_operator(url: &str) -> Option<Operator> {
     crate::operator_from_url(url)
-        .inspect_err(|e| warn!(url, error = %e, "no tensorboard or timeline: storage"))
+        .inspect_err(
+            |e| warn!(url = %redact_url(url), error = %e, "no tensorboard or timeline: storage"),
+        )
         .ok()
 }
 
