@@ -452,8 +452,11 @@ impl From<TrainError> for JoinError {
 }
 
 fn failed(generation: u64, e: &CollectiveError) -> ElasticEvent {
+    // A peer that could not be connected to within the deadline is as suspect as one whose
+    // connection broke (a joiner that never came up): name it, or the chief would only hear
+    // of this rank itself, from the peers it leaves behind.
     let lost_rank = match e {
-        CollectiveError::PeerLost { rank } => Some(*rank),
+        CollectiveError::PeerLost { rank } | CollectiveError::Connect { rank, .. } => Some(*rank),
         _ => None,
     };
     ElasticEvent::Failed {
@@ -508,5 +511,28 @@ async fn leave(trainer: Trainer) {
             tokio::spawn(comm.shutdown());
         }
         Err(e) => warn!(error = %e, "closing the generation's communicator"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lost(e: CollectiveError) -> Option<usize> {
+        match failed(3, &e) {
+            ElasticEvent::Failed { lost_rank, .. } => lost_rank,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_failure_names_the_peer_that_broke_or_never_came() {
+        assert_eq!(lost(CollectiveError::PeerLost { rank: 2 }), Some(2));
+        let never = CollectiveError::Connect {
+            rank: 4,
+            detail: "connection refused".into(),
+        };
+        assert_eq!(lost(never), Some(4));
+        assert_eq!(lost(CollectiveError::Aborted), None);
     }
 }
