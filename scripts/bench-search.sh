@@ -43,6 +43,8 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+# The embedded python helpers import scripts/cluster_api.py.
+export RINGLEADER_SCRIPTS="$root/scripts"
 trials=${TRIALS:-500}
 budget=${BUDGET:-180}
 seed=${SEED:-1}
@@ -94,10 +96,9 @@ trap 'exit 130' INT TERM
 # The HTTP API helper: python3, standard library only.
 cat >"$tmp/api.py" <<'PYEOF'
 import json, math, os, statistics, sys, time, urllib.request
-
-def get(api, path):
-    with urllib.request.urlopen(f"http://{api}{path}", timeout=10) as r:
-        return json.load(r)
+sys.path.insert(0, os.environ["RINGLEADER_SCRIPTS"])
+import cluster_api
+from cluster_api import get
 
 def warn(msg):
     print(f"# warning: {msg}", file=sys.stderr, flush=True)
@@ -105,22 +106,7 @@ def warn(msg):
 ENDED = ("succeeded", "failed", "cancelled")
 
 def formed(n, deadline_s, apis):
-    deadline, last = time.time() + deadline_s, ""
-    while True:
-        ok = True
-        for api in apis:
-            try:
-                s = get(api, "/v1/status")
-                alive = [m["name"] for m in s["members"] if m["state"] == "alive"]
-                if len(alive) != n or not s.get("chief"):
-                    ok, last = False, f"{api}: alive={alive} chief={s.get('chief')}"
-            except Exception as e:
-                ok, last = False, f"{api}: {e}"
-        if ok:
-            return
-        if time.time() > deadline:
-            sys.exit(f"cluster not formed within {deadline_s} s: {last}")
-        time.sleep(0.1)
+    cluster_api.formed(n, deadline_s, apis, sys.exit)
 
 def wait(api, job, deadline_s, out):
     deadline, doc = time.time() + deadline_s, None

@@ -46,6 +46,8 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+# The embedded python helper imports scripts/cluster_api.py.
+export RINGLEADER_SCRIPTS="$root/scripts"
 target=${CARGO_TARGET_DIR:-$root/target}
 profile=${PROFILE:-release}
 garage_version=${GARAGE_VERSION:-2.5.0}
@@ -154,15 +156,15 @@ cat >"$tmp/helper.py" <<'PYEOF'
 import datetime, hashlib, hmac, json, os, re, socket, sys, time
 import urllib.parse, urllib.request
 import xml.etree.ElementTree as ET
+sys.path.insert(0, os.environ["RINGLEADER_SCRIPTS"])
+import cluster_api
 
 ENDED = ("succeeded", "failed", "cancelled")
 
 def fail(msg):
     sys.exit(f"test-garage: FAILED: {msg}")
 
-def api_get(api, path):
-    with urllib.request.urlopen(f"http://{api}{path}", timeout=10) as r:
-        return json.load(r)
+api_get = cluster_api.get
 
 # ---- S3, path style, AWS Signature Version 4 ----
 def _hmac(key, msg):
@@ -218,22 +220,7 @@ def committed_steps(prefix, job):
 
 # ---- waits, each with a deadline ----
 def formed(n, deadline_s, apis):
-    deadline, last = time.time() + deadline_s, ""
-    while True:
-        ok = True
-        for api in apis:
-            try:
-                s = api_get(api, "/v1/status")
-                alive = [m["name"] for m in s["members"] if m["state"] == "alive"]
-                if len(alive) != n or not s.get("chief"):
-                    ok, last = False, f"{api}: alive={alive} chief={s.get('chief')}"
-            except Exception as e:
-                ok, last = False, f"{api}: {e}"
-        if ok:
-            return
-        if time.time() > deadline:
-            fail(f"cluster not formed within {deadline_s} s: {last}")
-        time.sleep(0.2)
+    cluster_api.formed(n, deadline_s, apis, fail)
 
 def job_doc(apis, job):
     """The job's document from the first node that answers, and the errors before it."""

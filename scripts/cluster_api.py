@@ -1,0 +1,33 @@
+"""A ringleader cluster's HTTP API from python3's standard library, for the scripts that drive
+local clusters (bench-search.sh, test-garage.sh import it from their embedded helpers)."""
+
+import json
+import time
+import urllib.request
+
+
+def get(api, path):
+    """GET http://API/PATH as JSON (10 s timeout)."""
+    with urllib.request.urlopen(f"http://{api}{path}", timeout=10) as r:
+        return json.load(r)
+
+
+def formed(n, deadline_s, apis, fail):
+    """Waits until every node in APIS sees N members alive and a chief; calls FAIL with the
+    last view after DEADLINE_S seconds."""
+    deadline, last = time.time() + deadline_s, ""
+    while True:
+        ok = True
+        for api in apis:
+            try:
+                s = get(api, "/v1/status")
+                alive = [m["name"] for m in s["members"] if m["state"] == "alive"]
+                if len(alive) != n or not s.get("chief"):
+                    ok, last = False, f"{api}: alive={alive} chief={s.get('chief')}"
+            except Exception as e:
+                ok, last = False, f"{api}: {e}"
+        if ok:
+            return
+        if time.time() > deadline:
+            fail(f"cluster not formed within {deadline_s} s: {last}")
+        time.sleep(0.2)
