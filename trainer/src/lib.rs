@@ -52,7 +52,10 @@ mod trainer;
 mod transformer;
 pub mod worker;
 
-pub use checkpoint::{operator_from_url, CheckpointStore, CHECKPOINT_FILE_BYTES_MAX, COMMIT_FILE};
+pub use checkpoint::{
+    operator_from_url, read_capped, CheckpointStore, ReadCappedError, CHECKPOINT_FILE_BYTES_MAX,
+    COMMIT_BYTES_MAX, COMMIT_FILE, META_BYTES_MAX,
+};
 pub use checkpointer::Checkpointer;
 pub use cnn::Cnn;
 pub use compute_clock::{ComputeClock, ComputeSection};
