@@ -50,6 +50,10 @@ pub struct SnapshotChunk {
     done: bool,
 }
 
+/// A snapshot chunk as the RPC server hands it to Raft, once converted from a
+/// [`SnapshotChunk`] (the conversion checks its length and offset).
+pub type SnapshotRequest = InstallSnapshotRequest<TypeConfig>;
+
 /// The largest snapshot chunk sent, in bytes (openraft's `snapshot_max_chunk_size`).
 pub const SNAPSHOT_CHUNK_BYTES: u64 = 1 << 20;
 
@@ -152,17 +156,16 @@ mod tests {
     /// receiving buffer to its offset) gets an error naming the limit, not an allocation.
     #[test]
     fn chunks_past_the_snapshot_limit_are_refused() {
-        let ok = InstallSnapshotRequest::<TypeConfig>::try_from(chunk(1 << 20, b"abc")).unwrap();
+        let ok = SnapshotRequest::try_from(chunk(1 << 20, b"abc")).unwrap();
         assert_eq!((ok.offset, ok.data), (1 << 20, b"abc".to_vec()));
         let last = SNAPSHOT_BYTES_MAX as u64 - 3;
-        assert!(InstallSnapshotRequest::<TypeConfig>::try_from(chunk(last, b"abc")).is_ok());
+        assert!(SnapshotRequest::try_from(chunk(last, b"abc")).is_ok());
         for offset in [last + 1, 1 << 40, u64::MAX - 1, u64::MAX] {
-            let e =
-                InstallSnapshotRequest::<TypeConfig>::try_from(chunk(offset, b"abc")).unwrap_err();
+            let e = SnapshotRequest::try_from(chunk(offset, b"abc")).unwrap_err();
             assert!(e.contains("snapshot limit"), "{e}");
         }
         let too_long = chunk(0, &vec![0u8; SNAPSHOT_CHUNK_BYTES as usize + 1]);
-        let e = InstallSnapshotRequest::<TypeConfig>::try_from(too_long).unwrap_err();
+        let e = SnapshotRequest::try_from(too_long).unwrap_err();
         assert!(e.contains("hex digits"), "{e}");
     }
 
@@ -174,6 +177,6 @@ mod tests {
         let Ok(RpcRequest::InstallSnapshot(c)) = crate::cluster::wire::decode_json(&bytes) else {
             panic!("decodes as a snapshot chunk");
         };
-        assert!(InstallSnapshotRequest::<TypeConfig>::try_from(c).is_err());
+        assert!(SnapshotRequest::try_from(c).is_err());
     }
 }
