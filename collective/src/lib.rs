@@ -80,6 +80,34 @@ pub mod testing {
         crate::frame::Header::decode(b).map(|_| ())
     }
 
+    /// Length of the dialer's first handshake message (D1), bytes.
+    pub const HANDSHAKE_HELLO_BYTES: usize = crate::tcp::D1_BYTES;
+    /// Length of the dialer's data-path offer (S1), bytes.
+    pub const HANDSHAKE_OFFER_BYTES: usize = crate::tcp::PATH_MSG_BYTES;
+
+    /// Decodes a dialer's first handshake message as the acceptor of (`group_id`,
+    /// `generation`) at rank `me`, which takes dials from the ranks in `expected`, decodes it
+    /// on every accepted connection (for the hostile-bytes tests and fuzz targets): the
+    /// dialer's rank, or why the connection is refused.
+    pub fn decode_handshake_hello(
+        bytes: &[u8],
+        group_id: u64,
+        generation: u64,
+        me: usize,
+        expected: &std::collections::BTreeSet<usize>,
+    ) -> Result<usize, crate::HandshakeError> {
+        crate::tcp::decode_hello(bytes, "fuzz", group_id, generation, me, expected)
+    }
+
+    /// Decodes a dialer's data-path offer as an acceptor does after the handshake: the
+    /// path of the shared-memory segment it would open (`None`: no segment offered, or a
+    /// malformed name, which the acceptor declines), or why the connection is refused.
+    pub fn decode_handshake_offer(
+        bytes: &[u8],
+    ) -> Result<Option<std::path::PathBuf>, crate::HandshakeError> {
+        Ok(crate::tcp::decode_offer(bytes, "fuzz")?.and_then(|n| crate::shm::segment_path(n).ok()))
+    }
+
     /// First port [`unused_local_port`] hands out.
     const TEST_PORT_MIN: u32 = 12_000;
     /// Ports it hands out: `TEST_PORT_MIN..TEST_PORT_MIN + TEST_PORTS` (below the workers'

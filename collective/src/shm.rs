@@ -336,6 +336,17 @@ impl Offer {
     }
 }
 
+/// Where the segment a dialer named lies, if `name` (from the peer) is well formed:
+/// [`NAME_HEX_BYTES`] lowercase hex digits, so the path stays in [`SHM_DIR`].
+pub(crate) fn segment_path(name: &[u8]) -> Result<PathBuf, String> {
+    if name.len() != NAME_HEX_BYTES || !name.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+    {
+        return Err("malformed segment name".into());
+    }
+    let name = std::str::from_utf8(name).map_err(|e| e.to_string())?;
+    Ok(PathBuf::from(SHM_DIR).join(format!("{NAME_PREFIX}{name}")))
+}
+
 /// Opens the segment the dialer named, maps and unlinks it, and returns the acceptor's end
 /// (side 1) and the token to send back. Fails (and the link stays on TCP) when the name is
 /// malformed, the segment is not on this host, or its layout is unusable or its slots are
@@ -344,12 +355,7 @@ pub(crate) fn open(
     name: &[u8],
     frame_bytes: usize,
 ) -> Result<(Channel, [u8; TOKEN_BYTES]), String> {
-    if name.len() != NAME_HEX_BYTES || !name.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
-    {
-        return Err("malformed segment name".into());
-    }
-    let name = std::str::from_utf8(name).map_err(|e| e.to_string())?;
-    let path = PathBuf::from(SHM_DIR).join(format!("{NAME_PREFIX}{name}"));
+    let path = segment_path(name)?;
     let file = OpenOptions::new()
         .read(true)
         .write(true)

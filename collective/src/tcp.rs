@@ -48,7 +48,8 @@ const MAGIC: [u8; 4] = *b"RLHS";
 /// Version 2 added the data-path negotiation (S1/S2) after the handshake.
 const VERSION: u32 = 2;
 const KEY_CONTEXT: &str = "ringleader collective 2024 data-plane handshake v1";
-const D1_BYTES: usize = 48;
+/// Length of the dialer's first message (D1), bytes.
+pub(crate) const D1_BYTES: usize = 48;
 const STATUS_OK: u8 = 0;
 const STATUS_WRONG_GROUP: u8 = 1;
 const STATUS_UNEXPECTED_RANK: u8 = 2;
@@ -136,6 +137,64 @@ pub(crate) async fn handshake_dial(
     Ok(())
 }
 
+/// Decodes and checks a dialer's first message (D1) as the acceptor of `keys`' group, rank
+/// `me`, reads it: the dialer's rank if the magic, version, group, generation and ranks are
+/// what this acceptor expects. `addr` names the peer in errors.
+///
+/// Pure (no I/O): [`handshake_accept`] runs every D1 through it, and the hostile-bytes tests
+/// and the `collective_handshake` fuzz target feed it any bytes (through
+/// [`crate::testing::decode_handshake_hello`]). A refusal the dialer is told about
+/// ([`HandshakeError::WrongGroup`], [`HandshakeError::UnexpectedRank`]) maps to its status
+/// byte with [`refusal_status`]; anything malformed gets no answer.
+pub(crate) fn decode_hello(
+    d1: &[u8],
+    addr: &str,
+    group_id: u64,
+    generation: u64,
+    me: usize,
+    expected: &BTreeSet<usize>,
+) -> Result<usize, HandshakeError> {
+    let d1: &[u8; D1_BYTES] = d1.try_into().map_err(|_| {
+        malformed(
+            addr,
+            &format!("hello of {} bytes, want {D1_BYTES}", d1.len()),
+        )
+    })?;
+    if d1[0..4] != MAGIC || d1[4..8] != VERSION.to_le_bytes() {
+        return Err(malformed(addr, "magic or version"));
+    }
+    let u64_at = |i: usize| u64::from_le_bytes(d1[i..i + 8].try_into().expect("8 bytes"));
+    let u32_at = |i: usize| u32::from_le_bytes(d1[i..i + 4].try_into().expect("4 bytes"));
+    let (theirs_group, theirs_generation, from, to) =
+        (u64_at(8), u64_at(16), u32_at(24), u32_at(28));
+    if theirs_group != group_id || theirs_generation != generation {
+        return Err(HandshakeError::WrongGroup {
+            addr: addr.into(),
+            group_id: theirs_group,
+            generation: theirs_generation,
+        });
+    }
+    // `usize::try_from`: on a 32-bit target every u32 fits, so no rank wraps into another.
+    let from_rank = usize::try_from(from).ok();
+    if usize::try_from(to).ok() != Some(me) || !from_rank.is_some_and(|f| expected.contains(&f)) {
+        return Err(HandshakeError::UnexpectedRank {
+            addr: addr.into(),
+            from,
+            to,
+        });
+    }
+    Ok(from as usize)
+}
+
+/// The status byte an acceptor answers a refused D1 with; `None`: close without one.
+fn refusal_status(e: &HandshakeError) -> Option<u8> {
+    match e {
+        HandshakeError::WrongGroup { .. } => Some(STATUS_WRONG_GROUP),
+        HandshakeError::UnexpectedRank { .. } => Some(STATUS_UNEXPECTED_RANK),
+        _ => None,
+    }
+}
+
 /// Acceptor side: returns the dialer's rank once it is authenticated. `expected` are the
 /// ranks allowed to dial us.
 pub(crate) async fn handshake_accept(
@@ -148,24 +207,15 @@ pub(crate) async fn handshake_accept(
     let io = |e: std::io::Error| malformed(&addr, &format!("io: {e}"));
     let mut d1 = [0u8; D1_BYTES];
     stream.read_exact(&mut d1).await.map_err(io)?;
-    if d1[0..4] != MAGIC || d1[4..8] != VERSION.to_le_bytes() {
-        return Err(malformed(&addr, "magic or version"));
-    }
-    let u64_at = |i: usize| u64::from_le_bytes(d1[i..i + 8].try_into().expect("8 bytes"));
-    let u32_at = |i: usize| u32::from_le_bytes(d1[i..i + 4].try_into().expect("4 bytes"));
-    let (group_id, generation, from, to) = (u64_at(8), u64_at(16), u32_at(24), u32_at(28));
-    if group_id != keys.group_id || generation != keys.generation {
-        let _ = stream.write_all(&[STATUS_WRONG_GROUP]).await;
-        return Err(HandshakeError::WrongGroup {
-            addr,
-            group_id,
-            generation,
-        });
-    }
-    if to as usize != me || !expected.contains(&(from as usize)) {
-        let _ = stream.write_all(&[STATUS_UNEXPECTED_RANK]).await;
-        return Err(HandshakeError::UnexpectedRank { addr, from, to });
-    }
+    let from = match decode_hello(&d1, &addr, keys.group_id, keys.generation, me, expected) {
+        Ok(from) => from,
+        Err(e) => {
+            if let Some(status) = refusal_status(&e) {
+                let _ = stream.write_all(&[status]).await;
+            }
+            return Err(e);
+        }
+    };
     let mut nonce_a = [0u8; 16];
     rand::thread_rng().fill_bytes(&mut nonce_a);
     let mut a1 = [0u8; 49];
@@ -180,11 +230,34 @@ pub(crate) async fn handshake_accept(
         return Err(HandshakeError::BadMac { addr });
     }
     stream.write_all(&[STATUS_OK]).await.map_err(io)?;
-    Ok(from as usize)
+    Ok(from)
+}
+
+/// Decodes a dialer's data-path offer (S1) as the acceptor reads it: `Some(name)` (not yet
+/// checked: [`shm::open`] checks it) for a segment offered, `None` for none. Pure, like
+/// [`decode_hello`], and fed any bytes by the same tests and fuzz target.
+pub(crate) fn decode_offer<'a>(
+    s1: &'a [u8],
+    addr: &str,
+) -> Result<Option<&'a [u8]>, HandshakeError> {
+    if s1.len() != PATH_MSG_BYTES {
+        return Err(malformed(
+            addr,
+            &format!(
+                "data-path offer of {} bytes, want {PATH_MSG_BYTES}",
+                s1.len()
+            ),
+        ));
+    }
+    match s1[0] {
+        0 => Ok(None),
+        1 => Ok(Some(&s1[1..])),
+        f => Err(malformed(addr, &format!("data-path offer {f}"))),
+    }
 }
 
 /// S1 and S2: one flag byte, then a segment name or token.
-const PATH_MSG_BYTES: usize = 1 + shm::NAME_HEX_BYTES;
+pub(crate) const PATH_MSG_BYTES: usize = 1 + shm::NAME_HEX_BYTES;
 
 /// The peer's address for error messages (empty if the socket no longer knows it).
 fn peer_label(stream: &TcpStream) -> String {
@@ -240,9 +313,9 @@ async fn negotiate_accept(
     let mut s1 = [0u8; PATH_MSG_BYTES];
     stream.read_exact(&mut s1).await.map_err(io)?;
     let mut s2 = [0u8; PATH_MSG_BYTES];
-    let ch = match s1[0] {
-        0 => None,
-        1 if lim.shared_memory => match shm::open(&s1[1..], lim.chunk_bytes) {
+    let ch = match decode_offer(&s1, &addr)? {
+        None => None,
+        Some(name) if lim.shared_memory => match shm::open(name, lim.chunk_bytes) {
             Ok((ch, token)) => {
                 s2[0] = 1;
                 s2[1..].copy_from_slice(&token);
@@ -253,8 +326,7 @@ async fn negotiate_accept(
                 None
             }
         },
-        1 => None,
-        f => return Err(malformed(&addr, &format!("data-path offer {f}"))),
+        Some(_) => None,
     };
     stream.write_all(&s2).await.map_err(io)?;
     Ok(ch)

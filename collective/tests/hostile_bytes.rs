@@ -1,14 +1,21 @@
 //! Any bytes from a peer, into the collective's decoders: an error, never a panic. The data
-//! plane's frame header (`Header::decode`) and the dialer's side of the handshake
-//! (`testing::probe_handshake` against an acceptor that answers with noise). The same
-//! header body is a `cargo fuzz` target in `node/fuzz/`.
+//! plane's frame header (`Header::decode`), the acceptor's side of the handshake (the
+//! dialer's hello and data-path offer, through the decoders every accepted connection runs)
+//! and the dialer's side (`testing::probe_handshake` against an acceptor that answers with
+//! noise). The header and acceptor bodies are also `cargo fuzz` targets in `node/fuzz/`
+//! (`collective_header`, `collective_handshake`).
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use proptest::prelude::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use collective::testing::{decode_frame_header, FRAME_HEADER_BYTES};
+use collective::testing::{
+    decode_frame_header, decode_handshake_hello, decode_handshake_offer, FRAME_HEADER_BYTES,
+    HANDSHAKE_HELLO_BYTES, HANDSHAKE_OFFER_BYTES,
+};
+use collective::HandshakeError;
 
 /// What the fake acceptor reads before it answers: the dialer's first message.
 const DIALER_HELLO_BYTES: usize = 48;
@@ -51,6 +58,128 @@ proptest! {
         b[2] = kind;
         let _ = decode_frame_header(&b);
     }
+}
+
+/// The acceptor these tests play: rank 3 of group 7, generation 2, dialled by ranks 0 and 1.
+const GROUP: u64 = 7;
+const GENERATION: u64 = 2;
+const ME: usize = 3;
+
+fn expected() -> BTreeSet<usize> {
+    BTreeSet::from([0, 1])
+}
+
+/// A hello as a dialer of this version writes it.
+fn hello(group: u64, generation: u64, from: u32, to: u32, nonce: [u8; 16]) -> Vec<u8> {
+    let mut b = b"RLHS".to_vec();
+    b.extend(2u32.to_le_bytes());
+    b.extend(group.to_le_bytes());
+    b.extend(generation.to_le_bytes());
+    b.extend(from.to_le_bytes());
+    b.extend(to.to_le_bytes());
+    b.extend(nonce);
+    b
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Any bytes as a dialer's hello: refused (never a panic), unless they are exactly a
+    /// hello of this group and generation from an expected rank to this one.
+    #[test]
+    fn handshake_hellos(b in proptest::collection::vec(any::<u8>(), 0..2 * HANDSHAKE_HELLO_BYTES)) {
+        if let Ok(from) = decode_handshake_hello(&b, GROUP, GENERATION, ME, &expected()) {
+            prop_assert_eq!(&b[..], &hello(GROUP, GENERATION, from as u32, ME as u32, b[32..].try_into().unwrap())[..]);
+        }
+    }
+
+    /// Past the magic and version: any group, generation and ranks.
+    #[test]
+    fn handshake_hellos_with_magic(group in prop_oneof![Just(GROUP), any::<u64>()],
+                                   generation in prop_oneof![Just(GENERATION), any::<u64>()],
+                                   from in prop_oneof![0u32..5, any::<u32>()],
+                                   to in prop_oneof![0u32..5, any::<u32>()],
+                                   nonce in any::<[u8; 16]>()) {
+        let b = hello(group, generation, from, to, nonce);
+        let ok = group == GROUP && generation == GENERATION && to as usize == ME
+            && expected().contains(&(from as usize));
+        match decode_handshake_hello(&b, GROUP, GENERATION, ME, &expected()) {
+            Ok(rank) => prop_assert!(ok && rank == from as usize),
+            Err(HandshakeError::WrongGroup { group_id, generation: g, .. }) => {
+                prop_assert!(!ok && (group_id, g) == (group, generation));
+            }
+            Err(HandshakeError::UnexpectedRank { from: f, to: t, .. }) => {
+                prop_assert!(!ok && (f, t) == (from, to));
+            }
+            Err(e) => prop_assert!(false, "{e}"),
+        }
+    }
+
+    /// Any bytes as a data-path offer: refused, no segment, or a path inside /dev/shm.
+    #[test]
+    fn handshake_offers(b in proptest::collection::vec(any::<u8>(), 0..2 * HANDSHAKE_OFFER_BYTES)) {
+        if let Ok(Some(path)) = decode_handshake_offer(&b) {
+            prop_assert_eq!(path.parent(), Some(std::path::Path::new("/dev/shm")));
+        }
+    }
+
+    /// Offers with a valid flag: the name decides.
+    #[test]
+    fn handshake_offers_with_flag(flag in 0u8..3, name in "[0-9a-fA-F/.]{32}") {
+        let mut b = vec![flag];
+        b.extend(name.as_bytes());
+        let r = decode_handshake_offer(&b);
+        match flag {
+            0 => prop_assert_eq!(r, Ok(None)),
+            1 => {
+                let well_formed = name.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
+                prop_assert_eq!(r.unwrap().is_some(), well_formed);
+            }
+            _ => { let malformed = matches!(r, Err(HandshakeError::Malformed { .. })); prop_assert!(malformed); }
+        }
+    }
+}
+
+/// The acceptor's decoders tell each refusal apart, and take what a dialer sends.
+#[test]
+fn handshake_hellos_are_read() {
+    let ok = hello(GROUP, GENERATION, 1, ME as u32, [9; 16]);
+    assert_eq!(
+        decode_handshake_hello(&ok, GROUP, GENERATION, ME, &expected()),
+        Ok(1)
+    );
+    assert!(matches!(
+        decode_handshake_hello(
+            &ok[..HANDSHAKE_HELLO_BYTES - 1],
+            GROUP,
+            GENERATION,
+            ME,
+            &expected()
+        ),
+        Err(HandshakeError::Malformed { .. })
+    ));
+    let mut old_version = ok.clone();
+    old_version[4] = 1;
+    assert!(matches!(
+        decode_handshake_hello(&old_version, GROUP, GENERATION, ME, &expected()),
+        Err(HandshakeError::Malformed { .. })
+    ));
+    assert!(matches!(
+        decode_handshake_hello(&ok, GROUP, GENERATION + 1, ME, &expected()),
+        Err(HandshakeError::WrongGroup { .. })
+    ));
+    let higher = hello(GROUP, GENERATION, 4, ME as u32, [9; 16]);
+    assert!(matches!(
+        decode_handshake_hello(&higher, GROUP, GENERATION, ME, &expected()),
+        Err(HandshakeError::UnexpectedRank { from: 4, .. })
+    ));
+    let mut offer = vec![1u8];
+    offer.extend(b"0123456789abcdef0123456789abcdef");
+    assert!(decode_handshake_offer(&offer).unwrap().is_some());
+    assert_eq!(
+        decode_handshake_offer(&[0; HANDSHAKE_OFFER_BYTES]),
+        Ok(None)
+    );
 }
 
 proptest! {

@@ -1,14 +1,20 @@
 //! Any bytes from outside, into every decoder the node has for them: an error, never a
 //! panic, and never an allocation beyond the decoder's limit. The real message types go
 //! in: membership frames (`Message<PeerId, NodeMeta>` in the wire codec), control RPCs
-//! (JSON), the dataset transport's headers and manifests, job specs. (`cargo fuzz` targets
-//! with the same bodies live in `fuzz/`.)
+//! (JSON, then what the RPC server checks before Raft sees them: snapshot chunks' offsets,
+//! forwarded commands), the dataset transport's headers and manifests, job specs.
+//! (`cargo fuzz` targets with the same bodies live in `fuzz/`.)
 
 use libp2p::PeerId;
 use proptest::prelude::*;
 use ringleader::{
     cluster::{membership::Message, meta::NodeMeta, wire},
-    control::protocol::{RpcRequest, RpcResponse},
+    control::{
+        protocol::{RpcRequest, RpcResponse, SnapshotRequest},
+        rpc,
+        state::ControlState,
+        store::SNAPSHOT_BYTES_MAX,
+    },
     datasets::{
         transport::{Reply, Request},
         Manifest,
@@ -31,8 +37,27 @@ proptest! {
 
     #[test]
     fn control_rpcs(b in bytes(2048)) {
-        let _ = wire::decode_json::<RpcRequest>(&b);
+        after_decoding(wire::decode_json::<RpcRequest>(&b));
         let _ = wire::decode_json::<RpcResponse>(&b);
+    }
+
+    /// Snapshot chunks with any offset and length, as a peer sends them: refused past the
+    /// snapshot limit, before openraft grows its buffer to the offset.
+    #[test]
+    fn snapshot_chunks(offset in prop_oneof![any::<u64>(), 0u64..1 << 30], len in 0usize..64) {
+        let sent = SnapshotRequest {
+            vote: Default::default(),
+            meta: Default::default(),
+            offset,
+            data: vec![0xab; len],
+            done: false,
+        };
+        let bytes = wire::encode_json(&RpcRequest::InstallSnapshot(sent.into())).unwrap();
+        let Ok(RpcRequest::InstallSnapshot(chunk)) = wire::decode_json::<RpcRequest>(&bytes) else {
+            return Err(TestCaseError::fail("not a snapshot chunk"));
+        };
+        let fits = offset.checked_add(len as u64).is_some_and(|e| e <= SNAPSHOT_BYTES_MAX as u64);
+        prop_assert_eq!(SnapshotRequest::try_from(chunk).is_ok(), fits);
     }
 
     #[test]
@@ -57,6 +82,20 @@ proptest! {
             serde_json::to_string(&path).unwrap()
         );
         let _ = Manifest::decode(text.as_bytes());
+    }
+}
+
+/// What the RPC server does with a decoded request before it reaches Raft or the state
+/// machine (the pure steps): a snapshot chunk's conversion, a forwarded command's checks.
+fn after_decoding(req: Result<RpcRequest, wire::WireError>) {
+    match req {
+        Ok(RpcRequest::InstallSnapshot(chunk)) => {
+            let _ = SnapshotRequest::try_from(chunk);
+        }
+        Ok(RpcRequest::Propose(cmd)) if cmd.check().is_ok() => {
+            let _ = rpc::authorize("peer", &cmd, &ControlState::default());
+        }
+        _ => {}
     }
 }
 

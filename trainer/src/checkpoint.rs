@@ -21,6 +21,52 @@ const FILES: [&str; 3] = ["model.safetensors", "optimizer.safetensors", "meta.js
 pub const COMMIT_FILE: &str = "COMMIT";
 /// Largest checkpoint file accepted, bytes (a larger length in a marker is corruption).
 pub const CHECKPOINT_FILE_BYTES_MAX: u64 = 64 << 30;
+/// Largest commit marker read, bytes (three file names, lengths and hashes take ~300).
+pub const COMMIT_BYTES_MAX: u64 = 64 << 10;
+/// Largest `meta.json` accepted, bytes (scalars and a few metrics take ~1 KiB).
+pub const META_BYTES_MAX: u64 = 1 << 20;
+
+/// Why [`read_capped`] returned no bytes.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadCappedError {
+    /// The storage failed, or holds no such object ([`opendal::ErrorKind::NotFound`]).
+    #[error(transparent)]
+    Storage(#[from] opendal::Error),
+    /// The object is longer than the caller's limit; nothing of it was read.
+    #[error("{path}: {len} bytes, over the limit of {max_bytes} bytes")]
+    TooLarge {
+        /// The object.
+        path: String,
+        /// Its length as the storage reports it, bytes.
+        len: u64,
+        /// The limit, bytes.
+        max_bytes: u64,
+    },
+}
+
+/// Reads the object at `path` if it is at most `max_bytes` long. Its length comes from a
+/// stat, before anything is read, so an object over the limit takes no memory; the bytes
+/// read are checked again (the object may have been replaced in between).
+pub async fn read_capped(
+    op: &Operator,
+    path: &str,
+    max_bytes: u64,
+) -> Result<Vec<u8>, ReadCappedError> {
+    let too_large = |len: u64| ReadCappedError::TooLarge {
+        path: path.to_string(),
+        len,
+        max_bytes,
+    };
+    let len = op.stat(path).await?.content_length();
+    if len > max_bytes {
+        return Err(too_large(len));
+    }
+    let bytes = op.read(path).await?.to_vec();
+    if bytes.len() as u64 > max_bytes {
+        return Err(too_large(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
 
 /// The commit marker: proof that every file was written completely.
 #[derive(Debug, Serialize, Deserialize)]
@@ -190,13 +236,17 @@ impl CheckpointStore {
             what: dir.clone(),
             detail: d,
         };
-        let marker = match self.op.read(&format!("{dir}{COMMIT_FILE}")).await {
-            Ok(b) => b.to_vec(),
-            Err(e) if e.kind() == ErrorKind::NotFound => {
-                return Err(corrupt("no commit marker (half-written)".into()))
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let marker =
+            match read_capped(&self.op, &format!("{dir}{COMMIT_FILE}"), COMMIT_BYTES_MAX).await {
+                Ok(b) => b,
+                Err(ReadCappedError::Storage(e)) if e.kind() == ErrorKind::NotFound => {
+                    return Err(corrupt("no commit marker (half-written)".into()))
+                }
+                Err(ReadCappedError::Storage(e)) => return Err(e.into()),
+                Err(e @ ReadCappedError::TooLarge { .. }) => {
+                    return Err(corrupt(format!("commit marker: {e}")))
+                }
+            };
         let commit: Commit =
             serde_json::from_slice(&marker).map_err(|e| corrupt(format!("commit marker: {e}")))?;
         if commit.step != step {
@@ -208,15 +258,26 @@ impl CheckpointStore {
                 .files
                 .get(name)
                 .ok_or_else(|| corrupt(format!("{name} not in marker")))?;
-            if *len > CHECKPOINT_FILE_BYTES_MAX {
-                return Err(corrupt(format!("{name}: length {len}")));
+            let max = if name == "meta.json" {
+                META_BYTES_MAX
+            } else {
+                CHECKPOINT_FILE_BYTES_MAX
+            };
+            if *len > max {
+                return Err(corrupt(format!(
+                    "{name}: length {len} in the marker, over the limit of {max} bytes"
+                )));
             }
-            let blob = match self.op.read(&format!("{dir}{name}")).await {
-                Ok(b) => b.to_vec(),
-                Err(e) if e.kind() == ErrorKind::NotFound => {
+            // At most the marker's length: a longer object is refused before it is read.
+            let blob = match read_capped(&self.op, &format!("{dir}{name}"), *len).await {
+                Ok(b) => b,
+                Err(ReadCappedError::Storage(e)) if e.kind() == ErrorKind::NotFound => {
                     return Err(corrupt(format!("{name} missing")))
                 }
-                Err(e) => return Err(e.into()),
+                Err(ReadCappedError::Storage(e)) => return Err(e.into()),
+                Err(ReadCappedError::TooLarge { .. }) => {
+                    return Err(corrupt(format!("{name} does not match its commit marker")))
+                }
             };
             if blob.len() as u64 != *len || blake3::hash(&blob).to_hex().as_str() != hash {
                 return Err(corrupt(format!("{name} does not match its commit marker")));

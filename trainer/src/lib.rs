@@ -52,7 +52,10 @@ mod trainer;
 mod transformer;
 pub mod worker;
 
-pub use checkpoint::{operator_from_url, CheckpointStore, CHECKPOINT_FILE_BYTES_MAX, COMMIT_FILE};
+pub use checkpoint::{
+    operator_from_url, read_capped, CheckpointStore, ReadCappedError, CHECKPOINT_FILE_BYTES_MAX,
+    COMMIT_BYTES_MAX, COMMIT_FILE, META_BYTES_MAX,
+};
 pub use checkpointer::Checkpointer;
 pub use cnn::Cnn;
 pub use compute_clock::{ComputeClock, ComputeSection};
@@ -69,7 +72,8 @@ pub use shared_dataset::{export_digits, write_shared_dataset};
 pub use spec::{
     check_dataset_name, is_builtin_dataset, Arch, CheckpointSpec, DataSpec, DecayKind,
     GradCompression, LrScaling, ModelSpec, OptimizerKind, SufficientFactors, TrainParams,
-    TrainSpec, BATCH_PER_WORKER_MAX, BUILTIN_DATASETS, DATASET_NAME_BYTES_MAX, WIDTH_MAX,
+    TrainSpec, BATCH_PER_WORKER_MAX, BUILTIN_DATASETS, DATASET_NAME_BYTES_MAX, HIDDEN_LAYERS_MAX,
+    SYNTHETIC_CLASSES_MAX, SYNTHETIC_VALUES_MAX, WIDTH_MAX,
 };
 pub use state::{splitmix64, NamedTensor, StateMeta, TrainState, STATE_FORMAT, TENSOR_ELEMS_MAX};
 pub use trainer::{

@@ -323,6 +323,14 @@ pub fn check_dataset_name(name: &str) -> Result<(), String> {
 pub const BATCH_PER_WORKER_MAX: usize = 1 << 16;
 /// Largest layer width accepted by the spec, units.
 pub const WIDTH_MAX: usize = 1 << 16;
+/// Most hidden layers of an MLP (`model.hidden`'s length).
+pub const HIDDEN_LAYERS_MAX: usize = 64;
+/// Most values a synthetic dataset generates, f32 (2^28: 1 GiB): its training and
+/// validation samples and its class prototypes, times the values of one sample
+/// (`data.shape`'s product). Checked before anything is allocated.
+pub const SYNTHETIC_VALUES_MAX: usize = 1 << 28;
+/// Most classes of a synthetic dataset (the labels a shared dataset may use, too).
+pub const SYNTHETIC_CLASSES_MAX: usize = crate::shared_dataset::LABELS_MAX as usize;
 
 impl TrainSpec {
     /// Parses the trainer's tables from a whole job spec (other top-level keys are ignored).
@@ -338,6 +346,12 @@ impl TrainSpec {
         let m = &self.model;
         let t = &self.train;
         let width_ok = |w: usize| (1..=WIDTH_MAX).contains(&w);
+        if m.hidden.len() > HIDDEN_LAYERS_MAX {
+            return bad(format!(
+                "model.hidden: {} layers, at most {HIDDEN_LAYERS_MAX}",
+                m.hidden.len()
+            ));
+        }
         if !m.hidden.iter().all(|&w| width_ok(w)) {
             return bad(format!(
                 "model.hidden {:?}: widths must be 1..={WIDTH_MAX}",
@@ -391,6 +405,26 @@ impl TrainSpec {
                 }
                 if d.classes < 2 || d.samples == 0 || d.val_samples == 0 {
                     return bad("data.classes ≥ 2, data.samples and data.val_samples ≥ 1".into());
+                }
+                if d.classes > SYNTHETIC_CLASSES_MAX {
+                    return bad(format!(
+                        "data.classes {}: at most {SYNTHETIC_CLASSES_MAX}",
+                        d.classes
+                    ));
+                }
+                // Each term is at most 1024 (checked above): the product fits a u64.
+                let per_sample = d.shape.iter().map(|&s| s as u64).product::<u64>();
+                let values = (d.samples as u64)
+                    .checked_add(d.val_samples as u64)
+                    .and_then(|n| n.checked_add(d.classes as u64))
+                    .and_then(|n| n.checked_mul(per_sample));
+                if values.is_none_or(|v| v > SYNTHETIC_VALUES_MAX as u64) {
+                    return bad(format!(
+                        "data.samples {} + data.val_samples {} + data.classes {} times the \
+                         {per_sample} values of data.shape {:?}: over the limit of \
+                         {SYNTHETIC_VALUES_MAX} values",
+                        d.samples, d.val_samples, d.classes, d.shape
+                    ));
                 }
                 if !(d.noise.is_finite() && d.noise >= 0.0) {
                     return bad("data.noise must be finite and ≥ 0".into());
@@ -472,6 +506,38 @@ keep = 3
         s.model.arch = Arch::Transformer;
         assert!(s.validate().is_err(), "transformer needs text");
         assert!(TrainSpec::from_toml("[data]\ndataset = \"image/net\"").is_err());
+    }
+
+    /// Counts that size allocations (synthetic samples and classes, hidden layers) are
+    /// refused past their limits, with the field and the limit in the message.
+    #[test]
+    fn sizes_past_their_limits_are_refused() {
+        let synthetic = |samples: &str, classes: usize, shape: &str| {
+            TrainSpec::from_toml(&format!(
+                "[data]\ndataset = \"synthetic\"\nsamples = {samples}\nclasses = {classes}\nshape = {shape}\n"
+            ))
+        };
+        assert!(synthetic("8192", 10, "[1, 28, 28]").is_ok());
+        let msg = |r: Result<TrainSpec, TrainError>| r.unwrap_err().to_string();
+        for (samples, classes, shape) in [
+            ("9223372036854775807", 10, "[1, 28, 28]"),
+            ("1000000", 10, "[1, 28, 28]"),
+            ("1", 2, "[1024, 1024, 1024]"),
+        ] {
+            let m = msg(synthetic(samples, classes, shape));
+            assert!(m.contains(&SYNTHETIC_VALUES_MAX.to_string()), "{m}");
+        }
+        let m = msg(synthetic("10", SYNTHETIC_CLASSES_MAX + 1, "[1, 2, 2]"));
+        assert!(m.contains("data.classes"), "{m}");
+        let mut s = TrainSpec::default();
+        s.model.hidden = vec![8; HIDDEN_LAYERS_MAX + 1];
+        let m = s.validate().unwrap_err().to_string();
+        assert!(
+            m.contains("model.hidden") && m.contains("at most 64"),
+            "{m}"
+        );
+        s.model.hidden = vec![8; HIDDEN_LAYERS_MAX];
+        assert!(s.validate().is_ok());
     }
 
     #[test]

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use common::on_group;
 use trainer::{
-    operator_from_url, CheckpointStore, Checkpointer, TrainError, TrainParams, TrainSpec, Trainer,
+    operator_from_url, read_capped, CheckpointStore, Checkpointer, ReadCappedError, TrainError,
+    TrainParams, TrainSpec, Trainer, COMMIT_BYTES_MAX, META_BYTES_MAX,
 };
 
 fn spec(total: u64) -> TrainSpec {
@@ -182,6 +183,71 @@ fn corrupt_and_half_written_checkpoints_are_skipped_with_a_warning() {
             && text.contains("step=30"),
         "logs: {text}"
     );
+}
+
+/// Objects over their limits are refused from their stat, before they are read: a commit
+/// marker over `COMMIT_BYTES_MAX`, a marker announcing a `meta.json` over `META_BYTES_MAX`,
+/// a file longer than its marker says.
+#[test]
+fn oversized_objects_are_refused_before_reading() {
+    rt().block_on(async {
+        let op = operator_from_url("memory://").unwrap();
+        let store = CheckpointStore::new(op.clone(), "job-d").unwrap();
+        let corrupt_detail = |r: Result<_, TrainError>| match r {
+            Err(TrainError::Corrupt { detail, .. }) => detail,
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("loaded"),
+        };
+
+        let marker = |step: u64| format!("{}COMMIT", store.dir(step));
+        op.write(&marker(1), vec![b' '; COMMIT_BYTES_MAX as usize + 1])
+            .await
+            .unwrap();
+        let d = corrupt_detail(store.load(1).await);
+        assert!(
+            d.contains("commit marker") && d.contains("over the limit"),
+            "{d}"
+        );
+
+        let hash = |b: &[u8]| blake3::hash(b).to_hex().to_string();
+        for name in ["model.safetensors", "optimizer.safetensors"] {
+            op.write(&format!("{}{name}", store.dir(2)), b"ab".to_vec())
+                .await
+                .unwrap();
+        }
+        let commit = |meta_len: u64, model_len: u64| {
+            serde_json::json!({"step": 2, "files": {
+                "model.safetensors": [model_len, hash(b"ab")],
+                "optimizer.safetensors": [2, hash(b"ab")],
+                "meta.json": [meta_len, "00"],
+            }})
+            .to_string()
+        };
+        op.write(&marker(2), commit(META_BYTES_MAX + 1, 2))
+            .await
+            .unwrap();
+        let d = corrupt_detail(store.load(2).await);
+        assert!(
+            d.contains("meta.json") && d.contains("over the limit"),
+            "{d}"
+        );
+        // The model object is 2 bytes, the marker says 1: refused without reading it.
+        op.write(&marker(2), commit(10, 1)).await.unwrap();
+        let d = corrupt_detail(store.load(2).await);
+        assert!(d.contains("model.safetensors does not match"), "{d}");
+
+        let path = "any/object";
+        op.write(path, vec![7u8; 100]).await.unwrap();
+        assert!(matches!(
+            read_capped(&op, path, 99).await,
+            Err(ReadCappedError::TooLarge {
+                len: 100,
+                max_bytes: 99,
+                ..
+            })
+        ));
+        assert_eq!(read_capped(&op, path, 100).await.unwrap(), vec![7u8; 100]);
+    });
 }
 
 #[test]

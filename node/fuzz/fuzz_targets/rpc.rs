@@ -1,13 +1,27 @@
-//! Control RPCs (JSON), both directions.
+//! Control RPCs (JSON), both directions; a request goes on through what the server does with
+//! it before Raft or the state machine sees it: a snapshot chunk's conversion (its offset and
+//! length checked), a forwarded command's checks.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use ringleader::{
     cluster::wire,
-    control::protocol::{RpcRequest, RpcResponse},
+    control::{
+        protocol::{RpcRequest, RpcResponse, SnapshotRequest},
+        rpc,
+        state::ControlState,
+    },
 };
 
 fuzz_target!(|data: &[u8]| {
-    let _ = wire::decode_json::<RpcRequest>(data);
+    match wire::decode_json::<RpcRequest>(data) {
+        Ok(RpcRequest::InstallSnapshot(chunk)) => {
+            let _ = SnapshotRequest::try_from(chunk);
+        }
+        Ok(RpcRequest::Propose(cmd)) if cmd.check().is_ok() => {
+            let _ = rpc::authorize("peer", &cmd, &ControlState::default());
+        }
+        _ => {}
+    }
     let _ = wire::decode_json::<RpcResponse>(data);
 });

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     control::{
         state::{ControlCommand, ControlResponse, JobId},
-        store::{NodeId, TypeConfig},
+        store::{NodeId, TypeConfig, SNAPSHOT_BYTES_MAX},
     },
     jobs::logs::LogChunk,
 };
@@ -50,6 +50,10 @@ pub struct SnapshotChunk {
     done: bool,
 }
 
+/// A snapshot chunk as the RPC server hands it to Raft, once converted from a
+/// [`SnapshotChunk`] (the conversion checks its length and offset).
+pub type SnapshotRequest = InstallSnapshotRequest<TypeConfig>;
+
 /// The largest snapshot chunk sent, in bytes (openraft's `snapshot_max_chunk_size`).
 pub const SNAPSHOT_CHUNK_BYTES: u64 = 1 << 20;
 
@@ -68,9 +72,24 @@ impl From<InstallSnapshotRequest<TypeConfig>> for SnapshotChunk {
 impl TryFrom<SnapshotChunk> for InstallSnapshotRequest<TypeConfig> {
     type Error = String;
 
+    /// Refuses a chunk over [`SNAPSHOT_CHUNK_BYTES`], and one reaching past
+    /// [`SNAPSHOT_BYTES_MAX`]: openraft writes a chunk at its `offset` into the snapshot
+    /// being received (a `Vec` that grows to `offset` first), so an unchecked offset from a
+    /// peer would allocate whatever it announces.
     fn try_from(c: SnapshotChunk) -> Result<Self, String> {
         if c.data.len() as u64 > 2 * SNAPSHOT_CHUNK_BYTES {
-            return Err(format!("snapshot chunk of {} hex digits", c.data.len()));
+            return Err(format!(
+                "snapshot chunk of {} hex digits, more than the {} of {SNAPSHOT_CHUNK_BYTES} bytes",
+                c.data.len(),
+                2 * SNAPSHOT_CHUNK_BYTES
+            ));
+        }
+        let end = c.offset.checked_add(c.data.len() as u64 / 2);
+        if end.is_none_or(|end| end > SNAPSHOT_BYTES_MAX as u64) {
+            return Err(format!(
+                "snapshot chunk at offset {} reaches past the snapshot limit of {SNAPSHOT_BYTES_MAX} bytes",
+                c.offset
+            ));
         }
         let data = hex::decode(&c.data).map_err(|e| format!("snapshot chunk: {e}"))?;
         Ok(InstallSnapshotRequest {
@@ -117,4 +136,47 @@ pub enum ProposeError {
         "this node's control plane is stopped ({0}); nothing was committed, retry on another node"
     )]
     Stopped(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(offset: u64, data: &[u8]) -> SnapshotChunk {
+        SnapshotChunk {
+            vote: openraft::Vote::default(),
+            meta: openraft::SnapshotMeta::default(),
+            offset,
+            data: hex::encode(data),
+            done: false,
+        }
+    }
+
+    /// A peer announcing a chunk far past the snapshot limit (openraft would grow the
+    /// receiving buffer to its offset) gets an error naming the limit, not an allocation.
+    #[test]
+    fn chunks_past_the_snapshot_limit_are_refused() {
+        let ok = SnapshotRequest::try_from(chunk(1 << 20, b"abc")).unwrap();
+        assert_eq!((ok.offset, ok.data), (1 << 20, b"abc".to_vec()));
+        let last = SNAPSHOT_BYTES_MAX as u64 - 3;
+        assert!(SnapshotRequest::try_from(chunk(last, b"abc")).is_ok());
+        for offset in [last + 1, 1 << 40, u64::MAX - 1, u64::MAX] {
+            let e = SnapshotRequest::try_from(chunk(offset, b"abc")).unwrap_err();
+            assert!(e.contains("snapshot limit"), "{e}");
+        }
+        let too_long = chunk(0, &vec![0u8; SNAPSHOT_CHUNK_BYTES as usize + 1]);
+        let e = SnapshotRequest::try_from(too_long).unwrap_err();
+        assert!(e.contains("hex digits"), "{e}");
+    }
+
+    /// The same through the RPC decoder, as the bytes arrive from a peer.
+    #[test]
+    fn an_rpc_announcing_a_huge_offset_is_malformed() {
+        let rpc = RpcRequest::InstallSnapshot(chunk(1 << 50, b"x"));
+        let bytes = crate::cluster::wire::encode_json(&rpc).unwrap();
+        let Ok(RpcRequest::InstallSnapshot(c)) = crate::cluster::wire::decode_json(&bytes) else {
+            panic!("decodes as a snapshot chunk");
+        };
+        assert!(SnapshotRequest::try_from(c).is_err());
+    }
 }

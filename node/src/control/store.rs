@@ -93,8 +93,14 @@ pub const LOG_FILE: &str = "raft-log";
 pub const SNAPSHOT_FILE: &str = "raft-snapshot";
 /// Largest record accepted, in bytes (an append of openraft's largest batch of specs fits).
 pub const RECORD_BYTES_MAX: usize = 256 << 20;
-/// Largest snapshot accepted from a leader or from disk, in bytes.
-pub const SNAPSHOT_BYTES_MAX: usize = 512 << 20;
+/// Largest snapshot accepted from a leader or from disk, in bytes: one record of the
+/// snapshot file, so at most [`RECORD_BYTES_MAX`] (a larger one could be received but not
+/// written).
+pub const SNAPSHOT_BYTES_MAX: usize = RECORD_BYTES_MAX;
+/// Largest snapshot file read, in bytes: the magic and two records (meta and state), each
+/// at most [`RECORD_BYTES_MAX`]. Checked before the file is read.
+pub const SNAPSHOT_FILE_BYTES_MAX: u64 =
+    (SNAPSHOT_MAGIC.len() + 2 * (FRAME_HEADER_BYTES + RECORD_BYTES_MAX)) as u64;
 /// The log file is rewritten after a purge once it is at least this large and twice the size
 /// it had after the last rewrite.
 pub const LOG_COMPACT_BYTES_MIN: u64 = 8 << 20;
@@ -705,7 +711,7 @@ impl StateMachineStore {
             snapshots_built: 0,
         };
         if path.exists() {
-            let buf = fs::read(&path).map_err(io_err("read", &path))?;
+            let buf = read_snapshot_file(&path)?;
             let snap = decode_snapshot_file(&path, &buf)?;
             let state = decode_state(&snap.data).map_err(|reason| StoreError::Corrupt {
                 path: path.clone(),
@@ -774,6 +780,32 @@ fn decode_state(data: &[u8]) -> Result<ControlState, String> {
         ));
     }
     serde_json::from_slice(data).map_err(|e| format!("undecodable control state: {e}"))
+}
+
+/// Reads the snapshot file, refusing one over [`SNAPSHOT_FILE_BYTES_MAX`] before reading
+/// (and stopping there should it grow meanwhile).
+fn read_snapshot_file(path: &Path) -> Result<Vec<u8>, StoreError> {
+    use std::io::Read;
+    let too_large = |len: u64| StoreError::Corrupt {
+        path: path.to_owned(),
+        offset: 0,
+        reason: format!(
+            "snapshot file of {len} bytes, over the limit of {SNAPSHOT_FILE_BYTES_MAX} bytes"
+        ),
+    };
+    let file = File::open(path).map_err(io_err("open", path))?;
+    let len = file.metadata().map_err(io_err("stat", path))?.len();
+    if len > SNAPSHOT_FILE_BYTES_MAX {
+        return Err(too_large(len));
+    }
+    let mut buf = Vec::with_capacity(len as usize);
+    file.take(SNAPSHOT_FILE_BYTES_MAX + 1)
+        .read_to_end(&mut buf)
+        .map_err(io_err("read", path))?;
+    if buf.len() as u64 > SNAPSHOT_FILE_BYTES_MAX {
+        return Err(too_large(buf.len() as u64));
+    }
+    Ok(buf)
 }
 
 fn decode_snapshot_file(path: &Path, buf: &[u8]) -> Result<StoredSnapshot, StoreError> {
@@ -1234,6 +1266,22 @@ mod tests {
             StateMachineStore::open(dir.path()),
             Err(StoreError::Corrupt { .. })
         ));
+    }
+
+    /// A snapshot file over the limit (sparse here) is refused before it is read.
+    #[test]
+    fn an_oversized_snapshot_file_is_refused_before_reading() {
+        let dir = TempDir::new().unwrap();
+        let path = dir.path().join(SNAPSHOT_FILE);
+        let f = File::create(&path).unwrap();
+        f.set_len(SNAPSHOT_FILE_BYTES_MAX + 1).unwrap();
+        match StateMachineStore::open(dir.path()) {
+            Err(StoreError::Corrupt { reason, .. }) => {
+                assert!(reason.contains("over the limit"), "{reason}")
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("an oversized snapshot file opened"),
+        }
     }
 
     #[test]

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 
 use rand::RngCore;
 
-use super::{DatasetError, Manifest, Root};
+use super::{DatasetError, Manifest, Root, MANIFEST_BYTES_MAX};
 
 const MANIFEST_FILE: &str = "manifest.json";
 const FILES_DIR: &str = "files";
@@ -352,10 +352,20 @@ impl Store {
         let mut have = ChunkSet::empty(index.len());
         let have_path = dir.join(HAVE_FILE);
         if resumable {
-            let listed = fs::read(&have_path).unwrap_or_default();
+            // Streamed, a chunk number at a time: the list takes no memory whatever its
+            // length (it only grows by appends; a chunk listed twice is checked once).
+            let mut listed = File::open(&have_path).map(io::BufReader::new).ok();
             let mut buf = Vec::new();
-            for g in listed.chunks_exact(4) {
-                let g = u64::from(u32::from_le_bytes(g.try_into().expect("4 bytes")));
+            let mut g = [0u8; 4];
+            // Until the end, or a torn last append.
+            while listed
+                .as_mut()
+                .is_some_and(|r| r.read_exact(&mut g).is_ok())
+            {
+                let g = u64::from(u32::from_le_bytes(g));
+                if have.contains(g) {
+                    continue;
+                }
                 let Some(place) = index.place(manifest, g) else {
                     continue;
                 };
@@ -518,9 +528,26 @@ fn random_hex() -> String {
     hex::encode(bytes)
 }
 
+/// Reads a stored manifest, refusing a file over [`MANIFEST_BYTES_MAX`] before reading it
+/// (and stopping there should it grow meanwhile).
 fn read_manifest(dir: &Path, root: &Root) -> Result<Manifest, DatasetError> {
     let path = dir.join(MANIFEST_FILE);
-    let bytes = fs::read(&path).map_err(io_at(&path))?;
+    let file = File::open(&path).map_err(io_at(&path))?;
+    let len = file.metadata().map_err(io_at(&path))?.len();
+    let too_large = |bytes: u64| DatasetError::ManifestTooLarge {
+        bytes,
+        max: MANIFEST_BYTES_MAX,
+    };
+    if len > MANIFEST_BYTES_MAX as u64 {
+        return Err(too_large(len));
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(MANIFEST_BYTES_MAX as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io_at(&path))?;
+    if bytes.len() > MANIFEST_BYTES_MAX {
+        return Err(too_large(bytes.len() as u64));
+    }
     let manifest = Manifest::decode(&bytes)?;
     if manifest.root() != *root {
         return Err(DatasetError::RootMismatch);
@@ -736,6 +763,13 @@ mod tests {
         let path = dir.path().join(format!("b/{}.part/files/a.bin", m.root()));
         let f = OpenOptions::new().write(true).open(path).unwrap();
         f.write_all_at(b"XX", CHUNK_BYTES_MIN as u64 + 5).unwrap();
+        // The list holds chunk 0 again, a chunk the dataset lacks, and a torn append.
+        let have = dir.path().join(format!("b/{}.part/{HAVE_FILE}", m.root()));
+        let mut log = OpenOptions::new().append(true).open(have).unwrap();
+        for g in [0u32, 0, 9_999] {
+            log.write_all(&g.to_le_bytes()).unwrap();
+        }
+        log.write_all(&[1, 0]).unwrap();
         let part = b.begin(&m).unwrap();
         assert!(part.have().contains(0));
         assert!(
@@ -743,6 +777,19 @@ mod tests {
             "a chunk that no longer verifies is fetched again"
         );
         assert_eq!(part.have().count(), 1);
+    }
+
+    /// A stored manifest over the limit (sparse here) is refused before it is read.
+    #[test]
+    fn a_stored_manifest_over_the_limit_is_refused_before_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = File::create(dir.path().join(MANIFEST_FILE)).unwrap();
+        f.set_len(MANIFEST_BYTES_MAX as u64 + 1).unwrap();
+        assert!(matches!(
+            read_manifest(dir.path(), &Root([0; 32])),
+            Err(DatasetError::ManifestTooLarge { bytes, max: MANIFEST_BYTES_MAX })
+                if bytes == MANIFEST_BYTES_MAX as u64 + 1
+        ));
     }
 
     #[test]

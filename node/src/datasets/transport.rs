@@ -40,6 +40,9 @@ pub const AUTH_CONTEXT: &str = "ringleader 2026-11 dataset transport authenticat
 pub const HEADER_BYTES_MAX: usize = 1024;
 /// Longest reason in a [`Reply::NotHere`], bytes.
 pub const REASON_BYTES_MAX: usize = 256;
+/// The first allocation of a body being read, bytes; it doubles as bytes arrive, so a peer
+/// announcing a chunk or manifest and sending nothing holds at most this much.
+pub const BODY_START_BYTES: u64 = 1 << 20;
 /// How long a handshake may take.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -269,7 +272,7 @@ pub async fn read_body<R: AsyncRead + Unpin>(
             "body of {len} bytes, more than the {max} expected"
         )));
     }
-    let mut buf = Vec::with_capacity(len.min(1 << 20) as usize);
+    let mut buf = Vec::with_capacity(len.min(BODY_START_BYTES) as usize);
     let got = r.take(len).read_to_end(&mut buf).await?;
     if got as u64 != len {
         return Err(TransportError::Io(std::io::Error::new(

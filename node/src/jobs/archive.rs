@@ -70,9 +70,68 @@ pub fn due_records(s: &ControlState, written: &BTreeSet<JobId>) -> Vec<Due> {
         .collect()
 }
 
-/// Reads an ended job's record back from the store at `storage`.
+/// Largest job record read back, bytes: a job holds at most `METRICS_PER_JOB_MAX` metrics
+/// of `METRIC_HISTORY_POINTS_MAX` points and `EVENTS_PER_JOB_MAX` events (a few MiB at
+/// most); a longer object in the store is not one we wrote, and is not read.
+pub const JOB_RECORD_BYTES_MAX: u64 = 16 << 20;
+
+/// Reads an ended job's record back from the store at `storage` (`None` if there is none,
+/// or it is over [`JOB_RECORD_BYTES_MAX`] or undecodable).
 pub async fn read_record(storage: &str, id: JobId) -> Option<Job> {
     let op = trainer::operator_from_url(storage).ok()?;
-    let bytes = op.read(&record_path(&id.to_string())).await.ok()?;
-    serde_json::from_slice(&bytes.to_vec()).ok()
+    let path = record_path(&id.to_string());
+    let bytes = match trainer::read_capped(&op, &path, JOB_RECORD_BYTES_MAX).await {
+        Ok(b) => b,
+        Err(e @ trainer::ReadCappedError::TooLarge { .. }) => {
+            warn!(job = %id, "job record not read: {e}");
+            return None;
+        }
+        Err(_) => return None,
+    };
+    serde_json::from_slice(&bytes).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::state::{ControlCommand, ControlResponse};
+
+    /// A record padded past the limit with whitespace (still valid JSON) is not read; the
+    /// same record within it is.
+    #[test]
+    fn records_over_the_limit_are_not_read() {
+        let spec = crate::jobs::spec::JobSpec::parse(
+            "name = \"t\"\nkind = \"command\"\nworkers = 1\ncommand = [\"true\"]\n",
+        )
+        .unwrap();
+        let mut state = ControlState::default();
+        let ControlResponse::Submitted { id } = state.apply(
+            1,
+            &ControlCommand::Submit {
+                spec: Box::new(spec),
+                at_ms: 10,
+                token: None,
+            },
+        ) else {
+            panic!("submitted");
+        };
+        let record = serde_json::to_vec(state.job(id).unwrap()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let storage = format!("file://{}", dir.path().display());
+        let path = dir.path().join(record_path(&id.to_string()));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+
+        std::fs::write(&path, &record).unwrap();
+        assert_eq!(rt.block_on(read_record(&storage, id)).unwrap().id, id);
+
+        let mut padded = record.clone();
+        padded.resize(JOB_RECORD_BYTES_MAX as usize + 1, b' ');
+        std::fs::write(&path, &padded).unwrap();
+        assert!(serde_json::from_slice::<Job>(&padded).is_ok());
+        assert!(rt.block_on(read_record(&storage, id)).is_none());
+    }
 }
