@@ -98,7 +98,7 @@ cat >"$tmp/api.py" <<'PYEOF'
 import json, math, os, statistics, sys, time, urllib.request
 sys.path.insert(0, os.environ["RINGLEADER_SCRIPTS"])
 import cluster_api
-from cluster_api import get
+from cluster_api import get, procs_under
 
 def warn(msg):
     print(f"# warning: {msg}", file=sys.stderr, flush=True)
@@ -143,21 +143,6 @@ def trial_jobs(api, doc):
                  f"after the search ended (ring {j['ring']}, started_at_ms {j['started_at_ms']})")
         jobs.append(j)
     return jobs
-
-def procs_under(tmp):
-    """PIDs of processes whose command line names a path under tmp (nodes, their trials)."""
-    out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            args = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace").split("\0")
-            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and any(a.startswith(tmp + "/") for a in args):
-            out.append((int(pid), " ".join(args)[:200]))
-    return out
 
 def settled(tmp, deadline_s, what):
     """Waits until no trial process (train-worker under tmp) runs; warns if some still do."""

@@ -2,6 +2,7 @@
 local clusters (bench-search.sh, test-garage.sh import it from their embedded helpers)."""
 
 import json
+import os
 import time
 import urllib.request
 
@@ -31,3 +32,20 @@ def formed(n, deadline_s, apis, fail):
         if time.time() > deadline:
             fail(f"cluster not formed within {deadline_s} s: {last}")
         time.sleep(0.2)
+
+
+def procs_under(tmp):
+    """(pid, command line) of the live processes whose command line names a path under TMP
+    (a script's nodes and their workers)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            args = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace").split("\0")
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(a.startswith(tmp + "/") for a in args):
+            out.append((int(pid), " ".join(args)[:200]))
+    return out

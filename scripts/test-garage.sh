@@ -300,20 +300,6 @@ def wait_archived(deadline_s, job, apis):
         time.sleep(0.5)
     fail(f"job {job} not answered from the archive within {deadline_s} s: {last}")
 
-def procs_under(tmp):
-    out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            args = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace").split("\0")
-            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and any(a.startswith(tmp + "/") for a in args):
-            out.append(int(pid))
-    return out
-
 def free_ports(n):
     socks = []
     for _ in range(n):
@@ -347,7 +333,7 @@ if __name__ == "__main__":
     elif cmd == "list":
         print("\n".join(s3_list(a[0])))
     elif cmd == "leftovers":
-        print(" ".join(map(str, procs_under(a[0]))))
+        print(" ".join(str(pid) for pid, _ in cluster_api.procs_under(a[0])))
     else:
         fail(f"unknown command {cmd}")
 PYEOF
