@@ -24,7 +24,8 @@ After the warm-up steps (not timed) and a barrier, rank 0 times the next steps a
 
     ddp model=M workers=N samples_per_s=X step_ms=Y
 
-with samples_per_s = steps · batch · N / wall time.
+`--device cuda` runs rank r on GPU r (LOCAL_RANK, else RANK) with the NCCL backend, the data
+on the GPU (scripts/bench-gpu.sh's baseline). With samples_per_s = steps · batch · N / wall time.
 """
 import argparse
 import datetime
@@ -81,23 +82,29 @@ def main():
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--compression", default="none", choices=["none", "bf16"])
     p.add_argument("--timeout-s", type=int, default=120, help="rendezvous and op timeout")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cuda: rank r on GPU r, NCCL backend (scripts/bench-gpu.sh)")
     a = p.parse_args()
 
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
-    dist.init_process_group("gloo", init_method="env://",
+    cuda = a.device == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo", init_method="env://",
                             timeout=datetime.timedelta(seconds=a.timeout_s))
     rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
     torch.manual_seed(7)  # same initial parameters on every rank (DDP broadcasts anyway)
-    model = DDP(build(a.model))
+    model = DDP(build(a.model).to(dev), device_ids=[dev.index] if cuda else None)
     if a.compression == "bf16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         model.register_comm_hook(None, default_hooks.bf16_compress_hook)
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
 
     g = torch.Generator().manual_seed(1000 + rank)
-    xs = torch.randn(POOL_SAMPLES, 1, 28, 28, generator=g)
-    ys = torch.randint(0, CLASSES, (POOL_SAMPLES,), generator=g)
+    xs = torch.randn(POOL_SAMPLES, 1, 28, 28, generator=g).to(dev)
+    ys = torch.randint(0, CLASSES, (POOL_SAMPLES,), generator=g).to(dev)
     per_pool = POOL_SAMPLES // a.batch
 
     def step(i):
@@ -110,10 +117,14 @@ def main():
 
     for i in range(a.warmup):
         step(i)
+    if cuda:
+        torch.cuda.synchronize()
     dist.barrier()
     t0 = time.perf_counter()
     for i in range(a.steps):
         step(a.warmup + i)
+    if cuda:
+        torch.cuda.synchronize()
     dist.barrier()
     wall = time.perf_counter() - t0
     if rank == 0:

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # GPU benchmark: NCCL allreduce through the collective crate (collective-bench --nccl), one
-# rank per GPU of this host, bootstrapped over the collective's TCP rendezvous on 127.0.0.1.
+# rank per GPU of this host, bootstrapped over the collective's TCP rendezvous on 127.0.0.1;
+# then data-parallel training on the GPUs (train-worker, one rank per GPU, gradients by NCCL)
+# beside PyTorch DDP on the same GPUs, model and batch (scripts/baseline_train_ddp.py
+# --device cuda), where torch is installed.
 #
 #   scripts/bench-gpu.sh [--sizes 1M,16M,64M,256M] [--iters K] [--no-build]
 #
@@ -11,7 +14,9 @@
 #
 # Output (rank 0):
 #   gpu allreduce ranks=N size=BYTES time_ms=.. algbw_GBps=.. busbw_GBps=..
-#   gpu train: not measured (GPU training is not implemented yet)
+#   gpu train model=M ranks=N batch=B gradients=nccl samples_per_s=X torch_samples_per_s=Y
+# (models mlp and cnn of scripts/train-spec.sh; BATCH per rank, default 256; STEPS timed
+# steps, default 50, after WARMUP, default 10; torch_samples_per_s=na without torch).
 # busbw = algbw * 2(N-1)/N as in nccl-tests. With one GPU (ranks=1) there are no peers: busbw is
 # then reported equal to algbw, the rate at which the GPU's own memory moves the buffer through
 # NCCL, a local figure and not a network one.
@@ -37,7 +42,7 @@ while [[ $# -gt 0 ]]; do
 done
 
 train_line() {
-    echo "gpu train: not measured (GPU training is not implemented yet)"
+    echo "gpu train: not measured (no GPU)"
 }
 
 if ! command -v nvidia-smi >/dev/null 2>&1; then
@@ -80,8 +85,10 @@ if ! ldconfig -p | grep -q 'libnccl\.so '; then
 fi
 
 bin=${COLLECTIVE_BENCH:-target/release/collective-bench}
+worker=${TRAIN_WORKER:-target/release/train-worker}
 if [[ $build -eq 1 ]]; then
     cargo build --release -p collective --features cuda --bin collective-bench >&2
+    cargo build --release -p trainer --features cuda --bin train-worker >&2
 fi
 
 # Ports below the ephemeral range, one per rank.
@@ -106,4 +113,46 @@ if [[ $status -ne 0 ]]; then
     echo "gpu allreduce FAILED (exit $status)" >&2
     exit "$status"
 fi
-train_line
+
+# Training: one rank per GPU, each seeing only its own device, as the node runs them.
+# shellcheck source=scripts/train-spec.sh
+. scripts/train-spec.sh
+batch=${BATCH:-256}
+steps=${STEPS:-50}
+warmup=${WARMUP:-10}
+torch_ok=""
+if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then torch_ok=1; fi
+for model in mlp cnn; do
+    bench_spec "$model" "$tmp/$model.toml" none "" "$batch"
+    base=$((25000 + RANDOM % 2000))
+    addrs=$(seq 0 $((gpus - 1)) | awk -v b="$base" '{printf "%s127.0.0.1:%d", (NR>1?",":""), b+$1}')
+    pids=()
+    for r in $(seq 0 $((gpus - 1))); do
+        CUDA_VISIBLE_DEVICES=$r RINGLEADER_GPUS=1 "$worker" --spec "$tmp/$model.toml" --rank "$r" \
+            --addrs "$addrs" --bench-steps "$steps" --bench-warmup-steps "$warmup" \
+            >"$tmp/train$r.out" 2>"$tmp/train$r.err" &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do
+        wait "$p" || { cat "$tmp"/train*.err "$tmp"/train*.out >&2; echo "gpu train FAILED" >&2; exit 1; }
+    done
+    pids=()
+    sps=$(sed -n 's/^bench .*samples_per_s=\([0-9.]*\).*/\1/p' "$tmp/train0.out")
+    grads=tcp
+    if grep -q 'gradients=nccl' "$tmp/train0.out"; then grads=nccl; fi
+    tsps=na
+    if [[ -n "$torch_ok" ]]; then
+        tport=$((27000 + RANDOM % 2000))
+        for r in $(seq 0 $((gpus - 1))); do
+            RANK=$r LOCAL_RANK=$r WORLD_SIZE=$gpus MASTER_ADDR=127.0.0.1 MASTER_PORT=$tport \
+                python3 scripts/baseline_train_ddp.py --device cuda --model "$model" \
+                --batch "$batch" --steps "$steps" --warmup "$warmup" >"$tmp/torch$r.out" 2>"$tmp/torch$r.err" &
+            pids+=($!)
+        done
+        for p in "${pids[@]}"; do wait "$p" || cat "$tmp"/torch*.err >&2; done
+        pids=()
+        tsps=$(sed -n 's/^ddp .*samples_per_s=\([0-9.]*\).*/\1/p' "$tmp/torch0.out")
+        tsps=${tsps:-failed}
+    fi
+    echo "gpu train model=$model ranks=$gpus batch=$batch gradients=$grads samples_per_s=$sps torch_samples_per_s=$tsps"
+done

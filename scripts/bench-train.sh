@@ -65,20 +65,11 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
+# shellcheck source=scripts/train-spec.sh
+. "$root/scripts/train-spec.sh"
 spec_for() {
-    local model=$1 f=$tmp/$1.toml
-    {
-        case $model in
-            mlp) printf '[model]\narch = "mlp"\nhidden = [1024, 1024]\n' ;;
-            cnn) printf '[model]\narch = "cnn"\nchannels = [16, 32]\nkernel = 3\nfc = 128\n' ;;
-            *) echo "unknown model $model" >&2; exit 2 ;;
-        esac
-        printf '[data]\ndataset = "synthetic"\nsamples = 8192\nval_samples = 64\nshape = [1, 28, 28]\nclasses = 10\n'
-        printf '[train]\nepochs = 100\nbatch_per_worker = 64\noptimizer = "sgd"\nlr = 0.01\nwarmup_epochs = 0\n'
-        printf 'grad_compression = "%s"\n' "$compression"
-        if [ -n "$factors" ]; then printf 'sufficient_factors = "%s"\n' "$factors"; fi
-    } >"$f"
-    echo "$f"
+    bench_spec "$1" "$tmp/$1.toml" "$compression" "$factors"
+    echo "$tmp/$1.toml"
 }
 
 # PyTorch DDP on the same configuration; prints its samples/s.

@@ -145,5 +145,44 @@ fn fake_gpus_are_advertised_restricted_and_given_to_one_rank_each() {
         cancel(&c, id);
         wait_job(&c, 0, id, "cancelled", WAIT, |d| d.state == "cancelled");
     }
+
+    // Phase 5: a train job of two one-gpu ranks computes on its (fake) devices: the ranks
+    // run the GPU engine's path through the staged CPU twin, agree that not every rank has
+    // CUDA (gradients over TCP), and the job trains to the end.
+    let train = client
+        .submit(
+            r#"name = "train-on-gpus"
+kind = "train"
+workers = 2
+placement = "pack"
+[resources]
+gpus_per_worker = 1
+[model]
+arch = "cnn"
+channels = [4, 8]
+fc = 16
+[data]
+dataset = "digits"
+[train]
+epochs = 1
+max_steps = 20
+batch_per_worker = 16
+"#,
+        )
+        .unwrap();
+    let doc = wait_job(&c, 0, &train, "succeeded", WAIT, |d| {
+        matches!(d.state.as_str(), "succeeded" | "failed")
+    });
+    assert_eq!(doc.state, "succeeded", "{doc:?}");
+    let mut devices = c.job_log_lines(&train, "rank=");
+    devices.retain(|l| l.contains(" device="));
+    devices.sort();
+    assert_eq!(
+        devices,
+        [
+            r#"rank=0 device="cpu (fake gpu, staged like a device)""#,
+            r#"rank=1 device="cpu (fake gpu, staged like a device)""#
+        ]
+    );
     c.stop_all();
 }

@@ -41,6 +41,10 @@ pub enum TrainError {
     /// A saved train state does not fit this model or run (names, shapes, world).
     #[error("state mismatch: {0}")]
     StateMismatch(String),
+    /// The GPU this rank was given cannot be used (no driver or library, not built with
+    /// `cuda`) or failed (a CUDA, cuBLAS or NVRTC call); the message names the call.
+    #[error("device: {0}")]
+    Device(String),
     /// The checkpoint writer task has stopped.
     #[error("checkpoint writer stopped: {0}")]
     WriterStopped(String),

@@ -4,9 +4,9 @@
 //! cross-entropy. All take flat row-major `f32` slices and write into caller-owned
 //! buffers, so a training step allocates nothing.
 
-/// Which operand of [`matmul`] is stored transposed.
+/// Which operand of a matrix product is stored transposed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Trans {
+pub enum Trans {
     /// Stored as used: `[rows, cols]` row-major.
     No,
     /// Stored as the transpose of what is used.
@@ -127,10 +127,14 @@ pub(crate) fn column_sums(x: &[f32], dst: &mut [f32], accumulate: bool) {
 
 /// A 2-D image batch in NHWC layout: `b` images of `h × w` pixels with `c` channels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Nhwc {
+pub struct Nhwc {
+    /// Images.
     pub b: usize,
+    /// Rows per image.
     pub h: usize,
+    /// Columns per image.
     pub w: usize,
+    /// Channels per pixel.
     pub c: usize,
 }
 
@@ -140,7 +144,12 @@ impl Nhwc {
         self.b * self.h * self.w * self.c
     }
 
-    /// The shape after [`max_pool2`], with `c` channels.
+    /// Whether the batch holds no values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The shape after 2×2 max-pooling, with `c` channels.
     pub fn pooled(&self, c: usize) -> Nhwc {
         Nhwc {
             h: self.h / 2,
@@ -306,6 +315,33 @@ pub(crate) fn softmax_cross_entropy(
         d[y] -= 1.0 / n as f32;
     }
     (loss / n.max(1) as f64) as f32
+}
+
+/// Convolution weights `[oc, c, taps]` ⇄ `[oc, taps, c]` (`to_taps_major`: the first to the
+/// second).
+pub(crate) fn permute_taps(
+    src: &[f32],
+    oc: usize,
+    c: usize,
+    taps: usize,
+    to_taps_major: bool,
+    dst: &mut [f32],
+) {
+    for o in 0..oc {
+        let (s, d) = (
+            &src[o * c * taps..(o + 1) * c * taps],
+            &mut dst[o * c * taps..(o + 1) * c * taps],
+        );
+        for ch in 0..c {
+            for t in 0..taps {
+                if to_taps_major {
+                    d[t * c + ch] = s[ch * taps + t];
+                } else {
+                    d[ch * taps + t] = s[t * c + ch];
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -13,12 +13,15 @@
 //!
 //! Activations of the convolutional part are NHWC (channels innermost: im2col copies
 //! whole pixels); the dense part sees candle's NCHW flatten order.
+//!
+//! The engine is written once over a [`Backend`]: [`Layers`] computes on the CPU in the
+//! trainer's own buffers; on a GPU ([`crate::gpu`]) the same code runs the same kernels
+//! there, with the parameters uploaded once per step and each layer's gradients copied
+//! back as soon as they are computed.
 
+use crate::backend::{Backend, Host};
 use crate::error::TrainError;
-use crate::kernels::{
-    add_bias, col2im, column_sums, im2col, matmul, max_pool2, max_pool2_backward, relu,
-    relu_backward, softmax_cross_entropy, transpose_images, Nhwc, Trans,
-};
+use crate::kernels::{Nhwc, Trans};
 use crate::spec::{Arch, ModelSpec, SufficientFactors};
 
 /// One layer. `w` and `b` index the model's parameter list (sorted by name).
@@ -72,20 +75,33 @@ impl Op {
 }
 
 /// Per-layer buffers kept from step to step.
-#[derive(Debug, Default)]
-struct Scratch {
+#[derive(Debug)]
+struct Scratch<B: Backend> {
     /// im2col of the input.
-    cols: Vec<f32>,
+    cols: B::Buf,
     /// Convolution output after ReLU, before pooling.
-    conv: Vec<f32>,
+    conv: B::Buf,
     /// Pooling argmax into `conv`.
-    arg: Vec<u32>,
+    arg: B::Index,
     /// Weights as `[oc, k, k, c]`.
-    wp: Vec<f32>,
+    wp: B::Buf,
     /// Their gradient.
-    dwp: Vec<f32>,
+    dwp: B::Buf,
     /// Gradient of the convolution's output (between the two halves of the backward).
-    dconv: Vec<f32>,
+    dconv: B::Buf,
+}
+
+impl<B: Backend> Default for Scratch<B> {
+    fn default() -> Self {
+        Scratch {
+            cols: Default::default(),
+            conv: Default::default(),
+            arg: Default::default(),
+            wp: Default::default(),
+            dwp: Default::default(),
+            dconv: Default::default(),
+        }
+    }
 }
 
 /// What the first half of a layer's backward produced.
@@ -108,32 +124,60 @@ pub enum LayerGrads<'a> {
     },
 }
 
-/// A sequential model run layer by layer (see the module docs).
+/// A sequential model run layer by layer on the CPU (see the module docs).
+pub type Layers = LayerEngine<Host>;
+
+/// A sequential model run layer by layer on backend `B` (see the module docs).
 ///
-/// Use: [`Layers::forward`], [`Layers::loss`], then [`Layers::backward`] (or its two halves)
-/// for every layer
-/// from `len() - 1` down to 0; each returns the parameters whose gradients it wrote.
+/// Use: [`LayerEngine::forward`], [`LayerEngine::loss`], then [`LayerEngine::backward`] (or
+/// its two halves) for every layer from `len() - 1` down to 0; each returns the parameters
+/// whose gradients it wrote (into the caller's host buffers, whatever the backend).
 #[derive(Debug)]
-pub struct Layers {
+pub struct LayerEngine<B: Backend> {
+    be: B,
     ops: Vec<Op>,
-    scratch: Vec<Scratch>,
+    scratch: Vec<Scratch<B>>,
     /// `acts[i]` is the input of op `i`; the last one is the logits.
-    acts: Vec<Vec<f32>>,
+    acts: Vec<B::Buf>,
     /// Gradient with respect to the output of the op being differentiated.
-    grad: Vec<f32>,
-    grad_next: Vec<f32>,
+    grad: B::Buf,
+    grad_next: B::Buf,
+    labels: B::Index,
+    /// The parameters and gradients on the backend (empty on the host, where they are the
+    /// caller's buffers).
+    dev_params: Vec<B::Buf>,
+    dev_grads: Vec<B::Buf>,
+    /// The logits copied to the host.
+    logits_stage: Vec<f32>,
     /// Ops before this one have no parameters: their input gradient is not needed.
     first_param_op: usize,
     /// Per op: a dense layer whose gradients leave as sufficient factors.
     factors: Vec<bool>,
+    /// Gradients stay on the backend (see [`LayerEngine::keep_grads_on_device`]).
+    grads_stay: bool,
     batch: usize,
     classes: usize,
 }
 
 impl Layers {
     /// The layers of `spec` (MLP or CNN; `None` for the transformer) for inputs of `shape`
-    /// and `classes` outputs, indexing parameters by their names in `names`.
+    /// and `classes` outputs, indexing parameters by their names in `names`, on the CPU.
     pub fn for_model(
+        spec: &ModelSpec,
+        shape: [usize; 3],
+        classes: usize,
+        names: &[&str],
+    ) -> Result<Option<Self>, TrainError> {
+        LayerEngine::on(Host::default(), spec, shape, classes, names)
+    }
+}
+
+impl<B: Backend> LayerEngine<B> {
+    /// The layers of `spec` (MLP or CNN; `None` for the transformer) for inputs of `shape`
+    /// and `classes` outputs, indexing parameters by their names in `names`, computed by
+    /// `be`.
+    pub fn on(
+        be: B,
         spec: &ModelSpec,
         shape: [usize; 3],
         classes: usize,
@@ -191,25 +235,66 @@ impl Layers {
             }
         }
         let first_param_op = ops.iter().position(|o| o.params().is_some()).unwrap_or(0);
-        Ok(Some(Layers {
+        Ok(Some(LayerEngine {
+            be,
             scratch: ops.iter().map(|_| Scratch::default()).collect(),
-            acts: vec![Vec::new(); ops.len() + 1],
+            acts: (0..=ops.len()).map(|_| B::Buf::default()).collect(),
             factors: vec![false; ops.len()],
             ops,
-            grad: Vec::new(),
-            grad_next: Vec::new(),
+            grad: B::Buf::default(),
+            grad_next: B::Buf::default(),
+            labels: B::Index::default(),
+            dev_params: Vec::new(),
+            dev_grads: Vec::new(),
+            logits_stage: Vec::new(),
             first_param_op,
+            grads_stay: false,
             batch: 0,
             classes,
         }))
     }
 
+    /// With `stay`, the backward pass leaves the gradients on the backend, where the caller
+    /// reduces them ([`LayerEngine::device_grads`], NCCL) and then copies them out
+    /// ([`LayerEngine::grads_to_host`]); without (the default), each layer's gradients are
+    /// copied to the caller's host buffers as soon as they are computed. No effect on the
+    /// host, where they are the caller's buffers.
+    pub fn keep_grads_on_device(&mut self, stay: bool) {
+        self.grads_stay = stay;
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.be
+    }
+
+    /// The gradients on the backend, in parameter order (empty on the host).
+    pub fn device_grads(&mut self) -> &mut [B::Buf] {
+        &mut self.dev_grads
+    }
+
+    /// Copies every gradient from the backend into `grads` (nothing on the host).
+    pub fn grads_to_host(&mut self, grads: &mut [Vec<f32>]) -> Result<(), TrainError> {
+        for op in &self.ops {
+            if let Some(ids) = op.params() {
+                self.be.grads_out(&self.dev_grads, grads, ids)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Where this engine computes ([`Backend::describe`]).
+    pub fn device(&self) -> String {
+        self.be.describe()
+    }
+
     /// Chooses the dense layers whose gradients leave as sufficient factors, for `world`
-    /// ranks of `batch` samples each (see [`SufficientFactors`]); returns how many.
+    /// ranks of `batch` samples each (see [`SufficientFactors`]); returns how many. Never
+    /// any off the host (the factors are gathered from host memory).
     pub fn choose_factors(&mut self, mode: SufficientFactors, world: usize, batch: usize) -> usize {
         for (op, f) in self.ops.iter().zip(&mut self.factors) {
             *f = match *op {
-                Op::Dense { n_in, n_out, .. } if world > 1 => match mode {
+                Op::Dense { n_in, n_out, .. } if world > 1 && B::ON_HOST => match mode {
                     SufficientFactors::Never => false,
                     SufficientFactors::Always => true,
                     SufficientFactors::Auto => world * batch * (n_in + n_out) <= n_in * n_out,
@@ -230,18 +315,33 @@ impl Layers {
         self.ops.is_empty()
     }
 
-    /// Logits `[batch, classes]` for `x` (`batch` samples, NCHW), with `params` in the
-    /// model's parameter order. Keeps what the backward pass needs.
-    pub fn forward(&mut self, params: &[Vec<f32>], x: &[f32], batch: usize) -> &[f32] {
+    /// Runs the model on `x` (`batch` samples, NCHW), with `params` in the model's
+    /// parameter order; keeps what the backward pass needs. [`LayerEngine::logits`] reads
+    /// the output.
+    pub fn forward(
+        &mut self,
+        params: &[Vec<f32>],
+        x: &[f32],
+        batch: usize,
+    ) -> Result<(), TrainError> {
         self.batch = batch;
         let n0 = self.ops.first().map_or(0, |o| o.sizes().0);
         assert_eq!(x.len(), batch * n0, "input of {batch} samples");
-        self.acts[0].clear();
-        self.acts[0].extend_from_slice(x);
+        let be = &self.be;
+        be.load_params(params, &mut self.dev_params)?;
+        if !B::ON_HOST {
+            self.dev_grads.resize_with(params.len(), B::Buf::default);
+            for (g, p) in self.dev_grads.iter_mut().zip(params) {
+                be.resize(g, p.len())?;
+            }
+        }
+        be.upload(x, &mut self.acts[0])?;
+        let dev = &self.dev_params;
+        let p = |i: usize| B::param(params, dev, i);
         for (i, (op, sc)) in self.ops.iter().zip(&mut self.scratch).enumerate() {
             let (head, tail) = self.acts.split_at_mut(i + 1);
             let (x, y) = (&head[i], &mut tail[0]);
-            y.resize(batch * op.sizes().1, 0.0);
+            be.resize(y, batch * op.sizes().1)?;
             match *op {
                 Op::Dense {
                     w,
@@ -250,29 +350,29 @@ impl Layers {
                     n_out,
                     relu: r,
                 } => {
-                    matmul(
+                    be.matmul(
                         y,
                         (batch, n_out, n_in),
                         x,
                         Trans::No,
-                        &params[w],
+                        p(w),
                         Trans::Yes,
                         false,
-                    );
-                    add_bias(y, &params[b]);
+                    )?;
+                    be.add_bias(y, p(b))?;
                     if r {
-                        relu(y);
+                        be.relu(y)?;
                     }
                 }
                 Op::ConvPool { w, b, k, oc, input } => {
                     let s = Nhwc { b: batch, ..input };
                     let (rows, kkc) = (batch * s.h * s.w, k * k * s.c);
-                    sc.cols.resize(rows * kkc, 0.0);
-                    im2col(x, s, k, &mut sc.cols);
-                    sc.wp.resize(oc * kkc, 0.0);
-                    permute_taps(&params[w], oc, s.c, k * k, true, &mut sc.wp);
-                    sc.conv.resize(rows * oc, 0.0);
-                    matmul(
+                    be.resize(&mut sc.cols, rows * kkc)?;
+                    be.im2col(x, s, k, &mut sc.cols)?;
+                    be.resize(&mut sc.wp, oc * kkc)?;
+                    be.permute_taps(p(w), oc, s.c, k * k, true, &mut sc.wp)?;
+                    be.resize(&mut sc.conv, rows * oc)?;
+                    be.matmul(
                         &mut sc.conv,
                         (rows, oc, kkc),
                         &sc.cols,
@@ -280,36 +380,48 @@ impl Layers {
                         &sc.wp,
                         Trans::Yes,
                         false,
-                    );
-                    add_bias(&mut sc.conv, &params[b]);
-                    relu(&mut sc.conv);
-                    sc.arg.resize(y.len(), 0);
-                    max_pool2(&sc.conv, Nhwc { c: oc, ..s }, y, &mut sc.arg);
+                    )?;
+                    be.add_bias(&mut sc.conv, p(b))?;
+                    be.relu(&mut sc.conv)?;
+                    be.max_pool2(&sc.conv, Nhwc { c: oc, ..s }, y, &mut sc.arg)?;
                 }
-                Op::ToNhwc { input } => transpose_images(x, Nhwc { b: batch, ..input }, false, y),
-                Op::ToNchw { input } => transpose_images(x, Nhwc { b: batch, ..input }, true, y),
+                Op::ToNhwc { input } => {
+                    be.transpose_images(x, Nhwc { b: batch, ..input }, false, y)?
+                }
+                Op::ToNchw { input } => {
+                    be.transpose_images(x, Nhwc { b: batch, ..input }, true, y)?
+                }
             }
         }
-        &self.acts[self.ops.len()]
+        Ok(())
+    }
+
+    /// The last forward's logits, `[batch, classes]`, on the host.
+    pub fn logits(&mut self) -> Result<&[f32], TrainError> {
+        self.be
+            .view(&self.acts[self.ops.len()], &mut self.logits_stage)
     }
 
     /// Mean cross-entropy of the last forward's logits against `labels`; sets up the
     /// backward pass.
-    pub fn loss(&mut self, labels: &[u32]) -> f32 {
+    pub fn loss(&mut self, labels: &[u32]) -> Result<f32, TrainError> {
         assert_eq!(labels.len(), self.batch, "one label per sample");
-        self.grad.resize(self.batch * self.classes, 0.0);
-        softmax_cross_entropy(
+        let be = &self.be;
+        be.upload_index(labels, &mut self.labels)?;
+        be.resize(&mut self.grad, self.batch * self.classes)?;
+        be.softmax_cross_entropy(
             &self.acts[self.ops.len()],
-            labels,
+            &self.labels,
+            self.batch,
             self.classes,
             &mut self.grad,
         )
     }
 
     /// Backward through layer `i` (call from the last layer down to 0 after
-    /// [`Layers::loss`]): writes the gradients of its parameters into `grads` (sized as the
-    /// parameters) and returns their indices. [`Layers::backward_params`], then
-    /// [`Layers::backward_input`].
+    /// [`LayerEngine::loss`]): writes the gradients of its parameters into `grads` (sized as
+    /// the parameters) and returns their indices. [`LayerEngine::backward_params`], then
+    /// [`LayerEngine::backward_input`].
     ///
     /// # Panics
     /// If layer `i` was chosen for sufficient factors (use the two halves then).
@@ -318,28 +430,35 @@ impl Layers {
         i: usize,
         params: &[Vec<f32>],
         grads: &mut [Vec<f32>],
-    ) -> Option<[usize; 2]> {
-        let done = match self.backward_params(i, grads) {
+    ) -> Result<Option<[usize; 2]>, TrainError> {
+        let done = match self.backward_params(i, grads)? {
             Some(LayerGrads::Params(p)) => Some(p),
             Some(LayerGrads::Factors { .. }) => panic!("layer {i} leaves as factors"),
             None => None,
         };
-        self.backward_input(i, params);
-        done
+        self.backward_input(i, params)?;
+        Ok(done)
     }
 
     /// First half of the backward through layer `i`: the gradients of its parameters
-    /// (into `grads`), or for a layer chosen by [`Layers::choose_factors`] its sufficient
-    /// factors, so that they can go on the wire while [`Layers::backward_input`] computes
-    /// the gradient of the layer's input. `None` for a layer without parameters.
-    pub fn backward_params(&mut self, i: usize, grads: &mut [Vec<f32>]) -> Option<LayerGrads<'_>> {
+    /// (into `grads`, on the host), or for a layer chosen by [`LayerEngine::choose_factors`]
+    /// its sufficient factors, so that they can go on the wire while
+    /// [`LayerEngine::backward_input`] computes the gradient of the layer's input. `None`
+    /// for a layer without parameters.
+    pub fn backward_params(
+        &mut self,
+        i: usize,
+        grads: &mut [Vec<f32>],
+    ) -> Result<Option<LayerGrads<'_>>, TrainError> {
         if i < self.first_param_op {
-            return None;
+            return Ok(None);
         }
         let batch = self.batch;
+        let be = &self.be;
         let (x, y) = (&self.acts[i], &self.acts[i + 1]);
         let sc = &mut self.scratch[i];
         let g = &mut self.grad;
+        let dev = &mut self.dev_grads;
         match self.ops[i] {
             Op::Dense {
                 w,
@@ -349,37 +468,38 @@ impl Layers {
                 relu: r,
             } => {
                 if r {
-                    relu_backward(g, y);
+                    be.relu_backward(g, y)?;
                 }
                 if self.factors[i] {
-                    return Some(LayerGrads::Factors {
+                    let host = |b| B::host_slice(b).expect("factors are chosen on the host only");
+                    return Ok(Some(LayerGrads::Factors {
                         params: (w, b),
-                        out_grad: g,
-                        input: x,
+                        out_grad: host(g),
+                        input: host(x),
                         dims: (n_in, n_out),
-                    });
+                    }));
                 }
-                matmul(
-                    &mut grads[w],
+                be.matmul(
+                    B::grad(grads, dev, w),
                     (n_out, n_in, batch),
                     g,
                     Trans::Yes,
                     x,
                     Trans::No,
                     false,
-                );
-                column_sums(g, &mut grads[b], false);
+                )?;
+                be.column_sums(g, B::grad(grads, dev, b))?;
             }
             Op::ConvPool { w, b, k, oc, input } => {
                 let s = Nhwc { b: batch, ..input };
                 let (rows, kkc) = (batch * s.h * s.w, k * k * s.c);
-                relu_backward(g, y);
-                // The pooled maxima are the ReLU outputs that count; `conv` gets the
+                be.relu_backward(g, y)?;
+                // The pooled maxima are the ReLU outputs that count; `dconv` gets the
                 // gradient of the convolution's output (kept for `backward_input`).
-                sc.dconv.resize(rows * oc, 0.0);
-                max_pool2_backward(g, &sc.arg, &mut sc.dconv, rows * oc);
-                sc.dwp.resize(oc * kkc, 0.0);
-                matmul(
+                be.resize(&mut sc.dconv, rows * oc)?;
+                be.max_pool2_backward(g, &sc.arg, &mut sc.dconv, rows * oc)?;
+                be.resize(&mut sc.dwp, oc * kkc)?;
+                be.matmul(
                     &mut sc.dwp,
                     (oc, kkc, rows),
                     &sc.dconv,
@@ -387,44 +507,49 @@ impl Layers {
                     &sc.cols,
                     Trans::No,
                     false,
-                );
-                permute_taps(&sc.dwp, oc, s.c, k * k, false, &mut grads[w]);
-                column_sums(&sc.dconv, &mut grads[b], false);
+                )?;
+                be.permute_taps(&sc.dwp, oc, s.c, k * k, false, B::grad(grads, dev, w))?;
+                be.column_sums(&sc.dconv, B::grad(grads, dev, b))?;
             }
             Op::ToNhwc { .. } | Op::ToNchw { .. } => {}
         }
-        self.ops[i].params().map(LayerGrads::Params)
+        let done = self.ops[i].params();
+        if let (Some(ids), false) = (done, self.grads_stay) {
+            be.grads_out(dev, grads, ids)?;
+        }
+        Ok(done.map(LayerGrads::Params))
     }
 
     /// Second half of the backward through layer `i`: the gradient of its input, which the
     /// layer before needs (skipped when no layer before has parameters).
-    pub fn backward_input(&mut self, i: usize, params: &[Vec<f32>]) {
+    pub fn backward_input(&mut self, i: usize, params: &[Vec<f32>]) -> Result<(), TrainError> {
         if i <= self.first_param_op {
-            return;
+            return Ok(());
         }
         let batch = self.batch;
+        let be = &self.be;
         let sc = &mut self.scratch[i];
         let g = &mut self.grad;
         let next = &mut self.grad_next;
         match self.ops[i] {
             Op::Dense { w, n_in, n_out, .. } => {
-                next.resize(batch * n_in, 0.0);
-                matmul(
+                be.resize(next, batch * n_in)?;
+                be.matmul(
                     next,
                     (batch, n_in, n_out),
                     g,
                     Trans::No,
-                    &params[w],
+                    B::param(params, &self.dev_params, w),
                     Trans::No,
                     false,
-                );
+                )?;
                 std::mem::swap(g, next);
             }
             Op::ConvPool { k, oc, input, .. } => {
                 let s = Nhwc { b: batch, ..input };
                 let (rows, kkc) = (batch * s.h * s.w, k * k * s.c);
                 // dcols into `cols` (no longer needed), then col2im into `g`.
-                matmul(
+                be.matmul(
                     &mut sc.cols,
                     (rows, kkc, oc),
                     &sc.dconv,
@@ -432,45 +557,19 @@ impl Layers {
                     &sc.wp,
                     Trans::No,
                     false,
-                );
-                g.resize(s.len(), 0.0);
-                col2im(&sc.cols, s, k, g);
+                )?;
+                be.resize(g, s.len())?;
+                be.col2im(&sc.cols, s, k, g)?;
             }
             Op::ToNhwc { input } | Op::ToNchw { input } => {
                 let s = Nhwc { b: batch, ..input };
-                next.resize(s.len(), 0.0);
+                be.resize(next, s.len())?;
                 // The adjoint of a transpose is the transpose back.
                 let to_nchw = matches!(self.ops[i], Op::ToNhwc { .. });
-                transpose_images(g, s, to_nchw, next);
+                be.transpose_images(g, s, to_nchw, next)?;
                 std::mem::swap(g, next);
             }
         }
-    }
-}
-
-/// Convolution weights `[oc, c, taps]` ⇄ `[oc, taps, c]` (`to_taps_major`: the first to the
-/// second).
-fn permute_taps(
-    src: &[f32],
-    oc: usize,
-    c: usize,
-    taps: usize,
-    to_taps_major: bool,
-    dst: &mut [f32],
-) {
-    for o in 0..oc {
-        let (s, d) = (
-            &src[o * c * taps..(o + 1) * c * taps],
-            &mut dst[o * c * taps..(o + 1) * c * taps],
-        );
-        for ch in 0..c {
-            for t in 0..taps {
-                if to_taps_major {
-                    d[t * c + ch] = s[ch * taps + t];
-                } else {
-                    d[ch * taps + t] = s[t * c + ch];
-                }
-            }
-        }
+        Ok(())
     }
 }

@@ -27,6 +27,7 @@
 //! `jobs/<job-id>/tb/` and the ranks' phase timeline `jobs/<job-id>/timeline.json` (Chrome
 //! trace events), both in the job's storage, written by [`worker::run`].
 
+mod backend;
 mod checkpoint;
 mod checkpointer;
 mod cnn;
@@ -34,6 +35,7 @@ mod compute_clock;
 mod dataset;
 pub mod elastic;
 mod error;
+pub mod gpu;
 mod grad_sync;
 mod kernels;
 mod layers;
@@ -52,6 +54,7 @@ mod trainer;
 mod transformer;
 pub mod worker;
 
+pub use backend::{Backend, Cpu, Host, Staged};
 pub use checkpoint::{
     operator_from_url, read_capped, CheckpointStore, ReadCappedError, CHECKPOINT_FILE_BYTES_MAX,
     COMMIT_BYTES_MAX, COMMIT_FILE, META_BYTES_MAX,
@@ -62,7 +65,8 @@ pub use compute_clock::{ComputeClock, ComputeSection};
 pub use dataset::{Batch, Dataset, DIGITS_TOTAL, DIGITS_TRAIN, TEXT_VOCAB};
 pub use error::TrainError;
 pub use grad_sync::{GradSync, SyncTimes};
-pub use layers::Layers;
+pub use kernels::{Nhwc, Trans};
+pub use layers::{LayerEngine, LayerGrads, Layers};
 pub use mlp::Mlp;
 pub use model::Model;
 pub use optimizer::Optimizer;

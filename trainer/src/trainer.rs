@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use candle_core::{Device, D};
-use collective::{AbortHandle, Communicator};
+use collective::{AbortHandle, Communicator, NcclCommunicator};
 use serde::Serialize;
 use tracing::info;
 
@@ -14,8 +14,9 @@ use crate::compute_clock::ComputeClock;
 use crate::dataset::Dataset;
 use crate::elastic::{CommitLog, COMMITS_KEPT};
 use crate::error::TrainError;
-use crate::grad_sync::GradSync;
-use crate::layers::{LayerGrads, Layers};
+use crate::gpu::{Device as ComputeDevice, Engine};
+use crate::grad_sync::{GradSync, SyncTimes};
+use crate::layers::LayerGrads;
 use crate::model::Model;
 use crate::optimizer::Optimizer;
 use crate::sampler::{DataCursor, Sampler};
@@ -109,8 +110,9 @@ pub struct Trainer {
     rank: usize,
     world: usize,
     model: Model,
-    /// The layer-wise engine (MLP, CNN); `None`: candle's autograd (transformer).
-    layers: Option<Layers>,
+    /// The layer-wise engine (MLP, CNN) on this rank's device; `None`: candle's autograd
+    /// (transformer).
+    layers: Option<Engine>,
     /// Dense layers whose gradients leave as sufficient factors.
     factored: usize,
     /// This rank's links that are not shared memory.
@@ -149,6 +151,9 @@ pub struct Trainer {
     hang_at_step: Option<u64>,
     /// Cancels the communicator's operations (it lives in the gradient task).
     abort: AbortHandle,
+    /// Averages the gradients on the device when every rank computes on CUDA
+    /// ([`Trainer::set_nccl`]); `None`: over the TCP ring.
+    nccl: Option<NcclCommunicator>,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -163,9 +168,20 @@ impl std::fmt::Debug for Trainer {
 }
 
 impl Trainer {
-    /// A trainer for `spec` on `comm`'s rank. Needs a tokio runtime. Every rank builds the
-    /// same initial parameters from the seed, so no broadcast is needed.
+    /// A trainer for `spec` on `comm`'s rank, computing on the CPU. Needs a tokio runtime.
+    /// Every rank builds the same initial parameters from the seed, so no broadcast is
+    /// needed.
     pub fn new(spec: &TrainSpec, comm: Communicator) -> Result<Self, TrainError> {
+        Self::new_on(spec, comm, &ComputeDevice::Cpu)
+    }
+
+    /// [`Trainer::new`] computing on `device` (the MLP and the CNN; the transformer stays on
+    /// the CPU): see [`crate::gpu`].
+    pub fn new_on(
+        spec: &TrainSpec,
+        comm: Communicator,
+        device: &ComputeDevice,
+    ) -> Result<Self, TrainError> {
         spec.validate()?;
         let (rank, world) = (comm.rank(), comm.world());
         let seed = spec.train.seed;
@@ -191,8 +207,13 @@ impl Trainer {
         let params = model.values()?;
         let sizes: Vec<usize> = params.iter().map(Vec::len).collect();
         let names: Vec<&str> = model.params().iter().map(|(n, _)| n.as_str()).collect();
-        let mut layers =
-            Layers::for_model(&spec.model, train.input_shape(), train.classes(), &names)?;
+        let mut layers = Engine::for_model(
+            device,
+            &spec.model,
+            train.input_shape(),
+            train.classes(),
+            &names,
+        )?;
         // `auto` waits for the first step, which tells every rank whether any rank has a
         // network link (see `Trainer::choose_factors`); the other modes decide now.
         let t = &spec.train;
@@ -221,6 +242,7 @@ impl Trainer {
             total_steps,
             peak_lr = schedule.peak(),
             factored,
+            device = layers.as_ref().map_or_else(|| "cpu".into(), Engine::device),
             "trainer ready"
         );
         Ok(Trainer {
@@ -254,7 +276,25 @@ impl Trainer {
             stop_epoch: None,
             hang_at_step: None,
             abort,
+            nccl: None,
         })
+    }
+
+    /// Averages the gradients with `nccl` on the device from now on, instead of over the TCP
+    /// ring (see [`crate::gpu::connect_nccl`], which makes it when every rank of the
+    /// generation computes on CUDA). Fails unless this trainer's layer-wise engine is on
+    /// CUDA.
+    pub fn set_nccl(&mut self, nccl: NcclCommunicator) -> Result<(), TrainError> {
+        match &mut self.layers {
+            Some(l) if l.is_cuda() => {
+                l.keep_grads_on_device(true);
+                self.nccl = Some(nccl);
+                Ok(())
+            }
+            _ => Err(TrainError::Device(
+                "NCCL gradients need the layer-wise engine on CUDA".into(),
+            )),
+        }
     }
 
     /// This rank.
@@ -368,18 +408,23 @@ impl Trainer {
                             std::thread::sleep(Duration::from_secs(1));
                         }
                     }
-                    layers.forward(&self.params, &self.xs, b);
-                    extras[0] = layers.loss(&self.ys);
+                    layers.forward(&self.params, &self.xs, b)?;
+                    extras[0] = layers.loss(&self.ys)?;
                 }
-                self.sync.push_extras(&extras).await?;
+                // With NCCL the gradients stay on the device until the backward pass ends.
+                let over_tcp = self.nccl.is_none();
+                if over_tcp {
+                    self.sync.push_extras(&extras).await?;
+                }
                 for i in (0..layers.len()).rev() {
                     // This layer's gradients go on the wire before the gradient of its input
                     // is computed.
                     let grads = {
                         let _computing = self.compute_clock.enter();
-                        layers.backward_params(i, &mut self.grads)
+                        layers.backward_params(i, &mut self.grads)?
                     };
                     match grads {
+                        _ if !over_tcp => {}
                         Some(LayerGrads::Params(ps)) => {
                             for p in ps {
                                 self.sync.push(p, &self.grads[p]).await?;
@@ -399,7 +444,7 @@ impl Trainer {
                         None => {}
                     }
                     let _computing = self.compute_clock.enter();
-                    layers.backward_input(i, &self.params);
+                    layers.backward_input(i, &self.params)?;
                 }
             }
             None => {
@@ -433,14 +478,26 @@ impl Trainer {
         self.optimizer.begin_step();
         let (params, optimizer) = (&mut self.params, &mut self.optimizer);
         let mut optim = Duration::ZERO;
-        let times = self
-            .sync
-            .finish(&mut self.grads, &mut extras, |i, g| {
+        let times = match (&self.nccl, &mut self.layers) {
+            (Some(nccl), Some(layers)) => {
+                layers.average_on_device(nccl, &mut self.grads, &mut extras)?;
                 let t = Instant::now();
-                optimizer.update(i, &mut params[i], g, lr as f32);
+                for (i, g) in self.grads.iter().enumerate() {
+                    optimizer.update(i, &mut params[i], g, lr as f32);
+                }
                 optim += t.elapsed();
-            })
-            .await?;
+                SyncTimes::default()
+            }
+            _ => {
+                self.sync
+                    .finish(&mut self.grads, &mut extras, |i, g| {
+                        let t = Instant::now();
+                        optimizer.update(i, &mut params[i], g, lr as f32);
+                        optim += t.elapsed();
+                    })
+                    .await?
+            }
+        };
         let t2 = Instant::now();
         if self.layers.is_none() {
             self.model.set_values(&self.params)?;
@@ -505,13 +562,14 @@ impl Trainer {
                     self.val
                         .image_batch_into(&idx, &mut self.xs, &mut self.ys)?;
                     let classes = self.val.classes();
-                    let logits = layers.forward(&self.params, &self.xs, idx.len());
-                    let hits = logits
+                    layers.forward(&self.params, &self.xs, idx.len())?;
+                    let hits = layers
+                        .logits()?
                         .chunks_exact(classes)
                         .zip(&self.ys)
                         .filter(|(row, &y)| argmax(row) == y as usize)
                         .count() as u64;
-                    (layers.loss(&self.ys), hits, idx.len() as u64)
+                    (layers.loss(&self.ys)?, hits, idx.len() as u64)
                 }
                 None => {
                     let batch = self.val.batch(&idx, &Device::Cpu)?;

@@ -73,6 +73,7 @@ use crate::elastic::{
     forward_control_lines, generation_channel, ElasticEvent, ElasticRun, Generation, Resumed,
     TcpConnector,
 };
+use crate::gpu::{connect_nccl, Device};
 use crate::observe::{unix_now_s, write_job_timeline, PhaseRecorder, RankTimeline, TensorBoard};
 use crate::redact::redact_url;
 use crate::{CheckpointStore, Checkpointer, Event, StepMetrics, TrainSpec, Trainer};
@@ -390,11 +391,13 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let group_id =
         u64::from_le_bytes(blake3::hash(args.job_id.as_bytes()).as_bytes()[..8].try_into()?);
     let compute_delay = step_delay()?;
+    let device = Device::from_env()?;
+    println!("rank={} device={:?}", args.rank, device.describe());
     if args.elastic {
         if args.bench_steps > 0 {
             bail!("--bench-steps does not go with --elastic");
         }
-        return run_elastic(args, spec, group_id, compute_delay).await;
+        return run_elastic(args, spec, group_id, compute_delay, device).await;
     }
     let cfg = GroupConfig {
         rank: args.rank,
@@ -408,13 +411,22 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
             ..Limits::default()
         },
     };
-    let mut comm = Communicator::connect(cfg)
+    let mut comm = Communicator::connect(cfg.clone())
         .await
         .context("connecting the ring")?;
+    let nccl = connect_nccl(&mut comm, &cfg, &device)
+        .await
+        .context("connecting nccl")?;
     let tag = format!("rank={} workers={world}", args.rank);
+    if nccl.is_some() {
+        println!("{tag} gradients=nccl");
+    }
 
     if args.bench_steps > 0 {
-        let mut trainer = Trainer::new(&spec, comm)?;
+        let mut trainer = Trainer::new_on(&spec, comm, &device)?;
+        if let Some(n) = nccl {
+            trainer.set_nccl(n)?;
+        }
         trainer.set_compute_delay(compute_delay);
         return bench(&mut trainer, &spec, &args).await;
     }
@@ -439,7 +451,10 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         println!("{tag} checkpoints differ across ranks (per-node storage?): starting over");
         None
     };
-    let mut trainer = Trainer::new(&spec, comm)?;
+    let mut trainer = Trainer::new_on(&spec, comm, &device)?;
+    if let Some(n) = nccl {
+        trainer.set_nccl(n)?;
+    }
     trainer.set_compute_delay(compute_delay);
     trainer.set_stop_epoch(args.stop_at_epoch);
     if let Some(state) = resume {
@@ -532,6 +547,7 @@ async fn run_elastic(
     spec: TrainSpec,
     group_id: u64,
     compute_delay: Duration,
+    device: Device,
 ) -> anyhow::Result<()> {
     let (tx, source) = generation_channel();
     // A blocking read of stdin cannot be cancelled: a plain thread, so that it never holds
@@ -560,6 +576,7 @@ async fn run_elastic(
         .with_store(store.clone())
         .with_compute_delay(compute_delay)
         .with_compute_clock(clock)
+        .with_device(device)
         .with_test_hang_at_step(test_hang_at_step(args.rank)?);
     let first = Generation {
         generation: args.generation,

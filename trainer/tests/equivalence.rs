@@ -184,3 +184,45 @@ fn bf16_gradients_train_stay_identical_across_ranks_and_follow_f32_loosely() {
         "bf16: max |Δ| = {d} (max |p| = {m}) beyond bf16 tolerance"
     );
 }
+
+/// A rank computing through a device's copies (the staged CPU twin of the GPU path:
+/// parameters uploaded each step, gradients downloaded per layer, logits read back) trains
+/// bit for bit as on the CPU, with the MLP and the CNN, and validates alike. (Sufficient
+/// factors are a host-only path: off here, so that both compute the same sums.)
+#[test]
+fn the_device_path_trains_exactly_as_the_cpu() {
+    use trainer::gpu::Device;
+    for arch in [Arch::Mlp, Arch::Cnn] {
+        let mut s = spec(arch, OptimizerKind::Adamw, 8, 0.002);
+        s.train.sufficient_factors = SufficientFactors::Never;
+        let run = |device: Device| {
+            let s = s.clone();
+            on_group(2, move |c| {
+                let (s, device) = (s.clone(), device.clone());
+                async move {
+                    let mut t = Trainer::new_on(&s, c, &device)?;
+                    for _ in 0..6 {
+                        t.step().await?;
+                    }
+                    let eval = t.evaluate()?;
+                    Ok::<_, TrainError>((t.params().to_vec(), eval.val_loss, eval.val_accuracy))
+                }
+            })
+            .into_iter()
+            .map(|r| r.expect("training"))
+            .collect::<Vec<_>>()
+        };
+        let cpu = run(Device::Cpu);
+        let staged = run(Device::Staged);
+        for (r, (c, d)) in cpu.iter().zip(&staged).enumerate() {
+            let (diff, _) = max_diff(&c.0, &d.0);
+            assert!(
+                c == d,
+                "{arch:?} rank {r}: the staged path differs from the cpu: max |Δp| = {diff}, \
+                 validation {:?} vs {:?}",
+                (c.1, c.2),
+                (d.1, d.2)
+            );
+        }
+    }
+}

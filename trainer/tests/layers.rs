@@ -1,10 +1,11 @@
 //! The layer-wise engine computes the same function and gradients as candle's autograd on
-//! the candle-nn models.
+//! the candle-nn models, on every backend: the CPU, its staged twin (a device's copies), and
+//! with `--features cuda` on a host with a GPU, CUDA (elsewhere that part says SKIPPED).
 
 use candle_core::{backprop::GradStore, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use trainer::{Arch, Layers, Model, ModelSpec};
+use trainer::{Arch, Backend, Host, LayerEngine, Layers, Model, ModelSpec, Staged};
 
 /// Relative difference, scaled by the larger magnitude of the two buffers.
 fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -16,11 +17,87 @@ fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
         / scale
 }
 
+/// Runs `check` on every backend this build and host have.
+fn on_every_backend(check: impl Fn(&dyn Fn() -> Box<dyn Engine>)) {
+    check(&|| Box::new(Host::default()) as Box<dyn Engine>);
+    check(&|| Box::new(Staged::default()) as Box<dyn Engine>);
+    #[cfg(feature = "cuda")]
+    match trainer::gpu::Cuda::open(0) {
+        Ok(c) => check(&move || Box::new(c.clone()) as Box<dyn Engine>),
+        Err(e) => eprintln!("SKIPPED: the CUDA backend ({e})"),
+    }
+}
+
+/// A backend, type-erased for [`on_every_backend`]: builds the engine of a model on it.
+trait Engine {
+    fn build(
+        &self,
+        spec: &ModelSpec,
+        shape: [usize; 3],
+        classes: usize,
+        names: &[&str],
+    ) -> Box<dyn Run>;
+}
+
+impl<B: Backend + Clone + 'static> Engine for B {
+    fn build(
+        &self,
+        spec: &ModelSpec,
+        shape: [usize; 3],
+        classes: usize,
+        names: &[&str],
+    ) -> Box<dyn Run> {
+        Box::new(
+            LayerEngine::on(self.clone(), spec, shape, classes, names)
+                .unwrap()
+                .expect("a sequential model"),
+        )
+    }
+}
+
+/// The engine's calls the tests make.
+trait Run {
+    fn logits(&mut self, params: &[Vec<f32>], xs: &[f32], batch: usize) -> Vec<f32>;
+    fn loss(&mut self, ys: &[u32]) -> f32;
+    fn len(&self) -> usize;
+    fn backward(
+        &mut self,
+        i: usize,
+        params: &[Vec<f32>],
+        grads: &mut [Vec<f32>],
+    ) -> Option<[usize; 2]>;
+    fn device(&self) -> String;
+}
+
+impl<B: Backend> Run for LayerEngine<B> {
+    fn logits(&mut self, params: &[Vec<f32>], xs: &[f32], batch: usize) -> Vec<f32> {
+        self.forward(params, xs, batch).unwrap();
+        LayerEngine::logits(self).unwrap().to_vec()
+    }
+    fn loss(&mut self, ys: &[u32]) -> f32 {
+        LayerEngine::loss(self, ys).unwrap()
+    }
+    fn len(&self) -> usize {
+        LayerEngine::len(self)
+    }
+    fn backward(
+        &mut self,
+        i: usize,
+        params: &[Vec<f32>],
+        grads: &mut [Vec<f32>],
+    ) -> Option<[usize; 2]> {
+        LayerEngine::backward(self, i, params, grads).unwrap()
+    }
+    fn device(&self) -> String {
+        LayerEngine::device(self)
+    }
+}
+
 /// A model, its layer-wise engine and a random batch, as flat buffers and as tensors.
 struct Case {
     model: Model,
     params: Vec<Vec<f32>>,
-    layers: Layers,
+    layers: Box<dyn Run>,
     xs: Vec<f32>,
     ys: Vec<u32>,
     x: Tensor,
@@ -31,6 +108,7 @@ impl Case {
     /// `spec`'s model (parameters from `model_seed`) for `shape` inputs and `classes`, and
     /// `batch` samples drawn from `data_seed`.
     fn new(
+        be: &dyn Engine,
         spec: &ModelSpec,
         (shape, classes, batch): ([usize; 3], usize, usize),
         model_seed: u64,
@@ -39,9 +117,7 @@ impl Case {
         let model = Model::new(spec, shape, classes, model_seed).unwrap();
         let params = model.values().unwrap();
         let names: Vec<&str> = model.params().iter().map(|(n, _)| n.as_str()).collect();
-        let layers = Layers::for_model(spec, shape, classes, &names)
-            .unwrap()
-            .expect("a sequential model");
+        let layers = be.build(spec, shape, classes, &names);
         let mut rng = StdRng::seed_from_u64(data_seed);
         let dim: usize = shape.iter().product();
         let xs: Vec<f32> = (0..batch * dim).map(|_| rng.gen_range(-1.0..1.0)).collect();
@@ -63,7 +139,7 @@ impl Case {
     }
 }
 
-fn check(spec: ModelSpec, shape: [usize; 3], classes: usize, batch: usize) {
+fn check(be: &dyn Engine, spec: ModelSpec, shape: [usize; 3], classes: usize, batch: usize) {
     let Case {
         model,
         params,
@@ -72,7 +148,8 @@ fn check(spec: ModelSpec, shape: [usize; 3], classes: usize, batch: usize) {
         ys,
         x,
         y,
-    } = Case::new(&spec, (shape, classes, batch), 7, 3);
+    } = Case::new(be, &spec, (shape, classes, batch), 7, 3);
+    let on = layers.device();
 
     // candle: forward, cross-entropy, one backward().
     let logits = model.forward(&x).unwrap();
@@ -80,18 +157,18 @@ fn check(spec: ModelSpec, shape: [usize; 3], classes: usize, batch: usize) {
     let grads = loss.backward().unwrap();
 
     // Layer-wise.
-    let ours = layers.forward(&params, &xs, batch).to_vec();
+    let ours = layers.logits(&params, &xs, batch);
     let want = logits.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     assert!(
         rel_diff(&ours, &want) < 1e-5,
-        "logits differ: {}",
+        "{on}: logits differ: {}",
         rel_diff(&ours, &want)
     );
     let our_loss = layers.loss(&ys);
     let want_loss = loss.to_scalar::<f32>().unwrap();
     assert!(
         (our_loss - want_loss).abs() < 1e-5 * want_loss.abs().max(1.0),
-        "{our_loss} vs {want_loss}"
+        "{on}: {our_loss} vs {want_loss}"
     );
     let mut ours: Vec<Vec<f32>> = params.iter().map(|p| vec![f32::NAN; p.len()]).collect();
     let mut written = vec![false; params.len()];
@@ -105,7 +182,7 @@ fn check(spec: ModelSpec, shape: [usize; 3], classes: usize, batch: usize) {
         written.iter().all(|w| *w),
         "every parameter gets a gradient"
     );
-    assert_grads_match(&model, &grads, &ours, "mlp");
+    assert_grads_match(&model, &grads, &ours, &format!("{on} mlp"));
 }
 
 /// Every parameter's gradient in `ours` equals candle's in `want` to 1e-4 (relative).
@@ -130,7 +207,7 @@ fn mlp_matches_candle_autograd() {
         hidden: vec![33, 17],
         ..ModelSpec::default()
     };
-    check(spec, [1, 8, 8], 10, 5);
+    on_every_backend(|be| check(&*be(), spec.clone(), [1, 8, 8], 10, 5));
 }
 
 /// The CNN, written with candle ops whose autograd is right: like [`trainer::Cnn`] but
@@ -184,7 +261,7 @@ fn reference_cnn(model: &Model, x: &Tensor, k: usize) -> Tensor {
 
 /// The CNN's forward agrees with candle-nn's, and its gradients with candle's autograd of
 /// [`reference_cnn`].
-fn check_cnn(spec: &ModelSpec, shape: [usize; 3], classes: usize, batch: usize) {
+fn check_cnn(be: &dyn Engine, spec: &ModelSpec, shape: [usize; 3], classes: usize, batch: usize) {
     let Case {
         model,
         params,
@@ -193,7 +270,8 @@ fn check_cnn(spec: &ModelSpec, shape: [usize; 3], classes: usize, batch: usize) 
         ys,
         x,
         y,
-    } = Case::new(spec, (shape, classes, batch), 11, 5);
+    } = Case::new(be, spec, (shape, classes, batch), 11, 5);
+    let on = layers.device();
     let logits = model.forward(&x).unwrap();
     let want = logits.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     let reference = reference_cnn(&model, &x, spec.kernel);
@@ -205,8 +283,8 @@ fn check_cnn(spec: &ModelSpec, shape: [usize; 3], classes: usize, batch: usize) 
         d < 1e-5,
         "{shape:?}: the reference differs from candle-nn's forward by {d}"
     );
-    let d = rel_diff(layers.forward(&params, &xs, batch), &want);
-    assert!(d < 1e-5, "{shape:?}: logits differ by {d}");
+    let d = rel_diff(&layers.logits(&params, &xs, batch), &want);
+    assert!(d < 1e-5, "{on} {shape:?}: logits differ by {d}");
     let loss = candle_nn::loss::cross_entropy(&reference, &y).unwrap();
     let ours = layers.loss(&ys);
     assert!((ours - loss.to_scalar::<f32>().unwrap()).abs() < 1e-5);
@@ -215,7 +293,7 @@ fn check_cnn(spec: &ModelSpec, shape: [usize; 3], classes: usize, batch: usize) 
     for i in (0..layers.len()).rev() {
         layers.backward(i, &params, &mut grads);
     }
-    assert_grads_match(&model, &want, &grads, &format!("{shape:?}"));
+    assert_grads_match(&model, &want, &grads, &format!("{on} {shape:?}"));
 }
 
 #[test]
@@ -227,13 +305,19 @@ fn cnn_matches_candle_forward_and_autograd_gradients() {
         fc: 12,
         ..ModelSpec::default()
     };
-    check_cnn(&spec, [1, 8, 8], 10, 4);
-    check_cnn(&spec, [1, 12, 8], 5, 3);
-    check_cnn(&spec, [3, 8, 8], 5, 3);
-    // Odd sizes: pooling drops the last row or column.
-    check_cnn(&spec, [2, 10, 9], 4, 3);
-    let wide = ModelSpec { kernel: 5, ..spec };
-    check_cnn(&wide, [2, 12, 12], 4, 2);
+    on_every_backend(|be| {
+        let be = &*be();
+        check_cnn(be, &spec, [1, 8, 8], 10, 4);
+        check_cnn(be, &spec, [1, 12, 8], 5, 3);
+        check_cnn(be, &spec, [3, 8, 8], 5, 3);
+        // Odd sizes: pooling drops the last row or column.
+        check_cnn(be, &spec, [2, 10, 9], 4, 3);
+        let wide = ModelSpec {
+            kernel: 5,
+            ..spec.clone()
+        };
+        check_cnn(be, &wide, [2, 12, 12], 4, 2);
+    });
 }
 
 #[test]

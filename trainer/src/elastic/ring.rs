@@ -6,9 +6,11 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use collective::{CollectiveError, Communicator, GroupConfig, Limits};
+use collective::{CollectiveError, Communicator, GroupConfig, Limits, NcclCommunicator};
 
 use crate::elastic::generation::Generation;
+use crate::error::TrainError;
+use crate::gpu::{connect_nccl, Device};
 
 /// Builds this rank's communicator for a generation.
 pub trait RingConnector: Send {
@@ -17,6 +19,15 @@ pub trait RingConnector: Send {
         &mut self,
         generation: &Generation,
     ) -> impl Future<Output = Result<Communicator, CollectiveError>> + Send;
+
+    /// The generation's NCCL communicator when every rank computes on CUDA
+    /// ([`connect_nccl`]); every rank calls it right after [`RingConnector::connect`].
+    fn nccl(
+        &mut self,
+        generation: &Generation,
+        comm: &mut Communicator,
+        device: &Device,
+    ) -> impl Future<Output = Result<Option<NcclCommunicator>, TrainError>> + Send;
 }
 
 /// Connects over TCP with [`Communicator::connect`]: the generation number goes into the
@@ -29,9 +40,9 @@ pub struct TcpConnector {
     pub limits: Limits,
 }
 
-impl RingConnector for TcpConnector {
-    async fn connect(&mut self, g: &Generation) -> Result<Communicator, CollectiveError> {
-        Communicator::connect(GroupConfig {
+impl TcpConnector {
+    fn config(&self, g: &Generation) -> GroupConfig {
+        GroupConfig {
             rank: g.rank,
             world: g.world(),
             group_id: self.group_id,
@@ -39,8 +50,22 @@ impl RingConnector for TcpConnector {
             addrs: g.addrs.clone(),
             secret: g.secret.clone().into_bytes(),
             limits: self.limits.clone(),
-        })
-        .await
+        }
+    }
+}
+
+impl RingConnector for TcpConnector {
+    async fn connect(&mut self, g: &Generation) -> Result<Communicator, CollectiveError> {
+        Communicator::connect(self.config(g)).await
+    }
+
+    async fn nccl(
+        &mut self,
+        g: &Generation,
+        comm: &mut Communicator,
+        device: &Device,
+    ) -> Result<Option<NcclCommunicator>, TrainError> {
+        connect_nccl(comm, &self.config(g), device).await
     }
 }
 
@@ -65,6 +90,16 @@ impl MemoryRing {
 }
 
 impl RingConnector for MemoryRing {
+    /// Never: in-memory rings are for CPU ranks.
+    async fn nccl(
+        &mut self,
+        _: &Generation,
+        _: &mut Communicator,
+        _: &Device,
+    ) -> Result<Option<NcclCommunicator>, TrainError> {
+        Ok(None)
+    }
+
     async fn connect(&mut self, g: &Generation) -> Result<Communicator, CollectiveError> {
         let mut groups = self.groups.lock().expect("memory ring lock");
         let slots = match groups.entry(g.generation) {

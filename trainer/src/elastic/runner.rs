@@ -151,6 +151,7 @@ pub struct ElasticRun<S, C> {
     compute_clock: ComputeClock,
     hang_at_step: Option<u64>,
     abort_grace: Duration,
+    device: crate::gpu::Device,
 }
 
 impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
@@ -165,7 +166,14 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
             compute_clock: ComputeClock::default(),
             hang_at_step: None,
             abort_grace: Duration::from_millis(ABORT_GRACE_MS),
+            device: crate::gpu::Device::Cpu,
         }
+    }
+
+    /// Every generation's trainer computes on `device` (default: the CPU).
+    pub fn with_device(mut self, device: crate::gpu::Device) -> Self {
+        self.device = device;
+        self
     }
 
     /// How long a step may go on after a newer generation or a stop arrived before its
@@ -372,6 +380,7 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
         step_reached: u64,
     ) -> Result<(Trainer, Resumed), JoinError> {
         let mut comm = self.connector.connect(gen).await?;
+        let nccl = self.connector.nccl(gen, &mut comm, &self.device).await?;
         let holding = Holding {
             log,
             last_generation,
@@ -386,7 +395,10 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
             },
             (None, None) => (None, RestoreSource::Fresh),
         };
-        let mut trainer = Trainer::new(&self.spec, comm)?;
+        let mut trainer = Trainer::new_on(&self.spec, comm, &self.device)?;
+        if let Some(n) = nccl {
+            trainer.set_nccl(n)?;
+        }
         trainer.set_compute_delay(self.compute_delay);
         trainer.set_compute_clock(self.compute_clock.clone());
         trainer.set_test_hang_at_step(self.hang_at_step);

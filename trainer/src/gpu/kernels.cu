@@ -1,0 +1,167 @@
+// The layer-wise engine's kernels on a CUDA device (everything but the matrix products,
+// which are cuBLAS). Compiled at start by NVRTC (no headers); each kernel is the twin of the
+// CPU kernel of the same name in trainer/src/kernels.rs, one thread per output value, in a
+// grid-stride loop. Sizes are size_t; row-major f32 buffers; NHWC images.
+
+#define FOR_EACH(i, n)                                                              \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);         \
+         i += (size_t)blockDim.x * gridDim.x)
+
+// x[r, j] += bias[j] for x of n values in rows of `cols`.
+extern "C" __global__ void add_bias(float* x, const float* bias, size_t n, size_t cols) {
+    FOR_EACH(i, n) { x[i] += bias[i % cols]; }
+}
+
+// x = max(x, 0).
+extern "C" __global__ void relu(float* x, size_t n) {
+    FOR_EACH(i, n) { x[i] = fmaxf(x[i], 0.0f); }
+}
+
+// g = 0 where the ReLU's output was not positive.
+extern "C" __global__ void relu_backward(float* g, const float* out, size_t n) {
+    FOR_EACH(i, n) {
+        if (out[i] <= 0.0f) {
+            g[i] = 0.0f;
+        }
+    }
+}
+
+// x = 0.
+extern "C" __global__ void fill_zero(float* x, size_t n) {
+    FOR_EACH(i, n) { x[i] = 0.0f; }
+}
+
+// dst[j] = sum over rows of x[r, j]: one block of COLUMN_SUM_THREADS per column.
+#define COLUMN_SUM_THREADS 256
+extern "C" __global__ void column_sums(const float* x, float* dst, size_t rows, size_t cols) {
+    __shared__ float part[COLUMN_SUM_THREADS];
+    size_t j = blockIdx.x;
+    float s = 0.0f;
+    for (size_t r = threadIdx.x; r < rows; r += blockDim.x) {
+        s += x[r * cols + j];
+    }
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (unsigned int w = blockDim.x / 2; w > 0; w >>= 1) {
+        if (threadIdx.x < w) {
+            part[threadIdx.x] += part[threadIdx.x + w];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        dst[j] = part[0];
+    }
+}
+
+// cols[(b, y, x), (ky, kx, c)] for a stride-1 k x k "same" convolution (padding k / 2).
+extern "C" __global__ void im2col(const float* x, float* cols, size_t b, size_t h, size_t w,
+                                  size_t c, size_t k) {
+    size_t p = k / 2, row_len = k * k * c, n = b * h * w * row_len;
+    FOR_EACH(i, n) {
+        size_t row = i / row_len, rem = i % row_len;
+        size_t ky = rem / (k * c), kx = (rem / c) % k, ch = rem % c;
+        size_t img = row / (h * w), y = (row / w) % h, xx = row % w;
+        long long iy = (long long)(y + ky) - (long long)p;
+        long long ix = (long long)(xx + kx) - (long long)p;
+        float v = 0.0f;
+        if (iy >= 0 && iy < (long long)h && ix >= 0 && ix < (long long)w) {
+            v = x[((img * h + (size_t)iy) * w + (size_t)ix) * c + ch];
+        }
+        cols[i] = v;
+    }
+}
+
+// The adjoint of im2col, gathering: each input value sums the column entries it fed.
+extern "C" __global__ void col2im(const float* dcols, float* dx, size_t b, size_t h, size_t w,
+                                  size_t c, size_t k) {
+    size_t p = k / 2, row_len = k * k * c, n = b * h * w * c;
+    FOR_EACH(i, n) {
+        size_t ch = i % c, ix = (i / c) % w, iy = (i / (c * w)) % h, img = i / (c * w * h);
+        float s = 0.0f;
+        for (size_t ky = 0; ky < k; ky++) {
+            long long y = (long long)(iy + p) - (long long)ky;
+            if (y < 0 || y >= (long long)h) {
+                continue;
+            }
+            for (size_t kx = 0; kx < k; kx++) {
+                long long xx = (long long)(ix + p) - (long long)kx;
+                if (xx < 0 || xx >= (long long)w) {
+                    continue;
+                }
+                size_t row = (img * h + (size_t)y) * w + (size_t)xx;
+                s += dcols[row * row_len + (ky * k + kx) * c + ch];
+            }
+        }
+        dx[i] = s;
+    }
+}
+
+// 2x2 stride-2 max-pooling of [b, h, w, c] into [b, h/2, w/2, c]; arg: index of the maximum
+// in x (the first on ties, in the order (0,0), (0,1), (1,0), (1,1)).
+extern "C" __global__ void max_pool2(const float* x, float* out, unsigned int* arg, size_t b,
+                                     size_t h, size_t w, size_t c) {
+    size_t oh = h / 2, ow = w / 2, n = b * oh * ow * c;
+    FOR_EACH(o, n) {
+        size_t ch = o % c, ox = (o / c) % ow, oy = (o / (c * ow)) % oh, img = o / (c * ow * oh);
+        size_t base = ((img * h + 2 * oy) * w + 2 * ox) * c + ch;
+        size_t offsets[3] = {c, w * c, w * c + c};
+        size_t best = base;
+        for (int t = 0; t < 3; t++) {
+            if (x[base + offsets[t]] > x[best]) {
+                best = base + offsets[t];
+            }
+        }
+        out[o] = x[best];
+        arg[o] = (unsigned int)best;
+    }
+}
+
+// dx[arg[o]] += dout[o] (dx zeroed before; the pooling windows do not overlap, so no two
+// outputs share a maximum).
+extern "C" __global__ void max_pool2_backward(const float* dout, const unsigned int* arg,
+                                              float* dx, size_t n) {
+    FOR_EACH(o, n) { dx[arg[o]] += dout[o]; }
+}
+
+// out[o, j, i] = x[o, i, j] for x of shape [outer, rows, cols]: the layout transposes of
+// images (NHWC <-> NCHW, rows and cols = pixels and channels) and of convolution weights
+// ([oc, c, taps] <-> [oc, taps, c]).
+extern "C" __global__ void batched_transpose(const float* x, float* out, size_t outer,
+                                             size_t rows, size_t cols) {
+    size_t per = rows * cols, n = outer * per;
+    FOR_EACH(i, n) {
+        size_t o = i / per, r = (i % per) / cols, c = i % cols;
+        out[o * per + c * rows + r] = x[i];
+    }
+}
+
+// Per row: softmax cross-entropy of logits[r] against labels[r] into row_loss[r], and its
+// gradient (softmax - onehot) / rows into dlogits. A label out of range gives a NaN loss.
+extern "C" __global__ void softmax_xent(const float* logits, const unsigned int* labels,
+                                        float* dlogits, float* row_loss, size_t rows,
+                                        size_t classes) {
+    FOR_EACH(r, rows) {
+        const float* z = logits + r * classes;
+        float* d = dlogits + r * classes;
+        float mx = __int_as_float(0xff800000);
+        for (size_t j = 0; j < classes; j++) {
+            mx = fmaxf(mx, z[j]);
+        }
+        float sum = 0.0f;
+        for (size_t j = 0; j < classes; j++) {
+            d[j] = expf(z[j] - mx);
+            sum += d[j];
+        }
+        unsigned int y = labels[r];
+        float n = (float)rows;
+        for (size_t j = 0; j < classes; j++) {
+            d[j] /= sum * n;
+        }
+        if (y < classes) {
+            row_loss[r] = logf(sum) - (z[y] - mx);
+            d[y] -= 1.0f / n;
+        } else {
+            row_loss[r] = __int_as_float(0x7fffffff);
+        }
+    }
+}
