@@ -414,7 +414,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let mut comm = Communicator::connect(cfg.clone())
         .await
         .context("connecting the ring")?;
-    let nccl = connect_nccl(&mut comm, &cfg, &device)
+    let nccl = connect_nccl(&mut comm, &cfg, device.trains_on_cuda(&spec.model))
         .await
         .context("connecting nccl")?;
     let tag = format!("rank={} workers={world}", args.rank);

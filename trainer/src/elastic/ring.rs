@@ -10,7 +10,7 @@ use collective::{CollectiveError, Communicator, GroupConfig, Limits, NcclCommuni
 
 use crate::elastic::generation::Generation;
 use crate::error::TrainError;
-use crate::gpu::{connect_nccl, Device};
+use crate::gpu::connect_nccl;
 
 /// Builds this rank's communicator for a generation.
 pub trait RingConnector: Send {
@@ -20,13 +20,14 @@ pub trait RingConnector: Send {
         generation: &Generation,
     ) -> impl Future<Output = Result<Communicator, CollectiveError>> + Send;
 
-    /// The generation's NCCL communicator when every rank computes on CUDA
-    /// ([`connect_nccl`]); every rank calls it right after [`RingConnector::connect`].
+    /// The generation's NCCL communicator when every rank trains on CUDA
+    /// ([`connect_nccl`], `on_cuda` from [`crate::gpu::Device::trains_on_cuda`]); every rank calls it
+    /// right after [`RingConnector::connect`].
     fn nccl(
         &mut self,
         generation: &Generation,
         comm: &mut Communicator,
-        device: &Device,
+        on_cuda: bool,
     ) -> impl Future<Output = Result<Option<NcclCommunicator>, TrainError>> + Send;
 }
 
@@ -63,9 +64,9 @@ impl RingConnector for TcpConnector {
         &mut self,
         g: &Generation,
         comm: &mut Communicator,
-        device: &Device,
+        on_cuda: bool,
     ) -> Result<Option<NcclCommunicator>, TrainError> {
-        connect_nccl(comm, &self.config(g), device).await
+        connect_nccl(comm, &self.config(g), on_cuda).await
     }
 }
 
@@ -95,7 +96,7 @@ impl RingConnector for MemoryRing {
         &mut self,
         _: &Generation,
         _: &mut Communicator,
-        _: &Device,
+        _: bool,
     ) -> Result<Option<NcclCommunicator>, TrainError> {
         Ok(None)
     }

@@ -380,7 +380,8 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
         step_reached: u64,
     ) -> Result<(Trainer, Resumed), JoinError> {
         let mut comm = self.connector.connect(gen).await?;
-        let nccl = self.connector.nccl(gen, &mut comm, &self.device).await?;
+        let on_cuda = self.device.trains_on_cuda(&self.spec.model);
+        let nccl = self.connector.nccl(gen, &mut comm, on_cuda).await?;
         let holding = Holding {
             log,
             last_generation,

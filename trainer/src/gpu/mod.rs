@@ -45,7 +45,7 @@ use collective::{Communicator, GroupConfig, NcclCommunicator, NcclConfig, Reduce
 
 use crate::error::TrainError;
 use crate::layers::{LayerEngine, LayerGrads};
-use crate::spec::{ModelSpec, SufficientFactors};
+use crate::spec::{Arch, ModelSpec, SufficientFactors};
 
 /// The environment variable with a train rank's device count (set by the node).
 pub const GPUS_ENV: &str = "RINGLEADER_GPUS";
@@ -96,6 +96,12 @@ impl Device {
         false
     }
 
+    /// Whether a trainer of `model` computes on CUDA here: a CUDA device and a model of the
+    /// layer-wise engine (the transformer stays on the CPU).
+    pub fn trains_on_cuda(&self, model: &ModelSpec) -> bool {
+        self.is_cuda() && model.arch != Arch::Transformer
+    }
+
     /// What the rank prints about where it computes.
     pub fn describe(&self) -> String {
         match self {
@@ -112,16 +118,16 @@ impl Device {
 pub const NCCL_GROUP_TAG: u64 = 0x4e43_434c_0000_0000;
 
 /// The NCCL communicator of the generation of `comm` (connected with `cfg`) when every rank
-/// computes on CUDA, `None` otherwise (then gradients go over `comm`). Every rank calls it
-/// at the same point: the ranks first agree over `comm` whether all have a CUDA `device`,
-/// then connect a second TCP group (same addresses, group id tagged with
-/// [`NCCL_GROUP_TAG`]) and bootstrap NCCL over it on device 0.
+/// trains on CUDA, `None` otherwise (then gradients go over `comm`). Every rank calls it at
+/// the same point, with `on_cuda` from [`Device::trains_on_cuda`]: the ranks first agree over
+/// `comm` whether all train on CUDA, then connect a second TCP group (same addresses, group
+/// id tagged with [`NCCL_GROUP_TAG`]) and bootstrap NCCL over it on device 0.
 pub async fn connect_nccl(
     comm: &mut Communicator,
     cfg: &GroupConfig,
-    device: &Device,
+    on_cuda: bool,
 ) -> Result<Option<NcclCommunicator>, TrainError> {
-    let mut all = [f32::from(u8::from(device.is_cuda()))];
+    let mut all = [f32::from(u8::from(on_cuda))];
     comm.allreduce(&mut all, ReduceOp::Min).await?;
     if all[0] < 1.0 {
         return Ok(None);
