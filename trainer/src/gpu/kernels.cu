@@ -1,7 +1,8 @@
 // The layer-wise engine's kernels on a CUDA device (everything but the matrix products,
 // which are cuBLAS). Compiled at start by NVRTC (no headers); each kernel is the twin of the
 // CPU kernel of the same name in trainer/src/kernels.rs, one thread per output value, in a
-// grid-stride loop. Sizes are size_t; row-major f32 buffers; NHWC images.
+// grid-stride loop; no thread depends on another (a test runs them on the CPU, compiled as
+// C++, against the CPU kernels). Sizes are size_t; row-major f32 buffers; NHWC images.
 
 #define FOR_EACH(i, n)                                                              \
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);         \
@@ -31,25 +32,31 @@ extern "C" __global__ void fill_zero(float* x, size_t n) {
     FOR_EACH(i, n) { x[i] = 0.0f; }
 }
 
-// dst[j] = sum over rows of x[r, j]: one block of COLUMN_SUM_THREADS per column.
-#define COLUMN_SUM_THREADS 256
-extern "C" __global__ void column_sums(const float* x, float* dst, size_t rows, size_t cols) {
-    __shared__ float part[COLUMN_SUM_THREADS];
-    size_t j = blockIdx.x;
-    float s = 0.0f;
-    for (size_t r = threadIdx.x; r < rows; r += blockDim.x) {
-        s += x[r * cols + j];
-    }
-    part[threadIdx.x] = s;
-    __syncthreads();
-    for (unsigned int w = blockDim.x / 2; w > 0; w >>= 1) {
-        if (threadIdx.x < w) {
-            part[threadIdx.x] += part[threadIdx.x + w];
+// Column sums in two passes (no thread waits for another, so every kernel here is a set of
+// independent threads): part[q, j] = sum of x[r, j] over the rows r of chunk q
+// (chunk_rows rows each), then dst[j] = sum over q of part[q, j].
+extern "C" __global__ void column_partials(const float* x, float* part, size_t rows,
+                                           size_t cols, size_t chunk_rows) {
+    size_t chunks = (rows + chunk_rows - 1) / chunk_rows;
+    FOR_EACH(i, chunks * cols) {
+        size_t q = i / cols, j = i % cols;
+        size_t end = (q + 1) * chunk_rows < rows ? (q + 1) * chunk_rows : rows;
+        float s = 0.0f;
+        for (size_t r = q * chunk_rows; r < end; r++) {
+            s += x[r * cols + j];
         }
-        __syncthreads();
+        part[i] = s;
     }
-    if (threadIdx.x == 0) {
-        dst[j] = part[0];
+}
+
+extern "C" __global__ void column_finish(const float* part, float* dst, size_t chunks,
+                                         size_t cols) {
+    FOR_EACH(j, cols) {
+        float s = 0.0f;
+        for (size_t q = 0; q < chunks; q++) {
+            s += part[q * cols + j];
+        }
+        dst[j] = s;
     }
 }
 

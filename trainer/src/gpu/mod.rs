@@ -3,8 +3,11 @@
 //!
 //! A rank the node gave devices (`RINGLEADER_GPUS` ≥ 1, `CUDA_VISIBLE_DEVICES` naming
 //! them) computes on the first of them ([`Device::from_env`]): the MLP and the CNN run the
-//! engine of [`crate::LayerEngine`] on `Cuda`, a backend that keeps every activation,
-//! parameter and gradient in device memory:
+//! engine of [`crate::LayerEngine`] on a [`DeviceBackend`], which keeps every activation,
+//! parameter and gradient in device memory. It is written over a [`Driver`] (memory,
+//! copies, a kernel launch by name, `sgemm`): `Cuda` is it on cudarc (feature `cuda`), and the
+//! tests run it on a CPU emulator of the same driver (`kernels_on_cpu`), so all of it but
+//! cudarc's calls is tested without a GPU.
 //! - matrix products are cuBLAS `sgemm` (row-major operands passed as the transposed
 //!   column-major problem);
 //! - the other kernels (bias, ReLU, im2col and col2im, 2×2 max-pooling, the layout
@@ -34,11 +37,77 @@
 
 #[cfg(feature = "cuda")]
 mod cuda;
+mod device;
 #[cfg(feature = "cuda")]
 pub(crate) mod nccl;
 
 #[cfg(feature = "cuda")]
-pub use cuda::{Cuda, DevBuf, KERNELS_CU};
+pub use cuda::{Cuda, CudaDriver};
+pub use device::{Arg, DevBuf, DeviceBackend, DeviceElem, Driver};
+
+#[cfg(test)]
+mod kernels_on_cpu;
+
+/// The CUDA C source of the CUDA backend's kernels (everything but the matrix products),
+/// compiled by NVRTC when a rank opens its device.
+pub const KERNELS_CU: &str = include_str!("kernels.cu");
+
+/// The kernels of [`KERNELS_CU`], by name.
+pub const KERNELS: [&str; 12] = [
+    "add_bias",
+    "relu",
+    "relu_backward",
+    "fill_zero",
+    "column_partials",
+    "column_finish",
+    "im2col",
+    "col2im",
+    "max_pool2",
+    "max_pool2_backward",
+    "batched_transpose",
+    "softmax_xent",
+];
+
+/// Rows per chunk of the first pass of `kernels.cu`'s column sums.
+pub const COLUMN_CHUNK_ROWS: usize = 256;
+
+/// A row-major product `C[m, n] = op(A)·op(B)` as cuBLAS's column-major `sgemm` computes it:
+/// row-major C is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ, so cuBLAS's first operand is B and its
+/// second A, each read as stored (a row-major `[r, c]` matrix is a column-major `[c, r]` one
+/// with leading dimension c).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GemmPlan {
+    /// Whether cuBLAS transposes its first operand (B).
+    pub first_t: bool,
+    /// Whether it transposes its second (A).
+    pub second_t: bool,
+    /// cuBLAS's m, n, k: our n, m, k.
+    pub dims: (usize, usize, usize),
+    /// Leading dimensions of the first operand, the second, and C.
+    pub lds: (usize, usize, usize),
+}
+
+/// The [`GemmPlan`] of `C[m, n] = op(A)[m, k]·op(B)[k, n]` with A, B stored as `ta`, `tb`
+/// say (see `crate::kernels`' `matmul`).
+pub fn gemm_plan((m, n, k): (usize, usize, usize), ta: crate::Trans, tb: crate::Trans) -> GemmPlan {
+    use crate::Trans;
+    // B stored [k, n] (No) is column-major [n, k]: already op(B)ᵀ. Stored [n, k] (Yes) it is
+    // column-major [k, n]: transpose it.
+    let (first_t, ld_first) = match tb {
+        Trans::No => (false, n),
+        Trans::Yes => (true, k),
+    };
+    let (second_t, ld_second) = match ta {
+        Trans::No => (false, k),
+        Trans::Yes => (true, m),
+    };
+    GemmPlan {
+        first_t,
+        second_t,
+        dims: (n, m, k),
+        lds: (ld_first.max(1), ld_second.max(1), n.max(1)),
+    }
+}
 
 use crate::backend::{Host, Staged};
 use collective::{Communicator, GroupConfig, NcclCommunicator, NcclConfig, ReduceOp};
@@ -284,6 +353,35 @@ fn open_first() -> Result<Device, TrainError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Trans;
+
+    #[test]
+    fn the_gemm_plan_computes_the_row_major_product() {
+        let (m, n, k) = (5, 3, 4);
+        let a: Vec<f32> = (0..m * k).map(|i| i as f32 * 0.5 - 2.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| 1.0 - i as f32 * 0.25).collect();
+        let transpose = |x: &[f32], r: usize, c: usize| {
+            let mut t = vec![0.0; r * c];
+            for i in 0..r {
+                for j in 0..c {
+                    t[j * r + i] = x[i * c + j];
+                }
+            }
+            t
+        };
+        let (at, bt) = (transpose(&a, m, k), transpose(&b, k, n));
+        let mut want = vec![0.0; m * n];
+        crate::kernels::matmul(&mut want, (m, n, k), &a, Trans::No, &b, Trans::No, false);
+        for (aa, ta) in [(&a, Trans::No), (&at, Trans::Yes)] {
+            for (bb, tb) in [(&b, Trans::No), (&bt, Trans::Yes)] {
+                let plan = gemm_plan((m, n, k), ta, tb);
+                // cuBLAS's first operand is B, its second A.
+                let mut got = vec![f32::NAN; m * n];
+                super::kernels_on_cpu::sgemm_reference(plan, false, bb, aa, &mut got);
+                assert_eq!(got, want, "{ta:?} {tb:?}: {plan:?}");
+            }
+        }
+    }
 
     #[test]
     fn the_device_follows_the_count_and_fakes_stay_on_the_cpu() {

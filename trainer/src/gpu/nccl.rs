@@ -3,7 +3,8 @@
 
 use collective::{NcclCommunicator, ReduceOp};
 
-use super::cuda::{Cuda, DevBuf};
+use super::cuda::Cuda;
+use super::device::DevBuf;
 use crate::backend::Backend;
 use crate::error::TrainError;
 use crate::layers::LayerEngine;
@@ -21,7 +22,7 @@ pub(crate) fn average(
     extras: &mut [f32],
 ) -> Result<(), TrainError> {
     let be = engine.backend().clone();
-    let mut ex = DevBuf::<f32>::default();
+    let mut ex = DevBuf::default();
     be.upload(extras, &mut ex)?;
     // NCCL runs on a stream of its own: everything the engine queued must be done first.
     be.synchronize()?;
