@@ -11,6 +11,9 @@ python3 -m pip install --quiet --disable-pip-version-check tensorboard >/dev/nul
 # The dashboard test renders the page in headless Chromium (about 30 s to install on Debian);
 # without it that test says SKIPPED.
 command -v chromium >/dev/null || (apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 || true)
+# The CUDA kernels are checked on the CPU by compiling them as C++ (without g++ those tests
+# say SKIPPED).
+command -v g++ >/dev/null || (apt-get install -y --no-install-recommends g++ >/dev/null 2>&1 || true)
 # The S3 checkpoint test runs against s3s-fs (a file-backed S3 server, ~2 min to build once);
 # best effort too: without it that test says so and passes.
 if ! command -v s3s-fs >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/s3s-fs" ]; then
