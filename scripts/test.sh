@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The project's test command (README, .ci/run): every test of the workspace, then a build
-# check of the `cuda` feature (it must compile on a machine without CUDA).
+# The project's test command (README, .ci/run): every test of the workspace, then the `cuda`
+# build (it must compile on a machine without CUDA) and its CPU-side GPU tests, then the docs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Tests read what the project writes with the formats' own Python readers when they can
@@ -51,9 +51,11 @@ if [ ! -e "$nvrtc/libnvrtc.so" ]; then
         rm -rf "$nvrtc/wheel"
     ) >/dev/null 2>&1 || echo "libnvrtc not fetched: the NVRTC test will say SKIPPED"
 fi
-cargo check -p ringleader --features cuda
+# One build for both: the workspace's libraries and binaries with `cuda` (the dependencies
+# are the ones the tests above built; only the crates that use cudarc are built again), and
+# the `gpu::` unit tests in it.
 LD_LIBRARY_PATH="$PWD/$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    cargo test -p trainer --features cuda --lib gpu -- --show-output 2>&1 | tee "$log"
+    cargo test --workspace --features ringleader/cuda --lib --bins -- --show-output gpu:: 2>&1 | tee "$log"
 grep -q "the_kernels_compile_with_nvrtc ... ok" "$log"
 if grep -q "SKIPPED" "$log"; then grep "SKIPPED" "$log" | sed 's/^/skipped (cuda build): /'; fi
 # Every public doc renders without a broken link (the parts' module docs are the map).

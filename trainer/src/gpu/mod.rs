@@ -345,7 +345,7 @@ fn open_first() -> Result<Device, TrainError> {
 fn open_first() -> Result<Device, TrainError> {
     Err(TrainError::Device(
         "this rank was given a GPU, but ringleader was built without the `cuda` feature \
-         (build with `cargo build --release --features cuda`)"
+         (build with `cargo build --release --features ringleader/cuda`)"
             .into(),
     ))
 }
