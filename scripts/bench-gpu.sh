@@ -84,6 +84,20 @@ if ! ldconfig -p | grep -q 'libnccl\.so '; then
     fi
 fi
 
+# libcublas and libnvrtc for the trainer's CUDA backend: from ldconfig, the CUDA toolkit, or
+# PyTorch's nvidia-* wheels (which torch finds by rpath, so they are on no search path).
+for lib in cublas:cublas nvrtc:cuda_nvrtc; do
+    name=${lib%%:*} pkg=${lib##*:}
+    if ldconfig -p | grep -q "lib$name\.so"; then continue; fi
+    for dir in /usr/local/cuda/lib64 \
+        "$(${PYTHON:-python3} -c "import nvidia.$pkg, os; print(os.path.join(list(nvidia.$pkg.__path__)[0], 'lib'))" 2>/dev/null || true)"; do
+        if [[ -n "$dir" ]] && compgen -G "$dir/lib$name.so*" >/dev/null; then
+            export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+            break
+        fi
+    done
+done
+
 bin=${COLLECTIVE_BENCH:-target/release/collective-bench}
 worker=${TRAIN_WORKER:-target/release/train-worker}
 if [[ $build -eq 1 ]]; then
