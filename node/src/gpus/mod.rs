@@ -28,8 +28,9 @@ use crate::cluster::meta::Gpu;
 
 /// Test-only: when set, the node reports these fake devices instead of asking the driver;
 /// `MODEL:MEMORY_MB` entries separated by commas (e.g. `H100:81559,H100:81559`), indices
-/// 0.. in order, UUIDs `GPU-test-<index>`; empty: no GPUs.
-pub const TEST_GPUS_ENV: &str = "RINGLEADER_TEST_GPUS";
+/// 0.. in order, UUIDs `GPU-test-<index>`; empty: no GPUs. The node's train ranks inherit it
+/// and then compute through the trainer's staged CPU twin ([`trainer::gpu::Device`]).
+pub use trainer::gpu::TEST_GPUS_ENV;
 /// Most GPUs a node advertises: member metadata travels in every gossip push-pull. A driver
 /// that lists more offers the first ones.
 pub const GPUS_MAX: usize = 64;

@@ -200,7 +200,7 @@ pub fn launch(
     let addrs = ring_addrs(job, host_of)?;
     let spec_file = log.with_file_name("spec.toml");
     env.push(("RINGLEADER_SECRET".into(), job.ring_secret.clone()));
-    env.push(("RINGLEADER_GPUS".into(), slot.gpus.len().to_string()));
+    env.push((trainer::gpu::GPUS_ENV.into(), slot.gpus.len().to_string()));
     // In the environment, not the argv: a storage URL may carry keys, and a command line
     // is readable by every user of the host (/proc/PID/cmdline, ps).
     env.push(("RINGLEADER_STORAGE".into(), ctx.storage.clone()));

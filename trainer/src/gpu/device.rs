@@ -4,6 +4,8 @@
 //! on the CPU (compiled as C++) and `sgemm` by its definition, so everything here, from the
 //! buffers' sizes to every launch's arguments, is tested without a GPU.
 
+use std::sync::{Arc, Mutex};
+
 use crate::backend::Backend;
 use crate::error::TrainError;
 use crate::kernels::{Nhwc, Trans};
@@ -145,19 +147,40 @@ impl<D: Driver, T: DeviceElem> DevBuf<D, T> {
     }
 }
 
-/// The layer-wise engine's backend on a device (see the module docs).
+/// Buffers an operation needs only while it runs, kept for the next step instead of being
+/// allocated in every one.
+#[derive(Debug)]
+struct Scratch<D: Driver> {
+    /// The column sums' partial sums.
+    partials: DevBuf<D, f32>,
+    /// Softmax cross-entropy's per-row losses, and their copy on the host.
+    row_loss: DevBuf<D, f32>,
+    row_loss_host: Vec<f32>,
+}
+
+/// The layer-wise engine's backend on a device (see the module docs). Clones share the
+/// driver and the scratch buffers (an engine runs one operation at a time).
 #[derive(Debug, Clone)]
-pub struct DeviceBackend<D: Driver>(pub(crate) D);
+pub struct DeviceBackend<D: Driver>(pub(crate) D, Arc<Mutex<Scratch<D>>>);
 
 impl<D: Driver> DeviceBackend<D> {
     /// The backend on `driver`'s device.
     pub fn new(driver: D) -> Self {
-        DeviceBackend(driver)
+        let scratch = Scratch {
+            partials: DevBuf::default(),
+            row_loss: DevBuf::default(),
+            row_loss_host: Vec::new(),
+        };
+        DeviceBackend(driver, Arc::new(Mutex::new(scratch)))
     }
 
     /// The driver.
     pub fn driver(&self) -> &D {
         &self.0
+    }
+
+    fn scratch(&self) -> std::sync::MutexGuard<'_, Scratch<D>> {
+        self.1.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Waits until the queued work is done.
@@ -327,7 +350,7 @@ impl<D: Driver> Backend for DeviceBackend<D> {
         }
         let rows = x.len / cols;
         let chunks = rows.div_ceil(COLUMN_CHUNK_ROWS).max(1);
-        let mut part = DevBuf::<D, f32>::default();
+        let part = &mut self.scratch().partials;
         part.grow(&self.0, chunks * cols)?;
         self.0.launch(
             "column_partials",
@@ -505,7 +528,8 @@ impl<D: Driver> Backend for DeviceBackend<D> {
         if rows == 0 {
             return Ok(0.0);
         }
-        let mut row_loss = DevBuf::<D, f32>::default();
+        let scratch = &mut *self.scratch();
+        let row_loss = &mut scratch.row_loss;
         row_loss.grow(&self.0, rows)?;
         self.0.launch(
             "softmax_xent",
@@ -519,8 +543,7 @@ impl<D: Driver> Backend for DeviceBackend<D> {
                 Arg::Z(classes),
             ],
         )?;
-        let mut host = Vec::new();
-        let losses = self.view(&row_loss, &mut host)?;
+        let losses = self.view(row_loss, &mut scratch.row_loss_host)?;
         let sum: f64 = losses.iter().map(|&v| v as f64).sum();
         Ok((sum / rows as f64) as f32)
     }
