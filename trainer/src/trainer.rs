@@ -152,7 +152,7 @@ pub struct Trainer {
     /// Cancels the communicator's operations (it lives in the gradient task).
     abort: AbortHandle,
     /// Averages the gradients on the device when every rank computes on CUDA
-    /// ([`Trainer::set_nccl`]); `None`: over the TCP ring.
+    /// ([`Trainer::new_on`]); `None`: over the TCP ring.
     nccl: Option<NcclCommunicator>,
 }
 
@@ -172,15 +172,18 @@ impl Trainer {
     /// Every rank builds the same initial parameters from the seed, so no broadcast is
     /// needed.
     pub fn new(spec: &TrainSpec, comm: Communicator) -> Result<Self, TrainError> {
-        Self::new_on(spec, comm, &ComputeDevice::Cpu)
+        Self::new_on(spec, comm, &ComputeDevice::Cpu, None)
     }
 
     /// [`Trainer::new`] computing on `device` (the MLP and the CNN; the transformer stays on
-    /// the CPU): see [`crate::gpu`].
+    /// the CPU): see [`crate::gpu`]. With `nccl` (from [`crate::gpu::connect_nccl`], made
+    /// when every rank of the generation trains on CUDA) the gradients are averaged on the
+    /// device instead of over the TCP ring; that needs the layer-wise engine on CUDA.
     pub fn new_on(
         spec: &TrainSpec,
         comm: Communicator,
         device: &ComputeDevice,
+        nccl: Option<NcclCommunicator>,
     ) -> Result<Self, TrainError> {
         spec.validate()?;
         let (rank, world) = (comm.rank(), comm.world());
@@ -223,6 +226,16 @@ impl Trainer {
             }
             _ => 0,
         };
+        if nccl.is_some() {
+            match &mut layers {
+                Some(l) if l.is_cuda() => l.keep_grads_on_device(true),
+                _ => {
+                    return Err(TrainError::Device(
+                        "NCCL gradients need the layer-wise engine on CUDA".into(),
+                    ))
+                }
+            }
+        }
         let network_links = comm.network_links();
         let abort = comm.abort_handle();
         let grads = sizes.iter().map(|&n| vec![0.0; n]).collect();
@@ -276,25 +289,8 @@ impl Trainer {
             stop_epoch: None,
             hang_at_step: None,
             abort,
-            nccl: None,
+            nccl,
         })
-    }
-
-    /// Averages the gradients with `nccl` on the device from now on, instead of over the TCP
-    /// ring (see [`crate::gpu::connect_nccl`], which makes it when every rank of the
-    /// generation computes on CUDA). Fails unless this trainer's layer-wise engine is on
-    /// CUDA.
-    pub fn set_nccl(&mut self, nccl: NcclCommunicator) -> Result<(), TrainError> {
-        match &mut self.layers {
-            Some(l) if l.is_cuda() => {
-                l.keep_grads_on_device(true);
-                self.nccl = Some(nccl);
-                Ok(())
-            }
-            _ => Err(TrainError::Device(
-                "NCCL gradients need the layer-wise engine on CUDA".into(),
-            )),
-        }
     }
 
     /// This rank.

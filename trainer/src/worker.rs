@@ -423,10 +423,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     }
 
     if args.bench_steps > 0 {
-        let mut trainer = Trainer::new_on(&spec, comm, &device)?;
-        if let Some(n) = nccl {
-            trainer.set_nccl(n)?;
-        }
+        let mut trainer = Trainer::new_on(&spec, comm, &device, nccl)?;
         trainer.set_compute_delay(compute_delay);
         return bench(&mut trainer, &spec, &args).await;
     }
@@ -451,10 +448,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         println!("{tag} checkpoints differ across ranks (per-node storage?): starting over");
         None
     };
-    let mut trainer = Trainer::new_on(&spec, comm, &device)?;
-    if let Some(n) = nccl {
-        trainer.set_nccl(n)?;
-    }
+    let mut trainer = Trainer::new_on(&spec, comm, &device, nccl)?;
     trainer.set_compute_delay(compute_delay);
     trainer.set_stop_epoch(args.stop_at_epoch);
     if let Some(state) = resume {

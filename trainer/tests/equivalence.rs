@@ -200,7 +200,7 @@ fn the_device_path_trains_exactly_as_the_cpu() {
             on_group(2, move |c| {
                 let (s, device) = (s.clone(), device.clone());
                 async move {
-                    let mut t = Trainer::new_on(&s, c, &device)?;
+                    let mut t = Trainer::new_on(&s, c, &device, None)?;
                     for _ in 0..6 {
                         t.step().await?;
                     }

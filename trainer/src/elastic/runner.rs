@@ -396,10 +396,7 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
             },
             (None, None) => (None, RestoreSource::Fresh),
         };
-        let mut trainer = Trainer::new_on(&self.spec, comm, &self.device)?;
-        if let Some(n) = nccl {
-            trainer.set_nccl(n)?;
-        }
+        let mut trainer = Trainer::new_on(&self.spec, comm, &self.device, nccl)?;
         trainer.set_compute_delay(self.compute_delay);
         trainer.set_compute_clock(self.compute_clock.clone());
         trainer.set_test_hang_at_step(self.hang_at_step);
