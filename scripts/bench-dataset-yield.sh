@@ -338,6 +338,9 @@ run_cap() {
     local cap=$1 i t0 fetch_pid fetch_rc alone during
     local -a join extra
     run_dir="$work/cap$cap"
+    # A keyed cluster (the default): one key for every run, h1's admin token for the CLI.
+    [ -f "$work/cluster.key" ] || "$bin" keygen "$work/cluster.key" 2>/dev/null
+    export RINGLEADER_TOKEN_FILE=$run_dir/h1/api.token
     mkdir -p "$run_dir"
 
     "$NETNS" up "$HOSTS" "$RATE" >"$run_dir/netns.log" 2>&1 ||
@@ -358,7 +361,7 @@ run_cap() {
         ip netns exec "rl$i" unshare --mount --propagation private \
             sh -c 'mount -t tmpfs -o mode=1777,size=256m tmpfs /dev/shm && exec "$@"' sh \
             "$bin" node --name "h$i" --listen "$(addr "$i"):$P2P_PORT" --api "$(api "$i")" \
-            --data-dir "$run_dir/h$i" "${join[@]}" "${extra[@]}" >"$run_dir/h$i.log" 2>&1 &
+            --data-dir "$run_dir/h$i" --cluster-key "$work/cluster.key" "${join[@]}" "${extra[@]}" >"$run_dir/h$i.log" 2>&1 &
         pids+=($!)
         node_pids+=($!)
     done

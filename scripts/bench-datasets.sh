@@ -233,12 +233,15 @@ head -c "$size_bytes" /dev/urandom >"$work/data/bench.bin"
 head -c "$size_bytes" /dev/urandom >"$work/data1/bench1.bin"
 
 # ---- nodes ----
+# A keyed cluster (the default): one key for every host, h1's admin token for the CLI.
+"$bin" keygen "$work/cluster.key" 2>/dev/null
+export RINGLEADER_TOKEN_FILE=$work/h1/api.token
 node_pids=()
 for i in $(seq 1 "$HOSTS"); do
     join=()
     [ "$i" = 1 ] || join=(--join "$(addr 1):$P2P_PORT")
     ip netns exec "rl$i" "$bin" node --name "h$i" --listen "$(addr "$i"):$P2P_PORT" \
-        --api "$(api "$i")" --data-dir "$work/h$i" "${join[@]}" >"$work/h$i.log" 2>&1 &
+        --api "$(api "$i")" --data-dir "$work/h$i" --cluster-key "$work/cluster.key" "${join[@]}" >"$work/h$i.log" 2>&1 &
     pids+=($!)
     node_pids+=($!)
 done

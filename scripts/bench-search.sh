@@ -227,13 +227,18 @@ start_cluster() {
     local name=$1 i dir seed="" deadline
     shift
     apis=()
+    # A keyed cluster (the default): one key for the three nodes, the first node's admin
+    # token for the CLI and the API helper.
+    mkdir -p "$tmp/$name"
+    "$bin" keygen "$tmp/$name/cluster.key" 2>/dev/null
+    export RINGLEADER_TOKEN_FILE=$tmp/$name/n0/api.token
     for i in 0 1 2; do
         dir=$tmp/$name/n$i
         mkdir -p "$dir"
         local join=()
         if [ -n "$seed" ]; then join=(--join "$seed"); fi
         "$bin" node --name "n$i" --listen 127.0.0.1:0 --api 127.0.0.1:0 --data 127.0.0.1:0 \
-            --data-dir "$dir" "${join[@]}" "$@" </dev/null >/dev/null 2>"$dir/node.log" &
+            --data-dir "$dir" --cluster-key "$tmp/$name/cluster.key" "${join[@]}" "$@" </dev/null >/dev/null 2>"$dir/node.log" &
         local pid=$!
         pids+=("$pid")
         deadline=$((SECONDS + 30))

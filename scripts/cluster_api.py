@@ -7,9 +7,21 @@ import time
 import urllib.request
 
 
+def token():
+    """The API token: RINGLEADER_TOKEN, else the file RINGLEADER_TOKEN_FILE names, else None."""
+    if os.environ.get("RINGLEADER_TOKEN"):
+        return os.environ["RINGLEADER_TOKEN"]
+    path = os.environ.get("RINGLEADER_TOKEN_FILE")
+    if path and os.path.exists(path):
+        return open(path).read().strip()
+    return None
+
+
 def get(api, path):
-    """GET http://API/PATH as JSON (10 s timeout)."""
-    with urllib.request.urlopen(f"http://{api}{path}", timeout=10) as r:
+    """GET http://API/PATH as JSON (10 s timeout), with the API token when there is one."""
+    headers = {"Authorization": f"Bearer {token()}"} if token() else {}
+    req = urllib.request.Request(f"http://{api}{path}", headers=headers)
+    with urllib.request.urlopen(req, timeout=10) as r:
         return json.load(r)
 
 

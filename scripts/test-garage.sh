@@ -12,7 +12,7 @@
 # 2. Three Garage nodes g1..g3 on 127.0.0.1 (ports the OS picks), replication_factor 3 (a
 #    write or read needs 2 of the 3), one zone; bucket `ringleader`, an access key for it.
 # 3. Three ringleader nodes n0..n2 (--job-retention-s 10), each with
-#    --storage s3://ringleader/e2e?endpoint=…&region=garage&access_key_id=…&secret_access_key=…
+#    --storage-file holding s3://ringleader/e2e?endpoint=…&region=garage&access_key_id=…&secret_access_key=…
 #    n0 and n2 talk to g1's S3 API, n1 to g2's: a rank may resume from what another wrote
 #    through another Garage node. g3 serves no one: it is the one killed.
 # 4. A train job (digits MLP, 2 workers, checkpoint every 20 steps, max_restarts 2, steps
@@ -411,6 +411,9 @@ storage_url() { # GARAGE-NODE
 # ---- 2. three ringleader nodes ----
 apis=("" "" "")
 seed=""
+# A keyed cluster (the default): one key for the three nodes, n0's admin token for the CLI.
+"$bin" keygen "$tmp/cluster.key" 2>/dev/null
+export RINGLEADER_TOKEN_FILE=$tmp/n0/api.token
 for i in 0 1 2; do
     d=$tmp/n$i
     mkdir -p "$d"
@@ -418,8 +421,13 @@ for i in 0 1 2; do
     if [ -n "$seed" ]; then join=(--join "$seed"); fi
     endpoint_node=1
     if [ "$i" = 1 ]; then endpoint_node=2; fi
-    "$bin" node --name "n$i" --listen 127.0.0.1:0 --api 127.0.0.1:0 --data 127.0.0.1:0 \
-        --data-dir "$d" --storage "$(storage_url "$endpoint_node")" \
+    # The URL carries the S3 keys: from a 0600 file, never the command line (`ps`).
+    (umask 077 && storage_url "$endpoint_node" >"$d/storage.url")
+    # The ranks' step delay is a test hook: the node's environment (debug builds only), never
+    # a spec's `env`, which may not set RINGLEADER_* variables.
+    RINGLEADER_TEST_STEP_DELAY_MS=$step_delay_ms \
+        "$bin" node --name "n$i" --listen 127.0.0.1:0 --api 127.0.0.1:0 --data 127.0.0.1:0 \
+        --data-dir "$d" --cluster-key "$tmp/cluster.key" --storage-file "$d/storage.url" \
         --job-retention-s "$RETENTION_S" "${join[@]}" </dev/null >"$d/stdout.log" 2>"$d/node.log" &
     node_pids[i]=$!
     disown "${node_pids[i]}"
@@ -442,7 +450,6 @@ kind = "train"
 workers = $WORKERS
 max_restarts = 2
 placement = "spread"
-env = { RINGLEADER_TEST_STEP_DELAY_MS = "$step_delay_ms" }
 [model]
 arch = "mlp"
 hidden = [64]

@@ -12,6 +12,7 @@
 //! | [`gpus`] | this host's GPUs: discovery (the CUDA driver, or a test-only fake source), `--gpus`, a rank's `CUDA_VISIBLE_DEVICES` | `cluster::meta` |
 //! | [`jobs`] | job specs, the per-node supervisor (pure plan + process I/O), rank launch | `control`, `cluster`, `gpus` |
 //! | [`api`] | HTTP routes, the dashboard, the status and job documents, token auth, Prometheus, the CLI's HTTP client | `control`, `cluster`, `jobs`, `search` |
+//! | [`security`] | the node's secrets at start: the cluster key and API token (made at first start, required to join), file modes | `cluster::identity`, `api::auth` |
 //! | [`cli`] | commands, the demo, benchmarks, local clusters of real processes | everything |
 //!
 //! [`node`] wires the parts together at start-up. The collective data plane and the trainer
@@ -28,3 +29,4 @@ pub mod gpus;
 pub mod jobs;
 pub mod node;
 pub mod search;
+pub mod security;

@@ -120,7 +120,7 @@ fn a_node_with_a_token_file_wants_the_token_and_shows_its_metrics() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
-        err.contains("the node wants an API token: pass --token or set RINGLEADER_TOKEN"),
+        err.contains("the node wants an API token: set RINGLEADER_TOKEN or pass --token-file"),
         "{err}"
     );
     let out = cli(&api, Some("not-the-token"), &["jobs"]);

@@ -113,6 +113,8 @@ fn env_u64(name: &str) -> Option<u64> {
 #[derive(Clone, Debug)]
 struct Life {
     api: String,
+    /// The cluster's API token.
+    token: Option<String>,
     life: u32,
 }
 
@@ -211,8 +213,8 @@ fn job_spec(name: &str, sleep_s: &str, marks: &Path) -> String {
     )
 }
 
-fn submit_once(api: &str, spec: &str, token: &str) -> Result<String, String> {
-    let client = ApiClient::new(api, None);
+fn submit_once(life: &Life, spec: &str, token: &str) -> Result<String, String> {
+    let client = ApiClient::new(&life.api, life.token.clone());
     client
         .post::<serde_json::Value>(&format!("/v1/jobs?token={token}"), spec)
         .map_err(|e| e.to_string())
@@ -259,7 +261,7 @@ fn submitter(seed: u64, up: Up, history: Shared, marks: PathBuf, stop: Arc<Atomi
             let (node, life) = nodes[rng.gen_range(0..nodes.len())].clone();
             tried.push(node);
             let at_ms = wall_ms();
-            let outcome = submit_once(&life.api, &spec, &token);
+            let outcome = submit_once(&life, &spec, &token);
             let ok = outcome.is_ok();
             history.lock().unwrap().submits.push(SubmitOp {
                 name: name.clone(),
@@ -285,7 +287,7 @@ fn sampler(up: Up, history: Shared, stop: Arc<AtomicBool>) {
         let round = Instant::now();
         let nodes = up.snapshot();
         for (i, life) in &nodes {
-            let Ok(s) = ApiClient::new(&life.api, None).status() else {
+            let Ok(s) = ApiClient::new(&life.api, life.token.clone()).status() else {
                 continue;
             };
             let mut h = history.lock().unwrap();
@@ -322,7 +324,7 @@ fn sampler(up: Up, history: Shared, stop: Arc<AtomicBool>) {
 
 /// One node's running jobs and their attempts.
 fn sample_jobs(node: usize, life: &Life, history: &Shared) {
-    let client = ApiClient::new(&life.api, None);
+    let client = ApiClient::new(&life.api, life.token.clone());
     let Ok(jobs) = client.get::<Vec<JobSummary>>("/v1/jobs") else {
         return;
     };
@@ -398,6 +400,7 @@ impl Driver {
         }
         let life = Life {
             api: self.c.nodes[i].info.api_addr.clone(),
+            token: self.c.nodes[i].token.clone(),
             life: self.lives[i],
         };
         self.up.set(i, Some(life));

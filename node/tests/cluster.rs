@@ -95,16 +95,10 @@ fn a_node_with_another_cluster_key_is_never_admitted() {
     let (mut c, root) = cluster();
     let key_a = root.path().join("a.key");
     let key_b = root.path().join("b.key");
-    std::fs::write(
-        &key_a,
-        ringleader::cluster::identity::generate_cluster_key(),
-    )
-    .unwrap();
-    std::fs::write(
-        &key_b,
-        ringleader::cluster::identity::generate_cluster_key(),
-    )
-    .unwrap();
+    for k in [&key_a, &key_b] {
+        let text = ringleader::cluster::identity::generate_cluster_key();
+        ringleader::security::modes::write_private(k, text.as_bytes()).unwrap();
+    }
     let with = |k: &std::path::Path| vec!["--cluster-key".to_string(), k.display().to_string()];
     c.start("k0", &with(&key_a)).unwrap();
     c.start_joining("k1", &with(&key_a)).unwrap();
@@ -114,7 +108,9 @@ fn a_node_with_another_cluster_key_is_never_admitted() {
     .unwrap();
 
     let stranger = c.start_joining("stranger", &with(&key_b)).unwrap();
-    let open = c.start_joining("open", &[]).unwrap();
+    let open = c
+        .start_joining("open", &["--insecure".to_string()])
+        .unwrap();
     // Wait until both outsiders have demonstrably tried (and failed) to reach the seed, and
     // the seed has refused handshakes, then check nobody admitted anybody.
     let deadline = std::time::Instant::now() + WAIT;
@@ -175,7 +171,9 @@ fn a_seed_that_is_down_is_retried_until_it_comes_up() {
         .next()
         .unwrap()
         .to_string();
-    c.nodes[0].args = vec!["--listen".to_string(), format!("127.0.0.1:{port}")];
+    c.nodes[0]
+        .args
+        .extend(["--listen".to_string(), format!("127.0.0.1:{port}")]);
     c.restart(0).unwrap();
     c.wait_all(WAIT, "joined after seed came up", |s| {
         s.names_in("alive").len() == 2
@@ -217,8 +215,9 @@ fn bad_flags_and_unreachable_nodes_are_clear_errors() {
 fn status_json_has_the_contract_fields() {
     let (mut c, _root) = cluster();
     c.start("solo", &[]).unwrap();
-    let out = std::process::Command::new(exe())
-        .args(["status", "--json", "--peer", &c.nodes[0].info.api_addr])
+    let out = c
+        .cli(0)
+        .args(["status", "--json"])
         .output()
         .unwrap();
     assert!(out.status.success());
@@ -240,8 +239,9 @@ fn status_json_has_the_contract_fields() {
     }
     assert_eq!(m["state"], "alive");
     assert!(v["jobs"].is_array());
-    let table = std::process::Command::new(exe())
-        .args(["status", "--peer", &c.nodes[0].info.api_addr])
+    let table = c
+        .cli(0)
+        .args(["status"])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&table.stdout);

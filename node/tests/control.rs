@@ -177,8 +177,9 @@ command = ["sh", "-c", "if [ $RANK = 1 ]; then exit 3; fi; sleep 30"]
         "bad",
         "name = \"x\"\nkind = \"command\"\ncommand = [\"true\"]\nworkers = 0\n",
     );
-    let out = std::process::Command::new(exe())
-        .args(["submit", &bad, "--peer", &c.nodes[0].info.api_addr])
+    let out = c
+        .cli(0)
+        .args(["submit", &bad])
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -204,8 +205,9 @@ fn a_full_restart_keeps_jobs_and_their_states() {
         "name = \"slow\"\nkind = \"command\"\nworkers = 1\ncommand = [\"sleep\", \"60\"]\n",
     );
     wait_job_state(&c, 0, &cancelled, "running");
-    let out = std::process::Command::new(exe())
-        .args(["cancel", &cancelled, "--peer", &c.nodes[1].info.api_addr])
+    let out = c
+        .cli(1)
+        .args(["cancel", &cancelled])
         .output()
         .unwrap();
     assert!(

@@ -86,8 +86,9 @@ fn fake_gpus_are_advertised_restricted_and_given_to_one_rank_each() {
     .unwrap();
 
     // `status --json` shows each member's devices.
-    let out = std::process::Command::new(exe())
-        .args(["status", "--json", "--peer", &c.nodes[1].info.api_addr])
+    let out = c
+        .cli(1)
+        .args(["status", "--json"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");

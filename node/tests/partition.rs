@@ -36,12 +36,15 @@ struct Observed {
     samples: u64,
 }
 
-fn spawn_poller(stop: Arc<AtomicBool>) -> (Arc<Mutex<Observed>>, std::thread::JoinHandle<()>) {
+fn spawn_poller(
+    stop: Arc<AtomicBool>,
+    token: String,
+) -> (Arc<Mutex<Observed>>, std::thread::JoinHandle<()>) {
     let seen = Arc::new(Mutex::new(Observed::default()));
     let out = seen.clone();
     let handle = std::thread::spawn(move || {
         let clients: Vec<ApiClient> = (1..=NODES)
-            .map(|i| ApiClient::new(&format!("{}:7071", addr(i)), None))
+            .map(|i| ApiClient::new(&format!("{}:7071", addr(i)), Some(token.clone())))
             .collect();
         while !stop.load(Ordering::SeqCst) {
             for (i, c) in clients.iter().enumerate() {
@@ -93,7 +96,7 @@ fn a_two_three_split_keeps_one_chief_per_term_and_only_the_majority_writes() {
     }
     let all: Vec<usize> = (1..=NODES).collect();
     let hosts = Hosts::up(NODES, "partition", |_| Vec::new());
-    let (seen, poller) = spawn_poller(hosts.stop.clone());
+    let (seen, poller) = spawn_poller(hosts.stop.clone(), hosts.token.clone());
 
     // Phase: the cluster forms (5 alive everywhere, a chief, 3 voters).
     hosts.wait(&all, "formed", |s| {

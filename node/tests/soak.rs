@@ -154,6 +154,8 @@ struct Shared {
     acked: Mutex<Vec<(String, &'static str)>>,
     submit_errors: Mutex<u64>,
     stop: AtomicBool,
+    /// The cluster's API token.
+    token: Option<String>,
 }
 
 fn workload(shared: Arc<Shared>, seed: u64) {
@@ -165,7 +167,7 @@ fn workload(shared: Arc<Shared>, seed: u64) {
         if up.is_empty() {
             continue;
         }
-        let client = ApiClient::new(&up[rng.gen_range(0..up.len())], None);
+        let client = ApiClient::new(&up[rng.gen_range(0..up.len())], shared.token.clone());
         let live = client
             .status()
             .map(|s| {
@@ -228,6 +230,7 @@ fn soak_mixed_jobs_under_faults_without_growth() {
         acked: Mutex::new(Vec::new()),
         submit_errors: Mutex::new(0),
         stop: AtomicBool::new(false),
+        token: c.token.clone(),
     });
     let load = {
         let shared = shared.clone();

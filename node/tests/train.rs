@@ -76,8 +76,9 @@ fn train_job_runs_on_three_workers_and_checkpoints() {
     assert_eq!(doc.ring.len(), 3, "{doc:?}");
 
     // Phase 4: `job ID --json` through the CLI carries ring, step, epoch and metrics.
-    let out = std::process::Command::new(exe())
-        .args(["--peer", &c.nodes[1].info.api_addr, "job", &id, "--json"])
+    let out = c
+        .cli(1)
+        .args(["job", &id, "--json"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");

@@ -110,6 +110,21 @@ pub fn operator_from_url(url: &str) -> Result<Operator, TrainError> {
         }
         "memory" => Operator::via_iter("memory", cfg)?,
         "s3" => {
+            // `s3://KEY:SECRET@bucket/prefix`: the userinfo is the access key pair
+            // (percent-encoded where it holds `/`, `@` or `:`), as the query keys would be.
+            let location = match location.rsplit_once('@') {
+                Some((userinfo, rest)) => {
+                    let (key, secret) = userinfo.split_once(':').ok_or_else(|| {
+                        TrainError::Spec(format!(
+                            "storage url {shown:?}: s3://KEY:SECRET@bucket wants both the key and the secret"
+                        ))
+                    })?;
+                    cfg.push(("access_key_id".into(), percent_decode(key)));
+                    cfg.push(("secret_access_key".into(), percent_decode(secret)));
+                    rest
+                }
+                None => location,
+            };
             let (bucket, prefix) = location.split_once('/').unwrap_or((location, ""));
             if bucket.is_empty() {
                 return Err(TrainError::Spec(format!(
@@ -131,6 +146,30 @@ pub fn operator_from_url(url: &str) -> Result<Operator, TrainError> {
     // A temporary error (a dropped connection, a throttled request) is retried with
     // exponential backoff instead of stopping the checkpoint writer.
     Ok(op.layer(opendal::layers::RetryLayer::new().with_max_times(STORAGE_RETRIES_MAX)))
+}
+
+/// `%XX` sequences decoded (a malformed one is kept as written).
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The checkpoints of one job in one storage.
@@ -365,5 +404,15 @@ mod tests {
             .to_string();
         assert!(err.contains("secret_access_key=REDACTED"), "{err}");
         assert!(!err.contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn s3_userinfo_is_the_key_pair_not_part_of_the_bucket() {
+        let op = operator_from_url("s3://AK:se%2Fcr%40t@bucket/runs?endpoint=http://127.0.0.1:1")
+            .unwrap();
+        assert_eq!(op.info().name(), "bucket");
+        assert_eq!(percent_decode("se%2Fcr%40t%zz%"), "se/cr@t%zz%");
+        let err = operator_from_url("s3://AK@bucket/runs").unwrap_err().to_string();
+        assert!(err.contains("both the key and the secret"), "{err}");
     }
 }

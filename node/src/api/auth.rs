@@ -1,14 +1,15 @@
-//! Bearer-token authentication of the API (`ringleader node --token-file FILE`).
+//! Bearer-token authentication of the API: the cluster's admin token (derived from the
+//! cluster key, see [`crate::security::bootstrap`]) and any `--token-file` beside it.
 //!
-//! With a token, every route except [`OPEN_PATHS`] (`/healthz`, `/`) needs
+//! Every route except [`OPEN_PATHS`] (`/healthz`, `/`) needs
 //! `Authorization: Bearer <token>`; anything else gets 401 with `{"error": "…", "reason":
 //! "missing" | "wrong"}` and a `WWW-Authenticate: Bearer` header (RFC 6750). Tokens are
 //! compared through their BLAKE3 hashes, whose equality is constant-time, so neither the
 //! token's bytes nor its length leak through timing. The node keeps only the hash: the
 //! token itself is never stored past start-up, printed or logged.
 //!
-//! Without a token the API is open to anyone who can reach its address (the node warns at
-//! start); that is the default for a loopback `--api`.
+//! Without a token the API is open to anyone who can reach its address: only under
+//! `--insecure`, which the node, `status` and the dashboard say.
 
 use std::{path::Path, sync::Arc};
 
@@ -55,8 +56,8 @@ pub enum TokenError {
         /// The file.
         path: String,
     },
-    /// Others than the owner may read the file.
-    #[error("token file {path} is readable by group or others (mode {mode:o}): chmod 600 {path}")]
+    /// Others than the owner may read or write the file.
+    #[error("token file {path} is open to group or others (mode {mode:o}): chmod 600 {path}")]
     Readable {
         /// The file.
         path: String,
@@ -65,10 +66,10 @@ pub enum TokenError {
     },
 }
 
-/// The API token, kept as its hash. `Debug` shows nothing of it.
+/// The tokens the API accepts, kept as their hashes. `Debug` shows nothing of them.
 #[derive(Clone)]
 pub struct ApiToken {
-    hash: blake3::Hash,
+    hashes: Vec<blake3::Hash>,
 }
 
 impl std::fmt::Debug for ApiToken {
@@ -89,12 +90,19 @@ impl ApiToken {
             return Err(TokenError::Unprintable { path: path.into() });
         }
         Ok(ApiToken {
-            hash: blake3::hash(token.as_bytes()),
+            hashes: vec![blake3::hash(token.as_bytes())],
         })
     }
 
+    /// These tokens and `other`'s: a request with any of them passes.
+    pub fn or(mut self, other: ApiToken) -> ApiToken {
+        self.hashes.extend(other.hashes);
+        self
+    }
+
     /// Reads the token from `path`: at most [`TOKEN_FILE_BYTES_MAX`] bytes, trimmed, not
-    /// empty, and the file readable by its owner only (like an ssh key).
+    /// empty, and the file readable and writable by its owner only (like an ssh key: a
+    /// world-writable token file lets any local user choose the token).
     pub fn from_file(path: &Path) -> Result<Self, TokenError> {
         use std::os::unix::fs::PermissionsExt;
         let name = path.display().to_string();
@@ -104,7 +112,7 @@ impl ApiToken {
         };
         let meta = std::fs::metadata(path).map_err(read_err)?;
         let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o044 != 0 {
+        if mode & 0o066 != 0 {
             return Err(TokenError::Readable { path: name, mode });
         }
         if meta.len() > TOKEN_FILE_BYTES_MAX {
@@ -114,10 +122,11 @@ impl ApiToken {
         ApiToken::new(&text, &name)
     }
 
-    /// Whether `given` is the token, in time independent of where they differ and of
-    /// their lengths (BLAKE3 hashes compared in constant time).
+    /// Whether `given` is one of the tokens, in time independent of where they differ and
+    /// of their lengths (BLAKE3 hashes compared in constant time, every one of them).
     pub fn matches(&self, given: &str) -> bool {
-        blake3::hash(given.as_bytes()) == self.hash
+        let given = blake3::hash(given.as_bytes());
+        self.hashes.iter().fold(false, |any, h| (*h == given) | any)
     }
 }
 
@@ -295,6 +304,9 @@ mod tests {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let err = ApiToken::from_file(&path).unwrap_err();
         assert!(err.to_string().contains("chmod 600"), "{err}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o602)).unwrap();
+        let err = ApiToken::from_file(&path).unwrap_err();
+        assert!(err.to_string().contains("chmod 600"), "world-writable: {err}");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(ApiToken::from_file(&path).unwrap().matches("tok"));
         std::fs::write(&path, "\n").unwrap();

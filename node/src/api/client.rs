@@ -143,7 +143,8 @@ impl ApiClient {
 pub fn unauthorized_message(peer: &str, missing: bool) -> String {
     if missing {
         format!(
-            "the node wants an API token: pass --token or set RINGLEADER_TOKEN (node at {peer})"
+            "the node wants an API token: set RINGLEADER_TOKEN or pass --token-file \
+             (a node's admin token is in its <data-dir>/api.token; node at {peer})"
         )
     } else {
         format!("the API token was refused by the node at {peer}")

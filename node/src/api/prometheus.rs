@@ -347,6 +347,7 @@ mod tests {
                 ..Counters::default()
             },
             control_fault: None,
+            insecure: false,
         }
     }
 

@@ -117,6 +117,7 @@ impl StatusDoc {
             jobs: Vec::new(),
             counters: view.counters.clone(),
             control_fault: None,
+            insecure: false,
         }
     }
 }
@@ -147,6 +148,11 @@ pub struct StatusDoc {
     /// otherwise. It restarts by itself once the disk takes writes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_fault: Option<String>,
+    /// Whether this node runs an open cluster (`ringleader node --insecure`): any host that
+    /// reaches its listen port can join, and without `--token-file` anyone who reaches its
+    /// API can run commands.
+    #[serde(default)]
+    pub insecure: bool,
 }
 
 impl StatusDoc {
@@ -174,6 +180,12 @@ impl StatusDoc {
         let _ = writeln!(out, "chief  {chief}");
         if let Some(fault) = &self.control_fault {
             let _ = writeln!(out, "STOPPED {fault}");
+        }
+        if self.insecure {
+            let _ = writeln!(
+                out,
+                "INSECURE open cluster (--insecure): any host that reaches it can join"
+            );
         }
         let alive = self.members.iter().filter(|m| m.state == "alive").count();
         let _ = writeln!(out, "members: {} ({alive} alive)\n", self.members.len());
@@ -701,6 +713,7 @@ mod tests {
             jobs: Vec::new(),
             counters: Counters::default(),
             control_fault: None,
+            insecure: false,
         };
         let text = doc.to_table();
         assert!(

@@ -1,6 +1,10 @@
 //! A cluster of real `ringleader node` processes on this host: used by `ringleader demo`,
 //! the integration tests and the membership benchmark.
 //!
+//! Every cluster is keyed: [`LocalCluster::new`] writes a fresh cluster key (0600) under its
+//! root, every node is started with `--cluster-key` on it, and the clients send the
+//! cluster's admin token. Only a test of `--insecure` itself passes that flag.
+//!
 //! Every process it starts is stopped by PID when the cluster is dropped, whatever happened.
 
 use std::{
@@ -29,7 +33,8 @@ pub struct LocalNode {
     pub name: String,
     /// Its `--data-dir`.
     pub dir: PathBuf,
-    /// Extra arguments it was started with (kept for restarts).
+    /// Extra arguments it was started with (kept for restarts; the cluster key is added at
+    /// each start unless they name another).
     pub args: Vec<String>,
     /// What it wrote to `node.json` on its last start.
     pub info: NodeInfo,
@@ -50,16 +55,27 @@ impl LocalNode {
     pub fn client(&self) -> ApiClient {
         ApiClient::new(&self.info.api_addr, self.token.clone())
     }
+
+    /// The environment a CLI command against this node runs with: `RINGLEADER_PEER` and,
+    /// when it has one, `RINGLEADER_TOKEN`.
+    pub fn cli_env(&self) -> Vec<(&'static str, String)> {
+        let mut env = vec![("RINGLEADER_PEER", self.info.api_addr.clone())];
+        env.extend(self.token.clone().map(|t| ("RINGLEADER_TOKEN", t)));
+        env
+    }
 }
 
 /// Real node processes on 127.0.0.1, each with its own ports and data directory.
 pub struct LocalCluster {
     exe: PathBuf,
     root: PathBuf,
+    key_file: PathBuf,
     /// The nodes, by index of start.
     pub nodes: Vec<LocalNode>,
-    /// The API token the clients of nodes started from now on send (pass the node its
-    /// `--token-file` too); `None`: no token.
+    /// The API token the clients of nodes started from now on send: the cluster's admin
+    /// token, or one of the test's (pass the node its `--token-file` too). A node started
+    /// with its own `--cluster-key` gets that key's admin token, one started with
+    /// `--insecure` (and no `--token-file`) none.
     pub token: Option<String>,
     /// Environment added to this process's for nodes started from now on (e.g. the
     /// test-only `RINGLEADER_TEST_GPUS`).
@@ -67,15 +83,76 @@ pub struct LocalCluster {
 }
 
 impl LocalCluster {
-    /// A cluster whose nodes run `exe` and keep their data directories under `root`.
+    /// A cluster whose nodes run `exe` and keep their data directories under `root`, with a
+    /// new cluster key in `root/cluster.key`.
     pub fn new(exe: impl Into<PathBuf>, root: impl Into<PathBuf>) -> Self {
+        let root: PathBuf = root.into();
+        let key_file = root.join(crate::security::bootstrap::CLUSTER_KEY_FILE);
+        let text = crate::cluster::identity::generate_cluster_key();
+        let key = crate::cluster::identity::parse_cluster_key(&text)
+            .expect("a generated cluster key parses");
+        std::fs::create_dir_all(&root)
+            .and_then(|()| crate::security::modes::write_private(&key_file, text.as_bytes()))
+            .unwrap_or_else(|e| panic!("writing {}: {e}", key_file.display()));
         LocalCluster {
             exe: exe.into(),
-            root: root.into(),
+            root,
+            key_file,
             nodes: Vec::new(),
-            token: None,
+            token: Some(crate::security::bootstrap::admin_token(&key)),
             env: Vec::new(),
         }
+    }
+
+    /// The cluster key file every node is started with (unless its arguments name another).
+    pub fn key_file(&self) -> &Path {
+        &self.key_file
+    }
+
+    /// The arguments a node is started with: the cluster key unless `extra` names a key or
+    /// `--insecure`, then `extra`.
+    fn node_args(&self, extra: &[String]) -> Vec<String> {
+        let mut args = Vec::new();
+        if !extra
+            .iter()
+            .any(|a| a == "--cluster-key" || a == "--insecure")
+        {
+            args.extend([
+                "--cluster-key".to_string(),
+                self.key_file.display().to_string(),
+            ]);
+        }
+        args.extend_from_slice(extra);
+        args
+    }
+
+    /// The token a client of a node started with `args` sends (see [`LocalCluster::token`]).
+    fn token_for(&self, args: &[String]) -> Option<String> {
+        let value = |flag: &str| args.windows(2).find(|w| w[0] == flag).map(|w| w[1].clone());
+        if let Some(file) = value("--token-file") {
+            return std::fs::read_to_string(file)
+                .ok()
+                .map(|t| t.trim().to_string());
+        }
+        if let Some(file) = value("--cluster-key") {
+            if Path::new(&file) != self.key_file {
+                return crate::cluster::identity::load_cluster_key(Path::new(&file))
+                    .ok()
+                    .map(|k| crate::security::bootstrap::admin_token(&k));
+            }
+        }
+        if args.iter().any(|a| a == "--insecure") {
+            return None;
+        }
+        self.token.clone()
+    }
+
+    /// A CLI command (`ringleader …`, arguments to add) against node `i`, with its address
+    /// and token in the environment.
+    pub fn cli(&self, i: usize) -> Command {
+        let mut cmd = Command::new(&self.exe);
+        cmd.envs(self.nodes[i].cli_env());
+        cmd
     }
 
     /// The seed address of node `i` (`host:port`, its first p2p address).
@@ -88,13 +165,15 @@ impl LocalCluster {
     pub fn start(&mut self, name: &str, extra: &[String]) -> Result<usize> {
         let dir = self.root.join(name);
         std::fs::create_dir_all(&dir)?;
-        let (child, info) = spawn(&self.exe, name, &dir, extra, &self.env)?;
+        let args = self.node_args(extra);
+        let (child, info) = spawn(&self.exe, name, &dir, &args, &self.env)?;
+        let token = self.token_for(&args);
         self.nodes.push(LocalNode {
             name: name.to_string(),
             dir,
             args: extra.to_vec(),
             info,
-            token: self.token.clone(),
+            token,
             env: self.env.clone(),
             child: Some(child),
         });
@@ -108,13 +187,15 @@ impl LocalCluster {
         self.start(name, &args)
     }
 
-    /// Restarts a stopped node with its data directory and arguments.
+    /// Restarts a stopped node with its data directory and arguments (and the cluster key,
+    /// unless they name another or `--insecure`).
     pub fn restart(&mut self, i: usize) -> Result<()> {
-        let node = &mut self.nodes[i];
-        if node.child.is_some() {
-            bail!("node {} is still running", node.name);
+        if self.nodes[i].child.is_some() {
+            bail!("node {} is still running", self.nodes[i].name);
         }
-        let (child, info) = spawn(&self.exe, &node.name, &node.dir, &node.args, &node.env)?;
+        let args = self.node_args(&self.nodes[i].args);
+        let node = &mut self.nodes[i];
+        let (child, info) = spawn(&self.exe, &node.name, &node.dir, &args, &node.env)?;
         node.child = Some(child);
         node.info = info;
         Ok(())

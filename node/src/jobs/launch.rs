@@ -14,10 +14,14 @@
 //!   - address of rank r: the host of the member's advertised `data_addr`, port
 //!     [`data_port`]`(job, r)` = [`master_port`]`(job, generation, secret) + 1 + r`;
 //!   - group id: from the job id (the trainer hashes it); generation: the generation;
-//!   - secret: the generation's random [`Job::ring_secret`], drawn by the chief and replicated
-//!     with the placement, handed over in the environment (`RINGLEADER_SECRET`), never shown
-//!     by the API. A process without it (a stale worker of an earlier generation, another job's,
-//!     anyone on the data network) fails the ring handshake.
+//!   - secret: [`ring_secret`], from the generation's random [`Job::ring_secret`] (a nonce
+//!     drawn by the chief and replicated with the placement) keyed by the cluster key, so the
+//!     secret itself is never stored: the Raft log, its snapshots and every replica hold only
+//!     the nonce, useless without the key (under `--insecure`, with no key, the nonce is the
+//!     secret, as before). Handed over in the environment (`RINGLEADER_SECRET`), never shown
+//!     by the API. A process without it (a stale worker of an earlier generation, another
+//!     job's, anyone on the data network, a local user who read the node's files) fails the
+//!     ring handshake.
 
 use std::{
     net::{IpAddr, SocketAddr},
@@ -44,6 +48,25 @@ pub fn master_port(id: JobId, generation: u32, secret: &str) -> u16 {
     let h = blake3::hash(format!("{id}/{generation}/{secret}").as_bytes());
     let x = u16::from_le_bytes([h.as_bytes()[0], h.as_bytes()[1]]);
     MASTER_PORT_BASE + x % MASTER_PORT_SPAN
+}
+
+/// The key-derivation context of [`LaunchContext::ring_key`] (changing it changes every
+/// ring's secret).
+pub const RING_KEY_CONTEXT: &str = "ringleader 2026-11 ring secret v1";
+
+/// The ring secret of `job`'s current generation: the replicated nonce keyed by `ring_key`
+/// (BLAKE3's keyed hash over the job id, the generation and the nonce), or the nonce itself
+/// when the cluster has no key (`--insecure`). Every member computes the same value.
+pub fn ring_secret(job: &Job, ring_key: Option<&[u8; 32]>) -> String {
+    match ring_key {
+        Some(key) => {
+            let input = format!("{}/{}/{}", job.id, job.generation, job.ring_secret);
+            blake3::keyed_hash(key, input.as_bytes())
+                .to_hex()
+                .to_string()
+        }
+        None => job.ring_secret.clone(),
+    }
 }
 
 /// The data-plane port of `rank` in `job`'s current generation: one above the generation's
@@ -77,6 +100,7 @@ pub fn default_storage(jobs_dir: &Path) -> String {
 /// The control line that moves a live elastic train rank to `job`'s current generation as
 /// `slot`'s rank, or `None` while a ring member's address is unknown.
 pub fn generation_line(
+    ctx: &LaunchContext,
     job: &Job,
     slot: &Slot,
     host_of: &dyn Fn(&str) -> Option<String>,
@@ -85,7 +109,7 @@ pub fn generation_line(
         generation: u64::from(job.generation),
         rank: slot.rank as usize,
         addrs: ring_addrs(job, host_of)?,
-        secret: job.ring_secret.clone(),
+        secret: ring_secret(job, ctx.ring_key.as_ref()),
     };
     Some(generation.to_line())
 }
@@ -105,6 +129,9 @@ pub struct LaunchContext {
     /// ([`gpus::inherited_visible_devices`]): device `i` of a rank is entry `i`. `None`: the
     /// index itself.
     pub device_names: Option<Vec<String>>,
+    /// The key rings' secrets are derived with (from the cluster key, see [`ring_secret`]);
+    /// `None` under `--insecure`.
+    pub ring_key: Option<[u8; 32]>,
 }
 
 /// One rank's process, ready to spawn.
@@ -199,7 +226,10 @@ pub fn launch(
     }
     let addrs = ring_addrs(job, host_of)?;
     let spec_file = log.with_file_name("spec.toml");
-    env.push(("RINGLEADER_SECRET".into(), job.ring_secret.clone()));
+    env.push((
+        "RINGLEADER_SECRET".into(),
+        ring_secret(job, ctx.ring_key.as_ref()),
+    ));
     env.push((trainer::gpu::GPUS_ENV.into(), slot.gpus.len().to_string()));
     // In the environment, not the argv: a storage URL may carry keys, and a command line
     // is readable by every user of the host (/proc/PID/cmdline, ps).
@@ -290,9 +320,32 @@ mod tests {
             storage: url.into(),
             exe: "/bin/ringleader".into(),
             device_names: None,
+            ring_key: None,
         };
         let l = launch(&ctx, job, &job.assignment[0], &|_| Some("127.0.0.1".into())).unwrap();
         assert!(l.command.iter().any(|a| a == "train-worker"));
+        let env_secret = |l: &Launch| {
+            l.env
+                .iter()
+                .find(|(k, _)| k == "RINGLEADER_SECRET")
+                .map(|(_, v)| v.clone())
+                .unwrap()
+        };
+        assert_eq!(env_secret(&l), job.ring_secret, "no key: the nonce");
+        // With the cluster's ring key the secret is derived, never the replicated nonce, and
+        // the same on every member.
+        let keyed = LaunchContext {
+            ring_key: Some([7; 32]),
+            ..ctx.clone()
+        };
+        let lk = launch(&keyed, job, &job.assignment[0], &|_| {
+            Some("127.0.0.1".into())
+        })
+        .unwrap();
+        assert_ne!(env_secret(&lk), job.ring_secret);
+        assert_eq!(env_secret(&lk), ring_secret(job, Some(&[7; 32])));
+        assert_ne!(env_secret(&lk), ring_secret(job, Some(&[8; 32])));
+        assert!(!format!("{:?}", lk.command).contains(&env_secret(&lk)));
         assert!(
             !l.command
                 .iter()
@@ -334,6 +387,7 @@ mod tests {
             storage: "memory://".into(),
             exe: "/bin/ringleader".into(),
             device_names: None,
+            ring_key: None,
         };
         let host = |_: &str| Some("127.0.0.1".to_string());
         let launches = |ctx: &LaunchContext, id| {

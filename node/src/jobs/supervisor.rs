@@ -103,7 +103,7 @@ pub fn plan(
             plan.wanted.insert(key);
             match have.get(&key) {
                 Some(g) if *g == job.generation || !control_stdin => {}
-                Some(_) => match generation_line(job, slot, host_of) {
+                Some(_) => match generation_line(ctx, job, slot, host_of) {
                     Some(line) => plan.moves.push(Move {
                         key,
                         generation: job.generation,
@@ -170,6 +170,7 @@ impl Supervisor {
                 jobs_dir,
                 exe,
                 device_names: None,
+                ring_key: None,
             },
             reports,
             running: HashMap::new(),
@@ -200,6 +201,13 @@ impl Supervisor {
     /// (`gpus::inherited_visible_devices`; default: by index).
     pub fn with_device_names(mut self, names: Option<Vec<String>>) -> Self {
         self.ctx.device_names = names;
+        self
+    }
+
+    /// Derives rings' secrets with `key` (from the cluster key; `None`: the nonce is the
+    /// secret, under `--insecure`).
+    pub fn with_ring_key(mut self, key: Option<[u8; 32]>) -> Self {
+        self.ctx.ring_key = key;
         self
     }
 
@@ -309,13 +317,15 @@ pub fn start(
     jobs_dir: PathBuf,
     storage: String,
     device_names: Option<Vec<String>>,
+    ring_key: Option<[u8; 32]>,
 ) {
     let (reports_tx, reports_rx) = mpsc::channel(REPORT_QUEUE_DEPTH);
     tokio::spawn(report_loop(ctl.clone(), reports_rx));
     let supervisor = Supervisor::new(me, jobs_dir, reports_tx, wall_ms)
         .with_storage(storage)
         .with_datasets(datasets)
-        .with_device_names(device_names);
+        .with_device_names(device_names)
+        .with_ring_key(ring_key);
     tokio::spawn(run(ctl, supervisor));
 }
 
@@ -526,6 +536,7 @@ mod tests {
             storage: "memory://".into(),
             exe: "/bin/ringleader".into(),
             device_names: None,
+            ring_key: None,
         }
     }
 

@@ -67,6 +67,8 @@ pub struct Hosts {
     pub dir: tempfile::TempDir,
     /// Set when the hosts go down (a test's background pollers watch it).
     pub stop: Arc<AtomicBool>,
+    /// The cluster's admin API token (derived from the key every node is started with).
+    pub token: String,
 }
 
 impl Hosts {
@@ -78,11 +80,16 @@ impl Hosts {
             .prefix(&format!("rl-{what}-"))
             .tempdir()
             .unwrap();
+        let key_text = ringleader::cluster::identity::generate_cluster_key();
+        let key = ringleader::cluster::identity::parse_cluster_key(&key_text).unwrap();
+        let key_file = dir.path().join("cluster.key");
+        ringleader::security::modes::write_private(&key_file, key_text.as_bytes()).unwrap();
         let mut hosts = Hosts {
             n,
             children: Vec::new(),
             dir,
             stop: Arc::new(AtomicBool::new(false)),
+            token: ringleader::security::bootstrap::admin_token(&key),
         };
         for i in 1..=n {
             let data = hosts.data_dir(i);
@@ -95,6 +102,8 @@ impl Hosts {
                 .args(["--api", &format!("{}:7071", addr(i))])
                 .arg("--data-dir")
                 .arg(&data)
+                .arg("--cluster-key")
+                .arg(&key_file)
                 .args(extra(i));
             if i > 1 {
                 cmd.args(["--join", &format!("{}:7070", addr(1))]);
@@ -118,7 +127,7 @@ impl Hosts {
 
     /// A client of node `i`'s API.
     pub fn client(&self, i: usize) -> ApiClient {
-        ApiClient::new(&format!("{}:7071", addr(i)), None)
+        ApiClient::new(&format!("{}:7071", addr(i)), Some(self.token.clone()))
     }
 
     /// Node `i`'s status.

@@ -1,0 +1,276 @@
+//! The cluster key and the API token a node runs with, decided once at start.
+//!
+//! | started with | cluster key | API token |
+//! | --- | --- | --- |
+//! | `--cluster-key FILE` | FILE's | derived from the key |
+//! | no key, `<data-dir>/cluster.key` exists | that file's (a restart) | derived from the key |
+//! | no key, no `--join`, a new data directory (the first node) | made now: `<data-dir>/cluster.key`, 0600 | derived from the key |
+//! | no key, no `--join`, a data directory a node ran in | refused: a key made now would split it from its cluster | — |
+//! | no key, `--join` | refused: a joiner needs the key | — |
+//! | `--insecure` | none: the cluster is open | none, unless `--token-file` |
+//!
+//! The admin token is derived from the cluster key ([`admin_token`], BLAKE3's key
+//! derivation), so one token works on every node and nothing about it has to be replicated:
+//! whoever holds the key is a member, and a member already runs commands on every node, so
+//! the token grants nothing the key does not. Every keyed node writes it to
+//! `<data-dir>/api.token` (0600), where the CLI on that host finds it. `--token-file` adds
+//! a token of the operator's choosing beside it.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{
+    api::auth::ApiToken,
+    cluster::identity::{self, ClusterKey},
+    security::modes,
+};
+
+/// File in the data directory holding the cluster key (swarm.key format, 0600).
+pub const CLUSTER_KEY_FILE: &str = "cluster.key";
+
+/// File in the data directory holding the admin API token (0600).
+pub const API_TOKEN_FILE: &str = "api.token";
+
+/// The key-derivation context of the admin token (changing it changes every cluster's
+/// token).
+const ADMIN_TOKEN_CONTEXT: &str = "ringleader 2026-11 api admin token v1";
+
+/// The admin API token of the cluster whose key is `key`: 64 hex digits.
+pub fn admin_token(key: &ClusterKey) -> String {
+    hex::encode(key.derive(ADMIN_TOKEN_CONTEXT))
+}
+
+/// What the operator asked for at start.
+#[derive(Clone, Debug, Default)]
+pub struct Asked<'a> {
+    /// `--cluster-key`.
+    pub cluster_key: Option<&'a Path>,
+    /// `--token-file`.
+    pub token_file: Option<&'a Path>,
+    /// Whether `--join` named a seed.
+    pub joining: bool,
+    /// `--insecure`.
+    pub insecure: bool,
+    /// Whether the data directory held a node before this start (its identity key): such
+    /// a node never makes a key of its own, which would split it from its cluster.
+    pub ran_before: bool,
+}
+
+/// The secrets a node runs with.
+pub struct Secrets {
+    /// The cluster key; `None` only with `--insecure`.
+    pub key: Option<ClusterKey>,
+    /// The tokens the API accepts; `None`: the API is open (only with `--insecure`).
+    pub token: Option<ApiToken>,
+    /// Files made at this start, to print once: (what, path).
+    pub created: Vec<(&'static str, PathBuf)>,
+}
+
+impl Secrets {
+    /// Whether the node runs an open cluster (`--insecure`).
+    pub fn insecure(&self) -> bool {
+        self.key.is_none()
+    }
+}
+
+/// Decides the node's secrets from the flags and its data directory (created already),
+/// making the key and the token files where the table in the module doc says.
+pub fn resolve(data_dir: &Path, asked: &Asked<'_>) -> Result<Secrets> {
+    let mut created = Vec::new();
+    let stored = data_dir.join(CLUSTER_KEY_FILE);
+    let key = match (asked.insecure, asked.cluster_key) {
+        (true, Some(_)) => {
+            bail!("--insecure runs an open cluster and cannot take --cluster-key: choose one")
+        }
+        (true, None) => None,
+        (false, Some(path)) => Some(load_key(path)?),
+        (false, None) if stored.exists() => Some(load_key(&stored)?),
+        (false, None) if asked.joining => bail!(
+            "--join needs the cluster key: copy <data-dir>/{CLUSTER_KEY_FILE} from a member \
+             (the first node made it at its first start) and pass --cluster-key FILE \
+             (or --insecure for an open cluster)"
+        ),
+        (false, None) if asked.ran_before => bail!(
+            "{} belongs to a node that ran without --cluster-key and holds no {CLUSTER_KEY_FILE}: \
+             pass its cluster's key with --cluster-key FILE (or --insecure for an open cluster)",
+            data_dir.display()
+        ),
+        (false, None) => {
+            let text = identity::generate_cluster_key();
+            modes::write_private(&stored, text.as_bytes())
+                .with_context(|| format!("writing {}", stored.display()))?;
+            created.push(("cluster key", stored.clone()));
+            Some(load_key(&stored)?)
+        }
+    };
+    let mut token = None;
+    if let Some(key) = &key {
+        let admin = admin_token(key);
+        let path = data_dir.join(API_TOKEN_FILE);
+        let current = std::fs::read_to_string(&path).ok();
+        if current.as_deref().map(str::trim) != Some(admin.as_str()) {
+            modes::write_private(&path, format!("{admin}\n").as_bytes())
+                .with_context(|| format!("writing {}", path.display()))?;
+            created.push(("API token", path));
+        }
+        token = Some(ApiToken::new(&admin, API_TOKEN_FILE)?);
+    }
+    if let Some(path) = asked.token_file {
+        let extra = ApiToken::from_file(path).context("--token-file")?;
+        token = Some(match token {
+            Some(t) => t.or(extra),
+            None => extra,
+        });
+    }
+    Ok(Secrets {
+        key,
+        token,
+        created,
+    })
+}
+
+fn load_key(path: &Path) -> Result<ClusterKey> {
+    modes::check_secret_file(path, "cluster key")?;
+    identity::load_cluster_key(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_first_node_makes_a_key_and_a_token_and_keeps_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = resolve(dir.path(), &Asked::default()).unwrap();
+        assert!(!s.insecure());
+        let names: Vec<_> = s.created.iter().map(|(w, _)| *w).collect();
+        assert_eq!(names, ["cluster key", "API token"]);
+        for f in [CLUSTER_KEY_FILE, API_TOKEN_FILE] {
+            let mode = std::fs::metadata(dir.path().join(f))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{f}");
+        }
+        let token = std::fs::read_to_string(dir.path().join(API_TOKEN_FILE)).unwrap();
+        assert!(s.token.as_ref().unwrap().matches(token.trim()));
+        // A restart finds both and makes nothing.
+        let again = resolve(dir.path(), &Asked::default()).unwrap();
+        assert!(again.created.is_empty());
+        assert!(again.token.unwrap().matches(token.trim()));
+        // A node that ran before (open, or keyed by a flag) never makes a key of its own.
+        let old = tempfile::tempdir().unwrap();
+        let asked = Asked {
+            ran_before: true,
+            ..Asked::default()
+        };
+        let err = resolve(old.path(), &asked).err().unwrap();
+        assert!(err.to_string().contains("--cluster-key FILE"), "{err}");
+    }
+
+    #[test]
+    fn a_joiner_needs_the_key_and_derives_the_same_token() {
+        let first = tempfile::tempdir().unwrap();
+        resolve(first.path(), &Asked::default()).unwrap();
+        let key = first.path().join(CLUSTER_KEY_FILE);
+        let joiner = tempfile::tempdir().unwrap();
+        let err = resolve(
+            joiner.path(),
+            &Asked {
+                joining: true,
+                ..Asked::default()
+            },
+        )
+        .err()
+        .unwrap();
+        assert!(
+            err.to_string().contains("--join needs the cluster key"),
+            "{err}"
+        );
+        let s = resolve(
+            joiner.path(),
+            &Asked {
+                joining: true,
+                cluster_key: Some(&key),
+                ..Asked::default()
+            },
+        )
+        .unwrap();
+        let token = std::fs::read_to_string(first.path().join(API_TOKEN_FILE)).unwrap();
+        assert!(
+            s.token.unwrap().matches(token.trim()),
+            "one token, every node"
+        );
+        assert!(!joiner.path().join(CLUSTER_KEY_FILE).exists());
+    }
+
+    #[test]
+    fn insecure_is_open_unless_a_token_file_is_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = Asked {
+            insecure: true,
+            ..Asked::default()
+        };
+        let s = resolve(dir.path(), &open).unwrap();
+        assert!(s.insecure() && s.token.is_none() && s.created.is_empty());
+        let tf = dir.path().join("t");
+        modes::write_private(&tf, b"mine\n").unwrap();
+        let s = resolve(
+            dir.path(),
+            &Asked {
+                token_file: Some(&tf),
+                ..open.clone()
+            },
+        )
+        .unwrap();
+        assert!(s.token.unwrap().matches("mine"));
+        let key = dir.path().join("k");
+        modes::write_private(&key, identity::generate_cluster_key().as_bytes()).unwrap();
+        assert!(resolve(
+            dir.path(),
+            &Asked {
+                cluster_key: Some(&key),
+                ..open
+            }
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn a_key_file_others_may_read_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("k");
+        std::fs::write(&key, identity::generate_cluster_key()).unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = resolve(
+            dir.path(),
+            &Asked {
+                cluster_key: Some(&key),
+                ..Asked::default()
+            },
+        )
+        .err()
+        .unwrap();
+        assert!(format!("{err:#}").contains("chmod 600"), "{err:#}");
+    }
+
+    #[test]
+    fn a_token_file_beside_the_key_adds_a_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let tf = dir.path().join("t");
+        modes::write_private(&tf, b"mine\n").unwrap();
+        let s = resolve(
+            dir.path(),
+            &Asked {
+                token_file: Some(&tf),
+                ..Asked::default()
+            },
+        )
+        .unwrap();
+        let admin = std::fs::read_to_string(dir.path().join(API_TOKEN_FILE)).unwrap();
+        let t = s.token.unwrap();
+        assert!(t.matches("mine") && t.matches(admin.trim()) && !t.matches("other"));
+    }
+}

@@ -1,0 +1,18 @@
+//! The node's own secrets and the files that hold them: what `ringleader node` needs before
+//! anything listens.
+//!
+//! - [`bootstrap`]: the cluster key and the API token a node runs with. A node started
+//!   without a key and without `--join` makes both at first start (as k3s makes its token);
+//!   a joiner needs the key; `--insecure` is the one way to run without them.
+//! - [`modes`]: data directories 0700 and files 0600 (the process umask, and an upgrade
+//!   pass over a data directory an older node left group- or world-readable), and the checks
+//!   that refuse secret files other users may write or read.
+//!
+//! What each secret grants is the README's *Security model*: the cluster key makes a host a
+//! member (a Raft voter, ranks of every job, every job's secrets); the API token is a shell
+//! on every node (a command job runs anything, as the node's user).
+//!
+//! May use: `cluster::identity` (the key's format), `api::auth` (the token's type).
+
+pub mod bootstrap;
+pub mod modes;
