@@ -36,9 +36,7 @@ fn cluster_of(root: &Path, nodes: &[(&str, &[&str])]) -> LocalCluster {
 
 /// Runs the CLI against node `i`.
 fn cli(c: &LocalCluster, i: usize, args: &[&str]) -> Output {
-    Command::new(exe())
-        .arg("--peer")
-        .arg(&c.nodes[i].info.api_addr)
+    c.cli(i)
         .args(args)
         .output()
         .expect("running the CLI")

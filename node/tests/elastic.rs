@@ -28,9 +28,30 @@ const WAIT: Duration = Duration::from_secs(120);
 /// the hang test's silence bound should not race a machine loaded by the others.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// A formed cluster of `n` nodes, `e0` first (three voters: it survives losing one).
+/// The test-only step delay of every train job's workers here, so a fault lands mid-run. A
+/// test hook: set in the nodes' environment, which their ranks inherit (a spec's `env` may
+/// not name a `RINGLEADER_*` variable).
+const STEP_DELAY: (&str, &str) = ("RINGLEADER_TEST_STEP_DELAY_MS", "15");
+
+/// A formed cluster of `n` nodes, `e0` first (three voters: it survives losing one), whose
+/// ranks get [`STEP_DELAY`].
 fn cluster(root: &Path, n: usize) -> LocalCluster {
-    common::formed_cluster(root, "e", n, &[], WAIT)
+    cluster_env(root, n, &[STEP_DELAY])
+}
+
+/// [`cluster`] with `env` (test hooks) in the nodes' environment instead.
+fn cluster_env(root: &Path, n: usize, env: &[(&str, &str)]) -> LocalCluster {
+    let mut c = LocalCluster::new(exe(), root);
+    c.env = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    c.start("e0", &[]).unwrap();
+    for i in 1..n {
+        c.start_joining(&format!("e{i}"), &[]).unwrap();
+    }
+    common::wait_formed(&c, n, WAIT);
+    c
 }
 
 /// Polls node `i`'s view of job `id` until `cond` holds.
@@ -48,14 +69,9 @@ fn signal(pid: u32, sig: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).unwrap();
 }
 
-/// A train job of 3 workers that may go down to 2; slowed by the test-only step delay so a
-/// fault lands mid-run; commits in memory every 5 steps.
+/// A train job of 3 workers that may go down to 2; commits in memory every 5 steps (the
+/// nodes' [`STEP_DELAY`] slows it).
 fn train_spec(name: &str, steps: u32) -> String {
-    train_spec_env(name, steps, "")
-}
-
-/// [`train_spec`] with more environment (`, KEY = "value"` pairs).
-fn train_spec_env(name: &str, steps: u32, env: &str) -> String {
     format!(
         r#"
 name = "{name}"
@@ -64,7 +80,6 @@ workers = 3
 min_workers = 2
 max_workers = 3
 max_restarts = 0
-env = {{ RINGLEADER_TEST_STEP_DELAY_MS = "15"{env} }}
 [model]
 arch = "mlp"
 hidden = [64]
@@ -111,13 +126,13 @@ fn train_fault(
     fault: impl FnOnce(&mut LocalCluster, &JobDoc, u32) -> After,
     reason_prefix: &str,
 ) {
-    train_fault_env(name, "", fault, reason_prefix)
+    train_fault_env(name, &[], fault, reason_prefix)
 }
 
-/// [`train_fault`] with more environment for the job's workers.
+/// [`train_fault`] with more test hooks in the nodes' environment (their ranks inherit it).
 fn train_fault_env(
     name: &str,
-    env: &str,
+    env: &[(&str, &str)],
     fault: impl FnOnce(&mut LocalCluster, &JobDoc, u32) -> After,
     reason_prefix: &str,
 ) {
@@ -126,10 +141,10 @@ fn train_fault_env(
         .prefix("rl-elastic-")
         .tempdir()
         .unwrap();
-    let mut c = cluster(root.path(), 3);
+    let mut c = cluster_env(root.path(), 3, &[&[STEP_DELAY], env].concat());
     let id = c.nodes[0]
         .client()
-        .submit(&train_spec_env(name, 1_800, env))
+        .submit(&train_spec(name, 1_800))
         .unwrap();
 
     // Phase 1: under way on 3 workers, one process per rank.
@@ -347,7 +362,7 @@ fn deadlocked_rank_is_named_hung_by_its_heartbeat() {
     // The worker started as rank 2 never returns from step 60's forward pass.
     train_fault_env(
         "deadlock",
-        ", RINGLEADER_TEST_HANG = \"2:60\"",
+        &[("RINGLEADER_TEST_HANG", "2:60")],
         |_, _, _| After::Reaped,
         "hung ",
     );
@@ -426,10 +441,9 @@ fn throttled_rank_is_dropped_as_a_straggler_and_blacklisted() {
         .prefix("rl-elastic-slow-")
         .tempdir()
         .unwrap();
-    let mut c = cluster(root.path(), 3);
     // Real compute (no step delay) so the throttled rank's compute time stands out.
+    let mut c = cluster_env(root.path(), 3, &[]);
     let spec = train_spec("straggler", 3_000)
-        .replace("env = { RINGLEADER_TEST_STEP_DELAY_MS = \"15\" }\n", "")
         .replace("hidden = [64]", "hidden = [256, 256]")
         .replace(
             "commit_every_steps = 5\n",
@@ -489,6 +503,7 @@ fn chief_killed_with_a_rank_the_new_chief_reforms() {
     // The first node bootstraps the cluster and is its chief; its name sorts last, so the
     // job's three workers are placed on the other three.
     let mut c = LocalCluster::new(exe(), root.path());
+    c.env = vec![(STEP_DELAY.0.into(), STEP_DELAY.1.into())];
     c.start("z-chief", &[]).unwrap();
     for name in ["a1", "a2", "a3"] {
         c.start_joining(name, &[]).unwrap();

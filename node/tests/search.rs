@@ -265,10 +265,7 @@ fn random_search_of_command_trials_runs_the_example_script() {
     assert!(nodes.len() >= 2, "trials spread over the peers: {nodes:?}");
 
     // The leaderboard (`ringleader trials ID --json`), best first; a trial's logs by its job.
-    let out = std::process::Command::new(exe())
-        .args(["--peer", &c.nodes[0].info.api_addr, "--json", "trials", &id])
-        .output()
-        .unwrap();
+    let out = c.cli(0).args(["--json", "trials", &id]).output().unwrap();
     assert!(out.status.success(), "{out:?}");
     let board: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = board["trials"].as_array().unwrap();
@@ -277,10 +274,7 @@ fn random_search_of_command_trials_runs_the_example_script() {
     let metrics: Vec<f64> = rows.iter().filter_map(|r| r["metric"].as_f64()).collect();
     assert!(metrics.windows(2).all(|w| w[0] >= w[1]), "{metrics:?}");
     let best_job = rows[0]["job"].as_str().unwrap();
-    let out = std::process::Command::new(exe())
-        .args(["--peer", &c.nodes[1].info.api_addr, "logs", best_job])
-        .output()
-        .unwrap();
+    let out = c.cli(1).args(["logs", best_job]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("ringleader-report 6 accuracy"), "{text}");
 }
@@ -407,11 +401,19 @@ fn train_trial_of_a_killed_node_resumes_from_its_checkpoint_elsewhere() {
     let root = scratch();
     // One store for all nodes (a shared file system; `s3://` works the same).
     let shared = format!("file://{}", root.path().join("shared").display());
-    let mut c = cluster_with(root.path(), &["--storage".to_string(), shared]);
+    // The test-only step delay is in the nodes' environment (their ranks inherit it): a
+    // spec's `env` may not name a `RINGLEADER_*` variable.
+    let mut c = LocalCluster::new(exe(), root.path());
+    c.env = vec![("RINGLEADER_TEST_STEP_DELAY_MS".into(), "4".into())];
+    let extra = ["--storage".to_string(), shared];
+    c.start("s0", &extra).unwrap();
+    for i in 1..3 {
+        c.start_joining(&format!("s{i}"), &extra).unwrap();
+    }
+    common::wait_formed(&c, 3, WAIT);
     let spec = r#"
 name = "moved"
 kind = "search"
-env = { RINGLEADER_TEST_STEP_DELAY_MS = "4" }
 [model]
 arch = "mlp"
 hidden = [32]

@@ -356,7 +356,8 @@ impl Trainer {
     }
     /// Test-only: sleeps `delay` inside every step's compute part, so that it counts as
     /// compute time; emulates a straggler (the worker reads it from
-    /// `RINGLEADER_TEST_STEP_DELAY_MS`). Zero by default.
+    /// `RINGLEADER_TEST_STEP_DELAY_MS` through `worker::test_hook`, in debug builds only).
+    /// Zero by default.
     pub fn set_compute_delay(&mut self, delay: Duration) {
         self.compute_delay = delay;
     }

@@ -58,8 +58,10 @@
 //! Test-only: the environment variable [`STEP_DELAY_ENV`] (`RINGLEADER_TEST_STEP_DELAY_MS`,
 //! read once at start) makes every step sleep that long in its compute part, to emulate a
 //! straggler; [`HANG_ENV`] (`RINGLEADER_TEST_HANG=RANK:STEP`) makes the worker started as
-//! rank RANK never return from step STEP's forward pass, to emulate a deadlock. Never set
-//! them in production.
+//! rank RANK never return from step STEP's forward pass, to emulate a deadlock. Both are
+//! read through [`test_hook`], which a release build compiles to `None`; a job spec may not
+//! set them (the node refuses `RINGLEADER_*` keys in a spec's `env`), a test sets them in
+//! the node's environment, which its ranks inherit.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -91,9 +93,37 @@ pub const HANG_ENV: &str = "RINGLEADER_TEST_HANG";
 /// Period of the progress heartbeat, and the shortest compute section it reports, ms.
 pub const HEARTBEAT_INTERVAL_MS: u64 = 1_000;
 
+/// What every test hook's variable name starts with.
+pub const TEST_HOOK_PREFIX: &str = "RINGLEADER_TEST_";
+
+/// The value of the test hook `name` (a `RINGLEADER_TEST_*` variable: [`STEP_DELAY_ENV`],
+/// [`HANG_ENV`], [`crate::gpu::TEST_GPUS_ENV`]) in debug builds, and always `None` in
+/// release builds.
+///
+/// Why compiled out: a hook drives faults (a hang, a slow step, fake devices) into ranks.
+/// In a production node, a job spec's `env` (refused by the node's spec validation too) or
+/// a local user who can set the node's environment could otherwise hang or slow every rank
+/// of a job, or make a node advertise GPUs it does not have. Tests are debug builds, so
+/// they keep the hooks; every read of a `RINGLEADER_TEST_*` variable goes through here.
+pub fn test_hook(name: &str) -> Option<String> {
+    debug_assert!(
+        name.starts_with(TEST_HOOK_PREFIX),
+        "{name} is not a test hook"
+    );
+    #[cfg(debug_assertions)]
+    {
+        std::env::var(name).ok()
+    }
+    #[cfg(not(debug_assertions))]
+    {
+        let _ = name;
+        None
+    }
+}
+
 /// The step this worker hangs in, from [`HANG_ENV`], if it names this rank.
 fn test_hang_at_step(rank: usize) -> anyhow::Result<Option<u64>> {
-    let Ok(v) = std::env::var(HANG_ENV) else {
+    let Some(v) = test_hook(HANG_ENV) else {
         return Ok(None);
     };
     let parsed = v.split_once(':').and_then(|(r, s)| {
@@ -344,15 +374,15 @@ pub fn rank_stats_line(
 
 /// The test-only step delay from [`STEP_DELAY_ENV`] (zero when unset).
 fn step_delay() -> anyhow::Result<Duration> {
-    match std::env::var(STEP_DELAY_ENV) {
-        Ok(v) => {
+    match test_hook(STEP_DELAY_ENV) {
+        Some(v) => {
             let ms: u64 = v
                 .trim()
                 .parse()
                 .with_context(|| format!("{STEP_DELAY_ENV}={v:?}: want milliseconds"))?;
             Ok(Duration::from_millis(ms))
         }
-        Err(_) => Ok(Duration::ZERO),
+        None => Ok(Duration::ZERO),
     }
 }
 

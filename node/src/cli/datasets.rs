@@ -62,7 +62,7 @@ struct Row {
 
 /// Runs a dataset command.
 pub fn run(cli: &Cli, cmd: &DatasetCmd) -> Result<()> {
-    let c = client(cli);
+    let c = client(cli)?;
     match cmd {
         DatasetCmd::Add {
             name,

@@ -3,22 +3,185 @@
 //! it. Every peer that reaches this server passed
 //! the swarm's handshake (and the cluster key, when the cluster has one); that makes it a
 //! member, not the chief: [`authorize`] lets it forward only what a member may originate.
+//!
+//! Raft's own messages are checked against the sender before Raft sees them
+//! ([`check_raft_sender`]): a vote request only from the candidate it names, an
+//! AppendEntries or snapshot chunk only from the leader it names (a node's Raft id is the
+//! hash of its peer id, [`node_id_of`], so the swarm's authenticated peer id pins it), and
+//! all three only from a voter or learner of this node's membership config. Two exceptions
+//! keep joins and catch-up live: a node whose membership is still empty (joining, or about
+//! to bootstrap) hears any sender that names itself, and a sender outside the membership is
+//! heard when its request shows a log past this node's (this node may have missed the entry
+//! that added it). A removed or stale node (its log no longer than ours) is refused, which
+//! is the disruption Raft's §6 warns about. A refusal is a [`PeerRefused`], logged at warn
+//! with the peer, and answered as a malformed request (openraft retries, as for a network
+//! error).
+//!
+//! Forwarded writes and log reads: the forwarding node's API checked the caller's token
+//! (the admin token; the API has no finer principal) before it forwarded; the chief trusts
+//! a peer holding the cluster key to have done so, and logs at info which peer (and whether
+//! it is a Raft member) forwarded each user command, so every commit of a submit, cancel or
+//! dataset change can be traced to the node whose API took it.
 
 use std::sync::atomic::Ordering;
 
-use openraft::raft::AppendEntriesResponse;
+use openraft::{
+    raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest},
+    Membership,
+};
 use tokio::sync::mpsc;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     cluster::{net::InboundRpc, wire},
     control::{
         handle::ControlHandle,
-        protocol::{ProposeError, RpcRequest, RpcResponse},
+        protocol::{ProposeError, RpcRequest, RpcResponse, SnapshotRequest},
         state::{ControlCommand, ControlState, JobId},
+        store::{node_id_of, NodeId, RaftNode, TypeConfig},
     },
     jobs::logs::read_log,
 };
+
+/// Which Raft message a [`PeerRefused`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RaftRpc {
+    /// A vote request: sent by the candidate it names.
+    Vote,
+    /// An AppendEntries (heartbeats included): sent by the leader it names.
+    AppendEntries,
+    /// A snapshot chunk: sent by the leader it names.
+    InstallSnapshot,
+}
+
+impl RaftRpc {
+    fn name(self) -> &'static str {
+        match self {
+            RaftRpc::Vote => "vote request",
+            RaftRpc::AppendEntries => "append-entries",
+            RaftRpc::InstallSnapshot => "snapshot chunk",
+        }
+    }
+
+    fn role(self) -> &'static str {
+        match self {
+            RaftRpc::Vote => "candidate",
+            RaftRpc::AppendEntries | RaftRpc::InstallSnapshot => "leader",
+        }
+    }
+}
+
+/// Why a Raft message from a peer was refused before it reached Raft.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PeerRefused {
+    /// The message names another node than its sender as its candidate or leader: a peer
+    /// speaking for another node.
+    #[error("{} names node {named:?} as its {}, but the sender is node {sender}", .rpc.name(), .rpc.role())]
+    NotTheNamedNode {
+        /// The message.
+        rpc: RaftRpc,
+        /// The candidate or leader it names (`None`: none).
+        named: Option<NodeId>,
+        /// The sender's node id (the hash of its peer id).
+        sender: NodeId,
+    },
+    /// The sender is not a voter or learner of this node's membership config, and its
+    /// message shows no log past this node's.
+    #[error("{} from node {sender}, which is not a voter or learner here (its log reaches {sender_log:?}, ours {our_log:?})", .rpc.name())]
+    NotAMember {
+        /// The message.
+        rpc: RaftRpc,
+        /// The sender's node id.
+        sender: NodeId,
+        /// The last log index its message shows.
+        sender_log: Option<u64>,
+        /// This node's last log index.
+        our_log: Option<u64>,
+    },
+}
+
+/// Checks a Raft message's sender (see the module doc): `peer` is the sender's
+/// authenticated peer id, `named` the candidate or leader the message names, `sender_log`
+/// the last log index it shows; `membership` and `our_log` are this node's.
+pub fn check_raft_sender(
+    rpc: RaftRpc,
+    peer: &str,
+    named: Option<NodeId>,
+    sender_log: Option<u64>,
+    membership: &Membership<NodeId, RaftNode>,
+    our_log: Option<u64>,
+) -> Result<(), PeerRefused> {
+    let sender = node_id_of(peer);
+    if named != Some(sender) {
+        return Err(PeerRefused::NotTheNamedNode { rpc, named, sender });
+    }
+    if membership.nodes().next().is_none() {
+        return Ok(()); // joining, or not bootstrapped yet
+    }
+    if membership
+        .get_node(&sender)
+        .is_some_and(|n| n.peer_id == peer)
+    {
+        return Ok(());
+    }
+    if sender_log > our_log {
+        return Ok(()); // we lag: the entry adding the sender may not be here yet
+    }
+    Err(PeerRefused::NotAMember {
+        rpc,
+        sender,
+        sender_log,
+        our_log,
+    })
+}
+
+/// The sender facts of a vote request: the candidate and its last log index.
+fn vote_sender(r: &VoteRequest<NodeId>) -> (Option<NodeId>, Option<u64>) {
+    (
+        r.vote.leader_id().voted_for(),
+        r.last_log_id.map(|l| l.index),
+    )
+}
+
+/// The sender facts of an AppendEntries: the leader and the last log index it shows.
+fn append_sender(r: &AppendEntriesRequest<TypeConfig>) -> (Option<NodeId>, Option<u64>) {
+    let last = r
+        .entries
+        .last()
+        .map(|e| e.log_id.index)
+        .or(r.prev_log_id.map(|l| l.index));
+    (r.vote.leader_id().voted_for(), last)
+}
+
+/// The sender facts of a snapshot chunk: the leader and the snapshot's last log index.
+fn snapshot_sender(r: &SnapshotRequest) -> (Option<NodeId>, Option<u64>) {
+    (
+        r.vote.leader_id().voted_for(),
+        r.meta.last_log_id.map(|l| l.index),
+    )
+}
+
+/// [`check_raft_sender`] against this node's current membership and log.
+fn check_live(
+    ctl: &ControlHandle,
+    rpc: RaftRpc,
+    from: &libp2p::PeerId,
+    (named, sender_log): (Option<NodeId>, Option<u64>),
+) -> Result<(), String> {
+    let m = ctl.raft().metrics().borrow().clone();
+    check_raft_sender(
+        rpc,
+        &from.to_string(),
+        named,
+        sender_log,
+        m.membership_config.membership(),
+        m.last_log_index,
+    )
+    .map_err(|e| {
+        warn!(peer = %from, "raft message refused: {e}");
+        format!("refused: {e}")
+    })
+}
 
 /// Whether the member `from` (a peer id) may have `cmd` committed by forwarding it to the
 /// chief. A member forwards what its users and its own ranks produce: a submit (whose spec
@@ -93,6 +256,18 @@ pub fn authorize(from: &str, cmd: &ControlCommand, state: &ControlState) -> Resu
     }
 }
 
+/// The name of a command a user's API call originates (a submit, cancel or dataset change),
+/// `None` for what nodes originate themselves (ranks' exits and metrics).
+fn user_command(cmd: &ControlCommand) -> Option<&'static str> {
+    match cmd {
+        ControlCommand::Submit { .. } => Some("submit"),
+        ControlCommand::Cancel { .. } => Some("cancel"),
+        ControlCommand::DatasetAdd { .. } => Some("dataset-add"),
+        ControlCommand::DatasetRemove { .. } => Some("dataset-remove"),
+        _ => None,
+    }
+}
+
 /// Answers the peers' RPCs, each on a task of its own, until the node's event loop closes
 /// the queue.
 pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>) {
@@ -101,6 +276,11 @@ pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>) {
         tokio::spawn(async move {
             let resp = match wire::decode_json::<RpcRequest>(&rpc.payload) {
                 Ok(RpcRequest::AppendEntries(r)) => {
+                    if let Err(e) =
+                        check_live(&ctl, RaftRpc::AppendEntries, &rpc.from, append_sender(&r))
+                    {
+                        return respond(&ctl, rpc.key, RpcResponse::Malformed(e)).await;
+                    }
                     let r = ctl.raft().append_entries(r).await;
                     // Anything but a higher vote means the sender leads this node's term.
                     if matches!(&r, Ok(resp) if !matches!(resp, AppendEntriesResponse::HigherVote(_)))
@@ -110,23 +290,60 @@ pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>) {
                     }
                     RpcResponse::AppendEntries(r)
                 }
-                Ok(RpcRequest::Vote(r)) => RpcResponse::Vote(ctl.raft().vote(r).await),
-                Ok(RpcRequest::InstallSnapshot(chunk)) => match chunk.try_into() {
-                    Ok(r) => RpcResponse::InstallSnapshot(ctl.raft().install_snapshot(r).await),
-                    Err(e) => RpcResponse::Malformed(e),
-                },
+                Ok(RpcRequest::Vote(r)) => {
+                    match check_live(&ctl, RaftRpc::Vote, &rpc.from, vote_sender(&r)) {
+                        Ok(()) => RpcResponse::Vote(ctl.raft().vote(r).await),
+                        Err(e) => RpcResponse::Malformed(e),
+                    }
+                }
+                Ok(RpcRequest::InstallSnapshot(chunk)) => {
+                    match SnapshotRequest::try_from(chunk).and_then(|r| {
+                        check_live(
+                            &ctl,
+                            RaftRpc::InstallSnapshot,
+                            &rpc.from,
+                            snapshot_sender(&r),
+                        )
+                        .map(|()| r)
+                    }) {
+                        Ok(r) => RpcResponse::InstallSnapshot(ctl.raft().install_snapshot(r).await),
+                        Err(e) => RpcResponse::Malformed(e),
+                    }
+                }
                 Ok(RpcRequest::Propose(cmd)) => {
                     let from = rpc.from.to_string();
-                    let allowed = cmd
-                        .check()
-                        .map_err(|e| e.to_string())
-                        .and_then(|()| ctl.read(|s| authorize(&from, &cmd, s)));
+                    let allowed = match cmd.check().map_err(|e| e.to_string()) {
+                        Err(e) => Err(e),
+                        // A submit's authorization is its admission (see `authorize`): CPU
+                        // work on the spec alone, run off the async runtime and outside the
+                        // state's lock so Raft's timers and applies go on meanwhile.
+                        Ok(()) => match &cmd {
+                            ControlCommand::Submit { spec, .. } => {
+                                let spec = spec.clone();
+                                tokio::task::spawn_blocking(move || crate::jobs::admit(&spec))
+                                    .await
+                                    .unwrap_or_else(|e| Err(format!("admission failed: {e}")))
+                            }
+                            _ => ctl.read(|s| authorize(&from, &cmd, s)),
+                        },
+                    };
                     let r = match allowed {
                         Err(e) => {
                             warn!(peer = %rpc.from, "forwarded command refused: {e}");
                             Err(ProposeError::Rejected(e))
                         }
-                        Ok(()) => ctl.propose_local(cmd).await,
+                        Ok(()) => {
+                            if user_command(&cmd).is_some() {
+                                let m = ctl.raft().metrics().borrow().clone();
+                                let member = m
+                                    .membership_config
+                                    .membership()
+                                    .get_node(&node_id_of(&from))
+                                    .is_some_and(|n| n.peer_id == from);
+                                info!(peer = %rpc.from, member, command = user_command(&cmd).unwrap_or("?"), "forwarded user command accepted");
+                            }
+                            ctl.propose_local(cmd).await
+                        }
                     };
                     RpcResponse::Propose(r)
                 }
@@ -141,10 +358,14 @@ pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>) {
                     RpcResponse::Malformed(e.to_string())
                 }
             };
-            let payload = wire::encode_json(&resp).unwrap_or_default();
-            ctl.node.respond(rpc.key, payload).await;
+            respond(&ctl, rpc.key, resp).await;
         });
     }
+}
+
+async fn respond(ctl: &ControlHandle, key: u64, resp: RpcResponse) {
+    let payload = wire::encode_json(&resp).unwrap_or_default();
+    ctl.node.respond(key, payload).await;
 }
 
 #[cfg(test)]
@@ -154,6 +375,140 @@ mod tests {
         chief::{decide, tests as chief},
         cluster::membership::State,
     };
+
+    /// A membership of voters `voters` and learners `learners`, each a peer id string.
+    fn membership(voters: &[&str], learners: &[&str]) -> Membership<NodeId, RaftNode> {
+        let node = |p: &&str| {
+            (
+                node_id_of(p),
+                RaftNode {
+                    peer_id: p.to_string(),
+                    name: p.to_string(),
+                },
+            )
+        };
+        let nodes: std::collections::BTreeMap<_, _> =
+            voters.iter().chain(learners).map(node).collect();
+        let voter_ids: std::collections::BTreeSet<_> =
+            voters.iter().map(|p| node_id_of(p)).collect();
+        Membership::new(vec![voter_ids], nodes)
+    }
+
+    fn vote_from(candidate: &str, last_log: Option<u64>) -> VoteRequest<NodeId> {
+        VoteRequest {
+            vote: openraft::Vote::new(3, node_id_of(candidate)),
+            last_log_id: last_log
+                .map(|i| openraft::LogId::new(openraft::CommittedLeaderId::new(2, 0), i)),
+        }
+    }
+
+    fn append_from(leader: &str, prev: Option<u64>) -> AppendEntriesRequest<TypeConfig> {
+        AppendEntriesRequest {
+            vote: openraft::Vote::new_committed(3, node_id_of(leader)),
+            prev_log_id: prev
+                .map(|i| openraft::LogId::new(openraft::CommittedLeaderId::new(3, 0), i)),
+            entries: vec![],
+            leader_commit: None,
+        }
+    }
+
+    /// A vote request only from the candidate it names; append-entries and snapshots only
+    /// from the leader they name; all only from a voter or learner.
+    #[test]
+    fn raft_messages_only_from_the_node_they_name_and_only_from_members() {
+        let m = membership(&["a", "b"], &["c"]);
+        let ours = Some(10);
+        let (named, log) = vote_sender(&vote_from("a", Some(10)));
+        assert_eq!(
+            check_raft_sender(RaftRpc::Vote, "a", named, log, &m, ours),
+            Ok(())
+        );
+        // b speaks for a: refused, naming both.
+        let err = check_raft_sender(RaftRpc::Vote, "b", named, log, &m, ours).unwrap_err();
+        assert_eq!(
+            err,
+            PeerRefused::NotTheNamedNode {
+                rpc: RaftRpc::Vote,
+                named: Some(node_id_of("a")),
+                sender: node_id_of("b"),
+            }
+        );
+        assert!(err.to_string().contains("candidate"), "{err}");
+        // A learner's heartbeat as leader of its own: it is a member, so heard (Raft
+        // decides); an outsider with a log no longer than ours is not.
+        let (named, log) = append_sender(&append_from("c", Some(9)));
+        assert_eq!(
+            check_raft_sender(RaftRpc::AppendEntries, "c", named, log, &m, ours),
+            Ok(())
+        );
+        let (named, log) = append_sender(&append_from("x", Some(10)));
+        let err = check_raft_sender(RaftRpc::AppendEntries, "x", named, log, &m, ours).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PeerRefused::NotAMember {
+                    rpc: RaftRpc::AppendEntries,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let (named, log) = vote_sender(&vote_from("x", Some(3)));
+        assert!(check_raft_sender(RaftRpc::Vote, "x", named, log, &m, ours).is_err());
+        // A leader naming another leader than itself.
+        let (named, log) = append_sender(&append_from("a", Some(10)));
+        assert!(matches!(
+            check_raft_sender(RaftRpc::AppendEntries, "b", named, log, &m, ours),
+            Err(PeerRefused::NotTheNamedNode { .. })
+        ));
+    }
+
+    /// A node joining (empty membership) hears its leader; a lagging node hears a leader
+    /// added by an entry it has not received yet (the leader's log is past its own).
+    #[test]
+    fn joining_and_lagging_nodes_still_hear_their_leader() {
+        let empty = membership(&[], &[]);
+        let (named, log) = append_sender(&append_from("leader", None));
+        assert_eq!(
+            check_raft_sender(RaftRpc::AppendEntries, "leader", named, log, &empty, None),
+            Ok(())
+        );
+        // Even when joining, nobody may speak for another node.
+        assert!(
+            check_raft_sender(RaftRpc::AppendEntries, "other", named, log, &empty, None).is_err()
+        );
+        let old = membership(&["a", "b", "c"], &[]);
+        let (named, log) = append_sender(&append_from("d", Some(40)));
+        assert_eq!(
+            check_raft_sender(RaftRpc::AppendEntries, "d", named, log, &old, Some(12)),
+            Ok(())
+        );
+        let (named, log) = vote_sender(&vote_from("d", Some(40)));
+        assert_eq!(
+            check_raft_sender(RaftRpc::Vote, "d", named, log, &old, Some(12)),
+            Ok(())
+        );
+        // A member's peer id must match the one recorded for its node id.
+        let mut forged = membership(&["a"], &[]);
+        let (named, log) = vote_sender(&vote_from("a", Some(1)));
+        assert_eq!(
+            check_raft_sender(RaftRpc::Vote, "a", named, log, &forged, Some(1)),
+            Ok(())
+        );
+        forged = Membership::new(
+            vec![[node_id_of("a")].into_iter().collect()],
+            [(
+                node_id_of("a"),
+                RaftNode {
+                    peer_id: "not-a".into(),
+                    name: "a".into(),
+                },
+            )]
+            .into_iter()
+            .collect::<std::collections::BTreeMap<_, _>>(),
+        );
+        assert!(check_raft_sender(RaftRpc::Vote, "a", named, log, &forged, Some(1)).is_err());
+    }
 
     #[test]
     fn members_forward_only_what_they_may_originate() {

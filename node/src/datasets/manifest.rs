@@ -19,8 +19,9 @@
 //! manifest stored in canonical form. Changing the encoding changes every root.
 
 use std::fmt;
-use std::fs::{self, File};
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
@@ -50,7 +51,7 @@ pub fn chunk_bytes_for(total_bytes: u64) -> u32 {
 /// The bytes of the regular files at `path` (a file, or every file below a directory),
 /// from their metadata: what [`chunk_bytes_for`] needs before anything is read.
 pub fn source_bytes(path: &Path) -> Result<u64, DatasetError> {
-    let meta = fs::metadata(path).map_err(io_error(path))?;
+    let meta = source_metadata(path)?;
     if meta.is_dir() {
         Ok(list_files(path)?.iter().map(|s| s.size).sum())
     } else {
@@ -219,16 +220,31 @@ impl Manifest {
     /// A file gives a one-file dataset named by its file name. A directory gives every regular
     /// file below it, recursively, with paths relative to it; empty directories are not
     /// recorded, and a directory without any file is [`DatasetError::EmptyDirectory`].
-    /// `path` itself is followed if it is a symbolic link (the operator named it), but a
-    /// symbolic link, FIFO, socket or device below it is refused
-    /// ([`DatasetError::UnsupportedFile`]), not skipped: a dataset silently missing files
-    /// would be worse. A file's size is what was read, so a file growing while it is read
-    /// gives a consistent (if mixed) entry.
+    ///
+    /// Nothing is read through a symbolic link, so a dataset never holds bytes from outside
+    /// the file or directory named: `path` itself may not be one (its parent directories
+    /// may: they are the operator's), and a symbolic link below it is refused even when it
+    /// points inside (simpler to reason about than containment, and a dataset is a copy, so
+    /// nothing is lost by copying the target instead). Links, FIFOs, sockets and devices are
+    /// refused ([`DatasetError::UnsupportedFile`]), not skipped: a dataset silently missing
+    /// files would be worse. Every file is opened without following a link
+    /// (`O_NOFOLLOW`) and must be the very file listed (same device and inode), so one
+    /// swapped for a link or another file after listing is refused
+    /// ([`DatasetError::ChangedWhileAdding`]). A file's size is what was read, so a file
+    /// growing while it is read gives a consistent (if mixed) entry.
     pub fn build(path: &Path, chunk_bytes: u32) -> Result<Self, DatasetError> {
         check_chunk_bytes(chunk_bytes)?;
-        let meta = fs::metadata(path).map_err(io_error(path))?;
+        let meta = source_metadata(path)?;
         let sources = if meta.is_dir() {
             let sources = list_files(path)?;
+            // The directory listed must still be the one named (not swapped for a link to
+            // another meanwhile); each file is checked again when it is opened.
+            let again = source_metadata(path)?;
+            if (again.dev(), again.ino()) != (meta.dev(), meta.ino()) {
+                return Err(DatasetError::ChangedWhileAdding {
+                    path: path.to_path_buf(),
+                });
+            }
             if sources.is_empty() {
                 return Err(DatasetError::EmptyDirectory {
                     path: path.to_path_buf(),
@@ -247,6 +263,7 @@ impl Manifest {
                 path: name.to_owned(),
                 local: path.to_path_buf(),
                 size: meta.len(),
+                id: (meta.dev(), meta.ino()),
             }]
         } else {
             return Err(DatasetError::UnsupportedFile {
@@ -414,6 +431,56 @@ struct Source {
     path: String,
     local: PathBuf,
     size: u64,
+    /// The listed file's device and inode: what is opened must be this file.
+    id: (u64, u64),
+}
+
+/// The metadata of the file or directory an add names, without following a symbolic link
+/// at `path` itself (refused: see [`Manifest::build`]).
+fn source_metadata(path: &Path) -> Result<fs::Metadata, DatasetError> {
+    let meta = fs::symlink_metadata(path).map_err(io_error(path))?;
+    if meta.file_type().is_symlink() {
+        return Err(DatasetError::UnsupportedFile {
+            path: path.to_path_buf(),
+            kind: kind_name(meta.file_type()),
+        });
+    }
+    Ok(meta)
+}
+
+/// Opens a file being added for reading: never through a symbolic link at its place
+/// (`O_NOFOLLOW`), never blocking on a FIFO swapped in (`O_NONBLOCK`, no effect on a regular
+/// file), and only if it is a regular file whose device and inode are `id` (the listed
+/// file), else [`DatasetError::ChangedWhileAdding`] or [`DatasetError::UnsupportedFile`].
+/// `id` `None` checks only that it is a regular file.
+pub(super) fn open_source(path: &Path, id: Option<(u64, u64)>) -> Result<File, DatasetError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|source| match source.raw_os_error() {
+            Some(libc::ELOOP) => DatasetError::UnsupportedFile {
+                path: path.to_path_buf(),
+                kind: "symlink",
+            },
+            _ => DatasetError::Io {
+                path: path.to_path_buf(),
+                source,
+            },
+        })?;
+    let meta = file.metadata().map_err(io_error(path))?;
+    if !meta.is_file() {
+        return Err(DatasetError::UnsupportedFile {
+            path: path.to_path_buf(),
+            kind: kind_name(meta.file_type()),
+        });
+    }
+    if id.is_some_and(|id| id != (meta.dev(), meta.ino())) {
+        return Err(DatasetError::ChangedWhileAdding {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(file)
 }
 
 fn check_chunk_bytes(chunk_bytes: u32) -> Result<(), DatasetError> {
@@ -543,8 +610,14 @@ fn list_files(dir: &Path) -> Result<Vec<Source>, DatasetError> {
             if kind.is_dir() {
                 dirs.push((path, local));
             } else if kind.is_file() {
-                let size = entry.metadata().map_err(io_error(&local))?.len();
-                files.push(Source { path, local, size });
+                // `DirEntry::metadata` does not follow symbolic links either.
+                let meta = entry.metadata().map_err(io_error(&local))?;
+                files.push(Source {
+                    path,
+                    local,
+                    size: meta.len(),
+                    id: (meta.dev(), meta.ino()),
+                });
                 if files.len() > FILES_MAX {
                     return Err(DatasetError::TooManyFiles { max: FILES_MAX });
                 }
@@ -562,7 +635,7 @@ fn list_files(dir: &Path) -> Result<Vec<Source>, DatasetError> {
 
 /// Reads `source` in `buf.len()` pieces, hashing each.
 fn hash_file(source: Source, buf: &mut [u8]) -> Result<FileEntry, DatasetError> {
-    let mut file = File::open(&source.local).map_err(io_error(&source.local))?;
+    let mut file = open_source(&source.local, Some(source.id))?;
     let mut size = 0u64;
     let mut chunks = Vec::new();
     loop {

@@ -16,6 +16,13 @@
 //!   from a peer (every field checked), chunk ranges and chunk verification.
 //! - [`store`]: the copies on disk — whole ones, fetches under way (`.part`, resumable),
 //!   adds being copied in — and writing a copy's files elsewhere (`get --to`).
+//! - [`confined`]: the directory `get --to` writes under, walked without following a
+//!   symbolic link, so a link planted there cannot redirect a write.
+//!
+//! Files and links: an add reads nothing through a symbolic link (the path named may not
+//! be one, and none below it is followed) and refuses special files; the store's copies get
+//! at most the source's permission bits (fetched ones 0600), never wider; `get --to` never
+//! writes through a link ([`confined`]).
 //! - [`transport`]: TCP connections authenticated with the cluster key, and the
 //!   request/answer messages on them.
 //! - [`serve`]: what this node holds and the server giving it to peers, with the rate cap
@@ -37,6 +44,7 @@
 use std::io;
 use std::path::PathBuf;
 
+pub mod confined;
 pub mod fetch;
 pub mod manifest;
 pub mod serve;
@@ -94,8 +102,9 @@ pub enum DatasetError {
         source: io::Error,
     },
     /// A dataset holds only regular files and directories; symbolic links (refused, not
-    /// followed, so a dataset never reaches outside its directory), FIFOs, sockets and
-    /// devices are refused.
+    /// followed, so a dataset never reaches outside its directory: the path added itself
+    /// included, and one below it even when it points inside), FIFOs, sockets and devices
+    /// are refused.
     #[error("{}: a {kind}, only regular files and directories can be shared", path.display())]
     UnsupportedFile {
         /// The offending entry.
@@ -212,6 +221,16 @@ pub enum DatasetError {
     ExportExists {
         /// The file.
         path: PathBuf,
+    },
+    /// `--to` would write through a symbolic link (at the directory itself, a directory
+    /// below it or a file's place) or through something else than a directory: refused,
+    /// never followed or replaced, so a link planted there cannot redirect the write.
+    #[error("{}: a {kind} where --to writes; it is never followed or replaced: remove it or choose another --to", path.display())]
+    ExportBlocked {
+        /// The link, file or other thing in the way.
+        path: PathBuf,
+        /// What it is: `symlink`, `file`, `directory`, `fifo`, …
+        kind: &'static str,
     },
     /// A chunk whose BLAKE3 hash is not the manifest's: corrupt or forged, never to be used.
     #[error("path {path:?} chunk {index}: hash does not match the manifest")]

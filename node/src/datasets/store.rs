@@ -17,18 +17,31 @@
 //! root. A `.part` survives a crash or a full disk: [`Store::begin`] re-verifies every chunk
 //! its `have` lists and goes on from there.
 //!
+//! Permissions: a copy added keeps at most its source's permission bits (within
+//! [`STORED_MODE_MAX`], then the umask), so adding a file only its owner may read never
+//! makes a copy others may; fetched copies and the store's own files are 0600.
+//!
 //! Chunks are numbered across the dataset (file after file in path order); [`ChunkIndex`]
 //! maps that number to a file and an offset. Every function here is blocking: the service
 //! calls them on the blocking pool.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use rand::RngCore;
 
+use super::confined::{ConfinedDir, Kind};
+use super::manifest::open_source;
 use super::{DatasetError, Manifest, Root, MANIFEST_BYTES_MAX};
+
+/// The widest mode of a file in the store, before the umask: a copy gets the source's
+/// permission bits within this (never wider, and never executable), a fetched copy and the
+/// store's own files 0600; the node runs with umask 077, which narrows every one to 0600.
+const STORED_MODE_MAX: u32 = 0o666;
+/// The mode of fetched copies and the store's own files (manifests, `have` lists).
+const PRIVATE_MODE: u32 = 0o600;
 
 const MANIFEST_FILE: &str = "manifest.json";
 const FILES_DIR: &str = "files";
@@ -340,6 +353,7 @@ impl Store {
                 .write(true)
                 .create(true)
                 .truncate(false)
+                .mode(PRIVATE_MODE)
                 .open(&path)
                 .map_err(io_at(&path))?;
             // Sparse: space is taken as chunks arrive, so a full disk shows on a write.
@@ -555,9 +569,15 @@ fn read_manifest(dir: &Path, root: &Root) -> Result<Manifest, DatasetError> {
     Ok(manifest)
 }
 
-/// Writes `bytes` to `path` and flushes it to disk.
+/// Writes `bytes` to `path` (mode [`PRIVATE_MODE`] if new) and flushes it to disk.
 fn write_file_synced(path: &Path, bytes: &[u8]) -> Result<(), DatasetError> {
-    let mut file = File::create(path).map_err(io_at(path))?;
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(PRIVATE_MODE)
+        .open(path)
+        .map_err(io_at(path))?;
     file.write_all(bytes).map_err(io_at(path))?;
     file.sync_all().map_err(io_at(path))
 }
@@ -569,9 +589,11 @@ fn sync_dir(dir: &Path) {
 }
 
 /// Copies `manifest`'s files from `src` (a file or the directory it was built from) into
-/// `to/files/`, checking every chunk of what was read against the manifest.
+/// `to/files/`, checking every chunk of what was read against the manifest. A source file
+/// is opened without following a link and must be a regular file; its copy is created new
+/// with at most the source's permission bits ([`STORED_MODE_MAX`]).
 fn copy_checked(src: &Path, manifest: &Manifest, to: &Path) -> Result<(), DatasetError> {
-    let single = fs::metadata(src).map_err(io_at(src))?.is_file();
+    let single = fs::symlink_metadata(src).map_err(io_at(src))?.is_file();
     let mut buf = vec![0u8; manifest.chunk_bytes() as usize];
     for (f, entry) in manifest.files().iter().enumerate() {
         let from = if single {
@@ -583,8 +605,14 @@ fn copy_checked(src: &Path, manifest: &Manifest, to: &Path) -> Result<(), Datase
         if let Some(parent) = dest.parent() {
             fs::create_dir_all(parent).map_err(io_at(parent))?;
         }
-        let mut input = File::open(&from).map_err(io_at(&from))?;
-        let mut output = File::create(&dest).map_err(io_at(&dest))?;
+        let mut input = open_source(&from, None)?;
+        let mode = input.metadata().map_err(io_at(&from))?.permissions().mode();
+        let mut output = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode & STORED_MODE_MAX)
+            .open(&dest)
+            .map_err(io_at(&dest))?;
         for c in 0..entry.chunks.len() {
             let (_, len) = manifest.chunk_range(f, c)?;
             let piece = &mut buf[..len as usize];
@@ -603,47 +631,68 @@ fn copy_checked(src: &Path, manifest: &Manifest, to: &Path) -> Result<(), Datase
 }
 
 /// Writes a whole copy's files under `to`, each at its path, each appearing only when
-/// complete (written beside it under a temporary name, flushed, then renamed). A file that
-/// exists already is left alone if it holds the same bytes, else refused.
+/// complete (written beside it under a fresh temporary name, flushed, then renamed without
+/// replacing anything). A file that exists already is left alone if it holds the same
+/// bytes, else refused. Nothing is written through a symbolic link: `to`, every directory
+/// below it and every file's place are walked with [`ConfinedDir`], so a link planted at
+/// any of them is refused ([`DatasetError::ExportBlocked`]), never followed. The files are
+/// created 0600 ([`super::confined::FILE_MODE`]).
 pub fn export(files_dir: &Path, manifest: &Manifest, to: &Path) -> Result<(), DatasetError> {
+    let top = ConfinedDir::open_or_create(to)?;
     let mut buf = vec![0u8; manifest.chunk_bytes() as usize];
     for (f, entry) in manifest.files().iter().enumerate() {
-        let dest = to.join(&entry.path);
-        if dest.exists() {
-            if same_content(&dest, manifest, f, &mut buf) {
-                continue;
+        // Manifest paths are checked: relative, `/`-separated, no `.`, `..` or empty part.
+        let mut parts: Vec<&str> = entry.path.split('/').collect();
+        let name = parts.pop().expect("split gives at least one part");
+        let mut below: Option<ConfinedDir> = None;
+        for part in parts {
+            let next = below.as_ref().unwrap_or(&top).subdir(part)?;
+            below = Some(next);
+        }
+        let dir = below.as_ref().unwrap_or(&top);
+        match dir.kind(name)? {
+            None => {}
+            Some(Kind::File) => {
+                let existing = dir.open_file(name)?;
+                if same_content(&existing, manifest, f, &mut buf) {
+                    continue;
+                }
+                return Err(DatasetError::ExportExists {
+                    path: dir.path().join(name),
+                });
             }
-            return Err(DatasetError::ExportExists { path: dest });
+            Some(kind) => {
+                return Err(DatasetError::ExportBlocked {
+                    path: dir.path().join(name),
+                    kind: match kind {
+                        Kind::File => "file",
+                        Kind::Dir => "directory",
+                        Kind::Symlink { .. } => "symlink",
+                        Kind::Other(name) => name,
+                    },
+                })
+            }
         }
-        if let Some(parent) = dest.parent() {
-            fs::create_dir_all(parent).map_err(io_at(parent))?;
-        }
-        let tmp = dest.with_file_name(format!(
-            ".{}.ringleader-{}",
-            dest.file_name().unwrap_or_default().to_string_lossy(),
-            random_hex()
-        ));
+        let tmp = format!(".{name}.ringleader-{}", random_hex());
         let from = files_dir.join(&entry.path);
         let copied = (|| {
             let mut input = File::open(&from).map_err(io_at(&from))?;
-            let mut output = File::create(&tmp).map_err(io_at(&tmp))?;
-            io::copy(&mut input, &mut output).map_err(io_at(&tmp))?;
-            output.sync_all().map_err(io_at(&tmp))?;
-            fs::rename(&tmp, &dest).map_err(io_at(&dest))
+            let mut output = dir.create_new(&tmp)?;
+            let at = dir.path().join(&tmp);
+            io::copy(&mut input, &mut output).map_err(io_at(&at))?;
+            output.sync_all().map_err(io_at(&at))?;
+            dir.rename_new(&tmp, name)
         })();
         if copied.is_err() {
-            let _ = fs::remove_file(&tmp);
+            dir.remove_file(&tmp);
         }
         copied?;
     }
     Ok(())
 }
 
-fn same_content(path: &Path, manifest: &Manifest, f: usize, buf: &mut [u8]) -> bool {
+fn same_content(file: &File, manifest: &Manifest, f: usize, buf: &mut [u8]) -> bool {
     let entry = &manifest.files()[f];
-    let Ok(file) = File::open(path) else {
-        return false;
-    };
     if file.metadata().map(|m| m.len()).ok() != Some(entry.size) {
         return false;
     }
@@ -803,6 +852,147 @@ mod tests {
             copy_checked(&src, &m, &tmp),
             Err(DatasetError::ChangedWhileAdding { .. })
         ));
+    }
+
+    /// `/etc/shadow` added through a link became a world-readable copy: now the link is
+    /// refused, and a copy never gets wider permission bits than its source.
+    #[test]
+    fn adds_refuse_a_linked_path_and_keep_at_most_the_sources_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        fs::write(&secret, b"root:x:0:0").unwrap();
+        fs::set_permissions(&secret, fs::Permissions::from_mode(0o600)).unwrap();
+        let link = dir.path().join("innocent");
+        std::os::unix::fs::symlink(&secret, &link).unwrap();
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let err = store.import(&link, CHUNK_BYTES_MIN).unwrap_err();
+        assert!(
+            matches!(&err, DatasetError::UnsupportedFile { path, kind: "symlink" } if *path == link),
+            "{err}"
+        );
+        assert!(err.to_string().contains("innocent"), "{err}");
+        let linked_dir = dir.path().join("linked-dir");
+        std::os::unix::fs::symlink(dir.path(), &linked_dir).unwrap();
+        assert!(matches!(
+            store.import(&linked_dir, CHUNK_BYTES_MIN),
+            Err(DatasetError::UnsupportedFile {
+                kind: "symlink",
+                ..
+            })
+        ));
+
+        // Named directly, its copy is no wider than the source (0600), nor is a 0640 one.
+        let m = store.import(&secret, CHUNK_BYTES_MIN).unwrap();
+        let copy = store.files_dir(&m.root()).unwrap().join("secret");
+        let mode = fs::metadata(&copy).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode & !0o600, 0, "{mode:o}");
+        let src = tree(dir.path());
+        fs::set_permissions(src.join("sub/b.txt"), fs::Permissions::from_mode(0o640)).unwrap();
+        let m = store.import(&src, CHUNK_BYTES_MIN).unwrap();
+        let copy = store.files_dir(&m.root()).unwrap().join("sub/b.txt");
+        let mode = fs::metadata(&copy).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode & !0o640, 0, "{mode:o}");
+    }
+
+    /// A FIFO below the directory is refused, not waited on.
+    #[test]
+    fn adds_refuse_special_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = tree(dir.path());
+        let fifo = src.join("sub/pipe");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a plain syscall with a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let err = store.import(&src, CHUNK_BYTES_MIN).unwrap_err();
+        assert!(
+            matches!(&err, DatasetError::UnsupportedFile { path, kind: "fifo" } if *path == fifo),
+            "{err}"
+        );
+    }
+
+    /// A file swapped for a link to another file after it was listed is refused when opened.
+    #[test]
+    fn a_file_swapped_for_a_link_after_listing_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        fs::write(&file, b"mine").unwrap();
+        fs::write(dir.path().join("other"), b"theirs").unwrap();
+        let id = {
+            use std::os::unix::fs::MetadataExt;
+            let m = fs::symlink_metadata(&file).unwrap();
+            (m.dev(), m.ino())
+        };
+        // Kept aside, so its inode is not reused by the file written below.
+        fs::rename(&file, dir.path().join("kept")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("other"), &file).unwrap();
+        assert!(matches!(
+            open_source(&file, Some(id)),
+            Err(DatasetError::UnsupportedFile {
+                kind: "symlink",
+                ..
+            })
+        ));
+        fs::remove_file(&file).unwrap();
+        fs::write(&file, b"new file, same name").unwrap();
+        assert!(matches!(
+            open_source(&file, Some(id)),
+            Err(DatasetError::ChangedWhileAdding { .. })
+        ));
+    }
+
+    /// `get --to` never writes through a link: not at the directory, not at a directory
+    /// below it, not at a file's place; what the links point to is left untouched.
+    #[test]
+    fn export_never_writes_through_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = tree(dir.path());
+        let store = Store::open(&dir.path().join("store")).unwrap();
+        let m = store.import(&src, CHUNK_BYTES_MIN).unwrap();
+        let files = store.files_dir(&m.root()).unwrap();
+        let outside = dir.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        fs::write(outside.join("b.txt"), b"victim").unwrap();
+
+        let to = dir.path().join("to-link");
+        std::os::unix::fs::symlink(&outside, &to).unwrap();
+        let err = export(&files, &m, &to).unwrap_err();
+        assert!(
+            matches!(&err, DatasetError::ExportBlocked { path, kind: "symlink" } if *path == to),
+            "{err}"
+        );
+
+        let to = dir.path().join("out-1");
+        fs::create_dir(&to).unwrap();
+        std::os::unix::fs::symlink(&outside, to.join("sub")).unwrap();
+        let err = export(&files, &m, &to).unwrap_err();
+        assert!(
+            matches!(&err, DatasetError::ExportBlocked { path, kind: "symlink" } if *path == to.join("sub")),
+            "{err}"
+        );
+
+        let to = dir.path().join("out-2");
+        fs::create_dir_all(to.join("sub")).unwrap();
+        std::os::unix::fs::symlink(outside.join("b.txt"), to.join("sub/b.txt")).unwrap();
+        let err = export(&files, &m, &to).unwrap_err();
+        assert!(
+            matches!(&err, DatasetError::ExportBlocked { path, kind: "symlink" } if *path == to.join("sub/b.txt")),
+            "{err}"
+        );
+        assert!(err.to_string().contains("sub/b.txt"), "{err}");
+        assert_eq!(fs::read(outside.join("b.txt")).unwrap(), b"victim");
+        assert_eq!(
+            fs::read_dir(&outside).unwrap().count(),
+            1,
+            "nothing written there"
+        );
+
+        // A plain directory still works, and its files are private.
+        let to = dir.path().join("out-3");
+        export(&files, &m, &to).unwrap();
+        assert_eq!(fs::read(to.join("sub/b.txt")).unwrap(), b"hello");
+        let mode = fs::metadata(to.join("a.bin")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{mode:o}");
     }
 
     #[test]

@@ -47,11 +47,12 @@ pub enum Source {
 }
 
 impl Source {
-    /// [`Source::Test`] when [`TEST_GPUS_ENV`] is set, else the driver.
+    /// [`Source::Test`] when [`TEST_GPUS_ENV`] is set in a debug build, else the driver: a
+    /// release build never reads the test hook ([`trainer::worker::test_hook`] says why).
     pub fn from_env() -> Source {
-        match std::env::var(TEST_GPUS_ENV) {
-            Ok(text) => Source::Test(text),
-            Err(_) => Source::Driver,
+        match trainer::worker::test_hook(TEST_GPUS_ENV) {
+            Some(text) => Source::Test(text),
+            None => Source::Driver,
         }
     }
 }

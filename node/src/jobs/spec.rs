@@ -45,6 +45,16 @@ pub const RESERVED_ENV: [&str; 5] = [
     "MASTER_PORT",
 ];
 
+/// The namespace of the node's own variables (`RINGLEADER_SECRET`, `RINGLEADER_STORAGE`,
+/// the rank environment, the test-only `RINGLEADER_TEST_*` hooks): a spec's `env` may not
+/// set a key that starts with it, so a job can neither override what the node hands its
+/// ranks nor drive a test hook's faults into them. [`NODE_ENV_ALLOWED`] are the exceptions.
+pub const NODE_ENV_PREFIX: &str = "RINGLEADER_";
+
+/// The `RINGLEADER_*` keys a spec's `env` may set: the trainer's documented per-job switches
+/// (`RINGLEADER_NO_SHM`: no shared-memory path between a job's ranks).
+pub const NODE_ENV_ALLOWED: [&str; 1] = ["RINGLEADER_NO_SHM"];
+
 const TOP_FIELDS: [&str; 16] = [
     "name",
     "kind",
@@ -177,7 +187,7 @@ impl Default for Elastic {
 /// `1 <= min_workers <= workers <= max_workers <= WORKERS_MAX`; `command` is non-empty exactly
 /// when `kind` is `Command` (and may be for a `Search` of command trials); `search` is
 /// present exactly when `kind` is `Search`; `env` sets no
-/// name of [`RESERVED_ENV`].
+/// name of [`RESERVED_ENV`], and no [`NODE_ENV_PREFIX`] name but [`NODE_ENV_ALLOWED`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobSpec {
     /// Human name; not unique (the job id is).
@@ -722,6 +732,16 @@ impl Parser<'_> {
                     line: self.line(k.span()),
                 });
             }
+            if key.starts_with(NODE_ENV_PREFIX) && !NODE_ENV_ALLOWED.contains(&key) {
+                return Err(SpecError::Invalid {
+                    field,
+                    problem: format!(
+                        "reserved: the node owns the {NODE_ENV_PREFIX}* variables (a job may set only {})",
+                        NODE_ENV_ALLOWED.join(", ")
+                    ),
+                    line: self.line(k.span()),
+                });
+            }
             match val.get_ref().as_str() {
                 Some(s) => {
                     out.insert(key.to_owned(), s.to_owned());
@@ -1195,6 +1215,18 @@ max = 0.3
             err(&format!("{base}[env]\nN = 1\n")),
             "env.N: expected a string at line 5"
         );
+        for key in [
+            "RINGLEADER_TEST_HANG",
+            "RINGLEADER_SECRET",
+            "RINGLEADER_STORAGE",
+        ] {
+            assert_eq!(
+                err(&format!("{base}[env]\n{key} = \"1\"\n")),
+                format!("env.{key}: reserved: the node owns the RINGLEADER_* variables (a job may set only RINGLEADER_NO_SHM) at line 5")
+            );
+        }
+        let spec = JobSpec::parse(&format!("{base}[env]\nRINGLEADER_NO_SHM = \"true\"\n")).unwrap();
+        assert_eq!(spec.env["RINGLEADER_NO_SHM"], "true");
         assert!(err(&format!("{base}[env]\n\"1X\" = \"a\"\n"))
             .starts_with("env.1X: expected a variable name"));
         assert_eq!(

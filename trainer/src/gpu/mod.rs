@@ -118,7 +118,8 @@ use crate::spec::{Arch, ModelSpec, SufficientFactors};
 
 /// The environment variable with a train rank's device count (set by the node).
 pub const GPUS_ENV: &str = "RINGLEADER_GPUS";
-/// The node's test-only fake-device variable: its ranks' devices are not real.
+/// The node's test-only fake-device variable: its ranks' devices are not real. Read only
+/// through [`crate::worker::test_hook`], so a release build never sees it.
 pub const TEST_GPUS_ENV: &str = "RINGLEADER_TEST_GPUS";
 
 /// Where a train rank computes.
@@ -144,7 +145,7 @@ impl Device {
             })?,
             Err(_) => 0,
         };
-        Self::choose(gpus, std::env::var_os(TEST_GPUS_ENV).is_some())
+        Self::choose(gpus, crate::worker::test_hook(TEST_GPUS_ENV).is_some())
     }
 
     /// [`Device::from_env`] from the device count and whether the devices are fake.

@@ -1,0 +1,398 @@
+//! Writing under a directory without ever following a symbolic link into somewhere else:
+//! what `dataset get NAME --to DIR` writes through.
+//!
+//! A [`ConfinedDir`] is an open directory descriptor. Every name below it is resolved one
+//! component at a time with `openat`/`fstatat`/`mkdirat` and `O_NOFOLLOW`, and files are
+//! created with `O_CREAT | O_EXCL` (which never follows a link) under a fresh temporary name,
+//! then renamed into place without replacing anything (`RENAME_NOREPLACE`). So a symbolic
+//! link planted at `DIR`, at a directory below it or at a file's place is refused
+//! ([`DatasetError::ExportBlocked`]), never followed, and cannot redirect a write outside
+//! `DIR`; and a directory swapped for a link after it was checked is not reached either,
+//! since the walk goes through descriptors, not paths.
+//!
+//! The components above `DIR` are the operator's: a symbolic link there is followed when it
+//! belongs to root or to this process's user (`/var/run`, a home on another disk), and
+//! refused when it belongs to anyone else (planted by another user, as Linux'
+//! `protected_symlinks` reasons about sticky directories).
+//!
+//! Blocking calls: the service runs them on the blocking pool.
+
+use std::ffi::{CString, OsStr};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+
+use super::DatasetError;
+
+/// Mode of the directories created under `--to` (narrowed further by the node's umask).
+pub const DIR_MODE: libc::mode_t = 0o700;
+/// Mode of the files written under `--to`: the manifest does not carry the source's mode,
+/// and a dataset may hold anything, so only the node's user may read them until the
+/// operator says otherwise (`chmod`).
+pub const FILE_MODE: libc::mode_t = 0o600;
+
+/// What a name in a directory is, not following a symbolic link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link, with its owner's uid.
+    Symlink {
+        /// The link's owner.
+        uid: u32,
+    },
+    /// Anything else: a FIFO, socket or device.
+    Other(&'static str),
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::File => "file",
+            Kind::Dir => "directory",
+            Kind::Symlink { .. } => "symlink",
+            Kind::Other(name) => name,
+        }
+    }
+}
+
+/// An open directory that names are resolved under without following links.
+#[derive(Debug)]
+pub struct ConfinedDir {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+fn c_name(name: &OsStr) -> io::Result<CString> {
+    CString::new(name.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
+fn last_error<T>(ret: libc::c_int, ok: T) -> io::Result<T> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ok)
+    }
+}
+
+fn openat(
+    dir: RawFd,
+    name: &CString,
+    flags: libc::c_int,
+    mode: libc::mode_t,
+) -> io::Result<OwnedFd> {
+    // SAFETY: a syscall on a valid descriptor and a NUL-terminated name; the descriptor it
+    // returns is ours alone.
+    let fd = unsafe {
+        libc::openat(
+            dir,
+            name.as_ptr(),
+            flags | libc::O_CLOEXEC,
+            libc::c_uint::from(mode),
+        )
+    };
+    last_error(fd, ())?;
+    // SAFETY: `fd` was just opened and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn kind_at(dir: RawFd, name: &CString) -> io::Result<Option<Kind>> {
+    // SAFETY: `stat` is plain data that fstatat fills in.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a syscall on a valid descriptor, a NUL-terminated name and our own buffer.
+    let ret = unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+    match last_error(ret, ()) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    Ok(Some(match st.st_mode & libc::S_IFMT {
+        libc::S_IFREG => Kind::File,
+        libc::S_IFDIR => Kind::Dir,
+        libc::S_IFLNK => Kind::Symlink { uid: st.st_uid },
+        libc::S_IFIFO => Kind::Other("fifo"),
+        libc::S_IFSOCK => Kind::Other("socket"),
+        libc::S_IFBLK => Kind::Other("block device"),
+        libc::S_IFCHR => Kind::Other("char device"),
+        _ => Kind::Other("unknown"),
+    }))
+}
+
+impl ConfinedDir {
+    fn io(&self, name: &OsStr) -> impl FnOnce(io::Error) -> DatasetError {
+        let path = self.path.join(name);
+        move |source| DatasetError::Io { path, source }
+    }
+
+    fn blocked(&self, name: &OsStr, kind: Kind) -> DatasetError {
+        DatasetError::ExportBlocked {
+            path: self.path.join(name),
+            kind: kind.name(),
+        }
+    }
+
+    /// Opens the directory `path` (absolute, without `..`), creating what is missing of it.
+    /// `path` itself may not be a symbolic link; one above it is followed only if root or
+    /// this process's user owns it (see the module doc).
+    pub fn open_or_create(path: &Path) -> Result<ConfinedDir, DatasetError> {
+        let bad = |reason: &'static str| DatasetError::UnsafePath {
+            path: path.display().to_string(),
+            reason,
+        };
+        if !path.is_absolute() {
+            return Err(bad("not absolute"));
+        }
+        let root = c_name(OsStr::new("/")).expect("no NUL");
+        let fd = openat(libc::AT_FDCWD, &root, libc::O_RDONLY | libc::O_DIRECTORY, 0).map_err(
+            |source| DatasetError::Io {
+                path: PathBuf::from("/"),
+                source,
+            },
+        )?;
+        let mut dir = ConfinedDir {
+            fd,
+            path: PathBuf::from("/"),
+        };
+        let names: Vec<&OsStr> = path
+            .components()
+            .filter_map(|c| match c {
+                Component::Normal(name) => Some(Ok(name)),
+                Component::ParentDir => Some(Err(())),
+                _ => None,
+            })
+            .collect::<Result<_, ()>>()
+            .map_err(|()| bad("holds a '..' component"))?;
+        // SAFETY: geteuid cannot fail.
+        let me = unsafe { libc::geteuid() };
+        for (i, name) in names.iter().enumerate() {
+            let last = i + 1 == names.len();
+            dir = dir.step(name, |uid| !last && (uid == 0 || uid == me))?;
+        }
+        Ok(dir)
+    }
+
+    /// The subdirectory `name` (one component), created if missing; a symbolic link or
+    /// anything but a directory there is refused.
+    pub fn subdir(&self, name: &str) -> Result<ConfinedDir, DatasetError> {
+        self.step(OsStr::new(name), |_| false)
+    }
+
+    /// The directory `name` below this one, created (mode [`DIR_MODE`]) if missing; a
+    /// symbolic link owned by `uid` is followed only if `follow(uid)`.
+    fn step(
+        &self,
+        name: &OsStr,
+        follow: impl Fn(u32) -> bool,
+    ) -> Result<ConfinedDir, DatasetError> {
+        let c = c_name(name).map_err(self.io(name))?;
+        let dir_flags = libc::O_RDONLY | libc::O_DIRECTORY;
+        let fd = match kind_at(self.fd.as_raw_fd(), &c).map_err(self.io(name))? {
+            None => {
+                // SAFETY: a syscall on a valid descriptor and a NUL-terminated name.
+                let ret = unsafe { libc::mkdirat(self.fd.as_raw_fd(), c.as_ptr(), DIR_MODE) };
+                match last_error(ret, ()) {
+                    // Made by someone else meanwhile: opened without following below.
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    r => r.map_err(self.io(name))?,
+                }
+                openat(self.fd.as_raw_fd(), &c, dir_flags | libc::O_NOFOLLOW, 0)
+            }
+            Some(Kind::Dir) => openat(self.fd.as_raw_fd(), &c, dir_flags | libc::O_NOFOLLOW, 0),
+            Some(Kind::Symlink { uid }) if follow(uid) => {
+                openat(self.fd.as_raw_fd(), &c, dir_flags, 0)
+            }
+            Some(kind) => return Err(self.blocked(name, kind)),
+        }
+        .map_err(|e| match e.raw_os_error() {
+            // A link or a file swapped in after the check.
+            Some(libc::ELOOP) => self.blocked(name, Kind::Symlink { uid: u32::MAX }),
+            Some(libc::ENOTDIR) => self.blocked(name, Kind::File),
+            _ => self.io(name)(e),
+        })?;
+        Ok(ConfinedDir {
+            fd,
+            path: self.path.join(name),
+        })
+    }
+
+    /// What `name` is here (not following a link), if anything.
+    pub fn kind(&self, name: &str) -> Result<Option<Kind>, DatasetError> {
+        let c = c_name(OsStr::new(name)).map_err(self.io(OsStr::new(name)))?;
+        kind_at(self.fd.as_raw_fd(), &c).map_err(self.io(OsStr::new(name)))
+    }
+
+    /// Opens the regular file `name` for reading, never through a link.
+    pub fn open_file(&self, name: &str) -> Result<File, DatasetError> {
+        let os = OsStr::new(name);
+        let c = c_name(os).map_err(self.io(os))?;
+        let fd = openat(
+            self.fd.as_raw_fd(),
+            &c,
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+            0,
+        )
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => self.blocked(os, Kind::Symlink { uid: u32::MAX }),
+            _ => self.io(os)(e),
+        })?;
+        Ok(File::from(fd))
+    }
+
+    /// Creates the file `name` (mode [`FILE_MODE`]), which must not exist: never a link.
+    pub fn create_new(&self, name: &str) -> Result<File, DatasetError> {
+        let os = OsStr::new(name);
+        let c = c_name(os).map_err(self.io(os))?;
+        let fd = openat(
+            self.fd.as_raw_fd(),
+            &c,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+            FILE_MODE,
+        )
+        .map_err(self.io(os))?;
+        Ok(File::from(fd))
+    }
+
+    /// Renames `from` to `to` in this directory, refusing to replace anything at `to`
+    /// ([`DatasetError::ExportBlocked`] naming what is there).
+    pub fn rename_new(&self, from: &str, to: &str) -> Result<(), DatasetError> {
+        let os = OsStr::new(to);
+        let (f, t) = (
+            c_name(OsStr::new(from)).map_err(self.io(os))?,
+            c_name(os).map_err(self.io(os))?,
+        );
+        let fd = self.fd.as_raw_fd();
+        // SAFETY: a syscall on a valid descriptor and NUL-terminated names.
+        let ret =
+            unsafe { libc::renameat2(fd, f.as_ptr(), fd, t.as_ptr(), libc::RENAME_NOREPLACE) };
+        match last_error(ret, ()) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                let kind = self.kind(to)?.unwrap_or(Kind::File);
+                Err(self.blocked(os, kind))
+            }
+            // A file system without RENAME_NOREPLACE: a hard link fails the same way when
+            // `to` exists (and never follows a link at `to`).
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
+                // SAFETY: as above.
+                let ret = unsafe { libc::linkat(fd, f.as_ptr(), fd, t.as_ptr(), 0) };
+                match last_error(ret, ()) {
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                        let kind = self.kind(to)?.unwrap_or(Kind::File);
+                        Err(self.blocked(os, kind))
+                    }
+                    r => {
+                        r.map_err(self.io(os))?;
+                        self.remove_file(from);
+                        Ok(())
+                    }
+                }
+            }
+            Err(e) => Err(self.io(os)(e)),
+        }
+    }
+
+    /// Removes the file `name` here, if it is there (best effort: a leftover temporary).
+    pub fn remove_file(&self, name: &str) {
+        if let Ok(c) = c_name(OsStr::new(name)) {
+            // SAFETY: a syscall on a valid descriptor and a NUL-terminated name.
+            unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) };
+        }
+    }
+
+    /// The path this directory was reached by (for messages).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::os::unix::fs::{symlink, PermissionsExt};
+
+    use super::*;
+
+    #[test]
+    fn creates_what_is_missing_and_writes_only_new_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let to = tmp.path().join("a/b");
+        let dir = ConfinedDir::open_or_create(&to).unwrap();
+        let sub = dir.subdir("c").unwrap();
+        let mut f = sub.create_new(".x.tmp").unwrap();
+        f.write_all(b"hi").unwrap();
+        sub.rename_new(".x.tmp", "x").unwrap();
+        assert_eq!(std::fs::read(to.join("c/x")).unwrap(), b"hi");
+        let mode = std::fs::metadata(to.join("c/x"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "{mode:o}: no group or other bits");
+        assert_eq!(sub.kind("x").unwrap(), Some(Kind::File));
+        assert!(sub.create_new("x").is_err(), "never over an existing file");
+        sub.create_new(".y.tmp").unwrap();
+        let err = sub.rename_new(".y.tmp", "x").unwrap_err();
+        assert!(
+            matches!(err, DatasetError::ExportBlocked { kind: "file", .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn symlinks_at_dir_below_it_or_at_a_file_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("victim"), b"keep").unwrap();
+
+        // DIR itself a link.
+        let link = tmp.path().join("to");
+        symlink(&outside, &link).unwrap();
+        let err = ConfinedDir::open_or_create(&link).unwrap_err();
+        assert!(
+            matches!(&err, DatasetError::ExportBlocked { path, kind: "symlink" } if *path == link),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains(&link.display().to_string()),
+            "{err}"
+        );
+
+        // A directory below DIR a link.
+        let real = tmp.path().join("real");
+        let dir = ConfinedDir::open_or_create(&real).unwrap();
+        symlink(&outside, real.join("sub")).unwrap();
+        let err = dir.subdir("sub").unwrap_err();
+        assert!(
+            matches!(
+                err,
+                DatasetError::ExportBlocked {
+                    kind: "symlink",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+
+        // A file's place a link: not opened, not created through, not replaced.
+        symlink(outside.join("victim"), real.join("f")).unwrap();
+        assert_eq!(dir.kind("f").unwrap().map(Kind::name), Some("symlink"));
+        assert!(dir.open_file("f").is_err());
+        assert!(dir.create_new("f").is_err());
+        dir.create_new(".f.tmp").unwrap();
+        assert!(dir.rename_new(".f.tmp", "f").is_err());
+        assert_eq!(std::fs::read(outside.join("victim")).unwrap(), b"keep");
+
+        // An ancestor link this user owns is followed (the operator's own).
+        let via = link.join("deeper");
+        ConfinedDir::open_or_create(&via).unwrap();
+        assert!(outside.join("deeper").is_dir());
+        assert!(matches!(
+            ConfinedDir::open_or_create(Path::new("/tmp/../etc")),
+            Err(DatasetError::UnsafePath { .. })
+        ));
+    }
+}
