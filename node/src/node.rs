@@ -50,12 +50,15 @@ pub struct NodeConfig {
     pub join: Vec<Multiaddr>,
     /// Where identity, state and the default store live.
     pub data_dir: PathBuf,
-    /// Optional cluster key file (swarm.key format).
+    /// Cluster key file (swarm.key format); `None`: `<data-dir>/cluster.key`, made at
+    /// the first start of a node that joins nobody (see [`crate::security::bootstrap`]).
     pub cluster_key: Option<PathBuf>,
+    /// Run an open cluster and, without `--token-file`, an open API (`--insecure`).
+    pub insecure: bool,
     /// Storage URL for checkpoints and records (may carry keys: log it through
     /// [`crate::api::redact::redact_url`]).
     pub storage: String,
-    /// File holding the API token (`None`: the API is open to anyone who reaches it).
+    /// File holding an API token accepted beside the cluster's admin token.
     pub token_file: Option<PathBuf>,
     /// Labels advertised to the cluster.
     pub labels: BTreeMap<String, String>,
@@ -69,6 +72,8 @@ pub struct NodeConfig {
     pub raft_snapshot_every: u64,
     /// Ended jobs leave the live state this long after they finished, seconds (0: never).
     pub job_retention_s: u64,
+    /// The API server's caps, timeouts and extra names (`--api-host`).
+    pub api_limits: crate::api::server::ApiLimits,
 }
 
 /// What a running node writes to `<data-dir>/node.json`: how local tools reach it.
@@ -121,8 +126,20 @@ fn multiaddr_ip(m: &Multiaddr) -> Option<std::net::IpAddr> {
 
 /// Runs a node until SIGINT or SIGTERM, then leaves the cluster gracefully.
 pub async fn run(config: NodeConfig) -> Result<()> {
+    // Before anything is created: nothing this node or its ranks write is readable by other
+    // local users (0700 directories, 0600 files).
+    crate::security::modes::set_umask();
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
+    let tightened = crate::security::modes::tighten_tree(&config.data_dir)
+        .with_context(|| format!("fixing modes under {}", config.data_dir.display()))?;
+    if tightened.changed > 0 {
+        info!(
+            changed = tightened.changed,
+            dir = %config.data_dir.display(),
+            "data directory upgraded: group and other permissions removed"
+        );
+    }
     let gpu_source = crate::gpus::Source::from_env();
     let discovered = crate::gpus::discover(&gpu_source, &config.gpus)?;
     match &discovered.none_because {
@@ -133,25 +150,38 @@ pub async fn run(config: NodeConfig) -> Result<()> {
             "GPUs offered to jobs"
         ),
     }
+    let ran_before = config.data_dir.join(identity::IDENTITY_FILE).exists();
+    let secrets = crate::security::bootstrap::resolve(
+        &config.data_dir,
+        &crate::security::bootstrap::Asked {
+            cluster_key: config.cluster_key.as_deref(),
+            token_file: config.token_file.as_deref(),
+            joining: !config.join.is_empty(),
+            insecure: config.insecure,
+            ran_before,
+        },
+    )?;
+    for (what, path) in &secrets.created {
+        // Said once, on the start that made the file; the secret itself is never printed.
+        eprintln!(
+            "ringleader: {what} written to {} (mode 0600)",
+            path.display()
+        );
+        info!(file = %path.display(), "{what} created");
+    }
+    if secrets.insecure() {
+        warn!("--insecure: the cluster is open, any host that can reach the listen port can join and run commands on every node");
+    }
+    if secrets.token.is_none() {
+        warn!(api = %config.api, "--insecure without --token-file: the API is open, anyone who can reach its address can run commands on this node");
+    }
+    // The identity after the secrets: a start refused for want of a key leaves the data
+    // directory new.
     let key = identity::load_or_create_identity(&config.data_dir)?;
     let peer_id = key.public().to_peer_id();
-    let psk = match &config.cluster_key {
-        Some(path) => Some(identity::load_cluster_key(path)?),
-        None => {
-            warn!("no --cluster-key: the cluster is open, any host that can reach the listen port can join");
-            None
-        }
-    };
-
-    let token = match &config.token_file {
-        Some(path) => Some(std::sync::Arc::new(
-            crate::api::auth::ApiToken::from_file(path).context("--token-file")?,
-        )),
-        None => {
-            warn!(api = %config.api, "no --token-file: the API is open, anyone who can reach its address can submit and cancel jobs");
-            None
-        }
-    };
+    let insecure = secrets.insecure();
+    let psk = secrets.key;
+    let token = secrets.token.map(std::sync::Arc::new);
 
     let api_listener = tokio::net::TcpListener::bind(config.api)
         .await
@@ -276,6 +306,8 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         config.data_dir.join("jobs"),
         config.storage.clone(),
         crate::gpus::inherited_visible_devices(&gpu_source),
+        psk.as_ref()
+            .map(|k| k.derive(crate::jobs::launch::RING_KEY_CONTEXT)),
     );
 
     let app = crate::api::router(crate::api::AppState {
@@ -284,8 +316,14 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         datasets,
         storage: config.storage.clone(),
         token,
+        insecure,
     });
-    let api_task = tokio::spawn(async move { axum::serve(api_listener, app).await });
+    let api_task = tokio::spawn(crate::api::server::serve(
+        api_listener,
+        app,
+        config.api_limits.clone(),
+        api_addr,
+    ));
     write_atomically(
         &config.data_dir.join(NODE_INFO_FILE),
         &serde_json::to_vec_pretty(&info)?,

@@ -215,11 +215,7 @@ fn bad_flags_and_unreachable_nodes_are_clear_errors() {
 fn status_json_has_the_contract_fields() {
     let (mut c, _root) = cluster();
     c.start("solo", &[]).unwrap();
-    let out = c
-        .cli(0)
-        .args(["status", "--json"])
-        .output()
-        .unwrap();
+    let out = c.cli(0).args(["status", "--json"]).output().unwrap();
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["node"]["name"], "solo");
@@ -239,11 +235,7 @@ fn status_json_has_the_contract_fields() {
     }
     assert_eq!(m["state"], "alive");
     assert!(v["jobs"].is_array());
-    let table = c
-        .cli(0)
-        .args(["status"])
-        .output()
-        .unwrap();
+    let table = c.cli(0).args(["status"]).output().unwrap();
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(
         text.contains("NAME") && text.contains("solo") && text.contains("alive"),

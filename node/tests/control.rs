@@ -177,11 +177,7 @@ command = ["sh", "-c", "if [ $RANK = 1 ]; then exit 3; fi; sleep 30"]
         "bad",
         "name = \"x\"\nkind = \"command\"\ncommand = [\"true\"]\nworkers = 0\n",
     );
-    let out = c
-        .cli(0)
-        .args(["submit", &bad])
-        .output()
-        .unwrap();
+    let out = c.cli(0).args(["submit", &bad]).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -205,11 +201,7 @@ fn a_full_restart_keeps_jobs_and_their_states() {
         "name = \"slow\"\nkind = \"command\"\nworkers = 1\ncommand = [\"sleep\", \"60\"]\n",
     );
     wait_job_state(&c, 0, &cancelled, "running");
-    let out = c
-        .cli(1)
-        .args(["cancel", &cancelled])
-        .output()
-        .unwrap();
+    let out = c.cli(1).args(["cancel", &cancelled]).output().unwrap();
     assert!(
         out.status.success(),
         "{}",

@@ -36,10 +36,7 @@ fn cluster_of(root: &Path, nodes: &[(&str, &[&str])]) -> LocalCluster {
 
 /// Runs the CLI against node `i`.
 fn cli(c: &LocalCluster, i: usize, args: &[&str]) -> Output {
-    c.cli(i)
-        .args(args)
-        .output()
-        .expect("running the CLI")
+    c.cli(i).args(args).output().expect("running the CLI")
 }
 
 fn ok(out: Output) -> String {

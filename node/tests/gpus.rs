@@ -86,11 +86,7 @@ fn fake_gpus_are_advertised_restricted_and_given_to_one_rank_each() {
     .unwrap();
 
     // `status --json` shows each member's devices.
-    let out = c
-        .cli(1)
-        .args(["status", "--json"])
-        .output()
-        .unwrap();
+    let out = c.cli(1).args(["status", "--json"]).output().unwrap();
     assert!(out.status.success(), "{out:?}");
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let gpus_of = |name: &str| {

@@ -76,11 +76,7 @@ fn train_job_runs_on_three_workers_and_checkpoints() {
     assert_eq!(doc.ring.len(), 3, "{doc:?}");
 
     // Phase 4: `job ID --json` through the CLI carries ring, step, epoch and metrics.
-    let out = c
-        .cli(1)
-        .args(["job", &id, "--json"])
-        .output()
-        .unwrap();
+    let out = c.cli(1).args(["job", &id, "--json"]).output().unwrap();
     assert!(out.status.success(), "{out:?}");
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json["ring"].as_array().map(Vec::len), Some(3), "{json}");

@@ -412,7 +412,9 @@ mod tests {
             .unwrap();
         assert_eq!(op.info().name(), "bucket");
         assert_eq!(percent_decode("se%2Fcr%40t%zz%"), "se/cr@t%zz%");
-        let err = operator_from_url("s3://AK@bucket/runs").unwrap_err().to_string();
+        let err = operator_from_url("s3://AK@bucket/runs")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("both the key and the secret"), "{err}");
     }
 }

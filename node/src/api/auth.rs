@@ -306,7 +306,10 @@ mod tests {
         assert!(err.to_string().contains("chmod 600"), "{err}");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o602)).unwrap();
         let err = ApiToken::from_file(&path).unwrap_err();
-        assert!(err.to_string().contains("chmod 600"), "world-writable: {err}");
+        assert!(
+            err.to_string().contains("chmod 600"),
+            "world-writable: {err}"
+        );
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(ApiToken::from_file(&path).unwrap().matches("tok"));
         std::fs::write(&path, "\n").unwrap();

@@ -22,6 +22,8 @@
 //! - [`auth`]: the bearer-token middleware (`ringleader node --token-file`).
 //! - [`prometheus`]: the `/metrics` exposition, written by hand.
 //! - [`redact`]: URLs with their credentials hidden, for logs.
+//! - [`server`]: the accept loop in front of the router: connection caps, timeouts, header
+//!   size, per-IP rate; then [`origin`]: only the node's own `Host` and `Origin` (403 else).
 //! - [`status`]: the documents the API returns (`status`, `job`, `logs`), the user-facing
 //!   contract (README, docs/design.md); fields may be added, never renamed.
 //! - [`client`]: the CLI's HTTP client for these routes.
@@ -33,8 +35,10 @@ pub mod auth;
 pub mod client;
 pub mod dashboard;
 pub mod datasets;
+pub mod origin;
 pub mod prometheus;
 pub mod redact;
+pub mod server;
 pub mod status;
 
 use std::{collections::BTreeMap, sync::Arc};
@@ -72,6 +76,9 @@ pub struct AppState {
     pub storage: String,
     /// The API token; `None`: the API is open (see [`auth`]).
     pub token: Option<Arc<auth::ApiToken>>,
+    /// Whether the node runs an open cluster (`--insecure`): shown by `status` and the
+    /// dashboard.
+    pub insecure: bool,
 }
 
 /// An error answer: status and message.
@@ -156,6 +163,7 @@ async fn status_doc(app: &AppState) -> Result<StatusDoc, ApiError> {
     doc.chief = chief;
     doc.term = Some(term);
     doc.control_fault = app.control.fault();
+    doc.insecure = app.insecure;
     let blacklist = app.control.read(|s| s.blacklist.clone());
     let now = wall_ms();
     for m in &mut doc.members {
@@ -238,7 +246,17 @@ async fn submit(
     Query(q): Query<SubmitQuery>,
     body: String,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let spec = crate::jobs::admit_text(&body).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
+    // Admission parses and checks every trial a search could make: CPU work, kept off the
+    // async runtime so the node's Raft and membership timers run meanwhile.
+    let spec = tokio::task::spawn_blocking(move || crate::jobs::admit_text(&body))
+        .await
+        .map_err(|e| {
+            ApiError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("admission failed: {e}"),
+            )
+        })?
+        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
     if let Some(name) = spec
         .data
         .as_ref()

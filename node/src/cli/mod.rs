@@ -43,9 +43,13 @@ pub struct Cli {
     /// Print one JSON document instead of a table.
     #[arg(long, global = true)]
     pub json: bool,
-    /// API token.
+    /// API token (prefer RINGLEADER_TOKEN or --token-file: a flag shows in `ps`).
     #[arg(long, global = true, env = "RINGLEADER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// File holding the API token (default: ringleader-data/api.token when it exists, the
+    /// admin token of a node started here with the default --data-dir).
+    #[arg(long, global = true, env = "RINGLEADER_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Cmd,
 }
@@ -122,8 +126,9 @@ pub struct NodeArgs {
     /// Node name shown to users (default: the host name).
     #[arg(long)]
     pub name: Option<String>,
-    /// libp2p listen address, host:port or a multiaddr.
-    #[arg(long, default_value = "0.0.0.0:7070")]
+    /// libp2p listen address, host:port or a multiaddr (loopback unless given: a cluster
+    /// across hosts listens on an address the others reach, e.g. 0.0.0.0:7070).
+    #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: String,
     /// HTTP API address.
     #[arg(long, default_value = "127.0.0.1:7071")]
@@ -166,22 +171,38 @@ pub struct NodeArgs {
     #[arg(long, value_delimiter = ',')]
     pub join: Vec<String>,
     /// Directory for the identity key, state and the default store.
-    #[arg(long, default_value = "ringleader-data")]
+    #[arg(long, default_value = DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
-    /// Cluster key file (IPFS swarm.key format); without it the cluster is open.
+    /// Cluster key file (IPFS swarm.key format, mode 0600). Without it a node that joins
+    /// nobody makes <data-dir>/cluster.key at its first start (and uses it from then on),
+    /// and a node with --join is refused: copy the first node's key to the others.
     #[arg(long)]
     pub cluster_key: Option<PathBuf>,
-    /// Storage URL for checkpoints (default: file://<data-dir>/store).
+    /// Run an open cluster: no cluster key (any host that reaches --listen can join and run
+    /// commands on every node) and, without --token-file, no API token. For throwaway
+    /// clusters only; `status` and the dashboard say so.
     #[arg(long)]
+    pub insecure: bool,
+    /// Storage URL for checkpoints (default: file://<data-dir>/store). A URL with
+    /// credentials (s3://KEY:SECRET@…, ?secret_access_key=…) is refused here, where `ps`
+    /// shows it: put it in a file for --storage-file, or give S3 its keys in the
+    /// environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).
+    #[arg(long, conflicts_with = "storage_file")]
     pub storage: Option<String>,
-    /// File holding the API token (mode 0600; whitespace trimmed): every API request but
-    /// /healthz then needs `Authorization: Bearer <token>` (the CLI's --token). Without it
-    /// the API is open to anyone who can reach --api.
+    /// File (mode 0600) holding the storage URL, credentials and all.
+    #[arg(long)]
+    pub storage_file: Option<PathBuf>,
+    /// File holding an API token of your choosing (mode 0600; whitespace trimmed), accepted
+    /// beside the cluster's admin token, which every node writes to <data-dir>/api.token.
+    /// Every API request but /healthz and the dashboard page needs one of them as
+    /// `Authorization: Bearer <token>` (the CLI's --token-file or RINGLEADER_TOKEN).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
     /// A label advertised to the cluster, key=value; repeatable.
     #[arg(long = "label", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
+    #[command(flatten)]
+    pub api_limits: crate::api::server::ApiLimits,
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -225,7 +246,21 @@ impl NodeArgs {
             None => hostname(),
         };
         let data_dir = self.data_dir;
-        let storage = self.storage.unwrap_or_else(|| {
+        let storage = match (self.storage, &self.storage_file) {
+            (Some(url), _) if trainer::redact::redact_url(&url) != url => {
+                return Err(anyhow!(
+                    "--storage: the URL carries credentials, which every local user sees in \
+                     `ps`: put it in a file (mode 0600) for --storage-file, or give S3 its keys \
+                     in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+                ))
+            }
+            (url, Some(file)) => {
+                debug_assert!(url.is_none(), "clap keeps the two apart");
+                read_storage_file(file)?
+            }
+            (url, None) => url,
+        };
+        let storage = storage.unwrap_or_else(|| {
             let abs = std::path::absolute(&data_dir).unwrap_or_else(|_| data_dir.clone());
             format!("file://{}", abs.join("store").display())
         });
@@ -249,9 +284,11 @@ impl NodeArgs {
             dataset_upload_bytes_per_s: self.dataset_upload_mbps.saturating_mul(1_000_000),
             raft_snapshot_every: self.raft_snapshot_every,
             job_retention_s: self.job_retention_s,
+            api_limits: self.api_limits,
             join,
             data_dir,
             cluster_key: self.cluster_key,
+            insecure: self.insecure,
             storage,
             token_file: self.token_file,
             labels: self.labels.into_iter().collect::<BTreeMap<_, _>>(),
@@ -262,6 +299,29 @@ impl NodeArgs {
     }
 }
 
+/// Longest `--storage-file` read, in bytes.
+const STORAGE_FILE_BYTES_MAX: u64 = 8_192;
+
+/// The URL in a `--storage-file`: private to its owner (it holds keys), one line.
+fn read_storage_file(file: &std::path::Path) -> Result<Option<String>> {
+    crate::security::modes::check_secret_file(file, "storage URL file")
+        .context("--storage-file")?;
+    let len = std::fs::metadata(file)?.len();
+    if len > STORAGE_FILE_BYTES_MAX {
+        return Err(anyhow!(
+            "--storage-file {}: {len} bytes, more than a URL ({STORAGE_FILE_BYTES_MAX})",
+            file.display()
+        ));
+    }
+    let url = std::fs::read_to_string(file)
+        .with_context(|| format!("--storage-file {}", file.display()))?;
+    let url = url.trim();
+    if url.is_empty() {
+        return Err(anyhow!("--storage-file {} is empty", file.display()));
+    }
+    Ok(Some(url.to_string()))
+}
+
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
@@ -270,9 +330,41 @@ fn hostname() -> String {
         .unwrap_or_else(|| "node".to_string())
 }
 
+/// The token the CLI sends: `--token`/`RINGLEADER_TOKEN`, else `--token-file`/
+/// `RINGLEADER_TOKEN_FILE`, else the default data directory's `api.token` when there is one.
+pub fn token(cli: &Cli) -> Result<Option<String>> {
+    if let Some(t) = &cli.token {
+        return Ok(Some(t.clone()));
+    }
+    let (path, given) = match &cli.token_file {
+        Some(p) => (p.clone(), true),
+        None => (
+            PathBuf::from(DEFAULT_DATA_DIR).join(crate::security::bootstrap::API_TOKEN_FILE),
+            false,
+        ),
+    };
+    if !given && !path.exists() {
+        return Ok(None);
+    }
+    let meta =
+        std::fs::metadata(&path).with_context(|| format!("--token-file {}", path.display()))?;
+    if meta.len() > crate::api::auth::TOKEN_FILE_BYTES_MAX {
+        return Err(anyhow!(
+            "--token-file {}: larger than a token",
+            path.display()
+        ));
+    }
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("--token-file {}", path.display()))?;
+    Ok(Some(text.trim().to_string()).filter(|t| !t.is_empty()))
+}
+
+/// `ringleader node`'s default `--data-dir`.
+pub const DEFAULT_DATA_DIR: &str = "ringleader-data";
+
 /// `ringleader status`.
 pub fn status(cli: &Cli) -> Result<()> {
-    let client = ApiClient::new(&cli.peer, cli.token.clone());
+    let client = client(cli)?;
     let doc = client.status()?;
     if cli.json {
         println!("{}", serde_json::to_string_pretty(&doc)?);
@@ -301,8 +393,9 @@ pub fn keygen(file: Option<PathBuf>) -> Result<()> {
     Ok(())
 }
 
-fn client(cli: &Cli) -> ApiClient {
-    ApiClient::new(&cli.peer, cli.token.clone())
+/// An API client for `--peer` with the CLI's [`token`].
+pub fn client(cli: &Cli) -> Result<ApiClient> {
+    Ok(ApiClient::new(&cli.peer, token(cli)?))
 }
 
 /// How often `job --watch` and `logs --follow` poll, in milliseconds.
@@ -312,7 +405,7 @@ const POLL_MS: u64 = 500;
 pub fn submit(cli: &Cli, file: &std::path::Path) -> Result<()> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-    let id = client(cli)
+    let id = client(cli)?
         .submit(&text)
         .with_context(|| format!("{}", file.display()))?;
     if cli.json {
@@ -325,7 +418,7 @@ pub fn submit(cli: &Cli, file: &std::path::Path) -> Result<()> {
 
 /// `ringleader jobs`.
 pub fn jobs(cli: &Cli) -> Result<()> {
-    let jobs: Vec<crate::api::status::JobSummary> = client(cli).get("/v1/jobs")?;
+    let jobs: Vec<crate::api::status::JobSummary> = client(cli)?.get("/v1/jobs")?;
     if cli.json {
         println!("{}", serde_json::to_string_pretty(&jobs)?);
         return Ok(());
@@ -343,7 +436,7 @@ fn is_terminal(state: &str) -> bool {
 
 /// `ringleader job ID [--watch]`.
 pub fn job(cli: &Cli, id: &str, watch: bool) -> Result<()> {
-    let c = client(cli);
+    let c = client(cli)?;
     if !watch {
         let doc = c.job(id)?;
         if cli.json {
@@ -446,7 +539,7 @@ pub fn bar_message(doc: &crate::api::status::JobDoc) -> String {
 
 /// `ringleader trials ID`: a search's leaderboard.
 pub fn trials(cli: &Cli, id: &str) -> Result<()> {
-    let doc = client(cli).job(id)?;
+    let doc = client(cli)?.job(id)?;
     if doc.kind != "search" {
         return Err(anyhow!("{id} is a {} job, not a search", doc.kind));
     }
@@ -477,7 +570,7 @@ pub fn trials(cli: &Cli, id: &str) -> Result<()> {
 
 /// `ringleader cancel ID`.
 pub fn cancel(cli: &Cli, id: &str) -> Result<()> {
-    let v: serde_json::Value = client(cli).post(&format!("/v1/jobs/{id}/cancel"), "")?;
+    let v: serde_json::Value = client(cli)?.post(&format!("/v1/jobs/{id}/cancel"), "")?;
     if cli.json {
         println!("{v}");
     } else {
@@ -488,7 +581,7 @@ pub fn cancel(cli: &Cli, id: &str) -> Result<()> {
 
 /// `ringleader logs ID [--follow]`.
 pub fn logs(cli: &Cli, id: &str, follow: bool) -> Result<()> {
-    let c = client(cli);
+    let c = client(cli)?;
     let mut offsets: BTreeMap<u32, u64> = BTreeMap::new();
     let mut generation = None;
     loop {
@@ -531,6 +624,40 @@ pub fn logs(cli: &Cli, id: &str, follow: bool) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn node_config(args: &[&str]) -> Result<NodeConfig> {
+        let cli = Cli::try_parse_from(["ringleader", "node"].iter().chain(args))?;
+        match cli.command {
+            Cmd::Node(n) => n.into_config(),
+            _ => unreachable!("a node command"),
+        }
+    }
+
+    #[test]
+    fn storage_credentials_never_come_from_the_command_line() {
+        for url in [
+            "s3://b/p?endpoint=http://x&access_key_id=AK&secret_access_key=SK",
+            "s3://AK:SK@b/p",
+        ] {
+            let err = node_config(&["--storage", url]).err().unwrap();
+            assert!(err.to_string().contains("--storage-file"), "{err}");
+        }
+        let ok = node_config(&["--storage", "s3://b/p?endpoint=http://x&region=r"]).unwrap();
+        assert_eq!(ok.storage, "s3://b/p?endpoint=http://x&region=r");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("storage");
+        crate::security::modes::write_private(&file, b"s3://AK:SK@b/p\n").unwrap();
+        let f = file.to_str().unwrap();
+        assert_eq!(
+            node_config(&["--storage-file", f]).unwrap().storage,
+            "s3://AK:SK@b/p"
+        );
+        std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .unwrap();
+        let err = node_config(&["--storage-file", f]).err().unwrap();
+        assert!(format!("{err:#}").contains("chmod 600"), "{err:#}");
+        assert!(node_config(&["--storage", "file:///x", "--storage-file", f]).is_err());
+    }
 
     #[test]
     fn bar_message_shows_epoch_of_total_loss_and_accuracy() {

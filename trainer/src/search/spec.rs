@@ -14,6 +14,10 @@ use super::space::{self, ParamKind, ParamSpec, Scale};
 pub const PARAMS_MAX: usize = 64;
 /// Most values in one discrete or categorical parameter.
 pub const VALUES_MAX: usize = 1000;
+/// Most values in all the discrete and categorical parameters of one search together
+/// ([`PARAMS_MAX`] × [`VALUES_MAX`] would be 64,000): the node checks a trial at every
+/// value at submit, and the spec is replicated to every member.
+pub const VALUES_TOTAL_MAX: usize = 10_000;
 /// Longest parameter name, bytes.
 pub const PARAM_NAME_BYTES_MAX: usize = 128;
 /// Most trials in one search.
@@ -372,11 +376,25 @@ fn parse_params(f: &Fields<'_>) -> Result<Vec<ParamSpec>, SearchError> {
         ));
     }
     let mut params: Vec<ParamSpec> = Vec::with_capacity(array.len());
+    let mut values_total = 0usize;
     for (i, item) in array.iter().enumerate() {
         let path = format!("search.params[{i}]");
         let table = item
             .as_table()
             .ok_or_else(|| SearchError::new(&path, expected("a table", item)))?;
+        // Counted before the values are parsed, so an oversized spec costs nothing more.
+        values_total += table
+            .get("values")
+            .and_then(toml::Value::as_array)
+            .map_or(0, Vec::len);
+        if values_total > VALUES_TOTAL_MAX {
+            return Err(SearchError::new(
+                format!("{path}.values"),
+                format!(
+                    "{values_total} values in search.params[0..={i}] (at most {VALUES_TOTAL_MAX} in all parameters together)"
+                ),
+            ));
+        }
         let p = parse_param(&Fields::new(table, path))?;
         for (j, other) in params.iter().enumerate() {
             let clash = if other.name == p.name {
@@ -510,6 +528,10 @@ fn parse_param(f: &Fields<'_>) -> Result<ParamSpec, SearchError> {
                     format!("{} values (at most {VALUES_MAX})", values.len()),
                 ));
             }
+            // Duplicates found through a set of each value's key: linear, where comparing
+            // each value with those before it was quadratic (seconds for 64 × 1,000 values).
+            let mut seen: std::collections::HashMap<ValueKey, usize> =
+                std::collections::HashMap::with_capacity(values.len());
             for (j, v) in values.iter().enumerate() {
                 let path = format!("{}.values[{j}]", f.path);
                 let number = match v {
@@ -520,8 +542,10 @@ fn parse_param(f: &Fields<'_>) -> Result<ParamSpec, SearchError> {
                 if discrete && !number {
                     return Err(SearchError::new(path, expected("a finite number", v)));
                 }
-                if let Some(k) = values[..j].iter().position(|w| w == v) {
-                    return Err(SearchError::new(path, format!("duplicate of values[{k}]")));
+                if let Some(key) = ValueKey::of(v) {
+                    if let Some(k) = seen.insert(key, j) {
+                        return Err(SearchError::new(path, format!("duplicate of values[{k}]")));
+                    }
                 }
             }
             if discrete {
@@ -540,6 +564,33 @@ fn parse_param(f: &Fields<'_>) -> Result<ParamSpec, SearchError> {
         kind,
         grid_points,
     })
+}
+
+/// What two equal values (`toml::Value`'s `==`) share, hashable: scalars by value (floats
+/// by their bits, `-0.0` as `0.0`), arrays and tables by their TOML text. `None` for NaN,
+/// which equals nothing.
+#[derive(Debug, PartialEq, Eq, Hash)]
+enum ValueKey {
+    Integer(i64),
+    Float(u64),
+    Text(String),
+    Boolean(bool),
+    Datetime(String),
+    Nested(String),
+}
+
+impl ValueKey {
+    fn of(v: &toml::Value) -> Option<ValueKey> {
+        Some(match v {
+            toml::Value::Integer(i) => ValueKey::Integer(*i),
+            toml::Value::Float(x) if x.is_nan() => return None,
+            toml::Value::Float(x) => ValueKey::Float(if *x == 0.0 { 0 } else { x.to_bits() }),
+            toml::Value::String(s) => ValueKey::Text(s.clone()),
+            toml::Value::Boolean(b) => ValueKey::Boolean(*b),
+            toml::Value::Datetime(d) => ValueKey::Datetime(d.to_string()),
+            toml::Value::Array(_) | toml::Value::Table(_) => ValueKey::Nested(v.to_string()),
+        })
+    }
 }
 
 /// A parameter name: a dotted path of non-empty segments of `[A-Za-z0-9_-]`.
@@ -1048,5 +1099,63 @@ mod tests {
         assert_eq!(err.field, "search.max_resource");
         s.max_resource = Some(9);
         assert_eq!(s.searcher(true).unwrap().rungs(0), vec![1, 3, 9]);
+    }
+
+    /// A search of `params` categorical parameters of `values` distinct strings each.
+    fn wide(params: usize, values: usize) -> String {
+        let mut text = String::from(
+            "[search]\nalgorithm = \"random\"\ntrials = 10\nmetric = \"m\"\ndirection = \"max\"\n",
+        );
+        for p in 0..params {
+            let list: Vec<String> = (0..values).map(|v| format!("\"v{v}\"")).collect();
+            text.push_str(&format!(
+                "[[search.params]]\nname = \"p{p}\"\ntype = \"categorical\"\nvalues = [{}]\n",
+                list.join(", ")
+            ));
+        }
+        text
+    }
+
+    #[test]
+    fn values_in_all_params_together_are_capped_naming_the_param() {
+        let started = std::time::Instant::now();
+        let err = parse(&wide(PARAMS_MAX, VALUES_MAX)).unwrap_err();
+        assert_eq!(err.field, "search.params[10].values", "{err}");
+        assert!(err.problem.contains("at most 10000"), "{err}");
+        // Up to the cap, duplicates are found in linear time.
+        let spec = parse(&wide(10, VALUES_MAX)).unwrap();
+        assert_eq!(spec.params.len(), 10);
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn duplicates_are_found_by_value_as_toml_compares_them() {
+        let cases = [
+            ("[1, 2.0, 2]", None),
+            ("[0.0, -0.0]", Some("values[1]")),
+            ("[\"a\", \"b\", \"a\"]", Some("values[2]")),
+            ("[[1, 2], [2, 1], [1, 2]]", Some("values[2]")),
+            ("[{a = 1}, {a = 1.0}]", None),
+            ("[true, false, true]", Some("values[2]")),
+        ];
+        for (values, dup) in cases {
+            let text = base(
+                "random",
+                "trials = 4",
+                &format!("type = \"categorical\"\nvalues = {values}"),
+            );
+            match (parse(&text), dup) {
+                (Ok(_), None) => {}
+                (Err(e), Some(at)) => {
+                    assert!(e.field.ends_with(at), "{values}: {e}");
+                    assert!(e.problem.contains("duplicate of values["), "{values}: {e}");
+                }
+                (other, _) => panic!("{values}: {other:?}"),
+            }
+        }
     }
 }
