@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{exe, formed_cluster, POLL};
+use common::{exe, fails, formed_cluster, ok, POLL};
 use ringleader::cli::local::LocalCluster;
 
 const FORM_WAIT: Duration = Duration::from_secs(60);
@@ -37,26 +37,6 @@ fn cluster_of(root: &Path, nodes: &[(&str, &[&str])]) -> LocalCluster {
 /// Runs the CLI against node `i`.
 fn cli(c: &LocalCluster, i: usize, args: &[&str]) -> Output {
     c.cli(i).args(args).output().expect("running the CLI")
-}
-
-fn ok(out: Output) -> String {
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "CLI failed: {}\n{}",
-        text,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
-
-fn fails(out: Output) -> String {
-    assert!(
-        !out.status.success(),
-        "CLI should fail: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// Pseudo-random bytes (xorshift), different for each seed.

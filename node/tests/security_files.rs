@@ -13,31 +13,13 @@ use std::{
     time::Duration,
 };
 
+use common::{fails, ok};
 use ringleader::cli::local::LocalCluster;
 
 const FORM_WAIT: Duration = Duration::from_secs(60);
 
 fn cli(c: &LocalCluster, args: &[&str]) -> Output {
     c.cli(0).args(args).output().expect("running the CLI")
-}
-
-fn ok(out: Output) -> String {
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "CLI failed: {text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
-
-fn fails(out: Output) -> String {
-    assert!(
-        !out.status.success(),
-        "CLI should fail: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 fn mode(path: &Path) -> u32 {

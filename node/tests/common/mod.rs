@@ -19,6 +19,27 @@ pub fn exe() -> &'static str {
     env!("CARGO_BIN_EXE_ringleader")
 }
 
+/// The stdout of a CLI run that must succeed (its stderr in the failure message).
+pub fn ok(out: std::process::Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "CLI failed: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// The stderr of a CLI run that must fail.
+pub fn fails(out: std::process::Output) -> String {
+    assert!(
+        !out.status.success(),
+        "CLI should fail: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// Writes `text` to `path` with mode 0600 (a token file).
 pub fn write_private(path: &Path, text: &str) {
     use std::os::unix::fs::OpenOptionsExt;
