@@ -18,7 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::netns::{addr, netns, usable, Hosts, WAIT};
+use common::netns::{netns, usable, Hosts, WAIT};
 use ringleader::api::client::ApiClient;
 use ringleader::api::status::StatusDoc;
 
@@ -38,14 +38,11 @@ struct Observed {
 
 fn spawn_poller(
     stop: Arc<AtomicBool>,
-    token: String,
+    clients: Vec<ApiClient>,
 ) -> (Arc<Mutex<Observed>>, std::thread::JoinHandle<()>) {
     let seen = Arc::new(Mutex::new(Observed::default()));
     let out = seen.clone();
     let handle = std::thread::spawn(move || {
-        let clients: Vec<ApiClient> = (1..=NODES)
-            .map(|i| ApiClient::new(&format!("{}:7071", addr(i)), Some(token.clone())))
-            .collect();
         while !stop.load(Ordering::SeqCst) {
             for (i, c) in clients.iter().enumerate() {
                 let Ok(s) = c.status() else { continue };
@@ -96,7 +93,10 @@ fn a_two_three_split_keeps_one_chief_per_term_and_only_the_majority_writes() {
     }
     let all: Vec<usize> = (1..=NODES).collect();
     let hosts = Hosts::up(NODES, "partition", |_| Vec::new());
-    let (seen, poller) = spawn_poller(hosts.stop.clone(), hosts.token.clone());
+    let (seen, poller) = spawn_poller(
+        hosts.stop.clone(),
+        (1..=NODES).map(|i| hosts.client(i)).collect(),
+    );
 
     // Phase: the cluster forms (5 alive everywhere, a chief, 3 voters).
     hosts.wait(&all, "formed", |s| {

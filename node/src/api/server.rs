@@ -2,6 +2,11 @@
 //! broken clients cannot take the node's API (or its file descriptors) away.
 //!
 //! Per connection, in order:
+//! 0. **TLS.** A connection that did not arrive on a loopback address does the TLS handshake
+//!    first (within [`TLS_HANDSHAKE_TIMEOUT_MS`]), when the node has a key: a token is a
+//!    shell on every node and never crosses a network in clear. The certificate's key is
+//!    derived from the cluster key, so clients pin it by the fingerprint `api.token`
+//!    carries ([`crate::security::tls`]). `--api-tls on|off|auto` (hidden) overrides.
 //! 1. **Connection caps.** At most [`ApiLimits::api_connections_max`] connections in all and
 //!    [`ApiLimits::api_connections_per_ip_max`] from one IP. A connection beyond a cap first
 //!    evicts the longest-silent *idle* connection (no request being answered) of that IP, or
@@ -22,7 +27,7 @@
 //! 5. **Names.** `Host` and `Origin` must be the node's own ([`super::origin`]): `403`.
 //! 6. The router: the token check ([`super::auth`]), then the handlers.
 //!
-//! HTTP/1.1 only (every client of ours, and browsers over plain http, speak it).
+//! HTTP/1.1 only (every client of ours, and browsers, speak it).
 //!
 //! The limits' defaults are far above what a 128-node local cluster, the CLI's polling
 //! (`job --watch`, `logs --follow`: one request per 500 ms) and the benchmarks make, and
@@ -56,6 +61,10 @@ use tokio::{
 use tracing::{debug, info, warn};
 
 use super::origin::HostNames;
+use crate::{
+    cluster::identity::ClusterKey,
+    security::tls::{ApiTls, ApiTlsMode, TlsError, TLS_HANDSHAKE_TIMEOUT_MS},
+};
 
 /// Default [`ApiLimits::api_connections_max`]: half of the common 1,024-descriptor soft
 /// limit, leaving the other half to libp2p, Raft's files, the data plane and job pipes. A
@@ -124,6 +133,10 @@ pub struct ApiLimits {
     /// Requests one IP may make at once.
     #[arg(long, hide = true, default_value_t = API_REQUESTS_BURST)]
     pub api_requests_burst: u16,
+    /// When the API speaks TLS: auto (every connection not on a loopback address, when the
+    /// node has a cluster key), on (loopback too), off (never).
+    #[arg(long, hide = true, value_enum, default_value_t = ApiTlsMode::Auto)]
+    pub api_tls: ApiTlsMode,
 }
 
 impl Default for ApiLimits {
@@ -138,6 +151,7 @@ impl Default for ApiLimits {
             api_header_bytes_max: API_HEADER_BYTES_MAX,
             api_requests_per_s: API_REQUESTS_PER_S,
             api_requests_burst: API_REQUESTS_BURST,
+            api_tls: ApiTlsMode::Auto,
         }
     }
 }
@@ -332,6 +346,8 @@ struct Shared {
     table: Mutex<ConnTable>,
     rate: Mutex<RateLimiter>,
     app: Router,
+    /// The API's TLS, when some connections speak it ([`tls_for`]).
+    tls: Option<Arc<ApiTls>>,
 }
 
 impl Shared {
@@ -614,13 +630,69 @@ pub fn raise_fd_limit() -> Option<u64> {
     Some(lim.rlim_cur)
 }
 
+/// The API's TLS for a node with cluster key `key` whose API is bound on `bind` and
+/// advertised as `advertised`: `None` when no connection would speak it (no key, `--api-tls
+/// off`, or `auto` on a loopback address). The certificate names localhost, the loopback
+/// addresses, `bind`'s and `advertised`'s IPs, the host name and `--api-host`s.
+pub fn tls_for(
+    key: Option<&ClusterKey>,
+    limits: &ApiLimits,
+    bind: SocketAddr,
+    advertised: SocketAddr,
+) -> Result<Option<Arc<ApiTls>>, TlsError> {
+    let Some(key) = key else { return Ok(None) };
+    let speaks = match limits.api_tls {
+        ApiTlsMode::Off => false,
+        ApiTlsMode::On => true,
+        // An unspecified address (0.0.0.0) takes connections from beyond loopback too.
+        ApiTlsMode::Auto => !crate::security::tls::is_loopback(bind.ip()),
+    };
+    if !speaks {
+        return Ok(None);
+    }
+    let mut names = vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+    ];
+    for ip in [bind.ip(), advertised.ip()] {
+        if !ip.is_unspecified() {
+            names.push(ip.to_string());
+        }
+    }
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    names.push(hostname.trim().to_string());
+    names.extend(limits.api_hosts.iter().map(|h| {
+        // `name:port` names a proxy's port; the certificate names hosts.
+        match h.rsplit_once(':') {
+            Some((host, port)) if port.parse::<u16>().is_ok() && !host.contains(':') => {
+                host.to_string()
+            }
+            _ => h.clone(),
+        }
+    }));
+    // Names a certificate cannot carry (not DNS syntax) are left out: our clients check the
+    // key, not the names.
+    names.retain(|n| {
+        !n.is_empty()
+            && (n.parse::<IpAddr>().is_ok()
+                || n.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.'))
+    });
+    let tls = ApiTls::new(key, &names)?;
+    info!(fingerprint = %tls.fingerprint(), mode = ?limits.api_tls, "API speaks TLS beyond loopback");
+    Ok(Some(Arc::new(tls)))
+}
+
 /// Serves `app` on `listener` until the task is dropped. `advertised`: the address the node
-/// tells others (one of its names).
+/// tells others (one of its names). `tls`: the API's TLS ([`tls_for`]), spoken on the
+/// connections [`ApiLimits::api_tls`] says.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: ApiLimits,
     advertised: SocketAddr,
+    tls: Option<Arc<ApiTls>>,
 ) -> std::io::Result<()> {
     let bind = listener.local_addr()?;
     let fd_limit = raise_fd_limit();
@@ -662,6 +734,7 @@ pub async fn serve(
         connections_max,
         limits,
         app,
+        tls,
     });
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -682,7 +755,12 @@ pub async fn serve(
             Ok(conn) => conn,
             Err(full) => {
                 debug!(peer = %peer, ?full, "API connection refused: at the cap");
-                let _ = stream.try_write(FULL_ANSWER);
+                // A TLS client would read the plain answer as a broken handshake: it only
+                // sees the connection close.
+                let local = stream.local_addr().map(|a| a.ip()).unwrap_or(bind.ip());
+                if shared.tls.is_none() || !shared.limits.api_tls.applies_to(local) {
+                    let _ = stream.try_write(FULL_ANSWER);
+                }
                 drop(stream);
                 continue;
             }
@@ -699,7 +777,8 @@ pub async fn serve(
     }
 }
 
-/// Drives one connection until it ends, is evicted, or stays idle too long.
+/// Runs one connection: the TLS handshake where it applies, then [`drive`]; forgets the
+/// connection when it ends.
 async fn run_connection(
     shared: Arc<Shared>,
     builder: hyper::server::conn::http1::Builder,
@@ -712,6 +791,52 @@ async fn run_connection(
         conn: conn.clone(),
         epoch: shared.epoch,
     };
+    let tls = shared
+        .tls
+        .as_ref()
+        .filter(|_| shared.limits.api_tls.applies_to(local));
+    match tls {
+        None => drive(&shared, builder, io, &conn, local).await,
+        Some(tls) => {
+            // The handshake counts as idle: a new connection beyond a cap may evict it.
+            let handshake = tokio::time::timeout(
+                Duration::from_millis(TLS_HANDSHAKE_TIMEOUT_MS),
+                tls.acceptor().accept(io),
+            );
+            tokio::select! {
+                res = handshake => match res {
+                    Ok(Ok(stream)) => drive(&shared, builder, stream, &conn, local).await,
+                    Ok(Err(e)) => debug!(peer = %conn.ip, "API TLS handshake failed: {e}"),
+                    Err(_) => debug!(
+                        peer = %conn.ip,
+                        timeout_ms = TLS_HANDSHAKE_TIMEOUT_MS,
+                        "API TLS handshake timed out"
+                    ),
+                },
+                _ = conn.evict.notified() => {
+                    debug!(peer = %conn.ip, "API connection evicted during its TLS handshake");
+                }
+            }
+        }
+    }
+    shared
+        .table
+        .lock()
+        .expect("connection table lock")
+        .remove(conn.id);
+}
+
+/// Serves HTTP on one connection (plain or TLS) until it ends, is evicted, or stays idle
+/// too long.
+async fn drive<I>(
+    shared: &Arc<Shared>,
+    builder: hyper::server::conn::http1::Builder,
+    io: I,
+    conn: &Arc<ConnState>,
+    local: IpAddr,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let service = {
         let (shared, conn) = (shared.clone(), conn.clone());
         hyper::service::service_fn(move |req| {
@@ -748,11 +873,6 @@ async fn run_connection(
             _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => {}
         }
     }
-    shared
-        .table
-        .lock()
-        .expect("connection table lock")
-        .remove(conn.id);
 }
 
 #[cfg(test)]

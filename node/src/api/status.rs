@@ -21,7 +21,7 @@ pub use crate::search::summary::{BestDoc, TrialDoc};
 pub struct MemberDoc {
     pub id: String,
     pub name: String,
-    /// alive | suspect | dead | left
+    /// alive | suspect | dead | left | removed (`ringleader member remove`)
     pub state: String,
     pub voter: bool,
     pub blacklisted: bool,
@@ -118,6 +118,7 @@ impl StatusDoc {
             counters: view.counters.clone(),
             control_fault: None,
             insecure: false,
+            api_tls: None,
         }
     }
 }
@@ -153,6 +154,10 @@ pub struct StatusDoc {
     /// API can run commands.
     #[serde(default)]
     pub insecure: bool,
+    /// The fingerprint (`sha256:HEX`) of the API's TLS key when the API speaks TLS beyond
+    /// loopback; null when it does not (a loopback API, `--insecure`, `--api-tls off`).
+    #[serde(default)]
+    pub api_tls: Option<String>,
 }
 
 impl StatusDoc {
@@ -714,6 +719,7 @@ mod tests {
             counters: Counters::default(),
             control_fault: None,
             insecure: false,
+            api_tls: None,
         };
         let text = doc.to_table();
         assert!(

@@ -42,6 +42,9 @@ pub struct LocalNode {
     pub token: Option<String>,
     /// Environment it was started with on top of this process's (kept for restarts).
     pub env: Vec<(String, String)>,
+    /// The fingerprint of its API's TLS key (the `tls` line of its `api.token`; `None`
+    /// under `--insecure`). Its API speaks TLS on 127.0.0.1 only with `--api-tls on`.
+    pub tls_pin: Option<crate::security::tls::Fingerprint>,
     child: Option<Child>,
 }
 
@@ -53,14 +56,32 @@ impl LocalNode {
 
     /// An API client for this node.
     pub fn client(&self) -> ApiClient {
-        ApiClient::new(&self.info.api_addr, self.token.clone())
+        ApiClient::new(&self.peer(), self.token.clone()).with_tls_pin(self.tls_pin)
+    }
+
+    /// Its API address as clients name it: `https://…` when its API speaks TLS on
+    /// loopback (`--api-tls on`), where a bare loopback address means plain http.
+    pub fn peer(&self) -> String {
+        if self
+            .args
+            .windows(2)
+            .any(|w| w[0] == "--api-tls" && w[1] == "on")
+        {
+            format!("https://{}", self.info.api_addr)
+        } else {
+            self.info.api_addr.clone()
+        }
     }
 
     /// The environment a CLI command against this node runs with: `RINGLEADER_PEER` and,
-    /// when it has one, `RINGLEADER_TOKEN`.
+    /// when it has them, `RINGLEADER_TOKEN` and `RINGLEADER_TLS_SHA256`.
     pub fn cli_env(&self) -> Vec<(&'static str, String)> {
-        let mut env = vec![("RINGLEADER_PEER", self.info.api_addr.clone())];
+        let mut env = vec![("RINGLEADER_PEER", self.peer())];
         env.extend(self.token.clone().map(|t| ("RINGLEADER_TOKEN", t)));
+        env.extend(
+            self.tls_pin
+                .map(|p| ("RINGLEADER_TLS_SHA256", p.to_string())),
+        );
         env
     }
 }
@@ -132,7 +153,8 @@ impl LocalCluster {
         if let Some(file) = value("--token-file") {
             return std::fs::read_to_string(file)
                 .ok()
-                .map(|t| t.trim().to_string());
+                .and_then(|t| t.parse::<crate::api::auth::TokenFileText>().ok())
+                .map(|t| t.token);
         }
         if let Some(file) = value("--cluster-key") {
             if Path::new(&file) != self.key_file {
@@ -168,6 +190,7 @@ impl LocalCluster {
         let args = self.node_args(extra);
         let (child, info) = spawn(&self.exe, name, &dir, &args, &self.env)?;
         let token = self.token_for(&args);
+        let tls_pin = tls_pin_in(&dir);
         self.nodes.push(LocalNode {
             name: name.to_string(),
             dir,
@@ -175,6 +198,7 @@ impl LocalCluster {
             info,
             token,
             env: self.env.clone(),
+            tls_pin,
             child: Some(child),
         });
         Ok(self.nodes.len() - 1)
@@ -198,6 +222,7 @@ impl LocalCluster {
         let (child, info) = spawn(&self.exe, &node.name, &node.dir, &args, &node.env)?;
         node.child = Some(child);
         node.info = info;
+        node.tls_pin = tls_pin_in(&node.dir);
         Ok(())
     }
 
@@ -292,6 +317,15 @@ impl Drop for LocalCluster {
             }
         }
     }
+}
+
+/// The TLS pin in a node's `<dir>/api.token` (written before its `node.json`).
+fn tls_pin_in(dir: &Path) -> Option<crate::security::tls::Fingerprint> {
+    std::fs::read_to_string(dir.join(crate::security::bootstrap::API_TOKEN_FILE))
+        .ok()?
+        .parse::<crate::api::auth::TokenFileText>()
+        .ok()?
+        .tls
 }
 
 fn stop_gracefully(mut child: Child) -> Result<std::process::ExitStatus> {

@@ -69,6 +69,9 @@ pub struct Hosts {
     pub stop: Arc<AtomicBool>,
     /// The cluster's admin API token (derived from the key every node is started with).
     pub token: String,
+    /// The fingerprint of the nodes' API TLS key (also derived from the key): their APIs on
+    /// 10.77.0.I are beyond loopback, so they speak TLS.
+    pub tls_pin: ringleader::security::tls::Fingerprint,
 }
 
 impl Hosts {
@@ -90,6 +93,7 @@ impl Hosts {
             dir,
             stop: Arc::new(AtomicBool::new(false)),
             token: ringleader::security::bootstrap::admin_token(&key),
+            tls_pin: ringleader::security::tls::fingerprint(&key).unwrap(),
         };
         for i in 1..=n {
             let data = hosts.data_dir(i);
@@ -125,9 +129,10 @@ impl Hosts {
         self.dir.path().join(format!("n{i}"))
     }
 
-    /// A client of node `i`'s API.
+    /// A client of node `i`'s API (TLS, pinned).
     pub fn client(&self, i: usize) -> ApiClient {
         ApiClient::new(&format!("{}:7071", addr(i)), Some(self.token.clone()))
+            .with_tls_pin(Some(self.tls_pin))
     }
 
     /// Node `i`'s status.
