@@ -35,6 +35,8 @@ fn main() {
         Cmd::Cancel { id } => ringleader::cli::cancel(&cli, id),
         Cmd::Trials { id } => ringleader::cli::trials(&cli, id),
         Cmd::Dataset(cmd) => ringleader::cli::datasets::run(&cli, cmd),
+        Cmd::Token(cmd) => ringleader::cli::tokens::run(&cli, cmd),
+        Cmd::Member(cmd) => ringleader::cli::tokens::run_member(&cli, cmd),
         Cmd::Logs { id, follow } => ringleader::cli::logs(&cli, id, *follow),
         Cmd::TrainWorker(args) => ringleader::cli::train_worker::run_worker(args.clone()),
         Cmd::Demo => ringleader::cli::demo::run(),

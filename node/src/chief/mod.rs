@@ -55,11 +55,13 @@ fn candidates(state: &ControlState, members: &[MemberView], now_ms: u64) -> Vec<
         .map(|m| {
             let id = m.id.to_string();
             let held = used.get(&id).cloned().unwrap_or_default();
+            let removed = state.is_removed(&id);
             Candidate {
                 blacklisted: state.is_blacklisted(&id, now_ms),
                 id,
                 name: m.meta.name.clone(),
-                alive: m.state == State::Alive,
+                // A member an operator removed is never given a rank (`control::removal`).
+                alive: m.state == State::Alive && !removed,
                 cpus: m.meta.cpus,
                 gpus: m.meta.gpus.iter().map(|g| g.index).collect(),
                 used_cpus: held.cpus,
@@ -762,5 +764,36 @@ pub(crate) mod tests {
         assert_eq!(job.generation, 3);
         // Full again: nothing more.
         assert!(decide(&state, &members, 100_000, &mut secret).is_empty());
+    }
+
+    /// A member an operator removed gets no rank, however much room it has.
+    #[test]
+    fn a_removed_member_is_never_placed_on() {
+        let members = vec![member("a", State::Alive, 1), member("b", State::Alive, 8)];
+        let mut state = ControlState::default();
+        let removal = ControlCommand::MemberRemove {
+            peer_id: members[1].id.to_string(),
+            name: "b".into(),
+            at_ms: 1,
+        };
+        apply_all(&mut state, &[removal]);
+        let one = submit_text(
+            &mut state,
+            "name = \"x\"\nkind = \"command\"\nworkers = 1\ncommand = [\"true\"]\n",
+        );
+        let two = submit_text(
+            &mut state,
+            "name = \"y\"\nkind = \"command\"\nworkers = 2\ncommand = [\"true\"]\n",
+        );
+        let cmds = decide(&state, &members, 5, &mut secret);
+        apply_all(&mut state, &cmds);
+        let job = state.job(one).unwrap();
+        assert_eq!(job.state, JobState::Running);
+        assert_eq!(job.assignment[0].name, "a");
+        assert_eq!(
+            state.job(two).unwrap().state,
+            JobState::Pending,
+            "b is not counted"
+        );
     }
 }

@@ -35,6 +35,7 @@ use crate::{
         protocol::{ProposeError, RpcRequest, RpcResponse},
         state::{ControlCommand, ControlResponse, ControlState, JobId, JobState},
         store::{self, node_id_of, NodeId, RaftNode, StateMachineStore, TypeConfig},
+        tokens::Principal,
         voters::{self, Change, Health, VoterConfig},
     },
     jobs::logs::{read_log, LogChunk},
@@ -241,7 +242,8 @@ impl ControlHandle {
         )
     }
 
-    /// Commits `cmd`, here if this node is the chief, else through the chief.
+    /// Commits `cmd`, here if this node is the chief, else through the chief; forwarded with
+    /// the [`Principal::current`] of the API request this task serves, if any.
     pub async fn propose(&self, cmd: ControlCommand) -> Result<ControlResponse, ProposeError> {
         cmd.check()
             .map_err(|e| ProposeError::Rejected(e.to_string()))?;
@@ -279,8 +281,16 @@ impl ControlHandle {
             .get_node(&leader)
             .and_then(|n| n.peer_id.parse::<PeerId>().ok())
             .ok_or(ProposeError::NoChief)?;
-        let payload = wire::encode_json(&RpcRequest::Propose(cmd))
-            .map_err(|e| ProposeError::Rejected(e.to_string()))?;
+        // A user's write carries who the API checked the caller to be (the chief refuses a
+        // token revoked meanwhile); a node's own report keeps the older form.
+        let req = match Principal::current() {
+            Principal::Node => RpcRequest::Propose(cmd),
+            principal => RpcRequest::ProposeAs {
+                command: cmd,
+                principal,
+            },
+        };
+        let payload = wire::encode_json(&req).map_err(|e| ProposeError::Rejected(e.to_string()))?;
         let bytes = self
             .node
             .rpc(peer, payload)
@@ -366,6 +376,7 @@ impl ControlHandle {
             generation,
             worker,
             offset,
+            principal: Principal::current(),
         };
         let payload = match wire::encode_json(&req) {
             Ok(p) => p,
@@ -438,6 +449,9 @@ impl ControlHandle {
                 },
             );
         }
+        let removed: Vec<NodeId> =
+            self.read(|s| s.removed.keys().map(|p| node_id_of(p.as_str())).collect());
+        voters::exclude_removed(&mut view, removed);
         let input = voters::Input {
             leader: &ctl.node_id,
             voters: &voters,

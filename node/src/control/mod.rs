@@ -4,6 +4,8 @@
 //!   search's trials are applied in `trials` (records from `crate::search`).
 //! - [`id`]: job ids.
 //! - [`datasets`]: the dataset registry (name → root and figures).
+//! - [`tokens`]: API tokens (their hashes) and the [`tokens::Principal`] a request acts as.
+//! - [`removal`]: members an operator removed from the cluster for good.
 //! - [`compaction`]: ended jobs past the retention leave the live state.
 //! - [`store`]: openraft log store and state machine persisted as checksummed files.
 //! - [`voters`]: sans-IO voter reconciliation (which members vote), autopilot-like.
@@ -25,9 +27,11 @@ pub mod id;
 mod network;
 pub mod protocol;
 pub mod recovery;
+pub mod removal;
 pub mod rpc;
 pub mod state;
 pub mod store;
+pub mod tokens;
 pub mod trials;
 pub mod voters;
 

@@ -14,6 +14,7 @@ use crate::{
     control::{
         state::{ControlCommand, ControlResponse, JobId},
         store::{NodeId, TypeConfig, SNAPSHOT_BYTES_MAX},
+        tokens::Principal,
     },
     jobs::logs::LogChunk,
 };
@@ -25,7 +26,8 @@ pub enum RpcRequest {
     AppendEntries(AppendEntriesRequest<TypeConfig>),
     Vote(VoteRequest<NodeId>),
     InstallSnapshot(SnapshotChunk),
-    /// A write forwarded to the chief.
+    /// A write the node originates itself (a rank's report, an exit), forwarded to the
+    /// chief; what an older node sends for every write. Read as [`Principal::Node`].
     Propose(ControlCommand),
     /// A piece of a rank's log kept on the node that ran it.
     Logs {
@@ -34,6 +36,18 @@ pub enum RpcRequest {
         generation: u32,
         worker: u32,
         offset: u64,
+        /// Who the API that asked checked the caller to be (an older node sends none:
+        /// [`Principal::Node`]).
+        #[serde(default)]
+        principal: Principal,
+    },
+    /// A user's write (submit, cancel, dataset, token or member change) forwarded to the
+    /// chief with the principal the forwarding node's API checked.
+    ProposeAs {
+        /// The write.
+        command: ControlCommand,
+        /// Who asked for it.
+        principal: Principal,
     },
 }
 

@@ -17,11 +17,19 @@
 //! with the peer, and answered as a malformed request (openraft retries, as for a network
 //! error).
 //!
-//! Forwarded writes and log reads: the forwarding node's API checked the caller's token
-//! (the admin token; the API has no finer principal) before it forwarded; the chief trusts
-//! a peer holding the cluster key to have done so, and logs at info which peer (and whether
-//! it is a Raft member) forwarded each user command, so every commit of a submit, cancel or
-//! dataset change can be traced to the node whose API took it.
+//! Forwarded writes and log reads carry the [`Principal`] the forwarding node's API checked:
+//! the admin, or a replicated token by its hash. The chief trusts a peer holding the cluster
+//! key to have checked it, but refuses ([`authorize_principal`]) a user command whose token
+//! left the state meanwhile (revoked between the follower's check and the commit), and a
+//! token or member change from anyone but the admin (a node's own reports carry
+//! [`Principal::Node`], as does every write of an older node). It logs at
+//! info which peer (and whether it is a Raft member) forwarded each user command and for
+//! whom, so every commit of a submit, cancel or dataset change can be traced to the node
+//! whose API took it and the token it came with. The same principal check guards reads of a
+//! rank's log.
+//!
+//! A member an operator removed (`control::removal`) is refused everything: its Raft
+//! messages, its writes, its log reads ([`check_not_removed`]).
 
 use std::sync::atomic::Ordering;
 
@@ -39,8 +47,9 @@ use crate::{
         protocol::{ProposeError, RpcRequest, RpcResponse, SnapshotRequest},
         state::{ControlCommand, ControlState, JobId},
         store::{node_id_of, NodeId, RaftNode, TypeConfig},
+        tokens::Principal,
     },
-    jobs::logs::read_log,
+    jobs::logs::{read_log, LogChunk},
 };
 
 /// Which Raft message a [`PeerRefused`] is about.
@@ -98,6 +107,21 @@ pub enum PeerRefused {
         /// This node's last log index.
         our_log: Option<u64>,
     },
+    /// The sender was removed from the cluster (`ringleader member remove`).
+    #[error("peer {peer} was removed from the cluster")]
+    Removed {
+        /// Its peer id.
+        peer: String,
+    },
+}
+
+/// Refuses a peer an operator removed from the cluster, whatever it sends.
+pub fn check_not_removed(peer: &str, state: &ControlState) -> Result<(), PeerRefused> {
+    if state.is_removed(peer) {
+        Err(PeerRefused::Removed { peer: peer.into() })
+    } else {
+        Ok(())
+    }
 }
 
 /// Checks a Raft message's sender (see the module doc): `peer` is the sender's
@@ -169,18 +193,21 @@ fn check_live(
     (named, sender_log): (Option<NodeId>, Option<u64>),
 ) -> Result<(), String> {
     let m = ctl.raft().metrics().borrow().clone();
-    check_raft_sender(
-        rpc,
-        &from.to_string(),
-        named,
-        sender_log,
-        m.membership_config.membership(),
-        m.last_log_index,
-    )
-    .map_err(|e| {
-        warn!(peer = %from, "raft message refused: {e}");
-        format!("refused: {e}")
-    })
+    ctl.read(|s| check_not_removed(&from.to_string(), s))
+        .and_then(|()| {
+            check_raft_sender(
+                rpc,
+                &from.to_string(),
+                named,
+                sender_log,
+                m.membership_config.membership(),
+                m.last_log_index,
+            )
+        })
+        .map_err(|e| {
+            warn!(peer = %from, "raft message refused: {e}");
+            format!("refused: {e}")
+        })
 }
 
 /// Whether the member `from` (a peer id) may have `cmd` committed by forwarding it to the
@@ -212,10 +239,26 @@ pub fn authorize(from: &str, cmd: &ControlCommand, state: &ControlState) -> Resu
         }
     };
     match cmd {
-        ControlCommand::Submit { spec, .. } => crate::jobs::admit(spec),
+        ControlCommand::Submit { spec, .. } => {
+            // `[secrets]` enter the log sealed by the API node that took the submit.
+            if let Some(name) = spec
+                .secrets
+                .iter()
+                .find(|(_, v)| !crate::security::sealed::is_sealed(v))
+                .map(|(k, _)| k)
+            {
+                return Err(format!(
+                    "secrets.{name}: not sealed (a submit goes through a node's API, which seals them)"
+                ));
+            }
+            crate::jobs::admit(spec)
+        }
         ControlCommand::Cancel { .. }
         | ControlCommand::DatasetAdd { .. }
-        | ControlCommand::DatasetRemove { .. } => Ok(()),
+        | ControlCommand::DatasetRemove { .. }
+        | ControlCommand::TokenCreate { .. }
+        | ControlCommand::TokenRevoke { .. }
+        | ControlCommand::MemberRemove { .. } => Ok(()),
         ControlCommand::WorkerExited {
             id,
             generation,
@@ -256,15 +299,148 @@ pub fn authorize(from: &str, cmd: &ControlCommand, state: &ControlState) -> Resu
     }
 }
 
-/// The name of a command a user's API call originates (a submit, cancel or dataset change),
-/// `None` for what nodes originate themselves (ranks' exits and metrics).
+/// The name of a command a user's API call originates (a submit, cancel, dataset, token or
+/// member change), `None` for what nodes originate themselves (ranks' exits and metrics).
 fn user_command(cmd: &ControlCommand) -> Option<&'static str> {
     match cmd {
         ControlCommand::Submit { .. } => Some("submit"),
         ControlCommand::Cancel { .. } => Some("cancel"),
         ControlCommand::DatasetAdd { .. } => Some("dataset-add"),
         ControlCommand::DatasetRemove { .. } => Some("dataset-remove"),
+        ControlCommand::TokenCreate { .. } => Some("token-create"),
+        ControlCommand::TokenRevoke { .. } => Some("token-revoke"),
+        ControlCommand::MemberRemove { .. } => Some("member-remove"),
         _ => None,
+    }
+}
+
+/// Whether only the admin token may ask for `cmd` (token and member changes).
+pub fn admin_only(cmd: &ControlCommand) -> bool {
+    matches!(
+        cmd,
+        ControlCommand::TokenCreate { .. }
+            | ControlCommand::TokenRevoke { .. }
+            | ControlCommand::MemberRemove { .. }
+    )
+}
+
+/// Whether `principal` may have a user's request served here: a token only while its hash
+/// is in `state`. The admin, and a member that states no principal (an older node), are
+/// served: the sender holds the cluster key, which grants what the admin token does.
+pub fn check_user_principal(principal: &Principal, state: &ControlState) -> Result<(), String> {
+    match principal {
+        Principal::Admin | Principal::Node => Ok(()),
+        Principal::Token { hash } => state
+            .token_named_by_hash(hash)
+            .map(|_| ())
+            .ok_or_else(|| "the API token of this request was revoked".into()),
+    }
+}
+
+/// What the principal and the sender of a forwarded write are allowed, before
+/// [`authorize`] looks at the command itself: a removed member nothing; a user command
+/// needs a principal [`check_user_principal`] accepts; a token or member change the admin.
+pub fn authorize_principal(
+    from: &str,
+    principal: &Principal,
+    cmd: &ControlCommand,
+    state: &ControlState,
+) -> Result<(), String> {
+    check_not_removed(from, state).map_err(|e| e.to_string())?;
+    if let Some(what) = user_command(cmd) {
+        check_user_principal(principal, state).map_err(|e| format!("{what}: {e}"))?;
+    }
+    if admin_only(cmd) && *principal != Principal::Admin {
+        return Err("only the admin token may create or revoke tokens and remove members".into());
+    }
+    Ok(())
+}
+
+/// A forwarded write: checked ([`authorize_principal`], then [`authorize`]), logged with
+/// its principal when a user asked for it, and proposed to this node's Raft.
+async fn forwarded(
+    ctl: &ControlHandle,
+    peer: &libp2p::PeerId,
+    cmd: ControlCommand,
+    principal: Principal,
+) -> RpcResponse {
+    let from = peer.to_string();
+    let allowed = match cmd
+        .check()
+        .map_err(|e| e.to_string())
+        .and_then(|()| ctl.read(|s| authorize_principal(&from, &principal, &cmd, s)))
+    {
+        Err(e) => Err(e),
+        // A submit's authorization is its admission (see `authorize`): CPU work on the spec
+        // alone, run off the async runtime and outside the state's lock so Raft's timers and
+        // applies go on meanwhile.
+        Ok(()) => match &cmd {
+            ControlCommand::Submit { spec, .. } => {
+                let spec = spec.clone();
+                tokio::task::spawn_blocking(move || crate::jobs::admit(&spec))
+                    .await
+                    .unwrap_or_else(|e| Err(format!("admission failed: {e}")))
+            }
+            _ => ctl.read(|s| authorize(&from, &cmd, s)),
+        },
+    };
+    let r = match allowed {
+        Err(e) => {
+            warn!(peer = %peer, principal = %principal.describe(), "forwarded command refused: {e}");
+            Err(ProposeError::Rejected(e))
+        }
+        Ok(()) => {
+            if let Some(command) = user_command(&cmd) {
+                let m = ctl.raft().metrics().borrow().clone();
+                let member = m
+                    .membership_config
+                    .membership()
+                    .get_node(&node_id_of(&from))
+                    .is_some_and(|n| n.peer_id == from);
+                let token = match &principal {
+                    Principal::Token { hash } => ctl
+                        .read(|s| s.token_named_by_hash(hash).map(str::to_owned))
+                        .unwrap_or_default(),
+                    _ => String::new(),
+                };
+                info!(peer = %peer, member, command, principal = %principal.describe(), token = %token, "forwarded user command accepted");
+            }
+            ctl.propose_local(cmd).await
+        }
+    };
+    RpcResponse::Propose(r)
+}
+
+/// A read of a rank's log kept here, for a member whose API checked `principal`.
+fn log_read(
+    ctl: &ControlHandle,
+    peer: &libp2p::PeerId,
+    (job, generation, worker, offset): (JobId, u32, u32, u64),
+    principal: &Principal,
+) -> LogChunk {
+    let from = peer.to_string();
+    let allowed = ctl.read(|s| {
+        check_not_removed(&from, s)
+            .map_err(|e| e.to_string())
+            .and_then(|()| check_user_principal(principal, s))
+    });
+    match allowed {
+        Ok(()) => {
+            debug!(peer = %peer, principal = %principal.describe(), %job, worker, "log read");
+            read_log(&ctl.jobs_dir, job, generation, worker, offset)
+        }
+        Err(e) => {
+            warn!(peer = %peer, principal = %principal.describe(), %job, "log read refused: {e}");
+            LogChunk {
+                rank: worker,
+                worker,
+                generation,
+                offset,
+                text: String::new(),
+                next_offset: offset,
+                error: Some(format!("refused: {e}")),
+            }
+        }
     }
 }
 
@@ -311,48 +487,23 @@ pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>) {
                     }
                 }
                 Ok(RpcRequest::Propose(cmd)) => {
-                    let from = rpc.from.to_string();
-                    let allowed = match cmd.check().map_err(|e| e.to_string()) {
-                        Err(e) => Err(e),
-                        // A submit's authorization is its admission (see `authorize`): CPU
-                        // work on the spec alone, run off the async runtime and outside the
-                        // state's lock so Raft's timers and applies go on meanwhile.
-                        Ok(()) => match &cmd {
-                            ControlCommand::Submit { spec, .. } => {
-                                let spec = spec.clone();
-                                tokio::task::spawn_blocking(move || crate::jobs::admit(&spec))
-                                    .await
-                                    .unwrap_or_else(|e| Err(format!("admission failed: {e}")))
-                            }
-                            _ => ctl.read(|s| authorize(&from, &cmd, s)),
-                        },
-                    };
-                    let r = match allowed {
-                        Err(e) => {
-                            warn!(peer = %rpc.from, "forwarded command refused: {e}");
-                            Err(ProposeError::Rejected(e))
-                        }
-                        Ok(()) => {
-                            if user_command(&cmd).is_some() {
-                                let m = ctl.raft().metrics().borrow().clone();
-                                let member = m
-                                    .membership_config
-                                    .membership()
-                                    .get_node(&node_id_of(&from))
-                                    .is_some_and(|n| n.peer_id == from);
-                                info!(peer = %rpc.from, member, command = user_command(&cmd).unwrap_or("?"), "forwarded user command accepted");
-                            }
-                            ctl.propose_local(cmd).await
-                        }
-                    };
-                    RpcResponse::Propose(r)
+                    forwarded(&ctl, &rpc.from, cmd, Principal::Node).await
+                }
+                Ok(RpcRequest::ProposeAs { command, principal }) => {
+                    forwarded(&ctl, &rpc.from, command, principal).await
                 }
                 Ok(RpcRequest::Logs {
                     job,
                     generation,
                     worker,
                     offset,
-                }) => RpcResponse::Logs(read_log(&ctl.jobs_dir, job, generation, worker, offset)),
+                    principal,
+                }) => RpcResponse::Logs(log_read(
+                    &ctl,
+                    &rpc.from,
+                    (job, generation, worker, offset),
+                    &principal,
+                )),
                 Err(e) => {
                     debug!(peer = %rpc.from, "malformed rpc: {e}");
                     RpcResponse::Malformed(e.to_string())
@@ -541,5 +692,113 @@ mod tests {
             .contains("only the chief"));
         let cancel = ControlCommand::Cancel { id, at_ms: 1 };
         assert_eq!(authorize("anyone", &cancel, &state), Ok(()));
+    }
+
+    /// A user command needs the admin or a live token; token and member changes the admin;
+    /// a removed member is refused everything.
+    #[test]
+    fn forwarded_commands_carry_a_principal_the_state_still_accepts() {
+        use crate::control::tokens::new_token;
+        let mut state = ControlState::default();
+        let (_, hash) = new_token();
+        let create = ControlCommand::TokenCreate {
+            name: "ci".into(),
+            hash: hash.clone(),
+            created_by: "admin".into(),
+            at_ms: 1,
+        };
+        assert_eq!(
+            state.apply(1, &create),
+            crate::control::ControlResponse::Applied
+        );
+        let id = chief::submit(&mut state, 2, 1);
+        let cancel = ControlCommand::Cancel { id, at_ms: 2 };
+        let token = Principal::Token { hash: hash.clone() };
+        let peer = libp2p::PeerId::random().to_string();
+        assert_eq!(
+            authorize_principal(&peer, &Principal::Admin, &cancel, &state),
+            Ok(())
+        );
+        assert_eq!(authorize_principal(&peer, &token, &cancel, &state), Ok(()));
+        // An older node states no principal: served, as the key grants what the admin does.
+        assert_eq!(
+            authorize_principal(&peer, &Principal::Node, &cancel, &state),
+            Ok(())
+        );
+        // A token may not make tokens or remove members.
+        let e = authorize_principal(&peer, &token, &create, &state).unwrap_err();
+        assert!(e.contains("only the admin"), "{e}");
+        let remove = ControlCommand::MemberRemove {
+            peer_id: libp2p::PeerId::random().to_string(),
+            name: "c".into(),
+            at_ms: 3,
+        };
+        assert!(authorize_principal(&peer, &token, &remove, &state).is_err());
+        assert_eq!(
+            authorize_principal(&peer, &Principal::Admin, &remove, &state),
+            Ok(())
+        );
+        // A node's own report needs no user principal.
+        let report = ControlCommand::Metric {
+            id,
+            generation: 0,
+            name: "loss".into(),
+            value: 1.0,
+            step: None,
+            at_ms: 3,
+        };
+        assert_eq!(
+            authorize_principal(&peer, &Principal::Node, &report, &state),
+            Ok(())
+        );
+        // Revoked between the follower's check and the chief's: refused.
+        let revoke = ControlCommand::TokenRevoke {
+            name: "ci".into(),
+            at_ms: 4,
+        };
+        let index = state.applied_index + 1;
+        state.apply(index, &revoke);
+        let e = authorize_principal(&peer, &token, &cancel, &state).unwrap_err();
+        assert!(e.contains("revoked"), "{e}");
+        assert!(check_user_principal(&token, &state).is_err());
+        // A removed member: nothing, not even the admin's requests or its own reports.
+        let gone = ControlCommand::MemberRemove {
+            peer_id: peer.clone(),
+            name: "p".into(),
+            at_ms: 5,
+        };
+        let index = state.applied_index + 1;
+        state.apply(index, &gone);
+        assert_eq!(
+            check_not_removed(&peer, &state),
+            Err(PeerRefused::Removed { peer: peer.clone() })
+        );
+        assert!(authorize_principal(&peer, &Principal::Admin, &cancel, &state).is_err());
+        assert!(authorize_principal(&peer, &Principal::Node, &report, &state).is_err());
+    }
+
+    /// An older node's requests (no principal) still decode: a log read as `Node`.
+    #[test]
+    fn requests_without_a_principal_still_decode() {
+        let old = br#"{"Logs":{"job":"j-1","generation":1,"worker":0,"offset":0}}"#;
+        match crate::cluster::wire::decode_json::<RpcRequest>(old) {
+            Ok(RpcRequest::Logs { principal, .. }) => assert_eq!(principal, Principal::Node),
+            other => panic!("{other:?}"),
+        }
+        let new = RpcRequest::ProposeAs {
+            command: ControlCommand::TokenRevoke {
+                name: "ci".into(),
+                at_ms: 1,
+            },
+            principal: Principal::Admin,
+        };
+        let bytes = crate::cluster::wire::encode_json(&new).unwrap();
+        assert!(matches!(
+            crate::cluster::wire::decode_json::<RpcRequest>(&bytes),
+            Ok(RpcRequest::ProposeAs {
+                principal: Principal::Admin,
+                ..
+            })
+        ));
     }
 }

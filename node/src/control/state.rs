@@ -737,6 +737,33 @@ pub enum ControlCommand {
         /// Proposer's clock.
         at_ms: u64,
     },
+    /// The admin makes an API token (see `control::tokens`): only its hash is replicated.
+    TokenCreate {
+        /// Its name (`tokens::check_token_name`).
+        name: String,
+        /// The BLAKE3 hash of the token, [`super::tokens::TOKEN_HASH_HEX_LEN`] hex digits.
+        hash: String,
+        /// Who made it, on which node (`admin@<node name>`).
+        created_by: String,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// The admin revokes an API token: its hash leaves the state.
+    TokenRevoke {
+        /// Its name.
+        name: String,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
+    /// The admin removes a member from the cluster for good (see `control::removal`).
+    MemberRemove {
+        /// Its peer id.
+        peer_id: String,
+        /// Its name, for humans.
+        name: String,
+        /// Proposer's clock.
+        at_ms: u64,
+    },
 }
 
 /// One worker of a placed job.
@@ -801,6 +828,12 @@ pub enum BadCommand {
     /// A dataset name outside the naming rule (`datasets::check_name`).
     #[error("{0}")]
     DatasetName(String),
+    /// A token name outside `tokens::check_token_name`, or a hash that is not one.
+    #[error("token {0}")]
+    TokenField(String),
+    /// A removal naming something that is not a peer id.
+    #[error("member remove: {0:?} is not a peer id")]
+    PeerId(String),
 }
 
 /// Length of a ring secret in hex digits (32 bytes).
@@ -877,6 +910,34 @@ impl ControlCommand {
             {
                 Err(BadCommand::Token)
             }
+            ControlCommand::TokenCreate {
+                name,
+                hash,
+                created_by,
+                ..
+            } => {
+                super::tokens::check_token_name(name).map_err(BadCommand::TokenField)?;
+                if !super::tokens::is_token_hash(hash) {
+                    return Err(BadCommand::TokenField(
+                        "hash: not a BLAKE3 hash in hex".into(),
+                    ));
+                }
+                if created_by.len() > REASON_BYTES_MAX {
+                    return Err(BadCommand::TokenField("created_by: too long".into()));
+                }
+                Ok(())
+            }
+            ControlCommand::TokenRevoke { name, .. } => {
+                super::tokens::check_token_name(name).map_err(BadCommand::TokenField)
+            }
+            ControlCommand::MemberRemove { peer_id, name, .. } => {
+                let parses = peer_id.len() <= super::removal::PEER_ID_BYTES_MAX
+                    && peer_id.parse::<libp2p::PeerId>().is_ok();
+                if !parses || name.len() > REASON_BYTES_MAX {
+                    return Err(BadCommand::PeerId(peer_id.chars().take(64).collect()));
+                }
+                Ok(())
+            }
             _ => Ok(()),
         }
     }
@@ -903,7 +964,10 @@ impl ControlCommand {
             | ControlCommand::WorkerNote { at_ms, .. }
             | ControlCommand::Compact { at_ms, .. }
             | ControlCommand::DatasetAdd { at_ms, .. }
-            | ControlCommand::DatasetRemove { at_ms, .. } => *at_ms,
+            | ControlCommand::DatasetRemove { at_ms, .. }
+            | ControlCommand::TokenCreate { at_ms, .. }
+            | ControlCommand::TokenRevoke { at_ms, .. }
+            | ControlCommand::MemberRemove { at_ms, .. } => *at_ms,
         }
     }
 }
@@ -953,6 +1017,12 @@ pub struct ControlState {
     /// The dataset registry: name → what it names (see `control::datasets`).
     #[serde(default)]
     pub datasets: BTreeMap<String, DatasetRecord>,
+    /// API tokens by name, each kept as its hash (see `control::tokens`).
+    #[serde(default)]
+    pub api_tokens: BTreeMap<String, super::tokens::TokenRecord>,
+    /// Members removed from the cluster, by peer id (see `control::removal`).
+    #[serde(default)]
+    pub removed: BTreeMap<String, super::removal::Removal>,
 }
 
 impl ControlState {
@@ -1313,6 +1383,18 @@ impl ControlState {
             ControlCommand::Compact { ids, .. } => self.compact(ids),
             ControlCommand::DatasetAdd { name, record, .. } => self.dataset_add(name, record),
             ControlCommand::DatasetRemove { name, .. } => self.dataset_remove(name),
+            ControlCommand::TokenCreate {
+                name,
+                hash,
+                created_by,
+                at_ms,
+            } => self.token_create(name, hash, created_by, *at_ms),
+            ControlCommand::TokenRevoke { name, .. } => self.token_revoke(name),
+            ControlCommand::MemberRemove {
+                peer_id,
+                name,
+                at_ms,
+            } => self.member_remove(peer_id, name, *at_ms),
         }
     }
 
@@ -1980,5 +2062,29 @@ mod metric_history_tests {
         h.record(Some(7), 2.0);
         h.record(None, 3.0);
         assert_eq!(h.points, vec![(0, 1.0), (7, 2.0), (2, 3.0)]);
+    }
+
+    /// A snapshot written before tokens and removals existed still loads, with none.
+    #[test]
+    fn a_state_without_tokens_or_removals_still_loads() {
+        let old = r#"{"jobs":{},"applied_at_ms":5,"applied_index":3,"tokens":{},"blacklist":{},"datasets":{}}"#;
+        let s: ControlState = serde_json::from_str(old).unwrap();
+        assert_eq!(s.applied_index, 3);
+        assert!(s.api_tokens.is_empty() && s.removed.is_empty());
+        let mut s = s;
+        let cmd = ControlCommand::MemberRemove {
+            peer_id: libp2p::PeerId::random().to_string(),
+            name: "c".into(),
+            at_ms: 6,
+        };
+        assert_eq!(s.apply(4, &cmd), ControlResponse::Applied);
+        let json = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<ControlState>(&json).unwrap(), s);
+        // The new commands as log entries, and an old entry beside them.
+        let line = serde_json::to_string(&cmd).unwrap();
+        assert!(line.contains(r#""op":"member_remove""#), "{line}");
+        assert_eq!(serde_json::from_str::<ControlCommand>(&line).unwrap(), cmd);
+        let cancel = r#"{"op":"cancel","id":"j-1","at_ms":1}"#;
+        assert!(serde_json::from_str::<ControlCommand>(cancel).is_ok());
     }
 }

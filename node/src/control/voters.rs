@@ -286,6 +286,25 @@ pub fn plan<I: Ord + Clone + Debug>(input: &Input<'_, I>, config: &VoterConfig) 
     out
 }
 
+/// Makes the members an operator removed (`control::removal`) look `left` to the rules, so
+/// rule 1 takes them out of the membership (voter or learner) at once and rule 4 never adds
+/// them back, whatever gossip says of them (a removed host may still run and gossip). One
+/// that gossip no longer lists is entered as left too.
+pub fn exclude_removed<I: Ord>(
+    members: &mut BTreeMap<I, MemberView>,
+    removed: impl IntoIterator<Item = I>,
+) {
+    for id in removed {
+        members.insert(
+            id,
+            MemberView {
+                health: Health::Left,
+                since_ms: 0,
+            },
+        );
+    }
+}
+
 struct Reconciler<'a, 'b, I> {
     input: &'a Input<'b, I>,
     config: &'a VoterConfig,
@@ -727,5 +746,42 @@ mod tests {
             bad.validate(),
             Err(VoterConfigError::LargeBelowSmall { .. })
         ));
+    }
+
+    /// A removed member leaves the membership (voter or learner) and is never added back,
+    /// though gossip still calls it alive.
+    #[test]
+    fn a_removed_member_is_taken_out_and_never_added_back() {
+        let mut w = World::bootstrapped();
+        for id in [2, 3, 4] {
+            w.set(id, Health::Alive, 10);
+        }
+        w.voters = [1, 2, 3].into();
+        w.learners = [4].into();
+        for removed in [3, 4] {
+            let mut members = w.members.clone();
+            exclude_removed(&mut members, [removed]);
+            let input = Input {
+                members: &members,
+                ..w.input()
+            };
+            let plan = plan(&input, &w.config);
+            assert_eq!(plan.first(), Some(&Change::Remove(removed)), "{plan:?}");
+            assert!(
+                !plan.iter().any(
+                    |c| matches!(c, Change::AddLearner(id) | Change::Promote(id) if *id == removed)
+                ),
+                "{plan:?}"
+            );
+        }
+        // Not in gossip's view at all: still removed.
+        let mut members = w.members.clone();
+        members.remove(&2);
+        exclude_removed(&mut members, [2]);
+        let input = Input {
+            members: &members,
+            ..w.input()
+        };
+        assert_eq!(next_change(&input, &w.config), Some(Change::Remove(2)));
     }
 }
