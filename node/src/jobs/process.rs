@@ -19,6 +19,15 @@
 //!
 //! A process stopped (SIGSTOP) for [`HUNG_STOPPED_MS`] is reported hung too.
 //!
+//! Output goes to the log through a per-rank cap ([`super::log_rate`]): ordinary lines past
+//! it are dropped and counted, protocol lines are always kept and parsed. Pipes are read in
+//! `PIPE_BUFFER_BYTES` pieces and lines cut at `LINE_BYTES_MAX`; the log is written through
+//! a buffer flushed every `LOG_FLUSH_MS`.
+//!
+//! Under `--run-as USER` ([`crate::security::run_as`]) the process runs as that user, in
+//! its own work directory (`…/worker-<w>/`, also its `HOME`), with its spec file and its
+//! `file://` checkpoint place (`<store>/jobs/<id>/`) given to the user.
+//!
 //! The exit code (a signal death as 128 + signal, as shells report it) is sent as
 //! [`ControlCommand::WorkerExited`] for the generation and rank the process was in last. A
 //! rank killed because its generation or job ended reports nothing. A train rank of an
@@ -27,7 +36,9 @@
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
+    path::PathBuf,
     process::Stdio,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -39,7 +50,11 @@ use tracing::{info, warn};
 
 use crate::{
     control::state::{ControlCommand, JobId, METRIC_NAME_BYTES_MAX, REASON_BYTES_MAX},
-    jobs::launch::Launch,
+    jobs::{
+        launch::Launch,
+        log_rate::{is_protocol, LogRate, Verdict, RANK_LOG_BYTES_PER_S_MAX},
+    },
+    security::run_as::{make_traverse_dir, RunAs},
 };
 
 /// A rank's process: (job, the generation it was started for, worker).
@@ -48,8 +63,17 @@ pub type Key = (JobId, u32, u32);
 /// Shortest gap between two reports of the same metric, in milliseconds (the last value is
 /// always reported when the process ends).
 pub const METRIC_REPORT_INTERVAL_MS: u64 = 500;
-/// Longest line kept from a worker's output, in bytes (longer ones are cut).
+/// Longest line kept from a worker's output, in bytes (longer ones are split in pieces of
+/// this size, each capped as a line; only the first may be a protocol line).
 const LINE_BYTES_MAX: usize = 64 * 1024;
+/// Read buffer of each of a rank's pipes, in bytes.
+const PIPE_BUFFER_BYTES: usize = 256 * 1024;
+/// Write buffer of a rank's log, in bytes.
+const LOG_BUFFER_BYTES: usize = 64 * 1024;
+/// Longest a line written to a rank's log waits in the buffer, in milliseconds.
+const LOG_FLUSH_MS: u64 = 200;
+/// Depth of the queue of lines from a rank's pipes to its task.
+const LINE_QUEUE_DEPTH: usize = 256;
 /// Depth of a rank's control queue (kill, new generations).
 pub const CONTROL_QUEUE_DEPTH: usize = 8;
 /// A rank whose process stays stopped (SIGSTOP, a debugger) this long is reported hung, in
@@ -73,6 +97,24 @@ fn is_stopped(pid: u32) -> bool {
             .and_then(|(_, rest)| rest.split_whitespace().next())
             .is_some_and(|state| state == "T" || state == "t")
     })
+}
+
+/// How this node runs every rank: the user it runs as and its log cap.
+#[derive(Clone, Debug)]
+pub struct RankOptions {
+    /// `--run-as`: the user ranks run as (`None`: the node's).
+    pub run_as: Option<Arc<RunAs>>,
+    /// Cap on the bytes a rank adds to its log per second (0: none).
+    pub log_bytes_per_s: u64,
+}
+
+impl Default for RankOptions {
+    fn default() -> Self {
+        RankOptions {
+            run_as: None,
+            log_bytes_per_s: RANK_LOG_BYTES_PER_S_MAX,
+        }
+    }
 }
 
 /// What the supervisor tells a running rank.
@@ -257,6 +299,8 @@ pub(super) struct Run {
     pub(super) datasets: Option<crate::datasets::Datasets>,
     /// Where running ranks' process groups are recorded (`None` in tests).
     pub(super) groups: Option<std::sync::Arc<super::groups::Groups>>,
+    /// The user it runs as and its log cap.
+    pub(super) options: RankOptions,
 }
 
 /// The next control message: one stashed while the process was not yet running, else the
@@ -326,6 +370,32 @@ impl Run {
         Ok(result?)
     }
 
+    /// Readies the rank's places for `user` and returns its work directory: the job's and
+    /// the generation's directories traversable (0711), the work directory and the spec
+    /// files the user's, and a train rank's `file://` checkpoint place (`<store>/jobs/<id>/`)
+    /// the user's too.
+    fn prepare_run_as(&self, user: &RunAs) -> anyhow::Result<PathBuf> {
+        let log = &self.launch.log;
+        for dir in log.ancestors().skip(1).take(2) {
+            make_traverse_dir(dir)?;
+        }
+        let work = log.with_extension("");
+        user.own_dir(&work)?;
+        for (path, _) in &self.launch.files {
+            user.own_file(path)?;
+        }
+        let storage = self
+            .launch
+            .env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "RINGLEADER_STORAGE");
+        if let Some(dir) = storage.and_then(|(_, url)| RunAs::store_job_dir(url, self.key.0)) {
+            user.own_dir(&dir)?;
+        }
+        Ok(work)
+    }
+
     pub(super) async fn run(mut self, control: mpsc::Receiver<Control>) {
         let id = self.key.0;
         let code = match self.supervise(control).await {
@@ -387,6 +457,10 @@ impl Run {
             };
             env.push(("RINGLEADER_DATASET_DIR".into(), dir.display().to_string()));
         }
+        let work_dir = match self.options.run_as.clone() {
+            Some(user) => Some(self.prepare_run_as(&user)?),
+            None => None,
+        };
         let (program, args) = self
             .launch
             .command
@@ -398,6 +472,16 @@ impl Run {
             Stdio::null()
         };
         let mut cmd = tokio::process::Command::new(program);
+        if let (Some(user), Some(dir)) = (&self.options.run_as, &work_dir) {
+            // The user's uid and primary gid; with no groups given, std drops the
+            // supplementary groups (setgroups(0) when run by root) before setuid.
+            cmd.uid(user.uid)
+                .gid(user.gid)
+                .current_dir(dir)
+                .env("HOME", dir)
+                .env("USER", &user.name)
+                .env("LOGNAME", &user.name);
+        }
         // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
         unsafe {
             cmd.pre_exec(|| {
@@ -424,15 +508,21 @@ impl Run {
         let _group = ProcessGroup(pgid);
         let _recorded = pgid.and_then(|g| self.groups.as_ref().map(|r| r.record(g)));
         let mut stdin = child.stdin.take();
-        let (line_tx, mut lines) = mpsc::channel::<(bool, String)>(256);
+        let (line_tx, mut lines) = mpsc::channel::<(bool, String)>(LINE_QUEUE_DEPTH);
+        let epoch = Instant::now();
+        let rate = Arc::new(Mutex::new(LogRate::new(self.options.log_bytes_per_s, 0)));
         let out = child
             .stdout
             .take()
-            .map(|s| tokio::spawn(pump(s, true, line_tx.clone())));
+            .map(|s| tokio::spawn(pump(s, true, rate.clone(), epoch, line_tx.clone())));
         let err = child
             .stderr
             .take()
-            .map(|s| tokio::spawn(pump(s, false, line_tx)));
+            .map(|s| tokio::spawn(pump(s, false, rate.clone(), epoch, line_tx)));
+        // Lines are batched into the log: one write per buffer, not two per line.
+        let mut log = tokio::io::BufWriter::with_capacity(LOG_BUFFER_BYTES, log);
+        let mut flush = tokio::time::interval(Duration::from_millis(LOG_FLUSH_MS));
+        flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_sent: HashMap<String, Instant> = HashMap::new();
         let mut unsent: BTreeMap<String, MetricLine> = BTreeMap::new();
         let mut killed = false;
@@ -450,6 +540,7 @@ impl Run {
                     }
                     let _ = child.kill().await;
                 }
+                _ = flush.tick() => log.flush().await?,
                 _ = watch.tick(), if !killed && !self.reported_hung => {
                     let stopped = pgid.is_some_and(|p| is_stopped(p as u32));
                     match (stopped, stopped_since) {
@@ -542,6 +633,15 @@ impl Run {
         };
         for task in [out, err].into_iter().flatten() {
             let _ = task.await;
+        }
+        // What the pumps still had counted when the pipes closed.
+        let dropped = rate.lock().ok().and_then(|mut r| {
+            let bytes_per_s = r.bytes_per_s();
+            r.take_dropped().map(|d| d.note(bytes_per_s))
+        });
+        if let Some(note) = dropped {
+            log.write_all(note.as_bytes()).await?;
+            log.write_all(b"\n").await?;
         }
         log.flush().await?;
         if killed {
@@ -664,14 +764,20 @@ impl Run {
     }
 }
 
-/// Forwards a pipe's lines (cut at [`LINE_BYTES_MAX`]) until it closes.
+/// Forwards a pipe's lines (cut at [`LINE_BYTES_MAX`]) until it closes, as far as the
+/// rank's log cap `rate` lets them through: a dropped line costs a scan for its newline and
+/// the cap's check, no copy; a protocol line always goes (see [`super::log_rate`]).
 async fn pump<R: tokio::io::AsyncRead + Unpin>(
     pipe: R,
     is_stdout: bool,
+    rate: Arc<Mutex<LogRate>>,
+    epoch: Instant,
     tx: mpsc::Sender<(bool, String)>,
 ) {
-    let mut reader = BufReader::new(pipe);
+    let mut reader = BufReader::with_capacity(PIPE_BUFFER_BYTES, pipe);
     let mut buf = Vec::new();
+    // The last piece read ended without a newline: the next one is the rest of its line.
+    let mut continuation = false;
     loop {
         buf.clear();
         match (&mut reader)
@@ -681,8 +787,27 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(
         {
             Ok(0) | Err(_) => return,
             Ok(_) => {
+                let piece_of_line = continuation;
+                continuation = buf.last() != Some(&b'\n');
                 while buf.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
                     buf.pop();
+                }
+                let protocol = is_protocol(&buf, is_stdout, piece_of_line);
+                let now_ms = epoch.elapsed().as_millis() as u64;
+                let (keep, note) = match rate.lock() {
+                    Ok(mut r) => match r.admit(now_ms, buf.len(), protocol) {
+                        Verdict::Drop => (false, None),
+                        Verdict::Write(dropped) => (true, dropped.map(|d| d.note(r.bytes_per_s()))),
+                    },
+                    Err(_) => (true, None),
+                };
+                if !keep {
+                    continue;
+                }
+                if let Some(note) = note {
+                    if tx.send((false, note)).await.is_err() {
+                        return;
+                    }
                 }
                 if tx
                     .send((is_stdout, String::from_utf8_lossy(&buf).into_owned()))
@@ -713,6 +838,56 @@ impl Drop for ProcessGroup {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every line `pump` forwards from `input` under a cap of `bytes_per_s`.
+    async fn pumped(input: Vec<u8>, bytes_per_s: u64) -> Vec<(bool, String)> {
+        let rate = Arc::new(Mutex::new(LogRate::new(bytes_per_s, 0)));
+        let (tx, mut rx) = mpsc::channel(LINE_QUEUE_DEPTH);
+        let task = tokio::spawn(pump(
+            std::io::Cursor::new(input),
+            true,
+            rate,
+            Instant::now(),
+            tx,
+        ));
+        let mut out = Vec::new();
+        while let Some(line) = rx.recv().await {
+            out.push(line);
+        }
+        task.await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn a_flood_is_capped_but_protocol_lines_always_pass() {
+        let mut input = Vec::new();
+        for i in 0..20_000 {
+            input.extend_from_slice(&[b'x'; 99]);
+            input.push(b'\n');
+            if i % 1_000 == 0 {
+                input.extend_from_slice(format!("ringleader-metric loss 0.5 {i}\n").as_bytes());
+            }
+        }
+        // An overlong line: its pieces are ordinary lines, even one that looks like protocol.
+        input.extend_from_slice(&vec![b'y'; LINE_BYTES_MAX]);
+        input.extend_from_slice(b"ringleader-metric fake 1\n");
+        input.extend_from_slice(b"ringleader-metric last 1\n");
+        let out = pumped(input, 1_000).await;
+        let lines: Vec<&str> = out.iter().map(|(_, l)| l.as_str()).collect();
+        let losses = lines
+            .iter()
+            .filter(|l| l.starts_with("ringleader-metric loss 0.5 "))
+            .count();
+        assert_eq!(losses, 20);
+        assert_eq!(lines.last(), Some(&"ringleader-metric last 1"));
+        // The burst (4 s at 1000 bytes/s: 40 lines, less the protocol lines' share) of junk
+        // and what the test's own time refilled; the rest dropped.
+        let junk = lines.iter().filter(|l| l.starts_with('x')).count();
+        assert!((30..=60).contains(&junk), "{junk}");
+        // Nothing is capped without a cap.
+        let open = pumped(b"a\nb\nringleader-metric x 1\n".to_vec(), 0).await;
+        assert_eq!(open.len(), 3);
+    }
 
     #[test]
     fn metric_lines() {

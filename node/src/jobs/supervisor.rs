@@ -28,7 +28,7 @@ use crate::{
     },
     jobs::{
         launch::{default_storage, generation_line, launch, Launch, LaunchContext},
-        process::{Control, Key, Run, CONTROL_QUEUE_DEPTH},
+        process::{Control, Key, RankOptions, Run, CONTROL_QUEUE_DEPTH},
         spec::JobKind,
     },
 };
@@ -149,6 +149,8 @@ pub struct Supervisor {
     datasets: Option<crate::datasets::Datasets>,
     /// Running ranks' process groups on disk (`None` in tests).
     groups: Option<std::sync::Arc<super::groups::Groups>>,
+    /// The user ranks run as and their log cap.
+    options: RankOptions,
 }
 
 impl Supervisor {
@@ -171,6 +173,7 @@ impl Supervisor {
                 exe,
                 device_names: None,
                 ring_key: None,
+                secrets_key: None,
             },
             reports,
             running: HashMap::new(),
@@ -179,7 +182,15 @@ impl Supervisor {
             waiting: HashSet::new(),
             datasets: None,
             groups: None,
+            options: RankOptions::default(),
         }
+    }
+
+    /// Runs ranks as `options` says (`--run-as`, the log cap; default: as the node, the
+    /// default cap).
+    pub fn with_rank_options(mut self, options: RankOptions) -> Self {
+        self.options = options;
+        self
     }
 
     /// Records running ranks' process groups under the jobs directory, first killing what a
@@ -204,10 +215,11 @@ impl Supervisor {
         self
     }
 
-    /// Derives rings' secrets with `key` (from the cluster key; `None`: the nonce is the
-    /// secret, under `--insecure`).
-    pub fn with_ring_key(mut self, key: Option<[u8; 32]>) -> Self {
-        self.ctx.ring_key = key;
+    /// Derives rings' secrets and opens jobs' `[secrets]` with `keys` (from the cluster key;
+    /// none under `--insecure`).
+    pub fn with_keys(mut self, keys: NodeKeys) -> Self {
+        self.ctx.ring_key = keys.ring;
+        self.ctx.secrets_key = keys.secrets;
         self
     }
 
@@ -256,6 +268,7 @@ impl Supervisor {
                 clock_ms: self.clock_ms,
                 datasets: self.datasets.clone(),
                 groups: self.groups.clone(),
+                options: self.options.clone(),
             };
             let (job, generation, rank) = (start.key.0, start.generation, start.rank);
             info!(job = %job, generation, rank, worker = start.key.2, "starting worker");
@@ -308,8 +321,29 @@ fn stop(control: &mpsc::Sender<Control>) {
     let _ = control.try_send(Control::Kill);
 }
 
+/// The keys a node launches ranks with, derived from the cluster key (none under
+/// `--insecure`).
+#[derive(Clone, Copy, Default)]
+pub struct NodeKeys {
+    /// Rings' secrets ([`super::launch::ring_secret`]).
+    pub ring: Option<[u8; 32]>,
+    /// Jobs' `[secrets]` ([`crate::security::sealed`]).
+    pub secrets: Option<[u8; 32]>,
+}
+
+impl NodeKeys {
+    /// The keys of the cluster whose key is `key`.
+    pub fn of(key: Option<&crate::cluster::identity::ClusterKey>) -> NodeKeys {
+        NodeKeys {
+            ring: key.map(|k| k.derive(super::launch::RING_KEY_CONTEXT)),
+            secrets: key.map(|k| k.derive(crate::security::sealed::SECRETS_KEY_CONTEXT)),
+        }
+    }
+}
+
 /// Starts this node's supervisor on top of the control plane: ranks follow the replicated
 /// state, and their reports are proposed to the chief.
+#[allow(clippy::too_many_arguments)] // called once, by `node::run`, each argument named there
 pub fn start(
     ctl: ControlHandle,
     datasets: crate::datasets::Datasets,
@@ -317,7 +351,8 @@ pub fn start(
     jobs_dir: PathBuf,
     storage: String,
     device_names: Option<Vec<String>>,
-    ring_key: Option<[u8; 32]>,
+    keys: NodeKeys,
+    options: RankOptions,
 ) {
     let (reports_tx, reports_rx) = mpsc::channel(REPORT_QUEUE_DEPTH);
     tokio::spawn(report_loop(ctl.clone(), reports_rx));
@@ -325,7 +360,8 @@ pub fn start(
         .with_storage(storage)
         .with_datasets(datasets)
         .with_device_names(device_names)
-        .with_ring_key(ring_key);
+        .with_keys(keys)
+        .with_rank_options(options);
     tokio::spawn(run(ctl, supervisor));
 }
 
@@ -537,6 +573,7 @@ mod tests {
             exe: "/bin/ringleader".into(),
             device_names: None,
             ring_key: None,
+            secrets_key: None,
         }
     }
 

@@ -37,6 +37,24 @@ pub struct Tightened {
 /// neither followed nor changed). Errors on single entries are skipped: the pass is an
 /// upgrade, not a gate.
 pub fn tighten_tree(root: &Path) -> io::Result<Tightened> {
+    tighten_tree_with(root, &Exempt::default())
+}
+
+/// What [`tighten_tree_with`] leaves open: what `--run-as` needs (see
+/// `security::run_as`), nothing by default.
+#[derive(Debug, Default)]
+pub struct Exempt {
+    /// Directories that end with mode 0711 (ranks pass through them, nobody else lists
+    /// them) instead of 0700.
+    pub traverse: Vec<PathBuf>,
+    /// Entries owned by this uid (the ranks' user) are neither changed nor descended into:
+    /// they are the ranks', and a rank may swap a directory there for a link at any time.
+    pub rank_uid: Option<u32>,
+}
+
+/// [`tighten_tree`], leaving open what `exempt` names.
+pub fn tighten_tree_with(root: &Path, exempt: &Exempt) -> io::Result<Tightened> {
+    use std::os::unix::fs::MetadataExt;
     let mut out = Tightened::default();
     let mut stack: Vec<PathBuf> = vec![root.to_path_buf()];
     while let Some(path) = stack.pop() {
@@ -50,9 +68,17 @@ pub fn tighten_tree(root: &Path) -> io::Result<Tightened> {
             continue;
         }
         out.visited += 1;
+        if exempt.rank_uid.is_some_and(|uid| meta.uid() == uid) {
+            continue;
+        }
         let mode = meta.permissions().mode();
-        if mode & 0o077 != 0 {
-            let tight = std::fs::Permissions::from_mode(mode & 0o7700);
+        let open = if meta.is_dir() && exempt.traverse.contains(&path) {
+            0o011
+        } else {
+            0
+        };
+        if mode & 0o077 != open {
+            let tight = std::fs::Permissions::from_mode((mode & 0o7700) | open);
             if std::fs::set_permissions(&path, tight).is_ok() {
                 out.changed += 1;
             }
@@ -158,6 +184,43 @@ mod tests {
         assert_eq!(mode(&root.join("jobs/j-1/rank0.log")), 0o700);
         assert_eq!(mode(&outside), 0o755, "a link's target is not touched");
         assert_eq!(tighten_tree(&root).unwrap().changed, 0);
+    }
+
+    #[test]
+    fn exempt_directories_stay_traversable_and_rank_entries_untouched() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("data");
+        std::fs::create_dir_all(root.join("jobs/j-1/w")).unwrap();
+        std::fs::write(root.join("cluster.key"), "k").unwrap();
+        for p in [&root, &root.join("jobs"), &root.join("cluster.key")] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        std::fs::set_permissions(
+            root.join("jobs/j-1/w"),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+        let rank_uid = std::fs::metadata(root.join("jobs/j-1/w")).unwrap().uid();
+        let exempt = Exempt {
+            traverse: vec![root.clone(), root.join("jobs")],
+            rank_uid: None,
+        };
+        tighten_tree_with(&root, &exempt).unwrap();
+        assert_eq!(mode(&root), 0o711);
+        assert_eq!(mode(&root.join("jobs")), 0o711);
+        assert_eq!(mode(&root.join("cluster.key")), 0o700);
+        assert_eq!(mode(&root.join("jobs/j-1/w")), 0o700);
+        // Entries of the ranks' user are theirs: not changed, not entered.
+        std::fs::set_permissions(root.join("jobs"), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+        let exempt = Exempt {
+            traverse: Vec::new(),
+            rank_uid: Some(rank_uid),
+        };
+        let t = tighten_tree_with(&root, &exempt).unwrap();
+        assert_eq!(t.changed, 0, "every entry is the (test's) rank user's");
+        assert_eq!(mode(&root.join("jobs")), 0o755);
     }
 
     #[test]

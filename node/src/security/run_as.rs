@@ -1,0 +1,287 @@
+//! `--run-as USER`: ranks run as another, unprivileged user, so a rank cannot read the
+//! node's secrets (cluster key, API token, identity key) or its Raft state.
+//!
+//! What a node started as root with `--run-as` does:
+//! - at start ([`RunAs::resolve`]): refuses a user that does not exist, and a node that is not
+//!   root (it could not change a rank's user);
+//! - the data directory, `jobs/`, each `jobs/<id>/` and `jobs/<id>/generation-<g>/` are 0711
+//!   ([`RunAs::traverse_dirs`], kept so by the modes pass at start): a rank may pass through
+//!   them to its own work directory but not list them; every file the node keeps there (the
+//!   keys, the token, `raft/`, the ranks' logs) stays 0600/0700 and node-owned;
+//! - each rank gets a work directory `jobs/<id>/generation-<g>/worker-<w>/` owned by the user
+//!   (its cwd and `HOME`), its spec file owned by the user too, and runs with the user's uid,
+//!   its primary gid, and no supplementary groups;
+//! - a train rank's checkpoint place in a `file://` store, `<store>/jobs/<id>/`, is made and
+//!   owned by the user, below a node-owned `<store>/jobs/` (0711). A shared file store
+//!   (NFS) must give the user the same rights on every host; an S3 store needs nothing (the
+//!   rank gets its credentials in its environment, as without `--run-as`).
+//!
+//! The node's own writes into a rank's place (a job's `record.json` in `<store>/jobs/<id>/`)
+//! go through [`RunAs::node_storage`]: a private temporary file renamed into place, so a
+//! link a rank left there is replaced, never followed.
+
+use std::{
+    io,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+};
+
+use crate::control::state::JobId;
+
+/// Mode of a directory a rank passes through: traverse for everyone, list and write for the
+/// node only.
+pub const TRAVERSE_DIR_MODE: u32 = 0o711;
+/// Mode of the directories a rank owns.
+pub const RANK_DIR_MODE: u32 = 0o700;
+/// Mode of the files a rank must read (its spec file), owned by the rank's user.
+pub const RANK_FILE_MODE: u32 = 0o600;
+
+/// Why `--run-as` is refused at start.
+#[derive(Debug, thiserror::Error)]
+pub enum RunAsError {
+    /// No user by that name or uid.
+    #[error("--run-as {user}: no such user")]
+    NoSuchUser {
+        /// The name or uid given.
+        user: String,
+    },
+    /// The user database could not be read.
+    #[error("--run-as {user}: looking the user up: {source}")]
+    Lookup {
+        /// The name or uid given.
+        user: String,
+        /// The lookup's error.
+        source: nix::Error,
+    },
+    /// The node is not root, so it cannot start processes as another user.
+    #[error("--run-as {user}: the node must run as root to start ranks as another user (it runs as uid {euid})")]
+    NotRoot {
+        /// The name or uid given.
+        user: String,
+        /// The node's effective uid.
+        euid: u32,
+    },
+    /// A directory could not be given its owner or mode.
+    #[error("--run-as: preparing {path}: {source}")]
+    Prepare {
+        /// The directory.
+        path: String,
+        /// The I/O error.
+        source: io::Error,
+    },
+}
+
+/// The user ranks run as.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunAs {
+    /// Its name.
+    pub name: String,
+    /// Its uid.
+    pub uid: u32,
+    /// Its primary gid (the ranks' only group).
+    pub gid: u32,
+}
+
+impl RunAs {
+    /// Looks `user` up (a name, or a uid in decimal), without checking who the node is.
+    pub fn lookup(user: &str) -> Result<RunAs, RunAsError> {
+        let lookup = |source| RunAsError::Lookup {
+            user: user.to_string(),
+            source,
+        };
+        let found = match user.parse::<u32>() {
+            Ok(uid) => nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)),
+            Err(_) => nix::unistd::User::from_name(user),
+        }
+        .map_err(lookup)?
+        .ok_or_else(|| RunAsError::NoSuchUser {
+            user: user.to_string(),
+        })?;
+        Ok(RunAs {
+            name: found.name,
+            uid: found.uid.as_raw(),
+            gid: found.gid.as_raw(),
+        })
+    }
+
+    /// Looks `user` up and checks the node can switch to it (it runs as root).
+    pub fn resolve(user: &str) -> Result<RunAs, RunAsError> {
+        let run_as = RunAs::lookup(user)?;
+        let euid = nix::unistd::Uid::effective().as_raw();
+        if euid != 0 {
+            return Err(RunAsError::NotRoot {
+                user: user.to_string(),
+                euid,
+            });
+        }
+        Ok(run_as)
+    }
+
+    /// The directories below `data_dir` a rank passes through to its work directory and its
+    /// checkpoints (mode [`TRAVERSE_DIR_MODE`]): the data directory, `jobs/`, and, for a
+    /// `file://` store, the store's root and its `jobs/`.
+    pub fn traverse_dirs(data_dir: &Path, storage: &str) -> Vec<PathBuf> {
+        let mut dirs = vec![data_dir.to_path_buf(), data_dir.join("jobs")];
+        if let Some(root) = file_store_root(storage) {
+            dirs.push(root.clone());
+            dirs.push(root.join("jobs"));
+        }
+        dirs
+    }
+
+    /// Makes the [`RunAs::traverse_dirs`] (as the node's, if missing) and sets their mode.
+    pub fn prepare(&self, data_dir: &Path, storage: &str) -> Result<(), RunAsError> {
+        for dir in RunAs::traverse_dirs(data_dir, storage) {
+            make_traverse_dir(&dir)?;
+        }
+        Ok(())
+    }
+
+    /// Makes `dir` (node-owned directories above it as they are) and gives it to the user,
+    /// mode [`RANK_DIR_MODE`]. A link at `dir` is refused, never followed.
+    pub fn own_dir(&self, dir: &Path) -> Result<(), RunAsError> {
+        let prepare = |source| RunAsError::Prepare {
+            path: dir.display().to_string(),
+            source,
+        };
+        match std::fs::create_dir(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                std::fs::create_dir_all(dir).map_err(prepare)?
+            }
+            Err(e) => return Err(prepare(e)),
+        }
+        let meta = std::fs::symlink_metadata(dir).map_err(prepare)?;
+        if !meta.is_dir() {
+            return Err(prepare(io::Error::other("not a directory")));
+        }
+        std::os::unix::fs::lchown(dir, Some(self.uid), Some(self.gid)).map_err(prepare)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(RANK_DIR_MODE))
+            .map_err(prepare)
+    }
+
+    /// Gives the file `path` (written by the node, in a node-owned directory) to the user,
+    /// mode [`RANK_FILE_MODE`].
+    pub fn own_file(&self, path: &Path) -> Result<(), RunAsError> {
+        let prepare = |source| RunAsError::Prepare {
+            path: path.display().to_string(),
+            source,
+        };
+        std::os::unix::fs::lchown(path, Some(self.uid), Some(self.gid)).map_err(prepare)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(RANK_FILE_MODE))
+            .map_err(prepare)
+    }
+
+    /// A train rank's place in a `file://` store, `<root>/jobs/<id>/`; `None` for another
+    /// store.
+    pub fn store_job_dir(storage: &str, id: JobId) -> Option<PathBuf> {
+        file_store_root(storage).map(|root| root.join("jobs").join(id.to_string()))
+    }
+}
+
+impl RunAs {
+    /// The storage URL the node itself writes with: for a `file://` store, with opendal's
+    /// `atomic_write_dir` set to `<root>/.node-tmp` (node-owned, mode 0700 under the node's
+    /// umask), so that every write is a rename into place; any other URL as it is.
+    pub fn node_storage(storage: &str) -> String {
+        match file_store_root(storage) {
+            Some(root) => {
+                let sep = if storage.contains('?') { '&' } else { '?' };
+                format!(
+                    "{storage}{sep}atomic_write_dir={}",
+                    root.join(NODE_TMP_DIR).display()
+                )
+            }
+            None => storage.to_string(),
+        }
+    }
+}
+
+/// The node's temporary files in a `file://` store under `--run-as` (see
+/// [`RunAs::node_storage`]).
+pub const NODE_TMP_DIR: &str = ".node-tmp";
+
+/// Makes `dir` if missing and sets it to [`TRAVERSE_DIR_MODE`] (a node-owned directory a
+/// rank passes through).
+pub fn make_traverse_dir(dir: &Path) -> Result<(), RunAsError> {
+    let prepare = |source| RunAsError::Prepare {
+        path: dir.display().to_string(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(prepare)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(TRAVERSE_DIR_MODE))
+        .map_err(prepare)
+}
+
+/// The root directory of a `file://` (or `fs://`) storage URL.
+fn file_store_root(storage: &str) -> Option<PathBuf> {
+    let rest = storage
+        .strip_prefix("file://")
+        .or_else(|| storage.strip_prefix("fs://"))?;
+    let path = rest.split_once('?').map_or(rest, |(p, _)| p);
+    path.starts_with('/').then(|| PathBuf::from(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn users_resolve_by_name_and_uid_and_unknown_ones_are_refused() {
+        let root = RunAs::lookup("root").unwrap();
+        assert_eq!((root.uid, root.gid), (0, 0));
+        assert_eq!(RunAs::lookup("0").unwrap().name, "root");
+        let err = RunAs::lookup("no-such-user-rl").unwrap_err();
+        assert!(matches!(err, RunAsError::NoSuchUser { .. }), "{err}");
+        assert!(err.to_string().contains("no such user"), "{err}");
+    }
+
+    #[test]
+    fn the_node_replaces_a_link_a_rank_left_in_its_place_and_never_writes_through_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store");
+        let place = store.join("jobs/j-1");
+        std::fs::create_dir_all(&place).unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"keep me").unwrap();
+        std::os::unix::fs::symlink(&victim, place.join("record.json")).unwrap();
+        let url = format!("file://{}", store.display());
+        assert_eq!(RunAs::node_storage("s3://b/p"), "s3://b/p");
+        let op = trainer::operator_from_url(&RunAs::node_storage(&url)).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(op.write("jobs/j-1/record.json", b"{}".to_vec()))
+            .unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+        let meta = std::fs::symlink_metadata(place.join("record.json")).unwrap();
+        assert!(meta.is_file(), "the link was replaced by the record");
+    }
+
+    #[test]
+    fn only_file_stores_get_directories() {
+        let data = Path::new("/d");
+        assert_eq!(
+            RunAs::traverse_dirs(data, "file:///d/store"),
+            [
+                PathBuf::from("/d"),
+                "/d/jobs".into(),
+                "/d/store".into(),
+                "/d/store/jobs".into()
+            ]
+        );
+        assert_eq!(RunAs::traverse_dirs(data, "s3://bucket/p").len(), 2);
+        assert_eq!(
+            RunAs::store_job_dir("file:///s?x=1", JobId::from_log_index(3)),
+            Some(PathBuf::from(format!(
+                "/s/jobs/{}",
+                JobId::from_log_index(3)
+            )))
+        );
+        assert_eq!(
+            RunAs::store_job_dir("memory://", JobId::from_log_index(3)),
+            None
+        );
+    }
+}
