@@ -15,7 +15,7 @@
 //! | [`security`] | the node's secrets at start: the cluster key and API token (made at first start, required to join), file modes | `cluster::identity`, `api::auth` |
 //! | [`cli`] | commands, the demo, benchmarks, local clusters of real processes | everything |
 //!
-//! [`node`] wires the parts together at start-up. The collective data plane and the trainer
+//! [`node`] wires the parts together at start-up, holding [`data_dir`]'s lock. The collective data plane and the trainer
 //! are separate crates that know nothing of the node. The project's architecture is in
 //! `docs/design.md`.
 
@@ -24,6 +24,7 @@ pub mod chief;
 pub mod cli;
 pub mod cluster;
 pub mod control;
+pub mod data_dir;
 pub mod datasets;
 pub mod gpus;
 pub mod jobs;

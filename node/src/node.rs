@@ -74,6 +74,12 @@ pub struct NodeConfig {
     pub job_retention_s: u64,
     /// The API server's caps, timeouts and extra names (`--api-host`).
     pub api_limits: crate::api::server::ApiLimits,
+    /// The user ranks run as (`--run-as`, resolved and checked at start; `None`: the
+    /// node's).
+    pub run_as: Option<crate::security::run_as::RunAs>,
+    /// Cap on the bytes a rank adds to its log per second (0: none; default
+    /// [`crate::jobs::log_rate::RANK_LOG_BYTES_PER_S_MAX`]).
+    pub rank_log_bytes_per_s: u64,
 }
 
 /// What a running node writes to `<data-dir>/node.json`: how local tools reach it.
@@ -131,8 +137,26 @@ pub async fn run(config: NodeConfig) -> Result<()> {
     crate::security::modes::set_umask();
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
-    let tightened = crate::security::modes::tighten_tree(&config.data_dir)
+    // One node per data directory, held until the process ends.
+    let _data_dir_lock = crate::data_dir::lock(&config.data_dir)?;
+    // Under --run-as, ranks pass through the data directory to their own places: those
+    // directories stay traversable and the ranks' own entries are theirs.
+    let exempt = match &config.run_as {
+        Some(user) => crate::security::modes::Exempt {
+            traverse: crate::security::run_as::RunAs::traverse_dirs(
+                &config.data_dir,
+                &config.storage,
+            ),
+            rank_uid: Some(user.uid),
+        },
+        None => crate::security::modes::Exempt::default(),
+    };
+    let tightened = crate::security::modes::tighten_tree_with(&config.data_dir, &exempt)
         .with_context(|| format!("fixing modes under {}", config.data_dir.display()))?;
+    if let Some(user) = &config.run_as {
+        user.prepare(&config.data_dir, &config.storage)?;
+        info!(user = %user.name, uid = user.uid, gid = user.gid, "ranks run as another user (--run-as)");
+    }
     if tightened.changed > 0 {
         info!(
             changed = tightened.changed,
@@ -274,9 +298,15 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         control.clone(),
         config.job_retention_s.saturating_mul(1000),
     ));
+    // Under --run-as a job's record goes into a place its ranks own: written through a
+    // rename, never through a link they left (see `security::run_as`).
+    let node_storage = match &config.run_as {
+        Some(_) => crate::security::run_as::RunAs::node_storage(&config.storage),
+        None => config.storage.clone(),
+    };
     tokio::spawn(crate::jobs::archive::write_ended(
         control.clone(),
-        config.storage.clone(),
+        node_storage,
         "job record",
         crate::jobs::archive::due_records,
     ));
@@ -306,23 +336,37 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         config.data_dir.join("jobs"),
         config.storage.clone(),
         crate::gpus::inherited_visible_devices(&gpu_source),
-        psk.as_ref()
-            .map(|k| k.derive(crate::jobs::launch::RING_KEY_CONTEXT)),
+        crate::jobs::supervisor::NodeKeys::of(psk.as_ref()),
+        crate::jobs::process::RankOptions {
+            run_as: config.run_as.clone().map(std::sync::Arc::new),
+            log_bytes_per_s: config.rank_log_bytes_per_s,
+        },
     );
 
+    let api_tls = crate::api::server::tls_for(
+        psk.as_ref(),
+        &config.api_limits,
+        api_listener.local_addr()?,
+        api_addr,
+    )?;
     let app = crate::api::router(crate::api::AppState {
+        api_tls: api_tls.as_ref().map(|t| t.fingerprint().to_string()),
         node: handle.clone(),
         control: control.clone(),
         datasets,
         storage: config.storage.clone(),
         token,
         insecure,
+        secrets_key: psk
+            .as_ref()
+            .map(|k| k.derive(crate::security::sealed::SECRETS_KEY_CONTEXT)),
     });
     let api_task = tokio::spawn(crate::api::server::serve(
         api_listener,
         app,
         config.api_limits.clone(),
         api_addr,
+        api_tls,
     ));
     write_atomically(
         &config.data_dir.join(NODE_INFO_FILE),

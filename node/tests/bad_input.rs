@@ -80,16 +80,18 @@ fn frame(body: &[u8]) -> Vec<u8> {
 
 type RawSwarm = libp2p::Swarm<request_response::Behaviour<RawCodec>>;
 
-/// A peer with a fresh identity (no cluster key: the test cluster has none) that speaks
-/// `protocol` with [`RawCodec`], connected to `seed`.
-async fn raw_peer(seed: libp2p::Multiaddr, protocol: &'static str) -> (RawSwarm, libp2p::PeerId) {
-    let mut swarm = libp2p::SwarmBuilder::with_new_identity()
+/// A member with a fresh identity and the cluster's key (a member that misbehaves) that
+/// speaks `protocol` with [`RawCodec`], connected to `cluster`'s node 0.
+async fn raw_peer(cluster: &LocalCluster, protocol: &'static str) -> (RawSwarm, libp2p::PeerId) {
+    let seed: libp2p::Multiaddr = cluster.seed_of(0).parse().unwrap();
+    let psk = ringleader::cluster::identity::load_cluster_key(cluster.key_file())
+        .unwrap()
+        .psk;
+    let key = libp2p::identity::Keypair::generate_ed25519();
+    let transport = ringleader::cluster::net::build_transport(&key, Some(psk)).unwrap();
+    let mut swarm = libp2p::SwarmBuilder::with_existing_identity(key)
         .with_tokio()
-        .with_tcp(
-            Default::default(),
-            libp2p::noise::Config::new,
-            libp2p::yamux::Config::default,
-        )
+        .with_other_transport(|_| transport)
         .unwrap()
         .with_behaviour(|_| {
             request_response::Behaviour::<RawCodec>::new(
@@ -167,8 +169,7 @@ async fn forwarded_commands_only_a_chief_may_make_are_refused() {
         assert!(Instant::now() < deadline, "the job never ran");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let seed: libp2p::Multiaddr = cluster.seed_of(0).parse().unwrap();
-    let (mut swarm, peer) = raw_peer(seed, RPC_PROTOCOL).await;
+    let (mut swarm, peer) = raw_peer(&cluster, RPC_PROTOCOL).await;
     let me = swarm.local_peer_id().to_string();
 
     // What only the chief decides.
@@ -244,8 +245,7 @@ async fn garbled_truncated_and_oversized_messages_are_dropped_and_counted() {
     let root = tempfile::tempdir().unwrap();
     let mut cluster = LocalCluster::new(env!("CARGO_BIN_EXE_ringleader"), root.path());
     cluster.start("target", &[]).unwrap();
-    let seed: libp2p::Multiaddr = cluster.seed_of(0).parse().unwrap();
-    let (mut swarm, peer) = raw_peer(seed, MEMBERSHIP_PROTOCOL).await;
+    let (mut swarm, peer) = raw_peer(&cluster, MEMBERSHIP_PROTOCOL).await;
 
     let garbage: Vec<u8> = (0..200u32)
         .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)

@@ -242,3 +242,27 @@ fn status_json_has_the_contract_fields() {
         "{text}"
     );
 }
+
+#[test]
+fn a_second_node_on_a_data_dir_in_use_stops_naming_the_holder() {
+    let (mut c, _root) = cluster();
+    c.start("holder", &[]).unwrap();
+    let pid = c.nodes[0].pid().unwrap();
+    let out = std::process::Command::new(exe())
+        .args(["node", "--name", "second", "--data-dir"])
+        .arg(&c.nodes[0].dir)
+        .args(["--listen", "127.0.0.1:0", "--api", "127.0.0.1:0"])
+        .arg("--cluster-key")
+        .arg(c.key_file())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("in use by another node") && err.contains(&format!("pid {pid}")),
+        "{err}"
+    );
+    // The holder is untouched.
+    c.status(0).unwrap();
+}

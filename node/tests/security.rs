@@ -116,16 +116,21 @@ fn a_first_node_makes_its_key_and_token_and_a_joiner_without_the_key_is_refused(
     assert_eq!(mode(&dir.join("jobs/old.log")), 0o700 & 0o755);
     let log = std::fs::read_to_string(dir.with_extension("log")).unwrap();
     assert!(log.contains("cluster key written to"), "{log}");
-    assert!(!log.contains(std::fs::read_to_string(&token_file).unwrap().trim()));
+    // The token is the file's first line (a `tls sha256:…` line follows).
+    let token_text = std::fs::read_to_string(&token_file).unwrap();
+    let token_line = token_text.lines().next().unwrap().trim().to_string();
+    assert!(token_text
+        .lines()
+        .nth(1)
+        .unwrap()
+        .starts_with("tls sha256:"));
+    assert!(!log.contains(&token_line));
 
     // Phase 2: its API wants the token; the CLI finds it through --token-file.
     let open = ApiClient::new(&info.api_addr, None);
     let err = open.status().unwrap_err().to_string();
     assert!(err.contains("wants an API token"), "{err}");
-    let token = std::fs::read_to_string(&token_file)
-        .unwrap()
-        .trim()
-        .to_string();
+    let token = token_line;
     let s = ApiClient::new(&info.api_addr, Some(token.clone()))
         .status()
         .unwrap();
@@ -300,4 +305,47 @@ fn nothing_a_node_writes_is_open_to_others_and_no_file_holds_a_ring_secret() {
         .chain(walk(&c.nodes[1].dir))
         .any(|p| p.to_string_lossy().contains("ckpt"));
     assert!(ckpt, "a checkpoint was among the files");
+}
+
+#[test]
+fn secrets_reach_their_ranks_and_are_sealed_everywhere_else() {
+    const PLAIN: &str = "s3cr3t-for-the-rank-only";
+    let root = tempfile::Builder::new()
+        .prefix("rl-secrets-")
+        .tempdir()
+        .unwrap();
+    let mut c = common::formed_cluster(root.path(), "s", 2, &[], WAIT);
+    // The rank compares an upper-cased copy: the plaintext is in no command line either.
+    let upper = PLAIN.to_uppercase();
+    // Phase 1: a command job on the follower's API gets its secret in the environment.
+    let spec = format!(
+        "name = \"sealed\"\nkind = \"command\"\nworkers = 2\n\
+         command = [\"sh\", \"-c\", 'test \"$(printf %s \"$MY_TOKEN\" | tr a-z A-Z)\" = \"{upper}\" && echo secret-ok']\n\
+         [secrets]\nMY_TOKEN = \"{PLAIN}\"\n"
+    );
+    let id = c.nodes[1].client().submit(&spec).unwrap();
+    let done = common::wait_job(&c, 0, &id, "ended", WAIT, |d| {
+        matches!(d.state.as_str(), "succeeded" | "failed")
+    });
+    assert_eq!(done.state, "succeeded", "{done:#?}");
+    assert_eq!(c.job_log_lines(&id, "secret-ok").len(), 2);
+    c.stop_all();
+    // Phase 2: the plaintext is in no file of either node (Raft log, snapshots, records).
+    for node in &c.nodes {
+        for p in walk(&node.dir) {
+            if std::fs::symlink_metadata(&p).unwrap().is_file() {
+                let text = String::from_utf8_lossy(&std::fs::read(&p).unwrap()).into_owned();
+                assert!(!text.contains(PLAIN), "{} holds the secret", p.display());
+            }
+        }
+    }
+
+    // Phase 3: an open cluster has nothing to seal with and refuses `[secrets]`.
+    let dir = root.path().join("open");
+    let (_node, info) = start_raw(&dir, "open", &["--insecure"]);
+    let err = ApiClient::new(&info.api_addr, None)
+        .submit(&spec)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--insecure"), "{err}");
 }

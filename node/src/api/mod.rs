@@ -11,6 +11,8 @@
 //! | `GET /v1/jobs/{id}/logs?offsets=W:N,…` | the current ring's logs, one chunk per rank, read from byte `N` of worker `W`'s log |
 //! | `GET /v1/jobs/{id}/metrics` | each metric's history: `{"id": …, "metrics": {"loss": [[step, value], …]}}` |
 //! | `/v1/datasets…` | datasets shared peer to peer ([`datasets`]) |
+//! | `GET`/`POST /v1/tokens`, `DELETE /v1/tokens/{name}` | API tokens ([`tokens`]; making and revoking them: the admin token only) |
+//! | `POST /v1/members/{id}/remove` | removes a member (id or name) for good (the admin token only) |
 //! | `GET /metrics` | Prometheus text exposition ([`prometheus`]) |
 //! | `GET /healthz` | `ok`; open even with a token |
 //!
@@ -20,6 +22,7 @@
 //! - [`datasets`]: the dataset routes.
 //! - [`dashboard`]: the single-page dashboard served at `/`.
 //! - [`auth`]: the bearer-token middleware (`ringleader node --token-file`).
+//! - [`tokens`]: the token and member-removal routes.
 //! - [`prometheus`]: the `/metrics` exposition, written by hand.
 //! - [`redact`]: URLs with their credentials hidden, for logs.
 //! - [`server`]: the accept loop in front of the router: connection caps, timeouts, header
@@ -40,6 +43,7 @@ pub mod prometheus;
 pub mod redact;
 pub mod server;
 pub mod status;
+pub mod tokens;
 
 use std::{collections::BTreeMap, sync::Arc};
 
@@ -79,6 +83,12 @@ pub struct AppState {
     /// Whether the node runs an open cluster (`--insecure`): shown by `status` and the
     /// dashboard.
     pub insecure: bool,
+    /// The fingerprint of the API's TLS key (`sha256:HEX`) when it speaks TLS beyond
+    /// loopback ([`server::tls_for`]): shown by `status`.
+    pub api_tls: Option<String>,
+    /// The key a spec's `[secrets]` are sealed with (derived from the cluster key; `None`
+    /// under `--insecure`, where `[secrets]` are refused).
+    pub secrets_key: Option<[u8; 32]>,
 }
 
 /// An error answer: status and message.
@@ -104,9 +114,14 @@ impl From<ProposeError> for ApiError {
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
 
-/// Routes of the API; with a token, behind [`auth::require_token`].
+/// Routes of the API, behind [`auth::require_token`] (which, without a token, lets every
+/// caller in as the admin).
 pub fn router(state: AppState) -> Router {
-    let token = state.token.clone();
+    let control = state.control.clone();
+    let gate = auth::Gate {
+        admin: state.token.clone(),
+        replicated: Arc::new(move || control.read(|s| s.token_hashes())),
+    };
     let routes = Router::new()
         .route("/", get(dashboard::page))
         .route("/v1/status", get(status))
@@ -124,16 +139,16 @@ pub fn router(state: AppState) -> Router {
             "/v1/datasets/{name}/get",
             get(datasets::get_status).post(datasets::get),
         )
+        .route("/v1/tokens", get(tokens::list).post(tokens::create))
+        .route("/v1/tokens/{name}", axum::routing::delete(tokens::revoke))
+        .route("/v1/members/{id}/remove", post(tokens::remove_member))
         .route("/metrics", get(prometheus_metrics))
         .route("/healthz", get(|| async { "ok" }))
-        .layer(DefaultBodyLimit::max(SPEC_BYTES_MAX));
-    let routes = match token {
-        Some(token) => routes.layer(axum::middleware::from_fn_with_state(
-            token,
+        .layer(DefaultBodyLimit::max(SPEC_BYTES_MAX))
+        .layer(axum::middleware::from_fn_with_state(
+            gate,
             auth::require_token,
-        )),
-        None => routes,
-    };
+        ));
     routes.with_state(state)
 }
 
@@ -164,10 +179,15 @@ async fn status_doc(app: &AppState) -> Result<StatusDoc, ApiError> {
     doc.term = Some(term);
     doc.control_fault = app.control.fault();
     doc.insecure = app.insecure;
+    doc.api_tls = app.api_tls.clone();
     let blacklist = app.control.read(|s| s.blacklist.clone());
+    let removed = app.control.read(|s| s.removed.clone());
     let now = wall_ms();
     for m in &mut doc.members {
         m.voter = voters.contains(&m.id);
+        if removed.contains_key(&m.id) {
+            m.state = "removed".into();
+        }
         if let Some(b) = blacklist.get(&m.id).filter(|b| b.until_ms > now) {
             m.blacklisted = true;
             m.blacklist_reason = Some(format!(
@@ -248,7 +268,7 @@ async fn submit(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     // Admission parses and checks every trial a search could make: CPU work, kept off the
     // async runtime so the node's Raft and membership timers run meanwhile.
-    let spec = tokio::task::spawn_blocking(move || crate::jobs::admit_text(&body))
+    let mut spec = tokio::task::spawn_blocking(move || crate::jobs::admit_text(&body))
         .await
         .map_err(|e| {
             ApiError(
@@ -257,6 +277,20 @@ async fn submit(
             )
         })?
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
+    // `[secrets]` enter the log sealed; the node that starts a rank opens them.
+    if !spec.secrets.is_empty() {
+        let Some(key) = app.secrets_key else {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                "secrets: this node runs an open cluster (--insecure), which has no key to seal \
+                 them with: use a keyed cluster, or env for values that are not secret"
+                    .into(),
+            ));
+        };
+        for (name, value) in spec.secrets.iter_mut() {
+            *value = crate::security::sealed::seal(&key, name, value);
+        }
+    }
     if let Some(name) = spec
         .data
         .as_ref()

@@ -348,6 +348,7 @@ mod tests {
             },
             control_fault: None,
             insecure: false,
+            api_tls: None,
         }
     }
 

@@ -5,6 +5,7 @@
 //! - [`local`]: a cluster of real `ringleader node` processes on this host, for the demo, the
 //!   benchmarks and the integration tests (public because the binary's demo needs it).
 //! - [`datasets`]: `ringleader dataset add | ls | get | rm`.
+//! - [`tokens`]: `ringleader token create | ls | revoke`, `ringleader member remove`.
 //! - [`train_worker`]: the hidden `train-worker` subcommand, one rank of a train job.
 //!
 //! May use: everything in the crate.
@@ -15,6 +16,7 @@ pub mod bench_membership;
 pub mod datasets;
 pub mod demo;
 pub mod local;
+pub mod tokens;
 pub mod train_worker;
 
 use std::{collections::BTreeMap, path::PathBuf};
@@ -50,12 +52,18 @@ pub struct Cli {
     /// admin token of a node started here with the default --data-dir).
     #[arg(long, global = true, env = "RINGLEADER_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    /// Fingerprint (`sha256:HEX`) of the API's TLS key, for a node beyond loopback (default:
+    /// the one the token file carries).
+    #[arg(long = "tls-sha256", global = true, env = "RINGLEADER_TLS_SHA256")]
+    pub tls_sha256: Option<String>,
     #[command(subcommand)]
     pub command: Cmd,
 }
 
 /// The commands.
 #[derive(Debug, Subcommand)]
+// Parsed once per process: a boxed `NodeArgs` would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Cmd {
     /// Run a node.
     Node(NodeArgs),
@@ -97,6 +105,12 @@ pub enum Cmd {
     /// Datasets shared peer to peer: add, ls, get, rm.
     #[command(subcommand)]
     Dataset(datasets::DatasetCmd),
+    /// API tokens: create, ls, revoke (creating and revoking need the admin token).
+    #[command(subcommand)]
+    Token(tokens::TokenCmd),
+    /// Cluster members: remove (needs the admin token).
+    #[command(subcommand)]
+    Member(tokens::MemberCmd),
     /// Start a local 3-node cluster, show it, and stop it.
     Demo,
     /// Write a new cluster key (swarm.key format) to FILE, or print it.
@@ -201,6 +215,15 @@ pub struct NodeArgs {
     /// A label advertised to the cluster, key=value; repeatable.
     #[arg(long = "label", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
+    /// Run every rank as this user (a name or a uid), with its primary group only, in a
+    /// work directory it owns: ranks then cannot read the node's key, token or state.
+    /// Recommended when the node runs as root (it needs root to switch users).
+    #[arg(long, value_name = "USER")]
+    pub run_as: Option<String>,
+    /// Cap on the bytes a rank adds to its log per second (0: none); lines past it are
+    /// dropped and counted, protocol lines never. For tests.
+    #[arg(long, hide = true, default_value_t = crate::jobs::log_rate::RANK_LOG_BYTES_PER_S_MAX)]
+    pub rank_log_bytes_per_s: u64,
     #[command(flatten)]
     pub api_limits: crate::api::server::ApiLimits,
 }
@@ -274,7 +297,14 @@ impl NodeArgs {
         membership
             .validate()
             .map_err(|e| anyhow!("membership settings: {e}"))?;
+        let run_as = self
+            .run_as
+            .as_deref()
+            .map(crate::security::run_as::RunAs::resolve)
+            .transpose()?;
         Ok(NodeConfig {
+            run_as,
+            rank_log_bytes_per_s: self.rank_log_bytes_per_s,
             name,
             listen,
             api,
@@ -333,8 +363,23 @@ fn hostname() -> String {
 /// The token the CLI sends: `--token`/`RINGLEADER_TOKEN`, else `--token-file`/
 /// `RINGLEADER_TOKEN_FILE`, else the default data directory's `api.token` when there is one.
 pub fn token(cli: &Cli) -> Result<Option<String>> {
+    Ok(credentials(cli)?.0)
+}
+
+/// The CLI's API token ([`token`]) and the TLS pin of the node's API: `--tls-sha256` (or
+/// `RINGLEADER_TLS_SHA256`), else the `tls` line of the token file.
+pub fn credentials(
+    cli: &Cli,
+) -> Result<(Option<String>, Option<crate::security::tls::Fingerprint>)> {
+    let flag_pin = cli
+        .tls_sha256
+        .as_deref()
+        .filter(|p| !p.trim().is_empty())
+        .map(str::parse)
+        .transpose()
+        .context("--tls-sha256 (RINGLEADER_TLS_SHA256)")?;
     if let Some(t) = &cli.token {
-        return Ok(Some(t.clone()));
+        return Ok((Some(t.clone()), flag_pin));
     }
     let (path, given) = match &cli.token_file {
         Some(p) => (p.clone(), true),
@@ -344,7 +389,7 @@ pub fn token(cli: &Cli) -> Result<Option<String>> {
         ),
     };
     if !given && !path.exists() {
-        return Ok(None);
+        return Ok((None, flag_pin));
     }
     let meta =
         std::fs::metadata(&path).with_context(|| format!("--token-file {}", path.display()))?;
@@ -356,7 +401,13 @@ pub fn token(cli: &Cli) -> Result<Option<String>> {
     }
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("--token-file {}", path.display()))?;
-    Ok(Some(text.trim().to_string()).filter(|t| !t.is_empty()))
+    if text.trim().is_empty() {
+        return Ok((None, flag_pin));
+    }
+    let file: crate::api::auth::TokenFileText = text
+        .parse()
+        .with_context(|| format!("--token-file {}", path.display()))?;
+    Ok((Some(file.token), flag_pin.or(file.tls)))
 }
 
 /// `ringleader node`'s default `--data-dir`.
@@ -395,7 +446,8 @@ pub fn keygen(file: Option<PathBuf>) -> Result<()> {
 
 /// An API client for `--peer` with the CLI's [`token`].
 pub fn client(cli: &Cli) -> Result<ApiClient> {
-    Ok(ApiClient::new(&cli.peer, token(cli)?))
+    let (token, pin) = credentials(cli)?;
+    Ok(ApiClient::new(&cli.peer, token).with_tls_pin(pin))
 }
 
 /// How often `job --watch` and `logs --follow` poll, in milliseconds.

@@ -145,8 +145,9 @@ pub struct Behaviour {
 }
 
 /// TCP (+ DNS), then the pre-shared-key layer when a cluster key is set, then Noise and Yamux.
-/// A peer without the same key fails the pnet handshake and never gets a connection.
-fn build_transport(
+/// A peer without the same key fails the pnet handshake and never gets a connection. Public
+/// so that tests can build a member of their own (one that misbehaves).
+pub fn build_transport(
     key: &libp2p::identity::Keypair,
     psk: Option<PreSharedKey>,
 ) -> anyhow::Result<Boxed<(PeerId, StreamMuxerBox)>> {

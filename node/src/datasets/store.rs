@@ -39,7 +39,7 @@ use super::{DatasetError, Manifest, Root, MANIFEST_BYTES_MAX};
 /// The widest mode of a file in the store, before the umask: a copy gets the source's
 /// permission bits within this (never wider, and never executable), a fetched copy and the
 /// store's own files 0600; the node runs with umask 077, which narrows every one to 0600.
-const STORED_MODE_MAX: u32 = 0o666;
+pub const STORED_MODE_MAX: u32 = 0o666;
 /// The mode of fetched copies and the store's own files (manifests, `have` lists).
 const PRIVATE_MODE: u32 = 0o600;
 

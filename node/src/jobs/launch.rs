@@ -69,6 +69,24 @@ pub fn ring_secret(job: &Job, ring_key: Option<&[u8; 32]>) -> String {
     }
 }
 
+/// `job`'s `[secrets]`, opened for its ranks' environment. A value that does not open
+/// (sealed under another cluster's key: never within one cluster) is left out and logged;
+/// the rank then runs without it and says so itself.
+fn open_secrets(ctx: &LaunchContext, job: &Job) -> Vec<(String, String)> {
+    let mut out = Vec::with_capacity(job.spec.secrets.len());
+    for (name, sealed) in &job.spec.secrets {
+        let opened = match &ctx.secrets_key {
+            Some(key) => crate::security::sealed::unseal(key, name, sealed),
+            None => Err(crate::security::sealed::SealError::Forged { name: name.clone() }),
+        };
+        match opened {
+            Ok(value) => out.push((name.clone(), value)),
+            Err(e) => tracing::error!(job = %job.id, "{e}: the rank starts without it"),
+        }
+    }
+    out
+}
+
 /// The data-plane port of `rank` in `job`'s current generation: one above the generation's
 /// rendezvous port, then one per rank (so several ranks fit on one host).
 pub fn data_port(job: &Job, rank: u32) -> u16 {
@@ -132,6 +150,9 @@ pub struct LaunchContext {
     /// The key rings' secrets are derived with (from the cluster key, see [`ring_secret`]);
     /// `None` under `--insecure`.
     pub ring_key: Option<[u8; 32]>,
+    /// The key jobs' `[secrets]` open with ([`crate::security::sealed`]); `None` under
+    /// `--insecure` (whose API refuses `[secrets]`).
+    pub secrets_key: Option<[u8; 32]>,
 }
 
 /// One rank's process, ready to spawn.
@@ -208,6 +229,7 @@ pub fn launch(
         ));
     }
     env.extend(job.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env.extend(open_secrets(ctx, job));
     if !slot.gpus.is_empty() {
         let visible = gpus::visible_devices(&slot.gpus, ctx.device_names.as_deref());
         env.push(("CUDA_VISIBLE_DEVICES".into(), visible));
@@ -321,6 +343,7 @@ mod tests {
             exe: "/bin/ringleader".into(),
             device_names: None,
             ring_key: None,
+            secrets_key: None,
         };
         let l = launch(&ctx, job, &job.assignment[0], &|_| Some("127.0.0.1".into())).unwrap();
         assert!(l.command.iter().any(|a| a == "train-worker"));
@@ -388,6 +411,7 @@ mod tests {
             exe: "/bin/ringleader".into(),
             device_names: None,
             ring_key: None,
+            secrets_key: None,
         };
         let host = |_: &str| Some("127.0.0.1".to_string());
         let launches = |ctx: &LaunchContext, id| {

@@ -7,18 +7,19 @@
 //! - [`launch`]: a rank's ports, environment, command line and files (pure).
 //! - [`supervisor`]: the per-node reconcile, a pure [`supervisor::plan`] carried out by the
 //!   [`supervisor::Supervisor`]; [`process`] runs one rank's process; [`logs`] keeps and
-//!   reads rank logs.
+//!   reads rank logs; [`log_rate`] caps the bytes a rank adds to its log per second.
 //! - [`groups`]: running ranks' process groups on disk, killed at the next start after a
 //!   kill -9 of the node.
 //! - [`archive`]: every ended job's record written to the store (what outlives compaction).
 //!
-//! May use: `control` (the replicated job records, the handle to propose reports), `cluster`
+//! May use: `security::run_as` (ranks run as `--run-as USER`), `control` (the replicated job records, the handle to propose reports), `cluster`
 //! (member hosts), `gpus` (a rank's `CUDA_VISIBLE_DEVICES`). `spec`, `train_spec` and `logs` are leaves that `control` and `api` use.
 //! Placement and retries are the chief's (`crate::chief`).
 
 pub mod archive;
 pub mod groups;
 pub mod launch;
+pub mod log_rate;
 pub mod logs;
 pub mod process;
 pub mod spec;

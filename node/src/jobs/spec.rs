@@ -55,7 +55,7 @@ pub const NODE_ENV_PREFIX: &str = "RINGLEADER_";
 /// (`RINGLEADER_NO_SHM`: no shared-memory path between a job's ranks).
 pub const NODE_ENV_ALLOWED: [&str; 1] = ["RINGLEADER_NO_SHM"];
 
-const TOP_FIELDS: [&str; 16] = [
+const TOP_FIELDS: [&str; 17] = [
     "name",
     "kind",
     "workers",
@@ -65,6 +65,7 @@ const TOP_FIELDS: [&str; 16] = [
     "placement",
     "command",
     "env",
+    "secrets",
     "resources",
     "model",
     "data",
@@ -208,6 +209,12 @@ pub struct JobSpec {
     pub command: Vec<String>,
     /// Extra environment for every worker.
     pub env: BTreeMap<String, String>,
+    /// `[secrets]`: environment for every worker whose values are secret. The API node seals
+    /// each value ([`crate::security::sealed`]) before the spec enters the Raft log, so past
+    /// admission they are `sealed:v1:…` text; the node that starts a rank opens them. Never
+    /// a name that `env` sets too.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secrets: BTreeMap<String, String>,
     /// Per-worker resources.
     pub resources: Resources,
     /// `[model]`, for the trainer.
@@ -349,6 +356,14 @@ impl JobSpec {
                 .map(|(k, v)| (k.clone(), Value::String(v.clone())))
                 .collect();
             t.insert("env".into(), Value::Table(env));
+        }
+        if !self.secrets.is_empty() {
+            let secrets = self
+                .secrets
+                .iter()
+                .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+                .collect();
+            t.insert("secrets".into(), Value::Table(secrets));
         }
         let mut resources = toml::Table::new();
         resources.insert(
@@ -502,8 +517,20 @@ impl Parser<'_> {
         };
         let env = match get("env") {
             None => BTreeMap::new(),
-            Some(v) => self.env(v)?,
+            Some(v) => self.env("env", v)?,
         };
+        let secrets = match get("secrets") {
+            None => BTreeMap::new(),
+            Some(v) => self.env("secrets", v)?,
+        };
+        if let Some(name) = secrets.keys().find(|k| env.contains_key(*k)) {
+            let v = get("secrets").expect("secrets were parsed");
+            return Err(self.invalid(
+                &format!("secrets.{name}"),
+                v,
+                format!("env.{name} sets it too: give it in one table"),
+            ));
+        }
         let resources = match get("resources") {
             None => Resources::default(),
             Some(v) => self.resources(v)?,
@@ -542,6 +569,7 @@ impl Parser<'_> {
             placement,
             command,
             env,
+            secrets,
             resources,
             model,
             data,
@@ -695,13 +723,18 @@ impl Parser<'_> {
         Ok(out)
     }
 
-    fn env(&self, v: &Spanned<DeValue<'_>>) -> Result<BTreeMap<String, String>, SpecError> {
+    /// `env` or `secrets` (`section`): a table of variable names to strings.
+    fn env(
+        &self,
+        section: &str,
+        v: &Spanned<DeValue<'_>>,
+    ) -> Result<BTreeMap<String, String>, SpecError> {
         let Some(table) = v.get_ref().as_table() else {
-            return Err(self.invalid("env", v, "expected a table of NAME = \"value\""));
+            return Err(self.invalid(section, v, "expected a table of NAME = \"value\""));
         };
         if table.len() > ENV_VARS_MAX {
             return Err(self.invalid(
-                "env",
+                section,
                 v,
                 format!("at most {ENV_VARS_MAX} variables, got {}", table.len()),
             ));
@@ -711,7 +744,7 @@ impl Parser<'_> {
         let mut out = BTreeMap::new();
         for (k, val) in entries {
             let key: &str = k.get_ref();
-            let field = format!("env.{key}");
+            let field = format!("{section}.{key}");
             let valid_name = key
                 .bytes()
                 .next()
@@ -1200,6 +1233,33 @@ max = 0.3
             err(&format!("{base}resources = 3\n")),
             "resources: expected a table at line 3"
         );
+    }
+
+    #[test]
+    fn secrets_rules() {
+        let base = "name = \"x\"\nkind = \"command\"\ncommand = [\"true\"]\n";
+        let spec =
+            JobSpec::parse(&format!("{base}[secrets]\nAWS_SECRET_ACCESS_KEY = \"s\"\n")).unwrap();
+        assert_eq!(spec.secrets["AWS_SECRET_ACCESS_KEY"], "s");
+        assert!(spec.env.is_empty());
+        assert_eq!(JobSpec::parse(&spec.to_toml()).unwrap(), spec, "round trip");
+        assert!(
+            err(&format!("{base}[env]\nA = \"1\"\n[secrets]\nA = \"2\"\n"))
+                .starts_with("secrets.A: env.A sets it too")
+        );
+        assert!(
+            err(&format!("{base}[secrets]\nRANK = \"2\"\n")).starts_with("secrets.RANK: reserved")
+        );
+        assert!(
+            err(&format!("{base}[secrets]\nRINGLEADER_SECRET = \"2\"\n"))
+                .starts_with("secrets.RINGLEADER_SECRET: reserved")
+        );
+        assert!(err(&format!("{base}secrets = 1\n")).starts_with("secrets: expected a table"));
+        // Specs logged before `[secrets]` existed load as before.
+        let mut old = serde_json::to_value(&spec).unwrap();
+        old.as_object_mut().unwrap().remove("secrets");
+        let back: JobSpec = serde_json::from_value(old).unwrap();
+        assert!(back.secrets.is_empty());
     }
 
     #[test]

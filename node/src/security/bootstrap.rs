@@ -13,7 +13,9 @@
 //! derivation), so one token works on every node and nothing about it has to be replicated:
 //! whoever holds the key is a member, and a member already runs commands on every node, so
 //! the token grants nothing the key does not. Every keyed node writes it to
-//! `<data-dir>/api.token` (0600), where the CLI on that host finds it. `--token-file` adds
+//! `<data-dir>/api.token` (0600), where the CLI on that host finds it, with a second line
+//! `tls sha256:HEX`: the fingerprint of the API's TLS key, also derived from the cluster
+//! key ([`tls`]), by which clients beyond loopback verify the node. `--token-file` adds
 //! a token of the operator's choosing beside it.
 
 use std::path::{Path, PathBuf};
@@ -21,9 +23,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 
 use crate::{
-    api::auth::ApiToken,
+    api::auth::{ApiToken, TokenFileText},
     cluster::identity::{self, ClusterKey},
-    security::modes,
+    security::{modes, tls},
 };
 
 /// File in the data directory holding the cluster key (swarm.key format, 0600).
@@ -108,11 +110,22 @@ pub fn resolve(data_dir: &Path, asked: &Asked<'_>) -> Result<Secrets> {
     if let Some(key) = &key {
         let admin = admin_token(key);
         let path = data_dir.join(API_TOKEN_FILE);
+        let text = TokenFileText {
+            token: admin.clone(),
+            tls: Some(tls::fingerprint(key)?),
+        }
+        .to_string();
         let current = std::fs::read_to_string(&path).ok();
-        if current.as_deref().map(str::trim) != Some(admin.as_str()) {
-            modes::write_private(&path, format!("{admin}\n").as_bytes())
+        if current.as_deref() != Some(text.as_str()) {
+            let said = current
+                .and_then(|c| c.parse::<TokenFileText>().ok())
+                .is_some_and(|c| c.token == admin);
+            modes::write_private(&path, text.as_bytes())
                 .with_context(|| format!("writing {}", path.display()))?;
-            created.push(("API token", path));
+            // A file an older node wrote (the token alone) gains its TLS line silently.
+            if !said {
+                created.push(("API token", path));
+            }
         }
         token = Some(ApiToken::new(&admin, API_TOKEN_FILE)?);
     }
@@ -154,12 +167,28 @@ mod tests {
                 .mode();
             assert_eq!(mode & 0o777, 0o600, "{f}");
         }
-        let token = std::fs::read_to_string(dir.path().join(API_TOKEN_FILE)).unwrap();
-        assert!(s.token.as_ref().unwrap().matches(token.trim()));
+        let file: TokenFileText = std::fs::read_to_string(dir.path().join(API_TOKEN_FILE))
+            .unwrap()
+            .parse()
+            .unwrap();
+        let token = file.token;
+        assert!(s.token.as_ref().unwrap().matches(&token));
+        let key = identity::load_cluster_key(&dir.path().join(CLUSTER_KEY_FILE)).unwrap();
+        assert_eq!(file.tls, Some(tls::fingerprint(&key).unwrap()));
         // A restart finds both and makes nothing.
         let again = resolve(dir.path(), &Asked::default()).unwrap();
         assert!(again.created.is_empty());
-        assert!(again.token.unwrap().matches(token.trim()));
+        assert!(again.token.unwrap().matches(&token));
+        // A token file an older node wrote (the token alone) gains its TLS line quietly.
+        modes::write_private(
+            &dir.path().join(API_TOKEN_FILE),
+            format!("{token}\n").as_bytes(),
+        )
+        .unwrap();
+        let upgraded = resolve(dir.path(), &Asked::default()).unwrap();
+        assert!(upgraded.created.is_empty());
+        let text = std::fs::read_to_string(dir.path().join(API_TOKEN_FILE)).unwrap();
+        assert_eq!(text.parse::<TokenFileText>().unwrap().tls, file.tls);
         // A node that ran before (open, or keyed by a flag) never makes a key of its own.
         let old = tempfile::tempdir().unwrap();
         let asked = Asked {
@@ -199,10 +228,8 @@ mod tests {
         )
         .unwrap();
         let token = std::fs::read_to_string(first.path().join(API_TOKEN_FILE)).unwrap();
-        assert!(
-            s.token.unwrap().matches(token.trim()),
-            "one token, every node"
-        );
+        let token = token.parse::<TokenFileText>().unwrap().token;
+        assert!(s.token.unwrap().matches(&token), "one token, every node");
         assert!(!joiner.path().join(CLUSTER_KEY_FILE).exists());
     }
 
@@ -270,7 +297,8 @@ mod tests {
         )
         .unwrap();
         let admin = std::fs::read_to_string(dir.path().join(API_TOKEN_FILE)).unwrap();
+        let admin = admin.parse::<TokenFileText>().unwrap().token;
         let t = s.token.unwrap();
-        assert!(t.matches("mine") && t.matches(admin.trim()) && !t.matches("other"));
+        assert!(t.matches("mine") && t.matches(&admin) && !t.matches("other"));
     }
 }

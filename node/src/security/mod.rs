@@ -7,6 +7,10 @@
 //! - [`modes`]: data directories 0700 and files 0600 (the process umask, and an upgrade
 //!   pass over a data directory an older node left group- or world-readable), and the checks
 //!   that refuse secret files other users may write or read.
+//! - [`run_as`]: `--run-as USER`, ranks run as an unprivileged user that cannot read the
+//!   node's secrets or state.
+//! - [`tls`]: the API's TLS beyond loopback, its key derived from the cluster key so one
+//!   fingerprint (carried by `api.token`) pins every node.
 //!
 //! What each secret grants is the README's *Security model*: the cluster key makes a host a
 //! member (a Raft voter, ranks of every job, every job's secrets); the API token is a shell
@@ -16,3 +20,6 @@
 
 pub mod bootstrap;
 pub mod modes;
+pub mod run_as;
+pub mod sealed;
+pub mod tls;
