@@ -11,8 +11,10 @@
 //! [`METRIC_STEP_INTERVAL_MS`] plus one at every validation, which the node's supervisor
 //! turns into job metrics. At every validation it also prints the search's report line
 //! `ringleader-report EPOCHS val_loss X val_accuracy Y` (`EPOCHS`: epochs done, the
-//! resource a search trial is measured in). `--stop-at-epoch N` ends the run after N
-//! epochs (validated and checkpointed), keeping the whole run's schedule.
+//! resource a search trial is measured in), after that validation's metric lines.
+//! `--stop-at-epoch N` ends the run after N epochs (validated and checkpointed), keeping
+//! the whole run's schedule. Every line for the node is a [`ringleader_protocol::RankLine`]
+//! (the protocol's one definition, `docs/protocol.md`); a non-finite value is not printed.
 //!
 //! Always, in the job's storage (the checkpoints' URL; see [`crate::observe`]): rank 0
 //! writes TensorBoard event files under `jobs/<job-id>/tb/` (rewritten every few seconds
@@ -79,6 +81,9 @@ use crate::gpu::{connect_nccl, Device};
 use crate::observe::{unix_now_s, write_job_timeline, PhaseRecorder, RankTimeline, TensorBoard};
 use crate::redact::redact_url;
 use crate::{CheckpointStore, Checkpointer, Event, StepMetrics, TrainSpec, Trainer};
+use ringleader_protocol::{
+    ElasticFailed, ElasticResumed, Metric, RankLine, RankStats as ProtocolRankStats, Report,
+};
 
 /// Shortest gap between two step reports in `ringleader-metric` lines, in milliseconds.
 pub const METRIC_STEP_INTERVAL_MS: u64 = 250;
@@ -146,7 +151,7 @@ fn spawn_heartbeat(clock: crate::ComputeClock) -> anyhow::Result<()> {
             std::thread::sleep(Duration::from_millis(HEARTBEAT_INTERVAL_MS));
             let ms = clock.computing_ms();
             if ms >= HEARTBEAT_INTERVAL_MS {
-                println!("ringleader-heartbeat computing_ms={ms}");
+                emit(RankLine::Heartbeat { computing_ms: ms });
             }
         })
         .context("starting the heartbeat")?;
@@ -251,48 +256,47 @@ impl Lines {
                     .is_none_or(|t| t.elapsed().as_millis() as u64 >= METRIC_STEP_INTERVAL_MS);
                 if report && due {
                     self.last_report = Some(Instant::now());
-                    println!("ringleader-metric step {}", m.step);
-                    println!("ringleader-metric epoch {}", m.epoch + 1);
-                    println!("ringleader-metric loss {} {}", m.loss, m.step);
-                    println!("ringleader-metric lr {} {}", m.lr, m.step);
-                    println!(
-                        "ringleader-metric samples_per_s {} {}",
-                        m.samples_per_s, m.step
-                    );
+                    metric("step", m.step as f64, None);
+                    metric("epoch", (m.epoch + 1) as f64, None);
+                    metric("loss", m.loss, Some(m.step));
+                    metric("lr", m.lr, Some(m.step));
+                    metric("samples_per_s", m.samples_per_s, Some(m.step));
                     // The collective: bytes sent so far, and the mean wait per step for
                     // the allreduce since the last report (what is not overlapped).
-                    println!(
-                        "ringleader-metric collective_bytes {} {}",
-                        self.sent_bytes, m.step
-                    );
+                    metric("collective_bytes", self.sent_bytes as f64, Some(m.step));
                     let (wait_s, steps) = std::mem::take(&mut self.wait);
-                    println!(
-                        "ringleader-metric allreduce_wait_ms {} {}",
-                        1e3 * wait_s / steps.max(1) as f64,
-                        m.step
-                    );
+                    let wait_ms = 1e3 * wait_s / steps.max(1) as f64;
+                    metric("allreduce_wait_ms", wait_ms, Some(m.step));
                 }
             }
             Event::Epoch(m) => {
+                // Epochs are counted from 1 where users read them, as the metric lines do.
                 println!(
                     "{tag} epoch={} step={} val_loss={:.4} val_accuracy={:.4}",
-                    m.epoch, m.step, m.val_loss, m.val_accuracy
+                    m.epoch + 1,
+                    m.step,
+                    m.val_loss,
+                    m.val_accuracy
                 );
                 if report {
-                    // The search's per-epoch report: resource (epochs done), then metrics.
-                    println!(
-                        "ringleader-report {} val_loss {} val_accuracy {}",
-                        m.epoch + 1,
-                        m.val_loss,
-                        m.val_accuracy
-                    );
-                    println!("ringleader-metric step {}", m.step);
-                    println!("ringleader-metric epoch {}", m.epoch + 1);
-                    println!("ringleader-metric val_loss {} {}", m.val_loss, m.step);
-                    println!(
-                        "ringleader-metric val_accuracy {} {}",
-                        m.val_accuracy, m.step
-                    );
+                    // The search's per-epoch report: resource (epochs done), then values.
+                    let resource = u32::try_from(m.epoch + 1).unwrap_or(u32::MAX);
+                    let values = [("val_loss", m.val_loss), ("val_accuracy", m.val_accuracy)];
+                    // Non-finite values are not protocol (a diverged run): left out.
+                    let values: Vec<(String, f64)> = values
+                        .iter()
+                        .filter(|(_, v)| v.is_finite())
+                        .map(|(n, v)| (n.to_string(), *v))
+                        .collect();
+                    // Metric lines first: the node then takes the report's values as the
+                    // search's, not again as job metrics (which keep their steps).
+                    metric("step", m.step as f64, None);
+                    metric("epoch", (m.epoch + 1) as f64, None);
+                    metric("val_loss", m.val_loss, Some(m.step));
+                    metric("val_accuracy", m.val_accuracy, Some(m.step));
+                    if !values.is_empty() {
+                        emit(RankLine::Report(Report { resource, values }));
+                    }
                 }
             }
             Event::Checkpoint(s) => println!("{tag} checkpoint step={s}"),
@@ -336,27 +340,51 @@ impl RankStats {
     }
 }
 
+/// Prints one protocol line for the node (stdout, one line; see `docs/protocol.md`).
+fn emit(line: RankLine) {
+    println!("{line}");
+}
+
+/// `ringleader-metric NAME VALUE [STEP]`; a non-finite value is not protocol (a diverged
+/// run) and is left out.
+fn metric(name: &str, value: f64, step: Option<u64>) {
+    if value.is_finite() {
+        emit(RankLine::Metric(Metric {
+            name: name.to_string(),
+            value,
+            step,
+        }));
+    }
+}
+
+/// Generations and ranks are `u32` on the wire (the node's types).
+fn small(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
 /// `ringleader-elastic failed generation=G lost_rank=R error="..."`.
 pub fn failed_line(generation: u64, lost_rank: Option<usize>, error: &str) -> String {
-    let lost = lost_rank.map_or("-".to_string(), |r| r.to_string());
-    let quoted: String = error
-        .chars()
-        .flat_map(|c| match c {
-            '"' | '\\' => vec!['\\', c],
-            '\n' | '\r' => vec![' '],
-            c => vec![c],
-        })
-        .collect();
-    format!("ringleader-elastic failed generation={generation} lost_rank={lost} error=\"{quoted}\"")
+    RankLine::ElasticFailed(ElasticFailed {
+        generation: small(generation),
+        lost_rank: lost_rank.map(|r| small(r as u64)),
+        error: error.to_string(),
+    })
+    .to_string()
 }
 
 /// `ringleader-elastic resumed generation=G world=N rank=R step=S restored_step=C
 /// steps_lost=L source=...`.
 pub fn resumed_line(r: &Resumed) -> String {
-    format!(
-        "ringleader-elastic resumed generation={} world={} rank={} step={} restored_step={} steps_lost={} source={}",
-        r.generation, r.world, r.rank, r.step, r.restored_step, r.steps_lost, r.source
-    )
+    RankLine::ElasticResumed(ElasticResumed {
+        generation: Some(small(r.generation)),
+        world: Some(small(r.world as u64)),
+        rank: Some(small(r.rank as u64)),
+        step: Some(r.step),
+        restored_step: r.restored_step,
+        steps_lost: r.steps_lost,
+        source: Some(r.source.to_string()),
+    })
+    .to_string()
 }
 
 /// `ringleader-rank-stats generation=G rank=R step=S compute_ms=X wait_ms=Y`.
@@ -367,9 +395,14 @@ pub fn rank_stats_line(
     compute_ms: f64,
     wait_ms: f64,
 ) -> String {
-    format!(
-        "ringleader-rank-stats generation={generation} rank={rank} step={step} compute_ms={compute_ms:.3} wait_ms={wait_ms:.3}"
-    )
+    RankLine::RankStats(ProtocolRankStats {
+        generation: small(generation),
+        rank: small(rank as u64),
+        step,
+        compute_ms,
+        wait_ms,
+    })
+    .to_string()
 }
 
 /// The test-only step delay from [`STEP_DELAY_ENV`] (zero when unset).

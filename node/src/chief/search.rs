@@ -334,7 +334,11 @@ values = [1, 2, 3, 4]
         );
         apply(&mut state, &cmds);
         let job = state.job(search).unwrap();
-        assert_eq!(job.state, JobState::Succeeded, "{:?}", job.events);
+        // Its trials exited 0 without reporting the metric: nothing to rank, the search
+        // failed, saying so.
+        assert_eq!(job.state, JobState::Failed, "{:?}", job.events);
+        let last = &job.events.last().unwrap().reason;
+        assert!(last.starts_with("no trial reported"), "{last}");
         let xs: Vec<i64> = job
             .search
             .as_ref()

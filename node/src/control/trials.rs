@@ -421,7 +421,10 @@ impl ControlState {
                 run.note = "not promoted before the search ended".into();
             }
         }
-        let direction = searcher_of(job).map(|(s, _)| s.direction);
+        let settings = searcher_of(job).map(|(s, _)| s);
+        let direction = settings.as_ref().map(|s| s.direction);
+        let metric = settings.map(|s| s.metric).unwrap_or_default();
+        let reports_required = job.spec.reports_required;
         let record = job.search.as_ref().expect("a search");
         let best = direction.and_then(|d| crate::search::summary::best(record, d));
         let succeeded = record
@@ -442,12 +445,22 @@ impl ControlState {
                     params_text(&b.params)
                 ),
             ),
-            // Trials that ran fine but reported no metric: the search ran, nothing to rank.
-            None if succeeded > 0 => job.finish(
+            // Trials that ran fine but reported no metric: a search submitted before
+            // `reports_required` ran, nothing to rank (its log replays as it was).
+            None if succeeded > 0 && !reports_required => job.finish(
                 at_ms,
                 JobState::Succeeded,
                 EventKind::Succeeded,
                 format!("{n} trials, {succeeded} succeeded; none reported its metric"),
+            ),
+            None if succeeded > 0 => job.finish(
+                at_ms,
+                JobState::Failed,
+                EventKind::Failed,
+                format!(
+                    "no trial reported {metric} ({n} trials, {succeeded} succeeded): a trial \
+                     prints `ringleader-metric {metric} VALUE [EPOCH]` (see docs/protocol.md)"
+                ),
             ),
             None => job.finish(
                 at_ms,
@@ -605,7 +618,15 @@ impl ControlState {
                     None
                 } else if live {
                     t.state = TrialState::Succeeded;
-                    Some(format!("trial {} finished ({id} exited 0)", of.trial))
+                    if t.reports.is_empty() {
+                        run.note = format!("never printed {}", of.metric);
+                        Some(format!(
+                            "trial {} finished ({id} exited 0); trial {} never printed {}",
+                            of.trial, of.trial, of.metric
+                        ))
+                    } else {
+                        Some(format!("trial {} finished ({id} exited 0)", of.trial))
+                    }
                 } else {
                     None
                 }
@@ -654,8 +675,13 @@ impl ControlState {
                 failed_one = true;
                 t.state = TrialState::Failed;
                 run.note = last_reason.clone();
+                let never = if t.reports.is_empty() {
+                    format!("; trial {} never printed {}", of.trial, of.metric)
+                } else {
+                    String::new()
+                };
                 Some(format!(
-                    "trial {} failed: {last_reason} (the search's {max_failures} retries are used)",
+                    "trial {} failed: {last_reason} (the search's {max_failures} retries are used){never}",
                     of.trial
                 ))
             }
@@ -902,6 +928,51 @@ max = 0.5
         let s = log.state.job(search).unwrap();
         assert_eq!(s.state, JobState::Succeeded);
         assert!(s.events.last().unwrap().reason.contains("best trial 2"));
+    }
+
+    /// A search whose trials all exit 0 without a report ends failed naming the metric, and
+    /// each such trial is named in its events; a search from an older log (its spec without
+    /// `reports_required`) still ends succeeded, as it did.
+    #[test]
+    fn a_search_without_reports_fails_naming_the_metric_unless_from_an_older_log() {
+        let one = ASHA.replace("trials = 9", "trials = 1");
+        for required in [true, false] {
+            let mut log = Log {
+                state: ControlState::default(),
+                index: 0,
+            };
+            let mut spec = JobSpec::parse(&one).unwrap();
+            assert!(spec.reports_required, "set on every spec admitted now");
+            spec.reports_required = required;
+            let r = log.apply(ControlCommand::Submit {
+                spec: Box::new(spec),
+                at_ms: 1,
+                token: None,
+            });
+            let ControlResponse::Submitted { id: search } = r else {
+                panic!("{r:?}")
+            };
+            let a = log.start(search, 0, 0.1, 9);
+            log.exit(a, 0);
+            assert_eq!(log.trial(search, 0).state, TrialState::Succeeded);
+            log.apply(ControlCommand::SearchFinished { search, at_ms: 60 });
+            let s = log.state.job(search).unwrap();
+            assert!(
+                s.events
+                    .iter()
+                    .any(|e| e.reason.contains("trial 0 never printed val_accuracy")),
+                "{:?}",
+                s.events
+            );
+            let last = &s.events.last().unwrap().reason;
+            if required {
+                assert_eq!(s.state, JobState::Failed);
+                assert!(last.starts_with("no trial reported val_accuracy"), "{last}");
+            } else {
+                assert_eq!(s.state, JobState::Succeeded);
+                assert!(last.contains("none reported its metric"), "{last}");
+            }
+        }
     }
 
     #[test]

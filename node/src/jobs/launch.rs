@@ -168,6 +168,9 @@ pub struct Launch {
     pub log: PathBuf,
     /// A search trial's metric: rank 0's `ringleader-report` lines report it.
     pub trial_metric: Option<String>,
+    /// Rank 0's `ringleader-metric <trial_metric> VALUE [STEP]` lines report it too, STEP in
+    /// epochs (a command trial; a train trial's metric lines count steps).
+    pub trial_metric_lines: bool,
     /// A shared dataset the process trains on: it is fetched to this node first if
     /// missing, and its directory goes to the process as `RINGLEADER_DATASET_DIR`.
     pub dataset: Option<String>,
@@ -219,6 +222,10 @@ pub fn launch(
         ("RINGLEADER_JOB_ID".into(), job.id.to_string()),
         ("RINGLEADER_ATTEMPT".into(), job.attempt.to_string()),
         ("RINGLEADER_GENERATION".into(), job.generation.to_string()),
+        (
+            ringleader_protocol::PROTOCOL_VERSION_ENV.into(),
+            ringleader_protocol::PROTOCOL_VERSION.to_string(),
+        ),
     ];
     if let Some(of) = &job.trial_of {
         env.push(("RINGLEADER_SEARCH_ID".into(), of.search.to_string()));
@@ -242,6 +249,7 @@ pub fn launch(
             files: Vec::new(),
             env,
             log,
+            trial_metric_lines: trial_metric.is_some(),
             trial_metric,
             dataset: None,
         });
@@ -289,6 +297,7 @@ pub fn launch(
         env,
         log,
         trial_metric,
+        trial_metric_lines: false,
         dataset: shared_dataset(job),
     })
 }

@@ -1,9 +1,16 @@
 //! One rank's process, from spawn to its exit report: output to the rank's log, reports to
 //! the chief, the whole process group killed with it.
 //!
-//! Stdout lines the node reads:
+//! Stdout lines the node reads are [`RankLine`]s (the protocol crate, `docs/protocol.md`);
+//! a `ringleader-…` line that does not parse is logged (warn, with the line, at most once
+//! per [`MALFORMED_WARN_INTERVAL_MS`]) and ignored. What the node does with each:
 //! - `ringleader-metric NAME VALUE [STEP]`: a job metric (at most one report per metric per
-//!   [`METRIC_REPORT_INTERVAL_MS`], the last value always);
+//!   [`METRIC_REPORT_INTERVAL_MS`], the last value always). For a command trial's rank 0, a
+//!   line naming the search's metric is also a [`ControlCommand::TrialReport`] at STEP
+//!   epochs (without STEP: the count of such lines so far), never thinned;
+//! - `ringleader-report RESOURCE NAME VALUE [NAME VALUE …]` (a search trial's rank 0): the
+//!   search metric's value at RESOURCE (epochs done), as [`ControlCommand::TrialReport`];
+//!   its values are job metrics too, unless the rank prints them as metric lines as well;
 //! - `ringleader-rank-stats generation=G rank=R step=S compute_ms=X wait_ms=Y` (elastic train
 //!   ranks, about once a second): [`ControlCommand::RankStats`], for straggler detection;
 //! - `ringleader-elastic failed generation=G lost_rank=R error="…"`: the rank's collective
@@ -13,9 +20,6 @@
 //!   runs long): past [`HUNG_COMPUTING_MS_MIN`] and [`HUNG_COMPUTE_FACTOR`] × the rank's
 //!   usual compute time per step, the rank is reported hung (a deadlock in its own
 //!   computation; the ranks waiting for it are on the network and report nothing).
-//!
-//! - `ringleader-report RESOURCE NAME VALUE [NAME VALUE …]` (a search trial's rank 0): the
-//!   search metric's value at RESOURCE (epochs done), as [`ControlCommand::TrialReport`].
 //!
 //! A process stopped (SIGSTOP) for [`HUNG_STOPPED_MS`] is reported hung too.
 //!
@@ -35,7 +39,7 @@
 //! this task writes to the process's stdin (`ringleader-generation {…}`).
 
 use std::{
-    collections::{BTreeMap, HashMap, VecDeque},
+    collections::{BTreeMap, HashMap, HashSet, VecDeque},
     path::PathBuf,
     process::Stdio,
     sync::{Arc, Mutex},
@@ -48,8 +52,10 @@ use tokio::{
 };
 use tracing::{info, warn};
 
+use ringleader_protocol::{ElasticFailed, LineError, Metric, RankLine};
+
 use crate::{
-    control::state::{ControlCommand, JobId, METRIC_NAME_BYTES_MAX, REASON_BYTES_MAX},
+    control::state::{ControlCommand, JobId, REASON_BYTES_MAX},
     jobs::{
         launch::Launch,
         log_rate::{is_protocol, LogRate, Verdict, RANK_LOG_BYTES_PER_S_MAX},
@@ -88,6 +94,32 @@ pub const HUNG_COMPUTE_FACTOR: f64 = 20.0;
 pub const STOP_GRACE_MS: u64 = 5_000;
 /// How often the process's run state is looked at, in milliseconds.
 const WATCH_PERIOD_MS: u64 = 500;
+/// After a rank's process exits, how long its pipes may still deliver lines, in
+/// milliseconds. Its process group is killed at the exit, so the pipes close at once unless
+/// a process left the group (`setsid`) and keeps them open: the exit is reported anyway.
+const EXIT_DRAIN_MS: u64 = 2_000;
+
+/// A rank's program could not be started (missing, not executable, a bad interpreter): the
+/// reason goes to the rank's log and the job's events, and the retry avoids this member.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct CannotStart(String);
+
+impl CannotStart {
+    fn new(program: &str, e: &std::io::Error) -> Self {
+        let why = match e.kind() {
+            std::io::ErrorKind::NotFound => format!(
+                "program {program:?} not found on this node (not on its PATH, or no such file \
+                 from the job's working directory)"
+            ),
+            std::io::ErrorKind::PermissionDenied => {
+                format!("program {program:?} is not executable on this node ({e})")
+            }
+            _ => format!("program {program:?} could not be started: {e}"),
+        };
+        CannotStart(why)
+    }
+}
 
 /// Whether process `pid` is stopped (run state `T` or `t` in `/proc/<pid>/stat`).
 fn is_stopped(pid: u32) -> bool {
@@ -134,150 +166,74 @@ pub enum Control {
     },
 }
 
-/// A metric line printed by a worker: `ringleader-metric NAME VALUE [STEP]`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct MetricLine {
-    pub name: String,
-    pub value: f64,
-    pub step: Option<u64>,
+/// Shortest gap between two warnings about malformed `ringleader-…` lines of one rank, in
+/// milliseconds (the lines in between are counted and named in the next warning).
+pub const MALFORMED_WARN_INTERVAL_MS: u64 = 10_000;
+/// Longest part of a malformed line quoted in the warning, in characters.
+const MALFORMED_QUOTE_CHARS_MAX: usize = 200;
+
+/// A rank's output line as the node reads it: a protocol line ([`RankLine`]), a line that
+/// claims to be one but does not parse, or the rank's own output.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Read {
+    /// A protocol line.
+    Line(RankLine),
+    /// A `ringleader-…` line that does not parse: logged and ignored.
+    Malformed(LineError),
+    /// Anything else.
+    Output,
 }
 
-/// Parses a metric line; anything else (including a malformed metric line) is `None`.
-pub fn parse_metric_line(line: &str) -> Option<MetricLine> {
-    let mut parts = line.split_whitespace();
-    if parts.next()? != "ringleader-metric" {
-        return None;
+/// Reads one stdout line of a rank.
+pub fn read_line(text: &str) -> Read {
+    if !RankLine::is_protocol(text) {
+        return Read::Output;
     }
-    let name = parts.next()?.to_string();
-    let value: f64 = parts.next()?.parse().ok().filter(|v: &f64| v.is_finite())?;
-    let step = match parts.next() {
-        Some(s) => Some(s.parse().ok()?),
-        None => None,
-    };
-    if parts.next().is_some() || name.len() > METRIC_NAME_BYTES_MAX {
-        return None;
+    match text.parse::<RankLine>() {
+        Ok(line) => Read::Line(line),
+        Err(e) => Read::Malformed(e),
     }
-    Some(MetricLine { name, value, step })
 }
 
-/// Parses a search trial's report line, `ringleader-report RESOURCE NAME VALUE [NAME
-/// VALUE …]` (resource: epochs done, or any count that grows), and returns the resource and
-/// the value of `metric`; `None` for anything else, a malformed line, a non-finite value, or
-/// a line without `metric`.
-pub fn parse_report_line(line: &str, metric: &str) -> Option<(u32, f64)> {
-    let mut parts = line.split_whitespace();
-    if parts.next()? != "ringleader-report" {
-        return None;
-    }
-    let resource: u32 = parts.next()?.parse().ok()?;
-    let rest: Vec<&str> = parts.collect();
-    if !rest.len().is_multiple_of(2) {
-        return None;
-    }
-    rest.chunks_exact(2)
-        .find(|kv| kv[0] == metric)
-        .and_then(|kv| kv[1].parse::<f64>().ok())
-        .filter(|v| v.is_finite())
-        .map(|v| (resource, v))
+/// How a search trial's rank 0 turns its lines into reports of the search's metric.
+#[derive(Debug, Clone, Default)]
+pub struct TrialReports {
+    /// The search's metric (`None`: not a trial's rank 0).
+    pub metric: Option<String>,
+    /// `ringleader-metric <metric> VALUE [STEP]` lines are reports too (command trials; a
+    /// train trial's metric lines count steps, its `ringleader-report` lines epochs).
+    pub from_metric_lines: bool,
+    /// The last resource reported: only progress counts.
+    last: Option<u32>,
+    /// `ringleader-metric <metric>` lines so far (the resource of a line without STEP).
+    metric_lines: u32,
 }
 
-/// An elastic worker's report line, parsed.
-#[derive(Clone, Debug, PartialEq)]
-pub enum ElasticLine {
-    /// `ringleader-rank-stats`.
-    Stats {
-        generation: u32,
-        rank: u32,
-        step: u64,
-        compute_ms: f64,
-        wait_ms: f64,
-    },
-    /// `ringleader-elastic failed` naming a lost rank.
-    Lost {
-        generation: u32,
-        rank: u32,
-        error: String,
-    },
-    /// `ringleader-elastic resumed`.
-    Resumed { restored_step: u64, steps_lost: u64 },
-    /// `ringleader-heartbeat`: the training thread is inside one compute section.
-    Heartbeat { computing_ms: u64 },
-}
-
-/// Parses `ringleader-rank-stats …` and `ringleader-elastic failed|resumed …` lines (fields
-/// `key=value`; a quoted `error="…"` runs to the end of the line). Anything else, a failure
-/// that names no rank included, is `None`.
-pub fn parse_elastic_line(line: &str) -> Option<ElasticLine> {
-    let (head, rest) = if let Some(rest) = line.strip_prefix("ringleader-rank-stats ") {
-        ("stats", rest)
-    } else if let Some(rest) = line.strip_prefix("ringleader-elastic failed ") {
-        ("failed", rest)
-    } else if let Some(rest) = line.strip_prefix("ringleader-elastic resumed ") {
-        ("resumed", rest)
-    } else if let Some(rest) = line.strip_prefix("ringleader-heartbeat ") {
-        ("heartbeat", rest)
-    } else {
-        return None;
-    };
-    let (fields, error) = match rest.split_once(" error=") {
-        Some((f, e)) => (f, Some(unquote(e))),
-        None => (rest, None),
-    };
-    let kv: BTreeMap<&str, &str> = fields
-        .split_whitespace()
-        .filter_map(|p| p.split_once('='))
-        .collect();
-    let num = |k: &str| kv.get(k).and_then(|v| v.parse::<u64>().ok());
-    let ms = |k: &str| {
-        kv.get(k)
-            .and_then(|v| v.parse::<f64>().ok())
-            .filter(|v| v.is_finite() && *v >= 0.0)
-    };
-    let small = |k: &str| num(k).and_then(|v| u32::try_from(v).ok());
-    match head {
-        "stats" => Some(ElasticLine::Stats {
-            generation: small("generation")?,
-            rank: small("rank")?,
-            step: num("step")?,
-            compute_ms: ms("compute_ms")?,
-            wait_ms: ms("wait_ms")?,
-        }),
-        "failed" => {
-            let mut error = error.unwrap_or_default();
-            let mut cut = error.len().min(REASON_BYTES_MAX);
-            while !error.is_char_boundary(cut) {
-                cut -= 1;
+impl TrialReports {
+    /// The `(resource, value)` a line reports, if it reports the search's metric beyond the
+    /// last report.
+    pub fn report(&mut self, line: &RankLine) -> Option<(u32, f64)> {
+        let metric = self.metric.as_deref()?;
+        let (resource, value) = match line {
+            RankLine::Report(r) => (r.resource, r.value_of(metric)?),
+            RankLine::Metric(m) if self.from_metric_lines && m.name == metric => {
+                self.metric_lines = self.metric_lines.saturating_add(1);
+                let resource = match m.step {
+                    Some(s) => u32::try_from(s).unwrap_or(u32::MAX),
+                    None => self.metric_lines,
+                };
+                (resource, m.value)
             }
-            error.truncate(cut);
-            Some(ElasticLine::Lost {
-                generation: small("generation")?,
-                rank: small("lost_rank")?,
-                error,
-            })
+            _ => return None,
+        };
+        if self.last.is_some_and(|last| resource <= last) {
+            // Only progress counts: a report at or below the last is dropped here (the
+            // state machine would ignore it).
+            return None;
         }
-        "heartbeat" => Some(ElasticLine::Heartbeat {
-            computing_ms: num("computing_ms")?,
-        }),
-        _ => Some(ElasticLine::Resumed {
-            restored_step: num("restored_step")?,
-            steps_lost: num("steps_lost")?,
-        }),
+        self.last = Some(resource);
+        Some((resource, value))
     }
-}
-
-/// The text of a `"…"` field with `\"` and `\\` escapes (as the trainer writes it).
-fn unquote(field: &str) -> String {
-    let inner = field.strip_prefix('"').unwrap_or(field);
-    let inner = inner.strip_suffix('"').unwrap_or(inner);
-    let mut out = String::with_capacity(inner.len());
-    let mut chars = inner.chars();
-    while let Some(c) = chars.next() {
-        match (c, c == '\\') {
-            (_, true) => out.extend(chars.next()),
-            (c, false) => out.push(c),
-        }
-    }
-    out
 }
 
 /// One worker process, from spawn to its exit report.
@@ -363,6 +319,7 @@ impl Run {
                     generation: self.generation,
                     rank: self.rank,
                     message,
+                    cannot_start: false,
                     at_ms: (self.clock_ms)(),
                 })
                 .await;
@@ -403,6 +360,9 @@ impl Run {
             Ok(None) => return, // killed because the generation or job ended: nothing to report
             Err(e) => {
                 warn!(job = %id, generation = self.generation, rank = self.rank, "worker could not run: {e}");
+                if let Some(CannotStart(why)) = e.downcast_ref::<CannotStart>() {
+                    self.report_cannot_start(why).await;
+                }
                 127
             }
         };
@@ -501,7 +461,7 @@ impl Run {
             .process_group(0)
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| anyhow::anyhow!("starting {program:?}: {e}"))?;
+            .map_err(|e| CannotStart::new(program, &e))?;
         let pgid = child.id().map(|p| p as i32);
         // Whatever ends this task (the process exiting, a kill, the node shutting down and
         // dropping it), the rank's whole process group goes with it, as torchrun does.
@@ -524,15 +484,51 @@ impl Run {
         let mut flush = tokio::time::interval(Duration::from_millis(LOG_FLUSH_MS));
         flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_sent: HashMap<String, Instant> = HashMap::new();
-        let mut unsent: BTreeMap<String, MetricLine> = BTreeMap::new();
+        let mut unsent: BTreeMap<String, Metric> = BTreeMap::new();
+        // Names seen in `ringleader-metric` lines: a report's values are job metrics
+        // unless the rank prints them as metric lines too (the trainer does, with steps).
+        let mut metric_names: HashSet<String> = HashSet::new();
+        let mut trial = TrialReports {
+            metric: self.launch.trial_metric.clone(),
+            from_metric_lines: self.launch.trial_metric_lines,
+            ..TrialReports::default()
+        };
+        let mut malformed = Malformed::default();
         let mut killed = false;
         let mut watch = tokio::time::interval(Duration::from_millis(WATCH_PERIOD_MS));
         watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut stopped_since: Option<Instant> = None;
         let mut term_deadline: Option<tokio::time::Instant> = None;
-        let mut last_report: Option<u32> = None;
+        // Set when the process has exited: its pipes get EXIT_DRAIN_MS to deliver what they
+        // still hold, not until every process holding them is gone.
+        let mut exited = false;
+        let mut drain_deadline: Option<tokio::time::Instant> = None;
         let status = loop {
             tokio::select! {
+                status = child.wait(), if !exited => {
+                    let status = status?;
+                    exited = true;
+                    // The rank is its group leader: whatever it left running goes with it
+                    // (a child holding stdout would otherwise hide the exit), at once, or
+                    // when a graceful stop's grace period ends (its children may be saving).
+                    let drain = Duration::from_millis(EXIT_DRAIN_MS);
+                    match term_deadline {
+                        Some(grace_end) => drain_deadline = Some(grace_end + drain),
+                        None => {
+                            if let Some(pgid) = pgid {
+                                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
+                            }
+                            drain_deadline = Some(tokio::time::Instant::now() + drain);
+                        }
+                    }
+                    if !killed {
+                        info!(job = %id, generation = self.generation, rank = self.rank, %status, "rank process exited");
+                    }
+                }
+                _ = tokio::time::sleep_until(drain_deadline.unwrap_or_else(tokio::time::Instant::now)), if drain_deadline.is_some() => {
+                    warn!(job = %id, rank = self.rank, "rank exited but a process outside its group keeps its output open; not waiting for it");
+                    break child.wait().await?;
+                }
                 _ = tokio::time::sleep_until(term_deadline.unwrap_or_else(tokio::time::Instant::now)), if term_deadline.is_some() => {
                     term_deadline = None;
                     if let Some(pgid) = pgid {
@@ -560,7 +556,32 @@ impl Run {
                         if !is_stdout {
                             continue;
                         }
-                        if let Some(m) = parse_metric_line(&text) {
+                        let line = match read_line(&text) {
+                            Read::Output => continue,
+                            Read::Malformed(e) => {
+                                malformed.note(id, self.rank, &text, &e);
+                                continue;
+                            }
+                            Read::Line(line) => line,
+                        };
+                        let report = if self.rank == 0 { trial.report(&line) } else { None };
+                        let metrics = match line {
+                            RankLine::Metric(m) => {
+                                metric_names.insert(m.name.clone());
+                                vec![m]
+                            }
+                            RankLine::Report(r) => r
+                                .values
+                                .into_iter()
+                                .filter(|(name, _)| !metric_names.contains(name))
+                                .map(|(name, value)| Metric { name, value, step: None })
+                                .collect(),
+                            other => {
+                                self.report_elastic(id, other).await;
+                                Vec::new()
+                            }
+                        };
+                        for m in metrics {
                             let due = last_sent.get(&m.name).is_none_or(|t| t.elapsed() >= Duration::from_millis(METRIC_REPORT_INTERVAL_MS));
                             if due {
                                 last_sent.insert(m.name.clone(), Instant::now());
@@ -569,19 +590,12 @@ impl Run {
                             } else {
                                 unsent.insert(m.name.clone(), m);
                             }
-                        } else if let Some(e) = parse_elastic_line(&text) {
-                            self.report_elastic(id, e).await;
-                        } else if let Some((resource, value)) = self
-                            .launch
-                            .trial_metric
-                            .as_deref()
-                            .filter(|_| self.rank == 0)
-                            .and_then(|m| parse_report_line(&text, m))
-                            .filter(|(r, _)| last_report.is_none_or(|last| *r > last))
-                        {
-                            // Only progress counts: a report at or below the last is dropped
-                            // here (the state machine would ignore it).
-                            last_report = Some(resource);
+                        }
+                        // Rank 0 reports for the trial (the rank may change with generations);
+                        // after the job metrics, which a stop decided on the report would
+                        // otherwise find the job ended.
+                        if let Some((resource, value)) = report {
+                            // Reports are never thinned: each is a decision of the search.
                             let at_ms = (self.clock_ms)();
                             let _ = self
                                 .reports
@@ -632,6 +646,10 @@ impl Run {
             }
         };
         for task in [out, err].into_iter().flatten() {
+            // Done already unless a process outside the group holds a pipe (see above).
+            if exited && !task.is_finished() {
+                task.abort();
+            }
             let _ = task.await;
         }
         // What the pumps still had counted when the pipes closed.
@@ -658,7 +676,35 @@ impl Run {
         ))
     }
 
-    async fn report_metric(&self, id: JobId, m: MetricLine) {
+    /// Says in the rank's log and the job's events why its program did not start.
+    async fn report_cannot_start(&self, why: &str) {
+        let line = format!("ringleader: rank {} could not start: {why}\n", self.rank);
+        let logged = async {
+            let mut log = tokio::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.launch.log)
+                .await?;
+            log.write_all(line.as_bytes()).await?;
+            log.flush().await
+        };
+        if let Err(e) = logged.await {
+            warn!(job = %self.key.0, "could not write to the rank's log: {e}");
+        }
+        let _ = self
+            .reports
+            .send(ControlCommand::WorkerNote {
+                id: self.key.0,
+                generation: self.generation,
+                rank: self.rank,
+                message: why.to_owned(),
+                cannot_start: true,
+                at_ms: (self.clock_ms)(),
+            })
+            .await;
+    }
+
+    async fn report_metric(&self, id: JobId, m: Metric) {
         let at_ms = (self.clock_ms)();
         let cmd = ControlCommand::Metric {
             id,
@@ -692,16 +738,17 @@ impl Run {
             .await;
     }
 
-    async fn report_elastic(&mut self, id: JobId, line: ElasticLine) {
+    /// Acts on an elastic rank's line (rank stats, heartbeat, elastic failed or resumed).
+    async fn report_elastic(&mut self, id: JobId, line: RankLine) {
         let at_ms = (self.clock_ms)();
         match line {
-            ElasticLine::Stats {
+            RankLine::RankStats(ringleader_protocol::RankStats {
                 generation,
                 rank,
                 step,
                 compute_ms,
                 wait_ms,
-            } => {
+            }) => {
                 self.compute_ms = compute_ms;
                 // Best effort, like metrics.
                 let _ = self.reports.try_send(ControlCommand::RankStats {
@@ -714,11 +761,16 @@ impl Run {
                     at_ms,
                 });
             }
-            ElasticLine::Lost {
+            RankLine::ElasticFailed(ElasticFailed {
                 generation,
-                rank,
-                error,
-            } => {
+                lost_rank: Some(rank),
+                mut error,
+            }) => {
+                let mut cut = error.len().min(REASON_BYTES_MAX);
+                while !error.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                error.truncate(cut);
                 let reason = format!("rank {} saw: {error}", self.rank);
                 let _ = self
                     .reports
@@ -732,7 +784,7 @@ impl Run {
                     })
                     .await;
             }
-            ElasticLine::Heartbeat { computing_ms } => {
+            RankLine::Heartbeat { computing_ms } => {
                 let bound =
                     (HUNG_COMPUTE_FACTOR * self.compute_ms).max(HUNG_COMPUTING_MS_MIN as f64);
                 if computing_ms as f64 >= bound && !self.reported_hung {
@@ -746,13 +798,12 @@ impl Run {
                     .await;
                 }
             }
-            ElasticLine::Resumed {
-                restored_step,
-                steps_lost,
-            } => {
-                for (name, value) in [("restored_step", restored_step), ("steps_lost", steps_lost)]
-                {
-                    let m = MetricLine {
+            RankLine::ElasticResumed(r) => {
+                for (name, value) in [
+                    ("restored_step", r.restored_step),
+                    ("steps_lost", r.steps_lost),
+                ] {
+                    let m = Metric {
                         name: name.into(),
                         value: value as f64,
                         step: None,
@@ -760,7 +811,34 @@ impl Run {
                     self.report_metric(id, m).await;
                 }
             }
+            // A failure that names no rank: the chief learns of it from the other ranks.
+            _ => {}
         }
+    }
+}
+
+/// The rate limit on warnings about a rank's malformed `ringleader-…` lines.
+#[derive(Debug, Default)]
+struct Malformed {
+    last_warn: Option<Instant>,
+    /// Malformed lines since the last warning, not warned about.
+    quiet: u64,
+}
+
+impl Malformed {
+    /// Warns about `line` (once per [`MALFORMED_WARN_INTERVAL_MS`]; the rest are counted).
+    fn note(&mut self, id: JobId, rank: u32, line: &str, error: &LineError) {
+        let due = self
+            .last_warn
+            .is_none_or(|t| t.elapsed() >= Duration::from_millis(MALFORMED_WARN_INTERVAL_MS));
+        if !due {
+            self.quiet += 1;
+            return;
+        }
+        let quoted: String = line.chars().take(MALFORMED_QUOTE_CHARS_MAX).collect();
+        let skipped = std::mem::take(&mut self.quiet);
+        self.last_warn = Some(Instant::now());
+        warn!(job = %id, rank, line = %quoted, %error, skipped, "malformed protocol line ignored (see docs/protocol.md)");
     }
 }
 
@@ -889,98 +967,78 @@ mod tests {
         assert_eq!(open.len(), 3);
     }
 
+    /// The golden lines (`collective/protocol/golden/lines.txt`) read as the node reads a
+    /// rank's stdout: every `rank-ok` line is a protocol line, every `rank-bad` one is
+    /// malformed (logged and ignored), never the rank's own output.
     #[test]
-    fn metric_lines() {
-        assert_eq!(
-            parse_metric_line("ringleader-metric loss 0.25 10"),
-            Some(MetricLine {
-                name: "loss".into(),
-                value: 0.25,
-                step: Some(10)
-            })
-        );
-        assert_eq!(
-            parse_metric_line("ringleader-metric acc 0.9"),
-            Some(MetricLine {
-                name: "acc".into(),
-                value: 0.9,
-                step: None
-            })
-        );
-        for bad in [
-            "hello",
-            "ringleader-metric",
-            "ringleader-metric x",
-            "ringleader-metric x nan",
-            "ringleader-metric x 1 -3",
-            "ringleader-metric x 1 2 3",
-        ] {
-            assert_eq!(parse_metric_line(bad), None, "{bad}");
+    fn golden_rank_lines_read_as_the_protocol_says() {
+        let mut n = 0;
+        for g in ringleader_protocol::golden_lines(ringleader_protocol::GOLDEN_LINES) {
+            match g.tag {
+                "rank-ok" => assert!(matches!(read_line(g.line), Read::Line(_)), "{g:?}"),
+                "rank-bad" => assert!(matches!(read_line(g.line), Read::Malformed(_)), "{g:?}"),
+                _ => continue,
+            }
+            n += 1;
         }
+        assert!(n > 10, "{n} golden rank lines");
+        assert_eq!(read_line("epoch 3 loss 0.2"), Read::Output);
+        assert_eq!(read_line("ringleader: fetching"), Read::Output);
+    }
+
+    fn line(text: &str) -> RankLine {
+        text.parse().unwrap()
     }
 
     #[test]
-    fn report_lines() {
-        let line = "ringleader-report 3 val_loss 0.2 val_accuracy 0.91";
-        assert_eq!(parse_report_line(line, "val_accuracy"), Some((3, 0.91)));
-        assert_eq!(parse_report_line(line, "val_loss"), Some((3, 0.2)));
-        assert_eq!(parse_report_line(line, "loss"), None, "not reported");
-        for bad in [
-            "ringleader-report",
-            "ringleader-report x acc 1",
-            "ringleader-report -1 acc 1",
-            "ringleader-report 3 acc",
-            "ringleader-report 3 acc nan",
-            "ringleader-report 3 acc inf",
-            "ringleader-metric acc 1 3",
-        ] {
-            assert_eq!(parse_report_line(bad, "acc"), None, "{bad}");
-        }
-    }
+    fn trial_reports_from_report_lines_and_command_trials_metric_lines() {
+        let mut t = TrialReports {
+            metric: Some("val_accuracy".into()),
+            from_metric_lines: true,
+            ..TrialReports::default()
+        };
+        assert_eq!(t.report(&line("ringleader-metric loss 0.5 1")), None);
+        assert_eq!(
+            t.report(&line("ringleader-metric val_accuracy 0.5 1")),
+            Some((1, 0.5))
+        );
+        assert_eq!(
+            t.report(&line("ringleader-metric val_accuracy 0.6 1")),
+            None,
+            "no progress"
+        );
+        assert_eq!(
+            t.report(&line("ringleader-report 3 val_loss 0.2 val_accuracy 0.9")),
+            Some((3, 0.9))
+        );
+        assert_eq!(t.report(&line("ringleader-report 4 val_loss 0.2")), None);
+        // Without STEP: the count of such lines so far (the 3rd is 3, not beyond 3; the 4th
+        // is 4).
+        assert_eq!(t.report(&line("ringleader-metric val_accuracy 0.93")), None);
+        assert_eq!(
+            t.report(&line("ringleader-metric val_accuracy 0.95")),
+            Some((4, 0.95))
+        );
 
-    #[test]
-    fn elastic_lines() {
+        // A train trial: its metric lines count steps, only its reports count.
+        let mut train = TrialReports {
+            metric: Some("val_accuracy".into()),
+            from_metric_lines: false,
+            ..TrialReports::default()
+        };
         assert_eq!(
-            parse_elastic_line(
-                "ringleader-rank-stats generation=3 rank=1 step=20 compute_ms=12.500 wait_ms=0.250"
-            ),
-            Some(ElasticLine::Stats {
-                generation: 3,
-                rank: 1,
-                step: 20,
-                compute_ms: 12.5,
-                wait_ms: 0.25
-            })
+            train.report(&line("ringleader-metric val_accuracy 0.5 120")),
+            None
         );
         assert_eq!(
-            parse_elastic_line(
-                r#"ringleader-elastic failed generation=2 lost_rank=1 error="peer \"lost\" rank 1""#
-            ),
-            Some(ElasticLine::Lost {
-                generation: 2,
-                rank: 1,
-                error: "peer \"lost\" rank 1".into()
-            })
+            train.report(&line("ringleader-report 1 val_accuracy 0.5")),
+            Some((1, 0.5))
         );
+        // Not a trial: nothing is a report.
+        let mut none = TrialReports::default();
         assert_eq!(
-            parse_elastic_line("ringleader-elastic resumed generation=3 world=2 rank=1 step=17 restored_step=15 steps_lost=2 source=broadcast"),
-            Some(ElasticLine::Resumed {
-                restored_step: 15,
-                steps_lost: 2
-            })
+            none.report(&line("ringleader-report 1 val_accuracy 0.5")),
+            None
         );
-        assert_eq!(
-            parse_elastic_line("ringleader-heartbeat computing_ms=5200"),
-            Some(ElasticLine::Heartbeat { computing_ms: 5200 })
-        );
-        for bad in [
-            "ringleader-heartbeat computing_ms=soon",
-            "ringleader-elastic failed generation=2 lost_rank=- error=\"x\"",
-            "ringleader-rank-stats generation=3 rank=1 step=20 compute_ms=nan wait_ms=0",
-            "ringleader-rank-stats generation=3 rank=1",
-            "hello",
-        ] {
-            assert_eq!(parse_elastic_line(bad), None, "{bad}");
-        }
     }
 }

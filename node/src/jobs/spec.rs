@@ -230,6 +230,12 @@ pub struct JobSpec {
     /// `[elastic]`, with defaults.
     #[serde(default)]
     pub elastic: Elastic,
+    /// Not a TOML key: set on every spec this version admits. A search of such a spec in
+    /// which no trial reports the search's metric ends `failed`, naming the metric. Specs
+    /// in logs written before read `false`, and their searches end as they did then
+    /// (`succeeded` when a trial succeeded).
+    #[serde(default)]
+    pub reports_required: bool,
 }
 
 /// Why a spec was refused. Each variant names the field path (dotted, with `[i]` for array
@@ -577,6 +583,7 @@ impl Parser<'_> {
             checkpoint,
             search,
             elastic,
+            reports_required: true,
         })
     }
 

@@ -1,5 +1,6 @@
 //! Agreement after a re-form: which commit every rank restores, and moving it to the ranks
-//! that lack it.
+//! that lack it. The rounds' logic is [`ringleader_protocol::Agree`] (pure, shared with the
+//! Python ranks); this module runs its reductions on the communicator and moves the state.
 //!
 //! Protocol, run by every rank of the new generation on its fresh communicator (every step
 //! is a collective, so all ranks take the same branches):
@@ -23,6 +24,7 @@
 use std::sync::Arc;
 
 use collective::{Communicator, ReduceOp};
+use ringleader_protocol::{Agree, Outcome, Progress};
 
 use crate::checkpoint::CheckpointStore;
 use crate::elastic::commit_log::CommitLog;
@@ -32,9 +34,7 @@ use crate::state::{StateMeta, TrainState};
 /// Largest encoded train state accepted from a broadcast, bytes (checked before
 /// allocating).
 pub const STATE_BROADCAST_BYTES_MAX: u64 = 16 << 30;
-/// Most rounds of the search for the newest common commit (it needs at most as many as
-/// there are distinct commits held across the ranks).
-pub const AGREE_ROUNDS_MAX: usize = 64;
+pub use ringleader_protocol::AGREE_ROUNDS_MAX;
 /// Magic at the start of an encoded state.
 const STATE_MAGIC: &[u8; 8] = b"RLSTATE1";
 
@@ -84,36 +84,48 @@ pub struct Agreement {
     pub group_step: u64,
 }
 
-/// Agrees with the other ranks of `comm` on the state to restore (see the module doc).
+/// Agrees with the other ranks of `comm` on the state to restore (see the module doc): the
+/// rounds are [`ringleader_protocol::Agree`]'s, each reduction run on `comm`.
 pub async fn agree(comm: &mut Communicator, mine: Holding<'_>) -> Result<Agreement, TrainError> {
     let rank = comm.rank();
-    let last = mine.last_generation.map_or(-1.0, |g| g as f64);
-    let mut maxes = [last, mine.step_reached as f64];
-    comm.allreduce(&mut maxes, ReduceOp::Max).await?;
-    let group_step = maxes[1] as u64;
-    let holder = !mine.log.is_empty() && maxes[0] >= 0.0 && last == maxes[0];
-    let empty = CommitLog::new(1);
-    let log = if holder { mine.log } else { &empty };
-
-    let Some(step) = common_step(comm, log, holder).await? else {
-        return Ok(Agreement {
-            state: None,
-            source: RestoreSource::Fresh,
-            group_step,
-        });
+    let holding = ringleader_protocol::Holding {
+        last_generation: mine.last_generation,
+        step_reached: mine.step_reached,
+        commits: mine.log.steps(),
     };
-    let has = log.get(step);
-    let mut who = [
-        if has.is_some() {
-            rank as f64
-        } else {
-            f64::INFINITY
-        },
-        if has.is_some() { 0.0 } else { -1.0 },
-    ];
-    comm.allreduce(&mut who, ReduceOp::Min).await?;
-    let root = who[0] as usize;
-    if who[1] == 0.0 {
+    let (mut rounds, mut ask) = Agree::new(rank, holding);
+    let outcome = loop {
+        let op = match ask.op {
+            ringleader_protocol::ReduceOp::Max => ReduceOp::Max,
+            ringleader_protocol::ReduceOp::Min => ReduceOp::Min,
+        };
+        comm.allreduce(&mut ask.values, op).await?;
+        match rounds.on_reduced(&ask.values) {
+            Progress::Reduce(next) => ask = next,
+            Progress::Done(outcome) => break outcome,
+        }
+    };
+    let (step, root, everyone_holds, group_step) = match outcome {
+        Outcome::Fresh { group_step } => {
+            return Ok(Agreement {
+                state: None,
+                source: RestoreSource::Fresh,
+                group_step,
+            })
+        }
+        Outcome::Restore {
+            step,
+            root,
+            everyone_holds,
+            group_step,
+        } => (step, root, everyone_holds, group_step),
+    };
+    let has = if rounds.holds(step) {
+        mine.log.get(step)
+    } else {
+        None
+    };
+    if everyone_holds {
         let state = has.expect("every rank holds the step").clone();
         return Ok(Agreement {
             state: Some(state),
@@ -141,41 +153,6 @@ pub async fn agree(comm: &mut Communicator, mine: Holding<'_>) -> Result<Agreeme
         source,
         group_step,
     })
-}
-
-/// The step to restore: the newest every holder has, else the newest any holder has;
-/// `None` when there is no holder.
-async fn common_step(
-    comm: &mut Communicator,
-    log: &CommitLog,
-    holder: bool,
-) -> Result<Option<u64>, TrainError> {
-    let mut c = f64::INFINITY;
-    for _ in 0..AGREE_ROUNDS_MAX {
-        let mut next = [if !holder {
-            f64::INFINITY
-        } else if c.is_infinite() {
-            log.latest().map_or(-1.0, |s| s.meta.step as f64)
-        } else {
-            log.newest_at_or_before(c as u64).map_or(-1.0, |s| s as f64)
-        }];
-        comm.allreduce(&mut next, ReduceOp::Min).await?;
-        let n = next[0];
-        if n.is_infinite() {
-            return Ok(None);
-        }
-        if n < 0.0 {
-            break;
-        }
-        if n == c {
-            return Ok(Some(n as u64));
-        }
-        c = n;
-    }
-    // No step every holder has: the newest anyone holds.
-    let mut newest = [log.latest().map_or(-1.0, |s| s.meta.step as f64)];
-    comm.allreduce(&mut newest, ReduceOp::Max).await?;
-    Ok(Some(newest[0] as u64))
 }
 
 /// Broadcasts `root`'s bytes (length first); the other ranks' `bytes` are ignored.

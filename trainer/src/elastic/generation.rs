@@ -2,147 +2,33 @@
 //! [`GenerationSource`] trait it waits on, an in-memory [`GenerationChannel`], and the
 //! control-line format the worker reads on stdin.
 //!
-//! Control lines, one per line (UTF-8, at most [`GENERATION_LINE_BYTES_MAX`] bytes):
+//! Control lines ([`ringleader_protocol::NodeLine`], see `docs/protocol.md`), one per line
+//! (UTF-8, at most [`GENERATION_LINE_BYTES_MAX`] bytes):
 //! - `ringleader-generation {"generation":1,"rank":0,"addrs":["127.0.0.1:20001","127.0.0.1:20002"],"secret":"<hex>"}`:
 //!   join that generation (newer ones supersede older ones not yet joined);
 //! - `ringleader-stop`: end after the current step (so does the end of input).
 
 use std::future::Future;
 use std::io::BufRead;
-use std::net::SocketAddr;
 
-use serde::{Deserialize, Serialize};
-use thiserror::Error;
 use tokio::sync::mpsc;
 use tracing::warn;
 
 use crate::elastic::error::ElasticError;
 
-/// Longest control line accepted, bytes (without the newline).
-pub const GENERATION_LINE_BYTES_MAX: usize = 64 << 10;
-/// Most ranks a generation may name.
-pub const GENERATION_WORLD_MAX: usize = 4096;
+/// The node's control lines are defined once, in the protocol crate; the names the trainer
+/// has always used stay.
+pub use ringleader_protocol::{
+    Generation, NodeLine as Control, NodeLineError as ControlLineError, GENERATION_LINE_PREFIX,
+    GENERATION_WORLD_MAX, NODE_LINE_BYTES_MAX as GENERATION_LINE_BYTES_MAX, STOP_LINE,
+};
+
 /// Control messages queued between the reader and the training loop.
 pub const CONTROL_QUEUE_DEPTH: usize = 16;
-/// Prefix of a generation line (followed by one space and the JSON object).
-pub const GENERATION_LINE_PREFIX: &str = "ringleader-generation";
-/// The stop line.
-pub const STOP_LINE: &str = "ringleader-stop";
 
-/// One generation of the ring as the node decided it: who this worker is in it and where
-/// everyone listens.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Generation {
-    /// Generation number; a connection from another generation is refused.
-    pub generation: u64,
-    /// This worker's rank in it.
-    pub rank: usize,
-    /// Data-plane address of every rank, in rank order.
-    pub addrs: Vec<SocketAddr>,
-    /// Shared secret of the generation's data-plane connections.
-    pub secret: String,
-}
-
-impl std::fmt::Debug for Generation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Generation")
-            .field("generation", &self.generation)
-            .field("rank", &self.rank)
-            .field("addrs", &self.addrs)
-            .field("secret", &"<redacted>")
-            .finish()
-    }
-}
-
-impl Generation {
-    /// Ranks in the generation.
-    pub fn world(&self) -> usize {
-        self.addrs.len()
-    }
-
-    /// Checks the rank is inside the world and the world is within limits.
-    pub fn validate(&self) -> Result<(), ControlLineError> {
-        let world = self.world();
-        if world == 0 || world > GENERATION_WORLD_MAX {
-            return Err(ControlLineError::Invalid(format!(
-                "{world} addresses (1..={GENERATION_WORLD_MAX})"
-            )));
-        }
-        if self.rank >= world {
-            return Err(ControlLineError::Invalid(format!(
-                "rank {} of {world} addresses",
-                self.rank
-            )));
-        }
-        Ok(())
-    }
-
-    /// The control line announcing this generation (without the newline).
-    pub fn to_line(&self) -> String {
-        format!(
-            "{GENERATION_LINE_PREFIX} {}",
-            serde_json::to_string(self).expect("a generation serializes")
-        )
-    }
-}
-
-/// A control message from the node.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Control {
-    /// Join this generation.
-    Generation(Generation),
-    /// End after the current step.
-    Stop,
-}
-
-/// A control line that cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum ControlLineError {
-    /// Longer than [`GENERATION_LINE_BYTES_MAX`].
-    #[error("control line of {bytes} bytes, at most {max}")]
-    TooLong {
-        /// Bytes read (at least; reading stops past the limit).
-        bytes: usize,
-        /// The limit.
-        max: usize,
-    },
-    /// Not UTF-8.
-    #[error("control line is not utf-8")]
-    NotUtf8,
-    /// Neither a generation nor a stop line (the start of the line is quoted).
-    #[error(
-        "unknown control line {0:?}: want `{GENERATION_LINE_PREFIX} {{json}}` or `{STOP_LINE}`"
-    )]
-    Unknown(String),
-    /// The generation's JSON does not parse.
-    #[error("generation line: {0}")]
-    Json(String),
-    /// The generation parses but is unusable.
-    #[error("generation line: {0}")]
-    Invalid(String),
-}
-
-/// Parses one control line (surrounding whitespace ignored).
+/// Parses one control line (surrounding whitespace ignored): [`Control`]'s `FromStr`.
 pub fn parse_control_line(line: &str) -> Result<Control, ControlLineError> {
-    if line.len() > GENERATION_LINE_BYTES_MAX {
-        return Err(ControlLineError::TooLong {
-            bytes: line.len(),
-            max: GENERATION_LINE_BYTES_MAX,
-        });
-    }
-    let line = line.trim();
-    if line == STOP_LINE {
-        return Ok(Control::Stop);
-    }
-    let json = line
-        .strip_prefix(GENERATION_LINE_PREFIX)
-        .and_then(|r| r.strip_prefix([' ', '\t']))
-        .ok_or_else(|| ControlLineError::Unknown(line.chars().take(40).collect()))?;
-    let g: Generation =
-        serde_json::from_str(json).map_err(|e| ControlLineError::Json(e.to_string()))?;
-    g.validate()?;
-    Ok(Control::Generation(g))
+    line.parse()
 }
 
 /// Reads one line of at most `max` bytes (newline excluded). `Ok(None)` at the end of input;
@@ -346,6 +232,7 @@ impl GenerationChannel {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::net::SocketAddr;
     use std::time::Duration;
 
     proptest! {
