@@ -3,12 +3,18 @@
 use clap::Parser;
 use ringleader::cli::{Cli, Cmd};
 
+/// The log filter unless `RUST_LOG` says otherwise: openraft's and libp2p's internals
+/// (elections, replication, connection churn) are for debugging, not an operator's log.
+const DEFAULT_LOG_FILTER: &str = "info,openraft=warn,libp2p=warn";
+
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,libp2p=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour only for a terminal: a log file or a pipe gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         // Not eprintln! on a failed write (a full disk under the log file): that panics,
         // and would take down whatever task logged.
         .log_internal_errors(false)

@@ -130,6 +130,34 @@ fn multiaddr_ip(m: &Multiaddr) -> Option<std::net::IpAddr> {
     })
 }
 
+/// The TCP socket address a `--listen` multiaddr names, when it names one with a fixed port.
+fn multiaddr_tcp(m: &Multiaddr) -> Option<std::net::SocketAddr> {
+    let ip = multiaddr_ip(m)?;
+    let port = m.iter().find_map(|p| match p {
+        libp2p::multiaddr::Protocol::Tcp(port) => Some(port),
+        _ => None,
+    })?;
+    (port != 0).then_some(std::net::SocketAddr::new(ip, port))
+}
+
+/// The error for a port this node could not bind: says which flag, and that another process
+/// (often another node) holds it.
+fn bind_error(
+    what: &str,
+    flag: &str,
+    addr: impl std::fmt::Display,
+    e: std::io::Error,
+) -> anyhow::Error {
+    if e.kind() == std::io::ErrorKind::AddrInUse {
+        anyhow::anyhow!(
+            "{what} address {addr} is already in use (another ringleader node, or another \
+             program, holds it): stop it or pick another {flag}"
+        )
+    } else {
+        anyhow::Error::from(e).context(format!("binding the {what} on {addr} ({flag})"))
+    }
+}
+
 /// Runs a node until SIGINT or SIGTERM, then leaves the cluster gracefully.
 pub async fn run(config: NodeConfig) -> Result<()> {
     // Before anything is created: nothing this node or its ranks write is readable by other
@@ -209,13 +237,22 @@ pub async fn run(config: NodeConfig) -> Result<()> {
 
     let api_listener = tokio::net::TcpListener::bind(config.api)
         .await
-        .with_context(|| format!("binding the API on {}", config.api))?;
+        .map_err(|e| bind_error("API", "--api", config.api, e))?;
     let data_listener = std::net::TcpListener::bind(config.data)
-        .with_context(|| format!("binding the data plane on {}", config.data))?;
+        .map_err(|e| bind_error("data plane", "--data", config.data, e))?;
 
     let datasets_listener = tokio::net::TcpListener::bind(config.datasets)
         .await
-        .with_context(|| format!("binding the dataset port on {}", config.datasets))?;
+        .map_err(|e| bind_error("dataset", "--datasets", config.datasets, e))?;
+    // libp2p binds its listener with SO_REUSEPORT, so a second node on the same --listen
+    // port would share it silently (the kernel splitting connections between the two). A
+    // plain bind first fails on a port in use; it is closed again before libp2p binds.
+    if let Some(addr) = multiaddr_tcp(&config.listen) {
+        drop(
+            std::net::TcpListener::bind(addr)
+                .map_err(|e| bind_error("cluster", "--listen", &config.listen, e))?,
+        );
+    }
 
     let mut swarm = net::build_swarm(key, psk.map(|k| k.psk))?;
     swarm

@@ -145,6 +145,21 @@ fn a_node_with_another_cluster_key_is_never_admitted() {
         log.contains("the cluster is open"),
         "a node without a key warns: {log}"
     );
+    // Both sides of a refused handshake say so at the default level (warn), not only in a
+    // counter: the seed that refused, and the outsider whose dial failed.
+    let read = |i: usize| std::fs::read_to_string(c.nodes[i].dir.join("node.log")).unwrap();
+    let seed_log = read(0);
+    assert!(
+        seed_log.contains("WARN") && seed_log.contains("incoming connection refused"),
+        "the seed does not warn: {seed_log}"
+    );
+    for i in [stranger, open] {
+        let log = read(i);
+        assert!(
+            log.contains("WARN") && log.contains("seed unreachable"),
+            "node {i} does not warn: {log}"
+        );
+    }
 }
 
 #[test]

@@ -150,7 +150,10 @@ fn a_full_disk_stops_the_chiefs_raft_and_it_recovers_when_space_returns() {
     let text = ureq::get(format!("http://{}/metrics", c.nodes[full].info.api_addr))
         .header(
             "authorization",
-            &format!("Bearer {}", c.nodes[full].token.as_deref().unwrap_or_default()),
+            &format!(
+                "Bearer {}",
+                c.nodes[full].token.as_deref().unwrap_or_default()
+            ),
         )
         .call()
         .unwrap()

@@ -144,9 +144,7 @@ impl ApiClient {
         if let Some(token) = &self.token {
             req = req.header("authorization", &format!("Bearer {token}"));
         }
-        let resp = req
-            .call()
-            .map_err(|e| anyhow!("cannot reach ringleader node at {}: {e}", self.peer))?;
+        let resp = req.call().map_err(|e| self.unreachable(e))?;
         self.decode(resp)
     }
 
@@ -177,15 +175,35 @@ impl ApiClient {
         if let Some(token) = &self.token {
             req = req.header("authorization", &format!("Bearer {token}"));
         }
-        let resp = req
-            .send(body)
-            .map_err(|e| anyhow!("cannot reach ringleader node at {}: {e}", self.peer))?;
+        let resp = req.send(body).map_err(|e| self.unreachable(e))?;
         self.decode(resp)
     }
 
     /// `DELETE path`, decoded as JSON.
     pub fn delete<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
         self.call_without_body(self.agent.delete(&self.url(path)?))
+    }
+
+    /// The error for a call that got no HTTP answer: a peer that speaks something else than
+    /// HTTP (most often the cluster port) is named as such, not as a parse failure.
+    fn unreachable(&self, e: ureq::Error) -> anyhow::Error {
+        let not_http = match &e {
+            ureq::Error::Protocol(p) => {
+                let p = p.to_string();
+                p.starts_with("http parse fail") || p.contains("version")
+            }
+            _ => false,
+        };
+        if not_http {
+            anyhow!(
+                "{} is not a ringleader API over plain HTTP (is it the cluster --listen port? \
+                 the API is --api, default 127.0.0.1:7071; an API beyond loopback speaks TLS: \
+                 drop the http:// and give the token file, which carries its fingerprint): {e}",
+                self.peer
+            )
+        } else {
+            anyhow!("cannot reach ringleader node at {}: {e}", self.peer)
+        }
     }
 
     fn decode<T: DeserializeOwned>(&self, mut resp: ureq::http::Response<ureq::Body>) -> Result<T> {

@@ -17,7 +17,9 @@
 //! | `GET /healthz` | `ok`; open even with a token |
 //!
 //! Errors are `{"error": "…"}` with 400 (bad input), 401 (API token missing or wrong, see
-//! [`auth`]), 404 (no such job) or 503 (no chief or chief unreachable: retry).
+//! [`auth`]), 404 (no such job) or 503 (no chief or chief unreachable: retry). A refused
+//! spec (`POST /v1/jobs`) adds `"field"` (dotted path) and `"line"` (1-based), each null
+//! where unknown.
 //!
 //! - [`datasets`]: the dataset routes.
 //! - [`dashboard`]: the single-page dashboard served at `/`.
@@ -113,6 +115,38 @@ impl From<ProposeError> for ApiError {
 }
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
+
+/// A submit's error: a refused spec answers `{"error", "field", "line"}` (400; `field` and
+/// `line` null where unknown), anything else as [`ApiError`].
+enum SubmitError {
+    Spec(crate::jobs::AdmitError),
+    Api(ApiError),
+}
+
+impl From<ApiError> for SubmitError {
+    fn from(e: ApiError) -> Self {
+        SubmitError::Api(e)
+    }
+}
+
+impl From<ProposeError> for SubmitError {
+    fn from(e: ProposeError) -> Self {
+        SubmitError::Api(e.into())
+    }
+}
+
+impl IntoResponse for SubmitError {
+    fn into_response(self) -> Response {
+        match self {
+            SubmitError::Spec(e) => (
+                StatusCode::BAD_REQUEST,
+                Json(serde_json::json!({ "error": e.message, "field": e.field, "line": e.line })),
+            )
+                .into_response(),
+            SubmitError::Api(e) => e.into_response(),
+        }
+    }
+}
 
 /// Routes of the API, behind [`auth::require_token`] (which, without a token, lets every
 /// caller in as the admin).
@@ -265,10 +299,11 @@ async fn submit(
     State(app): State<AppState>,
     Query(q): Query<SubmitQuery>,
     body: String,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, SubmitError> {
     // Admission parses and checks every trial a search could make: CPU work, kept off the
     // async runtime so the node's Raft and membership timers run meanwhile.
-    let mut spec = tokio::task::spawn_blocking(move || crate::jobs::admit_text(&body))
+    let text = body.clone();
+    let mut spec = tokio::task::spawn_blocking(move || crate::jobs::admit_spec_text(&body))
         .await
         .map_err(|e| {
             ApiError(
@@ -276,16 +311,16 @@ async fn submit(
                 format!("admission failed: {e}"),
             )
         })?
-        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
+        .map_err(SubmitError::Spec)?;
     // `[secrets]` enter the log sealed; the node that starts a rank opens them.
     if !spec.secrets.is_empty() {
         let Some(key) = app.secrets_key else {
-            return Err(ApiError(
+            return Err(SubmitError::Api(ApiError(
                 StatusCode::BAD_REQUEST,
                 "secrets: this node runs an open cluster (--insecure), which has no key to seal \
                  them with: use a keyed cluster, or env for values that are not secret"
                     .into(),
-            ));
+            )));
         };
         for (name, value) in spec.secrets.iter_mut() {
             *value = crate::security::sealed::seal(&key, name, value);
@@ -299,10 +334,11 @@ async fn submit(
         .filter(|n| !crate::datasets::BUILTIN.contains(n))
     {
         if app.datasets.lookup(name).await.is_none() {
-            return Err(ApiError(
-                StatusCode::BAD_REQUEST,
-                format!("data.dataset {name:?}: no such dataset (add it with `ringleader dataset add`; see `ringleader dataset ls`)"),
-            ));
+            return Err(SubmitError::Spec(crate::jobs::AdmitError {
+                message: format!("data.dataset {name:?}: no such dataset (add it with `ringleader dataset add`; see `ringleader dataset ls`)"),
+                line: crate::jobs::spec::line_of_field(&text, "data.dataset"),
+                field: Some("data.dataset".into()),
+            }));
         }
     }
     let token = q
@@ -326,10 +362,10 @@ async fn submit(
     };
     match answer {
         ControlResponse::Submitted { id } => Ok(Json(serde_json::json!({ "id": id.to_string() }))),
-        other => Err(ApiError(
+        other => Err(SubmitError::Api(ApiError(
             StatusCode::BAD_REQUEST,
             format!("not submitted: {other:?}"),
-        )),
+        ))),
     }
 }
 

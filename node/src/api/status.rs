@@ -337,6 +337,13 @@ pub struct JobDoc {
     pub search_direction: Option<String>,
 }
 
+/// What `job --watch` has shown of a search's trials (see [`JobDoc::trial_changes`]).
+#[derive(Debug, Default)]
+pub struct TrialsSeen {
+    states: BTreeMap<u32, String>,
+    best: Option<(u32, f64)>,
+}
+
 /// On a trial's job: which search and trial it runs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrialOfDoc {
@@ -392,6 +399,48 @@ impl JobDoc {
         out
     }
 
+    /// A search's trials as `job --watch` follows them: a line per trial whose state
+    /// changed since `seen`, and one when the best trial changes. `seen` is updated.
+    pub fn trial_changes(&self, seen: &mut TrialsSeen) -> Vec<String> {
+        let metric = self.search_metric.as_deref().unwrap_or("metric");
+        let mut out = Vec::new();
+        for t in &self.trials {
+            if seen.states.get(&t.id) == Some(&t.state) {
+                continue;
+            }
+            seen.states.insert(t.id, t.state.clone());
+            let params = t
+                .params
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let mut line = format!("trial {} {}", t.id, t.state);
+            if !t.node.is_empty() {
+                line.push_str(&format!(" on {}", t.node));
+            }
+            if let Some(m) = t.metric {
+                line.push_str(&format!(" {metric}={m:.4} at {}", t.resource));
+            }
+            line.push_str(&format!(" [{params}] (job {})", t.job));
+            if !t.note.is_empty() {
+                line.push_str(&format!(": {}", t.note));
+            }
+            out.push(line);
+        }
+        let best = self.best.as_ref().map(|b| (b.id, b.metric));
+        if best.is_some() && best != seen.best {
+            if let Some(b) = &self.best {
+                out.push(format!(
+                    "best so far: trial {} {metric}={:.4}",
+                    b.id, b.metric
+                ));
+            }
+            seen.best = best;
+        }
+        out
+    }
+
     /// A one-line progress summary for `job --watch`.
     pub fn progress_line(&self) -> String {
         let mut s = format!(
@@ -425,11 +474,22 @@ impl JobDoc {
         let _ = writeln!(out, "job        {} ({})", self.id, self.name);
         let _ = writeln!(out, "kind       {}", self.kind);
         let _ = writeln!(out, "state      {}", self.state);
-        let _ = writeln!(
-            out,
-            "generation {} (max restarts {})",
-            self.generation, self.max_restarts
-        );
+        // Attempts, not restarts: `attempt 1 of 4` reads as three retries left, where
+        // `generation 3 (max restarts 3)` read as if they had run out (re-forms of an elastic
+        // ring make generations, not attempts).
+        let attempts = self.max_restarts.saturating_add(1);
+        let _ = match self.attempt {
+            0 => writeln!(
+                out,
+                "attempt    none yet of {attempts}, generation {}",
+                self.generation
+            ),
+            n => writeln!(
+                out,
+                "attempt    {n} of {attempts}, generation {}",
+                self.generation
+            ),
+        };
         let _ = writeln!(
             out,
             "ring       {}",
@@ -577,7 +637,20 @@ pub fn job_doc(j: &Job, applied_index: u64, chief: bool) -> JobDoc {
         .as_ref()
         .and_then(|_| crate::search::spec::search_spec(&j.spec).ok());
     let metric = |name: &str| j.metrics.get(name).map(|m| m.value.max(0.0) as u64);
-    let step = metric("step").or_else(|| j.metrics.values().filter_map(|m| m.step).max());
+    // The step of the newest report: the `step` metric is throttled like any other, so a
+    // `val_accuracy` measured at step 15 may arrive while `step` still says 1. Only the
+    // newest generation's reports count (a retry resumes from an older step).
+    let newest = j.metrics.values().map(|m| m.generation).max();
+    let reported = j
+        .metrics
+        .values()
+        .filter(|m| Some(m.generation) == newest)
+        .filter_map(|m| m.step)
+        .max();
+    let step = match (metric("step"), reported) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    };
     let history = j
         .events
         .iter()
@@ -745,5 +818,49 @@ mod tests {
         assert_eq!(doc.metrics["val_loss"], vec![(3, 0.5), (6, 0.5)]);
         let v = serde_json::to_value(&doc).unwrap();
         assert_eq!(v["metrics"]["val_loss"][1], serde_json::json!([6, 0.5]));
+    }
+
+    #[test]
+    fn watch_follows_a_searchs_trials_by_state_change_and_new_best() {
+        let mut doc = job_doc(&train_job("epochs = 1\n"), 0, true);
+        doc.search_metric = Some("acc".into());
+        let trial = |id: u32, state: &str, metric: Option<f64>| crate::search::summary::TrialDoc {
+            id,
+            job: format!("j-{id}"),
+            params: [("lr".to_string(), toml::Value::Float(0.1))].into(),
+            state: state.into(),
+            metric,
+            resource: 1,
+            promotions: 0,
+            bracket: 0,
+            node: "a".into(),
+            note: String::new(),
+        };
+        let mut seen = TrialsSeen::default();
+        doc.trials = vec![trial(0, "running", None)];
+        assert_eq!(
+            doc.trial_changes(&mut seen),
+            ["trial 0 running on a [lr=0.1] (job j-0)"]
+        );
+        assert!(
+            doc.trial_changes(&mut seen).is_empty(),
+            "no change, no line"
+        );
+        doc.trials = vec![trial(0, "succeeded", Some(0.9)), trial(1, "running", None)];
+        doc.best = Some(crate::search::summary::BestDoc {
+            id: 0,
+            params: doc.trials[0].params.clone(),
+            metric: 0.9,
+        });
+        assert_eq!(
+            doc.trial_changes(&mut seen),
+            [
+                "trial 0 succeeded on a acc=0.9000 at 1 [lr=0.1] (job j-0)",
+                "trial 1 running on a [lr=0.1] (job j-1)",
+                "best so far: trial 0 acc=0.9000",
+            ]
+        );
+        let text = doc.to_text();
+        assert!(text.contains("attempt    none yet of "), "{text}");
     }
 }

@@ -259,7 +259,23 @@ fn place_pending(
             .as_ref()
             .and_then(|_| job.assignment.first())
             .map(|s| s.member.as_str());
-        match placement::place_preferring(candidates, &req, prefer, None) {
+        // A retry goes to members where its program started, or could: those where it could
+        // not are tried again only when nothing else fits.
+        let placed = if job.cannot_start.is_empty() {
+            placement::place_preferring(candidates, &req, prefer, None)
+        } else {
+            let elsewhere: Vec<Candidate> = candidates
+                .iter()
+                .cloned()
+                .map(|mut c| {
+                    c.blacklisted |= job.cannot_start.contains(&c.id);
+                    c
+                })
+                .collect();
+            placement::place_preferring(&elsewhere, &req, prefer, None)
+                .or_else(|_| placement::place_preferring(candidates, &req, prefer, None))
+        };
+        match placed {
             Ok(slots) => {
                 placement::take(candidates, &slots, &req);
                 out.push(ControlCommand::Place {
@@ -363,6 +379,55 @@ pub(crate) mod tests {
     fn devices(state: &ControlState, id: JobId) -> Vec<Vec<u32>> {
         let job = state.job(id).unwrap();
         job.assignment.iter().map(|s| s.gpus.clone()).collect()
+    }
+
+    #[test]
+    fn a_retry_avoids_the_member_where_the_program_could_not_start_unless_none_else_fits() {
+        let members = vec![member("a", State::Alive, 1), member("b", State::Alive, 1)];
+        let mut state = ControlState::default();
+        let id = submit_text(
+            &mut state,
+            "name = \"m\"\nkind = \"command\"\nworkers = 1\nmax_restarts = 2\ncommand = [\"nope\"]\n",
+        );
+        let ring = |state: &ControlState| state.job(id).unwrap().assignment[0].name.clone();
+        let fail_start = |state: &mut ControlState, at_ms: u64| {
+            let generation = state.job(id).unwrap().generation;
+            let note = ControlCommand::WorkerNote {
+                id,
+                generation,
+                rank: 0,
+                message: "program \"nope\" not found on this node".into(),
+                cannot_start: true,
+                at_ms,
+            };
+            let exit = ControlCommand::WorkerExited {
+                id,
+                generation,
+                rank: 0,
+                code: 127,
+                at_ms,
+            };
+            apply_all(state, &[note, exit]);
+        };
+        let cmds = decide(&state, &members, 5, &mut secret);
+        apply_all(&mut state, &cmds);
+        let first = ring(&state);
+        fail_start(&mut state, 6);
+        let job = state.job(id).unwrap();
+        assert_eq!(job.state, JobState::Pending);
+        assert!(job.events.iter().any(|e| e
+            .reason
+            .contains(&format!("rank 0 could not start on {first}: program"))));
+        // The retry goes to the other member…
+        let cmds = decide(&state, &members, 7, &mut secret);
+        apply_all(&mut state, &cmds);
+        let second = ring(&state);
+        assert_ne!(first, second);
+        // … and when it could start nowhere, to one of them anyway (it may be installed).
+        fail_start(&mut state, 8);
+        let cmds = decide(&state, &members, 9, &mut secret);
+        apply_all(&mut state, &cmds);
+        assert_eq!(state.job(id).unwrap().state, JobState::Running);
     }
 
     const TWO_BY_ONE_GPU: &str = "name = \"g\"\nkind = \"command\"\nworkers = 2\ncommand = [\"true\"]\n[resources]\ngpus_per_worker = 1\n";

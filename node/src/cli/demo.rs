@@ -85,9 +85,7 @@ fn train(cluster: &mut LocalCluster, root: &std::path::Path) -> Result<String> {
     let id = client.submit(JOB_SPEC).context("submitting the demo job")?;
     println!("\nsubmitted examples/jobs/digits-mlp.toml to demo-{DEMO_NODES}: job {id}");
     let started = Instant::now();
-    let doc = follow(&cluster.nodes[0].client(), &id, TRAIN_WAIT_S, |doc| {
-        progress(doc, started.elapsed())
-    })?;
+    let doc = follow(&cluster.nodes[0].client(), &id, TRAIN_WAIT_S, progress)?;
     let secs = started.elapsed().as_secs_f64();
     if doc.state != "succeeded" {
         bail!(
@@ -146,14 +144,13 @@ fn search(cluster: &LocalCluster) -> Result<String> {
     let doc = follow(&client, &id, SEARCH_WAIT_S, |doc| {
         let count = |s: &str| doc.trials.iter().filter(|t| t.state == s).count();
         format!(
-            "{id} [{}] {} trials: {} running, {} paused, {} stopped early, {} finished; {:.1} s",
+            "{id} [{}] {} trials: {} running, {} paused, {} stopped early, {} finished;",
             doc.state,
             doc.trials.len(),
             count("running"),
             count("paused"),
             count("stopped"),
             count("succeeded"),
-            started.elapsed().as_secs_f64()
         )
     })?;
     if doc.state != "succeeded" {
@@ -178,37 +175,52 @@ fn search(cluster: &LocalCluster) -> Result<String> {
     ))
 }
 
-/// Polls job `id` and redraws `line(doc)` in place until the job ends (its last document)
-/// or `wait_s` pass (an error).
+/// Polls job `id` and shows `line(doc)` and the time since the start until the job ends (its
+/// last document) or `wait_s` pass (an error). On a terminal the line is redrawn in place;
+/// elsewhere (a pipe, a log) a line is printed each time `line(doc)` changes.
 fn follow(
     client: &crate::api::client::ApiClient,
     id: &str,
     wait_s: u64,
     line: impl Fn(&JobDoc) -> String,
 ) -> Result<JobDoc> {
-    let deadline = Instant::now() + Duration::from_secs(wait_s);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(wait_s);
+    let redraw = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let mut shown = 0usize;
+    let mut last = String::new();
     loop {
         if let Ok(doc) = client.job(id) {
             let text = line(&doc);
-            print!("\r{text:<shown$}");
-            shown = text.len();
-            let _ = std::io::stdout().flush();
+            let timed = format!("{text} {:.1} s", started.elapsed().as_secs_f64());
+            if redraw {
+                print!("\r{timed:<shown$}");
+                shown = timed.len();
+                let _ = std::io::stdout().flush();
+            } else if text != last {
+                println!("{timed}");
+                last = text;
+            }
             if matches!(doc.state.as_str(), "succeeded" | "failed" | "cancelled") {
-                println!();
+                if redraw {
+                    println!();
+                }
                 return Ok(doc);
             }
         }
         if Instant::now() > deadline {
-            println!();
+            if redraw {
+                println!();
+            }
             bail!("job {id} did not finish in {wait_s} s");
         }
         std::thread::sleep(Duration::from_millis(POLL_MS));
     }
 }
 
-/// The live progress line: state, step, epoch, loss, validation accuracy, time.
-fn progress(doc: &JobDoc, elapsed: Duration) -> String {
+/// The live progress line: state, step, epoch, loss, validation accuracy (the time is
+/// added by [`follow`]).
+fn progress(doc: &JobDoc) -> String {
     let mut s = format!("{} [{}]", doc.id, doc.state);
     if let Some(step) = doc.step {
         s.push_str(&format!(" step {step}"));
@@ -225,6 +237,5 @@ fn progress(doc: &JobDoc, elapsed: Duration) -> String {
     if let Some(r) = doc.metrics.get("samples_per_s") {
         s.push_str(&format!(" {r:.0} samples/s"));
     }
-    s.push_str(&format!(" {:.1} s", elapsed.as_secs_f64()));
     s
 }

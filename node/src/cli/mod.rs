@@ -498,11 +498,14 @@ pub fn job(cli: &Cli, id: &str, watch: bool) -> Result<()> {
         }
         return Ok(());
     }
-    if !cli.json && std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+    let search = c.job(id)?.kind == "search";
+    if !cli.json && !search && std::io::IsTerminal::is_terminal(&std::io::stdout()) {
         return watch_bar(&c, id);
     }
-    // Not a terminal (a log, a pipe): one line per change, or one JSON document per poll.
+    // Not a terminal (a log, a pipe), or a search: one line per change (a search's trials
+    // followed, each state change and each new best), or one JSON document per poll.
     let mut last = String::new();
+    let mut seen = crate::api::status::TrialsSeen::default();
     loop {
         let doc = c.job(id)?;
         if cli.json {
@@ -512,6 +515,9 @@ pub fn job(cli: &Cli, id: &str, watch: bool) -> Result<()> {
             if line != last {
                 println!("{line}");
                 last = line;
+            }
+            for line in doc.trial_changes(&mut seen) {
+                println!("  {line}");
             }
         }
         if is_terminal(&doc.state) {

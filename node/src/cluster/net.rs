@@ -355,16 +355,31 @@ struct RateLimitedWarn {
 }
 
 impl RateLimitedWarn {
-    fn warn(&mut self, now: Instant, peer: &PeerId, what: &str) {
+    fn new() -> Self {
+        RateLimitedWarn {
+            last: None,
+            suppressed: 0,
+        }
+    }
+
+    /// `Some(suppressed)` when a warning is due (the count held back since the last one),
+    /// `None` when this one is held back.
+    fn due(&mut self, now: Instant) -> Option<u64> {
         let due = self.last.is_none_or(|t| {
             now.duration_since(t) >= Duration::from_millis(BAD_MESSAGE_WARN_INTERVAL_MS)
         });
         if due {
-            warn!(%peer, suppressed = self.suppressed, "dropped malformed membership message: {what}");
             self.last = Some(now);
-            self.suppressed = 0;
+            Some(std::mem::take(&mut self.suppressed))
         } else {
             self.suppressed += 1;
+            None
+        }
+    }
+
+    fn warn(&mut self, now: Instant, peer: &PeerId, what: &str) {
+        if let Some(suppressed) = self.due(now) {
+            warn!(%peer, suppressed, "dropped malformed membership message: {what}");
         }
     }
 }
@@ -378,6 +393,10 @@ pub struct EventLoop {
     seeds: Vec<Seed>,
     counters: Counters,
     bad_warn: RateLimitedWarn,
+    /// Rate limits the warning for an inbound handshake that failed (wrong or missing key).
+    refused_warn: RateLimitedWarn,
+    /// Rate limits the warning for an outbound dial that failed (seed down, key mismatch).
+    dial_warn: RateLimitedWarn,
     leaving: Option<(oneshot::Sender<()>, Instant, Vec<OutboundRequestId>)>,
     pending: HashMap<OutboundRequestId, PeerId>,
     rpc_handler: Option<mpsc::Sender<InboundRpc>>,
@@ -418,10 +437,9 @@ impl EventLoop {
             commands,
             seeds,
             counters: Counters::default(),
-            bad_warn: RateLimitedWarn {
-                last: None,
-                suppressed: 0,
-            },
+            bad_warn: RateLimitedWarn::new(),
+            refused_warn: RateLimitedWarn::new(),
+            dial_warn: RateLimitedWarn::new(),
             leaving: None,
             pending: HashMap::new(),
             rpc_handler: None,
@@ -744,7 +762,16 @@ impl EventLoop {
                     .find(|s| s.dialing == Some(connection_id))
                 {
                     self.counters.seed_dial_failures += 1;
-                    debug!(addr = %seed.addr, retry_ms = seed.backoff_ms, "seed unreachable: {error}");
+                    // A seed that is down, or one that refuses this node's cluster key: the
+                    // operator needs to know within seconds, not only at debug.
+                    if let Some(suppressed) = self.dial_warn.due(Instant::now()) {
+                        warn!(
+                            addr = %seed.addr,
+                            retry_ms = seed.backoff_ms,
+                            suppressed,
+                            "seed unreachable (down, or a different --cluster-key?): {error}"
+                        );
+                    }
                     seed.dialing = None;
                     seed.next_dial = Instant::now() + Duration::from_millis(seed.backoff_ms);
                     seed.backoff_ms = (seed.backoff_ms * 2).min(SEED_BACKOFF_MAX_MS);
@@ -758,7 +785,13 @@ impl EventLoop {
                 ..
             } => {
                 self.counters.refused_connections += 1;
-                debug!(from = %send_back_addr, "incoming connection refused: {error}");
+                if let Some(suppressed) = self.refused_warn.due(Instant::now()) {
+                    warn!(
+                        from = %send_back_addr,
+                        suppressed,
+                        "incoming connection refused (a node with a different or missing --cluster-key?): {error}"
+                    );
+                }
             }
             SwarmEvent::NewListenAddr { address, .. } => debug!(%address, "listening"),
             _ => {}

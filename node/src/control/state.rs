@@ -264,6 +264,10 @@ pub struct Job {
     /// A trial's run job: which search and trial it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trial_of: Option<TrialOf>,
+    /// Members (peer ids) where a rank of this job could not start its program (missing,
+    /// not executable): a retried attempt is placed on other members when it fits there.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub cannot_start: BTreeSet<String>,
 }
 
 /// Why a rank of the current generation is thought lost.
@@ -337,6 +341,7 @@ impl Job {
             finished_at_ms: None,
             search: None,
             trial_of: None,
+            cannot_start: BTreeSet::new(),
         }
     }
 
@@ -710,6 +715,10 @@ pub enum ControlCommand {
         rank: u32,
         /// What happened (cut to [`REASON_BYTES_MAX`]).
         message: String,
+        /// The rank's program could not start on its member (missing, not executable): the
+        /// job's next attempt avoids that member when it can ([`Job::cannot_start`]).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        cannot_start: bool,
         /// Proposer's clock.
         at_ms: u64,
     },
@@ -1369,13 +1378,21 @@ impl ControlState {
                 generation,
                 rank,
                 message,
+                cannot_start,
                 at_ms,
             } => {
                 let job = match self.current_attempt(*id, *generation) {
                     Ok(job) => job,
                     Err(r) => return r,
                 };
-                let mut message = format!("rank {rank}: {message}");
+                let slot = job.assignment.get(*rank as usize);
+                let mut message = match slot.filter(|_| *cannot_start) {
+                    Some(slot) => {
+                        job.cannot_start.insert(slot.member.clone());
+                        format!("rank {rank} could not start on {}: {message}", slot.name)
+                    }
+                    None => format!("rank {rank}: {message}"),
+                };
                 truncate_at_char(&mut message, REASON_BYTES_MAX);
                 job.push_event(*at_ms, EventKind::Note, message);
                 ControlResponse::Applied

@@ -33,16 +33,68 @@ pub use spec::{JobKind, JobSpec, Placement, Resources, SpecError};
 /// and every trial it could make). The error names the field (and its line, for a
 /// search's).
 pub fn admit_text(text: &str) -> Result<JobSpec, String> {
-    let spec = JobSpec::parse(text).map_err(|e| e.to_string())?;
+    admit_spec_text(text).map_err(|e| e.to_string())
+}
+
+/// Why [`admit_spec_text`] refused a spec: the message users read, and the field and line
+/// it is about where known (the API answers them as JSON next to the message).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct AdmitError {
+    /// The whole message, field and line included.
+    pub message: String,
+    /// The dotted field path, if the error is about one.
+    pub field: Option<String>,
+    /// The 1-based line in the spec's text, if known.
+    pub line: Option<usize>,
+}
+
+impl From<SpecError> for AdmitError {
+    fn from(e: SpecError) -> Self {
+        AdmitError {
+            message: e.to_string(),
+            field: e.field().map(str::to_owned),
+            line: e.line(),
+        }
+    }
+}
+
+/// [`admit_text`] with the error typed: the same gate, the same messages.
+pub fn admit_spec_text(text: &str) -> Result<JobSpec, AdmitError> {
+    let spec = JobSpec::parse(text)?;
     match spec.kind {
         JobKind::Train => {
-            train_spec::validate(&spec)?;
+            train_spec::validate(&spec).map_err(|message| {
+                // The trainer's messages start with the field they are about (`train.lr: …`,
+                // `train.lr -1 must be positive`).
+                let field = message
+                    .split([':', ' '])
+                    .next()
+                    .filter(|f| {
+                        f.contains('.')
+                            && f.chars()
+                                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+                    })
+                    .map(str::to_owned);
+                let line = field.as_deref().and_then(|f| spec::line_of_field(text, f));
+                AdmitError {
+                    message,
+                    field,
+                    line,
+                }
+            })?;
         }
         JobKind::Search => {
             crate::search::spec::validate(&spec).map_err(|e| {
-                match spec::line_of_field(text, &e.field) {
+                let line = spec::line_of_field(text, &e.field);
+                let message = match line {
                     Some(line) => format!("{e} at line {line}"),
                     None => e.to_string(),
+                };
+                AdmitError {
+                    message,
+                    field: Some(e.field),
+                    line,
                 }
             })?;
         }
@@ -128,5 +180,18 @@ mod tests {
         let mut bad = spec;
         bad.env.insert("RANK".into(), "3".into());
         assert!(admit(&bad).unwrap_err().contains("RANK"));
+    }
+
+    #[test]
+    fn a_refused_spec_keeps_its_field_and_line_typed() {
+        let e = admit_spec_text("name = \"x\"\nkind = \"command\"\nwokers = 1\n").unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("wokers"));
+        assert_eq!(e.line, Some(3));
+        assert!(e.message.contains("did you mean \"workers\""), "{e}");
+        let e = admit_spec_text("name = \"t\"\nkind = \"train\"\nworkers = 1\n[train]\nlr = -1\n")
+            .unwrap_err();
+        assert!(e.message.starts_with("train.lr"), "{e}");
+        assert_eq!(e.field.as_deref(), Some("train.lr"), "{e}");
+        assert_eq!(e.line, Some(5));
     }
 }
