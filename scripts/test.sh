@@ -35,6 +35,9 @@ else
     echo "skipped: none"
 fi
 rm -f "$log.skips"
+# The README documents every flag and subcommand of the debug binary the tests just built
+# (`--help`; hidden ones excepted), and every *Section* it refers to is one of its headings.
+python3 scripts/check-readme.py target/debug/ringleader README.md
 # The `cuda` build (trainer's CUDA backend, the collective's NCCL) compiles without CUDA, and
 # its CPU-side tests run: the CUDA kernels compile with NVRTC, which needs no GPU (NVIDIA's
 # libnvrtc wheel from PyPI, 90 MB, cached in target/nvrtc; without it that test says SKIPPED).
