@@ -381,12 +381,7 @@ impl JobDoc {
         );
         for t in &rows {
             let metric = t.metric.map_or("-".to_string(), |m| format!("{m:.4}"));
-            let params = t
-                .params
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(" ");
+            let params = t.params_text();
             let _ = writeln!(
                 out,
                 "{:>5}  {:<10} {:>10} {:>8} {:>5}  {:<8} {:<8} {params}",
@@ -409,12 +404,7 @@ impl JobDoc {
                 continue;
             }
             seen.states.insert(t.id, t.state.clone());
-            let params = t
-                .params
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(" ");
+            let params = t.params_text();
             let mut line = format!("trial {} {}", t.id, t.state);
             if !t.node.is_empty() {
                 line.push_str(&format!(" on {}", t.node));

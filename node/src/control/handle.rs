@@ -359,15 +359,7 @@ impl ControlHandle {
         worker: u32,
         offset: u64,
     ) -> LogChunk {
-        let failed = |e: String| LogChunk {
-            rank: worker,
-            worker,
-            generation,
-            offset,
-            text: String::new(),
-            next_offset: offset,
-            error: Some(e),
-        };
+        let failed = |e: String| LogChunk::empty(worker, generation, offset, Some(e));
         let Ok(peer) = member.parse::<PeerId>() else {
             return failed("bad peer id".into());
         };

@@ -431,15 +431,7 @@ fn log_read(
         }
         Err(e) => {
             warn!(peer = %peer, principal = %principal.describe(), %job, "log read refused: {e}");
-            LogChunk {
-                rank: worker,
-                worker,
-                generation,
-                offset,
-                text: String::new(),
-                next_offset: offset,
-                error: Some(format!("refused: {e}")),
-            }
+            LogChunk::empty(worker, generation, offset, Some(format!("refused: {e}")))
         }
     }
 }

@@ -30,6 +30,22 @@ pub struct LogChunk {
     pub error: Option<String>,
 }
 
+impl LogChunk {
+    /// No text of `worker`'s log of `generation` from `offset` (its `rank` the worker id
+    /// until the caller sets the current rank), with why, if it could not be read.
+    pub fn empty(worker: u32, generation: u32, offset: u64, error: Option<String>) -> LogChunk {
+        LogChunk {
+            rank: worker,
+            worker,
+            generation,
+            offset,
+            text: String::new(),
+            next_offset: offset,
+            error,
+        }
+    }
+}
+
 /// Where a worker's log lives under the jobs directory: by the generation its process was
 /// started for and its worker id (see [`crate::control::state::Job::process_generation`]).
 pub fn log_path(jobs_dir: &Path, id: JobId, generation: u32, worker: u32) -> PathBuf {
@@ -50,15 +66,7 @@ pub fn read_log(
 ) -> LogChunk {
     use std::io::{Read, Seek, SeekFrom};
     let path = log_path(jobs_dir, job, generation, worker);
-    let mut chunk = LogChunk {
-        rank: worker,
-        worker,
-        generation,
-        offset,
-        text: String::new(),
-        next_offset: offset,
-        error: None,
-    };
+    let mut chunk = LogChunk::empty(worker, generation, offset, None);
     let result = (|| -> std::io::Result<()> {
         let mut f = match std::fs::File::open(&path) {
             Ok(f) => f,

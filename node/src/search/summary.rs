@@ -41,6 +41,18 @@ pub struct TrialDoc {
     pub note: String,
 }
 
+impl TrialDoc {
+    /// Its parameters as `name=value` pairs separated by spaces (the leaderboard and `job
+    /// --watch` print them so).
+    pub fn params_text(&self) -> String {
+        self.params
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
 /// The best trial so far.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BestDoc {
