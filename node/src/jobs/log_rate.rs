@@ -25,7 +25,7 @@ pub const DROP_NOTE_INTERVAL_MS: u64 = 1_000;
 /// Bytes a note is charged (about its length).
 pub const NOTE_BYTES: i64 = 128;
 /// The prefix of the lines the node parses from a rank's stdout.
-pub const PROTOCOL_PREFIX: &[u8] = b"ringleader-";
+pub const PROTOCOL_PREFIX: &[u8] = ringleader_protocol::PREFIX.as_bytes();
 
 /// What the cap decided for one line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -312,17 +312,7 @@ impl Run {
         if let Some(message) = message {
             log.write_all(format!("ringleader: {message}\n").as_bytes())
                 .await?;
-            let _ = self
-                .reports
-                .send(ControlCommand::WorkerNote {
-                    id: self.key.0,
-                    generation: self.generation,
-                    rank: self.rank,
-                    message,
-                    cannot_start: false,
-                    at_ms: (self.clock_ms)(),
-                })
-                .await;
+            self.note(message, false).await;
         }
         Ok(result?)
     }
@@ -691,14 +681,20 @@ impl Run {
         if let Err(e) = logged.await {
             warn!(job = %self.key.0, "could not write to the rank's log: {e}");
         }
+        self.note(why.to_owned(), true).await;
+    }
+
+    /// Sends a note about this rank to the job's events (`cannot_start`: it never ran, so
+    /// its retry should go elsewhere).
+    async fn note(&self, message: String, cannot_start: bool) {
         let _ = self
             .reports
             .send(ControlCommand::WorkerNote {
                 id: self.key.0,
                 generation: self.generation,
                 rank: self.rank,
-                message: why.to_owned(),
-                cannot_start: true,
+                message,
+                cannot_start,
                 at_ms: (self.clock_ms)(),
             })
             .await;
