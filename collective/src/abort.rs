@@ -21,6 +21,9 @@ pub(crate) trait Abortable: Send + 'static {
 /// Invariants:
 /// - the communicator is used only inside [`AbortCell::with`], under the mutex, so an abort
 ///   never frees it while a call is using it;
+/// - `with` runs only short calls that never wait for a peer (NCCL's non-blocking mode: an
+///   enqueue returns at once, its progress is polled in separate calls), so an abort waits
+///   for the mutex a few microseconds at most, never behind a collective;
 /// - the first cause wins: once [`AbortCell::abort`] has recorded one, every later call of
 ///   `with` returns it, and so does every operation of the owner;
 /// - [`Abortable::abort`] runs exactly once (abort, close or drop), under the mutex: who
@@ -89,9 +92,16 @@ impl<C: Abortable> AbortCell<C> {
         first
     }
 
-    /// Waits until an abort that has begun has finished (the communicator is freed).
+    /// Finishes an abort that has begun: once it returns, the communicator is freed. (The
+    /// thread that recorded the cause may not hold the lock yet; then this one aborts the
+    /// communicator itself: whoever takes it first does.) Does nothing without a cause.
     pub fn settle(&self) {
-        drop(self.lock());
+        if self.cause().is_some() {
+            let mut guard = self.lock();
+            if let Some(c) = guard.take() {
+                c.abort();
+            }
+        }
     }
 
     /// Ends the communicator without recording a cause (the normal end).
@@ -183,6 +193,27 @@ pub(crate) mod tests {
         cell.abort(CollectiveError::PeerLost { rank: 1 });
         assert_eq!(user.join().unwrap(), Ok(0));
         assert_eq!(fake.aborts.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn settle_frees_the_communicator_once_a_cause_is_recorded() {
+        let fake = FakeComm::default();
+        let cell = AbortCell::new(fake.clone(), group_handle());
+        cell.settle();
+        assert_eq!(
+            fake.aborts.load(Ordering::SeqCst),
+            0,
+            "no cause, nothing to settle"
+        );
+        // The aborting thread has recorded its cause but not yet taken the lock.
+        cell.cause
+            .set(CollectiveError::PeerLost { rank: 1 })
+            .unwrap();
+        cell.settle();
+        assert_eq!(fake.aborts.load(Ordering::SeqCst), 1);
+        cell.abort(CollectiveError::Aborted);
+        assert_eq!(fake.aborts.load(Ordering::SeqCst), 1);
+        assert_eq!(cell.cause(), Some(CollectiveError::PeerLost { rank: 1 }));
     }
 
     #[test]

@@ -110,6 +110,11 @@ pub struct NcclConfig {
     /// cause (usually a lost peer, seen over TCP) before aborting with the NCCL error and
     /// telling the other ranks, ms. Default 1 000.
     pub fault_grace_ms: u64,
+    /// Deadline for NCCL's set-up of the communicator (`ncclCommInitRankConfig` until the
+    /// communicator reports ready), ms. Default 60 000. Past it, this rank aborts its
+    /// communicator and the TCP group, so every rank fails instead of waiting for a peer that
+    /// never joins. A peer that dies is noticed sooner, by the heartbeats.
+    pub init_timeout_ms: u64,
 }
 
 impl Default for NcclConfig {
@@ -117,24 +122,27 @@ impl Default for NcclConfig {
         NcclConfig {
             heartbeat_interval_ms: 100,
             fault_grace_ms: 1_000,
+            init_timeout_ms: 60_000,
         }
     }
 }
 
 impl NcclConfig {
-    /// Short timers for tests.
+    /// Short timers for tests. The set-up deadline (10 s) is still long enough for NCCL to
+    /// set up a world of one on a busy host.
     pub fn for_test() -> Self {
         NcclConfig {
             heartbeat_interval_ms: 10,
             fault_grace_ms: 100,
+            init_timeout_ms: 10_000,
         }
     }
 
     /// Checks the tunables are usable.
     pub fn validate(&self) -> Result<(), CollectiveError> {
-        if self.heartbeat_interval_ms == 0 {
+        if self.heartbeat_interval_ms == 0 || self.init_timeout_ms == 0 {
             return Err(CollectiveError::Invalid(
-                "heartbeat_interval_ms must be positive".into(),
+                "heartbeat_interval_ms and init_timeout_ms must be positive".into(),
             ));
         }
         Ok(())

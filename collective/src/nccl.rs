@@ -4,44 +4,66 @@
 //! - Bootstrap ([`Communicator::nccl`]): over the TCP group, rank 0's NCCL unique id goes to
 //!   every rank, and every rank says whether it can join (`bootstrap`), so a rank without a
 //!   GPU or libnccl fails every rank at once with one clear error instead of leaving them
-//!   inside NCCL's initialisation.
+//!   inside NCCL's set-up. Then each rank creates its communicator in NCCL's non-blocking
+//!   mode (`ncclCommInitRankConfig` with `blocking = 0`: NCCL connects the ranks on a thread
+//!   of its own), starts the watchdog, and polls the set-up until NCCL reports it ready,
+//!   within `init_timeout_ms`.
 //! - Operations ([`NcclCommunicator::allreduce`], [`NcclCommunicator::broadcast`],
-//!   [`NcclCommunicator::allgather`] and their out-of-place forms) take device buffers,
-//!   queue the NCCL call on [`NcclCommunicator::stream`] and wait for it by polling the
-//!   stream, never in a call an abort cannot interrupt (`wait`).
+//!   [`NcclCommunicator::allgather`], their out-of-place forms, and
+//!   [`NcclCommunicator::allreduce_queued`], one group call over many buffers) take device
+//!   buffers and queue NCCL calls on [`NcclCommunicator::stream`]. In non-blocking mode an
+//!   NCCL call returns at once (`ncclInProgress`) and NCCL queues the work on a thread of
+//!   its own (the first operation also connects to its peers: lazy connection set-up); the
+//!   caller polls `ncclCommGetAsyncError` until it is queued. The blocking operations then
+//!   wait for the stream by polling it ([`NcclCommunicator::wait_queued`]), never in a call
+//!   an abort cannot interrupt (`wait`).
 //! - Failure: the TCP group stays connected, owned by a watchdog task that sends a heartbeat
-//!   over it (`watchdog`). When a peer is lost the heartbeat fails on every rank, the
-//!   watchdog calls `ncclCommAbort`, the pending wait returns, and every operation of this
-//!   communicator returns the heartbeat's error: [`CollectiveError::PeerLost`] naming the
-//!   lost rank, exactly as the TCP backend, so the trainer's elastic path is the same on
-//!   GPUs. An error NCCL reports itself (say, `ncclRemoteError`) waits `fault_grace_ms` for
-//!   the watchdog to name a cause, then aborts this rank's communicator and the TCP group,
-//!   and the peers fail with [`CollectiveError::PeerAborted`] naming this rank.
+//!   over it (`watchdog`) from before NCCL's set-up on. When a peer is lost the heartbeat
+//!   fails on every rank, the watchdog calls `ncclCommAbort`, the pending wait returns, and
+//!   every operation of this communicator returns the heartbeat's error:
+//!   [`CollectiveError::PeerLost`] naming the lost rank, exactly as the TCP backend, so the
+//!   trainer's elastic path is the same on GPUs. An error NCCL reports itself (say,
+//!   `ncclRemoteError`) waits `fault_grace_ms` for the watchdog to name a cause, then aborts
+//!   this rank's communicator and the TCP group, and the peers fail with
+//!   [`CollectiveError::PeerAborted`] naming this rank. A set-up still running at
+//!   `init_timeout_ms` (a rank that never joins) ends the same way, with an error naming
+//!   this rank and the deadline.
+//! - Locks: every NCCL call on a communicator runs under its `AbortCell`'s mutex, and in
+//!   non-blocking mode every such call is short, so an abort never waits behind a set-up or
+//!   a collective. A second mutex lets one thread queue at a time (NCCL refuses a call on a
+//!   communicator while its previous call is still being queued).
 //!
 //! Without the feature [`Communicator::nccl`] still takes part in the bootstrap (the other
 //! ranks learn at once that this one cannot join) and returns
 //! [`CollectiveError::NotBuiltWithCuda`].
 //!
-//! Not covered: a rank that dies *during* `ncclCommInitRank` (NCCL hands out no handle to
-//! abort before that call returns; the readiness round just before keeps the window small),
-//! and an enqueue that blocks inside NCCL (with lazy connection setup, the first operation
-//! connects to its peers: set `NCCL_RUNTIME_CONNECT=0` to connect during initialisation).
-//! The abort waits for such a call to return, since it frees the communicator the call uses.
+//! Not covered: the part of `ncclCommInitRankConfig` that runs before it returns (this
+//! process's CUDA and NCCL initialisation; no peer takes part) runs before the watchdog
+//! starts. A peer that stays alive and keeps its heartbeats but never queues its side of an
+//! operation (a bug in the caller, which the TCP backend reports as a mismatch) leaves the
+//! operation waiting until a rank aborts. In non-blocking mode an argument NCCL rejects
+//! (`ncclInvalidArgument`) fails the communicator, so it aborts the generation like any
+//! other NCCL error; only the checks made here return [`CollectiveError::Invalid`].
+//! `NCCL_COMM_BLOCKING=1` in the environment overrides the config and makes the calls
+//! blocking again: leave it unset.
 
 use crate::bootstrap::{self, Unready};
 use crate::communicator::Communicator;
 use crate::config::NcclConfig;
 use crate::error::CollectiveError;
+use crate::wait::StreamState;
 
 /// A GPU communicator for the same group as the [`Communicator`] that created it.
 ///
 /// Operations block the calling thread until the GPU has finished them (or the generation
-/// failed); the watchdog is a task on the tokio runtime that created the communicator,
-/// which must keep running: call the operations from a thread of their own (the thread
-/// that drives the GPU, or `spawn_blocking`), not from a task of a current-thread runtime.
-/// After any error but [`CollectiveError::Invalid`] the communicator is aborted: every later
-/// operation returns the same error; build a new generation to go on. Dropping it ends the
-/// communicator and closes the TCP group (the peers see this rank as lost).
+/// failed), except `allreduce_queued`, which returns once its work is queued (`wait_queued`
+/// waits for it); the watchdog is a task on the tokio runtime that created the
+/// communicator, which must keep running: call the operations from a thread of their own
+/// (the thread that drives the GPU, or `spawn_blocking`), not from a task of a
+/// current-thread runtime. After any error but
+/// [`CollectiveError::Invalid`] the communicator is aborted: every later operation returns
+/// the same error; build a new generation to go on. Dropping it ends the communicator
+/// (aborting work still queued) and closes the TCP group (the peers see this rank as lost).
 pub struct NcclCommunicator {
     rank: usize,
     world: usize,
@@ -99,11 +121,25 @@ pub(crate) fn nccl_code_name(code: u32) -> &'static str {
     }
 }
 
-/// Whether an NCCL error code is a caller's mistake, reported before anything was queued
-/// (the communicator stays usable), rather than a failure of the communicator.
+/// What a non-blocking communicator's state (`ncclCommGetAsyncError`) says of the last work
+/// it was given, its set-up or the queuing of a call: done (`ncclSuccess`), still in
+/// progress (`ncclInProgress`), or failed, for good.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) fn is_usage_error(code: u32) -> bool {
-    matches!(code, 4 | 5)
+pub(crate) fn comm_state(code: u32) -> StreamState {
+    match code {
+        0 => StreamState::Done,
+        7 => StreamState::Pending,
+        failed => StreamState::Failed(nccl_code_name(failed).to_string()),
+    }
+}
+
+/// The error of a set-up still in progress after `after_ms`: NCCL does not say which rank
+/// it waits for, so it names this one.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn init_deadline_error(rank: usize, world: usize, after_ms: u64) -> CollectiveError {
+    CollectiveError::Nccl(format!(
+        "set-up of rank {rank} of {world} not done after {after_ms} ms (init_timeout_ms)"
+    ))
 }
 
 impl Communicator {
@@ -111,7 +147,10 @@ impl Communicator {
     /// which stays connected for the watchdog's heartbeats (see the module docs of `nccl`).
     /// Every rank must call it. When some rank cannot join (no GPU, no libnccl, built
     /// without `cuda`), every rank returns the same [`CollectiveError::Nccl`] naming those
-    /// ranks, and the group is closed.
+    /// ranks, and the group is closed. When a rank is lost during NCCL's set-up the others
+    /// return [`CollectiveError::PeerLost`] naming it; when the set-up takes longer than
+    /// `cfg.init_timeout_ms`, this rank returns a [`CollectiveError::Nccl`] saying so and the
+    /// others [`CollectiveError::PeerAborted`] naming it.
     #[cfg(feature = "cuda")]
     pub async fn nccl(
         mut self,
@@ -124,15 +163,17 @@ impl Communicator {
         let prepare = || gpu::open(available, device);
         let (id, stream) = bootstrap::agree(&mut self, make_id, prepare).await?;
         let (rank, world) = (self.rank(), self.world());
-        let init = tokio::task::spawn_blocking(move || gpu::init(stream, rank, world, id));
-        let raw = init
-            .await
-            .map_err(|e| CollectiveError::Nccl(format!("init task: {e}")))??;
-        Ok(NcclCommunicator {
+        let joined = |e: tokio::task::JoinError| CollectiveError::Nccl(format!("init task: {e}"));
+        let start = tokio::task::spawn_blocking(move || gpu::init_start(stream, rank, world, id));
+        let raw = start.await.map_err(joined)??;
+        // The watchdog starts before the set-up is done, so a peer lost meanwhile aborts it.
+        let n = NcclCommunicator {
             rank,
             world,
             gpu: gpu::Gpu::start(self, raw, cfg),
-        })
+        };
+        let ready = tokio::task::spawn_blocking(move || n.gpu.wait_ready(rank, world).map(|()| n));
+        ready.await.map_err(joined)?
     }
 
     /// Takes part in the NCCL bootstrap, so the other ranks learn at once that this one
@@ -155,23 +196,61 @@ impl Communicator {
 mod gpu {
     //! The parts that call CUDA and NCCL.
 
-    use std::mem::MaybeUninit;
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
 
     use cudarc::driver::{sys as cu, CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
     use cudarc::nccl::{result, sys, NcclType};
     use tracing::warn;
 
-    use super::{is_usage_error, nccl_code_name, NcclCommunicator, Unready};
+    use super::{comm_state, init_deadline_error, nccl_code_name, NcclCommunicator, Unready};
     use crate::abort::{AbortCell, Abortable};
     use crate::bootstrap::{NcclId, NCCL_ID_BYTES};
     use crate::communicator::Communicator;
     use crate::config::NcclConfig;
     use crate::error::{CollectiveError, ReduceOp};
-    use crate::wait::{wait_for, StreamState};
+    use crate::wait::{wait_for, StreamState, Waiter};
     use crate::watchdog::Watchdog;
 
-    /// An initialised NCCL communicator; only the [`AbortCell`] holds one.
+    /// `NCCL_CONFIG_UNDEF_INT`: a config field left to NCCL's default.
+    const CONFIG_UNDEF_INT: i32 = i32::MIN;
+    /// The `magic` of an `ncclConfig_t` made by `NCCL_CONFIG_INITIALIZER`.
+    const CONFIG_MAGIC: u32 = 0xcafe_beef;
+
+    /// The config of a non-blocking communicator: what `NCCL_CONFIG_INITIALIZER` makes in
+    /// the header of NCCL `version` (a version code, `ncclGetVersion`), with `blocking = 0`.
+    ///
+    /// cudarc lays out the newest struct it knows (NCCL 2.30); every release appends its
+    /// fields to the previous ones, and NCCL copies `min(size, its own size)` bytes, then
+    /// reads the fields that exist up to `version`. So a library older than the layout
+    /// reads its own prefix, a newer one keeps its defaults for the fields we lack.
+    pub(super) fn nonblocking_config(version: i32) -> sys::ncclConfig_t {
+        let undef = CONFIG_UNDEF_INT;
+        sys::ncclConfig_t {
+            size: std::mem::size_of::<sys::ncclConfig_t>(),
+            magic: CONFIG_MAGIC,
+            version: version as u32,
+            blocking: 0,
+            cgaClusterSize: undef,
+            minCTAs: undef,
+            maxCTAs: undef,
+            netName: std::ptr::null(),
+            splitShare: undef,
+            trafficClass: undef,
+            commName: std::ptr::null(),
+            collnetEnable: undef,
+            CTAPolicy: undef,
+            shrinkShare: undef,
+            nvlsCTAs: undef,
+            nChannelsPerNetPeer: undef,
+            nvlinkCentricSched: undef,
+            graphUsageMode: undef,
+            numRmaCtx: undef,
+            maxP2pPeers: undef,
+        }
+    }
+
+    /// A non-blocking NCCL communicator (from its set-up on); only the [`AbortCell`] holds
+    /// one.
     pub(super) struct RawComm {
         handle: sys::ncclComm_t,
         /// Keeps the CUDA context alive until the communicator is gone.
@@ -188,7 +267,9 @@ mod gpu {
             if let Err(e) = self.stream.context().bind_to_thread() {
                 warn!(error = ?e, "binding the cuda context before ncclCommAbort failed");
             }
-            // SAFETY: the handle came from ncclCommInitRank and the AbortCell aborts it once.
+            // SAFETY: the handle came from ncclCommInitRankConfig and the AbortCell aborts it
+            // once; a non-blocking communicator may be aborted at any point, its set-up
+            // included.
             if let Err(e) = unsafe { result::comm_abort(self.handle) } {
                 warn!(error = nccl_code_name(e.0 as u32), "ncclCommAbort failed");
             }
@@ -196,21 +277,17 @@ mod gpu {
     }
 
     impl RawComm {
-        /// An error NCCL's background threads or kernels ran into, if any.
-        fn async_error(&self) -> Option<String> {
+        /// NCCL's state of the communicator (see [`comm_state`]), which also reports errors
+        /// of its background threads and kernels. Never blocks.
+        fn state(&self) -> StreamState {
             let mut r = sys::ncclResult_t::ncclSuccess;
             // SAFETY: a live handle (we are inside AbortCell::with) and a valid out-pointer.
             let q = unsafe { sys::ncclCommGetAsyncError(self.handle, &mut r) };
             if q != sys::ncclResult_t::ncclSuccess {
-                return Some(format!(
-                    "ncclCommGetAsyncError: {}",
-                    nccl_code_name(q as u32)
-                ));
+                let name = nccl_code_name(q as u32);
+                return StreamState::Failed(format!("ncclCommGetAsyncError: {name}"));
             }
-            match r {
-                sys::ncclResult_t::ncclSuccess | sys::ncclResult_t::ncclInProgress => None,
-                other => Some(nccl_code_name(other as u32).to_string()),
-            }
+            comm_state(r as u32)
         }
     }
 
@@ -243,8 +320,18 @@ mod gpu {
         ctx.new_stream().map_err(no_device)
     }
 
-    /// Joins the NCCL communicator (blocks until every rank has joined).
-    pub(super) fn init(
+    fn bind(stream: &CudaStream) -> Result<(), CollectiveError> {
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| CollectiveError::Nccl(format!("bind cuda context: {e:?}")))
+    }
+
+    /// Starts NCCL's set-up of this rank's communicator and returns as soon as NCCL has
+    /// taken it in hand (the rest runs on a thread of NCCL's: poll the communicator's state).
+    /// A set-up that failed after NCCL handed out a handle is returned too; its state says
+    /// so.
+    pub(super) fn init_start(
         stream: Arc<CudaStream>,
         rank: usize,
         world: usize,
@@ -253,32 +340,31 @@ mod gpu {
         let nerr = |what: &str, code: u32| {
             CollectiveError::Nccl(format!("{what}: {}", nccl_code_name(code)))
         };
-        stream
-            .context()
-            .bind_to_thread()
-            .map_err(|e| CollectiveError::Nccl(format!("bind cuda context: {e:?}")))?;
+        bind(&stream)?;
         let mut internal = [0 as std::ffi::c_char; NCCL_ID_BYTES];
         for (d, s) in internal.iter_mut().zip(id) {
             *d = s as std::ffi::c_char;
         }
         let world_i32 =
             i32::try_from(world).map_err(|_| CollectiveError::Invalid("world".into()))?;
-        let mut handle = MaybeUninit::uninit();
-        // SAFETY: a valid out-pointer; rank < world (the group's invariant).
-        unsafe {
-            result::comm_init_rank(
-                handle.as_mut_ptr(),
+        let version = result::get_nccl_version().map_err(|e| nerr("ncclGetVersion", e.0 as u32))?;
+        let mut config = nonblocking_config(version);
+        let mut handle: sys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: valid pointers to the handle and the config (NCCL copies the config before
+        // returning); rank < world (the group's invariant).
+        let r = unsafe {
+            sys::ncclCommInitRankConfig(
+                &mut handle,
                 world_i32,
                 sys::ncclUniqueId { internal },
                 rank as i32,
+                &mut config,
             )
+        };
+        if handle.is_null() {
+            return Err(nerr("ncclCommInitRankConfig", r as u32));
         }
-        .map_err(|e| nerr("ncclCommInitRank", e.0 as u32))?;
-        Ok(RawComm {
-            // SAFETY: initialised by the successful call above.
-            handle: unsafe { handle.assume_init() },
-            stream,
-        })
+        Ok(RawComm { handle, stream })
     }
 
     fn nccl_op(op: ReduceOp) -> sys::ncclRedOp_t {
@@ -290,7 +376,19 @@ mod gpu {
         }
     }
 
-    /// One poll of the queued work.
+    /// An NCCL call that NCCL refused at once: its name and code.
+    type Refused = (&'static str, u32);
+
+    /// The outcome of NCCL call `name`: issued (done, or in progress in the background), or
+    /// refused.
+    fn issued(
+        name: &'static str,
+        r: Result<result::NcclStatus, result::NcclError>,
+    ) -> Result<(), Refused> {
+        r.map(|_| ()).map_err(|e| (name, e.0 as u32))
+    }
+
+    /// One poll of the work queued on `stream`.
     fn query(stream: &CudaStream) -> StreamState {
         // SAFETY: a live stream of a live context.
         match unsafe { cu::cuStreamQuery(stream.cu_stream()) } {
@@ -304,6 +402,8 @@ mod gpu {
     pub(super) struct Gpu {
         stream: Arc<CudaStream>,
         cell: Arc<AbortCell<RawComm>>,
+        /// Held while a call is queued, until NCCL has queued it: one at a time.
+        queuing: Mutex<()>,
         cfg: NcclConfig,
         /// Dropped after `cell` is closed (see `Drop for NcclCommunicator`).
         _watchdog: Watchdog,
@@ -318,43 +418,72 @@ mod gpu {
             Gpu {
                 stream,
                 cell,
+                queuing: Mutex::new(()),
                 cfg,
                 _watchdog: watchdog,
             }
         }
 
-        /// Queues one NCCL call and waits for it.
-        fn run(
+        /// NCCL's state of the communicator; `Pending` once it is aborted (the waiter reads
+        /// the cause next).
+        fn comm_state(&self) -> StreamState {
+            self.cell
+                .with(|c| Ok(c.state()))
+                .unwrap_or(StreamState::Pending)
+        }
+
+        /// Waits until NCCL's set-up of the communicator is done, for `init_timeout_ms` at
+        /// most.
+        pub(super) fn wait_ready(&self, rank: usize, world: usize) -> Result<(), CollectiveError> {
+            bind(&self.stream)?;
+            let after_ms = self.cfg.init_timeout_ms;
+            let waiter = Waiter::new(self.cfg.fault_grace_ms)
+                .with_deadline(after_ms, init_deadline_error(rank, world, after_ms));
+            wait_for(&self.cell, waiter, || self.comm_state())
+        }
+
+        /// Queues NCCL work, one caller at a time: `prepare` takes the buffers' pointers
+        /// for the stream, with cudarc's guards (taking them orders the stream after the
+        /// buffers' writers; dropping them records the buffers' use at the stream's end);
+        /// `calls` makes NCCL calls on the communicator with them, under the cell's lock
+        /// (they must not block, which non-blocking mode ensures); then this polls, the lock
+        /// released in between, until NCCL has queued the work on the stream, and only then
+        /// drops the guards. Returns once queued, not done.
+        fn queue<P>(
             &self,
-            enqueue: impl FnOnce(&RawComm) -> Result<result::NcclStatus, result::NcclError>,
+            prepare: impl FnOnce() -> P,
+            calls: impl FnOnce(sys::ncclComm_t, &P) -> Result<(), Refused>,
         ) -> Result<(), CollectiveError> {
-            self.stream
-                .context()
-                .bind_to_thread()
-                .map_err(|e| CollectiveError::Nccl(format!("bind cuda context: {e:?}")))?;
-            let grace = self.cfg.fault_grace_ms;
-            match self.cell.with(|c| Ok(enqueue(c))) {
+            bind(&self.stream)?;
+            // NCCL refuses a call, and CUDA work on the stream is not allowed, while a
+            // previous call is being queued.
+            let _one_at_a_time = self.queuing.lock().unwrap_or_else(|p| p.into_inner());
+            let prepared = prepare();
+            let waiter = Waiter::new(self.cfg.fault_grace_ms);
+            let queued = match self.cell.with(|c| Ok(calls(c.handle, &prepared))) {
                 Err(cause) => {
                     self.cell.settle();
-                    return Err(cause);
+                    Err(cause)
                 }
-                Ok(Err(e)) => {
-                    let code = e.0 as u32;
-                    if is_usage_error(code) {
-                        return Err(CollectiveError::Invalid(format!(
-                            "nccl: {}",
-                            nccl_code_name(code)
-                        )));
-                    }
-                    let detail = nccl_code_name(code).to_string();
-                    return wait_for(&self.cell, grace, || StreamState::Failed(detail.clone()));
+                Ok(Ok(())) => wait_for(&self.cell, waiter, || self.comm_state()),
+                Ok(Err((name, code))) => {
+                    let detail = format!("{name}: {}", nccl_code_name(code));
+                    wait_for(&self.cell, waiter, || StreamState::Failed(detail.clone()))
                 }
-                Ok(Ok(_)) => {}
-            }
-            wait_for(&self.cell, grace, || match query(&self.stream) {
-                StreamState::Pending => match self.cell.with(|c| Ok(c.async_error())) {
-                    Ok(Some(detail)) => StreamState::Failed(detail),
-                    // Aborted meanwhile: the waiter reads the cause next.
+            };
+            // NCCL's kernels are on the stream (or the communicator is gone): the buffers'
+            // next users come after them.
+            drop(prepared);
+            queued
+        }
+
+        /// Waits until everything queued on the stream is done.
+        fn wait_stream(&self) -> Result<(), CollectiveError> {
+            bind(&self.stream)?;
+            let waiter = Waiter::new(self.cfg.fault_grace_ms);
+            wait_for(&self.cell, waiter, || match query(&self.stream) {
+                StreamState::Pending => match self.comm_state() {
+                    StreamState::Failed(detail) => StreamState::Failed(detail),
                     _ => StreamState::Pending,
                 },
                 s => s,
@@ -383,29 +512,71 @@ mod gpu {
             self.gpu.cell.abort_group(CollectiveError::Aborted);
         }
 
+        /// Queues, inside one ncclGroupStart/ncclGroupEnd, an in-place `op` allreduce of
+        /// every buffer, on this communicator's stream, and returns once queued (not done).
+        /// cudarc's event tracking orders it after the work that wrote the buffers on other
+        /// streams of the same context (`device_ptr_mut`), and orders later users of the
+        /// buffers after it.
+        ///
+        /// Every rank must queue the same buffers' lengths in the same order. Calls queued
+        /// one after another run in that order; [`NcclCommunicator::wait_queued`] waits for
+        /// all of them. Fails, without queuing, with the cause of an abort.
+        pub fn allreduce_queued<T: NcclType>(
+            &self,
+            bufs: &mut [&mut CudaSlice<T>],
+            op: ReduceOp,
+        ) -> Result<(), CollectiveError> {
+            let stream = &self.gpu.stream;
+            let prepare = move || {
+                let mut parts = Vec::with_capacity(bufs.len());
+                let mut guards = Vec::with_capacity(bufs.len());
+                for buf in bufs {
+                    let n = buf.len();
+                    let (p, guard) = buf.device_ptr_mut(stream);
+                    parts.push((p, n));
+                    guards.push(guard);
+                }
+                (parts, guards)
+            };
+            self.gpu.queue(prepare, |comm, (parts, _)| {
+                issued("ncclGroupStart", result::group_start())?;
+                let mut first = Ok(());
+                for &(p, n) in parts {
+                    // SAFETY: `p` is `n` elements of T on this communicator's device, not
+                    // freed before the queued work has run (cudarc's events).
+                    let r = unsafe {
+                        result::all_reduce(
+                            p as _,
+                            p as _,
+                            n,
+                            T::as_nccl_type(),
+                            nccl_op(op),
+                            comm,
+                            stream.cu_stream() as _,
+                        )
+                    };
+                    first = first.and(issued("ncclAllReduce", r));
+                }
+                // Closes the group even after a refused call, which NCCL then reports.
+                first.and(issued("ncclGroupEnd", result::group_end()))
+            })
+        }
+
+        /// Waits, as the blocking operations do (polling, abortable by the watchdog, failing
+        /// with the generation's cause), until everything queued on this communicator's
+        /// stream is done.
+        pub fn wait_queued(&self) -> Result<(), CollectiveError> {
+            self.gpu.wait_stream()
+        }
+
         /// Sums (or averages, min, max) `buf` across all ranks, in place.
         pub fn allreduce<T: NcclType>(
             &self,
             buf: &mut CudaSlice<T>,
             op: ReduceOp,
         ) -> Result<(), CollectiveError> {
-            let n = buf.len();
-            let stream = &self.gpu.stream;
-            self.gpu.run(|c| {
-                let (p, _record) = buf.device_ptr_mut(stream);
-                // SAFETY: `p` is `n` elements of T on this communicator's device.
-                unsafe {
-                    result::all_reduce(
-                        p as _,
-                        p as _,
-                        n,
-                        T::as_nccl_type(),
-                        nccl_op(op),
-                        c.handle,
-                        stream.cu_stream() as _,
-                    )
-                }
-            })
+            self.allreduce_queued(&mut [buf], op)?;
+            self.wait_queued()
         }
 
         /// Reduces every rank's `send` into every rank's `recv` (same length).
@@ -420,22 +591,25 @@ mod gpu {
                 return Err(invalid(format!("recv of {} for send of {n}", recv.len())));
             }
             let stream = &self.gpu.stream;
-            self.gpu.run(|c| {
-                let (s, _rs) = send.device_ptr(stream);
-                let (r, _rr) = recv.device_ptr_mut(stream);
+            let prepare = move || {
+                let recv = recv; // moved: its guard outlives this closure
+                (send.device_ptr(stream), recv.device_ptr_mut(stream))
+            };
+            self.gpu.queue(prepare, |comm, ((s, _), (r, _))| {
                 // SAFETY: both are `n` elements of T on this communicator's device.
-                unsafe {
+                issued("ncclAllReduce", unsafe {
                     result::all_reduce(
-                        s as _,
-                        r as _,
+                        *s as _,
+                        *r as _,
                         n,
                         T::as_nccl_type(),
                         nccl_op(op),
-                        c.handle,
+                        comm,
                         stream.cu_stream() as _,
                     )
-                }
-            })
+                })
+            })?;
+            self.wait_queued()
         }
 
         /// Copies `root`'s `buf` into every rank's `buf`.
@@ -449,21 +623,25 @@ mod gpu {
             }
             let n = buf.len();
             let stream = &self.gpu.stream;
-            self.gpu.run(|c| {
-                let (p, _record) = buf.device_ptr_mut(stream);
+            let prepare = move || {
+                let buf = buf; // moved: its guard outlives this closure
+                buf.device_ptr_mut(stream)
+            };
+            self.gpu.queue(prepare, |comm, (p, _)| {
                 // SAFETY: `p` is `n` elements of T on this communicator's device.
-                unsafe {
+                issued("ncclBroadcast", unsafe {
                     result::broadcast(
-                        p as _,
-                        p as _,
+                        *p as _,
+                        *p as _,
                         n,
                         T::as_nccl_type(),
                         root as i32,
-                        c.handle,
+                        comm,
                         stream.cu_stream() as _,
                     )
-                }
-            })
+                })
+            })?;
+            self.wait_queued()
         }
 
         /// Allgather in place, as [`Communicator::allgather`]: rank `r` contributes
@@ -483,20 +661,24 @@ mod gpu {
             let part = n / self.world;
             let offset = (self.rank * part * std::mem::size_of::<T>()) as u64;
             let stream = &self.gpu.stream;
-            self.gpu.run(|c| {
-                let (p, _record) = buf.device_ptr_mut(stream);
+            let prepare = move || {
+                let buf = buf; // moved: its guard outlives this closure
+                buf.device_ptr_mut(stream)
+            };
+            self.gpu.queue(prepare, |comm, (p, _)| {
                 // SAFETY: `p` is `n` = world·part elements of T; the send part lies inside.
-                unsafe {
+                issued("ncclAllGather", unsafe {
                     result::all_gather(
-                        (p + offset) as _,
-                        p as _,
+                        (*p + offset) as _,
+                        *p as _,
                         part,
                         T::as_nccl_type(),
-                        c.handle,
+                        comm,
                         stream.cu_stream() as _,
                     )
-                }
-            })
+                })
+            })?;
+            self.wait_queued()
         }
 
         /// Gathers every rank's `send` into `recv` (world · `send.len()` elements, in rank
@@ -515,29 +697,99 @@ mod gpu {
                 )));
             }
             let stream = &self.gpu.stream;
-            self.gpu.run(|c| {
-                let (s, _rs) = send.device_ptr(stream);
-                let (r, _rr) = recv.device_ptr_mut(stream);
+            let prepare = move || {
+                let recv = recv; // moved: its guard outlives this closure
+                (send.device_ptr(stream), recv.device_ptr_mut(stream))
+            };
+            self.gpu.queue(prepare, |comm, ((s, _), (r, _))| {
                 // SAFETY: sizes checked above; both on this communicator's device.
-                unsafe {
+                issued("ncclAllGather", unsafe {
                     result::all_gather(
-                        s as _,
-                        r as _,
+                        *s as _,
+                        *r as _,
                         part,
                         T::as_nccl_type(),
-                        c.handle,
+                        comm,
                         stream.cu_stream() as _,
                     )
-                }
-            })
+                })
+            })?;
+            self.wait_queued()
         }
     }
 
     impl Drop for NcclCommunicator {
         fn drop(&mut self) {
-            // Operations are synchronous: nothing is in flight. End the communicator here,
-            // on the thread that drives it; the watchdog then closes the TCP group.
+            // End the communicator here, on the thread that drives it; the watchdog then
+            // closes the TCP group. Work queued and not waited for is aborted with it
+            // (ncclCommAbort ends NCCL's kernels early; cudarc frees buffers in stream
+            // order, after them): waiting instead could block for ever on a peer that never
+            // queues its side, and the peers lose this rank either way.
             self.gpu.cell.close();
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use std::mem::offset_of;
+
+        use super::*;
+
+        #[test]
+        fn the_config_is_non_blocking_and_leaves_the_rest_to_nccl() {
+            let c = nonblocking_config(22809);
+            assert_eq!(c.size, std::mem::size_of::<sys::ncclConfig_t>());
+            assert_eq!((c.magic, c.version, c.blocking), (0xcafebeef, 22809, 0));
+            for field in [
+                c.cgaClusterSize,
+                c.minCTAs,
+                c.maxCTAs,
+                c.splitShare,
+                c.trafficClass,
+                c.collnetEnable,
+                c.CTAPolicy,
+                c.shrinkShare,
+                c.nvlsCTAs,
+                c.nChannelsPerNetPeer,
+                c.nvlinkCentricSched,
+                c.graphUsageMode,
+                c.numRmaCtx,
+                c.maxP2pPeers,
+            ] {
+                assert_eq!(field, i32::MIN);
+            }
+            assert!(c.netName.is_null() && c.commName.is_null());
+        }
+
+        /// NCCL 2.28's `ncclConfig_t` (nccl.h of v2.28.9), field by field on x86-64 and
+        /// aarch64: the layout cudarc's struct must begin with, since 2.28 copies and reads
+        /// that prefix.
+        #[test]
+        fn the_config_begins_with_the_layout_of_nccl_2_28() {
+            type C = sys::ncclConfig_t;
+            let offsets = [
+                (offset_of!(C, size), 0),
+                (offset_of!(C, magic), 8),
+                (offset_of!(C, version), 12),
+                (offset_of!(C, blocking), 16),
+                (offset_of!(C, cgaClusterSize), 20),
+                (offset_of!(C, minCTAs), 24),
+                (offset_of!(C, maxCTAs), 28),
+                (offset_of!(C, netName), 32),
+                (offset_of!(C, splitShare), 40),
+                (offset_of!(C, trafficClass), 44),
+                (offset_of!(C, commName), 48),
+                (offset_of!(C, collnetEnable), 56),
+                (offset_of!(C, CTAPolicy), 60),
+                (offset_of!(C, shrinkShare), 64),
+                (offset_of!(C, nvlsCTAs), 68),
+                (offset_of!(C, nChannelsPerNetPeer), 72),
+                (offset_of!(C, nvlinkCentricSched), 76),
+            ];
+            for (i, (got, want)) in offsets.into_iter().enumerate() {
+                assert_eq!(got, want, "field {i}");
+            }
+            assert!(std::mem::size_of::<C>() >= 80);
         }
     }
 }
@@ -547,13 +799,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn usage_errors_are_the_callers_and_named() {
-        assert!(is_usage_error(4) && is_usage_error(5));
-        for fatal in [1, 2, 3, 6, 8] {
-            assert!(!is_usage_error(fatal));
-        }
-        assert_eq!(nccl_code_name(6), "ncclRemoteError");
-        assert_eq!(nccl_code_name(99), "unknown nccl result");
+    fn nccl_states_read_as_the_waiter_expects() {
+        assert_eq!(comm_state(0), StreamState::Done);
+        assert_eq!(comm_state(7), StreamState::Pending);
+        assert_eq!(comm_state(6), StreamState::Failed("ncclRemoteError".into()));
+        assert_eq!(
+            comm_state(4),
+            StreamState::Failed("ncclInvalidArgument".into())
+        );
+        assert_eq!(
+            comm_state(99),
+            StreamState::Failed("unknown nccl result".into())
+        );
+    }
+
+    #[test]
+    fn the_set_up_deadline_names_the_rank_and_the_wait() {
+        assert_eq!(
+            init_deadline_error(1, 4, 60_000).to_string(),
+            "nccl: set-up of rank 1 of 4 not done after 60000 ms (init_timeout_ms)"
+        );
     }
 
     #[cfg(feature = "cuda")]
@@ -561,11 +826,85 @@ mod tests {
     fn nccl_codes_match_cudarc() {
         use cudarc::nccl::sys::ncclResult_t as R;
         for (r, name) in [
+            (R::ncclSuccess, "ncclSuccess"),
             (R::ncclSystemError, "ncclSystemError"),
+            (R::ncclInvalidArgument, "ncclInvalidArgument"),
             (R::ncclInvalidUsage, "ncclInvalidUsage"),
             (R::ncclRemoteError, "ncclRemoteError"),
+            (R::ncclInProgress, "ncclInProgress"),
         ] {
             assert_eq!(nccl_code_name(r as u32), name);
+        }
+    }
+
+    /// NCCL's set-up with a peer that took part in the bootstrap but never joins NCCL: on
+    /// a GPU with libnccl (device 0), else skipped.
+    #[cfg(feature = "cuda")]
+    mod set_up {
+        use std::time::{Duration, Instant};
+
+        use super::*;
+        use crate::Limits;
+
+        /// Longer than any outcome these tests wait for.
+        const TEST_DEADLINE_MS: u64 = 30_000;
+
+        /// A world of two whose rank 1 goes through the bootstrap as a ready rank, then never
+        /// joins NCCL: it leaves at once (`leaves`), or keeps its group idle until rank 0 is
+        /// done. Rank 0 calls [`Communicator::nccl`] with `cfg`. Returns rank 0's outcome and
+        /// how long it took.
+        async fn rank1_never_joins(
+            cfg: NcclConfig,
+            leaves: bool,
+        ) -> (Result<NcclCommunicator, CollectiveError>, Duration) {
+            let mut comms = Communicator::in_memory(2, Limits::for_test()).unwrap();
+            let mut c1 = comms.pop().unwrap();
+            let c0 = comms.pop().unwrap();
+            let peer = tokio::spawn(async move {
+                let ready = bootstrap::agree(&mut c1, || Err(Unready::NoId), || Ok(())).await;
+                ready.expect("rank 1's bootstrap");
+                (!leaves).then_some(c1)
+            });
+            let start = Instant::now();
+            let r = tokio::time::timeout(Duration::from_millis(TEST_DEADLINE_MS), c0.nccl(0, cfg))
+                .await
+                .expect("rank 0 hangs in the nccl set-up");
+            let took = start.elapsed();
+            drop(peer.await.unwrap());
+            (r, took)
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_peer_that_leaves_after_the_bootstrap_is_named_as_lost() {
+            if !nccl_available() {
+                eprintln!("SKIPPED: no CUDA driver/NCCL (libcuda or libnccl.so not found)");
+                return;
+            }
+            let cfg = NcclConfig::for_test();
+            let (r, took) = rank1_never_joins(cfg.clone(), true).await;
+            assert_eq!(r.unwrap_err(), CollectiveError::PeerLost { rank: 1 });
+            assert!(
+                took < Duration::from_millis(cfg.init_timeout_ms),
+                "{took:?}"
+            );
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_peer_that_never_joins_fails_the_set_up_at_its_deadline() {
+            if !nccl_available() {
+                eprintln!("SKIPPED: no CUDA driver/NCCL (libcuda or libnccl.so not found)");
+                return;
+            }
+            // Shorter than the group's op deadline, after which the heartbeats would fail.
+            let cfg = NcclConfig {
+                init_timeout_ms: 1_500,
+                ..NcclConfig::for_test()
+            };
+            assert!(cfg.init_timeout_ms < Limits::for_test().op_timeout_ms);
+            let (r, took) = rank1_never_joins(cfg, false).await;
+            assert_eq!(r.unwrap_err(), init_deadline_error(0, 2, 1_500));
+            assert!(took >= Duration::from_millis(1_500), "{took:?}");
+            assert!(took < Duration::from_millis(1_500 + 5_000), "{took:?}");
         }
     }
 }

@@ -9,6 +9,10 @@
 //! to all ranks. So the GPU path reports exactly what the TCP backend reports, and the
 //! trainer's elastic path handles both alike.
 //!
+//! It starts while NCCL sets the communicator up (in non-blocking mode, which the GPU side
+//! polls), so a peer that dies while the ranks connect aborts the set-up as it would abort
+//! an operation.
+//!
 //! The decision is [`on_heartbeat`] (plain); [`Watchdog::spawn`] drives it on the tokio
 //! runtime. The heartbeat runs whatever the GPU thread does, so a peer that is merely busy
 //! in a long GPU operation is not mistaken for a dead one.
@@ -132,7 +136,7 @@ mod tests {
     use super::*;
     use crate::abort::tests::FakeComm;
     use crate::error::AbortReason;
-    use crate::wait::{wait_for, StreamState};
+    use crate::wait::{wait_for, StreamState, Waiter};
     use crate::{Limits, NcclConfig};
 
     /// Test deadline for anything the watchdog should do within a few heartbeats.
@@ -211,8 +215,9 @@ mod tests {
         let (ranks, mut rest) = group(4, &[0, 1, 2]);
         // Rank 0's GPU thread waits on work that can never finish (its peer is gone).
         let cell0 = ranks[0].as_ref().unwrap().cell.clone();
-        let waiting =
-            tokio::task::spawn_blocking(move || wait_for(&cell0, 60_000, || StreamState::Pending));
+        let waiting = tokio::task::spawn_blocking(move || {
+            wait_for(&cell0, Waiter::new(60_000), || StreamState::Pending)
+        });
         // Let a few heartbeats pass, then rank 3 dies.
         tokio::time::sleep(Duration::from_millis(50)).await;
         drop(rest[3].take());
@@ -233,7 +238,7 @@ mod tests {
         let cell1 = ranks[1].as_ref().unwrap().cell.clone();
         let grace = NcclConfig::for_test().fault_grace_ms;
         let r = tokio::task::spawn_blocking(move || {
-            wait_for(&cell1, grace, || {
+            wait_for(&cell1, Waiter::new(grace), || {
                 StreamState::Failed("ncclSystemError".into())
             })
         })
@@ -250,6 +255,35 @@ mod tests {
                 }),
                 "rank {rank}"
             );
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_set_up_past_its_deadline_fails_this_rank_and_its_peers() {
+        let (ranks, _) = group(3, &[0, 1, 2]);
+        // Rank 2's set-up never completes (a peer that never joins NCCL looks like this).
+        let cell2 = ranks[2].as_ref().unwrap().cell.clone();
+        let deadline = CollectiveError::Nccl("set-up not done after 30 ms".into());
+        let expired = deadline.clone();
+        let r = tokio::task::spawn_blocking(move || {
+            let w = Waiter::new(60_000).with_deadline(30, expired);
+            wait_for(&cell2, w, || StreamState::Pending)
+        })
+        .await
+        .unwrap();
+        assert_eq!(r, Err(deadline));
+        for rank in [0, 1] {
+            let r = ranks[rank].as_ref().unwrap();
+            let cause = cause_within(&r.cell, DEADLINE_MS).await;
+            assert_eq!(
+                cause,
+                Some(CollectiveError::PeerAborted {
+                    rank: 2,
+                    reason: AbortReason::Aborted
+                }),
+                "rank {rank}"
+            );
+            assert_eq!(r.fake.aborts.load(Ordering::SeqCst), 1);
         }
     }
 
