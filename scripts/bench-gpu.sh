@@ -9,8 +9,9 @@
 #
 #   --sizes     message sizes (K/M/G are binary: 64M = 67108864 bytes); f32 sum, out of place
 #   --iters     timed iterations per size (median printed); default 20
-#   --no-build  skip building (binary: $COLLECTIVE_BENCH or target/release/collective-bench,
-#               which must be built with `--features cuda`)
+#   --no-build  use binaries built before, perhaps on another machine: $COLLECTIVE_BENCH
+#               (default target/release/collective-bench) and $TRAIN_WORKER (default
+#               target/release/train-worker), both built with `--features cuda`
 #
 # Output (rank 0):
 #   gpu allreduce ranks=N size=BYTES time_ms=.. algbw_GBps=.. busbw_GBps=..
@@ -22,9 +23,9 @@
 # NCCL, a local figure and not a network one.
 #
 # Without a GPU (no nvidia-smi) it prints "SKIPPED: no GPU (nvidia-smi not found)" and exits 0.
-# cudarc loads libcuda.so and libnccl.so at run time; where only libnccl.so.2 exists (PyTorch's
-# nvidia-nccl wheel, say) a libnccl.so link to it is made in a temporary directory and put on
-# LD_LIBRARY_PATH.
+# cudarc loads libcuda, libcublas, libnvrtc and libnccl at run time, by CUDA 12 names;
+# scripts/cuda-libs.sh finds CUDA 12 or 13 ones (toolkit, linker cache, PyTorch's nvidia-*
+# wheels) and links them where cudarc looks.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -67,36 +68,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# libnccl.so for cudarc's dynamic loading.
-if ! ldconfig -p | grep -q 'libnccl\.so '; then
-    so2=$(ldconfig -p | awk '/libnccl\.so\.2 /{print $NF; exit}')
-    if [[ -z "$so2" ]]; then
-        py=${PYTHON:-python3}
-        so2=$("$py" -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null || true)
-    fi
-    if [[ -n "$so2" && -e "$so2" ]]; then
-        ln -s "$so2" "$tmp/libnccl.so"
-        export LD_LIBRARY_PATH="$tmp${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    else
-        echo "SKIPPED: GPU present but libnccl not found (install NCCL or the nvidia-nccl wheel)"
-        train_line
-        exit 0
-    fi
+# The CUDA libraries where cudarc's dynamic loading finds them (scripts/cuda-libs.sh).
+# shellcheck source=scripts/cuda-libs.sh
+. scripts/cuda-libs.sh
+cuda_libs_env "$tmp/libs"
+if [[ ! -e "$tmp/libs/libnccl.so" ]]; then
+    echo "SKIPPED: GPU present but libnccl not found (install NCCL or the nvidia-nccl wheel)"
+    train_line
+    exit 0
 fi
-
-# libcublas and libnvrtc for the trainer's CUDA backend: from ldconfig, the CUDA toolkit, or
-# PyTorch's nvidia-* wheels (which torch finds by rpath, so they are on no search path).
-for lib in cublas:cublas nvrtc:cuda_nvrtc; do
-    name=${lib%%:*} pkg=${lib##*:}
-    if ldconfig -p | grep -q "lib$name\.so"; then continue; fi
-    for dir in /usr/local/cuda/lib64 \
-        "$(${PYTHON:-python3} -c "import nvidia.$pkg, os; print(os.path.join(list(nvidia.$pkg.__path__)[0], 'lib'))" 2>/dev/null || true)"; do
-        if [[ -n "$dir" ]] && compgen -G "$dir/lib$name.so*" >/dev/null; then
-            export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-            break
-        fi
-    done
-done
 
 bin=${COLLECTIVE_BENCH:-target/release/collective-bench}
 worker=${TRAIN_WORKER:-target/release/train-worker}
@@ -168,5 +148,8 @@ for model in mlp cnn; do
         tsps=$(sed -n 's/^ddp .*samples_per_s=\([0-9.]*\).*/\1/p' "$tmp/torch0.out")
         tsps=${tsps:-failed}
     fi
+    # Where the step's time goes (rank 0's compute, gradient, optimizer shares) and torch's.
+    sed -n 's/^bench /# ringleader: /p' "$tmp/train0.out" >&2
+    [[ -n "$torch_ok" ]] && sed -n 's/^ddp /# torch: /p' "$tmp/torch0.out" >&2
     echo "gpu train model=$model ranks=$gpus batch=$batch gradients=$grads samples_per_s=$sps torch_samples_per_s=$tsps"
 done

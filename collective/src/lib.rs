@@ -28,7 +28,10 @@
 //! path: `nccl` (behind `cuda`) calls NCCL; its CPU-side logic is plain code tested
 //! without a GPU: `bootstrap` (the id exchange and readiness round), `abort` (the cell that
 //! holds a communicator and aborts it once), `wait` (polling the stream under an abort
-//! flag) and `watchdog` (the heartbeat over the TCP group and the abort decision).
+//! flag, with a deadline for NCCL's set-up) and `watchdog` (the heartbeat over the TCP
+//! group and the abort decision). [`cuda_libs`] finds the CUDA libraries on a host (CUDA 12
+//! or 13, toolkit or Python wheels) and links them by the names cudarc loads, for the ranks
+//! a node starts.
 
 // The GPU path's plain parts: used by `nccl` only with `cuda`, tested in both builds.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -37,6 +40,7 @@ mod bootstrap;
 mod bucketer;
 mod communicator;
 mod config;
+pub mod cuda_libs;
 mod element;
 mod error;
 mod frame;

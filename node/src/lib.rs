@@ -9,7 +9,7 @@
 //! | [`control`] | openraft glue, the replicated control state (a search's commands included), its store, voters, the RPC server | `cluster`, `jobs`' leaf modules (spec, logs), `search`'s records |
 //! | [`datasets`] | datasets shared peer to peer: manifests, the store, the authenticated transport, serving, multi-source fetch, the service | `cluster`, `control`, `jobs::spec` |
 //! | [`chief`] | what the chief decides (`decide`: placement, lost attempts, re-forms, searches' trials) and its loop | `control`, `cluster`, `search` |
-//! | [`gpus`] | this host's GPUs: discovery (the CUDA driver, or a test-only fake source), `--gpus`, a rank's `CUDA_VISIBLE_DEVICES` | `cluster::meta` |
+//! | [`gpus`] | this host's GPUs: discovery (the CUDA driver, or a test-only fake source), `--gpus`, PCI bus order, the CUDA libraries linked for ranks, a rank's `CUDA_VISIBLE_DEVICES` | `cluster::meta` |
 //! | [`jobs`] | job specs, the per-node supervisor (pure plan + process I/O), rank launch | `control`, `cluster`, `gpus` |
 //! | [`api`] | HTTP routes, the dashboard, the status and job documents, token auth, Prometheus, the CLI's HTTP client | `control`, `cluster`, `jobs`, `search` |
 //! | [`security`] | the node's secrets at start: the cluster key and API token (made at first start, required to join), file modes | `cluster::identity`, `api::auth` |

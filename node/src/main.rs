@@ -22,6 +22,11 @@ fn init_logging() {
 }
 
 fn main() {
+    // Before anything else, while this is the only thread (no runtime, no logger, no CUDA
+    // call yet), so no other thread can read the environment while it changes: the same
+    // contract as edition 2024's `unsafe` `set_var`. The node's GPU discovery and every
+    // rank it gives devices then number them in PCI bus order.
+    ringleader::gpus::use_pci_device_order();
     let cli = Cli::parse();
     let result = match &cli.command {
         Cmd::Node(args) => {

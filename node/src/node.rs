@@ -167,14 +167,19 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
     // One node per data directory, held until the process ends.
     let _data_dir_lock = crate::data_dir::lock(&config.data_dir)?;
+    // The CUDA libraries' link directory, which ranks given GPUs load through
+    // (`gpus::libraries`).
+    let cuda_libs_dir = config.data_dir.join(crate::gpus::libraries::CUDA_LIBS_DIR);
     // Under --run-as, ranks pass through the data directory to their own places: those
-    // directories stay traversable and the ranks' own entries are theirs.
+    // directories (and the link directory) stay traversable and the ranks' own entries are
+    // theirs.
     let exempt = match &config.run_as {
         Some(user) => crate::security::modes::Exempt {
-            traverse: crate::security::run_as::RunAs::traverse_dirs(
-                &config.data_dir,
-                &config.storage,
-            ),
+            traverse: [
+                crate::security::run_as::RunAs::traverse_dirs(&config.data_dir, &config.storage),
+                vec![cuda_libs_dir.clone()],
+            ]
+            .concat(),
             rank_uid: Some(user.uid),
         },
         None => crate::security::modes::Exempt::default(),
@@ -231,6 +236,25 @@ pub async fn run(config: NodeConfig) -> Result<()> {
     // directory new.
     let key = identity::load_or_create_identity(&config.data_dir)?;
     let peer_id = key.public().to_peer_id();
+    // Only a node that offers GPUs gives ranks devices, and only those ranks load the
+    // libraries: the search and the links are for it alone.
+    let rank_libraries = if discovered.gpus.is_empty() {
+        crate::gpus::RankLibraries::default()
+    } else {
+        let libraries = crate::gpus::libraries::prepare(
+            &config.data_dir,
+            gpu_source == crate::gpus::Source::Driver,
+        );
+        if config.run_as.is_some() && libraries.prefix.is_some() {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(
+                &cuda_libs_dir,
+                std::fs::Permissions::from_mode(crate::security::run_as::TRAVERSE_DIR_MODE),
+            )
+            .with_context(|| format!("opening {} to ranks", cuda_libs_dir.display()))?;
+        }
+        libraries
+    };
     let insecure = secrets.insecure();
     let psk = secrets.key;
     let token = secrets.token.map(std::sync::Arc::new);
@@ -373,6 +397,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         config.data_dir.join("jobs"),
         config.storage.clone(),
         crate::gpus::inherited_visible_devices(&gpu_source),
+        rank_libraries,
         crate::jobs::supervisor::NodeKeys::of(psk.as_ref()),
         crate::jobs::process::RankOptions {
             run_as: config.run_as.clone().map(std::sync::Arc::new),

@@ -183,3 +183,94 @@ batch_per_worker = 16
     );
     c.stop_all();
 }
+
+/// A command job of one rank with `gpus` devices that prints what it was given.
+fn env_spec(name: &str, gpus: u32) -> String {
+    format!(
+        r#"name = "{name}"
+kind = "command"
+workers = 1
+command = ["sh", "-c", "echo rank=$RANK ORDER=$CUDA_DEVICE_ORDER LIBS=$LD_LIBRARY_PATH; exec sleep 30"]
+[resources]
+gpus_per_worker = {gpus}
+"#
+    )
+}
+
+#[test]
+fn ranks_given_gpus_load_the_cuda_libraries_in_pci_order() {
+    let root = tempfile::Builder::new()
+        .prefix("rl-gpu-libs-")
+        .tempdir()
+        .unwrap();
+    let root_path = root.path().canonicalize().unwrap();
+    // Phase 1: a host whose CUDA 13 libraries (fake: empty files, only linked) are in the
+    // toolkit at CUDA_HOME, searched before any real one outside the loader's own places,
+    // started with a library path of its own and the driver's default order.
+    let toolkit = root_path.join("toolkit/lib64");
+    std::fs::create_dir_all(&toolkit).unwrap();
+    let libs = [
+        "libcuda.so.1",
+        "libcublas.so.13",
+        "libcublasLt.so.13",
+        "libnvrtc.so.13",
+        "libnccl.so.2",
+    ];
+    for lib in libs {
+        std::fs::write(toolkit.join(lib), b"").unwrap();
+    }
+    let inherited = root_path.join("inherited");
+    std::fs::create_dir_all(&inherited).unwrap();
+    let mut c = LocalCluster::new(exe(), &root_path);
+    c.env = vec![
+        ("RINGLEADER_TEST_GPUS".into(), "H100:81559".into()),
+        (
+            "CUDA_HOME".into(),
+            root_path.join("toolkit").display().to_string(),
+        ),
+        ("LD_LIBRARY_PATH".into(), inherited.display().to_string()),
+        ("CUDA_DEVICE_ORDER".into(), "FASTEST_FIRST".into()),
+    ];
+    c.start("g0", &["--cpus".to_string(), "4".to_string()])
+        .unwrap();
+    c.wait_all(WAIT, "a chief", |s| s.chief.is_some()).unwrap();
+    let links = c.nodes[0].dir.join("cuda-libs");
+    for lib in libs {
+        let name = lib.rsplit_once(".so").unwrap().0;
+        assert_eq!(
+            std::fs::read_link(links.join(format!("{name}.so"))).unwrap(),
+            toolkit.join(lib)
+        );
+    }
+    let log = std::fs::read_to_string(c.nodes[0].dir.join("node.log")).unwrap();
+    assert!(log.contains("cuda libraries found"), "{log}");
+
+    // Phase 2: a rank given a GPU numbers devices in PCI order and loads the libraries
+    // through the link directory, then the toolkit's, then the node's own path.
+    let client = c.nodes[0].client();
+    let gpu = client.submit(&env_spec("gpu", 1)).unwrap();
+    let [line] = rank_lines(&c, &gpu, 1).try_into().unwrap();
+    assert_eq!(
+        line,
+        format!(
+            "rank=0 ORDER=PCI_BUS_ID LIBS={}:{}:{}",
+            links.display(),
+            toolkit.display(),
+            inherited.display()
+        )
+    );
+    cancel(&c, &gpu);
+
+    // Phase 3: a rank without one keeps the node's library path; its order is the node's
+    // own, which the binary set to PCI order at start.
+    let cpu = client.submit(&env_spec("cpu", 0)).unwrap();
+    assert_eq!(
+        rank_lines(&c, &cpu, 1),
+        [format!(
+            "rank=0 ORDER=PCI_BUS_ID LIBS={}",
+            inherited.display()
+        )]
+    );
+    cancel(&c, &cpu);
+    c.stop_all();
+}

@@ -3,6 +3,10 @@
 //! cudarc panics on its first call when libcuda is missing (and on a call whose symbol the
 //! installed driver lacks), so the library's presence is checked first and the calls run
 //! under `catch_unwind`: a host without a usable driver gets a reason, not a crash.
+//!
+//! Ordinals follow `CUDA_DEVICE_ORDER`, which the driver reads at `cuInit`: PCI bus order,
+//! as nvidia-smi numbers devices, since the binary sets it first thing
+//! ([`super::use_pci_device_order`]) and gives every rank with devices the same.
 
 use cudarc::driver::{result, sys};
 

@@ -8,8 +8,14 @@
 //!   devices `--gpus` names ([`Selection`]).
 //! - [`visible_devices`]: a rank's `CUDA_VISIBLE_DEVICES` from the device indices the chief
 //!   gave it (`Slot::gpus`).
+//! - [`libraries`]: the CUDA libraries a rank given devices loads, found and linked once at
+//!   start, first on its `LD_LIBRARY_PATH` ([`RankLibraries`]).
 //!
-//! A device's index is the driver's ordinal as this node's process sees it. A node started
+//! A device's index is the driver's ordinal as this node's process sees it, in PCI bus
+//! order: the binary sets [`DEVICE_ORDER_ENV`] to [`DEVICE_ORDER`] first thing
+//! ([`use_pci_device_order`]), and every rank given devices gets the same, so the node and
+//! its ranks number devices alike (the driver's default order, fastest first, may differ
+//! from nvidia-smi's, and two ranks numbering differently could share a GPU). A node started
 //! with `CUDA_VISIBLE_DEVICES` itself sees only those devices, numbered from 0 within that
 //! list ([`inherited_visible_devices`]), so a rank's device `i` is entry `i` of the node's
 //! list.
@@ -19,9 +25,11 @@
 
 mod driver;
 mod fake;
+pub mod libraries;
 mod selection;
 
 pub use fake::parse_test_gpus;
+pub use libraries::RankLibraries;
 pub use selection::Selection;
 
 use crate::cluster::meta::Gpu;
@@ -36,6 +44,22 @@ pub use trainer::gpu::TEST_GPUS_ENV;
 pub const GPUS_MAX: usize = 64;
 /// Longest model name advertised, in bytes; a longer one is cut at a character boundary.
 pub const GPU_MODEL_BYTES_MAX: usize = 64;
+
+/// The CUDA driver's variable that orders devices.
+pub const DEVICE_ORDER_ENV: &str = "CUDA_DEVICE_ORDER";
+/// The order the node and its ranks number devices in: PCI bus order, as nvidia-smi does.
+pub const DEVICE_ORDER: &str = "PCI_BUS_ID";
+
+/// Makes this process number CUDA devices in PCI bus order ([`DEVICE_ORDER`]), whatever its
+/// environment said: the driver reads the variable once, at its first call, and the node's
+/// ranks given devices are told the same ([`crate::jobs::launch`]).
+///
+/// Call it first thing in `main`, while the process has one thread: changing the
+/// environment races with any other thread reading it (which is why edition 2024 makes
+/// `set_var` unsafe).
+pub fn use_pci_device_order() {
+    std::env::set_var(DEVICE_ORDER_ENV, DEVICE_ORDER);
+}
 
 /// Where a node's GPUs come from.
 #[derive(Clone, Debug, PartialEq, Eq)]

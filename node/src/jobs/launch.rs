@@ -6,9 +6,12 @@
 //!   `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, [`master_port`], `TORCHELASTIC_RESTART_COUNT`, …), so
 //!   an unmodified PyTorch DDP script works.
 //! - GPUs: a rank given devices (`Slot::gpus`) gets `CUDA_VISIBLE_DEVICES` naming exactly
-//!   those ([`crate::gpus::visible_devices`]), set after the spec's `env` so it wins; a rank
-//!   given none has it left as the node's. Train ranks also get `RINGLEADER_GPUS`, their
-//!   device count (0: the CPU).
+//!   those ([`crate::gpus::visible_devices`]) and `CUDA_DEVICE_ORDER=PCI_BUS_ID`, the order
+//!   the node numbers them in ([`gpus::DEVICE_ORDER`]), both set after the spec's `env` so
+//!   they win; and `LD_LIBRARY_PATH` with the node's link directory of CUDA libraries and
+//!   their directories first, then the spec's value or else the node's
+//!   ([`gpus::RankLibraries`]). A rank given none has all three left as the node's (or the
+//!   spec's). Train ranks also get `RINGLEADER_GPUS`, their device count (0: the CPU).
 //! - Train jobs run this node's own binary as `ringleader train-worker` with a spec file
 //!   (the trainer's sections, [`super::train_spec::spec_text`]) and the ring:
 //!   - address of rank r: the host of the member's advertised `data_addr`, port
@@ -147,12 +150,33 @@ pub struct LaunchContext {
     /// ([`gpus::inherited_visible_devices`]): device `i` of a rank is entry `i`. `None`: the
     /// index itself.
     pub device_names: Option<Vec<String>>,
+    /// The CUDA libraries ranks given devices load ([`gpus::libraries::prepare`], at
+    /// start); the default: none, their `LD_LIBRARY_PATH` is left alone.
+    pub libraries: gpus::RankLibraries,
     /// The key rings' secrets are derived with (from the cluster key, see [`ring_secret`]);
     /// `None` under `--insecure`.
     pub ring_key: Option<[u8; 32]>,
     /// The key jobs' `[secrets]` open with ([`crate::security::sealed`]); `None` under
     /// `--insecure` (whose API refuses `[secrets]`).
     pub secrets_key: Option<[u8; 32]>,
+}
+
+#[cfg(test)]
+impl LaunchContext {
+    /// The context of member `me` in the tests: no key, `memory://` storage, no devices'
+    /// names or libraries.
+    pub(crate) fn for_test(me: &str) -> LaunchContext {
+        LaunchContext {
+            me: me.into(),
+            jobs_dir: PathBuf::from("/tmp/rl/jobs"),
+            storage: "memory://".into(),
+            exe: "/bin/ringleader".into(),
+            device_names: None,
+            libraries: Default::default(),
+            ring_key: None,
+            secrets_key: None,
+        }
+    }
 }
 
 /// One rank's process, ready to spawn.
@@ -240,6 +264,15 @@ pub fn launch(
     if !slot.gpus.is_empty() {
         let visible = gpus::visible_devices(&slot.gpus, ctx.device_names.as_deref());
         env.push(("CUDA_VISIBLE_DEVICES".into(), visible));
+        env.push((gpus::DEVICE_ORDER_ENV.into(), gpus::DEVICE_ORDER.into()));
+        let theirs = env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == gpus::libraries::LIBRARY_PATH_ENV)
+            .map(|(_, v)| v.as_str());
+        if let Some(path) = ctx.libraries.library_path(theirs) {
+            env.push((gpus::libraries::LIBRARY_PATH_ENV.into(), path));
+        }
     }
     let trial_metric = job.trial_of.as_ref().map(|t| t.metric.clone());
     let log = log_path(&ctx.jobs_dir, job.id, job.process_generation(), slot.worker);
@@ -346,13 +379,8 @@ mod tests {
         let job = state.job(id).unwrap();
         let url = "s3://bucket?access_key_id=AK&secret_access_key=SK";
         let ctx = LaunchContext {
-            me: job.assignment[0].member.clone(),
-            jobs_dir: PathBuf::from("/tmp/rl/jobs"),
             storage: url.into(),
-            exe: "/bin/ringleader".into(),
-            device_names: None,
-            ring_key: None,
-            secrets_key: None,
+            ..LaunchContext::for_test(&job.assignment[0].member)
         };
         let l = launch(&ctx, job, &job.assignment[0], &|_| Some("127.0.0.1".into())).unwrap();
         assert!(l.command.iter().any(|a| a == "train-worker"));
@@ -413,15 +441,7 @@ mod tests {
         for cmd in decide(&state, &members, 5, &mut || "ab".repeat(32)) {
             state.apply(state.applied_index + 1, &cmd);
         }
-        let mut ctx = LaunchContext {
-            me: String::new(),
-            jobs_dir: PathBuf::from("/tmp/rl/jobs"),
-            storage: "memory://".into(),
-            exe: "/bin/ringleader".into(),
-            device_names: None,
-            ring_key: None,
-            secrets_key: None,
-        };
+        let mut ctx = LaunchContext::for_test("");
         let host = |_: &str| Some("127.0.0.1".to_string());
         let launches = |ctx: &LaunchContext, id| {
             let job = state.job(id).unwrap();
@@ -453,6 +473,77 @@ mod tests {
             visible(&launches(&ctx, train)),
             [Some("6".into()), Some("GPU-x".into())]
         );
+    }
+
+    #[test]
+    fn ranks_with_gpus_number_them_in_pci_order_and_load_the_nodes_libraries() {
+        let members = vec![chief::gpu_member("a", 8, 4)];
+        let mut state = ControlState::default();
+        let spec = |kind: &str, gpus: u32, path: &str| {
+            format!(
+                "name = \"g\"\nkind = \"{kind}\"\nworkers = 1\n{}[env]\n{path}[resources]\ngpus_per_worker = {gpus}\n",
+                if kind == "command" { "command = [\"true\"]\n" } else { "" }
+            )
+        };
+        let theirs = "LD_LIBRARY_PATH = \"/spec/lib\"\n";
+        let command = chief::submit_text(&mut state, &spec("command", 1, theirs));
+        let train = chief::submit_text(&mut state, &spec("train", 1, ""));
+        let cpu = chief::submit_text(&mut state, &spec("train", 0, theirs));
+        let cpu_command = chief::submit_text(&mut state, &spec("command", 0, ""));
+        for cmd in decide(&state, &members, 5, &mut || "ab".repeat(32)) {
+            state.apply(state.applied_index + 1, &cmd);
+        }
+        let mut ctx = LaunchContext::for_test("");
+        let host = |_: &str| Some("127.0.0.1".to_string());
+        let first =
+            |ctx: &LaunchContext, job: &Job| launch(ctx, job, &job.assignment[0], &host).unwrap();
+        let job = |id| state.job(id).unwrap();
+        let order = |l: &Launch| env_of(l, "CUDA_DEVICE_ORDER").map(str::to_owned);
+        let path = |l: &Launch| env_of(l, "LD_LIBRARY_PATH").map(str::to_owned);
+        let pci = Some("PCI_BUS_ID".to_string());
+
+        // No libraries found at start: devices in PCI order, the path left as it was.
+        for id in [command, train] {
+            assert_eq!(order(&first(&ctx, job(id))), pci);
+        }
+        assert_eq!(
+            path(&first(&ctx, job(command))).as_deref(),
+            Some("/spec/lib")
+        );
+        assert_eq!(path(&first(&ctx, job(train))), None);
+
+        // Libraries linked at start: they come first, then the spec's path or the node's.
+        ctx.libraries = crate::gpus::RankLibraries {
+            prefix: Some("/d/cuda-libs:/opt/cuda/lib".into()),
+            inherited: Some("/node/lib".into()),
+        };
+        assert_eq!(
+            path(&first(&ctx, job(command))).as_deref(),
+            Some("/d/cuda-libs:/opt/cuda/lib:/spec/lib")
+        );
+        let t = first(&ctx, job(train));
+        assert_eq!(
+            path(&t).as_deref(),
+            Some("/d/cuda-libs:/opt/cuda/lib:/node/lib")
+        );
+        assert_eq!(order(&t), pci);
+        let once = |l: &Launch, k: &str| l.env.iter().filter(|(n, _)| n == k).count() == 1;
+        assert!(once(&t, "LD_LIBRARY_PATH") && once(&t, "CUDA_DEVICE_ORDER"));
+
+        // Ranks without devices are left alone: the spec's value, or none (the node's).
+        let c = first(&ctx, job(cpu));
+        assert_eq!(path(&c).as_deref(), Some("/spec/lib"));
+        assert_eq!(order(&c), None);
+        let cc = first(&ctx, job(cpu_command));
+        assert_eq!((path(&cc), order(&cc)), (None, None));
+
+        // A spec's own order does not win over the node's for a rank with devices.
+        let mut fastest = job(command).clone();
+        fastest
+            .spec
+            .env
+            .insert("CUDA_DEVICE_ORDER".into(), "FASTEST_FIRST".into());
+        assert_eq!(order(&first(&ctx, &fastest)), pci);
     }
 
     #[test]

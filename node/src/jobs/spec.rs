@@ -14,6 +14,8 @@ use std::fmt;
 use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
+
+use crate::gpus::{DEVICE_ORDER, DEVICE_ORDER_ENV};
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
@@ -783,6 +785,16 @@ impl Parser<'_> {
                 });
             }
             match val.get_ref().as_str() {
+                Some(s) if key == DEVICE_ORDER_ENV && s != DEVICE_ORDER => {
+                    return Err(self.invalid(
+                        &field,
+                        val,
+                        format!(
+                            "the node numbers GPUs in PCI bus order, as nvidia-smi does: only \
+                             {DEVICE_ORDER:?} (another order could put two ranks on one GPU)"
+                        ),
+                    ));
+                }
                 Some(s) => {
                     out.insert(key.to_owned(), s.to_owned());
                 }
@@ -1294,6 +1306,18 @@ max = 0.3
         }
         let spec = JobSpec::parse(&format!("{base}[env]\nRINGLEADER_NO_SHM = \"true\"\n")).unwrap();
         assert_eq!(spec.env["RINGLEADER_NO_SHM"], "true");
+        assert!(
+            err(&format!(
+                "{base}[env]\nCUDA_DEVICE_ORDER = \"FASTEST_FIRST\"\n"
+            ))
+            .starts_with("env.CUDA_DEVICE_ORDER: the node numbers GPUs in PCI bus order"),
+            "another device order is refused"
+        );
+        let spec = JobSpec::parse(&format!(
+            "{base}[env]\nCUDA_DEVICE_ORDER = \"PCI_BUS_ID\"\n"
+        ))
+        .unwrap();
+        assert_eq!(spec.env["CUDA_DEVICE_ORDER"], "PCI_BUS_ID");
         assert!(err(&format!("{base}[env]\n\"1X\" = \"a\"\n"))
             .starts_with("env.1X: expected a variable name"));
         assert_eq!(

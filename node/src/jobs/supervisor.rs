@@ -172,6 +172,7 @@ impl Supervisor {
                 jobs_dir,
                 exe,
                 device_names: None,
+                libraries: Default::default(),
                 ring_key: None,
                 secrets_key: None,
             },
@@ -212,6 +213,13 @@ impl Supervisor {
     /// (`gpus::inherited_visible_devices`; default: by index).
     pub fn with_device_names(mut self, names: Option<Vec<String>>) -> Self {
         self.ctx.device_names = names;
+        self
+    }
+
+    /// Puts `libraries` first on the `LD_LIBRARY_PATH` of ranks given devices (default:
+    /// none, the path is left alone).
+    pub fn with_libraries(mut self, libraries: crate::gpus::RankLibraries) -> Self {
+        self.ctx.libraries = libraries;
         self
     }
 
@@ -351,6 +359,7 @@ pub fn start(
     jobs_dir: PathBuf,
     storage: String,
     device_names: Option<Vec<String>>,
+    libraries: crate::gpus::RankLibraries,
     keys: NodeKeys,
     options: RankOptions,
 ) {
@@ -360,6 +369,7 @@ pub fn start(
         .with_storage(storage)
         .with_datasets(datasets)
         .with_device_names(device_names)
+        .with_libraries(libraries)
         .with_keys(keys)
         .with_rank_options(options);
     tokio::spawn(run(ctl, supervisor));
@@ -566,15 +576,7 @@ mod tests {
     }
 
     fn ctx(me: &str) -> LaunchContext {
-        LaunchContext {
-            me: me.into(),
-            jobs_dir: PathBuf::from("/tmp/rl/jobs"),
-            storage: "memory://".into(),
-            exe: "/bin/ringleader".into(),
-            device_names: None,
-            ring_key: None,
-            secrets_key: None,
-        }
+        LaunchContext::for_test(me)
     }
 
     #[test]
