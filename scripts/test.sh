@@ -56,10 +56,10 @@ if [ ! -e "$nvrtc/libnvrtc.so" ]; then
 fi
 # One build for both: the workspace's libraries and binaries with `cuda` (the dependencies
 # are the ones the tests above built; only the crates that use cudarc are built again), and
-# the `gpu::` unit tests in it.
+# the `gpu::` and `nccl::` unit tests in it (those that need a GPU say SKIPPED).
 LD_LIBRARY_PATH="$PWD/$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    cargo test --workspace --features ringleader/cuda --lib --bins -- --show-output gpu:: 2>&1 | tee "$log"
-grep -q "the_kernels_compile_with_nvrtc ... ok" "$log"
+    cargo test --workspace --features ringleader/cuda --lib --bins -- --show-output gpu:: nccl:: 2>&1 | tee "$log"
+grep -q "the_kernels_compile_with_nvrtc_for_the_devices_architecture ... ok" "$log"
 if grep -q "SKIPPED" "$log"; then grep "SKIPPED" "$log" | sed 's/^/skipped (cuda build): /'; fi
 # Every public doc renders without a broken link (the parts' module docs are the map).
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet

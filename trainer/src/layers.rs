@@ -155,6 +155,10 @@ pub struct LayerEngine<B: Backend> {
     factors: Vec<bool>,
     /// Gradients stay on the backend (see [`LayerEngine::keep_grads_on_device`]).
     grads_stay: bool,
+    /// Parameters stay on the backend between steps (see
+    /// [`LayerEngine::keep_params_on_device`]), and whether `dev_params` holds them.
+    params_stay: bool,
+    dev_params_current: bool,
     batch: usize,
     classes: usize,
 }
@@ -249,6 +253,8 @@ impl<B: Backend> LayerEngine<B> {
             logits_stage: Vec::new(),
             first_param_op,
             grads_stay: false,
+            params_stay: false,
+            dev_params_current: false,
             batch: 0,
             classes,
         }))
@@ -261,6 +267,45 @@ impl<B: Backend> LayerEngine<B> {
     /// host, where they are the caller's buffers.
     pub fn keep_grads_on_device(&mut self, stay: bool) {
         self.grads_stay = stay;
+    }
+
+    /// With `stay`, the parameters on the backend are the parameters: [`LayerEngine::forward`]
+    /// uploads the caller's only when told they changed ([`LayerEngine::params_changed`]),
+    /// and the caller updates them in place ([`LayerEngine::params_and_grads`], the device
+    /// optimizer) and reads them back with [`LayerEngine::params_to_host`]. No effect on the
+    /// host.
+    pub fn keep_params_on_device(&mut self, stay: bool) {
+        self.params_stay = stay;
+        self.dev_params_current = false;
+    }
+
+    /// The caller's parameters changed (a restore): the next forward pass uploads them.
+    pub fn params_changed(&mut self) {
+        self.dev_params_current = false;
+    }
+
+    /// The parameters and the gradients on the backend, in parameter order (empty on the
+    /// host), after a forward pass.
+    pub fn params_and_grads(&mut self) -> (&mut [B::Buf], &mut [B::Buf]) {
+        (&mut self.dev_params, &mut self.dev_grads)
+    }
+
+    /// Copies the parameters on the backend into `params` (nothing on the host or before
+    /// the first forward pass).
+    pub fn params_to_host(&self, params: &mut [Vec<f32>]) -> Result<(), TrainError> {
+        let mut stage = Vec::new();
+        for (d, h) in self.dev_params.iter().zip(params.iter_mut()) {
+            let v = self.be.view(d, &mut stage)?;
+            if v.len() != h.len() {
+                return Err(TrainError::Device(format!(
+                    "a parameter of {} values on the device, {} on the host",
+                    v.len(),
+                    h.len()
+                )));
+            }
+            h.copy_from_slice(v);
+        }
+        Ok(())
     }
 
     /// The backend.
@@ -328,7 +373,10 @@ impl<B: Backend> LayerEngine<B> {
         let n0 = self.ops.first().map_or(0, |o| o.sizes().0);
         assert_eq!(x.len(), batch * n0, "input of {batch} samples");
         let be = &self.be;
-        be.load_params(params, &mut self.dev_params)?;
+        if !(self.params_stay && self.dev_params_current) {
+            be.load_params(params, &mut self.dev_params)?;
+            self.dev_params_current = self.params_stay;
+        }
         if !B::ON_HOST {
             self.dev_grads.resize_with(params.len(), B::Buf::default);
             for (g, p) in self.dev_grads.iter_mut().zip(params) {

@@ -7,6 +7,20 @@
 use crate::error::TrainError;
 use crate::spec::{OptimizerKind, TrainParams};
 
+/// What an update computes with, besides the state: see [`Optimizer::update`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Coefficients {
+    pub kind: OptimizerKind,
+    pub momentum: f32,
+    pub weight_decay: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    /// AdamW's bias corrections `1 − β₁ᵗ` and `1 − β₂ᵗ` of the current update.
+    pub c1: f32,
+    pub c2: f32,
+}
+
 /// The optimizer and its per-parameter state.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Optimizer {
@@ -89,8 +103,7 @@ impl Optimizer {
             }
             OptimizerKind::Adamw => {
                 let (b1, b2, eps, wd) = (self.beta1, self.beta2, self.eps, self.weight_decay);
-                let c1 = 1.0 - b1.powi(self.t.min(i32::MAX as u64) as i32);
-                let c2 = 1.0 - b2.powi(self.t.min(i32::MAX as u64) as i32);
+                let Coefficients { c1, c2, .. } = self.coefficients();
                 for (((p, &g), m), v) in p
                     .iter_mut()
                     .zip(g)
@@ -109,6 +122,29 @@ impl Optimizer {
     /// Updates applied so far.
     pub fn steps_taken(&self) -> u64 {
         self.t
+    }
+
+    /// The numbers of the current update (after [`Optimizer::begin_step`]) for an optimizer
+    /// that runs elsewhere with this one's state (the device's: `crate::gpu`).
+    pub(crate) fn coefficients(&self) -> Coefficients {
+        let t = self.t.min(i32::MAX as u64) as i32;
+        Coefficients {
+            kind: self.kind,
+            momentum: self.momentum,
+            weight_decay: self.weight_decay,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            eps: self.eps,
+            c1: 1.0 - self.beta1.powi(t),
+            c2: 1.0 - self.beta2.powi(t),
+        }
+    }
+
+    /// The state buffers, for an optimizer elsewhere to read into and write back: SGD's
+    /// momentum or AdamW's first moments, and AdamW's second moments (empty for SGD).
+    #[cfg(any(feature = "cuda", test))]
+    pub(crate) fn buffers_mut(&mut self) -> (&mut [Vec<f32>], &mut [Vec<f32>]) {
+        (&mut self.m, &mut self.v)
     }
 
     /// The state as named buffers: `(suffix, buffers in parameter order)`: `momentum` for SGD,

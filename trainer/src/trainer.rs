@@ -228,8 +228,8 @@ impl Trainer {
         };
         if nccl.is_some() {
             match &mut layers {
-                Some(l) if l.is_cuda() => l.keep_grads_on_device(true),
-                _ => {
+                Some(l) => l.keep_state_on_device()?,
+                None => {
                     return Err(TrainError::Device(
                         "NCCL gradients need the layer-wise engine on CUDA".into(),
                     ))
@@ -333,9 +333,20 @@ impl Trainer {
     pub fn model(&self) -> &Model {
         &self.model
     }
-    /// Current parameters, in parameter order.
-    pub fn params(&self) -> &[Vec<f32>] {
-        &self.params
+    /// Current parameters, in parameter order (brought back from the device first when
+    /// NCCL steps keep them there).
+    pub fn params(&mut self) -> Result<&[Vec<f32>], TrainError> {
+        self.sync_host()?;
+        Ok(&self.params)
+    }
+
+    /// Brings the parameters and the optimizer state back to host memory where NCCL steps
+    /// keep them on the device (see [`crate::gpu`]); nothing otherwise.
+    fn sync_host(&mut self) -> Result<(), TrainError> {
+        match &mut self.layers {
+            Some(l) => l.sync_to_host(&mut self.params, &mut self.optimizer),
+            None => Ok(()),
+        }
     }
     /// The last in-memory commit.
     pub fn committed(&self) -> Option<&Arc<TrainState>> {
@@ -408,9 +419,8 @@ impl Trainer {
                     layers.forward(&self.params, &self.xs, b)?;
                     extras[0] = layers.loss(&self.ys)?;
                 }
-                // With NCCL the gradients stay on the device until the backward pass ends.
-                let over_tcp = self.nccl.is_none();
-                if over_tcp {
+                // With NCCL the loss joins the gradients' average at the end of the step.
+                if self.nccl.is_none() {
                     self.sync.push_extras(&extras).await?;
                 }
                 for i in (0..layers.len()).rev() {
@@ -420,25 +430,31 @@ impl Trainer {
                         let _computing = self.compute_clock.enter();
                         layers.backward_params(i, &mut self.grads)?
                     };
-                    match grads {
-                        _ if !over_tcp => {}
-                        Some(LayerGrads::Params(ps)) => {
-                            for p in ps {
-                                self.sync.push(p, &self.grads[p]).await?;
+                    if let Some(nccl) = &self.nccl {
+                        // Queued on NCCL's stream behind the kernels that computed them.
+                        if let Some(LayerGrads::Params(ids)) = grads {
+                            layers.queue_layer(nccl, ids)?;
+                        }
+                    } else {
+                        match grads {
+                            Some(LayerGrads::Params(ps)) => {
+                                for p in ps {
+                                    self.sync.push(p, &self.grads[p]).await?;
+                                }
+                                self.sync.pause(FIRST_BUCKET_BYTES).await?;
                             }
-                            self.sync.pause(FIRST_BUCKET_BYTES).await?;
+                            Some(LayerGrads::Factors {
+                                params,
+                                out_grad,
+                                input,
+                                dims,
+                            }) => {
+                                self.sync
+                                    .push_factors(params, out_grad, input, dims)
+                                    .await?;
+                            }
+                            None => {}
                         }
-                        Some(LayerGrads::Factors {
-                            params,
-                            out_grad,
-                            input,
-                            dims,
-                        }) => {
-                            self.sync
-                                .push_factors(params, out_grad, input, dims)
-                                .await?;
-                        }
-                        None => {}
                     }
                     let _computing = self.compute_clock.enter();
                     layers.backward_input(i, &self.params)?;
@@ -477,12 +493,8 @@ impl Trainer {
         let mut optim = Duration::ZERO;
         let times = match (&self.nccl, &mut self.layers) {
             (Some(nccl), Some(layers)) => {
-                layers.average_on_device(nccl, &mut self.grads, &mut extras)?;
-                let t = Instant::now();
-                for (i, g) in self.grads.iter().enumerate() {
-                    optimizer.update(i, &mut params[i], g, lr as f32);
-                }
-                optim += t.elapsed();
+                // The optimizer's kernels are queued behind NCCL's: their time is the wait's.
+                layers.finish_on_device(nccl, optimizer, &mut extras, lr as f32)?;
                 SyncTimes::default()
             }
             _ => {
@@ -598,8 +610,10 @@ impl Trainer {
         Ok(m)
     }
 
-    /// A copy of the whole train state.
-    pub fn snapshot(&self) -> TrainState {
+    /// A copy of the whole train state (brought back from the device first when NCCL steps
+    /// keep it there).
+    pub fn snapshot(&mut self) -> Result<TrainState, TrainError> {
+        self.sync_host()?;
         let names = self.model.params();
         let params = names
             .iter()
@@ -621,7 +635,7 @@ impl Trainer {
             }
         }
         optimizer.sort_by(|a, b| a.name.cmp(&b.name));
-        TrainState {
+        Ok(TrainState {
             meta: StateMeta {
                 format: STATE_FORMAT,
                 step: self.step,
@@ -637,15 +651,15 @@ impl Trainer {
             },
             params,
             optimizer,
-        }
+        })
     }
 
     /// Commits the train state to memory (what elastic recovery restores); the log keeps
     /// the last [`COMMITS_KEPT`].
-    pub fn commit(&mut self) -> Arc<TrainState> {
-        let s = Arc::new(self.snapshot());
+    pub fn commit(&mut self) -> Result<Arc<TrainState>, TrainError> {
+        let s = Arc::new(self.snapshot()?);
         self.commits.push(s.clone());
-        s
+        Ok(s)
     }
 
     /// Continues from `state` (a commit or checkpoint of the same model and optimizer; the
@@ -711,6 +725,9 @@ impl Trainer {
         self.model.set_values(&params)?;
         self.optimizer.restore(m.optimizer_steps, groups)?;
         self.params = params;
+        if let Some(l) = &mut self.layers {
+            l.host_changed();
+        }
         self.step = m.step;
         self.cursor = m.cursor;
         self.rng = m.rng;
@@ -816,7 +833,7 @@ impl Trainer {
                 on_event(&Event::Epoch(e));
             }
             if cfg.commit_every_steps > 0 && self.step.is_multiple_of(cfg.commit_every_steps) {
-                self.commit();
+                self.commit()?;
                 on_event(&Event::Committed(self.step));
             }
             if let Some(c) = ckpt.as_deref_mut() {
@@ -824,7 +841,7 @@ impl Trainer {
                     && cfg.every_steps > 0
                     && self.step.is_multiple_of(cfg.every_steps)
                 {
-                    c.save(Arc::new(self.snapshot()));
+                    c.save(Arc::new(self.snapshot()?));
                     on_event(&Event::Checkpoint(self.step));
                 }
             }
@@ -837,7 +854,7 @@ impl Trainer {
                 && !self.step.is_multiple_of(cfg.every_steps)
                 && self.step > start
             {
-                c.save(Arc::new(self.snapshot()));
+                c.save(Arc::new(self.snapshot()?));
                 on_event(&Event::Checkpoint(self.step));
             }
         }

@@ -52,10 +52,10 @@ fn run(
             }
             if t.rank() == 0 {
                 let mut ck = Checkpointer::spawn(store.clone(), 3);
-                ck.save(Arc::new(t.snapshot()));
+                ck.save(Arc::new(t.snapshot().unwrap()));
                 ck.close().await?;
             }
-            Ok::<_, TrainError>(t.params().to_vec())
+            Ok::<_, TrainError>(t.params()?.to_vec())
         }
     });
     out.into_iter().next().unwrap().unwrap()
@@ -125,7 +125,7 @@ fn corrupt_and_half_written_checkpoints_are_skipped_with_a_warning() {
             while t.step_count() < stop {
                 t.step().await.unwrap();
             }
-            let s = t.snapshot();
+            let s = t.snapshot().unwrap();
             store.write(&s).await.unwrap();
             states.push(s);
         }
@@ -140,7 +140,7 @@ fn corrupt_and_half_written_checkpoints_are_skipped_with_a_warning() {
         while t.step_count() < 40 {
             t.step().await.unwrap();
         }
-        let mut half = t.snapshot();
+        let mut half = t.snapshot().unwrap();
         half.meta.step = 40;
         store.write(&half).await.unwrap();
         op.delete(&format!("{}COMMIT", store.dir(40)))
@@ -265,7 +265,7 @@ fn writer_coalesces_and_prunes_to_keep() {
         let mut ck = Checkpointer::spawn(store.clone(), 2);
         for _ in 0..5 {
             t.step().await.unwrap();
-            ck.save(Arc::new(t.snapshot()));
+            ck.save(Arc::new(t.snapshot().unwrap()));
             ck.flush().await.unwrap();
         }
         ck.close().await.unwrap();

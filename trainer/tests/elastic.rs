@@ -216,7 +216,7 @@ fn plain_state(spec: &TrainSpec, world: usize, steps: u64) -> TrainState {
             for _ in 0..steps {
                 t.step().await?;
             }
-            Ok::<_, TrainError>(t.snapshot())
+            t.snapshot()
         }
     })
     .into_iter()
@@ -245,7 +245,7 @@ fn fresh_from(
                 }
             })
             .await?;
-            Ok::<_, TrainError>((t.snapshot(), losses))
+            Ok::<_, TrainError>((t.snapshot()?, losses))
         }
     });
     let mut states = Vec::new();
@@ -870,7 +870,7 @@ fn restoring_into_another_world_rebases_cursor_budget_and_schedule() {
             let (cursor, total) = (t.cursor(), t.total_steps());
             let m = t.step().await?;
             // A commit of this world-4 run restored into world 4 again keeps its budget.
-            let commit = t.commit();
+            let commit = t.commit()?;
             let mut again = Trainer::new(&spec, t.into_communicator().await?)?;
             again.restore(&commit)?;
             Ok::<_, TrainError>((cursor, total, m.lr, again.total_steps()))

@@ -153,7 +153,7 @@ fn bf16_gradients_train_stay_identical_across_ranks_and_follow_f32_loosely() {
             for _ in 0..STEPS {
                 losses.push(t.step().await?.loss);
             }
-            Ok::<_, TrainError>((t.params().to_vec(), losses))
+            Ok::<_, TrainError>((t.params()?.to_vec(), losses))
         }
     });
     let runs: Vec<_> = runs.into_iter().map(|r| r.expect("training")).collect();
@@ -205,7 +205,7 @@ fn the_device_path_trains_exactly_as_the_cpu() {
                         t.step().await?;
                     }
                     let eval = t.evaluate()?;
-                    Ok::<_, TrainError>((t.params().to_vec(), eval.val_loss, eval.val_accuracy))
+                    Ok::<_, TrainError>((t.params()?.to_vec(), eval.val_loss, eval.val_accuracy))
                 }
             })
             .into_iter()

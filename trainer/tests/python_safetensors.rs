@@ -60,7 +60,7 @@ fn checkpoint_loads_in_python_safetensors() {
         for _ in 0..3 {
             t.step().await.unwrap();
         }
-        let s = t.snapshot();
+        let s = t.snapshot().unwrap();
         store.write(&s).await.unwrap();
         s
     });

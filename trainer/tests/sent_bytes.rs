@@ -21,7 +21,7 @@ fn a_step_reports_the_ring_allreduce_bytes_it_sent() {
             async move {
                 let mut t = Trainer::new(&spec, c)?;
                 let m = t.step().await?;
-                let params: usize = t.params().iter().map(Vec::len).sum();
+                let params: usize = t.params().unwrap().iter().map(Vec::len).sum();
                 Ok::<_, TrainError>((m.sent_bytes, params))
             }
         });

@@ -306,7 +306,7 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
             match end {
                 Ok(RunEnd::Finished(m)) => {
                     summary.finished = Some(m);
-                    summary.state = Some(trainer.snapshot());
+                    summary.state = Some(trainer.snapshot()?);
                     finish(trainer).await;
                     return Ok(summary);
                 }
@@ -314,7 +314,9 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
                     Some(Control::Generation(g)) => {
                         // Between two steps the state is consistent: commit it, so the
                         // next generation can start from here if every rank got this far.
-                        trainer.commit();
+                        if let Err(e) = trainer.commit() {
+                            warn!(error = %e, "no commit of the last step: the next generation starts from an earlier one");
+                        }
                         log = trainer.take_commits();
                         info!(
                             from = generation,
@@ -326,7 +328,7 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
                         gen = g;
                     }
                     _ => {
-                        summary.state = Some(trainer.snapshot());
+                        summary.state = Some(trainer.snapshot()?);
                         close(trainer, true).await;
                         return Ok(summary);
                     }

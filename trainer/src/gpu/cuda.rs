@@ -6,8 +6,11 @@ use std::sync::Arc;
 
 use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
+use cudarc::nvrtc::Ptx;
+
+use super::arch::{self, KernelImage};
 
 use super::device::{Arg, DeviceBackend, DeviceElem, Driver};
 use super::{GemmPlan, KERNELS, KERNELS_CU};
@@ -95,22 +98,21 @@ impl CudaDriver {
         let missing: Vec<&str> = libs.iter().filter(|(_, ok)| !ok).map(|(n, _)| *n).collect();
         if !missing.is_empty() {
             return Err(TrainError::Device(format!(
-                "cannot load {} (put the CUDA libraries on LD_LIBRARY_PATH)",
+                "cannot load {} (a node links the CUDA libraries it finds for the ranks it \
+                 starts; elsewhere put them on LD_LIBRARY_PATH, or run `. scripts/cuda-libs.sh; \
+                 cuda_libs_env DIR` first)",
                 missing.join(", ")
             )));
         }
         let ctx = CudaContext::new(ordinal).map_err(dev_err("opening the cuda device"))?;
         let model = ctx.name().unwrap_or_else(|_| "unknown model".into());
         let (major, minor) = ctx.compute_capability().unwrap_or((0, 0));
-        let name = format!("cuda:{ordinal} ({model}, sm_{major}{minor})");
         let stream = ctx.new_stream().map_err(dev_err("creating a stream"))?;
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| TrainError::Device(format!("creating the cublas handle: {e:?}")))?;
-        let ptx = cudarc::nvrtc::compile_ptx(KERNELS_CU)
-            .map_err(|e| TrainError::Device(format!("compiling kernels.cu with nvrtc: {e:?}")))?;
-        let module = ctx
-            .load_module(ptx)
-            .map_err(dev_err("loading kernels.cu"))?;
+        let (module, image) = load_kernels(&ctx, (major * 10 + minor).max(0) as u32)?;
+        // "cuda:0 (NVIDIA H100 80GB HBM3, sm_90; kernels sm_90 cubin)".
+        let name = format!("cuda:{ordinal} ({model}, sm_{major}{minor}; kernels {image})");
         let mut kernels = HashMap::new();
         for k in KERNELS {
             let f = module
@@ -125,6 +127,115 @@ impl CudaDriver {
             kernels,
         })))
     }
+}
+
+/// The architectures this NVRTC compiles for (`nvrtcGetSupportedArchs`: 90 for sm_90).
+fn nvrtc_archs() -> Result<Vec<u32>, TrainError> {
+    use cudarc::nvrtc::sys;
+    let mut n: std::ffi::c_int = 0;
+    // SAFETY: a valid out-pointer.
+    unsafe { sys::nvrtcGetNumSupportedArchs(&mut n) }
+        .result()
+        .map_err(|e| TrainError::Device(format!("nvrtcGetNumSupportedArchs: {e:?}")))?;
+    let mut archs = vec![0 as std::ffi::c_int; n.max(0) as usize];
+    // SAFETY: room for the `n` values NVRTC writes.
+    unsafe { sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) }
+        .result()
+        .map_err(|e| TrainError::Device(format!("nvrtcGetSupportedArchs: {e:?}")))?;
+    Ok(archs.into_iter().map(|a| a.max(0) as u32).collect())
+}
+
+/// `kernels.cu` as NVRTC built it.
+enum Built {
+    /// Machine code (an ELF file).
+    Cubin(Vec<u8>),
+    /// PTX text.
+    Ptx(String),
+}
+
+impl Built {
+    fn into_ptx(self) -> Ptx {
+        match self {
+            Built::Cubin(bytes) => Ptx::from_binary(bytes),
+            Built::Ptx(text) => Ptx::from_src(text),
+        }
+    }
+}
+
+/// `kernels.cu` built by NVRTC as `image`.
+fn compile(image: KernelImage) -> Result<Built, String> {
+    use cudarc::nvrtc::{result, sys};
+    let src = std::ffi::CString::new(KERNELS_CU).map_err(|e| e.to_string())?;
+    let prog = result::create_program(&src, None).map_err(|e| format!("{e:?}"))?;
+    let options = [format!("--gpu-architecture={}", image.nvrtc_arch())];
+    // SAFETY: `prog` is live until destroyed below; the out-buffers are sized by NVRTC's
+    // own size calls.
+    let built = unsafe {
+        match result::compile_program(prog, &options) {
+            Err(e) => {
+                let log = result::get_program_log(prog)
+                    .map(|l| {
+                        std::ffi::CStr::from_ptr(l.as_ptr())
+                            .to_string_lossy()
+                            .into_owned()
+                    })
+                    .unwrap_or_default();
+                Err(format!("{e:?}: {log}"))
+            }
+            Ok(()) => match image {
+                KernelImage::Cubin(_) => {
+                    let mut size = 0usize;
+                    sys::nvrtcGetCUBINSize(prog, &mut size)
+                        .result()
+                        .map_err(|e| format!("nvrtcGetCUBINSize: {e:?}"))
+                        .and_then(|()| {
+                            let mut bytes = vec![0u8; size];
+                            sys::nvrtcGetCUBIN(prog, bytes.as_mut_ptr().cast())
+                                .result()
+                                .map(|()| Built::Cubin(bytes))
+                                .map_err(|e| format!("nvrtcGetCUBIN: {e:?}"))
+                        })
+                }
+                KernelImage::Ptx(_) => result::get_ptx(prog)
+                    .map(|p| {
+                        let text = std::ffi::CStr::from_ptr(p.as_ptr());
+                        Built::Ptx(text.to_string_lossy().into_owned())
+                    })
+                    .map_err(|e| format!("nvrtcGetPTX: {e:?}")),
+            },
+        }
+    };
+    // SAFETY: created above, destroyed once.
+    let _ = unsafe { result::destroy_program(prog) };
+    built
+}
+
+/// Builds `kernels.cu` for a device of architecture `device` (`90` for sm_90) and loads it:
+/// the first of [`arch::images`] that NVRTC builds and the driver loads. Says what was
+/// loaded, or every attempt's error.
+fn load_kernels(
+    ctx: &Arc<CudaContext>,
+    device: u32,
+) -> Result<(Arc<CudaModule>, KernelImage), TrainError> {
+    let supported = nvrtc_archs()?;
+    let images = arch::images(device, &supported);
+    let mut failures = Vec::new();
+    for image in images {
+        let loaded = compile(image)
+            .and_then(|b| ctx.load_module(b.into_ptx()).map_err(|e| format!("{e:?}")));
+        match loaded {
+            Ok(module) => return Ok((module, image)),
+            Err(e) => failures.push(format!("{image}: {e}")),
+        }
+    }
+    Err(TrainError::Device(if failures.is_empty() {
+        format!(
+            "this NVRTC compiles for architectures {supported:?}, none at or below the \
+             device's sm_{device}"
+        )
+    } else {
+        format!("building kernels.cu: {}", failures.join("; "))
+    }))
 }
 
 impl Driver for CudaDriver {
@@ -178,7 +289,14 @@ impl Driver for CudaDriver {
                 _ => None,
             })
             .collect();
-        let mut sizes = sizes.iter();
+        let scalars: Vec<f32> = args
+            .iter()
+            .filter_map(|a| match a {
+                Arg::S(x) => Some(*x),
+                _ => None,
+            })
+            .collect();
+        let (mut sizes, mut scalars) = (sizes.iter(), scalars.iter());
         let mut l = self.0.stream.launch_builder(f);
         for a in args.iter_mut() {
             match a {
@@ -187,12 +305,14 @@ impl Driver for CudaDriver {
                 Arg::U(m) => l.arg(*m),
                 Arg::UMut(m) => l.arg(&mut **m),
                 Arg::Z(_) => l.arg(sizes.next().expect("one size per Z")),
+                Arg::S(_) => l.arg(scalars.next().expect("one scalar per S")),
             };
         }
         // SAFETY: every launch in `DeviceBackend` passes the arguments of the kernel's
-        // signature in `kernels.cu`, in order (memory as pointers, sizes as size_t), and
-        // checks that each buffer holds what the kernel touches for those sizes; the same
-        // argument lists run the kernels on the CPU in the tests (`kernels_on_cpu`).
+        // signature in `kernels.cu`, in order (memory as pointers, sizes as size_t, scalars
+        // as float), and checks that each buffer holds what the kernel touches for those
+        // sizes; the same argument lists run the kernels on the CPU in the tests
+        // (`kernels_on_cpu`).
         unsafe { l.launch(grid(threads)) }
             .map(|_| ())
             .map_err(|e| TrainError::Device(format!("launching {name}: {e:?}")))
@@ -244,22 +364,37 @@ impl Driver for CudaDriver {
 mod tests {
     use super::*;
 
-    /// `kernels.cu` compiles with NVRTC and defines every kernel [`Cuda::open`] loads. NVRTC
-    /// needs no GPU: `scripts/test.sh` fetches libnvrtc (NVIDIA's pip wheel) for this test.
+    /// `kernels.cu` compiles with NVRTC to machine code for a device's architecture (an
+    /// ELF cubin) and to PTX that defines every kernel [`Cuda::open`] loads, for every image
+    /// [`arch::images`] picks for an sm_80 and an sm_90 device. NVRTC needs no GPU:
+    /// `scripts/test.sh` fetches libnvrtc (NVIDIA's pip wheel) for this test.
     #[test]
-    fn the_kernels_compile_with_nvrtc() {
+    fn the_kernels_compile_with_nvrtc_for_the_devices_architecture() {
         // SAFETY: only tries to dlopen the library.
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
             eprintln!("SKIPPED: libnvrtc not found (scripts/test.sh puts one on LD_LIBRARY_PATH)");
             return;
         }
-        let ptx = cudarc::nvrtc::compile_ptx(KERNELS_CU).expect("kernels.cu compiles");
-        let text = ptx.to_src();
-        for name in KERNELS {
-            assert!(
-                text.contains(&format!(".entry {name}(")),
-                "kernel {name} missing from the ptx"
-            );
+        let supported = nvrtc_archs().expect("nvrtc lists its architectures");
+        assert!(supported.contains(&80), "{supported:?}");
+        for device in [80, 90] {
+            for image in arch::images(device, &supported) {
+                match compile(image).unwrap_or_else(|e| panic!("{image}: {e}")) {
+                    Built::Cubin(bytes) => {
+                        assert!(matches!(image, KernelImage::Cubin(_)));
+                        assert_eq!(&bytes[..4], b"\x7fELF", "{image} is an ELF file");
+                    }
+                    Built::Ptx(text) => {
+                        assert!(matches!(image, KernelImage::Ptx(_)));
+                        for name in KERNELS {
+                            assert!(
+                                text.contains(&format!(".entry {name}(")),
+                                "kernel {name} missing from the {image}"
+                            );
+                        }
+                    }
+                }
+            }
         }
     }
 }

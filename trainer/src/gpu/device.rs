@@ -42,6 +42,8 @@ pub enum Arg<'a, D: Driver> {
     UMut(&'a mut D::Mem<u32>),
     /// A size (`size_t`).
     Z(usize),
+    /// A scalar (`float`).
+    S(f32),
 }
 
 /// What the device backend needs of a device. Operations are queued in order; only the
@@ -117,20 +119,20 @@ impl<D: Driver, T: DeviceElem> DevBuf<D, T> {
         }
     }
 
-    fn mem(&self) -> &D::Mem<T> {
+    pub(super) fn mem(&self) -> &D::Mem<T> {
         self.mem
             .as_ref()
             .expect("a device buffer is sized before use")
     }
 
-    fn mem_mut(&mut self) -> &mut D::Mem<T> {
+    pub(super) fn mem_mut(&mut self) -> &mut D::Mem<T> {
         self.mem
             .as_mut()
             .expect("a device buffer is sized before use")
     }
 
     /// Makes it hold `len` values, allocating (zeroed) when it has room for fewer.
-    fn grow(&mut self, d: &D, len: usize) -> Result<(), TrainError> {
+    pub(super) fn grow(&mut self, d: &D, len: usize) -> Result<(), TrainError> {
         if self.mem.as_ref().is_none_or(|m| D::capacity(m) < len) {
             self.mem = Some(d.alloc::<T>(len.max(1))?);
         }
@@ -138,7 +140,7 @@ impl<D: Driver, T: DeviceElem> DevBuf<D, T> {
         Ok(())
     }
 
-    fn upload(&mut self, d: &D, src: &[T]) -> Result<(), TrainError> {
+    pub(super) fn upload(&mut self, d: &D, src: &[T]) -> Result<(), TrainError> {
         self.grow(d, src.len())?;
         if !src.is_empty() {
             d.upload(src, self.mem_mut())?;

@@ -172,3 +172,31 @@ extern "C" __global__ void softmax_xent(const float* logits, const unsigned int*
         }
     }
 }
+
+// The optimizer on the device, the twins of crate::optimizer's updates (a rank whose
+// gradients are averaged by NCCL keeps its parameters and optimizer state in device memory).
+// SGD with momentum, PyTorch's semantics: b = mu*b + (g + wd*p); p -= lr*b.
+extern "C" __global__ void sgd_update(float* p, const float* g, float* b, size_t n, float lr,
+                                      float mu, float wd) {
+    FOR_EACH(i, n) {
+        float v = mu * b[i] + (g[i] + wd * p[i]);
+        b[i] = v;
+        p[i] -= lr * v;
+    }
+}
+
+// AdamW: m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2; p -= lr*((m/c1)/(sqrt(v/c2)+eps) + wd*p),
+// with the bias corrections c1 = 1-b1^t, c2 = 1-b2^t computed on the host.
+extern "C" __global__ void adamw_update(float* p, const float* g, float* m, float* v, size_t n,
+                                        float lr, float b1, float b2, float eps, float wd,
+                                        float c1, float c2) {
+    FOR_EACH(i, n) {
+        float gi = g[i];
+        float mi = b1 * m[i] + (1.0f - b1) * gi;
+        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float update = (mi / c1) / (sqrtf(vi / c2) + eps);
+        p[i] -= lr * (update + wd * p[i]);
+    }
+}

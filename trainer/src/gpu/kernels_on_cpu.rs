@@ -18,7 +18,7 @@ use std::sync::OnceLock;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::device::{Arg, DeviceBackend, DeviceElem, Driver};
+use super::device::{Arg, DevBuf, DeviceBackend, DeviceElem, Driver};
 use super::{GemmPlan, COLUMN_CHUNK_ROWS, KERNELS_CU};
 use crate::error::TrainError;
 use crate::kernels::{self, Nhwc};
@@ -40,10 +40,10 @@ static Dim blockIdx, threadIdx, blockDim, gridDim;
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, sizeof f); return f; }
 "#;
 
-/// Reads `KERNEL BLOCKS THREADS NARGS` and the arguments (`f N v…`, `u N v…`, `z V`),
+/// Reads `KERNEL BLOCKS THREADS NARGS` and the arguments (`f N v…`, `u N v…`, `z V`, `s V`),
 /// runs the grid, prints every buffer argument back (`f N v…` / `u N v…`).
 const DRIVER: &str = r#"
-struct Arg { char kind; std::vector<float> f; std::vector<unsigned int> u; size_t z = 0; };
+struct Arg { char kind; std::vector<float> f; std::vector<unsigned int> u; size_t z = 0; float s = 0; };
 int main() {
     std::string name; unsigned blocks, threads; size_t nargs;
     std::cin >> name >> blocks >> threads >> nargs;
@@ -60,6 +60,7 @@ int main() {
             }
             case 'u': std::cin >> n; x.u.resize(n); for (auto& v : x.u) std::cin >> v; break;
             case 'z': std::cin >> x.z; break;
+            case 's': { std::string t; std::cin >> t; x.s = std::strtof(t.c_str(), nullptr); break; }
             default: return 2;
         }
     }
@@ -67,6 +68,7 @@ int main() {
     auto F = [&](int k) { return a[k].f.data(); };
     auto U = [&](int k) { return a[k].u.data(); };
     auto Z = [&](int k) { return a[k].z; };
+    auto S = [&](int k) { return a[k].s; };
     std::function<void()> call;
     if (name == "add_bias") call = [&] { add_bias(F(0), F(1), Z(2), Z(3)); };
     else if (name == "relu") call = [&] { relu(F(0), Z(1)); };
@@ -80,6 +82,8 @@ int main() {
     else if (name == "max_pool2_backward") call = [&] { max_pool2_backward(F(0), U(1), F(2), Z(3)); };
     else if (name == "batched_transpose") call = [&] { batched_transpose(F(0), F(1), Z(2), Z(3), Z(4)); };
     else if (name == "softmax_xent") call = [&] { softmax_xent(F(0), U(1), F(2), F(3), Z(4), Z(5)); };
+    else if (name == "sgd_update") call = [&] { sgd_update(F(0), F(1), F(2), Z(3), S(4), S(5), S(6)); };
+    else if (name == "adamw_update") call = [&] { adamw_update(F(0), F(1), F(2), F(3), Z(4), S(5), S(6), S(7), S(8), S(9), S(10), S(11)); };
     else return 4;
     gridDim.x = blocks; blockDim.x = threads;
     for (unsigned b = 0; b < blocks; b++)
@@ -100,6 +104,7 @@ enum A<'a> {
     F(&'a [f32]),
     U(&'a [u32]),
     Z(usize),
+    S(f32),
 }
 
 /// A buffer after the launch.
@@ -177,6 +182,7 @@ fn launch(kernel: &str, args: &[A<'_>]) -> Option<Vec<Out>> {
                 v.iter().for_each(|x| input += &format!(" {x}"));
             }
             A::Z(z) => input += &format!("z {z}"),
+            A::S(x) => input += &format!("s {x:e}"),
         }
         input.push('\n');
     }
@@ -605,6 +611,7 @@ impl Driver for Emulator {
                     Arg::U(m) => A::U(m),
                     Arg::UMut(m) => A::U(m),
                     Arg::Z(z) => A::Z(*z),
+                    Arg::S(x) => A::S(*x),
                 })
                 .collect();
             launch(name, &sent).expect("the emulator is only built where g++ is")
@@ -617,7 +624,7 @@ impl Driver for Emulator {
                 }
                 Arg::FMut(m) => **m = outs.next().unwrap().f(),
                 Arg::UMut(m) => **m = outs.next().unwrap().u(),
-                Arg::Z(_) => {}
+                Arg::Z(_) | Arg::S(_) => {}
             }
         }
         Ok(())
@@ -705,5 +712,61 @@ fn the_engine_on_the_emulated_device_matches_the_cpu() {
                 close(d, h, &format!("{what} gradient of {}", names[p]));
             }
         }
+    }
+}
+
+/// The optimizer on the emulated device updates as the host optimizer does (SGD with
+/// momentum and weight decay, AdamW), over three steps, and its state comes back to the host
+/// as the host optimizer's own.
+#[test]
+fn the_device_optimizer_matches_the_host_optimizer() {
+    use super::device_optimizer::DeviceOptimizer;
+    use crate::spec::{OptimizerKind, TrainParams};
+    use crate::Optimizer;
+    if driver().is_none() {
+        eprintln!("SKIPPED: g++ not found (the emulated device runs kernels.cu with it)");
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(6);
+    for kind in [OptimizerKind::Sgd, OptimizerKind::Adamw] {
+        let tp = TrainParams {
+            optimizer: kind,
+            weight_decay: 0.01,
+            ..TrainParams::default()
+        };
+        let sizes = [7, 3];
+        let mut host = Optimizer::new(&tp, &sizes);
+        let mut mirror = Optimizer::new(&tp, &sizes);
+        let mut params: Vec<Vec<f32>> = sizes.iter().map(|&n| random(&mut rng, n)).collect();
+        let be = DeviceBackend::new(Emulator);
+        let mut dev = DeviceOptimizer::default();
+        let mut dp: Vec<DevBuf<Emulator, f32>> = Vec::new();
+        crate::Backend::load_params(&be, &params, &mut dp).unwrap();
+        dev.load(&be, &mut mirror).unwrap();
+        for step in 0..3 {
+            let grads: Vec<Vec<f32>> = sizes.iter().map(|&n| random(&mut rng, n)).collect();
+            let lr = 0.1 / (step + 1) as f32;
+            host.begin_step();
+            mirror.begin_step();
+            let c = mirror.coefficients();
+            for (i, g) in grads.iter().enumerate() {
+                host.update(i, &mut params[i], g, lr);
+                let mut dg = DevBuf::default();
+                crate::Backend::upload(&be, g, &mut dg).unwrap();
+                dev.update(&be, i, &mut dp[i], &dg, lr, &c).unwrap();
+            }
+            for (i, p) in params.iter().enumerate() {
+                let mut got = vec![0.0; p.len()];
+                Emulator.download(dp[i].mem(), &mut got).unwrap();
+                close(&got, p, &format!("{kind:?} step {step} parameter {i}"));
+            }
+        }
+        dev.store(&be, &mut mirror).unwrap();
+        for ((name, a), (_, b)) in mirror.state().into_iter().zip(host.state()) {
+            for (x, y) in a.iter().zip(b) {
+                close(x, y, &format!("{kind:?} state {name}"));
+            }
+        }
+        assert_eq!(mirror.steps_taken(), host.steps_taken());
     }
 }

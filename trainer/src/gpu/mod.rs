@@ -35,9 +35,12 @@
 //! build time). Ranks given the test-only fake GPUs (`RINGLEADER_TEST_GPUS`) run the same
 //! engine on [`crate::Staged`], the CPU twin with a device's copies.
 
+pub mod arch;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod device;
+#[cfg(any(feature = "cuda", test))]
+mod device_optimizer;
 #[cfg(feature = "cuda")]
 pub(crate) mod nccl;
 
@@ -53,7 +56,7 @@ mod kernels_on_cpu;
 pub const KERNELS_CU: &str = include_str!("kernels.cu");
 
 /// The kernels of [`KERNELS_CU`], by name.
-pub const KERNELS: [&str; 12] = [
+pub const KERNELS: [&str; 14] = [
     "add_bias",
     "relu",
     "relu_backward",
@@ -66,6 +69,8 @@ pub const KERNELS: [&str; 12] = [
     "max_pool2_backward",
     "batched_transpose",
     "softmax_xent",
+    "sgd_update",
+    "adamw_update",
 ];
 
 /// Rows per chunk of the first pass of `kernels.cu`'s column sums.
@@ -188,18 +193,38 @@ impl Device {
 pub const NCCL_GROUP_TAG: u64 = 0x4e43_434c_0000_0000;
 
 /// The NCCL communicator of the generation of `comm` (connected with `cfg`) when every rank
-/// trains on CUDA, `None` otherwise (then gradients go over `comm`). Every rank calls it at
-/// the same point, with `on_cuda` from [`Device::trains_on_cuda`]: the ranks first agree over
-/// `comm` whether all train on CUDA, then connect a second TCP group (same addresses, group
-/// id tagged with [`NCCL_GROUP_TAG`]) and bootstrap NCCL over it on device 0.
+/// trains on CUDA and can load libnccl, `None` otherwise (then gradients go over `comm`,
+/// and a rank that computes on CUDA without libnccl logs why). Every rank calls it at the
+/// same point, with `on_cuda` from [`Device::trains_on_cuda`]: the ranks first agree over
+/// `comm` whether all train on CUDA and load NCCL, then connect a second TCP group (same
+/// addresses, group id tagged with [`NCCL_GROUP_TAG`]) and bootstrap NCCL over it on
+/// device 0.
 pub async fn connect_nccl(
     comm: &mut Communicator,
     cfg: &GroupConfig,
     on_cuda: bool,
 ) -> Result<Option<NcclCommunicator>, TrainError> {
-    let mut all = [f32::from(u8::from(on_cuda))];
+    let loads_nccl = on_cuda && collective::nccl_available();
+    if on_cuda && !loads_nccl {
+        tracing::warn!(
+            rank = comm.rank(),
+            "this rank computes on CUDA but cannot load libnccl (or libcuda): its \
+             generation averages gradients over TCP, through host memory"
+        );
+    }
+    let mut all = [on_cuda, loads_nccl].map(|b| f32::from(u8::from(b)));
     comm.allreduce(&mut all, ReduceOp::Min).await?;
     if all[0] < 1.0 {
+        return Ok(None);
+    }
+    if all[1] < 1.0 {
+        if loads_nccl {
+            tracing::warn!(
+                rank = comm.rank(),
+                "every rank computes on CUDA, but some rank cannot load libnccl: gradients \
+                 go over TCP, through host memory (that rank's log says why)"
+            );
+        }
         return Ok(None);
     }
     let group = Communicator::connect(GroupConfig {
@@ -210,13 +235,34 @@ pub async fn connect_nccl(
     Ok(Some(group.nccl(0, NcclConfig::default()).await?))
 }
 
+/// Runs `f`, which blocks the thread (a wait for the GPU), without stalling the tokio
+/// runtime it is called from: inside `block_in_place` on a multi-threaded runtime, so its
+/// other tasks (NCCL's watchdog among them) move to other threads; directly on a
+/// current-thread runtime, where `block_in_place` panics, or outside any runtime.
+#[cfg(any(feature = "cuda", test))]
+pub(crate) fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// The layer-wise engine on a rank's [`Device`].
 #[derive(Debug)]
 pub(crate) enum Engine {
     Host(LayerEngine<Host>),
     Staged(LayerEngine<Staged>),
     #[cfg(feature = "cuda")]
-    Cuda(LayerEngine<Cuda>),
+    Cuda(OnCuda),
+}
+
+/// The engine on CUDA, and the device side of its steps when NCCL averages the gradients.
+#[cfg(feature = "cuda")]
+#[derive(Debug)]
+pub(crate) struct OnCuda {
+    layers: LayerEngine<Cuda>,
+    step: Box<nccl::DeviceStep>,
 }
 
 /// Runs `$body` with `$x` bound to the engine inside, whatever its backend.
@@ -226,7 +272,7 @@ macro_rules! each {
             Engine::Host($x) => $body,
             Engine::Staged($x) => $body,
             #[cfg(feature = "cuda")]
-            Engine::Cuda($x) => $body,
+            Engine::Cuda(OnCuda { layers: $x, .. }) => $body,
         }
     };
 }
@@ -250,21 +296,18 @@ impl Engine {
             }
             #[cfg(feature = "cuda")]
             Device::Cuda(c) => {
-                LayerEngine::on(c.clone(), spec, shape, classes, names)?.map(Engine::Cuda)
+                LayerEngine::on(c.clone(), spec, shape, classes, names)?.map(|layers| {
+                    Engine::Cuda(OnCuda {
+                        layers,
+                        step: Box::default(),
+                    })
+                })
             }
         })
     }
 
     pub(crate) fn device(&self) -> String {
         each!(self, e => e.device())
-    }
-
-    pub(crate) fn is_cuda(&self) -> bool {
-        #[cfg(feature = "cuda")]
-        if let Engine::Cuda(_) = self {
-            return true;
-        }
-        false
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -305,27 +348,85 @@ impl Engine {
         each!(self, e => e.backward_params(i, grads))
     }
 
-    /// Averages the step's gradients (left on the device) and `extras` with `nccl`, into
-    /// `grads` on the host; only for a CUDA engine.
-    pub(crate) fn average_on_device(
+    /// Keeps the gradients, the parameters and the optimizer state on the device, for
+    /// steps whose gradients NCCL averages ([`Engine::queue_layer`],
+    /// [`Engine::finish_on_device`]); only for a CUDA engine.
+    pub(crate) fn keep_state_on_device(&mut self) -> Result<(), TrainError> {
+        match self {
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(c) => {
+                c.layers.keep_grads_on_device(true);
+                c.layers.keep_params_on_device(true);
+                Ok(())
+            }
+            _ => Err(TrainError::Device(
+                "NCCL gradients need the layer-wise engine on CUDA".into(),
+            )),
+        }
+    }
+
+    /// Queues the average of the gradients of parameters `ids`, which the backward pass
+    /// has just computed, on `nccl` (see `nccl::DeviceStep`).
+    pub(crate) fn queue_layer(
         &mut self,
         nccl: &NcclCommunicator,
-        grads: &mut [Vec<f32>],
-        extras: &mut [f32],
+        ids: [usize; 2],
     ) -> Result<(), TrainError> {
         match self {
             #[cfg(feature = "cuda")]
-            Engine::Cuda(e) => nccl::average(e, nccl, grads, extras),
+            Engine::Cuda(c) => nccl::DeviceStep::queue_layer(&mut c.layers, nccl, ids),
             _ => {
-                let _ = (nccl, grads, extras);
+                let _ = (nccl, ids);
                 Err(TrainError::Device("NCCL needs a CUDA engine".into()))
             }
         }
     }
 
-    /// Leaves the gradients on the device for [`Engine::average_on_device`].
-    pub(crate) fn keep_grads_on_device(&mut self, stay: bool) {
-        each!(self, e => e.keep_grads_on_device(stay))
+    /// Ends a step whose gradients `nccl` averages: `extras` joins the average, and the
+    /// optimizer updates the parameters on the device (`host` counts the update and
+    /// supplies its coefficients).
+    pub(crate) fn finish_on_device(
+        &mut self,
+        nccl: &NcclCommunicator,
+        host: &mut crate::Optimizer,
+        extras: &mut [f32],
+        lr: f32,
+    ) -> Result<(), TrainError> {
+        match self {
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(c) => c.step.finish(&mut c.layers, nccl, host, extras, lr),
+            _ => {
+                let _ = (nccl, host, extras, lr);
+                Err(TrainError::Device("NCCL needs a CUDA engine".into()))
+            }
+        }
+    }
+
+    /// Brings the parameters and optimizer state into `params` and `host` where the
+    /// device's are newer (nothing otherwise).
+    pub(crate) fn sync_to_host(
+        &mut self,
+        params: &mut [Vec<f32>],
+        host: &mut crate::Optimizer,
+    ) -> Result<(), TrainError> {
+        match self {
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(c) => c.step.sync_to_host(&c.layers, params, host),
+            _ => {
+                let _ = (params, host);
+                Ok(())
+            }
+        }
+    }
+
+    /// The host's parameters and optimizer state changed (a restore): a device that keeps
+    /// them takes them at the next step.
+    pub(crate) fn host_changed(&mut self) {
+        match self {
+            #[cfg(feature = "cuda")]
+            Engine::Cuda(c) => c.step.host_changed(&mut c.layers),
+            e => each!(e, l => l.params_changed()),
+        }
     }
 
     pub(crate) fn backward_input(
@@ -380,6 +481,70 @@ mod tests {
                 let mut got = vec![f32::NAN; m * n];
                 super::kernels_on_cpu::sgemm_reference(plan, false, bb, aa, &mut got);
                 assert_eq!(got, want, "{ta:?} {tb:?}: {plan:?}");
+            }
+        }
+    }
+
+    /// A blocking wait runs on a current-thread runtime (where `block_in_place` panics), on
+    /// a multi-threaded one (where it lets the other tasks run meanwhile), and outside any.
+    #[test]
+    fn a_blocking_wait_runs_on_every_kind_of_runtime() {
+        assert_eq!(blocking(|| 1), 1);
+        let current = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        assert_eq!(current.block_on(async { blocking(|| 2) }), 2);
+        let multi = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let seen = multi.block_on(async {
+            let (tx, rx) = std::sync::mpsc::channel();
+            // Another task runs while this one blocks: it answers the blocked one.
+            tokio::spawn(async move { tx.send(3).unwrap() });
+            blocking(|| rx.recv_timeout(std::time::Duration::from_secs(10)).unwrap())
+        });
+        assert_eq!(seen, 3);
+    }
+
+    /// Ranks that all compute on CUDA but cannot load libnccl (this machine has neither
+    /// libcuda nor libnccl) agree to average over TCP instead of failing at NCCL's
+    /// bootstrap; and ranks of which one is on the CPU do so without trying NCCL at all.
+    #[test]
+    fn without_libnccl_every_rank_falls_back_to_tcp() {
+        if collective::nccl_available() {
+            eprintln!("SKIPPED: libnccl loads here (the fallback is for hosts without it)");
+            return;
+        }
+        let cfg = GroupConfig {
+            rank: 0,
+            world: 2,
+            group_id: 7,
+            generation: 1,
+            addrs: vec!["127.0.0.1:9".parse().unwrap(); 2],
+            secret: vec![1; 32],
+            limits: collective::Limits::default(),
+        };
+        for on_cuda in [[true, true], [true, false]] {
+            let comms = Communicator::in_memory(2, collective::Limits::default()).unwrap();
+            let handles: Vec<_> = comms
+                .into_iter()
+                .zip(on_cuda)
+                .map(|(mut c, cuda)| {
+                    let cfg = cfg.clone();
+                    std::thread::spawn(move || {
+                        let rt = tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build()
+                            .unwrap();
+                        rt.block_on(async { connect_nccl(&mut c, &cfg, cuda).await })
+                    })
+                })
+                .collect();
+            for h in handles {
+                let got = h.join().unwrap().expect("no error: gradients go over TCP");
+                assert!(got.is_none(), "{on_cuda:?}: no NCCL communicator");
             }
         }
     }

@@ -44,7 +44,7 @@ pub fn train_params(spec: &TrainSpec, world: usize, steps: u64) -> Vec<Vec<Vec<f
             for _ in 0..steps {
                 t.step().await?;
             }
-            Ok::<_, TrainError>(t.params().to_vec())
+            Ok::<_, TrainError>(t.params()?.to_vec())
         }
     })
     .into_iter()
