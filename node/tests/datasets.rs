@@ -78,6 +78,19 @@ fn ls(c: &LocalCluster, i: usize) -> Vec<serde_json::Value> {
     serde_json::from_str(&out).unwrap()
 }
 
+/// Polls node `i`'s `dataset ls` until it lists `n` datasets (a follower applies the
+/// chief's log a moment after the add returns), or the deadline passes; returns the last list.
+fn ls_count(c: &LocalCluster, i: usize, n: usize) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let rows = ls(c, i);
+        if rows.len() == n || Instant::now() > deadline {
+            return rows;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Polls node `i`'s `dataset ls` until dataset `name`'s holders are `holders`.
 fn wait_holders(c: &LocalCluster, i: usize, name: &str, holders: &[&str]) {
     let deadline = Instant::now() + WAIT;
@@ -119,7 +132,7 @@ fn add_list_get_to_and_remove_with_clear_errors() {
         &["dataset", "add", "shared-1", src.to_str().unwrap()],
     ));
     assert!(added.contains("added shared-1"), "{added}");
-    let rows = ls(&c, 2);
+    let rows = ls_count(&c, 2, 1);
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0]["files"], 4);
     assert_eq!(rows[0]["size_bytes"], (9 * MIB + 12_345 + 6 + 5_000) as u64);
