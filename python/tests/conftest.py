@@ -38,14 +38,15 @@ def binary():
 class Node:
     """One `ringleader node` process; `client()` talks to its API with its admin token."""
 
-    def __init__(self, data_dir, name="py1"):
+    def __init__(self, data_dir, name="py1", extra=()):
         self.data_dir = str(data_dir)
+        self.https = "--api-tls" in extra
         os.makedirs(self.data_dir, exist_ok=True)
         self.log = open(os.path.join(self.data_dir, "node.log"), "ab")
         self.proc = subprocess.Popen(
             [binary(), "node", "--name", name, "--listen", "127.0.0.1:0", "--api",
              "127.0.0.1:0", "--data", "127.0.0.1:0", "--datasets", "127.0.0.1:0",
-             "--data-dir", self.data_dir, "--cpus", "8"],
+             "--data-dir", self.data_dir, "--cpus", "8", *extra],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log,
             env={k: v for k, v in os.environ.items() if not k.startswith("RINGLEADER_")},
         )
@@ -80,10 +81,14 @@ class Node:
             time.sleep(0.05)
 
     def client(self, **kw):
+        """A client with the admin token (and, for a TLS API, the pin) of its api.token."""
         token = kw.pop("token", None)
+        with open(self.token_file) as f:
+            lines = f.read().split()
         if token is None:
-            with open(self.token_file) as f:
-                token = f.readline().strip()
+            token = lines[0]
+        if self.https:
+            return ringleader.Client("https://" + self.api, token, tls_sha256=lines[-1], **kw)
         return ringleader.Client(self.api, token, **kw)
 
     def tail(self, n=10):
