@@ -34,7 +34,7 @@ from ._errors import (
     Unavailable,
     Unreachable,
 )
-from .client import Client, Job, Search
+from .client import Client, Job, LogLine, Search
 from .distributions import choice, loguniform, randint, search_params, uniform
 from .rank import metric, params, report, stopped, trial
 
@@ -43,7 +43,7 @@ PROTOCOL_VERSION = _native.PROTOCOL_VERSION
 
 __all__ = [
     "ApiError", "BadRequest", "Client", "Conflict", "Forbidden", "Job", "JobCancelled",
-    "JobFailed", "NotFound", "RingleaderError", "Search", "SpecError", "Stopped",
+    "JobFailed", "LogLine", "NotFound", "RingleaderError", "Search", "SpecError", "Stopped",
     "Unauthorized", "Unavailable", "Unreachable", "choice", "loguniform", "metric", "params",
     "randint", "report", "search_params", "stopped", "trial", "uniform",
 ]

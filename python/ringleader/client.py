@@ -313,6 +313,20 @@ def _failure_reason(doc):
     return doc.get("state", "unknown")
 
 
+class LogLine(str):
+    """One line of a rank's output (a str), with the `rank` that printed it."""
+
+    __slots__ = ("rank",)
+
+    def __new__(cls, text, rank):
+        line = super().__new__(cls, text)
+        line.rank = rank
+        return line
+
+    def __repr__(self):
+        return f"LogLine({str(self)!r}, rank={self.rank})"
+
+
 class Job:
     """A job on the cluster. `doc` is its latest document (`ringleader job ID --json`);
     `refresh()` fetches it again."""
@@ -359,8 +373,9 @@ class Job:
 
     def logs(self, follow=False):
         """Every rank's output, line by line (`ringleader logs ID [--follow]`): an iterator
-        of `(rank, line)` pairs; with `follow`, it goes on until the job ends. A new
-        generation of the job (a restart, a re-form) starts its ranks' logs again."""
+        of lines (`LogLine`: a str whose `.rank` is the rank that printed it); with
+        `follow`, it goes on until the job ends. A new generation of the job (a restart, a
+        re-form) starts its ranks' logs again."""
         offsets, generation = {}, None
         while True:
             q = ",".join(f"{w}:{o}" for w, o in sorted(offsets.items()))
@@ -370,7 +385,7 @@ class Job:
                     generation = chunk["generation"]
                     offsets.clear()
                 for line in chunk["text"].splitlines():
-                    yield chunk["rank"], line
+                    yield LogLine(line, chunk["rank"])
                 offsets[chunk["worker"]] = chunk["next_offset"]
             drained = all(not c["text"] for c in doc["chunks"])
             if drained and (not follow or doc["state"] in TERMINAL_STATES):
