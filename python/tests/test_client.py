@@ -47,6 +47,14 @@ def test_submit_text_and_a_path(client, tmp_path):
         job.wait(timeout=JOB_WAIT_S)
 
 
+def test_a_retried_submit_with_the_same_token_is_one_job(client):
+    spec = command_job("py-once", ["true"])
+    first = client.submit(spec, idempotency_token="py-once-1")
+    again = client.submit(spec, idempotency_token="py-once-1")
+    assert first.id == again.id
+    assert client.submit(spec).id != first.id
+
+
 def test_a_failed_job_raises_job_failed_with_the_reason(client):
     job = client.submit(command_job("py-fails", ["sh", "-c", "echo oops >&2; exit 3"]))
     with pytest.raises(ringleader.JobFailed) as e:
