@@ -38,6 +38,24 @@ rm -f "$log.skips"
 # The README documents every flag and subcommand of the debug binary the tests just built
 # (`--help`; hidden ones excepted), and every *Section* it refers to is one of its headings.
 python3 scripts/check-readme.py target/debug/ringleader README.md
+# The Python package (python/): its extension built in the dev profile and put next to the
+# package (no wheel, no install), then its tests (pytest, in a virtualenv under target/)
+# against real nodes of the debug binary the tests above built. pytest's exit 5 (no tests
+# collected) is not a failure.
+pyvenv=target/py-venv
+if [ ! -x "$pyvenv/bin/pytest" ]; then
+    python3 -m venv "$pyvenv"
+    "$pyvenv/bin/pip" install --quiet --disable-pip-version-check pytest
+fi
+cargo build --quiet -p ringleader-python
+cp target/debug/lib_native.so python/ringleader/_native.abi3.so
+pytest_rc=0
+RINGLEADER_TEST_BINARY="$PWD/target/debug/ringleader" \
+    "$pyvenv/bin/python" -m pytest -q -p no:cacheprovider python/tests || pytest_rc=$?
+if [ "$pytest_rc" -ne 0 ] && [ "$pytest_rc" -ne 5 ]; then
+    echo "python tests failed (pytest exit $pytest_rc)"
+    exit "$pytest_rc"
+fi
 # The `cuda` build (trainer's CUDA backend, the collective's NCCL) compiles without CUDA, and
 # its CPU-side tests run: the CUDA kernels compile with NVRTC, which needs no GPU (NVIDIA's
 # libnvrtc wheel from PyPI, 90 MB, cached in target/nvrtc; without it that test says SKIPPED).

@@ -1,0 +1,49 @@
+"""ringleader from Python: drive a cluster, and speak the rank protocol inside a job.
+
+In a notebook (the node's HTTP API, README *Python*):
+
+    import ringleader
+    c = ringleader.Client()                      # RINGLEADER_PEER / RINGLEADER_TOKEN
+    job = c.submit("examples/jobs/hello-command.toml")
+    job.wait()
+
+Inside a rank or a search's trial (what the node started):
+
+    p = ringleader.params()                      # {"lr": 0.01, …}
+    for epoch in range(1, 10):
+        ringleader.report(epoch, val_accuracy=train_one_epoch(p["lr"]))
+
+The standard library only; the protocol's lines come from the Rust protocol crate through
+the extension `ringleader._native`. Not here yet (issue 24): checkpoints
+(`ringleader.checkpoint`), `dataset_dir()` and launching functions (`Client.launch`).
+"""
+
+from . import _native
+from ._errors import (
+    ApiError,
+    BadRequest,
+    Conflict,
+    Forbidden,
+    JobCancelled,
+    JobFailed,
+    NotFound,
+    RingleaderError,
+    SpecError,
+    Stopped,
+    Unauthorized,
+    Unavailable,
+    Unreachable,
+)
+from .client import Client, Job, LogLine, Search
+from .distributions import choice, loguniform, randint, search_params, uniform
+from .rank import metric, params, report, stopped, trial
+
+__version__ = _native.VERSION
+PROTOCOL_VERSION = _native.PROTOCOL_VERSION
+
+__all__ = [
+    "ApiError", "BadRequest", "Client", "Conflict", "Forbidden", "Job", "JobCancelled",
+    "JobFailed", "LogLine", "NotFound", "RingleaderError", "Search", "SpecError", "Stopped",
+    "Unauthorized", "Unavailable", "Unreachable", "choice", "loguniform", "metric", "params",
+    "randint", "report", "search_params", "stopped", "trial", "uniform",
+]

@@ -1,0 +1,5 @@
+"""`python -m ringleader …`: the same as the `ringleader` command (the bundled binary)."""
+
+from ._cli import main
+
+main()

@@ -1,0 +1,90 @@
+"""The package's exceptions: every failure the node reports arrives as one of these, with
+the node's own words in `reason`."""
+
+
+class RingleaderError(Exception):
+    """Base of the package's errors."""
+
+
+class ApiError(RingleaderError):
+    """The node answered with an error: `status` (HTTP), `reason` (the node's `error`)."""
+
+    def __init__(self, status, reason, doc=None):
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+        self.doc = doc or {}
+
+
+class BadRequest(ApiError):
+    """400: the request was refused (a bad name, a path the node cannot share, …)."""
+
+
+class SpecError(BadRequest):
+    """400 on submit: the spec was refused; `field` (a dotted path) and `line` (1-based),
+    each None where the node does not know it."""
+
+    def __init__(self, status, reason, doc=None):
+        super().__init__(status, reason, doc)
+        self.field = self.doc.get("field")
+        self.line = self.doc.get("line")
+
+
+class Unauthorized(ApiError):
+    """401: the token is missing or refused."""
+
+
+class Forbidden(ApiError):
+    """403: a foreign Host or Origin, or an action the token may not take."""
+
+
+class NotFound(ApiError):
+    """404: no such job, dataset or fetch."""
+
+
+class Conflict(ApiError):
+    """409: the name exists."""
+
+
+class Unavailable(ApiError):
+    """503 (no chief yet, or it is unreachable: retry) or 429 (too many requests)."""
+
+
+class Unreachable(RingleaderError):
+    """No HTTP answer from the node (down, wrong address, TLS pin mismatch)."""
+
+
+class JobFailed(RingleaderError):
+    """`Job.wait()` on a job that ended `failed`: `reason` says why, `doc` is its final
+    document."""
+
+    def __init__(self, job_id, reason, doc):
+        super().__init__(f"job {job_id} failed: {reason}")
+        self.job_id = job_id
+        self.reason = reason
+        self.doc = doc
+
+
+class JobCancelled(JobFailed):
+    """`Job.wait()` on a job that was cancelled."""
+
+    def __init__(self, job_id, reason, doc):
+        super().__init__(job_id, reason, doc)
+        self.args = (f"job {job_id} was cancelled",)
+
+
+class Stopped(RingleaderError):
+    """Raised by `ringleader.report()` once the node stopped this trial (SIGTERM): the
+    search decided it goes no further. Let it end the program, or catch it to clean up
+    first (the node sends SIGKILL 5 s after SIGTERM)."""
+
+
+BY_STATUS = {
+    400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    429: Unavailable,
+    503: Unavailable,
+}

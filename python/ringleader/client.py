@@ -1,0 +1,418 @@
+"""A client of a ringleader node's HTTP API (README *CLI so far*), standard library only.
+
+    c = ringleader.Client()                 # RINGLEADER_PEER, RINGLEADER_TOKEN, … as the CLI
+    job = c.submit({"name": "hello", "kind": "command", "command": ["true"]})
+    job.wait()                              # the final document, or raises JobFailed
+
+How it reaches the node is the CLI's rule (node/src/api/client.rs): plain http to a
+loopback address; https beyond loopback, trusting the node by the pinned SHA-256 of its TLS
+key's SubjectPublicKeyInfo alone (from `RINGLEADER_TLS_SHA256` or the token file's `tls`
+line), checked before any byte is sent; a token is never sent in clear beyond loopback
+unless the peer is written `http://HOST:PORT`.
+"""
+
+import hashlib
+import http.client
+import ipaddress
+import json
+import os
+import ssl
+import time
+import urllib.parse
+
+from . import _errors, _toml
+from .distributions import search_params
+
+DEFAULT_PEER = "127.0.0.1:7071"
+# The CLI's default token file: the admin token of a node started in this directory with
+# the default --data-dir (node/src/cli/mod.rs, DEFAULT_DATA_DIR).
+DEFAULT_TOKEN_FILE = os.path.join("ringleader-data", "api.token")
+TOKEN_FILE_BYTES_MAX = 4096
+# How long a request waits for the node, seconds (the CLI's REQUEST_TIMEOUT_MS).
+REQUEST_TIMEOUT_S = 10.0
+# Pause between polls of `wait`, `logs(follow=True)` and `get_dataset`, seconds.
+POLL_S = 0.2
+TERMINAL_STATES = ("succeeded", "failed", "cancelled")
+
+
+def _read_token_file(path):
+    """(token, tls pin) from a token file: the token on its first line, then optionally
+    `tls sha256:HEX` (node/src/api/auth.rs, TokenFileText)."""
+    with open(path, "rb") as f:
+        data = f.read(TOKEN_FILE_BYTES_MAX + 1)
+    if len(data) > TOKEN_FILE_BYTES_MAX:
+        raise ValueError(f"token file {path}: larger than a token")
+    lines = data.decode().splitlines()
+    if not lines or not lines[0].strip():
+        return None, None
+    pin = None
+    for i, line in enumerate(lines[1:], start=2):
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("tls ") and pin is None:
+            pin = line[4:].strip()
+        else:
+            raise ValueError(f"token file {path}: line {i} is not `tls sha256:HEX`")
+    return lines[0].strip(), pin
+
+
+def _der(buf, at):
+    """One DER element at `at`: (tag, start of its content, end of its content)."""
+    tag, n = buf[at], buf[at + 1]
+    at += 2
+    if n & 0x80:
+        k = n & 0x7F
+        n = int.from_bytes(buf[at:at + k], "big")
+        at += k
+    if at + n > len(buf):
+        raise ValueError("truncated DER")
+    return tag, at, at + n
+
+
+def spki_fingerprint(cert_der):
+    """`sha256:HEX` of a DER certificate's SubjectPublicKeyInfo: what the CLI pins."""
+    _, c, _ = _der(cert_der, 0)                  # Certificate
+    _, t, _ = _der(cert_der, c)                  # tbsCertificate
+    tag, _, end = _der(cert_der, t)
+    if tag == 0xA0:                              # [0] version
+        t = end
+    for _ in range(5):                           # serial, signature, issuer, validity, subject
+        _, _, t = _der(cert_der, t)
+    _, _, end = _der(cert_der, t)                # subjectPublicKeyInfo
+    return "sha256:" + hashlib.sha256(cert_der[t:end]).hexdigest()
+
+
+class _PinnedHTTPSConnection(http.client.HTTPSConnection):
+    """https trusting the server whose key has the pinned fingerprint (no CA, no names)."""
+
+    def __init__(self, host, port, pin, timeout):
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE  # trust comes from the pin, checked in connect()
+        super().__init__(host, port, timeout=timeout, context=ctx)
+        self._pin = pin.lower()
+
+    def connect(self):
+        super().connect()
+        got = spki_fingerprint(self.sock.getpeercert(binary_form=True))
+        if got != self._pin:
+            self.close()
+            raise ssl.SSLError(f"the node's TLS key is {got}, not the pinned {self._pin}")
+
+
+def _split_host_port(peer):
+    if peer.startswith("["):
+        host, _, rest = peer[1:].partition("]")
+        return host, int(rest.lstrip(":") or 7071)
+    host, _, port = peer.rpartition(":")
+    return (host, int(port)) if host else (peer, 7071)
+
+
+def _is_loopback(host):
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Client:
+    """A client of one node's API; any node of the cluster answers for all of it.
+
+    `peer`: `host:port` (or `http://…`, `https://…`); default `RINGLEADER_PEER`, else
+    127.0.0.1:7071. `token`: default `RINGLEADER_TOKEN`, else the file
+    `RINGLEADER_TOKEN_FILE` names, else `ringleader-data/api.token` when it exists (the
+    CLI's order). `tls_sha256`: the pin of the API's TLS key beyond loopback; default
+    `RINGLEADER_TLS_SHA256`, else the token file's `tls` line.
+    """
+
+    def __init__(self, peer=None, token=None, *, tls_sha256=None, timeout=REQUEST_TIMEOUT_S):
+        peer = peer or os.environ.get("RINGLEADER_PEER") or DEFAULT_PEER
+        pin = tls_sha256 or os.environ.get("RINGLEADER_TLS_SHA256") or None
+        if token is None:
+            token = os.environ.get("RINGLEADER_TOKEN") or None
+        if token is None:
+            path = os.environ.get("RINGLEADER_TOKEN_FILE")
+            if not path and os.path.exists(DEFAULT_TOKEN_FILE):
+                path = DEFAULT_TOKEN_FILE
+            if path:
+                token, file_pin = _read_token_file(path)
+                pin = pin or file_pin
+        self.token = token
+        self.timeout = timeout
+        lower = peer.lower()
+        if lower.startswith("http://"):
+            self._scheme, bare = "http", peer[7:]
+        elif lower.startswith("https://"):
+            self._scheme, bare = ("https" if pin else "needs-pin"), peer[8:]
+        else:
+            bare = peer
+            if _is_loopback(_split_host_port(peer)[0]):
+                self._scheme = "http"
+            elif pin:
+                self._scheme = "https"
+            else:
+                self._scheme = "needs-pin" if token else "http"
+        self.peer = bare.rstrip("/")
+        self._pin = pin
+
+    def __repr__(self):
+        return f"ringleader.Client({self.peer!r})"
+
+    # --- HTTP -------------------------------------------------------------------------
+
+    def _connection(self):
+        host, port = _split_host_port(self.peer)
+        if self._scheme == "http":
+            return http.client.HTTPConnection(host, port, timeout=self.timeout)
+        if self._scheme == "https":
+            return _PinnedHTTPSConnection(host, port, self._pin, self.timeout)
+        raise _errors.Unreachable(
+            f"the node's API at {self.peer} speaks TLS and its fingerprint is unknown: set "
+            "RINGLEADER_TOKEN_FILE to a node's api.token, which carries it (or "
+            f"RINGLEADER_TLS_SHA256; http://{self.peer} would send the token in clear)")
+
+    def request(self, method, path, body=None, content_type=None):
+        """`method path` with the token; the answer's JSON, or a typed ApiError."""
+        headers = {"Accept": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        if body is not None:
+            if not isinstance(body, (bytes, str)):
+                body, content_type = json.dumps(body), "application/json"
+            headers["Content-Type"] = content_type or "text/plain"
+            if isinstance(body, str):
+                body = body.encode()
+        conn = self._connection()
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+        except (OSError, http.client.HTTPException) as e:
+            raise _errors.Unreachable(f"cannot reach ringleader node at {self.peer}: {e}") from e
+        finally:
+            conn.close()
+        try:
+            doc = json.loads(data) if data else None
+        except ValueError:
+            doc = None
+        if 200 <= resp.status < 300:
+            if doc is None and data:
+                raise _errors.Unreachable(f"node at {self.peer} sent an unreadable answer")
+            return doc
+        reason = doc.get("error") if isinstance(doc, dict) else None
+        if resp.status == 401:
+            missing = not self.token or (isinstance(doc, dict) and doc.get("reason") == "missing")
+            reason = ("the node wants an API token: set RINGLEADER_TOKEN or RINGLEADER_TOKEN_FILE "
+                      f"(a node's admin token is in its <data-dir>/api.token; node at {self.peer})"
+                      if missing else f"the API token was refused by the node at {self.peer}")
+        if reason is None:
+            reason = f"node at {self.peer} answered {resp.status}: {data[:200].decode(errors='replace')}"
+        cls = _errors.BY_STATUS.get(resp.status, _errors.ApiError)
+        if cls is _errors.BadRequest and method == "POST" and path.startswith("/v1/jobs?") \
+                and isinstance(doc, dict) and "field" in doc:
+            cls = _errors.SpecError
+        raise cls(resp.status, reason, doc if isinstance(doc, dict) else None)
+
+    # --- cluster and jobs ---------------------------------------------------------------
+
+    def status(self):
+        """This node, the chief and its term, the members, the jobs (`status --json`)."""
+        return self.request("GET", "/v1/status")
+
+    def submit(self, spec, *, idempotency_token=None):
+        """Submits a job and returns it (a `Job`, a `Search` for `kind = "search"`).
+
+        `spec`: a dict with the TOML spec's keys (README *Job specs*; `search.params` may be
+        a dict of `{name: distribution or list}`, see `ringleader.distributions`), the TOML
+        text itself, or the path of a TOML file. A refused spec raises `SpecError` with the
+        node's `reason`, `field` and `line`. `idempotency_token`: a retried submit with the
+        same value gets the same job.
+        """
+        if isinstance(spec, dict):
+            text = _toml.dumps(_prepared(spec))
+        elif isinstance(spec, os.PathLike) or (isinstance(spec, str) and "\n" not in spec
+                                               and spec.endswith(".toml")):
+            with open(spec, encoding="utf-8") as f:
+                text = f.read()
+        elif isinstance(spec, str):
+            text = spec
+        else:
+            raise TypeError(f"a spec is a dict, TOML text or a path, not {type(spec).__name__}")
+        query = "?token=" + urllib.parse.quote(idempotency_token) if idempotency_token else "?"
+        answer = self.request("POST", "/v1/jobs" + query, text, "application/toml")
+        return self.job(answer["id"])
+
+    def jobs(self):
+        """Every job's summary (`[{id, name, kind, state, …}]`), as `ringleader jobs --json`."""
+        return self.request("GET", "/v1/jobs")
+
+    def job(self, id):
+        """The job `id` (a `Search` for a search), fetched at once: NotFound if there is none."""
+        doc = self.request("GET", f"/v1/jobs/{urllib.parse.quote(str(id))}")
+        cls = Search if doc.get("kind") == "search" else Job
+        return cls(self, doc)
+
+    # --- datasets -----------------------------------------------------------------------
+
+    def datasets(self):
+        """Every registered dataset with its live holders (`dataset ls --json`)."""
+        return self.request("GET", "/v1/datasets")
+
+    def add_dataset(self, name, path, *, chunk_mib=None):
+        """Adds the file or directory at `path` **on the node's machine** (the node this
+        client talks to reads it; a relative path is made absolute here, against this
+        process's directory, as the CLI does) as dataset `name`; blocks while it is copied
+        into the node's store. Returns the dataset's document."""
+        body = {"name": name, "path": os.path.abspath(os.fspath(path))}
+        if chunk_mib is not None:
+            body["chunk_mib"] = int(chunk_mib)
+        return self.request("POST", "/v1/datasets", body)
+
+    def get_dataset(self, name, to=None, *, wait=True, timeout=None):
+        """Fetches dataset `name` to **the node's machine** (the node this client talks to)
+        from the peers that hold it, and with `to`, also writes its files under that
+        directory there (made absolute here, as the CLI does). Waits until it is done
+        (`wait=False`: returns at once) and returns the fetch's status, whose `path` is
+        where the files are on the node; raises ApiError if the fetch failed."""
+        body = {"to": os.path.abspath(os.fspath(to)) if to is not None else None}
+        quoted = urllib.parse.quote(name)
+        status = self.request("POST", f"/v1/datasets/{quoted}/get", body)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while wait and status.get("state") == "fetching":
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"dataset {name}: still fetching after {timeout} s")
+            time.sleep(POLL_S)
+            status = self.request("GET", f"/v1/datasets/{quoted}/get")
+        if status.get("state") == "failed":
+            raise _errors.ApiError(500, f"dataset {name}: fetch failed: {status.get('error')}",
+                                   status)
+        return status
+
+
+def _prepared(spec):
+    """A dict spec with `search.params` given as `{name: distribution or list}` turned into
+    the list of tables the spec wants."""
+    search = spec.get("search")
+    if isinstance(search, dict) and isinstance(search.get("params"), dict):
+        spec = dict(spec)
+        spec["search"] = dict(search, params=search_params(search["params"]))
+    return spec
+
+
+def _failure_reason(doc):
+    """Why a job ended as it did: its last event's reason, else its exits."""
+    for event in reversed(doc.get("events") or []):
+        if isinstance(event, dict) and event.get("reason"):
+            return event["reason"]
+    exits = doc.get("exits") or {}
+    if exits:
+        return "exits " + ", ".join(f"rank {r}: {c}" for r, c in sorted(exits.items()))
+    return doc.get("state", "unknown")
+
+
+class LogLine(str):
+    """One line of a rank's output (a str), with the `rank` that printed it."""
+
+    __slots__ = ("rank",)
+
+    def __new__(cls, text, rank):
+        line = super().__new__(cls, text)
+        line.rank = rank
+        return line
+
+    def __repr__(self):
+        return f"LogLine({str(self)!r}, rank={self.rank})"
+
+
+class Job:
+    """A job on the cluster. `doc` is its latest document (`ringleader job ID --json`);
+    `refresh()` fetches it again."""
+
+    def __init__(self, client, doc):
+        self.client = client
+        self.doc = doc
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.id} {self.doc.get('name')!r} {self.state}>"
+
+    @property
+    def id(self):
+        return self.doc["id"]
+
+    @property
+    def state(self):
+        """`pending`, `running`, `succeeded`, `failed` or `cancelled`, as of the last fetch."""
+        return self.doc["state"]
+
+    @property
+    def done(self):
+        return self.state in TERMINAL_STATES
+
+    def refresh(self):
+        """Fetches the job's document again; returns self."""
+        self.doc = self.client.request("GET", f"/v1/jobs/{self.id}")
+        return self
+
+    def wait(self, timeout=None):
+        """Waits until the job ends and returns its final document. Raises JobFailed (with
+        the reason from its events) if it failed, JobCancelled if it was cancelled,
+        TimeoutError after `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.refresh().done:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {self.id} is still {self.state} after {timeout} s")
+            time.sleep(POLL_S)
+        if self.state == "failed":
+            raise _errors.JobFailed(self.id, _failure_reason(self.doc), self.doc)
+        if self.state == "cancelled":
+            raise _errors.JobCancelled(self.id, _failure_reason(self.doc), self.doc)
+        return self.doc
+
+    def logs(self, follow=False):
+        """Every rank's output, line by line (`ringleader logs ID [--follow]`): an iterator
+        of lines (`LogLine`: a str whose `.rank` is the rank that printed it); with
+        `follow`, it goes on until the job ends. A new generation of the job (a restart, a
+        re-form) starts its ranks' logs again."""
+        offsets, generation = {}, None
+        while True:
+            q = ",".join(f"{w}:{o}" for w, o in sorted(offsets.items()))
+            doc = self.client.request("GET", f"/v1/jobs/{self.id}/logs?offsets={q}")
+            for chunk in doc["chunks"]:
+                if generation != chunk["generation"]:
+                    generation = chunk["generation"]
+                    offsets.clear()
+                for line in chunk["text"].splitlines():
+                    yield LogLine(line, chunk["rank"])
+                offsets[chunk["worker"]] = chunk["next_offset"]
+            drained = all(not c["text"] for c in doc["chunks"])
+            if drained and (not follow or doc["state"] in TERMINAL_STATES):
+                return
+            if drained:
+                time.sleep(POLL_S)
+
+    def metrics(self):
+        """Each metric's history: `{name: [(step, value), …]}`."""
+        doc = self.client.request("GET", f"/v1/jobs/{self.id}/metrics")
+        return {k: [tuple(p) for p in v] for k, v in doc["metrics"].items()}
+
+    def cancel(self):
+        """Cancels the job (BadRequest with the node's reason if it already ended)."""
+        self.client.request("POST", f"/v1/jobs/{self.id}/cancel")
+        return self.refresh()
+
+
+class Search(Job):
+    """A search job: its trials and best, the same records as `ringleader job ID --json`."""
+
+    def trials(self):
+        """Every trial as of now: dicts with `id, job, params, state, metric, resource,
+        promotions, node` (refreshes the document)."""
+        return self.refresh().doc.get("trials") or []
+
+    @property
+    def best(self):
+        """The best trial so far, `{id, params, metric}`, or None (refreshes the document)."""
+        return self.refresh().doc.get("best")

@@ -1,0 +1,124 @@
+"""Inside a rank or a trial: what the node told this process (params, the trial), and the
+rank protocol's lines it prints back (docs/protocol.md), made by the protocol crate itself
+(`ringleader._native`). Standard library only.
+"""
+
+import json
+import os
+import signal
+import sys
+import threading
+
+from . import _native
+from ._errors import Stopped
+
+PARAM_PREFIX = "RINGLEADER_PARAM_"
+PARAMS_ENV = "RINGLEADER_PARAMS"
+
+_lock = threading.Lock()
+_stop = threading.Event()
+_handler_installed = False
+
+
+def _typed(text):
+    """An environment value as the node wrote it: a number, bool or list (TOML's spelling of
+    a scalar or a list of scalars reads as JSON) as such, anything else as the string."""
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    if text in ("true", "false"):
+        return text == "true"
+    if text.startswith("["):
+        try:
+            return json.loads(text)
+        except ValueError:
+            pass
+    return text
+
+
+def params(environ=None):
+    """This trial's hyperparameters, `{name: value}`, typed.
+
+    From `RINGLEADER_PARAMS` (a JSON object, names as the search spec writes them) when the
+    node sets it; else from the `RINGLEADER_PARAM_<NAME>` variables every node sets today,
+    whose names are the spec's upper-cased with other characters than letters and digits as
+    `_`: they come back lower-cased (`train.lr` → `train_lr`), numbers as int or float,
+    `[64, 64]` as a list. Outside a trial: `{}`.
+    """
+    env = os.environ if environ is None else environ
+    if env.get(PARAMS_ENV):
+        return json.loads(env[PARAMS_ENV])
+    return {k[len(PARAM_PREFIX):].lower(): _typed(v)
+            for k, v in sorted(env.items()) if k.startswith(PARAM_PREFIX)}
+
+
+def trial(environ=None):
+    """Which trial this process is, or None outside a search's trial: a dict with `search`
+    (the search's job id), `trial` (its number), `copy` (True in a speculative copy), `job`
+    (this trial's own job id) and `rung` (the epochs this run must reach; None until the
+    node tells it in `RINGLEADER_TRIAL_RUNG`)."""
+    env = os.environ if environ is None else environ
+    if "RINGLEADER_TRIAL_ID" not in env:
+        return None
+    rung = env.get("RINGLEADER_TRIAL_RUNG")
+    return {
+        "search": env.get("RINGLEADER_SEARCH_ID"),
+        "trial": int(env["RINGLEADER_TRIAL_ID"]),
+        "copy": env.get("RINGLEADER_TRIAL_COPY", "0") == "1",
+        "job": env.get("RINGLEADER_JOB_ID"),
+        "rung": int(rung) if rung else None,
+    }
+
+
+def _emit(line, file):
+    out = sys.stdout if file is None else file
+    with _lock:
+        out.write(line + "\n")
+        out.flush()
+
+
+def metric(name, value, step=None, *, file=None):
+    """Prints `ringleader-metric NAME VALUE [STEP]`: a job metric; in a search's command
+    trial, the search's metric is also a report (STEP in epochs). ValueError for a name
+    with whitespace or a value that is not finite."""
+    _emit(_native.metric_line(str(name), float(value), None if step is None else int(step)),
+          file)
+
+
+def _on_sigterm(signum, frame):
+    _stop.set()
+
+
+def _install_handler():
+    global _handler_installed
+    if _handler_installed:
+        return
+    _handler_installed = True
+    # Only the main thread may set handlers; elsewhere SIGTERM keeps its default (the node
+    # ends the process, as it would without the package).
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def stopped():
+    """Whether the node asked this process to stop (SIGTERM since the first `report`)."""
+    return _stop.is_set()
+
+
+def report(resource, *, file=None, **metrics):
+    """Prints `ringleader-report RESOURCE NAME VALUE …`: this trial's values after
+    `resource` epochs; the search decides on its metric among them.
+
+    The first call installs a SIGTERM handler; once SIGTERM has arrived (the search stopped
+    this trial: ASHA's cut, the median rule), the next `report` raises `ringleader.Stopped`
+    instead of printing. The node sends SIGKILL 5 s after SIGTERM, so stop promptly.
+    """
+    _install_handler()
+    if _stop.is_set():
+        raise Stopped("the node stopped this trial (SIGTERM)")
+    if not metrics:
+        raise ValueError("report: at least one NAME=VALUE")
+    line = _native.report_line(int(resource), [(k, float(v)) for k, v in metrics.items()])
+    _emit(line, file)

@@ -1,0 +1,76 @@
+//! `ringleader._native`: the native part of the Python package `ringleader` (`python/`).
+//!
+//! Its place: a rank written in Python prints the protocol's lines (docs/protocol.md) with
+//! `ringleader.metric` and `ringleader.report`; those lines are made here, by the
+//! `ringleader-protocol` crate's [`RankLine`](ringleader_protocol::RankLine) that the node
+//! parses them with, so Python and Rust cannot drift apart. Everything else in the package (the HTTP client, params, the
+//! distributions) is pure Python with the standard library only.
+//!
+//! Contract of every formatter: the line it returns parses back, with the protocol crate's
+//! `FromStr`, to the values given (a name with whitespace, an empty or too long name, or a
+//! value that is not finite raises `ValueError` with the protocol's message instead).
+//!
+//! Built by maturin for wheels (`python/pyproject.toml`) and by `cargo build -p
+//! ringleader-python` for the tests (`scripts/test.sh` copies the library next to the
+//! package as `ringleader/_native.abi3.so`).
+
+use pyo3::prelude::*;
+
+#[pymodule]
+mod _native {
+    use pyo3::exceptions::PyValueError;
+    use pyo3::prelude::*;
+    use ringleader_protocol::{Metric, RankLine, Report};
+
+    /// The package's version: the workspace's, the node binary's too.
+    #[pymodule_export]
+    const VERSION: &str = env!("CARGO_PKG_VERSION");
+    /// The rank protocol's version this package speaks.
+    #[pymodule_export]
+    const PROTOCOL_VERSION: u32 = ringleader_protocol::PROTOCOL_VERSION;
+    /// The environment variable in which the node gives a rank its protocol version.
+    #[pymodule_export]
+    const PROTOCOL_VERSION_ENV: &str = ringleader_protocol::PROTOCOL_VERSION_ENV;
+    /// The protocol's golden lines (`collective/protocol/golden/lines.txt`), for tests.
+    #[pymodule_export]
+    const GOLDEN_LINES: &str = ringleader_protocol::GOLDEN_LINES;
+
+    /// `line` if it parses back to the same line, else `ValueError` with why.
+    fn checked(line: RankLine) -> PyResult<String> {
+        let text = line.to_string();
+        match text.parse::<RankLine>() {
+            Ok(back) if back == line => Ok(text),
+            Ok(_) => Err(PyValueError::new_err(format!(
+                "{text:?} does not read back as the values given"
+            ))),
+            Err(e) => Err(PyValueError::new_err(e.to_string())),
+        }
+    }
+
+    /// `ringleader-metric NAME VALUE [STEP]`, without the newline.
+    #[pyfunction]
+    #[pyo3(signature = (name, value, step=None))]
+    fn metric_line(name: String, value: f64, step: Option<u64>) -> PyResult<String> {
+        checked(RankLine::Metric(Metric { name, value, step }))
+    }
+
+    /// `ringleader-report RESOURCE NAME VALUE [NAME VALUE …]`, without the newline.
+    #[pyfunction]
+    fn report_line(resource: u32, values: Vec<(String, f64)>) -> PyResult<String> {
+        if values.is_empty() {
+            return Err(PyValueError::new_err(
+                "a report needs at least one NAME VALUE pair",
+            ));
+        }
+        checked(RankLine::Report(Report { resource, values }))
+    }
+
+    /// The canonical form of a rank line (`ValueError` if it is not one): what the node
+    /// reads from `line`.
+    #[pyfunction]
+    fn parse_rank_line(line: &str) -> PyResult<String> {
+        line.parse::<RankLine>()
+            .map(|l| l.to_string())
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+}

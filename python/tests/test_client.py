@@ -1,0 +1,158 @@
+"""Every client call against a real node: jobs, logs, metrics, cancel, a search of command
+trials that use the package inside them, datasets, and bad input."""
+
+import os
+import textwrap
+
+import pytest
+
+import ringleader
+
+from conftest import JOB_WAIT_S
+
+
+def command_job(name, command, **extra):
+    return {"name": name, "kind": "command", "max_restarts": 0, "command": command, **extra}
+
+
+def test_status(client, node):
+    s = client.status()
+    assert s["chief"] is not None
+    assert [m["state"] for m in s["members"]] == ["alive"]
+
+
+def test_submit_a_dict_wait_logs_metrics_and_jobs(client):
+    job = client.submit(command_job("py-hello", [
+        "sh", "-c", "echo hello from $RANK; echo ringleader-metric answer 42 1"]))
+    assert isinstance(job, ringleader.Job) and job.id.startswith("j-")
+    doc = job.wait(timeout=JOB_WAIT_S)
+    assert doc["state"] == "succeeded" and job.state == "succeeded"
+    lines = list(job.logs())
+    assert "hello from 0" in lines, lines
+    assert all(isinstance(line, str) and line.rank == 0 for line in lines)
+    assert job.metrics()["answer"] == [(1, 42.0)]
+    assert job.id in [j["id"] for j in client.jobs()]
+    again = client.job(job.id)
+    assert again.id == job.id and again.doc["name"] == "py-hello"
+
+
+def test_submit_text_and_a_path(client, tmp_path):
+    text = 'name = "py-text"\nkind = "command"\ncommand = ["true"]\n'
+    assert client.submit(text).wait(timeout=JOB_WAIT_S)["state"] == "succeeded"
+    path = tmp_path / "job.toml"
+    path.write_text(text.replace("py-text", "py-path"))
+    for spec in (path, str(path)):
+        job = client.submit(spec)
+        assert job.doc["name"] == "py-path"
+        job.wait(timeout=JOB_WAIT_S)
+
+
+def test_a_retried_submit_with_the_same_token_is_one_job(client):
+    spec = command_job("py-once", ["true"])
+    first = client.submit(spec, idempotency_token="py-once-1")
+    again = client.submit(spec, idempotency_token="py-once-1")
+    assert first.id == again.id
+    assert client.submit(spec).id != first.id
+
+
+def test_a_failed_job_raises_job_failed_with_the_reason(client):
+    job = client.submit(command_job("py-fails", ["sh", "-c", "echo oops >&2; exit 3"]))
+    with pytest.raises(ringleader.JobFailed) as e:
+        job.wait(timeout=JOB_WAIT_S)
+    assert e.value.job_id == job.id and e.value.doc["state"] == "failed"
+    assert "3" in e.value.reason, e.value.reason
+    assert any("oops" in line for line in job.logs())
+
+
+def test_follow_logs_until_the_end_then_cancel(client):
+    job = client.submit(command_job("py-follow", [
+        "sh", "-c", "for i in 1 2 3; do echo line $i; sleep 0.2; done"]))
+    lines = list(job.logs(follow=True))
+    assert lines == ["line 1", "line 2", "line 3"]
+    assert job.refresh().state == "succeeded"
+
+    long = client.submit(command_job("py-cancel", ["sleep", "60"]))
+    long.cancel()
+    assert long.state == "cancelled"
+    with pytest.raises(ringleader.JobCancelled):
+        long.wait(timeout=JOB_WAIT_S)
+    with pytest.raises(ringleader.BadRequest):
+        long.cancel()
+
+
+def test_unknown_job_and_wrong_token(client, node):
+    with pytest.raises(ringleader.NotFound) as e:
+        client.job("j-zzzz")
+    assert "no job" in e.value.reason and e.value.status == 404
+    with pytest.raises(ringleader.BadRequest):
+        client.job("not-a-job")
+    with pytest.raises(ringleader.Unauthorized) as e:
+        node.client(token="wrong").status()
+    assert "refused" in e.value.reason
+    with pytest.raises(ringleader.Unauthorized) as e:
+        ringleader.Client(node.api, "").status()
+    assert "wants an API token" in e.value.reason
+
+
+def test_a_bad_spec_names_its_field_and_line(client):
+    with pytest.raises(ringleader.SpecError) as e:
+        client.submit(command_job("py-bad", ["true"], workers=0))
+    assert e.value.field == "workers" and isinstance(e.value.line, int), vars(e.value)
+    assert "workers" in e.value.reason
+    with pytest.raises(ringleader.SpecError) as e:
+        client.submit('name = "x"\nkind = "command"\nwokers = 2\ncommand = ["true"]\n')
+    assert e.value.line == 3 and "did you mean" in e.value.reason, vars(e.value)
+
+
+TRIAL = textwrap.dedent("""
+    import json, ringleader
+    p, t = ringleader.params(), ringleader.trial()
+    print("trial", json.dumps(t), "params", json.dumps(p), flush=True)
+    for epoch in (1, 2):
+        ringleader.report(epoch, score=p["x"] * epoch, other=1.5)
+""")
+
+
+def test_a_search_of_trials_that_use_the_package(client, rank_env):
+    search = client.submit({
+        "name": "py-grid", "kind": "search", "command": ["python3", "-c", TRIAL],
+        "env": rank_env,
+        "search": {"trial": "command", "algorithm": "grid", "metric": "score",
+                   "direction": "max", "max_parallel": 3, "params": {"x": [1, 2, 3]}},
+    })
+    assert isinstance(search, ringleader.Search)
+    doc = search.wait(timeout=JOB_WAIT_S)
+    trials = search.trials()
+    assert trials == doc["trials"]
+    assert sorted(t["state"] for t in trials) == ["succeeded"] * 3, trials
+    assert {t["params"]["x"] for t in trials} == {1, 2, 3}
+    best = search.best
+    assert best["params"] == {"x": 3} and best["metric"] == 6.0, best
+    # Inside the best trial: its params typed, its place in the search, its reports.
+    trial_job = client.job(next(t["job"] for t in trials if t["id"] == best["id"]))
+    lines = list(trial_job.logs())
+    head = next(line for line in lines if line.startswith("trial "))
+    assert f'"search": "{search.id}"' in head, head
+    assert head.endswith('params {"x": 3}'), head
+    assert "ringleader-report 2 score 6 other 1.5" in lines, lines
+    assert trial_job.metrics()["score"][-1][1] == 6.0
+
+
+def test_datasets_add_ls_get(client, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("alpha\n")
+    (src / "b.bin").write_bytes(os.urandom(1000))
+    doc = client.add_dataset("py-ds", src)
+    assert doc["name"] == "py-ds" and doc["files"] == 2
+    assert "py-ds" in [d["name"] for d in client.datasets()]
+    with pytest.raises(ringleader.Conflict):
+        client.add_dataset("py-ds", src)
+    to = tmp_path / "out"
+    status = client.get_dataset("py-ds", to=to, timeout=JOB_WAIT_S)
+    assert status["state"] == "done", status
+    found = sorted(str(p.relative_to(to)) for p in to.rglob("*") if p.is_file())
+    assert found == ["a.txt", "b.bin"], found
+    assert (to / "a.txt").read_text() == "alpha\n"
+    with pytest.raises(ringleader.NotFound):
+        client.get_dataset("py-none")
