@@ -278,6 +278,24 @@ pub enum SpecError {
         /// Why it is required, e.g. "required when kind = \"command\"".
         problem: String,
     },
+    /// A JSON spec that is not valid JSON.
+    #[error("invalid JSON at line {line} column {column}: {message}")]
+    Json {
+        /// 1-based line of the problem in the JSON text.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// serde_json's message.
+        message: String,
+    },
+    /// A JSON spec's value that TOML cannot hold (`null`, an integer above `i64::MAX`).
+    #[error("{field}: {problem}")]
+    NotToml {
+        /// Dotted path of the value (empty: the document itself).
+        field: String,
+        /// What is wrong.
+        problem: String,
+    },
     /// The text is larger than [`SPEC_BYTES_MAX`].
     #[error("spec is {bytes} bytes; at most {limit} are accepted")]
     TooLarge {
@@ -301,8 +319,9 @@ impl SpecError {
         match self {
             SpecError::UnknownField { field, .. }
             | SpecError::Invalid { field, .. }
-            | SpecError::Missing { field, .. } => Some(field),
-            SpecError::Syntax { .. } | SpecError::TooLarge { .. } => None,
+            | SpecError::Missing { field, .. }
+            | SpecError::NotToml { field, .. } => Some(field),
+            SpecError::Syntax { .. } | SpecError::Json { .. } | SpecError::TooLarge { .. } => None,
         }
     }
 
@@ -310,9 +329,12 @@ impl SpecError {
     pub fn line(&self) -> Option<usize> {
         match self {
             SpecError::Syntax { line, .. }
+            | SpecError::Json { line, .. }
             | SpecError::UnknownField { line, .. }
             | SpecError::Invalid { line, .. } => Some(*line),
-            SpecError::Missing { .. } | SpecError::TooLarge { .. } => None,
+            SpecError::Missing { .. } | SpecError::NotToml { .. } | SpecError::TooLarge { .. } => {
+                None
+            }
         }
     }
 }
@@ -332,6 +354,96 @@ impl JobSpec {
         })?;
         Parser { text }.spec(doc.get_ref())
     }
+}
+
+impl JobSpec {
+    /// A spec given as JSON (an object with the TOML's keys, as `POST /v1/jobs` takes it
+    /// with `Content-Type: application/json`) written as the TOML text that means the same,
+    /// for [`JobSpec::parse`] and the rest of admission: one gate, the same field names in
+    /// its errors. JSON has values TOML lacks: `null` is refused naming its field (leave
+    /// the key out instead), and so is an integer beyond `i64`.
+    pub fn toml_of_json(json: &str) -> Result<String, SpecError> {
+        if json.len() > SPEC_BYTES_MAX {
+            return Err(SpecError::TooLarge {
+                bytes: json.len(),
+                limit: SPEC_BYTES_MAX,
+            });
+        }
+        let value: serde_json::Value = serde_json::from_str(json).map_err(|e| SpecError::Json {
+            line: e.line().max(1),
+            column: e.column().max(1),
+            message: e
+                .to_string()
+                .split(" at line ")
+                .next()
+                .unwrap_or("")
+                .to_owned(),
+        })?;
+        let serde_json::Value::Object(_) = value else {
+            return Err(SpecError::NotToml {
+                field: "spec".into(),
+                problem: "expected a JSON object with the TOML's keys, e.g. {\"name\": \"a\", \"kind\": \"command\"}".into(),
+            });
+        };
+        match toml_of_json_value("", &value)? {
+            toml::Value::Table(t) => toml::to_string(&t).map_err(|e| SpecError::NotToml {
+                field: "spec".into(),
+                problem: format!("cannot be written as TOML: {e}"),
+            }),
+            _ => unreachable!("an object makes a table"),
+        }
+    }
+}
+
+/// One JSON value as TOML, `path` naming it in errors.
+fn toml_of_json_value(path: &str, v: &serde_json::Value) -> Result<toml::Value, SpecError> {
+    use serde_json::Value as J;
+    use toml::Value as T;
+    let at = |key: &str| {
+        if path.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{path}.{key}")
+        }
+    };
+    Ok(match v {
+        J::Null => {
+            return Err(SpecError::NotToml {
+                field: path.to_owned(),
+                problem: "null has no TOML form: leave the key out for its default".into(),
+            })
+        }
+        J::Bool(b) => T::Boolean(*b),
+        J::Number(n) => match (n.as_i64(), n.as_f64()) {
+            (Some(i), _) => T::Integer(i),
+            (None, Some(_)) if n.is_u64() => {
+                return Err(SpecError::NotToml {
+                    field: path.to_owned(),
+                    problem: format!("{n} is beyond TOML's integers (at most {})", i64::MAX),
+                })
+            }
+            (None, Some(f)) => T::Float(f),
+            (None, None) => {
+                return Err(SpecError::NotToml {
+                    field: path.to_owned(),
+                    problem: format!("{n} is not a number TOML can hold"),
+                })
+            }
+        },
+        J::String(s) => T::String(s.clone()),
+        J::Array(items) => T::Array(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| toml_of_json_value(&format!("{path}[{i}]"), item))
+                .collect::<Result<_, _>>()?,
+        ),
+        J::Object(map) => T::Table(
+            map.iter()
+                .map(|(k, item)| Ok((k.clone(), toml_of_json_value(&at(k), item)?)))
+                .collect::<Result<_, SpecError>>()?,
+        ),
+    })
 }
 
 impl JobSpec {
