@@ -3,7 +3,8 @@
 //! files riding in the spec (`[[files]]`) are written into every rank's working directory
 //! before it starts, on every node; a shared dataset (`[data] dataset`) is fetched to each
 //! rank's node first and named in `RINGLEADER_DATASET_DIR`; a bad JSON spec is refused
-//! naming its field.
+//! naming its field; a command trial gets its parameters as JSON (`RINGLEADER_PARAMS`) and
+//! the resource its run is to reach (`RINGLEADER_TRIAL_RESOURCE`).
 
 mod common;
 
@@ -131,5 +132,45 @@ echo "ringleader-metric inputs_ok 1"
             .unwrap()
             .starts_with("invalid JSON at line 2 column"),
         "{v}"
+    );
+
+    // Phase 4: a grid search of command trials, its script in the spec: each trial prints
+    // what it was given.
+    let trial = "echo \"given $RINGLEADER_PARAMS to $RINGLEADER_TRIAL_RESOURCE\"\necho \"ringleader-metric acc 0.5 3\"\n";
+    let search = serde_json::json!({
+        "name": "given",
+        "kind": "search",
+        "command": ["sh", "trial.sh"],
+        "files": [{"path": "trial.sh", "text": trial}],
+        "search": {
+            "trial": "command", "algorithm": "grid", "metric": "acc", "direction": "max",
+            "max_resource": 3,
+            "params": [
+                {"name": "width", "type": "discrete", "values": [2, 4]},
+                {"name": "opt", "type": "categorical", "values": ["adam"]},
+            ],
+        },
+    });
+    let (status, answer) = post_json(&c, 0, &search.to_string());
+    assert_eq!(status, 200, "{answer}");
+    let id = answer["id"].as_str().unwrap().to_owned();
+    let doc = common::wait_job(&c, 0, &id, "ended", RUN_WAIT, |d| {
+        matches!(d.state.as_str(), "succeeded" | "failed" | "cancelled")
+    });
+    assert_eq!(doc.state, "succeeded", "{doc:#?}");
+    assert_eq!(doc.trials.len(), 2, "{doc:#?}");
+    let mut given: Vec<String> = doc
+        .trials
+        .iter()
+        .flat_map(|t| c.job_log_lines(&t.job, "given "))
+        .collect();
+    given.sort();
+    assert_eq!(
+        given,
+        [
+            r#"given {"opt":"adam","width":2} to 3"#,
+            r#"given {"opt":"adam","width":4} to 3"#,
+        ],
+        "{doc:#?}"
     );
 }

@@ -987,6 +987,28 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn files_are_written_fresh_never_through_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("worker-0");
+        // Directories made as needed; an old file (or a link at its path) replaced.
+        write_fresh(&work.join("lib/a.py"), b"one").await.unwrap();
+        write_fresh(&work.join("lib/a.py"), b"two").await.unwrap();
+        assert_eq!(std::fs::read(work.join("lib/a.py")).unwrap(), b"two");
+        let outside = dir.path().join("outside");
+        std::fs::write(&outside, b"keep").unwrap();
+        std::os::unix::fs::symlink(&outside, work.join("link.py")).unwrap();
+        write_fresh(&work.join("link.py"), b"new").await.unwrap();
+        assert_eq!(std::fs::read(&outside).unwrap(), b"keep");
+        assert_eq!(std::fs::read(work.join("link.py")).unwrap(), b"new");
+        // A directory on the way that is a link: refused, nothing written beyond it.
+        std::fs::create_dir(dir.path().join("elsewhere")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("elsewhere"), work.join("sub")).unwrap();
+        let e = write_fresh(&work.join("sub/x.py"), b"x").await.unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert!(!dir.path().join("elsewhere/x.py").exists());
+    }
+
+    #[tokio::test]
     async fn a_flood_is_capped_but_protocol_lines_always_pass() {
         let mut input = Vec::new();
         for i in 0..20_000 {
