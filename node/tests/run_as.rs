@@ -95,12 +95,13 @@ fn ranks_run_as_the_user_and_cannot_read_the_node_secrets() {
         "echo uid=$(id -u) groups=$(id -G); echo home=$HOME; echo cwd=$(pwd); \
          for f in {}; do if cat \"$f\" >/dev/null; then echo \"read-ok $f\"; \
          else echo \"read-denied $f\"; fi; done; \
-         ls {} >/dev/null || echo list-denied; echo mine > mine.txt && echo wrote-cwd",
+         ls {} >/dev/null || echo list-denied; echo mine > mine.txt && echo wrote-cwd; \
+         echo \"given: $(cat lib/given.txt)\"; echo more > lib/more.txt && echo wrote-lib",
         files.join(" "),
         data.display()
     );
     let spec = format!(
-        "name = \"run-as\"\nkind = \"command\"\nworkers = 1\ncommand = [\"sh\", \"-c\", '''{script}''']\n"
+        "name = \"run-as\"\nkind = \"command\"\nworkers = 1\ncommand = [\"sh\", \"-c\", '''{script}''']\n[[files]]\npath = \"lib/given.txt\"\ntext = \"from the spec\"\n"
     );
     let id = c.nodes[0].client().submit(&spec).expect("submit");
     common::wait_job(&c, 0, &id, "succeeded", WAIT, |d| match d.state.as_str() {
@@ -141,6 +142,11 @@ fn ranks_run_as_the_user_and_cannot_read_the_node_secrets() {
     assert!(log.contains(&format!("cwd={}", work.display())), "{log}");
     assert_eq!(owner(&work), uid);
     assert_eq!(owner(&work.join("mine.txt")), uid);
+    // The spec's `[[files]]` are there, the user's, and so is their directory.
+    assert!(log.contains("given: from the spec"), "{log}");
+    assert!(log.contains("wrote-lib"), "{log}");
+    assert_eq!(owner(&work.join("lib")), uid);
+    assert_eq!(owner(&work.join("lib/given.txt")), uid);
     let log_file = gen_dir.join("worker-0.log");
     assert_eq!((owner(&log_file), mode(&log_file)), (0, 0o600));
     assert_eq!(mode(&job_dir), 0o711);

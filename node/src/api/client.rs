@@ -247,6 +247,16 @@ impl ApiClient {
             .ok_or_else(|| anyhow!("no job id in answer: {v}"))
     }
 
+    /// Submits a job spec given as JSON text (an object with the TOML's keys); returns the
+    /// job id.
+    pub fn submit_json(&self, spec: &str) -> Result<String> {
+        let v: serde_json::Value = self.post_with("/v1/jobs", "application/json", spec)?;
+        v["id"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| anyhow!("no job id in answer: {v}"))
+    }
+
     /// One job.
     pub fn job(&self, id: &str) -> Result<crate::api::status::JobDoc> {
         self.get(&format!("/v1/jobs/{id}"))

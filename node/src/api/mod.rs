@@ -4,7 +4,7 @@
 //! | --- | --- |
 //! | `GET /` | the dashboard ([`dashboard`]); open even with a token, its API calls send it |
 //! | `GET /v1/status` | this node, chief and term, members, jobs |
-//! | `POST /v1/jobs` (body: the TOML spec) | validates and commits a job; `{"id": …}` |
+//! | `POST /v1/jobs` (body: the TOML spec, or with `Content-Type: application/json` an object with its keys) | validates and commits a job; `{"id": …}` |
 //! | `GET /v1/jobs` | job summaries |
 //! | `GET /v1/jobs/{id}` | one job |
 //! | `POST /v1/jobs/{id}/cancel` | cancels a job |
@@ -298,20 +298,36 @@ const SUBMIT_RETRY_PAUSE_MS: u64 = 200;
 async fn submit(
     State(app): State<AppState>,
     Query(q): Query<SubmitQuery>,
+    headers: header::HeaderMap,
     body: String,
 ) -> Result<Json<serde_json::Value>, SubmitError> {
+    // `Content-Type: application/json`: an object with the TOML's keys; anything else is
+    // the TOML text (curl's default form type included).
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+    // The text lines of later errors point into: the TOML's (a JSON spec's lines are not
+    // known past its parse).
+    let text = if json { None } else { Some(body.clone()) };
     // Admission parses and checks every trial a search could make: CPU work, kept off the
     // async runtime so the node's Raft and membership timers run meanwhile.
-    let text = body.clone();
-    let mut spec = tokio::task::spawn_blocking(move || crate::jobs::admit_spec_text(&body))
-        .await
-        .map_err(|e| {
-            ApiError(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("admission failed: {e}"),
-            )
-        })?
-        .map_err(SubmitError::Spec)?;
+    let mut spec = tokio::task::spawn_blocking(move || {
+        if json {
+            crate::jobs::admit_spec_json(&body)
+        } else {
+            crate::jobs::admit_spec_text(&body)
+        }
+    })
+    .await
+    .map_err(|e| {
+        ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("admission failed: {e}"),
+        )
+    })?
+    .map_err(SubmitError::Spec)?;
     // `[secrets]` enter the log sealed; the node that starts a rank opens them.
     if !spec.secrets.is_empty() {
         let Some(key) = app.secrets_key else {
@@ -336,7 +352,9 @@ async fn submit(
         if app.datasets.lookup(name).await.is_none() {
             return Err(SubmitError::Spec(crate::jobs::AdmitError {
                 message: format!("data.dataset {name:?}: no such dataset (add it with `ringleader dataset add`; see `ringleader dataset ls`)"),
-                line: crate::jobs::spec::line_of_field(&text, "data.dataset"),
+                line: text
+                    .as_deref()
+                    .and_then(|t| crate::jobs::spec::line_of_field(t, "data.dataset")),
                 field: Some("data.dataset".into()),
             }));
         }

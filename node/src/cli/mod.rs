@@ -69,9 +69,9 @@ pub enum Cmd {
     Node(NodeArgs),
     /// This node, the chief and term, members with state, jobs.
     Status,
-    /// Submit a job spec (TOML); prints the job id.
+    /// Submit a job spec (TOML, or JSON with the same keys); prints the job id.
     Submit {
-        /// The spec file.
+        /// The spec file (`.json`: the spec as JSON).
         file: PathBuf,
     },
     /// List jobs.
@@ -457,9 +457,17 @@ const POLL_MS: u64 = 500;
 pub fn submit(cli: &Cli, file: &std::path::Path) -> Result<()> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-    let id = client(cli)?
-        .submit(&text)
-        .with_context(|| format!("{}", file.display()))?;
+    // A `.json` file is a spec as JSON (an object with the TOML's keys).
+    let json = file
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    let client = client(cli)?;
+    let id = if json {
+        client.submit_json(&text)
+    } else {
+        client.submit(&text)
+    }
+    .with_context(|| format!("{}", file.display()))?;
     if cli.json {
         println!("{}", serde_json::json!({ "id": id }));
     } else {

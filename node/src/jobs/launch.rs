@@ -135,6 +135,10 @@ pub fn generation_line(
     Some(generation.to_line())
 }
 
+/// The variable that tells a search trial's run the resource it must reach (its rung's
+/// target, in the search's unit: epochs); set when the chief gave the run one.
+pub const TRIAL_RESOURCE_ENV: &str = "RINGLEADER_TRIAL_RESOURCE";
+
 /// What a node launches its ranks with.
 #[derive(Clone, Debug)]
 pub struct LaunchContext {
@@ -184,8 +188,13 @@ impl LaunchContext {
 pub struct Launch {
     /// Program and arguments.
     pub command: Vec<String>,
-    /// Files written before the process starts (path, contents).
-    pub files: Vec<(PathBuf, String)>,
+    /// Files written before the process starts (path, contents): a train rank's spec file,
+    /// a command rank's `[[files]]` (inside `work_dir`).
+    pub files: Vec<(PathBuf, Vec<u8>)>,
+    /// The directory the process runs in, made before it starts: a command rank with
+    /// `[[files]]` runs in `<data-dir>/jobs/<id>/generation-<g>/worker-<w>/`, where they are
+    /// written (`None`: the node's own working directory, or `--run-as`'s, the same place).
+    pub work_dir: Option<PathBuf>,
     /// Environment added to the node's.
     pub env: Vec<(String, String)>,
     /// Where its stdout and stderr go.
@@ -200,10 +209,14 @@ pub struct Launch {
     pub dataset: Option<String>,
 }
 
-/// The shared dataset a train job names (`[data] dataset`), if it is not a built-in.
+/// The shared dataset a train or command job names (`[data] dataset`), if it is not a
+/// built-in (a command job's is always shared: the built-ins are the trainer's).
 pub fn shared_dataset(job: &Job) -> Option<String> {
-    if job.spec.kind != JobKind::Train {
-        return None;
+    let name = job.spec.data.as_ref()?.get("dataset")?.as_str()?;
+    match job.spec.kind {
+        JobKind::Command => return Some(name.to_owned()),
+        JobKind::Train => {}
+        JobKind::Search => return None,
     }
     let name = job.spec.data.as_ref()?.get("dataset")?.as_str()?;
     (!crate::datasets::BUILTIN.contains(&name)).then(|| name.to_owned())
@@ -258,6 +271,10 @@ pub fn launch(
             "RINGLEADER_TRIAL_COPY".into(),
             u8::from(of.copy).to_string(),
         ));
+        if of.target > 0 {
+            // The rung this run must reach, in the search's resource unit (epochs).
+            env.push((TRIAL_RESOURCE_ENV.into(), of.target.to_string()));
+        }
     }
     env.extend(job.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     env.extend(open_secrets(ctx, job));
@@ -277,14 +294,25 @@ pub fn launch(
     let trial_metric = job.trial_of.as_ref().map(|t| t.metric.clone());
     let log = log_path(&ctx.jobs_dir, job.id, job.process_generation(), slot.worker);
     if job.spec.kind != JobKind::Train {
+        let work_dir = (!job.spec.files.is_empty()).then(|| log.with_extension(""));
+        let files = match &work_dir {
+            Some(dir) => job
+                .spec
+                .files
+                .iter()
+                .map(|f| (dir.join(&f.path), f.bytes().unwrap_or_default()))
+                .collect(),
+            None => Vec::new(),
+        };
         return Some(Launch {
             command: job.spec.command.clone(),
-            files: Vec::new(),
+            files,
+            work_dir,
             env,
             log,
             trial_metric_lines: trial_metric.is_some(),
             trial_metric,
-            dataset: None,
+            dataset: shared_dataset(job),
         });
     }
     let addrs = ring_addrs(job, host_of)?;
@@ -326,7 +354,8 @@ pub fn launch(
     }
     Some(Launch {
         command,
-        files: vec![(spec_file, train_spec::spec_text(&job.spec))],
+        files: vec![(spec_file, train_spec::spec_text(&job.spec).into_bytes())],
+        work_dir: None,
         env,
         log,
         trial_metric,
@@ -544,6 +573,49 @@ mod tests {
             .env
             .insert("CUDA_DEVICE_ORDER".into(), "FASTEST_FIRST".into());
         assert_eq!(order(&first(&ctx, &fastest)), pci);
+    }
+
+    #[test]
+    fn command_ranks_get_their_files_dataset_and_trial_resource() {
+        let mut state = ControlState::default();
+        let id = chief::submit_text(
+            &mut state,
+            "name = \"c\"\nkind = \"command\"\ncommand = [\"python3\", \"t.py\"]\n[data]\ndataset = \"mnist\"\n[[files]]\npath = \"t.py\"\ntext = \"print(1)\"\n[[files]]\npath = \"lib/b.bin\"\nbase64 = \"AAE=\"\n",
+        );
+        let members = vec![chief::member("a", State::Alive, 2)];
+        for cmd in decide(&state, &members, 5, &mut || "ab".repeat(32)) {
+            state.apply(state.applied_index + 1, &cmd);
+        }
+        let ctx = LaunchContext::for_test("");
+        let host = |_: &str| Some("127.0.0.1".to_string());
+        let mut job = state.job(id).unwrap().clone();
+        let l = launch(&ctx, &job, &job.assignment[0], &host).unwrap();
+        let work = PathBuf::from(format!("/tmp/rl/jobs/{id}/generation-1/worker-0"));
+        assert_eq!(l.work_dir.as_ref(), Some(&work));
+        assert_eq!(
+            l.files,
+            [
+                (work.join("t.py"), b"print(1)".to_vec()),
+                (work.join("lib/b.bin"), vec![0, 1]),
+            ]
+        );
+        assert_eq!(l.dataset.as_deref(), Some("mnist"));
+        assert_eq!(env_of(&l, TRIAL_RESOURCE_ENV), None, "not a trial");
+        // A trial's run to a rung is told the rung.
+        job.trial_of = Some(crate::search::record::TrialOf {
+            search: JobId::from_log_index(1),
+            trial: 3,
+            metric: "acc".into(),
+            target: 9,
+            copy: false,
+        });
+        let l = launch(&ctx, &job, &job.assignment[0], &host).unwrap();
+        assert_eq!(env_of(&l, TRIAL_RESOURCE_ENV), Some("9"));
+        assert_eq!(env_of(&l, "RINGLEADER_TRIAL_ID"), Some("3"));
+        // Without files a command rank runs where the node runs, as before.
+        job.spec.files.clear();
+        let l = launch(&ctx, &job, &job.assignment[0], &host).unwrap();
+        assert!(l.work_dir.is_none() && l.files.is_empty());
     }
 
     #[test]

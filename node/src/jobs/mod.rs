@@ -103,6 +103,22 @@ pub fn admit_spec_text(text: &str) -> Result<JobSpec, AdmitError> {
     Ok(spec)
 }
 
+/// [`admit_spec_text`] for a spec given as JSON (an object with the TOML's keys): written
+/// as TOML ([`JobSpec::toml_of_json`]) and admitted through the same gate, so errors name
+/// the same fields. A JSON syntax error names its line and column; past that, lines in the
+/// TOML would point into text the user never wrote, so errors carry the field only.
+pub fn admit_spec_json(json: &str) -> Result<JobSpec, AdmitError> {
+    let text = JobSpec::toml_of_json(json)?;
+    admit_spec_text(&text).map_err(|e| match e.line {
+        Some(line) => AdmitError {
+            message: e.message.replace(&format!(" at line {line}"), ""),
+            field: e.field,
+            line: None,
+        },
+        None => e,
+    })
+}
+
 /// Checks a spec that arrived already parsed (a submit forwarded by another node) through
 /// exactly the same gate: it is written back to TOML, admitted as text, and must come back
 /// unchanged.
@@ -157,6 +173,47 @@ mod tests {
         assert!(e.ends_with("at line 10"), "{e}");
         let spec = admit_text(&text.replace("train.lrr", "train.lr")).unwrap();
         admit(&spec).unwrap();
+    }
+
+    #[test]
+    fn a_json_spec_passes_the_same_gate_and_its_errors_name_fields_without_toml_lines() {
+        let spec = admit_spec_json(
+            r#"{"name": "j", "kind": "command", "command": ["true"], "workers": 2}"#,
+        )
+        .unwrap();
+        admit(&spec).unwrap();
+        let e = admit_spec_json(
+            r#"{"name": "j", "kind": "command", "command": ["true"], "workers": 0}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("workers"));
+        assert_eq!(e.line, None);
+        assert_eq!(e.message, "workers: expected a positive integer");
+        let e = admit_spec_json(
+            r#"{"name": "j", "kind": "command", "command": ["true"], "wokers": 2}"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.message,
+            "unknown field \"wokers\" (did you mean \"workers\"?)"
+        );
+        // A search's error, found past the parse, names its field too.
+        let e = admit_spec_json(
+            r#"{"name": "s", "kind": "search", "command": ["true"], "search": {"trial": "command",
+               "algorithm": "bayes", "trials": 3, "metric": "m", "direction": "max",
+               "params": [{"name": "lr", "type": "double", "min": 0.1, "max": 0.5}]}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("search.algorithm"), "{e}");
+        assert!(!e.message.contains("at line"), "{e}");
+        // JSON syntax: its own line and column.
+        let e = admit_spec_json("{\n\"name\": 'a'}").unwrap_err();
+        assert_eq!((e.field, e.line), (None, Some(2)));
+        assert!(
+            e.message.starts_with("invalid JSON at line 2 column"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

@@ -329,6 +329,13 @@ impl Run {
         let work = log.with_extension("");
         user.own_dir(&work)?;
         for (path, _) in &self.launch.files {
+            // A `[[files]]` path's own directories inside the work directory are the user's.
+            for dir in path.ancestors().skip(1) {
+                if dir == work || !dir.starts_with(&work) {
+                    break;
+                }
+                user.own_dir(dir)?;
+            }
             user.own_file(path)?;
         }
         let storage = self
@@ -383,8 +390,11 @@ impl Run {
             .append(true)
             .open(&self.launch.log)
             .await?;
-        for (path, text) in &self.launch.files {
-            tokio::fs::write(path, text).await?;
+        if let Some(dir) = &self.launch.work_dir {
+            tokio::fs::create_dir_all(dir).await?;
+        }
+        for (path, contents) in &self.launch.files {
+            write_fresh(path, contents).await?;
         }
         // Control messages that arrive while the dataset is fetched: a kill ends the wait,
         // a new generation is replayed once the process runs (as if it had run all along).
@@ -409,7 +419,7 @@ impl Run {
         }
         let work_dir = match self.options.run_as.clone() {
             Some(user) => Some(self.prepare_run_as(&user)?),
-            None => None,
+            None => self.launch.work_dir.clone(),
         };
         let (program, args) = self
             .launch
@@ -431,6 +441,8 @@ impl Run {
                 .env("HOME", dir)
                 .env("USER", &user.name)
                 .env("LOGNAME", &user.name);
+        } else if let Some(dir) = &work_dir {
+            cmd.current_dir(dir);
         }
         // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
         unsafe {
@@ -895,6 +907,48 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(
     }
 }
 
+/// Writes a file the node hands a rank (a spec file, a `[[files]]` entry) as a new file:
+/// its directories made, never followed through a symbolic link (one a rank of an earlier
+/// run left, under `--run-as` another user's), an old file or link at `path` replaced.
+async fn write_fresh(path: &std::path::Path, contents: &[u8]) -> std::io::Result<()> {
+    use tokio::fs;
+    if let Some(dir) = path.parent() {
+        let mut missing = Vec::new();
+        for d in dir.ancestors() {
+            match fs::symlink_metadata(d).await {
+                Ok(meta) if meta.file_type().is_symlink() => {
+                    return Err(std::io::Error::other(format!(
+                        "{} is a symbolic link: refused",
+                        d.display()
+                    )))
+                }
+                Ok(_) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => missing.push(d),
+                Err(e) => return Err(e),
+            }
+        }
+        for d in missing.into_iter().rev() {
+            if let Err(e) = fs::create_dir(d).await {
+                if e.kind() != std::io::ErrorKind::AlreadyExists {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    if let Err(e) = fs::remove_file(path).await {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            return Err(e);
+        }
+    }
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .await?;
+    tokio::io::AsyncWriteExt::write_all(&mut file, contents).await?;
+    tokio::io::AsyncWriteExt::flush(&mut file).await
+}
+
 /// Kills a process group when dropped.
 struct ProcessGroup(Option<i32>);
 
@@ -930,6 +984,28 @@ mod tests {
         }
         task.await.unwrap();
         out
+    }
+
+    #[tokio::test]
+    async fn files_are_written_fresh_never_through_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("worker-0");
+        // Directories made as needed; an old file (or a link at its path) replaced.
+        write_fresh(&work.join("lib/a.py"), b"one").await.unwrap();
+        write_fresh(&work.join("lib/a.py"), b"two").await.unwrap();
+        assert_eq!(std::fs::read(work.join("lib/a.py")).unwrap(), b"two");
+        let outside = dir.path().join("outside");
+        std::fs::write(&outside, b"keep").unwrap();
+        std::os::unix::fs::symlink(&outside, work.join("link.py")).unwrap();
+        write_fresh(&work.join("link.py"), b"new").await.unwrap();
+        assert_eq!(std::fs::read(&outside).unwrap(), b"keep");
+        assert_eq!(std::fs::read(work.join("link.py")).unwrap(), b"new");
+        // A directory on the way that is a link: refused, nothing written beyond it.
+        std::fs::create_dir(dir.path().join("elsewhere")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("elsewhere"), work.join("sub")).unwrap();
+        let e = write_fresh(&work.join("sub/x.py"), b"x").await.unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert!(!dir.path().join("elsewhere/x.py").exists());
     }
 
     #[tokio::test]

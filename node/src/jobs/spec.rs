@@ -37,6 +37,14 @@ pub const GPUS_PER_WORKER_MAX: u32 = 64;
 pub const COMMAND_ARGS_MAX: usize = 256;
 /// Most entries in `env`.
 pub const ENV_VARS_MAX: usize = 256;
+/// Most `[[files]]` one spec may carry.
+pub const FILES_MAX: usize = 64;
+/// Largest total size of a spec's `[[files]]`, decoded, in bytes. The spec's text (at most
+/// [`SPEC_BYTES_MAX`]) holds them, base64 a third larger; every trial of a search carries its
+/// template's files in the Raft log, so they stay small: a script, a pickled function.
+pub const FILES_BYTES_MAX: usize = 128 * 1024;
+/// Longest `files[i].path`, in bytes.
+pub const FILE_PATH_BYTES_MAX: usize = 255;
 
 /// Environment variables ringleader sets for every command worker; a spec may not set them.
 pub const RESERVED_ENV: [&str; 5] = [
@@ -57,7 +65,7 @@ pub const NODE_ENV_PREFIX: &str = "RINGLEADER_";
 /// (`RINGLEADER_NO_SHM`: no shared-memory path between a job's ranks).
 pub const NODE_ENV_ALLOWED: [&str; 1] = ["RINGLEADER_NO_SHM"];
 
-const TOP_FIELDS: [&str; 17] = [
+const TOP_FIELDS: [&str; 18] = [
     "name",
     "kind",
     "workers",
@@ -75,7 +83,9 @@ const TOP_FIELDS: [&str; 17] = [
     "checkpoint",
     "search",
     "elastic",
+    "files",
 ];
+const FILE_FIELDS: [&str; 3] = ["path", "text", "base64"];
 const ELASTIC_FIELDS: [&str; 3] = [
     "straggler_factor",
     "straggler_window",
@@ -184,6 +194,74 @@ impl Default for Elastic {
     }
 }
 
+/// One `[[files]]` entry: a small file written into each rank's working directory before
+/// the rank starts. Exactly one of `text` and `base64` is set; `path` is relative, of
+/// normal components only (see [`file_path_problem`]). Kept as the spec gave it, so the
+/// spec prints back to the same TOML.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpecFile {
+    /// Where, relative to the rank's working directory, e.g. `train.py` or `lib/util.py`.
+    pub path: String,
+    /// The contents as UTF-8 text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// The contents as standard base64 (with padding).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base64: Option<String>,
+}
+
+impl SpecFile {
+    /// The file's bytes (`None` only for base64 that does not decode, which admission
+    /// refuses).
+    pub fn bytes(&self) -> Option<Vec<u8>> {
+        use base64::Engine as _;
+        match (&self.text, &self.base64) {
+            (Some(text), _) => Some(text.as_bytes().to_vec()),
+            (None, Some(b64)) => base64::engine::general_purpose::STANDARD.decode(b64).ok(),
+            (None, None) => Some(Vec::new()),
+        }
+    }
+}
+
+/// Why `path` cannot be a `[[files]]` path, or `None` when it can: it must be relative,
+/// 1 to [`FILE_PATH_BYTES_MAX`] bytes, with no empty, `.` or `..` component and no NUL, so
+/// that it stays inside the rank's working directory.
+pub fn file_path_problem(path: &str) -> Option<String> {
+    if path.is_empty() {
+        return Some("expected a relative path such as \"train.py\"".into());
+    }
+    if path.len() > FILE_PATH_BYTES_MAX {
+        return Some(format!(
+            "at most {FILE_PATH_BYTES_MAX} bytes, got {}",
+            path.len()
+        ));
+    }
+    if path.starts_with('/') {
+        return Some(format!(
+            "{path:?} is absolute: give a path relative to the rank's working directory"
+        ));
+    }
+    if path.contains('\0') {
+        return Some("must not contain NUL".into());
+    }
+    for part in path.split('/') {
+        match part {
+            "" => {
+                return Some(format!(
+                    "{path:?} has an empty component (\"//\" or a trailing \"/\")"
+                ))
+            }
+            "." | ".." => {
+                return Some(format!(
+                    "{path:?} has a {part:?} component: give a plain relative path"
+                ))
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
 /// A validated job spec.
 ///
 /// Invariants (established by [`JobSpec::parse`]): `name` matches `[A-Za-z0-9_.-]{1,64}`;
@@ -238,6 +316,11 @@ pub struct JobSpec {
     /// (`succeeded` when a trial succeeded).
     #[serde(default)]
     pub reports_required: bool,
+    /// `[[files]]`: small files written into each rank's working directory before it
+    /// starts (command jobs and command trials only), at most [`FILES_MAX`] of them and
+    /// [`FILES_BYTES_MAX`] bytes in all; no two with the same path, nor one inside another.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<SpecFile>,
 }
 
 /// Why a spec was refused. Each variant names the field path (dotted, with `[i]` for array
@@ -280,6 +363,24 @@ pub enum SpecError {
         /// Why it is required, e.g. "required when kind = \"command\"".
         problem: String,
     },
+    /// A JSON spec that is not valid JSON.
+    #[error("invalid JSON at line {line} column {column}: {message}")]
+    Json {
+        /// 1-based line of the problem in the JSON text.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// serde_json's message.
+        message: String,
+    },
+    /// A JSON spec's value that TOML cannot hold (`null`, an integer above `i64::MAX`).
+    #[error("{field}: {problem}")]
+    NotToml {
+        /// Dotted path of the value (empty: the document itself).
+        field: String,
+        /// What is wrong.
+        problem: String,
+    },
     /// The text is larger than [`SPEC_BYTES_MAX`].
     #[error("spec is {bytes} bytes; at most {limit} are accepted")]
     TooLarge {
@@ -303,8 +404,9 @@ impl SpecError {
         match self {
             SpecError::UnknownField { field, .. }
             | SpecError::Invalid { field, .. }
-            | SpecError::Missing { field, .. } => Some(field),
-            SpecError::Syntax { .. } | SpecError::TooLarge { .. } => None,
+            | SpecError::Missing { field, .. }
+            | SpecError::NotToml { field, .. } => Some(field),
+            SpecError::Syntax { .. } | SpecError::Json { .. } | SpecError::TooLarge { .. } => None,
         }
     }
 
@@ -312,9 +414,12 @@ impl SpecError {
     pub fn line(&self) -> Option<usize> {
         match self {
             SpecError::Syntax { line, .. }
+            | SpecError::Json { line, .. }
             | SpecError::UnknownField { line, .. }
             | SpecError::Invalid { line, .. } => Some(*line),
-            SpecError::Missing { .. } | SpecError::TooLarge { .. } => None,
+            SpecError::Missing { .. } | SpecError::NotToml { .. } | SpecError::TooLarge { .. } => {
+                None
+            }
         }
     }
 }
@@ -334,6 +439,96 @@ impl JobSpec {
         })?;
         Parser { text }.spec(doc.get_ref())
     }
+}
+
+impl JobSpec {
+    /// A spec given as JSON (an object with the TOML's keys, as `POST /v1/jobs` takes it
+    /// with `Content-Type: application/json`) written as the TOML text that means the same,
+    /// for [`JobSpec::parse`] and the rest of admission: one gate, the same field names in
+    /// its errors. JSON has values TOML lacks: `null` is refused naming its field (leave
+    /// the key out instead), and so is an integer beyond `i64`.
+    pub fn toml_of_json(json: &str) -> Result<String, SpecError> {
+        if json.len() > SPEC_BYTES_MAX {
+            return Err(SpecError::TooLarge {
+                bytes: json.len(),
+                limit: SPEC_BYTES_MAX,
+            });
+        }
+        let value: serde_json::Value = serde_json::from_str(json).map_err(|e| SpecError::Json {
+            line: e.line().max(1),
+            column: e.column().max(1),
+            message: e
+                .to_string()
+                .split(" at line ")
+                .next()
+                .unwrap_or("")
+                .to_owned(),
+        })?;
+        let serde_json::Value::Object(_) = value else {
+            return Err(SpecError::NotToml {
+                field: "spec".into(),
+                problem: "expected a JSON object with the TOML's keys, e.g. {\"name\": \"a\", \"kind\": \"command\"}".into(),
+            });
+        };
+        match toml_of_json_value("", &value)? {
+            toml::Value::Table(t) => toml::to_string(&t).map_err(|e| SpecError::NotToml {
+                field: "spec".into(),
+                problem: format!("cannot be written as TOML: {e}"),
+            }),
+            _ => unreachable!("an object makes a table"),
+        }
+    }
+}
+
+/// One JSON value as TOML, `path` naming it in errors.
+fn toml_of_json_value(path: &str, v: &serde_json::Value) -> Result<toml::Value, SpecError> {
+    use serde_json::Value as J;
+    use toml::Value as T;
+    let at = |key: &str| {
+        if path.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{path}.{key}")
+        }
+    };
+    Ok(match v {
+        J::Null => {
+            return Err(SpecError::NotToml {
+                field: path.to_owned(),
+                problem: "null has no TOML form: leave the key out for its default".into(),
+            })
+        }
+        J::Bool(b) => T::Boolean(*b),
+        J::Number(n) => match (n.as_i64(), n.as_f64()) {
+            (Some(i), _) => T::Integer(i),
+            (None, Some(_)) if n.is_u64() => {
+                return Err(SpecError::NotToml {
+                    field: path.to_owned(),
+                    problem: format!("{n} is beyond TOML's integers (at most {})", i64::MAX),
+                })
+            }
+            (None, Some(f)) => T::Float(f),
+            (None, None) => {
+                return Err(SpecError::NotToml {
+                    field: path.to_owned(),
+                    problem: format!("{n} is not a number TOML can hold"),
+                })
+            }
+        },
+        J::String(s) => T::String(s.clone()),
+        J::Array(items) => T::Array(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| toml_of_json_value(&format!("{path}[{i}]"), item))
+                .collect::<Result<_, _>>()?,
+        ),
+        J::Object(map) => T::Table(
+            map.iter()
+                .map(|(k, item)| Ok((k.clone(), toml_of_json_value(&at(k), item)?)))
+                .collect::<Result<_, SpecError>>()?,
+        ),
+    })
 }
 
 impl JobSpec {
@@ -408,6 +603,24 @@ impl JobSpec {
             int(self.elastic.blacklist_cooldown_s),
         );
         t.insert("elastic".into(), Value::Table(elastic));
+        if !self.files.is_empty() {
+            let files = self
+                .files
+                .iter()
+                .map(|f| {
+                    let mut file = toml::Table::new();
+                    file.insert("path".into(), Value::String(f.path.clone()));
+                    if let Some(text) = &f.text {
+                        file.insert("text".into(), Value::String(text.clone()));
+                    }
+                    if let Some(b64) = &f.base64 {
+                        file.insert("base64".into(), Value::String(b64.clone()));
+                    }
+                    Value::Table(file)
+                })
+                .collect();
+            t.insert("files".into(), Value::Array(files));
+        }
         toml::to_string(&t).unwrap_or_default()
     }
 }
@@ -567,6 +780,20 @@ impl Parser<'_> {
             None => Elastic::default(),
             Some(v) => self.elastic(v)?,
         };
+        if let (JobKind::Command, Some(v)) = (kind, get("data")) {
+            self.command_data(v)?;
+        }
+        let files = match get("files") {
+            None => Vec::new(),
+            Some(v) if kind == JobKind::Train => {
+                return Err(self.invalid(
+                    "files",
+                    v,
+                    "only for kind = \"command\" and searches of command trials, not \"train\"",
+                ))
+            }
+            Some(v) => self.files(v)?,
+        };
         Ok(JobSpec {
             name,
             kind,
@@ -586,7 +813,143 @@ impl Parser<'_> {
             search,
             elastic,
             reports_required: true,
+            files,
         })
+    }
+
+    /// A command job's `[data]`: only `dataset`, a shared dataset's name (fetched to the
+    /// rank's node before it starts, its directory in `RINGLEADER_DATASET_DIR`).
+    fn command_data(&self, v: &Spanned<DeValue<'_>>) -> Result<(), SpecError> {
+        let Some(table) = v.get_ref().as_table() else {
+            return Err(self.invalid("data", v, "expected a table"));
+        };
+        if let Some((k, _)) = table.iter().find(|(k, _)| &**k.get_ref() != "dataset") {
+            let key: &str = k.get_ref();
+            return Err(SpecError::Invalid {
+                field: format!("data.{key}"),
+                problem: "a command job's [data] has only dataset (a shared dataset's name)".into(),
+                line: self.line(k.span()),
+            });
+        }
+        match table.get("dataset") {
+            Some(d) if d.get_ref().as_str().is_none_or(str::is_empty) => {
+                Err(self.invalid("data.dataset", d, "expected a shared dataset's name"))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// `[[files]]`: an array of tables `{path, text | base64}`.
+    fn files(&self, v: &Spanned<DeValue<'_>>) -> Result<Vec<SpecFile>, SpecError> {
+        use base64::Engine as _;
+        let problem = "expected an array of tables [[files]] with path and text or base64";
+        let Some(items) = v.get_ref().as_array() else {
+            return Err(self.invalid("files", v, problem));
+        };
+        if items.len() > FILES_MAX {
+            return Err(self.invalid(
+                "files",
+                v,
+                format!("at most {FILES_MAX} files, got {}", items.len()),
+            ));
+        }
+        let mut out: Vec<SpecFile> = Vec::with_capacity(items.len());
+        let mut total = 0usize;
+        for (i, item) in items.iter().enumerate() {
+            let at = format!("files[{i}]");
+            let Some(table) = item.get_ref().as_table() else {
+                return Err(self.invalid(&at, item, problem));
+            };
+            self.reject_unknown(table, &format!("{at}."), &FILE_FIELDS)?;
+            let path = match table.get("path") {
+                None => {
+                    return Err(self.invalid(
+                        &format!("{at}.path"),
+                        item,
+                        "required, e.g. path = \"train.py\"",
+                    ))
+                }
+                Some(p) => {
+                    let field = format!("{at}.path");
+                    let Some(path) = p.get_ref().as_str() else {
+                        return Err(self.invalid(&field, p, "expected a relative path"));
+                    };
+                    if let Some(why) = file_path_problem(path) {
+                        return Err(self.invalid(&field, p, why));
+                    }
+                    for (j, other) in out.iter().enumerate() {
+                        let nested = |a: &str, b: &str| {
+                            a.len() > b.len() && a.starts_with(b) && a.as_bytes()[b.len()] == b'/'
+                        };
+                        if other.path == path
+                            || nested(path, &other.path)
+                            || nested(&other.path, path)
+                        {
+                            return Err(self.invalid(
+                                &field,
+                                p,
+                                format!("{path:?} clashes with files[{j}].path {:?}", other.path),
+                            ));
+                        }
+                    }
+                    path.to_owned()
+                }
+            };
+            let (text, b64, size) = match (table.get("text"), table.get("base64")) {
+                (Some(_), Some(b)) => {
+                    return Err(self.invalid(
+                        &format!("{at}.base64"),
+                        b,
+                        "give text or base64, not both",
+                    ))
+                }
+                (None, None) => {
+                    return Err(self.invalid(
+                        &format!("{at}.text"),
+                        item,
+                        "required: the contents as text = \"…\" or base64 = \"…\"",
+                    ))
+                }
+                (Some(t), None) => match t.get_ref().as_str() {
+                    Some(text) => (Some(text.to_owned()), None, text.len()),
+                    None => {
+                        return Err(self.invalid(&format!("{at}.text"), t, "expected a string"))
+                    }
+                },
+                (None, Some(b)) => {
+                    let field = format!("{at}.base64");
+                    let Some(encoded) = b.get_ref().as_str() else {
+                        return Err(self.invalid(&field, b, "expected a string"));
+                    };
+                    let decoded = base64::engine::general_purpose::STANDARD
+                        .decode(encoded)
+                        .map_err(|e| {
+                            self.invalid(
+                                &field,
+                                b,
+                                format!("not standard base64 with padding ({e})"),
+                            )
+                        })?;
+                    (None, Some(encoded.to_owned()), decoded.len())
+                }
+            };
+            total += size;
+            if total > FILES_BYTES_MAX {
+                return Err(self.invalid(
+                    &at,
+                    item,
+                    format!(
+                        "the files come to {total} bytes by here; at most {FILES_BYTES_MAX} are accepted in all"
+                    ),
+                ));
+            }
+            out.push(SpecFile {
+                path,
+                text,
+                base64: b64,
+            });
+        }
+        Ok(out)
     }
 
     fn elastic(&self, v: &Spanned<DeValue<'_>>) -> Result<Elastic, SpecError> {
@@ -1378,6 +1741,191 @@ max = 0.3
         let json = serde_json::to_string(&spec).unwrap();
         let back: JobSpec = serde_json::from_str(&json).unwrap();
         assert_eq!(spec, back);
+    }
+
+    const FILES: &str = "name = \"f\"\nkind = \"command\"\ncommand = [\"python3\", \"train.py\"]\n";
+
+    #[test]
+    fn files_ride_in_the_spec_as_text_or_base64() {
+        let text = format!(
+            "{FILES}[[files]]\npath = \"train.py\"\ntext = \"print('hi')\\n\"\n[[files]]\npath = \"lib/fn.pkl\"\nbase64 = \"AAEC/w==\"\n"
+        );
+        let spec = JobSpec::parse(&text).unwrap();
+        assert_eq!(spec.files.len(), 2);
+        assert_eq!(spec.files[0].path, "train.py");
+        assert_eq!(spec.files[0].bytes().unwrap(), b"print('hi')\n");
+        assert_eq!(spec.files[1].bytes().unwrap(), [0, 1, 2, 255]);
+        // Written back, read back: the same spec (a forward), and through the Raft log's JSON.
+        assert_eq!(JobSpec::parse(&spec.to_toml()).unwrap(), spec);
+        let back: JobSpec = serde_json::from_str(&serde_json::to_string(&spec).unwrap()).unwrap();
+        assert_eq!(back, spec);
+        // A spec without files writes no `files` key: logs of earlier versions read the same.
+        let plain = JobSpec::parse(FILES).unwrap();
+        assert!(!serde_json::to_string(&plain).unwrap().contains("files"));
+    }
+
+    #[test]
+    fn file_paths_stay_inside_the_working_directory() {
+        for (path, problem) in [
+            ("/etc/passwd", "is absolute"),
+            ("../x.py", "\"..\" component"),
+            ("a/../../x", "\"..\" component"),
+            ("./x.py", "\".\" component"),
+            ("a//b", "empty component"),
+            ("a/", "empty component"),
+            ("", "expected a relative path"),
+        ] {
+            let e = err(&format!(
+                "{FILES}[[files]]\npath = {path:?}\ntext = \"x\"\n"
+            ));
+            assert!(e.starts_with("files[0].path: "), "{path}: {e}");
+            assert!(e.contains(problem), "{path}: {e}");
+            assert!(e.ends_with("at line 5"), "{path}: {e}");
+        }
+        let long = "a".repeat(FILE_PATH_BYTES_MAX + 1);
+        assert!(file_path_problem(&long).unwrap().contains("at most"));
+        assert_eq!(file_path_problem("src/model/net.py"), None);
+        assert_eq!(file_path_problem("..hidden/.x"), None);
+    }
+
+    #[test]
+    fn file_errors_name_their_field() {
+        let one = |body: &str| err(&format!("{FILES}[[files]]\n{body}"));
+        assert_eq!(
+            one("text = \"x\"\n"),
+            "files[0].path: required, e.g. path = \"train.py\" at line 4"
+        );
+        assert_eq!(
+            one("path = \"a\"\n"),
+            "files[0].text: required: the contents as text = \"…\" or base64 = \"…\" at line 4"
+        );
+        assert!(one("path = \"a\"\ntext = \"x\"\nbase64 = \"eA==\"\n")
+            .starts_with("files[0].base64: give text or base64, not both at line 7"));
+        assert!(one("path = \"a\"\nbase64 = \"not base64!\"\n")
+            .starts_with("files[0].base64: not standard base64"));
+        assert!(one("path = \"a\"\ntext = 3\n").starts_with("files[0].text: expected a string"));
+        assert!(one("path = \"a\"\ntxt = \"x\"\n").starts_with(
+            "unknown field \"files[0].txt\" at line 6 (did you mean \"files[0].text\"?)"
+        ));
+        assert!(
+            one("path = 3\ntext = \"\"\n").starts_with("files[0].path: expected a relative path")
+        );
+        let e = err(&format!(
+            "{FILES}[[files]]\npath = \"a\"\ntext = \"\"\n[[files]]\npath = \"a/b\"\ntext = \"\"\n"
+        ));
+        assert_eq!(
+            e,
+            "files[1].path: \"a/b\" clashes with files[0].path \"a\" at line 8"
+        );
+        let e = err(&format!(
+            "{FILES}[[files]]\npath = \"a\"\ntext = \"\"\n[[files]]\npath = \"a\"\ntext = \"\"\n"
+        ));
+        assert!(e.starts_with("files[1].path: \"a\" clashes"), "{e}");
+        assert_eq!(
+            err(&format!("{FILES}files = \"train.py\"\n")),
+            "files: expected an array of tables [[files]] with path and text or base64 at line 4"
+        );
+        // Only command jobs (and searches, checked with their trial kind) carry files.
+        let e = err("name = \"t\"\nkind = \"train\"\n[[files]]\npath = \"a\"\ntext = \"\"\n");
+        assert!(e.starts_with("files: only for kind = \"command\""), "{e}");
+    }
+
+    #[test]
+    fn files_have_a_size_limit_in_all() {
+        let half = "x".repeat(FILES_BYTES_MAX / 2);
+        let ok = format!(
+            "{FILES}[[files]]\npath = \"a\"\ntext = \"{half}\"\n[[files]]\npath = \"b\"\ntext = \"{half}\"\n"
+        );
+        JobSpec::parse(&ok).unwrap();
+        let e = err(&format!("{ok}[[files]]\npath = \"c\"\ntext = \"x\"\n"));
+        assert!(
+            e.starts_with(&format!(
+                "files[2]: the files come to {} bytes",
+                FILES_BYTES_MAX + 1
+            )),
+            "{e}"
+        );
+        let many: String = (0..=FILES_MAX)
+            .map(|i| format!("[[files]]\npath = \"f{i}\"\ntext = \"\"\n"))
+            .collect();
+        let e = err(&format!("{FILES}{many}"));
+        assert!(
+            e.starts_with(&format!("files: at most {FILES_MAX} files")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_command_jobs_data_names_only_a_dataset() {
+        let spec = JobSpec::parse(&format!("{FILES}[data]\ndataset = \"mnist\"\n")).unwrap();
+        assert_eq!(spec.data.unwrap()["dataset"].as_str(), Some("mnist"));
+        assert_eq!(
+            err(&format!("{FILES}[data]\ndataset = \"mnist\"\nsamples = 3\n")),
+            "data.samples: a command job's [data] has only dataset (a shared dataset's name) at line 6"
+        );
+        assert_eq!(
+            err(&format!("{FILES}[data]\ndataset = 3\n")),
+            "data.dataset: expected a shared dataset's name at line 5"
+        );
+    }
+
+    #[test]
+    fn a_json_spec_is_the_toml_with_the_same_keys() {
+        let json = r#"{"name": "j", "kind": "command", "workers": 2,
+            "command": ["python3", "train.py"], "env": {"A": "1"},
+            "resources": {"cpus_per_worker": 2}, "data": {"dataset": "mnist"},
+            "files": [{"path": "train.py", "text": "print(1)"}]}"#;
+        let from_json = JobSpec::parse(&JobSpec::toml_of_json(json).unwrap()).unwrap();
+        let from_toml = JobSpec::parse(
+            "name = \"j\"\nkind = \"command\"\nworkers = 2\ncommand = [\"python3\", \"train.py\"]\n[env]\nA = \"1\"\n[resources]\ncpus_per_worker = 2\n[data]\ndataset = \"mnist\"\n[[files]]\npath = \"train.py\"\ntext = \"print(1)\"\n",
+        )
+        .unwrap();
+        assert_eq!(from_json, from_toml);
+        // A search: arrays of objects are arrays of tables, floats stay floats.
+        let json = r#"{"name": "s", "kind": "search", "train": {"epochs": 3, "lr": 0.1},
+            "search": {"algorithm": "random", "trials": 2, "metric": "val_accuracy",
+            "direction": "max", "params": [{"name": "train.lr", "type": "double",
+            "min": 1e-3, "max": 0.5, "scale": "log"}]}}"#;
+        let spec = JobSpec::parse(&JobSpec::toml_of_json(json).unwrap()).unwrap();
+        let params = spec.search.unwrap()["params"].as_array().unwrap().clone();
+        assert_eq!(params[0]["min"].as_float(), Some(1e-3));
+    }
+
+    #[test]
+    fn json_spec_errors_name_the_line_and_column_or_the_field() {
+        let e = JobSpec::toml_of_json("{\"name\": \"a\",\n \"kind\": }").unwrap_err();
+        assert!(
+            matches!(
+                e,
+                SpecError::Json {
+                    line: 2,
+                    column: 10,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with("invalid JSON at line 2 column 10: "),
+            "{e}"
+        );
+        let e =
+            JobSpec::toml_of_json("{\"name\": \"a\", \"resources\": {\"gpus_per_worker\": null}}")
+                .unwrap_err();
+        assert_eq!(e.field(), Some("resources.gpus_per_worker"));
+        assert!(e.to_string().contains("null has no TOML form"), "{e}");
+        let e = JobSpec::toml_of_json("{\"files\": [{\"path\": null}]}").unwrap_err();
+        assert_eq!(e.field(), Some("files[0].path"));
+        let e = JobSpec::toml_of_json("{\"workers\": 18446744073709551615}").unwrap_err();
+        assert_eq!(e.field(), Some("workers"));
+        let e = JobSpec::toml_of_json("[1, 2]").unwrap_err();
+        assert_eq!(e.field(), Some("spec"));
+        let big = format!("{{\"name\": \"{}\"}}", "x".repeat(SPEC_BYTES_MAX));
+        assert!(matches!(
+            JobSpec::toml_of_json(&big),
+            Err(SpecError::TooLarge { .. })
+        ));
     }
 
     #[test]

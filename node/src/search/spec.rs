@@ -70,11 +70,32 @@ pub fn validate(spec: &JobSpec) -> Result<SearchSpec, Problem> {
                 "required when search.trial = \"command\"",
             ))
         }
+        TrialKind::Train if !spec.files.is_empty() => {
+            return Err(problem(
+                "files",
+                "only for command trials (search.trial = \"command\"): a train trial runs the built-in trainer",
+            ))
+        }
         TrialKind::Command => {
-            for section in ["model", "data", "train", "checkpoint"] {
+            if let Some(data) = &spec.data {
+                // As a command job's: only the shared dataset its ranks get.
+                if let Some(key) = data.keys().find(|k| *k != "dataset") {
+                    return Err(problem(
+                        &format!("data.{key}"),
+                        "a command trial's [data] has only dataset (a shared dataset's name)",
+                    ));
+                }
+                if data
+                    .get("dataset")
+                    .and_then(|d| d.as_str())
+                    .is_none_or(str::is_empty)
+                {
+                    return Err(problem("data.dataset", "expected a shared dataset's name"));
+                }
+            }
+            for section in ["model", "train", "checkpoint"] {
                 let present = match section {
                     "model" => spec.model.is_some(),
-                    "data" => spec.data.is_some(),
                     "train" => spec.train.is_some(),
                     _ => spec.checkpoint.is_some(),
                 };
@@ -223,9 +244,27 @@ pub fn trial_spec(spec: &JobSpec, s: &SearchSpec, trial: u32, params: &Params) -
                 t.command.push(text.clone());
                 t.env.insert(env_name(name), text);
             }
+            t.env.insert(PARAMS_ENV.into(), params_json(params));
         }
     }
     t
+}
+
+/// The variable that holds a command trial's parameters as one JSON object.
+pub const PARAMS_ENV: &str = "RINGLEADER_PARAMS";
+
+/// A trial's parameters as a JSON object of name → typed value (`{"lr": 0.01, "width":
+/// 64, "opt": "adam"}`): numbers stay numbers, integers integers, as `RINGLEADER_PARAMS`.
+pub fn params_json(params: &Params) -> String {
+    let object: serde_json::Map<String, serde_json::Value> = params
+        .iter()
+        .map(|(name, value)| {
+            let v = serde_json::to_value(value)
+                .unwrap_or_else(|_| serde_json::Value::String(arg_text(value)));
+            (name.clone(), v)
+        })
+        .collect();
+    serde_json::Value::Object(object).to_string()
 }
 
 /// `RINGLEADER_PARAM_` and the name upper-cased, other characters than letters and digits
@@ -374,6 +413,60 @@ max = 1.0
         assert_eq!(t.kind, JobKind::Command);
         assert_eq!(t.command, ["python3", "x.py", "--lr", "0.5"]);
         assert_eq!(t.env["RINGLEADER_PARAM_LR"], "0.5");
+        let json: serde_json::Value = serde_json::from_str(&t.env[PARAMS_ENV]).unwrap();
+        assert_eq!(json, serde_json::json!({"lr": 0.5}));
+        // Every type keeps its JSON type: integers, strings, lists.
+        params.insert("width".into(), toml::Value::Integer(64));
+        params.insert("opt".into(), toml::Value::String("adam".into()));
+        params.insert(
+            "hidden".into(),
+            toml::Value::Array(vec![toml::Value::Integer(32), toml::Value::Integer(16)]),
+        );
+        let json: serde_json::Value = serde_json::from_str(&params_json(&params)).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"lr": 0.5, "width": 64, "opt": "adam", "hidden": [32, 16]})
+        );
+    }
+
+    #[test]
+    fn command_trials_may_carry_files_and_a_dataset_train_trials_not() {
+        let command = r#"
+name = "c"
+kind = "search"
+command = ["python3", "x.py"]
+[[files]]
+path = "x.py"
+text = "print(1)"
+[data]
+dataset = "mnist"
+[search]
+trial = "command"
+algorithm = "random"
+trials = 2
+metric = "acc"
+direction = "max"
+[[search.params]]
+name = "lr"
+type = "double"
+min = 0.01
+max = 1.0
+"#;
+        let job = spec(command);
+        let s = validate(&job).unwrap();
+        let t = trial_spec(&job, &s, 1, &Params::new());
+        assert_eq!(t.files, job.files);
+        assert_eq!(t.data, job.data);
+        let e = validate(&spec(
+            &command.replace("dataset = \"mnist\"", "samples = 3"),
+        ))
+        .unwrap_err();
+        assert_eq!(e.field, "data.samples", "{e}");
+        let e = validate(&spec(
+            &ASHA.replace("[train]", "[[files]]\npath = \"a\"\ntext = \"\"\n[train]"),
+        ))
+        .unwrap_err();
+        assert_eq!(e.field, "files", "{e}");
     }
 
     #[test]
