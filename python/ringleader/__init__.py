@@ -36,7 +36,7 @@ from ._errors import (
 )
 from .client import Client, Job, LogLine, Search
 from .distributions import choice, loguniform, randint, search_params, uniform
-from .rank import metric, params, report, stopped, trial
+from .rank import dataset_dir, metric, params, report, stopped, trial
 
 __version__ = _native.VERSION
 PROTOCOL_VERSION = _native.PROTOCOL_VERSION
@@ -44,6 +44,7 @@ PROTOCOL_VERSION = _native.PROTOCOL_VERSION
 __all__ = [
     "ApiError", "BadRequest", "Client", "Conflict", "Forbidden", "Job", "JobCancelled",
     "JobFailed", "LogLine", "NotFound", "RingleaderError", "Search", "SpecError", "Stopped",
-    "Unauthorized", "Unavailable", "Unreachable", "choice", "loguniform", "metric", "params",
+    "Unauthorized", "Unavailable", "Unreachable", "choice", "dataset_dir", "loguniform",
+    "metric", "params",
     "randint", "report", "search_params", "stopped", "trial", "uniform",
 ]

@@ -57,12 +57,12 @@ def params(environ=None):
 def trial(environ=None):
     """Which trial this process is, or None outside a search's trial: a dict with `search`
     (the search's job id), `trial` (its number), `copy` (True in a speculative copy), `job`
-    (this trial's own job id) and `rung` (the epochs this run must reach; None until the
-    node tells it in `RINGLEADER_TRIAL_RUNG`)."""
+    (this trial's own job id) and `rung` (the resource, e.g. epochs, this run must reach:
+    the node's `RINGLEADER_TRIAL_RESOURCE`; None when it gave none)."""
     env = os.environ if environ is None else environ
     if "RINGLEADER_TRIAL_ID" not in env:
         return None
-    rung = env.get("RINGLEADER_TRIAL_RUNG")
+    rung = env.get("RINGLEADER_TRIAL_RESOURCE")
     return {
         "search": env.get("RINGLEADER_SEARCH_ID"),
         "trial": int(env["RINGLEADER_TRIAL_ID"]),
@@ -70,6 +70,13 @@ def trial(environ=None):
         "job": env.get("RINGLEADER_JOB_ID"),
         "rung": int(rung) if rung else None,
     }
+
+
+def dataset_dir(environ=None):
+    """The directory of the shared dataset the spec's `[data] dataset` names, fetched onto
+    this rank's node before it started (`RINGLEADER_DATASET_DIR`), or None without one."""
+    env = os.environ if environ is None else environ
+    return env.get("RINGLEADER_DATASET_DIR") or None
 
 
 def _emit(line, file):

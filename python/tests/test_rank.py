@@ -86,8 +86,13 @@ def test_trial_from_the_environment():
            "RINGLEADER_TRIAL_COPY": "1", "RINGLEADER_JOB_ID": "j-9"}
     assert ringleader.trial(env) == {"search": "j-4", "trial": 7, "copy": True, "job": "j-9",
                                      "rung": None}
-    env["RINGLEADER_TRIAL_RUNG"] = "3"
+    env["RINGLEADER_TRIAL_RESOURCE"] = "3"
     assert ringleader.trial(env)["rung"] == 3
+
+
+def test_dataset_dir_from_the_environment():
+    assert ringleader.dataset_dir({}) is None
+    assert ringleader.dataset_dir({"RINGLEADER_DATASET_DIR": "/d/x"}) == "/d/x"
 
 
 def test_report_raises_stopped_after_sigterm():
