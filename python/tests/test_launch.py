@@ -75,8 +75,13 @@ def test_asha_acts_on_a_functions_reports(client, rank_env):
     search.wait(timeout=JOB_WAIT_S)
     trials = search.trials()
     best = search.best
-    assert best["params"] == {"lr": 1.0}
-    assert best["metric"] == pytest.approx(1.0)
+    # The largest lr leads at every rung, so ASHA never cuts it: it runs all 9 epochs.
+    top_lr = max(t["params"]["lr"] for t in trials)
+    assert best["params"] == {"lr": top_lr}
+    assert best["metric"] == pytest.approx(top_lr)
+    # Trials start 3 at a time, so a later small lr meets the leaders' rung-1 values and
+    # is cut there: SIGTERM, then Stopped at its next report, and the runner exits 0.
+    assert any(t["state"] == "stopped" for t in trials), trials
     top = next(t for t in trials if t["id"] == best["id"])
     assert top["resource"] == 9
     # Every metric is a report the function printed: lr · epoch / 9 at the last epoch.
