@@ -102,6 +102,22 @@ def test_a_function_that_raises_fails_its_trial_with_the_traceback(client, rank_
     assert "in raises" in logs
 
 
+def test_a_trial_under_an_interpreter_without_cloudpickle_fails_saying_so(client, rank_env,
+                                                                         tmp_path):
+    # A bare virtualenv of this Python: the package comes from PYTHONPATH, cloudpickle not.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")],
+                   check=True, timeout=60)
+    bare = str(tmp_path / "bare" / "bin" / "python")
+    search = client.launch(quadratic, {"x": [1], "y": [0]}, python=bare, env=rank_env,
+                           max_trial_failures=0)
+    with pytest.raises(ringleader.JobFailed):
+        search.wait(timeout=JOB_WAIT_S)
+    (trial,) = search.trials()
+    assert trial["state"] == "failed"
+    logs = "\n".join(client.job(trial["job"]).logs())
+    assert f"the trial's interpreter {bare} lacks the package cloudpickle" in logs
+
+
 def test_a_pickle_above_the_spec_limit_is_refused_before_submitting():
     blob = os.urandom(_launch.FILES_BYTES_MAX)
 
