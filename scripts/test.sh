@@ -47,6 +47,11 @@ if [ ! -x "$pyvenv/bin/pytest" ]; then
     python3 -m venv "$pyvenv"
     "$pyvenv/bin/pip" install --quiet --disable-pip-version-check pytest
 fi
+# cloudpickle for `Client.launch` (its tests skip without it).
+"$pyvenv/bin/python" -c "import cloudpickle" 2>/dev/null ||
+    "$pyvenv/bin/pip" install --quiet --disable-pip-version-check cloudpickle ||
+    echo "cloudpickle not installed: the launch tests say SKIPPED"
+
 cargo build --quiet -p ringleader-python
 cp target/debug/lib_native.so python/ringleader/_native.abi3.so
 pytest_rc=0

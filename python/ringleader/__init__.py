@@ -14,8 +14,9 @@ Inside a rank or a search's trial (what the node started):
         ringleader.report(epoch, val_accuracy=train_one_epoch(p["lr"]))
 
 The standard library only; the protocol's lines come from the Rust protocol crate through
-the extension `ringleader._native`. Not here yet (issue 24): checkpoints
-(`ringleader.checkpoint`), `dataset_dir()` and launching functions (`Client.launch`).
+the extension `ringleader._native`. A function runs as a search's trials with
+`Client.launch(fn, params)` (cloudpickle). Not here yet (issue 24): checkpoints
+(`ringleader.checkpoint`).
 """
 
 from . import _native
@@ -34,6 +35,7 @@ from ._errors import (
     Unavailable,
     Unreachable,
 )
+from ._launch import PickleTooLarge
 from .client import Client, Job, LogLine, Search
 from .distributions import choice, loguniform, randint, search_params, uniform
 from .rank import dataset_dir, metric, params, report, stopped, trial
@@ -43,8 +45,8 @@ PROTOCOL_VERSION = _native.PROTOCOL_VERSION
 
 __all__ = [
     "ApiError", "BadRequest", "Client", "Conflict", "Forbidden", "Job", "JobCancelled",
-    "JobFailed", "LogLine", "NotFound", "RingleaderError", "Search", "SpecError", "Stopped",
-    "Unauthorized", "Unavailable", "Unreachable", "choice", "dataset_dir", "loguniform",
-    "metric", "params",
-    "randint", "report", "search_params", "stopped", "trial", "uniform",
+    "JobFailed", "LogLine", "NotFound", "PickleTooLarge", "RingleaderError", "Search",
+    "SpecError", "Stopped", "Unauthorized", "Unavailable", "Unreachable", "choice",
+    "dataset_dir", "loguniform", "metric", "params", "randint", "report", "search_params",
+    "stopped", "trial", "uniform",
 ]

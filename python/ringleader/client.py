@@ -20,7 +20,7 @@ import ssl
 import time
 import urllib.parse
 
-from . import _errors, _toml
+from . import _errors, _launch, _toml
 from .distributions import search_params
 
 DEFAULT_PEER = "127.0.0.1:7071"
@@ -254,6 +254,32 @@ class Client:
         doc = self.request("GET", f"/v1/jobs/{urllib.parse.quote(str(id))}")
         cls = Search if doc.get("kind") == "search" else Job
         return cls(self, doc)
+
+    def launch(self, fn, params, *, algorithm="grid", metric=None, direction="max",
+               trials=None, max_parallel=None, workers=1, resource=None, python="python3",
+               name=None, env=None, **search):
+        """Runs `fn(**params)` as the command trials of a search; returns the `Search`
+        (`.wait()` gives the final document, `.best` the best trial).
+
+        `fn` is pickled here with cloudpickle and rides in the spec's `[[files]]` with a
+        small runner (`PickleTooLarge` past the spec's 128 KiB), so it needs no shared
+        filesystem; trials run under the interpreter `python` names on each node, which
+        needs `cloudpickle` and `ringleader` installed and this Python's minor version (else
+        the trial fails saying so). `params`: `{name: list of values, or
+        ringleader.uniform/loguniform/randint/choice}`. `fn`'s return value, a number or a
+        dict holding `metric` (default `"objective"`), is the trial's metric, unless `fn`
+        reported it itself with `ringleader.report(epoch, metric=value)` (which ASHA and
+        the median rule act on). A function that raises fails its trial, with the traceback
+        in its logs. `resource`: the epochs a trial runs to (the search's `max_resource`,
+        required by asha and hyperband); `env`: extra environment of the trials (e.g. a
+        `PYTHONPATH` that holds the package); the other keywords go into `[search]`
+        (`seed`, `min_resource`, `reduction_factor`, `stopping`, …).
+        """
+        spec = _launch.launch_spec(
+            fn, params, algorithm=algorithm, metric=metric, direction=direction,
+            trials=trials, max_parallel=max_parallel, workers=workers, resource=resource,
+            python=python, name=name, env=env, **search)
+        return self.submit(spec)
 
     # --- datasets -----------------------------------------------------------------------
 

@@ -18,6 +18,8 @@ PARAMS_ENV = "RINGLEADER_PARAMS"
 _lock = threading.Lock()
 _stop = threading.Event()
 _handler_installed = False
+# The largest resource each metric name was printed at by this process (`reported()`).
+_reported = {}
 
 
 def _typed(text):
@@ -90,8 +92,19 @@ def metric(name, value, step=None, *, file=None):
     """Prints `ringleader-metric NAME VALUE [STEP]`: a job metric; in a search's command
     trial, the search's metric is also a report (STEP in epochs). ValueError for a name
     with whitespace or a value that is not finite."""
-    _emit(_native.metric_line(str(name), float(value), None if step is None else int(step)),
-          file)
+    line = _native.metric_line(str(name), float(value), None if step is None else int(step))
+    _emit(line, file)
+    with _lock:
+        # Without a step the node counts the lines: the resource is their number.
+        at = int(step) if step is not None else _reported.get(str(name), 0) + 1
+        _reported[str(name)] = max(at, _reported.get(str(name), 0))
+
+
+def reported():
+    """`{name: resource}`: each metric this process printed through `metric` or `report`,
+    with the largest resource (epochs; a step-less metric's count) it was printed at."""
+    with _lock:
+        return dict(_reported)
 
 
 def _on_sigterm(signum, frame):
@@ -129,3 +142,6 @@ def report(resource, *, file=None, **metrics):
         raise ValueError("report: at least one NAME=VALUE")
     line = _native.report_line(int(resource), [(k, float(v)) for k, v in metrics.items()])
     _emit(line, file)
+    with _lock:
+        for k in metrics:
+            _reported[k] = max(int(resource), _reported.get(k, 0))

@@ -1,0 +1,173 @@
+"""`Client.launch`: Python functions as a search's command trials on a real node (grid of a
+number, a dict, ASHA on per-epoch reports, a function that raises), and the parts that need
+no node: the size limit, the runner's interpreter check, the spec it writes."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import ringleader
+from ringleader import _launch, _runner
+
+from conftest import JOB_WAIT_S, PYTHON_DIR
+
+pytest.importorskip("cloudpickle")
+
+
+def quadratic(x, y):
+    return -(x - 2) ** 2 - y
+
+
+def accuracy_and_loss(x, k):
+    return {"acc": x * k, "loss": 1.0 - x}
+
+
+def epochs(lr):
+    for epoch in range(1, 10):
+        time.sleep(0.02)
+        ringleader.report(epoch, score=lr * epoch / 9)
+
+
+def raises(x):
+    raise ValueError(f"bad x {x}")
+
+
+def launch(client, rank_env, fn, params, **kw):
+    """A launch whose trials import the package from this checkout, under this interpreter
+    (which has cloudpickle: scripts/test.sh installs it)."""
+    return client.launch(fn, params, python=sys.executable, env=rank_env, **kw)
+
+
+def test_a_grid_of_a_function_returning_a_number_finds_the_best(client, rank_env):
+    search = launch(client, rank_env, quadratic, {"x": [1, 2, 3], "y": [0, 1]})
+    doc = search.wait(timeout=JOB_WAIT_S)
+    assert doc["state"] == "succeeded"
+    assert len(search.trials()) == 6
+    assert all(t["state"] == "succeeded" for t in search.trials()), search.trials()
+    best = search.best
+    assert best["params"] == {"x": 2, "y": 0}
+    assert best["metric"] == 0
+
+
+def test_a_dict_return_with_distributions(client, rank_env):
+    search = launch(client, rank_env, accuracy_and_loss,
+                    {"x": ringleader.uniform(0, 1), "k": ringleader.randint(1, 3)},
+                    algorithm="random", trials=4, metric="acc", seed=7)
+    search.wait(timeout=JOB_WAIT_S)
+    trials = search.trials()
+    assert len(trials) == 4
+    for t in trials:
+        assert 0 <= t["params"]["x"] <= 1 and t["params"]["k"] in (1, 2, 3)
+        assert t["metric"] == pytest.approx(t["params"]["x"] * t["params"]["k"])
+    assert search.best["metric"] == pytest.approx(max(t["metric"] for t in trials))
+    job = client.job(trials[0]["job"])
+    assert "loss" in job.metrics()
+
+
+def test_asha_acts_on_a_functions_reports(client, rank_env):
+    search = launch(client, rank_env, epochs, {"lr": [0.1, 0.2, 0.3, 0.5, 0.8, 1.0]},
+                    algorithm="asha", trials=6, metric="score", resource=9,
+                    min_resource=1, reduction_factor=3, max_parallel=3)
+    search.wait(timeout=JOB_WAIT_S)
+    trials = search.trials()
+    best = search.best
+    # The largest lr leads at every rung, so ASHA never cuts it: it runs all 9 epochs.
+    top_lr = max(t["params"]["lr"] for t in trials)
+    assert best["params"] == {"lr": top_lr}
+    assert best["metric"] == pytest.approx(top_lr)
+    # Trials start 3 at a time, so a later small lr meets the leaders' rung-1 values and
+    # is cut there: SIGTERM, then Stopped at its next report, and the runner exits 0.
+    assert any(t["state"] == "stopped" for t in trials), trials
+    top = next(t for t in trials if t["id"] == best["id"])
+    assert top["resource"] == 9
+    # Every metric is a report the function printed: lr · epoch / 9 at the last epoch.
+    for t in trials:
+        if t["metric"] is not None:
+            assert t["metric"] == pytest.approx(t["params"]["lr"] * t["resource"] / 9)
+
+
+def test_a_function_that_raises_fails_its_trial_with_the_traceback(client, rank_env):
+    search = launch(client, rank_env, raises, {"x": [1]}, max_trial_failures=0)
+    with pytest.raises(ringleader.JobFailed):
+        search.wait(timeout=JOB_WAIT_S)
+    (trial,) = search.trials()
+    assert trial["state"] == "failed"
+    logs = "\n".join(client.job(trial["job"]).logs())
+    assert "Traceback (most recent call last)" in logs
+    assert "ValueError: bad x 1" in logs
+    assert "in raises" in logs
+
+
+def test_a_trial_under_an_interpreter_without_cloudpickle_fails_saying_so(client, rank_env,
+                                                                         tmp_path):
+    # A bare virtualenv of this Python: the package comes from PYTHONPATH, cloudpickle not.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")],
+                   check=True, timeout=60)
+    bare = str(tmp_path / "bare" / "bin" / "python")
+    search = client.launch(quadratic, {"x": [1], "y": [0]}, python=bare, env=rank_env,
+                           max_trial_failures=0)
+    with pytest.raises(ringleader.JobFailed):
+        search.wait(timeout=JOB_WAIT_S)
+    (trial,) = search.trials()
+    assert trial["state"] == "failed"
+    logs = "\n".join(client.job(trial["job"]).logs())
+    assert f"the trial's interpreter {bare} lacks the package cloudpickle" in logs
+
+
+def test_a_pickle_above_the_spec_limit_is_refused_before_submitting():
+    blob = os.urandom(_launch.FILES_BYTES_MAX)
+
+    def big():
+        return len(blob)
+
+    # No node at this address: the error comes before any request.
+    with pytest.raises(ringleader.PickleTooLarge) as e:
+        ringleader.Client("127.0.0.1:9").launch(big, {"x": [1]})
+    assert e.value.size_bytes > _launch.FILES_BYTES_MAX
+    assert f"is {e.value.size_bytes} bytes" in str(e.value)
+    assert "131072" in str(e.value)
+
+
+def test_the_runner_names_a_minor_version_mismatch_and_missing_packages():
+    assert _runner.check_interpreter(sys.version_info, sys.version_info[:2]) == []
+    (msg,) = _runner.check_interpreter((3, 99, 1), [3, 11], executable="/usr/bin/python3")
+    assert "/usr/bin/python3 is Python 3.99" in msg and "pickled by Python 3.11" in msg
+    missing = _runner.check_interpreter(
+        sys.version_info, sys.version_info[:2],
+        find_spec=lambda name: None if name == "cloudpickle" else object())
+    assert len(missing) == 1 and "lacks the package cloudpickle" in missing[0]
+
+
+def test_the_runner_fails_a_trial_of_another_python_saying_so(tmp_path):
+    # What a node runs, with a pickler's version that is not this interpreter's.
+    spec = _launch.launch_spec(quadratic, {"x": [1]})
+    for f in spec["files"]:
+        if f["path"] == _runner.META_FILE:
+            meta = json.loads(f["text"])
+            meta["python"] = [3, sys.version_info[1] + 1]
+            (tmp_path / f["path"]).write_text(json.dumps(meta))
+        elif "text" in f:
+            (tmp_path / f["path"]).write_text(f["text"])
+    out = subprocess.run([sys.executable, _runner.RUNNER_FILE], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "PYTHONPATH": PYTHON_DIR})
+    assert out.returncode == _runner.EXIT_CANNOT_RUN
+    assert f"pickled by Python 3.{sys.version_info[1] + 1}" in out.stderr
+
+
+def test_the_spec_launch_writes():
+    spec = _launch.launch_spec(quadratic, {"x": [1, 2]}, python="python3.11", resource=9,
+                               algorithm="asha", trials=4, seed=3)
+    assert spec["kind"] == "search" and spec["name"] == "quadratic"
+    assert spec["command"] == ["python3.11", _runner.RUNNER_FILE]
+    assert [f["path"] for f in spec["files"]] == [_runner.RUNNER_FILE, _runner.META_FILE,
+                                                  _runner.FN_FILE]
+    assert spec["search"] == {"trial": "command", "algorithm": "asha", "metric": "objective",
+                              "direction": "max", "trials": 4, "max_parallel": None,
+                              "params": {"x": [1, 2]}, "max_resource": 9, "seed": 3}
+    with pytest.raises(TypeError):
+        _launch.launch_spec(42, {})
