@@ -1,11 +1,11 @@
-"""ringleader.checkpoint: clear errors outside a rank; and on a real node, an ASHA search of
-command trials that save each epoch and load at start, each trial failing once after its
-second epoch: the re-run of the trial (a new attempt of the same trial) resumes from the
-saved epoch, and no epoch is trained twice (asserted from every run's log on the node).
+"""ringleader.checkpoint: clear errors outside a rank; and on a real node, ASHA searches of
+command trials that save each epoch and load at start, asserted from every run's log on
+the node (no epoch trained twice):
 
-Command trials are not paused and promoted by ASHA today (they cannot pause: every run
-targets max_resource and ASHA stops the laggards), so what a later run of the same trial
-finds is shown through a re-run after a failure (`max_trial_failures`)."""
+- `resumable = true`: each run trains to its rung and exits; a promoted trial's next run
+  resumes from the epoch it saved at its rung;
+- without it (every run targets max_resource, ASHA stops the laggards): each trial fails
+  once after its second epoch, and its re-run (`max_trial_failures`) resumes from there."""
 
 import collections
 import glob
@@ -104,3 +104,54 @@ def test_an_asha_search_of_command_trials_resumes_from_their_checkpoints(client,
     # The first trial at a rung always goes on, so at least one trial reached epoch 2.
     assert resumed >= 1, (trials, doc)
     assert doc["state"] == "succeeded", doc
+
+
+RESUMABLE_TRIAL = textwrap.dedent("""
+    import ringleader
+    from ringleader import checkpoint
+    lr = ringleader.params()["lr"]
+    rung = ringleader.trial()["rung"]
+    state = checkpoint.load()
+    start = state["epoch"] if state else 0
+    if state:
+        print(f"resumed from epoch {start}", flush=True)
+    try:
+        for epoch in range(start + 1, rung + 1):
+            print(f"trained epoch {epoch}", flush=True)
+            checkpoint.save({"epoch": epoch})        # before the report that may promote it
+            ringleader.report(epoch, acc=lr * epoch)
+    except ringleader.Stopped:
+        print("stopped", flush=True)
+""")
+
+
+def test_asha_promotes_resumable_command_trials_which_resume_from_their_rung(client, node,
+                                                                              rank_env):
+    search = client.submit({
+        "name": "py-asha-resume", "kind": "search", "command": ["python3", "trial.py"],
+        "files": [{"path": "trial.py", "text": RESUMABLE_TRIAL}],
+        "env": rank_env,
+        "search": {"trial": "command", "algorithm": "asha", "metric": "acc",
+                   "direction": "max", "trials": 6, "max_parallel": 2, "seed": 5,
+                   "min_resource": 1, "max_resource": 3, "reduction_factor": 3,
+                   "resumable": True,
+                   "params": {"lr": ringleader.uniform(0.1, 1.0)}},
+    })
+    doc = search.wait(timeout=JOB_WAIT_S * 2)
+    assert doc["state"] == "succeeded", doc
+    trials = search.trials()
+    assert len(trials) == 6, trials
+    promoted = [t for t in trials if t["promotions"] >= 1]
+    assert promoted, trials
+    for t in trials:
+        logs = run_logs(node, t["job"])
+        trained = collections.Counter(int(n) for n in re.findall(r"trained epoch (\d+)", logs))
+        assert all(n == 1 for n in trained.values()), (t, logs)  # no epoch trained twice
+        if t in promoted:
+            # Each promotion re-ran the trial's job towards the next rung; it went on from
+            # the epoch it had saved at its rung.
+            assert "resumed from epoch 1" in logs, (t, logs)
+            assert trained == {1: 1, 2: 1, 3: 1}, (t, logs)
+            assert t["resource"] == 3 and t["state"] == "succeeded", t
+        else:
+            assert "resumed from" not in logs and trained == {1: 1}, (t, logs)
