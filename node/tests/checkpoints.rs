@@ -14,7 +14,8 @@ const FORM_WAIT: Duration = Duration::from_secs(60);
 const RUN_WAIT: Duration = Duration::from_secs(120);
 
 /// The script a job runs: saves `saved by <job id>` as `state` (PUT), reads it back (GET)
-/// and prints what it read, its URL and its token.
+/// and prints what it read, its URL and its token, and whether its environment holds the
+/// storage URL or the S3 test's secret key.
 const SAVE: &str = r#"
 import os, urllib.request
 url, token = os.environ["RINGLEADER_CHECKPOINT_URL"], os.environ["RINGLEADER_CHECKPOINT_TOKEN"]
@@ -24,6 +25,7 @@ urllib.request.urlopen(urllib.request.Request(url + "/state", data=body, method=
 got = urllib.request.urlopen(urllib.request.Request(url + "/state", headers=auth)).read().decode()
 print("read", got)
 print("place", url, token)
+print("env", "RINGLEADER_STORAGE" in os.environ, any("rl-secret" in v for v in os.environ.values()))
 "#;
 
 /// `METHOD url` with an optional bearer token: the status and the body.
@@ -137,5 +139,108 @@ fn a_command_job_saves_to_its_own_place_and_no_other_token_opens_it() {
     assert_eq!(
         call("GET", &format!("{url_b}/state"), Some(&token_b), b""),
         (200, "v2".into())
+    );
+}
+
+/// An S3-compatible server (s3s-fs, file-backed) on a free port, killed on drop; `None`
+/// without the binary (`PATH` or `~/.cargo/bin`; scripts/test.sh installs it).
+struct S3Server {
+    child: std::process::Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl S3Server {
+    fn start() -> Option<S3Server> {
+        let bin = std::env::var_os("PATH")
+            .into_iter()
+            .flat_map(|p| {
+                std::env::split_paths(&p)
+                    .map(|d| d.join("s3s-fs"))
+                    .collect::<Vec<_>>()
+            })
+            .chain(
+                std::env::var_os("HOME")
+                    .map(|h| std::path::Path::new(&h).join(".cargo/bin/s3s-fs")),
+            )
+            .find(|p| p.is_file())?;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("ckpt")).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = std::process::Command::new(bin)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--access-key", "rl", "--secret-key", "rl-secret"])
+            .arg(dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("starting s3s-fs");
+        let server = S3Server { child, port, dir };
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", server.port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "s3s-fs did not listen in 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(server)
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn an_s3_store_holds_a_jobs_checkpoints_and_the_rank_never_sees_its_keys() {
+    let Some(s3) = S3Server::start() else {
+        eprintln!("SKIPPED: no s3s-fs binary for the S3 checkpoint test");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // The store's keys in a 0600 file, as the README says (never on the command line).
+    let storage = dir.path().join("storage.url");
+    common::write_private(
+        &storage,
+        &format!(
+            "s3://ckpt/runs?endpoint=http://127.0.0.1:{}&access_key_id=rl&secret_access_key=rl-secret\n",
+            s3.port
+        ),
+    );
+    let extra = ["--storage-file".to_string(), storage.display().to_string()];
+    let c = formed_cluster(&dir.path().join("nodes"), "s3", 1, &extra, FORM_WAIT);
+    let (a, url_a, token_a) = run_saver(&c);
+    // s3s-fs keeps an object as a file under <root>/<bucket>/<key>.
+    let object = s3
+        .dir
+        .path()
+        .join("ckpt/runs/jobs")
+        .join(&a)
+        .join("files/state");
+    assert_eq!(
+        std::fs::read_to_string(&object).unwrap(),
+        format!("saved by {a}")
+    );
+    assert_eq!(
+        c.job_log_lines(&a, "env "),
+        ["env False False"],
+        "a command rank gets neither the storage URL nor its keys"
+    );
+    let (_, _, token_b) = run_saver(&c);
+    assert_eq!(
+        call("GET", &format!("{url_a}/state"), Some(&token_b), b"").0,
+        403
+    );
+    assert_eq!(
+        call("GET", &format!("{url_a}/state"), Some(&token_a), b""),
+        (200, format!("saved by {a}"))
     );
 }
