@@ -367,7 +367,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
     };
     tokio::spawn(crate::jobs::archive::write_ended(
         control.clone(),
-        node_storage,
+        node_storage.clone(),
         "job record",
         crate::jobs::archive::due_records,
     ));
@@ -390,6 +390,30 @@ pub async fn run(config: NodeConfig) -> Result<()> {
     )
     .await
     .context("starting the dataset service")?;
+    let api_tls = crate::api::server::tls_for(
+        psk.as_ref(),
+        &config.api_limits,
+        api_listener.local_addr()?,
+        api_addr,
+    )?;
+    // Command ranks reach their checkpoint place through this node's API, on loopback when
+    // it listens there (or everywhere); the capability key is derived from the cluster key,
+    // or drawn at start under --insecure (a token then opens its place on this node only).
+    let checkpoints = {
+        let rank_api = crate::jobs::checkpoint::api_addr_for_ranks(api_listener.local_addr()?);
+        let https = api_tls.is_some() && config.api_limits.api_tls.applies_to(rank_api.ip());
+        crate::jobs::checkpoint::CheckpointAccess {
+            api_url: format!("{}://{rank_api}", if https { "https" } else { "http" }),
+            tls_sha256: api_tls
+                .as_ref()
+                .filter(|_| https)
+                .map(|t| t.fingerprint().to_string()),
+            key: psk
+                .as_ref()
+                .map(|k| k.derive(crate::jobs::checkpoint::CHECKPOINT_KEY_CONTEXT))
+                .unwrap_or_else(rand::random),
+        }
+    };
     jobs::supervisor::start(
         control.clone(),
         datasets.clone(),
@@ -403,14 +427,9 @@ pub async fn run(config: NodeConfig) -> Result<()> {
             run_as: config.run_as.clone().map(std::sync::Arc::new),
             log_bytes_per_s: config.rank_log_bytes_per_s,
         },
+        checkpoints.clone(),
     );
 
-    let api_tls = crate::api::server::tls_for(
-        psk.as_ref(),
-        &config.api_limits,
-        api_listener.local_addr()?,
-        api_addr,
-    )?;
     let app = crate::api::router(crate::api::AppState {
         api_tls: api_tls.as_ref().map(|t| t.fingerprint().to_string()),
         node: handle.clone(),
@@ -422,6 +441,8 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         secrets_key: psk
             .as_ref()
             .map(|k| k.derive(crate::security::sealed::SECRETS_KEY_CONTEXT)),
+        checkpoint_key: checkpoints.key,
+        node_storage: node_storage.clone(),
     });
     let api_task = tokio::spawn(crate::api::server::serve(
         api_listener,

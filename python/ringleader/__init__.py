@@ -10,16 +10,17 @@ In a notebook (the node's HTTP API, README *Python*):
 Inside a rank or a search's trial (what the node started):
 
     p = ringleader.params()                      # {"lr": 0.01, …}
-    for epoch in range(1, 10):
+    start = ringleader.checkpoint.load() or 0    # what this job or trial saved last
+    for epoch in range(start + 1, 10):
         ringleader.report(epoch, val_accuracy=train_one_epoch(p["lr"]))
+        ringleader.checkpoint.save(epoch)
 
 The standard library only; the protocol's lines come from the Rust protocol crate through
 the extension `ringleader._native`. A function runs as a search's trials with
-`Client.launch(fn, params)` (cloudpickle). Not here yet (issue 24): checkpoints
-(`ringleader.checkpoint`).
+`Client.launch(fn, params)` (cloudpickle).
 """
 
-from . import _native
+from . import _native, checkpoint
 from ._errors import (
     ApiError,
     BadRequest,
@@ -36,6 +37,7 @@ from ._errors import (
     Unreachable,
 )
 from ._launch import PickleTooLarge
+from .checkpoint import CheckpointError
 from .client import Client, Job, LogLine, Search
 from .distributions import choice, loguniform, randint, search_params, uniform
 from .rank import dataset_dir, metric, params, report, stopped, trial
@@ -44,9 +46,9 @@ __version__ = _native.VERSION
 PROTOCOL_VERSION = _native.PROTOCOL_VERSION
 
 __all__ = [
-    "ApiError", "BadRequest", "Client", "Conflict", "Forbidden", "Job", "JobCancelled",
-    "JobFailed", "LogLine", "NotFound", "PickleTooLarge", "RingleaderError", "Search",
-    "SpecError", "Stopped", "Unauthorized", "Unavailable", "Unreachable", "choice",
-    "dataset_dir", "loguniform", "metric", "params", "randint", "report", "search_params",
-    "stopped", "trial", "uniform",
+    "ApiError", "BadRequest", "CheckpointError", "Client", "Conflict", "Forbidden", "Job",
+    "JobCancelled", "JobFailed", "LogLine", "NotFound", "PickleTooLarge", "RingleaderError",
+    "Search", "SpecError", "Stopped", "Unauthorized", "Unavailable", "Unreachable",
+    "checkpoint", "choice", "dataset_dir", "loguniform", "metric", "params", "randint",
+    "report", "search_params", "stopped", "trial", "uniform",
 ]

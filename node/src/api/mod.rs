@@ -15,6 +15,7 @@
 //! | `POST /v1/members/{id}/remove` | removes a member (id or name) for good (the admin token only) |
 //! | `GET /metrics` | Prometheus text exposition ([`prometheus`]) |
 //! | `GET /healthz` | `ok`; open even with a token |
+//! | `PUT`/`GET /v1/checkpoints/…` | a command rank's checkpoints ([`checkpoints`]; a place's capability, not the API token) |
 //!
 //! Errors are `{"error": "…"}` with 400 (bad input), 401 (API token missing or wrong, see
 //! [`auth`]), 404 (no such job) or 503 (no chief or chief unreachable: retry). A refused
@@ -22,6 +23,7 @@
 //! where unknown.
 //!
 //! - [`datasets`]: the dataset routes.
+//! - [`checkpoints`]: command ranks' checkpoints, behind their place's capability.
 //! - [`dashboard`]: the single-page dashboard served at `/`.
 //! - [`auth`]: the bearer-token middleware (`ringleader node --token-file`).
 //! - [`tokens`]: the token and member-removal routes.
@@ -37,6 +39,7 @@
 //! spec), `datasets` (the service). Used by: `cli`, the node's start-up.
 
 pub mod auth;
+pub mod checkpoints;
 pub mod client;
 pub mod dashboard;
 pub mod datasets;
@@ -91,6 +94,11 @@ pub struct AppState {
     /// The key a spec's `[secrets]` are sealed with (derived from the cluster key; `None`
     /// under `--insecure`, where `[secrets]` are refused).
     pub secrets_key: Option<[u8; 32]>,
+    /// The checkpoint capability key ([`crate::jobs::checkpoint`]).
+    pub checkpoint_key: [u8; 32],
+    /// The storage URL the node itself writes with (`--run-as`: through renames, see
+    /// `security::run_as::RunAs::node_storage`): where checkpoints go.
+    pub node_storage: String,
 }
 
 /// An error answer: status and message.
@@ -182,7 +190,9 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             gate,
             auth::require_token,
-        ));
+        ))
+        // Merged after the token layer: these routes take their place's capability instead.
+        .merge(checkpoints::routes());
     routes.with_state(state)
 }
 

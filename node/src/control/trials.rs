@@ -18,9 +18,7 @@
 //!   beyond what the trial reported, the first to finish its run wins (the copy then
 //!   becomes the trial's job) and the other is cancelled.
 
-use trainer::search::{
-    Decision, Params, Report, SearchSpec, Searcher, Trial, TrialKind, TrialState,
-};
+use trainer::search::{Decision, Params, Report, SearchSpec, Searcher, Trial, TrialState};
 
 use super::state::{
     ignored, rejected, unknown, ControlCommand, ControlResponse, ControlState, EventKind, Job,
@@ -47,7 +45,7 @@ struct NewTrial<'a> {
 /// the spec was changed under us).
 pub fn searcher_of(job: &Job) -> Option<(SearchSpec, Searcher)> {
     let s = search_spec(&job.spec).ok()?;
-    let searcher = s.searcher(s.trial == TrialKind::Train).ok()?;
+    let searcher = s.searcher(s.resumable_trials()).ok()?;
     Some((s, searcher))
 }
 

@@ -163,6 +163,9 @@ pub struct LaunchContext {
     /// The key jobs' `[secrets]` open with ([`crate::security::sealed`]); `None` under
     /// `--insecure` (whose API refuses `[secrets]`).
     pub secrets_key: Option<[u8; 32]>,
+    /// How command ranks reach their checkpoint place through this node's API
+    /// ([`super::checkpoint`]); `None`: they get no place (the tests).
+    pub checkpoints: Option<super::checkpoint::CheckpointAccess>,
 }
 
 #[cfg(test)]
@@ -179,6 +182,7 @@ impl LaunchContext {
             libraries: Default::default(),
             ring_key: None,
             secrets_key: None,
+            checkpoints: None,
         }
     }
 }
@@ -304,6 +308,9 @@ pub fn launch(
                 .collect(),
             None => Vec::new(),
         };
+        if let Some(access) = &ctx.checkpoints {
+            env.extend(super::checkpoint::rank_env(access, job));
+        }
         return Some(Launch {
             command: job.spec.command.clone(),
             files,
@@ -616,6 +623,56 @@ mod tests {
         job.spec.files.clear();
         let l = launch(&ctx, &job, &job.assignment[0], &host).unwrap();
         assert!(l.work_dir.is_none() && l.files.is_empty());
+    }
+
+    #[test]
+    fn command_ranks_get_their_checkpoint_place_every_run_of_a_trial_the_same() {
+        use super::super::checkpoint::{
+            capability, CheckpointAccess, Place, CHECKPOINT_TOKEN_ENV, CHECKPOINT_URL_ENV,
+        };
+        let mut state = ControlState::default();
+        let id = chief::submit_text(
+            &mut state,
+            "name = \"c\"\nkind = \"command\"\ncommand = [\"true\"]\n",
+        );
+        let members = vec![chief::member("a", State::Alive, 2)];
+        for cmd in decide(&state, &members, 5, &mut || "ab".repeat(32)) {
+            state.apply(state.applied_index + 1, &cmd);
+        }
+        let mut ctx = LaunchContext::for_test("");
+        ctx.checkpoints = Some(CheckpointAccess {
+            api_url: "http://127.0.0.1:7071".into(),
+            tls_sha256: None,
+            key: [5; 32],
+        });
+        let host = |_: &str| Some("127.0.0.1".to_string());
+        let mut job = state.job(id).unwrap().clone();
+        let l = launch(&ctx, &job, &job.assignment[0], &host).unwrap();
+        assert_eq!(
+            env_of(&l, CHECKPOINT_URL_ENV),
+            Some(format!("http://127.0.0.1:7071/v1/checkpoints/job/{id}").as_str())
+        );
+        let token = capability(&[5; 32], &Place::Job(id));
+        assert_eq!(env_of(&l, CHECKPOINT_TOKEN_ENV), Some(token.as_str()));
+        // Every run of a trial (another job) gets the trial's place.
+        job.trial_of = Some(crate::search::record::TrialOf {
+            search: JobId::from_log_index(1),
+            trial: 3,
+            metric: "acc".into(),
+            target: 9,
+            copy: false,
+        });
+        let l = launch(&ctx, &job, &job.assignment[0], &host).unwrap();
+        let search = JobId::from_log_index(1);
+        assert_eq!(
+            env_of(&l, CHECKPOINT_URL_ENV),
+            Some(format!("http://127.0.0.1:7071/v1/checkpoints/trial/{search}/3").as_str())
+        );
+        let trial = Place::Trial { search, trial: 3 };
+        assert_eq!(
+            env_of(&l, CHECKPOINT_TOKEN_ENV),
+            Some(capability(&[5; 32], &trial).as_str())
+        );
     }
 
     #[test]

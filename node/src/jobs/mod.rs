@@ -11,12 +11,14 @@
 //! - [`groups`]: running ranks' process groups on disk, killed at the next start after a
 //!   kill -9 of the node.
 //! - [`archive`]: every ended job's record written to the store (what outlives compaction).
+//! - [`checkpoint`]: a command rank's checkpoint place and its capability (pure).
 //!
 //! May use: `security::run_as` (ranks run as `--run-as USER`), `control` (the replicated job records, the handle to propose reports), `cluster`
 //! (member hosts), `gpus` (a rank's `CUDA_VISIBLE_DEVICES`). `spec`, `train_spec` and `logs` are leaves that `control` and `api` use.
 //! Placement and retries are the chief's (`crate::chief`).
 
 pub mod archive;
+pub mod checkpoint;
 pub mod groups;
 pub mod launch;
 pub mod log_rate;

@@ -175,6 +175,7 @@ impl Supervisor {
                 libraries: Default::default(),
                 ring_key: None,
                 secrets_key: None,
+                checkpoints: None,
             },
             reports,
             running: HashMap::new(),
@@ -235,6 +236,12 @@ impl Supervisor {
     /// the data dir being the parent of `jobs_dir`, as `ringleader node` defaults it).
     pub fn with_storage(mut self, url: String) -> Self {
         self.ctx.storage = url;
+        self
+    }
+
+    /// Gives command ranks their checkpoint place through this node's API (default: none).
+    pub fn with_checkpoints(mut self, access: Option<super::checkpoint::CheckpointAccess>) -> Self {
+        self.ctx.checkpoints = access;
         self
     }
 
@@ -362,6 +369,7 @@ pub fn start(
     libraries: crate::gpus::RankLibraries,
     keys: NodeKeys,
     options: RankOptions,
+    checkpoints: super::checkpoint::CheckpointAccess,
 ) {
     let (reports_tx, reports_rx) = mpsc::channel(REPORT_QUEUE_DEPTH);
     tokio::spawn(report_loop(ctl.clone(), reports_rx));
@@ -371,6 +379,7 @@ pub fn start(
         .with_device_names(device_names)
         .with_libraries(libraries)
         .with_keys(keys)
+        .with_checkpoints(Some(checkpoints))
         .with_rank_options(options);
     tokio::spawn(run(ctl, supervisor));
 }

@@ -109,8 +109,8 @@ pub fn validate(spec: &JobSpec) -> Result<SearchSpec, Problem> {
         }
         TrialKind::Train => {}
     }
+    s.searcher(s.resumable_trials())?;
     let resumable = s.trial == TrialKind::Train;
-    s.searcher(resumable)?;
     if resumable && matches!(s.algorithm, Algorithm::Asha | Algorithm::Hyperband) {
         let epochs = s.max_resource.unwrap_or(1);
         let t = train_spec::validate(&template(spec, &s)).map_err(|e| split(&e))?;

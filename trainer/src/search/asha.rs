@@ -6,18 +6,19 @@
 //! rung's resource; `n_i` counts the trials of the bracket that have such a value (also those
 //! that have since moved on). Rung comparisons are only ever among trials of one bracket.
 //!
-//! **Resumable trials** (train trials) follow the paper: a trial trains to its rung and is
-//! promoted at once if it is in the top `⌊n_i/η⌋` of the rung's values, else it pauses
-//! (keeping its checkpoint); whenever a slot frees, [`Searcher::suggest`] first promotes a
-//! paused trial that has entered its rung's top `⌊n_i/η⌋` since (from the highest rung
-//! down, the best first), and only then starts a new trial at the bottom rung.
+//! **Resumable trials** (train trials, and command trials with `resumable = true`) follow the
+//! paper: a trial trains to its rung and is promoted at once if it is in the top `⌊n_i/η⌋` of
+//! the rung's values, else it pauses (keeping its checkpoint); whenever a slot frees,
+//! [`Searcher::suggest`] first promotes a paused trial that has entered its rung's top
+//! `⌊n_i/η⌋` since (from the highest rung down, the best first), and only then starts a new
+//! trial at the bottom rung.
 //!
-//! **Non-resumable trials** (command trials) cannot pause, so ASHA becomes a stopping rule
-//! in the spirit of Ray Tune's asynchronous Hyperband: every trial targets `max_resource`;
+//! **Non-resumable trials** (other command trials) cannot pause, so ASHA becomes a stopping
+//! rule in the spirit of Ray Tune's asynchronous Hyperband: every trial targets `max_resource`;
 //! when its reports first reach a rung below the top, it is stopped if its value is strictly
-//! worse than the `(1 − 1/η)` quantile (linear interpolation between order statistics) of
-//! the rung's values recorded so far, its own included. About `1/η` of each rung goes on;
-//! the first trial at a rung always goes on, and the best value so far always does.
+//! worse than the `(1 − 1/η)` quantile (linear interpolation between order statistics) of the
+//! rung's values recorded so far, its own included. About `1/η` of each rung goes on; the first
+//! trial at a rung always goes on, and the best value so far always does.
 //!
 //! **Hyperband**: `s_max = ⌊log_η(max/min)⌋`; bracket `b` in `0..=s_max` starts at rung
 //! resource `min·η^b` (bracket 0 the most exploratory). Hyperband's bracket `s = s_max − b`

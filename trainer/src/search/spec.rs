@@ -134,6 +134,11 @@ pub struct SearchSpec {
     /// `speculate_factor`: the node starts a speculative copy of a trial running this many
     /// times longer than the median; 0 = off, else finite and > 1. Default 2.0.
     pub speculate_factor: f64,
+    /// `resumable`: command trials run to their rung and exit (they resume from their own
+    /// checkpoint when promoted), so ASHA and Hyperband pause and promote them as train
+    /// trials. Default false (train trials are always resumable).
+    #[serde(default)]
+    pub resumable: bool,
     /// `[[search.params]]`: the searched parameters (1..=[`PARAMS_MAX`]).
     pub params: Vec<ParamSpec>,
 }
@@ -153,6 +158,7 @@ const SEARCH_KEYS: &[&str] = &[
     "stopping",
     "max_trial_failures",
     "speculate_factor",
+    "resumable",
     "params",
 ];
 
@@ -245,6 +251,18 @@ impl SearchSpec {
             return Err(f.err("speculate_factor", "must be 0 (off) or greater than 1"));
         }
 
+        let resumable = match f.table.get("resumable") {
+            None => false,
+            Some(toml::Value::Boolean(b)) => *b,
+            Some(v) => return Err(f.err("resumable", expected("a boolean", v))),
+        };
+        if resumable && trial != TrialKind::Command {
+            return Err(f.err(
+                "resumable",
+                "only for command trials (search.trial = \"command\"): train trials always resume",
+            ));
+        }
+
         let params = parse_params(&f)?;
 
         let asha = matches!(algorithm, Algorithm::Asha | Algorithm::Hyperband);
@@ -301,8 +319,15 @@ impl SearchSpec {
             stopping,
             max_trial_failures,
             speculate_factor,
+            resumable,
             params,
         })
+    }
+
+    /// Whether trials run to their rung and resume from their own checkpoint when
+    /// promoted: train trials, and command trials with `resumable = true`.
+    pub fn resumable_trials(&self) -> bool {
+        self.trial == TrialKind::Train || self.resumable
     }
 
     /// The grid's size (product of the parameters' grid lengths), saturating.
@@ -840,6 +865,10 @@ mod tests {
         assert_eq!((s.min_resource, s.max_resource), (1, None));
         assert_eq!((s.reduction_factor, s.stopping), (3, Stopping::None));
         assert_eq!((s.max_trial_failures, s.speculate_factor), (3, 2.0));
+        assert!(
+            !s.resumable && s.resumable_trials(),
+            "train trials always resume"
+        );
     }
 
     /// A valid grid search; each bad case edits it.
@@ -993,6 +1022,20 @@ mod tests {
                 base("asha", "trial = \"command\"\ntrials = 9", INTEGER),
                 "search.max_resource",
                 "missing",
+            ),
+            (
+                base("asha", "trials = 9\nresumable = true", INTEGER),
+                "search.resumable",
+                "only for command trials",
+            ),
+            (
+                base(
+                    "asha",
+                    "trial = \"command\"\ntrials = 9\nmax_resource = 9\nresumable = 1",
+                    INTEGER,
+                ),
+                "search.resumable",
+                "a boolean",
             ),
             (
                 base("asha", "trials = 9\nstopping = \"median\"", INTEGER),

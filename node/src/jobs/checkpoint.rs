@@ -1,0 +1,257 @@
+//! A command rank's checkpoint place: where `ringleader.checkpoint.save`/`load` keep its
+//! state in the node's storage, and the capability that lets the rank reach that place,
+//! and nothing else, through its own node's API (`api::checkpoints`).
+//!
+//! - The place ([`Place`]) is the job's, `jobs/<job-id>/files/`, or for a search's trial the
+//!   trial's, `experiments/<search-id>/trials/<trial>/files/`: every run of a trial (a re-run
+//!   after a failure, a speculative copy, a run after its node died) finds the same place.
+//! - The capability ([`capability`]) is BLAKE3's keyed hash of the place's path, keyed by
+//!   [`CheckpointAccess::key`] (derived from the cluster key with [`CHECKPOINT_KEY_CONTEXT`];
+//!   under `--insecure` a random key each node draws at start, so a token is good on the
+//!   node that launched the rank only, which is the one its URL names). Nothing new is
+//!   stored or replicated: the node recomputes the token from the route it is asked for.
+//! - User code never holds the storage's credentials: it holds a token for one place.
+//!
+//! Pure: no I/O.
+
+use std::fmt;
+
+use crate::control::state::{Job, JobId};
+
+/// The key-derivation context of the checkpoint capability key (changing it changes every
+/// token).
+pub const CHECKPOINT_KEY_CONTEXT: &str = "ringleader 2026-11 checkpoint capability v1";
+
+/// The most bytes one checkpoint object may hold (the body of a `PUT`), 64 MiB: the API
+/// holds a body in memory while it writes it.
+pub const CHECKPOINT_BYTES_MAX: usize = 64 << 20;
+
+/// The longest checkpoint name, in bytes.
+pub const CHECKPOINT_NAME_BYTES_MAX: usize = 64;
+
+/// The rank's variable with its place's URL (`PUT`/`GET <url>/<name>`).
+pub const CHECKPOINT_URL_ENV: &str = "RINGLEADER_CHECKPOINT_URL";
+/// The rank's variable with its place's capability (`Authorization: Bearer <token>`).
+pub const CHECKPOINT_TOKEN_ENV: &str = "RINGLEADER_CHECKPOINT_TOKEN";
+/// The rank's variable with the API's TLS pin (`sha256:HEX`), set when the URL is https.
+pub const CHECKPOINT_TLS_ENV: &str = "RINGLEADER_CHECKPOINT_TLS_SHA256";
+
+/// How a node gives its command ranks their checkpoint place.
+#[derive(Clone)]
+pub struct CheckpointAccess {
+    /// The base URL ranks reach this node's API at (`http://127.0.0.1:PORT`).
+    pub api_url: String,
+    /// The API's TLS pin when `api_url` is https.
+    pub tls_sha256: Option<String>,
+    /// The capability key (see the module's doc).
+    pub key: [u8; 32],
+}
+
+impl fmt::Debug for CheckpointAccess {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CheckpointAccess")
+            .field("api_url", &self.api_url)
+            .field("key", &"<redacted>")
+            .finish()
+    }
+}
+
+/// A checkpoint place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// A plain job's.
+    Job(JobId),
+    /// A search's trial's, shared by all its runs.
+    Trial {
+        /// The search job.
+        search: JobId,
+        /// The trial's id in it.
+        trial: u32,
+    },
+}
+
+impl Place {
+    /// The place of `job`'s ranks.
+    pub fn of(job: &Job) -> Place {
+        match &job.trial_of {
+            Some(of) => Place::Trial {
+                search: of.search,
+                trial: of.trial,
+            },
+            None => Place::Job(job.id),
+        }
+    }
+
+    /// The directory in the store, with a trailing `/`.
+    pub fn dir(&self) -> String {
+        match self {
+            Place::Job(id) => format!("jobs/{id}/files/"),
+            Place::Trial { search, trial } => {
+                format!("experiments/{search}/trials/{trial}/files/")
+            }
+        }
+    }
+
+    /// The API route of the place, below `/v1/checkpoints/`: `job/<id>` or
+    /// `trial/<search>/<trial>`.
+    pub fn route(&self) -> String {
+        match self {
+            Place::Job(id) => format!("job/{id}"),
+            Place::Trial { search, trial } => format!("trial/{search}/{trial}"),
+        }
+    }
+}
+
+/// The capability of `place` under `key`: 64 hex digits.
+pub fn capability(key: &[u8; 32], place: &Place) -> String {
+    blake3::keyed_hash(key, place.dir().as_bytes())
+        .to_hex()
+        .to_string()
+}
+
+/// Whether `given` is `place`'s capability, compared in constant time.
+pub fn allows(key: &[u8; 32], place: &Place, given: &str) -> bool {
+    let Ok(given) = blake3::Hash::from_hex(given.trim()) else {
+        return false;
+    };
+    // blake3::Hash's equality is constant-time.
+    given == blake3::keyed_hash(key, place.dir().as_bytes())
+}
+
+/// Why a checkpoint name was refused.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("checkpoint name {shown:?}: want 1 to 64 of A-Z a-z 0-9 . _ - and not . or ..")]
+pub struct BadName {
+    /// The name, at most 80 characters of it.
+    pub shown: String,
+}
+
+/// Checks a checkpoint name: `[A-Za-z0-9._-]{1,64}`, and not `.` or `..`.
+pub fn check_name(name: &str) -> Result<(), BadName> {
+    let ok = !name.is_empty()
+        && name.len() <= CHECKPOINT_NAME_BYTES_MAX
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(BadName {
+            shown: name.chars().take(80).collect(),
+        })
+    }
+}
+
+/// The environment a rank of `job` gets for its place.
+pub fn rank_env(access: &CheckpointAccess, job: &Job) -> Vec<(String, String)> {
+    let place = Place::of(job);
+    let mut env = vec![
+        (
+            CHECKPOINT_URL_ENV.to_string(),
+            format!("{}/v1/checkpoints/{}", access.api_url, place.route()),
+        ),
+        (
+            CHECKPOINT_TOKEN_ENV.to_string(),
+            capability(&access.key, &place),
+        ),
+    ];
+    if let Some(pin) = &access.tls_sha256 {
+        env.push((CHECKPOINT_TLS_ENV.to_string(), pin.clone()));
+    }
+    env
+}
+
+/// The address a rank reaches its node's API at, from the API's bound address: loopback
+/// when the API listens on a loopback or unspecified address, else the bound address.
+pub fn api_addr_for_ranks(bound: std::net::SocketAddr) -> std::net::SocketAddr {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let ip = match bound.ip() {
+        IpAddr::V4(v4) if v4.is_loopback() => IpAddr::V4(v4),
+        IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(v6) if v6.is_loopback() || v6.is_unspecified() => {
+            IpAddr::V6(Ipv6Addr::LOCALHOST)
+        }
+        other => other,
+    };
+    std::net::SocketAddr::new(ip, bound.port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(s: &str) -> JobId {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn places_are_the_jobs_or_the_trials_in_every_run() {
+        assert_eq!(Place::Job(id("j-1a")).dir(), "jobs/j-1a/files/");
+        let t = Place::Trial {
+            search: id("j-4"),
+            trial: 7,
+        };
+        assert_eq!(t.dir(), "experiments/j-4/trials/7/files/");
+        assert_eq!(t.route(), "trial/j-4/7");
+        assert_eq!(Place::Job(id("j-1a")).route(), "job/j-1a");
+    }
+
+    #[test]
+    fn a_capability_opens_its_own_place_only() {
+        let key = [7u8; 32];
+        let a = Place::Job(id("j-1"));
+        let b = Place::Job(id("j-2"));
+        let t = Place::Trial {
+            search: id("j-1"),
+            trial: 0,
+        };
+        let cap = capability(&key, &a);
+        assert_eq!(cap.len(), 64);
+        assert!(allows(&key, &a, &cap));
+        assert!(!allows(&key, &b, &cap));
+        assert!(!allows(&key, &t, &cap));
+        assert!(!allows(&[8u8; 32], &a, &cap), "another cluster's key");
+        assert!(!allows(&key, &a, ""));
+        assert!(!allows(&key, &a, "not hex"));
+        assert!(!allows(&key, &a, &capability(&key, &b)));
+    }
+
+    #[test]
+    fn names_are_short_and_plain() {
+        for ok in [
+            "state",
+            "a",
+            "model.pt",
+            "epoch-3_b",
+            &"x".repeat(64),
+            "...",
+        ] {
+            assert_eq!(check_name(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "../x",
+            "a b",
+            "é",
+            "a\0",
+            &"x".repeat(65),
+        ] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn ranks_reach_their_own_node() {
+        let at = |s: &str| api_addr_for_ranks(s.parse().unwrap()).to_string();
+        assert_eq!(at("127.0.0.1:7071"), "127.0.0.1:7071");
+        assert_eq!(at("127.0.0.2:7071"), "127.0.0.2:7071");
+        assert_eq!(at("0.0.0.0:7071"), "127.0.0.1:7071");
+        assert_eq!(at("[::]:7071"), "[::1]:7071");
+        assert_eq!(at("10.0.0.5:7071"), "10.0.0.5:7071");
+    }
+}

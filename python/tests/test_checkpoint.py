@@ -1,0 +1,157 @@
+"""ringleader.checkpoint: clear errors outside a rank; and on a real node, ASHA searches of
+command trials that save each epoch and load at start, asserted from every run's log on
+the node (no epoch trained twice):
+
+- `resumable = true`: each run trains to its rung and exits; a promoted trial's next run
+  resumes from the epoch it saved at its rung;
+- without it (every run targets max_resource, ASHA stops the laggards): each trial fails
+  once after its second epoch, and its re-run (`max_trial_failures`) resumes from there."""
+
+import collections
+import glob
+import os
+import re
+import textwrap
+
+import pytest
+
+import ringleader
+from ringleader import checkpoint
+
+from conftest import JOB_WAIT_S
+
+
+def test_outside_a_rank_save_and_load_say_where_they_work(monkeypatch):
+    monkeypatch.delenv(checkpoint.URL_ENV, raising=False)
+    monkeypatch.delenv(checkpoint.TOKEN_ENV, raising=False)
+    with pytest.raises(ringleader.CheckpointError, match="command job or a command trial"):
+        checkpoint.save({"epoch": 1})
+    with pytest.raises(ringleader.CheckpointError, match="command job or a command trial"):
+        checkpoint.load()
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "..", ".", "a b", "x" * 65, 3])
+def test_bad_names_are_refused_before_any_request(monkeypatch, name):
+    monkeypatch.setenv(checkpoint.URL_ENV, "http://127.0.0.1:9/v1/checkpoints/job/j-1")
+    monkeypatch.setenv(checkpoint.TOKEN_ENV, "0" * 64)
+    with pytest.raises(ringleader.CheckpointError, match="checkpoint name"):
+        checkpoint.load(name)
+
+
+TRIAL = textwrap.dedent("""
+    import sys, ringleader
+    from ringleader import checkpoint
+    lr = ringleader.params()["lr"]
+    state = checkpoint.load()
+    start = state["epoch"] if state else 0
+    if state:
+        print(f"resumed from epoch {start}", flush=True)
+    raw = checkpoint.load("raw")
+    assert raw in (None, b"raw bytes"), raw
+    checkpoint.save(b"raw bytes", name="raw")
+    try:
+        for epoch in range(start + 1, 4):
+            print(f"trained epoch {epoch}", flush=True)
+            checkpoint.save({"epoch": epoch})
+            ringleader.report(epoch, acc=lr * epoch)
+            if epoch == 2 and state is None:
+                print("failing once after epoch 2", flush=True)
+                sys.exit(3)
+    except ringleader.Stopped:
+        print("stopped", flush=True)
+""")
+
+
+def run_logs(node, job_id):
+    """Every run's log of job `job_id` on the node: all its generations and workers."""
+    text = []
+    for path in sorted(glob.glob(os.path.join(node.data_dir, "jobs", job_id, "**", "*.log"),
+                                 recursive=True)):
+        with open(path, errors="replace") as f:
+            text.append(f.read())
+    return "\n".join(text)
+
+
+def test_an_asha_search_of_command_trials_resumes_from_their_checkpoints(client, node,
+                                                                         rank_env):
+    search = client.submit({
+        "name": "py-asha-ckpt", "kind": "search", "command": ["python3", "trial.py"],
+        "files": [{"path": "trial.py", "text": TRIAL}],
+        "env": rank_env,
+        "search": {"trial": "command", "algorithm": "asha", "metric": "acc",
+                   "direction": "max", "trials": 4, "max_parallel": 2, "seed": 3,
+                   "min_resource": 1, "max_resource": 3, "reduction_factor": 3,
+                   "max_trial_failures": 10,
+                   "params": {"lr": ringleader.uniform(0.1, 1.0)}},
+    })
+    doc = search.wait(timeout=JOB_WAIT_S * 2)
+    trials = search.trials()
+    assert len(trials) == 4, trials
+    resumed = 0
+    for t in trials:
+        logs = run_logs(node, t["job"])
+        trained = collections.Counter(int(n) for n in re.findall(r"trained epoch (\d+)", logs))
+        assert all(n == 1 for n in trained.values()), (t, logs)  # no epoch trained twice
+        if "failing once after epoch 2" in logs and t["state"] != "stopped":
+            # The re-run of this trial found what its first run saved. (A trial ASHA
+            # stopped at rung 1 may still have failed after epoch 2: it is not re-run.)
+            assert "resumed from epoch 2" in logs, (t, logs)
+            assert trained == {1: 1, 2: 1, 3: 1}, (t, logs)
+            assert t["state"] == "succeeded", (t, doc)
+            resumed += 1
+        else:
+            assert "resumed from" not in logs, (t, logs)
+    # The first trial at a rung always goes on, so at least one trial reached epoch 2.
+    assert resumed >= 1, (trials, doc)
+    assert doc["state"] == "succeeded", doc
+
+
+RESUMABLE_TRIAL = textwrap.dedent("""
+    import ringleader
+    from ringleader import checkpoint
+    lr = ringleader.params()["lr"]
+    rung = ringleader.trial()["rung"]
+    state = checkpoint.load()
+    start = state["epoch"] if state else 0
+    if state:
+        print(f"resumed from epoch {start}", flush=True)
+    try:
+        for epoch in range(start + 1, rung + 1):
+            print(f"trained epoch {epoch}", flush=True)
+            checkpoint.save({"epoch": epoch})        # before the report that may promote it
+            ringleader.report(epoch, acc=lr * epoch)
+    except ringleader.Stopped:
+        print("stopped", flush=True)
+""")
+
+
+def test_asha_promotes_resumable_command_trials_which_resume_from_their_rung(client, node,
+                                                                              rank_env):
+    search = client.submit({
+        "name": "py-asha-resume", "kind": "search", "command": ["python3", "trial.py"],
+        "files": [{"path": "trial.py", "text": RESUMABLE_TRIAL}],
+        "env": rank_env,
+        "search": {"trial": "command", "algorithm": "asha", "metric": "acc",
+                   "direction": "max", "trials": 6, "max_parallel": 2, "seed": 5,
+                   "min_resource": 1, "max_resource": 3, "reduction_factor": 3,
+                   "resumable": True,
+                   "params": {"lr": ringleader.uniform(0.1, 1.0)}},
+    })
+    doc = search.wait(timeout=JOB_WAIT_S * 2)
+    assert doc["state"] == "succeeded", doc
+    trials = search.trials()
+    assert len(trials) == 6, trials
+    promoted = [t for t in trials if t["promotions"] >= 1]
+    assert promoted, trials
+    for t in trials:
+        logs = run_logs(node, t["job"])
+        trained = collections.Counter(int(n) for n in re.findall(r"trained epoch (\d+)", logs))
+        assert all(n == 1 for n in trained.values()), (t, logs)  # no epoch trained twice
+        if t in promoted:
+            # Each promotion re-ran the trial's job towards the next rung; it went on from
+            # the epoch it had saved at its rung.
+            assert "resumed from epoch 1" in logs, (t, logs)
+            assert trained == {1: 1, 2: 1, 3: 1}, (t, logs)
+            assert t["resource"] == 3 and t["state"] == "succeeded", t
+        else:
+            assert "resumed from" not in logs and trained == {1: 1}, (t, logs)
