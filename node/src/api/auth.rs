@@ -322,6 +322,13 @@ impl IntoResponse for Denied {
     }
 }
 
+/// The token of an `Authorization: Bearer TOKEN` header value (the scheme in any case),
+/// or `None` when the value is not one.
+pub fn bearer(value: &axum::http::HeaderValue) -> Option<&str> {
+    let (scheme, rest) = value.to_str().ok()?.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+}
+
 /// Checks a request's headers against the admin `token` and the `replicated` tokens'
 /// hashes: the pure core of [`require_token`]. Every hash is compared, in constant time, so
 /// the answer's timing says nothing of which matched.
@@ -333,14 +340,7 @@ pub fn check(
     let Some(value) = headers.get(header::AUTHORIZATION) else {
         return Err(Denied::Missing);
     };
-    let given = value
-        .to_str()
-        .ok()
-        .and_then(|v| {
-            let (scheme, rest) = v.trim().split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
-        })
-        .ok_or(Denied::Wrong)?;
+    let given = bearer(value).ok_or(Denied::Wrong)?;
     let given = blake3::hash(given.as_bytes());
     let admin = token.matches_hash(&given);
     let replicated = replicated.iter().fold(false, |any, h| (*h == given) | any);

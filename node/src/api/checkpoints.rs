@@ -108,14 +108,7 @@ fn authorize(
                 .into(),
         ));
     };
-    let given = value
-        .to_str()
-        .ok()
-        .and_then(|v| {
-            let (scheme, rest) = v.trim().split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
-        })
-        .unwrap_or("");
+    let given = super::auth::bearer(value).unwrap_or("");
     if !allows(&app.checkpoint_key, place, given) {
         return Err(ApiError(
             StatusCode::FORBIDDEN,
