@@ -41,7 +41,7 @@ pub const MEMBERSHIP_PROTOCOL: &str = "/ringleader/membership/1";
 /// Depth of the command queue into the event loop.
 const COMMAND_QUEUE_DEPTH: usize = 64;
 /// Longest the loop sleeps between core ticks, in milliseconds.
-const TICK_MAX_MS: u64 = 50;
+const TICK_MAX_MS: u64 = 1_000;
 /// First retry delay for a seed that could not be reached, in milliseconds.
 const SEED_BACKOFF_MIN_MS: u64 = 250;
 /// Ceiling of the seed retry delay, in milliseconds.
@@ -348,6 +348,20 @@ struct Seed {
     dialing: Option<ConnectionId>,
 }
 
+/// When the event loop next wakes without a message: at the core's next timer
+/// (`core_wake`), or earlier when a seed is due for a redial, but seeds count only while
+/// the node dials them at all (`dials_seeds`): a seed whose redial time passed while the
+/// node is in a cluster would otherwise wake the loop at once, every time round (the loop
+/// spun at the timer's 1 ms resolution on every node that joined by a seed).
+fn loop_wake(core_wake: Instant, seeds: &[Seed], dials_seeds: bool, now: Instant) -> Instant {
+    let seed_wake = seeds
+        .iter()
+        .filter(|s| dials_seeds && s.dialing.is_none())
+        .map(|s| s.next_dial)
+        .min();
+    seed_wake.map_or(core_wake, |s| s.min(core_wake).max(now))
+}
+
 /// Warns at most once per interval, counting what it held back.
 struct RateLimitedWarn {
     last: Option<Instant>,
@@ -465,15 +479,11 @@ impl EventLoop {
     pub async fn run(mut self) {
         loop {
             self.dial_due_seeds();
-            let wake_ms = self.core.next_wakeup_ms().min(self.now_ms() + TICK_MAX_MS);
-            let wake = self.epoch + Duration::from_millis(wake_ms);
-            let seed_wake = self
-                .seeds
-                .iter()
-                .filter(|s| s.dialing.is_none())
-                .map(|s| s.next_dial)
-                .min();
-            let wake = seed_wake.map_or(wake, |s| s.min(wake).max(Instant::now()));
+            let core_wake = self.epoch
+                + Duration::from_millis(
+                    self.core.next_wakeup_ms().min(self.now_ms() + TICK_MAX_MS),
+                );
+            let wake = loop_wake(core_wake, &self.seeds, self.dials_seeds(), Instant::now());
             tokio::select! {
                 event = self.swarm.select_next_some() => self.on_swarm_event(event),
                 cmd = self.commands.recv() => match cmd {
@@ -507,8 +517,14 @@ impl EventLoop {
 
     /// Seeds are dialled while this node knows no other live member (at start, and again if
     /// it is ever left alone), each retried with capped exponential backoff.
+    /// Whether seeds are dialed now: only by a node alone in its view (joining, or cut off),
+    /// never while it leaves.
+    fn dials_seeds(&self) -> bool {
+        self.leaving.is_none() && self.core.alive_count() <= 1
+    }
+
     fn dial_due_seeds(&mut self) {
-        if self.leaving.is_some() || self.core.alive_count() > 1 {
+        if !self.dials_seeds() {
             return;
         }
         let now = Instant::now();
@@ -875,5 +891,40 @@ impl EventLoop {
             members: self.core.members().cloned().collect(),
             counters,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seed(next_dial: Instant) -> Seed {
+        Seed {
+            addr: "/ip4/127.0.0.1/tcp/7070".parse().expect("multiaddr"),
+            backoff_ms: SEED_BACKOFF_MIN_MS,
+            next_dial,
+            dialing: None,
+        }
+    }
+
+    #[test]
+    fn a_due_seed_wakes_the_loop_only_while_seeds_are_dialed() {
+        let now = Instant::now();
+        let core = now + Duration::from_millis(250);
+        let due = [seed(now - Duration::from_secs(5))];
+        // Alone (joining): the overdue seed is dialed at once.
+        assert_eq!(loop_wake(core, &due, true, now), now);
+        // In a cluster: the seed is not dialed, so it must not wake the loop at all.
+        assert_eq!(loop_wake(core, &due, false, now), core);
+        // A later seed redial, or one being dialed, waits for its turn or not at all.
+        let later = [seed(now + Duration::from_millis(100))];
+        assert_eq!(
+            loop_wake(core, &later, true, now),
+            now + Duration::from_millis(100)
+        );
+        let mut dialing = seed(now - Duration::from_secs(1));
+        dialing.dialing = Some(ConnectionId::new_unchecked(1));
+        assert_eq!(loop_wake(core, &[dialing], true, now), core);
+        assert_eq!(loop_wake(core, &[], true, now), core);
     }
 }

@@ -29,7 +29,8 @@ pub const LEAVE_TELL_ALL_MAX: usize = 16;
 #[derive(Clone, Debug)]
 pub enum Event<I, M> {
     /// Timers: the driver calls `handle(now, Tick)` at or after
-    /// [`Membership::next_wakeup_ms`], and at least every 50 ms.
+    /// [`Membership::next_wakeup_ms`] (which names every timer, so an idle node sleeps until
+    /// its next probe); extra ticks are harmless.
     Tick,
     /// A message from `from` (the id the transport authenticated).
     Message {
@@ -368,7 +369,12 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
 
     /// The time (ms) by which the driver must call `handle(_, Tick)`.
     pub fn next_wakeup_ms(&self) -> u64 {
-        let mut t = self.next_gossip_ms.min(self.next_reap_ms);
+        // Gossip rounds wake the loop only while there is something to gossip: an idle
+        // node's next round is due when an update is queued, at once if its time passed.
+        let mut t = self.next_reap_ms;
+        if self.broadcasts.len() > 0 {
+            t = t.min(self.next_gossip_ms);
+        }
         if self.local().state != State::Left {
             t = t.min(self.next_push_pull_ms).min(self.next_reconnect_ms);
             if !self.probes.iter().any(|p| p.in_turn) {
