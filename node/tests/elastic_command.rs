@@ -21,7 +21,7 @@ use std::{
 
 mod common;
 
-use common::POLL;
+use common::{wait_job, POLL};
 use ringleader::{
     api::status::JobDoc,
     cli::local::{process_alive as alive, LocalCluster},
@@ -36,9 +36,28 @@ static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// The fake elastic rank.
 const RANK_PY: &str = include_str!("elastic_command/rank.py");
 
-/// A formed cluster of 3 nodes, `c0` first.
-fn cluster(root: &Path) -> LocalCluster {
-    common::formed_cluster(root, "c", 3, &[], WAIT)
+/// One test's place: its turn ([`SERIAL`]), its directory, a formed cluster of 3 nodes
+/// (`c0` first), and the path of the file that ends its job's ranks.
+struct Setup {
+    _serial: std::sync::MutexGuard<'static, ()>,
+    c: LocalCluster,
+    done: std::path::PathBuf,
+    /// Removed last, after the cluster is dropped.
+    _root: tempfile::TempDir,
+}
+
+fn setup() -> Setup {
+    let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let root = tempfile::Builder::new()
+        .prefix("rl-elastic-cmd-")
+        .tempdir()
+        .unwrap();
+    Setup {
+        _serial: serial,
+        c: common::formed_cluster(root.path(), "c", 3, &[], WAIT),
+        done: root.path().join("done"),
+        _root: root,
+    }
 }
 
 /// A command job of 3 ranks that may go down to 2, running `command` with the fake rank in
@@ -122,22 +141,29 @@ fn generation_pids(c: &LocalCluster, id: &str, g: u32, world: u32) -> Vec<u32> {
         .collect()
 }
 
-fn wait_job(
-    c: &LocalCluster,
-    i: usize,
-    id: &str,
-    what: &str,
-    cond: impl Fn(&JobDoc) -> bool,
-) -> JobDoc {
-    common::wait_job(c, i, id, what, WAIT, cond)
-}
-
 fn kill(pid: u32) {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
+}
+
+/// Submits a job of 3 fake ranks (`rank.py`) with `elastic`, and waits until generation 1
+/// runs on 3: its id, its document then, and its ranks' pids in rank order.
+fn start_fake_ranks(
+    c: &LocalCluster,
+    name: &str,
+    elastic: &str,
+    done: &Path,
+) -> (String, JobDoc, Vec<u32>) {
+    let text = spec(name, r#"["python3", "rank.py"]"#, elastic, done);
+    let id = c.nodes[0].client().submit(&text).unwrap();
+    let doc = wait_job(c, 0, &id, "running on 3", WAIT, |d| {
+        d.state == "running" && d.ring.len() == 3
+    });
+    let pids = generation_pids(c, &id, 1, 3);
+    (id, doc, pids)
 }
 
 /// What the test does to rank 2 of the ringleader job.
@@ -153,26 +179,10 @@ enum Fault {
 /// with world 2 (their new generation arrived on stdin); after a node's return, it joins at
 /// generation 3; the job succeeds.
 fn ringleader_fault(name: &str, fault: Fault, reason: impl Fn(&str) -> String) {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let root = tempfile::Builder::new()
-        .prefix("rl-elastic-cmd-")
-        .tempdir()
-        .unwrap();
-    let mut c = cluster(root.path());
-    let done = root.path().join("done");
-    let text = spec(
-        name,
-        r#"["python3", "rank.py"]"#,
-        "protocol = \"ringleader\"",
-        &done,
-    );
-    let id = c.nodes[0].client().submit(&text).unwrap();
-
+    let mut s = setup();
+    let Setup { c, done, .. } = &mut s;
     // Phase 1: generation 1 on 3 ranks, each with its first generation from stdin.
-    let doc = wait_job(&c, 0, &id, "running on 3", |d| {
-        d.state == "running" && d.ring.len() == 3
-    });
-    let pids = generation_pids(&c, &id, 1, 3);
+    let (id, doc, pids) = start_fake_ranks(c, name, "protocol = \"ringleader\"", done);
     let victim_node = doc.ring[2].clone();
     let victim = c.nodes.iter().position(|n| n.name == victim_node).unwrap();
     let observer = if victim == 0 { 1 } else { 0 };
@@ -182,7 +192,9 @@ fn ringleader_fault(name: &str, fault: Fault, reason: impl Fn(&str) -> String) {
         Fault::KillRank => kill(pids[2]),
         Fault::KillNode => c.kill9(victim).unwrap(),
     }
-    let reformed = wait_job(&c, observer, &id, "re-formed on 2", |d| d.generation >= 2);
+    let reformed = wait_job(c, observer, &id, "re-formed on 2", WAIT, |d| {
+        d.generation >= 2
+    });
     let expected = reason(&victim_node);
     assert!(
         reformed.history[1].reason.starts_with(&expected),
@@ -191,7 +203,7 @@ fn ringleader_fault(name: &str, fault: Fault, reason: impl Fn(&str) -> String) {
     );
     assert_eq!(reformed.history[1].ring.len(), 2, "{:?}", reformed.history);
     assert_eq!(reformed.attempt, 1, "a re-form uses no restart");
-    let survivors = generation_pids(&c, &id, 2, 2);
+    let survivors = generation_pids(c, &id, 2, 2);
     assert_eq!(
         survivors,
         pids[..2],
@@ -205,20 +217,20 @@ fn ringleader_fault(name: &str, fault: Fault, reason: impl Fn(&str) -> String) {
     // told generation 3 on stdin; the survivors go on in theirs.
     if let Fault::KillNode = fault {
         c.restart(victim).unwrap();
-        let grown = wait_job(&c, observer, &id, "grown back", |d| {
+        let grown = wait_job(c, observer, &id, "grown back", WAIT, |d| {
             d.history
                 .iter()
                 .any(|h| h.reason == format!("joined {victim_node}"))
         });
         let g = grown.generation;
-        let now = generation_pids(&c, &id, g, 3);
+        let now = generation_pids(c, &id, g, 3);
         assert_eq!(now[..2], survivors, "the survivors joined generation {g}");
         assert!(!pids.contains(&now[2]), "the joiner is a new process");
     }
 
     // Phase 4: the ranks end by themselves; the job succeeds in its first attempt.
-    std::fs::write(&done, b"").unwrap();
-    let end = wait_job(&c, observer, &id, "finished", |d| d.state != "running");
+    std::fs::write(done, b"").unwrap();
+    let end = wait_job(c, observer, &id, "finished", WAIT, |d| d.state != "running");
     assert_eq!(end.state, "succeeded", "{end:#?}\n{:#?}", c.job_logs(&id));
     assert_eq!(end.attempt, 1);
     c.stop_all();
@@ -240,22 +252,17 @@ fn ringleader_protocol_killed_node_survivors_keep_their_processes_and_it_rejoins
 
 #[test]
 fn ringleader_protocol_script_that_never_speaks_it_fails_the_job() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let root = tempfile::Builder::new()
-        .prefix("rl-elastic-cmd-")
-        .tempdir()
-        .unwrap();
-    let c = cluster(root.path());
-    let done = root.path().join("done");
+    let s = setup();
+    let Setup { c, done, .. } = &s;
     // A plain script: it never reads its generations nor prints a heartbeat.
     let text = spec(
         "rl-silent",
         r#"["python3", "-c", "import time; print('training', flush=True); time.sleep(120)"]"#,
         "protocol = \"ringleader\"\nfirst_heartbeat_s = 2",
-        &done,
+        done,
     );
     let id = c.nodes[0].client().submit(&text).unwrap();
-    let end = wait_job(&c, 0, &id, "finished", |d| {
+    let end = wait_job(c, 0, &id, "finished", WAIT, |d| {
         d.state != "running" && d.state != "pending"
     });
     assert_eq!(end.state, "failed", "{end:#?}");
@@ -269,27 +276,12 @@ fn ringleader_protocol_script_that_never_speaks_it_fails_the_job() {
 
 #[test]
 fn torchrun_protocol_starts_every_rank_again() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let root = tempfile::Builder::new()
-        .prefix("rl-elastic-cmd-")
-        .tempdir()
-        .unwrap();
-    let mut c = cluster(root.path());
-    let done = root.path().join("done");
+    let mut s = setup();
+    let Setup { c, done, .. } = &mut s;
     // The default, said out loud: the ranks read their generation from the environment.
-    let text = spec(
-        "torchrun",
-        r#"["python3", "rank.py"]"#,
-        "protocol = \"torchrun\"",
-        &done,
-    );
-    let id = c.nodes[0].client().submit(&text).unwrap();
-    let doc = wait_job(&c, 0, &id, "running on 3", |d| {
-        d.state == "running" && d.ring.len() == 3
-    });
-    let pids = generation_pids(&c, &id, 1, 3);
+    let (id, doc, pids) = start_fake_ranks(c, "torchrun", "protocol = \"torchrun\"", done);
     kill(pids[2]);
-    let reformed = wait_job(&c, 0, &id, "re-formed on 2", |d| d.generation >= 2);
+    let reformed = wait_job(c, 0, &id, "re-formed on 2", WAIT, |d| d.generation >= 2);
     let expected = format!("peer-lost {} (rank 2): exited with code 137", doc.ring[2]);
     assert!(
         reformed.history[1].reason.starts_with(&expected),
@@ -297,7 +289,7 @@ fn torchrun_protocol_starts_every_rank_again() {
         reformed.history
     );
     // Every rank of generation 2 is a new process, started with WORLD_SIZE 2.
-    let restarted = generation_pids(&c, &id, 2, 2);
+    let restarted = generation_pids(c, &id, 2, 2);
     assert!(
         restarted.iter().all(|p| !pids.contains(p)),
         "generation 1 {pids:?}, generation 2 {restarted:?}"
@@ -310,8 +302,8 @@ fn torchrun_protocol_starts_every_rank_again() {
         );
         std::thread::sleep(POLL);
     }
-    std::fs::write(&done, b"").unwrap();
-    let end = wait_job(&c, 0, &id, "finished", |d| d.state != "running");
+    std::fs::write(done, b"").unwrap();
+    let end = wait_job(c, 0, &id, "finished", WAIT, |d| d.state != "running");
     assert_eq!(end.state, "succeeded", "{end:#?}");
     assert_eq!((end.generation, end.attempt), (2, 1));
     c.stop_all();

@@ -604,8 +604,10 @@ impl Run {
                     if let Some(bound) = self.protocol.as_ref().map(|p| p.first_heartbeat_ms) {
                         let late = started.elapsed() >= Duration::from_millis(bound);
                         if late && !spoke && silent_reported != Some(self.generation) {
+                            // Lost in each generation it survives into while silent: once
+                            // fewer than min_workers remain, the attempt fails with this.
                             silent_reported = Some(self.generation);
-                            self.report_silent(id, bound).await;
+                            self.report_lost(id, false, silent_rank_reason(bound)).await;
                         }
                     }
                 }
@@ -785,33 +787,21 @@ impl Run {
             return;
         }
         self.reported_hung = true;
-        warn!(job = %id, generation = self.generation, rank = self.rank, "worker hung: {reason}");
-        let _ = self
-            .reports
-            .send(ControlCommand::RankLost {
-                id,
-                generation: self.generation,
-                rank: self.rank,
-                hung: true,
-                reason,
-                at_ms: (self.clock_ms)(),
-            })
-            .await;
+        self.report_lost(id, true, reason).await;
     }
 
-    /// Reports a rank of the ringleader protocol that never spoke it lost (in its current
-    /// generation): the chief re-forms without it, and fails the attempt with this reason
-    /// once too few ranks remain (every rank of a script that does not speak it).
-    async fn report_silent(&self, id: JobId, first_heartbeat_ms: u64) {
-        let reason = silent_rank_reason(first_heartbeat_ms);
-        warn!(job = %id, generation = self.generation, rank = self.rank, "rank lost: {reason}");
+    /// Reports this rank lost in its current generation (`hung`: by its own node's watch):
+    /// the chief re-forms without it, or fails the attempt when too few ranks remain.
+    async fn report_lost(&self, id: JobId, hung: bool, reason: String) {
+        let what = if hung { "worker hung" } else { "rank lost" };
+        warn!(job = %id, generation = self.generation, rank = self.rank, "{what}: {reason}");
         let _ = self
             .reports
             .send(ControlCommand::RankLost {
                 id,
                 generation: self.generation,
                 rank: self.rank,
-                hung: false,
+                hung,
                 reason,
                 at_ms: (self.clock_ms)(),
             })
