@@ -3,7 +3,8 @@
 //! standard library only, carried in the spec's `[[files]]`: `elastic_command/rank.py`)
 //! that follows its generations and logs each as `gen=G rank=R world=N pid=P`.
 //!
-//! - `protocol = "ringleader"`: a rank's process killed, or a whole node killed, re-forms
+//! - `protocol = "ringleader"`: a rank's process killed or stopped (named hung), or a whole
+//!   node killed, re-forms
 //!   the ring to 2 with the survivors' processes unchanged, told generation 2 on stdin; the
 //!   returning node joins at generation 3; the job succeeds;
 //! - a script that never speaks the protocol fails the job, saying it must use
@@ -22,6 +23,7 @@ use std::{
 mod common;
 
 use common::{wait_job, POLL};
+use nix::sys::signal::Signal;
 use ringleader::{
     api::status::JobDoc,
     cli::local::{process_alive as alive, LocalCluster},
@@ -141,12 +143,8 @@ fn generation_pids(c: &LocalCluster, id: &str, g: u32, world: u32) -> Vec<u32> {
         .collect()
 }
 
-fn kill(pid: u32) {
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+fn signal(pid: u32, signal: Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).unwrap();
 }
 
 /// Submits a job of 3 fake ranks (`rank.py`) with `elastic`, and waits until generation 1
@@ -172,6 +170,8 @@ enum Fault {
     KillRank,
     /// SIGKILL its node, and start the node again once the ring re-formed: it joins.
     KillNode,
+    /// SIGSTOP its process: its node names it hung, and kills it once the ring re-formed.
+    StopRank,
 }
 
 /// Runs a ringleader-protocol job, injects `fault` on rank 2, and checks the re-form: the
@@ -189,8 +189,9 @@ fn ringleader_fault(name: &str, fault: Fault, reason: impl Fn(&str) -> String) {
 
     // Phase 2: the fault; generation 2 keeps the survivors' processes.
     match fault {
-        Fault::KillRank => kill(pids[2]),
+        Fault::KillRank => signal(pids[2], Signal::SIGKILL),
         Fault::KillNode => c.kill9(victim).unwrap(),
+        Fault::StopRank => signal(pids[2], Signal::SIGSTOP),
     }
     let reformed = wait_job(c, observer, &id, "re-formed on 2", WAIT, |d| {
         d.generation >= 2
@@ -213,6 +214,14 @@ fn ringleader_fault(name: &str, fault: Fault, reason: impl Fn(&str) -> String) {
         assert!(alive(*pid), "survivor {pid} ended");
     }
 
+    // Phase 3 (a rank stopped): its node kills it, the ring no longer wanting it.
+    if let Fault::StopRank = fault {
+        let deadline = Instant::now() + WAIT;
+        while alive(pids[2]) {
+            assert!(Instant::now() < deadline, "the stopped rank was not killed");
+            std::thread::sleep(POLL);
+        }
+    }
     // Phase 3 (a node killed): it returns and joins at the next generation, a new process
     // told generation 3 on stdin; the survivors go on in theirs.
     if let Fault::KillNode = fault {
@@ -251,6 +260,13 @@ fn ringleader_protocol_killed_node_survivors_keep_their_processes_and_it_rejoins
 }
 
 #[test]
+fn ringleader_protocol_stopped_rank_is_named_hung_survivors_keep_their_processes() {
+    ringleader_fault("rl-hang", Fault::StopRank, |node| {
+        format!("hung {node} (rank 2): its process is stopped")
+    });
+}
+
+#[test]
 fn ringleader_protocol_script_that_never_speaks_it_fails_the_job() {
     let s = setup();
     let Setup { c, done, .. } = &s;
@@ -280,7 +296,7 @@ fn torchrun_protocol_starts_every_rank_again() {
     let Setup { c, done, .. } = &mut s;
     // The default, said out loud: the ranks read their generation from the environment.
     let (id, doc, pids) = start_fake_ranks(c, "torchrun", "protocol = \"torchrun\"", done);
-    kill(pids[2]);
+    signal(pids[2], Signal::SIGKILL);
     let reformed = wait_job(c, 0, &id, "re-formed on 2", WAIT, |d| d.generation >= 2);
     let expected = format!("peer-lost {} (rank 2): exited with code 137", doc.ring[2]);
     assert!(
