@@ -4,9 +4,8 @@
 //! that follows its generations and logs each as `gen=G rank=R world=N pid=P`.
 //!
 //! - `protocol = "ringleader"`: a rank's process killed or stopped (named hung), or a whole
-//!   node killed, re-forms
-//!   the ring to 2 with the survivors' processes unchanged, told generation 2 on stdin; the
-//!   returning node joins at generation 3; the job succeeds;
+//!   node killed, re-forms the ring to 2 with the survivors' processes unchanged, told
+//!   generation 2 on stdin; the returning node joins at generation 3; the job succeeds;
 //! - a script that never speaks the protocol fails the job, saying it must use
 //!   `ringleader.torch`;
 //! - `protocol = "torchrun"` (the default): a lost rank starts every rank again.
