@@ -345,12 +345,12 @@ impl Job {
         }
     }
 
-    /// The generation this job's rank processes are keyed by: train ranks live through the
-    /// re-forms of an attempt (survivors keep their state in memory), command ranks are
-    /// started again at each generation with the new `WORLD_SIZE` (torchrun's elastic
-    /// semantics).
+    /// The generation this job's rank processes are keyed by: train ranks, and command ranks
+    /// of `[elastic] protocol = "ringleader"`, live through the re-forms of an attempt
+    /// (survivors keep their state in memory), other command ranks are started again at
+    /// each generation with the new `WORLD_SIZE` (torchrun's elastic semantics).
     pub fn process_generation(&self) -> u32 {
-        if self.spec.kind == JobKind::Train {
+        if self.spec.keeps_ranks_through_reforms() {
             self.attempt_generation
         } else {
             self.generation

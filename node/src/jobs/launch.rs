@@ -4,7 +4,10 @@
 //!
 //! - Command jobs get the environment torchrun gives (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
 //!   `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, [`master_port`], `TORCHELASTIC_RESTART_COUNT`, …), so
-//!   an unmodified PyTorch DDP script works.
+//!   an unmodified PyTorch DDP script works, and [`ELASTIC_PROTOCOL_ENV`]. A command rank of
+//!   `[elastic] protocol = "ringleader"` lives through re-forms, so those variables hold its
+//!   first generation's values only: its generations ([`generation_line`], on stdin, the
+//!   train ring's addresses and secret below) are the truth, which `ringleader.torch` reads.
 //! - GPUs: a rank given devices (`Slot::gpus`) gets `CUDA_VISIBLE_DEVICES` naming exactly
 //!   those ([`crate::gpus::visible_devices`]) and `CUDA_DEVICE_ORDER=PCI_BUS_ID`, the order
 //!   the node numbers them in ([`gpus::DEVICE_ORDER`]), both set after the spec's `env` so
@@ -118,8 +121,9 @@ pub fn default_storage(jobs_dir: &Path) -> String {
     format!("file://{}", abs.join("store").display())
 }
 
-/// The control line that moves a live elastic train rank to `job`'s current generation as
-/// `slot`'s rank, or `None` while a ring member's address is unknown.
+/// The control line that moves a live elastic rank (a train rank, a command rank of the
+/// ringleader protocol) to `job`'s current generation as `slot`'s rank, or `None` while a
+/// ring member's address is unknown. A command rank of that protocol also starts with it.
 pub fn generation_line(
     ctx: &LaunchContext,
     job: &Job,
@@ -134,6 +138,11 @@ pub fn generation_line(
     };
     Some(generation.to_line())
 }
+
+/// The variable that tells a command rank how it lives through a re-form
+/// (`[elastic] protocol`): `ringleader` (its process is kept, its generations arrive on
+/// stdin) or `torchrun` (every rank is started again).
+pub const ELASTIC_PROTOCOL_ENV: &str = "RINGLEADER_ELASTIC_PROTOCOL";
 
 /// The variable that tells a search trial's run the resource it must reach (its rung's
 /// target, in the search's unit: epochs); set when the chief gave the run one.
@@ -311,6 +320,10 @@ pub fn launch(
         if let Some(access) = &ctx.checkpoints {
             env.extend(super::checkpoint::rank_env(access, job));
         }
+        env.push((
+            ELASTIC_PROTOCOL_ENV.into(),
+            job.spec.elastic.protocol.as_str().into(),
+        ));
         return Some(Launch {
             command: job.spec.command.clone(),
             files,

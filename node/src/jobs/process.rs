@@ -35,8 +35,12 @@
 //! The exit code (a signal death as 128 + signal, as shells report it) is sent as
 //! [`ControlCommand::WorkerExited`] for the generation and rank the process was in last. A
 //! rank killed because its generation or job ended reports nothing. A train rank of an
-//! elastic job lives through re-forms: the supervisor sends it each new generation, which
-//! this task writes to the process's stdin (`ringleader-generation {…}`).
+//! elastic job, and a command rank of one with `[elastic] protocol = "ringleader"`, lives
+//! through re-forms: the supervisor sends it each new generation, which this task writes to
+//! the process's stdin (`ringleader-generation {…}`; a command rank's first one as soon as
+//! it starts, [`ProtocolRank`]); a graceful stop writes `ringleader-stop` first. Such a
+//! command rank that prints no heartbeat or rank stats within its bound
+//! ([`ProtocolRank::first_heartbeat_ms`]) is reported lost ([`silent_rank_reason`]).
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet, VecDeque},
@@ -63,7 +67,9 @@ use crate::{
     security::run_as::{make_traverse_dir, RunAs},
 };
 
-/// A rank's process: (job, the generation it was started for, worker).
+/// A rank's process: (job, the generation it was started for, worker): for a rank that
+/// lives through re-forms, the first generation of its attempt
+/// ([`crate::control::state::Job::process_generation`]).
 pub type Key = (JobId, u32, u32);
 
 /// Shortest gap between two reports of the same metric, in milliseconds (the last value is
@@ -94,6 +100,9 @@ pub const HUNG_COMPUTE_FACTOR: f64 = 20.0;
 pub const STOP_GRACE_MS: u64 = 5_000;
 /// How often the process's run state is looked at, in milliseconds.
 const WATCH_PERIOD_MS: u64 = 500;
+/// Longest wait for a rank's stdin to take one control line, in milliseconds: a rank that
+/// does not read its stdin (its pipe full) has it closed rather than stall this task.
+const STDIN_WRITE_MS: u64 = 2_000;
 /// After a rank's process exits, how long its pipes may still deliver lines, in
 /// milliseconds. Its process group is killed at the exit, so the pipes close at once unless
 /// a process left the group (`setsid`) and keeps them open: the exit is reported anyway.
@@ -147,6 +156,37 @@ impl Default for RankOptions {
             log_bytes_per_s: RANK_LOG_BYTES_PER_S_MAX,
         }
     }
+}
+
+/// What a command rank of `[elastic] protocol = "ringleader"` is given and held to (a train
+/// rank gets its first generation in its arguments and speaks the protocol by build).
+#[derive(Clone, PartialEq)]
+pub struct ProtocolRank {
+    /// The `ringleader-generation {json}` line of the generation it starts in, written to
+    /// its stdin first (it holds the ring secret: never logged).
+    pub first_generation: String,
+    /// It must print a `ringleader-heartbeat` or `ringleader-rank-stats` line within this
+    /// long of starting (`[elastic] first_heartbeat_s`), in milliseconds, or it is lost.
+    pub first_heartbeat_ms: u64,
+}
+
+impl std::fmt::Debug for ProtocolRank {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The generation line holds the ring secret.
+        f.debug_struct("ProtocolRank")
+            .field("first_generation", &"(hidden)")
+            .field("first_heartbeat_ms", &self.first_heartbeat_ms)
+            .finish()
+    }
+}
+
+/// Why a rank of the ringleader protocol that never spoke it is lost (the job's history
+/// shows it): what to change.
+pub fn silent_rank_reason(first_heartbeat_ms: u64) -> String {
+    format!(
+        "no ringleader-heartbeat or ringleader-rank-stats line within {} s of starting: with [elastic] protocol = \"ringleader\" the script must use ringleader.torch (call rlt.init()), or drop protocol = \"ringleader\" for torchrun's restart of every rank",
+        first_heartbeat_ms / 1_000
+    )
 }
 
 /// What the supervisor tells a running rank.
@@ -243,8 +283,11 @@ pub(super) struct Run {
     pub(super) generation: u32,
     pub(super) rank: u32,
     pub(super) launch: Launch,
-    /// Whether the process reads control lines on stdin (an elastic train rank).
+    /// Whether the process reads control lines on stdin (an elastic rank that lives
+    /// through re-forms: a train rank, a command rank of the ringleader protocol).
     pub(super) control_stdin: bool,
+    /// A command rank of the ringleader protocol: its first generation and heartbeat bound.
+    pub(super) protocol: Option<ProtocolRank>,
     /// The rank's compute time per step as it last reported it, ms.
     pub(super) compute_ms: f64,
     /// Reported hung already (once per process).
@@ -470,6 +513,14 @@ impl Run {
         let _group = ProcessGroup(pgid);
         let _recorded = pgid.and_then(|g| self.groups.as_ref().map(|r| r.record(g)));
         let mut stdin = child.stdin.take();
+        if let Some(first) = &self.protocol {
+            tell(&mut stdin, &first.first_generation, id, self.rank).await;
+        }
+        let started = Instant::now();
+        // A protocol rank's heartbeat or rank stats seen; the generation it was reported
+        // silent in (again in each new generation it survives into while silent).
+        let mut spoke = false;
+        let mut silent_reported: Option<u32> = None;
         let (line_tx, mut lines) = mpsc::channel::<(bool, String)>(LINE_QUEUE_DEPTH);
         let epoch = Instant::now();
         let rate = Arc::new(Mutex::new(LogRate::new(self.options.log_bytes_per_s, 0)));
@@ -550,6 +601,15 @@ impl Run {
                         }
                         (true, Some(_)) => {}
                     }
+                    if let Some(bound) = self.protocol.as_ref().map(|p| p.first_heartbeat_ms) {
+                        let late = started.elapsed() >= Duration::from_millis(bound);
+                        if late && !spoke && silent_reported != Some(self.generation) {
+                            // Lost in each generation it survives into while silent: once
+                            // fewer than min_workers remain, the attempt fails with this.
+                            silent_reported = Some(self.generation);
+                            self.report_lost(id, false, silent_rank_reason(bound)).await;
+                        }
+                    }
                 }
                 line = lines.recv() => match line {
                     Some((is_stdout, text)) => {
@@ -566,6 +626,7 @@ impl Run {
                             }
                             Read::Line(line) => line,
                         };
+                        spoke |= matches!(line, RankLine::Heartbeat { .. } | RankLine::RankStats(_));
                         let report = if self.rank == 0 { trial.report(&line) } else { None };
                         let metrics = match line {
                             RankLine::Metric(m) => {
@@ -618,16 +679,7 @@ impl Run {
                         info!(job = %id, generation, rank, "worker goes on in a new generation");
                         self.generation = generation;
                         self.rank = rank;
-                        if let Some(pipe) = stdin.as_mut() {
-                            let sent = async {
-                                pipe.write_all(line.as_bytes()).await?;
-                                pipe.write_all(b"\n").await?;
-                                pipe.flush().await
-                            };
-                            if let Err(e) = sent.await {
-                                warn!(job = %id, generation, rank, "could not tell the worker its generation: {e}");
-                            }
-                        }
+                        tell(&mut stdin, &line, id, rank).await;
                     }
                     Some(Control::Kill) | None => {
                         killed = true;
@@ -637,7 +689,10 @@ impl Run {
                         let _ = child.kill().await;
                     }
                     Some(Control::Stop) => {
-                        // SIGTERM first; SIGKILL when the grace period is over.
+                        // A rank that reads control lines is told to stop (and its stdin
+                        // ends); then SIGTERM; SIGKILL when the grace period is over.
+                        tell(&mut stdin, ringleader_protocol::STOP_LINE, id, self.rank).await;
+                        stdin = None;
                         killed = true;
                         if let Some(pgid) = pgid {
                             let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGTERM);
@@ -732,14 +787,21 @@ impl Run {
             return;
         }
         self.reported_hung = true;
-        warn!(job = %id, generation = self.generation, rank = self.rank, "worker hung: {reason}");
+        self.report_lost(id, true, reason).await;
+    }
+
+    /// Reports this rank lost in its current generation (`hung`: by its own node's watch):
+    /// the chief re-forms without it, or fails the attempt when too few ranks remain.
+    async fn report_lost(&self, id: JobId, hung: bool, reason: String) {
+        let what = if hung { "worker hung" } else { "rank lost" };
+        warn!(job = %id, generation = self.generation, rank = self.rank, "{what}: {reason}");
         let _ = self
             .reports
             .send(ControlCommand::RankLost {
                 id,
                 generation: self.generation,
                 rank: self.rank,
-                hung: true,
+                hung,
                 reason,
                 at_ms: (self.clock_ms)(),
             })
@@ -823,6 +885,28 @@ impl Run {
             _ => {}
         }
     }
+}
+
+/// Writes one control line (`ringleader-generation {…}`, `ringleader-stop`) to a rank's
+/// stdin, if it has one. A rank that takes none within [`STDIN_WRITE_MS`] (it does not read
+/// its stdin) or whose stdin is closed has it closed: warned, never the line (it may hold
+/// the ring secret).
+async fn tell(stdin: &mut Option<tokio::process::ChildStdin>, line: &str, id: JobId, rank: u32) {
+    let Some(pipe) = stdin.as_mut() else {
+        return;
+    };
+    let sent = async {
+        pipe.write_all(line.as_bytes()).await?;
+        pipe.write_all(b"\n").await?;
+        pipe.flush().await
+    };
+    let why = match tokio::time::timeout(Duration::from_millis(STDIN_WRITE_MS), sent).await {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => format!("it took no line for {STDIN_WRITE_MS} ms"),
+    };
+    warn!(job = %id, rank, "could not write a control line to the rank's stdin ({why}): closing it");
+    *stdin = None;
 }
 
 /// The rate limit on warnings about a rank's malformed `ringleader-…` lines.
@@ -984,6 +1068,102 @@ mod tests {
         }
         task.await.unwrap();
         out
+    }
+
+    /// Runs `script` (sh) as rank 0 of generation 1 of the ringleader protocol, its first
+    /// heartbeat due within `first_heartbeat_ms`; returns what it reported until `until`
+    /// holds of a report or `wait_ms` passed, then kills it, and its log.
+    async fn protocol_rank(
+        script: &str,
+        first_heartbeat_ms: u64,
+        wait_ms: u64,
+        until: impl Fn(&ControlCommand) -> bool,
+    ) -> (Vec<ControlCommand>, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("worker-0.log");
+        let (reports, mut rx) = mpsc::channel(64);
+        let run = Run {
+            key: (JobId::from_log_index(7), 1, 0),
+            generation: 1,
+            rank: 0,
+            launch: Launch {
+                command: vec!["sh".into(), "-c".into(), script.into()],
+                files: Vec::new(),
+                work_dir: None,
+                env: Vec::new(),
+                log: log.clone(),
+                trial_metric: None,
+                trial_metric_lines: false,
+                dataset: None,
+            },
+            control_stdin: true,
+            protocol: Some(ProtocolRank {
+                first_generation: "ringleader-generation {\"generation\":1}".into(),
+                first_heartbeat_ms,
+            }),
+            compute_ms: 0.0,
+            reported_hung: false,
+            reports,
+            clock_ms: || 1,
+            datasets: None,
+            groups: None,
+            options: RankOptions::default(),
+        };
+        let (control, control_rx) = mpsc::channel(CONTROL_QUEUE_DEPTH);
+        let task = tokio::spawn(run.run(control_rx));
+        let mut seen = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+        while let Ok(Some(r)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+            let done = until(&r);
+            seen.push(r);
+            if done {
+                break;
+            }
+        }
+        control.send(Control::Kill).await.unwrap();
+        task.await.unwrap();
+        (seen, std::fs::read_to_string(&log).unwrap_or_default())
+    }
+
+    fn is_lost(r: &ControlCommand) -> bool {
+        matches!(r, ControlCommand::RankLost { .. })
+    }
+
+    #[tokio::test]
+    async fn a_protocol_rank_reads_its_first_generation_and_must_speak_in_time() {
+        // It reads the generation on stdin and never speaks: lost, saying what to change.
+        let (seen, log) = protocol_rank(
+            "read l; echo \"got ${l%% *}\"; sleep 30",
+            300,
+            10_000,
+            is_lost,
+        )
+        .await;
+        assert!(log.contains("got ringleader-generation"), "{log}");
+        let Some(ControlCommand::RankLost {
+            generation,
+            rank,
+            hung,
+            reason,
+            ..
+        }) = seen.iter().find(|r| is_lost(r))
+        else {
+            panic!("never reported lost: {seen:?}")
+        };
+        assert_eq!((*generation, *rank, *hung), (1, 0, false));
+        assert!(
+            reason.contains("ringleader.torch") && reason.contains("rlt.init()"),
+            "{reason}"
+        );
+        // One that prints a heartbeat at once is never reported, whatever else it prints.
+        let (seen, _) = protocol_rank(
+            "echo ringleader-heartbeat computing_ms=0; echo ringleader-metric loss 1; sleep 30",
+            300,
+            1_500,
+            is_lost,
+        )
+        .await;
+        assert!(!seen.iter().any(is_lost), "{seen:?}");
     }
 
     #[tokio::test]

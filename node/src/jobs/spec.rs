@@ -86,15 +86,21 @@ const TOP_FIELDS: [&str; 18] = [
     "files",
 ];
 const FILE_FIELDS: [&str; 3] = ["path", "text", "base64"];
-const ELASTIC_FIELDS: [&str; 3] = [
+const ELASTIC_FIELDS: [&str; 5] = [
     "straggler_factor",
     "straggler_window",
     "blacklist_cooldown_s",
+    "protocol",
+    "first_heartbeat_s",
 ];
 /// Largest `elastic.straggler_window`, in steps.
 pub const STRAGGLER_WINDOW_MAX: u32 = 1_000_000;
 /// Largest `elastic.blacklist_cooldown_s`, in seconds (a day).
 pub const BLACKLIST_COOLDOWN_S_MAX: u32 = 86_400;
+/// Default `elastic.first_heartbeat_s`, in seconds.
+pub const FIRST_HEARTBEAT_S_DEFAULT: u32 = 60;
+/// Largest `elastic.first_heartbeat_s`, in seconds (an hour).
+pub const FIRST_HEARTBEAT_S_MAX: u32 = 3_600;
 const RESOURCE_FIELDS: [&str; 2] = ["cpus_per_worker", "gpus_per_worker"];
 
 /// What a job runs.
@@ -171,7 +177,32 @@ impl Default for Resources {
     }
 }
 
-/// `[elastic]`: how an elastic job treats slow ranks. Every field has a default.
+/// How an elastic command job's ranks live through a re-form (`[elastic] protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ElasticProtocol {
+    /// torchrun's semantics (the default): a new generation starts every rank again, with
+    /// the new `WORLD_SIZE`.
+    #[default]
+    Torchrun,
+    /// As train ranks: the surviving processes are kept, read each new generation on stdin
+    /// (`ringleader-generation {json}`) and must speak the rank protocol (heartbeats, rank
+    /// stats) within `first_heartbeat_s`; `ringleader.torch` does this.
+    Ringleader,
+}
+
+impl ElasticProtocol {
+    /// The spelling used in specs and in the rank's `RINGLEADER_ELASTIC_PROTOCOL`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ElasticProtocol::Torchrun => "torchrun",
+            ElasticProtocol::Ringleader => "ringleader",
+        }
+    }
+}
+
+/// `[elastic]`: how an elastic job treats slow ranks, and how a command job's ranks live
+/// through a re-form. Every field has a default.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Elastic {
     /// A rank whose compute time per step stays above this many times the ring's median is
@@ -182,6 +213,22 @@ pub struct Elastic {
     /// A straggler's member is blacklisted for this job for this long, in seconds, doubled
     /// at each repeat (Spark's executor blacklist); default 60.
     pub blacklist_cooldown_s: u32,
+    /// How a command job's ranks go through a re-form (`kind = "command"` only; default
+    /// torchrun). `ringleader` needs an elastic ring (`min_workers < workers` or
+    /// `max_workers > workers`).
+    #[serde(default)]
+    pub protocol: ElasticProtocol,
+    /// A rank of a `protocol = "ringleader"` job must print its first
+    /// `ringleader-heartbeat` or `ringleader-rank-stats` line within this many seconds of
+    /// starting, or it is lost and the job fails saying the script must use
+    /// `ringleader.torch`; 1 to [`FIRST_HEARTBEAT_S_MAX`], default
+    /// [`FIRST_HEARTBEAT_S_DEFAULT`] (only with that protocol).
+    #[serde(default = "first_heartbeat_s_default")]
+    pub first_heartbeat_s: u32,
+}
+
+fn first_heartbeat_s_default() -> u32 {
+    FIRST_HEARTBEAT_S_DEFAULT
 }
 
 impl Default for Elastic {
@@ -190,6 +237,8 @@ impl Default for Elastic {
             straggler_factor: 2.0,
             straggler_window: 20,
             blacklist_cooldown_s: 60,
+            protocol: ElasticProtocol::default(),
+            first_heartbeat_s: FIRST_HEARTBEAT_S_DEFAULT,
         }
     }
 }
@@ -439,6 +488,13 @@ impl JobSpec {
         })?;
         Parser { text }.spec(doc.get_ref())
     }
+
+    /// Whether the job's rank processes live through its ring's re-forms (keyed by attempt
+    /// and worker, told each new generation on stdin) rather than start again: a train
+    /// job's, and a command job's with `[elastic] protocol = "ringleader"`.
+    pub fn keeps_ranks_through_reforms(&self) -> bool {
+        self.kind == JobKind::Train || self.elastic.protocol == ElasticProtocol::Ringleader
+    }
 }
 
 impl JobSpec {
@@ -602,6 +658,17 @@ impl JobSpec {
             "blacklist_cooldown_s".into(),
             int(self.elastic.blacklist_cooldown_s),
         );
+        // Only where they may be given: with the ringleader protocol (command jobs).
+        if self.elastic.protocol == ElasticProtocol::Ringleader {
+            elastic.insert(
+                "protocol".into(),
+                Value::String(self.elastic.protocol.as_str().into()),
+            );
+            elastic.insert(
+                "first_heartbeat_s".into(),
+                int(self.elastic.first_heartbeat_s),
+            );
+        }
         t.insert("elastic".into(), Value::Table(elastic));
         if !self.files.is_empty() {
             let files = self
@@ -778,7 +845,7 @@ impl Parser<'_> {
         };
         let elastic = match get("elastic") {
             None => Elastic::default(),
-            Some(v) => self.elastic(v)?,
+            Some(v) => self.elastic(v, kind, min_workers < workers || max_workers > workers)?,
         };
         if let (JobKind::Command, Some(v)) = (kind, get("data")) {
             self.command_data(v)?;
@@ -952,7 +1019,14 @@ impl Parser<'_> {
         Ok(out)
     }
 
-    fn elastic(&self, v: &Spanned<DeValue<'_>>) -> Result<Elastic, SpecError> {
+    /// `[elastic]` of a job of `kind`, whose ring is elastic (`min_workers < workers` or
+    /// `max_workers > workers`) when `elastic_ring`.
+    fn elastic(
+        &self,
+        v: &Spanned<DeValue<'_>>,
+        kind: JobKind,
+        elastic_ring: bool,
+    ) -> Result<Elastic, SpecError> {
         let Some(table) = v.get_ref().as_table() else {
             return Err(self.invalid("elastic", v, "expected a table"));
         };
@@ -981,6 +1055,48 @@ impl Parser<'_> {
                 1,
                 BLACKLIST_COOLDOWN_S_MAX,
             )?;
+        }
+        if let Some(v) = table.get("protocol") {
+            e.protocol = match v.get_ref().as_str() {
+                _ if kind != JobKind::Command => {
+                    let why = match kind {
+                        JobKind::Train => "a train job's ranks always speak the ringleader protocol",
+                        _ => "a search's trials are not elastic",
+                    };
+                    return Err(self.invalid(
+                        "elastic.protocol",
+                        v,
+                        format!("only for kind = \"command\", not \"{kind}\" ({why})"),
+                    ));
+                }
+                Some("torchrun") => ElasticProtocol::Torchrun,
+                Some("ringleader") if !elastic_ring => {
+                    return Err(self.invalid(
+                        "elastic.protocol",
+                        v,
+                        "\"ringleader\" keeps ranks through a re-form of an elastic ring: set min_workers below workers or max_workers above it (or leave protocol out)",
+                    ))
+                }
+                Some("ringleader") => ElasticProtocol::Ringleader,
+                _ => {
+                    return Err(self.invalid(
+                        "elastic.protocol",
+                        v,
+                        "expected \"ringleader\" or \"torchrun\"",
+                    ))
+                }
+            };
+        }
+        if let Some(v) = table.get("first_heartbeat_s") {
+            if e.protocol != ElasticProtocol::Ringleader {
+                return Err(self.invalid(
+                    "elastic.first_heartbeat_s",
+                    v,
+                    "only with protocol = \"ringleader\" (the ranks that must speak the protocol)",
+                ));
+            }
+            e.first_heartbeat_s =
+                self.bounded_int("elastic.first_heartbeat_s", v, 1, FIRST_HEARTBEAT_S_MAX)?;
         }
         Ok(e)
     }
@@ -1559,6 +1675,83 @@ max = 0.3
             err(&format!("{base}min_workers = 0\n")),
             "min_workers: expected a positive integer at line 4"
         );
+    }
+
+    #[test]
+    fn elastic_protocol_on_command_jobs() {
+        let base = "name = \"a\"\nkind = \"command\"\ncommand = [\"true\"]\nworkers = 3\nmin_workers = 2\n";
+        // The default: torchrun's restart-all; ranks are started again at each generation.
+        let spec = JobSpec::parse(base).unwrap();
+        assert_eq!(spec.elastic.protocol, ElasticProtocol::Torchrun);
+        assert!(!spec.keeps_ranks_through_reforms());
+        let spec = JobSpec::parse(&format!(
+            "{base}[elastic]\nprotocol = \"ringleader\"\nfirst_heartbeat_s = 5\n"
+        ))
+        .unwrap();
+        assert_eq!(spec.elastic.protocol, ElasticProtocol::Ringleader);
+        assert_eq!(spec.elastic.first_heartbeat_s, 5);
+        assert!(spec.keeps_ranks_through_reforms());
+        assert_eq!(JobSpec::parse(&spec.to_toml()).unwrap(), spec, "round trip");
+        let spec = JobSpec::parse(&format!("{base}elastic.protocol = \"ringleader\"\n")).unwrap();
+        assert_eq!(spec.elastic.first_heartbeat_s, FIRST_HEARTBEAT_S_DEFAULT);
+        let torchrun = JobSpec::parse(&format!("{base}elastic.protocol = \"torchrun\"\n")).unwrap();
+        assert_eq!(torchrun, JobSpec::parse(base).unwrap());
+        // JSON specs (the API's) mean the same.
+        let json = r#"{"name": "a", "kind": "command", "command": ["true"], "workers": 3,
+            "min_workers": 2, "elastic": {"protocol": "ringleader", "first_heartbeat_s": 5}}"#;
+        let from_json = JobSpec::parse(&JobSpec::toml_of_json(json).unwrap()).unwrap();
+        assert_eq!(from_json.elastic.protocol, ElasticProtocol::Ringleader);
+        assert_eq!(from_json.elastic.first_heartbeat_s, 5);
+        let e = JobSpec::parse(
+            &JobSpec::toml_of_json(&json.replace("\"ringleader\"", "\"horovod\"")).unwrap(),
+        )
+        .unwrap_err();
+        assert_eq!(e.field(), Some("elastic.protocol"), "{e}");
+
+        // Errors name the field and its line.
+        assert_eq!(
+            err(&format!("{base}[elastic]\nprotocol = \"Ringleader\"\n")),
+            "elastic.protocol: expected \"ringleader\" or \"torchrun\" at line 7"
+        );
+        assert_eq!(
+            err(&format!("{base}[elastic]\nprotocol = 1\n")),
+            "elastic.protocol: expected \"ringleader\" or \"torchrun\" at line 7"
+        );
+        let fixed = "name = \"a\"\nkind = \"command\"\ncommand = [\"true\"]\nworkers = 3\n";
+        assert!(
+            err(&format!("{fixed}[elastic]\nprotocol = \"ringleader\"\n")).starts_with(
+                "elastic.protocol: \"ringleader\" keeps ranks through a re-form of an elastic ring"
+            ),
+        );
+        assert!(JobSpec::parse(&format!("{fixed}[elastic]\nprotocol = \"torchrun\"\n")).is_ok());
+        let train = "name = \"a\"\nkind = \"train\"\nworkers = 3\nmin_workers = 2\n";
+        assert_eq!(
+            err(&format!("{train}[elastic]\nprotocol = \"ringleader\"\n")),
+            "elastic.protocol: only for kind = \"command\", not \"train\" (a train job's ranks always speak the ringleader protocol) at line 6"
+        );
+        let search = "name = \"s\"\nkind = \"search\"\ncommand = [\"true\"]\n[search]\ntrial = \"command\"\n";
+        assert_eq!(
+            err(&format!("{search}[elastic]\nprotocol = \"torchrun\"\n")),
+            "elastic.protocol: only for kind = \"command\", not \"search\" (a search's trials are not elastic) at line 7"
+        );
+        assert_eq!(
+            err(&format!("{base}[elastic]\nfirst_heartbeat_s = 5\n")),
+            "elastic.first_heartbeat_s: only with protocol = \"ringleader\" (the ranks that must speak the protocol) at line 7"
+        );
+        assert_eq!(
+            err(&format!(
+                "{base}[elastic]\nprotocol = \"ringleader\"\nfirst_heartbeat_s = 0\n"
+            )),
+            "elastic.first_heartbeat_s: expected a positive integer at line 8"
+        );
+        assert_eq!(
+            err(&format!(
+                "{base}[elastic]\nprotocol = \"ringleader\"\nfirst_heartbeat_s = 3601\n"
+            )),
+            "elastic.first_heartbeat_s: must be at most 3600, got 3601 at line 8"
+        );
+        assert!(err(&format!("{base}[elastic]\nprotcol = \"ringleader\"\n"))
+            .contains("did you mean \"elastic.protocol\""));
     }
 
     #[test]

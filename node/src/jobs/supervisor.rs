@@ -2,10 +2,11 @@
 //!
 //! The supervisor is reconciled against the replicated control state. [`plan`] is the pure
 //! part: a worker assigned to this node in a job's current generation, not yet exited, is
-//! wanted and, if it has no process, launched ([`super::launch`]); a live elastic train rank
-//! whose ring re-formed is told its new generation instead; a process no longer wanted (an
-//! old generation of a command job, an old attempt, a worker left out of the ring, a
-//! cancelled or failed job) is stopped. [`Supervisor`] carries the plan out
+//! wanted and, if it has no process, launched ([`super::launch`]); a live elastic rank that
+//! lives through re-forms (a train rank, a command rank of `[elastic] protocol =
+//! "ringleader"`) whose ring re-formed is told its new generation instead; a process no
+//! longer wanted (an old generation of a torchrun command job, an old attempt, a worker left
+//! out of the ring, a cancelled or failed job) is stopped. [`Supervisor`] carries the plan out
 //! ([`super::process`] runs each rank), and the supervisor's loop reconciles on every applied
 //! log entry and once a second. Logs go to
 //! `<data-dir>/jobs/<id>/generation-<g>/worker-<w>.log`, `g` being the generation the
@@ -28,7 +29,7 @@ use crate::{
     },
     jobs::{
         launch::{default_storage, generation_line, launch, Launch, LaunchContext},
-        process::{Control, Key, RankOptions, Run, CONTROL_QUEUE_DEPTH},
+        process::{Control, Key, ProtocolRank, RankOptions, Run, CONTROL_QUEUE_DEPTH},
         spec::JobKind,
     },
 };
@@ -50,8 +51,11 @@ pub struct Start {
     /// The generation and rank it starts as.
     pub generation: u32,
     pub rank: u32,
-    /// It reads later generations on stdin (an elastic train rank).
+    /// It reads later generations on stdin (an elastic rank that lives through re-forms).
     pub control_stdin: bool,
+    /// A command rank of the ringleader protocol: its first generation (on stdin) and the
+    /// bound on its first heartbeat.
+    pub protocol: Option<ProtocolRank>,
 }
 
 /// A live rank to move to the job's current generation.
@@ -94,7 +98,10 @@ pub fn plan(
         if job.state != JobState::Running || !runs_ranks {
             continue;
         }
-        let control_stdin = job.spec.kind == JobKind::Train && job.is_elastic();
+        let control_stdin = job.spec.keeps_ranks_through_reforms() && job.is_elastic();
+        // A command rank of the ringleader protocol reads even its first generation on
+        // stdin (a train rank's is in its arguments).
+        let protocol_rank = control_stdin && job.spec.kind == JobKind::Command;
         for slot in job.assignment.iter().filter(|s| s.member == ctx.me) {
             if job.exits.contains_key(&slot.rank) {
                 continue;
@@ -112,16 +119,33 @@ pub fn plan(
                     }),
                     None => plan.waiting.push(key),
                 },
-                None => match launch(ctx, job, slot, host_of) {
-                    Some(launch) => plan.start.push(Start {
-                        key,
-                        launch,
-                        generation: job.generation,
-                        rank: slot.rank,
-                        control_stdin,
-                    }),
-                    None => plan.waiting.push(key),
-                },
+                None => {
+                    let protocol = match protocol_rank {
+                        false => None,
+                        true => match generation_line(ctx, job, slot, host_of) {
+                            Some(first_generation) => Some(ProtocolRank {
+                                first_generation,
+                                first_heartbeat_ms: u64::from(job.spec.elastic.first_heartbeat_s)
+                                    * 1_000,
+                            }),
+                            None => {
+                                plan.waiting.push(key);
+                                continue;
+                            }
+                        },
+                    };
+                    match launch(ctx, job, slot, host_of) {
+                        Some(launch) => plan.start.push(Start {
+                            key,
+                            launch,
+                            generation: job.generation,
+                            rank: slot.rank,
+                            control_stdin,
+                            protocol,
+                        }),
+                        None => plan.waiting.push(key),
+                    }
+                }
             }
         }
     }
@@ -277,6 +301,7 @@ impl Supervisor {
                 rank: start.rank,
                 launch: start.launch,
                 control_stdin: start.control_stdin,
+                protocol: start.protocol,
                 compute_ms: 0.0,
                 reported_hung: false,
                 reports: self.reports.clone(),
@@ -541,6 +566,7 @@ mod tests {
     use crate::{
         chief::{decide, tests as chief},
         cluster::membership::State,
+        control::state::JobId,
     };
 
     #[test]
@@ -586,6 +612,88 @@ mod tests {
 
     fn ctx(me: &str) -> LaunchContext {
         LaunchContext::for_test(me)
+    }
+
+    /// A re-form of a 3-rank command job on one member to ranks 0 and 2 of the first
+    /// generation (rank 1 lost): the plans of `protocol` before and after.
+    fn command_reform(protocol: &str) -> (JobId, Plan, Plan) {
+        let mut state = ControlState::default();
+        let id = chief::submit_text(
+            &mut state,
+            &format!(
+                "name = \"c\"\nkind = \"command\"\ncommand = [\"true\"]\nworkers = 3\nmin_workers = 2\n[elastic]\nprotocol = \"{protocol}\"\n"
+            ),
+        );
+        let members = vec![chief::member("a", State::Alive, 3)];
+        for cmd in decide(&state, &members, 5, &mut || "ab".repeat(32)) {
+            state.apply(state.applied_index + 1, &cmd);
+        }
+        let me = members[0].id.to_string();
+        let host = |_: &str| Some("127.0.0.1".to_string());
+        let first = plan(&state, &ctx(&me), &BTreeMap::new(), &host);
+        let job = state.job(id).unwrap();
+        let keep = vec![job.assignment[0].clone(), {
+            let mut s = job.assignment[2].clone();
+            s.rank = 1;
+            s
+        }];
+        let reform = ControlCommand::Reform {
+            id,
+            generation: 2,
+            slots: keep,
+            secret: "cd".repeat(32),
+            reason: "peer-lost a (rank 1): exited with code 137".into(),
+            at_ms: 6,
+        };
+        state.apply(state.applied_index + 1, &reform);
+        let have: BTreeMap<Key, u32> = first.wanted.iter().map(|k| (*k, 1)).collect();
+        let second = plan(&state, &ctx(&me), &have, &host);
+        (id, first, second)
+    }
+
+    #[test]
+    fn ringleader_command_ranks_live_through_a_reform_torchrun_ones_start_again() {
+        let (id, first, second) = command_reform("ringleader");
+        assert_eq!(first.start.len(), 3);
+        for s in &first.start {
+            assert!(s.control_stdin);
+            let p = s.protocol.as_ref().expect("a protocol rank");
+            assert_eq!(p.first_heartbeat_ms, 60_000);
+            let line: ringleader_protocol::NodeLine = p.first_generation.parse().unwrap();
+            let ringleader_protocol::NodeLine::Generation(g) = line else {
+                panic!("{line:?}")
+            };
+            assert_eq!(
+                (g.generation, g.rank, g.addrs.len()),
+                (1, s.rank as usize, 3)
+            );
+            let env: BTreeMap<_, _> = s.launch.env.iter().cloned().collect();
+            assert_eq!(env["RINGLEADER_ELASTIC_PROTOCOL"], "ringleader");
+        }
+        // The survivors keep their processes (keyed by the attempt's generation and their
+        // worker) and are told generation 2; the lost rank's process is stopped.
+        assert!(second.start.is_empty(), "{:?}", second.start);
+        assert_eq!(second.stop, vec![(id, 1, 1)]);
+        let moves: Vec<(Key, u32, u32)> = second
+            .moves
+            .iter()
+            .map(|m| (m.key, m.generation, m.rank))
+            .collect();
+        assert_eq!(moves, [((id, 1, 0), 2, 0), ((id, 1, 2), 2, 1)]);
+        assert!(second.moves[1].line.contains("\"generation\":2"));
+
+        // torchrun (the default): every rank of generation 2 starts again, none reads stdin.
+        let (id, first, second) = command_reform("torchrun");
+        assert!(first
+            .start
+            .iter()
+            .all(|s| !s.control_stdin && s.protocol.is_none()));
+        assert_eq!(second.stop, vec![(id, 1, 0), (id, 1, 1), (id, 1, 2)]);
+        let started: Vec<Key> = second.start.iter().map(|s| s.key).collect();
+        assert_eq!(started, [(id, 2, 0), (id, 2, 2)]);
+        let env: BTreeMap<_, _> = second.start[0].launch.env.iter().cloned().collect();
+        assert_eq!(env["RINGLEADER_ELASTIC_PROTOCOL"], "torchrun");
+        assert_eq!(env["WORLD_SIZE"], "2");
     }
 
     #[test]
