@@ -13,7 +13,8 @@ work=target/wheel-build
 rm -rf "$work"
 mkdir -p "$work" target/wheels
 # The node binary, in release: the build backend copies it into the package.
-cargo build --release --locked -p ringleader --bin ringleader
+# (--workspace: a `-p` build after a workspace build re-resolves features and rebuilds.)
+cargo build --release --locked --workspace
 "$python" -m venv "$work/build-venv"
 "$work/build-venv/bin/pip" install --quiet --disable-pip-version-check "maturin>=1.16,<2"
 # `pip wheel` goes through the package's build backend (python/build_backend/), exactly as
