@@ -87,7 +87,11 @@ fi
 
 # ---- Ray Tune --------------------------------------------------------------------------
 if "$py" -c "import ray.tune" 2>/dev/null; then
-    "$py" scripts/bench_python.py ray
+    # Ray prints its own tables and warnings: into a log (kept with KEEP=1), the line out.
+    rc=0
+    RAY_AIR_NEW_OUTPUT=0 "$py" scripts/bench_python.py ray >"$tmp/ray.log" 2>&1 || rc=$?
+    grep '^python search impl=ray' "$tmp/ray.log" ||
+        { echo "bench-python.sh: the Ray driver failed ($rc): $(tail -5 "$tmp/ray.log")" >&2; exit 1; }
 else
     echo "python search impl=ray: not installed ($py -m pip install 'ray[tune]')"
 fi
