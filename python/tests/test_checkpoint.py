@@ -79,6 +79,25 @@ def runs_ended(client, trials, timeout=JOB_WAIT_S):
             job.refresh()
 
 
+def runs_trained_once(client, node, search, n):
+    """Waits for `search` (`n` trials, some promoted) and the end of every run; returns
+    `(trial, its runs' logs, Counter of the epochs trained, promoted)` per trial, asserting
+    from the logs that no epoch was trained twice (`trained epoch N` lines)."""
+    doc = search.wait(timeout=JOB_WAIT_S * 2)
+    assert doc["state"] == "succeeded", doc
+    trials = search.trials()
+    assert len(trials) == n, trials
+    assert any(t["promotions"] >= 1 for t in trials), trials
+    runs_ended(client, trials)
+    out = []
+    for t in trials:
+        logs = run_logs(node, t["job"])
+        trained = collections.Counter(int(n) for n in re.findall(r"trained epoch (\d+)", logs))
+        assert all(n == 1 for n in trained.values()), (t, logs)  # no epoch trained twice
+        out.append((t, logs, trained, t["promotions"] >= 1))
+    return out
+
+
 def run_logs(node, job_id):
     """Every run's log of job `job_id` on the node: all its generations and workers."""
     text = []
@@ -142,30 +161,27 @@ RESUMABLE_TRIAL = textwrap.dedent("""
 """)
 
 
-def test_asha_promotes_resumable_command_trials_which_resume_from_their_rung(client, node,
-                                                                              rank_env):
-    search = client.submit({
-        "name": "py-asha-resume", "kind": "search", "command": ["python3", "trial.py"],
-        "files": [{"path": "trial.py", "text": RESUMABLE_TRIAL}],
-        "env": rank_env,
+def submit_resumable(client, name, script, env, *, trials, max_parallel):
+    """An ASHA search (rungs 1 and 3) of `script`'s command trials with `resumable = true`,
+    maximising `acc` over `lr`."""
+    return client.submit({
+        "name": name, "kind": "search", "command": ["python3", "trial.py"],
+        "files": [{"path": "trial.py", "text": script}],
+        "env": env,
         "search": {"trial": "command", "algorithm": "asha", "metric": "acc",
-                   "direction": "max", "trials": 6, "max_parallel": 2, "seed": 5,
-                   "min_resource": 1, "max_resource": 3, "reduction_factor": 3,
+                   "direction": "max", "trials": trials, "max_parallel": max_parallel,
+                   "seed": 5, "min_resource": 1, "max_resource": 3, "reduction_factor": 3,
                    "resumable": True,
                    "params": {"lr": ringleader.uniform(0.1, 1.0)}},
     })
-    doc = search.wait(timeout=JOB_WAIT_S * 2)
-    assert doc["state"] == "succeeded", doc
-    trials = search.trials()
-    assert len(trials) == 6, trials
-    promoted = [t for t in trials if t["promotions"] >= 1]
-    assert promoted, trials
-    runs_ended(client, trials)
-    for t in trials:
-        logs = run_logs(node, t["job"])
-        trained = collections.Counter(int(n) for n in re.findall(r"trained epoch (\d+)", logs))
-        assert all(n == 1 for n in trained.values()), (t, logs)  # no epoch trained twice
-        if t in promoted:
+
+
+def test_asha_promotes_resumable_command_trials_which_resume_from_their_rung(client, node,
+                                                                              rank_env):
+    search = submit_resumable(client, "py-asha-resume", RESUMABLE_TRIAL, rank_env, trials=6,
+                              max_parallel=2)
+    for t, logs, trained, promoted in runs_trained_once(client, node, search, 6):
+        if promoted:
             # Each promotion re-ran the trial's job towards the next rung; it went on from
             # the epoch it had saved at its rung.
             assert "resumed from epoch 1" in logs, (t, logs)
@@ -207,21 +223,11 @@ def test_asha_promotes_a_launched_function_which_resumes_from_its_checkpoint(
                            algorithm="asha", resumable=True, metric="acc", trials=6,
                            max_parallel=2, resource=3, min_resource=1, reduction_factor=3,
                            seed=5, python=sys.executable, env=rank_env)
-    doc = search.wait(timeout=JOB_WAIT_S * 2)
-    assert doc["state"] == "succeeded", doc
-    trials = search.trials()
-    assert len(trials) == 6, trials
-    promoted = [t for t in trials if t["promotions"] >= 1]
-    assert promoted, trials
-    runs_ended(client, trials)
-    for t in trials:
-        logs = run_logs(node, t["job"])
-        trained = collections.Counter(int(n) for n in re.findall(r"trained epoch (\d+)", logs))
-        assert all(n == 1 for n in trained.values()), (t, logs)  # no epoch trained twice
+    for t, logs, trained, promoted in runs_trained_once(client, node, search, 6):
         assert "Traceback" not in logs, (t, logs)
         # Every run ended by itself, at its rung or at the report after it.
         assert "reached its rung" not in logs, (t, logs)
-        if t in promoted:
+        if promoted:
             assert t["resource"] == 3 and t["state"] == "succeeded", t
             saved = 2 if run_past_the_rung else 1
             assert f"resumed from epoch {saved}" in logs, (t, logs)
@@ -250,16 +256,8 @@ PAST_THE_RUNG = textwrap.dedent("""
 
 def test_a_resumable_run_still_going_past_its_rung_is_stopped_and_reached_it(
         client, node, rank_env, tmp_path):
-    search = client.submit({
-        "name": "py-past-rung", "kind": "search", "command": ["python3", "trial.py"],
-        "files": [{"path": "trial.py", "text": PAST_THE_RUNG}],
-        "env": {**rank_env, "PID_DIR": str(tmp_path)},
-        "search": {"trial": "command", "algorithm": "asha", "metric": "acc",
-                   "direction": "max", "trials": 3, "max_parallel": 3, "seed": 5,
-                   "min_resource": 1, "max_resource": 3, "reduction_factor": 3,
-                   "resumable": True,
-                   "params": {"lr": ringleader.uniform(0.1, 1.0)}},
-    })
+    search = submit_resumable(client, "py-past-rung", PAST_THE_RUNG,
+                              {**rank_env, "PID_DIR": str(tmp_path)}, trials=3, max_parallel=3)
     doc = search.wait(timeout=JOB_WAIT_S * 2)
     assert doc["state"] == "succeeded", doc
     trials = search.trials()

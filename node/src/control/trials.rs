@@ -943,25 +943,17 @@ max = 0.5
 
     #[test]
     fn a_resumable_command_trials_run_reports_nothing_beyond_its_rung() {
-        let command = r#"
-name = "s"
-kind = "search"
-command = ["python3", "t.py"]
-[search]
-trial = "command"
-algorithm = "asha"
-trials = 9
-max_resource = 9
-resumable = true
-metric = "acc"
-direction = "max"
-[[search.params]]
-name = "lr"
-type = "double"
-min = 0.01
-max = 0.5
-"#;
-        let (mut log, search) = Log::new(command);
+        // The train search's settings, as command trials that resume from their checkpoints.
+        let command = ASHA
+            .replace(
+                "[train]\nepochs = 9\n",
+                "command = [\"python3\", \"t.py\"]\n",
+            )
+            .replace(
+                "algorithm = \"asha\"",
+                "trial = \"command\"\nalgorithm = \"asha\"\nmax_resource = 9\nresumable = true",
+            );
+        let (mut log, search) = Log::new(&command);
         let a = log.start(search, 0, 0.1, 1);
         let b = log.start(search, 1, 0.2, 1);
         let c = log.start(search, 2, 0.3, 1);
