@@ -12,7 +12,9 @@
 # dir) offering PARALLEL cpus; `launch(objective, algorithm="asha", max_parallel=PARALLEL)`,
 # trials under this python3, importing the package from python/. Optuna: TPESampler +
 # SuccessiveHalvingPruner, PARALLEL worker processes on one SQLite study. Ray Tune:
-# ASHAScheduler, max_concurrent_trials=PARALLEL. Optuna and Ray are run when `python3 -c
+# ASHAScheduler, max_concurrent_trials=PARALLEL on a local Ray of PARALLEL logical cpus,
+# reusing its trial actors (Ray's own advice for short trials; without it each trial starts
+# an actor process and the search takes about 5x as long here). Optuna and Ray are run when `python3 -c
 # "import optuna"` (`import ray`) works (scripts/install-baselines.sh installs them).
 # overhead_ms_per_trial: the slot time not spent in the objective's epochs, per trial.
 #
@@ -28,7 +30,7 @@ py=${PYTHON:-python3}
 if [ -n "${RINGLEADER:-}" ]; then
     bin=$RINGLEADER
 else
-    cargo build --release -p ringleader >&2
+    cargo build --release --workspace >&2
     bin=${CARGO_TARGET_DIR:-$root/target}/release/ringleader
 fi
 # The package's extension, built as scripts/test.sh does, next to the package.
@@ -85,7 +87,11 @@ fi
 
 # ---- Ray Tune --------------------------------------------------------------------------
 if "$py" -c "import ray.tune" 2>/dev/null; then
-    "$py" scripts/bench_python.py ray
+    # Ray prints its own tables and warnings: into a log (kept with KEEP=1), the line out.
+    rc=0
+    RAY_AIR_NEW_OUTPUT=0 "$py" scripts/bench_python.py ray >"$tmp/ray.log" 2>&1 || rc=$?
+    grep '^python search impl=ray' "$tmp/ray.log" ||
+        { echo "bench-python.sh: the Ray driver failed ($rc): $(tail -5 "$tmp/ray.log")" >&2; exit 1; }
 else
     echo "python search impl=ray: not installed ($py -m pip install 'ray[tune]')"
 fi

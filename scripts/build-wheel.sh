@@ -13,12 +13,15 @@ work=target/wheel-build
 rm -rf "$work"
 mkdir -p "$work" target/wheels
 # The node binary, in release: the build backend copies it into the package.
-cargo build --release --locked -p ringleader --bin ringleader
+# (--workspace: a `-p` build after a workspace build re-resolves features and rebuilds.)
+cargo build --release --locked --workspace
 "$python" -m venv "$work/build-venv"
 "$work/build-venv/bin/pip" install --quiet --disable-pip-version-check "maturin>=1.16,<2"
 # `pip wheel` goes through the package's build backend (python/build_backend/), exactly as
 # `pip install ./python` does; RINGLEADER_NODE_BINARY spares it a second cargo build.
-RINGLEADER_NODE_BINARY="$PWD/target/release/ringleader" \
+# maturin's backend runs the `maturin` command: the build venv's bin goes first on PATH
+# (without build isolation pip does not put it there).
+PATH="$PWD/$work/build-venv/bin:$PATH" RINGLEADER_NODE_BINARY="$PWD/target/release/ringleader" \
     "$work/build-venv/bin/pip" wheel --quiet --disable-pip-version-check --no-deps \
     --no-build-isolation -w target/wheels ./python
 wheel=$(ls -t target/wheels/ringleader-*.whl | head -n1)

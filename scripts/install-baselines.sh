@@ -6,7 +6,8 @@
 #
 # - apt: openmpi-bin libopenmpi-dev iperf3 (+ iproute2 for ip/tc)
 # - pip: numpy, mpi4py (built against the system Open MPI), torch (CPU use only), optuna
-#   (scripts/baseline_search_optuna.py)
+#   (scripts/baseline_search_optuna.py), Ray Tune (`ray[tune]`) and cloudpickle
+#   (scripts/bench-python.sh: Ray 2.60 installs for Python 3.11 here, about 100 MB)
 #
 # About torch: PyPI carries no CPU-only build of torch for Linux x86_64 (the "+cpu" wheels live on
 # the PyTorch project's own index, which is not reachable here), and `pip install --no-deps torch`
@@ -54,6 +55,8 @@ fi
 # ---- python packages ----
 if have_py numpy; then log "numpy present"; else log "pip install numpy"; "$PY" -m pip install -q numpy; fi
 if have_py optuna; then log "optuna present"; else log "pip install optuna"; "$PY" -m pip install -q optuna; fi
+if have_py ray.tune; then log "ray[tune] present"; else log "pip install ray[tune]"; "$PY" -m pip install -q "ray[tune]"; fi
+if have_py cloudpickle; then log "cloudpickle present"; else log "pip install cloudpickle"; "$PY" -m pip install -q cloudpickle; fi
 
 if [ "$want_mpi" = 1 ]; then
     if have_py mpi4py; then
@@ -76,7 +79,7 @@ fi
 # ---- check ----
 "$PY" - <<'PYEOF'
 import importlib
-for m in ("numpy", "mpi4py", "torch", "optuna"):
+for m in ("numpy", "mpi4py", "torch", "optuna", "ray", "cloudpickle"):
     try:
         mod = importlib.import_module(m)
         extra = ""

@@ -75,8 +75,10 @@ class JobCancelled(JobFailed):
 
 class Stopped(RingleaderError):
     """Raised by `ringleader.report()` once the node stopped this trial (SIGTERM): the
-    search decided it goes no further. Let it end the program, or catch it to clean up
-    first (the node sends SIGKILL 5 s after SIGTERM)."""
+    search decided it goes no further; and in a resumable trial's run, at the report after
+    the one at its rung: this run is done (a promotion resumes the trial in a new one).
+    Let it end the program, or catch it to clean up first (the node sends SIGKILL 5 s
+    after SIGTERM). `launch`'s runner ends the trial with exit 0 on it."""
 
 
 BY_STATUS = {

@@ -92,8 +92,8 @@ def runner_source():
 
 
 def launch_spec(fn, params, *, algorithm="grid", metric=None, direction="max", trials=None,
-                max_parallel=None, workers=1, resource=None, python="python3", name=None,
-                env=None, **search):
+                max_parallel=None, workers=1, resource=None, resumable=False, python="python3",
+                name=None, env=None, **search):
     """The search spec (a dict) that `Client.launch` submits; the arguments are its."""
     if not callable(fn):
         raise TypeError(f"launch: fn is a function, not {type(fn).__name__}")
@@ -114,6 +114,9 @@ def launch_spec(fn, params, *, algorithm="grid", metric=None, direction="max", t
     if resource is not None:
         # An int: the epochs a trial runs to (the search's max_resource); a str: the unit.
         search_table["resource" if isinstance(resource, str) else "max_resource"] = resource
+    if resumable:
+        # Each run goes to its rung and ends; ASHA and Hyperband pause and promote trials.
+        search_table["resumable"] = True
     search_table.update(search)
     return {
         "name": name or _job_name(fn),

@@ -256,8 +256,8 @@ class Client:
         return cls(self, doc)
 
     def launch(self, fn, params, *, algorithm="grid", metric=None, direction="max",
-               trials=None, max_parallel=None, workers=1, resource=None, python="python3",
-               name=None, env=None, **search):
+               trials=None, max_parallel=None, workers=1, resource=None, resumable=False,
+               python="python3", name=None, env=None, **search):
         """Runs `fn(**params)` as the command trials of a search; returns the `Search`
         (`.wait()` gives the final document, `.best` the best trial).
 
@@ -271,14 +271,25 @@ class Client:
         reported it itself with `ringleader.report(epoch, metric=value)` (which ASHA and
         the median rule act on). A function that raises fails its trial, with the traceback
         in its logs. `resource`: the epochs a trial runs to (the search's `max_resource`,
-        required by asha and hyperband); `env`: extra environment of the trials (e.g. a
-        `PYTHONPATH` that holds the package); the other keywords go into `[search]`
-        (`seed`, `min_resource`, `reduction_factor`, `stopping`, …).
+        required by asha and hyperband).
+
+        `resumable=True` (the search's `resumable`): ASHA and Hyperband pause a trial at
+        each rung and promote the best, as Ray Tune's ASHA does; each promotion calls `fn`
+        again in a new process, which resumes from what it saved. So `fn` loads its state
+        with `ringleader.checkpoint.load()` (None in the first run), trains from there to
+        `ringleader.trial()["rung"]`, and saves before each `report`; a loop that goes on
+        past the rung ends at the report after it (`Stopped`, which the runner takes as the
+        run's end). Without it, every trial runs to `resource` and ASHA only stops the
+        laggards (SIGTERM, `Stopped` at the next report).
+
+        `env`: extra environment of the trials (e.g. a `PYTHONPATH` that holds the
+        package); the other keywords go into `[search]` (`seed`, `min_resource`,
+        `reduction_factor`, `stopping`, …).
         """
         spec = _launch.launch_spec(
             fn, params, algorithm=algorithm, metric=metric, direction=direction,
             trials=trials, max_parallel=max_parallel, workers=workers, resource=resource,
-            python=python, name=name, env=env, **search)
+            resumable=resumable, python=python, name=name, env=env, **search)
         return self.submit(spec)
 
     # --- datasets -----------------------------------------------------------------------

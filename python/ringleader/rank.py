@@ -14,10 +14,16 @@ from ._errors import Stopped
 
 PARAM_PREFIX = "RINGLEADER_PARAM_"
 PARAMS_ENV = "RINGLEADER_PARAMS"
+# The rung this run must reach (epochs), and whether the run ends there (a `resumable = true`
+# search's command trial: the node stops it there, and a promotion starts a new run).
+RUNG_ENV = "RINGLEADER_TRIAL_RESOURCE"
+RESUMABLE_ENV = "RINGLEADER_TRIAL_RESUMABLE"
 
 _lock = threading.Lock()
 _stop = threading.Event()
 _handler_installed = False
+# Set once `report` printed this run's rung in a resumable trial: the next report raises.
+_rung_reported = None
 # The largest resource each metric name was printed at by this process (`reported()`).
 _reported = {}
 
@@ -59,19 +65,31 @@ def params(environ=None):
 def trial(environ=None):
     """Which trial this process is, or None outside a search's trial: a dict with `search`
     (the search's job id), `trial` (its number), `copy` (True in a speculative copy), `job`
-    (this trial's own job id) and `rung` (the resource, e.g. epochs, this run must reach:
-    the node's `RINGLEADER_TRIAL_RESOURCE`; None when it gave none)."""
+    (this trial's own job id), `rung` (the resource, e.g. epochs, this run must reach:
+    the node's `RINGLEADER_TRIAL_RESOURCE`; None when it gave none) and `resumable` (True
+    when this run ends at `rung` and a promotion resumes the trial in a new run, from its
+    checkpoint: `RINGLEADER_TRIAL_RESUMABLE=1`, a `resumable = true` search)."""
     env = os.environ if environ is None else environ
     if "RINGLEADER_TRIAL_ID" not in env:
         return None
-    rung = env.get("RINGLEADER_TRIAL_RESOURCE")
+    rung = env.get(RUNG_ENV)
     return {
         "search": env.get("RINGLEADER_SEARCH_ID"),
         "trial": int(env["RINGLEADER_TRIAL_ID"]),
         "copy": env.get("RINGLEADER_TRIAL_COPY", "0") == "1",
         "job": env.get("RINGLEADER_JOB_ID"),
         "rung": int(rung) if rung else None,
+        "resumable": env.get(RESUMABLE_ENV) == "1",
     }
+
+
+def _run_rung(environ=None):
+    """The rung this run ends at, or None: only a resumable trial's run ends at its rung
+    (any other run goes on until the search stops it)."""
+    t = trial(environ)
+    if t is None or not t["resumable"]:
+        return None
+    return t["rung"]
 
 
 def dataset_dir(environ=None):
@@ -134,10 +152,21 @@ def report(resource, *, file=None, **metrics):
     The first call installs a SIGTERM handler; once SIGTERM has arrived (the search stopped
     this trial: ASHA's cut, the median rule), the next `report` raises `ringleader.Stopped`
     instead of printing. The node sends SIGKILL 5 s after SIGTERM, so stop promptly.
+
+    In a resumable trial's run (`trial()["resumable"]`), the run ends at its rung: once a
+    report at `resource >= trial()["rung"]` has been printed, the next `report` raises
+    `Stopped` too, so a loop over more epochs than the rung stops there by itself (save
+    the checkpoint before the report: the promoted run resumes from it). The node stops a
+    run still going a few seconds after its rung's report (SIGTERM), and counts it as
+    having reached its rung.
     """
+    global _rung_reported
     _install_handler()
     if _stop.is_set():
         raise Stopped("the node stopped this trial (SIGTERM)")
+    if _rung_reported is not None:
+        raise Stopped(f"this run of a resumable trial reached its rung ({_rung_reported}); "
+                      "a promotion resumes it in a new run")
     if not metrics:
         raise ValueError("report: at least one NAME=VALUE")
     line = _native.report_line(int(resource), [(k, float(v)) for k, v in metrics.items()])
@@ -145,3 +174,6 @@ def report(resource, *, file=None, **metrics):
     with _lock:
         for k in metrics:
             _reported[k] = max(int(resource), _reported.get(k, 0))
+    rung = _run_rung()
+    if rung is not None and int(resource) >= rung:
+        _rung_reported = rung

@@ -169,5 +169,8 @@ def test_the_spec_launch_writes():
     assert spec["search"] == {"trial": "command", "algorithm": "asha", "metric": "objective",
                               "direction": "max", "trials": 4, "max_parallel": None,
                               "params": {"x": [1, 2]}, "max_resource": 9, "seed": 3}
+    resumable = _launch.launch_spec(quadratic, {"x": [1, 2]}, resource=9, algorithm="asha",
+                                    resumable=True)
+    assert resumable["search"]["resumable"] is True
     with pytest.raises(TypeError):
         _launch.launch_spec(42, {})

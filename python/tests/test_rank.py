@@ -85,9 +85,11 @@ def test_trial_from_the_environment():
     env = {"RINGLEADER_SEARCH_ID": "j-4", "RINGLEADER_TRIAL_ID": "7",
            "RINGLEADER_TRIAL_COPY": "1", "RINGLEADER_JOB_ID": "j-9"}
     assert ringleader.trial(env) == {"search": "j-4", "trial": 7, "copy": True, "job": "j-9",
-                                     "rung": None}
+                                     "rung": None, "resumable": False}
     env["RINGLEADER_TRIAL_RESOURCE"] = "3"
+    env["RINGLEADER_TRIAL_RESUMABLE"] = "1"
     assert ringleader.trial(env)["rung"] == 3
+    assert ringleader.trial(env)["resumable"] is True
 
 
 def test_dataset_dir_from_the_environment():
@@ -174,3 +176,46 @@ def test_the_console_command_execs_the_binary():
 def test_version():
     assert ringleader.__version__ == _native.VERSION
     assert ringleader.PROTOCOL_VERSION == 1
+
+
+RUN_PAST_THE_RUNG = """
+import ringleader
+try:
+    for epoch in range(1, 100):
+        ringleader.report(epoch, acc=epoch / 100)
+    print("ran to the end", flush=True)
+except ringleader.Stopped as e:
+    print(f"stopped before {epoch}:", e, flush=True)
+"""
+
+
+def run_trial_script(script, **env):
+    trial = {"RINGLEADER_SEARCH_ID": "j-4", "RINGLEADER_TRIAL_ID": "7", "RINGLEADER_JOB_ID": "j-9",
+             "PYTHONPATH": PYTHON_DIR}
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**os.environ, **trial, **env}, timeout=30)
+
+
+def test_a_resumable_run_stops_at_the_report_after_its_rung():
+    out = run_trial_script(RUN_PAST_THE_RUNG, RINGLEADER_TRIAL_RESOURCE="3",
+                           RINGLEADER_TRIAL_RESUMABLE="1")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "ringleader-report 1 acc 0.01", "ringleader-report 2 acc 0.02",
+        "ringleader-report 3 acc 0.03",
+        "stopped before 4: this run of a resumable trial reached its rung (3); a promotion "
+        "resumes it in a new run"]
+    # A run resumed past its rung (it saved beyond it) stops after its first report.
+    script = RUN_PAST_THE_RUNG.replace("range(1, 100)", "range(5, 100)")
+    out = run_trial_script(script, RINGLEADER_TRIAL_RESOURCE="3", RINGLEADER_TRIAL_RESUMABLE="1")
+    assert out.stdout.splitlines()[0] == "ringleader-report 5 acc 0.05", out.stdout
+    assert out.stdout.splitlines()[1].startswith("stopped before 6:"), out.stdout
+
+
+def test_a_run_that_is_not_resumable_goes_past_its_target():
+    # A non-resumable command trial's target is max_resource; the search stops it (SIGTERM),
+    # not the package.
+    out = run_trial_script(RUN_PAST_THE_RUNG, RINGLEADER_TRIAL_RESOURCE="3")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "ran to the end"
+    assert len(out.stdout.splitlines()) == 100

@@ -10,6 +10,8 @@
 //!   (`paused`), promote (the job exits at its rung and is re-opened towards the next), or
 //!   stop (`stopped`: its job is cancelled, its processes get SIGTERM then SIGKILL);
 //! - its job exits 0: promoted → re-opened; otherwise `succeeded` (unless already decided);
+//!   a run of a `resumable = true` command trial ends at its rung (`TrialOf::resumable`):
+//!   its reports beyond it are ignored, and its node stops it there if it goes on;
 //! - its job fails because a member was lost: re-opened (a re-run elsewhere, from its last
 //!   checkpoint), without counting as a failure;
 //! - its job fails by its own exit code: re-opened while the search's failures are at most
@@ -18,7 +20,9 @@
 //!   beyond what the trial reported, the first to finish its run wins (the copy then
 //!   becomes the trial's job) and the other is cancelled.
 
-use trainer::search::{Decision, Params, Report, SearchSpec, Searcher, Trial, TrialState};
+use trainer::search::{
+    Decision, Params, Report, SearchSpec, Searcher, Trial, TrialKind, TrialState,
+};
 
 use super::state::{
     ignored, rejected, unknown, ControlCommand, ControlResponse, ControlState, EventKind, Job,
@@ -169,6 +173,7 @@ impl ControlState {
             metric: s.metric.clone(),
             target: new.target,
             copy: false,
+            resumable: s.trial == TrialKind::Command && s.resumable,
         });
         run.push_event(
             at_ms,
@@ -338,6 +343,14 @@ impl ControlState {
         }
         if resource <= reached {
             return ignored(format!("trial {} reported {reached} already", of.trial));
+        }
+        if of.resumable && of.target > 0 && resource > of.target {
+            // A resumable run ends at its rung: what it did beyond is no result of a later
+            // rung (the next run resumes from its checkpoint and reports that rung itself).
+            return ignored(format!(
+                "trial {}: a report at {resource}, beyond this run's rung {}",
+                of.trial, of.target
+            ));
         }
         if t.reports.len() >= REPORTS_PER_TRIAL_MAX {
             return ignored(format!(
@@ -926,6 +939,52 @@ max = 0.5
         let s = log.state.job(search).unwrap();
         assert_eq!(s.state, JobState::Succeeded);
         assert!(s.events.last().unwrap().reason.contains("best trial 2"));
+    }
+
+    #[test]
+    fn a_resumable_command_trials_run_reports_nothing_beyond_its_rung() {
+        // The train search's settings, as command trials that resume from their checkpoints.
+        let command = ASHA
+            .replace(
+                "[train]\nepochs = 9\n",
+                "command = [\"python3\", \"t.py\"]\n",
+            )
+            .replace(
+                "algorithm = \"asha\"",
+                "trial = \"command\"\nalgorithm = \"asha\"\nmax_resource = 9\nresumable = true",
+            );
+        let (mut log, search) = Log::new(&command);
+        let a = log.start(search, 0, 0.1, 1);
+        let b = log.start(search, 1, 0.2, 1);
+        let c = log.start(search, 2, 0.3, 1);
+        let of = log.state.job(c).unwrap().trial_of.clone().unwrap();
+        assert!(of.resumable && of.target == 1, "{of:?}");
+        log.report(a, 1, 0.5);
+        log.report(b, 1, 0.6);
+        log.report(c, 1, 0.9);
+        assert_eq!(log.trial(search, 2).target, 3, "promoted");
+        // The run promoted at rung 1 went on past it: no result of rung 3's run.
+        let past = log.report(c, 2, 0.99);
+        assert!(matches!(past, ControlResponse::Ignored { .. }), "{past:?}");
+        assert_eq!(log.trial(search, 2).reports.len(), 1);
+        log.exit(c, 0);
+        assert_eq!(
+            log.state.job(c).unwrap().trial_of.as_ref().unwrap().target,
+            3
+        );
+        // A train trial stops at its rung itself: it is not marked.
+        let (mut train, search) = Log::new(ASHA);
+        let t = train.start(search, 0, 0.1, 1);
+        assert!(
+            !train
+                .state
+                .job(t)
+                .unwrap()
+                .trial_of
+                .as_ref()
+                .unwrap()
+                .resumable
+        );
     }
 
     /// A search whose trials all exit 0 without a report ends failed naming the metric, and

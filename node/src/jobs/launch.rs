@@ -147,6 +147,9 @@ pub const ELASTIC_PROTOCOL_ENV: &str = "RINGLEADER_ELASTIC_PROTOCOL";
 /// The variable that tells a search trial's run the resource it must reach (its rung's
 /// target, in the search's unit: epochs); set when the chief gave the run one.
 pub const TRIAL_RESOURCE_ENV: &str = "RINGLEADER_TRIAL_RESOURCE";
+/// `1` for a run of a `resumable = true` search's command trial: the run ends at its rung
+/// (`RINGLEADER_TRIAL_RESOURCE`), and a promotion resumes the trial in a new run.
+pub const TRIAL_RESUMABLE_ENV: &str = "RINGLEADER_TRIAL_RESUMABLE";
 
 /// What a node launches its ranks with.
 #[derive(Clone, Debug)]
@@ -220,6 +223,9 @@ pub struct Launch {
     /// A shared dataset the process trains on: it is fetched to this node first if
     /// missing, and its directory goes to the process as `RINGLEADER_DATASET_DIR`.
     pub dataset: Option<String>,
+    /// The rung a resumable command trial's run ends at: rank 0 still running a while
+    /// after reporting it is stopped, and its reports beyond it are dropped.
+    pub trial_rung: Option<u32>,
 }
 
 /// The shared dataset a train or command job names (`[data] dataset`), if it is not a
@@ -288,6 +294,9 @@ pub fn launch(
             // The rung this run must reach, in the search's resource unit (epochs).
             env.push((TRIAL_RESOURCE_ENV.into(), of.target.to_string()));
         }
+        if of.resumable {
+            env.push((TRIAL_RESUMABLE_ENV.into(), "1".into()));
+        }
     }
     env.extend(job.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     env.extend(open_secrets(ctx, job));
@@ -333,6 +342,11 @@ pub fn launch(
             trial_metric_lines: trial_metric.is_some(),
             trial_metric,
             dataset: shared_dataset(job),
+            trial_rung: job
+                .trial_of
+                .as_ref()
+                .filter(|of| of.resumable && of.target > 0)
+                .map(|of| of.target),
         });
     }
     let addrs = ring_addrs(job, host_of)?;
@@ -381,6 +395,7 @@ pub fn launch(
         trial_metric,
         trial_metric_lines: false,
         dataset: shared_dataset(job),
+        trial_rung: None,
     })
 }
 
@@ -628,10 +643,20 @@ mod tests {
             metric: "acc".into(),
             target: 9,
             copy: false,
+            resumable: false,
         });
         let l = launch(&ctx, &job, &job.assignment[0], &host).unwrap();
         assert_eq!(env_of(&l, TRIAL_RESOURCE_ENV), Some("9"));
         assert_eq!(env_of(&l, "RINGLEADER_TRIAL_ID"), Some("3"));
+        assert_eq!(env_of(&l, TRIAL_RESUMABLE_ENV), None);
+        assert_eq!(l.trial_rung, None, "the search stops it, not its rung");
+        // A resumable trial's run ends at its rung.
+        if let Some(of) = job.trial_of.as_mut() {
+            of.resumable = true;
+        }
+        let l = launch(&ctx, &job, &job.assignment[0], &host).unwrap();
+        assert_eq!(env_of(&l, TRIAL_RESUMABLE_ENV), Some("1"));
+        assert_eq!(l.trial_rung, Some(9));
         // Without files a command rank runs where the node runs, as before.
         job.spec.files.clear();
         let l = launch(&ctx, &job, &job.assignment[0], &host).unwrap();
@@ -674,6 +699,7 @@ mod tests {
             metric: "acc".into(),
             target: 9,
             copy: false,
+            resumable: false,
         });
         let l = launch(&ctx, &job, &job.assignment[0], &host).unwrap();
         let search = JobId::from_log_index(1);

@@ -23,6 +23,12 @@
 //!
 //! A process stopped (SIGSTOP) for [`HUNG_STOPPED_MS`] is reported hung too.
 //!
+//! A resumable command trial's run ends at its rung ([`Launch::trial_rung`]): rank 0's
+//! reports beyond the rung are dropped (no result of a later rung), and a rank 0 still
+//! running [`RUNG_EXIT_GRACE_MS`] after it reported at or past its rung is stopped (SIGTERM,
+//! SIGKILL after [`STOP_GRACE_MS`]); it exits as having reached its rung (code 0, whatever
+//! the signal made of it).
+//!
 //! Output goes to the log through a per-rank cap ([`super::log_rate`]): ordinary lines past
 //! it are dropped and counted, protocol lines are always kept and parsed. Pipes are read in
 //! `PIPE_BUFFER_BYTES` pieces and lines cut at `LINE_BYTES_MAX`; the log is written through
@@ -98,6 +104,10 @@ pub const HUNG_COMPUTE_FACTOR: f64 = 20.0;
 /// A rank stopped gracefully (its job cancelled, a search trial stopped early) gets SIGTERM,
 /// then SIGKILL after this long, in milliseconds.
 pub const STOP_GRACE_MS: u64 = 5_000;
+/// A resumable command trial's rank 0 still running this long after it reported at or past
+/// its rung gets SIGTERM (its run is over: a promotion resumes it in a new run), in
+/// milliseconds: time to save and exit by itself.
+pub const RUNG_EXIT_GRACE_MS: u64 = 3_000;
 /// How often the process's run state is looked at, in milliseconds.
 const WATCH_PERIOD_MS: u64 = 500;
 /// Longest wait for a rank's stdin to take one control line, in milliseconds: a rank that
@@ -243,6 +253,11 @@ pub struct TrialReports {
     /// `ringleader-metric <metric> VALUE [STEP]` lines are reports too (command trials; a
     /// train trial's metric lines count steps, its `ringleader-report` lines epochs).
     pub from_metric_lines: bool,
+    /// The rung this run ends at (a resumable command trial): reports beyond it are
+    /// dropped.
+    pub rung: Option<u32>,
+    /// A report at or past `rung` was seen.
+    reached_rung: bool,
     /// The last resource reported: only progress counts.
     last: Option<u32>,
     /// `ringleader-metric <metric>` lines so far (the resource of a line without STEP).
@@ -266,6 +281,14 @@ impl TrialReports {
             }
             _ => return None,
         };
+        if let Some(rung) = self.rung {
+            self.reached_rung |= resource >= rung;
+            if resource > rung {
+                // Past the run's rung: not a result of a later rung (the next run, if the
+                // trial is promoted, resumes from its checkpoint and reports that itself).
+                return None;
+            }
+        }
         if self.last.is_some_and(|last| resource <= last) {
             // Only progress counts: a report at or below the last is dropped here (the
             // state machine would ignore it).
@@ -273,6 +296,11 @@ impl TrialReports {
         }
         self.last = Some(resource);
         Some((resource, value))
+    }
+
+    /// Whether the run reported at or past its rung (never without one).
+    pub fn reached_rung(&self) -> bool {
+        self.reached_rung
     }
 }
 
@@ -544,8 +572,13 @@ impl Run {
         let mut trial = TrialReports {
             metric: self.launch.trial_metric.clone(),
             from_metric_lines: self.launch.trial_metric_lines,
+            rung: self.launch.trial_rung,
             ..TrialReports::default()
         };
+        // Set when rank 0 reported its rung (a resumable trial's run): past it, the rank is
+        // stopped, and its exit counts as reaching the rung.
+        let mut rung_deadline: Option<tokio::time::Instant> = None;
+        let mut stopped_at_rung = false;
         let mut malformed = Malformed::default();
         let mut killed = false;
         let mut watch = tokio::time::interval(Duration::from_millis(WATCH_PERIOD_MS));
@@ -589,6 +622,18 @@ impl Run {
                     }
                     let _ = child.kill().await;
                 }
+                _ = tokio::time::sleep_until(rung_deadline.unwrap_or_else(tokio::time::Instant::now)), if rung_deadline.is_some() && !exited && !killed => {
+                    rung_deadline = None;
+                    stopped_at_rung = true;
+                    let rung = self.launch.trial_rung.unwrap_or_default();
+                    info!(job = %id, rank = self.rank, rung, "trial run still going {RUNG_EXIT_GRACE_MS} ms after its rung: stopping it");
+                    let note = format!("ringleader: this run reached its rung ({rung}) and still runs {RUNG_EXIT_GRACE_MS} ms later: stopped (SIGTERM, SIGKILL after {STOP_GRACE_MS} ms); its run counts as reaching the rung\n");
+                    log.write_all(note.as_bytes()).await?;
+                    if let Some(pgid) = pgid {
+                        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGTERM);
+                    }
+                    term_deadline = Some(tokio::time::Instant::now() + Duration::from_millis(STOP_GRACE_MS));
+                }
                 _ = flush.tick() => log.flush().await?,
                 _ = watch.tick(), if !killed && !self.reported_hung => {
                     let stopped = pgid.is_some_and(|p| is_stopped(p as u32));
@@ -628,6 +673,9 @@ impl Run {
                         };
                         spoke |= matches!(line, RankLine::Heartbeat { .. } | RankLine::RankStats(_));
                         let report = if self.rank == 0 { trial.report(&line) } else { None };
+                        if rung_deadline.is_none() && !stopped_at_rung && trial.reached_rung() {
+                            rung_deadline = Some(tokio::time::Instant::now() + Duration::from_millis(RUNG_EXIT_GRACE_MS));
+                        }
                         let metrics = match line {
                             RankLine::Metric(m) => {
                                 metric_names.insert(m.name.clone());
@@ -724,6 +772,10 @@ impl Run {
         }
         for (_, m) in unsent {
             self.report_metric(id, m).await;
+        }
+        if stopped_at_rung {
+            // Stopped by this node past its rung: the run did what it was for.
+            return Ok(Some(0));
         }
         use std::os::unix::process::ExitStatusExt;
         Ok(Some(
@@ -1292,5 +1344,44 @@ mod tests {
             none.report(&line("ringleader-report 1 val_accuracy 0.5")),
             None
         );
+    }
+
+    #[test]
+    fn a_resumable_trials_run_reports_up_to_its_rung_and_no_further() {
+        let mut t = TrialReports {
+            metric: Some("acc".into()),
+            from_metric_lines: true,
+            rung: Some(3),
+            ..TrialReports::default()
+        };
+        assert_eq!(
+            t.report(&line("ringleader-report 1 acc 0.1")),
+            Some((1, 0.1))
+        );
+        assert!(!t.reached_rung());
+        assert_eq!(
+            t.report(&line("ringleader-report 3 acc 0.3")),
+            Some((3, 0.3))
+        );
+        assert!(t.reached_rung());
+        assert_eq!(
+            t.report(&line("ringleader-report 4 acc 0.4")),
+            None,
+            "past the rung"
+        );
+        assert_eq!(
+            t.report(&line("ringleader-metric acc 0.5 5")),
+            None,
+            "past the rung"
+        );
+        // A run that resumed past its rung (it saved beyond it) reports nothing, but has
+        // reached it.
+        let mut past = TrialReports {
+            metric: Some("acc".into()),
+            rung: Some(3),
+            ..TrialReports::default()
+        };
+        assert_eq!(past.report(&line("ringleader-report 5 acc 0.5")), None);
+        assert!(past.reached_rung());
     }
 }

@@ -62,6 +62,11 @@ pub struct TrialOf {
     /// This job is a speculative copy of the trial's run.
     #[serde(default)]
     pub copy: bool,
+    /// A command trial of a `resumable = true` search: each run ends at `target` (its
+    /// rung), the node stopping a rank 0 that goes on past it, and a promotion resumes the
+    /// trial in a new run (`RINGLEADER_TRIAL_RESUMABLE=1`).
+    #[serde(default)]
+    pub resumable: bool,
 }
 
 impl SearchRecord {
