@@ -11,7 +11,9 @@
 //!   stop (`stopped`: its job is cancelled, its processes get SIGTERM then SIGKILL);
 //! - its job exits 0: promoted → re-opened; otherwise `succeeded` (unless already decided);
 //!   a run of a `resumable = true` command trial ends at its rung (`TrialOf::resumable`):
-//!   its reports beyond it are ignored, and its node stops it there if it goes on;
+//!   its first report past the rung stands for the rung if it did not report the rung
+//!   itself (it resumed beyond it), later ones are ignored, and its node stops it there if
+//!   it goes on;
 //! - its job fails because a member was lost: re-opened (a re-run elsewhere, from its last
 //!   checkpoint), without counting as a failure;
 //! - its job fails by its own exit code: re-opened while the search's failures are at most
@@ -344,14 +346,22 @@ impl ControlState {
         if resource <= reached {
             return ignored(format!("trial {} reported {reached} already", of.trial));
         }
-        if of.resumable && of.target > 0 && resource > of.target {
+        let resource = if of.resumable && of.target > 0 && resource > of.target {
             // A resumable run ends at its rung: what it did beyond is no result of a later
             // rung (the next run resumes from its checkpoint and reports that rung itself).
-            return ignored(format!(
-                "trial {}: a report at {resource}, beyond this run's rung {}",
-                of.trial, of.target
-            ));
-        }
+            if reached >= of.target {
+                return ignored(format!(
+                    "trial {}: a report at {resource}, beyond this run's rung {}",
+                    of.trial, of.target
+                ));
+            }
+            // Its first report past the rung stands for the rung: a run that went on past
+            // its previous rung saved beyond it, so the promoted run resumes beyond this
+            // one and never reports the rung itself (rungs 1, 2, 4: it resumes at 3).
+            of.target
+        } else {
+            resource
+        };
         if t.reports.len() >= REPORTS_PER_TRIAL_MAX {
             return ignored(format!(
                 "trial {} has {REPORTS_PER_TRIAL_MAX} reports already",
@@ -971,6 +981,25 @@ max = 0.5
         assert_eq!(
             log.state.job(c).unwrap().trial_of.as_ref().unwrap().target,
             3
+        );
+        // Placed again, the promoted run resumed past rung 3 (its last run saved beyond its
+        // rung): its first report beyond the rung is the rung's, the next beyond it nothing.
+        let generation = log.state.job(c).unwrap().generation;
+        log.apply(ControlCommand::Place {
+            id: c,
+            generation: generation + 1,
+            slots: vec![slot(2)],
+            secret: "cd".repeat(32),
+            at_ms: 40,
+        });
+        log.report(c, 4, 0.95);
+        let reports = &log.trial(search, 2).reports;
+        assert_eq!(reports.len(), 2, "{reports:?}");
+        assert_eq!((reports[1].resource, reports[1].value), (3, 0.95));
+        let again = log.report(c, 5, 0.97);
+        assert!(
+            matches!(again, ControlResponse::Ignored { .. }),
+            "{again:?}"
         );
         // A train trial stops at its rung itself: it is not marked.
         let (mut train, search) = Log::new(ASHA);

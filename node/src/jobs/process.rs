@@ -1146,6 +1146,7 @@ mod tests {
                 log: log.clone(),
                 trial_metric: None,
                 trial_metric_lines: false,
+                trial_rung: None,
                 dataset: None,
             },
             control_stdin: true,
