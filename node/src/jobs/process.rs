@@ -254,7 +254,7 @@ pub struct TrialReports {
     /// train trial's metric lines count steps, its `ringleader-report` lines epochs).
     pub from_metric_lines: bool,
     /// The rung this run ends at (a resumable command trial): reports beyond it are
-    /// dropped.
+    /// dropped, but for the first one of a run that never reported the rung itself.
     pub rung: Option<u32>,
     /// A report at or past `rung` was seen.
     reached_rung: bool,
@@ -282,10 +282,13 @@ impl TrialReports {
             _ => return None,
         };
         if let Some(rung) = self.rung {
+            let reported_rung = self.reached_rung;
             self.reached_rung |= resource >= rung;
-            if resource > rung {
+            if resource > rung && reported_rung {
                 // Past the run's rung: not a result of a later rung (the next run, if the
                 // trial is promoted, resumes from its checkpoint and reports that itself).
+                // The first report past it, when the run never reported the rung itself
+                // (it resumed beyond it), goes on: the search takes it as the rung's.
                 return None;
             }
         }
@@ -1375,14 +1378,19 @@ mod tests {
             None,
             "past the rung"
         );
-        // A run that resumed past its rung (it saved beyond it) reports nothing, but has
-        // reached it.
+        // A run that resumed past its rung (the run before saved beyond its own) has
+        // reached it: its first report goes to the search, which takes it as the rung's;
+        // nothing after it does.
         let mut past = TrialReports {
             metric: Some("acc".into()),
             rung: Some(3),
             ..TrialReports::default()
         };
-        assert_eq!(past.report(&line("ringleader-report 5 acc 0.5")), None);
+        assert_eq!(
+            past.report(&line("ringleader-report 5 acc 0.5")),
+            Some((5, 0.5))
+        );
         assert!(past.reached_rung());
+        assert_eq!(past.report(&line("ringleader-report 6 acc 0.6")), None);
     }
 }
