@@ -8,6 +8,10 @@
 #   torch ddp backend=ringleader net=1gbit workers=4 model=mlp-5.8M samples_per_s=X step_ms=Y
 #   torch ddp backend=gloo net=1gbit workers=4 model=mlp-5.8M samples_per_s=X step_ms=Y
 #
+# Both backends run in the same processes, each with its own process group and DDP model,
+# alternating ROUNDS (8) times STEPS (5) timed steps each, so that both see the same load on a
+# shared machine (separate runs back to back varied by ×2 here while other builds ran); the
+# figures are the median round's.
 # loopback: every rank on this host (127.0.0.1); ringleader's ranks use shared memory between
 # them, as on one real host. 1gbit: rank i on its own emulated host rl(i+1) of
 # scripts/netns.sh (1 Gbit/s each way per host, 10.77.0.(i+1)); namespaces share /dev/shm,
@@ -19,8 +23,8 @@
 # a built lib_native.so), put with a copy of the package in a temp dir, so the checkout's
 # debug extension is left alone. Needs torch in $PYTHON (python3) and, for 1gbit, root.
 #
-# Environment: PYTHON, WORKERS (4), STEPS (20), WARMUP (3), NETS ("loopback 1gbit"),
-# RINGLEADER_NATIVE, KEEP=1 keeps the temp dir (every rank's output).
+# Environment: PYTHON, WORKERS (4), ROUNDS (8), STEPS (5), WARMUP (3), BATCH (16), NETS
+# ("loopback 1gbit"), RINGLEADER_NATIVE, KEEP=1 keeps the temp dir (every rank's output).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,8 +32,10 @@ root=$(dirname "$here")
 NETNS="$here/netns.sh"
 py=${PYTHON:-python3}
 workers=${WORKERS:-4}
-steps=${STEPS:-20}
+rounds=${ROUNDS:-8}
+steps=${STEPS:-5}
 warmup=${WARMUP:-3}
+batch=${BATCH:-16}
 nets=${NETS:-loopback 1gbit}
 # How long one run (every rank) may take, seconds.
 RUN_TIMEOUT_S=600
@@ -70,10 +76,10 @@ cp -r "$root/python/ringleader" "$tmp/pkg/"
 rm -f "$tmp/pkg/ringleader/_native"*.so
 cp "$native" "$tmp/pkg/ringleader/_native.abi3.so"
 
-# run BACKEND NET: one DDP run of every rank; prints rank 0's line.
+# run NET: one DDP run of every rank, both backends; prints rank 0's lines.
 port=29600
 run() {
-    local backend=$1 net=$2 r master=127.0.0.1 out
+    local net=$1 r master=127.0.0.1 out
     port=$((port + 1))
     [ "$net" = loopback ] || master=10.77.0.1
     pids=()
@@ -86,17 +92,16 @@ run() {
         "${ns[@]}" env -u RINGLEADER_SECRET PYTHONPATH="$tmp/pkg" OMP_NUM_THREADS=1 \
             RANK=$r WORLD_SIZE="$workers" LOCAL_RANK=$r MASTER_ADDR=$master MASTER_PORT=$port \
             "${extra[@]}" timeout "$RUN_TIMEOUT_S" "$py" "$here/bench_torch_ddp.py" \
-            --backend "$backend" --net "$net" --steps "$steps" --warmup "$warmup" \
-            >"$tmp/$backend-$net-$r.log" 2>&1 &
+            --backends ringleader,gloo --net "$net" --rounds "$rounds" --steps "$steps" \
+            --warmup "$warmup" --batch "$batch" >"$tmp/$net-$r.log" 2>&1 &
         pids+=($!)
     done
     local failed=0
     for p in "${pids[@]}"; do wait "$p" || failed=1; done
     pids=()
-    out=$(grep -h "^torch ddp " "$tmp/$backend-$net-0.log" || true)
+    out=$(grep -h "^torch ddp " "$tmp/$net-0.log" || true)
     if [ "$failed" = 1 ] || [ -z "$out" ]; then
-        echo "torch ddp backend=$backend net=$net workers=$workers: failed" \
-            "($(tail -3 "$tmp/$backend-$net-0.log" | tr '\n' ' '))"
+        echo "torch ddp net=$net workers=$workers: failed ($(tail -3 "$tmp/$net-0.log" | tr '\n' ' '))"
         return 1
     fi
     echo "$out"
@@ -119,8 +124,7 @@ for net in $nets; do
             ;;
         *) die "unknown net '$net' (loopback, 1gbit)" ;;
     esac
-    run ringleader "$net" || rc=1
-    run gloo "$net" || rc=1
+    run "$net" || rc=1
     if [ "$netns_up" = 1 ]; then "$NETNS" down >/dev/null 2>&1 || true; netns_up=0; fi
 done
 exit "$rc"

@@ -241,15 +241,22 @@ fn limits(op_timeout_ms: u64, connect_timeout_ms: u64, shared_memory: bool) -> P
     Ok(l)
 }
 
+/// The ring's runtime: `threads` worker threads beside the caller's, or with 0, none (a
+/// current-thread runtime: the links' tasks run only inside the ring's calls).
 fn runtime(threads: usize) -> PyResult<tokio::runtime::Runtime> {
-    if threads == 0 || threads > THREADS_MAX {
+    if threads > THREADS_MAX {
         return Err(PyValueError::new_err(format!(
-            "threads {threads}: want 1..={THREADS_MAX}"
+            "threads {threads}: want 0..={THREADS_MAX}"
         )));
     }
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .thread_name("ringleader-ring")
+    let mut b = if threads == 0 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(threads);
+        b
+    };
+    b.thread_name("ringleader-ring")
         .enable_all()
         .build()
         .map_err(|e| RingError::new_err(format!("starting the ring's runtime: {e}")))

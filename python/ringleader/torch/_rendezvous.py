@@ -16,6 +16,9 @@ GROUP_KEY = "ringleader/group"
 DATA_HOST_ENV = "RINGLEADER_DATA_HOST"
 SECRET_ENV = "RINGLEADER_SECRET"
 SHM_ENV = "RINGLEADER_SHM"
+THREADS_ENV = "RINGLEADER_RING_THREADS"
+# The ring's runtime threads beside the operation's own (measured: see ring_threads()).
+RING_THREADS_DEFAULT = 2
 
 # Longest wait for the whole group to connect once every address is published, ms.
 CONNECT_TIMEOUT_MS_MAX = 60_000
@@ -48,6 +51,11 @@ def shared_memory_allowed():
     return os.environ.get(SHM_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def ring_threads():
+    """The ring runtime's worker threads: RINGLEADER_RING_THREADS, else 2 (0: none)."""
+    return int(os.environ.get(THREADS_ENV) or RING_THREADS_DEFAULT)
+
+
 def _text(v):
     return v.decode() if isinstance(v, (bytes, bytearray)) else str(v)
 
@@ -73,7 +81,7 @@ def connect(store, rank, world, timeout_ms):
             rank, addrs, secret, 0, group_id,
             op_timeout_ms=timeout_ms,
             connect_timeout_ms=min(timeout_ms, CONNECT_TIMEOUT_MS_MAX),
-            shared_memory=shared_memory_allowed(),
+            shared_memory=shared_memory_allowed(), threads=ring_threads(),
         )
     finally:
         listener.close()
