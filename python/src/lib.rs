@@ -4,14 +4,15 @@
 //! `ringleader.metric` and `ringleader.report`; those lines are made here, by the
 //! `ringleader-protocol` crate's [`RankLine`](ringleader_protocol::RankLine) that the node
 //! parses them with, so Python and Rust cannot drift apart. Everything else in the package (the HTTP client, params, the
-//! distributions) is pure Python with the standard library only.
+//! distributions) is pure Python with the standard library only (`ringleader.torch`, the
+//! PyTorch backend, also imports torch).
 //!
-//! It also carries the data plane for Python: [`ring::Ring`], one rank of a `collective`
-//! group (allreduce, reduce-scatter, allgather, broadcast, barrier on buffers given by
-//! address, the GIL released for each transfer), which `ringleader.torch` builds its
-//! `torch.distributed` backend on; [`ring::Listener`] binds first for a store-based
-//! rendezvous; the exceptions [`ring::RingError`] and its subclasses carry the collective's
-//! typed reasons. Its contract is in [`ring`].
+//! It also carries the data plane for Python: `Ring`, one rank of a `collective` group
+//! (allreduce, reduce-scatter, allgather, broadcast, barrier on buffers given by address,
+//! the GIL released for each transfer), which `ringleader.torch` builds its
+//! `torch.distributed` backend on; `Listener` binds first for a store-based rendezvous; the
+//! exceptions `RingError` and its subclasses carry the collective's typed reasons. Their
+//! contract is the module doc of `python/src/ring.rs`.
 //!
 //! Contract of every formatter: the line it returns parses back, with the protocol crate's
 //! `FromStr`, to the values given (a name with whitespace, an empty or too long name, or a

@@ -1,7 +1,9 @@
 //! `ringleader._native.Ring`: one rank of a `collective` group, for Python.
 //!
-//! A [`Ring`] owns a connected [`Communicator`] and the tokio runtime that drives it (one
-//! worker thread by default: the links' read-ahead and abort relays go on between calls).
+//! A [`Ring`] owns a connected [`Communicator`] and the tokio runtime that drives it
+//! (`threads` worker threads beside the caller's, default 1, so the links' read-ahead and
+//! abort relays go on between calls; 0: a current-thread runtime, the links' tasks run only
+//! inside calls).
 //! Each operation runs on the caller's thread with the GIL released for the whole transfer
 //! (`py.detach`), on a buffer given as an address and a length in bytes: the caller (the
 //! `ringleader.torch` backend, which passes `tensor.data_ptr()`) guarantees that the bytes
