@@ -55,17 +55,9 @@ fi
 tmp=$(mktemp -d /tmp/rl-bench-torch.XXXXXX)
 pids=()
 netns_up=0
-kill_pids() { # PID... : TERM, up to 5 s, then KILL; reaps them
-    local p i
-    for p in "$@"; do kill -TERM "$p" 2>/dev/null || true; done
-    for p in "$@"; do
-        for ((i = 0; i < 50; i++)); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$p" 2>/dev/null || true
-        wait "$p" 2>/dev/null || true
-    done
-}
 cleanup() {
-    [ "${#pids[@]}" -eq 0 ] || kill_pids "${pids[@]}"
+    # Ranks still running (an interrupted run): each is `timeout` around python; TERM ends it.
+    if [ "${#pids[@]}" -gt 0 ]; then kill -TERM "${pids[@]}" 2>/dev/null || true; wait || true; fi
     if [ "$netns_up" = 1 ]; then "$NETNS" down >/dev/null 2>&1 || true; fi
     if [ "${KEEP:-0}" = 1 ]; then echo "# kept $tmp" >&2; else rm -rf "$tmp"; fi
 }

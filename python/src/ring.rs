@@ -146,6 +146,12 @@ impl Buffer {
         Ok(Buffer { addr, bytes })
     }
 
+    /// A buffer of `dtype` elements (named as Python names them).
+    fn typed(addr: usize, bytes: usize, dtype: &str) -> PyResult<(Buffer, Dtype)> {
+        let dtype = Dtype::parse(dtype)?;
+        Ok((Buffer::new(addr, bytes, dtype.size_bytes())?, dtype))
+    }
+
     /// The buffer as `T`s.
     ///
     /// # Safety
@@ -264,6 +270,26 @@ fn runtime(threads: usize) -> PyResult<tokio::runtime::Runtime> {
         .map_err(|e| RingError::new_err(format!("starting the ring's runtime: {e}")))
 }
 
+/// The group of `rank` among `addrs` (one per rank).
+fn group(
+    rank: usize,
+    addrs: Vec<SocketAddr>,
+    secret: Vec<u8>,
+    generation: u64,
+    group_id: u64,
+    limits: Limits,
+) -> GroupConfig {
+    GroupConfig {
+        rank,
+        world: addrs.len(),
+        group_id,
+        generation,
+        addrs,
+        secret,
+        limits,
+    }
+}
+
 fn parse_addrs(addrs: &[String]) -> PyResult<Vec<SocketAddr>> {
     addrs
         .iter()
@@ -337,15 +363,15 @@ impl Listener {
             l.try_clone()
                 .map_err(|e| RingError::new_err(format!("listener: {e}")))?
         };
-        let cfg = GroupConfig {
+        let limits = limits(op_timeout_ms, connect_timeout_ms, shared_memory)?;
+        let cfg = group(
             rank,
-            world: addrs.len(),
-            group_id,
+            parse_addrs(&addrs)?,
+            secret.0,
             generation,
-            addrs: parse_addrs(&addrs)?,
-            secret: secret.0,
-            limits: limits(op_timeout_ms, connect_timeout_ms, shared_memory)?,
-        };
+            group_id,
+            limits,
+        );
         Ring::start(py, cfg, threads, Some(std_listener))
     }
 
@@ -384,11 +410,23 @@ pub struct Ring {
     comm: Mutex<Option<Communicator>>,
     abort: AbortHandle,
     runtime: tokio::runtime::Runtime,
+    /// This rank.
+    #[pyo3(get)]
     rank: usize,
+    /// Number of ranks.
+    #[pyo3(get)]
     world: usize,
+    /// The generation it was connected for.
+    #[pyo3(get)]
     generation: u64,
+    /// The group id it was connected for.
+    #[pyo3(get)]
     group_id: u64,
+    /// Links whose data moves through shared memory (peers on this host).
+    #[pyo3(get)]
     shared_memory_links: usize,
+    /// Links whose data moves over TCP.
+    #[pyo3(get)]
     network_links: usize,
 }
 
@@ -436,6 +474,24 @@ impl Ring {
         })
     }
 
+    /// Allreduce, or with `scatter` reduce-scatter, of `b` (elements of `dtype`) with `op`.
+    fn reduce(
+        &self,
+        py: Python<'_>,
+        (b, dtype): (Buffer, Dtype),
+        op: &str,
+        scatter: bool,
+    ) -> PyResult<()> {
+        let op = parse_op(op)?;
+        self.run(py, async move |c: &mut Communicator| {
+            typed!(dtype, b, |buf| if scatter {
+                c.reduce_scatter(buf, op).await
+            } else {
+                c.allreduce(buf, op).await
+            })
+        })
+    }
+
     /// Runs `op` on the communicator with the GIL released.
     fn run<F>(&self, py: Python<'_>, op: F) -> PyResult<()>
     where
@@ -476,15 +532,15 @@ impl Ring {
         shared_memory: bool,
         threads: usize,
     ) -> PyResult<Ring> {
-        let cfg = GroupConfig {
+        let limits = limits(op_timeout_ms, connect_timeout_ms, shared_memory)?;
+        let cfg = group(
             rank,
-            world: addrs.len(),
-            group_id,
+            parse_addrs(&addrs)?,
+            secret.0,
             generation,
-            addrs: parse_addrs(&addrs)?,
-            secret: secret.0,
-            limits: limits(op_timeout_ms, connect_timeout_ms, shared_memory)?,
-        };
+            group_id,
+            limits,
+        );
         Ring::start(py, cfg, threads, None)
     }
 
@@ -510,47 +566,17 @@ impl Ring {
             }
             Err(e) => return Err(PyValueError::new_err(e.to_string())),
         };
-        let cfg = GroupConfig {
-            rank: g.rank,
-            world: g.world(),
+        let limits = limits(op_timeout_ms, connect_timeout_ms, shared_memory)?;
+        let secret = g.secret.clone().into_bytes();
+        let cfg = group(
+            g.rank,
+            g.addrs.clone(),
+            secret,
+            g.generation,
             group_id,
-            generation: g.generation,
-            addrs: g.addrs.clone(),
-            secret: g.secret.clone().into_bytes(),
-            limits: limits(op_timeout_ms, connect_timeout_ms, shared_memory)?,
-        };
+            limits,
+        );
         Ring::start(py, cfg, threads, None)
-    }
-
-    /// This rank.
-    #[getter]
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    /// Number of ranks.
-    #[getter]
-    fn world(&self) -> usize {
-        self.world
-    }
-    /// The generation it was connected for.
-    #[getter]
-    fn generation(&self) -> u64 {
-        self.generation
-    }
-    /// The group id it was connected for.
-    #[getter]
-    fn group_id(&self) -> u64 {
-        self.group_id
-    }
-    /// Links whose data moves through shared memory (peers on this host).
-    #[getter]
-    fn shared_memory_links(&self) -> usize {
-        self.shared_memory_links
-    }
-    /// Links whose data moves over TCP.
-    #[getter]
-    fn network_links(&self) -> usize {
-        self.network_links
     }
 
     /// `(start, end)` of the part of an `n`-element buffer that `rank` owns after
@@ -577,11 +603,7 @@ impl Ring {
         dtype: &str,
         op: &str,
     ) -> PyResult<()> {
-        let (dtype, op) = (Dtype::parse(dtype)?, parse_op(op)?);
-        let b = Buffer::new(addr, nbytes, dtype.size_bytes())?;
-        self.run(py, async move |c: &mut Communicator| {
-            typed!(dtype, b, |buf| c.allreduce(buf, op).await)
-        })
+        self.reduce(py, Buffer::typed(addr, nbytes, dtype)?, op, false)
     }
 
     /// Reduce-scatter in place: afterwards the elements `segment(n, rank)` hold the
@@ -594,11 +616,7 @@ impl Ring {
         dtype: &str,
         op: &str,
     ) -> PyResult<()> {
-        let (dtype, op) = (Dtype::parse(dtype)?, parse_op(op)?);
-        let b = Buffer::new(addr, nbytes, dtype.size_bytes())?;
-        self.run(py, async move |c: &mut Communicator| {
-            typed!(dtype, b, |buf| c.reduce_scatter(buf, op).await)
-        })
+        self.reduce(py, Buffer::typed(addr, nbytes, dtype)?, op, true)
     }
 
     /// Allgather of bytes in place: this rank contributes the bytes `segment(nbytes, rank)`
