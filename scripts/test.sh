@@ -58,7 +58,10 @@ fi
     "$pyvenv/bin/pip" install --quiet --disable-pip-version-check torch ||
     echo "torch not installed: the torch tests say SKIPPED"
 
-cargo build --quiet -p ringleader-python
+# --workspace: the features the tests above built with (a `-p` build re-resolves them and
+# rebuilds the collective, tokio and their dependencies under the extension: over 6 minutes
+# on this 2-core machine).
+cargo build --quiet --workspace
 cp target/debug/lib_native.so python/ringleader/_native.abi3.so
 pytest_rc=0
 RINGLEADER_TEST_BINARY="$PWD/target/debug/ringleader" \
