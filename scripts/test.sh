@@ -51,12 +51,21 @@ fi
 "$pyvenv/bin/python" -c "import cloudpickle" 2>/dev/null ||
     "$pyvenv/bin/pip" install --quiet --disable-pip-version-check cloudpickle ||
     echo "cloudpickle not installed: the launch tests say SKIPPED"
+# PyTorch for the `ringleader.torch` tests (python/tests/test_torch.py): the registry's wheel
+# with its CUDA wheels, about 3 GB, a few minutes the first time and offline from pip's cache
+# after; without it those tests say SKIPPED.
+"$pyvenv/bin/python" -c "import torch" 2>/dev/null ||
+    "$pyvenv/bin/pip" install --quiet --disable-pip-version-check torch ||
+    echo "torch not installed: the torch tests say SKIPPED"
 
-cargo build --quiet -p ringleader-python
+# --workspace: the features the tests above built with (a `-p` build re-resolves them and
+# rebuilds the collective, tokio and their dependencies under the extension: over 6 minutes
+# on this 2-core machine).
+cargo build --quiet --workspace
 cp target/debug/lib_native.so python/ringleader/_native.abi3.so
 pytest_rc=0
 RINGLEADER_TEST_BINARY="$PWD/target/debug/ringleader" \
-    "$pyvenv/bin/python" -m pytest -q -p no:cacheprovider python/tests || pytest_rc=$?
+    "$pyvenv/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests || pytest_rc=$?
 if [ "$pytest_rc" -ne 0 ] && [ "$pytest_rc" -ne 5 ]; then
     echo "python tests failed (pytest exit $pytest_rc)"
     exit "$pytest_rc"

@@ -280,11 +280,14 @@ impl Communicator {
 
     /// Sums (or averages, min, max) `buf` across all ranks, in place. Small messages
     /// (≤ `small_bytes_max`) use recursive doubling, larger ones the pipelined ring.
+    /// [`ReduceOp::Avg`] of integers is refused with [`CollectiveError::Unsupported`] (the
+    /// communicator stays usable).
     pub async fn allreduce<T: Element>(
         &mut self,
         buf: &mut [T],
         op: ReduceOp,
     ) -> Result<(), CollectiveError> {
+        supported::<T>(op)?;
         let algo = self.pick(buf.len(), T::DTYPE);
         let desc = self.begin(CollKind::Allreduce, algo, T::DTYPE, Some(op), buf.len(), 0)?;
         if self.world == 1 {
@@ -302,12 +305,14 @@ impl Communicator {
     }
 
     /// Reduce-scatter in place: afterwards `buf[self.segment(buf.len(), rank)]` holds the
-    /// reduction of that segment over all ranks; the rest of `buf` is scratch.
+    /// reduction of that segment over all ranks; the rest of `buf` is scratch. Integers:
+    /// as [`Communicator::allreduce`].
     pub async fn reduce_scatter<T: Element>(
         &mut self,
         buf: &mut [T],
         op: ReduceOp,
     ) -> Result<(), CollectiveError> {
+        supported::<T>(op)?;
         let desc = self.begin(
             CollKind::ReduceScatter,
             Algorithm::Ring,
@@ -326,7 +331,9 @@ impl Communicator {
     }
 
     /// Allgather in place: each rank contributes `buf[self.segment(buf.len(), rank)]`;
-    /// afterwards every rank holds every segment.
+    /// afterwards every rank holds every segment. `allgather::<u8>` gathers any element
+    /// type as bytes (segments are then counted in bytes: give a buffer of `world` equal
+    /// parts to gather whole elements).
     pub async fn allgather<T: Element>(&mut self, buf: &mut [T]) -> Result<(), CollectiveError> {
         let desc = self.begin(
             CollKind::Allgather,
@@ -347,6 +354,7 @@ impl Communicator {
     }
 
     /// Copies `root`'s `buf` into every rank's `buf` (a pipelined chain along the ring).
+    /// `broadcast::<u8>` moves any element type as bytes.
     pub async fn broadcast<T: Element>(
         &mut self,
         buf: &mut [T],
@@ -491,6 +499,18 @@ impl Communicator {
             }));
         }
     }
+}
+
+/// Refuses reductions without an exact meaning for `T` (the mean of integers), on every
+/// rank alike and before the operation is numbered, so the group stays in step.
+fn supported<T: Element>(op: ReduceOp) -> Result<(), CollectiveError> {
+    if op == ReduceOp::Avg && T::DTYPE.is_integer() {
+        return Err(CollectiveError::Unsupported {
+            op,
+            dtype: T::DTYPE,
+        });
+    }
+    Ok(())
 }
 
 /// Runs `futs` concurrently to completion.

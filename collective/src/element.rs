@@ -2,6 +2,13 @@
 //!
 //! The loops are plain `zip` loops over slices that LLVM auto-vectorises; f16 and bf16 are
 //! converted in blocks through f32 (with `half`'s SIMD slice conversions) and rounded back.
+//!
+//! Integers (`i32`, `i64`, `u8`) reduce exactly: sums wrap on overflow (two's complement, as
+//! PyTorch's integer tensors do), min and max are the integers'. Their mean has no exact
+//! value, so the communicator refuses [`ReduceOp::Avg`] on them
+//! ([`crate::CollectiveError::Unsupported`], before the operation is numbered), as Gloo
+//! does. `u8` is also how any element type moves as bytes: `broadcast::<u8>` and
+//! `allgather::<u8>` copy whatever the bytes hold.
 
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 
@@ -22,13 +29,14 @@ pub(crate) mod sealed {
         /// bitwise commutative for ±0; recursive doubling fixes the order by rank).
         /// `op` is never `Avg` here (avg reduces as a sum, then [`Sealed::divide`]).
         fn reduce(dst: &mut [Self], src: &[Self], op: ReduceOp, src_first: bool);
-        /// `buf[i] /= n`.
+        /// `buf[i] /= n` (integers: truncated; the communicator never averages them).
         fn divide(buf: &mut [Self], n: usize);
     }
 }
 
-/// An element type the collectives operate on: `f32`, `f64`, `half::f16`, `half::bf16`.
-/// Sealed: the wire format and the reductions are defined for exactly these.
+/// An element type the collectives operate on: `f32`, `f64`, `half::f16`, `half::bf16`,
+/// `i32`, `i64`, `u8`. Sealed: the wire format and the reductions are defined for exactly
+/// these.
 pub trait Element: sealed::Sealed + Copy + PartialEq + std::fmt::Debug {
     /// The wire tag.
     const DTYPE: DType;
@@ -122,6 +130,49 @@ macro_rules! half_float {
 half_float!(f16, DType::F16);
 half_float!(bf16, DType::Bf16);
 
+macro_rules! integer {
+    ($t:ty, $d:expr) => {
+        impl Element for $t {
+            const DTYPE: DType = $d;
+        }
+        impl sealed::Sealed for $t {
+            #[inline]
+            fn reduce(dst: &mut [Self], src: &[Self], op: ReduceOp, _src_first: bool) {
+                assert_eq!(dst.len(), src.len());
+                // Integer sums, minima and maxima are exactly commutative: the order does
+                // not matter.
+                match op {
+                    ReduceOp::Sum | ReduceOp::Avg => {
+                        for (d, s) in dst.iter_mut().zip(src) {
+                            *d = d.wrapping_add(*s);
+                        }
+                    }
+                    ReduceOp::Min => {
+                        for (d, s) in dst.iter_mut().zip(src) {
+                            *d = (*d).min(*s);
+                        }
+                    }
+                    ReduceOp::Max => {
+                        for (d, s) in dst.iter_mut().zip(src) {
+                            *d = (*d).max(*s);
+                        }
+                    }
+                }
+            }
+            fn divide(buf: &mut [Self], n: usize) {
+                let n = <$t>::try_from(n).unwrap_or(<$t>::MAX);
+                for x in buf {
+                    *x /= n;
+                }
+            }
+        }
+    };
+}
+
+integer!(i32, DType::I32);
+integer!(i64, DType::I64);
+integer!(u8, DType::U8);
+
 /// The bytes of a slice of elements (native = little-endian order).
 pub(crate) fn as_bytes<T: Element>(s: &[T]) -> &[u8] {
     bytemuck::cast_slice(s)
@@ -133,7 +184,8 @@ pub(crate) fn as_bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
 }
 
 /// Reference reduction of one element value across ranks, in rank order: what every rank must
-/// hold after an allreduce when the inputs are exactly representable. Used by tests.
+/// hold after an allreduce when the inputs are exactly representable (integers: always).
+/// Used by tests.
 #[doc(hidden)]
 pub fn reference_reduce<T: Element>(inputs: &[Vec<T>], op: ReduceOp) -> Vec<T> {
     let mut acc = inputs[0].clone();
@@ -171,6 +223,21 @@ mod tests {
             .iter()
             .enumerate()
             .all(|(i, x)| x.to_f32() == bf16::from_f32(i as f32).to_f32()));
+    }
+
+    #[test]
+    fn integer_sums_wrap_and_min_max_are_exact() {
+        let mut d = vec![i64::MAX, -5, 7, i64::MIN];
+        i64::reduce(&mut d, &[1, 3, -9, -1], ReduceOp::Sum, false);
+        assert_eq!(d, vec![i64::MIN, -2, -2, i64::MAX]);
+        let mut d = vec![i32::MIN, 0, 5];
+        i32::reduce(&mut d, &[i32::MAX, -1, 5], ReduceOp::Max, true);
+        assert_eq!(d, vec![i32::MAX, 0, 5]);
+        let mut d = vec![200u8, 3];
+        u8::reduce(&mut d, &[100, 9], ReduceOp::Sum, false);
+        assert_eq!(d, vec![44, 12]);
+        u8::reduce(&mut d, &[10, 1], ReduceOp::Min, false);
+        assert_eq!(d, vec![10, 1]);
     }
 
     #[test]

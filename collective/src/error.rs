@@ -34,8 +34,13 @@ pub enum Algorithm {
 pub enum DType {
     /// No payload (barrier).
     None,
-    /// Raw bytes (internal: NCCL id exchange).
+    /// Unsigned bytes: `u8` tensors, and any element type moved as bytes (broadcast,
+    /// allgather, the NCCL id exchange).
     U8,
+    /// Two's-complement 32-bit integers.
+    I32,
+    /// Two's-complement 64-bit integers.
+    I64,
     /// IEEE binary32.
     F32,
     /// IEEE binary64.
@@ -53,9 +58,16 @@ impl DType {
             DType::None => 0,
             DType::U8 => 1,
             DType::F16 | DType::Bf16 => 2,
-            DType::F32 => 4,
-            DType::F64 => 8,
+            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 => 8,
         }
+    }
+}
+
+impl DType {
+    /// Whether the type is an integer type (no mean: [`ReduceOp::Avg`] is refused).
+    pub fn is_integer(self) -> bool {
+        matches!(self, DType::U8 | DType::I32 | DType::I64)
     }
 }
 
@@ -239,6 +251,16 @@ pub enum CollectiveError {
     /// Invalid configuration or arguments (a bug in the caller).
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// A reduction the element type has no exact meaning for ([`ReduceOp::Avg`] of
+    /// integers), refused on every rank before the operation is numbered: the communicator
+    /// stays usable.
+    #[error("unsupported: {op:?} of {dtype:?} elements")]
+    Unsupported {
+        /// The reduction asked for.
+        op: ReduceOp,
+        /// The element type.
+        dtype: DType,
+    },
     /// A GPU operation was asked of a build without the `cuda` feature.
     #[error("not built with cuda (enable the `cuda` feature)")]
     NotBuiltWithCuda,

@@ -95,6 +95,8 @@ fn dtype_code(d: DType) -> u8 {
         DType::F64 => 3,
         DType::F16 => 4,
         DType::Bf16 => 5,
+        DType::I32 => 6,
+        DType::I64 => 7,
     }
 }
 fn dtype_from(c: u8) -> Option<DType> {
@@ -105,6 +107,8 @@ fn dtype_from(c: u8) -> Option<DType> {
         3 => DType::F64,
         4 => DType::F16,
         5 => DType::Bf16,
+        6 => DType::I32,
+        7 => DType::I64,
         _ => return None,
     })
 }
@@ -239,7 +243,7 @@ mod tests {
             any::<u64>(),
             0usize..5,
             0usize..3,
-            0usize..6,
+            0usize..8,
             0usize..5,
             any::<u64>(),
             any::<u32>(),

@@ -115,11 +115,15 @@ fn value(r: usize, i: usize) -> f32 {
     (((r * 7 + i * 3) % 17) as f32) - 8.0
 }
 
-/// Every dtype and op, N = 2..5, odd and empty lengths, both algorithms and multi-frame
+/// Every op the floats have.
+const FLOAT_OPS: &[ReduceOp] = &[ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max];
+/// Every op the integers have (their mean is refused).
+const INTEGER_OPS: &[ReduceOp] = &[ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max];
+
+/// Every op of `OPS`, N = 2..5, odd and empty lengths, both algorithms and multi-frame
 /// rings (1 KiB frames), over one group per world.
-async fn every_dtype<T: Element>(conv: fn(f32) -> T, limits: &Limits) {
+async fn every_dtype<T: Element>(conv: fn(f32) -> T, limits: &Limits, ops: &'static [ReduceOp]) {
     const LENS: [usize; 5] = [0, 1, 13, 1001, 5003];
-    const OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Min, ReduceOp::Max];
     let limits = Limits {
         chunk_bytes: 1024,
         small_bytes_max: 256,
@@ -138,7 +142,7 @@ async fn every_dtype<T: Element>(conv: fn(f32) -> T, limits: &Limits) {
                 let r = c.rank();
                 let mut outs = Vec::new();
                 for len in LENS {
-                    for op in OPS {
+                    for &op in ops {
                         let mut buf: Vec<T> = (0..len).map(|i| conv(value(r, i))).collect();
                         let shm = c.shared_memory_links();
                         c.allreduce(&mut buf, op)
@@ -153,7 +157,7 @@ async fn every_dtype<T: Element>(conv: fn(f32) -> T, limits: &Limits) {
         let res = set.join_all().await;
         let mut k = 0;
         for len in LENS {
-            for op in OPS {
+            for &op in ops {
                 let want = reference_reduce(&ins(len), op);
                 for (r, outs) in &res {
                     assert_eq!(
@@ -177,10 +181,13 @@ async fn tcp_every_dtype_equals_reference_shm_on_and_off() {
             shared_memory,
             ..tcp_limits()
         };
-        every_dtype::<f32>(|x| x, &limits).await;
-        every_dtype::<f64>(|x| x as f64, &limits).await;
-        every_dtype::<f16>(f16::from_f32, &limits).await;
-        every_dtype::<bf16>(bf16::from_f32, &limits).await;
+        every_dtype::<f32>(|x| x, &limits, FLOAT_OPS).await;
+        every_dtype::<f64>(|x| x as f64, &limits, FLOAT_OPS).await;
+        every_dtype::<f16>(f16::from_f32, &limits, FLOAT_OPS).await;
+        every_dtype::<bf16>(bf16::from_f32, &limits, FLOAT_OPS).await;
+        every_dtype::<i32>(|x| x as i32, &limits, INTEGER_OPS).await;
+        every_dtype::<i64>(|x| x as i64 * (1 << 40), &limits, INTEGER_OPS).await;
+        every_dtype::<u8>(|x| (x + 8.0) as u8, &limits, INTEGER_OPS).await;
     }
 }
 

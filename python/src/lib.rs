@@ -4,7 +4,15 @@
 //! `ringleader.metric` and `ringleader.report`; those lines are made here, by the
 //! `ringleader-protocol` crate's [`RankLine`](ringleader_protocol::RankLine) that the node
 //! parses them with, so Python and Rust cannot drift apart. Everything else in the package (the HTTP client, params, the
-//! distributions) is pure Python with the standard library only.
+//! distributions) is pure Python with the standard library only (`ringleader.torch`, the
+//! PyTorch backend, also imports torch).
+//!
+//! It also carries the data plane for Python: `Ring`, one rank of a `collective` group
+//! (allreduce, reduce-scatter, allgather, broadcast, barrier on buffers given by address,
+//! the GIL released for each transfer), which `ringleader.torch` builds its
+//! `torch.distributed` backend on; `Listener` binds first for a store-based rendezvous; the
+//! exceptions `RingError` and its subclasses carry the collective's typed reasons. Their
+//! contract is the module doc of `python/src/ring.rs`.
 //!
 //! Contract of every formatter: the line it returns parses back, with the protocol crate's
 //! `FromStr`, to the values given (a name with whitespace, an empty or too long name, or a
@@ -16,11 +24,18 @@
 
 use pyo3::prelude::*;
 
+mod ring;
+
 #[pymodule]
 mod _native {
     use pyo3::exceptions::PyValueError;
     use pyo3::prelude::*;
     use ringleader_protocol::{Metric, RankLine, Report};
+
+    #[pymodule_export]
+    use crate::ring::{
+        Aborted, HandshakeRefused, Listener, PeerLost, Ring, RingError, RingTimeout,
+    };
 
     /// The package's version: the workspace's, the node binary's too.
     #[pymodule_export]
