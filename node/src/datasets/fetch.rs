@@ -28,7 +28,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -411,8 +411,9 @@ struct Shared {
     manifest: Arc<Manifest>,
     holding: Arc<Holding>,
     sched: Mutex<Scheduler>,
-    /// What the chunks are written to; taken out when every chunk is in.
-    sink: Mutex<Option<Sink>>,
+    /// What the chunks are written to; taken out (the write lock, which waits for every
+    /// chunk being written) when every chunk is in.
+    sink: RwLock<Option<Sink>>,
     fetch: Arc<Fetch>,
     /// Woken when a chunk completes or a holder leaves (an idle holder may find work).
     progress: Notify,
@@ -420,8 +421,12 @@ struct Shared {
 }
 
 /// Where verified chunks go: the store's `.part`, and the `--to` files if asked for.
+///
+/// A chunk is written to the `.part` under its lock (the `have` list is appended in order)
+/// and to the `--to` file after it, outside that lock: the two copies of different chunks
+/// are written at once, so a disk that keeps up with both never holds up the readers.
 struct Sink {
-    partial: Partial,
+    partial: Mutex<Partial>,
     export: Option<Export>,
 }
 
@@ -452,7 +457,7 @@ pub async fn run(ctx: FetchContext, fetch: Arc<Fetch>) -> Result<PathBuf, String
     let sink = tokio::task::spawn_blocking(move || begin(&store, &m, to.as_deref()))
         .await
         .map_err(|e| e.to_string())??;
-    let have = sink.partial.have().clone();
+    let have = sink.partial.lock().expect("partial lock").have().clone();
     let resumed = have.count();
     fill_totals(&fetch, &manifest, have.len(), resumed);
     let holding = match ctx.holdings.get(&root) {
@@ -468,7 +473,7 @@ pub async fn run(ctx: FetchContext, fetch: Arc<Fetch>) -> Result<PathBuf, String
         manifest: holding.manifest.clone(),
         holding: holding.clone(),
         sched: Mutex::new(Scheduler::new(have)),
-        sink: Mutex::new(Some(sink)),
+        sink: RwLock::new(Some(sink)),
         fetch: fetch.clone(),
         progress: Notify::new(),
         last_progress: Mutex::new(Instant::now()),
@@ -477,7 +482,7 @@ pub async fn run(ctx: FetchContext, fetch: Arc<Fetch>) -> Result<PathBuf, String
     let driven = drive(&shared).await;
     // A chunk write still running on the blocking pool (a holder task aborted mid-chunk)
     // holds the lock until it is done; later ones find the sink gone and drop their chunk.
-    let sink = shared.sink.lock().expect("sink lock").take();
+    let sink = shared.sink.write().expect("sink lock").take();
     if let Err(e) = driven {
         // Dropped here, not whenever the last holder task lets go: the `--to` temporaries
         // go now (the store's `.part` keeps the verified chunks).
@@ -485,6 +490,7 @@ pub async fn run(ctx: FetchContext, fetch: Arc<Fetch>) -> Result<PathBuf, String
         return Err(e);
     }
     let Sink { partial, export } = sink.ok_or("the copy was finished twice")?;
+    let partial = partial.into_inner().expect("partial lock");
     let ctx = shared.ctx.clone();
     let store = ctx.store.clone();
     let path = tokio::task::spawn_blocking(move || store.finish(partial))
@@ -531,7 +537,10 @@ fn begin(store: &Store, manifest: &Manifest, to: Option<&Path>) -> Result<Sink, 
                 .map_err(|e| disk_error(e, "writing --to"))?;
         }
     }
-    Ok(Sink { partial, export })
+    Ok(Sink {
+        partial: Mutex::new(partial),
+        export,
+    })
 }
 
 fn fill_totals(fetch: &Fetch, manifest: &Manifest, chunks: u64, resumed: u64) {
@@ -835,7 +844,10 @@ async fn holder(shared: &Arc<Shared>, source: &Source, id: HolderId) -> HolderEn
 }
 
 /// Chunks one holder's task may have being verified and written at once.
-const WRITES_IN_FLIGHT_MAX: usize = 4;
+/// Eight, not four: with `--to` each chunk is written twice, and a disk busy with other
+/// work can take a few chunks' time on one; a reader that stopped for that would let the
+/// holder's window close (1 to 4 MiB a chunk: at most 32 MiB per holder in memory).
+const WRITES_IN_FLIGHT_MAX: usize = 8;
 
 /// Verifies chunk `g` and writes it to the copy; `Ok(false)` if it was in already (the
 /// other copy of an endgame chunk) or the fetch is over.
@@ -851,11 +863,13 @@ fn store_chunk(
     if sh.sched.lock().expect("sched lock").is_done(g) {
         return Ok(false);
     }
-    let mut sink = sh.sink.lock().expect("sink lock");
-    let Some(sink) = sink.as_mut() else {
+    let sink = sh.sink.read().expect("sink lock");
+    let Some(sink) = sink.as_ref() else {
         return Ok(false);
     };
     sink.partial
+        .lock()
+        .expect("partial lock")
         .write_chunk(&sh.manifest, g, bytes)
         .map_err(|e| HolderEnd::Write(disk_error(e, "writing the copy")))?;
     if let Some(export) = &sink.export {
