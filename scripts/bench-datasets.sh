@@ -22,6 +22,10 @@
 # (whole seconds, at least 2); the sum of their goodputs (end.sum_received). ratio = mb_per_s /
 # iperf_mb_per_s. A ratio under its target is reported on stderr as `# warning: …`.
 #
+# Disk space: each source file is deleted once added (bench2's is kept for the check), and
+# each dataset is removed (`dataset rm`, so every holder deletes it) once measured; at
+# 512 MiB a run needs about 5 GiB free under /tmp at its peak.
+#
 # Units: MB here is MiB = 2^20 bytes, everywhere (size_mb, mb_per_s, iperf_mb_per_s; iperf3's
 # own "MBytes" are the same unit). The dataset files are exactly BENCH_DATASET_MB MiB.
 #
@@ -352,26 +356,34 @@ PYEOF
     ) || die "could not read the result of dataset get $name ($work/get-$tag.out)"
 }
 
+# report N TARGET MBPS SECS TAG EXTRA HOLDER... : iperf3 from the holders for about SECS
+# (the transfer's time), then the line (EXTRA: "to=dir " or "") and a warning under TARGET.
+report() {
+    local n=$1 target=$2 mbps=$3 secs=$4 tag=$5 extra=$6 iperf ratio
+    shift 6
+    iperf_run "$tag" "$(iperf_seconds "$secs")" "$@"
+    iperf=$iperf_mibps
+    ratio=$(python3 -c 'import sys; print(f"{float(sys.argv[1]) / float(sys.argv[2]):.3f}")' "$mbps" "$iperf")
+    echo "dataset sources=$n size_mb=$size_mib ${extra}mb_per_s=$mbps iperf_mb_per_s=$iperf ratio=$ratio"
+    if python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) < float(sys.argv[2]) else 1)' "$ratio" "$target"; then
+        warn "sources=$n ${extra}ratio $ratio is below the target $target"
+    fi
+}
+
 # measure NAME SOURCES TARGET HOLDER...
 measure() {
-    local name=$1 n=$2 target=$3 secs mbps iperf ratio
+    local name=$1 n=$2 target=$3 secs mbps
     shift 3
     fetch "$name" "s$n"
     read -r _ secs mbps <<<"$fetch_result"
-    iperf_run "s$n" "$(iperf_seconds "$secs")" "$@"
-    iperf=$iperf_mibps
-    ratio=$(python3 -c 'import sys; print(f"{float(sys.argv[1]) / float(sys.argv[2]):.3f}")' "$mbps" "$iperf")
-    echo "dataset sources=$n size_mb=$size_mib mb_per_s=$mbps iperf_mb_per_s=$iperf ratio=$ratio"
-    if python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) < float(sys.argv[2]) else 1)' "$ratio" "$target"; then
-        warn "sources=$n ratio $ratio is below the target $target"
-    fi
+    report "$n" "$target" "$mbps" "$secs" "s$n" "" "$@"
 }
 
 # measure_to NAME SRC SOURCES TARGET HOLDER... : `get NAME --to DIR` on the receiver, end
 # to end (wall time of the command until it returns with the files in place); SRC is the
 # file added, which DIR/NAME.bin must equal.
 measure_to() {
-    local name=$1 src=$2 n=$3 target=$4 to=$work/to-$1 t0 t1 secs mbps iperf ratio
+    local name=$1 src=$2 n=$3 target=$4 to=$work/to-$1 t0 t1 secs mbps
     shift 4
     t0=$(date +%s%N)
     timeout "$fetch_timeout_s" "$bin" --peer "$(api "$RECEIVER")" dataset get "$name" --to "$to" --json \
@@ -381,13 +393,7 @@ measure_to() {
     cmp "$src" "$to/$name.bin" || die "$to/$name.bin differs from what was added"
     read -r secs mbps <<<"$(python3 -c 'import sys; s = (int(sys.argv[2]) - int(sys.argv[1])) / 1e9; print(f"{s:.3f}", f"{int(sys.argv[3]) / 2**20 / s:.2f}")' "$t0" "$t1" "$size_bytes")"
     note "get $name --to: $secs s end to end; the fetch's own elapsed_ms: $(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["elapsed_ms"])' "$work/get-to-$name.out")"
-    iperf_run "to$n" "$(iperf_seconds "$secs")" "$@"
-    iperf=$iperf_mibps
-    ratio=$(python3 -c 'import sys; print(f"{float(sys.argv[1]) / float(sys.argv[2]):.3f}")' "$mbps" "$iperf")
-    echo "dataset sources=$n size_mb=$size_mib to=dir mb_per_s=$mbps iperf_mb_per_s=$iperf ratio=$ratio"
-    if python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) < float(sys.argv[2]) else 1)' "$ratio" "$target"; then
-        warn "sources=$n to=dir ratio $ratio is below the target $target"
-    fi
+    report "$n" "$target" "$mbps" "$secs" "to$n" "to=dir " "$@"
 }
 
 # Each dataset is removed once measured: the holders delete their copies (disk space).

@@ -650,11 +650,13 @@ fn copy_checked(src: &Path, manifest: &Manifest, to: &Path) -> Result<(), Datase
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::datasets::CHUNK_BYTES_MIN;
 
-    fn tree(dir: &Path) -> PathBuf {
+    /// A small dataset directory: `a.bin` (2 chunks and 77 bytes of the smallest chunk
+    /// size), `empty`, `sub/b.txt` ("hello").
+    pub(in crate::datasets) fn tree(dir: &Path) -> PathBuf {
         let src = dir.join("src");
         fs::create_dir_all(src.join("sub")).unwrap();
         let big: Vec<u8> = (0..(CHUNK_BYTES_MIN as usize * 2 + 77))
