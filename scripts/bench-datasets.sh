@@ -4,19 +4,27 @@
 # 4 hosts in network namespaces (scripts/netns.sh up 4, unlimited), one ringleader node each
 # (h1..h4 in rl1..rl4 at 10.77.0.1..4). h1 adds dataset "bench" (one file of random bytes);
 # h2 and h3 fetch it while the links are still unlimited, so h1, h2 and h3 hold it. h1 also
-# adds "bench1" (another random file), which nobody else fetches: h1 is its only holder. Then
-# the holders' egress (upload) is capped at HOLDER_RATE (300mbit), the receiver h4 stays
-# unlimited, and h4 fetches:
+# adds "bench1" (another random file), which nobody else fetches: h1 is its only holder, and
+# "bench2" (a third), which h2 and h3 fetch too. Then the holders' egress (upload) is capped
+# at HOLDER_RATE (300mbit), the receiver h4 stays unlimited, and h4 fetches:
 #
 #   dataset sources=3 size_mb=512 mb_per_s=… iperf_mb_per_s=… ratio=…   (target ratio >= 0.90)
 #   dataset sources=1 size_mb=512 mb_per_s=… iperf_mb_per_s=… ratio=…   (target ratio >= 0.95)
+#   dataset sources=3 size_mb=512 to=dir mb_per_s=… iperf_mb_per_s=… ratio=…   (target >= 0.90)
 #
 # mb_per_s = bytes / elapsed of `ringleader dataset get NAME --json` on h4 (the figures its
-# own JSON reports). iperf_mb_per_s: right after each fetch, in the same run and on the same
+# own JSON reports). The `to=dir` line is end to end, as a notebook sees it: bench2's size
+# over the wall time of `ringleader dataset get bench2 --to DIR` on h4, from the command's
+# start until it returns with the files in place under DIR (checked byte for byte with
+# `cmp` afterwards, outside the time). iperf_mb_per_s: right after each fetch, in the same run and on the same
 # capped links, one iperf3 client per holder (rl1..rl3, or rl1 alone) sends at once to its own
 # iperf3 server on the receiver (rl4, port 520I for holder I) for about the fetch's duration
 # (whole seconds, at least 2); the sum of their goodputs (end.sum_received). ratio = mb_per_s /
 # iperf_mb_per_s. A ratio under its target is reported on stderr as `# warning: …`.
+#
+# Disk space: each source file is deleted once added (bench2's is kept for the check), and
+# each dataset is removed (`dataset rm`, so every holder deletes it) once measured; at
+# 512 MiB a run needs about 5 GiB free under /tmp at its peak.
 #
 # Units: MB here is MiB = 2^20 bytes, everywhere (size_mb, mb_per_s, iperf_mb_per_s; iperf3's
 # own "MBytes" are the same unit). The dataset files are exactly BENCH_DATASET_MB MiB.
@@ -128,7 +136,7 @@ cleanup() {
         rm -rf "$work"
     else
         # Keep the logs, not the hundreds of MiB of data.
-        rm -rf "$work/data" "$work/data1" "$work"/h?/
+        rm -rf "$work/data" "$work/data1" "$work/data2" "$work"/to-* "$work"/h?/
         echo "$prog: failed (exit $rc); node and iperf3 logs: $work/*.log" >&2
     fi
 }
@@ -231,6 +239,8 @@ fi
 mkdir -p "$work/data" "$work/data1"
 head -c "$size_bytes" /dev/urandom >"$work/data/bench.bin"
 head -c "$size_bytes" /dev/urandom >"$work/data1/bench1.bin"
+mkdir -p "$work/data2"
+head -c "$size_bytes" /dev/urandom >"$work/data2/bench2.bin"
 
 # ---- nodes ----
 # A keyed cluster (the default): one key for every host, h1's admin token for the CLI.
@@ -240,7 +250,9 @@ node_pids=()
 for i in $(seq 1 "$HOSTS"); do
     join=()
     [ "$i" = 1 ] || join=(--join "$(addr 1):$P2P_PORT")
-    ip netns exec "rl$i" "$bin" node --name "h$i" --listen "$(addr "$i"):$P2P_PORT" \
+    # Not the CLI's RINGLEADER_TOKEN_FILE: a node reads it as its own --token-file (the
+    # flag is global), and h1's token does not exist until h1 has started.
+    ip netns exec "rl$i" env -u RINGLEADER_TOKEN_FILE "$bin" node --name "h$i" --listen "$(addr "$i"):$P2P_PORT" \
         --api "$(api "$i")" --data-dir "$work/h$i" --cluster-key "$work/cluster.key" "${join[@]}" >"$work/h$i.log" 2>&1 &
     pids+=($!)
     node_pids+=($!)
@@ -291,14 +303,20 @@ note "cluster of $HOSTS formed in $((SECONDS - t0)) s"
 # ---- seeding (links unlimited) ----
 rl 1 dataset add "${chunk_args[@]}" bench "$work/data" >"$work/add-bench.log" 2>&1 || { cat "$work/add-bench.log" >&2; die "dataset add bench failed"; }
 rl 1 dataset add "${chunk_args[@]}" bench1 "$work/data1" >"$work/add-bench1.log" 2>&1 || { cat "$work/add-bench1.log" >&2; die "dataset add bench1 failed"; }
-for i in 2 3; do
-    wait_for holders "$i" bench h1
-    timeout "$fetch_timeout_s" "$bin" --peer "$(api "$i")" dataset get bench >"$work/seed-h$i.log" 2>&1 ||
-        { tail -20 "$work/seed-h$i.log" >&2; die "seeding: dataset get bench on h$i failed"; }
+rl 1 dataset add "${chunk_args[@]}" bench2 "$work/data2" >"$work/add-bench2.log" 2>&1 || { cat "$work/add-bench2.log" >&2; die "dataset add bench2 failed"; }
+# The store holds what was added: the sources of the first two go (disk space; bench2's stays
+# for the `--to` check).
+rm -f "$work/data/bench.bin" "$work/data1/bench1.bin"
+for name in bench bench2; do
+    for i in 2 3; do
+        wait_for holders "$i" "$name" h1
+        timeout "$fetch_timeout_s" "$bin" --peer "$(api "$i")" dataset get "$name" >"$work/seed-$name-h$i.log" 2>&1 ||
+            { tail -20 "$work/seed-$name-h$i.log" >&2; die "seeding: dataset get $name on h$i failed"; }
+    done
+    wait_for holders "$RECEIVER" "$name" h1,h2,h3
 done
-wait_for holders "$RECEIVER" bench h1,h2,h3
 wait_for holders "$RECEIVER" bench1 h1
-note "bench held by h1,h2,h3 and bench1 by h1, as seen from h$RECEIVER"
+note "bench and bench2 held by h1,h2,h3 and bench1 by h1, as seen from h$RECEIVER"
 
 cap_holders
 
@@ -338,22 +356,52 @@ PYEOF
     ) || die "could not read the result of dataset get $name ($work/get-$tag.out)"
 }
 
-# measure NAME SOURCES TARGET HOLDER...
-measure() {
-    local name=$1 n=$2 target=$3 secs mbps iperf ratio
-    shift 3
-    fetch "$name" "s$n"
-    read -r _ secs mbps <<<"$fetch_result"
-    iperf_run "s$n" "$(iperf_seconds "$secs")" "$@"
+# report N TARGET MBPS SECS TAG EXTRA HOLDER... : iperf3 from the holders for about SECS
+# (the transfer's time), then the line (EXTRA: "to=dir " or "") and a warning under TARGET.
+report() {
+    local n=$1 target=$2 mbps=$3 secs=$4 tag=$5 extra=$6 iperf ratio
+    shift 6
+    iperf_run "$tag" "$(iperf_seconds "$secs")" "$@"
     iperf=$iperf_mibps
     ratio=$(python3 -c 'import sys; print(f"{float(sys.argv[1]) / float(sys.argv[2]):.3f}")' "$mbps" "$iperf")
-    echo "dataset sources=$n size_mb=$size_mib mb_per_s=$mbps iperf_mb_per_s=$iperf ratio=$ratio"
+    echo "dataset sources=$n size_mb=$size_mib ${extra}mb_per_s=$mbps iperf_mb_per_s=$iperf ratio=$ratio"
     if python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) < float(sys.argv[2]) else 1)' "$ratio" "$target"; then
-        warn "sources=$n ratio $ratio is below the target $target"
+        warn "sources=$n ${extra}ratio $ratio is below the target $target"
     fi
 }
 
+# measure NAME SOURCES TARGET HOLDER...
+measure() {
+    local name=$1 n=$2 target=$3 secs mbps
+    shift 3
+    fetch "$name" "s$n"
+    read -r _ secs mbps <<<"$fetch_result"
+    report "$n" "$target" "$mbps" "$secs" "s$n" "" "$@"
+}
+
+# measure_to NAME SRC SOURCES TARGET HOLDER... : `get NAME --to DIR` on the receiver, end
+# to end (wall time of the command until it returns with the files in place); SRC is the
+# file added, which DIR/NAME.bin must equal.
+measure_to() {
+    local name=$1 src=$2 n=$3 target=$4 to=$work/to-$1 t0 t1 secs mbps
+    shift 4
+    t0=$(date +%s%N)
+    timeout "$fetch_timeout_s" "$bin" --peer "$(api "$RECEIVER")" dataset get "$name" --to "$to" --json \
+        >"$work/get-to-$name.out" 2>"$work/get-to-$name.log" ||
+        { tail -20 "$work/get-to-$name.log" >&2; die "dataset get $name --to $to on h$RECEIVER failed"; }
+    t1=$(date +%s%N)
+    cmp "$src" "$to/$name.bin" || die "$to/$name.bin differs from what was added"
+    read -r secs mbps <<<"$(python3 -c 'import sys; s = (int(sys.argv[2]) - int(sys.argv[1])) / 1e9; print(f"{s:.3f}", f"{int(sys.argv[3]) / 2**20 / s:.2f}")' "$t0" "$t1" "$size_bytes")"
+    note "get $name --to: $secs s end to end; the fetch's own elapsed_ms: $(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["elapsed_ms"])' "$work/get-to-$name.out")"
+    report "$n" "$target" "$mbps" "$secs" "to$n" "to=dir " "$@"
+}
+
+# Each dataset is removed once measured: the holders delete their copies (disk space).
 # shellcheck disable=SC2046 # the holder list is split on purpose
 measure bench "$HOLDERS" "$TARGET_RATIO_MULTI" $(seq 1 "$HOLDERS")
+rl "$RECEIVER" dataset rm bench >/dev/null
 measure bench1 1 "$TARGET_RATIO_SINGLE" 1
+rl "$RECEIVER" dataset rm bench1 >/dev/null
+# shellcheck disable=SC2046
+measure_to bench2 "$work/data2/bench2.bin" "$HOLDERS" "$TARGET_RATIO_MULTI" $(seq 1 "$HOLDERS")
 ok=1

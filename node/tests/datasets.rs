@@ -1,6 +1,6 @@
 //! Datasets shared peer to peer, with real node processes: add, list, get with `--to`
 //! (byte-identical), rm; a holder whose copy is corrupt is dropped and the fetch still
-//! gives the right bytes; a fetch resumes after its node was killed; a full disk is a clear
+//! gives the right bytes, and none of its bytes reach `--to`; a fetch resumes after its node was killed; a full disk is a clear
 //! error with nothing half-written visible; bad input is refused with clear errors.
 
 mod common;
@@ -289,6 +289,89 @@ fn a_holder_with_a_corrupt_copy_is_dropped_and_the_bytes_come_right() {
     assert_eq!(
         k0["bytes"].as_u64().unwrap() + k1["bytes"].as_u64().unwrap(),
         status["bytes"].as_u64().unwrap()
+    );
+}
+
+/// The names in `dir` (one level), sorted.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// `get --to` writes chunks into place as they arrive, and only verified ones: with a
+/// corrupt holder the only one left, the fetch fails and DIR holds no file at all (no
+/// final path, no temporary); the verified chunks stay in the store's `.part`, and once a
+/// good holder is back the same `get --to` resumes from them and gives identical files.
+#[test]
+fn get_to_writes_only_verified_chunks_and_shows_files_only_when_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = formed_cluster(&dir.path().join("c"), "v", 3, &[], FORM_WAIT);
+    let src = make_tree(dir.path(), 6, 7);
+    ok(cli(
+        &c,
+        1,
+        &["dataset", "add", "rot", src.to_str().unwrap()],
+    ));
+    wait_holders(&c, 2, "rot", &["v1"]);
+    ok(cli(&c, 2, &["dataset", "get", "rot"]));
+    wait_holders(&c, 0, "rot", &["v1", "v2"]);
+
+    // v2's copy rots in big.bin's last chunk (1 MiB chunks), and v1, the good holder, dies.
+    let root = ls(&c, 0)[0]["root"].as_str().unwrap().to_owned();
+    let big = c.nodes[2]
+        .dir
+        .join("datasets")
+        .join(&root)
+        .join("files/big.bin");
+    let mut bytes = std::fs::read(&big).unwrap();
+    bytes[6 * MIB + 7] ^= 0xff;
+    std::fs::write(&big, &bytes).unwrap();
+    c.kill9(1).unwrap();
+    wait_holders(&c, 0, "rot", &["v2"]);
+
+    let to = dir.path().join("out");
+    let err = fails(cli(
+        &c,
+        0,
+        &["dataset", "get", "rot", "--to", to.to_str().unwrap()],
+    ));
+    assert!(err.contains("no usable holder left"), "{err}");
+    assert!(err.contains("v2"), "the corrupt holder is named: {err}");
+    // No file under --to after a failed fetch, not even a temporary.
+    assert_eq!(entries(&to), ["nested"]);
+    assert_eq!(entries(&to.join("nested")), ["deeper"]);
+    assert!(entries(&to.join("nested/deeper")).is_empty());
+
+    c.restart(1).unwrap();
+    wait_holders(&c, 0, "rot", &["v1", "v2"]);
+    let out = ok(cli(
+        &c,
+        0,
+        &[
+            "--json",
+            "dataset",
+            "get",
+            "rot",
+            "--to",
+            to.to_str().unwrap(),
+        ],
+    ));
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    same_tree(&src, &to);
+    assert_eq!(entries(&to), ["big.bin", "empty", "nested"]);
+    assert_eq!(entries(&to.join("nested")), ["a.txt", "deeper"]);
+    assert_eq!(entries(&to.join("nested/deeper")), ["b.txt"]);
+    assert!(
+        status["resumed_chunks"].as_u64().unwrap() >= 1,
+        "the verified chunks of the failed fetch were kept: {status:#}"
+    );
+    same_tree(
+        &src,
+        &c.nodes[0].dir.join("datasets").join(&root).join("files"),
     );
 }
 

@@ -6,14 +6,16 @@
 //! | `POST /v1/datasets` `{"name", "path", "chunk_mib"?}` | adds the file or directory at `path` on this node (blocks while it is copied in); 201 and the dataset |
 //! | `DELETE /v1/datasets/{name}` | removes the name; holders delete the content |
 //! | `POST /v1/datasets/{name}/get` `{"to": optional dir}` | starts (or joins) a fetch to this node; 202 and its [`FetchStatus`] |
-//! | `GET /v1/datasets/{name}/get` | the latest fetch on this node |
+//! | `GET /v1/datasets/{name}/get[?wait_ms=N]` | the latest fetch on this node; with `wait_ms`, answered when the fetch ends or after N ms (at most [`FETCH_WAIT_MS_MAX`]), whichever is first |
 //!
 //! Errors: 400 (a bad name or path, a file that cannot be shared), 404 (no such dataset, or
 //! no fetch of it here), 409 (the name exists), 503 (no chief), 500 (this node failed, a
 //! full disk included).
 
+use std::time::Duration;
+
 use axum::{
-    extract::{Path, State},
+    extract::{Path, Query, State},
     http::StatusCode,
     Json,
 };
@@ -55,6 +57,19 @@ pub struct GetRequest {
     /// Also write the files under this absolute directory on the node.
     #[serde(default)]
     pub to: Option<String>,
+}
+
+/// Longest `wait_ms` a fetch's status request may wait for the fetch to end, ms.
+pub const FETCH_WAIT_MS_MAX: u64 = 10_000;
+
+/// `GET /v1/datasets/{name}/get` query.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatusQuery {
+    /// Answer once the fetch has ended, or after this many ms (capped at
+    /// [`FETCH_WAIT_MS_MAX`]); default 0: at once.
+    #[serde(default)]
+    pub wait_ms: u64,
 }
 
 pub(super) async fn list(State(app): State<AppState>) -> Json<Vec<DatasetDoc>> {
@@ -100,8 +115,11 @@ pub(super) async fn get(
 pub(super) async fn get_status(
     State(app): State<AppState>,
     Path(name): Path<String>,
+    Query(q): Query<StatusQuery>,
 ) -> Result<Json<FetchStatus>, ApiError> {
-    app.datasets.fetch_status(&name).map(Json).ok_or_else(|| {
+    let wait = Duration::from_millis(q.wait_ms.min(FETCH_WAIT_MS_MAX));
+    let status = app.datasets.fetch_status_after(&name, wait).await;
+    status.map(Json).ok_or_else(|| {
         ApiError(
             StatusCode::NOT_FOUND,
             format!("no fetch of dataset {name:?} on this node"),

@@ -2,7 +2,7 @@
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
 use clap::Subcommand;
@@ -11,7 +11,9 @@ use serde::Deserialize;
 use super::{client, Cli};
 use crate::api::client::ApiClient;
 
-/// How often `dataset get` asks how the fetch goes.
+/// How often `dataset get` asks how the fetch goes. Each request waits on the node up to
+/// this long for the fetch to end (`?wait_ms=`), so the command returns as soon as it has,
+/// not up to one poll later.
 const POLL: Duration = Duration::from_millis(200);
 
 /// `ringleader dataset …`.
@@ -170,8 +172,15 @@ fn get(cli: &Cli, c: &ApiClient, name: &str, to: Option<&Path>) -> Result<()> {
                 .collect();
             bar.set_message(format!("from {}", sources.join(", ")));
         }
-        std::thread::sleep(POLL);
-        status = c.get(&format!("/v1/datasets/{name}/get"))?;
+        let asked = Instant::now();
+        status = c.get(&format!(
+            "/v1/datasets/{name}/get?wait_ms={}",
+            POLL.as_millis()
+        ))?;
+        if status["state"] == "fetching" {
+            // A node that answered at once (one that does not wait) is not asked in a spin.
+            std::thread::sleep(POLL.saturating_sub(asked.elapsed()));
+        }
     }
     if let Some(bar) = bar {
         bar.finish_and_clear();

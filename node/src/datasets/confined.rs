@@ -50,7 +50,8 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn name(self) -> &'static str {
+    /// What it is in a message: `file`, `directory`, `symlink`, `fifo`, …
+    pub fn name(self) -> &'static str {
         match self {
             Kind::File => "file",
             Kind::Dir => "directory",

@@ -16,14 +16,19 @@
 //! are asked of the others. A holder whose connection fails is tried again after
 //! [`RETRY_AFTER`]. Chunks go into the store's `.part` copy, which this node serves while
 //! it fills; the copy becomes whole (and visible) only once every chunk is in.
+//!
+//! With `get --to DIR` ([`FetchContext::to`]), each verified chunk is also written into
+//! place under `DIR` as it arrives ([`Export`]), so the user's files are there when the
+//! last chunk is, not a copy of the whole dataset later; they appear at their paths only
+//! once every chunk is in. A dataset the store holds whole already is copied from there.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -33,8 +38,9 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
+use super::export::{self, Export};
 use super::serve::{Holding, Holdings};
-use super::store::{ChunkSet, Partial, Store};
+use super::store::{ChunkIndex, ChunkSet, Partial, Store};
 use super::transport::{self, AuthKey, Reply, Request, TransportError};
 use super::{Manifest, Root, MANIFEST_BYTES_MAX};
 
@@ -383,6 +389,8 @@ pub struct FetchContext {
     pub root: Root,
     /// Who holds it.
     pub discover: Discover,
+    /// Where `get --to` writes the files as well (absolute), if anywhere.
+    pub to: Option<PathBuf>,
 }
 
 /// How a holder's task ended.
@@ -403,16 +411,27 @@ struct Shared {
     manifest: Arc<Manifest>,
     holding: Arc<Holding>,
     sched: Mutex<Scheduler>,
-    /// The copy being filled; taken out when every chunk is in.
-    partial: Mutex<Option<Partial>>,
+    /// What the chunks are written to; taken out (the write lock, which waits for every
+    /// chunk being written) when every chunk is in.
+    sink: RwLock<Option<Sink>>,
     fetch: Arc<Fetch>,
     /// Woken when a chunk completes or a holder leaves (an idle holder may find work).
     progress: Notify,
     last_progress: Mutex<Instant>,
 }
 
-/// Runs a fetch until every chunk is in; returns the whole copy's files directory. The
-/// caller ends the [`Fetch`] (after anything it does with the files).
+/// Where verified chunks go: the store's `.part`, and the `--to` files if asked for.
+///
+/// A chunk is written to the `.part` under its lock (the `have` list is appended in order)
+/// and to the `--to` file after it, outside that lock: the two copies of different chunks
+/// are written at once, so a disk that keeps up with both never holds up the readers.
+struct Sink {
+    partial: Mutex<Partial>,
+    export: Option<Export>,
+}
+
+/// Runs a fetch until every chunk is in (and, with [`FetchContext::to`], the files are in
+/// place there); returns the whole copy's files directory. The caller ends the [`Fetch`].
 pub async fn run(ctx: FetchContext, fetch: Arc<Fetch>) -> Result<PathBuf, String> {
     let root = ctx.root;
     let manifest = match ctx.holdings.get(&root) {
@@ -422,18 +441,23 @@ pub async fn run(ctx: FetchContext, fetch: Arc<Fetch>) -> Result<PathBuf, String
                 .files_dir(&root)
                 .ok_or("the whole copy vanished from the store")?;
             fill_totals(&fetch, &h.manifest, h.index.len(), 0);
+            if let Some(to) = ctx.to.clone() {
+                let (files, m) = (path.clone(), h.manifest.clone());
+                tokio::task::spawn_blocking(move || export::export_whole(&files, &m, &to))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| to_error(&e))?;
+            }
             return Ok(path);
         }
         Some(h) => (*h.manifest).clone(),
         None => fetch_manifest(&ctx).await?,
     };
-    let store = ctx.store.clone();
-    let m = manifest.clone();
-    let partial = tokio::task::spawn_blocking(move || store.begin(&m))
+    let (store, m, to) = (ctx.store.clone(), manifest.clone(), ctx.to.clone());
+    let sink = tokio::task::spawn_blocking(move || begin(&store, &m, to.as_deref()))
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("preparing the copy: {e}"))?;
-    let have = partial.have().clone();
+        .map_err(|e| e.to_string())??;
+    let have = sink.partial.lock().expect("partial lock").have().clone();
     let resumed = have.count();
     fill_totals(&fetch, &manifest, have.len(), resumed);
     let holding = match ctx.holdings.get(&root) {
@@ -449,21 +473,24 @@ pub async fn run(ctx: FetchContext, fetch: Arc<Fetch>) -> Result<PathBuf, String
         manifest: holding.manifest.clone(),
         holding: holding.clone(),
         sched: Mutex::new(Scheduler::new(have)),
-        partial: Mutex::new(Some(partial)),
+        sink: RwLock::new(Some(sink)),
         fetch: fetch.clone(),
         progress: Notify::new(),
         last_progress: Mutex::new(Instant::now()),
         ctx,
     });
-    drive(&shared).await?;
+    let driven = drive(&shared).await;
     // A chunk write still running on the blocking pool (a holder task aborted mid-chunk)
-    // holds the lock until it is done; later ones find the copy gone and drop their chunk.
-    let partial = shared
-        .partial
-        .lock()
-        .expect("partial lock")
-        .take()
-        .ok_or("the copy was finished twice")?;
+    // holds the lock until it is done; later ones find the sink gone and drop their chunk.
+    let sink = shared.sink.write().expect("sink lock").take();
+    if let Err(e) = driven {
+        // Dropped here, not whenever the last holder task lets go: the `--to` temporaries
+        // go now (the store's `.part` keeps the verified chunks).
+        drop(sink);
+        return Err(e);
+    }
+    let Sink { partial, export } = sink.ok_or("the copy was finished twice")?;
+    let partial = partial.into_inner().expect("partial lock");
     let ctx = shared.ctx.clone();
     let store = ctx.store.clone();
     let path = tokio::task::spawn_blocking(move || store.finish(partial))
@@ -472,7 +499,48 @@ pub async fn run(ctx: FetchContext, fetch: Arc<Fetch>) -> Result<PathBuf, String
         .map_err(|e| format!("finishing the copy: {e}"))?;
     holding.complete.store(true, Ordering::Release);
     ctx.holdings.changed();
+    if let Some(export) = export {
+        tokio::task::spawn_blocking(move || export.finish())
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| to_error(&e))?;
+    }
     Ok(path)
+}
+
+/// Prepares a fetch's sink: the `--to` files' places checked first (so a clash is reported
+/// before anything is fetched), then the store's `.part` begun or resumed, and the chunks it
+/// resumes with (verified again by [`Store::begin`]) copied to the `--to` files.
+fn begin(store: &Store, manifest: &Manifest, to: Option<&Path>) -> Result<Sink, String> {
+    let export = to
+        .map(|to| Export::begin(manifest, to))
+        .transpose()
+        .map_err(|e| to_error(&e))?;
+    let partial = store
+        .begin(manifest)
+        .map_err(|e| format!("preparing the copy: {e}"))?;
+    if let Some(export) = &export {
+        let index = ChunkIndex::new(manifest);
+        let mut buf = vec![0u8; manifest.chunk_bytes() as usize];
+        let have = partial.have();
+        for g in (0..index.len()).filter(|&g| have.contains(g)) {
+            let place = index.place(manifest, g).expect("chunks of the index");
+            if !export.writes(place.file) {
+                continue;
+            }
+            let piece = &mut buf[..place.len as usize];
+            partial
+                .read_chunk(manifest, place, piece)
+                .map_err(|e| disk_error(e, "reading the copy"))?;
+            export
+                .write_chunk(place, piece)
+                .map_err(|e| disk_error(e, "writing --to"))?;
+        }
+    }
+    Ok(Sink {
+        partial: Mutex::new(partial),
+        export,
+    })
 }
 
 fn fill_totals(fetch: &Fetch, manifest: &Manifest, chunks: u64, resumed: u64) {
@@ -776,7 +844,10 @@ async fn holder(shared: &Arc<Shared>, source: &Source, id: HolderId) -> HolderEn
 }
 
 /// Chunks one holder's task may have being verified and written at once.
-const WRITES_IN_FLIGHT_MAX: usize = 4;
+/// Eight, not four: with `--to` each chunk is written twice, and a disk busy with other
+/// work can take a few chunks' time on one; a reader that stopped for that would let the
+/// holder's window close (1 to 4 MiB a chunk: at most 32 MiB per holder in memory).
+const WRITES_IN_FLIGHT_MAX: usize = 8;
 
 /// Verifies chunk `g` and writes it to the copy; `Ok(false)` if it was in already (the
 /// other copy of an endgame chunk) or the fetch is over.
@@ -792,13 +863,21 @@ fn store_chunk(
     if sh.sched.lock().expect("sched lock").is_done(g) {
         return Ok(false);
     }
-    let mut partial = sh.partial.lock().expect("partial lock");
-    let Some(partial) = partial.as_mut() else {
+    let sink = sh.sink.read().expect("sink lock");
+    let Some(sink) = sink.as_ref() else {
         return Ok(false);
     };
-    partial
+    sink.partial
+        .lock()
+        .expect("partial lock")
         .write_chunk(&sh.manifest, g, bytes)
-        .map_err(|e| HolderEnd::Write(disk_error(e)))?;
+        .map_err(|e| HolderEnd::Write(disk_error(e, "writing the copy")))?;
+    if let Some(export) = &sink.export {
+        // Verified above: nothing else ever reaches the user's files.
+        export
+            .write_chunk(place, bytes)
+            .map_err(|e| HolderEnd::Write(disk_error(e, "writing --to")))?;
+    }
     let new = sh.sched.lock().expect("sched lock").complete(g);
     if new {
         // Served to others from now on.
@@ -874,16 +953,26 @@ async fn ask_have(
     }
 }
 
-/// Says a write error in the operator's words: a full disk by name.
-fn disk_error(e: super::DatasetError) -> String {
+/// Says a write error in the operator's words, `what` failing: a full disk by name.
+fn disk_error(e: super::DatasetError, what: &str) -> String {
     let full = matches!(&e, super::DatasetError::Io { source, .. }
         if source.raw_os_error() == Some(28));
     if full {
         format!(
-            "disk full: {e}; the verified chunks are kept, free space and get it again to resume"
+            "disk full: {what}: {e}; the verified chunks are kept, free space and get it again to resume"
         )
     } else {
-        format!("writing the copy: {e}; the verified chunks are kept, get it again to resume")
+        format!("{what}: {e}; the verified chunks are kept, get it again to resume")
+    }
+}
+
+/// Says why the `--to` files could not be written (a clash, a link in the way, a full disk).
+fn to_error(e: &super::DatasetError) -> String {
+    match e {
+        super::DatasetError::Io { source, .. } if source.raw_os_error() == Some(28) => {
+            format!("disk full: writing --to: {e}")
+        }
+        _ => format!("writing --to: {e}"),
     }
 }
 

@@ -15,7 +15,10 @@
 //! - [`manifest`]: the manifest, its limits, building one from local files, decoding one
 //!   from a peer (every field checked), chunk ranges and chunk verification.
 //! - [`store`]: the copies on disk — whole ones, fetches under way (`.part`, resumable),
-//!   adds being copied in — and writing a copy's files elsewhere (`get --to`).
+//!   adds being copied in.
+//! - [`export`]: `get --to DIR`, the files written in place under `DIR` as verified chunks
+//!   arrive, each renamed to its path once all of it is in (a whole copy already in the
+//!   store is copied, a reflink where the file system offers one; never a hard link).
 //! - [`confined`]: the directory `get --to` writes under, walked without following a
 //!   symbolic link, so a link planted there cannot redirect a write.
 //!
@@ -45,6 +48,7 @@ use std::io;
 use std::path::PathBuf;
 
 pub mod confined;
+pub mod export;
 pub mod fetch;
 pub mod manifest;
 pub mod serve;

@@ -19,7 +19,7 @@ use tracing::{info, warn};
 
 use super::fetch::{self, Discover, Fetch, FetchContext, FetchStatus, Source};
 use super::serve::{self, Holding, Holdings, Server, Throttle};
-use super::store::{self, ChunkSet, Store};
+use super::store::{ChunkSet, Store};
 use super::transport::AuthKey;
 use super::{check_name, Root};
 use crate::cluster::membership::State;
@@ -338,7 +338,8 @@ impl Datasets {
     }
 
     /// Starts fetching `name` to this node (or joins the fetch under way) and returns it;
-    /// with `to`, the files are also written under that directory once fetched.
+    /// with `to`, the files are also written under that directory, in place as the chunks
+    /// arrive (see [`super::export`]); the fetch ends once they are there.
     pub async fn get(&self, name: &str, to: Option<PathBuf>) -> Result<Arc<Fetch>, DatasetsError> {
         let record = self
             .lookup(name)
@@ -367,6 +368,7 @@ impl Datasets {
             key: self.inner.cfg.key,
             root,
             discover: self.discover(),
+            to,
         };
         let service = self.clone();
         let f = fetch.clone();
@@ -384,10 +386,6 @@ impl Datasets {
             }
             let result = fetch::run(ctx, f.clone()).await;
             service.advertise().await;
-            let result = match (result, to) {
-                (Ok(files), Some(to)) => export(&service.inner.store, root, files, to).await,
-                (result, _) => result,
-            };
             if let Err(e) = &result {
                 warn!(dataset = %f.status().name, "fetch failed: {e}");
             }
@@ -401,6 +399,23 @@ impl Datasets {
         let root = self.registered(name)?.root;
         let fetches = self.inner.fetches.lock().expect("fetches lock");
         fetches.get(&root).map(|f| f.status())
+    }
+
+    /// The latest fetch of `name` on this node, once it has ended or `wait` has passed,
+    /// whichever comes first: a caller waiting for the end learns of it at once instead of
+    /// at its next poll.
+    pub async fn fetch_status_after(&self, name: &str, wait: Duration) -> Option<FetchStatus> {
+        let root = self.registered(name)?.root;
+        let fetch = {
+            let fetches = self.inner.fetches.lock().expect("fetches lock");
+            fetches.get(&root).cloned()?
+        };
+        // Registered before the check, so an end in between still wakes it.
+        let ended = fetch.ended.notified();
+        if !fetch.has_ended() {
+            let _ = tokio::time::timeout(wait, ended).await;
+        }
+        Some(fetch.status())
     }
 
     /// The local directory of `name`'s files, fetching them first if this node lacks them;
@@ -566,20 +581,4 @@ fn doc_of(
         added_at: r.added_at_ms,
         added_on: r.added_on.clone(),
     }
-}
-
-async fn export(store: &Store, root: Root, files: PathBuf, to: PathBuf) -> Result<PathBuf, String> {
-    let store = store.clone();
-    tokio::task::spawn_blocking(move || {
-        let manifest = store
-            .manifest(&store::Held {
-                root,
-                complete: true,
-            })
-            .map_err(|e| e.to_string())?;
-        store::export(&files, &manifest, &to).map_err(|e| format!("writing --to: {e}"))?;
-        Ok(files)
-    })
-    .await
-    .map_err(|e| e.to_string())?
 }

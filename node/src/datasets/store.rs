@@ -32,7 +32,6 @@ use std::path::{Path, PathBuf};
 
 use rand::RngCore;
 
-use super::confined::{ConfinedDir, Kind};
 use super::manifest::open_source;
 use super::{DatasetError, Manifest, Root, MANIFEST_BYTES_MAX};
 
@@ -482,6 +481,25 @@ impl Partial {
         &self.have
     }
 
+    /// Reads chunk `place` back into `buf` (its length): a chunk in [`Self::have`] is
+    /// verified (those a resumed fetch found are copied to its `--to` files from here).
+    pub fn read_chunk(
+        &self,
+        manifest: &Manifest,
+        place: ChunkPlace,
+        buf: &mut [u8],
+    ) -> Result<(), DatasetError> {
+        self.files[place.file]
+            .read_exact_at(buf, place.offset)
+            .map_err(|source| DatasetError::Io {
+                path: self
+                    .dir
+                    .join(FILES_DIR)
+                    .join(&manifest.files()[place.file].path),
+                source,
+            })
+    }
+
     /// Writes chunk `g`, which the caller has verified, and records it in `have`.
     pub fn write_chunk(
         &mut self,
@@ -523,7 +541,7 @@ impl Partial {
 /// `sync_file_range(SYNC_FILE_RANGE_WRITE)`), so the flush when a fetch finishes has little
 /// left to do: the disk keeps up with the network as chunks arrive instead of taking a
 /// second per 512 MiB at the end. Best effort: an error only means the final flush does it.
-fn start_writeback(file: &File, offset: u64, len: usize) {
+pub(super) fn start_writeback(file: &File, offset: u64, len: usize) {
     use std::os::fd::AsRawFd;
     // SAFETY: a plain syscall on an open descriptor; it reads no memory of ours.
     unsafe {
@@ -536,7 +554,8 @@ fn start_writeback(file: &File, offset: u64, len: usize) {
     }
 }
 
-fn random_hex() -> String {
+/// 16 random hex digits, for temporary names.
+pub(super) fn random_hex() -> String {
     let mut bytes = [0u8; 8];
     rand::rngs::OsRng.fill_bytes(&mut bytes);
     hex::encode(bytes)
@@ -630,87 +649,14 @@ fn copy_checked(src: &Path, manifest: &Manifest, to: &Path) -> Result<(), Datase
     Ok(())
 }
 
-/// Writes a whole copy's files under `to`, each at its path, each appearing only when
-/// complete (written beside it under a fresh temporary name, flushed, then renamed without
-/// replacing anything). A file that exists already is left alone if it holds the same
-/// bytes, else refused. Nothing is written through a symbolic link: `to`, every directory
-/// below it and every file's place are walked with [`ConfinedDir`], so a link planted at
-/// any of them is refused ([`DatasetError::ExportBlocked`]), never followed. The files are
-/// created 0600 ([`super::confined::FILE_MODE`]).
-pub fn export(files_dir: &Path, manifest: &Manifest, to: &Path) -> Result<(), DatasetError> {
-    let top = ConfinedDir::open_or_create(to)?;
-    let mut buf = vec![0u8; manifest.chunk_bytes() as usize];
-    for (f, entry) in manifest.files().iter().enumerate() {
-        // Manifest paths are checked: relative, `/`-separated, no `.`, `..` or empty part.
-        let mut parts: Vec<&str> = entry.path.split('/').collect();
-        let name = parts.pop().expect("split gives at least one part");
-        let mut below: Option<ConfinedDir> = None;
-        for part in parts {
-            let next = below.as_ref().unwrap_or(&top).subdir(part)?;
-            below = Some(next);
-        }
-        let dir = below.as_ref().unwrap_or(&top);
-        match dir.kind(name)? {
-            None => {}
-            Some(Kind::File) => {
-                let existing = dir.open_file(name)?;
-                if same_content(&existing, manifest, f, &mut buf) {
-                    continue;
-                }
-                return Err(DatasetError::ExportExists {
-                    path: dir.path().join(name),
-                });
-            }
-            Some(kind) => {
-                return Err(DatasetError::ExportBlocked {
-                    path: dir.path().join(name),
-                    kind: match kind {
-                        Kind::File => "file",
-                        Kind::Dir => "directory",
-                        Kind::Symlink { .. } => "symlink",
-                        Kind::Other(name) => name,
-                    },
-                })
-            }
-        }
-        let tmp = format!(".{name}.ringleader-{}", random_hex());
-        let from = files_dir.join(&entry.path);
-        let copied = (|| {
-            let mut input = File::open(&from).map_err(io_at(&from))?;
-            let mut output = dir.create_new(&tmp)?;
-            let at = dir.path().join(&tmp);
-            io::copy(&mut input, &mut output).map_err(io_at(&at))?;
-            output.sync_all().map_err(io_at(&at))?;
-            dir.rename_new(&tmp, name)
-        })();
-        if copied.is_err() {
-            dir.remove_file(&tmp);
-        }
-        copied?;
-    }
-    Ok(())
-}
-
-fn same_content(file: &File, manifest: &Manifest, f: usize, buf: &mut [u8]) -> bool {
-    let entry = &manifest.files()[f];
-    if file.metadata().map(|m| m.len()).ok() != Some(entry.size) {
-        return false;
-    }
-    (0..entry.chunks.len()).all(|c| {
-        let Ok((offset, len)) = manifest.chunk_range(f, c) else {
-            return false;
-        };
-        let piece = &mut buf[..len as usize];
-        file.read_exact_at(piece, offset).is_ok() && manifest.verify_chunk(f, c, piece).is_ok()
-    })
-}
-
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::datasets::CHUNK_BYTES_MIN;
 
-    fn tree(dir: &Path) -> PathBuf {
+    /// A small dataset directory: `a.bin` (2 chunks and 77 bytes of the smallest chunk
+    /// size), `empty`, `sub/b.txt` ("hello").
+    pub(in crate::datasets) fn tree(dir: &Path) -> PathBuf {
         let src = dir.join("src");
         fs::create_dir_all(src.join("sub")).unwrap();
         let big: Vec<u8> = (0..(CHUNK_BYTES_MIN as usize * 2 + 77))
@@ -777,19 +723,6 @@ mod tests {
         );
         assert_eq!(fs::read(files.join("sub/b.txt")).unwrap(), b"hello");
         assert_eq!(fs::read(files.join("empty")).unwrap(), b"");
-
-        let out = dir.path().join("out");
-        export(&files, &m, &out).unwrap();
-        export(&files, &m, &out).unwrap(); // the same bytes again: fine
-        assert_eq!(
-            fs::read(out.join("a.bin")).unwrap(),
-            fs::read(src.join("a.bin")).unwrap()
-        );
-        fs::write(out.join("sub/b.txt"), b"other").unwrap();
-        assert!(matches!(
-            export(&files, &m, &out),
-            Err(DatasetError::ExportExists { .. })
-        ));
     }
 
     #[test]
@@ -939,60 +872,6 @@ mod tests {
             open_source(&file, Some(id)),
             Err(DatasetError::ChangedWhileAdding { .. })
         ));
-    }
-
-    /// `get --to` never writes through a link: not at the directory, not at a directory
-    /// below it, not at a file's place; what the links point to is left untouched.
-    #[test]
-    fn export_never_writes_through_a_symlink() {
-        let dir = tempfile::tempdir().unwrap();
-        let src = tree(dir.path());
-        let store = Store::open(&dir.path().join("store")).unwrap();
-        let m = store.import(&src, CHUNK_BYTES_MIN).unwrap();
-        let files = store.files_dir(&m.root()).unwrap();
-        let outside = dir.path().join("outside");
-        fs::create_dir(&outside).unwrap();
-        fs::write(outside.join("b.txt"), b"victim").unwrap();
-
-        let to = dir.path().join("to-link");
-        std::os::unix::fs::symlink(&outside, &to).unwrap();
-        let err = export(&files, &m, &to).unwrap_err();
-        assert!(
-            matches!(&err, DatasetError::ExportBlocked { path, kind: "symlink" } if *path == to),
-            "{err}"
-        );
-
-        let to = dir.path().join("out-1");
-        fs::create_dir(&to).unwrap();
-        std::os::unix::fs::symlink(&outside, to.join("sub")).unwrap();
-        let err = export(&files, &m, &to).unwrap_err();
-        assert!(
-            matches!(&err, DatasetError::ExportBlocked { path, kind: "symlink" } if *path == to.join("sub")),
-            "{err}"
-        );
-
-        let to = dir.path().join("out-2");
-        fs::create_dir_all(to.join("sub")).unwrap();
-        std::os::unix::fs::symlink(outside.join("b.txt"), to.join("sub/b.txt")).unwrap();
-        let err = export(&files, &m, &to).unwrap_err();
-        assert!(
-            matches!(&err, DatasetError::ExportBlocked { path, kind: "symlink" } if *path == to.join("sub/b.txt")),
-            "{err}"
-        );
-        assert!(err.to_string().contains("sub/b.txt"), "{err}");
-        assert_eq!(fs::read(outside.join("b.txt")).unwrap(), b"victim");
-        assert_eq!(
-            fs::read_dir(&outside).unwrap().count(),
-            1,
-            "nothing written there"
-        );
-
-        // A plain directory still works, and its files are private.
-        let to = dir.path().join("out-3");
-        export(&files, &m, &to).unwrap();
-        assert_eq!(fs::read(to.join("sub/b.txt")).unwrap(), b"hello");
-        let mode = fs::metadata(to.join("a.bin")).unwrap().permissions().mode();
-        assert_eq!(mode & 0o077, 0, "{mode:o}");
     }
 
     #[test]
