@@ -47,6 +47,11 @@ const HEARTBEAT_MS: u64 = 150;
 /// this (plus a heartbeat), and a loaded host does not start needless elections.
 const ELECTION_MIN_MS: u64 = 700;
 pub const ELECTION_MAX_MS: u64 = 1_400;
+/// How long one snapshot chunk may take to send, and the last one to install (the whole
+/// state decoded and applied), in milliseconds. openraft's default, 200 ms, is less than a
+/// 1 MiB chunk takes on a slow link or a busy host, and a late joiner then never catches up:
+/// every chunk times out and is sent again.
+const SNAPSHOT_CHUNK_TIMEOUT_MS: u64 = 10_000;
 /// How long a proposal may take, forwarding included, in milliseconds.
 const PROPOSE_TIMEOUT_MS: u64 = 5_000;
 /// A leader that has not heard from a quorum for this long does not call itself chief (it
@@ -122,6 +127,7 @@ pub async fn open(cfg: ControlConfig<'_>, node: NodeHandle) -> Result<ControlHan
         election_timeout_max: ELECTION_MAX_MS,
         max_payload_entries: APPEND_ENTRIES_MAX,
         snapshot_max_chunk_size: super::protocol::SNAPSHOT_CHUNK_BYTES,
+        install_snapshot_timeout: SNAPSHOT_CHUNK_TIMEOUT_MS,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(cfg.snapshot_every),
         max_in_snapshot_log_to_keep: cfg.snapshot_every / 5,
         ..Default::default()
