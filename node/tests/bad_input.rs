@@ -245,28 +245,60 @@ async fn garbled_truncated_and_oversized_messages_are_dropped_and_counted() {
     let root = tempfile::tempdir().unwrap();
     let mut cluster = LocalCluster::new(env!("CARGO_BIN_EXE_ringleader"), root.path());
     cluster.start("target", &[]).unwrap();
-    let (mut swarm, peer) = raw_peer(&cluster, MEMBERSHIP_PROTOCOL).await;
+    // A member with a fresh identity and the cluster's key that writes raw bytes on the
+    // membership protocol's streams.
+    let seed: libp2p::Multiaddr = cluster.seed_of(0).parse().unwrap();
+    let psk = ringleader::cluster::identity::load_cluster_key(cluster.key_file())
+        .unwrap()
+        .psk;
+    let key = libp2p::identity::Keypair::generate_ed25519();
+    let transport = ringleader::cluster::net::build_transport(&key, Some(psk)).unwrap();
+    let mut swarm = libp2p::SwarmBuilder::with_existing_identity(key)
+        .with_tokio()
+        .with_other_transport(|_| transport)
+        .unwrap()
+        .with_behaviour(|_| libp2p_stream::Behaviour::new())
+        .unwrap()
+        .build();
+    let mut control = swarm.behaviour().new_control();
+    swarm.dial(seed).unwrap();
+    let peer = loop {
+        match tokio::time::timeout(Duration::from_secs(10), swarm.select_next_some()).await {
+            Ok(SwarmEvent::ConnectionEstablished { peer_id, .. }) => break peer_id,
+            Ok(_) => {}
+            Err(_) => panic!("could not connect to the node"),
+        }
+    };
+    let driver = tokio::spawn(async move {
+        loop {
+            swarm.select_next_some().await;
+        }
+    });
 
     let garbage: Vec<u8> = (0..200u32)
         .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
         .collect();
-    let bad_frames = [
-        frame(&garbage),                           // garbled
-        frame(&[0x03]),                            // truncated message
-        frame(&[]),                                // empty
-        u32::MAX.to_le_bytes().to_vec(),           // declares 4 GiB: refused before allocating
+    // The well-framed bad messages go on one stream (the node reads on after each); each
+    // bad frame goes on a stream of its own (the node drops a stream after one).
+    let streams: [Vec<u8>; 4] = [
+        [frame(&garbage), frame(&[0x03]), frame(&[])].concat(), // garbled, truncated, empty
+        u32::MAX.to_le_bytes().to_vec(), // declares 4 GiB: refused before allocating
         ((8u32 << 20) + 1).to_le_bytes().to_vec(), // over the frame limit
-        vec![0x05, 0x00],                          // truncated length prefix
+        vec![0x05, 0x00],                // truncated length prefix
     ];
-    let sent = bad_frames.len() as u64;
-    for f in bad_frames {
-        swarm.behaviour_mut().send_request(&peer, f);
+    let sent = 6;
+    for bytes in streams {
+        let mut s = control
+            .open_stream(peer, StreamProtocol::new(MEMBERSHIP_PROTOCOL))
+            .await
+            .unwrap();
+        s.write_all(&bytes).await.unwrap();
+        s.close().await.unwrap();
     }
-    // Drive our swarm while polling the node's counters, with a deadline.
+    // Poll the node's counters, with a deadline.
     let client = cluster.nodes[0].client();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let _ = tokio::time::timeout(Duration::from_millis(50), swarm.select_next_some()).await;
         let c = tokio::task::block_in_place(|| client.status())
             .unwrap()
             .counters;
@@ -274,7 +306,9 @@ async fn garbled_truncated_and_oversized_messages_are_dropped_and_counted() {
             break;
         }
         assert!(Instant::now() < deadline, "bad messages not counted: {c:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    driver.abort();
     // The node is alive and well.
     let status = tokio::task::block_in_place(|| client.status()).unwrap();
     assert_eq!(status.names_in("alive"), vec!["target"]);

@@ -40,6 +40,8 @@ pub async fn run(ctl: ControlHandle, retention_ms: u64) {
     let mut applied = ctl.subscribe_applied();
     let mut voters_at: Option<tokio::time::Instant> = None;
     loop {
+        // A node that does not lead sleeps until it does (only the chief decides).
+        ctl.until_leader().await;
         tokio::select! {
             _ = tick.tick() => {}
             changed = applied.changed() => {

@@ -52,7 +52,7 @@ const TRIVIAL: &str = "name = \"bench\"\nkind = \"command\"\nworkers = 1\ncomman
 use crate::cli::bench_membership::print_runs;
 
 /// The `p`-th percentile (nearest rank) of `v`.
-fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
+pub(crate) fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
     if v.is_empty() {
         return f64::NAN;

@@ -204,6 +204,49 @@ impl LocalCluster {
         Ok(self.nodes.len() - 1)
     }
 
+    /// Starts nodes named `names`, each with its `extra` arguments, all at once (each
+    /// process is spawned before any is waited on, as hosts of a cluster start), then waits
+    /// until every one is listening. Returns their indices.
+    pub fn start_many(&mut self, nodes: &[(String, Vec<String>)]) -> Result<Vec<usize>> {
+        // Launched but not yet handed to `self.nodes` (whose drop stops them): killed here
+        // if anything fails before they are.
+        let mut launched: Vec<(usize, PathBuf, Vec<String>, Child)> = Vec::new();
+        let result: Result<Vec<usize>> = (|| {
+            for (k, (name, extra)) in nodes.iter().enumerate() {
+                let dir = self.root.join(name);
+                std::fs::create_dir_all(&dir)?;
+                let args = self.node_args(extra);
+                let child = launch(&self.exe, name, &dir, &args, &self.env)?;
+                launched.push((k, dir, args, child));
+            }
+            let mut indices = Vec::with_capacity(nodes.len());
+            while !launched.is_empty() {
+                let (k, dir, args, child) = launched.remove(0);
+                let (name, extra) = &nodes[k];
+                let (child, info) = await_started(child, name, &dir)?;
+                let token = self.token_for(&args);
+                let tls_pin = tls_pin_in(&dir);
+                self.nodes.push(LocalNode {
+                    name: name.clone(),
+                    dir,
+                    args: extra.clone(),
+                    info,
+                    token,
+                    env: self.env.clone(),
+                    tls_pin,
+                    child: Some(child),
+                });
+                indices.push(self.nodes.len() - 1);
+            }
+            Ok(indices)
+        })();
+        for (_, _, _, mut child) in launched {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        result
+    }
+
     /// Starts a node that joins through node 0.
     pub fn start_joining(&mut self, name: &str, extra: &[String]) -> Result<usize> {
         let mut args = vec!["--join".to_string(), self.seed_of(0)];
@@ -298,12 +341,19 @@ impl LocalCluster {
         }
     }
 
-    /// Stops every running node gracefully (SIGTERM, then SIGKILL after a grace period).
+    /// Stops every running node gracefully: SIGTERM to all at once, then each is waited
+    /// for (SIGKILL after a grace period).
     pub fn stop_all(&mut self) {
-        for node in &mut self.nodes {
-            if let Some(child) = node.child.take() {
-                let _ = stop_gracefully(child);
-            }
+        let children: Vec<Child> = self
+            .nodes
+            .iter_mut()
+            .filter_map(|n| n.child.take())
+            .collect();
+        for child in &children {
+            let _ = sigterm(child);
+        }
+        for child in children {
+            let _ = await_exit(child);
         }
     }
 }
@@ -328,9 +378,19 @@ fn tls_pin_in(dir: &Path) -> Option<crate::security::tls::Fingerprint> {
         .tls
 }
 
-fn stop_gracefully(mut child: Child) -> Result<std::process::ExitStatus> {
+fn stop_gracefully(child: Child) -> Result<std::process::ExitStatus> {
+    sigterm(&child)?;
+    await_exit(child)
+}
+
+fn sigterm(child: &Child) -> Result<()> {
     let pid = nix::unistd::Pid::from_raw(child.id() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+    Ok(())
+}
+
+/// Waits for `child` to exit, SIGKILLing it after [`STOP_WAIT_MS`].
+fn await_exit(mut child: Child) -> Result<std::process::ExitStatus> {
     let deadline = Instant::now() + Duration::from_millis(STOP_WAIT_MS);
     loop {
         if let Some(status) = child.try_wait()? {
@@ -351,6 +411,18 @@ fn spawn(
     extra: &[String],
     env: &[(String, String)],
 ) -> Result<(Child, NodeInfo)> {
+    let child = launch(exe, name, dir, extra, env)?;
+    await_started(child, name, dir)
+}
+
+/// Spawns `ringleader node` for `name` in `dir`, logging to `dir/node.log`.
+fn launch(
+    exe: &Path,
+    name: &str,
+    dir: &Path,
+    extra: &[String],
+    env: &[(String, String)],
+) -> Result<Child> {
     let _ = std::fs::remove_file(dir.join(crate::node::NODE_INFO_FILE));
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -364,7 +436,7 @@ fn spawn(
             defaults.extend([flag, "127.0.0.1:0"]);
         }
     }
-    let mut child = Command::new(exe)
+    Command::new(exe)
         .arg("node")
         .args(&defaults)
         .arg("--data-dir")
@@ -375,7 +447,11 @@ fn spawn(
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
-        .with_context(|| format!("starting {}", exe.display()))?;
+        .with_context(|| format!("starting {}", exe.display()))
+}
+
+/// Waits until the node `child` writes its `node.json` (it is listening), or kills it.
+fn await_started(mut child: Child, name: &str, dir: &Path) -> Result<(Child, NodeInfo)> {
     let deadline = Instant::now() + Duration::from_millis(START_WAIT_MS);
     loop {
         if let Ok(info) = NodeInfo::read(dir) {

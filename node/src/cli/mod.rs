@@ -1,7 +1,7 @@
 //! The command line: `ringleader node` runs a node; every other command is an API client.
 //!
 //! - [`demo`]: `ringleader demo`, a local cluster end to end.
-//! - [`bench_membership`], [`bench_control`], [`bench_elastic`]: the benchmarks' figures.
+//! - [`bench_membership`], [`bench_control`], [`bench_elastic`], [`bench_scale`]: the benchmarks' figures.
 //! - [`local`]: a cluster of real `ringleader node` processes on this host, for the demo, the
 //!   benchmarks and the integration tests (public because the binary's demo needs it).
 //! - [`datasets`]: `ringleader dataset add | ls | get | rm`.
@@ -13,6 +13,7 @@
 pub mod bench_control;
 pub mod bench_elastic;
 pub mod bench_membership;
+pub mod bench_scale;
 pub mod datasets;
 pub mod demo;
 pub mod local;
@@ -127,6 +128,9 @@ pub enum Cmd {
     /// Control-plane benchmark (scripts/bench-control.sh runs this).
     #[command(hide = true)]
     BenchControl(bench_control::BenchControlArgs),
+    /// Scale benchmark: N real nodes on this host (scripts/bench-scale.sh runs this).
+    #[command(hide = true)]
+    BenchScale(bench_scale::BenchScaleArgs),
     /// One worker of a train job (the supervisor runs this).
     #[command(hide = true)]
     TrainWorker(trainer::worker::WorkerArgs),

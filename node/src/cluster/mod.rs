@@ -3,6 +3,7 @@
 //! - [`net`]: the libp2p swarm (TCP, optional pre-shared key, Noise, Yamux) and the one event
 //!   loop that owns it, drives [`membership`] and carries the control plane's RPCs; other
 //!   tasks hold a cheap [`net::NodeHandle`].
+//! - [`streams`]: membership messages on one long-lived stream per peer (writers, readers).
 //! - [`membership`]: gossip membership, a sans-IO SWIM/Lifeguard core with its simulation.
 //! - [`meta`]: what a member advertises (name, addresses, cpus, memory, gpus, labels).
 //! - [`identity`]: the persistent Ed25519 identity and the cluster key.
@@ -16,4 +17,5 @@ pub mod identity;
 pub mod membership;
 pub mod meta;
 pub mod net;
+pub mod streams;
 pub mod wire;

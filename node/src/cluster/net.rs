@@ -1,8 +1,9 @@
 //! The libp2p swarm and the one event loop that owns it and drives the membership core.
 //!
 //! The swarm (TCP, optionally a pre-shared-key layer, Noise, Yamux) carries membership
-//! messages as length-prefixed frames on a request-response protocol; the response is an
-//! empty frame, since SWIM's acks are messages of their own. Everything protocol-like happens
+//! messages as length-prefixed frames on one long-lived stream per peer and direction
+//! ([`super::streams`]), and the RPCs between nodes (Raft, forwarded writes, logs) on a
+//! request-response protocol. Everything protocol-like happens
 //! in [`crate::cluster::membership::Membership`]: this loop turns swarm events into core events and the
 //! core's actions into sends. Other tasks reach the loop through a [`NodeHandle`].
 
@@ -35,8 +36,9 @@ use crate::cluster::{
 pub type Core = Membership<PeerId, NodeMeta>;
 type Msg = membership::Message<PeerId, NodeMeta>;
 
-/// The membership protocol name on the swarm.
-pub const MEMBERSHIP_PROTOCOL: &str = "/ringleader/membership/1";
+/// The membership protocol name on the swarm (version 2: one long-lived stream per peer and
+/// direction carrying many frames; version 1 sent each message as a request).
+pub const MEMBERSHIP_PROTOCOL: &str = "/ringleader/membership/2";
 
 /// Depth of the command queue into the event loop.
 const COMMAND_QUEUE_DEPTH: usize = 64;
@@ -52,20 +54,9 @@ const BAD_MESSAGE_WARN_INTERVAL_MS: u64 = 5_000;
 const LEAVE_FLUSH_MS: u64 = 1_500;
 /// How long an idle connection is kept open, in seconds (membership traffic keeps them busy).
 const IDLE_CONNECTION_S: u64 = 300;
-/// Timeout of one membership request on the swarm, in milliseconds.
-const REQUEST_TIMEOUT_MS: u64 = 5_000;
 
-/// A membership request as read off a stream: a whole frame, or why there is none.
-///
-/// libp2p's request-response drops streams whose request cannot be read without telling the
-/// behaviour, so the codec turns a bad frame into a value: the event loop can count it.
-#[derive(Debug)]
-pub enum Frame {
-    /// A frame within the size limit (its contents are not checked yet).
-    Bytes(Vec<u8>),
-    /// A frame that was oversized or cut short.
-    Bad(String),
-}
+pub use super::streams::Frame;
+use super::streams::{Out, PeerStreams, StreamEvent};
 
 /// Frames as requests, empty frames as responses; lengths checked before allocation.
 #[derive(Clone, Default)]
@@ -139,7 +130,7 @@ const RPC_INBOUND_QUEUE_DEPTH: usize = 256;
 /// The node's libp2p behaviours.
 #[derive(NetworkBehaviour)]
 pub struct Behaviour {
-    membership: request_response::Behaviour<FrameCodec>,
+    membership: libp2p_stream::Behaviour,
     rpc: request_response::Behaviour<FrameCodec>,
     identify: identify::Behaviour,
 }
@@ -180,14 +171,7 @@ pub fn build_swarm(
         .with_tokio()
         .with_other_transport(|_| transport)?
         .with_behaviour(|key| Behaviour {
-            membership: request_response::Behaviour::new(
-                [(
-                    StreamProtocol::new(MEMBERSHIP_PROTOCOL),
-                    ProtocolSupport::Full,
-                )],
-                request_response::Config::default()
-                    .with_request_timeout(Duration::from_millis(REQUEST_TIMEOUT_MS)),
-            ),
+            membership: libp2p_stream::Behaviour::new(),
             rpc: request_response::Behaviour::new(
                 [(StreamProtocol::new(RPC_PROTOCOL), ProtocolSupport::Full)],
                 request_response::Config::default()
@@ -411,8 +395,17 @@ pub struct EventLoop {
     refused_warn: RateLimitedWarn,
     /// Rate limits the warning for an outbound dial that failed (seed down, key mismatch).
     dial_warn: RateLimitedWarn,
-    leaving: Option<(oneshot::Sender<()>, Instant, Vec<OutboundRequestId>)>,
-    pending: HashMap<OutboundRequestId, PeerId>,
+    /// A leave under way: whom to tell when it is done, its deadline, and whether every
+    /// announcement was written.
+    leaving: Option<(oneshot::Sender<()>, Instant, bool)>,
+    /// Answered by each writer once the leave's announcement to it is written (see
+    /// [`Out::Close`]).
+    leave_written: Option<Vec<oneshot::Receiver<()>>>,
+    /// Peers sent to since this was set (the leave's announcements), when set.
+    sent_to: Option<Vec<PeerId>>,
+    /// The membership streams and what they read and report.
+    streams: PeerStreams,
+    stream_events: mpsc::Receiver<StreamEvent>,
     rpc_handler: Option<mpsc::Sender<InboundRpc>>,
     rpc_calls: HashMap<OutboundRequestId, oneshot::Sender<Result<Vec<u8>, RpcError>>>,
     rpc_inbound: HashMap<
@@ -434,6 +427,11 @@ impl EventLoop {
         seeds: Vec<Multiaddr>,
     ) -> (Self, NodeHandle) {
         let (tx, commands) = mpsc::channel(COMMAND_QUEUE_DEPTH);
+        let (streams, stream_events) = PeerStreams::new(
+            swarm.behaviour().membership.new_control(),
+            StreamProtocol::new(MEMBERSHIP_PROTOCOL),
+        )
+        .expect("a new swarm accepts the membership protocol once, here");
         let now = Instant::now();
         let seeds = seeds
             .into_iter()
@@ -455,7 +453,10 @@ impl EventLoop {
             refused_warn: RateLimitedWarn::new(),
             dial_warn: RateLimitedWarn::new(),
             leaving: None,
-            pending: HashMap::new(),
+            leave_written: None,
+            sent_to: None,
+            streams,
+            stream_events,
             rpc_handler: None,
             rpc_calls: HashMap::new(),
             rpc_inbound: HashMap::new(),
@@ -490,6 +491,26 @@ impl EventLoop {
                     Some(cmd) => self.on_command(cmd),
                     None => return,
                 },
+                Some(ev) = self.stream_events.recv() => self.on_stream_event(ev),
+                _ = async {
+                    match self.leave_written.as_mut() {
+                        // One at a time, each dropped as it answers: this future is
+                        // dropped whenever another branch wins, and a oneshot must not be
+                        // polled again once it answered.
+                        Some(flushed) => {
+                            while let Some(rx) = flushed.last_mut() {
+                                let _ = rx.await;
+                                flushed.pop();
+                            }
+                        }
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    self.leave_written = None;
+                    if let Some((_, _, written)) = &mut self.leaving {
+                        *written = true;
+                    }
+                }
                 _ = tokio::time::sleep_until(wake.into()) => self.drive(Event::Tick),
             }
             if self.leave_flushed() {
@@ -502,9 +523,7 @@ impl EventLoop {
     /// its flush deadline passed; the leave's caller is told then.
     fn leave_flushed(&mut self) -> bool {
         let done = match &self.leaving {
-            Some((_, deadline, ids)) => {
-                Instant::now() >= *deadline || ids.iter().all(|id| !self.pending.contains_key(id))
-            }
+            Some((_, deadline, written)) => *written || Instant::now() >= *deadline,
             None => false,
         };
         if done {
@@ -582,17 +601,22 @@ impl EventLoop {
                 }
             }
             Command::Leave(reply) => {
-                let before: Vec<_> = self.pending.keys().copied().collect();
+                self.sent_to = Some(Vec::new());
                 self.drive(Event::Leave);
-                let ids = self
-                    .pending
-                    .keys()
-                    .filter(|id| !before.contains(id))
-                    .copied()
+                let peers = self.sent_to.take().unwrap_or_default();
+                // Each writer answers its close once the peer read the announcement
+                // ahead of it; the leave is done when all have (or at its deadline).
+                let flushed: Vec<oneshot::Receiver<()>> = peers
+                    .into_iter()
+                    .filter_map(|peer| {
+                        let (tx, rx) = oneshot::channel();
+                        self.streams.send(peer, Out::Close(tx)).ok().map(|()| rx)
+                    })
                     .collect();
                 let deadline = Instant::now() + Duration::from_millis(LEAVE_FLUSH_MS);
                 info!("leaving the cluster");
-                self.leaving = Some((reply, deadline, ids));
+                self.leaving = Some((reply, deadline, false));
+                self.leave_written = Some(flushed);
             }
         }
     }
@@ -631,13 +655,35 @@ impl EventLoop {
             }
         };
         self.offer_addresses(to);
-        self.counters.messages_out += 1;
-        let id = self
-            .swarm
-            .behaviour_mut()
-            .membership
-            .send_request(&to, Frame::Bytes(bytes));
-        self.pending.insert(id, to);
+        if let Some(sent_to) = &mut self.sent_to {
+            if !sent_to.contains(&to) {
+                sent_to.push(to);
+            }
+        }
+        match self.streams.send(to, Out::Frame(bytes)) {
+            Ok(()) => self.counters.messages_out += 1,
+            Err(e) => {
+                self.counters.send_failures += 1;
+                debug!(peer = %to, "membership message dropped: {e:?}");
+            }
+        }
+    }
+
+    fn on_stream_event(&mut self, ev: StreamEvent) {
+        match ev {
+            StreamEvent::Frame { from, frame } => self.on_membership_frame(from, frame),
+            StreamEvent::Failed { peer, error, .. } => {
+                self.counters.send_failures += 1;
+                debug!(%peer, "membership stream failed: {error}");
+                if self.leaving.is_none() && self.core.member(&peer).is_some() {
+                    self.drive(Event::Unreachable { id: peer });
+                }
+            }
+            StreamEvent::Ended { peer, writer } => {
+                self.streams.ended(&peer, writer);
+                self.streams.reap();
+            }
+        }
     }
 
     /// Before a send to a peer we are not connected to, offers libp2p the member's
@@ -736,7 +782,7 @@ impl EventLoop {
 
     fn on_swarm_event(&mut self, event: SwarmEvent<BehaviourEvent>) {
         match event {
-            SwarmEvent::Behaviour(BehaviourEvent::Membership(ev)) => self.on_membership(ev),
+            SwarmEvent::Behaviour(BehaviourEvent::Membership(())) => {}
             SwarmEvent::Behaviour(BehaviourEvent::Rpc(ev)) => self.on_rpc(ev),
             SwarmEvent::Behaviour(BehaviourEvent::Identify(_)) => {}
             SwarmEvent::ConnectionEstablished {
@@ -814,71 +860,28 @@ impl EventLoop {
         }
     }
 
-    fn on_membership(&mut self, ev: request_response::Event<Frame, Vec<u8>>) {
-        use request_response::{Event as RrEvent, Message as RrMessage};
-        match ev {
-            RrEvent::Message {
-                peer,
-                message:
-                    RrMessage::Request {
-                        request, channel, ..
-                    },
-                ..
-            } => {
-                let _ = self
-                    .swarm
-                    .behaviour_mut()
-                    .membership
-                    .send_response(channel, Vec::new());
-                self.counters.messages_in += 1;
-                let decoded = match request {
-                    Frame::Bytes(bytes) => wire::decode::<Msg>(&bytes)
-                        .map_err(|e| e.to_string())
-                        .and_then(|msg| {
-                            // Metadata over its limits is not believed: the whole message
-                            // goes, as a malformed one would.
-                            msg.updates()
-                                .iter()
-                                .try_for_each(|u| u.meta.check())
-                                .map(|()| msg)
-                                .map_err(|e| format!("member metadata: {e}"))
-                        }),
-                    Frame::Bad(reason) => Err(reason),
-                };
-                match decoded {
-                    Ok(msg) => self.drive(Event::Message { from: peer, msg }),
-                    Err(e) => {
-                        self.counters.bad_messages += 1;
-                        self.bad_warn.warn(Instant::now(), &peer, &e);
-                    }
-                }
+    fn on_membership_frame(&mut self, peer: PeerId, frame: Frame) {
+        self.counters.messages_in += 1;
+        let decoded = match frame {
+            Frame::Bytes(bytes) => wire::decode::<Msg>(&bytes)
+                .map_err(|e| e.to_string())
+                .and_then(|msg| {
+                    // Metadata over its limits is not believed: the whole message goes, as
+                    // a malformed one would.
+                    msg.updates()
+                        .iter()
+                        .try_for_each(|u| u.meta.check())
+                        .map(|()| msg)
+                        .map_err(|e| format!("member metadata: {e}"))
+                }),
+            Frame::Bad(reason) => Err(reason),
+        };
+        match decoded {
+            Ok(msg) => self.drive(Event::Message { from: peer, msg }),
+            Err(e) => {
+                self.counters.bad_messages += 1;
+                self.bad_warn.warn(Instant::now(), &peer, &e);
             }
-            RrEvent::Message {
-                message: RrMessage::Response { request_id, .. },
-                ..
-            } => {
-                self.pending.remove(&request_id);
-            }
-            RrEvent::OutboundFailure {
-                peer,
-                request_id,
-                error,
-                ..
-            } => {
-                self.pending.remove(&request_id);
-                self.counters.send_failures += 1;
-                debug!(%peer, "membership send failed: {error}");
-                if self.leaving.is_none() && self.core.member(&peer).is_some() {
-                    self.drive(Event::Unreachable { id: peer });
-                }
-            }
-            RrEvent::InboundFailure { peer, error, .. } => {
-                if let request_response::InboundFailure::Io(e) = &error {
-                    self.counters.bad_messages += 1;
-                    self.bad_warn.warn(Instant::now(), &peer, &e.to_string());
-                }
-            }
-            RrEvent::ResponseSent { .. } => {}
         }
     }
 

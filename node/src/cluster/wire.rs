@@ -99,9 +99,35 @@ pub async fn read_frame<R>(io: &mut R, limit: usize) -> std::io::Result<Vec<u8>>
 where
     R: futures::AsyncRead + Unpin,
 {
+    read_frame_or_end(io, limit).await?.ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "the stream ended before a frame",
+        )
+    })
+}
+
+/// [`read_frame`], but `None` when the stream ends cleanly before a frame starts (a stream
+/// that carries many frames). An end inside the length prefix or the frame is an error.
+pub async fn read_frame_or_end<R>(io: &mut R, limit: usize) -> std::io::Result<Option<Vec<u8>>>
+where
+    R: futures::AsyncRead + Unpin,
+{
     use futures::AsyncReadExt;
     let mut len = [0u8; 4];
-    io.read_exact(&mut len).await?;
+    let mut got = 0;
+    while got < len.len() {
+        match io.read(&mut len[got..]).await? {
+            0 if got == 0 => return Ok(None),
+            0 => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("frame length cut short at {got} of 4 bytes"),
+                ))
+            }
+            n => got += n,
+        }
+    }
     let len = u32::from_le_bytes(len) as usize;
     if len > limit {
         return Err(std::io::Error::new(
@@ -117,7 +143,7 @@ where
             format!("frame cut short at {got} of {len} bytes"),
         ));
     }
-    Ok(buf)
+    Ok(Some(buf))
 }
 
 /// The first allocation of a frame being read; it doubles as bytes arrive.

@@ -405,6 +405,24 @@ impl ControlHandle {
         self.raft().metrics().borrow().state == ServerState::Leader && self.chief().0.is_some()
     }
 
+    /// Returns once this node's Raft is leader (at once if it is). Waits on openraft's
+    /// server metrics, which change only with the state, leader or membership: a follower's
+    /// loops that matter only on the leader sleep instead of polling (an idle node's wake-ups
+    /// are its CPU). A Raft that stopped (restarted after a storage failure) is looked at
+    /// again every [`HEARTBEAT_MS`].
+    pub async fn until_leader(&self) {
+        loop {
+            let raft = self.raft();
+            let mut server = raft.server_metrics();
+            if server.borrow_and_update().state == ServerState::Leader {
+                return;
+            }
+            if server.changed().await.is_err() {
+                tokio::time::sleep(Duration::from_millis(HEARTBEAT_MS)).await;
+            }
+        }
+    }
+
     /// The node's event-loop handle (membership, RPCs).
     pub fn node(&self) -> &NodeHandle {
         &self.node
@@ -515,6 +533,10 @@ async fn quiet_when_stale_loop(ctl: ControlHandle) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut quiet = false;
     loop {
+        if !quiet {
+            // Only a leader's heartbeats are ever stopped: a follower sleeps until it leads.
+            ctl.until_leader().await;
+        }
         tick.tick().await;
         let m = ctl.raft().metrics().borrow().clone();
         let stale = m.state == ServerState::Leader
