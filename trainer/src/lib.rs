@@ -35,6 +35,7 @@ mod compute_clock;
 mod dataset;
 pub mod elastic;
 mod error;
+pub mod faults;
 pub mod gpu;
 mod grad_sync;
 mod kernels;
