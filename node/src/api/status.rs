@@ -533,27 +533,14 @@ impl MetricsDoc {
     }
 }
 
-/// A `[train]` field of a train job's spec, as an unsigned integer.
-fn train_param(j: &Job, key: &str) -> Option<u64> {
-    j.spec
-        .train
-        .as_ref()?
-        .get(key)?
-        .as_integer()
-        .and_then(|v| u64::try_from(v).ok())
+/// A train job's `[train]` table as the trainer reads it (its defaults filled in).
+fn train_params(j: &Job) -> Option<&trainer::TrainParams> {
+    j.spec.trainer().map(|t| &t.train)
 }
-
-/// Default of `[train] epochs` (trainer's `TrainParams`).
-const TRAIN_EPOCHS_DEFAULT: u64 = 20;
-/// Default of `[train] eval_every_epochs`.
-const TRAIN_EVAL_EVERY_EPOCHS_DEFAULT: u64 = 1;
 
 /// A train job's planned epochs: the spec's, or fewer for a trial trained to a rung.
 pub fn epochs_total(j: &Job) -> Option<u64> {
-    if j.spec.kind != crate::jobs::spec::JobKind::Train {
-        return None;
-    }
-    let epochs = train_param(j, "epochs").unwrap_or(TRAIN_EPOCHS_DEFAULT);
+    let epochs = train_params(j)?.epochs;
     match j.trial_of.as_ref().map(|t| u64::from(t.target)) {
         Some(target) if target > 0 && (epochs == 0 || target < epochs) => Some(target),
         _ => (epochs > 0).then_some(epochs),
@@ -570,15 +557,13 @@ pub fn total_steps(j: &Job) -> Option<u64> {
     if let Some(m) = j.metrics.get("total_steps") {
         return Some(m.value.max(0.0) as u64);
     }
-    if j.spec.kind != crate::jobs::spec::JobKind::Train {
-        return None;
-    }
-    let max_steps = train_param(j, "max_steps");
+    let train = train_params(j)?;
+    let max_steps = train.max_steps;
     let epochs = epochs_total(j);
     let Some(epochs) = epochs else {
         return max_steps;
     };
-    let every = train_param(j, "eval_every_epochs").unwrap_or(TRAIN_EVAL_EVERY_EPOCHS_DEFAULT);
+    let every = train.eval_every_epochs;
     let val = j
         .metric_history
         .get("val_loss")

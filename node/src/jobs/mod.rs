@@ -31,9 +31,8 @@ pub mod train_spec;
 pub use spec::{JobKind, JobSpec, Placement, Resources, SpecError};
 
 /// Parses and checks a spec's text as the API admits it: [`JobSpec::parse`] (sizes, fields,
-/// lines), then the kind's own sections (a train job's trainer tables; a search's `[search]`
-/// and every trial it could make). The error names the field (and its line, for a
-/// search's).
+/// lines, a train job's trainer tables), then a search's `[search]` and every trial it
+/// could make. The error names the field and, where it is in the text, its line.
 pub fn admit_text(text: &str) -> Result<JobSpec, String> {
     admit_spec_text(text).map_err(|e| e.to_string())
 }
@@ -61,46 +60,15 @@ impl From<SpecError> for AdmitError {
     }
 }
 
-/// [`admit_text`] with the error typed: the same gate, the same messages.
+/// [`admit_text`] with the error typed: the same gate, the same messages. The text is
+/// parsed once ([`spec::Document`]): a train job's trainer tables are read in that parse
+/// and kept typed on the spec ([`JobSpec::trainer`]); a search's problem gets its field's
+/// line from the same document.
 pub fn admit_spec_text(text: &str) -> Result<JobSpec, AdmitError> {
-    let spec = JobSpec::parse(text)?;
-    match spec.kind {
-        JobKind::Train => {
-            train_spec::validate(&spec).map_err(|message| {
-                // The trainer's messages start with the field they are about (`train.lr: …`,
-                // `train.lr -1 must be positive`).
-                let field = message
-                    .split([':', ' '])
-                    .next()
-                    .filter(|f| {
-                        f.contains('.')
-                            && f.chars()
-                                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
-                    })
-                    .map(str::to_owned);
-                let line = field.as_deref().and_then(|f| spec::line_of_field(text, f));
-                AdmitError {
-                    message,
-                    field,
-                    line,
-                }
-            })?;
-        }
-        JobKind::Search => {
-            crate::search::spec::validate(&spec).map_err(|e| {
-                let line = spec::line_of_field(text, &e.field);
-                let message = match line {
-                    Some(line) => format!("{e} at line {line}"),
-                    None => e.to_string(),
-                };
-                AdmitError {
-                    message,
-                    field: Some(e.field),
-                    line,
-                }
-            })?;
-        }
-        JobKind::Command => {}
+    let doc = spec::Document::parse(text)?;
+    let spec = doc.job_spec()?;
+    if spec.kind == JobKind::Search {
+        crate::search::spec::validate(&spec).map_err(|e| doc.field_error(e))?;
     }
     Ok(spec)
 }

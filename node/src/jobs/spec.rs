@@ -7,13 +7,18 @@
 //! is not re-validated there (a replica must apply exactly what the leader committed).
 //!
 //! The sections `model`, `data`, `train`, `checkpoint` and `search` are kept as generic TOML
-//! tables here; the trainer defines and validates their typed forms.
+//! tables here (the form stored in the Raft log); the trainer defines their typed forms. A
+//! train job's are read once, by [`trainer::TrainSpec::from_document`] over the same parsed
+//! document, when the spec is parsed (their errors get the field's line from that document),
+//! and kept typed beside the tables ([`JobSpec::trainer`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
+use trainer::{FieldError, TrainSpec};
 
 use crate::gpus::{DEVICE_ORDER, DEVICE_ORDER_ENV};
 use toml::de::{DeTable, DeValue};
@@ -370,6 +375,32 @@ pub struct JobSpec {
     /// [`FILES_BYTES_MAX`] bytes in all; no two with the same path, nor one inside another.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<SpecFile>,
+    /// Not stored: the trainer's typed view of the tables above ([`JobSpec::trainer`]).
+    #[serde(skip)]
+    trainer: TypedTrainer,
+}
+
+/// A train job's tables read as a [`TrainSpec`], once: filled by [`JobSpec::parse`], which
+/// reads them anyway, or at the first [`JobSpec::trainer`] of a spec that came from the Raft
+/// log (whose stored form is the tables alone). Equal whenever the tables are (it is read
+/// from them), so it plays no part in a spec's equality.
+#[derive(Clone, Default)]
+struct TypedTrainer(OnceLock<Option<TrainSpec>>);
+
+impl PartialEq for TypedTrainer {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl fmt::Debug for TypedTrainer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "read"
+        } else {
+            "unread"
+        })
+    }
 }
 
 /// Why a spec was refused. Each variant names the field path (dotted, with `[i]` for array
@@ -476,17 +507,26 @@ impl SpecError {
 impl JobSpec {
     /// Parses and validates a spec from TOML text. See [`SpecError`] for how errors read.
     pub fn parse(text: &str) -> Result<JobSpec, SpecError> {
-        if text.len() > SPEC_BYTES_MAX {
-            return Err(SpecError::TooLarge {
-                bytes: text.len(),
-                limit: SPEC_BYTES_MAX,
-            });
+        Document::parse(text)?.job_spec()
+    }
+
+    /// A train job's trainer tables, typed (`None` for other kinds, and for tables the
+    /// trainer would refuse, which admission never lets through). Read once per spec.
+    pub fn trainer(&self) -> Option<&TrainSpec> {
+        if self.kind != JobKind::Train {
+            return None;
         }
-        let doc = DeTable::parse(text).map_err(|e| SpecError::Syntax {
-            line: e.span().map_or(1, |s| line_of(text, s.start)),
-            message: e.message().trim().to_owned(),
-        })?;
-        Parser { text }.spec(doc.get_ref())
+        self.trainer
+            .0
+            .get_or_init(|| crate::jobs::train_spec::read(self).ok())
+            .as_ref()
+    }
+
+    /// Forgets the typed trainer tables after a change to the tables (a search trial's
+    /// parameters written into its template's); the next [`JobSpec::trainer`] reads them
+    /// again.
+    pub fn tables_changed(&mut self) {
+        self.trainer = TypedTrainer::default();
     }
 
     /// Whether the job's rank processes live through its ring's re-forms (keyed by attempt
@@ -692,6 +732,51 @@ impl JobSpec {
     }
 }
 
+/// A spec's text parsed once as a TOML document with spans: [`Document::job_spec`] reads the
+/// spec from it, and an error found past that (a search's, [`Document::field_error`]) gets
+/// its field's line from the same document.
+pub struct Document<'t> {
+    text: &'t str,
+    root: Spanned<DeTable<'t>>,
+}
+
+impl<'t> Document<'t> {
+    /// Parses `text` (at most [`SPEC_BYTES_MAX`] bytes) as TOML.
+    pub fn parse(text: &'t str) -> Result<Document<'t>, SpecError> {
+        if text.len() > SPEC_BYTES_MAX {
+            return Err(SpecError::TooLarge {
+                bytes: text.len(),
+                limit: SPEC_BYTES_MAX,
+            });
+        }
+        let root = DeTable::parse(text).map_err(|e| SpecError::Syntax {
+            line: e.span().map_or(1, |s| line_of(text, s.start)),
+            message: e.message().trim().to_owned(),
+        })?;
+        Ok(Document { text, root })
+    }
+
+    /// The job spec this document holds, checked field by field.
+    pub fn job_spec(&self) -> Result<JobSpec, SpecError> {
+        Parser { text: self.text }.spec(self.root.get_ref())
+    }
+
+    /// The 1-based line of the field at `path` (dotted, `[i]` for array elements, as
+    /// [`SpecError`] names fields): the line of its value, or, when the field is absent, of
+    /// the deepest part of the path that is present (its table). `None` when nothing of the
+    /// path is in the document.
+    pub fn line_of(&self, path: &str) -> Option<usize> {
+        field_line(self.text, self.root.get_ref(), path)
+    }
+
+    /// `error` (a field's problem found past the parse) with its field's line in this
+    /// document: [`SpecError::Invalid`], or [`SpecError::Missing`] when nothing of the
+    /// field is in the text.
+    pub fn field_error(&self, error: FieldError) -> SpecError {
+        Parser { text: self.text }.field_error(self.root.get_ref(), error)
+    }
+}
+
 /// Walks a parsed document; holds the text only to turn spans into lines.
 struct Parser<'t> {
     text: &'t str,
@@ -861,6 +946,13 @@ impl Parser<'_> {
             }
             Some(v) => self.files(v)?,
         };
+        // Last, as admission did before the parse read them: the trainer's own checks.
+        let trainer = match kind {
+            JobKind::Train => {
+                Some(TrainSpec::from_document(doc).map_err(|e| self.field_error(doc, e))?)
+            }
+            _ => None,
+        };
         Ok(JobSpec {
             name,
             kind,
@@ -881,7 +973,22 @@ impl Parser<'_> {
             elastic,
             reports_required: true,
             files,
+            trainer: TypedTrainer(OnceLock::from(trainer)),
         })
+    }
+
+    /// A field's problem found past the walk (the trainer's, a search's) with the field's
+    /// line in `doc`.
+    fn field_error(&self, doc: &DeTable<'_>, error: FieldError) -> SpecError {
+        let FieldError { field, problem, .. } = error;
+        match field_line(self.text, doc, &field) {
+            Some(line) => SpecError::Invalid {
+                field,
+                problem,
+                line,
+            },
+            None => SpecError::Missing { field, problem },
+        }
     }
 
     /// A command job's `[data]`: only `dataset`, a shared dataset's name (fetched to the
@@ -1349,14 +1456,16 @@ impl Parser<'_> {
     }
 }
 
-/// The 1-based line of the field at `path` (dotted, `[i]` for array elements, as
-/// [`SpecError`] names fields) in the spec `text`: the line of its value, or, when the
-/// field is absent, of the deepest part of the path that is present (its table). `None`
-/// when the text does not parse or nothing of the path is in it.
+/// The 1-based line of the field at `path` in the spec `text` ([`Document::line_of`]);
+/// `None` when the text does not parse or nothing of the path is in it.
 pub fn line_of_field(text: &str, path: &str) -> Option<usize> {
-    let doc = DeTable::parse(text).ok()?;
+    Document::parse(text).ok()?.line_of(path)
+}
+
+/// [`Document::line_of`] over `doc`, parsed from `text`.
+fn field_line(text: &str, doc: &DeTable<'_>, path: &str) -> Option<usize> {
     let mut value: Option<&Spanned<DeValue<'_>>> = None;
-    let mut table: Option<&DeTable<'_>> = Some(doc.get_ref());
+    let mut table: Option<&DeTable<'_>> = Some(doc);
     let mut line = None;
     for part in path.split('.') {
         let (key, indexes) = match part.find('[') {
@@ -1928,7 +2037,9 @@ max = 0.3
     #[test]
     fn datetimes_and_nested_tables_roundtrip_through_json() {
         let spec = JobSpec::parse(
-            "name = \"a\"\nkind = \"train\"\n[data]\nas_of = 1979-05-27T07:32:00Z\n[data.extra]\nk = [1, 2.5, \"x\"]\n",
+            // A search's template: tables the parse keeps generic (a train job's are the
+            // trainer's, which has no such keys).
+            "name = \"a\"\nkind = \"search\"\n[search]\nx = 1\n[data]\nas_of = 1979-05-27T07:32:00Z\n[data.extra]\nk = [1, 2.5, \"x\"]\n",
         )
         .unwrap();
         let json = serde_json::to_string(&spec).unwrap();

@@ -6,7 +6,6 @@
 //! the submitted file.
 
 use serde::{Deserialize, Serialize};
-use thiserror::Error;
 
 use super::space::{self, ParamKind, ParamSpec, Scale};
 
@@ -31,26 +30,9 @@ pub const GRID_INTEGER_VALUES_MAX: u64 = 1000;
 /// Most points in a grid (the product of the parameters' grid lengths).
 pub const GRID_SIZE_MAX: u64 = 100_000;
 
-/// A problem with a `[search]` table: the full path of the key and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("{field}: {problem}")]
-pub struct SearchError {
-    /// Dotted path of the offending (or missing) key, `[i]` for array elements:
-    /// `search.algorithm`, `search.params[1].max`, `search.params[0].values[2]`.
-    pub field: String,
-    /// What is wrong, lowercase.
-    pub problem: String,
-}
-
-impl SearchError {
-    /// An error at `field`.
-    pub fn new(field: impl Into<String>, problem: impl Into<String>) -> SearchError {
-        SearchError {
-            field: field.into(),
-            problem: problem.into(),
-        }
-    }
-}
+/// A problem with a `[search]` table: the full path of the key and what is wrong (the
+/// same type as the trainer's tables' errors).
+pub type SearchError = crate::spec::FieldError;
 
 /// The search algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
