@@ -21,6 +21,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use common::mode;
 use common::{exe, POLL};
 use ringleader::{api::client::ApiClient, node::NodeInfo};
 
@@ -69,10 +70,6 @@ fn start_raw(dir: &Path, name: &str, extra: &[&str]) -> (Raw, NodeInfo) {
         assert!(Instant::now() < deadline, "node {name} did not start");
         std::thread::sleep(POLL);
     }
-}
-
-fn mode(p: &Path) -> u32 {
-    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777
 }
 
 /// Every path under `root` (symlinks not followed).
