@@ -1,4 +1,3 @@
-
 use super::*;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};

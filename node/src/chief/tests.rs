@@ -1,4 +1,3 @@
-
 use libp2p::PeerId;
 
 use super::*;

@@ -1,4 +1,3 @@
-
 use super::testing::{spec, Sim};
 use super::*;
 

@@ -1,4 +1,3 @@
-
 use super::*;
 use axum::{body::Body, routing::get, Router};
 use tower::ServiceExt;

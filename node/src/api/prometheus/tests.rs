@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::api::status::{Counters, MemberDoc, NodeRef};
 

@@ -1,4 +1,3 @@
-
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 

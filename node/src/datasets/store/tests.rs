@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::datasets::CHUNK_BYTES_MIN;
 

@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::{
     chief::{decide, tests as chief},

@@ -1,4 +1,3 @@
-
 use super::*;
 
 /// Every line `pump` forwards from `input` under a cap of `bytes_per_s`.

@@ -1,4 +1,3 @@
-
 use super::*;
 
 type Node = Membership<u32, u32>;

@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn dead_or_gone(m: Option<&Member<u32, SimMeta>>) -> bool {
