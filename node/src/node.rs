@@ -20,6 +20,7 @@ use crate::{
         net,
     },
     control, jobs,
+    tasks::Tasks,
 };
 
 /// File in the data directory where a running node records how to reach it.
@@ -355,7 +356,11 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         rpc_rx,
     )
     .await?;
-    tokio::spawn(crate::chief::driver::run(
+    // The node's parts' tasks, stopped in this order at SIGTERM (see [`stop`]).
+    let api_tasks = Tasks::new("api");
+    let job_tasks = Tasks::new("jobs");
+    let background = Tasks::new("background");
+    background.spawn(crate::chief::driver::run(
         control.clone(),
         config.job_retention_s.saturating_mul(1000),
     ));
@@ -365,17 +370,20 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         Some(_) => crate::security::run_as::RunAs::node_storage(&config.storage),
         None => config.storage.clone(),
     };
-    tokio::spawn(crate::jobs::archive::write_ended(
+    background.spawn_owned(crate::jobs::archive::write_ended(
+        background.stopping(),
         control.clone(),
         node_storage.clone(),
         "job record",
         crate::jobs::archive::due_records,
     ));
-    tokio::spawn(crate::search::writer::run(
+    background.spawn_owned(crate::search::writer::run(
+        background.stopping(),
         control.clone(),
         config.storage.clone(),
     ));
     let datasets = crate::datasets::Datasets::start(
+        background.clone(),
         crate::datasets::DatasetsConfig {
             dir: config.data_dir.join("datasets"),
             key: crate::datasets::transport::AuthKey::new(psk.as_ref()),
@@ -415,6 +423,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         }
     };
     jobs::supervisor::start(
+        &job_tasks,
         control.clone(),
         datasets.clone(),
         peer_id.to_string(),
@@ -444,13 +453,19 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         checkpoint_key: checkpoints.key,
         node_storage: node_storage.clone(),
     });
-    let api_task = tokio::spawn(crate::api::server::serve(
+    let api = crate::api::server::serve(
+        api_tasks.clone(),
         api_listener,
         app,
         config.api_limits.clone(),
         api_addr,
         api_tls,
-    ));
+    );
+    api_tasks.spawn(async move {
+        if let Err(e) = api.await {
+            warn!("API server stopped: {e}");
+        }
+    });
     write_atomically(
         &config.data_dir.join(NODE_INFO_FILE),
         &serde_json::to_vec_pretty(&info)?,
@@ -466,13 +481,44 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         _ = term.recv() => info!("terminated"),
         res = &mut loop_task => bail!("node event loop stopped unexpectedly: {res:?}"),
     }
-    control.shutdown().await;
-    if let Err(e) = handle.leave().await {
-        warn!("graceful leave failed: {e}");
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(SHUTDOWN_MS_MAX);
+    let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
+    // No new requests; then no ranks (killed and reaped, their exits not reported: they end
+    // with this member, which leaves next); then no writer or dataset transfer (a writer
+    // ends between two writes); then the control plane, and the cluster is told.
+    let mut clean = true;
+    for part in [&api_tasks, &job_tasks, &background] {
+        clean &= part.stop(left()).await;
     }
-    let _ = tokio::time::timeout(Duration::from_secs(2), loop_task).await;
-    api_task.abort();
+    if tokio::time::timeout(left(), control.shutdown())
+        .await
+        .is_err()
+    {
+        warn!("control plane not shut down within the bound");
+        clean = false;
+    }
+    match tokio::time::timeout(
+        left().min(Duration::from_millis(LEAVE_MS_MAX)),
+        handle.leave(),
+    )
+    .await
+    {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!("graceful leave failed: {e}"),
+        Err(_) => warn!("graceful leave not done within {LEAVE_MS_MAX} ms"),
+    }
+    if tokio::time::timeout(left(), loop_task).await.is_err() {
+        warn!("node event loop not stopped within the bound");
+        clean = false;
+    }
     let _ = std::fs::remove_file(config.data_dir.join(NODE_INFO_FILE));
-    info!("stopped");
+    info!(clean, "stopped");
     Ok(())
 }
+
+/// Longest shutdown at SIGTERM, in milliseconds: the API, the ranks, the background tasks
+/// and the control plane each stop within what is left of it (a part that has not ended
+/// by then is named in a warning and ends with the process).
+pub const SHUTDOWN_MS_MAX: u64 = 10_000;
+/// Longest wait for the cluster to take this node's leave, in milliseconds.
+pub const LEAVE_MS_MAX: u64 = 2_000;

@@ -686,8 +686,10 @@ pub fn tls_for(
 
 /// Serves `app` on `listener` until the task is dropped. `advertised`: the address the node
 /// tells others (one of its names). `tls`: the API's TLS ([`tls_for`]), spoken on the
-/// connections [`ApiLimits::api_tls`] says.
+/// connections [`ApiLimits::api_tls`] says. Each connection runs in `tasks` (the node stops
+/// them with the API).
 pub async fn serve(
+    tasks: crate::tasks::Tasks,
     listener: TcpListener,
     app: Router,
     limits: ApiLimits,
@@ -767,7 +769,7 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let local = stream.local_addr().map(|a| a.ip()).unwrap_or(bind.ip());
-        tokio::spawn(run_connection(
+        tasks.spawn(run_connection(
             shared.clone(),
             builder.clone(),
             stream,
