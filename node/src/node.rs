@@ -159,15 +159,27 @@ fn bind_error(
     }
 }
 
-/// Runs a node until SIGINT or SIGTERM, then leaves the cluster gracefully.
-pub async fn run(config: NodeConfig) -> Result<()> {
+/// What a node's start-up reads and writes on disk before it goes on the network.
+struct Prepared {
+    /// Held until the process ends: one node per data directory.
+    _data_dir_lock: crate::data_dir::DataDirLock,
+    gpu_source: crate::gpus::Source,
+    discovered: crate::gpus::Discovery,
+    secrets: crate::security::bootstrap::Secrets,
+    key: libp2p::identity::Keypair,
+    rank_libraries: crate::gpus::RankLibraries,
+}
+
+/// The start-up's blocking part (the data directory, its lock and modes, `--run-as`, GPU
+/// discovery, the secrets and the identity), run off the runtime's threads.
+fn prepare(config: &NodeConfig) -> Result<Prepared> {
     // Before anything is created: nothing this node or its ranks write is readable by other
     // local users (0700 directories, 0600 files).
     crate::security::modes::set_umask();
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
     // One node per data directory, held until the process ends.
-    let _data_dir_lock = crate::data_dir::lock(&config.data_dir)?;
+    let data_dir_lock = crate::data_dir::lock(&config.data_dir)?;
     // The CUDA libraries' link directory, which ranks given GPUs load through
     // (`gpus::libraries`).
     let cuda_libs_dir = config.data_dir.join(crate::gpus::libraries::CUDA_LIBS_DIR);
@@ -236,7 +248,6 @@ pub async fn run(config: NodeConfig) -> Result<()> {
     // The identity after the secrets: a start refused for want of a key leaves the data
     // directory new.
     let key = identity::load_or_create_identity(&config.data_dir)?;
-    let peer_id = key.public().to_peer_id();
     // Only a node that offers GPUs gives ranks devices, and only those ranks load the
     // libraries: the search and the links are for it alone.
     let rank_libraries = if discovered.gpus.is_empty() {
@@ -256,6 +267,32 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         }
         libraries
     };
+    Ok(Prepared {
+        _data_dir_lock: data_dir_lock,
+        gpu_source,
+        discovered,
+        secrets,
+        key,
+        rank_libraries,
+    })
+}
+
+/// Runs a node until SIGINT or SIGTERM, then leaves the cluster gracefully.
+pub async fn run(config: NodeConfig) -> Result<()> {
+    let Prepared {
+        _data_dir_lock,
+        gpu_source,
+        discovered,
+        secrets,
+        key,
+        rank_libraries,
+    } = {
+        let config = config.clone();
+        tokio::task::spawn_blocking(move || prepare(&config))
+            .await
+            .context("preparing the data directory")??
+    };
+    let peer_id = key.public().to_peer_id();
     let insecure = secrets.insecure();
     let psk = secrets.key;
     let token = secrets.token.map(std::sync::Arc::new);
@@ -511,7 +548,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         warn!("node event loop not stopped within the bound");
         clean = false;
     }
-    let _ = std::fs::remove_file(config.data_dir.join(NODE_INFO_FILE));
+    let _ = tokio::fs::remove_file(config.data_dir.join(NODE_INFO_FILE)).await;
     info!(clean, "stopped");
     Ok(())
 }

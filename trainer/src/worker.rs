@@ -411,7 +411,8 @@ fn shared_dataset_dir(
 
 /// Runs one worker to the end of training (or of the benchmark).
 pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(&args.spec)
+    let text = tokio::fs::read_to_string(&args.spec)
+        .await
         .with_context(|| format!("reading {}", args.spec.display()))?;
     let mut spec = TrainSpec::from_toml(&text)?;
     spec.data.shared_dir =

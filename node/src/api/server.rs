@@ -704,7 +704,9 @@ pub async fn serve(
             .max(1),
         None => (limits.api_connections_max as usize).max(1),
     };
-    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let hostname = tokio::fs::read_to_string("/proc/sys/kernel/hostname")
+        .await
+        .unwrap_or_default();
     info!(
         api = %bind,
         connections_max,
