@@ -10,8 +10,8 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{exe, POLL};
-use ringleader::cli::local::{process_alive, train_workers, LocalCluster};
+use common::{walk, POLL};
+use ringleader::cli::local::{process_alive, train_workers};
 use ringleader::node::SHUTDOWN_MS_MAX;
 
 /// Forming the cluster and the rank's first checkpoint get this long.
@@ -35,19 +35,6 @@ every_steps = 10
 commit_every_steps = 5
 "#;
 
-/// Every path under `root` (symlinks not followed).
-fn walk(root: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        if std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
-            stack.extend(std::fs::read_dir(&p).unwrap().flatten().map(|e| e.path()));
-        }
-        out.push(p);
-    }
-    out
-}
-
 /// Whether a file name is one of a write under way: a `.part`, or a temporary file.
 fn half_written(path: &Path) -> bool {
     let name = path.file_name().unwrap_or_default().to_string_lossy();
@@ -61,9 +48,7 @@ fn sigterm_stops_the_ranks_and_every_task_within_the_bound_and_leaves_the_data_d
         .prefix("rl-shutdown-")
         .tempdir()
         .unwrap();
-    let mut c = LocalCluster::new(exe(), root.path());
-    c.start("q0", &[]).unwrap();
-    common::wait_formed(&c, 1, WAIT);
+    let mut c = common::formed_cluster(root.path(), "q", 1, &[], WAIT);
     let id = c.nodes[0].client().submit(SPEC).expect("submit");
     let dir = c.nodes[0].dir.clone();
     let ckpts = dir.join("store/jobs").join(&id).join("ckpt");
@@ -88,6 +73,7 @@ fn sigterm_stops_the_ranks_and_every_task_within_the_bound_and_leaves_the_data_d
     let asked = Instant::now();
     let status = c.terminate(0).unwrap();
     let took = asked.elapsed();
+    eprintln!("shutdown took {took:?}");
     assert!(
         status.success(),
         "the node did not exit by itself: {status:?}"

@@ -220,5 +220,31 @@ mod tests {
         assert!(e.message.starts_with("train.lr"), "{e}");
         assert_eq!(e.field.as_deref(), Some("train.lr"), "{e}");
         assert_eq!(e.line, Some(5));
+        assert_eq!(e.message, "train.lr: -1 must be positive at line 5");
+        // An unknown key of a trainer table: found by the trainer's reader, named with its
+        // line and the keys the table knows.
+        let e =
+            admit_spec_text("name = \"t\"\nkind = \"train\"\n[model]\nhidden = [8]\nhiden = [8]\n")
+                .unwrap_err();
+        assert_eq!((e.field.as_deref(), e.line), (Some("model.hiden"), Some(5)));
+        assert!(
+            e.message
+                .starts_with("model.hiden: unknown field (known: arch, channels, d_model,"),
+            "{e}"
+        );
+        assert!(e.message.ends_with(" at line 5"), "{e}");
+    }
+
+    #[test]
+    fn a_train_spec_is_kept_typed_and_read_again_once_from_its_stored_form() {
+        let text = "name = \"t\"\nkind = \"train\"\n[train]\nepochs = 3\n";
+        let spec = admit_text(text).unwrap();
+        assert_eq!(spec.trainer().map(|t| t.train.epochs), Some(3));
+        // The stored form is the tables alone; read back, the typed view is read again.
+        let json = serde_json::to_string(&spec).unwrap();
+        assert!(!json.contains("trainer"), "{json}");
+        let back: JobSpec = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.trainer(), spec.trainer());
+        assert_eq!(back, spec);
     }
 }

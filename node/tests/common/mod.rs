@@ -56,6 +56,22 @@ pub fn fails(out: std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// Every path under `root` (symlinks not followed).
+pub fn walk(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if meta.is_dir() {
+            stack.extend(std::fs::read_dir(&p).unwrap().flatten().map(|e| e.path()));
+        }
+        out.push(p);
+    }
+    out
+}
+
 /// Writes `text` to `path` with mode 0600 (a token file).
 pub fn write_private(path: &Path, text: &str) {
     use std::os::unix::fs::OpenOptionsExt;
