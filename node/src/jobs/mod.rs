@@ -60,11 +60,15 @@ impl From<SpecError> for AdmitError {
     }
 }
 
-/// [`admit_text`] with the error typed: the same gate, the same messages. The text is
-/// parsed once ([`spec::Document`]): a train job's trainer tables are read in that parse
-/// and kept typed on the spec ([`JobSpec::trainer`]); a search's problem gets its field's
-/// line from the same document.
+/// [`admit_text`] with the error typed: the same gate, the same messages.
 pub fn admit_spec_text(text: &str) -> Result<JobSpec, AdmitError> {
+    admit_document(text).map_err(AdmitError::from)
+}
+
+/// The gate: the text is parsed once ([`spec::Document`]); a train job's trainer tables
+/// are read in that parse and kept typed on the spec ([`JobSpec::trainer`]); a search's
+/// problem gets its field's line from the same document.
+fn admit_document(text: &str) -> Result<JobSpec, SpecError> {
     let doc = spec::Document::parse(text)?;
     let spec = doc.job_spec()?;
     if spec.kind == JobKind::Search {
@@ -79,13 +83,10 @@ pub fn admit_spec_text(text: &str) -> Result<JobSpec, AdmitError> {
 /// TOML would point into text the user never wrote, so errors carry the field only.
 pub fn admit_spec_json(json: &str) -> Result<JobSpec, AdmitError> {
     let text = JobSpec::toml_of_json(json)?;
-    admit_spec_text(&text).map_err(|e| match e.line {
-        Some(line) => AdmitError {
-            message: e.message.replace(&format!(" at line {line}"), ""),
-            field: e.field,
-            line: None,
-        },
-        None => e,
+    admit_document(&text).map_err(|e| AdmitError {
+        message: e.message_without_line(),
+        field: e.field().map(str::to_owned),
+        line: None,
     })
 }
 

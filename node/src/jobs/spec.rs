@@ -490,6 +490,18 @@ impl SpecError {
         }
     }
 
+    /// The message without the line it points at (for a spec whose text the user did not
+    /// write: a JSON spec's TOML).
+    pub fn message_without_line(&self) -> String {
+        match self {
+            SpecError::UnknownField {
+                field, suggestion, ..
+            } => format!("unknown field \"{field}\"{}", did_you_mean(suggestion)),
+            SpecError::Invalid { field, problem, .. } => format!("{field}: {problem}"),
+            other => other.to_string(),
+        }
+    }
+
     /// The 1-based line the error points at, if any.
     pub fn line(&self) -> Option<usize> {
         match self {
