@@ -15,7 +15,8 @@
 //! | [`security`] | the node's secrets at start: the cluster key and API token (made at first start, required to join), file modes | `cluster::identity`, `api::auth` |
 //! | [`cli`] | commands, the demo, benchmarks, local clusters of real processes | everything |
 //!
-//! [`node`] wires the parts together at start-up, holding [`data_dir`]'s lock. The collective data plane and the trainer
+//! [`node`] wires the parts together at start-up, holding [`data_dir`]'s lock; each part spawns into
+//! its own [`tasks::Tasks`], which `node` stops in order at SIGTERM. The collective data plane and the trainer
 //! are separate crates that know nothing of the node. The project's architecture is in
 //! `docs/design.md`.
 
@@ -31,3 +32,4 @@ pub mod jobs;
 pub mod node;
 pub mod search;
 pub mod security;
+pub mod tasks;

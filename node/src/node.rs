@@ -20,6 +20,7 @@ use crate::{
         net,
     },
     control, jobs,
+    tasks::Tasks,
 };
 
 /// File in the data directory where a running node records how to reach it.
@@ -158,15 +159,27 @@ fn bind_error(
     }
 }
 
-/// Runs a node until SIGINT or SIGTERM, then leaves the cluster gracefully.
-pub async fn run(config: NodeConfig) -> Result<()> {
+/// What a node's start-up reads and writes on disk before it goes on the network.
+struct Prepared {
+    /// Held until the process ends: one node per data directory.
+    _data_dir_lock: crate::data_dir::DataDirLock,
+    gpu_source: crate::gpus::Source,
+    discovered: crate::gpus::Discovery,
+    secrets: crate::security::bootstrap::Secrets,
+    key: libp2p::identity::Keypair,
+    rank_libraries: crate::gpus::RankLibraries,
+}
+
+/// The start-up's blocking part (the data directory, its lock and modes, `--run-as`, GPU
+/// discovery, the secrets and the identity), run off the runtime's threads.
+fn prepare(config: &NodeConfig) -> Result<Prepared> {
     // Before anything is created: nothing this node or its ranks write is readable by other
     // local users (0700 directories, 0600 files).
     crate::security::modes::set_umask();
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
     // One node per data directory, held until the process ends.
-    let _data_dir_lock = crate::data_dir::lock(&config.data_dir)?;
+    let data_dir_lock = crate::data_dir::lock(&config.data_dir)?;
     // The CUDA libraries' link directory, which ranks given GPUs load through
     // (`gpus::libraries`).
     let cuda_libs_dir = config.data_dir.join(crate::gpus::libraries::CUDA_LIBS_DIR);
@@ -235,7 +248,6 @@ pub async fn run(config: NodeConfig) -> Result<()> {
     // The identity after the secrets: a start refused for want of a key leaves the data
     // directory new.
     let key = identity::load_or_create_identity(&config.data_dir)?;
-    let peer_id = key.public().to_peer_id();
     // Only a node that offers GPUs gives ranks devices, and only those ranks load the
     // libraries: the search and the links are for it alone.
     let rank_libraries = if discovered.gpus.is_empty() {
@@ -255,6 +267,32 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         }
         libraries
     };
+    Ok(Prepared {
+        _data_dir_lock: data_dir_lock,
+        gpu_source,
+        discovered,
+        secrets,
+        key,
+        rank_libraries,
+    })
+}
+
+/// Runs a node until SIGINT or SIGTERM, then leaves the cluster gracefully.
+pub async fn run(config: NodeConfig) -> Result<()> {
+    let Prepared {
+        _data_dir_lock,
+        gpu_source,
+        discovered,
+        secrets,
+        key,
+        rank_libraries,
+    } = {
+        let config = config.clone();
+        tokio::task::spawn_blocking(move || prepare(&config))
+            .await
+            .context("preparing the data directory")??
+    };
+    let peer_id = key.public().to_peer_id();
     let insecure = secrets.insecure();
     let psk = secrets.key;
     let token = secrets.token.map(std::sync::Arc::new);
@@ -355,7 +393,11 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         rpc_rx,
     )
     .await?;
-    tokio::spawn(crate::chief::driver::run(
+    // The node's parts' tasks, stopped in this order at SIGTERM (see [`stop`]).
+    let api_tasks = Tasks::new("api");
+    let job_tasks = Tasks::new("jobs");
+    let background = Tasks::new("background");
+    background.spawn(crate::chief::driver::run(
         control.clone(),
         config.job_retention_s.saturating_mul(1000),
     ));
@@ -365,17 +407,20 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         Some(_) => crate::security::run_as::RunAs::node_storage(&config.storage),
         None => config.storage.clone(),
     };
-    tokio::spawn(crate::jobs::archive::write_ended(
+    background.spawn_owned(crate::jobs::archive::write_ended(
+        background.stopping(),
         control.clone(),
         node_storage.clone(),
         "job record",
         crate::jobs::archive::due_records,
     ));
-    tokio::spawn(crate::search::writer::run(
+    background.spawn_owned(crate::search::writer::run(
+        background.stopping(),
         control.clone(),
         config.storage.clone(),
     ));
     let datasets = crate::datasets::Datasets::start(
+        background.clone(),
         crate::datasets::DatasetsConfig {
             dir: config.data_dir.join("datasets"),
             key: crate::datasets::transport::AuthKey::new(psk.as_ref()),
@@ -415,6 +460,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         }
     };
     jobs::supervisor::start(
+        &job_tasks,
         control.clone(),
         datasets.clone(),
         peer_id.to_string(),
@@ -444,13 +490,19 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         checkpoint_key: checkpoints.key,
         node_storage: node_storage.clone(),
     });
-    let api_task = tokio::spawn(crate::api::server::serve(
+    let api = crate::api::server::serve(
+        api_tasks.clone(),
         api_listener,
         app,
         config.api_limits.clone(),
         api_addr,
         api_tls,
-    ));
+    );
+    api_tasks.spawn(async move {
+        if let Err(e) = api.await {
+            warn!("API server stopped: {e}");
+        }
+    });
     write_atomically(
         &config.data_dir.join(NODE_INFO_FILE),
         &serde_json::to_vec_pretty(&info)?,
@@ -466,13 +518,44 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         _ = term.recv() => info!("terminated"),
         res = &mut loop_task => bail!("node event loop stopped unexpectedly: {res:?}"),
     }
-    control.shutdown().await;
-    if let Err(e) = handle.leave().await {
-        warn!("graceful leave failed: {e}");
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(SHUTDOWN_MS_MAX);
+    let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
+    // No new requests; then no ranks (killed and reaped, their exits not reported: they end
+    // with this member, which leaves next); then no writer or dataset transfer (a writer
+    // ends between two writes); then the control plane, and the cluster is told.
+    let mut clean = true;
+    for part in [&api_tasks, &job_tasks, &background] {
+        clean &= part.stop(left()).await;
     }
-    let _ = tokio::time::timeout(Duration::from_secs(2), loop_task).await;
-    api_task.abort();
-    let _ = std::fs::remove_file(config.data_dir.join(NODE_INFO_FILE));
-    info!("stopped");
+    if tokio::time::timeout(left(), control.shutdown())
+        .await
+        .is_err()
+    {
+        warn!("control plane not shut down within the bound");
+        clean = false;
+    }
+    match tokio::time::timeout(
+        left().min(Duration::from_millis(LEAVE_MS_MAX)),
+        handle.leave(),
+    )
+    .await
+    {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!("graceful leave failed: {e}"),
+        Err(_) => warn!("graceful leave not done within {LEAVE_MS_MAX} ms"),
+    }
+    if tokio::time::timeout(left(), loop_task).await.is_err() {
+        warn!("node event loop not stopped within the bound");
+        clean = false;
+    }
+    let _ = tokio::fs::remove_file(config.data_dir.join(NODE_INFO_FILE)).await;
+    info!(clean, "stopped");
     Ok(())
 }
+
+/// Longest shutdown at SIGTERM, in milliseconds: the API, the ranks, the background tasks
+/// and the control plane each stop within what is left of it (a part that has not ended
+/// by then is named in a warning and ends with the process).
+pub const SHUTDOWN_MS_MAX: u64 = 10_000;
+/// Longest wait for the cluster to take this node's leave, in milliseconds.
+pub const LEAVE_MS_MAX: u64 = 2_000;

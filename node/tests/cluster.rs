@@ -2,15 +2,14 @@
 //! data directory. Every wait is a poll with a deadline; every process is stopped by PID when
 //! the test's cluster is dropped.
 
+mod common;
+
 use std::time::Duration;
 
+use common::exe;
 use ringleader::{api::status::StatusDoc, cli::local::LocalCluster};
 
 const WAIT: Duration = Duration::from_secs(30);
-
-fn exe() -> &'static str {
-    env!("CARGO_BIN_EXE_ringleader")
-}
 
 fn cluster() -> (LocalCluster, tempfile::TempDir) {
     let root = tempfile::Builder::new()

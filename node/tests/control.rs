@@ -6,13 +6,10 @@ mod common;
 
 use std::time::Duration;
 
+use common::exe;
 use ringleader::{api::status::StatusDoc, cli::local::LocalCluster};
 
 const WAIT: Duration = Duration::from_secs(40);
-
-fn exe() -> &'static str {
-    env!("CARGO_BIN_EXE_ringleader")
-}
 
 fn free_port() -> u16 {
     collective::testing::unused_local_port()

@@ -15,6 +15,7 @@ use std::{
 
 mod common;
 
+use common::signal;
 use common::{exe, POLL};
 use ringleader::{
     api::status::JobDoc,
@@ -63,10 +64,6 @@ fn wait_job(
     cond: impl Fn(&JobDoc) -> bool,
 ) -> JobDoc {
     common::wait_job(c, i, id, what, WAIT, cond)
-}
-
-fn signal(pid: u32, sig: nix::sys::signal::Signal) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).unwrap();
 }
 
 /// A train job of 3 workers that may go down to 2; commits in memory every 5 steps (the

@@ -21,6 +21,7 @@ use std::{
 
 mod common;
 
+use common::signal;
 use common::{wait_job, POLL};
 use nix::sys::signal::Signal;
 use ringleader::{
@@ -140,10 +141,6 @@ fn generation_pids(c: &LocalCluster, id: &str, g: u32, world: u32) -> Vec<u32> {
         .filter(|j| j.0 == g && j.2 == world)
         .map(|j| j.3)
         .collect()
-}
-
-fn signal(pid: u32, signal: Signal) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).unwrap();
 }
 
 /// Submits a job of 3 fake ranks (`rank.py`) with `elastic`, and waits until generation 1

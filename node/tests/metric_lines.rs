@@ -10,6 +10,7 @@ use std::{path::Path, time::Duration};
 
 mod common;
 
+use common::ended;
 use ringleader::{api::status::JobDoc, cli::local::LocalCluster};
 use ringleader_protocol::{golden_lines, NodeLine, RankLine, GOLDEN_LINES_PATH};
 
@@ -28,10 +29,6 @@ fn scratch() -> tempfile::TempDir {
 
 fn cluster(root: &Path) -> LocalCluster {
     common::formed_cluster(root, "m", 3, &["--cpus".to_string(), "2".to_string()], WAIT)
-}
-
-fn ended(doc: &JobDoc) -> bool {
-    matches!(doc.state.as_str(), "succeeded" | "failed" | "cancelled")
 }
 
 fn events(doc: &JobDoc) -> Vec<String> {

@@ -14,6 +14,8 @@ use std::{
     time::Duration,
 };
 
+use common::mode;
+
 /// Forming the cluster and running each job get this long (a debug build trains slowly).
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -46,10 +48,6 @@ fn nobody() -> Result<(u32, u32), String> {
         Ok(Some(u)) => Ok((u.uid.as_raw(), u.gid.as_raw())),
         _ => Err("no user nobody on this host".into()),
     }
-}
-
-fn mode(p: &Path) -> u32 {
-    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777
 }
 
 fn owner(p: &Path) -> u32 {

@@ -17,6 +17,7 @@ use std::{
 
 mod common;
 
+use common::ended;
 use common::{exe, POLL};
 use ringleader::{
     api::status::{JobDoc, TrialDoc},
@@ -84,10 +85,6 @@ fn trial_running_off_chief(c: &LocalCluster, id: &str, resource: u32) -> (JobDoc
     });
     let trial = doc.trials.iter().find(off_chief).unwrap().clone();
     (doc, trial)
-}
-
-fn ended(doc: &JobDoc) -> bool {
-    matches!(doc.state.as_str(), "succeeded" | "failed" | "cancelled")
 }
 
 /// Every trial ended in a final state (none left running, pending or paused).

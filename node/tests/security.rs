@@ -16,12 +16,13 @@ mod common;
 
 use std::{
     os::unix::fs::PermissionsExt,
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use common::{exe, POLL};
+use common::{mode, walk};
 use ringleader::{api::client::ApiClient, node::NodeInfo};
 
 /// Bound on each wait (a debug build on two cores is slow).
@@ -69,26 +70,6 @@ fn start_raw(dir: &Path, name: &str, extra: &[&str]) -> (Raw, NodeInfo) {
         assert!(Instant::now() < deadline, "node {name} did not start");
         std::thread::sleep(POLL);
     }
-}
-
-fn mode(p: &Path) -> u32 {
-    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777
-}
-
-/// Every path under `root` (symlinks not followed).
-fn walk(root: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        let Ok(meta) = std::fs::symlink_metadata(&p) else {
-            continue;
-        };
-        if meta.is_dir() {
-            stack.extend(std::fs::read_dir(&p).unwrap().flatten().map(|e| e.path()));
-        }
-        out.push(p);
-    }
-    out
 }
 
 #[test]

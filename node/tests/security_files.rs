@@ -13,6 +13,7 @@ use std::{
     time::Duration,
 };
 
+use common::mode;
 use common::{fails, ok};
 use ringleader::cli::local::LocalCluster;
 
@@ -20,10 +21,6 @@ const FORM_WAIT: Duration = Duration::from_secs(60);
 
 fn cli(c: &LocalCluster, args: &[&str]) -> Output {
     c.cli(0).args(args).output().expect("running the CLI")
-}
-
-fn mode(path: &Path) -> u32 {
-    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
 }
 
 #[test]

@@ -2,8 +2,11 @@
 //! workers (a few steps), the job's metrics and ring show in `job ID --json`, and rank 0's
 //! node holds a committed checkpoint. Bounded waits; processes stopped by PID on drop.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::exe;
 use ringleader::cli::local::LocalCluster;
 
 /// Forming the cluster and running the job each get this long (a debug build trains slowly).
@@ -29,10 +32,6 @@ every_steps = 5
 keep = 2
 commit_every_steps = 5
 "#;
-
-fn exe() -> &'static str {
-    env!("CARGO_BIN_EXE_ringleader")
-}
 
 #[test]
 fn train_job_runs_on_three_workers_and_checkpoints() {

@@ -12,6 +12,9 @@ pub enum TrainError {
     /// The job spec is invalid (message says which field and why).
     #[error("invalid spec: {0}")]
     Spec(String),
+    /// A field of the spec's tables is unknown or invalid (which, and why).
+    #[error("invalid spec: {0}")]
+    Field(#[from] crate::spec::FieldError),
     /// A tensor operation failed (shape mismatch, unsupported op): a bug, not an operator error.
     #[error("tensor: {0}")]
     Tensor(#[from] candle_core::Error),

@@ -35,6 +35,7 @@ mod compute_clock;
 mod dataset;
 pub mod elastic;
 mod error;
+pub mod faults;
 pub mod gpu;
 mod grad_sync;
 mod kernels;
@@ -74,7 +75,7 @@ pub use sampler::{DataCursor, Sampler};
 pub use schedule::LrSchedule;
 pub use shared_dataset::{export_digits, write_shared_dataset};
 pub use spec::{
-    check_dataset_name, is_builtin_dataset, Arch, CheckpointSpec, DataSpec, DecayKind,
+    check_dataset_name, is_builtin_dataset, Arch, CheckpointSpec, DataSpec, DecayKind, FieldError,
     GradCompression, LrScaling, ModelSpec, OptimizerKind, SufficientFactors, TrainParams,
     TrainSpec, BATCH_PER_WORKER_MAX, BUILTIN_DATASETS, DATASET_NAME_BYTES_MAX, HIDDEN_LAYERS_MAX,
     SYNTHETIC_CLASSES_MAX, SYNTHETIC_VALUES_MAX, WIDTH_MAX,

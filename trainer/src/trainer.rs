@@ -14,6 +14,7 @@ use crate::compute_clock::ComputeClock;
 use crate::dataset::Dataset;
 use crate::elastic::{CommitLog, COMMITS_KEPT};
 use crate::error::TrainError;
+use crate::faults::Faults;
 use crate::gpu::{Device as ComputeDevice, Engine};
 use crate::grad_sync::{GradSync, SyncTimes};
 use crate::layers::LayerGrads;
@@ -139,16 +140,14 @@ pub struct Trainer {
     /// In-memory commits, newest last (what elastic recovery restores).
     commits: CommitLog,
     metrics: HashMap<String, f64>,
-    /// Test-only: slept inside every step's compute part (emulates a straggler).
-    compute_delay: Duration,
+    /// Test-only faults (a straggler's delay, a hang); none in production.
+    faults: Faults,
     /// Marks the step's compute sections (the progress heartbeat).
     compute_clock: ComputeClock,
     /// Stop (validated and checkpointed, as at the end) once this many epochs are done,
     /// before the step budget is spent: a search trial trained to its rung, whose schedule
     /// stays the whole run's so that a promotion goes on exactly where it stopped.
     stop_epoch: Option<u64>,
-    /// Test-only: the step whose forward pass never returns (emulates a deadlock).
-    hang_at_step: Option<u64>,
     /// Cancels the communicator's operations (it lives in the gradient task).
     abort: AbortHandle,
     /// Averages the gradients on the device when every rank computes on CUDA
@@ -284,10 +283,9 @@ impl Trainer {
             steps_per_epoch,
             commits: CommitLog::new(COMMITS_KEPT),
             metrics: HashMap::new(),
-            compute_delay: Duration::ZERO,
+            faults: Faults::default(),
             compute_clock: ComputeClock::default(),
             stop_epoch: None,
-            hang_at_step: None,
             abort,
             nccl,
         })
@@ -365,23 +363,15 @@ impl Trainer {
     pub fn set_commits(&mut self, commits: CommitLog) {
         self.commits = commits;
     }
-    /// Test-only: sleeps `delay` inside every step's compute part, so that it counts as
-    /// compute time; emulates a straggler (the worker reads it from
-    /// `RINGLEADER_TEST_STEP_DELAY_MS` through `worker::test_hook`, in debug builds only).
-    /// Zero by default.
-    pub fn set_compute_delay(&mut self, delay: Duration) {
-        self.compute_delay = delay;
+    /// The test-only faults this trainer drives into its steps ([`Faults`]: built from the
+    /// test environment variables only; none by default).
+    pub fn set_faults(&mut self, faults: Faults) {
+        self.faults = faults;
     }
 
     /// Marks this trainer's compute sections on `clock` (read by a heartbeat thread).
     pub fn set_compute_clock(&mut self, clock: ComputeClock) {
         self.compute_clock = clock;
-    }
-
-    /// Test-only: the forward pass of step `step` (1-based) never returns, its compute
-    /// section open: a rank that deadlocked in its own computation.
-    pub fn set_test_hang_at_step(&mut self, step: Option<u64>) {
-        self.hang_at_step = step;
     }
 
     /// One data-parallel step.
@@ -392,9 +382,7 @@ impl Trainer {
     /// gradients come at once, after `backward()`.
     pub async fn step(&mut self) -> Result<StepMetrics, TrainError> {
         let t0 = Instant::now();
-        if !self.compute_delay.is_zero() {
-            tokio::time::sleep(self.compute_delay).await;
-        }
+        self.faults.delay_step().await;
         let b = self.spec.train.batch_per_worker;
         let idx = self.sampler.indices(self.cursor, self.rank, self.world, b);
         if self.factors_pending {
@@ -411,11 +399,7 @@ impl Trainer {
                     .image_batch_into(&idx, &mut self.xs, &mut self.ys)?;
                 {
                     let _computing = self.compute_clock.enter();
-                    if self.hang_at_step == Some(self.step + 1) {
-                        loop {
-                            std::thread::sleep(Duration::from_secs(1));
-                        }
-                    }
+                    self.faults.hang_in_forward(self.step + 1).await;
                     layers.forward(&self.params, &self.xs, b)?;
                     extras[0] = layers.loss(&self.ys)?;
                 }

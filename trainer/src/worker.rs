@@ -61,7 +61,7 @@
 //! read once at start) makes every step sleep that long in its compute part, to emulate a
 //! straggler; [`HANG_ENV`] (`RINGLEADER_TEST_HANG=RANK:STEP`) makes the worker started as
 //! rank RANK never return from step STEP's forward pass, to emulate a deadlock. Both are
-//! read through [`test_hook`], which a release build compiles to `None`; a job spec may not
+//! read once into a [`Faults`] value handed to the trainer, through [`test_hook`], which a release build compiles to `None`; a job spec may not
 //! set them (the node refuses `RINGLEADER_*` keys in a spec's `env`), a test sets them in
 //! the node's environment, which its ranks inherit.
 
@@ -77,6 +77,7 @@ use crate::elastic::{
     forward_control_lines, generation_channel, ElasticEvent, ElasticRun, Generation, Resumed,
     TcpConnector,
 };
+use crate::faults::Faults;
 use crate::gpu::{connect_nccl, Device};
 use crate::observe::{unix_now_s, write_job_timeline, PhaseRecorder, RankTimeline, TensorBoard};
 use crate::redact::redact_url;
@@ -91,10 +92,10 @@ pub const METRIC_STEP_INTERVAL_MS: u64 = 250;
 pub const RANK_STATS_INTERVAL_MS: u64 = 1000;
 /// The directory holding the job's shared dataset (an absolute path; set by the node).
 pub const DATASET_DIR_ENV: &str = "RINGLEADER_DATASET_DIR";
-/// Test-only: milliseconds every step sleeps in its compute part (emulates a straggler).
-pub const STEP_DELAY_ENV: &str = "RINGLEADER_TEST_STEP_DELAY_MS";
-/// Test-only: `RANK:STEP`, the worker started as rank RANK hangs in step STEP's forward pass.
-pub const HANG_ENV: &str = "RINGLEADER_TEST_HANG";
+/// Test-only: `RANK:STEP`, the rank that hangs in a step's forward pass ([`crate::faults`]).
+pub use crate::faults::HANG_ENV;
+/// Test-only: milliseconds every step sleeps in its compute part (see [`crate::faults`]).
+pub use crate::faults::STEP_DELAY_ENV;
 /// Period of the progress heartbeat, and the shortest compute section it reports, ms.
 pub const HEARTBEAT_INTERVAL_MS: u64 = 1_000;
 
@@ -124,21 +125,6 @@ pub fn test_hook(name: &str) -> Option<String> {
         let _ = name;
         None
     }
-}
-
-/// The step this worker hangs in, from [`HANG_ENV`], if it names this rank.
-fn test_hang_at_step(rank: usize) -> anyhow::Result<Option<u64>> {
-    let Some(v) = test_hook(HANG_ENV) else {
-        return Ok(None);
-    };
-    let parsed = v.split_once(':').and_then(|(r, s)| {
-        Some((
-            r.trim().parse::<usize>().ok()?,
-            s.trim().parse::<u64>().ok()?,
-        ))
-    });
-    let (r, step) = parsed.with_context(|| format!("{HANG_ENV}={v:?}: want RANK:STEP"))?;
-    Ok((r == rank).then_some(step))
 }
 
 /// Prints `ringleader-heartbeat computing_ms=X` every [`HEARTBEAT_INTERVAL_MS`] while the
@@ -405,20 +391,6 @@ pub fn rank_stats_line(
     .to_string()
 }
 
-/// The test-only step delay from [`STEP_DELAY_ENV`] (zero when unset).
-fn step_delay() -> anyhow::Result<Duration> {
-    match test_hook(STEP_DELAY_ENV) {
-        Some(v) => {
-            let ms: u64 = v
-                .trim()
-                .parse()
-                .with_context(|| format!("{STEP_DELAY_ENV}={v:?}: want milliseconds"))?;
-            Ok(Duration::from_millis(ms))
-        }
-        None => Ok(Duration::ZERO),
-    }
-}
-
 /// The directory of `dataset` from [`DATASET_DIR_ENV`]'s value `var`: none for a built-in,
 /// required (and not empty) for a shared dataset.
 fn shared_dataset_dir(
@@ -439,7 +411,8 @@ fn shared_dataset_dir(
 
 /// Runs one worker to the end of training (or of the benchmark).
 pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(&args.spec)
+    let text = tokio::fs::read_to_string(&args.spec)
+        .await
         .with_context(|| format!("reading {}", args.spec.display()))?;
     let mut spec = TrainSpec::from_toml(&text)?;
     spec.data.shared_dir =
@@ -453,14 +426,14 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     }
     let group_id =
         u64::from_le_bytes(blake3::hash(args.job_id.as_bytes()).as_bytes()[..8].try_into()?);
-    let compute_delay = step_delay()?;
+    let faults = Faults::from_env(args.rank)?;
     let device = Device::from_env()?;
     println!("rank={} device={:?}", args.rank, device.describe());
     if args.elastic {
         if args.bench_steps > 0 {
             bail!("--bench-steps does not go with --elastic");
         }
-        return run_elastic(args, spec, group_id, compute_delay, device).await;
+        return run_elastic(args, spec, group_id, faults, device).await;
     }
     let cfg = GroupConfig {
         rank: args.rank,
@@ -487,7 +460,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
 
     if args.bench_steps > 0 {
         let mut trainer = Trainer::new_on(&spec, comm, &device, nccl)?;
-        trainer.set_compute_delay(compute_delay);
+        trainer.set_faults(faults);
         return bench(&mut trainer, &spec, &args).await;
     }
 
@@ -512,7 +485,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         None
     };
     let mut trainer = Trainer::new_on(&spec, comm, &device, nccl)?;
-    trainer.set_compute_delay(compute_delay);
+    trainer.set_faults(faults);
     trainer.set_stop_epoch(args.stop_at_epoch);
     if let Some(state) = resume {
         trainer.restore(&state)?;
@@ -603,7 +576,7 @@ async fn run_elastic(
     args: WorkerArgs,
     spec: TrainSpec,
     group_id: u64,
-    compute_delay: Duration,
+    faults: Faults,
     device: Device,
 ) -> anyhow::Result<()> {
     let (tx, source) = generation_channel();
@@ -631,10 +604,9 @@ async fn run_elastic(
     spawn_heartbeat(clock.clone())?;
     let mut run = ElasticRun::new(spec, source, connector)
         .with_store(store.clone())
-        .with_compute_delay(compute_delay)
+        .with_faults(faults)
         .with_compute_clock(clock)
-        .with_device(device)
-        .with_test_hang_at_step(test_hang_at_step(args.rank)?);
+        .with_device(device);
     let first = Generation {
         generation: args.generation,
         rank: args.rank,

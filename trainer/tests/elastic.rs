@@ -140,7 +140,11 @@ fn start_worker_with(
             .build()
             .expect("runtime");
         rt.block_on(async move {
-            let mut run = ElasticRun::new(spec, source, ring).with_compute_delay(delay);
+            let mut run =
+                ElasticRun::new(spec, source, ring).with_faults(trainer::faults::Faults {
+                    step_delay: delay,
+                    ..Default::default()
+                });
             if let Some(g) = abort_grace {
                 run = run.with_abort_grace(g);
             }

@@ -686,8 +686,10 @@ pub fn tls_for(
 
 /// Serves `app` on `listener` until the task is dropped. `advertised`: the address the node
 /// tells others (one of its names). `tls`: the API's TLS ([`tls_for`]), spoken on the
-/// connections [`ApiLimits::api_tls`] says.
+/// connections [`ApiLimits::api_tls`] says. Each connection runs in `tasks` (the node stops
+/// them with the API).
 pub async fn serve(
+    tasks: crate::tasks::Tasks,
     listener: TcpListener,
     app: Router,
     limits: ApiLimits,
@@ -702,7 +704,9 @@ pub async fn serve(
             .max(1),
         None => (limits.api_connections_max as usize).max(1),
     };
-    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let hostname = tokio::fs::read_to_string("/proc/sys/kernel/hostname")
+        .await
+        .unwrap_or_default();
     info!(
         api = %bind,
         connections_max,
@@ -767,7 +771,7 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let local = stream.local_addr().map(|a| a.ip()).unwrap_or(bind.ip());
-        tokio::spawn(run_connection(
+        tasks.spawn(run_connection(
             shared.clone(),
             builder.clone(),
             stream,

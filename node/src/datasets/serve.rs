@@ -202,7 +202,7 @@ pub struct Server {
 
 /// Accepts peers on `listener` and serves each on a task of its own, at most
 /// [`CONNECTIONS_MAX`] at once, until the listener fails.
-pub async fn run(server: Server, listener: TcpListener) {
+pub async fn run(tasks: crate::tasks::Tasks, server: Server, listener: TcpListener) {
     let slots = Arc::new(Semaphore::new(CONNECTIONS_MAX));
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -218,7 +218,7 @@ pub async fn run(server: Server, listener: TcpListener) {
             continue;
         };
         let server = server.clone();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             if let Err(e) = serve(&server, stream).await {
                 debug!(%peer, "dataset connection ended: {e}");
             }

@@ -115,6 +115,8 @@ struct Inner {
     node: NodeHandle,
     control: ControlHandle,
     addr: SocketAddr,
+    /// The service's tasks (its server, upkeep and fetches), stopped with the node.
+    tasks: crate::tasks::Tasks,
 }
 
 fn prefix(root: &Root) -> u64 {
@@ -123,8 +125,10 @@ fn prefix(root: &Root) -> u64 {
 
 impl Datasets {
     /// Opens the store, loads the whole copies in it, and starts serving on `listener`
-    /// and the upkeep.
+    /// and the upkeep, in `tasks` (fetches run there too; a fetch stopped with them leaves
+    /// its `.part`, which the next fetch of the dataset resumes).
     pub async fn start(
+        tasks: crate::tasks::Tasks,
         cfg: DatasetsConfig,
         listener: TcpListener,
         node: NodeHandle,
@@ -150,7 +154,8 @@ impl Datasets {
         }
         let throttle = Arc::new(Throttle::new(cfg.upload_bytes_per_s, cfg.busy_bytes_per_s));
         let addr = listener.local_addr()?;
-        tokio::spawn(serve::run(
+        tasks.spawn(serve::run(
+            tasks.clone(),
             Server {
                 store: store.clone(),
                 holdings: holdings.clone(),
@@ -170,9 +175,10 @@ impl Datasets {
                 node,
                 control,
                 addr,
+                tasks: tasks.clone(),
             }),
         };
-        tokio::spawn(service.clone().upkeep());
+        tasks.spawn(service.clone().upkeep());
         Ok(service)
     }
 
@@ -372,7 +378,7 @@ impl Datasets {
         };
         let service = self.clone();
         let f = fetch.clone();
-        tokio::spawn(async move {
+        self.inner.tasks.spawn(async move {
             // One fetch of a root at a time: a `get --to` during a fetch waits for it, then
             // finds the whole copy.
             if let Some(prev) = running {

@@ -23,8 +23,10 @@ pub fn record_path(id: &str) -> String {
 pub type Due = (JobId, String, Vec<u8>);
 
 /// Writes, once each, the documents `due` names for the jobs not yet written, at every
-/// applied entry, from now until the node stops. `what` names them in logs.
+/// applied entry, from now until `stop` fires (never in the middle of a write). `what`
+/// names them in logs.
 pub async fn write_ended(
+    stop: tokio_util::sync::CancellationToken,
     ctl: ControlHandle,
     storage: String,
     what: &'static str,
@@ -52,8 +54,9 @@ pub async fn write_ended(
                 Err(e) => warn!(job = %id, %path, "{what} not written: {e}"),
             }
         }
-        if applied.changed().await.is_err() {
-            return;
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            changed = applied.changed() => if changed.is_err() { return },
         }
     }
 }

@@ -31,9 +31,8 @@ pub mod train_spec;
 pub use spec::{JobKind, JobSpec, Placement, Resources, SpecError};
 
 /// Parses and checks a spec's text as the API admits it: [`JobSpec::parse`] (sizes, fields,
-/// lines), then the kind's own sections (a train job's trainer tables; a search's `[search]`
-/// and every trial it could make). The error names the field (and its line, for a
-/// search's).
+/// lines, a train job's trainer tables), then a search's `[search]` and every trial it
+/// could make. The error names the field and, where it is in the text, its line.
 pub fn admit_text(text: &str) -> Result<JobSpec, String> {
     admit_spec_text(text).map_err(|e| e.to_string())
 }
@@ -63,44 +62,17 @@ impl From<SpecError> for AdmitError {
 
 /// [`admit_text`] with the error typed: the same gate, the same messages.
 pub fn admit_spec_text(text: &str) -> Result<JobSpec, AdmitError> {
-    let spec = JobSpec::parse(text)?;
-    match spec.kind {
-        JobKind::Train => {
-            train_spec::validate(&spec).map_err(|message| {
-                // The trainer's messages start with the field they are about (`train.lr: …`,
-                // `train.lr -1 must be positive`).
-                let field = message
-                    .split([':', ' '])
-                    .next()
-                    .filter(|f| {
-                        f.contains('.')
-                            && f.chars()
-                                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
-                    })
-                    .map(str::to_owned);
-                let line = field.as_deref().and_then(|f| spec::line_of_field(text, f));
-                AdmitError {
-                    message,
-                    field,
-                    line,
-                }
-            })?;
-        }
-        JobKind::Search => {
-            crate::search::spec::validate(&spec).map_err(|e| {
-                let line = spec::line_of_field(text, &e.field);
-                let message = match line {
-                    Some(line) => format!("{e} at line {line}"),
-                    None => e.to_string(),
-                };
-                AdmitError {
-                    message,
-                    field: Some(e.field),
-                    line,
-                }
-            })?;
-        }
-        JobKind::Command => {}
+    admit_document(text).map_err(AdmitError::from)
+}
+
+/// The gate: the text is parsed once ([`spec::Document`]); a train job's trainer tables
+/// are read in that parse and kept typed on the spec ([`JobSpec::trainer`]); a search's
+/// problem gets its field's line from the same document.
+fn admit_document(text: &str) -> Result<JobSpec, SpecError> {
+    let doc = spec::Document::parse(text)?;
+    let spec = doc.job_spec()?;
+    if spec.kind == JobKind::Search {
+        crate::search::spec::validate(&spec).map_err(|e| doc.field_error(e))?;
     }
     Ok(spec)
 }
@@ -111,13 +83,10 @@ pub fn admit_spec_text(text: &str) -> Result<JobSpec, AdmitError> {
 /// TOML would point into text the user never wrote, so errors carry the field only.
 pub fn admit_spec_json(json: &str) -> Result<JobSpec, AdmitError> {
     let text = JobSpec::toml_of_json(json)?;
-    admit_spec_text(&text).map_err(|e| match e.line {
-        Some(line) => AdmitError {
-            message: e.message.replace(&format!(" at line {line}"), ""),
-            field: e.field,
-            line: None,
-        },
-        None => e,
+    admit_document(&text).map_err(|e| AdmitError {
+        message: e.message_without_line(),
+        field: e.field().map(str::to_owned),
+        line: None,
     })
 }
 
@@ -252,5 +221,31 @@ mod tests {
         assert!(e.message.starts_with("train.lr"), "{e}");
         assert_eq!(e.field.as_deref(), Some("train.lr"), "{e}");
         assert_eq!(e.line, Some(5));
+        assert_eq!(e.message, "train.lr: -1 must be positive at line 5");
+        // An unknown key of a trainer table: found by the trainer's reader, named with its
+        // line and the keys the table knows.
+        let e =
+            admit_spec_text("name = \"t\"\nkind = \"train\"\n[model]\nhidden = [8]\nhiden = [8]\n")
+                .unwrap_err();
+        assert_eq!((e.field.as_deref(), e.line), (Some("model.hiden"), Some(5)));
+        assert!(
+            e.message
+                .starts_with("model.hiden: unknown field (known: arch, channels, d_model,"),
+            "{e}"
+        );
+        assert!(e.message.ends_with(" at line 5"), "{e}");
+    }
+
+    #[test]
+    fn a_train_spec_is_kept_typed_and_read_again_once_from_its_stored_form() {
+        let text = "name = \"t\"\nkind = \"train\"\n[train]\nepochs = 3\n";
+        let spec = admit_text(text).unwrap();
+        assert_eq!(spec.trainer().map(|t| t.train.epochs), Some(3));
+        // The stored form is the tables alone; read back, the typed view is read again.
+        let json = serde_json::to_string(&spec).unwrap();
+        assert!(!json.contains("trainer"), "{json}");
+        let back: JobSpec = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.trainer(), spec.trainer());
+        assert_eq!(back, spec);
     }
 }

@@ -175,6 +175,9 @@ pub struct Supervisor {
     groups: Option<std::sync::Arc<super::groups::Groups>>,
     /// The user ranks run as and their log cap.
     options: RankOptions,
+    /// Every rank's task: [`run`] waits for them all once it has stopped the ranks at the
+    /// node's shutdown.
+    ranks: tokio_util::task::TaskTracker,
 }
 
 impl Supervisor {
@@ -209,6 +212,7 @@ impl Supervisor {
             datasets: None,
             groups: None,
             options: RankOptions::default(),
+            ranks: tokio_util::task::TaskTracker::new(),
         }
     }
 
@@ -312,7 +316,7 @@ impl Supervisor {
             };
             let (job, generation, rank) = (start.key.0, start.generation, start.rank);
             info!(job = %job, generation, rank, worker = start.key.2, "starting worker");
-            tokio::spawn(run.run(control_rx));
+            self.ranks.spawn(run.run(control_rx));
             self.running
                 .insert(start.key, (control_tx, start.generation));
         }
@@ -353,6 +357,14 @@ impl Supervisor {
             stop(&control);
         }
     }
+
+    /// The node's shutdown: kills every process and waits until each rank's task has
+    /// reaped it.
+    pub async fn stop_all_and_wait(&mut self) {
+        self.stop_all();
+        self.ranks.close();
+        self.ranks.wait().await;
+    }
 }
 
 /// Kills a rank's process: by message, or, when its queue is full, by dropping the queue
@@ -381,10 +393,13 @@ impl NodeKeys {
     }
 }
 
-/// Starts this node's supervisor on top of the control plane: ranks follow the replicated
-/// state, and their reports are proposed to the chief.
+/// Starts this node's supervisor on top of the control plane, in `tasks`: ranks follow the
+/// replicated state, and their reports are proposed to the chief. When `tasks` stop (the
+/// node's shutdown) every rank is killed and reaped, and reports not yet proposed are
+/// dropped: the ranks end with their member, which leaves the cluster next.
 #[allow(clippy::too_many_arguments)] // called once, by `node::run`, each argument named there
 pub fn start(
+    tasks: &crate::tasks::Tasks,
     ctl: ControlHandle,
     datasets: crate::datasets::Datasets,
     me: String,
@@ -397,7 +412,7 @@ pub fn start(
     checkpoints: super::checkpoint::CheckpointAccess,
 ) {
     let (reports_tx, reports_rx) = mpsc::channel(REPORT_QUEUE_DEPTH);
-    tokio::spawn(report_loop(ctl.clone(), reports_rx));
+    tasks.spawn(report_loop(ctl.clone(), reports_rx));
     let supervisor = Supervisor::new(me, jobs_dir, reports_tx, wall_ms)
         .with_storage(storage)
         .with_datasets(datasets)
@@ -406,7 +421,7 @@ pub fn start(
         .with_keys(keys)
         .with_checkpoints(Some(checkpoints))
         .with_rank_options(options);
-    tokio::spawn(run(ctl, supervisor));
+    tasks.spawn_owned(run(ctl, supervisor, tasks.stopping()));
 }
 
 /// Proposes the workers' reports, retrying while there is no chief (reports are idempotent:
@@ -432,8 +447,13 @@ async fn report_loop(ctl: ControlHandle, mut rx: mpsc::Receiver<ControlCommand>)
     }
 }
 
-/// Keeps this node's worker processes in line with the replicated state.
-async fn run(ctl: ControlHandle, mut supervisor: Supervisor) {
+/// Keeps this node's worker processes in line with the replicated state, until `stop`
+/// (then kills and reaps them).
+async fn run(
+    ctl: ControlHandle,
+    mut supervisor: Supervisor,
+    stop: tokio_util::sync::CancellationToken,
+) {
     let mut applied = ctl.subscribe_applied();
     let mut tick = tokio::time::interval(Duration::from_millis(RECONCILE_PERIOD_MS));
     let mut fence = Fence::default();
@@ -461,6 +481,7 @@ async fn run(ctl: ControlHandle, mut supervisor: Supervisor) {
             // While fenced nothing runs here: the replicated state may still name this
             // node's ranks, but the chief has (or will have) re-formed without them.
             tokio::select! {
+                _ = stop.cancelled() => return supervisor.stop_all_and_wait().await,
                 r = applied.changed() => if r.is_err() { return },
                 _ = tick.tick() => {}
             }
@@ -479,6 +500,7 @@ async fn run(ctl: ControlHandle, mut supervisor: Supervisor) {
             .collect();
         ctl.read(|s| supervisor.reconcile(s, &|id| hosts.get(id).cloned()));
         tokio::select! {
+            _ = stop.cancelled() => return supervisor.stop_all_and_wait().await,
             r = applied.changed() => if r.is_err() { supervisor.stop_all(); return },
             _ = tick.tick() => {}
         }

@@ -5,7 +5,8 @@
 //! lines that become job metrics and writes checkpoints under `jobs/<job-id>/ckpt/<step>/` in
 //! the node's store.
 
-use trainer::TrainSpec;
+use toml::de::DeTable;
+use trainer::{FieldError, TrainSpec};
 
 use crate::jobs::spec::JobSpec;
 
@@ -28,49 +29,16 @@ pub fn spec_text(spec: &JobSpec) -> String {
     toml::to_string(&t).unwrap_or_default()
 }
 
-/// Checks a train job's trainer sections: unknown keys and bad values are refused, the
-/// message naming the field (`train.lr: …`).
-pub fn validate(spec: &JobSpec) -> Result<TrainSpec, String> {
-    let known = known_keys();
-    for (name, section) in
-        SECTIONS
-            .iter()
-            .zip([&spec.model, &spec.data, &spec.train, &spec.checkpoint])
-    {
-        let Some(section) = section else { continue };
-        let allowed = known
-            .get(*name)
-            .and_then(|v| v.as_table())
-            .cloned()
-            .unwrap_or_default();
-        for key in section.keys() {
-            if !allowed.contains_key(key) {
-                let mut names: Vec<&str> = allowed.keys().map(String::as_str).collect();
-                names.sort_unstable();
-                return Err(format!(
-                    "{name}.{key}: unknown field (known: {})",
-                    names.join(", ")
-                ));
-            }
-        }
-    }
-    TrainSpec::from_toml(&spec_text(spec)).map_err(|e| match e {
-        trainer::TrainError::Spec(m) => m,
-        other => other.to_string(),
-    })
-}
-
-/// Every key the trainer's tables accept, from the serialized defaults (plus the optional
-/// ones a default leaves out).
-fn known_keys() -> toml::Table {
-    let mut t: toml::Table = toml::to_string(&TrainSpec::default())
-        .ok()
-        .and_then(|s| toml::from_str(&s).ok())
-        .unwrap_or_default();
-    if let Some(toml::Value::Table(train)) = t.get_mut("train") {
-        train.insert("max_steps".into(), toml::Value::Integer(0));
-    }
-    t
+/// Reads a train job's trainer sections as the trainer does
+/// ([`TrainSpec::from_document`]: unknown keys and bad values refused, the error naming the
+/// field): the one reader of these tables, for a job's spec, a search's template and each
+/// trial it could make. [`JobSpec::parse`] reads a train job's the same way, over the text
+/// the user wrote (so its errors carry lines); this reads tables that came without text.
+pub fn read(spec: &JobSpec) -> Result<TrainSpec, FieldError> {
+    let text = spec_text(spec);
+    // `toml` wrote the text from tables: it parses.
+    let doc = DeTable::parse(&text).map_err(|e| FieldError::new("spec", e.message().trim()))?;
+    TrainSpec::from_document(doc.get_ref())
 }
 
 #[cfg(test)]
@@ -81,22 +49,36 @@ mod tests {
         JobSpec::parse(text).unwrap()
     }
 
+    /// A command job's spec with `tables` (not checked by the parse as a train job's are).
+    fn tables(tables: &str) -> JobSpec {
+        let mut spec = JobSpec::parse(&format!(
+            "name = \"a\"\nkind = \"command\"\ncommand = [\"true\"]\n{tables}"
+        ))
+        .unwrap();
+        spec.kind = crate::jobs::spec::JobKind::Train;
+        spec.command.clear();
+        spec.tables_changed();
+        spec
+    }
+
     #[test]
-    fn example_spec_validates() {
+    fn example_spec_reads_and_is_kept_typed() {
         let text = include_str!("../../../examples/jobs/digits-mlp.toml");
-        let spec = validate(&parse(text)).unwrap();
+        let spec = read(&parse(text)).unwrap();
         assert_eq!(spec.model.arch, trainer::Arch::Mlp);
+        assert_eq!(parse(text).trainer(), Some(&spec));
     }
 
     #[test]
     fn bad_fields_are_named() {
-        let base = "name = \"a\"\nkind = \"train\"\n";
-        let e = validate(&parse(&format!("{base}[train]\nlrr = 0.1\n"))).unwrap_err();
-        assert!(e.starts_with("train.lrr: unknown field"), "{e}");
-        let e = validate(&parse(&format!("{base}[train]\noptimizer = \"sgdd\"\n"))).unwrap_err();
-        assert!(e.contains("optimizer"), "{e}");
-        let e = validate(&parse(&format!("{base}[model]\nhidden = [0]\n"))).unwrap_err();
-        assert!(e.contains("model.hidden"), "{e}");
-        assert!(validate(&parse(&format!("{base}[train]\nmax_steps = 5\n"))).is_ok());
+        let e = read(&tables("[train]\nlrr = 0.1\n")).unwrap_err();
+        assert!(e.to_string().starts_with("train.lrr: unknown field"), "{e}");
+        assert!(e.unknown && e.problem.contains("lr, lr_scaling"), "{e}");
+        let e = read(&tables("[train]\noptimizer = \"sgdd\"\n")).unwrap_err();
+        assert_eq!(e.field, "train.optimizer", "{e}");
+        assert!(!e.unknown);
+        let e = read(&tables("[model]\nhidden = [0]\n")).unwrap_err();
+        assert_eq!(e.field, "model.hidden", "{e}");
+        assert!(read(&tables("[train]\nmax_steps = 5\n")).is_ok());
     }
 }

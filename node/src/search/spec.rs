@@ -23,10 +23,7 @@ const TRIAL_SUFFIX_BYTES_MAX: usize = 12;
 pub type Problem = SearchError;
 
 fn problem(field: &str, what: impl Into<String>) -> Problem {
-    SearchError {
-        field: field.to_owned(),
-        problem: what.into(),
-    }
+    SearchError::new(field, what)
 }
 
 /// The search's own settings, with `max_resource` filled from the template when the spec
@@ -38,10 +35,7 @@ pub fn search_spec(spec: &JobSpec) -> Result<SearchSpec, Problem> {
         .ok_or_else(|| problem("search", "required when kind = \"search\""))?;
     let mut s = SearchSpec::from_table(table)?;
     if s.trial == TrialKind::Train && s.max_resource.is_none() {
-        let epochs = train_spec::validate(&template(spec, &s))
-            .map_err(|e| split(&e))?
-            .train
-            .epochs;
+        let epochs = train_spec::read(&template(spec, &s))?.train.epochs;
         s.max_resource = Some(u32::try_from(epochs).unwrap_or(u32::MAX).max(1));
     }
     Ok(s)
@@ -113,7 +107,7 @@ pub fn validate(spec: &JobSpec) -> Result<SearchSpec, Problem> {
     let resumable = s.trial == TrialKind::Train;
     if resumable && matches!(s.algorithm, Algorithm::Asha | Algorithm::Hyperband) {
         let epochs = s.max_resource.unwrap_or(1);
-        let t = train_spec::validate(&template(spec, &s)).map_err(|e| split(&e))?;
+        let t = train_spec::read(&template(spec, &s))?;
         if u64::from(epochs) != t.train.epochs
             && spec
                 .train
@@ -159,9 +153,8 @@ pub fn validate(spec: &JobSpec) -> Result<SearchSpec, Problem> {
             let mut params = first.clone();
             params.insert(p.name.clone(), v.clone());
             let t = trial_spec(&bare, &s, 0, &params);
-            train_spec::validate(&t).map_err(|e| {
-                let e = split(&e);
-                if e.field == p.name || e.problem.starts_with("unknown field") {
+            train_spec::read(&t).map_err(|e| {
+                if e.field == p.name || e.unknown {
                     problem(
                         &format!("search.params[{i}]"),
                         format!("{} = {v}: {}: {}", p.name, e.field, e.problem),
@@ -191,14 +184,6 @@ fn extremes(kind: &ParamKind) -> Vec<toml::Value> {
     }
 }
 
-/// `field: problem` back into its parts (the trainer's messages name the field first).
-fn split(message: &str) -> Problem {
-    match message.split_once(": ") {
-        Some((field, what)) if !field.contains(' ') => problem(field, what),
-        _ => problem("search", message),
-    }
-}
-
 /// The template as a job of the trial's kind, without the search table.
 fn template(spec: &JobSpec, s: &SearchSpec) -> JobSpec {
     let mut t = spec.clone();
@@ -207,6 +192,7 @@ fn template(spec: &JobSpec, s: &SearchSpec) -> JobSpec {
         TrialKind::Command => JobKind::Command,
     };
     t.search = None;
+    t.tables_changed();
     t
 }
 
@@ -318,6 +304,7 @@ fn set_path(spec: &mut JobSpec, path: &str, value: toml::Value) {
         }
     }
     table.insert((*last).to_owned(), value);
+    spec.tables_changed();
 }
 
 #[cfg(test)]
@@ -372,7 +359,7 @@ values = [[32], [64, 64]]
             t.model.as_ref().unwrap()["hidden"],
             toml::Value::Array(vec![toml::Value::Integer(32)])
         );
-        crate::jobs::train_spec::validate(&t).unwrap();
+        crate::jobs::train_spec::read(&t).unwrap();
     }
 
     #[test]

@@ -9,9 +9,10 @@
 use super::summary::{summary_path, Summary};
 use crate::control::handle::ControlHandle;
 
-/// Writes the summary of every ended search once, from now until the node stops.
-pub async fn run(ctl: ControlHandle, storage: String) {
-    crate::jobs::archive::write_ended(ctl, storage, "search summary", |s, written| {
+/// Writes the summary of every ended search once, from now until `stop` fires (never in
+/// the middle of a write).
+pub async fn run(stop: tokio_util::sync::CancellationToken, ctl: ControlHandle, storage: String) {
+    crate::jobs::archive::write_ended(stop, ctl, storage, "search summary", |s, written| {
         s.jobs
             .values()
             .filter(|j| j.state.is_terminal() && !written.contains(&j.id))

@@ -19,6 +19,22 @@ pub fn exe() -> &'static str {
     env!("CARGO_BIN_EXE_ringleader")
 }
 
+/// Whether a job reached a final state.
+pub fn ended(doc: &JobDoc) -> bool {
+    matches!(doc.state.as_str(), "succeeded" | "failed" | "cancelled")
+}
+
+/// Sends `sig` to process `pid` (which must exist).
+pub fn signal(pid: u32, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).unwrap();
+}
+
+/// The permission bits of `p` (the link's own, for a symlink).
+pub fn mode(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777
+}
+
 /// The stdout of a CLI run that must succeed (its stderr in the failure message).
 pub fn ok(out: std::process::Output) -> String {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -38,6 +54,22 @@ pub fn fails(out: std::process::Output) -> String {
         String::from_utf8_lossy(&out.stdout)
     );
     String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Every path under `root` (symlinks not followed).
+pub fn walk(root: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if meta.is_dir() {
+            stack.extend(std::fs::read_dir(&p).unwrap().flatten().map(|e| e.path()));
+        }
+        out.push(p);
+    }
+    out
 }
 
 /// Writes `text` to `path` with mode 0600 (a token file).

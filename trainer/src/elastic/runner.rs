@@ -18,6 +18,7 @@ use crate::elastic::error::ElasticError;
 use crate::elastic::generation::{Control, Generation, GenerationSource};
 use crate::elastic::ring::RingConnector;
 use crate::error::TrainError;
+use crate::faults::Faults;
 use crate::spec::TrainSpec;
 use crate::state::TrainState;
 use crate::trainer::{EpochMetrics, Event, RunEnd, Trainer};
@@ -147,9 +148,8 @@ pub struct ElasticRun<S, C> {
     source: S,
     connector: C,
     store: Option<CheckpointStore>,
-    compute_delay: Duration,
+    faults: Faults,
     compute_clock: ComputeClock,
-    hang_at_step: Option<u64>,
     abort_grace: Duration,
     device: crate::gpu::Device,
 }
@@ -162,9 +162,8 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
             source,
             connector,
             store: None,
-            compute_delay: Duration::ZERO,
+            faults: Faults::default(),
             compute_clock: ComputeClock::default(),
-            hang_at_step: None,
             abort_grace: Duration::from_millis(ABORT_GRACE_MS),
             device: crate::gpu::Device::Cpu,
         }
@@ -189,23 +188,15 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
         self
     }
 
-    /// Test-only: every trainer sleeps `delay` in each step's compute part
-    /// ([`Trainer::set_compute_delay`]).
-    pub fn with_compute_delay(mut self, delay: Duration) -> Self {
-        self.compute_delay = delay;
+    /// Test-only: the faults every trainer drives into its steps ([`Trainer::set_faults`]).
+    pub fn with_faults(mut self, faults: Faults) -> Self {
+        self.faults = faults;
         self
     }
 
     /// Every trainer marks its compute sections on `clock` (the progress heartbeat).
     pub fn with_compute_clock(mut self, clock: ComputeClock) -> Self {
         self.compute_clock = clock;
-        self
-    }
-
-    /// Test-only: the forward pass of step `step` never returns
-    /// ([`Trainer::set_test_hang_at_step`]).
-    pub fn with_test_hang_at_step(mut self, step: Option<u64>) -> Self {
-        self.hang_at_step = step;
         self
     }
 
@@ -399,9 +390,8 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
             (None, None) => (None, RestoreSource::Fresh),
         };
         let mut trainer = Trainer::new_on(&self.spec, comm, &self.device, nccl)?;
-        trainer.set_compute_delay(self.compute_delay);
+        trainer.set_faults(self.faults);
         trainer.set_compute_clock(self.compute_clock.clone());
-        trainer.set_test_hang_at_step(self.hang_at_step);
         let restored_step = match &state {
             Some(s) => {
                 trainer.restore(s)?;

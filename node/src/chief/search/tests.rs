@@ -1,0 +1,219 @@
+use std::collections::BTreeSet;
+
+use super::*;
+use crate::{
+    chief::tests::member,
+    cluster::{membership::State, net::MemberView},
+    control::state::{ControlResponse, JobId},
+    jobs::JobSpec,
+};
+
+const GRID: &str = r#"
+name = "g"
+kind = "search"
+command = ["true"]
+[search]
+trial = "command"
+algorithm = "grid"
+max_parallel = 2
+metric = "m"
+direction = "max"
+speculate_factor = 2.0
+[[search.params]]
+name = "x"
+type = "discrete"
+values = [1, 2, 3, 4]
+"#;
+
+fn secret() -> String {
+    "ab".repeat(32)
+}
+
+/// Applies `cmds` at the next log indexes.
+fn apply(state: &mut ControlState, cmds: &[ControlCommand]) {
+    for cmd in cmds {
+        let index = state.applied_index + 1;
+        let r = state.apply(index, cmd);
+        assert!(
+            !matches!(r, ControlResponse::Rejected { .. }),
+            "{cmd:?}: {r:?}"
+        );
+    }
+}
+
+fn candidates_of(state: &ControlState, members: &[MemberView]) -> Vec<Candidate> {
+    super::super::candidates(state, members, 0)
+}
+
+fn submit(state: &mut ControlState) -> JobId {
+    let spec = Box::new(JobSpec::parse(GRID).unwrap());
+    match state.apply(
+        1,
+        &ControlCommand::Submit {
+            spec,
+            at_ms: 1,
+            token: None,
+        },
+    ) {
+        ControlResponse::Submitted { id } => id,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The trial jobs' exits, each 0.
+fn exits(state: &ControlState, search: JobId, at_ms: u64) -> Vec<ControlCommand> {
+    let record = state.job(search).unwrap().search.as_ref().unwrap();
+    record
+        .runs
+        .iter()
+        .filter_map(|r| state.job(r.job))
+        .filter(|j| j.state == JobState::Running)
+        .map(|j| ControlCommand::WorkerExited {
+            id: j.id,
+            generation: j.generation,
+            rank: 0,
+            code: 0,
+            at_ms,
+        })
+        .collect()
+}
+
+#[test]
+fn trials_start_up_to_max_parallel_and_the_search_ends_after_the_last() {
+    let mut state = ControlState::default();
+    let search = submit(&mut state);
+    let members = vec![member("a", State::Alive, 4), member("b", State::Alive, 4)];
+    let mut c = candidates_of(&state, &members);
+    let cmds = decide(&state, &mut c, 10, &mut secret);
+    assert_eq!(cmds.len(), 2, "max_parallel = 2: {cmds:?}");
+    let nodes: BTreeSet<String> = cmds
+        .iter()
+        .map(|c| match c {
+            ControlCommand::TrialStart { slots, .. } => slots[0].name.clone(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(nodes.len(), 2, "spread over the members");
+    apply(&mut state, &cmds);
+    let mut c = candidates_of(&state, &members);
+    assert!(
+        decide(&state, &mut c, 20, &mut secret).is_empty(),
+        "at the cap"
+    );
+    // Both end; two more start; they end; the grid is done and the search ends.
+    let done = exits(&state, search, 30);
+    apply(&mut state, &done);
+    let mut c = candidates_of(&state, &members);
+    let cmds = decide(&state, &mut c, 40, &mut secret);
+    assert_eq!(cmds.len(), 2, "{cmds:?}");
+    apply(&mut state, &cmds);
+    let done = exits(&state, search, 50);
+    apply(&mut state, &done);
+    let mut c = candidates_of(&state, &members);
+    let cmds = decide(&state, &mut c, 60, &mut secret);
+    assert!(
+        matches!(cmds.as_slice(), [ControlCommand::SearchFinished { .. }]),
+        "{cmds:?}"
+    );
+    apply(&mut state, &cmds);
+    let job = state.job(search).unwrap();
+    // Its trials exited 0 without reporting the metric: nothing to rank, the search
+    // failed, saying so.
+    assert_eq!(job.state, JobState::Failed, "{:?}", job.events);
+    let last = &job.events.last().unwrap().reason;
+    assert!(last.starts_with("no trial reported"), "{last}");
+    let xs: Vec<i64> = job
+        .search
+        .as_ref()
+        .unwrap()
+        .trials
+        .iter()
+        .map(|t| t.params["x"].as_integer().unwrap())
+        .collect();
+    assert_eq!(xs, [1, 2, 3, 4], "the grid, in order");
+}
+
+#[test]
+fn a_member_that_joins_mid_search_gets_the_next_trials() {
+    let mut state = ControlState::default();
+    submit(&mut state);
+    let mut members = vec![member("a", State::Alive, 1)];
+    let mut c = candidates_of(&state, &members);
+    let cmds = decide(&state, &mut c, 10, &mut secret);
+    assert_eq!(cmds.len(), 1, "one cpu: one trial: {cmds:?}");
+    apply(&mut state, &cmds);
+    let mut c = candidates_of(&state, &members);
+    assert!(
+        decide(&state, &mut c, 20, &mut secret).is_empty(),
+        "no room"
+    );
+    members.push(member("b", State::Alive, 1));
+    let mut c = candidates_of(&state, &members);
+    let cmds = decide(&state, &mut c, 30, &mut secret);
+    let [ControlCommand::TrialStart {
+        trial: 1, slots, ..
+    }] = cmds.as_slice()
+    else {
+        panic!("{cmds:?}")
+    };
+    assert_eq!(slots[0].name, "b");
+}
+
+#[test]
+fn a_trial_much_slower_than_its_peers_gets_a_copy_on_another_member() {
+    let mut state = ControlState::default();
+    let search = submit(&mut state);
+    let members = vec![member("a", State::Alive, 4), member("b", State::Alive, 4)];
+    // Trials 0 and 1 start at 10; trial 0 ends at 110 (100 ms).
+    let mut c = candidates_of(&state, &members);
+    let cmds = decide(&state, &mut c, 10, &mut secret);
+    apply(&mut state, &cmds);
+    let first: Vec<ControlCommand> = exits(&state, search, 110).into_iter().take(1).collect();
+    apply(&mut state, &first);
+    // Trial 2 starts at 110 and ends at 210; trial 3 at 210 and ends at 310.
+    for t in [110, 210] {
+        let mut c = candidates_of(&state, &members);
+        let cmds: Vec<_> = decide(&state, &mut c, t, &mut secret)
+            .into_iter()
+            .filter(|c| matches!(c, ControlCommand::TrialStart { .. }))
+            .collect();
+        assert_eq!(cmds.len(), 1, "{cmds:?}");
+        apply(&mut state, &cmds);
+        let record = state.job(search).unwrap().search.as_ref().unwrap();
+        let newest = record.runs.last().unwrap().job;
+        let generation = state.job(newest).unwrap().generation;
+        apply(
+            &mut state,
+            &[ControlCommand::WorkerExited {
+                id: newest,
+                generation,
+                rank: 0,
+                code: 0,
+                at_ms: t + 100,
+            }],
+        );
+    }
+    // Trial 1 still runs at 2010 ms: over 2 × the 100 ms median (and the 2 s floor), a
+    // copy away from it; at 1500 ms not yet.
+    let mut c = candidates_of(&state, &members);
+    assert!(decide(&state, &mut c, 1_500, &mut secret).is_empty());
+    let mut c = candidates_of(&state, &members);
+    let cmds = decide(&state, &mut c, 2_010, &mut secret);
+    let record = state.job(search).unwrap().search.as_ref().unwrap();
+    let slow_node = state.job(record.runs[1].job).unwrap().assignment[0]
+        .member
+        .clone();
+    let [ControlCommand::TrialCopy {
+        trial: 1, slots, ..
+    }] = cmds.as_slice()
+    else {
+        panic!("{cmds:?}")
+    };
+    assert_ne!(slots[0].member, slow_node);
+    apply(&mut state, &cmds);
+    let mut c = candidates_of(&state, &members);
+    assert!(
+        decide(&state, &mut c, 2_100, &mut secret).is_empty(),
+        "one copy at a time"
+    );
+}

@@ -1,0 +1,124 @@
+//! The tasks a node spawns, owned: each part of the node spawns into a [`Tasks`] (a
+//! cancellation token and a tracker of the tasks), and [`Tasks::stop`] cancels them and
+//! waits, within a bound, until every one has ended. `node::run` stops the parts in order
+//! at SIGTERM (the API first, then the ranks, then the background writers and services,
+//! then the control plane), so no task is detached and none outlives its part.
+//!
+//! Two ways to spawn: [`Tasks::spawn`] ends the task at its next await once the part stops
+//! (for work whose interruption loses nothing: an accept loop, a connection, a proposal),
+//! and [`Tasks::spawn_owned`] leaves the ending to the task, which watches
+//! [`Tasks::stopping`] at its own safe points (a writer between two writes, the supervisor
+//! once its ranks are stopped).
+//!
+//! May use: nothing of the node.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::warn;
+
+/// One part's tasks. Cheap to clone: clones spawn into the same part.
+#[derive(Clone, Debug, Default)]
+pub struct Tasks {
+    /// The part's name, in logs.
+    name: &'static str,
+    stop: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl Tasks {
+    /// The tasks of the part `name`.
+    pub fn new(name: &'static str) -> Tasks {
+        Tasks {
+            name,
+            stop: CancellationToken::new(),
+            tracker: TaskTracker::new(),
+        }
+    }
+
+    /// Spawns `task`, which ends at its next await once the part stops.
+    pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        let stop = self.stop.clone();
+        self.tracker.spawn(async move {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => {}
+                () = task => {}
+            }
+        });
+    }
+
+    /// Spawns `task`, which ends itself once [`Tasks::stopping`] fires.
+    pub fn spawn_owned(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.tracker.spawn(task);
+    }
+
+    /// The token that fires when the part stops.
+    pub fn stopping(&self) -> CancellationToken {
+        self.stop.clone()
+    }
+
+    /// Tasks of this part still running.
+    pub fn len(&self) -> usize {
+        self.tracker.len()
+    }
+
+    /// Whether no task of this part runs.
+    pub fn is_empty(&self) -> bool {
+        self.tracker.is_empty()
+    }
+
+    /// Stops the part: fires [`Tasks::stopping`], then waits at most `within` for every task
+    /// to end. `false` (and a warning naming the part) when some were still running then;
+    /// they end with the runtime.
+    pub async fn stop(&self, within: Duration) -> bool {
+        self.stop.cancel();
+        self.tracker.close();
+        if tokio::time::timeout(within, self.tracker.wait())
+            .await
+            .is_ok()
+        {
+            return true;
+        }
+        warn!(
+            part = self.name,
+            running = self.tracker.len(),
+            within_ms = within.as_millis() as u64,
+            "tasks still running at shutdown"
+        );
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn stop_ends_every_task_and_owned_ones_at_their_own_point() {
+        let tasks = Tasks::new("test");
+        tasks.spawn(std::future::pending());
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let stopping = tasks.stopping();
+        tasks.spawn_owned(async move {
+            stopping.cancelled().await;
+            // The owned task's last unit of work runs to its end.
+            tokio::task::yield_now().await;
+            let _ = done_tx.send(());
+        });
+        assert_eq!(tasks.len(), 2);
+        assert!(tasks.stop(Duration::from_secs(10)).await);
+        assert!(tasks.is_empty());
+        done_rx.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_task_that_ignores_the_stop_is_reported_past_the_bound() {
+        let tasks = Tasks::new("test");
+        tasks.spawn_owned(std::future::pending());
+        assert!(!tasks.stop(Duration::from_millis(20)).await);
+        assert_eq!(tasks.len(), 1);
+    }
+}
