@@ -35,8 +35,17 @@ use crate::cluster::{
 pub type Core = Membership<PeerId, NodeMeta>;
 type Msg = membership::Message<PeerId, NodeMeta>;
 
-/// The membership protocol name on the swarm.
-pub const MEMBERSHIP_PROTOCOL: &str = "/ringleader/membership/1";
+/// The membership protocol name on the swarm (2: a view travels in bounded state pieces
+/// after a digest, where 1 sent it whole).
+pub const MEMBERSHIP_PROTOCOL: &str = "/ringleader/membership/2";
+/// Largest membership frame sent or accepted, in bytes: a state piece of
+/// `membership::message::PIECE_MEMBERS_MAX` members of about 1.3 KB at most fits, and so
+/// does every other message (at most `piggyback_max` updates).
+pub const MEMBERSHIP_FRAME_BYTES_MAX: usize = 2 << 20;
+/// Membership requests in flight on one connection, each way (count): a view of 10 000
+/// members at the default 256 a piece is 40 pieces, and a node may answer a few syncs at
+/// once.
+const MEMBERSHIP_STREAMS_MAX: usize = 256;
 
 /// Depth of the command queue into the event loop.
 const COMMAND_QUEUE_DEPTH: usize = 64;
@@ -80,7 +89,7 @@ impl request_response::Codec for FrameCodec {
     where
         T: futures::AsyncRead + Unpin + Send,
     {
-        match wire::read_frame(io, wire::FRAME_BYTES_MAX).await {
+        match wire::read_frame(io, MEMBERSHIP_FRAME_BYTES_MAX).await {
             Ok(bytes) => Ok(Frame::Bytes(bytes)),
             Err(e)
                 if matches!(
@@ -98,7 +107,7 @@ impl request_response::Codec for FrameCodec {
     where
         T: futures::AsyncRead + Unpin + Send,
     {
-        wire::read_frame(io, wire::FRAME_BYTES_MAX).await
+        wire::read_frame(io, MEMBERSHIP_FRAME_BYTES_MAX).await
     }
 
     async fn write_request<T>(
@@ -127,6 +136,46 @@ impl request_response::Codec for FrameCodec {
     {
         wire::write_frame(io, &res).await
     }
+}
+
+/// `msg` encoded in frames of at most [`MEMBERSHIP_FRAME_BYTES_MAX`]: one, unless it is a
+/// state piece of members whose metadata is unusually large, which is halved until each
+/// half fits. The halves keep the piece's index (pieces merge on their own, so the index
+/// only tells the receiver when to answer) and only the first keeps `answer`.
+pub fn membership_frames(msg: &Msg) -> Result<Vec<Vec<u8>>, wire::WireError> {
+    let too_large = |len| wire::WireError::TooLarge {
+        len,
+        limit: MEMBERSHIP_FRAME_BYTES_MAX,
+    };
+    let error = match wire::encode(msg) {
+        Ok(bytes) if bytes.len() <= MEMBERSHIP_FRAME_BYTES_MAX => return Ok(vec![bytes]),
+        Ok(bytes) => too_large(bytes.len()),
+        Err(e) => e,
+    };
+    let membership::Message::StatePiece {
+        answer,
+        piece,
+        pieces,
+        members,
+    } = msg
+    else {
+        return Err(error);
+    };
+    if members.len() < 2 {
+        return Err(error);
+    }
+    let (first, second) = members.split_at(members.len() / 2);
+    let half = |answer: bool, members: &[membership::Update<PeerId, NodeMeta>]| {
+        membership_frames(&membership::Message::StatePiece {
+            answer,
+            piece: *piece,
+            pieces: *pieces,
+            members: members.to_vec(),
+        })
+    };
+    let mut frames = half(*answer, first)?;
+    frames.extend(half(false, second)?);
+    Ok(frames)
 }
 
 /// The protocol for request/response RPCs between nodes (Raft, forwarded writes, logs).
@@ -186,7 +235,8 @@ pub fn build_swarm(
                     ProtocolSupport::Full,
                 )],
                 request_response::Config::default()
-                    .with_request_timeout(Duration::from_millis(REQUEST_TIMEOUT_MS)),
+                    .with_request_timeout(Duration::from_millis(REQUEST_TIMEOUT_MS))
+                    .with_max_concurrent_streams(MEMBERSHIP_STREAMS_MAX),
             ),
             rpc: request_response::Behaviour::new(
                 [(StreamProtocol::new(RPC_PROTOCOL), ProtocolSupport::Full)],
@@ -623,21 +673,23 @@ impl EventLoop {
     }
 
     fn send(&mut self, to: PeerId, msg: &Msg) {
-        let bytes = match wire::encode(msg) {
-            Ok(b) => b,
+        let frames = match membership_frames(msg) {
+            Ok(frames) => frames,
             Err(e) => {
-                warn!(peer = %to, "membership message not sent: {e}");
+                warn!(peer = %to, kind = msg.kind(), "membership message not sent: {e}");
                 return;
             }
         };
         self.offer_addresses(to);
-        self.counters.messages_out += 1;
-        let id = self
-            .swarm
-            .behaviour_mut()
-            .membership
-            .send_request(&to, Frame::Bytes(bytes));
-        self.pending.insert(id, to);
+        for bytes in frames {
+            self.counters.messages_out += 1;
+            let id = self
+                .swarm
+                .behaviour_mut()
+                .membership
+                .send_request(&to, Frame::Bytes(bytes));
+            self.pending.insert(id, to);
+        }
     }
 
     /// Before a send to a peer we are not connected to, offers libp2p the member's
@@ -834,6 +886,7 @@ impl EventLoop {
                 let decoded = match request {
                     Frame::Bytes(bytes) => wire::decode::<Msg>(&bytes)
                         .map_err(|e| e.to_string())
+                        .and_then(|msg| msg.check().map(|()| msg).map_err(|e| e.to_string()))
                         .and_then(|msg| {
                             // Metadata over its limits is not believed: the whole message
                             // goes, as a malformed one would.
@@ -897,6 +950,53 @@ impl EventLoop {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_state_piece_too_large_for_a_frame_is_halved_until_it_fits() {
+        // 300 members with 32 labels of 256 + 256 bytes: about 5 MB in one piece.
+        let member = |i: usize| {
+            let mut meta = NodeMeta::for_test(&format!("m{i}"), 1, "127.0.0.1");
+            meta.labels = (0..32)
+                .map(|l| (format!("{l:0>256}"), "v".repeat(256)))
+                .collect();
+            membership::Update {
+                id: PeerId::random(),
+                incarnation: 0,
+                state: State::Alive,
+                meta,
+                meta_version: 0,
+                from: None,
+            }
+        };
+        let members: Vec<_> = (0..300).map(member).collect();
+        let msg = Msg::StatePiece {
+            answer: true,
+            piece: 0,
+            pieces: 1,
+            members: members.clone(),
+        };
+        let frames = membership_frames(&msg).unwrap();
+        assert!(frames.len() >= 3, "{} frames", frames.len());
+        let mut back = Vec::new();
+        for (i, f) in frames.iter().enumerate() {
+            assert!(f.len() <= MEMBERSHIP_FRAME_BYTES_MAX);
+            let Msg::StatePiece {
+                answer,
+                piece,
+                pieces,
+                members,
+            } = wire::decode::<Msg>(f).unwrap()
+            else {
+                panic!("not a piece")
+            };
+            assert_eq!((answer, piece, pieces), (i == 0, 0, 1));
+            back.extend(members);
+        }
+        assert_eq!(back, members, "every member once, in order");
+        // Small messages go as they are.
+        let ping = Msg::Gossip { updates: vec![] };
+        assert_eq!(membership_frames(&ping).unwrap().len(), 1);
+    }
 
     fn seed(next_dial: Instant) -> Seed {
         Seed {

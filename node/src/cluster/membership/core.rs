@@ -3,6 +3,7 @@
 
 use super::broadcast::Broadcasts;
 use super::config::{Config, ConfigError};
+use super::hash::IdHasher;
 use super::hash::IdMap;
 use super::member::{Member, Metadata, NodeId, State, Update};
 use super::message::Message;
@@ -11,6 +12,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
+use std::hash::Hasher;
 
 /// Most ping-reqs served at once as an intermediary; further ones are ignored and counted.
 pub const RELAYS_MAX: usize = 1024;
@@ -113,6 +115,12 @@ pub struct Stats {
     pub updates_dropped: u64,
     /// Push-pull requests sent (join, periodic, reconnect).
     pub push_pulls_sent: u64,
+    /// Push-pull requests received whose digest matched this node's view: nothing sent.
+    pub push_pulls_in_step: u64,
+    /// State pieces sent (a view of n members is `ceil(n / push_pull_piece_members)`).
+    pub pieces_sent: u64,
+    /// Messages refused whole for breaking the protocol's limits (`Message::check`).
+    pub messages_refused: u64,
     /// Tombstones forgotten after `tombstone_ms`.
     pub tombstones_reaped: u64,
 }
@@ -130,10 +138,9 @@ struct Entry<I, M> {
 enum Source {
     /// Piggybacked on a probe or gossip message: at most `piggyback_max` honoured.
     Piggyback,
-    /// A push-pull request's full state (at most `members_max`; dead read as suspect).
-    PushPullRequest,
-    /// A push-pull reply's full state (likewise).
-    PushPullReply,
+    /// A piece of another member's full view (checked against `PIECE_MEMBERS_MAX`; dead
+    /// read as suspect).
+    Piece,
 }
 
 /// A running suspicion timer (Lifeguard): the timeout shrinks from `max_ms` to `min_ms`
@@ -180,6 +187,9 @@ pub fn suspicion_timeout_ms(min_ms: u64, max_ms: u64, c: u32, k: u32) -> u64 {
 struct Probe<I> {
     seq: u64,
     target: I,
+    /// The target's incarnation when the probe started: a probe that outlives it (the
+    /// member refuted, or died and came back, meanwhile) suspects nobody.
+    incarnation: u64,
     /// Part of the round-robin schedule (rather than started by an `Unreachable` hint).
     in_turn: bool,
     direct_deadline_ms: u64,
@@ -540,9 +550,14 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
         let seq = self.take_seq();
         let timeout = self.config.probe_timeout_ms * self.scale();
         let interval = self.config.probe_interval_ms * self.scale();
+        let incarnation = self
+            .members
+            .get(&target)
+            .map_or(0, |e| e.member.incarnation);
         self.probes.push(Probe {
             seq,
             target: target.clone(),
+            incarnation,
             in_turn,
             direct_deadline_ms: now + timeout,
             deadline_ms: now + interval.max(2 * timeout),
@@ -612,6 +627,11 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
             return;
         };
         let (state, incarnation) = (entry.member.state, entry.member.incarnation);
+        if incarnation != probe.incarnation {
+            // Probed a former incarnation (say one that died and restarted while the probe
+            // ran): its silence says nothing about the current one.
+            return;
+        }
         let me = self.id.clone();
         match state {
             State::Alive => {
@@ -749,6 +769,11 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
             self.stats.messages_ignored += 1;
             return;
         }
+        if let Err(e) = msg.check() {
+            self.stats.messages_refused += 1;
+            tracing::warn!(peer = %from, kind = msg.kind(), "refused membership message: {e}");
+            return;
+        }
         match msg {
             Message::Ping {
                 seq,
@@ -792,13 +817,23 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
                 }
             }
             Message::Gossip { updates } => self.apply_updates(&from, updates, Source::Piggyback),
-            Message::PushPull { members, .. } => {
-                self.apply_updates(&from, members, Source::PushPullRequest);
-                let members = self.full_state();
-                self.send(from, Message::PushPullReply { members });
+            Message::PushPull { digest, .. } => {
+                if digest == self.digest() {
+                    self.stats.push_pulls_in_step += 1;
+                } else if self.local().state != State::Left {
+                    self.send_state(from, true);
+                }
             }
-            Message::PushPullReply { members } => {
-                self.apply_updates(&from, members, Source::PushPullReply)
+            Message::StatePiece {
+                answer,
+                piece,
+                members,
+                ..
+            } => {
+                self.apply_updates(&from, members, Source::Piece);
+                if answer && piece == 0 && self.local().state != State::Left {
+                    self.send_state(from, false);
+                }
             }
         }
     }
@@ -948,17 +983,72 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
         out
     }
 
-    fn full_state(&self) -> Vec<Update<I, M>> {
-        self.members
+    /// This node's full view (tombstones included) cut into pieces of at most
+    /// `push_pull_piece_members` members; never empty (the view holds self).
+    pub fn state_pieces(&self, answer: bool) -> Vec<Message<I, M>> {
+        let members: Vec<Update<I, M>> = self
+            .members
             .values()
             .map(|e| e.member.to_update(e.suspect_from.clone()))
+            .collect();
+        let chunks: Vec<&[Update<I, M>]> = members
+            .chunks(self.config.push_pull_piece_members)
+            .collect();
+        let pieces = chunks.len() as u32;
+        chunks
+            .into_iter()
+            .enumerate()
+            .map(|(i, chunk)| Message::StatePiece {
+                answer,
+                piece: i as u32,
+                pieces,
+                members: chunk.to_vec(),
+            })
             .collect()
+    }
+
+    /// An order-independent digest of the view: the wrapping sum of a hash of each
+    /// member's (id, incarnation, state, meta version). Two members with the same view
+    /// have the same digest, so a sync between them costs one small message.
+    pub fn digest(&self) -> u64 {
+        self.members.values().fold(0u64, |sum, e| {
+            let m = &e.member;
+            let mut h = IdHasher::default();
+            m.id.hash(&mut h);
+            h.write_u64(m.incarnation);
+            h.write_u8(m.state as u8);
+            h.write_u64(m.meta_version);
+            sum.wrapping_add(h.finish())
+        })
+    }
+
+    fn send_state(&mut self, to: I, answer: bool) {
+        for msg in self.state_pieces(answer) {
+            self.stats.pieces_sent += 1;
+            self.send(to.clone(), msg);
+        }
     }
 
     fn send_push_pull(&mut self, to: I, join: bool) {
         self.stats.push_pulls_sent += 1;
-        let members = self.full_state();
-        self.send(to, Message::PushPull { join, members });
+        let digest = self.digest();
+        self.send(to, Message::PushPull { join, digest });
+    }
+
+    /// Starts from a view that is already converged, as the simulation's large runs do
+    /// (forming 10 000 members by joins would take most of their time): `updates` about
+    /// unknown members are inserted alive, nothing is queued for gossip or reported.
+    pub(super) fn assume_view(&mut self, updates: impl IntoIterator<Item = Update<I, M>>) {
+        for u in updates {
+            if u.id != self.id
+                && !self.members.contains_key(&u.id)
+                && self.members.len() < self.config.members_max
+            {
+                self.insert(u);
+            }
+        }
+        self.broadcasts = Broadcasts::new();
+        self.out.clear();
     }
 
     fn reconnect(&mut self) {
@@ -1004,9 +1094,9 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
 
     /// Merges the updates of one message.
     fn apply_updates(&mut self, from: &I, updates: Vec<Update<I, M>>, source: Source) {
-        let push_pull = source != Source::Piggyback;
+        let push_pull = source == Source::Piece;
         let max = if push_pull {
-            self.config.members_max
+            super::message::PIECE_MEMBERS_MAX
         } else {
             self.config.piggyback_max
         };
@@ -1017,9 +1107,8 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
         for u in updates.into_iter().take(max) {
             refuted |= self.apply_update(from, u, push_pull);
         }
-        // Tell whoever claimed we are down straight away (the reply to a push-pull request
-        // carries the refutation already).
-        if refuted && source != Source::PushPullRequest && self.local().state != State::Left {
+        // Tell whoever claimed we are down straight away.
+        if refuted && self.local().state != State::Left {
             let updates = self.piggyback(from);
             self.send(from.clone(), Message::Gossip { updates });
         }
@@ -1373,6 +1462,7 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::message::{PIECES_MAX, PIECE_MEMBERS_MAX};
     use super::*;
 
     type Node = Membership<u32, u32>;
@@ -1403,8 +1493,10 @@ mod tests {
             1_000,
             Event::Message {
                 from: 1,
-                msg: Message::PushPull {
-                    join: true,
+                msg: Message::StatePiece {
+                    answer: false,
+                    piece: 0,
+                    pieces: 1,
                     members: updates,
                 },
             },
@@ -1830,8 +1922,10 @@ mod tests {
 
     #[test]
     fn message_codec_round_trips() {
-        let msg: Message<u32, u32> = Message::PushPull {
-            join: true,
+        let msg: Message<u32, u32> = Message::StatePiece {
+            answer: true,
+            piece: 1,
+            pieces: 2,
             members: vec![
                 upd(1, 2, State::Suspect, Some(3)),
                 upd(4, 5, State::Left, None),
@@ -1844,7 +1938,226 @@ mod tests {
         assert_eq!(back, msg);
     }
 
+    /// (id, state, incarnation, meta version) of every member, sorted.
+    fn view(m: &Node) -> Vec<(u32, State, u64, u64)> {
+        let mut v: Vec<_> = m
+            .members()
+            .map(|x| (x.id, x.state, x.incarnation, x.meta_version))
+            .collect();
+        v.sort_by_key(|x| x.0);
+        v
+    }
+
+    fn piece_of(msg: &Message<u32, u32>) -> &[Update<u32, u32>] {
+        match msg {
+            Message::StatePiece { members, .. } => members,
+            other => panic!("not a state piece: {}", other.kind()),
+        }
+    }
+
+    #[test]
+    fn a_sync_in_step_costs_one_message_and_one_out_of_step_swaps_pieces() {
+        let config = Config {
+            push_pull_piece_members: 2,
+            members_max: 1_000,
+            ..Config::for_test()
+        };
+        let mut a = Node::new(1, 0, config.clone(), 1, 1_000);
+        let mut b = Node::new(2, 0, config.clone(), 2, 1_000);
+        // Both learn of each other and of member 3: same views, same digests.
+        let everyone = vec![
+            upd(1, 0, State::Alive, None),
+            upd(2, 0, State::Alive, None),
+            upd(3, 0, State::Alive, None),
+        ];
+        a.handle(1_000, gossip(2, everyone.clone()));
+        b.handle(1_000, gossip(1, everyone));
+        assert_eq!(a.digest(), b.digest());
+        let digest = a.digest();
+        let out = b.handle(
+            1_000,
+            Event::Message {
+                from: 1,
+                msg: Message::PushPull {
+                    join: false,
+                    digest,
+                },
+            },
+        );
+        assert!(sends(&out).is_empty(), "views in step: nothing to send");
+        assert_eq!(b.stats().push_pulls_in_step, 1);
+        // b learns of 4 and 5: a's push-pull is answered by b's view in pieces of two.
+        b.handle(
+            1_000,
+            gossip(
+                3,
+                vec![upd(4, 0, State::Alive, None), upd(5, 1, State::Alive, None)],
+            ),
+        );
+        let out = b.handle(
+            1_000,
+            Event::Message {
+                from: 1,
+                msg: Message::PushPull {
+                    join: false,
+                    digest,
+                },
+            },
+        );
+        let pieces: Vec<Message<u32, u32>> = sends(&out)
+            .into_iter()
+            .map(|(to, m)| {
+                assert_eq!(to, 1);
+                m.clone()
+            })
+            .collect();
+        assert_eq!(pieces.len(), 3, "5 members in pieces of 2");
+        // a merges them in reverse order and answers with its own view on piece 0 only.
+        let mut answered = 0;
+        for msg in pieces.into_iter().rev() {
+            let out = a.handle(1_000, Event::Message { from: 2, msg });
+            for (to, m) in sends(&out) {
+                assert_eq!(to, 2);
+                assert!(matches!(m, Message::StatePiece { answer: false, .. }));
+                answered += 1;
+            }
+        }
+        assert_eq!(
+            answered, 3,
+            "a's view (now 5 members) goes back in 3 pieces"
+        );
+        assert_eq!(view(&a), view(&b));
+        assert_eq!(a.digest(), b.digest());
+        a.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn an_oversized_or_malformed_piece_is_refused_whole() {
+        let mut m = node(4, Config::default());
+        let before = view(&m);
+        let too_many = (10..10 + PIECE_MEMBERS_MAX as u32 + 1)
+            .map(|id| upd(id, 0, State::Alive, None))
+            .collect();
+        let bad = [
+            (
+                Message::StatePiece {
+                    answer: false,
+                    piece: 0,
+                    pieces: 1,
+                    members: too_many,
+                },
+                "state piece carries 1025 members, over the limit of 1024",
+            ),
+            (
+                Message::StatePiece {
+                    answer: true,
+                    piece: 3,
+                    pieces: 3,
+                    members: vec![upd(9, 0, State::Alive, None)],
+                },
+                "state piece 3 of 3: index out of range",
+            ),
+            (
+                Message::StatePiece {
+                    answer: true,
+                    piece: 0,
+                    pieces: 0,
+                    members: vec![upd(9, 0, State::Alive, None)],
+                },
+                "state in 0 pieces, outside 1..=1024",
+            ),
+            (
+                Message::StatePiece {
+                    answer: false,
+                    piece: 0,
+                    pieces: PIECES_MAX + 1,
+                    members: vec![upd(9, 0, State::Alive, None)],
+                },
+                "state in 1025 pieces, outside 1..=1024",
+            ),
+        ];
+        for (i, (msg, text)) in bad.into_iter().enumerate() {
+            assert_eq!(msg.check().unwrap_err().to_string(), text);
+            let out = m.handle(1_000, Event::Message { from: 1, msg });
+            assert!(sends(&out).is_empty(), "a refused piece is not answered");
+            assert_eq!(m.stats().messages_refused, i as u64 + 1);
+        }
+        assert_eq!(view(&m), before, "nothing of a refused piece is merged");
+    }
+
+    fn arb_update() -> impl proptest::strategy::Strategy<Value = Update<u32, u32>> {
+        use proptest::prelude::*;
+        (
+            1u32..40,
+            0u64..4,
+            prop_oneof![
+                Just(State::Alive),
+                Just(State::Suspect),
+                Just(State::Dead),
+                Just(State::Left)
+            ],
+            0u64..3,
+            proptest::option::of(1u32..40),
+        )
+            .prop_map(|(id, incarnation, state, meta_version, from)| Update {
+                id,
+                incarnation,
+                state,
+                meta: meta_version as u32,
+                meta_version,
+                from,
+            })
+    }
+
     proptest::proptest! {
+        /// A view cut into pieces of any size covers every member exactly once, and its
+        /// pieces merged in any order, some twice, leave the receiver where the whole view
+        /// in one message does.
+        #[test]
+        fn pieces_reassemble_and_converge_in_any_order(
+            history in proptest::collection::vec(arb_update(), 1..120),
+            piece_members in 1usize..9,
+            order_seed in proptest::prelude::any::<u64>(),
+        ) {
+            let config = Config { push_pull_piece_members: piece_members, members_max: 1_000, ..Config::for_test() };
+            let mut source = Node::new(50, 0, config.clone(), 3, 1_000);
+            // Every member first joins alive, then the random claims arrive.
+            let joins: Vec<_> = (1..40).map(|id| upd(id, 0, State::Alive, None)).collect();
+            for chunk in joins.chunks(config.piggyback_max).chain(history.chunks(config.piggyback_max)) {
+                source.handle(1_000, gossip(60, chunk.to_vec()));
+            }
+            let pieces = source.state_pieces(false);
+            let n = source.members().count();
+            proptest::prop_assert_eq!(pieces.len(), n.div_ceil(piece_members));
+            let mut covered: Vec<u32> = pieces.iter().flat_map(|p| piece_of(p).iter().map(|u| u.id)).collect();
+            covered.sort_unstable();
+            let mut ids: Vec<u32> = source.members().map(|m| m.id).collect();
+            ids.sort_unstable();
+            proptest::prop_assert_eq!(covered, ids);
+            for p in &pieces {
+                proptest::prop_assert!(p.check().is_ok());
+                proptest::prop_assert!(piece_of(p).len() <= piece_members);
+            }
+
+            let whole: Vec<_> = pieces.iter().flat_map(|p| piece_of(p).to_vec()).collect();
+            let mut at_once = Node::new(0, 0, config.clone(), 4, 1_000);
+            at_once.handle(1_000, Event::Message {
+                from: 50,
+                msg: Message::StatePiece { answer: false, piece: 0, pieces: 1, members: whole },
+            });
+            let mut shuffled = pieces.clone();
+            let mut rng = SmallRng::seed_from_u64(order_seed);
+            let again: Vec<_> = shuffled.choose_multiple(&mut rng, 2).cloned().collect();
+            shuffled.extend(again);
+            shuffled.shuffle(&mut rng);
+            let mut in_pieces = Node::new(0, 0, config, 4, 1_000);
+            for msg in shuffled {
+                in_pieces.handle(1_000, Event::Message { from: 50, msg });
+            }
+            proptest::prop_assert_eq!(view(&in_pieces), view(&at_once));
+            proptest::prop_assert!(in_pieces.check_invariants().is_ok());
+        }
+
         #[test]
         fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
             let cfg = bincode::config::standard().with_limit::<{ 1 << 20 }>();
