@@ -37,9 +37,10 @@ pub fn decide(
     new_secret: &mut dyn FnMut() -> String,
 ) -> Vec<ControlCommand> {
     let mut candidates = candidates(state, members, now_ms);
+    let gone = gone(members);
     let mut out = Vec::new();
     for job in state.jobs.values().filter(|j| j.state == JobState::Running) {
-        out.extend(running(job, members, &mut candidates, now_ms, new_secret));
+        out.extend(running(job, &gone, &mut candidates, now_ms, new_secret));
     }
     out.extend(place_pending(state, &mut candidates, now_ms, new_secret));
     out.extend(search::decide(state, &mut candidates, now_ms, new_secret));
@@ -80,13 +81,18 @@ struct Lost<'a> {
     straggler: bool,
 }
 
-/// The ranks of `job`'s current generation that are lost, in rank order.
-fn lost_ranks<'a>(job: &'a Job, members: &[MemberView]) -> Vec<Lost<'a>> {
-    let gone: BTreeMap<String, &str> = members
+/// Members dead or left, by id, with that state's name. Built once per decision and looked
+/// up for every running job's ranks, rather than built again per job (jobs × members).
+fn gone(members: &[MemberView]) -> BTreeMap<String, &'static str> {
+    members
         .iter()
         .filter(|m| matches!(m.state, State::Dead | State::Left))
         .map(|m| (m.id.to_string(), m.state.as_str()))
-        .collect();
+        .collect()
+}
+
+/// The ranks of `job`'s current generation that are lost, in rank order.
+fn lost_ranks<'a>(job: &'a Job, gone: &BTreeMap<String, &str>) -> Vec<Lost<'a>> {
     let elastic = &job.spec.elastic;
     let mut lost = Vec::new();
     for slot in &job.assignment {
@@ -135,12 +141,12 @@ fn reranked(slots: impl IntoIterator<Item = Slot>) -> Vec<Slot> {
 /// What a running job needs: nothing, a re-form (elastic jobs), or a failed attempt.
 fn running(
     job: &Job,
-    members: &[MemberView],
+    gone: &BTreeMap<String, &'static str>,
     candidates: &mut [Candidate],
     now_ms: u64,
     new_secret: &mut dyn FnMut() -> String,
 ) -> Vec<ControlCommand> {
-    let lost = lost_ranks(job, members);
+    let lost = lost_ranks(job, gone);
     if !lost.is_empty() {
         return shrink(job, &lost, now_ms, new_secret);
     }
