@@ -1973,17 +1973,14 @@ mod tests {
         a.handle(1_000, gossip(2, everyone.clone()));
         b.handle(1_000, gossip(1, everyone));
         assert_eq!(a.digest(), b.digest());
-        let digest = a.digest();
-        let out = b.handle(
-            1_000,
-            Event::Message {
-                from: 1,
-                msg: Message::PushPull {
-                    join: false,
-                    digest,
-                },
+        let push_pull = Event::Message {
+            from: 1,
+            msg: Message::PushPull {
+                join: false,
+                digest: a.digest(),
             },
-        );
+        };
+        let out = b.handle(1_000, push_pull.clone());
         assert!(sends(&out).is_empty(), "views in step: nothing to send");
         assert_eq!(b.stats().push_pulls_in_step, 1);
         // b learns of 4 and 5: a's push-pull is answered by b's view in pieces of two.
@@ -1994,16 +1991,7 @@ mod tests {
                 vec![upd(4, 0, State::Alive, None), upd(5, 1, State::Alive, None)],
             ),
         );
-        let out = b.handle(
-            1_000,
-            Event::Message {
-                from: 1,
-                msg: Message::PushPull {
-                    join: false,
-                    digest,
-                },
-            },
-        );
+        let out = b.handle(1_000, push_pull);
         let pieces: Vec<Message<u32, u32>> = sends(&out)
             .into_iter()
             .map(|(to, m)| {

@@ -541,6 +541,17 @@ fn node_seed(seed: u64, id: u32, epoch: u64) -> u64 {
 /// Virtual-time limit of each benchmark phase (ms).
 pub const BENCHMARK_LIMIT_MS: u64 = 300_000;
 
+/// Kills one member other than 0, chosen by `seed`, and returns the seconds until every
+/// live member marks it dead (infinite if they never do within [`BENCHMARK_LIMIT_MS`]).
+fn kill_one(sim: &mut Sim, seed: u64) -> f64 {
+    let victim = SmallRng::seed_from_u64(seed ^ 0x5EED).gen_range(1..sim.len() as u32);
+    sim.crash(victim);
+    sim.run_until(BENCHMARK_LIMIT_MS, |s| {
+        s.all_see(victim, |m| m.is_none_or(|m| m.state == State::Dead))
+    })
+    .map_or(f64::INFINITY, |ms| ms as f64 / 1_000.0)
+}
+
 /// Forms a cluster of `members` (all joining through member 0 at once), waits until
 /// everyone sees everyone alive, kills one random member other than 0, and waits until
 /// every live member marks it dead. Deterministic for a given seed.
@@ -562,13 +573,7 @@ pub fn run_benchmark_on(members: usize, config: Config, net: NetConfig, seed: u6
     let converge_s = sim
         .run_until(BENCHMARK_LIMIT_MS, Sim::converged)
         .map_or(f64::INFINITY, |ms| ms as f64 / 1_000.0);
-    let victim = SmallRng::seed_from_u64(seed ^ 0x5EED).gen_range(1..members as u32);
-    sim.crash(victim);
-    let detect_s = sim
-        .run_until(BENCHMARK_LIMIT_MS, |s| {
-            s.all_see(victim, |m| m.is_none_or(|m| m.state == State::Dead))
-        })
-        .map_or(f64::INFINITY, |ms| ms as f64 / 1_000.0);
+    let detect_s = kill_one(&mut sim, seed);
     SimFigures {
         members,
         converge_rounds: converge_s / probe_s,
@@ -636,13 +641,7 @@ pub fn run_scale_benchmark(members: usize, config: Config, loss: f64, seed: u64)
     let bytes_per_member_s = per_member_s(sim.bytes_sent);
     let updates_per_member_s = per_member_s(sim.updates_sent);
     let pieces_per_member_s = per_member_s(pieces(&sim) - pieces0);
-    let victim = SmallRng::seed_from_u64(seed ^ 0x5EED).gen_range(1..members as u32);
-    sim.crash(victim);
-    let death_spread_s = sim
-        .run_until(BENCHMARK_LIMIT_MS, |s| {
-            s.all_see(victim, |m| m.is_none_or(|m| m.state == State::Dead))
-        })
-        .map_or(f64::INFINITY, |ms| ms as f64 / 1_000.0);
+    let death_spread_s = kill_one(&mut sim, seed);
     ScaleFigures {
         members,
         loss,
