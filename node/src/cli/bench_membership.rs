@@ -26,7 +26,7 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "100,1000")]
     pub sim: Vec<usize>,
     /// Simulated cluster sizes that start settled (views converged), for the steady-state
-    /// and death-spread figures at scale.
+    /// and death-spread figures at scale (10 000 needs about 13 GB of memory).
     #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
     pub sim_settled: Vec<usize>,
     /// Message loss probability in the settled simulations.
