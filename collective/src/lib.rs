@@ -22,7 +22,10 @@
 //! [`CollectiveError::NotBuiltWithCuda`].
 //!
 //! Layout: [`schedule`] holds the pure chunk schedules (ring, recursive doubling), property
-//! tested; `communicator` drives them over `transport` links (TCP with the handshake of
+//! tested; [`hierarchy`] the hierarchical allreduce's schedule by placement (reduce inside
+//! each host, ring among one leader a host, broadcast back) and the schedules' round and
+//! byte counts (the `schedule-counts` binary prints them; the communicator does not run
+//! this schedule yet); `communicator` drives them over `transport` links (TCP with the handshake of
 //! `tcp`, or in-memory channels; between ranks on the same host the data frames of a TCP
 //! link move to a shared-memory ring, `shm`); `frame` is the 32-byte frame header. The GPU
 //! path: `nccl` (behind `cuda`) calls NCCL; its CPU-side logic is plain code tested
@@ -44,6 +47,7 @@ pub mod cuda_libs;
 mod element;
 mod error;
 mod frame;
+pub mod hierarchy;
 mod nccl;
 pub mod schedule;
 mod shm;

@@ -20,7 +20,7 @@ pub mod driver;
 pub mod placement;
 pub mod search;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::{
     cluster::{membership::State, net::MemberView},
@@ -37,9 +37,10 @@ pub fn decide(
     new_secret: &mut dyn FnMut() -> String,
 ) -> Vec<ControlCommand> {
     let mut candidates = candidates(state, members, now_ms);
+    let gone = gone(members);
     let mut out = Vec::new();
     for job in state.jobs.values().filter(|j| j.state == JobState::Running) {
-        out.extend(running(job, members, &mut candidates, now_ms, new_secret));
+        out.extend(running(job, &gone, &mut candidates, now_ms, new_secret));
     }
     out.extend(place_pending(state, &mut candidates, now_ms, new_secret));
     out.extend(search::decide(state, &mut candidates, now_ms, new_secret));
@@ -49,12 +50,22 @@ pub fn decide(
 /// Members as placement sees them: alive or not, blacklisted or not, with what running jobs
 /// hold; in (name, id) order.
 fn candidates(state: &ControlState, members: &[MemberView], now_ms: u64) -> Vec<Candidate> {
-    let used = state.used_resources();
+    // What running jobs hold, by member, as `ControlState::used_resources` counts it but
+    // keyed by borrowed ids: that one allocates a key per slot, which at 10 000 jobs was
+    // most of a settled decision's time.
+    let mut used: HashMap<&str, (u32, BTreeSet<u32>)> = HashMap::new();
+    for job in state.jobs.values().filter(|j| j.state == JobState::Running) {
+        for slot in &job.assignment {
+            let held = used.entry(slot.member.as_str()).or_default();
+            held.0 = held.0.saturating_add(job.spec.resources.cpus_per_worker);
+            held.1.extend(&slot.gpus);
+        }
+    }
     let mut candidates: Vec<Candidate> = members
         .iter()
         .map(|m| {
             let id = m.id.to_string();
-            let held = used.get(&id).cloned().unwrap_or_default();
+            let (used_cpus, used_gpus) = used.remove(id.as_str()).unwrap_or_default();
             let removed = state.is_removed(&id);
             Candidate {
                 blacklisted: state.is_blacklisted(&id, now_ms),
@@ -64,8 +75,8 @@ fn candidates(state: &ControlState, members: &[MemberView], now_ms: u64) -> Vec<
                 alive: m.state == State::Alive && !removed,
                 cpus: m.meta.cpus,
                 gpus: m.meta.gpus.iter().map(|g| g.index).collect(),
-                used_cpus: held.cpus,
-                used_gpus: held.gpus,
+                used_cpus,
+                used_gpus,
             }
         })
         .collect();
@@ -80,32 +91,42 @@ struct Lost<'a> {
     straggler: bool,
 }
 
-/// The ranks of `job`'s current generation that are lost, in rank order.
-fn lost_ranks<'a>(job: &'a Job, members: &[MemberView]) -> Vec<Lost<'a>> {
-    let gone: BTreeMap<String, &str> = members
+/// Members dead or left, by id, with that state's name. Built once per decision and looked
+/// up for every running job's ranks, rather than built again per job (jobs × members).
+fn gone(members: &[MemberView]) -> BTreeMap<String, &'static str> {
+    members
         .iter()
         .filter(|m| matches!(m.state, State::Dead | State::Left))
         .map(|m| (m.id.to_string(), m.state.as_str()))
-        .collect();
+        .collect()
+}
+
+/// The ranks of `job`'s current generation that are lost, in rank order.
+fn lost_ranks<'a>(job: &'a Job, gone: &BTreeMap<String, &str>) -> Vec<Lost<'a>> {
     let elastic = &job.spec.elastic;
     let mut lost = Vec::new();
     for slot in &job.assignment {
-        let who = format!("{} (rank {})", slot.name, slot.rank);
+        // Formatted only for a lost rank: this loop visits every rank of every running job.
+        let who = || format!("{} (rank {})", slot.name, slot.rank);
         let straggling = job.rank_stats.get(&slot.rank).filter(|s| {
             s.slow_since_step.is_some_and(|since| {
                 s.step.saturating_sub(since) >= u64::from(elastic.straggler_window)
             })
         });
         let (reason, straggler) = if let Some(state) = gone.get(&slot.member) {
-            (format!("peer-lost {who}: member {state}"), false)
+            (format!("peer-lost {}: member {state}", who()), false)
         } else if let Some(code) = job.exits.get(&slot.rank).filter(|c| **c != 0) {
-            (format!("peer-lost {who}: exited with code {code}"), false)
+            (
+                format!("peer-lost {}: exited with code {code}", who()),
+                false,
+            )
         } else if let Some(seen) = job.suspects.get(&slot.rank) {
             let kind = if seen.hung { "hung" } else { "peer-lost" };
-            (format!("{kind} {who}: {}", seen.reason), false)
+            (format!("{kind} {}: {}", who(), seen.reason), false)
         } else if let Some(stat) = straggling {
             let reason = format!(
-                "straggler {who}: {:.1} ms of compute per step, over {}x the ring's median for {} steps",
+                "straggler {}: {:.1} ms of compute per step, over {}x the ring's median for {} steps",
+                who(),
                 stat.compute_ms, elastic.straggler_factor, elastic.straggler_window
             );
             (reason, true)
@@ -135,12 +156,12 @@ fn reranked(slots: impl IntoIterator<Item = Slot>) -> Vec<Slot> {
 /// What a running job needs: nothing, a re-form (elastic jobs), or a failed attempt.
 fn running(
     job: &Job,
-    members: &[MemberView],
+    gone: &BTreeMap<String, &'static str>,
     candidates: &mut [Candidate],
     now_ms: u64,
     new_secret: &mut dyn FnMut() -> String,
 ) -> Vec<ControlCommand> {
-    let lost = lost_ranks(job, members);
+    let lost = lost_ranks(job, gone);
     if !lost.is_empty() {
         return shrink(job, &lost, now_ms, new_secret);
     }

@@ -25,6 +25,13 @@ pub struct BenchArgs {
     /// Simulated cluster sizes.
     #[arg(long, value_delimiter = ',', default_value = "100,1000")]
     pub sim: Vec<usize>,
+    /// Simulated cluster sizes that start settled (views converged), for the steady-state
+    /// and death-spread figures at scale (10 000 needs about 13 GB of memory).
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    pub sim_settled: Vec<usize>,
+    /// Message loss probability in the settled simulations.
+    #[arg(long, default_value_t = 0.01)]
+    pub sim_loss: f64,
     /// Skip the real-process figures.
     #[arg(long)]
     pub skip_real: bool,
@@ -65,6 +72,27 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             );
             println!("membership sim_converge_s_{n}={:.3}", f.converge_s);
             println!("membership sim_detect_s_{n}={:.3}", f.detect_s);
+        }
+        for &n in &args.sim_settled {
+            let start = Instant::now();
+            let f = membership::sim::run_scale_benchmark(
+                n,
+                membership::Config::default(),
+                args.sim_loss,
+                42,
+            );
+            println!(
+                "membership sim members={n} loss={} death_spread_s={:.3} false_suspicions={} \
+                 bytes_per_member_s={:.0} updates_per_member_s={:.1} pieces_per_member_s={:.3} \
+                 wall_s={:.0}",
+                f.loss,
+                f.death_spread_s,
+                f.false_suspicions,
+                f.bytes_per_member_s,
+                f.updates_per_member_s,
+                f.pieces_per_member_s,
+                start.elapsed().as_secs_f64()
+            );
         }
     }
     Ok(())

@@ -214,7 +214,16 @@ fn one_size(root: &std::path::Path, n: usize, submits: usize) -> Result<String> 
     let t = Instant::now();
     let id = client.submit(&wide)?;
     loop {
-        let job = client.job(&id)?;
+        // A follower answers for the job once it applied the entry (a moment after the
+        // chief committed it): "no job" until then.
+        let job = match client.job(&id) {
+            Ok(job) => job,
+            Err(_) if t.elapsed() < WAIT => {
+                std::thread::sleep(Duration::from_millis(POLL_MS));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         match job.state.as_str() {
             "succeeded" => break,
             "failed" | "cancelled" => bail!("the wide job ended {}", job.state),

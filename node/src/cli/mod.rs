@@ -1,7 +1,8 @@
 //! The command line: `ringleader node` runs a node; every other command is an API client.
 //!
 //! - [`demo`]: `ringleader demo`, a local cluster end to end.
-//! - [`bench_membership`], [`bench_control`], [`bench_elastic`], [`bench_scale`]: the benchmarks' figures.
+//! - [`bench_membership`], [`bench_control`], [`bench_elastic`], [`bench_chief`],
+//!   [`bench_scale`]: the benchmarks' figures.
 //! - [`local`]: a cluster of real `ringleader node` processes on this host, for the demo, the
 //!   benchmarks and the integration tests (public because the binary's demo needs it).
 //! - [`datasets`]: `ringleader dataset add | ls | get | rm`.
@@ -10,6 +11,7 @@
 //!
 //! May use: everything in the crate.
 
+pub mod bench_chief;
 pub mod bench_control;
 pub mod bench_elastic;
 pub mod bench_membership;
@@ -125,6 +127,9 @@ pub enum Cmd {
     /// Elastic-training benchmark (scripts/bench-elastic.sh runs this).
     #[command(hide = true)]
     BenchElastic(bench_elastic::BenchElasticArgs),
+    /// The chief's decision and the state's apply at size (scripts/bench-chief.sh runs this).
+    #[command(hide = true)]
+    BenchChief(bench_chief::BenchChiefArgs),
     /// Control-plane benchmark (scripts/bench-control.sh runs this).
     #[command(hide = true)]
     BenchControl(bench_control::BenchControlArgs),
@@ -291,11 +296,13 @@ impl NodeArgs {
             let abs = std::path::absolute(&data_dir).unwrap_or_else(|_| data_dir.clone());
             format!("file://{}", abs.join("store").display())
         });
-        // A push-pull carries every member (about 400 bytes each with our metadata, up to
-        // 300 more for a member advertising the most datasets, about 70 per GPU: 560 for
-        // eight), so the member limit keeps it inside one 4 MiB wire frame.
+        // A view travels in state pieces of `push_pull_piece_members` (256) members of
+        // about 400 bytes each with our metadata (up to 300 more for a member advertising
+        // the most datasets, about 70 per GPU: 560 for eight), so a piece stays far inside
+        // the membership frame limit whatever the cluster size; 10 000 members is the size
+        // the simulation measures (`ringleader bench-membership --sim 10000`).
         let membership = membership::Config {
-            members_max: 3_000,
+            members_max: MEMBERS_MAX,
             ..membership::Config::default()
         };
         membership
@@ -335,6 +342,8 @@ impl NodeArgs {
 
 /// Longest `--storage-file` read, in bytes.
 const STORAGE_FILE_BYTES_MAX: u64 = 8_192;
+/// Most members a node remembers, tombstones included (count).
+pub const MEMBERS_MAX: usize = 10_000;
 
 /// The URL in a `--storage-file`: private to its owner (it holds keys), one line.
 fn read_storage_file(file: &std::path::Path) -> Result<Option<String>> {

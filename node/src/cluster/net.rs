@@ -36,9 +36,14 @@ use crate::cluster::{
 pub type Core = Membership<PeerId, NodeMeta>;
 type Msg = membership::Message<PeerId, NodeMeta>;
 
-/// The membership protocol name on the swarm (version 2: one long-lived stream per peer and
-/// direction carrying many frames; version 1 sent each message as a request).
+/// The membership protocol name on the swarm (2: one long-lived stream per peer and
+/// direction carrying many frames, and a view travels in bounded state pieces after a
+/// digest; 1 sent each message as a request and a view whole).
 pub const MEMBERSHIP_PROTOCOL: &str = "/ringleader/membership/2";
+/// Largest membership frame sent or accepted, in bytes: a state piece of
+/// `membership::message::PIECE_MEMBERS_MAX` members of about 1.3 KB at most fits, and so
+/// does every other message (at most `piggyback_max` updates).
+pub const MEMBERSHIP_FRAME_BYTES_MAX: usize = 2 << 20;
 
 /// Depth of the command queue into the event loop.
 const COMMAND_QUEUE_DEPTH: usize = 64;
@@ -118,6 +123,46 @@ impl request_response::Codec for FrameCodec {
     {
         wire::write_frame(io, &res).await
     }
+}
+
+/// `msg` encoded in frames of at most [`MEMBERSHIP_FRAME_BYTES_MAX`]: one, unless it is a
+/// state piece of members whose metadata is unusually large, which is halved until each
+/// half fits. The halves keep the piece's index (pieces merge on their own, so the index
+/// only tells the receiver when to answer) and only the first keeps `answer`.
+pub fn membership_frames(msg: &Msg) -> Result<Vec<Vec<u8>>, wire::WireError> {
+    let too_large = |len| wire::WireError::TooLarge {
+        len,
+        limit: MEMBERSHIP_FRAME_BYTES_MAX,
+    };
+    let error = match wire::encode(msg) {
+        Ok(bytes) if bytes.len() <= MEMBERSHIP_FRAME_BYTES_MAX => return Ok(vec![bytes]),
+        Ok(bytes) => too_large(bytes.len()),
+        Err(e) => e,
+    };
+    let membership::Message::StatePiece {
+        answer,
+        piece,
+        pieces,
+        members,
+    } = msg
+    else {
+        return Err(error);
+    };
+    if members.len() < 2 {
+        return Err(error);
+    }
+    let (first, second) = members.split_at(members.len() / 2);
+    let half = |answer: bool, members: &[membership::Update<PeerId, NodeMeta>]| {
+        membership_frames(&membership::Message::StatePiece {
+            answer,
+            piece: *piece,
+            pieces: *pieces,
+            members: members.to_vec(),
+        })
+    };
+    let mut frames = half(*answer, first)?;
+    frames.extend(half(false, second)?);
+    Ok(frames)
 }
 
 /// The protocol for request/response RPCs between nodes (Raft, forwarded writes, logs).
@@ -430,6 +475,7 @@ impl EventLoop {
         let (streams, stream_events) = PeerStreams::new(
             swarm.behaviour().membership.new_control(),
             StreamProtocol::new(MEMBERSHIP_PROTOCOL),
+            MEMBERSHIP_FRAME_BYTES_MAX,
         )
         .expect("a new swarm accepts the membership protocol once, here");
         let now = Instant::now();
@@ -647,10 +693,10 @@ impl EventLoop {
     }
 
     fn send(&mut self, to: PeerId, msg: &Msg) {
-        let bytes = match wire::encode(msg) {
-            Ok(b) => b,
+        let frames = match membership_frames(msg) {
+            Ok(frames) => frames,
             Err(e) => {
-                warn!(peer = %to, "membership message not sent: {e}");
+                warn!(peer = %to, kind = msg.kind(), "membership message not sent: {e}");
                 return;
             }
         };
@@ -660,11 +706,13 @@ impl EventLoop {
                 sent_to.push(to);
             }
         }
-        match self.streams.send(to, Out::Frame(bytes)) {
-            Ok(()) => self.counters.messages_out += 1,
-            Err(e) => {
-                self.counters.send_failures += 1;
-                debug!(peer = %to, "membership message dropped: {e:?}");
+        for bytes in frames {
+            match self.streams.send(to, Out::Frame(bytes)) {
+                Ok(()) => self.counters.messages_out += 1,
+                Err(e) => {
+                    self.counters.send_failures += 1;
+                    debug!(peer = %to, "membership message dropped: {e:?}");
+                }
             }
         }
     }
@@ -865,6 +913,7 @@ impl EventLoop {
         let decoded = match frame {
             Frame::Bytes(bytes) => wire::decode::<Msg>(&bytes)
                 .map_err(|e| e.to_string())
+                .and_then(|msg| msg.check().map(|()| msg).map_err(|e| e.to_string()))
                 .and_then(|msg| {
                     // Metadata over its limits is not believed: the whole message goes, as
                     // a malformed one would.
@@ -900,6 +949,53 @@ impl EventLoop {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_state_piece_too_large_for_a_frame_is_halved_until_it_fits() {
+        // 300 members with 32 labels of 256 + 256 bytes: about 5 MB in one piece.
+        let member = |i: usize| {
+            let mut meta = NodeMeta::for_test(&format!("m{i}"), 1, "127.0.0.1");
+            meta.labels = (0..32)
+                .map(|l| (format!("{l:0>256}"), "v".repeat(256)))
+                .collect();
+            membership::Update {
+                id: PeerId::random(),
+                incarnation: 0,
+                state: State::Alive,
+                meta,
+                meta_version: 0,
+                from: None,
+            }
+        };
+        let members: Vec<_> = (0..300).map(member).collect();
+        let msg = Msg::StatePiece {
+            answer: true,
+            piece: 0,
+            pieces: 1,
+            members: members.clone(),
+        };
+        let frames = membership_frames(&msg).unwrap();
+        assert!(frames.len() >= 3, "{} frames", frames.len());
+        let mut back = Vec::new();
+        for (i, f) in frames.iter().enumerate() {
+            assert!(f.len() <= MEMBERSHIP_FRAME_BYTES_MAX);
+            let Msg::StatePiece {
+                answer,
+                piece,
+                pieces,
+                members,
+            } = wire::decode::<Msg>(f).unwrap()
+            else {
+                panic!("not a piece")
+            };
+            assert_eq!((answer, piece, pieces), (i == 0, 0, 1));
+            back.extend(members);
+        }
+        assert_eq!(back, members, "every member once, in order");
+        // Small messages go as they are.
+        let ping = Msg::Gossip { updates: vec![] };
+        assert_eq!(membership_frames(&ping).unwrap().len(), 1);
+    }
 
     fn seed(next_dial: Instant) -> Seed {
         Seed {

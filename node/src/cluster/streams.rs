@@ -15,7 +15,7 @@
 //!   [`StreamEvent::Failed`] (the loop tells the core the peer is unreachable) and ends; one
 //!   with nothing to send for [`WRITER_IDLE_MS`] closes its stream and ends.
 //! - **Readers.** One task per inbound stream ([`read_loop`]) reads frames, each checked
-//!   against [`wire::FRAME_BYTES_MAX`] before anything is allocated, and hands them to the
+//!   against the frame limit it was given before anything is allocated, and hands them to the
 //!   loop. A frame that is oversized or cut short is reported as [`Frame::Bad`] and the
 //!   stream is dropped: after a bad length nothing on it can be trusted.
 //! - **Close.** A graceful leave queues a [`Out::Close`] behind its announcements and waits
@@ -104,6 +104,7 @@ impl PeerStreams {
     pub fn new(
         mut control: libp2p_stream::Control,
         protocol: StreamProtocol,
+        frame_bytes_max: usize,
     ) -> io::Result<(Self, mpsc::Receiver<StreamEvent>)> {
         let (events, rx) = mpsc::channel(INBOUND_QUEUE);
         let mut incoming = control
@@ -117,7 +118,7 @@ impl PeerStreams {
                 tokio::select! {
                     next = incoming.next() => match next {
                         Some((peer, stream)) => {
-                            readers.spawn(read_loop(peer, stream, to_loop.clone()));
+                            readers.spawn(read_loop(peer, stream, frame_bytes_max, to_loop.clone()));
                         }
                         None => return,
                     },
@@ -272,9 +273,14 @@ async fn write_loop(
 }
 
 /// One inbound stream's reader: frames to the loop until the stream ends or turns bad.
-async fn read_loop(peer: PeerId, mut stream: Stream, events: mpsc::Sender<StreamEvent>) {
+async fn read_loop(
+    peer: PeerId,
+    mut stream: Stream,
+    frame_bytes_max: usize,
+    events: mpsc::Sender<StreamEvent>,
+) {
     loop {
-        let frame = match wire::read_frame_or_end(&mut stream, wire::FRAME_BYTES_MAX).await {
+        let frame = match wire::read_frame_or_end(&mut stream, frame_bytes_max).await {
             Ok(Some(bytes)) => Frame::Bytes(bytes),
             // The writer closed between frames.
             Ok(None) => return,

@@ -1,5 +1,6 @@
 //! Membership configuration: one documented struct, validated at start-up.
 
+use super::message::{PIECES_MAX, PIECE_MEMBERS_MAX};
 use serde::{Deserialize, Serialize};
 
 /// Tunables of the membership protocol. Every duration is in milliseconds of the driver's
@@ -41,6 +42,10 @@ pub struct Config {
     /// Time between two full-state syncs with a random alive member, scaled up
     /// logarithmically above 32 members as memberlist does (ms; default 15 000).
     pub push_pull_interval_ms: u64,
+    /// Members in one state piece of a sync (count; default 256, at most
+    /// [`PIECE_MEMBERS_MAX`]): a view of n members travels as `ceil(n / this)` messages,
+    /// each well inside the driver's frame limit.
+    pub push_pull_piece_members: usize,
     /// Time between two attempts to sync with a random dead (not left) member, so that the
     /// two sides of a healed partition merge; also retries the seeds while alone (ms;
     /// default 2 000).
@@ -73,6 +78,7 @@ impl Default for Config {
             retransmit_mult: 4,
             piggyback_max: 32,
             push_pull_interval_ms: 15_000,
+            push_pull_piece_members: 256,
             reconnect_interval_ms: 2_000,
             tombstone_ms: 3_600_000,
             gossip_to_dead_ms: 30_000,
@@ -129,7 +135,7 @@ impl Config {
 
     /// Checks that the values can work together.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let positive: [(&'static str, u64); 12] = [
+        let positive: [(&'static str, u64); 13] = [
             ("probe_interval_ms", self.probe_interval_ms),
             ("probe_timeout_ms", self.probe_timeout_ms),
             ("suspicion_mult", self.suspicion_mult.into()),
@@ -139,6 +145,10 @@ impl Config {
             ("retransmit_mult", self.retransmit_mult.into()),
             ("piggyback_max", self.piggyback_max as u64),
             ("push_pull_interval_ms", self.push_pull_interval_ms),
+            (
+                "push_pull_piece_members",
+                self.push_pull_piece_members as u64,
+            ),
             ("reconnect_interval_ms", self.reconnect_interval_ms),
             ("tombstone_ms", self.tombstone_ms),
             ("members_max", self.members_max as u64),
@@ -150,6 +160,18 @@ impl Config {
             return Err(ConfigError::Inconsistent {
                 field: "members_max",
                 reason: "must leave room for self and one other member",
+            });
+        }
+        if self.push_pull_piece_members > PIECE_MEMBERS_MAX {
+            return Err(ConfigError::Inconsistent {
+                field: "push_pull_piece_members",
+                reason: "must be at most PIECE_MEMBERS_MAX (1024), which receivers enforce",
+            });
+        }
+        if self.members_max.div_ceil(self.push_pull_piece_members) > PIECES_MAX as usize {
+            return Err(ConfigError::Inconsistent {
+                field: "members_max",
+                reason: "a full view must fit PIECES_MAX (1024) pieces of push_pull_piece_members",
             });
         }
         if self.gossip_to_dead_ms > self.tombstone_ms {

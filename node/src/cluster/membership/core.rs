@@ -3,6 +3,7 @@
 
 use super::broadcast::Broadcasts;
 use super::config::{Config, ConfigError};
+use super::hash::IdHasher;
 use super::hash::IdMap;
 use super::member::{Member, Metadata, NodeId, State, Update};
 use super::message::Message;
@@ -11,6 +12,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
+use std::hash::Hasher;
 
 /// Most ping-reqs served at once as an intermediary; further ones are ignored and counted.
 pub const RELAYS_MAX: usize = 1024;
@@ -113,6 +115,12 @@ pub struct Stats {
     pub updates_dropped: u64,
     /// Push-pull requests sent (join, periodic, reconnect).
     pub push_pulls_sent: u64,
+    /// Push-pull requests received whose digest matched this node's view: nothing sent.
+    pub push_pulls_in_step: u64,
+    /// State pieces sent (a view of n members is `ceil(n / push_pull_piece_members)`).
+    pub pieces_sent: u64,
+    /// Messages refused whole for breaking the protocol's limits (`Message::check`).
+    pub messages_refused: u64,
     /// Tombstones forgotten after `tombstone_ms`.
     pub tombstones_reaped: u64,
 }
@@ -130,10 +138,9 @@ struct Entry<I, M> {
 enum Source {
     /// Piggybacked on a probe or gossip message: at most `piggyback_max` honoured.
     Piggyback,
-    /// A push-pull request's full state (at most `members_max`; dead read as suspect).
-    PushPullRequest,
-    /// A push-pull reply's full state (likewise).
-    PushPullReply,
+    /// A piece of another member's full view (checked against `PIECE_MEMBERS_MAX`; dead
+    /// read as suspect).
+    Piece,
 }
 
 /// A running suspicion timer (Lifeguard): the timeout shrinks from `max_ms` to `min_ms`
@@ -180,6 +187,9 @@ pub fn suspicion_timeout_ms(min_ms: u64, max_ms: u64, c: u32, k: u32) -> u64 {
 struct Probe<I> {
     seq: u64,
     target: I,
+    /// The target's incarnation when the probe started: a probe that outlives it (the
+    /// member refuted, or died and came back, meanwhile) suspects nobody.
+    incarnation: u64,
     /// Part of the round-robin schedule (rather than started by an `Unreachable` hint).
     in_turn: bool,
     direct_deadline_ms: u64,
@@ -540,9 +550,14 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
         let seq = self.take_seq();
         let timeout = self.config.probe_timeout_ms * self.scale();
         let interval = self.config.probe_interval_ms * self.scale();
+        let incarnation = self
+            .members
+            .get(&target)
+            .map_or(0, |e| e.member.incarnation);
         self.probes.push(Probe {
             seq,
             target: target.clone(),
+            incarnation,
             in_turn,
             direct_deadline_ms: now + timeout,
             deadline_ms: now + interval.max(2 * timeout),
@@ -612,6 +627,11 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
             return;
         };
         let (state, incarnation) = (entry.member.state, entry.member.incarnation);
+        if incarnation != probe.incarnation {
+            // Probed a former incarnation (say one that died and restarted while the probe
+            // ran): its silence says nothing about the current one.
+            return;
+        }
         let me = self.id.clone();
         match state {
             State::Alive => {
@@ -749,6 +769,11 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
             self.stats.messages_ignored += 1;
             return;
         }
+        if let Err(e) = msg.check() {
+            self.stats.messages_refused += 1;
+            tracing::warn!(peer = %from, kind = msg.kind(), "refused membership message: {e}");
+            return;
+        }
         match msg {
             Message::Ping {
                 seq,
@@ -792,13 +817,23 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
                 }
             }
             Message::Gossip { updates } => self.apply_updates(&from, updates, Source::Piggyback),
-            Message::PushPull { members, .. } => {
-                self.apply_updates(&from, members, Source::PushPullRequest);
-                let members = self.full_state();
-                self.send(from, Message::PushPullReply { members });
+            Message::PushPull { digest, .. } => {
+                if digest == self.digest() {
+                    self.stats.push_pulls_in_step += 1;
+                } else if self.local().state != State::Left {
+                    self.send_state(from, true);
+                }
             }
-            Message::PushPullReply { members } => {
-                self.apply_updates(&from, members, Source::PushPullReply)
+            Message::StatePiece {
+                answer,
+                piece,
+                members,
+                ..
+            } => {
+                self.apply_updates(&from, members, Source::Piece);
+                if answer && piece == 0 && self.local().state != State::Left {
+                    self.send_state(from, false);
+                }
             }
         }
     }
@@ -948,17 +983,91 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
         out
     }
 
-    fn full_state(&self) -> Vec<Update<I, M>> {
-        self.members
+    /// This node's full view (tombstones included) cut into pieces of at most
+    /// `push_pull_piece_members` members; never empty (the view holds self).
+    pub fn state_pieces(&self, answer: bool) -> Vec<Message<I, M>> {
+        let members: Vec<Update<I, M>> = self
+            .members
             .values()
             .map(|e| e.member.to_update(e.suspect_from.clone()))
+            .collect();
+        let chunks: Vec<&[Update<I, M>]> = members
+            .chunks(self.config.push_pull_piece_members)
+            .collect();
+        let pieces = chunks.len() as u32;
+        chunks
+            .into_iter()
+            .enumerate()
+            .map(|(i, chunk)| Message::StatePiece {
+                answer,
+                piece: i as u32,
+                pieces,
+                members: chunk.to_vec(),
+            })
             .collect()
+    }
+
+    /// An order-independent digest of the view: the wrapping sum of a hash of each
+    /// member's (id, incarnation, state, meta version). Two members with the same view
+    /// have the same digest, so a sync between them costs one small message.
+    pub fn digest(&self) -> u64 {
+        self.members.values().fold(0u64, |sum, e| {
+            let m = &e.member;
+            let mut h = IdHasher::default();
+            m.id.hash(&mut h);
+            h.write_u64(m.incarnation);
+            h.write_u8(m.state as u8);
+            h.write_u64(m.meta_version);
+            sum.wrapping_add(h.finish())
+        })
+    }
+
+    fn send_state(&mut self, to: I, answer: bool) {
+        for msg in self.state_pieces(answer) {
+            self.stats.pieces_sent += 1;
+            self.send(to.clone(), msg);
+        }
     }
 
     fn send_push_pull(&mut self, to: I, join: bool) {
         self.stats.push_pulls_sent += 1;
-        let members = self.full_state();
-        self.send(to, Message::PushPull { join, members });
+        let digest = self.digest();
+        self.send(to, Message::PushPull { join, digest });
+    }
+
+    /// Starts from a view that is already converged, as the simulation's large runs do
+    /// (forming 10 000 members by joins would take most of their time): `updates` about
+    /// unknown members are inserted alive, nothing is queued for gossip or reported.
+    pub(super) fn assume_view(&mut self, updates: impl ExactSizeIterator<Item = Update<I, M>>) {
+        // Tables sized once: 10 000 simulated members hold 10^8 entries between them.
+        let n = updates.len().min(self.config.members_max);
+        self.members.reserve(n);
+        self.live_index.reserve(n);
+        self.live.reserve(n);
+        self.probe_order.reserve(n);
+        for u in updates {
+            if u.id != self.id
+                && !self.members.contains_key(&u.id)
+                && self.members.len() < self.config.members_max
+            {
+                let member = Member {
+                    id: u.id.clone(),
+                    incarnation: u.incarnation,
+                    state: State::Alive,
+                    meta: u.meta,
+                    meta_version: u.meta_version,
+                    state_since_ms: self.now_ms,
+                };
+                self.members.insert(
+                    u.id.clone(),
+                    Entry {
+                        member,
+                        suspect_from: None,
+                    },
+                );
+                self.add_live(&u.id);
+            }
+        }
     }
 
     fn reconnect(&mut self) {
@@ -1004,9 +1113,9 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
 
     /// Merges the updates of one message.
     fn apply_updates(&mut self, from: &I, updates: Vec<Update<I, M>>, source: Source) {
-        let push_pull = source != Source::Piggyback;
+        let push_pull = source == Source::Piece;
         let max = if push_pull {
-            self.config.members_max
+            super::message::PIECE_MEMBERS_MAX
         } else {
             self.config.piggyback_max
         };
@@ -1017,9 +1126,8 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
         for u in updates.into_iter().take(max) {
             refuted |= self.apply_update(from, u, push_pull);
         }
-        // Tell whoever claimed we are down straight away (the reply to a push-pull request
-        // carries the refutation already).
-        if refuted && source != Source::PushPullRequest && self.local().state != State::Left {
+        // Tell whoever claimed we are down straight away.
+        if refuted && self.local().state != State::Left {
             let updates = self.piggyback(from);
             self.send(from.clone(), Message::Gossip { updates });
         }

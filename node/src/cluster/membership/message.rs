@@ -1,12 +1,56 @@
 //! Wire messages. Decoding (with a size limit) is the driver's job; the core never
-//! allocates from lengths found in a message and truncates what it receives to its limits.
+//! allocates from lengths found in a message, truncates piggybacked updates to its limits
+//! and refuses a state piece that breaks the protocol's limits ([`Message::check`]).
+//!
+//! A full state never travels in one message: a push-pull request carries only a digest
+//! of the sender's view, and a view travels as [`Message::StatePiece`]s of at most
+//! [`PIECE_MEMBERS_MAX`] members each, every piece merged on its own as it arrives (the
+//! merge is by precedence, so pieces converge in any order, lost ones are made good by
+//! the next sync).
 
 use super::member::Update;
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
 
-/// A membership message. Every variant carries piggybacked updates (at most
-/// `Config::piggyback_max` are sent and honoured); push-pull carries a full state of at
-/// most the sender's member count.
+/// Most members one state piece may carry, whatever the sender's configuration (count).
+/// With the node's metadata (at most about 1.3 KB a member) a piece stays under 1.5 MB.
+pub const PIECE_MEMBERS_MAX: usize = 1_024;
+/// Most pieces one state may be cut into (count): `members_max` of 16 384 at the smallest
+/// useful piece of 16 members.
+pub const PIECES_MAX: u32 = 1_024;
+
+/// A message that breaks the protocol's limits; the receiver refuses it whole.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum MessageError {
+    /// A state piece carries more members than [`PIECE_MEMBERS_MAX`].
+    #[error("state piece carries {members} members, over the limit of {limit}")]
+    PieceTooLarge {
+        /// Members in the piece.
+        members: usize,
+        /// [`PIECE_MEMBERS_MAX`].
+        limit: usize,
+    },
+    /// A state claims more pieces than [`PIECES_MAX`], or none.
+    #[error("state in {pieces} pieces, outside 1..={limit}")]
+    PieceCount {
+        /// Pieces claimed.
+        pieces: u32,
+        /// [`PIECES_MAX`].
+        limit: u32,
+    },
+    /// A piece's index is not below the piece count.
+    #[error("state piece {piece} of {pieces}: index out of range")]
+    PieceIndex {
+        /// Index claimed.
+        piece: u32,
+        /// Pieces claimed.
+        pieces: u32,
+    },
+}
+
+/// A membership message. Every variant but [`Message::StatePiece`] carries piggybacked
+/// updates (at most `Config::piggyback_max` are sent and honoured); a state piece carries
+/// at most [`PIECE_MEMBERS_MAX`] members.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Message<I, M> {
     /// Direct probe; answered by `Ack` with the same `seq`. `target` is the id the sender
@@ -49,17 +93,25 @@ pub enum Message<I, M> {
         /// Piggybacked updates.
         updates: Vec<Update<I, M>>,
     },
-    /// Full-state sync request (anti-entropy, join, reconnect); answered by
-    /// `PushPullReply`.
+    /// State sync request (anti-entropy, join, reconnect): the digest of the sender's
+    /// view. A receiver whose view has another digest answers with its view in
+    /// [`Message::StatePiece`]s (`answer: true`), and the requester sends its own back on
+    /// the first of them; equal digests end the sync with nothing sent.
     PushPull {
         /// Sent as part of a join.
         join: bool,
-        /// The sender's full state (tombstones included).
-        members: Vec<Update<I, M>>,
+        /// The digest of the sender's view (`Membership::digest`).
+        digest: u64,
     },
-    /// Answer to `PushPull`: the receiver's full state after merging the request.
-    PushPullReply {
-        /// The replier's full state (tombstones included).
+    /// One bounded piece of a member's full view (tombstones included), merged on its own.
+    StatePiece {
+        /// Sent in answer to a `PushPull`: the receiver sends its own view back on piece 0.
+        answer: bool,
+        /// Index of this piece, `0..pieces`.
+        piece: u32,
+        /// Pieces the view was cut into.
+        pieces: u32,
+        /// At most [`PIECE_MEMBERS_MAX`] members.
         members: Vec<Update<I, M>>,
     },
 }
@@ -74,11 +126,44 @@ impl<I, M> Message<I, M> {
             Message::Nack { .. } => "nack",
             Message::Gossip { .. } => "gossip",
             Message::PushPull { .. } => "push-pull",
-            Message::PushPullReply { .. } => "push-pull-reply",
+            Message::StatePiece { .. } => "state-piece",
         }
     }
 
-    /// The updates the message carries (piggybacked or full state).
+    /// Checks the protocol's limits on a state piece (other messages always pass: their
+    /// piggybacked updates are truncated on receipt instead).
+    pub fn check(&self) -> Result<(), MessageError> {
+        let Message::StatePiece {
+            piece,
+            pieces,
+            members,
+            ..
+        } = self
+        else {
+            return Ok(());
+        };
+        if members.len() > PIECE_MEMBERS_MAX {
+            return Err(MessageError::PieceTooLarge {
+                members: members.len(),
+                limit: PIECE_MEMBERS_MAX,
+            });
+        }
+        if *pieces == 0 || *pieces > PIECES_MAX {
+            return Err(MessageError::PieceCount {
+                pieces: *pieces,
+                limit: PIECES_MAX,
+            });
+        }
+        if piece >= pieces {
+            return Err(MessageError::PieceIndex {
+                piece: *piece,
+                pieces: *pieces,
+            });
+        }
+        Ok(())
+    }
+
+    /// The updates the message carries (piggybacked or a state piece).
     pub fn updates(&self) -> &[Update<I, M>] {
         match self {
             Message::Ping { updates, .. }
@@ -86,7 +171,8 @@ impl<I, M> Message<I, M> {
             | Message::PingReq { updates, .. }
             | Message::Nack { updates, .. }
             | Message::Gossip { updates } => updates,
-            Message::PushPull { members, .. } | Message::PushPullReply { members } => members,
+            Message::PushPull { .. } => &[],
+            Message::StatePiece { members, .. } => members,
         }
     }
 }

@@ -19,9 +19,15 @@
 //!   beat alive/suspect(≤ i); left is final for its incarnation.
 //! - **Dissemination.** Updates are piggybacked on every message (newest and least sent
 //!   first, each up to `retransmit_mult · ceil(log10(n + 1))` times), plus a gossip
-//!   round every `gossip_interval_ms`, a full push-pull sync every
-//!   `push_pull_interval_ms`, and a push-pull with a random dead member every
-//!   `reconnect_interval_ms` so healed partitions merge.
+//!   round every `gossip_interval_ms`, a push-pull sync every `push_pull_interval_ms`,
+//!   and a push-pull with a random dead member every `reconnect_interval_ms` so healed
+//!   partitions merge.
+//! - **Sync in bounded pieces.** A push-pull carries only a digest of the sender's view;
+//!   a receiver whose view differs answers with its view in state pieces of at most
+//!   `push_pull_piece_members` members, and the requester sends its own back. Each piece
+//!   merges on its own (precedence makes the order irrelevant), so no message grows with
+//!   the cluster and 10 000 members sync in 40 pieces; pieces past the protocol's limits
+//!   are refused whole ([`message::MessageError`]).
 //! - **Local health.** A score that rises on missed nacks, failed probes and refuted
 //!   suspicions of self, and falls on acks, scales this node's probe timers so that a
 //!   starved node does not accuse healthy ones.

@@ -142,6 +142,13 @@ pub struct Sim {
     pub dropped: u64,
     /// Membership changes reported (`Action::Changed`) so far.
     pub changes: u64,
+    /// Count the encoded size of every message sent ([`Sim::bytes_sent`]); off by default
+    /// since encoding costs time.
+    pub measure_bytes: bool,
+    /// Bytes sent so far (the node's wire codec; counted while `measure_bytes`).
+    pub bytes_sent: u64,
+    /// Member updates carried by messages sent so far (counted while `measure_bytes`).
+    pub updates_sent: u64,
 }
 
 impl Sim {
@@ -174,6 +181,9 @@ impl Sim {
             delivered: 0,
             dropped: 0,
             changes: 0,
+            measure_bytes: false,
+            bytes_sent: 0,
+            updates_sent: 0,
         };
         for id in 0..n as u32 {
             sim.reschedule(id);
@@ -238,6 +248,27 @@ impl Sim {
                 event,
             },
         );
+    }
+
+    /// Gives every member a view of every other member alive at incarnation 0, as if the
+    /// cluster had formed and settled (nothing queued for gossip): large runs start here.
+    pub fn assume_converged(&mut self) {
+        let n = self.nodes.len() as u32;
+        for node in &mut self.nodes {
+            if let Some(m) = node.member.as_mut() {
+                m.assume_view((0..n).map(|id| super::member::Update {
+                    id,
+                    incarnation: 0,
+                    state: State::Alive,
+                    meta: SimMeta::default(),
+                    meta_version: 0,
+                    from: None,
+                }));
+            }
+        }
+        for id in 0..n {
+            self.reschedule(id);
+        }
     }
 
     /// Every member other than `via` joins through `via`, at random times within the next
@@ -450,6 +481,11 @@ impl Sim {
     }
 
     fn transmit(&mut self, from: u32, to: u32, msg: Message<u32, SimMeta>) {
+        if self.measure_bytes {
+            // Our own messages always encode; a failure would be a bug the tests catch.
+            self.bytes_sent += crate::cluster::wire::encode(&msg).map_or(0, |b| b.len() as u64);
+            self.updates_sent += msg.updates().len() as u64;
+        }
         let Some(dest) = self.nodes.get(to as usize) else {
             self.dropped += 1;
             return;
@@ -505,6 +541,17 @@ fn node_seed(seed: u64, id: u32, epoch: u64) -> u64 {
 /// Virtual-time limit of each benchmark phase (ms).
 pub const BENCHMARK_LIMIT_MS: u64 = 300_000;
 
+/// Kills one member other than 0, chosen by `seed`, and returns the seconds until every
+/// live member marks it dead (infinite if they never do within [`BENCHMARK_LIMIT_MS`]).
+fn kill_one(sim: &mut Sim, seed: u64) -> f64 {
+    let victim = SmallRng::seed_from_u64(seed ^ 0x5EED).gen_range(1..sim.len() as u32);
+    sim.crash(victim);
+    sim.run_until(BENCHMARK_LIMIT_MS, |s| {
+        s.all_see(victim, |m| m.is_none_or(|m| m.state == State::Dead))
+    })
+    .map_or(f64::INFINITY, |ms| ms as f64 / 1_000.0)
+}
+
 /// Forms a cluster of `members` (all joining through member 0 at once), waits until
 /// everyone sees everyone alive, kills one random member other than 0, and waits until
 /// every live member marks it dead. Deterministic for a given seed.
@@ -526,19 +573,83 @@ pub fn run_benchmark_on(members: usize, config: Config, net: NetConfig, seed: u6
     let converge_s = sim
         .run_until(BENCHMARK_LIMIT_MS, Sim::converged)
         .map_or(f64::INFINITY, |ms| ms as f64 / 1_000.0);
-    let victim = SmallRng::seed_from_u64(seed ^ 0x5EED).gen_range(1..members as u32);
-    sim.crash(victim);
-    let detect_s = sim
-        .run_until(BENCHMARK_LIMIT_MS, |s| {
-            s.all_see(victim, |m| m.is_none_or(|m| m.state == State::Dead))
-        })
-        .map_or(f64::INFINITY, |ms| ms as f64 / 1_000.0);
+    let detect_s = kill_one(&mut sim, seed);
     SimFigures {
         members,
         converge_rounds: converge_s / probe_s,
         converge_s,
         detect_s,
         detect_rounds: detect_s / probe_s,
+    }
+}
+
+/// What [`run_scale_benchmark`] measured.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScaleFigures {
+    /// Cluster size.
+    pub members: usize,
+    /// Message loss probability.
+    pub loss: f64,
+    /// From killing one member until every live member marks it dead (s; infinite if
+    /// they never did).
+    pub death_spread_s: f64,
+    /// Suspicions raised by live members about live members, over the settled cluster's
+    /// steady-state window (all false: nobody failed).
+    pub false_suspicions: u64,
+    /// Bytes each member sent per second in steady state, as the sim encodes them (4-byte
+    /// ids and metadata, so a lower bound).
+    pub bytes_per_member_s: f64,
+    /// Member updates each member sent per second in steady state; at about 400 bytes
+    /// a member on the real wire, `400 ·` this is the rest of a real member's traffic.
+    pub updates_per_member_s: f64,
+    /// State pieces each member sent per second in steady state.
+    pub pieces_per_member_s: f64,
+}
+
+/// Steady-state window over which [`run_scale_benchmark`] counts bytes and suspicions
+/// (virtual ms), after [`SCALE_WARMUP_MS`]; long enough for every member's first sync.
+pub const SCALE_WINDOW_MS: u64 = 30_000;
+/// Virtual time a settled cluster runs before the window opens (ms).
+pub const SCALE_WARMUP_MS: u64 = 5_000;
+
+/// The benchmark at sizes where forming the cluster by joins would take most of the
+/// time: `members` start with converged views ([`Sim::assume_converged`]), run
+/// [`SCALE_WARMUP_MS`] then [`SCALE_WINDOW_MS`] of steady state (bytes, pieces and false
+/// suspicions counted), then one random member is killed and the time until every live
+/// member marks it dead is measured. Deterministic for a given seed.
+pub fn run_scale_benchmark(members: usize, config: Config, loss: f64, seed: u64) -> ScaleFigures {
+    assert!(members >= 2, "benchmark needs at least 2 members");
+    let net = NetConfig {
+        loss,
+        ..NetConfig::default()
+    };
+    let mut sim = Sim::new(members, config, net, seed);
+    sim.assume_converged();
+    sim.run_for(SCALE_WARMUP_MS);
+    let suspicions = |s: &Sim| {
+        s.running()
+            .map(|m| m.stats().suspicions_raised)
+            .sum::<u64>()
+    };
+    let pieces = |s: &Sim| s.running().map(|m| m.stats().pieces_sent).sum::<u64>();
+    let (suspicions0, pieces0) = (suspicions(&sim), pieces(&sim));
+    sim.measure_bytes = true;
+    sim.run_for(SCALE_WINDOW_MS);
+    sim.measure_bytes = false;
+    let per_member_s = |x: u64| x as f64 / members as f64 / (SCALE_WINDOW_MS as f64 / 1_000.0);
+    let false_suspicions = suspicions(&sim) - suspicions0;
+    let bytes_per_member_s = per_member_s(sim.bytes_sent);
+    let updates_per_member_s = per_member_s(sim.updates_sent);
+    let pieces_per_member_s = per_member_s(pieces(&sim) - pieces0);
+    let death_spread_s = kill_one(&mut sim, seed);
+    ScaleFigures {
+        members,
+        loss,
+        death_spread_s,
+        false_suspicions,
+        bytes_per_member_s,
+        updates_per_member_s,
+        pieces_per_member_s,
     }
 }
 

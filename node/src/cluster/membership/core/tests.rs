@@ -1,3 +1,4 @@
+use super::super::message::{PIECES_MAX, PIECE_MEMBERS_MAX};
 use super::*;
 
 type Node = Membership<u32, u32>;
@@ -28,8 +29,10 @@ fn node(n: u32, config: Config) -> Node {
         1_000,
         Event::Message {
             from: 1,
-            msg: Message::PushPull {
-                join: true,
+            msg: Message::StatePiece {
+                answer: false,
+                piece: 0,
+                pieces: 1,
                 members: updates,
             },
         },
@@ -455,8 +458,10 @@ fn bogus_messages_are_ignored_and_counted() {
 
 #[test]
 fn message_codec_round_trips() {
-    let msg: Message<u32, u32> = Message::PushPull {
-        join: true,
+    let msg: Message<u32, u32> = Message::StatePiece {
+        answer: true,
+        piece: 1,
+        pieces: 2,
         members: vec![
             upd(1, 2, State::Suspect, Some(3)),
             upd(4, 5, State::Left, None),
@@ -469,7 +474,214 @@ fn message_codec_round_trips() {
     assert_eq!(back, msg);
 }
 
+/// (id, state, incarnation, meta version) of every member, sorted.
+fn view(m: &Node) -> Vec<(u32, State, u64, u64)> {
+    let mut v: Vec<_> = m
+        .members()
+        .map(|x| (x.id, x.state, x.incarnation, x.meta_version))
+        .collect();
+    v.sort_by_key(|x| x.0);
+    v
+}
+
+fn piece_of(msg: &Message<u32, u32>) -> &[Update<u32, u32>] {
+    match msg {
+        Message::StatePiece { members, .. } => members,
+        other => panic!("not a state piece: {}", other.kind()),
+    }
+}
+
+#[test]
+fn a_sync_in_step_costs_one_message_and_one_out_of_step_swaps_pieces() {
+    let config = Config {
+        push_pull_piece_members: 2,
+        members_max: 1_000,
+        ..Config::for_test()
+    };
+    let mut a = Node::new(1, 0, config.clone(), 1, 1_000);
+    let mut b = Node::new(2, 0, config.clone(), 2, 1_000);
+    // Both learn of each other and of member 3: same views, same digests.
+    let everyone = vec![
+        upd(1, 0, State::Alive, None),
+        upd(2, 0, State::Alive, None),
+        upd(3, 0, State::Alive, None),
+    ];
+    a.handle(1_000, gossip(2, everyone.clone()));
+    b.handle(1_000, gossip(1, everyone));
+    assert_eq!(a.digest(), b.digest());
+    let push_pull = Event::Message {
+        from: 1,
+        msg: Message::PushPull {
+            join: false,
+            digest: a.digest(),
+        },
+    };
+    let out = b.handle(1_000, push_pull.clone());
+    assert!(sends(&out).is_empty(), "views in step: nothing to send");
+    assert_eq!(b.stats().push_pulls_in_step, 1);
+    // b learns of 4 and 5: a's push-pull is answered by b's view in pieces of two.
+    b.handle(
+        1_000,
+        gossip(
+            3,
+            vec![upd(4, 0, State::Alive, None), upd(5, 1, State::Alive, None)],
+        ),
+    );
+    let out = b.handle(1_000, push_pull);
+    let pieces: Vec<Message<u32, u32>> = sends(&out)
+        .into_iter()
+        .map(|(to, m)| {
+            assert_eq!(to, 1);
+            m.clone()
+        })
+        .collect();
+    assert_eq!(pieces.len(), 3, "5 members in pieces of 2");
+    // a merges them in reverse order and answers with its own view on piece 0 only.
+    let mut answered = 0;
+    for msg in pieces.into_iter().rev() {
+        let out = a.handle(1_000, Event::Message { from: 2, msg });
+        for (to, m) in sends(&out) {
+            assert_eq!(to, 2);
+            assert!(matches!(m, Message::StatePiece { answer: false, .. }));
+            answered += 1;
+        }
+    }
+    assert_eq!(
+        answered, 3,
+        "a's view (now 5 members) goes back in 3 pieces"
+    );
+    assert_eq!(view(&a), view(&b));
+    assert_eq!(a.digest(), b.digest());
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn an_oversized_or_malformed_piece_is_refused_whole() {
+    let mut m = node(4, Config::default());
+    let before = view(&m);
+    let too_many = (10..10 + PIECE_MEMBERS_MAX as u32 + 1)
+        .map(|id| upd(id, 0, State::Alive, None))
+        .collect();
+    let bad = [
+        (
+            Message::StatePiece {
+                answer: false,
+                piece: 0,
+                pieces: 1,
+                members: too_many,
+            },
+            "state piece carries 1025 members, over the limit of 1024",
+        ),
+        (
+            Message::StatePiece {
+                answer: true,
+                piece: 3,
+                pieces: 3,
+                members: vec![upd(9, 0, State::Alive, None)],
+            },
+            "state piece 3 of 3: index out of range",
+        ),
+        (
+            Message::StatePiece {
+                answer: true,
+                piece: 0,
+                pieces: 0,
+                members: vec![upd(9, 0, State::Alive, None)],
+            },
+            "state in 0 pieces, outside 1..=1024",
+        ),
+        (
+            Message::StatePiece {
+                answer: false,
+                piece: 0,
+                pieces: PIECES_MAX + 1,
+                members: vec![upd(9, 0, State::Alive, None)],
+            },
+            "state in 1025 pieces, outside 1..=1024",
+        ),
+    ];
+    for (i, (msg, text)) in bad.into_iter().enumerate() {
+        assert_eq!(msg.check().unwrap_err().to_string(), text);
+        let out = m.handle(1_000, Event::Message { from: 1, msg });
+        assert!(sends(&out).is_empty(), "a refused piece is not answered");
+        assert_eq!(m.stats().messages_refused, i as u64 + 1);
+    }
+    assert_eq!(view(&m), before, "nothing of a refused piece is merged");
+}
+
+fn arb_update() -> impl proptest::strategy::Strategy<Value = Update<u32, u32>> {
+    use proptest::prelude::*;
+    (
+        1u32..40,
+        0u64..4,
+        prop_oneof![
+            Just(State::Alive),
+            Just(State::Suspect),
+            Just(State::Dead),
+            Just(State::Left)
+        ],
+        0u64..3,
+        proptest::option::of(1u32..40),
+    )
+        .prop_map(|(id, incarnation, state, meta_version, from)| Update {
+            id,
+            incarnation,
+            state,
+            meta: meta_version as u32,
+            meta_version,
+            from,
+        })
+}
+
 proptest::proptest! {
+    /// A view cut into pieces of any size covers every member exactly once, and its
+    /// pieces merged in any order, some twice, leave the receiver where the whole view
+    /// in one message does.
+    #[test]
+    fn pieces_reassemble_and_converge_in_any_order(
+        history in proptest::collection::vec(arb_update(), 1..120),
+        piece_members in 1usize..9,
+        order_seed in proptest::prelude::any::<u64>(),
+    ) {
+        let config = Config { push_pull_piece_members: piece_members, members_max: 1_000, ..Config::for_test() };
+        let mut source = Node::new(50, 0, config.clone(), 3, 1_000);
+        // Every member first joins alive, then the random claims arrive.
+        let joins: Vec<_> = (1..40).map(|id| upd(id, 0, State::Alive, None)).collect();
+        for chunk in joins.chunks(config.piggyback_max).chain(history.chunks(config.piggyback_max)) {
+            source.handle(1_000, gossip(60, chunk.to_vec()));
+        }
+        let pieces = source.state_pieces(false);
+        let n = source.members().count();
+        proptest::prop_assert_eq!(pieces.len(), n.div_ceil(piece_members));
+        let mut covered: Vec<u32> = pieces.iter().flat_map(|p| piece_of(p).iter().map(|u| u.id)).collect();
+        covered.sort_unstable();
+        let mut ids: Vec<u32> = source.members().map(|m| m.id).collect();
+        ids.sort_unstable();
+        proptest::prop_assert_eq!(covered, ids);
+        for p in &pieces {
+            proptest::prop_assert!(p.check().is_ok());
+            proptest::prop_assert!(piece_of(p).len() <= piece_members);
+        }
+
+        let whole: Vec<_> = pieces.iter().flat_map(|p| piece_of(p).to_vec()).collect();
+        let mut at_once = Node::new(0, 0, config.clone(), 4, 1_000);
+        at_once.handle(1_000, Event::Message {
+            from: 50,
+            msg: Message::StatePiece { answer: false, piece: 0, pieces: 1, members: whole },
+        });
+        let mut shuffled = pieces.clone();
+        let mut rng = SmallRng::seed_from_u64(order_seed);
+        let again: Vec<_> = shuffled.choose_multiple(&mut rng, 2).cloned().collect();
+        shuffled.extend(again);
+        shuffled.shuffle(&mut rng);
+        let mut in_pieces = Node::new(0, 0, config, 4, 1_000);
+        for msg in shuffled {
+            in_pieces.handle(1_000, Event::Message { from: 50, msg });
+        }
+        proptest::prop_assert_eq!(view(&in_pieces), view(&at_once));
+        proptest::prop_assert!(in_pieces.check_invariants().is_ok());
+    }
+
     #[test]
     fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
         let cfg = bincode::config::standard().with_limit::<{ 1 << 20 }>();

@@ -1,5 +1,15 @@
 use super::*;
 
+#[test]
+fn a_settled_cluster_syncs_in_step_and_spreads_a_death() {
+    let f = run_scale_benchmark(300, Config::default(), 0.0, 11);
+    assert!(f.death_spread_s < 10.0, "{f:?}");
+    assert_eq!(f.false_suspicions, 0, "{f:?}");
+    assert!(f.bytes_per_member_s > 0.0, "{f:?}");
+    // Views are in step, so no sync needs a state piece.
+    assert_eq!(f.pieces_per_member_s, 0.0, "{f:?}");
+}
+
 fn dead_or_gone(m: Option<&Member<u32, SimMeta>>) -> bool {
     m.is_none_or(|m| m.state == State::Dead)
 }
