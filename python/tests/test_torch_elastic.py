@@ -171,7 +171,8 @@ def test_one_job_lives_through_every_fault_from_survivors_memory(cluster, tmp_pa
             lines = cluster.logs(job_id)
             if cond(d, lines):
                 return d, lines
-            assert d["state"] == "running", (what, d["state"], d["history"], lines[-40:])
+            assert d["state"] in ("pending", "running"), (what, d["state"], d["history"],
+                                                          lines[-40:])
             assert time.monotonic() < deadline, (what, d["history"], lines[-40:])
             time.sleep(POLL_S)
 
@@ -230,8 +231,14 @@ def test_one_job_lives_through_every_fault_from_survivors_memory(cluster, tmp_pa
     r = 1
     victim, stopped = member_of(d, r), pids[r]
     os.kill(stopped, signal.SIGSTOP)
+    wait("named hung", lambda d, _: any(h["reason"].startswith(f"hung {victim}")
+                                        for h in d["history"]))
+    try:
+        # Woken as soon as it is named (its node may have killed it already).
+        os.kill(stopped, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
     gen, lines = reformed(gen, f"hung {victim}", 2)
-    os.kill(stopped, signal.SIGCONT)
     survivors = {p for k, p in pids.items() if k != r}
     assert set(pids_of(lines, gen).values()) == survivors
     deadline = time.monotonic() + WAIT_S

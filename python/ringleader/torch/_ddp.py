@@ -35,10 +35,14 @@ def _average_hook(sess, bucket):
 
     def finished(fut):
         try:
-            return fut.value()[0]
+            value = fut.value()
         except Exception as e:  # noqa: BLE001 - noted; step() re-forms or raises it
-            sess.note_failure(e)
+            value = e
+        # torch hands a Python backend's failed future on as its value, not raised.
+        if isinstance(value, BaseException):
+            sess.note_failure(value)
             return buf
+        return value[0]
 
     return work.get_future().then(finished)
 

@@ -34,6 +34,11 @@ from . import _backend
 ABORT_GRACE_S = 1.0
 # Deadline for a generation's ranks to connect, ms.
 CONNECT_TIMEOUT_MS = 10_000
+# How long the ranks of a generation keep trying to connect to each other, seconds (each
+# try lasts CONNECT_TIMEOUT_MS), while no newer generation arrives.
+JOIN_WAIT_S = 120
+# Pause between two tries, seconds.
+CONNECT_RETRY_S = 0.2
 # Deadline of each collective operation, ms: a peer that died is seen sooner by its closed
 # connection or the ring's silence bound; this catches the rest.
 OP_TIMEOUT_MS = 60_000
@@ -131,17 +136,31 @@ class Session:
             if g is None:
                 self.exit_stopped()
             self.generation = g.generation
-            try:
-                ring = _native.Ring.from_generation_line(
-                    g.line, self.group_id, op_timeout_ms=OP_TIMEOUT_MS,
-                    connect_timeout_ms=CONNECT_TIMEOUT_MS)
-            except _native.RingError as e:
-                self.report_failure(e)
+            ring = self._connect(g)
+            if ring is None:
                 continue
             self.ring, self.rank, self.world = ring, g.rank, g.world
             self.failure = None
             _backend.init_from_ring(ring, timeout=GROUP_TIMEOUT)
             return g
+
+    def _connect(self, g):
+        """The ring of generation `g`, or None when it failed (reported). Connecting is
+        tried again while no newer generation or stop arrives, up to `JOIN_WAIT_S`: a
+        joiner's process may take that long to start (importing torch on a busy host)."""
+        deadline = time.monotonic() + JOIN_WAIT_S
+        while True:
+            try:
+                return _native.Ring.from_generation_line(
+                    g.line, self.group_id, op_timeout_ms=OP_TIMEOUT_MS,
+                    connect_timeout_ms=CONNECT_TIMEOUT_MS)
+            except _native.RingError as e:
+                if (e.reason in ("connect", "handshake") and time.monotonic() < deadline
+                        and not self.superseded()):
+                    time.sleep(CONNECT_RETRY_S)
+                    continue
+                self.report_failure(e)
+                return None
 
     def leave_group(self):
         """Drops the current process group and closes its ring (after a failure the ring
