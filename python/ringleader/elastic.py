@@ -12,6 +12,8 @@ another framework than torch reuses it (`ringleader.torch` is built on it).
 - `StepStats`: the mean compute and wait time per step, printed as `ringleader-rank-stats`
   at the first step, then about every `RANK_STATS_EVERY_S` (the chief finds stragglers).
 - `failed` and `resumed`: the `ringleader-elastic` lines of a re-form.
+- `install_line_stdout`: whole lines on stdout from every thread (a heartbeat never lands
+  inside a line the script prints).
 
 Every line is made by the protocol crate (`ringleader._native`), so it parses on the node.
 """
@@ -206,6 +208,44 @@ class StepStats:
               self._file)
         self._last = now
         self._steps, self._compute_s, self._wait_s = 0, 0.0, 0.0
+
+
+class LineStdout:
+    """A stdout whose lines are whole: each thread's writes are kept until their newline
+    (or a flush), then written under one lock, so the heartbeat thread's protocol lines never
+    land inside a line the training thread is printing (`print` writes its text and its
+    newline separately). `install_line_stdout` puts one in place of `sys.stdout`."""
+
+    def __init__(self, raw):
+        self._raw = raw
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def write(self, text):
+        pending = getattr(self._local, "pending", "") + text
+        cut = pending.rfind("\n") + 1
+        self._local.pending = pending[cut:]
+        if cut:
+            with self._lock:
+                self._raw.write(pending[:cut])
+        return len(text)
+
+    def flush(self):
+        pending = getattr(self._local, "pending", "")
+        self._local.pending = ""
+        with self._lock:
+            if pending:
+                self._raw.write(pending)
+            self._raw.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._raw, name)
+
+
+def install_line_stdout():
+    """Replaces `sys.stdout` by a `LineStdout` over it (once)."""
+    if not isinstance(sys.stdout, LineStdout):
+        sys.stdout = LineStdout(sys.stdout)
 
 
 def failed(generation, lost_rank, error, file=None):

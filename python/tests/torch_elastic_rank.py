@@ -1,6 +1,7 @@
 """The README's elastic PyTorch script (issue 25, point 3) on a small MLP and generated
 data, as a rank of the elastic tests and benchmarks. Beside the user's lines it logs, after
-each step, `hash step=S gen=G rank=R world=N pid=P h=H` (H: a digest of the parameters),
+each step, `hash step=S gen=G rank=R world=N pid=P h=H t=T` (H: a digest of the parameters, T: the
+wall clock),
 and takes three test hooks from the environment: STEP_SLEEP_S (compute per step, seconds),
 SLOW_DIR (a rank sleeps SLOW_S more per step while SLOW_DIR/<its pid> exists) and
 STOP_AT_FILE (once it holds a step number, every rank ends its loop at that step)."""
@@ -71,7 +72,7 @@ for epoch in sampler.epochs(epochs):
         opt.zero_grad(); loss = F.cross_entropy(model(x), y); loss.backward(); opt.step()
         ringleader.metric("loss", loss.item(), opt.steps)
         print(f"hash step={opt.steps} gen={rlt.generation()} rank={rlt.rank()} "
-              f"world={rlt.world_size()} pid={pid} h={digest(model)}", flush=True)
+              f"world={rlt.world_size()} pid={pid} h={digest(model)} t={time.time():.3f}", flush=True)
         end = stop_at()
         if end is not None and opt.steps >= end:
             done = True

@@ -118,6 +118,7 @@ class Session:
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
             return
         self.elastic = True
+        elastic.install_line_stdout()
         self.clock = elastic.ComputeClock()
         self.clock.beat_now(0)
         self.stats = elastic.StepStats()
