@@ -154,56 +154,49 @@ def ours(args, work, faults):
         run.at_step(n // 12)
         gen = 1
         if faults:
-            d = run.doc()
-            victim = d["ring"][2]
-            pid = run.pids(gen)[2]
-            t0 = time.time()
-            os.kill(pid, signal.SIGKILL)
-            gen, t, lost = run.reform(f"peer-lost {victim}", gen)
-            results.append(("worker-kill", t - t0, lost))
-            print(f"# {results[-1]}", file=sys.stderr, flush=True)
+            def fault(name, rank, reason, act):
+                """Injects a fault on `rank` (`act(pid, victim)`) and times its re-form."""
+                victim = run.doc()["ring"][rank]
+                pid = run.pids(gen)[rank]
+                t0 = time.time()
+                act(pid, victim)
+                g, t, lost = run.reform(f"{reason} {victim}", gen)
+                results.append((name, t - t0, lost))
+                print(f"# {results[-1]}", file=sys.stderr, flush=True)
+                return g, victim, pid, t0
+
+            def wake(pid, sig):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+
+            gen, victim, _, t0 = fault("worker-kill", 2, "peer-lost",
+                                       lambda pid, _: os.kill(pid, signal.SIGKILL))
             gen, t, lost = run.reform(f"joined {victim}", gen)
             results.append(("join", t - (t0 + REJOIN_AFTER_S), lost))
 
-            d = run.doc()
-            victim = d["ring"][1]
-            pid = run.pids(gen)[1]
-            t0 = time.time()
-            os.kill(pid, signal.SIGSTOP)
-            gen, t, lost = run.reform(f"hung {victim}", gen)
-            results.append(("hang", t - t0, lost))
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+            gen, victim, pid, _ = fault("hang", 1, "hung",
+                                        lambda pid, _: os.kill(pid, signal.SIGSTOP))
+            wake(pid, signal.SIGCONT)
             gen, _, _ = run.reform(f"joined {victim}", gen)
 
-            d = run.doc()
-            victim = d["ring"][0]
-            pid = run.pids(gen)[0]
-            t0 = time.time()
-            open(os.path.join(work, "slow", str(pid)), "w").close()
-            gen, t, lost = run.reform(f"straggler {victim}", gen)
-            results.append(("straggler", t - t0, lost))
+            gen, _, _, _ = fault(
+                "straggler", 0, "straggler",
+                lambda pid, _: open(os.path.join(work, "slow", str(pid)), "w").close())
 
-            d = run.doc()
-            r = len(d["ring"]) - 1
-            victim = d["ring"][r]
-            i = run.cluster.node_of(victim)
-            node = run.cluster.nodes[i]
-            pid = run.pids(gen)[r]
-            run.down = node.data_dir
-            t0 = time.time()
-            os.kill(node.proc.pid, signal.SIGSTOP)
-            os.kill(pid, signal.SIGSTOP)
-            gen, t, lost = run.reform(f"peer-lost {victim}", gen)
-            results.append(("host-kill", t - t0, lost))
+            def freeze(pid, victim):
+                node = run.cluster.nodes[run.cluster.node_of(victim)]
+                run.down = node.data_dir
+                os.kill(node.proc.pid, signal.SIGSTOP)
+                os.kill(pid, signal.SIGSTOP)
+
+            last = len(run.doc()["ring"]) - 1
+            gen, victim, pid, _ = fault("host-kill", last, "peer-lost", freeze)
+            node = run.cluster.nodes[run.cluster.node_of(victim)]
             node.proc.kill()
             node.proc.wait()
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            wake(pid, signal.SIGKILL)
         run.finish()
         return results, run.elapsed()
     finally:

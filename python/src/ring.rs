@@ -30,7 +30,7 @@ use collective::{
 };
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use ringleader_protocol::{Agree, Holding, NodeLine, Outcome, Progress};
+use ringleader_protocol::{Holding, NodeLine, Outcome};
 
 pyo3::create_exception!(
     _native,
@@ -658,29 +658,11 @@ impl Ring {
             step_reached,
             commits,
         };
-        let rank = self.rank;
         let mut outcome = None;
         let slot = &mut outcome;
         self.run(py, async move |c: &mut Communicator| {
-            let (mut rounds, mut ask) = Agree::new(rank, holding);
-            loop {
-                let op = match ask.op {
-                    ringleader_protocol::ReduceOp::Max => ReduceOp::Max,
-                    ringleader_protocol::ReduceOp::Min => ReduceOp::Min,
-                };
-                c.allreduce(&mut ask.values, op).await?;
-                match rounds.on_reduced(&ask.values) {
-                    Progress::Reduce(next) => ask = next,
-                    Progress::Done(o) => {
-                        let holds = match o {
-                            Outcome::Restore { step, .. } => rounds.holds(step),
-                            Outcome::Fresh { .. } => false,
-                        };
-                        *slot = Some((o, holds));
-                        return Ok(());
-                    }
-                }
-            }
+            *slot = Some(c.agree(holding).await?);
+            Ok(())
         })?;
         let (outcome, holds) = outcome.expect("the agreement ran to its outcome");
         match outcome {

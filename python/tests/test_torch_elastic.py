@@ -29,7 +29,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 
@@ -41,6 +40,8 @@ except ImportError:
     pytest.skip("torch not installed", allow_module_level=True)
 
 from conftest import PYTHON_DIR, Node  # noqa: E402
+
+import ringleader  # noqa: E402  (importable once conftest put python/ on the path)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RANK_SCRIPT = os.path.join(HERE, "torch_elastic_rank.py")
@@ -164,7 +165,16 @@ def test_one_job_lives_through_every_fault_from_survivors_memory(cluster, tmp_pa
     job_id = job.id
 
     def doc():
-        return cluster.client(avoid=down["dir"]).job(job_id).doc
+        """The job's document; an API call refused while the cluster re-forms (a node busy,
+        a chief changing) is tried again until the wait's deadline."""
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            try:
+                return cluster.client(avoid=down["dir"]).job(job_id).doc
+            except ringleader.RingleaderError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(POLL_S)
 
     down = {"dir": None}
 
