@@ -23,8 +23,21 @@
 # a built lib_native.so), put with a copy of the package in a temp dir, so the checkout's
 # debug extension is left alone. Needs torch in $PYTHON (python3) and, for 1gbit, root.
 #
-# Environment: PYTHON, WORKERS (4), ROUNDS (8), STEPS (5), WARMUP (3), BATCH (16), NETS
-# ("loopback 1gbit"), RINGLEADER_NATIVE, KEEP=1 keeps the temp dir (every rank's output).
+# Elastic PyTorch (PARTS has `elastic`; scripts/bench_torch_elastic.py): the README's elastic
+# script as a command job of 3 ranks on a local 3-node cluster, faults in turn, one line each,
+# then torchrun on the same script with one worker killed, then the goodput:
+#
+#   torch elastic fault=worker-kill|join|hang|straggler|host-kill recover_s=X steps_lost=L
+#   torch elastic impl=torchrun fault=worker-kill recover_s=X steps_lost=L
+#   torch goodput faults=… steps=N ours_x=X torchrun_x=Y torchrun_faults=worker-kill
+#
+# It runs the checkout's package (python/, its ringleader/_native.abi3.so) and the node binary
+# RINGLEADER_TEST_BINARY (default target/debug/ringleader). Targets (issue 25): kills ≤ 5 s,
+# hang ≤ 10 s, ≤ 1 step lost, goodput ≤ 1.15×.
+#
+# Environment: PYTHON, PARTS ("ddp elastic"), WORKERS (4), ROUNDS (8), STEPS (5), WARMUP
+# (3), BATCH (16), NETS ("loopback 1gbit"), RINGLEADER_NATIVE, KEEP=1 keeps the temp dir
+# (every rank's output), ELASTIC_STEPS (3000: steps of each elastic run).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -41,8 +54,19 @@ nets=${NETS:-loopback 1gbit}
 RUN_TIMEOUT_S=600
 die() { echo "bench-torch.sh: $*" >&2; exit 1; }
 
+parts=${PARTS:-ddp elastic}
+elastic_steps=${ELASTIC_STEPS:-3000}
 [[ $workers =~ ^[1-9][0-9]*$ ]] || die "WORKERS must be a positive integer (got '$workers')"
+[[ $elastic_steps =~ ^[1-9][0-9]*$ ]] || die "ELASTIC_STEPS must be a positive integer (got '$elastic_steps')"
 "$py" -c "import torch" 2>/dev/null || die "torch is not installed for $py ($py -m pip install torch)"
+for part in $parts; do
+    case $part in ddp | elastic) ;; *) die "unknown part '$part' in PARTS (ddp, elastic)" ;; esac
+done
+if [[ " $parts " != *" ddp "* ]]; then
+    rc=0
+    "$py" "$here/bench_torch_elastic.py" --steps "$elastic_steps" || rc=1
+    exit "$rc"
+fi
 
 if [ -n "${RINGLEADER_NATIVE:-}" ]; then
     native=$RINGLEADER_NATIVE
@@ -119,4 +143,7 @@ for net in $nets; do
     run "$net" || rc=1
     if [ "$netns_up" = 1 ]; then "$NETNS" down >/dev/null 2>&1 || true; netns_up=0; fi
 done
+if [[ " $parts " == *" elastic "* ]]; then
+    "$py" "$here/bench_torch_elastic.py" --steps "$elastic_steps" || rc=1
+fi
 exit "$rc"

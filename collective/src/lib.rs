@@ -39,6 +39,7 @@
 // The GPU path's plain parts: used by `nccl` only with `cuda`, tested in both builds.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod abort;
+mod agree;
 mod bootstrap;
 mod bucketer;
 mod communicator;

@@ -30,7 +30,7 @@ mod ring;
 mod _native {
     use pyo3::exceptions::PyValueError;
     use pyo3::prelude::*;
-    use ringleader_protocol::{Metric, RankLine, Report};
+    use ringleader_protocol::{ElasticFailed, ElasticResumed, Metric, RankLine, RankStats, Report};
 
     #[pymodule_export]
     use crate::ring::{
@@ -78,6 +78,71 @@ mod _native {
             ));
         }
         checked(RankLine::Report(Report { resource, values }))
+    }
+
+    /// `ringleader-rank-stats generation=G rank=R step=S compute_ms=X wait_ms=Y`.
+    #[pyfunction]
+    fn rank_stats_line(
+        generation: u32,
+        rank: u32,
+        step: u64,
+        compute_ms: f64,
+        wait_ms: f64,
+    ) -> PyResult<String> {
+        // The protocol prints 3 decimals: round first, so the line reads back as given.
+        let ms = |v: f64| (v * 1000.0).round() / 1000.0;
+        checked(RankLine::RankStats(RankStats {
+            generation,
+            rank,
+            step,
+            compute_ms: ms(compute_ms),
+            wait_ms: ms(wait_ms),
+        }))
+    }
+
+    /// `ringleader-heartbeat computing_ms=X`.
+    #[pyfunction]
+    fn heartbeat_line(computing_ms: u64) -> PyResult<String> {
+        checked(RankLine::Heartbeat { computing_ms })
+    }
+
+    /// `ringleader-elastic failed generation=G lost_rank=R error="…"`.
+    #[pyfunction]
+    #[pyo3(signature = (generation, lost_rank, error))]
+    fn elastic_failed_line(
+        generation: u32,
+        lost_rank: Option<u32>,
+        error: String,
+    ) -> PyResult<String> {
+        checked(RankLine::ElasticFailed(ElasticFailed {
+            generation,
+            lost_rank,
+            error,
+        }))
+    }
+
+    /// `ringleader-elastic resumed generation=G world=N rank=R step=S restored_step=C
+    /// steps_lost=L source=…`.
+    #[pyfunction]
+    #[allow(clippy::too_many_arguments)]
+    fn elastic_resumed_line(
+        generation: u32,
+        world: u32,
+        rank: u32,
+        step: u64,
+        restored_step: u64,
+        steps_lost: u64,
+        source: String,
+    ) -> PyResult<String> {
+        checked(RankLine::ElasticResumed(ElasticResumed {
+            generation: Some(generation),
+            world: Some(world),
+            rank: Some(rank),
+            step: Some(step),
+            restored_step,
+            steps_lost,
+            source: Some(source),
+        }))
     }
 
     /// The canonical form of a rank line (`ValueError` if it is not one): what the node

@@ -30,7 +30,7 @@ use collective::{
 };
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use ringleader_protocol::NodeLine;
+use ringleader_protocol::{Holding, NodeLine, Outcome};
 
 pyo3::create_exception!(
     _native,
@@ -636,6 +636,44 @@ impl Ring {
             // SAFETY: the module's buffer contract.
             c.broadcast(unsafe { b.slice::<u8>() }, root).await
         })
+    }
+
+    /// Runs the elastic agreement (`ringleader_protocol::Agree`, docs/protocol.md *The
+    /// elastic agreement*) over this ring with the GIL released: this rank last restored or
+    /// started in `last_generation` (None for a joiner), had reached `step_reached` steps and
+    /// holds commits at `commits` (ascending). Returns the same on every rank:
+    /// `("fresh", group_step)` when no rank holds a commit, else
+    /// `("restore", step, root, everyone_holds, group_step, holds)`, `holds` saying whether
+    /// this rank holds the agreed commit as a holder (its own copy is the group's).
+    #[pyo3(signature = (last_generation, step_reached, commits))]
+    fn agree<'py>(
+        &self,
+        py: Python<'py>,
+        last_generation: Option<u64>,
+        step_reached: u64,
+        commits: Vec<u64>,
+    ) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
+        let holding = Holding {
+            last_generation,
+            step_reached,
+            commits,
+        };
+        let mut outcome = None;
+        let slot = &mut outcome;
+        self.run(py, async move |c: &mut Communicator| {
+            *slot = Some(c.agree(holding).await?);
+            Ok(())
+        })?;
+        let (outcome, holds) = outcome.expect("the agreement ran to its outcome");
+        match outcome {
+            Outcome::Fresh { group_step } => ("fresh", group_step).into_pyobject(py),
+            Outcome::Restore {
+                step,
+                root,
+                everyone_holds,
+                group_step,
+            } => ("restore", step, root, everyone_holds, group_step, holds).into_pyobject(py),
+        }
     }
 
     /// Returns once every rank has entered the barrier.

@@ -41,6 +41,25 @@ Failures raise the ring's exceptions (`RingError` and its subclasses `PeerLost`,
 `RingTimeout`, `HandshakeRefused`, with `reason` and `rank`) from `Work.wait()`; after one,
 the process group is spent, as torch's are.
 
+Elastic training from survivors' memory (README *PyTorch*), a few lines in a DDP script:
+
+    import ringleader, ringleader.torch as rlt
+    rlt.init()
+    sampler = rlt.ElasticSampler(len(dataset), batch_size=32, seed=0)
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler)
+    model = rlt.DistributedDataParallel(Net())
+    opt = rlt.ElasticOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model=model,
+                               sampler=sampler)
+    for epoch in sampler.epochs(20):
+        for x, y in loader:
+            opt.zero_grad(); loss = F.cross_entropy(model(x), y); loss.backward(); opt.step()
+
+As a rank of a `[elastic] protocol = "ringleader"` command job it follows the node's
+generations (`_session`), commits every step in memory and re-forms on a loss
+(`_optimizer`), re-sharding the epoch's remaining samples (`_sampler`) and rebuilding DDP
+(`_ddp`); under torchrun or in one process the same script is plain DDP. The generic,
+framework-free part (generation lines, heartbeats, rank stats) is `ringleader.elastic`.
+
 PyTorch is imported here only: the rest of `ringleader` works without it.
 """
 
@@ -52,10 +71,16 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from .._native import Aborted, HandshakeRefused, Listener, PeerLost, Ring, RingError, RingTimeout
 from ._backend import BACKEND, RingleaderBackend, init_from_ring, register
+from ._ddp import DistributedDataParallel
+from ._optimizer import ElasticOptimizer
+from ._sampler import ElasticSampler
+from ._session import generation, init, rank, world_size
 
 register()
 
 __all__ = [
-    "Aborted", "BACKEND", "HandshakeRefused", "Listener", "PeerLost", "Ring", "RingError",
-    "RingTimeout", "RingleaderBackend", "init_from_ring", "register",
+    "Aborted", "BACKEND", "DistributedDataParallel", "ElasticOptimizer", "ElasticSampler",
+    "HandshakeRefused", "Listener", "PeerLost", "Ring", "RingError",
+    "RingTimeout", "RingleaderBackend", "generation", "init", "init_from_ring", "rank",
+    "register", "world_size",
 ]

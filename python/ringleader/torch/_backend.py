@@ -39,6 +39,10 @@ _OPS = {
     dist.ReduceOp.RedOpType.MAX: "max",
 }
 
+# When set, told around each operation a group's thread runs (`begin()`, `end()`): the
+# elastic session (`_session`) counts that time as waiting for the collective, not compute.
+op_observer = None
+
 # The ring `init_from_ring` hands to the backend's creator (torch calls it from inside
 # init_process_group, on the same thread).
 _given_ring = threading.local()
@@ -90,11 +94,17 @@ class _Runner:
             if item is None:
                 return
             run, result, future = item
+            observer = op_observer
+            if observer is not None:
+                observer.begin()
             try:
                 run()
             except BaseException as e:  # noqa: BLE001 - every error goes to the caller
                 future.set_exception(e)
                 continue
+            finally:
+                if observer is not None:
+                    observer.end()
             future.set_result(result)
 
 

@@ -24,7 +24,7 @@
 use std::sync::Arc;
 
 use collective::{Communicator, ReduceOp};
-use ringleader_protocol::{Agree, Outcome, Progress};
+use ringleader_protocol::Outcome;
 
 use crate::checkpoint::CheckpointStore;
 use crate::elastic::commit_log::CommitLog;
@@ -85,7 +85,8 @@ pub struct Agreement {
 }
 
 /// Agrees with the other ranks of `comm` on the state to restore (see the module doc): the
-/// rounds are [`ringleader_protocol::Agree`]'s, each reduction run on `comm`.
+/// rounds are [`ringleader_protocol::Agree`]'s, each reduction run on `comm`
+/// ([`Communicator::agree`]).
 pub async fn agree(comm: &mut Communicator, mine: Holding<'_>) -> Result<Agreement, TrainError> {
     let rank = comm.rank();
     let holding = ringleader_protocol::Holding {
@@ -93,18 +94,7 @@ pub async fn agree(comm: &mut Communicator, mine: Holding<'_>) -> Result<Agreeme
         step_reached: mine.step_reached,
         commits: mine.log.steps(),
     };
-    let (mut rounds, mut ask) = Agree::new(rank, holding);
-    let outcome = loop {
-        let op = match ask.op {
-            ringleader_protocol::ReduceOp::Max => ReduceOp::Max,
-            ringleader_protocol::ReduceOp::Min => ReduceOp::Min,
-        };
-        comm.allreduce(&mut ask.values, op).await?;
-        match rounds.on_reduced(&ask.values) {
-            Progress::Reduce(next) => ask = next,
-            Progress::Done(outcome) => break outcome,
-        }
-    };
+    let (outcome, holds) = comm.agree(holding).await?;
     let (step, root, everyone_holds, group_step) = match outcome {
         Outcome::Fresh { group_step } => {
             return Ok(Agreement {
@@ -120,11 +110,7 @@ pub async fn agree(comm: &mut Communicator, mine: Holding<'_>) -> Result<Agreeme
             group_step,
         } => (step, root, everyone_holds, group_step),
     };
-    let has = if rounds.holds(step) {
-        mine.log.get(step)
-    } else {
-        None
-    };
+    let has = if holds { mine.log.get(step) } else { None };
     if everyone_holds {
         let state = has.expect("every rank holds the step").clone();
         return Ok(Agreement {

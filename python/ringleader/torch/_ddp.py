@@ -1,0 +1,88 @@
+"""`DistributedDataParallel`: torch's DDP, rebuilt for each generation of the ring.
+
+The wrapper owns the module (its parameters are the module's, so an optimizer built on
+`model.parameters()` stays valid through re-forms) and a torch
+`DistributedDataParallel` over the current process group, built by the `ElasticOptimizer`
+once the ranks agreed on the state (a joiner's first collectives must be the agreement's,
+not DDP's), or at the first forward without one. While elastic, gradients are averaged by
+a comm hook that notes a failed collective in the session instead of raising it into the
+backward pass (the optimizer's `step()` then re-forms), and a forward whose collectives
+fail runs on the local module.
+"""
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from ._session import session
+
+
+def _average_hook(sess, bucket):
+    """DDP comm hook: the bucket's mean over the ranks; on a failed collective, the bucket
+    unchanged (the step is lost anyway) and the failure noted."""
+    buf = bucket.buffer()
+    if sess.failure is not None:
+        done = Future()
+        done.set_result(buf)
+        return done
+    try:
+        work = dist.all_reduce(buf, op=dist.ReduceOp.AVG, async_op=True)
+    except Exception as e:  # noqa: BLE001 - noted; step() re-forms or raises it
+        sess.note_failure(e)
+        done = Future()
+        done.set_result(buf)
+        return done
+
+    def finished(fut):
+        try:
+            value = fut.value()
+        except Exception as e:  # noqa: BLE001 - noted; step() re-forms or raises it
+            value = e
+        # torch hands a Python backend's failed future on as its value, not raised.
+        if isinstance(value, BaseException):
+            sess.note_failure(value)
+            return buf
+        return value[0]
+
+    return work.get_future().then(finished)
+
+
+class DistributedDataParallel(torch.nn.Module):
+    """`rlt.DistributedDataParallel(module, **ddp_options)`: see the module doc; the
+    options are torch DDP's (`bucket_cap_mb`, `find_unused_parameters`, …)."""
+
+    def __init__(self, module, **ddp_options):
+        super().__init__()
+        self.module = module
+        # Not a submodule: the parameters are listed once, through `module`.
+        object.__setattr__(self, "_ddp", None)
+        object.__setattr__(self, "_options", ddp_options)
+
+    def rebuild(self, init_sync=True):
+        """A new torch DDP on the current process group; `init_sync` broadcasts rank 0's
+        parameters and buffers first (a fresh start; a restore has them equal already)."""
+        object.__setattr__(self, "_ddp", None)
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            self.module, init_sync=init_sync, **self._options)
+        sess = session()
+        if sess.elastic:
+            ddp.register_comm_hook(sess, _average_hook)
+        object.__setattr__(self, "_ddp", ddp)
+
+    def drop(self):
+        """Forgets the DDP of a spent process group."""
+        object.__setattr__(self, "_ddp", None)
+
+    def forward(self, *args, **kwargs):
+        if self._ddp is None:
+            self.rebuild()
+        sess = session()
+        if not sess.elastic:
+            return self._ddp(*args, **kwargs)
+        if sess.failure is not None:
+            return self.module(*args, **kwargs)
+        try:
+            return self._ddp(*args, **kwargs)
+        except RuntimeError as e:  # RingError is one; step() tells the kinds apart
+            sess.note_failure(e)
+            return self.module(*args, **kwargs)

@@ -1,0 +1,280 @@
+"""`ElasticOptimizer`: a torch optimizer that commits the training state in memory at every
+step and re-forms the group when the ring changes, without storage.
+
+The commit (`_Commit`) is the model's parameters and buffers, the optimizer's state (its
+per-parameter tensors and counters, each group's base learning rate) and the sampler's
+position, at a step count. Its tensors are allocated once and copied into at each step
+(a memcpy of the model and optimizer state, no allocation); the last `COMMITS_KEPT` are
+kept, so ranks one step apart still share one.
+
+A re-form, on a collective error noted in the step (`_session`) or on a newer generation
+from the node at a step boundary: the ring and process group are dropped, the next
+generation's ring is connected, the ranks run the agreement of the protocol crate
+(`Ring.agree`: the newest commit every surviving holder has and the lowest rank holding
+it), the root broadcasts that commit to the ranks that lack it (joiners, laggards), every
+rank restores it, DDP is rebuilt, the sampler shares out the epoch's remaining samples
+over the new world, and the learning rate follows the world linearly: each group's lr is
+`base × world`, where `base` is the lr given divided by the world the optimizer was made
+in (kept in the commit, so a joiner gets the group's). The rank prints `ringleader-elastic
+resumed … restored_step=C steps_lost=L source=memory|broadcast|fresh` and goes on; a failed
+collective is printed as `ringleader-elastic failed …` first. At most the failed step is
+lost (trained again).
+
+Outside an elastic ringleader rank it is the wrapped optimizer, counting steps and moving
+the sampler on.
+"""
+
+import ctypes
+import io
+import time
+
+import torch
+
+from .. import _native, elastic
+from ._session import session
+
+# Commits kept in memory (the newest last).
+COMMITS_KEPT = 2
+# Largest commit a rank accepts from a broadcast, bytes (checked before allocating).
+STATE_BROADCAST_BYTES_MAX = 16 << 30
+
+
+class _Commit:
+    """One committed state (see the module doc); `fill` copies into its tensors."""
+
+    def __init__(self):
+        self.step = None
+        self.tensors = []
+        self.opt_state = {}
+        self.sampler = None
+        self.base_lrs = None
+
+    def fill(self, step, tensors, opt, params, sampler, base_lrs):
+        if len(self.tensors) != len(tensors) or any(
+                a.shape != b.shape or a.dtype != b.dtype for a, b in zip(self.tensors, tensors)):
+            self.tensors = [t.detach().clone() for t in tensors]
+        else:
+            for dst, src in zip(self.tensors, tensors):
+                dst.copy_(src.detach())
+        for i, p in enumerate(params):
+            st = opt.state.get(p)
+            if not st:
+                self.opt_state.pop(i, None)
+                continue
+            mine = self.opt_state.setdefault(i, {})
+            for k, v in st.items():
+                old = mine.get(k)
+                if torch.is_tensor(v):
+                    if torch.is_tensor(old) and old.shape == v.shape and old.dtype == v.dtype:
+                        old.copy_(v.detach())
+                    else:
+                        mine[k] = v.detach().clone()
+                else:
+                    mine[k] = v
+        self.step = step
+        self.sampler = sampler.state()
+        self.base_lrs = list(base_lrs)
+
+    def as_dict(self):
+        return {"step": self.step, "tensors": self.tensors, "opt_state": self.opt_state,
+                "sampler": list(self.sampler), "base_lrs": self.base_lrs}
+
+
+def _encode(commit):
+    buf = io.BytesIO()
+    torch.save(commit.as_dict(), buf)
+    return buf.getvalue()
+
+
+def _decode(data):
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def _broadcast_bytes(ring, data, root):
+    """`root`'s bytes on every rank (length first, checked before allocating)."""
+    n = torch.tensor([len(data) if ring.rank == root else 0], dtype=torch.int64)
+    ring.broadcast(n.data_ptr(), 8, root)
+    size = int(n.item())
+    if not 0 <= size <= STATE_BROADCAST_BYTES_MAX:
+        raise _native.RingError(f"state broadcast by rank {root}: {size} bytes "
+                                f"(at most {STATE_BROADCAST_BYTES_MAX})")
+    if ring.rank == root:
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if size else \
+            torch.empty(0, dtype=torch.uint8)
+    else:
+        buf = torch.empty(size, dtype=torch.uint8)
+    if size:
+        ring.broadcast(buf.data_ptr(), size, root)
+    return data if ring.rank == root else _tensor_bytes(buf)
+
+
+def _tensor_bytes(t):
+    """The bytes of a uint8 tensor (numpy may be missing)."""
+    n = t.numel()
+    return ctypes.string_at(t.data_ptr(), n) if n else b""
+
+
+class ElasticOptimizer:
+    """`rlt.ElasticOptimizer(torch.optim.SGD(model.parameters(), lr=…), model=model,
+    sampler=sampler)`: see the module doc. `steps` counts the group's steps; other
+    attributes are the wrapped optimizer's."""
+
+    def __init__(self, optimizer, model, sampler):
+        self.optimizer = optimizer
+        self.model = model
+        self.sampler = sampler
+        self.steps = 0
+        self._sess = session()
+        world = max(self._sess.world, 1)
+        self._base_lrs = [g["lr"] / world for g in optimizer.param_groups]
+        self._params = [p for g in optimizer.param_groups for p in g["params"]]
+        self._commits = [_Commit() for _ in range(COMMITS_KEPT)]
+        self._newest = -1  # index of the newest commit, -1: none
+        self._step_start = time.monotonic()
+        if self._sess.elastic:
+            self._sess.step_started()
+            self._reform(first=True)
+
+    def __getattr__(self, name):
+        return getattr(self.optimizer, name)
+
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self):
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state):
+        self.optimizer.load_state_dict(state)
+
+    # -- commits -----------------------------------------------------------------------
+
+    def _state_tensors(self):
+        m = self.model.module if hasattr(self.model, "module") else self.model
+        return list(m.parameters()) + list(m.buffers())
+
+    def _commit(self):
+        i = (self._newest + 1) % COMMITS_KEPT
+        self._commits[i].fill(self.steps, self._state_tensors(), self.optimizer, self._params,
+                              self.sampler, self._base_lrs)
+        self._newest = i
+
+    def _held(self):
+        return sorted(c.step for c in self._commits if c.step is not None)
+
+    def _find(self, step):
+        for c in self._commits:
+            if c.step == step:
+                return c
+        return None
+
+    def _restore(self, state):
+        """Loads a commit (`_Commit.as_dict()` form) into the model, optimizer, sampler."""
+        with torch.no_grad():
+            for dst, src in zip(self._state_tensors(), state["tensors"]):
+                dst.copy_(src)
+        self.optimizer.state.clear()
+        for i, st in state["opt_state"].items():
+            self.optimizer.state[self._params[int(i)]] = {
+                k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()}
+        self.sampler.set_state(state["sampler"])
+        self._base_lrs = list(state["base_lrs"])
+        self.steps = int(state["step"])
+
+    # -- the step ----------------------------------------------------------------------
+
+    def step(self, closure=None):
+        """The wrapped optimizer's step, then a commit; or, when the step's collectives
+        failed or the node moved to a newer generation, a re-form (see the module doc)."""
+        sess = self._sess
+        if not sess.elastic:
+            out = self.optimizer.step(closure)
+            self.steps += 1
+            self.sampler.normalize()
+            return out
+        if sess.failure is not None:
+            e = sess.failure
+            if not isinstance(e, _native.RingError) and not sess.superseded():
+                raise e
+            sess.report_failure(e)
+            self._reform()
+            return None
+        out = self.optimizer.step(closure)
+        self.steps += 1
+        self.sampler.normalize()
+        self._commit()
+        now = time.monotonic()
+        wait = sess.op_clock.take()
+        sess.stats.add(now - self._step_start - wait, wait, sess.generation, sess.rank,
+                       self.steps)
+        sess.step_ended()
+        if sess.feed.stopped:
+            sess.exit_stopped()
+        if sess.feed.pending(sess.generation) is not None:
+            self._reform()
+        self._step_start = time.monotonic()
+        sess.clock.enter()
+        sess.step_started()
+        return out
+
+    def _reform(self, first=False):
+        """Leaves the current generation (unless `first`: the one `rlt.init()` joined),
+        joins the next one that connects and agrees, and restores the agreed state."""
+        sess = self._sess
+        sess.step_ended()
+        sess.clock.leave()
+        step_reached = self.steps
+        while True:
+            if not first:
+                self.model.drop()
+                sess.leave_group()
+                sess.join_next()
+            first = False
+            try:
+                source, restored, group_step = self._agree(step_reached)
+                self.model.rebuild(init_sync=source == "fresh")
+            except _native.RingError as e:
+                sess.report_failure(e)
+                continue
+            break
+        sess.failure = None
+        sess.op_clock.take()
+        sess.last_generation = sess.generation
+        for g, base in zip(self.optimizer.param_groups, self._base_lrs):
+            g["lr"] = base * sess.world
+        # The commits newer than the restored step belong to an abandoned history.
+        for c in self._commits:
+            if c.step is not None and c.step > self.steps:
+                c.step = None
+        self._commit()
+        elastic.resumed(sess.generation, sess.world, sess.rank, group_step, self.steps,
+                        max(group_step - self.steps, 0), source)
+        self._step_start = time.monotonic()
+        sess.clock.enter()
+        sess.step_started()
+
+    def _agree(self, step_reached):
+        """The agreement on the current ring, and the restore: (source, restored step or
+        None, the group's step)."""
+        sess, ring = self._sess, self._sess.ring
+        held = self._held()
+        outcome = ring.agree(sess.last_generation if held else None, step_reached, held)
+        if outcome[0] == "fresh":
+            return "fresh", None, outcome[1]
+        _, step, root, everyone_holds, group_step, holds = outcome
+        mine = self._find(step) if holds else None
+        if everyone_holds:
+            self._restore(mine.as_dict())
+            return "memory", step, group_step
+        data = _encode(mine) if ring.rank == root else b""
+        got = _broadcast_bytes(ring, data, root)
+        if mine is not None:
+            self._restore(mine.as_dict())
+            return "memory", step, group_step
+        state = _decode(got)
+        if int(state["step"]) != step:
+            raise _native.RingError(f"state broadcast by rank {root}: step {state['step']}, "
+                                    f"agreed {step}")
+        self._restore(state)
+        return "broadcast", step, group_step
+
