@@ -5,9 +5,9 @@
 //! | part | owns | may use |
 //! | --- | --- | --- |
 //! | [`cluster`] | the libp2p swarm, identity, addresses, the wire codec, gossip membership, member metadata | nothing above it |
-//! | [`search`] | search jobs: the spec and trial specs, the replicated trial records, the leaderboard and `summary.json` | `jobs`' leaf modules, `control::id` (its writer: the control handle) |
+//! | [`search`] | search jobs: the spec and trial specs, the replicated trial records, the leaderboard and `summary.json` | `jobs`' leaf modules, `domain::id` (its writer: the control handle) |
 //! | [`control`] | openraft glue, the replicated control state (a search's commands included), its store, voters, the RPC server | `cluster`, `jobs`' leaf modules (spec, logs), `search`'s records |
-//! | [`datasets`] | datasets shared peer to peer: manifests, the store, the authenticated transport, serving, multi-source fetch, the service | `cluster`, `control`, `jobs::spec` |
+//! | [`datasets`] | datasets shared peer to peer: manifests, the store, the authenticated transport, serving, multi-source fetch, the service | `cluster`, `control`, `domain::spec` |
 //! | [`chief`] | what the chief decides (`decide`: placement, lost attempts, re-forms, searches' trials) and its loop | `control`, `cluster`, `search` |
 //! | [`gpus`] | this host's GPUs: discovery (the CUDA driver, or a test-only fake source), `--gpus`, PCI bus order, the CUDA libraries linked for ranks, a rank's `CUDA_VISIBLE_DEVICES` | `cluster::meta` |
 //! | [`jobs`] | job specs, the per-node supervisor (pure plan + process I/O), rank launch | `control`, `cluster`, `gpus` |
@@ -26,6 +26,7 @@ pub mod cluster;
 pub mod control;
 pub mod data_dir;
 pub mod datasets;
+pub mod domain;
 pub mod gpus;
 pub mod jobs;
 pub mod node;

@@ -353,6 +353,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         },
         handle.clone(),
         rpc_rx,
+        crate::jobs::admit_forwarded,
     )
     .await?;
     tokio::spawn(crate::chief::driver::run(

@@ -13,10 +13,8 @@ use libp2p::{
 use ringleader::{
     cli::local::LocalCluster,
     cluster::net::{MEMBERSHIP_PROTOCOL, RPC_PROTOCOL},
-    control::{
-        protocol::{ProposeError, RpcRequest, RpcResponse},
-        state::{ControlCommand, ControlResponse, JobId, Slot},
-    },
+    control::protocol::{ProposeError, RpcRequest, RpcResponse},
+    domain::state::{ControlCommand, ControlResponse, JobId, Slot},
     jobs::JobSpec,
 };
 

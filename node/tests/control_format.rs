@@ -13,11 +13,11 @@ use std::path::PathBuf;
 
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
 use ringleader::cluster::wire::{decode_json, encode_json};
-use ringleader::control::datasets::DatasetRecord;
-use ringleader::control::state::Slot;
 use ringleader::control::store::TypeConfig;
-use ringleader::control::{ControlCommand, ControlResponse, ControlState, JobId};
-use ringleader::jobs::spec::JobSpec;
+use ringleader::domain::spec::JobSpec;
+use ringleader::domain::state::datasets::DatasetRecord;
+use ringleader::domain::state::Slot;
+use ringleader::domain::{ControlCommand, ControlResponse, ControlState, JobId};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -329,8 +329,11 @@ pub const HIDDEN_LAYERS_MAX: usize = 64;
 /// validation samples and its class prototypes, times the values of one sample
 /// (`data.shape`'s product). Checked before anything is allocated.
 pub const SYNTHETIC_VALUES_MAX: usize = 1 << 28;
+/// Labels of a dataset (synthetic or shared, see `shared_dataset`) are below this: the
+/// classes a model may have.
+pub const LABELS_MAX: u64 = 1 << 16;
 /// Most classes of a synthetic dataset (the labels a shared dataset may use, too).
-pub const SYNTHETIC_CLASSES_MAX: usize = crate::shared_dataset::LABELS_MAX as usize;
+pub const SYNTHETIC_CLASSES_MAX: usize = LABELS_MAX as usize;
 
 impl TrainSpec {
     /// Parses the trainer's tables from a whole job spec (other top-level keys are ignored).

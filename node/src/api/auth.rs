@@ -1,7 +1,7 @@
 //! Bearer-token authentication of the API: the cluster's admin token (derived from the
 //! cluster key, see [`crate::security::bootstrap`]) and any `--token-file` beside it, or a
 //! token made with `ringleader token create`, whose hash is in the replicated state
-//! ([`crate::control::tokens`]; at most [`crate::control::tokens::TOKENS_MAX`]).
+//! ([`crate::domain::state::tokens`]; at most [`crate::domain::state::tokens::TOKENS_MAX`]).
 //!
 //! The middleware ([`require_token`]) finds who the request acts as, a
 //! [`Principal`] (the admin, or a replicated token by its hash), and runs the handler inside
@@ -29,7 +29,7 @@ use axum::{
     Json,
 };
 
-use crate::control::tokens::Principal;
+use crate::domain::state::tokens::Principal;
 
 /// Paths served without a token: liveness probes and the landing page.
 pub const OPEN_PATHS: [&str; 2] = ["/healthz", "/"];
@@ -389,7 +389,7 @@ mod tests {
     /// `/whoami` answers the principal the handler runs as.
     fn replicated_app(
         admin: &str,
-        state: Arc<std::sync::Mutex<crate::control::ControlState>>,
+        state: Arc<std::sync::Mutex<crate::domain::ControlState>>,
     ) -> Router {
         let gate = Gate {
             admin: Some(Arc::new(ApiToken::new(admin, "test").unwrap())),
@@ -402,7 +402,7 @@ mod tests {
 
     #[tokio::test]
     async fn middleware_accepts_replicated_tokens_until_revoked() {
-        use crate::control::{state::ControlCommand, tokens::new_token, ControlState};
+        use crate::domain::state::{tokens::new_token, ControlCommand, ControlState};
         let state = Arc::new(std::sync::Mutex::new(ControlState::default()));
         let (token, hash) = new_token();
         let bearer = format!("Bearer {token}");

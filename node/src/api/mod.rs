@@ -67,9 +67,11 @@ use crate::{
     control::{
         handle::{wall_ms, ControlHandle},
         protocol::ProposeError,
+    },
+    domain::{
+        spec::SPEC_BYTES_MAX,
         state::{ControlCommand, ControlResponse, JobId},
     },
-    jobs::spec::SPEC_BYTES_MAX,
 };
 
 /// What the handlers share.
@@ -364,7 +366,7 @@ async fn submit(
                 message: format!("data.dataset {name:?}: no such dataset (add it with `ringleader dataset add`; see `ringleader dataset ls`)"),
                 line: text
                     .as_deref()
-                    .and_then(|t| crate::jobs::spec::line_of_field(t, "data.dataset")),
+                    .and_then(|t| crate::domain::spec::line_of_field(t, "data.dataset")),
                 field: Some("data.dataset".into()),
             }));
         }

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     cluster::{meta::Gpu, net::ClusterView},
-    control::state::{ControlState, EventKind, Job},
+    domain::state::{ControlState, EventKind, Job},
 };
 
 pub use crate::cluster::meta::NodeRef;
@@ -515,7 +515,7 @@ pub struct MetricsDoc {
     pub id: String,
     /// Per metric, `[x, value]` points oldest first; `x` is the step the value was reported
     /// at, or the report's sequence number when it came without a step. Bounded by
-    /// `control::state::METRIC_HISTORY_POINTS_MAX` (older stretches thinned evenly).
+    /// `domain::state::METRIC_HISTORY_POINTS_MAX` (older stretches thinned evenly).
     pub metrics: BTreeMap<String, Vec<(u64, f64)>>,
 }
 
@@ -550,7 +550,7 @@ const TRAIN_EVAL_EVERY_EPOCHS_DEFAULT: u64 = 1;
 
 /// A train job's planned epochs: the spec's, or fewer for a trial trained to a rung.
 pub fn epochs_total(j: &Job) -> Option<u64> {
-    if j.spec.kind != crate::jobs::spec::JobKind::Train {
+    if j.spec.kind != crate::domain::spec::JobKind::Train {
         return None;
     }
     let epochs = train_param(j, "epochs").unwrap_or(TRAIN_EPOCHS_DEFAULT);
@@ -570,7 +570,7 @@ pub fn total_steps(j: &Job) -> Option<u64> {
     if let Some(m) = j.metrics.get("total_steps") {
         return Some(m.value.max(0.0) as u64);
     }
-    if j.spec.kind != crate::jobs::spec::JobKind::Train {
+    if j.spec.kind != crate::domain::spec::JobKind::Train {
         return None;
     }
     let max_steps = train_param(j, "max_steps");
@@ -625,7 +625,7 @@ pub fn job_doc(j: &Job, applied_index: u64, chief: bool) -> JobDoc {
     let search = j
         .search
         .as_ref()
-        .and_then(|_| crate::search::spec::search_spec(&j.spec).ok());
+        .and_then(|_| crate::domain::search::spec::search_spec(&j.spec).ok());
     let metric = |name: &str| j.metrics.get(name).map(|m| m.value.max(0.0) as u64);
     // The step of the newest report: the `step` metric is throttled like any other, so a
     // `val_accuracy` measured at step 15 may arrive while `step` still says 1. Only the
@@ -711,13 +711,13 @@ pub fn job_doc(j: &Job, applied_index: u64, chief: bool) -> JobDoc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::state::{ControlCommand, ControlResponse};
+    use crate::domain::state::{ControlCommand, ControlResponse};
 
     fn train_job(train: &str) -> Job {
         let text = format!("name = \"t\"\nkind = \"train\"\nworkers = 1\n[train]\n{train}");
         let mut state = ControlState::default();
         let cmd = ControlCommand::Submit {
-            spec: Box::new(crate::jobs::spec::JobSpec::parse(&text).unwrap()),
+            spec: Box::new(crate::domain::spec::JobSpec::parse(&text).unwrap()),
             at_ms: 1,
             token: None,
         };

@@ -19,10 +19,10 @@ use axum::{
 use serde::Deserialize;
 
 use super::{ApiError, AppState};
-use crate::control::{
-    handle::wall_ms,
-    state::{ControlCommand, ControlResponse},
+use crate::control::handle::wall_ms;
+use crate::domain::state::{
     tokens::{check_token_name, listing, new_token, Principal},
+    ControlCommand, ControlResponse,
 };
 
 /// `POST /v1/tokens` body.

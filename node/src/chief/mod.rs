@@ -13,7 +13,7 @@
 //! proposes what it returns; the state machine ignores a command that arrives stale, so a
 //! decision made just before losing leadership is harmless.
 //!
-//! May use: `control` (state, handle), `cluster` (the member view), `jobs::spec`. Used by:
+//! May use: `control` (state, handle), `cluster` (the member view), `domain::spec`. Used by:
 //! the node's start-up only.
 
 pub mod driver;
@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 
 use crate::{
     cluster::{membership::State, net::MemberView},
-    control::state::{ControlCommand, ControlState, Job, JobState, Slot, REJOIN_AFTER_MS},
+    domain::state::{ControlCommand, ControlState, Job, JobState, Slot, REJOIN_AFTER_MS},
 };
 use placement::{Candidate, Request};
 
@@ -60,7 +60,7 @@ fn candidates(state: &ControlState, members: &[MemberView], now_ms: u64) -> Vec<
                 blacklisted: state.is_blacklisted(&id, now_ms),
                 id,
                 name: m.meta.name.clone(),
-                // A member an operator removed is never given a rank (`control::removal`).
+                // A member an operator removed is never given a rank (`domain::state::removal`).
                 alive: m.state == State::Alive && !removed,
                 cpus: m.meta.cpus,
                 gpus: m.meta.gpus.iter().map(|g| g.index).collect(),
@@ -304,7 +304,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::{
         cluster::meta::NodeMeta,
-        control::state::{ControlResponse, JobId},
+        domain::state::{ControlResponse, JobId},
         jobs::JobSpec,
     };
 
@@ -510,7 +510,7 @@ pub(crate) mod tests {
         };
         assert!(matches!(
             bad.check(),
-            Err(crate::control::state::BadCommand::Gpus)
+            Err(crate::domain::state::BadCommand::Gpus)
         ));
     }
 
@@ -822,7 +822,7 @@ pub(crate) mod tests {
         let reasons: Vec<&str> = job
             .events
             .iter()
-            .filter(|e| e.what == crate::control::state::EventKind::Reformed)
+            .filter(|e| e.what == crate::domain::state::EventKind::Reformed)
             .map(|e| e.reason.as_str())
             .collect();
         assert_eq!(reasons, ["peer-lost c (rank 2): member dead", "joined c"]);

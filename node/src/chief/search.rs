@@ -8,15 +8,12 @@
 //!
 //! Everything comes from the replicated record, so a new chief carries on where the old
 //! one stopped: the searcher is a pure function of the trial table. Reports and the
-//! decisions they trigger are applied by the state machine itself (`control::trials`).
+//! decisions they trigger are applied by the state machine itself (`domain::state::trials`).
 
 use trainer::search::{Suggestion, Trial, TrialState};
 
 use super::placement::{self, place_preferring, take, Candidate, Request};
-use crate::control::{
-    state::{ControlCommand, ControlState, Job, JobState},
-    trials::searcher_of,
-};
+use crate::domain::state::{trials::searcher_of, ControlCommand, ControlState, Job, JobState};
 
 /// Fewest finished runs to the same target before a slow trial gets a speculative copy.
 pub const SPECULATE_SAMPLES_MIN: usize = 3;
@@ -221,7 +218,7 @@ mod tests {
     use crate::{
         chief::tests::member,
         cluster::{membership::State, net::MemberView},
-        control::state::{ControlResponse, JobId},
+        domain::state::{ControlResponse, JobId},
         jobs::JobSpec,
     };
 

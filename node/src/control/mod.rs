@@ -17,35 +17,29 @@
 //! - `network`: openraft's network adapter over those RPCs.
 //!
 //! May use: `cluster` (the swarm handle, member view, wire codec), the leaf modules
-//! `jobs::spec` and `jobs::logs`, `search` (a search's records and trial specs, leaves
+//! `domain::spec` and `jobs::logs`, `search` (a search's records and trial specs, leaves
 //! that name jobs by [`id::JobId`]), `datasets`' leaves (roots, the naming rule). Used by: `chief`, `jobs`' supervisor, `api`.
 
-pub mod compaction;
-pub mod datasets;
 pub mod handle;
-pub mod id;
 mod network;
 pub mod protocol;
 pub mod recovery;
-pub mod removal;
 pub mod rpc;
-pub mod state;
 pub mod store;
-pub mod tokens;
-pub mod trials;
 pub mod voters;
 
-pub use state::{ControlCommand, ControlResponse, ControlState, Job, JobId, JobState};
-
-/// Starts this node's control plane: Raft on `node`'s swarm, and the server of the peers'
-/// RPCs arriving on `rpc_rx`. The chief's loop and the supervisor are started by the node on
+/// Starts this node's control plane: Raft on `node`'s swarm, its restart after storage
+/// failures, and the server of the peers' RPCs arriving on `rpc_rx` (a forwarded submit's
+/// spec admitted by `admit`, the job layer's gate). The chief's loop and the supervisor are started by the node on
 /// top of the returned handle.
 pub async fn start(
     cfg: handle::ControlConfig<'_>,
     node: crate::cluster::net::NodeHandle,
     rpc_rx: tokio::sync::mpsc::Receiver<crate::cluster::net::InboundRpc>,
+    admit: rpc::Admission,
 ) -> anyhow::Result<handle::ControlHandle> {
     let ctl = handle::open(cfg, node).await?;
-    tokio::spawn(rpc::serve(ctl.clone(), rpc_rx));
+    tokio::spawn(recovery::restart_after_storage_failures(ctl.clone()));
+    tokio::spawn(rpc::serve(ctl.clone(), rpc_rx, admit));
     Ok(ctl)
 }

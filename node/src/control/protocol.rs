@@ -11,11 +11,8 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    control::{
-        state::{ControlCommand, ControlResponse, JobId},
-        store::{NodeId, TypeConfig, SNAPSHOT_BYTES_MAX},
-        tokens::Principal,
-    },
+    control::store::{NodeId, TypeConfig, SNAPSHOT_BYTES_MAX},
+    domain::state::{tokens::Principal, ControlCommand, ControlResponse, JobId},
     jobs::logs::LogChunk,
 };
 

@@ -28,7 +28,7 @@
 //! whose API took it and the token it came with. The same principal check guards reads of a
 //! rank's log.
 //!
-//! A member an operator removed (`control::removal`) is refused everything: its Raft
+//! A member an operator removed (`domain::state::removal`) is refused everything: its Raft
 //! messages, its writes, its log reads ([`check_not_removed`]).
 
 use std::sync::atomic::Ordering;
@@ -45,12 +45,19 @@ use crate::{
     control::{
         handle::ControlHandle,
         protocol::{ProposeError, RpcRequest, RpcResponse, SnapshotRequest},
-        state::{ControlCommand, ControlState, JobId},
         store::{node_id_of, NodeId, RaftNode, TypeConfig},
-        tokens::Principal,
+    },
+    domain::{
+        spec::JobSpec,
+        state::{tokens::Principal, ControlCommand, ControlState, JobId},
     },
     jobs::logs::{read_log, LogChunk},
 };
+
+/// The admission of a spec a member forwarded with a submit: the job layer's gate (the node
+/// passes `jobs::admit_forwarded`: its secrets sealed, then every field as the API admits
+/// one), handed to the server at start so that the Raft glue imports nothing above it.
+pub type Admission = fn(&JobSpec) -> Result<(), String>;
 
 /// Which Raft message a [`PeerRefused`] is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,11 +219,16 @@ fn check_live(
 
 /// Whether the member `from` (a peer id) may have `cmd` committed by forwarding it to the
 /// chief. A member forwards what its users and its own ranks produce: a submit (whose spec
-/// is admitted again exactly as the API admits one, see [`crate::jobs::admit`]), a cancel,
+/// is admitted again exactly as the API admits one, by `admit`: see [`Admission`]), a cancel,
 /// and the exits and metrics of ranks it runs in the job's current generation. What only the
 /// chief decides (placements, failed attempts, unplaceable jobs) is never accepted from the
 /// wire: the chief proposes those to its own Raft.
-pub fn authorize(from: &str, cmd: &ControlCommand, state: &ControlState) -> Result<(), String> {
+pub fn authorize(
+    from: &str,
+    cmd: &ControlCommand,
+    state: &ControlState,
+    admit: Admission,
+) -> Result<(), String> {
     let runs_in_current_generation = |id: JobId, generation: u32, rank: Option<u32>| {
         let job = state.job(id).ok_or_else(|| format!("no job {id}"))?;
         if job.generation != generation {
@@ -239,20 +251,7 @@ pub fn authorize(from: &str, cmd: &ControlCommand, state: &ControlState) -> Resu
         }
     };
     match cmd {
-        ControlCommand::Submit { spec, .. } => {
-            // `[secrets]` enter the log sealed by the API node that took the submit.
-            if let Some(name) = spec
-                .secrets
-                .iter()
-                .find(|(_, v)| !crate::security::sealed::is_sealed(v))
-                .map(|(k, _)| k)
-            {
-                return Err(format!(
-                    "secrets.{name}: not sealed (a submit goes through a node's API, which seals them)"
-                ));
-            }
-            crate::jobs::admit(spec)
-        }
+        ControlCommand::Submit { spec, .. } => admit(spec),
         ControlCommand::Cancel { .. }
         | ControlCommand::DatasetAdd { .. }
         | ControlCommand::DatasetRemove { .. }
@@ -360,6 +359,7 @@ pub fn authorize_principal(
 /// its principal when a user asked for it, and proposed to this node's Raft.
 async fn forwarded(
     ctl: &ControlHandle,
+    admit: Admission,
     peer: &libp2p::PeerId,
     cmd: ControlCommand,
     principal: Principal,
@@ -377,11 +377,11 @@ async fn forwarded(
         Ok(()) => match &cmd {
             ControlCommand::Submit { spec, .. } => {
                 let spec = spec.clone();
-                tokio::task::spawn_blocking(move || crate::jobs::admit(&spec))
+                tokio::task::spawn_blocking(move || admit(&spec))
                     .await
                     .unwrap_or_else(|e| Err(format!("admission failed: {e}")))
             }
-            _ => ctl.read(|s| authorize(&from, &cmd, s)),
+            _ => ctl.read(|s| authorize(&from, &cmd, s, admit)),
         },
     };
     let r = match allowed {
@@ -438,7 +438,7 @@ fn log_read(
 
 /// Answers the peers' RPCs, each on a task of its own, until the node's event loop closes
 /// the queue.
-pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>) {
+pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>, admit: Admission) {
     while let Some(rpc) = rx.recv().await {
         let ctl = ctl.clone();
         tokio::spawn(async move {
@@ -479,10 +479,10 @@ pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>) {
                     }
                 }
                 Ok(RpcRequest::Propose(cmd)) => {
-                    forwarded(&ctl, &rpc.from, cmd, Principal::Node).await
+                    forwarded(&ctl, admit, &rpc.from, cmd, Principal::Node).await
                 }
                 Ok(RpcRequest::ProposeAs { command, principal }) => {
-                    forwarded(&ctl, &rpc.from, command, principal).await
+                    forwarded(&ctl, admit, &rpc.from, command, principal).await
                 }
                 Ok(RpcRequest::Logs {
                     job,
@@ -517,6 +517,7 @@ mod tests {
     use crate::{
         chief::{decide, tests as chief},
         cluster::membership::State,
+        jobs::admit_forwarded,
     };
 
     /// A membership of voters `voters` and learners `learners`, each a peer id string.
@@ -668,8 +669,8 @@ mod tests {
             code: 0,
             at_ms: 1,
         };
-        assert_eq!(authorize(&runner, &exited, &state), Ok(()));
-        assert!(authorize("someone-else", &exited, &state).is_err());
+        assert_eq!(authorize(&runner, &exited, &state, admit_forwarded), Ok(()));
+        assert!(authorize("someone-else", &exited, &state, admit_forwarded).is_err());
         let stale = ControlCommand::Metric {
             id,
             generation: 7,
@@ -678,19 +679,22 @@ mod tests {
             step: None,
             at_ms: 1,
         };
-        assert!(authorize(&runner, &stale, &state).is_err());
-        assert!(authorize(&runner, &place[0], &state)
+        assert!(authorize(&runner, &stale, &state, admit_forwarded).is_err());
+        assert!(authorize(&runner, &place[0], &state, admit_forwarded)
             .unwrap_err()
             .contains("only the chief"));
         let cancel = ControlCommand::Cancel { id, at_ms: 1 };
-        assert_eq!(authorize("anyone", &cancel, &state), Ok(()));
+        assert_eq!(
+            authorize("anyone", &cancel, &state, admit_forwarded),
+            Ok(())
+        );
     }
 
     /// A user command needs the admin or a live token; token and member changes the admin;
     /// a removed member is refused everything.
     #[test]
     fn forwarded_commands_carry_a_principal_the_state_still_accepts() {
-        use crate::control::tokens::new_token;
+        use crate::domain::state::tokens::new_token;
         let mut state = ControlState::default();
         let (_, hash) = new_token();
         let create = ControlCommand::TokenCreate {
@@ -701,7 +705,7 @@ mod tests {
         };
         assert_eq!(
             state.apply(1, &create),
-            crate::control::ControlResponse::Applied
+            crate::domain::ControlResponse::Applied
         );
         let id = chief::submit(&mut state, 2, 1);
         let cancel = ControlCommand::Cancel { id, at_ms: 2 };

@@ -44,7 +44,7 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::control::state::{ControlCommand, ControlResponse, ControlState};
+use crate::domain::state::{ControlCommand, ControlResponse, ControlState};
 
 /// Raft node id: derived from the libp2p peer id with [`node_id_of`].
 pub type NodeId = u64;
@@ -981,8 +981,8 @@ mod tests {
     use tempfile::TempDir;
 
     use super::*;
-    use crate::control::state::{JobId, JobState};
-    use crate::jobs::spec::JobSpec;
+    use crate::domain::spec::JobSpec;
+    use crate::domain::state::{JobId, JobState};
 
     struct Builder;
 

@@ -286,7 +286,7 @@ pub fn plan<I: Ord + Clone + Debug>(input: &Input<'_, I>, config: &VoterConfig) 
     out
 }
 
-/// Makes the members an operator removed (`control::removal`) look `left` to the rules, so
+/// Makes the members an operator removed (`domain::state::removal`) look `left` to the rules, so
 /// rule 1 takes them out of the membership (voter or learner) at once and rule 4 never adds
 /// them back, whatever gossip says of them (a removed host may still run and gossip). One
 /// that gossip no longer lists is entered as left too.

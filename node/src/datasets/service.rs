@@ -27,9 +27,9 @@ use crate::cluster::meta::{HeldDataset, HELD_DATASETS_MAX};
 use crate::cluster::net::NodeHandle;
 use crate::control::handle::{wall_ms, ControlHandle};
 use crate::control::protocol::ProposeError;
-use crate::control::state::{DatasetRecord, JobState};
-use crate::control::{ControlCommand, ControlResponse};
-use crate::jobs::spec::JobKind;
+use crate::domain::spec::JobKind;
+use crate::domain::state::{DatasetRecord, JobState};
+use crate::domain::{ControlCommand, ControlResponse};
 
 /// How long a root just added is kept though no name refers to it yet (the name's commit
 /// may reach this replica later than the files).

@@ -1,13 +1,13 @@
 //! `kind = "train"` jobs: the trainer's sections of a job spec (`[model]`, `[data]`,
 //! `[train]`, `[checkpoint]`), checked when a job is admitted and written to each rank's spec
 //! file. Each rank is this node's own binary run as `ringleader train-worker` (see
-//! [`super::launch`]), which calls [`trainer::worker::run`]; rank 0 prints `ringleader-metric`
+//! `jobs::launch`), which calls [`trainer::worker::run`]; rank 0 prints `ringleader-metric`
 //! lines that become job metrics and writes checkpoints under `jobs/<job-id>/ckpt/<step>/` in
 //! the node's store.
 
 use trainer::TrainSpec;
 
-use crate::jobs::spec::JobSpec;
+use crate::domain::spec::JobSpec;
 
 /// Sections of a job spec the trainer reads.
 const SECTIONS: [&str; 4] = ["model", "data", "train", "checkpoint"];

@@ -35,9 +35,13 @@ use std::{
 };
 
 use crate::{
-    control::state::{Job, JobId, Slot},
+    domain::{
+        spec::JobKind,
+        state::{Job, JobId, Slot},
+        train_spec,
+    },
     gpus,
-    jobs::{logs::log_path, spec::JobKind, train_spec},
+    jobs::logs::log_path,
 };
 
 /// First port of the range `MASTER_PORT` is drawn from. The range, plus the train ring's
@@ -238,7 +242,7 @@ pub fn shared_dataset(job: &Job) -> Option<String> {
         JobKind::Search => return None,
     }
     let name = job.spec.data.as_ref()?.get("dataset")?.as_str()?;
-    (!crate::datasets::BUILTIN.contains(&name)).then(|| name.to_owned())
+    (!crate::domain::state::datasets::BUILTIN.contains(&name)).then(|| name.to_owned())
 }
 
 /// The launch of `slot` of `job`'s current generation, or `None` while a train ring member's
@@ -405,7 +409,7 @@ mod tests {
     use crate::{
         chief::{decide, tests as chief},
         cluster::membership::State,
-        control::state::ControlState,
+        domain::state::ControlState,
     };
 
     #[test]
@@ -426,14 +430,14 @@ mod tests {
     fn train_ranks_get_the_storage_url_in_their_environment_not_argv() {
         let mut state = ControlState::default();
         let spec =
-            crate::jobs::spec::JobSpec::parse("name = \"t\"\nkind = \"train\"\nworkers = 1\n")
+            crate::domain::spec::JobSpec::parse("name = \"t\"\nkind = \"train\"\nworkers = 1\n")
                 .unwrap();
-        let submit = crate::control::state::ControlCommand::Submit {
+        let submit = crate::domain::state::ControlCommand::Submit {
             spec: Box::new(spec),
             at_ms: 1,
             token: None,
         };
-        let crate::control::state::ControlResponse::Submitted { id } = state.apply(1, &submit)
+        let crate::domain::state::ControlResponse::Submitted { id } = state.apply(1, &submit)
         else {
             panic!("not submitted")
         };
@@ -637,7 +641,7 @@ mod tests {
         assert_eq!(l.dataset.as_deref(), Some("mnist"));
         assert_eq!(env_of(&l, TRIAL_RESOURCE_ENV), None, "not a trial");
         // A trial's run to a rung is told the rung.
-        job.trial_of = Some(crate::search::record::TrialOf {
+        job.trial_of = Some(crate::domain::search::record::TrialOf {
             search: JobId::from_log_index(1),
             trial: 3,
             metric: "acc".into(),
@@ -693,7 +697,7 @@ mod tests {
         let token = capability(&[5; 32], &Place::Job(id));
         assert_eq!(env_of(&l, CHECKPOINT_TOKEN_ENV), Some(token.as_str()));
         // Every run of a trial (another job) gets the trial's place.
-        job.trial_of = Some(crate::search::record::TrialOf {
+        job.trial_of = Some(crate::domain::search::record::TrialOf {
             search: JobId::from_log_index(1),
             trial: 3,
             metric: "acc".into(),

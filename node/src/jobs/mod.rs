@@ -24,11 +24,9 @@ pub mod launch;
 pub mod log_rate;
 pub mod logs;
 pub mod process;
-pub mod spec;
 pub mod supervisor;
-pub mod train_spec;
 
-pub use spec::{JobKind, JobSpec, Placement, Resources, SpecError};
+pub use crate::domain::spec::{JobKind, JobSpec, Placement, Resources, SpecError};
 
 /// Parses and checks a spec's text as the API admits it: [`JobSpec::parse`] (sizes, fields,
 /// lines), then the kind's own sections (a train job's trainer tables; a search's `[search]`
@@ -66,7 +64,7 @@ pub fn admit_spec_text(text: &str) -> Result<JobSpec, AdmitError> {
     let spec = JobSpec::parse(text)?;
     match spec.kind {
         JobKind::Train => {
-            train_spec::validate(&spec).map_err(|message| {
+            crate::domain::train_spec::validate(&spec).map_err(|message| {
                 // The trainer's messages start with the field they are about (`train.lr: …`,
                 // `train.lr -1 must be positive`).
                 let field = message
@@ -78,7 +76,9 @@ pub fn admit_spec_text(text: &str) -> Result<JobSpec, AdmitError> {
                                 .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
                     })
                     .map(str::to_owned);
-                let line = field.as_deref().and_then(|f| spec::line_of_field(text, f));
+                let line = field
+                    .as_deref()
+                    .and_then(|f| crate::domain::spec::line_of_field(text, f));
                 AdmitError {
                     message,
                     field,
@@ -87,8 +87,8 @@ pub fn admit_spec_text(text: &str) -> Result<JobSpec, AdmitError> {
             })?;
         }
         JobKind::Search => {
-            crate::search::spec::validate(&spec).map_err(|e| {
-                let line = spec::line_of_field(text, &e.field);
+            crate::domain::search::spec::validate(&spec).map_err(|e| {
+                let line = crate::domain::spec::line_of_field(text, &e.field);
                 let message = match line {
                     Some(line) => format!("{e} at line {line}"),
                     None => e.to_string(),
@@ -130,6 +130,23 @@ pub fn admit(spec: &JobSpec) -> Result<(), String> {
         return Err("spec changes when parsed again; refused".into());
     }
     Ok(())
+}
+
+/// The admission of a submit another node forwarded to the chief (the RPC server's
+/// `control::rpc::Admission`): its `[secrets]` entered sealed by the API node that took the
+/// submit, and the spec passes [`admit`].
+pub fn admit_forwarded(spec: &JobSpec) -> Result<(), String> {
+    if let Some(name) = spec
+        .secrets
+        .iter()
+        .find(|(_, v)| !crate::security::sealed::is_sealed(v))
+        .map(|(k, _)| k)
+    {
+        return Err(format!(
+            "secrets.{name}: not sealed (a submit goes through a node's API, which seals them)"
+        ));
+    }
+    admit(spec)
 }
 
 #[cfg(test)]

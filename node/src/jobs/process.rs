@@ -65,7 +65,7 @@ use tracing::{info, warn};
 use ringleader_protocol::{ElasticFailed, LineError, Metric, RankLine};
 
 use crate::{
-    control::state::{ControlCommand, JobId, REASON_BYTES_MAX},
+    domain::state::{ControlCommand, JobId, REASON_BYTES_MAX},
     jobs::{
         launch::Launch,
         log_rate::{is_protocol, LogRate, Verdict, RANK_LOG_BYTES_PER_S_MAX},
@@ -75,7 +75,7 @@ use crate::{
 
 /// A rank's process: (job, the generation it was started for, worker): for a rank that
 /// lives through re-forms, the first generation of its attempt
-/// ([`crate::control::state::Job::process_generation`]).
+/// ([`crate::domain::state::Job::process_generation`]).
 pub type Key = (JobId, u32, u32);
 
 /// Shortest gap between two reports of the same metric, in milliseconds (the last value is

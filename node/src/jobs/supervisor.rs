@@ -25,12 +25,14 @@ use crate::{
     control::{
         handle::{wall_ms, ControlHandle},
         protocol::ProposeError,
+    },
+    domain::{
+        spec::JobKind,
         state::{ControlCommand, ControlState, JobState},
     },
     jobs::{
         launch::{default_storage, generation_line, launch, Launch, LaunchContext},
         process::{Control, Key, ProtocolRank, RankOptions, Run, CONTROL_QUEUE_DEPTH},
-        spec::JobKind,
     },
 };
 
@@ -566,7 +568,7 @@ mod tests {
     use crate::{
         chief::{decide, tests as chief},
         cluster::membership::State,
-        control::state::JobId,
+        domain::state::JobId,
     };
 
     #[test]

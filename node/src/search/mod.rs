@@ -9,18 +9,16 @@
 //!
 //! The algorithms are the trainer's ([`trainer::search`], pure). A trial runs as a job of
 //! its own (placed like any job, its logs and checkpoints under its id); the control state
-//! applies the search's commands (`control::trials`: a trial started, reported, promoted,
+//! applies the search's commands (`domain::state::trials`: a trial started, reported, promoted,
 //! copied, finished), deciding continue / pause / promote / stop on each report with the
 //! searcher, so every replica agrees; the chief decides what to start next
 //! (`chief::search`). A new chief carries on from the log alone.
 //!
 //! - [`writer`]: each node writes ended searches' summaries to its storage.
 //!
-//! May use: `jobs::spec`, `jobs::train_spec`, `control::id`; `summary` reads a `Job`
+//! May use: `domain::spec`, `domain::train_spec`, `domain::id`; `summary` reads a `Job`
 //! record and `writer` the control handle (neither is used by `control`). Used by:
 //! `control`, `chief`, `api`, the node's start-up.
 
-pub mod record;
-pub mod spec;
 pub mod summary;
 pub mod writer;

@@ -27,7 +27,7 @@ use collective::{Communicator, ReduceOp};
 use ringleader_protocol::{Agree, Outcome, Progress};
 
 use crate::checkpoint::CheckpointStore;
-use crate::elastic::commit_log::CommitLog;
+use crate::commit_log::CommitLog;
 use crate::error::TrainError;
 use crate::state::{StateMeta, TrainState};
 

@@ -7,7 +7,7 @@
 //! state machine removes those still ended (and the submit tokens that named them). A trial
 //! job stays while its search runs (the search's leaderboard names it).
 
-use super::state::{ignored, ControlCommand, ControlResponse, ControlState, JobId};
+use super::{ignored, ControlCommand, ControlResponse, ControlState, JobId};
 
 /// Most ids in one `Compact` command.
 pub const COMPACT_IDS_MAX: usize = 1_000;
@@ -60,7 +60,7 @@ pub fn command(ids: Vec<JobId>, at_ms: u64) -> Option<ControlCommand> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::jobs::spec::JobSpec;
+    use crate::domain::spec::JobSpec;
 
     fn submit(s: &mut ControlState, at_ms: u64) -> JobId {
         let spec =

@@ -32,11 +32,17 @@ use std::fmt;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
-pub use super::datasets::DatasetRecord;
-pub use super::id::{BadJobId, JobId};
+pub mod compaction;
+pub mod datasets;
+pub mod removal;
+pub mod tokens;
+pub mod trials;
+
+pub use self::datasets::DatasetRecord;
+pub use crate::domain::id::{BadJobId, JobId};
 use crate::{
-    jobs::spec::{JobKind, JobSpec, GPUS_PER_WORKER_MAX, WORKERS_MAX},
-    search::record::{SearchRecord, TrialOf},
+    domain::search::record::{SearchRecord, TrialOf},
+    domain::spec::{JobKind, JobSpec, GPUS_PER_WORKER_MAX, WORKERS_MAX},
 };
 use trainer::search::Params;
 
@@ -723,7 +729,7 @@ pub enum ControlCommand {
         at_ms: u64,
     },
     /// The chief drops ended jobs past the retention from the live state (see
-    /// `control::compaction`); their records stay in storage.
+    /// `domain::state::compaction`); their records stay in storage.
     Compact {
         /// The jobs (at most `compaction::COMPACT_IDS_MAX`).
         ids: Vec<JobId>,
@@ -746,11 +752,11 @@ pub enum ControlCommand {
         /// Proposer's clock.
         at_ms: u64,
     },
-    /// The admin makes an API token (see `control::tokens`): only its hash is replicated.
+    /// The admin makes an API token (see `domain::state::tokens`): only its hash is replicated.
     TokenCreate {
         /// Its name (`tokens::check_token_name`).
         name: String,
-        /// The BLAKE3 hash of the token, [`super::tokens::TOKEN_HASH_HEX_LEN`] hex digits.
+        /// The BLAKE3 hash of the token, [`tokens::TOKEN_HASH_HEX_LEN`] hex digits.
         hash: String,
         /// Who made it, on which node (`admin@<node name>`).
         created_by: String,
@@ -764,7 +770,7 @@ pub enum ControlCommand {
         /// Proposer's clock.
         at_ms: u64,
     },
-    /// The admin removes a member from the cluster for good (see `control::removal`).
+    /// The admin removes a member from the cluster for good (see `domain::state::removal`).
     MemberRemove {
         /// Its peer id.
         peer_id: String,
@@ -832,7 +838,7 @@ pub enum BadCommand {
     #[error("placement secret must be {RING_SECRET_HEX_LEN} lowercase hex digits")]
     Secret,
     /// A `Compact` naming more than `compaction::COMPACT_IDS_MAX` jobs.
-    #[error("compact: more than {} jobs", super::compaction::COMPACT_IDS_MAX)]
+    #[error("compact: more than {} jobs", compaction::COMPACT_IDS_MAX)]
     Compact,
     /// A dataset name outside the naming rule (`datasets::check_name`).
     #[error("{0}")]
@@ -912,7 +918,7 @@ impl ControlCommand {
             }
             ControlCommand::DatasetAdd { name, .. }
             | ControlCommand::DatasetRemove { name, .. } => {
-                crate::datasets::check_name(name).map_err(BadCommand::DatasetName)
+                datasets::check_name(name).map_err(BadCommand::DatasetName)
             }
             ControlCommand::Submit { token: Some(t), .. }
                 if t.is_empty() || t.len() > TOKEN_BYTES_MAX =>
@@ -925,8 +931,8 @@ impl ControlCommand {
                 created_by,
                 ..
             } => {
-                super::tokens::check_token_name(name).map_err(BadCommand::TokenField)?;
-                if !super::tokens::is_token_hash(hash) {
+                tokens::check_token_name(name).map_err(BadCommand::TokenField)?;
+                if !tokens::is_token_hash(hash) {
                     return Err(BadCommand::TokenField(
                         "hash: not a BLAKE3 hash in hex".into(),
                     ));
@@ -937,10 +943,10 @@ impl ControlCommand {
                 Ok(())
             }
             ControlCommand::TokenRevoke { name, .. } => {
-                super::tokens::check_token_name(name).map_err(BadCommand::TokenField)
+                tokens::check_token_name(name).map_err(BadCommand::TokenField)
             }
             ControlCommand::MemberRemove { peer_id, name, .. } => {
-                let parses = peer_id.len() <= super::removal::PEER_ID_BYTES_MAX
+                let parses = peer_id.len() <= removal::PEER_ID_BYTES_MAX
                     && peer_id.parse::<libp2p::PeerId>().is_ok();
                 if !parses || name.len() > REASON_BYTES_MAX {
                     return Err(BadCommand::PeerId(peer_id.chars().take(64).collect()));
@@ -1023,15 +1029,15 @@ pub struct ControlState {
     /// Blacklisted members by peer id (expired entries are kept for their strikes).
     #[serde(default)]
     pub blacklist: BTreeMap<String, Blacklisting>,
-    /// The dataset registry: name → what it names (see `control::datasets`).
+    /// The dataset registry: name → what it names (see `domain::state::datasets`).
     #[serde(default)]
     pub datasets: BTreeMap<String, DatasetRecord>,
-    /// API tokens by name, each kept as its hash (see `control::tokens`).
+    /// API tokens by name, each kept as its hash (see `domain::state::tokens`).
     #[serde(default)]
-    pub api_tokens: BTreeMap<String, super::tokens::TokenRecord>,
-    /// Members removed from the cluster, by peer id (see `control::removal`).
+    pub api_tokens: BTreeMap<String, tokens::TokenRecord>,
+    /// Members removed from the cluster, by peer id (see `domain::state::removal`).
     #[serde(default)]
-    pub removed: BTreeMap<String, super::removal::Removal>,
+    pub removed: BTreeMap<String, removal::Removal>,
 }
 
 impl ControlState {
@@ -1625,7 +1631,7 @@ mod tests {
         // arrays and datetimes of a spec come back intact.
         let text = format!(
             "{}\n[search]\nalgorithm = \"asha\"\nas_of = 1979-05-27T07:32:00Z\n",
-            include_str!("../../../examples/jobs/digits-mlp.toml")
+            include_str!("../../../../examples/jobs/digits-mlp.toml")
                 .replace("kind = \"train\"", "kind = \"search\"")
         );
         let spec = JobSpec::parse(&text).unwrap();

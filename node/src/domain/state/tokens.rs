@@ -9,7 +9,7 @@
 //!
 //! A [`Principal`] is who a request acts as: the admin, a replicated token (by its hash,
 //! never the token), or the node itself. The API's auth middleware sets it for the
-//! request's task ([`Principal::scope`]); [`super::handle::ControlHandle::propose`] and the
+//! request's task ([`Principal::scope`]); `control::handle::ControlHandle::propose` and the
 //! rank-log reads forward it to the chief or the member holding the log, which refuse a
 //! token whose hash left the state meanwhile (`control::rpc::authorize`). Only the admin
 //! makes and revokes tokens and removes members.
@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::state::{ignored, rejected, ControlResponse, ControlState};
+use super::{ignored, rejected, ControlResponse, ControlState};
 
 /// Most API tokens in the state (every request compares against all of them).
 pub const TOKENS_MAX: usize = 1_000;
@@ -204,7 +204,7 @@ pub fn listing(tokens: &BTreeMap<String, TokenRecord>) -> Vec<serde_json::Value>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::state::ControlCommand;
+    use crate::domain::state::ControlCommand;
 
     fn create(name: &str, hash: &str) -> ControlCommand {
         ControlCommand::TokenCreate {

@@ -26,11 +26,11 @@ use trainer::search::{
     Decision, Params, Report, SearchSpec, Searcher, Trial, TrialKind, TrialState,
 };
 
-use super::state::{
+use super::{
     ignored, rejected, unknown, ControlCommand, ControlResponse, ControlState, EventKind, Job,
     JobId, JobState, Slot,
 };
-use crate::search::{
+use crate::domain::search::{
     record::{TrialOf, TrialRun},
     spec::{search_spec, trial_spec},
 };
@@ -447,7 +447,7 @@ impl ControlState {
         let metric = settings.map(|s| s.metric).unwrap_or_default();
         let reports_required = job.spec.reports_required;
         let record = job.search.as_ref().expect("a search");
-        let best = direction.and_then(|d| crate::search::summary::best(record, d));
+        let best = direction.and_then(|d| crate::domain::search::leaderboard::best(record, d));
         let succeeded = record
             .trials
             .iter()
