@@ -119,6 +119,18 @@ class CheckLayers(unittest.TestCase):
         msgs = run(files)
         self.assertEqual(msgs, ["fx: module extra is not a part of the table in design.md"])
 
+    def test_the_allow_list_hides_known_problems_and_names_stale_entries(self):
+        files = dict(CLEAN)
+        files["src/low/b.rs"] = "pub fn helper() {}\nfn g() { crate::low::a::Thing; }\n"
+        msgs = run(files)
+        entries, bad = check_layers.allowed(
+            "# known\ncycle in fx::low: a → b → a  # b will stop using a\n"
+            "upward import: low uses top  # gone already\nno reason here\n")
+        self.assertEqual(bad, [f"{check_layers.ALLOWED}:4: an entry needs its reason after '  # '"])
+        left = check_layers.unallowed(msgs, entries)
+        self.assertEqual(len(left), 2, left)
+        self.assertIn("'upward import: low uses top' allows nothing any more", left[0])
+
     def test_use_trees_expand(self):
         self.assertEqual(
             check_layers.expand_use_tree("crate::{a::{b, c as d}, e, f::{self, g::*}}"),

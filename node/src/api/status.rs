@@ -13,7 +13,7 @@ use crate::{
 };
 
 pub use crate::cluster::meta::NodeRef;
-pub use crate::jobs::logs::LogChunk;
+pub use crate::control::logs::LogChunk;
 pub use crate::search::summary::{BestDoc, TrialDoc};
 
 /// One member as this node sees it.

@@ -13,7 +13,7 @@
 //! proposes what it returns; the state machine ignores a command that arrives stale, so a
 //! decision made just before losing leadership is harmless.
 //!
-//! May use: `control` (state, handle), `cluster` (the member view), `domain::spec`. Used by:
+//! May use: `domain` (the state, specs), `control` (the handle), `cluster` (the member view). Used by:
 //! the node's start-up only.
 
 pub mod driver;

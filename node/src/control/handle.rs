@@ -30,6 +30,7 @@ use crate::{
         net::{MemberView, NodeHandle},
         wire,
     },
+    control::logs::{read_log, LogChunk},
     control::{
         network::Network,
         protocol::{ProposeError, RpcRequest, RpcResponse},
@@ -39,7 +40,6 @@ use crate::{
     domain::state::{
         tokens::Principal, ControlCommand, ControlResponse, ControlState, JobId, JobState,
     },
-    jobs::logs::{read_log, LogChunk},
 };
 
 /// Raft heartbeat period, in milliseconds.

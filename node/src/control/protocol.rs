@@ -11,9 +11,9 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    control::logs::LogChunk,
     control::store::{NodeId, TypeConfig, SNAPSHOT_BYTES_MAX},
     domain::state::{tokens::Principal, ControlCommand, ControlResponse, JobId},
-    jobs::logs::LogChunk,
 };
 
 /// RPCs between nodes' control planes.

@@ -42,6 +42,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     cluster::{net::InboundRpc, wire},
+    control::logs::{read_log, LogChunk},
     control::{
         handle::ControlHandle,
         protocol::{ProposeError, RpcRequest, RpcResponse, SnapshotRequest},
@@ -51,7 +52,6 @@ use crate::{
         spec::JobSpec,
         state::{tokens::Principal, ControlCommand, ControlState, JobId},
     },
-    jobs::logs::{read_log, LogChunk},
 };
 
 /// The admission of a spec a member forwarded with a submit: the job layer's gate (the node

@@ -35,13 +35,13 @@ use std::{
 };
 
 use crate::{
+    control::logs::log_path,
     domain::{
         spec::JobKind,
         state::{Job, JobId, Slot},
         train_spec,
     },
     gpus,
-    jobs::logs::log_path,
 };
 
 /// First port of the range `MASTER_PORT` is drawn from. The range, plus the train ring's
