@@ -1066,230 +1066,59 @@ impl ControlState {
         response
     }
 
-    /// [`ControlState::apply`] of a checked command, before its effects on searches.
+    /// [`ControlState::apply`] of a checked command, before its effects on searches: hands
+    /// each command to its own method.
     fn apply_command(&mut self, log_index: u64, cmd: &ControlCommand) -> ControlResponse {
+        let at_ms = cmd.at_ms();
         match cmd {
-            ControlCommand::Submit { spec, at_ms, token } => {
-                if let Some(id) = token.as_ref().and_then(|t| self.tokens.get(t)) {
-                    return ControlResponse::Submitted { id: *id };
-                }
-                let id = JobId::from_log_index(log_index);
-                if let Some(t) = token {
-                    self.tokens.insert(t.clone(), id);
-                }
-                let mut job = Job::new(id, (**spec).clone(), *at_ms);
-                job.push_event(
-                    *at_ms,
-                    EventKind::Submitted,
-                    format!("{} job {:?}", spec.kind, spec.name),
-                );
-                if spec.kind == JobKind::Search {
-                    // A search holds nothing itself: it runs from the start, its trials
-                    // are jobs placed by the chief.
-                    job.state = JobState::Running;
-                    job.started_at_ms = Some(*at_ms);
-                    job.search = Some(SearchRecord::default());
-                }
-                self.jobs.insert(id, job);
-                ControlResponse::Submitted { id }
+            ControlCommand::Submit { spec, token, .. } => {
+                self.submit(log_index, spec, token.as_deref(), at_ms)
             }
             ControlCommand::Place {
                 id,
                 generation,
                 slots,
                 secret,
-                at_ms,
-            } => {
-                let job = match self.jobs.get_mut(id) {
-                    Some(job) => job,
-                    None => return unknown(*id),
-                };
-                if job.state != JobState::Pending {
-                    return rejected(format!("{id} is {}, not pending", job.state));
-                }
-                if *generation != job.generation + 1 {
-                    return rejected(format!(
-                        "{id}: placement for generation {generation}, expected {}",
-                        job.generation + 1
-                    ));
-                }
-                let why = if job.generation == 0 {
-                    "start"
-                } else {
-                    "retry"
-                };
-                job.place(slots, secret, *at_ms, why);
-                ControlResponse::Applied
-            }
-            ControlCommand::Unplaceable { id, reason, at_ms } => {
-                let job = match self.jobs.get_mut(id) {
-                    Some(job) => job,
-                    None => return unknown(*id),
-                };
-                let running_search = job.search.is_some() && job.state == JobState::Running;
-                if job.state != JobState::Pending && !running_search {
-                    return ignored(format!("{id} is {}, not pending", job.state));
-                }
-                let mut reason = reason.clone();
-                truncate_at_char(&mut reason, REASON_BYTES_MAX);
-                if job.pending_reason.as_ref() == Some(&reason) {
-                    return ignored("same reason as before".to_owned());
-                }
-                job.pending_reason = Some(reason.clone());
-                job.push_event(*at_ms, EventKind::Unplaceable, reason);
-                ControlResponse::Applied
-            }
+                ..
+            } => self.place(*id, *generation, slots, secret, at_ms),
+            ControlCommand::Unplaceable { id, reason, .. } => self.unplaceable(*id, reason, at_ms),
             ControlCommand::WorkerExited {
                 id,
                 generation,
                 rank,
                 code,
-                at_ms,
-            } => {
-                let job = match self.current_attempt(*id, *generation) {
-                    Ok(job) => job,
-                    Err(r) => return r,
-                };
-                let Some(slot) = job.assignment.get(*rank as usize) else {
-                    return rejected(format!("{id}: no rank {rank} in generation {generation}"));
-                };
-                let member = slot.name.clone();
-                if job.exits.contains_key(rank) {
-                    return ignored(format!("rank {rank} already reported"));
-                }
-                let what = format!("rank {rank} on {member} exited with code {code}");
-                job.exits.insert(*rank, *code);
-                job.push_event(*at_ms, EventKind::WorkerExited, what.clone());
-                if *code != 0 && !job.is_elastic() {
-                    job.fail_attempt(*at_ms, what);
-                } else if *code != 0 {
-                    // An elastic job goes on without the rank: the chief re-forms the ring,
-                    // or fails the attempt when too few would remain.
-                } else if *rank == 0 && job.is_elastic() && job.spec.kind == JobKind::Train {
-                    // An elastic train rank exits 0 only when training is over, and rank 0
-                    // exits after its final checkpoint is committed: the job is done, and a
-                    // rank still joining or lingering is stopped.
-                    job.finish(
-                        *at_ms,
-                        JobState::Succeeded,
-                        EventKind::Succeeded,
-                        format!("rank 0 on {member} finished training"),
-                    );
-                } else if job.exits.len() == job.assignment.len()
-                    && job.exits.values().all(|c| *c == 0)
-                {
-                    let n = job.assignment.len();
-                    job.finish(
-                        *at_ms,
-                        JobState::Succeeded,
-                        EventKind::Succeeded,
-                        format!("all {n} ranks exited 0"),
-                    );
-                }
-                ControlResponse::Applied
-            }
+                ..
+            } => self.worker_exited(*id, *generation, *rank, *code, at_ms),
             ControlCommand::AttemptFailed {
                 id,
                 generation,
                 reason,
-                at_ms,
-            } => {
-                let job = match self.current_attempt(*id, *generation) {
-                    Ok(job) => job,
-                    Err(r) => return r,
-                };
-                job.fail_attempt(*at_ms, reason.clone());
-                ControlResponse::Applied
-            }
+                ..
+            } => self.attempt_failed(*id, *generation, reason, at_ms),
             ControlCommand::Metric {
                 id,
                 generation,
                 name,
                 value,
                 step,
-                at_ms,
-            } => {
-                let job = match self.current_attempt(*id, *generation) {
-                    Ok(job) => job,
-                    Err(r) => return r,
-                };
-                if !job.metrics.contains_key(name) && job.metrics.len() >= METRICS_PER_JOB_MAX {
-                    return ignored(format!("more than {METRICS_PER_JOB_MAX} metric names"));
-                }
-                job.metrics.insert(
-                    name.clone(),
-                    Metric {
-                        value: *value,
-                        step: *step,
-                        generation: *generation,
-                        at_ms: *at_ms,
-                    },
-                );
-                job.metric_history
-                    .entry(name.clone())
-                    .or_default()
-                    .record(*step, *value);
-                ControlResponse::Applied
-            }
+                ..
+            } => self.metric(*id, *generation, name, *value, *step, at_ms),
             ControlCommand::Reform {
                 id,
                 generation,
                 slots,
                 secret,
                 reason,
-                at_ms,
-            } => {
-                let job = match self.jobs.get_mut(id) {
-                    Some(job) => job,
-                    None => return unknown(*id),
-                };
-                if job.state != JobState::Running {
-                    return ignored(format!("{id} is {}, not running", job.state));
-                }
-                if *generation != job.generation + 1 {
-                    return ignored(format!(
-                        "{id}: re-form as generation {generation}, expected {}",
-                        job.generation + 1
-                    ));
-                }
-                let n = slots.len() as u32;
-                if !job.is_elastic() || n < job.spec.min_workers || n > job.spec.max_workers {
-                    return rejected(format!(
-                        "{id}: a ring of {n} is outside {}..={} or the job is not elastic",
-                        job.spec.min_workers, job.spec.max_workers
-                    ));
-                }
-                job.start_generation(*generation, slots, secret, *at_ms);
-                job.push_ring_event(*at_ms, EventKind::Reformed, reason.clone());
-                ControlResponse::Applied
-            }
+                ..
+            } => self.reform(*id, *generation, slots, secret, reason, at_ms),
             ControlCommand::RankLost {
                 id,
                 generation,
                 rank,
                 hung,
                 reason,
-                at_ms: _,
-            } => {
-                let job = match self.current_attempt(*id, *generation) {
-                    Ok(job) => job,
-                    Err(r) => return r,
-                };
-                if *rank as usize >= job.assignment.len() {
-                    return rejected(format!("{id}: no rank {rank} in generation {generation}"));
-                }
-                let mut reason = reason.clone();
-                truncate_at_char(&mut reason, REASON_BYTES_MAX);
-                let suspect = job.suspects.entry(*rank).or_insert(Suspect {
-                    hung: *hung,
-                    reason: reason.clone(),
-                });
-                // Its own node's word that it hangs outranks a peer's broken connection.
-                if *hung && !suspect.hung {
-                    *suspect = Suspect { hung: true, reason };
-                }
-                ControlResponse::Applied
-            }
+                ..
+            } => self.rank_lost(*id, *generation, *rank, *hung, reason),
             ControlCommand::RankStats {
                 id,
                 generation,
@@ -1297,112 +1126,65 @@ impl ControlState {
                 step,
                 compute_ms,
                 wait_ms,
-                at_ms: _,
-            } => {
-                let job = match self.current_attempt(*id, *generation) {
-                    Ok(job) => job,
-                    Err(r) => return r,
-                };
-                if *rank as usize >= job.assignment.len() {
-                    return rejected(format!("{id}: no rank {rank} in generation {generation}"));
-                }
-                let mut others: Vec<f64> = job
-                    .rank_stats
-                    .iter()
-                    .filter(|(r, _)| *r != rank)
-                    .map(|(_, s)| s.compute_ms)
-                    .collect();
-                others.sort_by(f64::total_cmp);
-                let median = others.get(others.len() / 2).copied();
-                let slow =
-                    median.is_some_and(|m| *compute_ms > job.spec.elastic.straggler_factor * m);
-                let before = job.rank_stats.get(rank).and_then(|s| s.slow_since_step);
-                job.rank_stats.insert(
-                    *rank,
-                    RankStat {
-                        step: *step,
-                        compute_ms: *compute_ms,
-                        wait_ms: *wait_ms,
-                        slow_since_step: if slow {
-                            Some(before.unwrap_or(*step))
-                        } else {
-                            None
-                        },
-                    },
-                );
-                ControlResponse::Applied
-            }
+                ..
+            } => self.rank_stats(*id, *generation, *rank, *step, *compute_ms, *wait_ms),
             ControlCommand::Blacklist {
                 member,
                 name,
                 cooldown_ms,
                 reason,
-                at_ms,
+                ..
+            } => self.blacklist(member, name, *cooldown_ms, reason, at_ms),
+            ControlCommand::Cancel { id, .. } => self.cancel(*id, at_ms),
+            ControlCommand::TrialStart {
+                search,
+                trial,
+                params,
+                bracket,
+                target,
+                slots,
+                secret,
+                ..
             } => {
-                let entry = self
-                    .blacklist
-                    .entry(member.clone())
-                    .or_insert_with(|| Blacklisting {
-                        name: name.clone(),
-                        until_ms: 0,
-                        strikes: 0,
-                        reason: String::new(),
-                    });
-                let factor = 1u64 << entry.strikes.min(20);
-                entry.strikes = entry.strikes.saturating_add(1);
-                entry.until_ms =
-                    at_ms.saturating_add(cooldown_ms.saturating_mul(factor).min(BLACKLIST_MS_MAX));
-                entry.name = name.clone();
-                entry.reason = reason.clone();
-                truncate_at_char(&mut entry.reason, REASON_BYTES_MAX);
-                ControlResponse::Applied
-            }
-            ControlCommand::Cancel { id, at_ms } => {
-                let job = match self.jobs.get_mut(id) {
-                    Some(job) => job,
-                    None => return unknown(*id),
+                let new = trials::NewTrial {
+                    trial: *trial,
+                    params,
+                    bracket: *bracket,
+                    target: *target,
                 };
-                if job.state.is_terminal() {
-                    return rejected(format!("{id} already {}", job.state));
-                }
-                let was = job.state;
-                job.finish(
-                    *at_ms,
-                    JobState::Cancelled,
-                    EventKind::Cancelled,
-                    format!("cancelled by user while {was}"),
-                );
-                ControlResponse::Applied
+                self.trial_start(log_index, *search, new, slots, secret, at_ms)
             }
-            ControlCommand::TrialStart { .. }
-            | ControlCommand::TrialPromote { .. }
-            | ControlCommand::TrialCopy { .. }
-            | ControlCommand::TrialReport { .. }
-            | ControlCommand::SearchFinished { .. } => self.apply_trial(log_index, cmd),
+            ControlCommand::TrialPromote {
+                search,
+                trial,
+                target,
+                slots,
+                secret,
+                ..
+            } => self.trial_promote(*search, *trial, *target, slots, secret, at_ms),
+            ControlCommand::TrialCopy {
+                search,
+                trial,
+                slots,
+                secret,
+                ..
+            } => self.trial_copy(log_index, *search, *trial, slots, secret, at_ms),
+            ControlCommand::TrialReport {
+                id,
+                generation,
+                resource,
+                value,
+                ..
+            } => self.trial_report(*id, *generation, *resource, *value, at_ms),
+            ControlCommand::SearchFinished { search, .. } => self.search_finished(*search, at_ms),
             ControlCommand::WorkerNote {
                 id,
                 generation,
                 rank,
                 message,
                 cannot_start,
-                at_ms,
-            } => {
-                let job = match self.current_attempt(*id, *generation) {
-                    Ok(job) => job,
-                    Err(r) => return r,
-                };
-                let slot = job.assignment.get(*rank as usize);
-                let mut message = match slot.filter(|_| *cannot_start) {
-                    Some(slot) => {
-                        job.cannot_start.insert(slot.member.clone());
-                        format!("rank {rank} could not start on {}: {message}", slot.name)
-                    }
-                    None => format!("rank {rank}: {message}"),
-                };
-                truncate_at_char(&mut message, REASON_BYTES_MAX);
-                job.push_event(*at_ms, EventKind::Note, message);
-                ControlResponse::Applied
-            }
+                ..
+            } => self.worker_note(*id, *generation, *rank, message, *cannot_start, at_ms),
             ControlCommand::Compact { ids, .. } => self.compact(ids),
             ControlCommand::DatasetAdd { name, record, .. } => self.dataset_add(name, record),
             ControlCommand::DatasetRemove { name, .. } => self.dataset_remove(name),
@@ -1410,15 +1192,399 @@ impl ControlState {
                 name,
                 hash,
                 created_by,
-                at_ms,
-            } => self.token_create(name, hash, created_by, *at_ms),
+                ..
+            } => self.token_create(name, hash, created_by, at_ms),
             ControlCommand::TokenRevoke { name, .. } => self.token_revoke(name),
-            ControlCommand::MemberRemove {
-                peer_id,
-                name,
-                at_ms,
-            } => self.member_remove(peer_id, name, *at_ms),
+            ControlCommand::MemberRemove { peer_id, name, .. } => {
+                self.member_remove(peer_id, name, at_ms)
+            }
         }
+    }
+
+    /// `Submit`: a new job, its id from `log_index`; a token seen before answers with the
+    /// job it created.
+    fn submit(
+        &mut self,
+        log_index: u64,
+        spec: &JobSpec,
+        token: Option<&str>,
+        at_ms: u64,
+    ) -> ControlResponse {
+        if let Some(id) = token.and_then(|t| self.tokens.get(t)) {
+            return ControlResponse::Submitted { id: *id };
+        }
+        let id = JobId::from_log_index(log_index);
+        if let Some(t) = token {
+            self.tokens.insert(t.to_owned(), id);
+        }
+        let mut job = Job::new(id, spec.clone(), at_ms);
+        job.push_event(
+            at_ms,
+            EventKind::Submitted,
+            format!("{} job {:?}", spec.kind, spec.name),
+        );
+        if spec.kind == JobKind::Search {
+            // A search holds nothing itself: it runs from the start, its trials are jobs
+            // placed by the chief.
+            job.state = JobState::Running;
+            job.started_at_ms = Some(at_ms);
+            job.search = Some(SearchRecord::default());
+        }
+        self.jobs.insert(id, job);
+        ControlResponse::Submitted { id }
+    }
+
+    /// The job whose generation `generation` is about to start, if it is `state` and that is
+    /// its next generation; otherwise the response, made by `refuse` (a placement that does
+    /// not fit is rejected; a re-form, decided on a view the log has moved past, ignored).
+    /// `what` names the command in the message.
+    fn next_generation(
+        &mut self,
+        id: JobId,
+        generation: u32,
+        state: JobState,
+        what: &str,
+        refuse: fn(String) -> ControlResponse,
+    ) -> Result<&mut Job, ControlResponse> {
+        let job = self.jobs.get_mut(&id).ok_or_else(|| unknown(id))?;
+        if job.state != state {
+            return Err(refuse(format!("{id} is {}, not {state}", job.state)));
+        }
+        if generation != job.generation + 1 {
+            return Err(refuse(format!(
+                "{id}: {what} generation {generation}, expected {}",
+                job.generation + 1
+            )));
+        }
+        Ok(job)
+    }
+
+    /// `Place`: a pending job's next generation starts on `slots` (its first attempt, or a
+    /// retry).
+    fn place(
+        &mut self,
+        id: JobId,
+        generation: u32,
+        slots: &[Slot],
+        secret: &str,
+        at_ms: u64,
+    ) -> ControlResponse {
+        let job = match self.next_generation(
+            id,
+            generation,
+            JobState::Pending,
+            "placement for",
+            rejected,
+        ) {
+            Ok(job) => job,
+            Err(r) => return r,
+        };
+        let why = if job.generation == 0 {
+            "start"
+        } else {
+            "retry"
+        };
+        job.place(slots, secret, at_ms, why);
+        ControlResponse::Applied
+    }
+
+    /// `Unplaceable`: why a pending job (or a running search's next trial) waits; the same
+    /// reason twice is one event.
+    fn unplaceable(&mut self, id: JobId, reason: &str, at_ms: u64) -> ControlResponse {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return unknown(id);
+        };
+        let running_search = job.search.is_some() && job.state == JobState::Running;
+        if job.state != JobState::Pending && !running_search {
+            return ignored(format!("{id} is {}, not pending", job.state));
+        }
+        let mut reason = reason.to_owned();
+        truncate_at_char(&mut reason, REASON_BYTES_MAX);
+        if job.pending_reason.as_ref() == Some(&reason) {
+            return ignored("same reason as before".to_owned());
+        }
+        job.pending_reason = Some(reason.clone());
+        job.push_event(at_ms, EventKind::Unplaceable, reason);
+        ControlResponse::Applied
+    }
+
+    /// `WorkerExited`: a rank's exit; a non-zero code fails a non-elastic job's attempt, and
+    /// the job succeeds once every rank exited 0 (an elastic train job once rank 0 did).
+    fn worker_exited(
+        &mut self,
+        id: JobId,
+        generation: u32,
+        rank: u32,
+        code: i32,
+        at_ms: u64,
+    ) -> ControlResponse {
+        let job = match self.current_attempt(id, generation) {
+            Ok(job) => job,
+            Err(r) => return r,
+        };
+        let Some(slot) = job.assignment.get(rank as usize) else {
+            return rejected(format!("{id}: no rank {rank} in generation {generation}"));
+        };
+        let member = slot.name.clone();
+        if job.exits.contains_key(&rank) {
+            return ignored(format!("rank {rank} already reported"));
+        }
+        let what = format!("rank {rank} on {member} exited with code {code}");
+        job.exits.insert(rank, code);
+        job.push_event(at_ms, EventKind::WorkerExited, what.clone());
+        if code != 0 && !job.is_elastic() {
+            job.fail_attempt(at_ms, what);
+        } else if code != 0 {
+            // An elastic job goes on without the rank: the chief re-forms the ring, or fails
+            // the attempt when too few would remain.
+        } else if rank == 0 && job.is_elastic() && job.spec.kind == JobKind::Train {
+            // An elastic train rank exits 0 only when training is over, and rank 0 exits
+            // after its final checkpoint is committed: the job is done, and a rank still
+            // joining or lingering is stopped.
+            job.finish(
+                at_ms,
+                JobState::Succeeded,
+                EventKind::Succeeded,
+                format!("rank 0 on {member} finished training"),
+            );
+        } else if job.exits.len() == job.assignment.len() && job.exits.values().all(|c| *c == 0) {
+            let n = job.assignment.len();
+            job.finish(
+                at_ms,
+                JobState::Succeeded,
+                EventKind::Succeeded,
+                format!("all {n} ranks exited 0"),
+            );
+        }
+        ControlResponse::Applied
+    }
+
+    /// `AttemptFailed`: the current attempt fails as a whole (retried while restarts last).
+    fn attempt_failed(
+        &mut self,
+        id: JobId,
+        generation: u32,
+        reason: &str,
+        at_ms: u64,
+    ) -> ControlResponse {
+        match self.current_attempt(id, generation) {
+            Ok(job) => {
+                job.fail_attempt(at_ms, reason.to_owned());
+                ControlResponse::Applied
+            }
+            Err(r) => r,
+        }
+    }
+
+    /// `Metric`: a metric's latest value and its history (at most [`METRICS_PER_JOB_MAX`]
+    /// names).
+    fn metric(
+        &mut self,
+        id: JobId,
+        generation: u32,
+        name: &str,
+        value: f64,
+        step: Option<u64>,
+        at_ms: u64,
+    ) -> ControlResponse {
+        let job = match self.current_attempt(id, generation) {
+            Ok(job) => job,
+            Err(r) => return r,
+        };
+        if !job.metrics.contains_key(name) && job.metrics.len() >= METRICS_PER_JOB_MAX {
+            return ignored(format!("more than {METRICS_PER_JOB_MAX} metric names"));
+        }
+        job.metrics.insert(
+            name.to_owned(),
+            Metric {
+                value,
+                step,
+                generation,
+                at_ms,
+            },
+        );
+        job.metric_history
+            .entry(name.to_owned())
+            .or_default()
+            .record(step, value);
+        ControlResponse::Applied
+    }
+
+    /// `Reform`: a running elastic job's next generation, on `slots` (within its
+    /// `min_workers..=max_workers`), inside the same attempt.
+    fn reform(
+        &mut self,
+        id: JobId,
+        generation: u32,
+        slots: &[Slot],
+        secret: &str,
+        reason: &str,
+        at_ms: u64,
+    ) -> ControlResponse {
+        let job =
+            match self.next_generation(id, generation, JobState::Running, "re-form as", ignored) {
+                Ok(job) => job,
+                Err(r) => return r,
+            };
+        let n = slots.len() as u32;
+        if !job.is_elastic() || n < job.spec.min_workers || n > job.spec.max_workers {
+            return rejected(format!(
+                "{id}: a ring of {n} is outside {}..={} or the job is not elastic",
+                job.spec.min_workers, job.spec.max_workers
+            ));
+        }
+        job.start_generation(generation, slots, secret, at_ms);
+        job.push_ring_event(at_ms, EventKind::Reformed, reason.to_owned());
+        ControlResponse::Applied
+    }
+
+    /// `RankLost`: a rank of the current generation is suspect (the chief re-forms or fails
+    /// the attempt); its own node's word that it hangs outranks a peer's.
+    fn rank_lost(
+        &mut self,
+        id: JobId,
+        generation: u32,
+        rank: u32,
+        hung: bool,
+        reason: &str,
+    ) -> ControlResponse {
+        let job = match self.current_attempt(id, generation) {
+            Ok(job) => job,
+            Err(r) => return r,
+        };
+        if rank as usize >= job.assignment.len() {
+            return rejected(format!("{id}: no rank {rank} in generation {generation}"));
+        }
+        let mut reason = reason.to_owned();
+        truncate_at_char(&mut reason, REASON_BYTES_MAX);
+        let suspect = job.suspects.entry(rank).or_insert(Suspect {
+            hung,
+            reason: reason.clone(),
+        });
+        // Its own node's word that it hangs outranks a peer's broken connection.
+        if hung && !suspect.hung {
+            *suspect = Suspect { hung: true, reason };
+        }
+        ControlResponse::Applied
+    }
+
+    /// `RankStats`: a rank's step timing; it is slow since the first step its compute time
+    /// passed `straggler_factor` × the other ranks' median.
+    fn rank_stats(
+        &mut self,
+        id: JobId,
+        generation: u32,
+        rank: u32,
+        step: u64,
+        compute_ms: f64,
+        wait_ms: f64,
+    ) -> ControlResponse {
+        let job = match self.current_attempt(id, generation) {
+            Ok(job) => job,
+            Err(r) => return r,
+        };
+        if rank as usize >= job.assignment.len() {
+            return rejected(format!("{id}: no rank {rank} in generation {generation}"));
+        }
+        let mut others: Vec<f64> = job
+            .rank_stats
+            .iter()
+            .filter(|(r, _)| **r != rank)
+            .map(|(_, s)| s.compute_ms)
+            .collect();
+        others.sort_by(f64::total_cmp);
+        let median = others.get(others.len() / 2).copied();
+        let slow = median.is_some_and(|m| compute_ms > job.spec.elastic.straggler_factor * m);
+        let before = job.rank_stats.get(&rank).and_then(|s| s.slow_since_step);
+        job.rank_stats.insert(
+            rank,
+            RankStat {
+                step,
+                compute_ms,
+                wait_ms,
+                slow_since_step: if slow {
+                    Some(before.unwrap_or(step))
+                } else {
+                    None
+                },
+            },
+        );
+        ControlResponse::Applied
+    }
+
+    /// `Blacklist`: a member is kept from placement for `cooldown_ms` × 2^(its strikes so
+    /// far), at most [`BLACKLIST_MS_MAX`].
+    fn blacklist(
+        &mut self,
+        member: &str,
+        name: &str,
+        cooldown_ms: u64,
+        reason: &str,
+        at_ms: u64,
+    ) -> ControlResponse {
+        let entry = self
+            .blacklist
+            .entry(member.to_owned())
+            .or_insert_with(|| Blacklisting {
+                name: name.to_owned(),
+                until_ms: 0,
+                strikes: 0,
+                reason: String::new(),
+            });
+        let factor = 1u64 << entry.strikes.min(20);
+        entry.strikes = entry.strikes.saturating_add(1);
+        entry.until_ms =
+            at_ms.saturating_add(cooldown_ms.saturating_mul(factor).min(BLACKLIST_MS_MAX));
+        entry.name = name.to_owned();
+        entry.reason = reason.to_owned();
+        truncate_at_char(&mut entry.reason, REASON_BYTES_MAX);
+        ControlResponse::Applied
+    }
+
+    /// `Cancel`: a job that has not ended is cancelled.
+    fn cancel(&mut self, id: JobId, at_ms: u64) -> ControlResponse {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return unknown(id);
+        };
+        if job.state.is_terminal() {
+            return rejected(format!("{id} already {}", job.state));
+        }
+        let was = job.state;
+        job.finish(
+            at_ms,
+            JobState::Cancelled,
+            EventKind::Cancelled,
+            format!("cancelled by user while {was}"),
+        );
+        ControlResponse::Applied
+    }
+
+    /// `WorkerNote`: an event in the job's history; a rank that could not start marks its
+    /// member for the next attempt to avoid.
+    fn worker_note(
+        &mut self,
+        id: JobId,
+        generation: u32,
+        rank: u32,
+        message: &str,
+        cannot_start: bool,
+        at_ms: u64,
+    ) -> ControlResponse {
+        let job = match self.current_attempt(id, generation) {
+            Ok(job) => job,
+            Err(r) => return r,
+        };
+        let slot = job.assignment.get(rank as usize);
+        let mut message = match slot.filter(|_| cannot_start) {
+            Some(slot) => {
+                job.cannot_start.insert(slot.member.clone());
+                format!("rank {rank} could not start on {}: {message}", slot.name)
+            }
+            None => format!("rank {rank}: {message}"),
+        };
+        truncate_at_char(&mut message, REASON_BYTES_MAX);
+        job.push_event(at_ms, EventKind::Note, message);
+        ControlResponse::Applied
     }
 
     /// The job, if `generation` is its current generation and it is running; otherwise the response

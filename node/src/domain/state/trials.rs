@@ -40,11 +40,11 @@ use crate::domain::search::{
 pub const REPORTS_PER_TRIAL_MAX: usize = 1_000;
 
 /// A trial to start (see [`ControlCommand::TrialStart`]).
-struct NewTrial<'a> {
-    trial: u32,
-    params: &'a Params,
-    bracket: u32,
-    target: u32,
+pub(super) struct NewTrial<'a> {
+    pub(super) trial: u32,
+    pub(super) params: &'a Params,
+    pub(super) bracket: u32,
+    pub(super) target: u32,
 }
 
 /// The search's settings and searcher, from its spec (admitted, so this succeeds unless
@@ -76,61 +76,7 @@ enum RunEnd {
 }
 
 impl ControlState {
-    /// Applies a search command (`TrialStart`, `TrialPromote`, `TrialCopy`, `TrialReport`,
-    /// `SearchFinished`); any other command is rejected.
-    pub(super) fn apply_trial(&mut self, log_index: u64, cmd: &ControlCommand) -> ControlResponse {
-        match cmd {
-            ControlCommand::TrialStart {
-                search,
-                trial,
-                params,
-                bracket,
-                target,
-                slots,
-                secret,
-                at_ms,
-            } => self.trial_start(
-                log_index,
-                *search,
-                NewTrial {
-                    trial: *trial,
-                    params,
-                    bracket: *bracket,
-                    target: *target,
-                },
-                slots,
-                secret,
-                *at_ms,
-            ),
-            ControlCommand::TrialPromote {
-                search,
-                trial,
-                target,
-                slots,
-                secret,
-                at_ms,
-            } => self.trial_promote(*search, *trial, *target, slots, secret, *at_ms),
-            ControlCommand::TrialCopy {
-                search,
-                trial,
-                slots,
-                secret,
-                at_ms,
-            } => self.trial_copy(log_index, *search, *trial, slots, secret, *at_ms),
-            ControlCommand::TrialReport {
-                id,
-                generation,
-                resource,
-                value,
-                at_ms,
-            } => self.trial_report(*id, *generation, *resource, *value, *at_ms),
-            ControlCommand::SearchFinished { search, at_ms } => {
-                self.search_finished(*search, *at_ms)
-            }
-            other => rejected(format!("not a search command: {other:?}")),
-        }
-    }
-
+    /// The search `search`, if it runs.
     fn running_search(&mut self, search: JobId) -> Result<&mut Job, ControlResponse> {
         let job = self.jobs.get_mut(&search).ok_or_else(|| unknown(search))?;
         if job.search.is_none() || job.state != JobState::Running {
@@ -139,7 +85,7 @@ impl ControlState {
         Ok(job)
     }
 
-    fn trial_start(
+    pub(super) fn trial_start(
         &mut self,
         log_index: u64,
         search: JobId,
@@ -215,7 +161,7 @@ impl ControlState {
         ControlResponse::Applied
     }
 
-    fn trial_promote(
+    pub(super) fn trial_promote(
         &mut self,
         search: JobId,
         trial: u32,
@@ -259,7 +205,7 @@ impl ControlState {
         ControlResponse::Applied
     }
 
-    fn trial_copy(
+    pub(super) fn trial_copy(
         &mut self,
         log_index: u64,
         search: JobId,
@@ -312,7 +258,7 @@ impl ControlState {
         ControlResponse::Applied
     }
 
-    fn trial_report(
+    pub(super) fn trial_report(
         &mut self,
         id: JobId,
         generation: u32,
@@ -424,7 +370,7 @@ impl ControlState {
         ControlResponse::Applied
     }
 
-    fn search_finished(&mut self, search: JobId, at_ms: u64) -> ControlResponse {
+    pub(super) fn search_finished(&mut self, search: JobId, at_ms: u64) -> ControlResponse {
         let job = match self.running_search(search) {
             Ok(j) => j,
             Err(r) => return r,
