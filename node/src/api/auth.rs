@@ -402,7 +402,7 @@ mod tests {
 
     #[tokio::test]
     async fn middleware_accepts_replicated_tokens_until_revoked() {
-        use crate::domain::state::{tokens::new_token, ControlCommand, ControlState};
+        use crate::domain::state::{tokens::new_token, ControlCommand, ControlState, Op};
         let state = Arc::new(std::sync::Mutex::new(ControlState::default()));
         let (token, hash) = new_token();
         let bearer = format!("Bearer {token}");
@@ -413,10 +413,12 @@ mod tests {
         )
         .await;
         assert_eq!(code, StatusCode::UNAUTHORIZED, "not created yet");
-        let create = ControlCommand::TokenCreate {
-            name: "ci".into(),
-            hash: hash.clone(),
-            created_by: "admin".into(),
+        let create = ControlCommand {
+            op: Op::TokenCreate {
+                name: "ci".into(),
+                hash: hash.clone(),
+                created_by: "admin".into(),
+            },
             at_ms: 1,
         };
         state.lock().unwrap().apply(1, &create);
@@ -444,8 +446,8 @@ mod tests {
         )
         .await;
         assert_eq!(code, StatusCode::UNAUTHORIZED);
-        let revoke = ControlCommand::TokenRevoke {
-            name: "ci".into(),
+        let revoke = ControlCommand {
+            op: Op::TokenRevoke { name: "ci".into() },
             at_ms: 2,
         };
         state.lock().unwrap().apply(2, &revoke);

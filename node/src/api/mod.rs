@@ -70,7 +70,7 @@ use crate::{
     },
     domain::{
         spec::SPEC_BYTES_MAX,
-        state::{ControlCommand, ControlResponse, JobId},
+        state::{ControlCommand, ControlResponse, JobId, Op},
     },
 };
 
@@ -374,10 +374,12 @@ async fn submit(
     let token = q
         .token
         .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
-    let cmd = ControlCommand::Submit {
-        spec: Box::new(spec),
+    let cmd = ControlCommand {
+        op: Op::Submit {
+            spec: Box::new(spec),
+            token: Some(token),
+        },
         at_ms: wall_ms(),
-        token: Some(token),
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_millis(SUBMIT_RETRY_MS);
     let answer = loop {
@@ -430,8 +432,8 @@ async fn cancel(
     let id = job_id(&id)?;
     match app
         .control
-        .propose(ControlCommand::Cancel {
-            id,
+        .propose(ControlCommand {
+            op: Op::Cancel { id },
             at_ms: wall_ms(),
         })
         .await?

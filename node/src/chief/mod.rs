@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 
 use crate::{
     cluster::{membership::State, net::MemberView},
-    domain::state::{ControlCommand, ControlState, Job, JobState, Slot, REJOIN_AFTER_MS},
+    domain::state::{ControlCommand, ControlState, Job, JobState, Op, Slot, REJOIN_AFTER_MS},
 };
 use placement::{Candidate, Request};
 
@@ -178,12 +178,14 @@ fn running(
         worker,
         gpus,
     };
-    vec![ControlCommand::Reform {
-        id: job.id,
-        generation: job.generation + 1,
-        slots: reranked(job.assignment.iter().cloned().chain([new])),
-        secret: new_secret(),
-        reason: format!("joined {}", joiner.name),
+    vec![ControlCommand {
+        op: Op::Reform {
+            id: job.id,
+            generation: job.generation + 1,
+            slots: reranked(job.assignment.iter().cloned().chain([new])),
+            secret: new_secret(),
+            reason: format!("joined {}", joiner.name),
+        },
         at_ms: now_ms,
     }]
 }
@@ -207,11 +209,13 @@ fn shrink(
         let mut out: Vec<ControlCommand> = lost
             .iter()
             .filter(|l| l.straggler)
-            .map(|l| ControlCommand::Blacklist {
-                member: l.slot.member.clone(),
-                name: l.slot.name.clone(),
-                cooldown_ms: u64::from(job.spec.elastic.blacklist_cooldown_s) * 1_000,
-                reason: format!("job {}: {}", job.id, l.reason),
+            .map(|l| ControlCommand {
+                op: Op::Blacklist {
+                    member: l.slot.member.clone(),
+                    name: l.slot.name.clone(),
+                    cooldown_ms: u64::from(job.spec.elastic.blacklist_cooldown_s) * 1_000,
+                    reason: format!("job {}: {}", job.id, l.reason),
+                },
                 at_ms: now_ms,
             })
             .collect();
@@ -220,12 +224,14 @@ fn shrink(
             .iter()
             .filter(|s| !lost.iter().any(|l| l.slot.rank == s.rank))
             .cloned();
-        out.push(ControlCommand::Reform {
-            id: job.id,
-            generation: job.generation + 1,
-            slots: reranked(keep),
-            secret: new_secret(),
-            reason,
+        out.push(ControlCommand {
+            op: Op::Reform {
+                id: job.id,
+                generation: job.generation + 1,
+                slots: reranked(keep),
+                secret: new_secret(),
+                reason,
+            },
             at_ms: now_ms,
         });
         return out;
@@ -233,10 +239,12 @@ fn shrink(
     if lost.iter().all(|l| l.straggler) {
         return Vec::new();
     }
-    vec![ControlCommand::AttemptFailed {
-        id: job.id,
-        generation: job.generation,
-        reason,
+    vec![ControlCommand {
+        op: Op::AttemptFailed {
+            id: job.id,
+            generation: job.generation,
+            reason,
+        },
         at_ms: now_ms,
     }]
 }
@@ -278,18 +286,22 @@ fn place_pending(
         match placed {
             Ok(slots) => {
                 placement::take(candidates, &slots, &req);
-                out.push(ControlCommand::Place {
-                    id: job.id,
-                    generation: job.generation + 1,
-                    slots,
-                    secret: new_secret(),
+                out.push(ControlCommand {
+                    op: Op::Place {
+                        id: job.id,
+                        generation: job.generation + 1,
+                        slots,
+                        secret: new_secret(),
+                    },
                     at_ms: now_ms,
                 });
             }
             Err(e) if job.pending_reason.as_deref() == Some(e.reason.as_str()) => {}
-            Err(e) => out.push(ControlCommand::Unplaceable {
-                id: job.id,
-                reason: e.reason,
+            Err(e) => out.push(ControlCommand {
+                op: Op::Unplaceable {
+                    id: job.id,
+                    reason: e.reason,
+                },
                 at_ms: now_ms,
             }),
         }
@@ -337,10 +349,12 @@ pub(crate) mod tests {
     /// Submits the job `spec` (TOML) at the next log index; returns its id.
     pub(crate) fn submit_text(state: &mut ControlState, spec: &str) -> JobId {
         let index = state.applied_index + 1;
-        let cmd = ControlCommand::Submit {
-            spec: Box::new(JobSpec::parse(spec).unwrap()),
+        let cmd = ControlCommand {
+            op: Op::Submit {
+                spec: Box::new(JobSpec::parse(spec).unwrap()),
+                token: None,
+            },
             at_ms: 1,
-            token: None,
         };
         match state.apply(index, &cmd) {
             ControlResponse::Submitted { id } => id,
@@ -353,10 +367,12 @@ pub(crate) mod tests {
         let text = format!(
             "name = \"t\"\nkind = \"command\"\nworkers = {workers}\ncommand = [\"true\"]\n"
         );
-        let cmd = ControlCommand::Submit {
-            spec: Box::new(JobSpec::parse(&text).unwrap()),
+        let cmd = ControlCommand {
+            op: Op::Submit {
+                spec: Box::new(JobSpec::parse(&text).unwrap()),
+                token: None,
+            },
             at_ms: 1,
-            token: None,
         };
         match state.apply(index, &cmd) {
             ControlResponse::Submitted { id } => id,
@@ -392,19 +408,23 @@ pub(crate) mod tests {
         let ring = |state: &ControlState| state.job(id).unwrap().assignment[0].name.clone();
         let fail_start = |state: &mut ControlState, at_ms: u64| {
             let generation = state.job(id).unwrap().generation;
-            let note = ControlCommand::WorkerNote {
-                id,
-                generation,
-                rank: 0,
-                message: "program \"nope\" not found on this node".into(),
-                cannot_start: true,
+            let note = ControlCommand {
+                op: Op::WorkerNote {
+                    id,
+                    generation,
+                    rank: 0,
+                    message: "program \"nope\" not found on this node".into(),
+                    cannot_start: true,
+                },
                 at_ms,
             };
-            let exit = ControlCommand::WorkerExited {
-                id,
-                generation,
-                rank: 0,
-                code: 127,
+            let exit = ControlCommand {
+                op: Op::WorkerExited {
+                    id,
+                    generation,
+                    rank: 0,
+                    code: 127,
+                },
                 at_ms,
             };
             apply_all(state, &[note, exit]);
@@ -447,7 +467,11 @@ pub(crate) mod tests {
         // No device left: the third waits, with a reason.
         let third = submit_text(&mut state, TWO_BY_ONE_GPU);
         let cmds = decide(&state, &members, 7, &mut secret);
-        let [ControlCommand::Unplaceable { reason, .. }] = cmds.as_slice() else {
+        let [ControlCommand {
+            op: Op::Unplaceable { reason, .. },
+            ..
+        }] = cmds.as_slice()
+        else {
             panic!("{cmds:?}")
         };
         assert_eq!(
@@ -457,11 +481,13 @@ pub(crate) mod tests {
         apply_all(&mut state, &cmds);
         // The first ends: its devices go to the third.
         for rank in 0..2 {
-            let exit = ControlCommand::WorkerExited {
-                id: first,
-                generation: 1,
-                rank,
-                code: 0,
+            let exit = ControlCommand {
+                op: Op::WorkerExited {
+                    id: first,
+                    generation: 1,
+                    rank,
+                    code: 0,
+                },
                 at_ms: 8,
             };
             apply_all(&mut state, &[exit]);
@@ -480,15 +506,21 @@ pub(crate) mod tests {
         let second = submit_text(&mut state, TWO_BY_ONE_GPU);
         // Both decided on the same (stale) view: the second is refused when applied.
         let stale = decide(&state, &members, 5, &mut secret);
-        let [ControlCommand::Place { slots, .. }, _] = stale.as_slice() else {
+        let [ControlCommand {
+            op: Op::Place { slots, .. },
+            ..
+        }, _] = stale.as_slice()
+        else {
             panic!("{stale:?}")
         };
         apply_all(&mut state, &stale[..1]);
-        let again = ControlCommand::Place {
-            id: second,
-            generation: 1,
-            slots: slots.clone(),
-            secret: secret(),
+        let again = ControlCommand {
+            op: Op::Place {
+                id: second,
+                generation: 1,
+                slots: slots.clone(),
+                secret: secret(),
+            },
             at_ms: 6,
         };
         let r = state.apply(state.applied_index + 1, &again);
@@ -501,11 +533,13 @@ pub(crate) mod tests {
         // One GPU twice in one placement is malformed.
         let mut twice = slots.clone();
         twice[1].gpus = twice[0].gpus.clone();
-        let bad = ControlCommand::Place {
-            id: second,
-            generation: 1,
-            slots: twice,
-            secret: secret(),
+        let bad = ControlCommand {
+            op: Op::Place {
+                id: second,
+                generation: 1,
+                slots: twice,
+                secret: secret(),
+            },
             at_ms: 6,
         };
         assert!(matches!(
@@ -531,11 +565,13 @@ pub(crate) mod tests {
         assert_eq!(state.job(other).unwrap().assignment[0].name, "b");
         assert_eq!(devices(&state, other), [vec![0]]);
         // Rank 1 crashes: the survivors keep devices 0 and 2 (not re-packed to 0 and 1).
-        let exit = ControlCommand::WorkerExited {
-            id: elastic,
-            generation: 1,
-            rank: 1,
-            code: 137,
+        let exit = ControlCommand {
+            op: Op::WorkerExited {
+                id: elastic,
+                generation: 1,
+                rank: 1,
+                code: 137,
+            },
             at_ms: 7,
         };
         apply_all(&mut state, &[exit]);
@@ -566,10 +602,14 @@ pub(crate) mod tests {
         let id = submit(&mut state, 1, 2);
         let mut members = vec![member("a", State::Alive, 2), member("b", State::Alive, 2)];
         let cmds = decide(&state, &members, 5, &mut secret);
-        let [ControlCommand::Place {
-            id: placed,
-            generation: 1,
-            slots,
+        let [ControlCommand {
+            op:
+                Op::Place {
+                    id: placed,
+                    generation: 1,
+                    slots,
+                    ..
+                },
             ..
         }] = cmds.as_slice()
         else {
@@ -582,9 +622,13 @@ pub(crate) mod tests {
         assert!(decide(&state, &members, 6, &mut secret).is_empty());
         members[1].state = State::Dead;
         let cmds = decide(&state, &members, 7, &mut secret);
-        let [ControlCommand::AttemptFailed {
-            generation: 1,
-            reason,
+        let [ControlCommand {
+            op:
+                Op::AttemptFailed {
+                    generation: 1,
+                    reason,
+                    ..
+                },
             ..
         }] = cmds.as_slice()
         else {
@@ -603,7 +647,13 @@ pub(crate) mod tests {
         let members = vec![member("a", State::Alive, 1)];
         let cmds = decide(&state, &members, 5, &mut secret);
         assert!(
-            matches!(cmds.as_slice(), [ControlCommand::Unplaceable { .. }]),
+            matches!(
+                cmds.as_slice(),
+                [ControlCommand {
+                    op: Op::Unplaceable { .. },
+                    ..
+                }]
+            ),
             "{cmds:?}"
         );
         state.apply(2, &cmds[0]);
@@ -617,9 +667,24 @@ pub(crate) mod tests {
         submit(&mut state, 2, 1);
         let members = vec![member("a", State::Alive, 1)];
         let cmds = decide(&state, &members, 5, &mut secret);
-        assert!(matches!(cmds[0], ControlCommand::Place { .. }), "{cmds:?}");
         assert!(
-            matches!(cmds[1], ControlCommand::Unplaceable { .. }),
+            matches!(
+                cmds[0],
+                ControlCommand {
+                    op: Op::Place { .. },
+                    ..
+                }
+            ),
+            "{cmds:?}"
+        );
+        assert!(
+            matches!(
+                cmds[1],
+                ControlCommand {
+                    op: Op::Unplaceable { .. },
+                    ..
+                }
+            ),
             "{cmds:?}"
         );
     }
@@ -635,10 +700,12 @@ pub(crate) mod tests {
         let text = format!(
             "name = \"e\"\nkind = \"command\"\nworkers = {workers}\nmin_workers = 2\nmax_workers = {max}\ncommand = [\"true\"]\n{extra}"
         );
-        let cmd = ControlCommand::Submit {
-            spec: Box::new(JobSpec::parse(&text).unwrap()),
+        let cmd = ControlCommand {
+            op: Op::Submit {
+                spec: Box::new(JobSpec::parse(&text).unwrap()),
+                token: None,
+            },
             at_ms: 1,
-            token: None,
         };
         let ControlResponse::Submitted { id } = state.apply(1, &cmd) else {
             panic!()
@@ -650,7 +717,10 @@ pub(crate) mod tests {
 
     fn reform_of(cmds: &[ControlCommand]) -> (&Vec<Slot>, &str) {
         match cmds.last() {
-            Some(ControlCommand::Reform { slots, reason, .. }) => (slots, reason),
+            Some(ControlCommand {
+                op: Op::Reform { slots, reason, .. },
+                ..
+            }) => (slots, reason),
             other => panic!("expected a re-form, got {other:?} in {cmds:?}"),
         }
     }
@@ -681,7 +751,10 @@ pub(crate) mod tests {
         assert!(
             matches!(
                 cmds.as_slice(),
-                [ControlCommand::AttemptFailed { generation: 2, .. }]
+                [ControlCommand {
+                    op: Op::AttemptFailed { generation: 2, .. },
+                    ..
+                }]
             ),
             "{cmds:?}"
         );
@@ -695,11 +768,13 @@ pub(crate) mod tests {
             member("c", State::Alive, 1),
         ];
         let (mut state, id) = elastic_running(&members, 3, 3, "");
-        let exit = ControlCommand::WorkerExited {
-            id,
-            generation: 1,
-            rank: 2,
-            code: 137,
+        let exit = ControlCommand {
+            op: Op::WorkerExited {
+                id,
+                generation: 1,
+                rank: 2,
+                code: 137,
+            },
             at_ms: 5,
         };
         assert_eq!(state.apply(3, &exit), ControlResponse::Applied);
@@ -714,18 +789,24 @@ pub(crate) mod tests {
             "peer-lost c (rank 2): exited with code 137"
         );
         state.apply(4, &cmds[0]);
-        let hung = ControlCommand::RankLost {
-            id,
-            generation: 2,
-            rank: 1,
-            hung: true,
-            reason: "process stopped for 3000 ms".into(),
+        let hung = ControlCommand {
+            op: Op::RankLost {
+                id,
+                generation: 2,
+                rank: 1,
+                hung: true,
+                reason: "process stopped for 3000 ms".into(),
+            },
             at_ms: 11,
         };
         assert_eq!(state.apply(5, &hung), ControlResponse::Applied);
         // Two ranks left, min_workers 2: the hung one cannot be dropped, the attempt fails.
         let cmds = decide(&state, &members, 12, &mut secret);
-        let [ControlCommand::AttemptFailed { reason, .. }] = cmds.as_slice() else {
+        let [ControlCommand {
+            op: Op::AttemptFailed { reason, .. },
+            ..
+        }] = cmds.as_slice()
+        else {
             panic!("{cmds:?}")
         };
         assert!(
@@ -745,13 +826,15 @@ pub(crate) mod tests {
         let mut index = 3;
         let mut stats = |state: &mut ControlState, rank: u32, step: u64, ms: f64| {
             index += 1;
-            let cmd = ControlCommand::RankStats {
-                id,
-                generation: 1,
-                rank,
-                step,
-                compute_ms: ms,
-                wait_ms: 1.0,
+            let cmd = ControlCommand {
+                op: Op::RankStats {
+                    id,
+                    generation: 1,
+                    rank,
+                    step,
+                    compute_ms: ms,
+                    wait_ms: 1.0,
+                },
                 at_ms: 5,
             };
             assert_eq!(state.apply(index, &cmd), ControlResponse::Applied);
@@ -770,7 +853,7 @@ pub(crate) mod tests {
         stats(&mut state, 2, 16, 50.0);
         let cmds = decide(&state, &members, 10, &mut secret);
         assert!(
-            matches!(&cmds[0], ControlCommand::Blacklist { name, .. } if name == "c"),
+            matches!(&cmds[0], ControlCommand { op: Op::Blacklist { name, .. }, .. } if name == "c"),
             "{cmds:?}"
         );
         assert!(reform_of(&cmds).1.starts_with("straggler c (rank 2)"));
@@ -782,13 +865,15 @@ pub(crate) mod tests {
         let (mut state, id) =
             elastic_running(&members[..2], 2, 3, "[elastic]\nstraggler_window = 1\n");
         for (i, (rank, ms)) in [(0, 10.0), (1, 50.0), (1, 50.0)].into_iter().enumerate() {
-            let cmd = ControlCommand::RankStats {
-                id,
-                generation: 1,
-                rank,
-                step: 5 + i as u64,
-                compute_ms: ms,
-                wait_ms: 1.0,
+            let cmd = ControlCommand {
+                op: Op::RankStats {
+                    id,
+                    generation: 1,
+                    rank,
+                    step: 5 + i as u64,
+                    compute_ms: ms,
+                    wait_ms: 1.0,
+                },
                 at_ms: 5,
             };
             state.apply(10 + i as u64, &cmd);
@@ -836,9 +921,11 @@ pub(crate) mod tests {
     fn a_removed_member_is_never_placed_on() {
         let members = vec![member("a", State::Alive, 1), member("b", State::Alive, 8)];
         let mut state = ControlState::default();
-        let removal = ControlCommand::MemberRemove {
-            peer_id: members[1].id.to_string(),
-            name: "b".into(),
+        let removal = ControlCommand {
+            op: Op::MemberRemove {
+                peer_id: members[1].id.to_string(),
+                name: "b".into(),
+            },
             at_ms: 1,
         };
         apply_all(&mut state, &[removal]);

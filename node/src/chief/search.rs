@@ -13,7 +13,7 @@
 use trainer::search::{Suggestion, Trial, TrialState};
 
 use super::placement::{self, place_preferring, take, Candidate, Request};
-use crate::domain::state::{trials::searcher_of, ControlCommand, ControlState, Job, JobState};
+use crate::domain::state::{trials::searcher_of, ControlCommand, ControlState, Job, JobState, Op};
 
 /// Fewest finished runs to the same target before a slow trial gets a speculative copy.
 pub const SPECULATE_SAMPLES_MIN: usize = 3;
@@ -78,14 +78,16 @@ fn search(
                 t.state = TrialState::Running;
                 trials.push(t);
                 active += 1;
-                out.push(ControlCommand::TrialStart {
-                    search: job.id,
-                    trial,
-                    params,
-                    bracket,
-                    target,
-                    slots,
-                    secret: new_secret(),
+                out.push(ControlCommand {
+                    op: Op::TrialStart {
+                        search: job.id,
+                        trial,
+                        params,
+                        bracket,
+                        target,
+                        slots,
+                        secret: new_secret(),
+                    },
                     at_ms: now_ms,
                 });
             }
@@ -109,20 +111,22 @@ fn search(
                     t.target = target;
                 }
                 active += 1;
-                out.push(ControlCommand::TrialPromote {
-                    search: job.id,
-                    trial,
-                    target,
-                    slots,
-                    secret: new_secret(),
+                out.push(ControlCommand {
+                    op: Op::TrialPromote {
+                        search: job.id,
+                        trial,
+                        target,
+                        slots,
+                        secret: new_secret(),
+                    },
                     at_ms: now_ms,
                 });
             }
             Suggestion::Wait => break,
             Suggestion::Exhausted => {
                 if active == 0 && out.is_empty() {
-                    out.push(ControlCommand::SearchFinished {
-                        search: job.id,
+                    out.push(ControlCommand {
+                        op: Op::SearchFinished { search: job.id },
                         at_ms: now_ms,
                     });
                 }
@@ -134,9 +138,8 @@ fn search(
         // No trial runs and none can start: say why on the search, once.
         let reason = format!("no room for a trial: {reason}");
         if job.pending_reason.as_deref() != Some(reason.as_str()) {
-            out.push(ControlCommand::Unplaceable {
-                id: job.id,
-                reason,
+            out.push(ControlCommand {
+                op: Op::Unplaceable { id: job.id, reason },
                 at_ms: now_ms,
             });
         }
@@ -199,11 +202,13 @@ fn speculate(
             continue;
         };
         take(candidates, &slots, req);
-        out.push(ControlCommand::TrialCopy {
-            search: job.id,
-            trial: t.id,
-            slots,
-            secret: new_secret(),
+        out.push(ControlCommand {
+            op: Op::TrialCopy {
+                search: job.id,
+                trial: t.id,
+                slots,
+                secret: new_secret(),
+            },
             at_ms: now_ms,
         });
     }
@@ -263,10 +268,9 @@ values = [1, 2, 3, 4]
         let spec = Box::new(JobSpec::parse(GRID).unwrap());
         match state.apply(
             1,
-            &ControlCommand::Submit {
-                spec,
+            &ControlCommand {
+                op: Op::Submit { spec, token: None },
                 at_ms: 1,
-                token: None,
             },
         ) {
             ControlResponse::Submitted { id } => id,
@@ -282,11 +286,13 @@ values = [1, 2, 3, 4]
             .iter()
             .filter_map(|r| state.job(r.job))
             .filter(|j| j.state == JobState::Running)
-            .map(|j| ControlCommand::WorkerExited {
-                id: j.id,
-                generation: j.generation,
-                rank: 0,
-                code: 0,
+            .map(|j| ControlCommand {
+                op: Op::WorkerExited {
+                    id: j.id,
+                    generation: j.generation,
+                    rank: 0,
+                    code: 0,
+                },
                 at_ms,
             })
             .collect()
@@ -303,7 +309,10 @@ values = [1, 2, 3, 4]
         let nodes: BTreeSet<String> = cmds
             .iter()
             .map(|c| match c {
-                ControlCommand::TrialStart { slots, .. } => slots[0].name.clone(),
+                ControlCommand {
+                    op: Op::TrialStart { slots, .. },
+                    ..
+                } => slots[0].name.clone(),
                 other => panic!("{other:?}"),
             })
             .collect();
@@ -326,7 +335,13 @@ values = [1, 2, 3, 4]
         let mut c = candidates_of(&state, &members);
         let cmds = decide(&state, &mut c, 60, &mut secret);
         assert!(
-            matches!(cmds.as_slice(), [ControlCommand::SearchFinished { .. }]),
+            matches!(
+                cmds.as_slice(),
+                [ControlCommand {
+                    op: Op::SearchFinished { .. },
+                    ..
+                }]
+            ),
             "{cmds:?}"
         );
         apply(&mut state, &cmds);
@@ -364,8 +379,11 @@ values = [1, 2, 3, 4]
         members.push(member("b", State::Alive, 1));
         let mut c = candidates_of(&state, &members);
         let cmds = decide(&state, &mut c, 30, &mut secret);
-        let [ControlCommand::TrialStart {
-            trial: 1, slots, ..
+        let [ControlCommand {
+            op: Op::TrialStart {
+                trial: 1, slots, ..
+            },
+            ..
         }] = cmds.as_slice()
         else {
             panic!("{cmds:?}")
@@ -389,7 +407,15 @@ values = [1, 2, 3, 4]
             let mut c = candidates_of(&state, &members);
             let cmds: Vec<_> = decide(&state, &mut c, t, &mut secret)
                 .into_iter()
-                .filter(|c| matches!(c, ControlCommand::TrialStart { .. }))
+                .filter(|c| {
+                    matches!(
+                        c,
+                        ControlCommand {
+                            op: Op::TrialStart { .. },
+                            ..
+                        }
+                    )
+                })
                 .collect();
             assert_eq!(cmds.len(), 1, "{cmds:?}");
             apply(&mut state, &cmds);
@@ -398,11 +424,13 @@ values = [1, 2, 3, 4]
             let generation = state.job(newest).unwrap().generation;
             apply(
                 &mut state,
-                &[ControlCommand::WorkerExited {
-                    id: newest,
-                    generation,
-                    rank: 0,
-                    code: 0,
+                &[ControlCommand {
+                    op: Op::WorkerExited {
+                        id: newest,
+                        generation,
+                        rank: 0,
+                        code: 0,
+                    },
                     at_ms: t + 100,
                 }],
             );
@@ -417,8 +445,11 @@ values = [1, 2, 3, 4]
         let slow_node = state.job(record.runs[1].job).unwrap().assignment[0]
             .member
             .clone();
-        let [ControlCommand::TrialCopy {
-            trial: 1, slots, ..
+        let [ControlCommand {
+            op: Op::TrialCopy {
+                trial: 1, slots, ..
+            },
+            ..
         }] = cmds.as_slice()
         else {
             panic!("{cmds:?}")

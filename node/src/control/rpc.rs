@@ -50,7 +50,7 @@ use crate::{
     },
     domain::{
         spec::JobSpec,
-        state::{tokens::Principal, ControlCommand, ControlState, JobId},
+        state::{tokens::Principal, ControlCommand, ControlState, JobId, Op},
     },
 };
 
@@ -251,48 +251,33 @@ pub fn authorize(
         }
     };
     match cmd {
-        ControlCommand::Submit { spec, .. } => admit(spec),
-        ControlCommand::Cancel { .. }
-        | ControlCommand::DatasetAdd { .. }
-        | ControlCommand::DatasetRemove { .. }
-        | ControlCommand::TokenCreate { .. }
-        | ControlCommand::TokenRevoke { .. }
-        | ControlCommand::MemberRemove { .. } => Ok(()),
-        ControlCommand::WorkerExited {
-            id,
-            generation,
-            rank,
-            ..
-        } => runs_in_current_generation(*id, *generation, Some(*rank)),
-        ControlCommand::Metric { id, generation, .. }
-        | ControlCommand::RankLost { id, generation, .. } => {
+        ControlCommand { op: Op::Submit { spec, .. }, .. } => admit(spec),
+        ControlCommand { op: Op::Cancel { .. }, .. }
+        | ControlCommand { op: Op::DatasetAdd { .. }, .. }
+        | ControlCommand { op: Op::DatasetRemove { .. }, .. }
+        | ControlCommand { op: Op::TokenCreate { .. }, .. }
+        | ControlCommand { op: Op::TokenRevoke { .. }, .. }
+        | ControlCommand { op: Op::MemberRemove { .. }, .. } => Ok(()),
+        ControlCommand { op: Op::WorkerExited { id, generation, rank, .. }, .. } => runs_in_current_generation(*id, *generation, Some(*rank)),
+        ControlCommand { op: Op::Metric { id, generation, .. }, .. }
+        | ControlCommand { op: Op::RankLost { id, generation, .. }, .. } => {
             runs_in_current_generation(*id, *generation, None)
         }
-        ControlCommand::RankStats {
-            id,
-            generation,
-            rank,
-            ..
-        }
-        | ControlCommand::WorkerNote {
-            id,
-            generation,
-            rank,
-            ..
-        } => runs_in_current_generation(*id, *generation, Some(*rank)),
-        ControlCommand::TrialReport { id, generation, .. } => {
+        ControlCommand { op: Op::RankStats { id, generation, rank, .. }, .. }
+        | ControlCommand { op: Op::WorkerNote { id, generation, rank, .. }, .. } => runs_in_current_generation(*id, *generation, Some(*rank)),
+        ControlCommand { op: Op::TrialReport { id, generation, .. }, .. } => {
             runs_in_current_generation(*id, *generation, Some(0))
         }
-        ControlCommand::Place { .. }
-        | ControlCommand::TrialStart { .. }
-        | ControlCommand::TrialPromote { .. }
-        | ControlCommand::TrialCopy { .. }
-        | ControlCommand::SearchFinished { .. }
-        | ControlCommand::Compact { .. }
-        | ControlCommand::Reform { .. }
-        | ControlCommand::Blacklist { .. }
-        | ControlCommand::Unplaceable { .. }
-        | ControlCommand::AttemptFailed { .. } => {
+        ControlCommand { op: Op::Place { .. }, .. }
+        | ControlCommand { op: Op::TrialStart { .. }, .. }
+        | ControlCommand { op: Op::TrialPromote { .. }, .. }
+        | ControlCommand { op: Op::TrialCopy { .. }, .. }
+        | ControlCommand { op: Op::SearchFinished { .. }, .. }
+        | ControlCommand { op: Op::Compact { .. }, .. }
+        | ControlCommand { op: Op::Reform { .. }, .. }
+        | ControlCommand { op: Op::Blacklist { .. }, .. }
+        | ControlCommand { op: Op::Unplaceable { .. }, .. }
+        | ControlCommand { op: Op::AttemptFailed { .. }, .. } => {
             Err("only the chief places jobs, fails attempts and drives searches; not accepted from a peer".into())
         }
     }
@@ -302,13 +287,34 @@ pub fn authorize(
 /// member change), `None` for what nodes originate themselves (ranks' exits and metrics).
 fn user_command(cmd: &ControlCommand) -> Option<&'static str> {
     match cmd {
-        ControlCommand::Submit { .. } => Some("submit"),
-        ControlCommand::Cancel { .. } => Some("cancel"),
-        ControlCommand::DatasetAdd { .. } => Some("dataset-add"),
-        ControlCommand::DatasetRemove { .. } => Some("dataset-remove"),
-        ControlCommand::TokenCreate { .. } => Some("token-create"),
-        ControlCommand::TokenRevoke { .. } => Some("token-revoke"),
-        ControlCommand::MemberRemove { .. } => Some("member-remove"),
+        ControlCommand {
+            op: Op::Submit { .. },
+            ..
+        } => Some("submit"),
+        ControlCommand {
+            op: Op::Cancel { .. },
+            ..
+        } => Some("cancel"),
+        ControlCommand {
+            op: Op::DatasetAdd { .. },
+            ..
+        } => Some("dataset-add"),
+        ControlCommand {
+            op: Op::DatasetRemove { .. },
+            ..
+        } => Some("dataset-remove"),
+        ControlCommand {
+            op: Op::TokenCreate { .. },
+            ..
+        } => Some("token-create"),
+        ControlCommand {
+            op: Op::TokenRevoke { .. },
+            ..
+        } => Some("token-revoke"),
+        ControlCommand {
+            op: Op::MemberRemove { .. },
+            ..
+        } => Some("member-remove"),
         _ => None,
     }
 }
@@ -317,9 +323,16 @@ fn user_command(cmd: &ControlCommand) -> Option<&'static str> {
 pub fn admin_only(cmd: &ControlCommand) -> bool {
     matches!(
         cmd,
-        ControlCommand::TokenCreate { .. }
-            | ControlCommand::TokenRevoke { .. }
-            | ControlCommand::MemberRemove { .. }
+        ControlCommand {
+            op: Op::TokenCreate { .. },
+            ..
+        } | ControlCommand {
+            op: Op::TokenRevoke { .. },
+            ..
+        } | ControlCommand {
+            op: Op::MemberRemove { .. },
+            ..
+        }
     )
 }
 
@@ -375,7 +388,10 @@ async fn forwarded(
         // alone, run off the async runtime and outside the state's lock so Raft's timers and
         // applies go on meanwhile.
         Ok(()) => match &cmd {
-            ControlCommand::Submit { spec, .. } => {
+            ControlCommand {
+                op: Op::Submit { spec, .. },
+                ..
+            } => {
                 let spec = spec.clone();
                 tokio::task::spawn_blocking(move || admit(&spec))
                     .await
@@ -662,28 +678,35 @@ mod tests {
         let place = decide(&state, &members, 5, &mut || "ab".repeat(32));
         state.apply(2, &place[0]);
         let runner = members[0].id.to_string();
-        let exited = ControlCommand::WorkerExited {
-            id,
-            generation: 1,
-            rank: 0,
-            code: 0,
+        let exited = ControlCommand {
+            op: Op::WorkerExited {
+                id,
+                generation: 1,
+                rank: 0,
+                code: 0,
+            },
             at_ms: 1,
         };
         assert_eq!(authorize(&runner, &exited, &state, admit_forwarded), Ok(()));
         assert!(authorize("someone-else", &exited, &state, admit_forwarded).is_err());
-        let stale = ControlCommand::Metric {
-            id,
-            generation: 7,
-            name: "loss".into(),
-            value: 1.0,
-            step: None,
+        let stale = ControlCommand {
+            op: Op::Metric {
+                id,
+                generation: 7,
+                name: "loss".into(),
+                value: 1.0,
+                step: None,
+            },
             at_ms: 1,
         };
         assert!(authorize(&runner, &stale, &state, admit_forwarded).is_err());
         assert!(authorize(&runner, &place[0], &state, admit_forwarded)
             .unwrap_err()
             .contains("only the chief"));
-        let cancel = ControlCommand::Cancel { id, at_ms: 1 };
+        let cancel = ControlCommand {
+            op: Op::Cancel { id },
+            at_ms: 1,
+        };
         assert_eq!(
             authorize("anyone", &cancel, &state, admit_forwarded),
             Ok(())
@@ -697,10 +720,12 @@ mod tests {
         use crate::domain::state::tokens::new_token;
         let mut state = ControlState::default();
         let (_, hash) = new_token();
-        let create = ControlCommand::TokenCreate {
-            name: "ci".into(),
-            hash: hash.clone(),
-            created_by: "admin".into(),
+        let create = ControlCommand {
+            op: Op::TokenCreate {
+                name: "ci".into(),
+                hash: hash.clone(),
+                created_by: "admin".into(),
+            },
             at_ms: 1,
         };
         assert_eq!(
@@ -708,7 +733,10 @@ mod tests {
             crate::domain::ControlResponse::Applied
         );
         let id = chief::submit(&mut state, 2, 1);
-        let cancel = ControlCommand::Cancel { id, at_ms: 2 };
+        let cancel = ControlCommand {
+            op: Op::Cancel { id },
+            at_ms: 2,
+        };
         let token = Principal::Token { hash: hash.clone() };
         let peer = libp2p::PeerId::random().to_string();
         assert_eq!(
@@ -724,9 +752,11 @@ mod tests {
         // A token may not make tokens or remove members.
         let e = authorize_principal(&peer, &token, &create, &state).unwrap_err();
         assert!(e.contains("only the admin"), "{e}");
-        let remove = ControlCommand::MemberRemove {
-            peer_id: libp2p::PeerId::random().to_string(),
-            name: "c".into(),
+        let remove = ControlCommand {
+            op: Op::MemberRemove {
+                peer_id: libp2p::PeerId::random().to_string(),
+                name: "c".into(),
+            },
             at_ms: 3,
         };
         assert!(authorize_principal(&peer, &token, &remove, &state).is_err());
@@ -735,12 +765,14 @@ mod tests {
             Ok(())
         );
         // A node's own report needs no user principal.
-        let report = ControlCommand::Metric {
-            id,
-            generation: 0,
-            name: "loss".into(),
-            value: 1.0,
-            step: None,
+        let report = ControlCommand {
+            op: Op::Metric {
+                id,
+                generation: 0,
+                name: "loss".into(),
+                value: 1.0,
+                step: None,
+            },
             at_ms: 3,
         };
         assert_eq!(
@@ -748,8 +780,8 @@ mod tests {
             Ok(())
         );
         // Revoked between the follower's check and the chief's: refused.
-        let revoke = ControlCommand::TokenRevoke {
-            name: "ci".into(),
+        let revoke = ControlCommand {
+            op: Op::TokenRevoke { name: "ci".into() },
             at_ms: 4,
         };
         let index = state.applied_index + 1;
@@ -758,9 +790,11 @@ mod tests {
         assert!(e.contains("revoked"), "{e}");
         assert!(check_user_principal(&token, &state).is_err());
         // A removed member: nothing, not even the admin's requests or its own reports.
-        let gone = ControlCommand::MemberRemove {
-            peer_id: peer.clone(),
-            name: "p".into(),
+        let gone = ControlCommand {
+            op: Op::MemberRemove {
+                peer_id: peer.clone(),
+                name: "p".into(),
+            },
             at_ms: 5,
         };
         let index = state.applied_index + 1;
@@ -782,8 +816,8 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let new = RpcRequest::ProposeAs {
-            command: ControlCommand::TokenRevoke {
-                name: "ci".into(),
+            command: ControlCommand {
+                op: Op::TokenRevoke { name: "ci".into() },
                 at_ms: 1,
             },
             principal: Principal::Admin,

@@ -982,7 +982,7 @@ mod tests {
 
     use super::*;
     use crate::domain::spec::JobSpec;
-    use crate::domain::state::{JobId, JobState};
+    use crate::domain::state::{JobId, JobState, Op};
 
     struct Builder;
 
@@ -1020,10 +1020,12 @@ mod tests {
             JobSpec::parse("name = \"t\"\nkind = \"command\"\ncommand = [\"true\"]\n").unwrap();
         Entry {
             log_id: log_id(term, index),
-            payload: EntryPayload::Normal(ControlCommand::Submit {
-                spec: Box::new(spec),
+            payload: EntryPayload::Normal(ControlCommand {
+                op: Op::Submit {
+                    spec: Box::new(spec),
+                    token: None,
+                },
                 at_ms: index,
-                token: None,
             }),
         }
     }

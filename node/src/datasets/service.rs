@@ -29,7 +29,7 @@ use crate::control::handle::{wall_ms, ControlHandle};
 use crate::control::protocol::ProposeError;
 use crate::domain::spec::JobKind;
 use crate::domain::state::{DatasetRecord, JobState};
-use crate::domain::{ControlCommand, ControlResponse};
+use crate::domain::{ControlCommand, ControlResponse, Op};
 
 /// How long a root just added is kept though no name refers to it yet (the name's commit
 /// may reach this replica later than the files).
@@ -244,9 +244,11 @@ impl Datasets {
             added_at_ms: wall_ms(),
             added_on: self.inner.cfg.name.clone(),
         };
-        let cmd = ControlCommand::DatasetAdd {
-            name: name.to_owned(),
-            record: record.clone(),
+        let cmd = ControlCommand {
+            op: Op::DatasetAdd {
+                name: name.to_owned(),
+                record: record.clone(),
+            },
             at_ms: record.added_at_ms,
         };
         match self.inner.control.propose(cmd).await? {
@@ -267,8 +269,10 @@ impl Datasets {
         if self.lookup(name).await.is_none() {
             return Err(DatasetsError::NotFound(name.to_owned()));
         }
-        let cmd = ControlCommand::DatasetRemove {
-            name: name.to_owned(),
+        let cmd = ControlCommand {
+            op: Op::DatasetRemove {
+                name: name.to_owned(),
+            },
             at_ms: wall_ms(),
         };
         match self.inner.control.propose(cmd).await? {

@@ -22,4 +22,4 @@ pub mod spec;
 pub mod state;
 pub mod train_spec;
 
-pub use state::{ControlCommand, ControlResponse, ControlState, Job, JobId, JobState};
+pub use state::{ControlCommand, ControlResponse, ControlState, Job, JobId, JobState, Op};

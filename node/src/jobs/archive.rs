@@ -92,7 +92,7 @@ pub async fn read_record(storage: &str, id: JobId) -> Option<Job> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::state::{ControlCommand, ControlResponse};
+    use crate::domain::state::{ControlCommand, ControlResponse, Op};
 
     /// A record padded past the limit with whitespace (still valid JSON) is not read; the
     /// same record within it is.
@@ -105,10 +105,12 @@ mod tests {
         let mut state = ControlState::default();
         let ControlResponse::Submitted { id } = state.apply(
             1,
-            &ControlCommand::Submit {
-                spec: Box::new(spec),
+            &ControlCommand {
+                op: Op::Submit {
+                    spec: Box::new(spec),
+                    token: None,
+                },
                 at_ms: 10,
-                token: None,
             },
         ) else {
             panic!("submitted");

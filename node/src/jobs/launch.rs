@@ -432,10 +432,12 @@ mod tests {
         let spec =
             crate::domain::spec::JobSpec::parse("name = \"t\"\nkind = \"train\"\nworkers = 1\n")
                 .unwrap();
-        let submit = crate::domain::state::ControlCommand::Submit {
-            spec: Box::new(spec),
+        let submit = crate::domain::state::ControlCommand {
+            op: crate::domain::state::Op::Submit {
+                spec: Box::new(spec),
+                token: None,
+            },
             at_ms: 1,
-            token: None,
         };
         let crate::domain::state::ControlResponse::Submitted { id } = state.apply(1, &submit)
         else {

@@ -89,7 +89,7 @@ impl ControlState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::state::ControlCommand;
+    use crate::domain::state::{ControlCommand, Op};
 
     fn record(byte: u8) -> DatasetRecord {
         DatasetRecord {
@@ -103,9 +103,11 @@ mod tests {
     }
 
     fn add(name: &str, byte: u8) -> ControlCommand {
-        ControlCommand::DatasetAdd {
-            name: name.into(),
-            record: record(byte),
+        ControlCommand {
+            op: Op::DatasetAdd {
+                name: name.into(),
+                record: record(byte),
+            },
             at_ms: 5,
         }
     }
@@ -119,8 +121,8 @@ mod tests {
         );
         assert_eq!(s.datasets["d"].root, Root([1; 32]));
         assert!(s.dataset_root_named(&Root([1; 32])));
-        let rm = ControlCommand::DatasetRemove {
-            name: "d".into(),
+        let rm = ControlCommand {
+            op: Op::DatasetRemove { name: "d".into() },
             at_ms: 6,
         };
         assert_eq!(s.apply(3, &rm), ControlResponse::Applied);

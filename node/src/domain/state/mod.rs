@@ -21,7 +21,7 @@
 //! Two counters, both from 1. An *attempt* runs from durable state (the start, or a retry
 //! from the last checkpoint); only a new attempt uses up one of `max_restarts`. A
 //! *generation* is one formation of the ring: every placement starts one, and so does every
-//! [`ControlCommand::Reform`] of an elastic job (a member lost, hung or blacklisted, or one
+//! [`Op::Reform`](crate::domain::state::Op::Reform) of an elastic job (a member lost, hung or blacklisted, or one
 //! that joins), inside the same attempt. Processes, ports, secrets and reports are keyed by
 //! generation: a report (exit, failure, metric) naming another generation than the current
 //! one is stale and ignored, so a slow report of an old generation can never end the new one.
@@ -476,19 +476,87 @@ impl Job {
     }
 }
 
-/// A change to the control state, as committed in the Raft log.
+/// A change to the control state, as committed in the Raft log: what changes ([`Op`]) and
+/// when, on the proposer's clock.
 ///
 /// Commands carry the proposer's clock (`at_ms`) so every replica records the same times.
 /// Reports from workers carry the generation they belong to; stale ones are ignored.
+///
+/// In the log (JSON) a command is one object: its operation's `op` tag and fields, with
+/// `at_ms` among them, where it always was (the last field, and after `spec` in a submit):
+/// the serde impls below write that form and read it, so logs and snapshots written before
+/// the envelope still load (`node/tests/control_format.rs` pins the bytes).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControlCommand {
+    /// Proposer's clock, ms since the Unix epoch.
+    pub at_ms: u64,
+    /// What changes.
+    pub op: Op,
+}
+
+impl ControlCommand {
+    /// `op` at the proposer's time `at_ms`.
+    pub fn new(at_ms: u64, op: Op) -> ControlCommand {
+        ControlCommand { at_ms, op }
+    }
+}
+
+impl Serialize for ControlCommand {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        /// Any operation, `at_ms` after its fields.
+        #[derive(Serialize)]
+        struct Stamped<'a> {
+            #[serde(flatten)]
+            op: &'a Op,
+            at_ms: u64,
+        }
+        /// A submit, whose `at_ms` came before its token.
+        #[derive(Serialize)]
+        struct Submitted<'a> {
+            op: &'static str,
+            spec: &'a JobSpec,
+            at_ms: u64,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            token: &'a Option<String>,
+        }
+        match &self.op {
+            Op::Submit { spec, token } => Submitted {
+                op: "submit",
+                spec,
+                at_ms: self.at_ms,
+                token,
+            }
+            .serialize(serializer),
+            op => Stamped {
+                op,
+                at_ms: self.at_ms,
+            }
+            .serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ControlCommand {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Stamped {
+            #[serde(flatten)]
+            op: Op,
+            at_ms: u64,
+        }
+        let Stamped { op, at_ms } = Stamped::deserialize(deserializer)?;
+        Ok(ControlCommand { at_ms, op })
+    }
+}
+
+/// What a [`ControlCommand`] changes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "op")]
-pub enum ControlCommand {
+pub enum Op {
     /// A new job; its id is derived from this entry's log index.
     Submit {
         /// The validated spec (boxed: the other commands are small).
         spec: Box<JobSpec>,
-        /// Proposer's clock.
-        at_ms: u64,
         /// The client's idempotency token: a retried submit with the same token (after an
         /// answer was lost, say during an election) returns the first submit's id instead of
         /// creating a second job. At most [`TOKEN_BYTES_MAX`] bytes.
@@ -507,8 +575,6 @@ pub enum ControlCommand {
         /// as [`RING_SECRET_HEX_LEN`] lowercase hex digits, drawn by the chief.
         #[serde(default)]
         secret: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// The chief could not place a pending job.
     Unplaceable {
@@ -516,8 +582,6 @@ pub enum ControlCommand {
         id: JobId,
         /// Why, for humans.
         reason: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// A rank's process exited.
     WorkerExited {
@@ -529,8 +593,6 @@ pub enum ControlCommand {
         rank: u32,
         /// Exit code (a signal death is reported as 128 + signal, as shells do).
         code: i32,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// The attempt of this generation failed as a whole (a worker's node died, too few
     /// ranks remain for an elastic job, …): it is retried from durable state.
@@ -541,8 +603,6 @@ pub enum ControlCommand {
         generation: u32,
         /// Why, for humans.
         reason: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// Latest value of a metric of a running generation.
     Metric {
@@ -558,8 +618,6 @@ pub enum ControlCommand {
         value: f64,
         /// Step, if reported.
         step: Option<u64>,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// The chief re-formed a running elastic job's ring as generation `generation` (the
     /// job's current generation + 1) inside the same attempt: without lost, hung or
@@ -575,8 +633,6 @@ pub enum ControlCommand {
         secret: String,
         /// Why (`peer-lost <member> (rank r)`, `hung …`, `straggler …`, `joined …`).
         reason: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// A rank is lost although its member lives: a peer's collective lost its connection
     /// (reported by that peer's node), or its own node saw its process stopped (`hung`).
@@ -592,8 +648,6 @@ pub enum ControlCommand {
         hung: bool,
         /// What the reporting rank saw.
         reason: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// A rank's step timing (see [`RankStat`]).
     RankStats {
@@ -611,8 +665,6 @@ pub enum ControlCommand {
         /// Network wait per step, ms; finite and non-negative.
         #[serde(with = "finite_or_null")]
         wait_ms: f64,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// The chief blacklists a member for `cooldown_ms` × 2^(strikes) (capped at
     /// [`BLACKLIST_MS_MAX`]).
@@ -625,15 +677,11 @@ pub enum ControlCommand {
         cooldown_ms: u64,
         /// Why.
         reason: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// A user cancels a job.
     Cancel {
         /// The job.
         id: JobId,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// The chief starts a search's next trial (`trial` = the number of trials so far) with
     /// `params`, as a job of its own placed on `slots`; the job's id comes from this entry's
@@ -653,8 +701,6 @@ pub enum ControlCommand {
         slots: Vec<Slot>,
         /// The data-plane secret of its ring (as in `Place`).
         secret: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// The chief promotes a paused trial to `target` (ASHA's promotion of a trial that
     /// waited at its rung): its job runs again on `slots`, resuming from its checkpoint.
@@ -669,8 +715,6 @@ pub enum ControlCommand {
         slots: Vec<Slot>,
         /// The data-plane secret (as in `Place`).
         secret: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// The chief starts a speculative copy of a slow running trial on `slots` (another
     /// member); the first of the two to finish wins and the other is stopped. The copy's
@@ -684,8 +728,6 @@ pub enum ControlCommand {
         slots: Vec<Slot>,
         /// The data-plane secret (as in `Place`).
         secret: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// A trial's run reported the search's metric at `resource` (its rank 0's
     /// `ringleader-report` line); the searcher decides at once whether the trial goes on,
@@ -700,16 +742,12 @@ pub enum ControlCommand {
         /// The metric's value; finite.
         #[serde(with = "finite_or_null")]
         value: f64,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// The chief ends a search: no trial runs and none will start; paused trials are
     /// stopped and the best is recorded.
     SearchFinished {
         /// The search job.
         search: JobId,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// A rank says something worth the job's history (its dataset was fetched, say).
     WorkerNote {
@@ -725,16 +763,12 @@ pub enum ControlCommand {
         /// job's next attempt avoids that member when it can ([`Job::cannot_start`]).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         cannot_start: bool,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// The chief drops ended jobs past the retention from the live state (see
     /// `domain::state::compaction`); their records stay in storage.
     Compact {
         /// The jobs (at most `compaction::COMPACT_IDS_MAX`).
         ids: Vec<JobId>,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// A dataset is registered under `name` (refused if the name exists).
     DatasetAdd {
@@ -742,15 +776,11 @@ pub enum ControlCommand {
         name: String,
         /// What it names.
         record: DatasetRecord,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// A dataset's name is removed; holders delete content no name refers to.
     DatasetRemove {
         /// The name.
         name: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// The admin makes an API token (see `domain::state::tokens`): only its hash is replicated.
     TokenCreate {
@@ -760,15 +790,11 @@ pub enum ControlCommand {
         hash: String,
         /// Who made it, on which node (`admin@<node name>`).
         created_by: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// The admin revokes an API token: its hash leaves the state.
     TokenRevoke {
         /// Its name.
         name: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// The admin removes a member from the cluster for good (see `domain::state::removal`).
     MemberRemove {
@@ -776,8 +802,6 @@ pub enum ControlCommand {
         peer_id: String,
         /// Its name, for humans.
         name: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
 }
 
@@ -865,7 +889,10 @@ impl ControlCommand {
     /// Checks what the log format and `apply` need; proposers call it before proposing.
     pub fn check(&self) -> Result<(), BadCommand> {
         match self {
-            ControlCommand::Metric { name, value, .. } => {
+            ControlCommand {
+                op: Op::Metric { name, value, .. },
+                ..
+            } => {
                 if name.is_empty() || name.len() > METRIC_NAME_BYTES_MAX {
                     return Err(BadCommand::MetricName);
                 }
@@ -874,9 +901,13 @@ impl ControlCommand {
                 }
                 Ok(())
             }
-            ControlCommand::RankStats {
-                compute_ms,
-                wait_ms,
+            ControlCommand {
+                op:
+                    Op::RankStats {
+                        compute_ms,
+                        wait_ms,
+                        ..
+                    },
                 ..
             } => {
                 let ok = |v: &f64| v.is_finite() && *v >= 0.0;
@@ -888,16 +919,32 @@ impl ControlCommand {
                     })
                 }
             }
-            ControlCommand::TrialReport { value, .. } if !value.is_finite() => {
-                Err(BadCommand::NonFiniteMetric {
-                    name: "trial report".into(),
-                })
+            ControlCommand {
+                op: Op::TrialReport { value, .. },
+                ..
+            } if !value.is_finite() => Err(BadCommand::NonFiniteMetric {
+                name: "trial report".into(),
+            }),
+            ControlCommand {
+                op: Op::Place { slots, secret, .. },
+                ..
             }
-            ControlCommand::Place { slots, secret, .. }
-            | ControlCommand::Reform { slots, secret, .. }
-            | ControlCommand::TrialStart { slots, secret, .. }
-            | ControlCommand::TrialPromote { slots, secret, .. }
-            | ControlCommand::TrialCopy { slots, secret, .. } => {
+            | ControlCommand {
+                op: Op::Reform { slots, secret, .. },
+                ..
+            }
+            | ControlCommand {
+                op: Op::TrialStart { slots, secret, .. },
+                ..
+            }
+            | ControlCommand {
+                op: Op::TrialPromote { slots, secret, .. },
+                ..
+            }
+            | ControlCommand {
+                op: Op::TrialCopy { slots, secret, .. },
+                ..
+            } => {
                 let ordered = slots.iter().enumerate().all(|(i, s)| s.rank as usize == i);
                 if slots.is_empty() || slots.len() > WORKERS_MAX as usize || !ordered {
                     return Err(BadCommand::Slots);
@@ -916,19 +963,26 @@ impl ControlCommand {
                 }
                 Ok(())
             }
-            ControlCommand::DatasetAdd { name, .. }
-            | ControlCommand::DatasetRemove { name, .. } => {
-                datasets::check_name(name).map_err(BadCommand::DatasetName)
+            ControlCommand {
+                op: Op::DatasetAdd { name, .. },
+                ..
             }
-            ControlCommand::Submit { token: Some(t), .. }
-                if t.is_empty() || t.len() > TOKEN_BYTES_MAX =>
-            {
-                Err(BadCommand::Token)
-            }
-            ControlCommand::TokenCreate {
-                name,
-                hash,
-                created_by,
+            | ControlCommand {
+                op: Op::DatasetRemove { name, .. },
+                ..
+            } => datasets::check_name(name).map_err(BadCommand::DatasetName),
+            ControlCommand {
+                op: Op::Submit { token: Some(t), .. },
+                ..
+            } if t.is_empty() || t.len() > TOKEN_BYTES_MAX => Err(BadCommand::Token),
+            ControlCommand {
+                op:
+                    Op::TokenCreate {
+                        name,
+                        hash,
+                        created_by,
+                        ..
+                    },
                 ..
             } => {
                 tokens::check_token_name(name).map_err(BadCommand::TokenField)?;
@@ -942,10 +996,14 @@ impl ControlCommand {
                 }
                 Ok(())
             }
-            ControlCommand::TokenRevoke { name, .. } => {
-                tokens::check_token_name(name).map_err(BadCommand::TokenField)
-            }
-            ControlCommand::MemberRemove { peer_id, name, .. } => {
+            ControlCommand {
+                op: Op::TokenRevoke { name, .. },
+                ..
+            } => tokens::check_token_name(name).map_err(BadCommand::TokenField),
+            ControlCommand {
+                op: Op::MemberRemove { peer_id, name, .. },
+                ..
+            } => {
                 let parses = peer_id.len() <= removal::PEER_ID_BYTES_MAX
                     && peer_id.parse::<libp2p::PeerId>().is_ok();
                 if !parses || name.len() > REASON_BYTES_MAX {
@@ -954,35 +1012,6 @@ impl ControlCommand {
                 Ok(())
             }
             _ => Ok(()),
-        }
-    }
-
-    /// The proposer's clock of this command.
-    pub fn at_ms(&self) -> u64 {
-        match self {
-            ControlCommand::Submit { at_ms, .. }
-            | ControlCommand::Place { at_ms, .. }
-            | ControlCommand::Unplaceable { at_ms, .. }
-            | ControlCommand::WorkerExited { at_ms, .. }
-            | ControlCommand::AttemptFailed { at_ms, .. }
-            | ControlCommand::Metric { at_ms, .. }
-            | ControlCommand::Reform { at_ms, .. }
-            | ControlCommand::RankLost { at_ms, .. }
-            | ControlCommand::RankStats { at_ms, .. }
-            | ControlCommand::Blacklist { at_ms, .. }
-            | ControlCommand::Cancel { at_ms, .. }
-            | ControlCommand::TrialStart { at_ms, .. }
-            | ControlCommand::TrialPromote { at_ms, .. }
-            | ControlCommand::TrialCopy { at_ms, .. }
-            | ControlCommand::TrialReport { at_ms, .. }
-            | ControlCommand::SearchFinished { at_ms, .. }
-            | ControlCommand::WorkerNote { at_ms, .. }
-            | ControlCommand::Compact { at_ms, .. }
-            | ControlCommand::DatasetAdd { at_ms, .. }
-            | ControlCommand::DatasetRemove { at_ms, .. }
-            | ControlCommand::TokenCreate { at_ms, .. }
-            | ControlCommand::TokenRevoke { at_ms, .. }
-            | ControlCommand::MemberRemove { at_ms, .. } => *at_ms,
         }
     }
 }
@@ -1023,7 +1052,7 @@ pub struct ControlState {
     pub applied_at_ms: u64,
     /// Log index of the last applied command (0 if none).
     pub applied_index: u64,
-    /// Submit tokens seen, with the job each created (see `ControlCommand::Submit`).
+    /// Submit tokens seen, with the job each created (see `Op::Submit`).
     #[serde(default)]
     pub tokens: BTreeMap<String, JobId>,
     /// Blacklisted members by peer id (expired entries are kept for their strikes).
@@ -1050,7 +1079,7 @@ impl ControlState {
             return ignored(format!("log index {log_index} already applied"));
         }
         self.applied_index = log_index;
-        self.applied_at_ms = self.applied_at_ms.max(cmd.at_ms());
+        self.applied_at_ms = self.applied_at_ms.max(cmd.at_ms);
         if let Err(e) = cmd.check() {
             return ControlResponse::Rejected {
                 reason: e.to_string(),
@@ -1069,81 +1098,124 @@ impl ControlState {
     /// [`ControlState::apply`] of a checked command, before its effects on searches: hands
     /// each command to its own method.
     fn apply_command(&mut self, log_index: u64, cmd: &ControlCommand) -> ControlResponse {
-        let at_ms = cmd.at_ms();
+        let at_ms = cmd.at_ms;
         match cmd {
-            ControlCommand::Submit { spec, token, .. } => {
-                self.submit(log_index, spec, token.as_deref(), at_ms)
-            }
-            ControlCommand::Place {
-                id,
-                generation,
-                slots,
-                secret,
+            ControlCommand {
+                op: Op::Submit { spec, token, .. },
+                ..
+            } => self.submit(log_index, spec, token.as_deref(), at_ms),
+            ControlCommand {
+                op:
+                    Op::Place {
+                        id,
+                        generation,
+                        slots,
+                        secret,
+                        ..
+                    },
                 ..
             } => self.place(*id, *generation, slots, secret, at_ms),
-            ControlCommand::Unplaceable { id, reason, .. } => self.unplaceable(*id, reason, at_ms),
-            ControlCommand::WorkerExited {
-                id,
-                generation,
-                rank,
-                code,
+            ControlCommand {
+                op: Op::Unplaceable { id, reason, .. },
+                ..
+            } => self.unplaceable(*id, reason, at_ms),
+            ControlCommand {
+                op:
+                    Op::WorkerExited {
+                        id,
+                        generation,
+                        rank,
+                        code,
+                        ..
+                    },
                 ..
             } => self.worker_exited(*id, *generation, *rank, *code, at_ms),
-            ControlCommand::AttemptFailed {
-                id,
-                generation,
-                reason,
+            ControlCommand {
+                op:
+                    Op::AttemptFailed {
+                        id,
+                        generation,
+                        reason,
+                        ..
+                    },
                 ..
             } => self.attempt_failed(*id, *generation, reason, at_ms),
-            ControlCommand::Metric {
-                id,
-                generation,
-                name,
-                value,
-                step,
+            ControlCommand {
+                op:
+                    Op::Metric {
+                        id,
+                        generation,
+                        name,
+                        value,
+                        step,
+                        ..
+                    },
                 ..
             } => self.metric(*id, *generation, name, *value, *step, at_ms),
-            ControlCommand::Reform {
-                id,
-                generation,
-                slots,
-                secret,
-                reason,
+            ControlCommand {
+                op:
+                    Op::Reform {
+                        id,
+                        generation,
+                        slots,
+                        secret,
+                        reason,
+                        ..
+                    },
                 ..
             } => self.reform(*id, *generation, slots, secret, reason, at_ms),
-            ControlCommand::RankLost {
-                id,
-                generation,
-                rank,
-                hung,
-                reason,
+            ControlCommand {
+                op:
+                    Op::RankLost {
+                        id,
+                        generation,
+                        rank,
+                        hung,
+                        reason,
+                        ..
+                    },
                 ..
             } => self.rank_lost(*id, *generation, *rank, *hung, reason),
-            ControlCommand::RankStats {
-                id,
-                generation,
-                rank,
-                step,
-                compute_ms,
-                wait_ms,
+            ControlCommand {
+                op:
+                    Op::RankStats {
+                        id,
+                        generation,
+                        rank,
+                        step,
+                        compute_ms,
+                        wait_ms,
+                        ..
+                    },
                 ..
             } => self.rank_stats(*id, *generation, *rank, *step, *compute_ms, *wait_ms),
-            ControlCommand::Blacklist {
-                member,
-                name,
-                cooldown_ms,
-                reason,
+            ControlCommand {
+                op:
+                    Op::Blacklist {
+                        member,
+                        name,
+                        cooldown_ms,
+                        reason,
+                        ..
+                    },
                 ..
             } => self.blacklist(member, name, *cooldown_ms, reason, at_ms),
-            ControlCommand::Cancel { id, .. } => self.cancel(*id, at_ms),
-            ControlCommand::TrialStart {
-                search,
-                trial,
-                params,
-                bracket,
-                target,
-                slots,
-                secret,
+            ControlCommand {
+                op: Op::Cancel { id, .. },
+                ..
+            } => self.cancel(*id, at_ms),
+            ControlCommand {
+                op:
+                    Op::TrialStart {
+                        search,
+                        trial,
+                        params,
+                        bracket,
+                        target,
+                        slots,
+                        secret,
+                        ..
+                    },
                 ..
             } => {
                 let new = trials::NewTrial {
@@ -1154,50 +1226,86 @@ impl ControlState {
                 };
                 self.trial_start(log_index, *search, new, slots, secret, at_ms)
             }
-            ControlCommand::TrialPromote {
-                search,
-                trial,
-                target,
-                slots,
-                secret,
+            ControlCommand {
+                op:
+                    Op::TrialPromote {
+                        search,
+                        trial,
+                        target,
+                        slots,
+                        secret,
+                        ..
+                    },
                 ..
             } => self.trial_promote(*search, *trial, *target, slots, secret, at_ms),
-            ControlCommand::TrialCopy {
-                search,
-                trial,
-                slots,
-                secret,
+            ControlCommand {
+                op:
+                    Op::TrialCopy {
+                        search,
+                        trial,
+                        slots,
+                        secret,
+                        ..
+                    },
                 ..
             } => self.trial_copy(log_index, *search, *trial, slots, secret, at_ms),
-            ControlCommand::TrialReport {
-                id,
-                generation,
-                resource,
-                value,
+            ControlCommand {
+                op:
+                    Op::TrialReport {
+                        id,
+                        generation,
+                        resource,
+                        value,
+                        ..
+                    },
                 ..
             } => self.trial_report(*id, *generation, *resource, *value, at_ms),
-            ControlCommand::SearchFinished { search, .. } => self.search_finished(*search, at_ms),
-            ControlCommand::WorkerNote {
-                id,
-                generation,
-                rank,
-                message,
-                cannot_start,
+            ControlCommand {
+                op: Op::SearchFinished { search, .. },
+                ..
+            } => self.search_finished(*search, at_ms),
+            ControlCommand {
+                op:
+                    Op::WorkerNote {
+                        id,
+                        generation,
+                        rank,
+                        message,
+                        cannot_start,
+                        ..
+                    },
                 ..
             } => self.worker_note(*id, *generation, *rank, message, *cannot_start, at_ms),
-            ControlCommand::Compact { ids, .. } => self.compact(ids),
-            ControlCommand::DatasetAdd { name, record, .. } => self.dataset_add(name, record),
-            ControlCommand::DatasetRemove { name, .. } => self.dataset_remove(name),
-            ControlCommand::TokenCreate {
-                name,
-                hash,
-                created_by,
+            ControlCommand {
+                op: Op::Compact { ids, .. },
+                ..
+            } => self.compact(ids),
+            ControlCommand {
+                op: Op::DatasetAdd { name, record, .. },
+                ..
+            } => self.dataset_add(name, record),
+            ControlCommand {
+                op: Op::DatasetRemove { name, .. },
+                ..
+            } => self.dataset_remove(name),
+            ControlCommand {
+                op:
+                    Op::TokenCreate {
+                        name,
+                        hash,
+                        created_by,
+                        ..
+                    },
                 ..
             } => self.token_create(name, hash, created_by, at_ms),
-            ControlCommand::TokenRevoke { name, .. } => self.token_revoke(name),
-            ControlCommand::MemberRemove { peer_id, name, .. } => {
-                self.member_remove(peer_id, name, at_ms)
-            }
+            ControlCommand {
+                op: Op::TokenRevoke { name, .. },
+                ..
+            } => self.token_revoke(name),
+            ControlCommand {
+                op: Op::MemberRemove { peer_id, name, .. },
+                ..
+            } => self.member_remove(peer_id, name, at_ms),
         }
     }
 
@@ -1643,12 +1751,26 @@ impl ControlState {
     /// a GPU" whatever the proposer saw.
     fn gpu_taken(&self, cmd: &ControlCommand) -> Option<String> {
         let (own, slots) = match cmd {
-            ControlCommand::Place { id, slots, .. } | ControlCommand::Reform { id, slots, .. } => {
-                (Some(*id), slots)
+            ControlCommand {
+                op: Op::Place { id, slots, .. },
+                ..
             }
-            ControlCommand::TrialStart { slots, .. }
-            | ControlCommand::TrialPromote { slots, .. }
-            | ControlCommand::TrialCopy { slots, .. } => (None, slots),
+            | ControlCommand {
+                op: Op::Reform { id, slots, .. },
+                ..
+            } => (Some(*id), slots),
+            ControlCommand {
+                op: Op::TrialStart { slots, .. },
+                ..
+            }
+            | ControlCommand {
+                op: Op::TrialPromote { slots, .. },
+                ..
+            }
+            | ControlCommand {
+                op: Op::TrialCopy { slots, .. },
+                ..
+            } => (None, slots),
             _ => return None,
         };
         if slots.iter().all(|s| s.gpus.is_empty()) {

@@ -61,12 +61,14 @@ impl ControlState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::state::ControlCommand;
+    use crate::domain::state::{ControlCommand, Op};
 
     fn remove(peer: &str) -> ControlCommand {
-        ControlCommand::MemberRemove {
-            peer_id: peer.into(),
-            name: "c".into(),
+        ControlCommand {
+            op: Op::MemberRemove {
+                peer_id: peer.into(),
+                name: "c".into(),
+            },
             at_ms: 9,
         }
     }

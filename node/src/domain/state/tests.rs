@@ -41,30 +41,36 @@ impl Replica {
         self.state.apply(self.index, &cmd)
     }
     fn submit(&mut self, workers: u32, max_restarts: u32) -> JobId {
-        match self.apply(ControlCommand::Submit {
-            spec: Box::new(spec(workers, max_restarts)),
+        match self.apply(ControlCommand {
+            op: Op::Submit {
+                spec: Box::new(spec(workers, max_restarts)),
+                token: None,
+            },
             at_ms: 10,
-            token: None,
         }) {
             ControlResponse::Submitted { id } => id,
             other => panic!("{other:?}"),
         }
     }
     fn place(&mut self, id: JobId, generation: u32, n: u32) -> ControlResponse {
-        self.apply(ControlCommand::Place {
-            id,
-            generation,
-            slots: slots(n),
-            secret: new_ring_secret(),
+        self.apply(ControlCommand {
+            op: Op::Place {
+                id,
+                generation,
+                slots: slots(n),
+                secret: new_ring_secret(),
+            },
             at_ms: 20,
         })
     }
     fn exit(&mut self, id: JobId, generation: u32, rank: u32, code: i32) -> ControlResponse {
-        self.apply(ControlCommand::WorkerExited {
-            id,
-            generation,
-            rank,
-            code,
+        self.apply(ControlCommand {
+            op: Op::WorkerExited {
+                id,
+                generation,
+                rank,
+                code,
+            },
             at_ms: 30,
         })
     }
@@ -83,10 +89,12 @@ fn submit_with_full_spec_roundtrips_through_json() {
             .replace("kind = \"train\"", "kind = \"search\"")
     );
     let spec = JobSpec::parse(&text).unwrap();
-    let cmd = ControlCommand::Submit {
-        spec: Box::new(spec),
+    let cmd = ControlCommand {
+        op: Op::Submit {
+            spec: Box::new(spec),
+            token: Some("t-1".into()),
+        },
         at_ms: 1,
-        token: Some("t-1".into()),
     };
     let json = serde_json::to_string(&cmd).unwrap();
     assert_eq!(serde_json::from_str::<ControlCommand>(&json).unwrap(), cmd);
@@ -192,10 +200,12 @@ fn no_restarts_allowed_fails_at_once() {
     let mut r = Replica::new();
     let id = r.submit(1, 0);
     r.place(id, 1, 1);
-    r.apply(ControlCommand::AttemptFailed {
-        id,
-        generation: 1,
-        reason: "node m0 died".into(),
+    r.apply(ControlCommand {
+        op: Op::AttemptFailed {
+            id,
+            generation: 1,
+            reason: "node m0 died".into(),
+        },
         at_ms: 5,
     });
     let job = r.job(id);
@@ -219,11 +229,13 @@ fn placement_must_be_for_the_next_attempt_of_a_pending_job() {
         matches!(r.place(id, 2, 1), ControlResponse::Rejected { .. }),
         "running, not pending"
     );
-    let bad = ControlCommand::Place {
-        id,
-        generation: 2,
-        slots: vec![],
-        secret: new_ring_secret(),
+    let bad = ControlCommand {
+        op: Op::Place {
+            id,
+            generation: 2,
+            slots: vec![],
+            secret: new_ring_secret(),
+        },
         at_ms: 1,
     };
     assert_eq!(bad.check(), Err(BadCommand::Slots));
@@ -233,11 +245,13 @@ fn placement_must_be_for_the_next_attempt_of_a_pending_job() {
         "0".repeat(63),
         "g".repeat(64),
     ] {
-        let cmd = ControlCommand::Place {
-            id,
-            generation: 2,
-            slots: slots(1),
-            secret,
+        let cmd = ControlCommand {
+            op: Op::Place {
+                id,
+                generation: 2,
+                slots: slots(1),
+                secret,
+            },
             at_ms: 1,
         };
         assert_eq!(cmd.check(), Err(BadCommand::Secret));
@@ -270,9 +284,11 @@ fn each_attempt_gets_its_own_ring_secret_which_the_api_never_shows() {
 fn unplaceable_records_reason_once_until_it_changes() {
     let mut r = Replica::new();
     let id = r.submit(4, 3);
-    let un = |reason: &str| ControlCommand::Unplaceable {
-        id,
-        reason: reason.into(),
+    let un = |reason: &str| ControlCommand {
+        op: Op::Unplaceable {
+            id,
+            reason: reason.into(),
+        },
         at_ms: 7,
     };
     assert_eq!(r.apply(un("needs 4 workers")), ControlResponse::Applied);
@@ -303,18 +319,27 @@ fn cancel_from_pending_and_running_not_from_terminal() {
     let mut r = Replica::new();
     let a = r.submit(1, 3);
     assert_eq!(
-        r.apply(ControlCommand::Cancel { id: a, at_ms: 9 }),
+        r.apply(ControlCommand {
+            op: Op::Cancel { id: a },
+            at_ms: 9
+        }),
         ControlResponse::Applied
     );
     assert_eq!(r.job(a).state, JobState::Cancelled);
     assert!(matches!(
-        r.apply(ControlCommand::Cancel { id: a, at_ms: 9 }),
+        r.apply(ControlCommand {
+            op: Op::Cancel { id: a },
+            at_ms: 9
+        }),
         ControlResponse::Rejected { .. }
     ));
     let b = r.submit(1, 3);
     r.place(b, 1, 1);
     assert_eq!(
-        r.apply(ControlCommand::Cancel { id: b, at_ms: 9 }),
+        r.apply(ControlCommand {
+            op: Op::Cancel { id: b },
+            at_ms: 9
+        }),
         ControlResponse::Applied
     );
     assert_eq!(r.job(b).state, JobState::Cancelled);
@@ -343,12 +368,14 @@ fn exit_for_unknown_rank_is_rejected() {
 fn metrics_latest_value_current_attempt_only() {
     let mut r = Replica::new();
     let id = r.submit(1, 3);
-    let m = |generation, value, step| ControlCommand::Metric {
-        id,
-        generation,
-        name: "loss".into(),
-        value,
-        step,
+    let m = |generation, value, step| ControlCommand {
+        op: Op::Metric {
+            id,
+            generation,
+            name: "loss".into(),
+            value,
+            step,
+        },
         at_ms: 3,
     };
     assert!(
@@ -380,22 +407,26 @@ fn metric_names_are_bounded() {
     let id = r.submit(1, 3);
     r.place(id, 1, 1);
     for i in 0..METRICS_PER_JOB_MAX + 5 {
-        r.apply(ControlCommand::Metric {
-            id,
-            generation: 1,
-            name: format!("m{i}"),
-            value: 1.0,
-            step: None,
+        r.apply(ControlCommand {
+            op: Op::Metric {
+                id,
+                generation: 1,
+                name: format!("m{i}"),
+                value: 1.0,
+                step: None,
+            },
             at_ms: 1,
         });
     }
     assert_eq!(r.job(id).metrics.len(), METRICS_PER_JOB_MAX);
-    let long = ControlCommand::Metric {
-        id,
-        generation: 1,
-        name: "x".repeat(200),
-        value: 1.0,
-        step: None,
+    let long = ControlCommand {
+        op: Op::Metric {
+            id,
+            generation: 1,
+            name: "x".repeat(200),
+            value: 1.0,
+            step: None,
+        },
         at_ms: 1,
     };
     assert_eq!(long.check(), Err(BadCommand::MetricName));
@@ -406,9 +437,11 @@ fn events_are_bounded_and_dropped_counted() {
     let mut r = Replica::new();
     let id = r.submit(1, 3);
     for i in 0..EVENTS_PER_JOB_MAX + 10 {
-        r.apply(ControlCommand::Unplaceable {
-            id,
-            reason: format!("r{i}"),
+        r.apply(ControlCommand {
+            op: Op::Unplaceable {
+                id,
+                reason: format!("r{i}"),
+            },
             at_ms: 1,
         });
     }
@@ -416,9 +449,11 @@ fn events_are_bounded_and_dropped_counted() {
     assert_eq!(job.events.len(), EVENTS_PER_JOB_MAX);
     assert_eq!(job.events_dropped, 11);
     // Long reasons are cut.
-    r.apply(ControlCommand::Unplaceable {
-        id,
-        reason: "é".repeat(REASON_BYTES_MAX),
+    r.apply(ControlCommand {
+        op: Op::Unplaceable {
+            id,
+            reason: "é".repeat(REASON_BYTES_MAX),
+        },
         at_ms: 1,
     });
     assert!(r.job(id).pending_reason.as_ref().unwrap().len() <= REASON_BYTES_MAX);
@@ -428,33 +463,41 @@ fn events_are_bounded_and_dropped_counted() {
 fn replicas_applying_the_same_log_agree_and_snapshot_roundtrips() {
     let log = |id: JobId| {
         vec![
-            ControlCommand::Place {
-                id,
-                generation: 1,
-                slots: slots(2),
-                secret: new_ring_secret(),
+            ControlCommand {
+                op: Op::Place {
+                    id,
+                    generation: 1,
+                    slots: slots(2),
+                    secret: new_ring_secret(),
+                },
                 at_ms: 2,
             },
-            ControlCommand::Metric {
-                id,
-                generation: 1,
-                name: "acc".into(),
-                value: 0.9,
-                step: Some(3),
+            ControlCommand {
+                op: Op::Metric {
+                    id,
+                    generation: 1,
+                    name: "acc".into(),
+                    value: 0.9,
+                    step: Some(3),
+                },
                 at_ms: 3,
             },
-            ControlCommand::WorkerExited {
-                id,
-                generation: 1,
-                rank: 0,
-                code: 1,
+            ControlCommand {
+                op: Op::WorkerExited {
+                    id,
+                    generation: 1,
+                    rank: 0,
+                    code: 1,
+                },
                 at_ms: 4,
             },
-            ControlCommand::Place {
-                id,
-                generation: 2,
-                slots: slots(2),
-                secret: new_ring_secret(),
+            ControlCommand {
+                op: Op::Place {
+                    id,
+                    generation: 2,
+                    slots: slots(2),
+                    secret: new_ring_secret(),
+                },
                 at_ms: 5,
             },
         ]
@@ -473,10 +516,10 @@ fn replicas_applying_the_same_log_agree_and_snapshot_roundtrips() {
     let json = serde_json::to_vec(&a.state).unwrap();
     let back: ControlState = serde_json::from_slice(&json).unwrap();
     assert_eq!(back, a.state);
-    for cmd in log(ia)
-        .into_iter()
-        .chain([ControlCommand::Cancel { id: ia, at_ms: 1 }])
-    {
+    for cmd in log(ia).into_iter().chain([ControlCommand {
+        op: Op::Cancel { id: ia },
+        at_ms: 1,
+    }]) {
         let json = serde_json::to_string(&cmd).unwrap();
         assert_eq!(serde_json::from_str::<ControlCommand>(&json).unwrap(), cmd);
     }
@@ -485,10 +528,12 @@ fn replicas_applying_the_same_log_agree_and_snapshot_roundtrips() {
 #[test]
 fn a_retried_submit_with_the_same_token_returns_the_first_id() {
     let mut state = ControlState::default();
-    let submit = |token: Option<&str>| ControlCommand::Submit {
-        spec: Box::new(spec(1, 0)),
+    let submit = |token: Option<&str>| ControlCommand {
+        op: Op::Submit {
+            spec: Box::new(spec(1, 0)),
+            token: token.map(str::to_string),
+        },
         at_ms: 5,
-        token: token.map(str::to_string),
     };
     let first = state.apply(1, &submit(Some("abc")));
     let again = state.apply(2, &submit(Some("abc")));
@@ -541,9 +586,11 @@ mod metric_history {
         assert_eq!(s.applied_index, 3);
         assert!(s.api_tokens.is_empty() && s.removed.is_empty());
         let mut s = s;
-        let cmd = ControlCommand::MemberRemove {
-            peer_id: libp2p::PeerId::random().to_string(),
-            name: "c".into(),
+        let cmd = ControlCommand {
+            op: Op::MemberRemove {
+                peer_id: libp2p::PeerId::random().to_string(),
+                name: "c".into(),
+            },
             at_ms: 6,
         };
         assert_eq!(s.apply(4, &cmd), ControlResponse::Applied);

@@ -204,13 +204,15 @@ pub fn listing(tokens: &BTreeMap<String, TokenRecord>) -> Vec<serde_json::Value>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::state::ControlCommand;
+    use crate::domain::state::{ControlCommand, Op};
 
     fn create(name: &str, hash: &str) -> ControlCommand {
-        ControlCommand::TokenCreate {
-            name: name.into(),
-            hash: hash.into(),
-            created_by: "admin@a".into(),
+        ControlCommand {
+            op: Op::TokenCreate {
+                name: name.into(),
+                hash: hash.into(),
+                created_by: "admin@a".into(),
+            },
             at_ms: 7,
         }
     }
@@ -239,8 +241,8 @@ mod tests {
             s.apply(3, &create("other", &hash)),
             ControlResponse::Rejected { .. }
         ));
-        let revoke = ControlCommand::TokenRevoke {
-            name: "ci".into(),
+        let revoke = ControlCommand {
+            op: Op::TokenRevoke { name: "ci".into() },
             at_ms: 8,
         };
         assert_eq!(s.apply(4, &revoke), ControlResponse::Applied);

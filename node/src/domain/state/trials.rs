@@ -28,7 +28,7 @@ use trainer::search::{
 
 use super::{
     ignored, rejected, unknown, ControlCommand, ControlResponse, ControlState, EventKind, Job,
-    JobId, JobState, Slot,
+    JobId, JobState, Op, Slot,
 };
 use crate::domain::search::{
     record::{TrialOf, TrialRun},
@@ -39,7 +39,7 @@ use crate::domain::search::{
 /// so a command trial that reports every step cannot grow the log without bound.
 pub const REPORTS_PER_TRIAL_MAX: usize = 1_000;
 
-/// A trial to start (see [`ControlCommand::TrialStart`]).
+/// A trial to start (see [`Op::TrialStart`](crate::domain::state::Op::TrialStart)).
 pub(super) struct NewTrial<'a> {
     pub(super) trial: u32,
     pub(super) params: &'a Params,
@@ -463,16 +463,18 @@ impl ControlState {
     /// Effects on searches of a command just applied: a trial's job that ended, a search
     /// cancelled.
     pub(super) fn after_applied(&mut self, cmd: &ControlCommand) {
-        if let ControlCommand::Place {
-            id, slots, at_ms, ..
+        if let ControlCommand {
+            op: Op::Place { id, slots, .. },
+            at_ms,
         } = cmd
         {
             self.run_placed(*id, slots, *at_ms);
             return;
         }
         let (id, end, at_ms) = match cmd {
-            ControlCommand::WorkerExited {
-                id, code, at_ms, ..
+            ControlCommand {
+                op: Op::WorkerExited { id, code, .. },
+                at_ms,
             } => {
                 let end = if *code == 0 {
                     RunEnd::Succeeded
@@ -481,11 +483,23 @@ impl ControlState {
                 };
                 (*id, end, *at_ms)
             }
-            ControlCommand::AttemptFailed { id, at_ms, .. } => (*id, RunEnd::Lost, *at_ms),
-            ControlCommand::Cancel { id, at_ms } => (*id, RunEnd::Cancelled, *at_ms),
+            ControlCommand {
+                op: Op::AttemptFailed { id, .. },
+                at_ms,
+            } => (*id, RunEnd::Lost, *at_ms),
+            ControlCommand {
+                op: Op::Cancel { id },
+                at_ms,
+            } => (*id, RunEnd::Cancelled, *at_ms),
             _ => return,
         };
-        if matches!(cmd, ControlCommand::Cancel { .. }) {
+        if matches!(
+            cmd,
+            ControlCommand {
+                op: Op::Cancel { .. },
+                ..
+            }
+        ) {
             self.search_cancelled(id, at_ms);
         }
         self.run_ended(id, end, at_ms);
@@ -704,10 +718,9 @@ max = 0.5
                 index: 0,
             };
             let spec = Box::new(JobSpec::parse(text).unwrap());
-            let r = log.apply(ControlCommand::Submit {
-                spec,
+            let r = log.apply(ControlCommand {
+                op: Op::Submit { spec, token: None },
                 at_ms: 1,
-                token: None,
             });
             let ControlResponse::Submitted { id } = r else {
                 panic!("{r:?}")
@@ -724,14 +737,16 @@ max = 0.5
         fn start(&mut self, search: JobId, trial: u32, lr: f64, target: u32) -> JobId {
             let mut params = Params::new();
             params.insert("train.lr".into(), toml::Value::Float(lr));
-            let r = self.apply(ControlCommand::TrialStart {
-                search,
-                trial,
-                params,
-                bracket: 0,
-                target,
-                slots: vec![slot(trial)],
-                secret: "ab".repeat(32),
+            let r = self.apply(ControlCommand {
+                op: Op::TrialStart {
+                    search,
+                    trial,
+                    params,
+                    bracket: 0,
+                    target,
+                    slots: vec![slot(trial)],
+                    secret: "ab".repeat(32),
+                },
                 at_ms: 10,
             });
             assert_eq!(r, ControlResponse::Applied);
@@ -740,22 +755,26 @@ max = 0.5
 
         fn report(&mut self, id: JobId, resource: u32, value: f64) -> ControlResponse {
             let generation = self.state.job(id).unwrap().generation;
-            self.apply(ControlCommand::TrialReport {
-                id,
-                generation,
-                resource,
-                value,
+            self.apply(ControlCommand {
+                op: Op::TrialReport {
+                    id,
+                    generation,
+                    resource,
+                    value,
+                },
                 at_ms: 20,
             })
         }
 
         fn exit(&mut self, id: JobId, code: i32) {
             let generation = self.state.job(id).unwrap().generation;
-            self.apply(ControlCommand::WorkerExited {
-                id,
-                generation,
-                rank: 0,
-                code,
+            self.apply(ControlCommand {
+                op: Op::WorkerExited {
+                    id,
+                    generation,
+                    rank: 0,
+                    code,
+                },
                 at_ms: 30,
             });
         }
@@ -800,14 +819,16 @@ max = 0.5
         // Trials are created in order, once.
         let mut params = Params::new();
         params.insert("train.lr".into(), toml::Value::Float(0.2));
-        let again = log.apply(ControlCommand::TrialStart {
-            search,
-            trial: 0,
-            params,
-            bracket: 0,
-            target: 1,
-            slots: vec![slot(1)],
-            secret: "ab".repeat(32),
+        let again = log.apply(ControlCommand {
+            op: Op::TrialStart {
+                search,
+                trial: 0,
+                params,
+                bracket: 0,
+                target: 1,
+                slots: vec![slot(1)],
+                secret: "ab".repeat(32),
+            },
             at_ms: 11,
         });
         assert!(
@@ -844,18 +865,22 @@ max = 0.5
         assert_eq!(job.state, JobState::Pending);
         assert_eq!(job.trial_of.as_ref().unwrap().target, 3);
         let old_generation = job.generation;
-        log.apply(ControlCommand::Place {
-            id: c,
-            generation: old_generation + 1,
-            slots: vec![slot(2)],
-            secret: "cd".repeat(32),
+        log.apply(ControlCommand {
+            op: Op::Place {
+                id: c,
+                generation: old_generation + 1,
+                slots: vec![slot(2)],
+                secret: "cd".repeat(32),
+            },
             at_ms: 40,
         });
-        let stale = log.apply(ControlCommand::TrialReport {
-            id: c,
-            generation: old_generation,
-            resource: 2,
-            value: 0.95,
+        let stale = log.apply(ControlCommand {
+            op: Op::TrialReport {
+                id: c,
+                generation: old_generation,
+                resource: 2,
+                value: 0.95,
+            },
             at_ms: 41,
         });
         assert!(
@@ -868,12 +893,14 @@ max = 0.5
         log.exit(c, 0);
         assert_eq!(log.state.job(c).unwrap().state, JobState::Succeeded);
         // The chief promotes it later (ASHA's late promotion): the same job runs again.
-        let r = log.apply(ControlCommand::TrialPromote {
-            search,
-            trial: 2,
-            target: 9,
-            slots: vec![slot(2)],
-            secret: "cd".repeat(32),
+        let r = log.apply(ControlCommand {
+            op: Op::TrialPromote {
+                search,
+                trial: 2,
+                target: 9,
+                slots: vec![slot(2)],
+                secret: "cd".repeat(32),
+            },
             at_ms: 50,
         });
         assert_eq!(r, ControlResponse::Applied);
@@ -888,7 +915,10 @@ max = 0.5
         // The paused trials stay until the search ends; then they are stopped.
         assert_eq!(log.trial(search, 0).state, TrialState::Paused);
         assert!(matches!(
-            log.apply(ControlCommand::SearchFinished { search, at_ms: 60 }),
+            log.apply(ControlCommand {
+                op: Op::SearchFinished { search },
+                at_ms: 60
+            }),
             ControlResponse::Applied
         ));
         assert_eq!(log.trial(search, 0).state, TrialState::Stopped);
@@ -931,11 +961,13 @@ max = 0.5
         // Placed again, the promoted run resumed past rung 3 (its last run saved beyond its
         // rung): its first report beyond the rung is the rung's, the next beyond it nothing.
         let generation = log.state.job(c).unwrap().generation;
-        log.apply(ControlCommand::Place {
-            id: c,
-            generation: generation + 1,
-            slots: vec![slot(2)],
-            secret: "cd".repeat(32),
+        log.apply(ControlCommand {
+            op: Op::Place {
+                id: c,
+                generation: generation + 1,
+                slots: vec![slot(2)],
+                secret: "cd".repeat(32),
+            },
             at_ms: 40,
         });
         log.report(c, 4, 0.95);
@@ -976,10 +1008,12 @@ max = 0.5
             let mut spec = JobSpec::parse(&one).unwrap();
             assert!(spec.reports_required, "set on every spec admitted now");
             spec.reports_required = required;
-            let r = log.apply(ControlCommand::Submit {
-                spec: Box::new(spec),
+            let r = log.apply(ControlCommand {
+                op: Op::Submit {
+                    spec: Box::new(spec),
+                    token: None,
+                },
                 at_ms: 1,
-                token: None,
             });
             let ControlResponse::Submitted { id: search } = r else {
                 panic!("{r:?}")
@@ -987,7 +1021,10 @@ max = 0.5
             let a = log.start(search, 0, 0.1, 9);
             log.exit(a, 0);
             assert_eq!(log.trial(search, 0).state, TrialState::Succeeded);
-            log.apply(ControlCommand::SearchFinished { search, at_ms: 60 });
+            log.apply(ControlCommand {
+                op: Op::SearchFinished { search },
+                at_ms: 60,
+            });
             let s = log.state.job(search).unwrap();
             assert!(
                 s.events
@@ -1012,10 +1049,12 @@ max = 0.5
         let (mut log, search) = Log::new(ASHA);
         let a = log.start(search, 0, 0.1, 1);
         let generation = log.state.job(a).unwrap().generation;
-        log.apply(ControlCommand::AttemptFailed {
-            id: a,
-            generation,
-            reason: "peer-lost m0 (rank 0): member dead".into(),
+        log.apply(ControlCommand {
+            op: Op::AttemptFailed {
+                id: a,
+                generation,
+                reason: "peer-lost m0 (rank 0): member dead".into(),
+            },
             at_ms: 20,
         });
         assert_eq!(log.state.job(a).unwrap().state, JobState::Pending, "re-run");
@@ -1029,11 +1068,13 @@ max = 0.5
                 .failures,
             0
         );
-        log.apply(ControlCommand::Place {
-            id: a,
-            generation: generation + 1,
-            slots: vec![slot(1)],
-            secret: "cd".repeat(32),
+        log.apply(ControlCommand {
+            op: Op::Place {
+                id: a,
+                generation: generation + 1,
+                slots: vec![slot(1)],
+                secret: "cd".repeat(32),
+            },
             at_ms: 21,
         });
         let record = log.state.job(search).unwrap().search.as_ref().unwrap();
@@ -1041,11 +1082,13 @@ max = 0.5
         // Its own code fails: retried once (max_trial_failures = 1), then failed.
         log.exit(a, 3);
         assert_eq!(log.state.job(a).unwrap().state, JobState::Pending);
-        log.apply(ControlCommand::Place {
-            id: a,
-            generation: generation + 2,
-            slots: vec![slot(1)],
-            secret: "cd".repeat(32),
+        log.apply(ControlCommand {
+            op: Op::Place {
+                id: a,
+                generation: generation + 2,
+                slots: vec![slot(1)],
+                secret: "cd".repeat(32),
+            },
             at_ms: 22,
         });
         log.exit(a, 3);
@@ -1057,8 +1100,8 @@ max = 0.5
     fn cancelling_a_search_stops_its_trials() {
         let (mut log, search) = Log::new(ASHA);
         let a = log.start(search, 0, 0.1, 1);
-        log.apply(ControlCommand::Cancel {
-            id: search,
+        log.apply(ControlCommand {
+            op: Op::Cancel { id: search },
             at_ms: 20,
         });
         assert_eq!(log.state.job(a).unwrap().state, JobState::Cancelled);
