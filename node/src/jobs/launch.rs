@@ -16,7 +16,7 @@
 //!   ([`gpus::RankLibraries`]). A rank given none has all three left as the node's (or the
 //!   spec's). Train ranks also get `RINGLEADER_GPUS`, their device count (0: the CPU).
 //! - Train jobs run this node's own binary as `ringleader train-worker` with a spec file
-//!   (the trainer's sections, [`super::train_spec::spec_text`]) and the ring:
+//!   (the trainer's sections, [`crate::domain::train_spec::spec_text`]) and the ring:
 //!   - address of rank r: the host of the member's advertised `data_addr`, port
 //!     [`data_port`]`(job, r)` = [`master_port`]`(job, generation, secret) + 1 + r`;
 //!   - group id: from the job id (the trainer hashes it); generation: the generation;

@@ -6,15 +6,15 @@
 //! per [`MALFORMED_WARN_INTERVAL_MS`]) and ignored. What the node does with each:
 //! - `ringleader-metric NAME VALUE [STEP]`: a job metric (at most one report per metric per
 //!   [`METRIC_REPORT_INTERVAL_MS`], the last value always). For a command trial's rank 0, a
-//!   line naming the search's metric is also a [`Op::TrialReport`](crate::domain::state::Op::TrialReport) at STEP
+//!   line naming the search's metric is also a [`Op::TrialReport`] at STEP
 //!   epochs (without STEP: the count of such lines so far), never thinned;
 //! - `ringleader-report RESOURCE NAME VALUE [NAME VALUE …]` (a search trial's rank 0): the
-//!   search metric's value at RESOURCE (epochs done), as [`Op::TrialReport`](crate::domain::state::Op::TrialReport);
+//!   search metric's value at RESOURCE (epochs done), as [`Op::TrialReport`];
 //!   its values are job metrics too, unless the rank prints them as metric lines as well;
 //! - `ringleader-rank-stats generation=G rank=R step=S compute_ms=X wait_ms=Y` (elastic train
-//!   ranks, about once a second): [`Op::RankStats`](crate::domain::state::Op::RankStats), for straggler detection;
+//!   ranks, about once a second): [`Op::RankStats`], for straggler detection;
 //! - `ringleader-elastic failed generation=G lost_rank=R error="…"`: the rank's collective
-//!   lost rank R; [`Op::RankLost`](crate::domain::state::Op::RankLost), so the chief re-forms without it;
+//!   lost rank R; [`Op::RankLost`], so the chief re-forms without it;
 //! - `ringleader-elastic resumed … steps_lost=L`: metrics `steps_lost` and `restored_step`;
 //! - `ringleader-heartbeat computing_ms=X` (elastic train ranks, while one compute section
 //!   runs long): past [`HUNG_COMPUTING_MS_MIN`] and [`HUNG_COMPUTE_FACTOR`] × the rank's
@@ -39,7 +39,7 @@
 //! `file://` checkpoint place (`<store>/jobs/<id>/`) given to the user.
 //!
 //! The exit code (a signal death as 128 + signal, as shells report it) is sent as
-//! [`Op::WorkerExited`](crate::domain::state::Op::WorkerExited) for the generation and rank the process was in last. A
+//! [`Op::WorkerExited`] for the generation and rank the process was in last. A
 //! rank killed because its generation or job ended reports nothing. A train rank of an
 //! elastic job, and a command rank of one with `[elastic] protocol = "ringleader"`, lives
 //! through re-forms: the supervisor sends it each new generation, which this task writes to

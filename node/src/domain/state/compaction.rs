@@ -3,7 +3,7 @@
 //! storage: every node writes each ended job to `jobs/<id>/record.json` in its store
 //! (`jobs::archive`), and the API answers for a compacted job from there.
 //!
-//! The chief proposes [`Op::Compact`](crate::domain::state::Op::Compact) with the ids [`compactable`] names; the
+//! The chief proposes [`Op::Compact`] with the ids [`compactable`] names; the
 //! state machine removes those still ended (and the submit tokens that named them). A trial
 //! job stays while its search runs (the search's leaderboard names it).
 

@@ -21,7 +21,7 @@
 //! Two counters, both from 1. An *attempt* runs from durable state (the start, or a retry
 //! from the last checkpoint); only a new attempt uses up one of `max_restarts`. A
 //! *generation* is one formation of the ring: every placement starts one, and so does every
-//! [`Op::Reform`](crate::domain::state::Op::Reform) of an elastic job (a member lost, hung or blacklisted, or one
+//! [`Op::Reform`] of an elastic job (a member lost, hung or blacklisted, or one
 //! that joins), inside the same attempt. Processes, ports, secrets and reports are keyed by
 //! generation: a report (exit, failure, metric) naming another generation than the current
 //! one is stale and ignored, so a slow report of an old generation can never end the new one.
