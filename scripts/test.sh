@@ -19,6 +19,10 @@ command -v g++ >/dev/null || (apt-get install -y --no-install-recommends g++ >/d
 if ! command -v s3s-fs >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/s3s-fs" ]; then
     cargo install --quiet --locked s3s-fs --version 0.14.1 --features binary >/dev/null 2>&1 || true
 fi
+# The module structure first (a second): no import cycle, no import of a part that
+# docs/design.md's table puts above (the script's own tests, then the check).
+python3 scripts/check_layers_test.py
+python3 scripts/check-layers.py
 # Every test's own output is kept (--show-output) so that a test that skipped part of itself
 # (it prints "SKIPPED: why") is listed at the end instead of passing silently as `ok`.
 log=$(mktemp)

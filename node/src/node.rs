@@ -391,6 +391,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         },
         handle.clone(),
         rpc_rx,
+        crate::jobs::admit_forwarded,
     )
     .await?;
     // The node's parts' tasks, stopped in this order at SIGTERM (see [`stop`]).

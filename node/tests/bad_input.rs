@@ -13,10 +13,8 @@ use libp2p::{
 use ringleader::{
     cli::local::LocalCluster,
     cluster::net::{MEMBERSHIP_PROTOCOL, RPC_PROTOCOL},
-    control::{
-        protocol::{ProposeError, RpcRequest, RpcResponse},
-        state::{ControlCommand, ControlResponse, JobId, Slot},
-    },
+    control::protocol::{ProposeError, RpcRequest, RpcResponse},
+    domain::state::{ControlCommand, ControlResponse, JobId, Op, Slot},
     jobs::JobSpec,
 };
 
@@ -173,36 +171,42 @@ async fn forwarded_commands_only_a_chief_may_make_are_refused() {
     let me = swarm.local_peer_id().to_string();
 
     // What only the chief decides.
-    let place = ControlCommand::Place {
-        id,
-        generation: 2,
-        slots: vec![Slot {
-            member: me.clone(),
-            name: "intruder".into(),
-            rank: 0,
-            local_rank: 0,
-            worker: 0,
-            gpus: Vec::new(),
-        }],
-        secret: "ab".repeat(32),
+    let place = ControlCommand {
+        op: Op::Place {
+            id,
+            generation: 2,
+            slots: vec![Slot {
+                member: me.clone(),
+                name: "intruder".into(),
+                rank: 0,
+                local_rank: 0,
+                worker: 0,
+                gpus: Vec::new(),
+            }],
+            secret: "ab".repeat(32),
+        },
         at_ms: 1,
     };
     let why = refused(call(&mut swarm, peer, &RpcRequest::Propose(place)).await);
     assert!(why.contains("only the chief"), "{why}");
-    let failed = ControlCommand::AttemptFailed {
-        id,
-        generation: 1,
-        reason: "forged".into(),
+    let failed = ControlCommand {
+        op: Op::AttemptFailed {
+            id,
+            generation: 1,
+            reason: "forged".into(),
+        },
         at_ms: 1,
     };
     let why = refused(call(&mut swarm, peer, &RpcRequest::Propose(failed)).await);
     assert!(why.contains("only the chief"), "{why}");
     // A rank's exit from a member that does not run it.
-    let exited = ControlCommand::WorkerExited {
-        id,
-        generation: 1,
-        rank: 0,
-        code: 0,
+    let exited = ControlCommand {
+        op: Op::WorkerExited {
+            id,
+            generation: 1,
+            rank: 0,
+            code: 0,
+        },
         at_ms: 1,
     };
     let why = refused(call(&mut swarm, peer, &RpcRequest::Propose(exited)).await);
@@ -210,10 +214,12 @@ async fn forwarded_commands_only_a_chief_may_make_are_refused() {
     // A spec the API would refuse, sent already parsed: the field is named.
     let mut bad = JobSpec::parse(spec_text).unwrap();
     bad.workers = 0;
-    let submit = |spec: JobSpec| ControlCommand::Submit {
-        spec: Box::new(spec),
+    let submit = |spec: JobSpec| ControlCommand {
+        op: Op::Submit {
+            spec: Box::new(spec),
+            token: None,
+        },
         at_ms: 1,
-        token: None,
     };
     let why = refused(call(&mut swarm, peer, &RpcRequest::Propose(submit(bad))).await);
     assert!(why.starts_with("workers:"), "{why}");

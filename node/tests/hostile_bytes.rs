@@ -12,13 +12,14 @@ use ringleader::{
     control::{
         protocol::{RpcRequest, RpcResponse, SnapshotRequest},
         rpc,
-        state::ControlState,
         store::SNAPSHOT_BYTES_MAX,
     },
     datasets::{
         transport::{Reply, Request},
         Manifest,
     },
+    domain::ControlState,
+    jobs,
 };
 
 type Membership = Message<PeerId, NodeMeta>;
@@ -93,7 +94,12 @@ fn after_decoding(req: Result<RpcRequest, wire::WireError>) {
             let _ = SnapshotRequest::try_from(chunk);
         }
         Ok(RpcRequest::Propose(cmd)) if cmd.check().is_ok() => {
-            let _ = rpc::authorize("peer", &cmd, &ControlState::default());
+            let _ = rpc::authorize(
+                "peer",
+                &cmd,
+                &ControlState::default(),
+                jobs::admit_forwarded,
+            );
         }
         _ => {}
     }

@@ -320,7 +320,7 @@ fn wide_search(params: usize, values: usize) -> String {
 fn largest_search_specs_are_refused_quickly_without_stalling_the_cluster() {
     let spec = wide_search(64, 1_000);
     assert!(
-        spec.len() < ringleader::jobs::spec::SPEC_BYTES_MAX,
+        spec.len() < ringleader::domain::spec::SPEC_BYTES_MAX,
         "{} bytes",
         spec.len()
     );

@@ -15,6 +15,8 @@ use crate::spec::{is_builtin_dataset, DataSpec};
 
 /// The shipped digits (see `examples/data/README.md`): gzip of a small binary format.
 static DIGITS_GZ: &[u8] = include_bytes!("../../examples/data/digits.bin.gz");
+/// The directory holding the job's shared dataset (an absolute path; set by the node).
+pub const DATASET_DIR_ENV: &str = "RINGLEADER_DATASET_DIR";
 /// Digits records in the training split (the first ones); the rest (297) validate.
 pub const DIGITS_TRAIN: usize = 1500;
 /// Digits records in the file.
@@ -100,7 +102,7 @@ impl Dataset {
                     TrainError::Spec(format!(
                         "data.dataset {other:?} is a shared dataset, but no directory holds it \
                          (the worker takes it from {})",
-                        crate::worker::DATASET_DIR_ENV
+                        DATASET_DIR_ENV
                     ))
                 })?;
                 Self::shared(dir)
@@ -354,10 +356,27 @@ impl Dataset {
     }
 }
 
+/// Writes the shipped digits into `dir` as a shared dataset: [`TRAIN_FILE`] with the 1,500
+/// training samples, [`VAL_FILE`] with the 297 validation ones, `x` f32 `[N, 8, 8]` holding
+/// exactly the built-in's values, so training on it matches training on `digits`.
+pub fn export_digits(dir: &Path) -> Result<(), TrainError> {
+    let (train, val) = Dataset::digits()?;
+    let mut x = Vec::new();
+    let mut y = Vec::new();
+    for split in [&train, &val] {
+        let all: Vec<usize> = (0..split.len()).collect();
+        let (mut xs, mut ys) = (Vec::new(), Vec::new());
+        split.image_batch_into(&all, &mut xs, &mut ys)?;
+        x.extend(xs);
+        y.extend(ys);
+    }
+    shared_dataset::write_shared_dataset(dir, &x, &[8, 8], &y, val.len())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shared_dataset::{export_digits, write_shared_dataset};
+    use crate::shared_dataset::write_shared_dataset;
     use crate::spec::{Arch, ModelSpec, TrainSpec};
     use crate::{Model, Trainer};
 

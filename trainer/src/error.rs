@@ -14,7 +14,7 @@ pub enum TrainError {
     Spec(String),
     /// A field of the spec's tables is unknown or invalid (which, and why).
     #[error("invalid spec: {0}")]
-    Field(#[from] crate::spec::FieldError),
+    Field(#[from] FieldError),
     /// A tensor operation failed (shape mismatch, unsupported op): a bug, not an operator error.
     #[error("tensor: {0}")]
     Tensor(#[from] candle_core::Error),
@@ -51,4 +51,41 @@ pub enum TrainError {
     /// The checkpoint writer task has stopped.
     #[error("checkpoint writer stopped: {0}")]
     WriterStopped(String),
+}
+
+/// A problem with one field of a spec's tables: its dotted path (`[i]` for array elements)
+/// and what is wrong. Shared by the trainer's tables and the `[search]` table
+/// ([`crate::search::SearchError`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct FieldError {
+    /// Dotted path of the offending (or missing) key: `train.lr`, `model.hidden`,
+    /// `search.params[1].max`.
+    pub field: String,
+    /// What is wrong, lowercase.
+    pub problem: String,
+    /// Whether the key is one its table does not define (a typo, most often).
+    pub unknown: bool,
+}
+
+impl FieldError {
+    /// An error at `field`.
+    pub fn new(field: impl Into<String>, problem: impl Into<String>) -> FieldError {
+        FieldError {
+            field: field.into(),
+            problem: problem.into(),
+            unknown: false,
+        }
+    }
+
+    /// `field` is not a key of its table, whose keys are `known`.
+    pub fn unknown(field: impl Into<String>, known: &[&str]) -> FieldError {
+        let mut known = known.to_vec();
+        known.sort_unstable();
+        FieldError {
+            field: field.into(),
+            problem: format!("unknown field (known: {})", known.join(", ")),
+            unknown: true,
+        }
+    }
 }

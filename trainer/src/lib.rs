@@ -31,6 +31,7 @@ mod backend;
 mod checkpoint;
 mod checkpointer;
 mod cnn;
+mod commit_log;
 mod compute_clock;
 mod dataset;
 pub mod elastic;
@@ -51,6 +52,7 @@ pub mod search;
 pub mod shared_dataset;
 mod spec;
 mod state;
+mod test_hooks;
 mod trainer;
 mod transformer;
 pub mod worker;
@@ -63,6 +65,7 @@ pub use checkpoint::{
 pub use checkpointer::Checkpointer;
 pub use cnn::Cnn;
 pub use compute_clock::{ComputeClock, ComputeSection};
+pub use dataset::export_digits;
 pub use dataset::{Batch, Dataset, DIGITS_TOTAL, DIGITS_TRAIN, TEXT_VOCAB};
 pub use error::TrainError;
 pub use grad_sync::{GradSync, SyncTimes};
@@ -73,7 +76,7 @@ pub use model::Model;
 pub use optimizer::Optimizer;
 pub use sampler::{DataCursor, Sampler};
 pub use schedule::LrSchedule;
-pub use shared_dataset::{export_digits, write_shared_dataset};
+pub use shared_dataset::write_shared_dataset;
 pub use spec::{
     check_dataset_name, is_builtin_dataset, Arch, CheckpointSpec, DataSpec, DecayKind, FieldError,
     GradCompression, LrScaling, ModelSpec, OptimizerKind, SufficientFactors, TrainParams,

@@ -14,7 +14,7 @@
 //! training samples (at least one) validate. A file is refused before it is read when it is
 //! over [`FILE_BYTES_MAX`].
 //!
-//! [`write_shared_dataset`] and [`export_digits`] write such a directory (tests and tools).
+//! [`write_shared_dataset`] and `export_digits` write such a directory (tests and tools).
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -22,7 +22,6 @@ use std::path::Path;
 
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
-use crate::dataset::Dataset;
 use crate::error::TrainError;
 
 /// The training split's file in a shared dataset's directory.
@@ -32,8 +31,7 @@ pub const VAL_FILE: &str = "val.safetensors";
 /// Largest file read, bytes (checked before reading; the samples then take up to 4× that
 /// in memory when `x` is `u8`).
 pub const FILE_BYTES_MAX: u64 = 8 << 30;
-/// Labels are below this (the classes a model may have).
-pub const LABELS_MAX: u64 = 1 << 16;
+pub use crate::spec::LABELS_MAX;
 /// Without [`VAL_FILE`], the share of the training file's samples (its tail) that validate,
 /// percent.
 pub const VAL_PERCENT: usize = 10;
@@ -319,23 +317,6 @@ pub fn write_shared_dataset(
             _ => Ok(()),
         }
     }
-}
-
-/// Writes the shipped digits into `dir` as a shared dataset: [`TRAIN_FILE`] with the 1,500
-/// training samples, [`VAL_FILE`] with the 297 validation ones, `x` f32 `[N, 8, 8]` holding
-/// exactly the built-in's values, so training on it matches training on `digits`.
-pub fn export_digits(dir: &Path) -> Result<(), TrainError> {
-    let (train, val) = Dataset::digits()?;
-    let mut x = Vec::new();
-    let mut y = Vec::new();
-    for split in [&train, &val] {
-        let all: Vec<usize> = (0..split.len()).collect();
-        let (mut xs, mut ys) = (Vec::new(), Vec::new());
-        split.image_batch_into(&all, &mut xs, &mut ys)?;
-        x.extend(xs);
-        y.extend(ys);
-    }
-    write_shared_dataset(dir, &x, &[8, 8], &y, val.len())
 }
 
 #[cfg(test)]

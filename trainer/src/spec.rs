@@ -17,42 +17,7 @@ use toml::Spanned;
 
 use crate::error::TrainError;
 
-/// A problem with one field of a spec's tables: its dotted path (`[i]` for array elements)
-/// and what is wrong. Shared by the trainer's tables and the `[search]` table
-/// ([`crate::search::SearchError`]).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {problem}")]
-pub struct FieldError {
-    /// Dotted path of the offending (or missing) key: `train.lr`, `model.hidden`,
-    /// `search.params[1].max`.
-    pub field: String,
-    /// What is wrong, lowercase.
-    pub problem: String,
-    /// Whether the key is one its table does not define (a typo, most often).
-    pub unknown: bool,
-}
-
-impl FieldError {
-    /// An error at `field`.
-    pub fn new(field: impl Into<String>, problem: impl Into<String>) -> FieldError {
-        FieldError {
-            field: field.into(),
-            problem: problem.into(),
-            unknown: false,
-        }
-    }
-
-    /// `field` is not a key of its table, whose keys are `known`.
-    pub fn unknown(field: impl Into<String>, known: &[&str]) -> FieldError {
-        let mut known = known.to_vec();
-        known.sort_unstable();
-        FieldError {
-            field: field.into(),
-            problem: format!("unknown field (known: {})", known.join(", ")),
-            unknown: true,
-        }
-    }
-}
+pub use crate::error::FieldError;
 
 /// The trainer's part of a job spec.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -382,8 +347,11 @@ pub const HIDDEN_LAYERS_MAX: usize = 64;
 /// validation samples and its class prototypes, times the values of one sample
 /// (`data.shape`'s product). Checked before anything is allocated.
 pub const SYNTHETIC_VALUES_MAX: usize = 1 << 28;
+/// Labels of a dataset (synthetic or shared, see `shared_dataset`) are below this: the
+/// classes a model may have.
+pub const LABELS_MAX: u64 = 1 << 16;
 /// Most classes of a synthetic dataset (the labels a shared dataset may use, too).
-pub const SYNTHETIC_CLASSES_MAX: usize = crate::shared_dataset::LABELS_MAX as usize;
+pub const SYNTHETIC_CLASSES_MAX: usize = LABELS_MAX as usize;
 
 impl TrainSpec {
     /// Parses the trainer's tables from a whole job spec (other top-level keys are ignored).

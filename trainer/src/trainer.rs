@@ -10,9 +10,9 @@ use serde::Serialize;
 use tracing::info;
 
 use crate::checkpointer::Checkpointer;
+use crate::commit_log::{CommitLog, COMMITS_KEPT};
 use crate::compute_clock::ComputeClock;
 use crate::dataset::Dataset;
-use crate::elastic::{CommitLog, COMMITS_KEPT};
 use crate::error::TrainError;
 use crate::faults::Faults;
 use crate::gpu::{Device as ComputeDevice, Engine};

@@ -90,8 +90,7 @@ use ringleader_protocol::{
 pub const METRIC_STEP_INTERVAL_MS: u64 = 250;
 /// Shortest gap between two `ringleader-rank-stats` lines of a rank, in milliseconds.
 pub const RANK_STATS_INTERVAL_MS: u64 = 1000;
-/// The directory holding the job's shared dataset (an absolute path; set by the node).
-pub const DATASET_DIR_ENV: &str = "RINGLEADER_DATASET_DIR";
+pub use crate::dataset::DATASET_DIR_ENV;
 /// Test-only: `RANK:STEP`, the rank that hangs in a step's forward pass ([`crate::faults`]).
 pub use crate::faults::HANG_ENV;
 /// Test-only: milliseconds every step sleeps in its compute part (see [`crate::faults`]).
@@ -99,33 +98,7 @@ pub use crate::faults::STEP_DELAY_ENV;
 /// Period of the progress heartbeat, and the shortest compute section it reports, ms.
 pub const HEARTBEAT_INTERVAL_MS: u64 = 1_000;
 
-/// What every test hook's variable name starts with.
-pub const TEST_HOOK_PREFIX: &str = "RINGLEADER_TEST_";
-
-/// The value of the test hook `name` (a `RINGLEADER_TEST_*` variable: [`STEP_DELAY_ENV`],
-/// [`HANG_ENV`], [`crate::gpu::TEST_GPUS_ENV`]) in debug builds, and always `None` in
-/// release builds.
-///
-/// Why compiled out: a hook drives faults (a hang, a slow step, fake devices) into ranks.
-/// In a production node, a job spec's `env` (refused by the node's spec validation too) or
-/// a local user who can set the node's environment could otherwise hang or slow every rank
-/// of a job, or make a node advertise GPUs it does not have. Tests are debug builds, so
-/// they keep the hooks; every read of a `RINGLEADER_TEST_*` variable goes through here.
-pub fn test_hook(name: &str) -> Option<String> {
-    debug_assert!(
-        name.starts_with(TEST_HOOK_PREFIX),
-        "{name} is not a test hook"
-    );
-    #[cfg(debug_assertions)]
-    {
-        std::env::var(name).ok()
-    }
-    #[cfg(not(debug_assertions))]
-    {
-        let _ = name;
-        None
-    }
-}
+pub use crate::test_hooks::{test_hook, TEST_HOOK_PREFIX};
 
 /// Prints `ringleader-heartbeat computing_ms=X` every [`HEARTBEAT_INTERVAL_MS`] while the
 /// training thread is inside one compute section for at least that long. A plain thread: it

@@ -9,8 +9,9 @@ use ringleader::{
     control::{
         protocol::{RpcRequest, RpcResponse, SnapshotRequest},
         rpc,
-        state::ControlState,
     },
+    domain::ControlState,
+    jobs,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -19,7 +20,7 @@ fuzz_target!(|data: &[u8]| {
             let _ = SnapshotRequest::try_from(chunk);
         }
         Ok(RpcRequest::Propose(cmd)) if cmd.check().is_ok() => {
-            let _ = rpc::authorize("peer", &cmd, &ControlState::default());
+            let _ = rpc::authorize("peer", &cmd, &ControlState::default(), jobs::admit_forwarded);
         }
         _ => {}
     }

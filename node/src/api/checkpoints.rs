@@ -27,7 +27,7 @@ use tracing::warn;
 
 use super::{ApiError, AppState};
 use crate::{
-    control::state::JobId,
+    domain::state::JobId,
     jobs::checkpoint::{allows, check_name, Place, CHECKPOINT_BYTES_MAX},
 };
 

@@ -67,9 +67,11 @@ use crate::{
     control::{
         handle::{wall_ms, ControlHandle},
         protocol::ProposeError,
-        state::{ControlCommand, ControlResponse, JobId},
     },
-    jobs::spec::SPEC_BYTES_MAX,
+    domain::{
+        spec::SPEC_BYTES_MAX,
+        state::{ControlCommand, ControlResponse, JobId, Op},
+    },
 };
 
 /// What the handlers share.
@@ -364,7 +366,7 @@ async fn submit(
                 message: format!("data.dataset {name:?}: no such dataset (add it with `ringleader dataset add`; see `ringleader dataset ls`)"),
                 line: text
                     .as_deref()
-                    .and_then(|t| crate::jobs::spec::line_of_field(t, "data.dataset")),
+                    .and_then(|t| crate::domain::spec::line_of_field(t, "data.dataset")),
                 field: Some("data.dataset".into()),
             }));
         }
@@ -372,10 +374,12 @@ async fn submit(
     let token = q
         .token
         .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
-    let cmd = ControlCommand::Submit {
-        spec: Box::new(spec),
+    let cmd = ControlCommand {
+        op: Op::Submit {
+            spec: Box::new(spec),
+            token: Some(token),
+        },
         at_ms: wall_ms(),
-        token: Some(token),
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_millis(SUBMIT_RETRY_MS);
     let answer = loop {
@@ -428,8 +432,8 @@ async fn cancel(
     let id = job_id(&id)?;
     match app
         .control
-        .propose(ControlCommand::Cancel {
-            id,
+        .propose(ControlCommand {
+            op: Op::Cancel { id },
             at_ms: wall_ms(),
         })
         .await?

@@ -9,11 +9,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     cluster::{meta::Gpu, net::ClusterView},
-    control::state::{ControlState, EventKind, Job},
+    domain::state::{ControlState, EventKind, Job},
 };
 
 pub use crate::cluster::meta::NodeRef;
-pub use crate::jobs::logs::LogChunk;
+pub use crate::control::logs::LogChunk;
 pub use crate::search::summary::{BestDoc, TrialDoc};
 
 /// One member as this node sees it.
@@ -515,7 +515,7 @@ pub struct MetricsDoc {
     pub id: String,
     /// Per metric, `[x, value]` points oldest first; `x` is the step the value was reported
     /// at, or the report's sequence number when it came without a step. Bounded by
-    /// `control::state::METRIC_HISTORY_POINTS_MAX` (older stretches thinned evenly).
+    /// `domain::state::METRIC_HISTORY_POINTS_MAX` (older stretches thinned evenly).
     pub metrics: BTreeMap<String, Vec<(u64, f64)>>,
 }
 
@@ -610,7 +610,7 @@ pub fn job_doc(j: &Job, applied_index: u64, chief: bool) -> JobDoc {
     let search = j
         .search
         .as_ref()
-        .and_then(|_| crate::search::spec::search_spec(&j.spec).ok());
+        .and_then(|_| crate::domain::search::spec::search_spec(&j.spec).ok());
     let metric = |name: &str| j.metrics.get(name).map(|m| m.value.max(0.0) as u64);
     // The step of the newest report: the `step` metric is throttled like any other, so a
     // `val_accuracy` measured at step 15 may arrive while `step` still says 1. Only the

@@ -19,10 +19,10 @@ use axum::{
 use serde::Deserialize;
 
 use super::{ApiError, AppState};
-use crate::control::{
-    handle::wall_ms,
-    state::{ControlCommand, ControlResponse},
+use crate::control::handle::wall_ms;
+use crate::domain::state::{
     tokens::{check_token_name, listing, new_token, Principal},
+    ControlCommand, ControlResponse, Op,
 };
 
 /// `POST /v1/tokens` body.
@@ -75,10 +75,12 @@ pub(super) async fn create(
     check_token_name(&req.name).map_err(bad_name)?;
     let (token, hash) = new_token();
     let at_ms = wall_ms();
-    let cmd = ControlCommand::TokenCreate {
-        name: req.name.clone(),
-        hash,
-        created_by: format!("admin@{}", node_name(&app).await),
+    let cmd = ControlCommand {
+        op: Op::TokenCreate {
+            name: req.name.clone(),
+            hash,
+            created_by: format!("admin@{}", node_name(&app).await),
+        },
         at_ms,
     };
     match app.control.propose(cmd).await? {
@@ -106,8 +108,8 @@ pub(super) async fn revoke(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     require_admin("revoke tokens")?;
     check_token_name(&name).map_err(bad_name)?;
-    let cmd = ControlCommand::TokenRevoke {
-        name: name.clone(),
+    let cmd = ControlCommand {
+        op: Op::TokenRevoke { name: name.clone() },
         at_ms: wall_ms(),
     };
     match app.control.propose(cmd).await? {
@@ -162,9 +164,11 @@ pub(super) async fn remove_member(
             ),
         ));
     }
-    let cmd = ControlCommand::MemberRemove {
-        peer_id: peer_id.clone(),
-        name: name.clone(),
+    let cmd = ControlCommand {
+        op: Op::MemberRemove {
+            peer_id: peer_id.clone(),
+            name: name.clone(),
+        },
         at_ms: wall_ms(),
     };
     match app.control.propose(cmd).await? {

@@ -9,11 +9,10 @@ use std::time::Duration;
 use tracing::debug;
 
 use crate::control::{
-    compaction,
     handle::{wall_ms, ControlHandle},
-    state::new_ring_secret,
     voters::VoterConfig,
 };
+use crate::domain::state::{compaction, new_ring_secret};
 
 /// Period of the chief's loop, in milliseconds.
 pub const CHIEF_PERIOD_MS: u64 = 250;

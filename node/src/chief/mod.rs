@@ -13,7 +13,7 @@
 //! proposes what it returns; the state machine ignores a command that arrives stale, so a
 //! decision made just before losing leadership is harmless.
 //!
-//! May use: `control` (state, handle), `cluster` (the member view), `jobs::spec`. Used by:
+//! May use: `domain` (the state, specs), `control` (the handle), `cluster` (the member view). Used by:
 //! the node's start-up only.
 
 pub mod driver;
@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::{
     cluster::{membership::State, net::MemberView},
-    control::state::{ControlCommand, ControlState, Job, JobState, Slot, REJOIN_AFTER_MS},
+    domain::state::{ControlCommand, ControlState, Job, JobState, Op, Slot, REJOIN_AFTER_MS},
 };
 use placement::{Candidate, Request};
 
@@ -71,7 +71,7 @@ fn candidates(state: &ControlState, members: &[MemberView], now_ms: u64) -> Vec<
                 blacklisted: state.is_blacklisted(&id, now_ms),
                 id,
                 name: m.meta.name.clone(),
-                // A member an operator removed is never given a rank (`control::removal`).
+                // A member an operator removed is never given a rank (`domain::state::removal`).
                 alive: m.state == State::Alive && !removed,
                 cpus: m.meta.cpus,
                 gpus: m.meta.gpus.iter().map(|g| g.index).collect(),
@@ -199,12 +199,14 @@ fn running(
         worker,
         gpus,
     };
-    vec![ControlCommand::Reform {
-        id: job.id,
-        generation: job.generation + 1,
-        slots: reranked(job.assignment.iter().cloned().chain([new])),
-        secret: new_secret(),
-        reason: format!("joined {}", joiner.name),
+    vec![ControlCommand {
+        op: Op::Reform {
+            id: job.id,
+            generation: job.generation + 1,
+            slots: reranked(job.assignment.iter().cloned().chain([new])),
+            secret: new_secret(),
+            reason: format!("joined {}", joiner.name),
+        },
         at_ms: now_ms,
     }]
 }
@@ -228,11 +230,13 @@ fn shrink(
         let mut out: Vec<ControlCommand> = lost
             .iter()
             .filter(|l| l.straggler)
-            .map(|l| ControlCommand::Blacklist {
-                member: l.slot.member.clone(),
-                name: l.slot.name.clone(),
-                cooldown_ms: u64::from(job.spec.elastic.blacklist_cooldown_s) * 1_000,
-                reason: format!("job {}: {}", job.id, l.reason),
+            .map(|l| ControlCommand {
+                op: Op::Blacklist {
+                    member: l.slot.member.clone(),
+                    name: l.slot.name.clone(),
+                    cooldown_ms: u64::from(job.spec.elastic.blacklist_cooldown_s) * 1_000,
+                    reason: format!("job {}: {}", job.id, l.reason),
+                },
                 at_ms: now_ms,
             })
             .collect();
@@ -241,12 +245,14 @@ fn shrink(
             .iter()
             .filter(|s| !lost.iter().any(|l| l.slot.rank == s.rank))
             .cloned();
-        out.push(ControlCommand::Reform {
-            id: job.id,
-            generation: job.generation + 1,
-            slots: reranked(keep),
-            secret: new_secret(),
-            reason,
+        out.push(ControlCommand {
+            op: Op::Reform {
+                id: job.id,
+                generation: job.generation + 1,
+                slots: reranked(keep),
+                secret: new_secret(),
+                reason,
+            },
             at_ms: now_ms,
         });
         return out;
@@ -254,10 +260,12 @@ fn shrink(
     if lost.iter().all(|l| l.straggler) {
         return Vec::new();
     }
-    vec![ControlCommand::AttemptFailed {
-        id: job.id,
-        generation: job.generation,
-        reason,
+    vec![ControlCommand {
+        op: Op::AttemptFailed {
+            id: job.id,
+            generation: job.generation,
+            reason,
+        },
         at_ms: now_ms,
     }]
 }
@@ -299,18 +307,22 @@ fn place_pending(
         match placed {
             Ok(slots) => {
                 placement::take(candidates, &slots, &req);
-                out.push(ControlCommand::Place {
-                    id: job.id,
-                    generation: job.generation + 1,
-                    slots,
-                    secret: new_secret(),
+                out.push(ControlCommand {
+                    op: Op::Place {
+                        id: job.id,
+                        generation: job.generation + 1,
+                        slots,
+                        secret: new_secret(),
+                    },
                     at_ms: now_ms,
                 });
             }
             Err(e) if job.pending_reason.as_deref() == Some(e.reason.as_str()) => {}
-            Err(e) => out.push(ControlCommand::Unplaceable {
-                id: job.id,
-                reason: e.reason,
+            Err(e) => out.push(ControlCommand {
+                op: Op::Unplaceable {
+                    id: job.id,
+                    reason: e.reason,
+                },
                 at_ms: now_ms,
             }),
         }

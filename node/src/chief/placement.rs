@@ -21,8 +21,8 @@
 
 use std::{collections::BTreeSet, fmt};
 
-pub use crate::control::state::Slot;
-use crate::jobs::spec::{JobSpec, Placement};
+use crate::domain::spec::{JobSpec, Placement};
+pub use crate::domain::state::Slot;
 
 /// A member as placement sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,15 +8,12 @@
 //!
 //! Everything comes from the replicated record, so a new chief carries on where the old
 //! one stopped: the searcher is a pure function of the trial table. Reports and the
-//! decisions they trigger are applied by the state machine itself (`control::trials`).
+//! decisions they trigger are applied by the state machine itself (`domain::state::trials`).
 
 use trainer::search::{Suggestion, Trial, TrialState};
 
 use super::placement::{self, place_preferring, take, Candidate, Request};
-use crate::control::{
-    state::{ControlCommand, ControlState, Job, JobState},
-    trials::searcher_of,
-};
+use crate::domain::state::{trials::searcher_of, ControlCommand, ControlState, Job, JobState, Op};
 
 /// Fewest finished runs to the same target before a slow trial gets a speculative copy.
 pub const SPECULATE_SAMPLES_MIN: usize = 3;
@@ -81,14 +78,16 @@ fn search(
                 t.state = TrialState::Running;
                 trials.push(t);
                 active += 1;
-                out.push(ControlCommand::TrialStart {
-                    search: job.id,
-                    trial,
-                    params,
-                    bracket,
-                    target,
-                    slots,
-                    secret: new_secret(),
+                out.push(ControlCommand {
+                    op: Op::TrialStart {
+                        search: job.id,
+                        trial,
+                        params,
+                        bracket,
+                        target,
+                        slots,
+                        secret: new_secret(),
+                    },
                     at_ms: now_ms,
                 });
             }
@@ -112,20 +111,22 @@ fn search(
                     t.target = target;
                 }
                 active += 1;
-                out.push(ControlCommand::TrialPromote {
-                    search: job.id,
-                    trial,
-                    target,
-                    slots,
-                    secret: new_secret(),
+                out.push(ControlCommand {
+                    op: Op::TrialPromote {
+                        search: job.id,
+                        trial,
+                        target,
+                        slots,
+                        secret: new_secret(),
+                    },
                     at_ms: now_ms,
                 });
             }
             Suggestion::Wait => break,
             Suggestion::Exhausted => {
                 if active == 0 && out.is_empty() {
-                    out.push(ControlCommand::SearchFinished {
-                        search: job.id,
+                    out.push(ControlCommand {
+                        op: Op::SearchFinished { search: job.id },
                         at_ms: now_ms,
                     });
                 }
@@ -137,9 +138,8 @@ fn search(
         // No trial runs and none can start: say why on the search, once.
         let reason = format!("no room for a trial: {reason}");
         if job.pending_reason.as_deref() != Some(reason.as_str()) {
-            out.push(ControlCommand::Unplaceable {
-                id: job.id,
-                reason,
+            out.push(ControlCommand {
+                op: Op::Unplaceable { id: job.id, reason },
                 at_ms: now_ms,
             });
         }
@@ -202,11 +202,13 @@ fn speculate(
             continue;
         };
         take(candidates, &slots, req);
-        out.push(ControlCommand::TrialCopy {
-            search: job.id,
-            trial: t.id,
-            slots,
-            secret: new_secret(),
+        out.push(ControlCommand {
+            op: Op::TrialCopy {
+                search: job.id,
+                trial: t.id,
+                slots,
+                secret: new_secret(),
+            },
             at_ms: now_ms,
         });
     }

@@ -3,7 +3,7 @@ use libp2p::PeerId;
 use super::*;
 use crate::{
     cluster::meta::NodeMeta,
-    control::state::{ControlResponse, JobId},
+    domain::state::{ControlResponse, JobId},
     jobs::JobSpec,
 };
 
@@ -36,10 +36,12 @@ pub(crate) fn gpu_member(name: &str, cpus: u32, gpus: u32) -> MemberView {
 /// Submits the job `spec` (TOML) at the next log index; returns its id.
 pub(crate) fn submit_text(state: &mut ControlState, spec: &str) -> JobId {
     let index = state.applied_index + 1;
-    let cmd = ControlCommand::Submit {
-        spec: Box::new(JobSpec::parse(spec).unwrap()),
+    let cmd = ControlCommand {
+        op: Op::Submit {
+            spec: Box::new(JobSpec::parse(spec).unwrap()),
+            token: None,
+        },
         at_ms: 1,
-        token: None,
     };
     match state.apply(index, &cmd) {
         ControlResponse::Submitted { id } => id,
@@ -51,10 +53,12 @@ pub(crate) fn submit_text(state: &mut ControlState, spec: &str) -> JobId {
 pub(crate) fn submit(state: &mut ControlState, index: u64, workers: u32) -> JobId {
     let text =
         format!("name = \"t\"\nkind = \"command\"\nworkers = {workers}\ncommand = [\"true\"]\n");
-    let cmd = ControlCommand::Submit {
-        spec: Box::new(JobSpec::parse(&text).unwrap()),
+    let cmd = ControlCommand {
+        op: Op::Submit {
+            spec: Box::new(JobSpec::parse(&text).unwrap()),
+            token: None,
+        },
         at_ms: 1,
-        token: None,
     };
     match state.apply(index, &cmd) {
         ControlResponse::Submitted { id } => id,
@@ -90,19 +94,23 @@ fn a_retry_avoids_the_member_where_the_program_could_not_start_unless_none_else_
     let ring = |state: &ControlState| state.job(id).unwrap().assignment[0].name.clone();
     let fail_start = |state: &mut ControlState, at_ms: u64| {
         let generation = state.job(id).unwrap().generation;
-        let note = ControlCommand::WorkerNote {
-            id,
-            generation,
-            rank: 0,
-            message: "program \"nope\" not found on this node".into(),
-            cannot_start: true,
+        let note = ControlCommand {
+            op: Op::WorkerNote {
+                id,
+                generation,
+                rank: 0,
+                message: "program \"nope\" not found on this node".into(),
+                cannot_start: true,
+            },
             at_ms,
         };
-        let exit = ControlCommand::WorkerExited {
-            id,
-            generation,
-            rank: 0,
-            code: 127,
+        let exit = ControlCommand {
+            op: Op::WorkerExited {
+                id,
+                generation,
+                rank: 0,
+                code: 127,
+            },
             at_ms,
         };
         apply_all(state, &[note, exit]);
@@ -145,7 +153,11 @@ fn jobs_get_disjoint_gpus_and_an_ended_job_frees_them() {
     // No device left: the third waits, with a reason.
     let third = submit_text(&mut state, TWO_BY_ONE_GPU);
     let cmds = decide(&state, &members, 7, &mut secret);
-    let [ControlCommand::Unplaceable { reason, .. }] = cmds.as_slice() else {
+    let [ControlCommand {
+        op: Op::Unplaceable { reason, .. },
+        ..
+    }] = cmds.as_slice()
+    else {
         panic!("{cmds:?}")
     };
     assert_eq!(
@@ -155,11 +167,13 @@ fn jobs_get_disjoint_gpus_and_an_ended_job_frees_them() {
     apply_all(&mut state, &cmds);
     // The first ends: its devices go to the third.
     for rank in 0..2 {
-        let exit = ControlCommand::WorkerExited {
-            id: first,
-            generation: 1,
-            rank,
-            code: 0,
+        let exit = ControlCommand {
+            op: Op::WorkerExited {
+                id: first,
+                generation: 1,
+                rank,
+                code: 0,
+            },
             at_ms: 8,
         };
         apply_all(&mut state, &[exit]);
@@ -178,15 +192,21 @@ fn a_placement_on_a_held_gpu_is_ignored() {
     let second = submit_text(&mut state, TWO_BY_ONE_GPU);
     // Both decided on the same (stale) view: the second is refused when applied.
     let stale = decide(&state, &members, 5, &mut secret);
-    let [ControlCommand::Place { slots, .. }, _] = stale.as_slice() else {
+    let [ControlCommand {
+        op: Op::Place { slots, .. },
+        ..
+    }, _] = stale.as_slice()
+    else {
         panic!("{stale:?}")
     };
     apply_all(&mut state, &stale[..1]);
-    let again = ControlCommand::Place {
-        id: second,
-        generation: 1,
-        slots: slots.clone(),
-        secret: secret(),
+    let again = ControlCommand {
+        op: Op::Place {
+            id: second,
+            generation: 1,
+            slots: slots.clone(),
+            secret: secret(),
+        },
         at_ms: 6,
     };
     let r = state.apply(state.applied_index + 1, &again);
@@ -199,16 +219,18 @@ fn a_placement_on_a_held_gpu_is_ignored() {
     // One GPU twice in one placement is malformed.
     let mut twice = slots.clone();
     twice[1].gpus = twice[0].gpus.clone();
-    let bad = ControlCommand::Place {
-        id: second,
-        generation: 1,
-        slots: twice,
-        secret: secret(),
+    let bad = ControlCommand {
+        op: Op::Place {
+            id: second,
+            generation: 1,
+            slots: twice,
+            secret: secret(),
+        },
         at_ms: 6,
     };
     assert!(matches!(
         bad.check(),
-        Err(crate::control::state::BadCommand::Gpus)
+        Err(crate::domain::state::BadCommand::Gpus)
     ));
 }
 
@@ -229,11 +251,13 @@ fn a_reform_keeps_survivors_gpus_and_a_joiner_gets_the_lowest_free() {
     assert_eq!(state.job(other).unwrap().assignment[0].name, "b");
     assert_eq!(devices(&state, other), [vec![0]]);
     // Rank 1 crashes: the survivors keep devices 0 and 2 (not re-packed to 0 and 1).
-    let exit = ControlCommand::WorkerExited {
-        id: elastic,
-        generation: 1,
-        rank: 1,
-        code: 137,
+    let exit = ControlCommand {
+        op: Op::WorkerExited {
+            id: elastic,
+            generation: 1,
+            rank: 1,
+            code: 137,
+        },
         at_ms: 7,
     };
     apply_all(&mut state, &[exit]);
@@ -264,10 +288,14 @@ fn places_a_pending_job_and_then_fails_it_when_a_member_dies() {
     let id = submit(&mut state, 1, 2);
     let mut members = vec![member("a", State::Alive, 2), member("b", State::Alive, 2)];
     let cmds = decide(&state, &members, 5, &mut secret);
-    let [ControlCommand::Place {
-        id: placed,
-        generation: 1,
-        slots,
+    let [ControlCommand {
+        op:
+            Op::Place {
+                id: placed,
+                generation: 1,
+                slots,
+                ..
+            },
         ..
     }] = cmds.as_slice()
     else {
@@ -280,9 +308,13 @@ fn places_a_pending_job_and_then_fails_it_when_a_member_dies() {
     assert!(decide(&state, &members, 6, &mut secret).is_empty());
     members[1].state = State::Dead;
     let cmds = decide(&state, &members, 7, &mut secret);
-    let [ControlCommand::AttemptFailed {
-        generation: 1,
-        reason,
+    let [ControlCommand {
+        op:
+            Op::AttemptFailed {
+                generation: 1,
+                reason,
+                ..
+            },
         ..
     }] = cmds.as_slice()
     else {
@@ -301,7 +333,13 @@ fn an_unplaceable_reason_is_recorded_once() {
     let members = vec![member("a", State::Alive, 1)];
     let cmds = decide(&state, &members, 5, &mut secret);
     assert!(
-        matches!(cmds.as_slice(), [ControlCommand::Unplaceable { .. }]),
+        matches!(
+            cmds.as_slice(),
+            [ControlCommand {
+                op: Op::Unplaceable { .. },
+                ..
+            }]
+        ),
         "{cmds:?}"
     );
     state.apply(2, &cmds[0]);
@@ -315,9 +353,24 @@ fn jobs_of_one_round_do_not_share_a_cpu() {
     submit(&mut state, 2, 1);
     let members = vec![member("a", State::Alive, 1)];
     let cmds = decide(&state, &members, 5, &mut secret);
-    assert!(matches!(cmds[0], ControlCommand::Place { .. }), "{cmds:?}");
     assert!(
-        matches!(cmds[1], ControlCommand::Unplaceable { .. }),
+        matches!(
+            cmds[0],
+            ControlCommand {
+                op: Op::Place { .. },
+                ..
+            }
+        ),
+        "{cmds:?}"
+    );
+    assert!(
+        matches!(
+            cmds[1],
+            ControlCommand {
+                op: Op::Unplaceable { .. },
+                ..
+            }
+        ),
         "{cmds:?}"
     );
 }
@@ -331,12 +384,14 @@ fn elastic_running(
 ) -> (ControlState, JobId) {
     let mut state = ControlState::default();
     let text = format!(
-            "name = \"e\"\nkind = \"command\"\nworkers = {workers}\nmin_workers = 2\nmax_workers = {max}\ncommand = [\"true\"]\n{extra}"
-        );
-    let cmd = ControlCommand::Submit {
-        spec: Box::new(JobSpec::parse(&text).unwrap()),
+        "name = \"e\"\nkind = \"command\"\nworkers = {workers}\nmin_workers = 2\nmax_workers = {max}\ncommand = [\"true\"]\n{extra}"
+    );
+    let cmd = ControlCommand {
+        op: Op::Submit {
+            spec: Box::new(JobSpec::parse(&text).unwrap()),
+            token: None,
+        },
         at_ms: 1,
-        token: None,
     };
     let ControlResponse::Submitted { id } = state.apply(1, &cmd) else {
         panic!()
@@ -348,7 +403,10 @@ fn elastic_running(
 
 fn reform_of(cmds: &[ControlCommand]) -> (&Vec<Slot>, &str) {
     match cmds.last() {
-        Some(ControlCommand::Reform { slots, reason, .. }) => (slots, reason),
+        Some(ControlCommand {
+            op: Op::Reform { slots, reason, .. },
+            ..
+        }) => (slots, reason),
         other => panic!("expected a re-form, got {other:?} in {cmds:?}"),
     }
 }
@@ -379,7 +437,10 @@ fn an_elastic_job_reforms_without_a_dead_member_and_keeps_its_restarts() {
     assert!(
         matches!(
             cmds.as_slice(),
-            [ControlCommand::AttemptFailed { generation: 2, .. }]
+            [ControlCommand {
+                op: Op::AttemptFailed { generation: 2, .. },
+                ..
+            }]
         ),
         "{cmds:?}"
     );
@@ -393,11 +454,13 @@ fn a_crashed_or_hung_rank_is_left_out() {
         member("c", State::Alive, 1),
     ];
     let (mut state, id) = elastic_running(&members, 3, 3, "");
-    let exit = ControlCommand::WorkerExited {
-        id,
-        generation: 1,
-        rank: 2,
-        code: 137,
+    let exit = ControlCommand {
+        op: Op::WorkerExited {
+            id,
+            generation: 1,
+            rank: 2,
+            code: 137,
+        },
         at_ms: 5,
     };
     assert_eq!(state.apply(3, &exit), ControlResponse::Applied);
@@ -412,18 +475,24 @@ fn a_crashed_or_hung_rank_is_left_out() {
         "peer-lost c (rank 2): exited with code 137"
     );
     state.apply(4, &cmds[0]);
-    let hung = ControlCommand::RankLost {
-        id,
-        generation: 2,
-        rank: 1,
-        hung: true,
-        reason: "process stopped for 3000 ms".into(),
+    let hung = ControlCommand {
+        op: Op::RankLost {
+            id,
+            generation: 2,
+            rank: 1,
+            hung: true,
+            reason: "process stopped for 3000 ms".into(),
+        },
         at_ms: 11,
     };
     assert_eq!(state.apply(5, &hung), ControlResponse::Applied);
     // Two ranks left, min_workers 2: the hung one cannot be dropped, the attempt fails.
     let cmds = decide(&state, &members, 12, &mut secret);
-    let [ControlCommand::AttemptFailed { reason, .. }] = cmds.as_slice() else {
+    let [ControlCommand {
+        op: Op::AttemptFailed { reason, .. },
+        ..
+    }] = cmds.as_slice()
+    else {
         panic!("{cmds:?}")
     };
     assert!(
@@ -443,13 +512,15 @@ fn a_straggler_is_dropped_and_blacklisted_after_its_window_but_never_below_min()
     let mut index = 3;
     let mut stats = |state: &mut ControlState, rank: u32, step: u64, ms: f64| {
         index += 1;
-        let cmd = ControlCommand::RankStats {
-            id,
-            generation: 1,
-            rank,
-            step,
-            compute_ms: ms,
-            wait_ms: 1.0,
+        let cmd = ControlCommand {
+            op: Op::RankStats {
+                id,
+                generation: 1,
+                rank,
+                step,
+                compute_ms: ms,
+                wait_ms: 1.0,
+            },
             at_ms: 5,
         };
         assert_eq!(state.apply(index, &cmd), ControlResponse::Applied);
@@ -468,7 +539,7 @@ fn a_straggler_is_dropped_and_blacklisted_after_its_window_but_never_below_min()
     stats(&mut state, 2, 16, 50.0);
     let cmds = decide(&state, &members, 10, &mut secret);
     assert!(
-        matches!(&cmds[0], ControlCommand::Blacklist { name, .. } if name == "c"),
+        matches!(&cmds[0], ControlCommand { op: Op::Blacklist { name, .. }, .. } if name == "c"),
         "{cmds:?}"
     );
     assert!(reform_of(&cmds).1.starts_with("straggler c (rank 2)"));
@@ -479,13 +550,15 @@ fn a_straggler_is_dropped_and_blacklisted_after_its_window_but_never_below_min()
     // Now at min_workers: a straggler stays.
     let (mut state, id) = elastic_running(&members[..2], 2, 3, "[elastic]\nstraggler_window = 1\n");
     for (i, (rank, ms)) in [(0, 10.0), (1, 50.0), (1, 50.0)].into_iter().enumerate() {
-        let cmd = ControlCommand::RankStats {
-            id,
-            generation: 1,
-            rank,
-            step: 5 + i as u64,
-            compute_ms: ms,
-            wait_ms: 1.0,
+        let cmd = ControlCommand {
+            op: Op::RankStats {
+                id,
+                generation: 1,
+                rank,
+                step: 5 + i as u64,
+                compute_ms: ms,
+                wait_ms: 1.0,
+            },
             at_ms: 5,
         };
         state.apply(10 + i as u64, &cmd);
@@ -519,7 +592,7 @@ fn an_elastic_ring_grows_back_with_a_member_after_the_rejoin_delay() {
     let reasons: Vec<&str> = job
         .events
         .iter()
-        .filter(|e| e.what == crate::control::state::EventKind::Reformed)
+        .filter(|e| e.what == crate::domain::state::EventKind::Reformed)
         .map(|e| e.reason.as_str())
         .collect();
     assert_eq!(reasons, ["peer-lost c (rank 2): member dead", "joined c"]);
@@ -533,9 +606,11 @@ fn an_elastic_ring_grows_back_with_a_member_after_the_rejoin_delay() {
 fn a_removed_member_is_never_placed_on() {
     let members = vec![member("a", State::Alive, 1), member("b", State::Alive, 8)];
     let mut state = ControlState::default();
-    let removal = ControlCommand::MemberRemove {
-        peer_id: members[1].id.to_string(),
-        name: "b".into(),
+    let removal = ControlCommand {
+        op: Op::MemberRemove {
+            peer_id: members[1].id.to_string(),
+            name: "b".into(),
+        },
         at_ms: 1,
     };
     apply_all(&mut state, &[removal]);

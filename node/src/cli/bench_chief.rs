@@ -17,7 +17,7 @@ use libp2p::PeerId;
 use crate::{
     chief,
     cluster::{membership::State, meta::NodeMeta, net::MemberView},
-    control::state::{ControlCommand, ControlResponse, ControlState},
+    domain::state::{ControlCommand, ControlResponse, ControlState, Op},
     jobs::JobSpec,
 };
 
@@ -88,10 +88,12 @@ pub fn run(args: &BenchChiefArgs) -> Result<()> {
         })
         .collect::<Result<_, _>>()?;
     let submits: Vec<ControlCommand> = (0..j)
-        .map(|i| ControlCommand::Submit {
-            spec: Box::new(specs[i % specs.len()].clone()),
+        .map(|i| ControlCommand {
+            op: Op::Submit {
+                spec: Box::new(specs[i % specs.len()].clone()),
+                token: None,
+            },
             at_ms: 1,
-            token: None,
         })
         .collect();
     let mut state = ControlState::default();
@@ -127,12 +129,14 @@ pub fn run(args: &BenchChiefArgs) -> Result<()> {
     let metrics: Vec<ControlCommand> = state
         .jobs
         .values()
-        .map(|job| ControlCommand::Metric {
-            id: job.id,
-            generation: job.generation,
-            name: "loss".into(),
-            value: 0.5,
-            step: Some(1),
+        .map(|job| ControlCommand {
+            op: Op::Metric {
+                id: job.id,
+                generation: job.generation,
+                name: "loss".into(),
+                value: 0.5,
+                step: Some(1),
+            },
             at_ms: 3,
         })
         .collect();

@@ -26,7 +26,7 @@ use clap::Args;
 use crate::{
     api::status::JobDoc,
     cli::local::{train_workers, LocalCluster, Throttle, CGROUP_CPU},
-    control::state::REJOIN_AFTER_MS,
+    domain::state::REJOIN_AFTER_MS,
 };
 
 /// Steps the job trains before the fault.

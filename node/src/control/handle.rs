@@ -30,15 +30,16 @@ use crate::{
         net::{MemberView, NodeHandle},
         wire,
     },
+    control::logs::{read_log, LogChunk},
     control::{
         network::Network,
         protocol::{ProposeError, RpcRequest, RpcResponse},
-        state::{ControlCommand, ControlResponse, ControlState, JobId, JobState},
         store::{self, node_id_of, NodeId, RaftNode, StateMachineStore, TypeConfig},
-        tokens::Principal,
         voters::{self, Change, Health, VoterConfig},
     },
-    jobs::logs::{read_log, LogChunk},
+    domain::state::{
+        tokens::Principal, ControlCommand, ControlResponse, ControlState, JobId, JobState,
+    },
 };
 
 /// Raft heartbeat period, in milliseconds.
@@ -115,7 +116,8 @@ pub fn wall_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Starts Raft and the heartbeat guard (see [`super::start`], which also serves the RPCs).
+/// Starts Raft and the heartbeat guard (see [`super::start`], which also serves the RPCs and
+/// restarts Raft after storage failures).
 pub async fn open(cfg: ControlConfig<'_>, node: NodeHandle) -> Result<ControlHandle> {
     let raft_dir = cfg.data_dir.join("raft");
     let (log, sm) = store::open(&raft_dir)
@@ -165,9 +167,6 @@ pub async fn open(cfg: ControlConfig<'_>, node: NodeHandle) -> Result<ControlHan
         leader_contact_ms: Arc::new(AtomicU64::new(NEVER)),
     };
     tokio::spawn(quiet_when_stale_loop(handle.clone()));
-    tokio::spawn(super::recovery::restart_after_storage_failures(
-        handle.clone(),
-    ));
     Ok(handle)
 }
 

@@ -1,51 +1,43 @@
-//! Control: chief election and the replicated control state (Raft, via openraft).
+//! Control: chief election and the replication of the domain's state (Raft, via openraft).
+//! The state machine itself, its commands and records are the domain's (`crate::domain`);
+//! this part is the openraft plumbing around it.
 //!
-//! - [`state`]: the replicated state machine's data and its deterministic `apply`; a
-//!   search's trials are applied in `trials` (records from `crate::search`).
-//! - [`id`]: job ids.
-//! - [`datasets`]: the dataset registry (name → root and figures).
-//! - [`tokens`]: API tokens (their hashes) and the [`tokens::Principal`] a request acts as.
-//! - [`removal`]: members an operator removed from the cluster for good.
-//! - [`compaction`]: ended jobs past the retention leave the live state.
 //! - [`store`]: openraft log store and state machine persisted as checksummed files.
 //! - [`voters`]: sans-IO voter reconciliation (which members vote), autopilot-like.
 //! - [`handle`]: starting Raft on a node, [`handle::ControlHandle`] (the write path through
 //!   the chief, reads, who is chief, the voter upkeep's Raft calls).
 //! - [`recovery`]: Raft restarts on its files once a full disk takes writes again.
 //! - [`protocol`]: the control plane's RPC messages between nodes.
-//! - [`rpc`]: their server, with what a peer may forward ([`rpc::authorize`]).
+//! - [`rpc`]: their server, with what a peer may forward ([`rpc::authorize`]); a forwarded
+//!   submit's admission is handed in at [`start`] ([`rpc::Admission`]).
+//! - [`logs`]: ranks' logs on the node that ran them, read in bounded pieces (locally or for
+//!   a peer over RPC).
 //! - `network`: openraft's network adapter over those RPCs.
 //!
-//! May use: `cluster` (the swarm handle, member view, wire codec), the leaf modules
-//! `jobs::spec` and `jobs::logs`, `search` (a search's records and trial specs, leaves
-//! that name jobs by [`id::JobId`]), `datasets`' leaves (roots, the naming rule). Used by: `chief`, `jobs`' supervisor, `api`.
+//! May use: `cluster` (the swarm handle, member view, wire codec), `domain`. Used by:
+//! `datasets`, `jobs`, `search`, `chief`, `api`, the node's start-up.
 
-pub mod compaction;
-pub mod datasets;
 pub mod handle;
-pub mod id;
+pub mod logs;
 mod network;
 pub mod protocol;
 pub mod recovery;
-pub mod removal;
 pub mod rpc;
-pub mod state;
 pub mod store;
-pub mod tokens;
-pub mod trials;
 pub mod voters;
 
-pub use state::{ControlCommand, ControlResponse, ControlState, Job, JobId, JobState};
-
-/// Starts this node's control plane: Raft on `node`'s swarm, and the server of the peers'
-/// RPCs arriving on `rpc_rx`. The chief's loop and the supervisor are started by the node on
+/// Starts this node's control plane: Raft on `node`'s swarm, its restart after storage
+/// failures, and the server of the peers' RPCs arriving on `rpc_rx` (a forwarded submit's
+/// spec admitted by `admit`, the job layer's gate). The chief's loop and the supervisor are started by the node on
 /// top of the returned handle.
 pub async fn start(
     cfg: handle::ControlConfig<'_>,
     node: crate::cluster::net::NodeHandle,
     rpc_rx: tokio::sync::mpsc::Receiver<crate::cluster::net::InboundRpc>,
+    admit: rpc::Admission,
 ) -> anyhow::Result<handle::ControlHandle> {
     let ctl = handle::open(cfg, node).await?;
-    tokio::spawn(rpc::serve(ctl.clone(), rpc_rx));
+    tokio::spawn(recovery::restart_after_storage_failures(ctl.clone()));
+    tokio::spawn(rpc::serve(ctl.clone(), rpc_rx, admit));
     Ok(ctl)
 }

@@ -11,12 +11,9 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    control::{
-        state::{ControlCommand, ControlResponse, JobId},
-        store::{NodeId, TypeConfig, SNAPSHOT_BYTES_MAX},
-        tokens::Principal,
-    },
-    jobs::logs::LogChunk,
+    control::logs::LogChunk,
+    control::store::{NodeId, TypeConfig, SNAPSHOT_BYTES_MAX},
+    domain::state::{tokens::Principal, ControlCommand, ControlResponse, JobId},
 };
 
 /// RPCs between nodes' control planes.

@@ -28,7 +28,7 @@
 //! whose API took it and the token it came with. The same principal check guards reads of a
 //! rank's log.
 //!
-//! A member an operator removed (`control::removal`) is refused everything: its Raft
+//! A member an operator removed (`domain::state::removal`) is refused everything: its Raft
 //! messages, its writes, its log reads ([`check_not_removed`]).
 
 use std::sync::atomic::Ordering;
@@ -42,15 +42,22 @@ use tracing::{debug, info, warn};
 
 use crate::{
     cluster::{net::InboundRpc, wire},
+    control::logs::{read_log, LogChunk},
     control::{
         handle::ControlHandle,
         protocol::{ProposeError, RpcRequest, RpcResponse, SnapshotRequest},
-        state::{ControlCommand, ControlState, JobId},
         store::{node_id_of, NodeId, RaftNode, TypeConfig},
-        tokens::Principal,
     },
-    jobs::logs::{read_log, LogChunk},
+    domain::{
+        spec::JobSpec,
+        state::{tokens::Principal, ControlCommand, ControlState, JobId, Op},
+    },
 };
+
+/// The admission of a spec a member forwarded with a submit: the job layer's gate (the node
+/// passes `jobs::admit_forwarded`: its secrets sealed, then every field as the API admits
+/// one), handed to the server at start so that the Raft glue imports nothing above it.
+pub type Admission = fn(&JobSpec) -> Result<(), String>;
 
 /// Which Raft message a [`PeerRefused`] is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,11 +219,16 @@ fn check_live(
 
 /// Whether the member `from` (a peer id) may have `cmd` committed by forwarding it to the
 /// chief. A member forwards what its users and its own ranks produce: a submit (whose spec
-/// is admitted again exactly as the API admits one, see [`crate::jobs::admit`]), a cancel,
+/// is admitted again exactly as the API admits one, by `admit`: see [`Admission`]), a cancel,
 /// and the exits and metrics of ranks it runs in the job's current generation. What only the
 /// chief decides (placements, failed attempts, unplaceable jobs) is never accepted from the
 /// wire: the chief proposes those to its own Raft.
-pub fn authorize(from: &str, cmd: &ControlCommand, state: &ControlState) -> Result<(), String> {
+pub fn authorize(
+    from: &str,
+    cmd: &ControlCommand,
+    state: &ControlState,
+    admit: Admission,
+) -> Result<(), String> {
     let runs_in_current_generation = |id: JobId, generation: u32, rank: Option<u32>| {
         let job = state.job(id).ok_or_else(|| format!("no job {id}"))?;
         if job.generation != generation {
@@ -239,61 +251,33 @@ pub fn authorize(from: &str, cmd: &ControlCommand, state: &ControlState) -> Resu
         }
     };
     match cmd {
-        ControlCommand::Submit { spec, .. } => {
-            // `[secrets]` enter the log sealed by the API node that took the submit.
-            if let Some(name) = spec
-                .secrets
-                .iter()
-                .find(|(_, v)| !crate::security::sealed::is_sealed(v))
-                .map(|(k, _)| k)
-            {
-                return Err(format!(
-                    "secrets.{name}: not sealed (a submit goes through a node's API, which seals them)"
-                ));
-            }
-            crate::jobs::admit(spec)
-        }
-        ControlCommand::Cancel { .. }
-        | ControlCommand::DatasetAdd { .. }
-        | ControlCommand::DatasetRemove { .. }
-        | ControlCommand::TokenCreate { .. }
-        | ControlCommand::TokenRevoke { .. }
-        | ControlCommand::MemberRemove { .. } => Ok(()),
-        ControlCommand::WorkerExited {
-            id,
-            generation,
-            rank,
-            ..
-        } => runs_in_current_generation(*id, *generation, Some(*rank)),
-        ControlCommand::Metric { id, generation, .. }
-        | ControlCommand::RankLost { id, generation, .. } => {
+        ControlCommand { op: Op::Submit { spec, .. }, .. } => admit(spec),
+        ControlCommand { op: Op::Cancel { .. }, .. }
+        | ControlCommand { op: Op::DatasetAdd { .. }, .. }
+        | ControlCommand { op: Op::DatasetRemove { .. }, .. }
+        | ControlCommand { op: Op::TokenCreate { .. }, .. }
+        | ControlCommand { op: Op::TokenRevoke { .. }, .. }
+        | ControlCommand { op: Op::MemberRemove { .. }, .. } => Ok(()),
+        ControlCommand { op: Op::WorkerExited { id, generation, rank, .. }, .. } => runs_in_current_generation(*id, *generation, Some(*rank)),
+        ControlCommand { op: Op::Metric { id, generation, .. }, .. }
+        | ControlCommand { op: Op::RankLost { id, generation, .. }, .. } => {
             runs_in_current_generation(*id, *generation, None)
         }
-        ControlCommand::RankStats {
-            id,
-            generation,
-            rank,
-            ..
-        }
-        | ControlCommand::WorkerNote {
-            id,
-            generation,
-            rank,
-            ..
-        } => runs_in_current_generation(*id, *generation, Some(*rank)),
-        ControlCommand::TrialReport { id, generation, .. } => {
+        ControlCommand { op: Op::RankStats { id, generation, rank, .. }, .. }
+        | ControlCommand { op: Op::WorkerNote { id, generation, rank, .. }, .. } => runs_in_current_generation(*id, *generation, Some(*rank)),
+        ControlCommand { op: Op::TrialReport { id, generation, .. }, .. } => {
             runs_in_current_generation(*id, *generation, Some(0))
         }
-        ControlCommand::Place { .. }
-        | ControlCommand::TrialStart { .. }
-        | ControlCommand::TrialPromote { .. }
-        | ControlCommand::TrialCopy { .. }
-        | ControlCommand::SearchFinished { .. }
-        | ControlCommand::Compact { .. }
-        | ControlCommand::Reform { .. }
-        | ControlCommand::Blacklist { .. }
-        | ControlCommand::Unplaceable { .. }
-        | ControlCommand::AttemptFailed { .. } => {
+        ControlCommand { op: Op::Place { .. }, .. }
+        | ControlCommand { op: Op::TrialStart { .. }, .. }
+        | ControlCommand { op: Op::TrialPromote { .. }, .. }
+        | ControlCommand { op: Op::TrialCopy { .. }, .. }
+        | ControlCommand { op: Op::SearchFinished { .. }, .. }
+        | ControlCommand { op: Op::Compact { .. }, .. }
+        | ControlCommand { op: Op::Reform { .. }, .. }
+        | ControlCommand { op: Op::Blacklist { .. }, .. }
+        | ControlCommand { op: Op::Unplaceable { .. }, .. }
+        | ControlCommand { op: Op::AttemptFailed { .. }, .. } => {
             Err("only the chief places jobs, fails attempts and drives searches; not accepted from a peer".into())
         }
     }
@@ -303,13 +287,34 @@ pub fn authorize(from: &str, cmd: &ControlCommand, state: &ControlState) -> Resu
 /// member change), `None` for what nodes originate themselves (ranks' exits and metrics).
 fn user_command(cmd: &ControlCommand) -> Option<&'static str> {
     match cmd {
-        ControlCommand::Submit { .. } => Some("submit"),
-        ControlCommand::Cancel { .. } => Some("cancel"),
-        ControlCommand::DatasetAdd { .. } => Some("dataset-add"),
-        ControlCommand::DatasetRemove { .. } => Some("dataset-remove"),
-        ControlCommand::TokenCreate { .. } => Some("token-create"),
-        ControlCommand::TokenRevoke { .. } => Some("token-revoke"),
-        ControlCommand::MemberRemove { .. } => Some("member-remove"),
+        ControlCommand {
+            op: Op::Submit { .. },
+            ..
+        } => Some("submit"),
+        ControlCommand {
+            op: Op::Cancel { .. },
+            ..
+        } => Some("cancel"),
+        ControlCommand {
+            op: Op::DatasetAdd { .. },
+            ..
+        } => Some("dataset-add"),
+        ControlCommand {
+            op: Op::DatasetRemove { .. },
+            ..
+        } => Some("dataset-remove"),
+        ControlCommand {
+            op: Op::TokenCreate { .. },
+            ..
+        } => Some("token-create"),
+        ControlCommand {
+            op: Op::TokenRevoke { .. },
+            ..
+        } => Some("token-revoke"),
+        ControlCommand {
+            op: Op::MemberRemove { .. },
+            ..
+        } => Some("member-remove"),
         _ => None,
     }
 }
@@ -318,9 +323,16 @@ fn user_command(cmd: &ControlCommand) -> Option<&'static str> {
 pub fn admin_only(cmd: &ControlCommand) -> bool {
     matches!(
         cmd,
-        ControlCommand::TokenCreate { .. }
-            | ControlCommand::TokenRevoke { .. }
-            | ControlCommand::MemberRemove { .. }
+        ControlCommand {
+            op: Op::TokenCreate { .. },
+            ..
+        } | ControlCommand {
+            op: Op::TokenRevoke { .. },
+            ..
+        } | ControlCommand {
+            op: Op::MemberRemove { .. },
+            ..
+        }
     )
 }
 
@@ -360,6 +372,7 @@ pub fn authorize_principal(
 /// its principal when a user asked for it, and proposed to this node's Raft.
 async fn forwarded(
     ctl: &ControlHandle,
+    admit: Admission,
     peer: &libp2p::PeerId,
     cmd: ControlCommand,
     principal: Principal,
@@ -375,13 +388,16 @@ async fn forwarded(
         // alone, run off the async runtime and outside the state's lock so Raft's timers and
         // applies go on meanwhile.
         Ok(()) => match &cmd {
-            ControlCommand::Submit { spec, .. } => {
+            ControlCommand {
+                op: Op::Submit { spec, .. },
+                ..
+            } => {
                 let spec = spec.clone();
-                tokio::task::spawn_blocking(move || crate::jobs::admit(&spec))
+                tokio::task::spawn_blocking(move || admit(&spec))
                     .await
                     .unwrap_or_else(|e| Err(format!("admission failed: {e}")))
             }
-            _ => ctl.read(|s| authorize(&from, &cmd, s)),
+            _ => ctl.read(|s| authorize(&from, &cmd, s, admit)),
         },
     };
     let r = match allowed {
@@ -438,7 +454,7 @@ fn log_read(
 
 /// Answers the peers' RPCs, each on a task of its own, until the node's event loop closes
 /// the queue.
-pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>) {
+pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>, admit: Admission) {
     while let Some(rpc) = rx.recv().await {
         let ctl = ctl.clone();
         tokio::spawn(async move {
@@ -479,10 +495,10 @@ pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>) {
                     }
                 }
                 Ok(RpcRequest::Propose(cmd)) => {
-                    forwarded(&ctl, &rpc.from, cmd, Principal::Node).await
+                    forwarded(&ctl, admit, &rpc.from, cmd, Principal::Node).await
                 }
                 Ok(RpcRequest::ProposeAs { command, principal }) => {
-                    forwarded(&ctl, &rpc.from, command, principal).await
+                    forwarded(&ctl, admit, &rpc.from, command, principal).await
                 }
                 Ok(RpcRequest::Logs {
                     job,
@@ -512,285 +528,4 @@ async fn respond(ctl: &ControlHandle, key: u64, resp: RpcResponse) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{
-        chief::{decide, tests as chief},
-        cluster::membership::State,
-    };
-
-    /// A membership of voters `voters` and learners `learners`, each a peer id string.
-    fn membership(voters: &[&str], learners: &[&str]) -> Membership<NodeId, RaftNode> {
-        let node = |p: &&str| {
-            (
-                node_id_of(p),
-                RaftNode {
-                    peer_id: p.to_string(),
-                    name: p.to_string(),
-                },
-            )
-        };
-        let nodes: std::collections::BTreeMap<_, _> =
-            voters.iter().chain(learners).map(node).collect();
-        let voter_ids: std::collections::BTreeSet<_> =
-            voters.iter().map(|p| node_id_of(p)).collect();
-        Membership::new(vec![voter_ids], nodes)
-    }
-
-    fn vote_from(candidate: &str, last_log: Option<u64>) -> VoteRequest<NodeId> {
-        VoteRequest {
-            vote: openraft::Vote::new(3, node_id_of(candidate)),
-            last_log_id: last_log
-                .map(|i| openraft::LogId::new(openraft::CommittedLeaderId::new(2, 0), i)),
-        }
-    }
-
-    fn append_from(leader: &str, prev: Option<u64>) -> AppendEntriesRequest<TypeConfig> {
-        AppendEntriesRequest {
-            vote: openraft::Vote::new_committed(3, node_id_of(leader)),
-            prev_log_id: prev
-                .map(|i| openraft::LogId::new(openraft::CommittedLeaderId::new(3, 0), i)),
-            entries: vec![],
-            leader_commit: None,
-        }
-    }
-
-    /// A vote request only from the candidate it names; append-entries and snapshots only
-    /// from the leader they name; all only from a voter or learner.
-    #[test]
-    fn raft_messages_only_from_the_node_they_name_and_only_from_members() {
-        let m = membership(&["a", "b"], &["c"]);
-        let ours = Some(10);
-        let (named, log) = vote_sender(&vote_from("a", Some(10)));
-        assert_eq!(
-            check_raft_sender(RaftRpc::Vote, "a", named, log, &m, ours),
-            Ok(())
-        );
-        // b speaks for a: refused, naming both.
-        let err = check_raft_sender(RaftRpc::Vote, "b", named, log, &m, ours).unwrap_err();
-        assert_eq!(
-            err,
-            PeerRefused::NotTheNamedNode {
-                rpc: RaftRpc::Vote,
-                named: Some(node_id_of("a")),
-                sender: node_id_of("b"),
-            }
-        );
-        assert!(err.to_string().contains("candidate"), "{err}");
-        // A learner's heartbeat as leader of its own: it is a member, so heard (Raft
-        // decides); an outsider with a log no longer than ours is not.
-        let (named, log) = append_sender(&append_from("c", Some(9)));
-        assert_eq!(
-            check_raft_sender(RaftRpc::AppendEntries, "c", named, log, &m, ours),
-            Ok(())
-        );
-        let (named, log) = append_sender(&append_from("x", Some(10)));
-        let err = check_raft_sender(RaftRpc::AppendEntries, "x", named, log, &m, ours).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                PeerRefused::NotAMember {
-                    rpc: RaftRpc::AppendEntries,
-                    ..
-                }
-            ),
-            "{err}"
-        );
-        let (named, log) = vote_sender(&vote_from("x", Some(3)));
-        assert!(check_raft_sender(RaftRpc::Vote, "x", named, log, &m, ours).is_err());
-        // A leader naming another leader than itself.
-        let (named, log) = append_sender(&append_from("a", Some(10)));
-        assert!(matches!(
-            check_raft_sender(RaftRpc::AppendEntries, "b", named, log, &m, ours),
-            Err(PeerRefused::NotTheNamedNode { .. })
-        ));
-    }
-
-    /// A node joining (empty membership) hears its leader; a lagging node hears a leader
-    /// added by an entry it has not received yet (the leader's log is past its own).
-    #[test]
-    fn joining_and_lagging_nodes_still_hear_their_leader() {
-        let empty = membership(&[], &[]);
-        let (named, log) = append_sender(&append_from("leader", None));
-        assert_eq!(
-            check_raft_sender(RaftRpc::AppendEntries, "leader", named, log, &empty, None),
-            Ok(())
-        );
-        // Even when joining, nobody may speak for another node.
-        assert!(
-            check_raft_sender(RaftRpc::AppendEntries, "other", named, log, &empty, None).is_err()
-        );
-        let old = membership(&["a", "b", "c"], &[]);
-        let (named, log) = append_sender(&append_from("d", Some(40)));
-        assert_eq!(
-            check_raft_sender(RaftRpc::AppendEntries, "d", named, log, &old, Some(12)),
-            Ok(())
-        );
-        let (named, log) = vote_sender(&vote_from("d", Some(40)));
-        assert_eq!(
-            check_raft_sender(RaftRpc::Vote, "d", named, log, &old, Some(12)),
-            Ok(())
-        );
-        // A member's peer id must match the one recorded for its node id.
-        let mut forged = membership(&["a"], &[]);
-        let (named, log) = vote_sender(&vote_from("a", Some(1)));
-        assert_eq!(
-            check_raft_sender(RaftRpc::Vote, "a", named, log, &forged, Some(1)),
-            Ok(())
-        );
-        forged = Membership::new(
-            vec![[node_id_of("a")].into_iter().collect()],
-            [(
-                node_id_of("a"),
-                RaftNode {
-                    peer_id: "not-a".into(),
-                    name: "a".into(),
-                },
-            )]
-            .into_iter()
-            .collect::<std::collections::BTreeMap<_, _>>(),
-        );
-        assert!(check_raft_sender(RaftRpc::Vote, "a", named, log, &forged, Some(1)).is_err());
-    }
-
-    #[test]
-    fn members_forward_only_what_they_may_originate() {
-        let mut state = ControlState::default();
-        let id = chief::submit(&mut state, 1, 1);
-        let members = vec![chief::member("a", State::Alive, 1)];
-        let place = decide(&state, &members, 5, &mut || "ab".repeat(32));
-        state.apply(2, &place[0]);
-        let runner = members[0].id.to_string();
-        let exited = ControlCommand::WorkerExited {
-            id,
-            generation: 1,
-            rank: 0,
-            code: 0,
-            at_ms: 1,
-        };
-        assert_eq!(authorize(&runner, &exited, &state), Ok(()));
-        assert!(authorize("someone-else", &exited, &state).is_err());
-        let stale = ControlCommand::Metric {
-            id,
-            generation: 7,
-            name: "loss".into(),
-            value: 1.0,
-            step: None,
-            at_ms: 1,
-        };
-        assert!(authorize(&runner, &stale, &state).is_err());
-        assert!(authorize(&runner, &place[0], &state)
-            .unwrap_err()
-            .contains("only the chief"));
-        let cancel = ControlCommand::Cancel { id, at_ms: 1 };
-        assert_eq!(authorize("anyone", &cancel, &state), Ok(()));
-    }
-
-    /// A user command needs the admin or a live token; token and member changes the admin;
-    /// a removed member is refused everything.
-    #[test]
-    fn forwarded_commands_carry_a_principal_the_state_still_accepts() {
-        use crate::control::tokens::new_token;
-        let mut state = ControlState::default();
-        let (_, hash) = new_token();
-        let create = ControlCommand::TokenCreate {
-            name: "ci".into(),
-            hash: hash.clone(),
-            created_by: "admin".into(),
-            at_ms: 1,
-        };
-        assert_eq!(
-            state.apply(1, &create),
-            crate::control::ControlResponse::Applied
-        );
-        let id = chief::submit(&mut state, 2, 1);
-        let cancel = ControlCommand::Cancel { id, at_ms: 2 };
-        let token = Principal::Token { hash: hash.clone() };
-        let peer = libp2p::PeerId::random().to_string();
-        assert_eq!(
-            authorize_principal(&peer, &Principal::Admin, &cancel, &state),
-            Ok(())
-        );
-        assert_eq!(authorize_principal(&peer, &token, &cancel, &state), Ok(()));
-        // An older node states no principal: served, as the key grants what the admin does.
-        assert_eq!(
-            authorize_principal(&peer, &Principal::Node, &cancel, &state),
-            Ok(())
-        );
-        // A token may not make tokens or remove members.
-        let e = authorize_principal(&peer, &token, &create, &state).unwrap_err();
-        assert!(e.contains("only the admin"), "{e}");
-        let remove = ControlCommand::MemberRemove {
-            peer_id: libp2p::PeerId::random().to_string(),
-            name: "c".into(),
-            at_ms: 3,
-        };
-        assert!(authorize_principal(&peer, &token, &remove, &state).is_err());
-        assert_eq!(
-            authorize_principal(&peer, &Principal::Admin, &remove, &state),
-            Ok(())
-        );
-        // A node's own report needs no user principal.
-        let report = ControlCommand::Metric {
-            id,
-            generation: 0,
-            name: "loss".into(),
-            value: 1.0,
-            step: None,
-            at_ms: 3,
-        };
-        assert_eq!(
-            authorize_principal(&peer, &Principal::Node, &report, &state),
-            Ok(())
-        );
-        // Revoked between the follower's check and the chief's: refused.
-        let revoke = ControlCommand::TokenRevoke {
-            name: "ci".into(),
-            at_ms: 4,
-        };
-        let index = state.applied_index + 1;
-        state.apply(index, &revoke);
-        let e = authorize_principal(&peer, &token, &cancel, &state).unwrap_err();
-        assert!(e.contains("revoked"), "{e}");
-        assert!(check_user_principal(&token, &state).is_err());
-        // A removed member: nothing, not even the admin's requests or its own reports.
-        let gone = ControlCommand::MemberRemove {
-            peer_id: peer.clone(),
-            name: "p".into(),
-            at_ms: 5,
-        };
-        let index = state.applied_index + 1;
-        state.apply(index, &gone);
-        assert_eq!(
-            check_not_removed(&peer, &state),
-            Err(PeerRefused::Removed { peer: peer.clone() })
-        );
-        assert!(authorize_principal(&peer, &Principal::Admin, &cancel, &state).is_err());
-        assert!(authorize_principal(&peer, &Principal::Node, &report, &state).is_err());
-    }
-
-    /// An older node's requests (no principal) still decode: a log read as `Node`.
-    #[test]
-    fn requests_without_a_principal_still_decode() {
-        let old = br#"{"Logs":{"job":"j-1","generation":1,"worker":0,"offset":0}}"#;
-        match crate::cluster::wire::decode_json::<RpcRequest>(old) {
-            Ok(RpcRequest::Logs { principal, .. }) => assert_eq!(principal, Principal::Node),
-            other => panic!("{other:?}"),
-        }
-        let new = RpcRequest::ProposeAs {
-            command: ControlCommand::TokenRevoke {
-                name: "ci".into(),
-                at_ms: 1,
-            },
-            principal: Principal::Admin,
-        };
-        let bytes = crate::cluster::wire::encode_json(&new).unwrap();
-        assert!(matches!(
-            crate::cluster::wire::decode_json::<RpcRequest>(&bytes),
-            Ok(RpcRequest::ProposeAs {
-                principal: Principal::Admin,
-                ..
-            })
-        ));
-    }
-}
+mod tests;

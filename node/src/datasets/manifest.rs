@@ -18,14 +18,12 @@
 //! [`Manifest::root`] is its BLAKE3 hash, so `b3sum manifest.json` gives the root of a
 //! manifest stored in canonical form. Changing the encoding changes every root.
 
-use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 use super::DatasetError;
 
@@ -77,74 +75,7 @@ const CHUNK_ENCODED_BYTES_MIN: u64 = 66;
 /// How much of an overlong path an error keeps, in bytes.
 const PATH_IN_ERROR_BYTES_MAX: usize = 256;
 
-macro_rules! hash_type {
-    ($(#[$meta:meta])* $name:ident) => {
-        $(#[$meta])*
-        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub struct $name(pub [u8; 32]);
-
-        impl $name {
-            /// The hash's 32 bytes.
-            pub fn as_bytes(&self) -> &[u8; 32] {
-                &self.0
-            }
-        }
-
-        impl From<blake3::Hash> for $name {
-            fn from(hash: blake3::Hash) -> Self {
-                Self(*hash.as_bytes())
-            }
-        }
-
-        /// 64 lowercase hex digits.
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&hex::encode(self.0))
-            }
-        }
-
-        impl fmt::Debug for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, concat!(stringify!($name), "({})"), self)
-            }
-        }
-
-        /// Exactly 64 hex digits (either case).
-        impl FromStr for $name {
-            type Err = hex::FromHexError;
-
-            fn from_str(s: &str) -> Result<Self, Self::Err> {
-                let mut bytes = [0u8; 32];
-                hex::decode_to_slice(s, &mut bytes)?;
-                Ok(Self(bytes))
-            }
-        }
-
-        impl Serialize for $name {
-            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                serializer.collect_str(self)
-            }
-        }
-
-        impl<'de> Deserialize<'de> for $name {
-            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-                let s = String::deserialize(deserializer)?;
-                s.parse().map_err(serde::de::Error::custom)
-            }
-        }
-    };
-}
-
-hash_type!(
-    /// The BLAKE3 hash of one chunk's bytes; in JSON, 64 lowercase hex digits.
-    ChunkHash
-);
-
-hash_type!(
-    /// A dataset's name: the BLAKE3 hash of its manifest's canonical encoding. Displayed
-    /// (and in JSON) as 64 lowercase hex digits.
-    Root
-);
+pub use crate::domain::content::{ChunkHash, Root};
 
 /// One file of a dataset, as listed in its manifest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

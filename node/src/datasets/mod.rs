@@ -34,14 +34,14 @@
 //! - [`service`]: the node's entry point — add, get, ls, rm; gossip of holdings; deleting
 //!   content no name refers to.
 //!
-//! The registry of names is in the control state (`control::datasets`); which members hold
+//! The registry of names is in the control state (`domain::state::datasets`); which members hold
 //! what travels in member metadata (`cluster::meta::HeldDataset`).
 //!
 //! [`DatasetError`] is the room's error: the operator's files (I/O, unsupported files),
 //! a peer's bad manifest, a peer's bad chunk.
 //!
 //! May use: `cluster` (member view, metadata, wire codec, the cluster key), `control` (the
-//! registry, proposing), `jobs::spec` (what a job is). Used by: the node, `api`, `jobs`'
+//! registry, proposing), `domain::spec` (what a job is). Used by: the node, `api`, `jobs`'
 //! supervisor (a train worker's dataset).
 
 use std::io;
@@ -63,30 +63,7 @@ pub use manifest::{
     FILES_MAX, MANIFEST_BYTES_MAX, PATH_BYTES_MAX,
 };
 
-/// Longest dataset name, in bytes (the trainer's rule for `data.dataset`).
-pub const NAME_BYTES_MAX: usize = trainer::DATASET_NAME_BYTES_MAX;
-
-/// The datasets a train job may name without adding them (the trainer's built-ins).
-pub const BUILTIN: [&str; 3] = trainer::BUILTIN_DATASETS;
-
-/// Checks a dataset name: 1 to 64 letters, digits, `.`, `_`, `-`, starting with a letter or
-/// digit, and not a built-in's name. The error says so, naming the value.
-pub fn check_name(name: &str) -> Result<(), String> {
-    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
-    let starts_ok = name
-        .chars()
-        .next()
-        .is_some_and(|c| c.is_ascii_alphanumeric());
-    if !starts_ok || name.len() > NAME_BYTES_MAX || !name.chars().all(ok_char) {
-        return Err(format!(
-            "dataset name {name:?}: 1 to {NAME_BYTES_MAX} letters, digits, '.', '_' or '-', starting with a letter or digit"
-        ));
-    }
-    if BUILTIN.contains(&name) {
-        return Err(format!("dataset name {name:?} is a built-in dataset's"));
-    }
-    Ok(())
-}
+pub use crate::domain::state::datasets::{check_name, BUILTIN, NAME_BYTES_MAX};
 
 /// Why a dataset could not be built, decoded or checked.
 ///

@@ -27,9 +27,9 @@ use crate::cluster::meta::{HeldDataset, HELD_DATASETS_MAX};
 use crate::cluster::net::NodeHandle;
 use crate::control::handle::{wall_ms, ControlHandle};
 use crate::control::protocol::ProposeError;
-use crate::control::state::{DatasetRecord, JobState};
-use crate::control::{ControlCommand, ControlResponse};
-use crate::jobs::spec::JobKind;
+use crate::domain::spec::JobKind;
+use crate::domain::state::{DatasetRecord, JobState};
+use crate::domain::{ControlCommand, ControlResponse, Op};
 
 /// How long a root just added is kept though no name refers to it yet (the name's commit
 /// may reach this replica later than the files).
@@ -250,9 +250,11 @@ impl Datasets {
             added_at_ms: wall_ms(),
             added_on: self.inner.cfg.name.clone(),
         };
-        let cmd = ControlCommand::DatasetAdd {
-            name: name.to_owned(),
-            record: record.clone(),
+        let cmd = ControlCommand {
+            op: Op::DatasetAdd {
+                name: name.to_owned(),
+                record: record.clone(),
+            },
             at_ms: record.added_at_ms,
         };
         match self.inner.control.propose(cmd).await? {
@@ -273,8 +275,10 @@ impl Datasets {
         if self.lookup(name).await.is_none() {
             return Err(DatasetsError::NotFound(name.to_owned()));
         }
-        let cmd = ControlCommand::DatasetRemove {
-            name: name.to_owned(),
+        let cmd = ControlCommand {
+            op: Op::DatasetRemove {
+                name: name.to_owned(),
+            },
             at_ms: wall_ms(),
         };
         match self.inner.control.propose(cmd).await? {

@@ -1,6 +1,6 @@
 //! Each node writes every job that ended to its storage, as `jobs/<job-id>/record.json` (the
 //! job as the control state held it): the record outlives the job's place in the live state,
-//! which compaction frees after the retention (`control::compaction`). The API answers for a
+//! which compaction frees after the retention (`domain::state::compaction`). The API answers for a
 //! compacted job from here. The same loop writes searches' summaries (`search::writer`).
 //!
 //! May use: `control::handle` (to read the state and follow applied entries).
@@ -9,10 +9,8 @@ use std::collections::BTreeSet;
 
 use tracing::{debug, warn};
 
-use crate::control::{
-    handle::ControlHandle,
-    state::{ControlState, Job, JobId},
-};
+use crate::control::handle::ControlHandle;
+use crate::domain::state::{ControlState, Job, JobId};
 
 /// Where an ended job's record is, in the store.
 pub fn record_path(id: &str) -> String {
@@ -35,7 +33,7 @@ pub async fn write_ended(
     let op = match trainer::operator_from_url(&storage) {
         Ok(op) => op,
         Err(e) => {
-            let storage = crate::api::redact::redact_url(&storage);
+            let storage = trainer::redact::redact_url(&storage);
             warn!(%storage, "{what}s will not be written: {e}");
             return;
         }
@@ -97,23 +95,25 @@ pub async fn read_record(storage: &str, id: JobId) -> Option<Job> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::state::{ControlCommand, ControlResponse};
+    use crate::domain::state::{ControlCommand, ControlResponse, Op};
 
     /// A record padded past the limit with whitespace (still valid JSON) is not read; the
     /// same record within it is.
     #[test]
     fn records_over_the_limit_are_not_read() {
-        let spec = crate::jobs::spec::JobSpec::parse(
+        let spec = crate::domain::spec::JobSpec::parse(
             "name = \"t\"\nkind = \"command\"\nworkers = 1\ncommand = [\"true\"]\n",
         )
         .unwrap();
         let mut state = ControlState::default();
         let ControlResponse::Submitted { id } = state.apply(
             1,
-            &ControlCommand::Submit {
-                spec: Box::new(spec),
+            &ControlCommand {
+                op: Op::Submit {
+                    spec: Box::new(spec),
+                    token: None,
+                },
                 at_ms: 10,
-                token: None,
             },
         ) else {
             panic!("submitted");

@@ -16,7 +16,7 @@
 
 use std::fmt;
 
-use crate::control::state::{Job, JobId};
+use crate::domain::state::{Job, JobId};
 
 /// The key-derivation context of the checkpoint capability key (changing it changes every
 /// token).

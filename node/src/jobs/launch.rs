@@ -16,7 +16,7 @@
 //!   ([`gpus::RankLibraries`]). A rank given none has all three left as the node's (or the
 //!   spec's). Train ranks also get `RINGLEADER_GPUS`, their device count (0: the CPU).
 //! - Train jobs run this node's own binary as `ringleader train-worker` with a spec file
-//!   (the trainer's sections, [`super::train_spec::spec_text`]) and the ring:
+//!   (the trainer's sections, [`crate::domain::train_spec::spec_text`]) and the ring:
 //!   - address of rank r: the host of the member's advertised `data_addr`, port
 //!     [`data_port`]`(job, r)` = [`master_port`]`(job, generation, secret) + 1 + r`;
 //!   - group id: from the job id (the trainer hashes it); generation: the generation;
@@ -35,9 +35,13 @@ use std::{
 };
 
 use crate::{
-    control::state::{Job, JobId, Slot},
+    control::logs::log_path,
+    domain::{
+        spec::JobKind,
+        state::{Job, JobId, Slot},
+        train_spec,
+    },
     gpus,
-    jobs::{logs::log_path, spec::JobKind, train_spec},
 };
 
 /// First port of the range `MASTER_PORT` is drawn from. The range, plus the train ring's
@@ -238,7 +242,7 @@ pub fn shared_dataset(job: &Job) -> Option<String> {
         JobKind::Search => return None,
     }
     let name = job.spec.data.as_ref()?.get("dataset")?.as_str()?;
-    (!crate::datasets::BUILTIN.contains(&name)).then(|| name.to_owned())
+    (!crate::domain::state::datasets::BUILTIN.contains(&name)).then(|| name.to_owned())
 }
 
 /// The launch of `slot` of `job`'s current generation, or `None` while a train ring member's

@@ -1,20 +1,21 @@
 //! Jobs: what users submit, and how this node runs its share of them.
 //!
-//! - [`spec`]: the job spec (TOML) with line-accurate validation errors; [`admit`] and
-//!   [`admit_text`] are the one gate every spec passes to enter the log, from the API or
-//!   forwarded by another node.
-//! - [`train_spec`]: the trainer's sections of a train job's spec.
+//! - [`admit`] and [`admit_text`] are the one gate every spec passes to enter the log, from
+//!   the API or forwarded by another node ([`admit_forwarded`], handed to the control RPC
+//!   server at start). The spec itself is the domain's (`domain::spec`, `domain::train_spec`).
 //! - [`launch`]: a rank's ports, environment, command line and files (pure).
 //! - [`supervisor`]: the per-node reconcile, a pure [`supervisor::plan`] carried out by the
-//!   [`supervisor::Supervisor`]; [`process`] runs one rank's process; [`logs`] keeps and
-//!   reads rank logs; [`log_rate`] caps the bytes a rank adds to its log per second.
+//!   [`supervisor::Supervisor`]; [`process`] runs one rank's process (its log kept where
+//!   `control::logs` reads it); [`log_rate`] caps the bytes a rank adds to its log per second.
 //! - [`groups`]: running ranks' process groups on disk, killed at the next start after a
 //!   kill -9 of the node.
 //! - [`archive`]: every ended job's record written to the store (what outlives compaction).
 //! - [`checkpoint`]: a command rank's checkpoint place and its capability (pure).
 //!
-//! May use: `security::run_as` (ranks run as `--run-as USER`), `control` (the replicated job records, the handle to propose reports), `cluster`
-//! (member hosts), `gpus` (a rank's `CUDA_VISIBLE_DEVICES`). `spec`, `train_spec` and `logs` are leaves that `control` and `api` use.
+//! May use: `domain` (specs, the replicated job records), `control` (the handle to propose
+//! reports, rank logs), `security` (`run_as`: ranks run as `--run-as USER`; sealed secrets),
+//! `datasets` (a rank's dataset), `cluster` (member hosts), `gpus` (a rank's
+//! `CUDA_VISIBLE_DEVICES`).
 //! Placement and retries are the chief's (`crate::chief`).
 
 pub mod archive;
@@ -22,13 +23,10 @@ pub mod checkpoint;
 pub mod groups;
 pub mod launch;
 pub mod log_rate;
-pub mod logs;
 pub mod process;
-pub mod spec;
 pub mod supervisor;
-pub mod train_spec;
 
-pub use spec::{JobKind, JobSpec, Placement, Resources, SpecError};
+pub use crate::domain::spec::{JobKind, JobSpec, Placement, Resources, SpecError};
 
 /// Parses and checks a spec's text as the API admits it: [`JobSpec::parse`] (sizes, fields,
 /// lines, a train job's trainer tables), then a search's `[search]` and every trial it
@@ -69,10 +67,10 @@ pub fn admit_spec_text(text: &str) -> Result<JobSpec, AdmitError> {
 /// are read in that parse and kept typed on the spec ([`JobSpec::trainer`]); a search's
 /// problem gets its field's line from the same document.
 fn admit_document(text: &str) -> Result<JobSpec, SpecError> {
-    let doc = spec::Document::parse(text)?;
+    let doc = crate::domain::spec::Document::parse(text)?;
     let spec = doc.job_spec()?;
     if spec.kind == JobKind::Search {
-        crate::search::spec::validate(&spec).map_err(|e| doc.field_error(e))?;
+        crate::domain::search::spec::validate(&spec).map_err(|e| doc.field_error(e))?;
     }
     Ok(spec)
 }
@@ -99,6 +97,23 @@ pub fn admit(spec: &JobSpec) -> Result<(), String> {
         return Err("spec changes when parsed again; refused".into());
     }
     Ok(())
+}
+
+/// The admission of a submit another node forwarded to the chief (the RPC server's
+/// `control::rpc::Admission`): its `[secrets]` entered sealed by the API node that took the
+/// submit, and the spec passes [`admit`].
+pub fn admit_forwarded(spec: &JobSpec) -> Result<(), String> {
+    if let Some(name) = spec
+        .secrets
+        .iter()
+        .find(|(_, v)| !crate::security::sealed::is_sealed(v))
+        .map(|(k, _)| k)
+    {
+        return Err(format!(
+            "secrets.{name}: not sealed (a submit goes through a node's API, which seals them)"
+        ));
+    }
+    admit(spec)
 }
 
 #[cfg(test)]

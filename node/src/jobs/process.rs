@@ -6,15 +6,15 @@
 //! per [`MALFORMED_WARN_INTERVAL_MS`]) and ignored. What the node does with each:
 //! - `ringleader-metric NAME VALUE [STEP]`: a job metric (at most one report per metric per
 //!   [`METRIC_REPORT_INTERVAL_MS`], the last value always). For a command trial's rank 0, a
-//!   line naming the search's metric is also a [`ControlCommand::TrialReport`] at STEP
+//!   line naming the search's metric is also a [`Op::TrialReport`] at STEP
 //!   epochs (without STEP: the count of such lines so far), never thinned;
 //! - `ringleader-report RESOURCE NAME VALUE [NAME VALUE …]` (a search trial's rank 0): the
-//!   search metric's value at RESOURCE (epochs done), as [`ControlCommand::TrialReport`];
+//!   search metric's value at RESOURCE (epochs done), as [`Op::TrialReport`];
 //!   its values are job metrics too, unless the rank prints them as metric lines as well;
 //! - `ringleader-rank-stats generation=G rank=R step=S compute_ms=X wait_ms=Y` (elastic train
-//!   ranks, about once a second): [`ControlCommand::RankStats`], for straggler detection;
+//!   ranks, about once a second): [`Op::RankStats`], for straggler detection;
 //! - `ringleader-elastic failed generation=G lost_rank=R error="…"`: the rank's collective
-//!   lost rank R; [`ControlCommand::RankLost`], so the chief re-forms without it;
+//!   lost rank R; [`Op::RankLost`], so the chief re-forms without it;
 //! - `ringleader-elastic resumed … steps_lost=L`: metrics `steps_lost` and `restored_step`;
 //! - `ringleader-heartbeat computing_ms=X` (elastic train ranks, while one compute section
 //!   runs long): past [`HUNG_COMPUTING_MS_MIN`] and [`HUNG_COMPUTE_FACTOR`] × the rank's
@@ -39,7 +39,7 @@
 //! `file://` checkpoint place (`<store>/jobs/<id>/`) given to the user.
 //!
 //! The exit code (a signal death as 128 + signal, as shells report it) is sent as
-//! [`ControlCommand::WorkerExited`] for the generation and rank the process was in last. A
+//! [`Op::WorkerExited`] for the generation and rank the process was in last. A
 //! rank killed because its generation or job ended reports nothing. A train rank of an
 //! elastic job, and a command rank of one with `[elastic] protocol = "ringleader"`, lives
 //! through re-forms: the supervisor sends it each new generation, which this task writes to
@@ -65,7 +65,7 @@ use tracing::{info, warn};
 use ringleader_protocol::{ElasticFailed, LineError, Metric, RankLine};
 
 use crate::{
-    control::state::{ControlCommand, JobId, REASON_BYTES_MAX},
+    domain::state::{ControlCommand, JobId, Op, REASON_BYTES_MAX},
     jobs::{
         launch::Launch,
         log_rate::{is_protocol, LogRate, Verdict, RANK_LOG_BYTES_PER_S_MAX},
@@ -75,7 +75,7 @@ use crate::{
 
 /// A rank's process: (job, the generation it was started for, worker): for a rank that
 /// lives through re-forms, the first generation of its attempt
-/// ([`crate::control::state::Job::process_generation`]).
+/// ([`crate::domain::state::Job::process_generation`]).
 pub type Key = (JobId, u32, u32);
 
 /// Shortest gap between two reports of the same metric, in milliseconds (the last value is
@@ -440,11 +440,13 @@ impl Run {
         let at_ms = (self.clock_ms)();
         let _ = self
             .reports
-            .send(ControlCommand::WorkerExited {
-                id,
-                generation: self.generation,
-                rank: self.rank,
-                code,
+            .send(ControlCommand {
+                op: Op::WorkerExited {
+                    id,
+                    generation: self.generation,
+                    rank: self.rank,
+                    code,
+                },
                 at_ms,
             })
             .await;
@@ -713,13 +715,7 @@ impl Run {
                             let at_ms = (self.clock_ms)();
                             let _ = self
                                 .reports
-                                .send(ControlCommand::TrialReport {
-                                    id,
-                                    generation: self.generation,
-                                    resource,
-                                    value,
-                                    at_ms,
-                                })
+                                .send(ControlCommand { op: Op::TrialReport { id, generation: self.generation, resource, value }, at_ms })
                                 .await;
                         }
                     }
@@ -811,12 +807,14 @@ impl Run {
     async fn note(&self, message: String, cannot_start: bool) {
         let _ = self
             .reports
-            .send(ControlCommand::WorkerNote {
-                id: self.key.0,
-                generation: self.generation,
-                rank: self.rank,
-                message,
-                cannot_start,
+            .send(ControlCommand {
+                op: Op::WorkerNote {
+                    id: self.key.0,
+                    generation: self.generation,
+                    rank: self.rank,
+                    message,
+                    cannot_start,
+                },
                 at_ms: (self.clock_ms)(),
             })
             .await;
@@ -824,12 +822,14 @@ impl Run {
 
     async fn report_metric(&self, id: JobId, m: Metric) {
         let at_ms = (self.clock_ms)();
-        let cmd = ControlCommand::Metric {
-            id,
-            generation: self.generation,
-            name: m.name,
-            value: m.value,
-            step: m.step,
+        let cmd = ControlCommand {
+            op: Op::Metric {
+                id,
+                generation: self.generation,
+                name: m.name,
+                value: m.value,
+                step: m.step,
+            },
             at_ms,
         };
         // Metrics are best effort: when the report queue is full, this value is dropped.
@@ -852,12 +852,14 @@ impl Run {
         warn!(job = %id, generation = self.generation, rank = self.rank, "{what}: {reason}");
         let _ = self
             .reports
-            .send(ControlCommand::RankLost {
-                id,
-                generation: self.generation,
-                rank: self.rank,
-                hung,
-                reason,
+            .send(ControlCommand {
+                op: Op::RankLost {
+                    id,
+                    generation: self.generation,
+                    rank: self.rank,
+                    hung,
+                    reason,
+                },
                 at_ms: (self.clock_ms)(),
             })
             .await;
@@ -876,13 +878,15 @@ impl Run {
             }) => {
                 self.compute_ms = compute_ms;
                 // Best effort, like metrics.
-                let _ = self.reports.try_send(ControlCommand::RankStats {
-                    id,
-                    generation,
-                    rank,
-                    step,
-                    compute_ms,
-                    wait_ms,
+                let _ = self.reports.try_send(ControlCommand {
+                    op: Op::RankStats {
+                        id,
+                        generation,
+                        rank,
+                        step,
+                        compute_ms,
+                        wait_ms,
+                    },
                     at_ms,
                 });
             }
@@ -899,12 +903,14 @@ impl Run {
                 let reason = format!("rank {} saw: {error}", self.rank);
                 let _ = self
                     .reports
-                    .send(ControlCommand::RankLost {
-                        id,
-                        generation,
-                        rank,
-                        hung: false,
-                        reason,
+                    .send(ControlCommand {
+                        op: Op::RankLost {
+                            id,
+                            generation,
+                            rank,
+                            hung: false,
+                            reason,
+                        },
                         at_ms,
                     })
                     .await;

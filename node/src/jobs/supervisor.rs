@@ -25,12 +25,14 @@ use crate::{
     control::{
         handle::{wall_ms, ControlHandle},
         protocol::ProposeError,
-        state::{ControlCommand, ControlState, JobState},
+    },
+    domain::{
+        spec::JobKind,
+        state::{ControlCommand, ControlState, JobState, Op},
     },
     jobs::{
         launch::{default_storage, generation_line, launch, Launch, LaunchContext},
         process::{Control, Key, ProtocolRank, RankOptions, Run, CONTROL_QUEUE_DEPTH},
-        spec::JobKind,
     },
 };
 
@@ -430,9 +432,16 @@ async fn report_loop(ctl: ControlHandle, mut rx: mpsc::Receiver<ControlCommand>)
     while let Some(cmd) = rx.recv().await {
         let must_arrive = matches!(
             cmd,
-            ControlCommand::WorkerExited { .. }
-                | ControlCommand::TrialReport { .. }
-                | ControlCommand::WorkerNote { .. }
+            ControlCommand {
+                op: Op::WorkerExited { .. },
+                ..
+            } | ControlCommand {
+                op: Op::TrialReport { .. },
+                ..
+            } | ControlCommand {
+                op: Op::WorkerNote { .. },
+                ..
+            }
         );
         for generation in 0u32.. {
             match ctl.propose(cmd.clone()).await {
@@ -588,7 +597,7 @@ mod tests {
     use crate::{
         chief::{decide, tests as chief},
         cluster::membership::State,
-        control::state::JobId,
+        domain::state::JobId,
     };
 
     #[test]
@@ -659,12 +668,14 @@ mod tests {
             s.rank = 1;
             s
         }];
-        let reform = ControlCommand::Reform {
-            id,
-            generation: 2,
-            slots: keep,
-            secret: "cd".repeat(32),
-            reason: "peer-lost a (rank 1): exited with code 137".into(),
+        let reform = ControlCommand {
+            op: Op::Reform {
+                id,
+                generation: 2,
+                slots: keep,
+                secret: "cd".repeat(32),
+                reason: "peer-lost a (rank 1): exited with code 137".into(),
+            },
             at_ms: 6,
         };
         state.apply(state.applied_index + 1, &reform);
@@ -746,10 +757,12 @@ mod tests {
         assert!(plan(&state, &ctx(&me), &have, &host).start.is_empty());
         state.apply(
             3,
-            &ControlCommand::AttemptFailed {
-                id,
-                generation: 1,
-                reason: "test".into(),
+            &ControlCommand {
+                op: Op::AttemptFailed {
+                    id,
+                    generation: 1,
+                    reason: "test".into(),
+                },
                 at_ms: 6,
             },
         );

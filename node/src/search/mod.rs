@@ -1,26 +1,19 @@
 //! Hyperparameter searches: `kind = "search"` jobs whose trials run across the cluster.
 //!
-//! - [`spec`]: the search spec, checked at submit (a search that could never run is
-//!   refused), and each trial's job spec made from the template and its params.
-//! - [`record`]: the search's replicated record (every trial, where it runs, its reports)
-//!   and a trial job's link to its search.
+//! A search's spec, each trial's job spec, its replicated record and leaderboard are the
+//! domain's (`domain::search`), and so is applying its commands (`domain::state::trials`:
+//! a trial started, reported, promoted, copied, finished, deciding continue / pause /
+//! promote / stop on each report with the searcher, so every replica agrees); the chief
+//! decides what to start next (`chief::search`). A new chief carries on from the log alone.
+//! The algorithms are the trainer's ([`trainer::search`], pure). This part is the node's
+//! side that outlives the cluster:
+//!
 //! - [`summary`]: the search's document (trials, best), shown by the API and written to
 //!   storage as `experiments/<job-id>/summary.json` when the search ends.
-//!
-//! The algorithms are the trainer's ([`trainer::search`], pure). A trial runs as a job of
-//! its own (placed like any job, its logs and checkpoints under its id); the control state
-//! applies the search's commands (`control::trials`: a trial started, reported, promoted,
-//! copied, finished), deciding continue / pause / promote / stop on each report with the
-//! searcher, so every replica agrees; the chief decides what to start next
-//! (`chief::search`). A new chief carries on from the log alone.
-//!
 //! - [`writer`]: each node writes ended searches' summaries to its storage.
 //!
-//! May use: `jobs::spec`, `jobs::train_spec`, `control::id`; `summary` reads a `Job`
-//! record and `writer` the control handle (neither is used by `control`). Used by:
-//! `control`, `chief`, `api`, the node's start-up.
+//! May use: `domain`, `control` (the handle, for `writer`), `jobs::archive`. Used by: the
+//! node's start-up.
 
-pub mod record;
-pub mod spec;
 pub mod summary;
 pub mod writer;

@@ -23,9 +23,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 
 use crate::{
-    api::auth::{ApiToken, TokenFileText},
     cluster::identity::{self, ClusterKey},
-    security::{modes, tls},
+    security::{
+        api_token::{ApiToken, TokenFileText},
+        modes, tls,
+    },
 };
 
 /// File in the data directory holding the cluster key (swarm.key format, 0600).

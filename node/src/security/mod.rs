@@ -1,6 +1,8 @@
 //! The node's own secrets and the files that hold them: what `ringleader node` needs before
 //! anything listens.
 //!
+//! - [`api_token`]: the API tokens a node accepts (kept as hashes) and the token file's
+//!   format.
 //! - [`bootstrap`]: the cluster key and the API token a node runs with. A node started
 //!   without a key and without `--join` makes both at first start (as k3s makes its token);
 //!   a joiner needs the key; `--insecure` is the one way to run without them.
@@ -16,8 +18,9 @@
 //! member (a Raft voter, ranks of every job, every job's secrets); the API token is a shell
 //! on every node (a command job runs anything, as the node's user).
 //!
-//! May use: `cluster::identity` (the key's format), `api::auth` (the token's type).
+//! May use: `cluster::identity` (the key's format), `domain::id` (a job's id, for `run_as`).
 
+pub mod api_token;
 pub mod bootstrap;
 pub mod modes;
 pub mod run_as;

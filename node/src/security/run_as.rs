@@ -26,7 +26,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::control::state::JobId;
+use crate::domain::state::JobId;
 
 /// Mode of a directory a rank passes through: traverse for everyone, list and write for the
 /// node only.

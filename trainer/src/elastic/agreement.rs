@@ -27,7 +27,7 @@ use collective::{Communicator, ReduceOp};
 use ringleader_protocol::Outcome;
 
 use crate::checkpoint::CheckpointStore;
-use crate::elastic::commit_log::CommitLog;
+use crate::commit_log::CommitLog;
 use crate::error::TrainError;
 use crate::state::{StateMeta, TrainState};
 

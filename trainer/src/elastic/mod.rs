@@ -24,18 +24,17 @@
 //! its commits may belong to an abandoned history, and the agreement ignores the commits
 //! of ranks that missed a generation for that reason.
 
-mod agreement;
-mod commit_log;
+pub(crate) mod agreement;
 mod error;
 mod generation;
 mod ring;
 mod runner;
 
+pub use crate::commit_log::{CommitLog, COMMITS_KEPT};
 pub use agreement::{
     agree, agree_on_checkpoint, decode_state, encode_state, Agreement, Holding, RestoreSource,
     AGREE_ROUNDS_MAX, STATE_BROADCAST_BYTES_MAX,
 };
-pub use commit_log::{CommitLog, COMMITS_KEPT};
 pub use error::ElasticError;
 pub use generation::{
     forward_control_lines, generation_channel, parse_control_line, read_bounded_line, Control,

@@ -11,9 +11,9 @@ use tracing::{info, warn};
 
 use crate::checkpoint::CheckpointStore;
 use crate::checkpointer::Checkpointer;
+use crate::commit_log::CommitLog;
 use crate::compute_clock::ComputeClock;
 use crate::elastic::agreement::{agree, agree_on_checkpoint, Holding, RestoreSource};
-use crate::elastic::commit_log::CommitLog;
 use crate::elastic::error::ElasticError;
 use crate::elastic::generation::{Control, Generation, GenerationSource};
 use crate::elastic::ring::RingConnector;

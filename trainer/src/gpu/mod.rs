@@ -150,7 +150,7 @@ impl Device {
             })?,
             Err(_) => 0,
         };
-        Self::choose(gpus, crate::worker::test_hook(TEST_GPUS_ENV).is_some())
+        Self::choose(gpus, crate::test_hooks::test_hook(TEST_GPUS_ENV).is_some())
     }
 
     /// [`Device::from_env`] from the device count and whether the devices are fake.

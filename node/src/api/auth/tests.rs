@@ -15,7 +15,7 @@ fn app(token: &str) -> Router {
 /// `/whoami` answers the principal the handler runs as.
 fn replicated_app(
     admin: &str,
-    state: Arc<std::sync::Mutex<crate::control::ControlState>>,
+    state: Arc<std::sync::Mutex<crate::domain::ControlState>>,
 ) -> Router {
     let gate = Gate {
         admin: Some(Arc::new(ApiToken::new(admin, "test").unwrap())),
@@ -28,7 +28,7 @@ fn replicated_app(
 
 #[tokio::test]
 async fn middleware_accepts_replicated_tokens_until_revoked() {
-    use crate::control::{state::ControlCommand, tokens::new_token, ControlState};
+    use crate::domain::state::{tokens::new_token, ControlCommand, ControlState, Op};
     let state = Arc::new(std::sync::Mutex::new(ControlState::default()));
     let (token, hash) = new_token();
     let bearer = format!("Bearer {token}");
@@ -39,10 +39,12 @@ async fn middleware_accepts_replicated_tokens_until_revoked() {
     )
     .await;
     assert_eq!(code, StatusCode::UNAUTHORIZED, "not created yet");
-    let create = ControlCommand::TokenCreate {
-        name: "ci".into(),
-        hash: hash.clone(),
-        created_by: "admin".into(),
+    let create = ControlCommand {
+        op: Op::TokenCreate {
+            name: "ci".into(),
+            hash: hash.clone(),
+            created_by: "admin".into(),
+        },
         at_ms: 1,
     };
     state.lock().unwrap().apply(1, &create);
@@ -70,8 +72,8 @@ async fn middleware_accepts_replicated_tokens_until_revoked() {
     )
     .await;
     assert_eq!(code, StatusCode::UNAUTHORIZED);
-    let revoke = ControlCommand::TokenRevoke {
-        name: "ci".into(),
+    let revoke = ControlCommand {
+        op: Op::TokenRevoke { name: "ci".into() },
         at_ms: 2,
     };
     state.lock().unwrap().apply(2, &revoke);

@@ -1,13 +1,15 @@
 use super::*;
-use crate::control::state::{ControlCommand, ControlResponse};
+use crate::domain::state::{ControlCommand, ControlResponse, Op};
 
 fn train_job(train: &str) -> Job {
     let text = format!("name = \"t\"\nkind = \"train\"\nworkers = 1\n[train]\n{train}");
     let mut state = ControlState::default();
-    let cmd = ControlCommand::Submit {
-        spec: Box::new(crate::jobs::spec::JobSpec::parse(&text).unwrap()),
+    let cmd = ControlCommand {
+        op: Op::Submit {
+            spec: Box::new(crate::domain::spec::JobSpec::parse(&text).unwrap()),
+            token: None,
+        },
         at_ms: 1,
-        token: None,
     };
     let ControlResponse::Submitted { id } = state.apply(1, &cmd) else {
         panic!("not submitted")

@@ -4,7 +4,7 @@ use super::*;
 use crate::{
     chief::tests::member,
     cluster::{membership::State, net::MemberView},
-    control::state::{ControlResponse, JobId},
+    domain::state::{ControlResponse, JobId},
     jobs::JobSpec,
 };
 
@@ -49,10 +49,9 @@ fn submit(state: &mut ControlState) -> JobId {
     let spec = Box::new(JobSpec::parse(GRID).unwrap());
     match state.apply(
         1,
-        &ControlCommand::Submit {
-            spec,
+        &ControlCommand {
+            op: Op::Submit { spec, token: None },
             at_ms: 1,
-            token: None,
         },
     ) {
         ControlResponse::Submitted { id } => id,
@@ -68,11 +67,13 @@ fn exits(state: &ControlState, search: JobId, at_ms: u64) -> Vec<ControlCommand>
         .iter()
         .filter_map(|r| state.job(r.job))
         .filter(|j| j.state == JobState::Running)
-        .map(|j| ControlCommand::WorkerExited {
-            id: j.id,
-            generation: j.generation,
-            rank: 0,
-            code: 0,
+        .map(|j| ControlCommand {
+            op: Op::WorkerExited {
+                id: j.id,
+                generation: j.generation,
+                rank: 0,
+                code: 0,
+            },
             at_ms,
         })
         .collect()
@@ -89,7 +90,10 @@ fn trials_start_up_to_max_parallel_and_the_search_ends_after_the_last() {
     let nodes: BTreeSet<String> = cmds
         .iter()
         .map(|c| match c {
-            ControlCommand::TrialStart { slots, .. } => slots[0].name.clone(),
+            ControlCommand {
+                op: Op::TrialStart { slots, .. },
+                ..
+            } => slots[0].name.clone(),
             other => panic!("{other:?}"),
         })
         .collect();
@@ -112,7 +116,13 @@ fn trials_start_up_to_max_parallel_and_the_search_ends_after_the_last() {
     let mut c = candidates_of(&state, &members);
     let cmds = decide(&state, &mut c, 60, &mut secret);
     assert!(
-        matches!(cmds.as_slice(), [ControlCommand::SearchFinished { .. }]),
+        matches!(
+            cmds.as_slice(),
+            [ControlCommand {
+                op: Op::SearchFinished { .. },
+                ..
+            }]
+        ),
         "{cmds:?}"
     );
     apply(&mut state, &cmds);
@@ -150,8 +160,11 @@ fn a_member_that_joins_mid_search_gets_the_next_trials() {
     members.push(member("b", State::Alive, 1));
     let mut c = candidates_of(&state, &members);
     let cmds = decide(&state, &mut c, 30, &mut secret);
-    let [ControlCommand::TrialStart {
-        trial: 1, slots, ..
+    let [ControlCommand {
+        op: Op::TrialStart {
+            trial: 1, slots, ..
+        },
+        ..
     }] = cmds.as_slice()
     else {
         panic!("{cmds:?}")
@@ -175,7 +188,15 @@ fn a_trial_much_slower_than_its_peers_gets_a_copy_on_another_member() {
         let mut c = candidates_of(&state, &members);
         let cmds: Vec<_> = decide(&state, &mut c, t, &mut secret)
             .into_iter()
-            .filter(|c| matches!(c, ControlCommand::TrialStart { .. }))
+            .filter(|c| {
+                matches!(
+                    c,
+                    ControlCommand {
+                        op: Op::TrialStart { .. },
+                        ..
+                    }
+                )
+            })
             .collect();
         assert_eq!(cmds.len(), 1, "{cmds:?}");
         apply(&mut state, &cmds);
@@ -184,11 +205,13 @@ fn a_trial_much_slower_than_its_peers_gets_a_copy_on_another_member() {
         let generation = state.job(newest).unwrap().generation;
         apply(
             &mut state,
-            &[ControlCommand::WorkerExited {
-                id: newest,
-                generation,
-                rank: 0,
-                code: 0,
+            &[ControlCommand {
+                op: Op::WorkerExited {
+                    id: newest,
+                    generation,
+                    rank: 0,
+                    code: 0,
+                },
                 at_ms: t + 100,
             }],
         );
@@ -203,8 +226,11 @@ fn a_trial_much_slower_than_its_peers_gets_a_copy_on_another_member() {
     let slow_node = state.job(record.runs[1].job).unwrap().assignment[0]
         .member
         .clone();
-    let [ControlCommand::TrialCopy {
-        trial: 1, slots, ..
+    let [ControlCommand {
+        op: Op::TrialCopy {
+            trial: 1, slots, ..
+        },
+        ..
     }] = cmds.as_slice()
     else {
         panic!("{cmds:?}")

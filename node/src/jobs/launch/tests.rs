@@ -2,7 +2,7 @@ use super::*;
 use crate::{
     chief::{decide, tests as chief},
     cluster::membership::State,
-    control::state::ControlState,
+    domain::state::ControlState,
 };
 
 #[test]
@@ -22,14 +22,16 @@ fn master_port_is_stable_in_range_and_per_cluster() {
 #[test]
 fn train_ranks_get_the_storage_url_in_their_environment_not_argv() {
     let mut state = ControlState::default();
-    let spec =
-        crate::jobs::spec::JobSpec::parse("name = \"t\"\nkind = \"train\"\nworkers = 1\n").unwrap();
-    let submit = crate::control::state::ControlCommand::Submit {
-        spec: Box::new(spec),
+    let spec = crate::domain::spec::JobSpec::parse("name = \"t\"\nkind = \"train\"\nworkers = 1\n")
+        .unwrap();
+    let submit = crate::domain::state::ControlCommand {
+        op: crate::domain::state::Op::Submit {
+            spec: Box::new(spec),
+            token: None,
+        },
         at_ms: 1,
-        token: None,
     };
-    let crate::control::state::ControlResponse::Submitted { id } = state.apply(1, &submit) else {
+    let crate::domain::state::ControlResponse::Submitted { id } = state.apply(1, &submit) else {
         panic!("not submitted")
     };
     let members = vec![chief::member("a", State::Alive, 1)];
@@ -232,7 +234,7 @@ fn command_ranks_get_their_files_dataset_and_trial_resource() {
     assert_eq!(l.dataset.as_deref(), Some("mnist"));
     assert_eq!(env_of(&l, TRIAL_RESOURCE_ENV), None, "not a trial");
     // A trial's run to a rung is told the rung.
-    job.trial_of = Some(crate::search::record::TrialOf {
+    job.trial_of = Some(crate::domain::search::record::TrialOf {
         search: JobId::from_log_index(1),
         trial: 3,
         metric: "acc".into(),
@@ -288,7 +290,7 @@ fn command_ranks_get_their_checkpoint_place_every_run_of_a_trial_the_same() {
     let token = capability(&[5; 32], &Place::Job(id));
     assert_eq!(env_of(&l, CHECKPOINT_TOKEN_ENV), Some(token.as_str()));
     // Every run of a trial (another job) gets the trial's place.
-    job.trial_of = Some(crate::search::record::TrialOf {
+    job.trial_of = Some(crate::domain::search::record::TrialOf {
         search: JobId::from_log_index(1),
         trial: 3,
         metric: "acc".into(),

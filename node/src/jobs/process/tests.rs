@@ -76,7 +76,13 @@ async fn protocol_rank(
 }
 
 fn is_lost(r: &ControlCommand) -> bool {
-    matches!(r, ControlCommand::RankLost { .. })
+    matches!(
+        r,
+        ControlCommand {
+            op: Op::RankLost { .. },
+            ..
+        }
+    )
 }
 
 #[tokio::test]
@@ -90,11 +96,15 @@ async fn a_protocol_rank_reads_its_first_generation_and_must_speak_in_time() {
     )
     .await;
     assert!(log.contains("got ringleader-generation"), "{log}");
-    let Some(ControlCommand::RankLost {
-        generation,
-        rank,
-        hung,
-        reason,
+    let Some(ControlCommand {
+        op:
+            Op::RankLost {
+                generation,
+                rank,
+                hung,
+                reason,
+                ..
+            },
         ..
     }) = seen.iter().find(|r| is_lost(r))
     else {

@@ -9,8 +9,33 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::state::{rejected, ControlResponse, ControlState};
-use crate::datasets::Root;
+use super::{rejected, ControlResponse, ControlState};
+use crate::domain::content::Root;
+
+/// Longest dataset name, in bytes (the trainer's rule for `data.dataset`).
+pub const NAME_BYTES_MAX: usize = trainer::DATASET_NAME_BYTES_MAX;
+
+/// The datasets a train job may name without adding them (the trainer's built-ins).
+pub const BUILTIN: [&str; 3] = trainer::BUILTIN_DATASETS;
+
+/// Checks a dataset name: 1 to 64 letters, digits, `.`, `_`, `-`, starting with a letter or
+/// digit, and not a built-in's name. The error says so, naming the value.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    let starts_ok = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric());
+    if !starts_ok || name.len() > NAME_BYTES_MAX || !name.chars().all(ok_char) {
+        return Err(format!(
+            "dataset name {name:?}: 1 to {NAME_BYTES_MAX} letters, digits, '.', '_' or '-', starting with a letter or digit"
+        ));
+    }
+    if BUILTIN.contains(&name) {
+        return Err(format!("dataset name {name:?} is a built-in dataset's"));
+    }
+    Ok(())
+}
 
 /// Most names in the registry (the registry lives in every snapshot).
 pub const DATASETS_MAX: usize = 10_000;
@@ -64,7 +89,7 @@ impl ControlState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::state::ControlCommand;
+    use crate::domain::state::{ControlCommand, Op};
 
     fn record(byte: u8) -> DatasetRecord {
         DatasetRecord {
@@ -78,9 +103,11 @@ mod tests {
     }
 
     fn add(name: &str, byte: u8) -> ControlCommand {
-        ControlCommand::DatasetAdd {
-            name: name.into(),
-            record: record(byte),
+        ControlCommand {
+            op: Op::DatasetAdd {
+                name: name.into(),
+                record: record(byte),
+            },
             at_ms: 5,
         }
     }
@@ -94,8 +121,8 @@ mod tests {
         );
         assert_eq!(s.datasets["d"].root, Root([1; 32]));
         assert!(s.dataset_root_named(&Root([1; 32])));
-        let rm = ControlCommand::DatasetRemove {
-            name: "d".into(),
+        let rm = ControlCommand {
+            op: Op::DatasetRemove { name: "d".into() },
             at_ms: 6,
         };
         assert_eq!(s.apply(3, &rm), ControlResponse::Applied);

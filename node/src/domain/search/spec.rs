@@ -10,7 +10,7 @@
 
 use trainer::search::{Algorithm, ParamKind, Params, SearchError, SearchSpec, TrialKind};
 
-use crate::jobs::{
+use crate::domain::{
     spec::{JobKind, JobSpec, NAME_BYTES_MAX},
     train_spec,
 };
@@ -359,7 +359,7 @@ values = [[32], [64, 64]]
             t.model.as_ref().unwrap()["hidden"],
             toml::Value::Array(vec![toml::Value::Integer(32)])
         );
-        crate::jobs::train_spec::read(&t).unwrap();
+        crate::domain::train_spec::read(&t).unwrap();
     }
 
     #[test]

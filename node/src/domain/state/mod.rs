@@ -21,7 +21,7 @@
 //! Two counters, both from 1. An *attempt* runs from durable state (the start, or a retry
 //! from the last checkpoint); only a new attempt uses up one of `max_restarts`. A
 //! *generation* is one formation of the ring: every placement starts one, and so does every
-//! [`ControlCommand::Reform`] of an elastic job (a member lost, hung or blacklisted, or one
+//! [`Op::Reform`] of an elastic job (a member lost, hung or blacklisted, or one
 //! that joins), inside the same attempt. Processes, ports, secrets and reports are keyed by
 //! generation: a report (exit, failure, metric) naming another generation than the current
 //! one is stale and ignored, so a slow report of an old generation can never end the new one.
@@ -32,11 +32,17 @@ use std::fmt;
 use rand::RngCore;
 use serde::{Deserialize, Serialize};
 
-pub use super::datasets::DatasetRecord;
-pub use super::id::{BadJobId, JobId};
+pub mod compaction;
+pub mod datasets;
+pub mod removal;
+pub mod tokens;
+pub mod trials;
+
+pub use self::datasets::DatasetRecord;
+pub use crate::domain::id::{BadJobId, JobId};
 use crate::{
-    jobs::spec::{JobKind, JobSpec, GPUS_PER_WORKER_MAX, WORKERS_MAX},
-    search::record::{SearchRecord, TrialOf},
+    domain::search::record::{SearchRecord, TrialOf},
+    domain::spec::{JobKind, JobSpec, GPUS_PER_WORKER_MAX, WORKERS_MAX},
 };
 use trainer::search::Params;
 
@@ -470,19 +476,87 @@ impl Job {
     }
 }
 
-/// A change to the control state, as committed in the Raft log.
+/// A change to the control state, as committed in the Raft log: what changes ([`Op`]) and
+/// when, on the proposer's clock.
 ///
 /// Commands carry the proposer's clock (`at_ms`) so every replica records the same times.
 /// Reports from workers carry the generation they belong to; stale ones are ignored.
+///
+/// In the log (JSON) a command is one object: its operation's `op` tag and fields, with
+/// `at_ms` among them, where it always was (the last field, and after `spec` in a submit):
+/// the serde impls below write that form and read it, so logs and snapshots written before
+/// the envelope still load (`node/tests/control_format.rs` pins the bytes).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControlCommand {
+    /// Proposer's clock, ms since the Unix epoch.
+    pub at_ms: u64,
+    /// What changes.
+    pub op: Op,
+}
+
+impl ControlCommand {
+    /// `op` at the proposer's time `at_ms`.
+    pub fn new(at_ms: u64, op: Op) -> ControlCommand {
+        ControlCommand { at_ms, op }
+    }
+}
+
+impl Serialize for ControlCommand {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        /// Any operation, `at_ms` after its fields.
+        #[derive(Serialize)]
+        struct Stamped<'a> {
+            #[serde(flatten)]
+            op: &'a Op,
+            at_ms: u64,
+        }
+        /// A submit, whose `at_ms` came before its token.
+        #[derive(Serialize)]
+        struct Submitted<'a> {
+            op: &'static str,
+            spec: &'a JobSpec,
+            at_ms: u64,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            token: &'a Option<String>,
+        }
+        match &self.op {
+            Op::Submit { spec, token } => Submitted {
+                op: "submit",
+                spec,
+                at_ms: self.at_ms,
+                token,
+            }
+            .serialize(serializer),
+            op => Stamped {
+                op,
+                at_ms: self.at_ms,
+            }
+            .serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ControlCommand {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Stamped {
+            #[serde(flatten)]
+            op: Op,
+            at_ms: u64,
+        }
+        let Stamped { op, at_ms } = Stamped::deserialize(deserializer)?;
+        Ok(ControlCommand { at_ms, op })
+    }
+}
+
+/// What a [`ControlCommand`] changes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "op")]
-pub enum ControlCommand {
+pub enum Op {
     /// A new job; its id is derived from this entry's log index.
     Submit {
         /// The validated spec (boxed: the other commands are small).
         spec: Box<JobSpec>,
-        /// Proposer's clock.
-        at_ms: u64,
         /// The client's idempotency token: a retried submit with the same token (after an
         /// answer was lost, say during an election) returns the first submit's id instead of
         /// creating a second job. At most [`TOKEN_BYTES_MAX`] bytes.
@@ -501,8 +575,6 @@ pub enum ControlCommand {
         /// as [`RING_SECRET_HEX_LEN`] lowercase hex digits, drawn by the chief.
         #[serde(default)]
         secret: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// The chief could not place a pending job.
     Unplaceable {
@@ -510,8 +582,6 @@ pub enum ControlCommand {
         id: JobId,
         /// Why, for humans.
         reason: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// A rank's process exited.
     WorkerExited {
@@ -523,8 +593,6 @@ pub enum ControlCommand {
         rank: u32,
         /// Exit code (a signal death is reported as 128 + signal, as shells do).
         code: i32,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// The attempt of this generation failed as a whole (a worker's node died, too few
     /// ranks remain for an elastic job, …): it is retried from durable state.
@@ -535,8 +603,6 @@ pub enum ControlCommand {
         generation: u32,
         /// Why, for humans.
         reason: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// Latest value of a metric of a running generation.
     Metric {
@@ -552,8 +618,6 @@ pub enum ControlCommand {
         value: f64,
         /// Step, if reported.
         step: Option<u64>,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// The chief re-formed a running elastic job's ring as generation `generation` (the
     /// job's current generation + 1) inside the same attempt: without lost, hung or
@@ -569,8 +633,6 @@ pub enum ControlCommand {
         secret: String,
         /// Why (`peer-lost <member> (rank r)`, `hung …`, `straggler …`, `joined …`).
         reason: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// A rank is lost although its member lives: a peer's collective lost its connection
     /// (reported by that peer's node), or its own node saw its process stopped (`hung`).
@@ -586,8 +648,6 @@ pub enum ControlCommand {
         hung: bool,
         /// What the reporting rank saw.
         reason: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// A rank's step timing (see [`RankStat`]).
     RankStats {
@@ -605,8 +665,6 @@ pub enum ControlCommand {
         /// Network wait per step, ms; finite and non-negative.
         #[serde(with = "finite_or_null")]
         wait_ms: f64,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// The chief blacklists a member for `cooldown_ms` × 2^(strikes) (capped at
     /// [`BLACKLIST_MS_MAX`]).
@@ -619,15 +677,11 @@ pub enum ControlCommand {
         cooldown_ms: u64,
         /// Why.
         reason: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// A user cancels a job.
     Cancel {
         /// The job.
         id: JobId,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// The chief starts a search's next trial (`trial` = the number of trials so far) with
     /// `params`, as a job of its own placed on `slots`; the job's id comes from this entry's
@@ -647,8 +701,6 @@ pub enum ControlCommand {
         slots: Vec<Slot>,
         /// The data-plane secret of its ring (as in `Place`).
         secret: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// The chief promotes a paused trial to `target` (ASHA's promotion of a trial that
     /// waited at its rung): its job runs again on `slots`, resuming from its checkpoint.
@@ -663,8 +715,6 @@ pub enum ControlCommand {
         slots: Vec<Slot>,
         /// The data-plane secret (as in `Place`).
         secret: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// The chief starts a speculative copy of a slow running trial on `slots` (another
     /// member); the first of the two to finish wins and the other is stopped. The copy's
@@ -678,8 +728,6 @@ pub enum ControlCommand {
         slots: Vec<Slot>,
         /// The data-plane secret (as in `Place`).
         secret: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// A trial's run reported the search's metric at `resource` (its rank 0's
     /// `ringleader-report` line); the searcher decides at once whether the trial goes on,
@@ -694,16 +742,12 @@ pub enum ControlCommand {
         /// The metric's value; finite.
         #[serde(with = "finite_or_null")]
         value: f64,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// The chief ends a search: no trial runs and none will start; paused trials are
     /// stopped and the best is recorded.
     SearchFinished {
         /// The search job.
         search: JobId,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// A rank says something worth the job's history (its dataset was fetched, say).
     WorkerNote {
@@ -719,16 +763,12 @@ pub enum ControlCommand {
         /// job's next attempt avoids that member when it can ([`Job::cannot_start`]).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         cannot_start: bool,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// The chief drops ended jobs past the retention from the live state (see
-    /// `control::compaction`); their records stay in storage.
+    /// `domain::state::compaction`); their records stay in storage.
     Compact {
         /// The jobs (at most `compaction::COMPACT_IDS_MAX`).
         ids: Vec<JobId>,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// A dataset is registered under `name` (refused if the name exists).
     DatasetAdd {
@@ -736,42 +776,32 @@ pub enum ControlCommand {
         name: String,
         /// What it names.
         record: DatasetRecord,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// A dataset's name is removed; holders delete content no name refers to.
     DatasetRemove {
         /// The name.
         name: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
-    /// The admin makes an API token (see `control::tokens`): only its hash is replicated.
+    /// The admin makes an API token (see `domain::state::tokens`): only its hash is replicated.
     TokenCreate {
         /// Its name (`tokens::check_token_name`).
         name: String,
-        /// The BLAKE3 hash of the token, [`super::tokens::TOKEN_HASH_HEX_LEN`] hex digits.
+        /// The BLAKE3 hash of the token, [`tokens::TOKEN_HASH_HEX_LEN`] hex digits.
         hash: String,
         /// Who made it, on which node (`admin@<node name>`).
         created_by: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
     /// The admin revokes an API token: its hash leaves the state.
     TokenRevoke {
         /// Its name.
         name: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
-    /// The admin removes a member from the cluster for good (see `control::removal`).
+    /// The admin removes a member from the cluster for good (see `domain::state::removal`).
     MemberRemove {
         /// Its peer id.
         peer_id: String,
         /// Its name, for humans.
         name: String,
-        /// Proposer's clock.
-        at_ms: u64,
     },
 }
 
@@ -832,7 +862,7 @@ pub enum BadCommand {
     #[error("placement secret must be {RING_SECRET_HEX_LEN} lowercase hex digits")]
     Secret,
     /// A `Compact` naming more than `compaction::COMPACT_IDS_MAX` jobs.
-    #[error("compact: more than {} jobs", super::compaction::COMPACT_IDS_MAX)]
+    #[error("compact: more than {} jobs", compaction::COMPACT_IDS_MAX)]
     Compact,
     /// A dataset name outside the naming rule (`datasets::check_name`).
     #[error("{0}")]
@@ -859,7 +889,10 @@ impl ControlCommand {
     /// Checks what the log format and `apply` need; proposers call it before proposing.
     pub fn check(&self) -> Result<(), BadCommand> {
         match self {
-            ControlCommand::Metric { name, value, .. } => {
+            ControlCommand {
+                op: Op::Metric { name, value, .. },
+                ..
+            } => {
                 if name.is_empty() || name.len() > METRIC_NAME_BYTES_MAX {
                     return Err(BadCommand::MetricName);
                 }
@@ -868,9 +901,13 @@ impl ControlCommand {
                 }
                 Ok(())
             }
-            ControlCommand::RankStats {
-                compute_ms,
-                wait_ms,
+            ControlCommand {
+                op:
+                    Op::RankStats {
+                        compute_ms,
+                        wait_ms,
+                        ..
+                    },
                 ..
             } => {
                 let ok = |v: &f64| v.is_finite() && *v >= 0.0;
@@ -882,16 +919,32 @@ impl ControlCommand {
                     })
                 }
             }
-            ControlCommand::TrialReport { value, .. } if !value.is_finite() => {
-                Err(BadCommand::NonFiniteMetric {
-                    name: "trial report".into(),
-                })
+            ControlCommand {
+                op: Op::TrialReport { value, .. },
+                ..
+            } if !value.is_finite() => Err(BadCommand::NonFiniteMetric {
+                name: "trial report".into(),
+            }),
+            ControlCommand {
+                op: Op::Place { slots, secret, .. },
+                ..
             }
-            ControlCommand::Place { slots, secret, .. }
-            | ControlCommand::Reform { slots, secret, .. }
-            | ControlCommand::TrialStart { slots, secret, .. }
-            | ControlCommand::TrialPromote { slots, secret, .. }
-            | ControlCommand::TrialCopy { slots, secret, .. } => {
+            | ControlCommand {
+                op: Op::Reform { slots, secret, .. },
+                ..
+            }
+            | ControlCommand {
+                op: Op::TrialStart { slots, secret, .. },
+                ..
+            }
+            | ControlCommand {
+                op: Op::TrialPromote { slots, secret, .. },
+                ..
+            }
+            | ControlCommand {
+                op: Op::TrialCopy { slots, secret, .. },
+                ..
+            } => {
                 let ordered = slots.iter().enumerate().all(|(i, s)| s.rank as usize == i);
                 if slots.is_empty() || slots.len() > WORKERS_MAX as usize || !ordered {
                     return Err(BadCommand::Slots);
@@ -910,23 +963,30 @@ impl ControlCommand {
                 }
                 Ok(())
             }
-            ControlCommand::DatasetAdd { name, .. }
-            | ControlCommand::DatasetRemove { name, .. } => {
-                crate::datasets::check_name(name).map_err(BadCommand::DatasetName)
+            ControlCommand {
+                op: Op::DatasetAdd { name, .. },
+                ..
             }
-            ControlCommand::Submit { token: Some(t), .. }
-                if t.is_empty() || t.len() > TOKEN_BYTES_MAX =>
-            {
-                Err(BadCommand::Token)
-            }
-            ControlCommand::TokenCreate {
-                name,
-                hash,
-                created_by,
+            | ControlCommand {
+                op: Op::DatasetRemove { name, .. },
+                ..
+            } => datasets::check_name(name).map_err(BadCommand::DatasetName),
+            ControlCommand {
+                op: Op::Submit { token: Some(t), .. },
+                ..
+            } if t.is_empty() || t.len() > TOKEN_BYTES_MAX => Err(BadCommand::Token),
+            ControlCommand {
+                op:
+                    Op::TokenCreate {
+                        name,
+                        hash,
+                        created_by,
+                        ..
+                    },
                 ..
             } => {
-                super::tokens::check_token_name(name).map_err(BadCommand::TokenField)?;
-                if !super::tokens::is_token_hash(hash) {
+                tokens::check_token_name(name).map_err(BadCommand::TokenField)?;
+                if !tokens::is_token_hash(hash) {
                     return Err(BadCommand::TokenField(
                         "hash: not a BLAKE3 hash in hex".into(),
                     ));
@@ -936,11 +996,15 @@ impl ControlCommand {
                 }
                 Ok(())
             }
-            ControlCommand::TokenRevoke { name, .. } => {
-                super::tokens::check_token_name(name).map_err(BadCommand::TokenField)
-            }
-            ControlCommand::MemberRemove { peer_id, name, .. } => {
-                let parses = peer_id.len() <= super::removal::PEER_ID_BYTES_MAX
+            ControlCommand {
+                op: Op::TokenRevoke { name, .. },
+                ..
+            } => tokens::check_token_name(name).map_err(BadCommand::TokenField),
+            ControlCommand {
+                op: Op::MemberRemove { peer_id, name, .. },
+                ..
+            } => {
+                let parses = peer_id.len() <= removal::PEER_ID_BYTES_MAX
                     && peer_id.parse::<libp2p::PeerId>().is_ok();
                 if !parses || name.len() > REASON_BYTES_MAX {
                     return Err(BadCommand::PeerId(peer_id.chars().take(64).collect()));
@@ -948,35 +1012,6 @@ impl ControlCommand {
                 Ok(())
             }
             _ => Ok(()),
-        }
-    }
-
-    /// The proposer's clock of this command.
-    pub fn at_ms(&self) -> u64 {
-        match self {
-            ControlCommand::Submit { at_ms, .. }
-            | ControlCommand::Place { at_ms, .. }
-            | ControlCommand::Unplaceable { at_ms, .. }
-            | ControlCommand::WorkerExited { at_ms, .. }
-            | ControlCommand::AttemptFailed { at_ms, .. }
-            | ControlCommand::Metric { at_ms, .. }
-            | ControlCommand::Reform { at_ms, .. }
-            | ControlCommand::RankLost { at_ms, .. }
-            | ControlCommand::RankStats { at_ms, .. }
-            | ControlCommand::Blacklist { at_ms, .. }
-            | ControlCommand::Cancel { at_ms, .. }
-            | ControlCommand::TrialStart { at_ms, .. }
-            | ControlCommand::TrialPromote { at_ms, .. }
-            | ControlCommand::TrialCopy { at_ms, .. }
-            | ControlCommand::TrialReport { at_ms, .. }
-            | ControlCommand::SearchFinished { at_ms, .. }
-            | ControlCommand::WorkerNote { at_ms, .. }
-            | ControlCommand::Compact { at_ms, .. }
-            | ControlCommand::DatasetAdd { at_ms, .. }
-            | ControlCommand::DatasetRemove { at_ms, .. }
-            | ControlCommand::TokenCreate { at_ms, .. }
-            | ControlCommand::TokenRevoke { at_ms, .. }
-            | ControlCommand::MemberRemove { at_ms, .. } => *at_ms,
         }
     }
 }
@@ -1017,21 +1052,21 @@ pub struct ControlState {
     pub applied_at_ms: u64,
     /// Log index of the last applied command (0 if none).
     pub applied_index: u64,
-    /// Submit tokens seen, with the job each created (see `ControlCommand::Submit`).
+    /// Submit tokens seen, with the job each created (see `Op::Submit`).
     #[serde(default)]
     pub tokens: BTreeMap<String, JobId>,
     /// Blacklisted members by peer id (expired entries are kept for their strikes).
     #[serde(default)]
     pub blacklist: BTreeMap<String, Blacklisting>,
-    /// The dataset registry: name → what it names (see `control::datasets`).
+    /// The dataset registry: name → what it names (see `domain::state::datasets`).
     #[serde(default)]
     pub datasets: BTreeMap<String, DatasetRecord>,
-    /// API tokens by name, each kept as its hash (see `control::tokens`).
+    /// API tokens by name, each kept as its hash (see `domain::state::tokens`).
     #[serde(default)]
-    pub api_tokens: BTreeMap<String, super::tokens::TokenRecord>,
-    /// Members removed from the cluster, by peer id (see `control::removal`).
+    pub api_tokens: BTreeMap<String, tokens::TokenRecord>,
+    /// Members removed from the cluster, by peer id (see `domain::state::removal`).
     #[serde(default)]
-    pub removed: BTreeMap<String, super::removal::Removal>,
+    pub removed: BTreeMap<String, removal::Removal>,
 }
 
 impl ControlState {
@@ -1044,7 +1079,7 @@ impl ControlState {
             return ignored(format!("log index {log_index} already applied"));
         }
         self.applied_index = log_index;
-        self.applied_at_ms = self.applied_at_ms.max(cmd.at_ms());
+        self.applied_at_ms = self.applied_at_ms.max(cmd.at_ms);
         if let Err(e) = cmd.check() {
             return ControlResponse::Rejected {
                 reason: e.to_string(),
@@ -1060,359 +1095,604 @@ impl ControlState {
         response
     }
 
-    /// [`ControlState::apply`] of a checked command, before its effects on searches.
+    /// [`ControlState::apply`] of a checked command, before its effects on searches: hands
+    /// each command to its own method.
     fn apply_command(&mut self, log_index: u64, cmd: &ControlCommand) -> ControlResponse {
+        let at_ms = cmd.at_ms;
         match cmd {
-            ControlCommand::Submit { spec, at_ms, token } => {
-                if let Some(id) = token.as_ref().and_then(|t| self.tokens.get(t)) {
-                    return ControlResponse::Submitted { id: *id };
-                }
-                let id = JobId::from_log_index(log_index);
-                if let Some(t) = token {
-                    self.tokens.insert(t.clone(), id);
-                }
-                let mut job = Job::new(id, (**spec).clone(), *at_ms);
-                job.push_event(
-                    *at_ms,
-                    EventKind::Submitted,
-                    format!("{} job {:?}", spec.kind, spec.name),
-                );
-                if spec.kind == JobKind::Search {
-                    // A search holds nothing itself: it runs from the start, its trials
-                    // are jobs placed by the chief.
-                    job.state = JobState::Running;
-                    job.started_at_ms = Some(*at_ms);
-                    job.search = Some(SearchRecord::default());
-                }
-                self.jobs.insert(id, job);
-                ControlResponse::Submitted { id }
-            }
-            ControlCommand::Place {
-                id,
-                generation,
-                slots,
-                secret,
-                at_ms,
+            ControlCommand {
+                op: Op::Submit { spec, token, .. },
+                ..
+            } => self.submit(log_index, spec, token.as_deref(), at_ms),
+            ControlCommand {
+                op:
+                    Op::Place {
+                        id,
+                        generation,
+                        slots,
+                        secret,
+                        ..
+                    },
+                ..
+            } => self.place(*id, *generation, slots, secret, at_ms),
+            ControlCommand {
+                op: Op::Unplaceable { id, reason, .. },
+                ..
+            } => self.unplaceable(*id, reason, at_ms),
+            ControlCommand {
+                op:
+                    Op::WorkerExited {
+                        id,
+                        generation,
+                        rank,
+                        code,
+                        ..
+                    },
+                ..
+            } => self.worker_exited(*id, *generation, *rank, *code, at_ms),
+            ControlCommand {
+                op:
+                    Op::AttemptFailed {
+                        id,
+                        generation,
+                        reason,
+                        ..
+                    },
+                ..
+            } => self.attempt_failed(*id, *generation, reason, at_ms),
+            ControlCommand {
+                op:
+                    Op::Metric {
+                        id,
+                        generation,
+                        name,
+                        value,
+                        step,
+                        ..
+                    },
+                ..
+            } => self.metric(*id, *generation, name, *value, *step, at_ms),
+            ControlCommand {
+                op:
+                    Op::Reform {
+                        id,
+                        generation,
+                        slots,
+                        secret,
+                        reason,
+                        ..
+                    },
+                ..
+            } => self.reform(*id, *generation, slots, secret, reason, at_ms),
+            ControlCommand {
+                op:
+                    Op::RankLost {
+                        id,
+                        generation,
+                        rank,
+                        hung,
+                        reason,
+                        ..
+                    },
+                ..
+            } => self.rank_lost(*id, *generation, *rank, *hung, reason),
+            ControlCommand {
+                op:
+                    Op::RankStats {
+                        id,
+                        generation,
+                        rank,
+                        step,
+                        compute_ms,
+                        wait_ms,
+                        ..
+                    },
+                ..
+            } => self.rank_stats(*id, *generation, *rank, *step, *compute_ms, *wait_ms),
+            ControlCommand {
+                op:
+                    Op::Blacklist {
+                        member,
+                        name,
+                        cooldown_ms,
+                        reason,
+                        ..
+                    },
+                ..
+            } => self.blacklist(member, name, *cooldown_ms, reason, at_ms),
+            ControlCommand {
+                op: Op::Cancel { id, .. },
+                ..
+            } => self.cancel(*id, at_ms),
+            ControlCommand {
+                op:
+                    Op::TrialStart {
+                        search,
+                        trial,
+                        params,
+                        bracket,
+                        target,
+                        slots,
+                        secret,
+                        ..
+                    },
+                ..
             } => {
-                let job = match self.jobs.get_mut(id) {
-                    Some(job) => job,
-                    None => return unknown(*id),
+                let new = trials::NewTrial {
+                    trial: *trial,
+                    params,
+                    bracket: *bracket,
+                    target: *target,
                 };
-                if job.state != JobState::Pending {
-                    return rejected(format!("{id} is {}, not pending", job.state));
-                }
-                if *generation != job.generation + 1 {
-                    return rejected(format!(
-                        "{id}: placement for generation {generation}, expected {}",
-                        job.generation + 1
-                    ));
-                }
-                let why = if job.generation == 0 {
-                    "start"
-                } else {
-                    "retry"
-                };
-                job.place(slots, secret, *at_ms, why);
-                ControlResponse::Applied
+                self.trial_start(log_index, *search, new, slots, secret, at_ms)
             }
-            ControlCommand::Unplaceable { id, reason, at_ms } => {
-                let job = match self.jobs.get_mut(id) {
-                    Some(job) => job,
-                    None => return unknown(*id),
-                };
-                let running_search = job.search.is_some() && job.state == JobState::Running;
-                if job.state != JobState::Pending && !running_search {
-                    return ignored(format!("{id} is {}, not pending", job.state));
-                }
-                let mut reason = reason.clone();
-                truncate_at_char(&mut reason, REASON_BYTES_MAX);
-                if job.pending_reason.as_ref() == Some(&reason) {
-                    return ignored("same reason as before".to_owned());
-                }
-                job.pending_reason = Some(reason.clone());
-                job.push_event(*at_ms, EventKind::Unplaceable, reason);
-                ControlResponse::Applied
-            }
-            ControlCommand::WorkerExited {
-                id,
-                generation,
-                rank,
-                code,
+            ControlCommand {
+                op:
+                    Op::TrialPromote {
+                        search,
+                        trial,
+                        target,
+                        slots,
+                        secret,
+                        ..
+                    },
+                ..
+            } => self.trial_promote(*search, *trial, *target, slots, secret, at_ms),
+            ControlCommand {
+                op:
+                    Op::TrialCopy {
+                        search,
+                        trial,
+                        slots,
+                        secret,
+                        ..
+                    },
+                ..
+            } => self.trial_copy(log_index, *search, *trial, slots, secret, at_ms),
+            ControlCommand {
+                op:
+                    Op::TrialReport {
+                        id,
+                        generation,
+                        resource,
+                        value,
+                        ..
+                    },
+                ..
+            } => self.trial_report(*id, *generation, *resource, *value, at_ms),
+            ControlCommand {
+                op: Op::SearchFinished { search, .. },
+                ..
+            } => self.search_finished(*search, at_ms),
+            ControlCommand {
+                op:
+                    Op::WorkerNote {
+                        id,
+                        generation,
+                        rank,
+                        message,
+                        cannot_start,
+                        ..
+                    },
+                ..
+            } => self.worker_note(*id, *generation, *rank, message, *cannot_start, at_ms),
+            ControlCommand {
+                op: Op::Compact { ids, .. },
+                ..
+            } => self.compact(ids),
+            ControlCommand {
+                op: Op::DatasetAdd { name, record, .. },
+                ..
+            } => self.dataset_add(name, record),
+            ControlCommand {
+                op: Op::DatasetRemove { name, .. },
+                ..
+            } => self.dataset_remove(name),
+            ControlCommand {
+                op:
+                    Op::TokenCreate {
+                        name,
+                        hash,
+                        created_by,
+                        ..
+                    },
+                ..
+            } => self.token_create(name, hash, created_by, at_ms),
+            ControlCommand {
+                op: Op::TokenRevoke { name, .. },
+                ..
+            } => self.token_revoke(name),
+            ControlCommand {
+                op: Op::MemberRemove { peer_id, name, .. },
+                ..
+            } => self.member_remove(peer_id, name, at_ms),
+        }
+    }
+
+    /// `Submit`: a new job, its id from `log_index`; a token seen before answers with the
+    /// job it created.
+    fn submit(
+        &mut self,
+        log_index: u64,
+        spec: &JobSpec,
+        token: Option<&str>,
+        at_ms: u64,
+    ) -> ControlResponse {
+        if let Some(id) = token.and_then(|t| self.tokens.get(t)) {
+            return ControlResponse::Submitted { id: *id };
+        }
+        let id = JobId::from_log_index(log_index);
+        if let Some(t) = token {
+            self.tokens.insert(t.to_owned(), id);
+        }
+        let mut job = Job::new(id, spec.clone(), at_ms);
+        job.push_event(
+            at_ms,
+            EventKind::Submitted,
+            format!("{} job {:?}", spec.kind, spec.name),
+        );
+        if spec.kind == JobKind::Search {
+            // A search holds nothing itself: it runs from the start, its trials are jobs
+            // placed by the chief.
+            job.state = JobState::Running;
+            job.started_at_ms = Some(at_ms);
+            job.search = Some(SearchRecord::default());
+        }
+        self.jobs.insert(id, job);
+        ControlResponse::Submitted { id }
+    }
+
+    /// The job whose generation `generation` is about to start, if it is `state` and that is
+    /// its next generation; otherwise the response, made by `refuse` (a placement that does
+    /// not fit is rejected; a re-form, decided on a view the log has moved past, ignored).
+    /// `what` names the command in the message.
+    fn next_generation(
+        &mut self,
+        id: JobId,
+        generation: u32,
+        state: JobState,
+        what: &str,
+        refuse: fn(String) -> ControlResponse,
+    ) -> Result<&mut Job, ControlResponse> {
+        let job = self.jobs.get_mut(&id).ok_or_else(|| unknown(id))?;
+        if job.state != state {
+            return Err(refuse(format!("{id} is {}, not {state}", job.state)));
+        }
+        if generation != job.generation + 1 {
+            return Err(refuse(format!(
+                "{id}: {what} generation {generation}, expected {}",
+                job.generation + 1
+            )));
+        }
+        Ok(job)
+    }
+
+    /// `Place`: a pending job's next generation starts on `slots` (its first attempt, or a
+    /// retry).
+    fn place(
+        &mut self,
+        id: JobId,
+        generation: u32,
+        slots: &[Slot],
+        secret: &str,
+        at_ms: u64,
+    ) -> ControlResponse {
+        let job = match self.next_generation(
+            id,
+            generation,
+            JobState::Pending,
+            "placement for",
+            rejected,
+        ) {
+            Ok(job) => job,
+            Err(r) => return r,
+        };
+        let why = if job.generation == 0 {
+            "start"
+        } else {
+            "retry"
+        };
+        job.place(slots, secret, at_ms, why);
+        ControlResponse::Applied
+    }
+
+    /// `Unplaceable`: why a pending job (or a running search's next trial) waits; the same
+    /// reason twice is one event.
+    fn unplaceable(&mut self, id: JobId, reason: &str, at_ms: u64) -> ControlResponse {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return unknown(id);
+        };
+        let running_search = job.search.is_some() && job.state == JobState::Running;
+        if job.state != JobState::Pending && !running_search {
+            return ignored(format!("{id} is {}, not pending", job.state));
+        }
+        let mut reason = reason.to_owned();
+        truncate_at_char(&mut reason, REASON_BYTES_MAX);
+        if job.pending_reason.as_ref() == Some(&reason) {
+            return ignored("same reason as before".to_owned());
+        }
+        job.pending_reason = Some(reason.clone());
+        job.push_event(at_ms, EventKind::Unplaceable, reason);
+        ControlResponse::Applied
+    }
+
+    /// `WorkerExited`: a rank's exit; a non-zero code fails a non-elastic job's attempt, and
+    /// the job succeeds once every rank exited 0 (an elastic train job once rank 0 did).
+    fn worker_exited(
+        &mut self,
+        id: JobId,
+        generation: u32,
+        rank: u32,
+        code: i32,
+        at_ms: u64,
+    ) -> ControlResponse {
+        let job = match self.current_attempt(id, generation) {
+            Ok(job) => job,
+            Err(r) => return r,
+        };
+        let Some(slot) = job.assignment.get(rank as usize) else {
+            return rejected(format!("{id}: no rank {rank} in generation {generation}"));
+        };
+        let member = slot.name.clone();
+        if job.exits.contains_key(&rank) {
+            return ignored(format!("rank {rank} already reported"));
+        }
+        let what = format!("rank {rank} on {member} exited with code {code}");
+        job.exits.insert(rank, code);
+        job.push_event(at_ms, EventKind::WorkerExited, what.clone());
+        if code != 0 && !job.is_elastic() {
+            job.fail_attempt(at_ms, what);
+        } else if code != 0 {
+            // An elastic job goes on without the rank: the chief re-forms the ring, or fails
+            // the attempt when too few would remain.
+        } else if rank == 0 && job.is_elastic() && job.spec.kind == JobKind::Train {
+            // An elastic train rank exits 0 only when training is over, and rank 0 exits
+            // after its final checkpoint is committed: the job is done, and a rank still
+            // joining or lingering is stopped.
+            job.finish(
                 at_ms,
-            } => {
-                let job = match self.current_attempt(*id, *generation) {
-                    Ok(job) => job,
-                    Err(r) => return r,
-                };
-                let Some(slot) = job.assignment.get(*rank as usize) else {
-                    return rejected(format!("{id}: no rank {rank} in generation {generation}"));
-                };
-                let member = slot.name.clone();
-                if job.exits.contains_key(rank) {
-                    return ignored(format!("rank {rank} already reported"));
-                }
-                let what = format!("rank {rank} on {member} exited with code {code}");
-                job.exits.insert(*rank, *code);
-                job.push_event(*at_ms, EventKind::WorkerExited, what.clone());
-                if *code != 0 && !job.is_elastic() {
-                    job.fail_attempt(*at_ms, what);
-                } else if *code != 0 {
-                    // An elastic job goes on without the rank: the chief re-forms the ring,
-                    // or fails the attempt when too few would remain.
-                } else if *rank == 0 && job.is_elastic() && job.spec.kind == JobKind::Train {
-                    // An elastic train rank exits 0 only when training is over, and rank 0
-                    // exits after its final checkpoint is committed: the job is done, and a
-                    // rank still joining or lingering is stopped.
-                    job.finish(
-                        *at_ms,
-                        JobState::Succeeded,
-                        EventKind::Succeeded,
-                        format!("rank 0 on {member} finished training"),
-                    );
-                } else if job.exits.len() == job.assignment.len()
-                    && job.exits.values().all(|c| *c == 0)
-                {
-                    let n = job.assignment.len();
-                    job.finish(
-                        *at_ms,
-                        JobState::Succeeded,
-                        EventKind::Succeeded,
-                        format!("all {n} ranks exited 0"),
-                    );
-                }
-                ControlResponse::Applied
-            }
-            ControlCommand::AttemptFailed {
-                id,
-                generation,
-                reason,
+                JobState::Succeeded,
+                EventKind::Succeeded,
+                format!("rank 0 on {member} finished training"),
+            );
+        } else if job.exits.len() == job.assignment.len() && job.exits.values().all(|c| *c == 0) {
+            let n = job.assignment.len();
+            job.finish(
                 at_ms,
-            } => {
-                let job = match self.current_attempt(*id, *generation) {
-                    Ok(job) => job,
-                    Err(r) => return r,
-                };
-                job.fail_attempt(*at_ms, reason.clone());
+                JobState::Succeeded,
+                EventKind::Succeeded,
+                format!("all {n} ranks exited 0"),
+            );
+        }
+        ControlResponse::Applied
+    }
+
+    /// `AttemptFailed`: the current attempt fails as a whole (retried while restarts last).
+    fn attempt_failed(
+        &mut self,
+        id: JobId,
+        generation: u32,
+        reason: &str,
+        at_ms: u64,
+    ) -> ControlResponse {
+        match self.current_attempt(id, generation) {
+            Ok(job) => {
+                job.fail_attempt(at_ms, reason.to_owned());
                 ControlResponse::Applied
             }
-            ControlCommand::Metric {
-                id,
-                generation,
-                name,
+            Err(r) => r,
+        }
+    }
+
+    /// `Metric`: a metric's latest value and its history (at most [`METRICS_PER_JOB_MAX`]
+    /// names).
+    fn metric(
+        &mut self,
+        id: JobId,
+        generation: u32,
+        name: &str,
+        value: f64,
+        step: Option<u64>,
+        at_ms: u64,
+    ) -> ControlResponse {
+        let job = match self.current_attempt(id, generation) {
+            Ok(job) => job,
+            Err(r) => return r,
+        };
+        if !job.metrics.contains_key(name) && job.metrics.len() >= METRICS_PER_JOB_MAX {
+            return ignored(format!("more than {METRICS_PER_JOB_MAX} metric names"));
+        }
+        job.metrics.insert(
+            name.to_owned(),
+            Metric {
                 value,
                 step,
+                generation,
                 at_ms,
-            } => {
-                let job = match self.current_attempt(*id, *generation) {
-                    Ok(job) => job,
-                    Err(r) => return r,
-                };
-                if !job.metrics.contains_key(name) && job.metrics.len() >= METRICS_PER_JOB_MAX {
-                    return ignored(format!("more than {METRICS_PER_JOB_MAX} metric names"));
-                }
-                job.metrics.insert(
-                    name.clone(),
-                    Metric {
-                        value: *value,
-                        step: *step,
-                        generation: *generation,
-                        at_ms: *at_ms,
-                    },
-                );
-                job.metric_history
-                    .entry(name.clone())
-                    .or_default()
-                    .record(*step, *value);
-                ControlResponse::Applied
-            }
-            ControlCommand::Reform {
-                id,
-                generation,
-                slots,
-                secret,
-                reason,
-                at_ms,
-            } => {
-                let job = match self.jobs.get_mut(id) {
-                    Some(job) => job,
-                    None => return unknown(*id),
-                };
-                if job.state != JobState::Running {
-                    return ignored(format!("{id} is {}, not running", job.state));
-                }
-                if *generation != job.generation + 1 {
-                    return ignored(format!(
-                        "{id}: re-form as generation {generation}, expected {}",
-                        job.generation + 1
-                    ));
-                }
-                let n = slots.len() as u32;
-                if !job.is_elastic() || n < job.spec.min_workers || n > job.spec.max_workers {
-                    return rejected(format!(
-                        "{id}: a ring of {n} is outside {}..={} or the job is not elastic",
-                        job.spec.min_workers, job.spec.max_workers
-                    ));
-                }
-                job.start_generation(*generation, slots, secret, *at_ms);
-                job.push_ring_event(*at_ms, EventKind::Reformed, reason.clone());
-                ControlResponse::Applied
-            }
-            ControlCommand::RankLost {
-                id,
-                generation,
-                rank,
-                hung,
-                reason,
-                at_ms: _,
-            } => {
-                let job = match self.current_attempt(*id, *generation) {
-                    Ok(job) => job,
-                    Err(r) => return r,
-                };
-                if *rank as usize >= job.assignment.len() {
-                    return rejected(format!("{id}: no rank {rank} in generation {generation}"));
-                }
-                let mut reason = reason.clone();
-                truncate_at_char(&mut reason, REASON_BYTES_MAX);
-                let suspect = job.suspects.entry(*rank).or_insert(Suspect {
-                    hung: *hung,
-                    reason: reason.clone(),
-                });
-                // Its own node's word that it hangs outranks a peer's broken connection.
-                if *hung && !suspect.hung {
-                    *suspect = Suspect { hung: true, reason };
-                }
-                ControlResponse::Applied
-            }
-            ControlCommand::RankStats {
-                id,
-                generation,
-                rank,
+            },
+        );
+        job.metric_history
+            .entry(name.to_owned())
+            .or_default()
+            .record(step, value);
+        ControlResponse::Applied
+    }
+
+    /// `Reform`: a running elastic job's next generation, on `slots` (within its
+    /// `min_workers..=max_workers`), inside the same attempt.
+    fn reform(
+        &mut self,
+        id: JobId,
+        generation: u32,
+        slots: &[Slot],
+        secret: &str,
+        reason: &str,
+        at_ms: u64,
+    ) -> ControlResponse {
+        let job =
+            match self.next_generation(id, generation, JobState::Running, "re-form as", ignored) {
+                Ok(job) => job,
+                Err(r) => return r,
+            };
+        let n = slots.len() as u32;
+        if !job.is_elastic() || n < job.spec.min_workers || n > job.spec.max_workers {
+            return rejected(format!(
+                "{id}: a ring of {n} is outside {}..={} or the job is not elastic",
+                job.spec.min_workers, job.spec.max_workers
+            ));
+        }
+        job.start_generation(generation, slots, secret, at_ms);
+        job.push_ring_event(at_ms, EventKind::Reformed, reason.to_owned());
+        ControlResponse::Applied
+    }
+
+    /// `RankLost`: a rank of the current generation is suspect (the chief re-forms or fails
+    /// the attempt); its own node's word that it hangs outranks a peer's.
+    fn rank_lost(
+        &mut self,
+        id: JobId,
+        generation: u32,
+        rank: u32,
+        hung: bool,
+        reason: &str,
+    ) -> ControlResponse {
+        let job = match self.current_attempt(id, generation) {
+            Ok(job) => job,
+            Err(r) => return r,
+        };
+        if rank as usize >= job.assignment.len() {
+            return rejected(format!("{id}: no rank {rank} in generation {generation}"));
+        }
+        let mut reason = reason.to_owned();
+        truncate_at_char(&mut reason, REASON_BYTES_MAX);
+        let suspect = job.suspects.entry(rank).or_insert(Suspect {
+            hung,
+            reason: reason.clone(),
+        });
+        // Its own node's word that it hangs outranks a peer's broken connection.
+        if hung && !suspect.hung {
+            *suspect = Suspect { hung: true, reason };
+        }
+        ControlResponse::Applied
+    }
+
+    /// `RankStats`: a rank's step timing; it is slow since the first step its compute time
+    /// passed `straggler_factor` × the other ranks' median.
+    fn rank_stats(
+        &mut self,
+        id: JobId,
+        generation: u32,
+        rank: u32,
+        step: u64,
+        compute_ms: f64,
+        wait_ms: f64,
+    ) -> ControlResponse {
+        let job = match self.current_attempt(id, generation) {
+            Ok(job) => job,
+            Err(r) => return r,
+        };
+        if rank as usize >= job.assignment.len() {
+            return rejected(format!("{id}: no rank {rank} in generation {generation}"));
+        }
+        let mut others: Vec<f64> = job
+            .rank_stats
+            .iter()
+            .filter(|(r, _)| **r != rank)
+            .map(|(_, s)| s.compute_ms)
+            .collect();
+        others.sort_by(f64::total_cmp);
+        let median = others.get(others.len() / 2).copied();
+        let slow = median.is_some_and(|m| compute_ms > job.spec.elastic.straggler_factor * m);
+        let before = job.rank_stats.get(&rank).and_then(|s| s.slow_since_step);
+        job.rank_stats.insert(
+            rank,
+            RankStat {
                 step,
                 compute_ms,
                 wait_ms,
-                at_ms: _,
-            } => {
-                let job = match self.current_attempt(*id, *generation) {
-                    Ok(job) => job,
-                    Err(r) => return r,
-                };
-                if *rank as usize >= job.assignment.len() {
-                    return rejected(format!("{id}: no rank {rank} in generation {generation}"));
-                }
-                let mut others: Vec<f64> = job
-                    .rank_stats
-                    .iter()
-                    .filter(|(r, _)| *r != rank)
-                    .map(|(_, s)| s.compute_ms)
-                    .collect();
-                others.sort_by(f64::total_cmp);
-                let median = others.get(others.len() / 2).copied();
-                let slow =
-                    median.is_some_and(|m| *compute_ms > job.spec.elastic.straggler_factor * m);
-                let before = job.rank_stats.get(rank).and_then(|s| s.slow_since_step);
-                job.rank_stats.insert(
-                    *rank,
-                    RankStat {
-                        step: *step,
-                        compute_ms: *compute_ms,
-                        wait_ms: *wait_ms,
-                        slow_since_step: if slow {
-                            Some(before.unwrap_or(*step))
-                        } else {
-                            None
-                        },
-                    },
-                );
-                ControlResponse::Applied
-            }
-            ControlCommand::Blacklist {
-                member,
-                name,
-                cooldown_ms,
-                reason,
-                at_ms,
-            } => {
-                let entry = self
-                    .blacklist
-                    .entry(member.clone())
-                    .or_insert_with(|| Blacklisting {
-                        name: name.clone(),
-                        until_ms: 0,
-                        strikes: 0,
-                        reason: String::new(),
-                    });
-                let factor = 1u64 << entry.strikes.min(20);
-                entry.strikes = entry.strikes.saturating_add(1);
-                entry.until_ms =
-                    at_ms.saturating_add(cooldown_ms.saturating_mul(factor).min(BLACKLIST_MS_MAX));
-                entry.name = name.clone();
-                entry.reason = reason.clone();
-                truncate_at_char(&mut entry.reason, REASON_BYTES_MAX);
-                ControlResponse::Applied
-            }
-            ControlCommand::Cancel { id, at_ms } => {
-                let job = match self.jobs.get_mut(id) {
-                    Some(job) => job,
-                    None => return unknown(*id),
-                };
-                if job.state.is_terminal() {
-                    return rejected(format!("{id} already {}", job.state));
-                }
-                let was = job.state;
-                job.finish(
-                    *at_ms,
-                    JobState::Cancelled,
-                    EventKind::Cancelled,
-                    format!("cancelled by user while {was}"),
-                );
-                ControlResponse::Applied
-            }
-            ControlCommand::TrialStart { .. }
-            | ControlCommand::TrialPromote { .. }
-            | ControlCommand::TrialCopy { .. }
-            | ControlCommand::TrialReport { .. }
-            | ControlCommand::SearchFinished { .. } => self.apply_trial(log_index, cmd),
-            ControlCommand::WorkerNote {
-                id,
-                generation,
-                rank,
-                message,
-                cannot_start,
-                at_ms,
-            } => {
-                let job = match self.current_attempt(*id, *generation) {
-                    Ok(job) => job,
-                    Err(r) => return r,
-                };
-                let slot = job.assignment.get(*rank as usize);
-                let mut message = match slot.filter(|_| *cannot_start) {
-                    Some(slot) => {
-                        job.cannot_start.insert(slot.member.clone());
-                        format!("rank {rank} could not start on {}: {message}", slot.name)
-                    }
-                    None => format!("rank {rank}: {message}"),
-                };
-                truncate_at_char(&mut message, REASON_BYTES_MAX);
-                job.push_event(*at_ms, EventKind::Note, message);
-                ControlResponse::Applied
-            }
-            ControlCommand::Compact { ids, .. } => self.compact(ids),
-            ControlCommand::DatasetAdd { name, record, .. } => self.dataset_add(name, record),
-            ControlCommand::DatasetRemove { name, .. } => self.dataset_remove(name),
-            ControlCommand::TokenCreate {
-                name,
-                hash,
-                created_by,
-                at_ms,
-            } => self.token_create(name, hash, created_by, *at_ms),
-            ControlCommand::TokenRevoke { name, .. } => self.token_revoke(name),
-            ControlCommand::MemberRemove {
-                peer_id,
-                name,
-                at_ms,
-            } => self.member_remove(peer_id, name, *at_ms),
+                slow_since_step: if slow {
+                    Some(before.unwrap_or(step))
+                } else {
+                    None
+                },
+            },
+        );
+        ControlResponse::Applied
+    }
+
+    /// `Blacklist`: a member is kept from placement for `cooldown_ms` × 2^(its strikes so
+    /// far), at most [`BLACKLIST_MS_MAX`].
+    fn blacklist(
+        &mut self,
+        member: &str,
+        name: &str,
+        cooldown_ms: u64,
+        reason: &str,
+        at_ms: u64,
+    ) -> ControlResponse {
+        let entry = self
+            .blacklist
+            .entry(member.to_owned())
+            .or_insert_with(|| Blacklisting {
+                name: name.to_owned(),
+                until_ms: 0,
+                strikes: 0,
+                reason: String::new(),
+            });
+        let factor = 1u64 << entry.strikes.min(20);
+        entry.strikes = entry.strikes.saturating_add(1);
+        entry.until_ms =
+            at_ms.saturating_add(cooldown_ms.saturating_mul(factor).min(BLACKLIST_MS_MAX));
+        entry.name = name.to_owned();
+        entry.reason = reason.to_owned();
+        truncate_at_char(&mut entry.reason, REASON_BYTES_MAX);
+        ControlResponse::Applied
+    }
+
+    /// `Cancel`: a job that has not ended is cancelled.
+    fn cancel(&mut self, id: JobId, at_ms: u64) -> ControlResponse {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return unknown(id);
+        };
+        if job.state.is_terminal() {
+            return rejected(format!("{id} already {}", job.state));
         }
+        let was = job.state;
+        job.finish(
+            at_ms,
+            JobState::Cancelled,
+            EventKind::Cancelled,
+            format!("cancelled by user while {was}"),
+        );
+        ControlResponse::Applied
+    }
+
+    /// `WorkerNote`: an event in the job's history; a rank that could not start marks its
+    /// member for the next attempt to avoid.
+    fn worker_note(
+        &mut self,
+        id: JobId,
+        generation: u32,
+        rank: u32,
+        message: &str,
+        cannot_start: bool,
+        at_ms: u64,
+    ) -> ControlResponse {
+        let job = match self.current_attempt(id, generation) {
+            Ok(job) => job,
+            Err(r) => return r,
+        };
+        let slot = job.assignment.get(rank as usize);
+        let mut message = match slot.filter(|_| cannot_start) {
+            Some(slot) => {
+                job.cannot_start.insert(slot.member.clone());
+                format!("rank {rank} could not start on {}: {message}", slot.name)
+            }
+            None => format!("rank {rank}: {message}"),
+        };
+        truncate_at_char(&mut message, REASON_BYTES_MAX);
+        job.push_event(at_ms, EventKind::Note, message);
+        ControlResponse::Applied
     }
 
     /// The job, if `generation` is its current generation and it is running; otherwise the response
@@ -1471,12 +1751,26 @@ impl ControlState {
     /// a GPU" whatever the proposer saw.
     fn gpu_taken(&self, cmd: &ControlCommand) -> Option<String> {
         let (own, slots) = match cmd {
-            ControlCommand::Place { id, slots, .. } | ControlCommand::Reform { id, slots, .. } => {
-                (Some(*id), slots)
+            ControlCommand {
+                op: Op::Place { id, slots, .. },
+                ..
             }
-            ControlCommand::TrialStart { slots, .. }
-            | ControlCommand::TrialPromote { slots, .. }
-            | ControlCommand::TrialCopy { slots, .. } => (None, slots),
+            | ControlCommand {
+                op: Op::Reform { id, slots, .. },
+                ..
+            } => (Some(*id), slots),
+            ControlCommand {
+                op: Op::TrialStart { slots, .. },
+                ..
+            }
+            | ControlCommand {
+                op: Op::TrialPromote { slots, .. },
+                ..
+            }
+            | ControlCommand {
+                op: Op::TrialCopy { slots, .. },
+                ..
+            } => (None, slots),
             _ => return None,
         };
         if slots.iter().all(|s| s.gpus.is_empty()) {
@@ -1546,562 +1840,4 @@ fn truncate_at_char(s: &mut String, max: usize) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn spec(workers: u32, max_restarts: u32) -> JobSpec {
-        JobSpec::parse(&format!(
-            "name = \"t\"\nkind = \"command\"\nworkers = {workers}\nmax_restarts = {max_restarts}\ncommand = [\"true\"]\n"
-        ))
-        .unwrap()
-    }
-
-    fn slots(n: u32) -> Vec<Slot> {
-        (0..n)
-            .map(|r| Slot {
-                member: format!("id-{r}"),
-                name: format!("m{r}"),
-                rank: r,
-                local_rank: 0,
-                worker: r,
-                gpus: Vec::new(),
-            })
-            .collect()
-    }
-
-    /// A state and a log-index counter, as a replica sees them.
-    struct Replica {
-        state: ControlState,
-        index: u64,
-    }
-
-    impl Replica {
-        fn new() -> Replica {
-            Replica {
-                state: ControlState::default(),
-                index: 0,
-            }
-        }
-        fn apply(&mut self, cmd: ControlCommand) -> ControlResponse {
-            self.index += 1;
-            self.state.apply(self.index, &cmd)
-        }
-        fn submit(&mut self, workers: u32, max_restarts: u32) -> JobId {
-            match self.apply(ControlCommand::Submit {
-                spec: Box::new(spec(workers, max_restarts)),
-                at_ms: 10,
-                token: None,
-            }) {
-                ControlResponse::Submitted { id } => id,
-                other => panic!("{other:?}"),
-            }
-        }
-        fn place(&mut self, id: JobId, generation: u32, n: u32) -> ControlResponse {
-            self.apply(ControlCommand::Place {
-                id,
-                generation,
-                slots: slots(n),
-                secret: new_ring_secret(),
-                at_ms: 20,
-            })
-        }
-        fn exit(&mut self, id: JobId, generation: u32, rank: u32, code: i32) -> ControlResponse {
-            self.apply(ControlCommand::WorkerExited {
-                id,
-                generation,
-                rank,
-                code,
-                at_ms: 30,
-            })
-        }
-        fn job(&self, id: JobId) -> &Job {
-            self.state.job(id).unwrap()
-        }
-    }
-
-    #[test]
-    fn submit_with_full_spec_roundtrips_through_json() {
-        // ControlCommand is internally tagged (serde buffers it): make sure nested tables,
-        // arrays and datetimes of a spec come back intact.
-        let text = format!(
-            "{}\n[search]\nalgorithm = \"asha\"\nas_of = 1979-05-27T07:32:00Z\n",
-            include_str!("../../../examples/jobs/digits-mlp.toml")
-                .replace("kind = \"train\"", "kind = \"search\"")
-        );
-        let spec = JobSpec::parse(&text).unwrap();
-        let cmd = ControlCommand::Submit {
-            spec: Box::new(spec),
-            at_ms: 1,
-            token: Some("t-1".into()),
-        };
-        let json = serde_json::to_string(&cmd).unwrap();
-        assert_eq!(serde_json::from_str::<ControlCommand>(&json).unwrap(), cmd);
-    }
-
-    #[test]
-    fn job_id_format_and_parse() {
-        assert_eq!(JobId::from_log_index(1).to_string(), "j-1");
-        assert_eq!(JobId::from_log_index(35).to_string(), "j-z");
-        assert_eq!(JobId::from_log_index(36).to_string(), "j-10");
-        assert_eq!(JobId::from_log_index(0).to_string(), "j-0");
-        for i in [0, 1, 35, 36, 1295, u64::MAX] {
-            let id = JobId::from_log_index(i);
-            assert_eq!(id.to_string().parse::<JobId>().unwrap(), id);
-        }
-        for bad in [
-            "",
-            "j-",
-            "1",
-            "j-01",
-            "j-A",
-            "x-1",
-            "j-!",
-            "j-zzzzzzzzzzzzzzzzzzzzzzz",
-        ] {
-            assert!(bad.parse::<JobId>().is_err(), "{bad}");
-        }
-        assert_eq!(
-            serde_json::to_string(&JobId::from_log_index(36)).unwrap(),
-            "\"j-10\""
-        );
-    }
-
-    #[test]
-    fn submit_creates_pending_job_with_id_from_log_index() {
-        let mut r = Replica::new();
-        r.index = 40;
-        let id = r.submit(2, 3);
-        assert_eq!(id.to_string(), "j-15"); // 41 in base 36
-        let job = r.job(id);
-        assert_eq!(
-            (job.state, job.generation, job.max_restarts),
-            (JobState::Pending, 0, 3)
-        );
-        assert_eq!(job.events[0].what, EventKind::Submitted);
-        assert_eq!(r.state.pending().count(), 1);
-    }
-
-    #[test]
-    fn happy_path_to_succeeded() {
-        let mut r = Replica::new();
-        let id = r.submit(2, 3);
-        assert_eq!(r.place(id, 1, 2), ControlResponse::Applied);
-        assert_eq!(r.job(id).state, JobState::Running);
-        assert_eq!(r.state.used_resources()["id-1"].cpus, 1);
-        assert_eq!(r.exit(id, 1, 1, 0), ControlResponse::Applied);
-        assert_eq!(r.job(id).state, JobState::Running);
-        assert!(
-            matches!(r.exit(id, 1, 1, 0), ControlResponse::Ignored { .. }),
-            "duplicate exit"
-        );
-        assert_eq!(r.exit(id, 1, 0, 0), ControlResponse::Applied);
-        let job = r.job(id);
-        assert_eq!(job.state, JobState::Succeeded);
-        assert_eq!(job.finished_at_ms, Some(30));
-        assert_eq!(job.events.last().unwrap().what, EventKind::Succeeded);
-        assert!(r.state.used_resources().is_empty());
-    }
-
-    #[test]
-    fn nonzero_exit_retries_then_fails_after_max_restarts() {
-        let mut r = Replica::new();
-        let id = r.submit(2, 1);
-        r.place(id, 1, 2);
-        r.exit(id, 1, 0, 3);
-        let job = r.job(id);
-        assert_eq!(job.state, JobState::Pending);
-        let ev = job.events.last().unwrap();
-        assert_eq!(ev.what, EventKind::AttemptFailed);
-        assert_eq!(
-            ev.reason,
-            "rank 0 on m0 exited with code 3; retrying (restart 1 of 1)"
-        );
-        // The other rank of the dead generation reports late: ignored.
-        assert!(matches!(
-            r.exit(id, 1, 1, 0),
-            ControlResponse::Ignored { .. }
-        ));
-        assert_eq!(r.place(id, 2, 2), ControlResponse::Applied);
-        assert_eq!(r.job(id).generation, 2);
-        assert!(r.job(id).exits.is_empty());
-        r.exit(id, 2, 1, 137);
-        let job = r.job(id);
-        assert_eq!(job.state, JobState::Failed);
-        assert_eq!(
-            job.events.last().unwrap().reason,
-            "rank 1 on m1 exited with code 137; all 1 restarts used"
-        );
-    }
-
-    #[test]
-    fn no_restarts_allowed_fails_at_once() {
-        let mut r = Replica::new();
-        let id = r.submit(1, 0);
-        r.place(id, 1, 1);
-        r.apply(ControlCommand::AttemptFailed {
-            id,
-            generation: 1,
-            reason: "node m0 died".into(),
-            at_ms: 5,
-        });
-        let job = r.job(id);
-        assert_eq!(job.state, JobState::Failed);
-        assert_eq!(
-            job.events.last().unwrap().reason,
-            "node m0 died; no restarts allowed"
-        );
-    }
-
-    #[test]
-    fn placement_must_be_for_the_next_attempt_of_a_pending_job() {
-        let mut r = Replica::new();
-        let id = r.submit(1, 3);
-        assert!(matches!(
-            r.place(id, 2, 1),
-            ControlResponse::Rejected { .. }
-        ));
-        assert_eq!(r.place(id, 1, 1), ControlResponse::Applied);
-        assert!(
-            matches!(r.place(id, 2, 1), ControlResponse::Rejected { .. }),
-            "running, not pending"
-        );
-        let bad = ControlCommand::Place {
-            id,
-            generation: 2,
-            slots: vec![],
-            secret: new_ring_secret(),
-            at_ms: 1,
-        };
-        assert_eq!(bad.check(), Err(BadCommand::Slots));
-        for secret in [
-            String::new(),
-            "AB".repeat(32),
-            "0".repeat(63),
-            "g".repeat(64),
-        ] {
-            let cmd = ControlCommand::Place {
-                id,
-                generation: 2,
-                slots: slots(1),
-                secret,
-                at_ms: 1,
-            };
-            assert_eq!(cmd.check(), Err(BadCommand::Secret));
-        }
-        let unknown = JobId::from_log_index(999);
-        assert!(matches!(
-            r.place(unknown, 1, 1),
-            ControlResponse::Rejected { .. }
-        ));
-    }
-
-    #[test]
-    fn each_attempt_gets_its_own_ring_secret_which_the_api_never_shows() {
-        let mut r = Replica::new();
-        let id = r.submit(1, 3);
-        assert_eq!(r.place(id, 1, 1), ControlResponse::Applied);
-        let first = r.state.jobs[&id].ring_secret.clone();
-        assert_eq!(first.len(), RING_SECRET_HEX_LEN);
-        assert_eq!(r.exit(id, 1, 0, 1), ControlResponse::Applied);
-        assert_eq!(r.state.jobs[&id].state, JobState::Pending, "retried");
-        assert_eq!(r.place(id, 2, 1), ControlResponse::Applied);
-        let second = r.state.jobs[&id].ring_secret.clone();
-        assert_ne!(first, second, "a new generation, a new secret");
-        let doc = crate::api::status::job_doc(&r.state.jobs[&id], 1, true);
-        let json = serde_json::to_string(&doc).unwrap();
-        assert!(!json.contains(&second) && !json.contains(&first), "{json}");
-    }
-
-    #[test]
-    fn unplaceable_records_reason_once_until_it_changes() {
-        let mut r = Replica::new();
-        let id = r.submit(4, 3);
-        let un = |reason: &str| ControlCommand::Unplaceable {
-            id,
-            reason: reason.into(),
-            at_ms: 7,
-        };
-        assert_eq!(r.apply(un("needs 4 workers")), ControlResponse::Applied);
-        assert!(matches!(
-            r.apply(un("needs 4 workers")),
-            ControlResponse::Ignored { .. }
-        ));
-        assert_eq!(r.apply(un("other")), ControlResponse::Applied);
-        let job = r.job(id);
-        assert_eq!(job.pending_reason.as_deref(), Some("other"));
-        assert_eq!(
-            job.events
-                .iter()
-                .filter(|e| e.what == EventKind::Unplaceable)
-                .count(),
-            2
-        );
-        r.place(id, 1, 4);
-        assert_eq!(r.job(id).pending_reason, None);
-        assert!(matches!(
-            r.apply(un("late")),
-            ControlResponse::Ignored { .. }
-        ));
-    }
-
-    #[test]
-    fn cancel_from_pending_and_running_not_from_terminal() {
-        let mut r = Replica::new();
-        let a = r.submit(1, 3);
-        assert_eq!(
-            r.apply(ControlCommand::Cancel { id: a, at_ms: 9 }),
-            ControlResponse::Applied
-        );
-        assert_eq!(r.job(a).state, JobState::Cancelled);
-        assert!(matches!(
-            r.apply(ControlCommand::Cancel { id: a, at_ms: 9 }),
-            ControlResponse::Rejected { .. }
-        ));
-        let b = r.submit(1, 3);
-        r.place(b, 1, 1);
-        assert_eq!(
-            r.apply(ControlCommand::Cancel { id: b, at_ms: 9 }),
-            ControlResponse::Applied
-        );
-        assert_eq!(r.job(b).state, JobState::Cancelled);
-        // Reports after cancel change nothing.
-        assert!(matches!(
-            r.exit(b, 1, 0, 1),
-            ControlResponse::Ignored { .. }
-        ));
-        assert!(matches!(r.place(b, 2, 1), ControlResponse::Rejected { .. }));
-        assert_eq!(r.job(b).state, JobState::Cancelled);
-    }
-
-    #[test]
-    fn exit_for_unknown_rank_is_rejected() {
-        let mut r = Replica::new();
-        let id = r.submit(2, 3);
-        r.place(id, 1, 2);
-        assert!(matches!(
-            r.exit(id, 1, 5, 0),
-            ControlResponse::Rejected { .. }
-        ));
-        assert_eq!(r.job(id).state, JobState::Running);
-    }
-
-    #[test]
-    fn metrics_latest_value_current_attempt_only() {
-        let mut r = Replica::new();
-        let id = r.submit(1, 3);
-        let m = |generation, value, step| ControlCommand::Metric {
-            id,
-            generation,
-            name: "loss".into(),
-            value,
-            step,
-            at_ms: 3,
-        };
-        assert!(
-            matches!(r.apply(m(1, 1.0, None)), ControlResponse::Ignored { .. }),
-            "not running yet"
-        );
-        r.place(id, 1, 1);
-        assert_eq!(r.apply(m(1, 0.5, Some(10))), ControlResponse::Applied);
-        assert_eq!(r.apply(m(1, 0.25, Some(20))), ControlResponse::Applied);
-        assert!(matches!(
-            r.apply(m(0, 9.0, None)),
-            ControlResponse::Ignored { .. }
-        ));
-        assert!(matches!(
-            r.apply(m(1, f64::NAN, None)),
-            ControlResponse::Rejected { .. }
-        ));
-        // A non-finite value survives the JSON log (as null) and is still rejected.
-        let json = serde_json::to_string(&m(1, f64::INFINITY, None)).unwrap();
-        let back: ControlCommand = serde_json::from_str(&json).unwrap();
-        assert!(matches!(r.apply(back), ControlResponse::Rejected { .. }));
-        let metric = r.job(id).metrics["loss"];
-        assert_eq!((metric.value, metric.step), (0.25, Some(20)));
-    }
-
-    #[test]
-    fn metric_names_are_bounded() {
-        let mut r = Replica::new();
-        let id = r.submit(1, 3);
-        r.place(id, 1, 1);
-        for i in 0..METRICS_PER_JOB_MAX + 5 {
-            r.apply(ControlCommand::Metric {
-                id,
-                generation: 1,
-                name: format!("m{i}"),
-                value: 1.0,
-                step: None,
-                at_ms: 1,
-            });
-        }
-        assert_eq!(r.job(id).metrics.len(), METRICS_PER_JOB_MAX);
-        let long = ControlCommand::Metric {
-            id,
-            generation: 1,
-            name: "x".repeat(200),
-            value: 1.0,
-            step: None,
-            at_ms: 1,
-        };
-        assert_eq!(long.check(), Err(BadCommand::MetricName));
-    }
-
-    #[test]
-    fn events_are_bounded_and_dropped_counted() {
-        let mut r = Replica::new();
-        let id = r.submit(1, 3);
-        for i in 0..EVENTS_PER_JOB_MAX + 10 {
-            r.apply(ControlCommand::Unplaceable {
-                id,
-                reason: format!("r{i}"),
-                at_ms: 1,
-            });
-        }
-        let job = r.job(id);
-        assert_eq!(job.events.len(), EVENTS_PER_JOB_MAX);
-        assert_eq!(job.events_dropped, 11);
-        // Long reasons are cut.
-        r.apply(ControlCommand::Unplaceable {
-            id,
-            reason: "é".repeat(REASON_BYTES_MAX),
-            at_ms: 1,
-        });
-        assert!(r.job(id).pending_reason.as_ref().unwrap().len() <= REASON_BYTES_MAX);
-    }
-
-    #[test]
-    fn replicas_applying_the_same_log_agree_and_snapshot_roundtrips() {
-        let log = |id: JobId| {
-            vec![
-                ControlCommand::Place {
-                    id,
-                    generation: 1,
-                    slots: slots(2),
-                    secret: new_ring_secret(),
-                    at_ms: 2,
-                },
-                ControlCommand::Metric {
-                    id,
-                    generation: 1,
-                    name: "acc".into(),
-                    value: 0.9,
-                    step: Some(3),
-                    at_ms: 3,
-                },
-                ControlCommand::WorkerExited {
-                    id,
-                    generation: 1,
-                    rank: 0,
-                    code: 1,
-                    at_ms: 4,
-                },
-                ControlCommand::Place {
-                    id,
-                    generation: 2,
-                    slots: slots(2),
-                    secret: new_ring_secret(),
-                    at_ms: 5,
-                },
-            ]
-        };
-        let mut a = Replica::new();
-        let mut b = Replica::new();
-        let ia = a.submit(2, 3);
-        let ib = b.submit(2, 3);
-        assert_eq!(ia, ib);
-        for cmd in log(ia) {
-            assert_eq!(a.apply(cmd.clone()), b.apply(cmd));
-        }
-        assert_eq!(a.state, b.state);
-        assert_eq!(a.state.applied_index, 5);
-        assert_eq!(a.state.applied_at_ms, 10);
-        let json = serde_json::to_vec(&a.state).unwrap();
-        let back: ControlState = serde_json::from_slice(&json).unwrap();
-        assert_eq!(back, a.state);
-        for cmd in log(ia)
-            .into_iter()
-            .chain([ControlCommand::Cancel { id: ia, at_ms: 1 }])
-        {
-            let json = serde_json::to_string(&cmd).unwrap();
-            assert_eq!(serde_json::from_str::<ControlCommand>(&json).unwrap(), cmd);
-        }
-    }
-
-    #[test]
-    fn a_retried_submit_with_the_same_token_returns_the_first_id() {
-        let mut state = ControlState::default();
-        let submit = |token: Option<&str>| ControlCommand::Submit {
-            spec: Box::new(spec(1, 0)),
-            at_ms: 5,
-            token: token.map(str::to_string),
-        };
-        let first = state.apply(1, &submit(Some("abc")));
-        let again = state.apply(2, &submit(Some("abc")));
-        assert_eq!(first, again, "same token, same job");
-        assert_eq!(state.jobs.len(), 1);
-        let other = state.apply(3, &submit(Some("def")));
-        assert_ne!(first, other);
-        state.apply(4, &submit(None));
-        assert_eq!(state.jobs.len(), 3);
-        assert!(matches!(
-            state.apply(5, &submit(Some(""))),
-            ControlResponse::Rejected { .. }
-        ));
-    }
-}
-
-#[cfg(test)]
-mod metric_history_tests {
-    use super::*;
-
-    #[test]
-    fn history_is_bounded_and_keeps_the_whole_curve() {
-        let mut h = MetricHistory::default();
-        let reports = 10 * METRIC_HISTORY_POINTS_MAX as u64 + 3;
-        for i in 0..reports {
-            h.record(Some(i * 10), i as f64);
-            assert!(h.points.len() <= METRIC_HISTORY_POINTS_MAX);
-        }
-        assert!(h.points.len() >= METRIC_HISTORY_POINTS_MAX / 2);
-        assert_eq!(h.points[0], (0, 0.0), "the start of the curve stays");
-        let last = h.points.last().unwrap().0;
-        assert!(last >= (reports - h.stride) * 10, "the end too: {last}");
-        let gaps: std::collections::BTreeSet<u64> =
-            h.points.windows(2).map(|w| w[1].0 - w[0].0).collect();
-        assert_eq!(gaps.len(), 1, "evenly spaced: {gaps:?}");
-    }
-
-    #[test]
-    fn reports_without_a_step_are_numbered() {
-        let mut h = MetricHistory::default();
-        h.record(None, 1.0);
-        h.record(Some(7), 2.0);
-        h.record(None, 3.0);
-        assert_eq!(h.points, vec![(0, 1.0), (7, 2.0), (2, 3.0)]);
-    }
-
-    /// A snapshot written before tokens and removals existed still loads, with none.
-    #[test]
-    fn a_state_without_tokens_or_removals_still_loads() {
-        let old = r#"{"jobs":{},"applied_at_ms":5,"applied_index":3,"tokens":{},"blacklist":{},"datasets":{}}"#;
-        let s: ControlState = serde_json::from_str(old).unwrap();
-        assert_eq!(s.applied_index, 3);
-        assert!(s.api_tokens.is_empty() && s.removed.is_empty());
-        let mut s = s;
-        let cmd = ControlCommand::MemberRemove {
-            peer_id: libp2p::PeerId::random().to_string(),
-            name: "c".into(),
-            at_ms: 6,
-        };
-        assert_eq!(s.apply(4, &cmd), ControlResponse::Applied);
-        let json = serde_json::to_string(&s).unwrap();
-        assert_eq!(serde_json::from_str::<ControlState>(&json).unwrap(), s);
-        // The new commands as log entries, and an old entry beside them.
-        let line = serde_json::to_string(&cmd).unwrap();
-        assert!(line.contains(r#""op":"member_remove""#), "{line}");
-        assert_eq!(serde_json::from_str::<ControlCommand>(&line).unwrap(), cmd);
-        let cancel = r#"{"op":"cancel","id":"j-1","at_ms":1}"#;
-        assert!(serde_json::from_str::<ControlCommand>(cancel).is_ok());
-    }
-}
+mod tests;

@@ -12,6 +12,9 @@
 //! document, when the spec is parsed (their errors get the field's line from that document),
 //! and kept typed beside the tables ([`JobSpec::trainer`]).
 
+/// The trainer's sections of a train job's spec (also `domain::train_spec`).
+pub mod train;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
@@ -530,7 +533,7 @@ impl JobSpec {
         }
         self.trainer
             .0
-            .get_or_init(|| crate::jobs::train_spec::read(self).ok())
+            .get_or_init(|| train::read(self).ok())
             .as_ref()
     }
 

@@ -3,13 +3,13 @@
 //! a speculative copy, where, since when), and the record of a trial's run job pointing
 //! back at its search.
 //!
-//! These are plain data; the control state's `apply` changes them (`control::trials`), the
+//! These are plain data; the control state's `apply` changes them (`domain::state::trials`), the
 //! chief reads them to decide (`chief::search`). Nothing here reads a clock.
 
 use serde::{Deserialize, Serialize};
 use trainer::search::{Trial, TrialState};
 
-use crate::control::id::JobId;
+use crate::domain::id::JobId;
 
 /// A search job's record, in its `Job`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

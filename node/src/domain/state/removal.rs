@@ -12,7 +12,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::state::{ignored, rejected, ControlResponse, ControlState};
+use super::{ignored, rejected, ControlResponse, ControlState};
 
 /// Most removed members remembered (the list lives in every snapshot).
 pub const REMOVED_MAX: usize = 10_000;
@@ -61,12 +61,14 @@ impl ControlState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::state::ControlCommand;
+    use crate::domain::state::{ControlCommand, Op};
 
     fn remove(peer: &str) -> ControlCommand {
-        ControlCommand::MemberRemove {
-            peer_id: peer.into(),
-            name: "c".into(),
+        ControlCommand {
+            op: Op::MemberRemove {
+                peer_id: peer.into(),
+                name: "c".into(),
+            },
             at_ms: 9,
         }
     }

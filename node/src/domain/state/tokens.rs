@@ -9,7 +9,7 @@
 //!
 //! A [`Principal`] is who a request acts as: the admin, a replicated token (by its hash,
 //! never the token), or the node itself. The API's auth middleware sets it for the
-//! request's task ([`Principal::scope`]); [`super::handle::ControlHandle::propose`] and the
+//! request's task ([`Principal::scope`]); `control::handle::ControlHandle::propose` and the
 //! rank-log reads forward it to the chief or the member holding the log, which refuse a
 //! token whose hash left the state meanwhile (`control::rpc::authorize`). Only the admin
 //! makes and revokes tokens and removes members.
@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::state::{ignored, rejected, ControlResponse, ControlState};
+use super::{ignored, rejected, ControlResponse, ControlState};
 
 /// Most API tokens in the state (every request compares against all of them).
 pub const TOKENS_MAX: usize = 1_000;
@@ -204,13 +204,15 @@ pub fn listing(tokens: &BTreeMap<String, TokenRecord>) -> Vec<serde_json::Value>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::state::ControlCommand;
+    use crate::domain::state::{ControlCommand, Op};
 
     fn create(name: &str, hash: &str) -> ControlCommand {
-        ControlCommand::TokenCreate {
-            name: name.into(),
-            hash: hash.into(),
-            created_by: "admin@a".into(),
+        ControlCommand {
+            op: Op::TokenCreate {
+                name: name.into(),
+                hash: hash.into(),
+                created_by: "admin@a".into(),
+            },
             at_ms: 7,
         }
     }
@@ -239,8 +241,8 @@ mod tests {
             s.apply(3, &create("other", &hash)),
             ControlResponse::Rejected { .. }
         ));
-        let revoke = ControlCommand::TokenRevoke {
-            name: "ci".into(),
+        let revoke = ControlCommand {
+            op: Op::TokenRevoke { name: "ci".into() },
             at_ms: 8,
         };
         assert_eq!(s.apply(4, &revoke), ControlResponse::Applied);

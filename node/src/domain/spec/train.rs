@@ -1,14 +1,14 @@
 //! `kind = "train"` jobs: the trainer's sections of a job spec (`[model]`, `[data]`,
 //! `[train]`, `[checkpoint]`), checked when a job is admitted and written to each rank's spec
 //! file. Each rank is this node's own binary run as `ringleader train-worker` (see
-//! [`super::launch`]), which calls [`trainer::worker::run`]; rank 0 prints `ringleader-metric`
+//! `jobs::launch`), which calls [`trainer::worker::run`]; rank 0 prints `ringleader-metric`
 //! lines that become job metrics and writes checkpoints under `jobs/<job-id>/ckpt/<step>/` in
 //! the node's store.
 
 use toml::de::DeTable;
 use trainer::{FieldError, TrainSpec};
 
-use crate::jobs::spec::JobSpec;
+use crate::domain::spec::JobSpec;
 
 /// Sections of a job spec the trainer reads.
 const SECTIONS: [&str; 4] = ["model", "data", "train", "checkpoint"];
@@ -55,7 +55,7 @@ mod tests {
             "name = \"a\"\nkind = \"command\"\ncommand = [\"true\"]\n{tables}"
         ))
         .unwrap();
-        spec.kind = crate::jobs::spec::JobKind::Train;
+        spec.kind = crate::domain::spec::JobKind::Train;
         spec.command.clear();
         spec.tables_changed();
         spec
@@ -63,7 +63,7 @@ mod tests {
 
     #[test]
     fn example_spec_reads_and_is_kept_typed() {
-        let text = include_str!("../../../examples/jobs/digits-mlp.toml");
+        let text = include_str!("../../../../examples/jobs/digits-mlp.toml");
         let spec = read(&parse(text)).unwrap();
         assert_eq!(spec.model.arch, trainer::Arch::Mlp);
         assert_eq!(parse(text).trainer(), Some(&spec));

@@ -3,11 +3,11 @@
 //! storage: every node writes each ended job to `jobs/<id>/record.json` in its store
 //! (`jobs::archive`), and the API answers for a compacted job from there.
 //!
-//! The chief proposes [`ControlCommand::Compact`] with the ids [`compactable`] names; the
+//! The chief proposes [`Op::Compact`] with the ids [`compactable`] names; the
 //! state machine removes those still ended (and the submit tokens that named them). A trial
 //! job stays while its search runs (the search's leaderboard names it).
 
-use super::state::{ignored, ControlCommand, ControlResponse, ControlState, JobId};
+use super::{ignored, ControlCommand, ControlResponse, ControlState, JobId, Op};
 
 /// Most ids in one `Compact` command.
 pub const COMPACT_IDS_MAX: usize = 1_000;
@@ -54,21 +54,26 @@ impl ControlState {
 
 /// The command compacting `ids`, if any.
 pub fn command(ids: Vec<JobId>, at_ms: u64) -> Option<ControlCommand> {
-    (!ids.is_empty()).then_some(ControlCommand::Compact { ids, at_ms })
+    (!ids.is_empty()).then_some(ControlCommand {
+        op: Op::Compact { ids },
+        at_ms,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::jobs::spec::JobSpec;
+    use crate::domain::spec::JobSpec;
 
     fn submit(s: &mut ControlState, at_ms: u64) -> JobId {
         let spec =
             JobSpec::parse("name = \"a\"\nkind = \"command\"\ncommand = [\"true\"]\n").unwrap();
-        let cmd = ControlCommand::Submit {
-            spec: Box::new(spec),
+        let cmd = ControlCommand {
+            op: Op::Submit {
+                spec: Box::new(spec),
+                token: Some(format!("t{at_ms}")),
+            },
             at_ms,
-            token: Some(format!("t{at_ms}")),
         };
         match s.apply(s.applied_index + 1, &cmd) {
             ControlResponse::Submitted { id } => id,
@@ -83,7 +88,10 @@ mod tests {
         let young = submit(&mut s, 20);
         let running = submit(&mut s, 30);
         for (id, at) in [(old, 100), (young, 900)] {
-            let cancel = ControlCommand::Cancel { id, at_ms: at };
+            let cancel = ControlCommand {
+                op: Op::Cancel { id },
+                at_ms: at,
+            };
             assert_eq!(
                 s.apply(s.applied_index + 1, &cancel),
                 ControlResponse::Applied
@@ -99,8 +107,8 @@ mod tests {
             "its token went with it"
         );
         // Compacting a running job is a no-op.
-        let cmd = ControlCommand::Compact {
-            ids: vec![running],
+        let cmd = ControlCommand {
+            op: Op::Compact { ids: vec![running] },
             at_ms: 1_001,
         };
         assert!(matches!(

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::control::state::JobId;
+use crate::domain::state::JobId;
 
 /// Largest piece of a log returned by one read, in bytes.
 pub const LOG_CHUNK_BYTES_MAX: u64 = 256 * 1024;
@@ -15,7 +15,7 @@ pub const LOG_CHUNK_BYTES_MAX: u64 = 256 * 1024;
 pub struct LogChunk {
     /// The worker's rank in the current generation.
     pub rank: u32,
-    /// The worker's id (see [`crate::control::state::Slot::worker`]): offsets are per worker,
+    /// The worker's id (see [`crate::domain::state::Slot::worker`]): offsets are per worker,
     /// since an elastic train worker keeps its log through re-forms while its rank changes.
     #[serde(default)]
     pub worker: u32,
@@ -47,7 +47,7 @@ impl LogChunk {
 }
 
 /// Where a worker's log lives under the jobs directory: by the generation its process was
-/// started for and its worker id (see [`crate::control::state::Job::process_generation`]).
+/// started for and its worker id (see [`crate::domain::state::Job::process_generation`]).
 pub fn log_path(jobs_dir: &Path, id: JobId, generation: u32, worker: u32) -> PathBuf {
     jobs_dir
         .join(id.to_string())

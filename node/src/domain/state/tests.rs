@@ -1,0 +1,869 @@
+//! Tests of the replicated state: its commands through `apply` (as replicas apply them,
+//! with the log's checks) and each command's own method.
+
+use super::*;
+
+fn spec(workers: u32, max_restarts: u32) -> JobSpec {
+    JobSpec::parse(&format!(
+        "name = \"t\"\nkind = \"command\"\nworkers = {workers}\nmax_restarts = {max_restarts}\ncommand = [\"true\"]\n"
+    ))
+    .unwrap()
+}
+
+fn slots(n: u32) -> Vec<Slot> {
+    (0..n)
+        .map(|r| Slot {
+            member: format!("id-{r}"),
+            name: format!("m{r}"),
+            rank: r,
+            local_rank: 0,
+            worker: r,
+            gpus: Vec::new(),
+        })
+        .collect()
+}
+
+/// A state and a log-index counter, as a replica sees them.
+struct Replica {
+    state: ControlState,
+    index: u64,
+}
+
+impl Replica {
+    fn new() -> Replica {
+        Replica {
+            state: ControlState::default(),
+            index: 0,
+        }
+    }
+    fn apply(&mut self, cmd: ControlCommand) -> ControlResponse {
+        self.index += 1;
+        self.state.apply(self.index, &cmd)
+    }
+    fn submit(&mut self, workers: u32, max_restarts: u32) -> JobId {
+        match self.apply(ControlCommand {
+            op: Op::Submit {
+                spec: Box::new(spec(workers, max_restarts)),
+                token: None,
+            },
+            at_ms: 10,
+        }) {
+            ControlResponse::Submitted { id } => id,
+            other => panic!("{other:?}"),
+        }
+    }
+    fn place(&mut self, id: JobId, generation: u32, n: u32) -> ControlResponse {
+        self.apply(ControlCommand {
+            op: Op::Place {
+                id,
+                generation,
+                slots: slots(n),
+                secret: new_ring_secret(),
+            },
+            at_ms: 20,
+        })
+    }
+    fn exit(&mut self, id: JobId, generation: u32, rank: u32, code: i32) -> ControlResponse {
+        self.apply(ControlCommand {
+            op: Op::WorkerExited {
+                id,
+                generation,
+                rank,
+                code,
+            },
+            at_ms: 30,
+        })
+    }
+    fn job(&self, id: JobId) -> &Job {
+        self.state.job(id).unwrap()
+    }
+}
+
+#[test]
+fn submit_with_full_spec_roundtrips_through_json() {
+    // ControlCommand is internally tagged (serde buffers it): make sure nested tables,
+    // arrays and datetimes of a spec come back intact.
+    let text = format!(
+        "{}\n[search]\nalgorithm = \"asha\"\nas_of = 1979-05-27T07:32:00Z\n",
+        include_str!("../../../../examples/jobs/digits-mlp.toml")
+            .replace("kind = \"train\"", "kind = \"search\"")
+    );
+    let spec = JobSpec::parse(&text).unwrap();
+    let cmd = ControlCommand {
+        op: Op::Submit {
+            spec: Box::new(spec),
+            token: Some("t-1".into()),
+        },
+        at_ms: 1,
+    };
+    let json = serde_json::to_string(&cmd).unwrap();
+    assert_eq!(serde_json::from_str::<ControlCommand>(&json).unwrap(), cmd);
+}
+
+#[test]
+fn job_id_format_and_parse() {
+    assert_eq!(JobId::from_log_index(1).to_string(), "j-1");
+    assert_eq!(JobId::from_log_index(35).to_string(), "j-z");
+    assert_eq!(JobId::from_log_index(36).to_string(), "j-10");
+    assert_eq!(JobId::from_log_index(0).to_string(), "j-0");
+    for i in [0, 1, 35, 36, 1295, u64::MAX] {
+        let id = JobId::from_log_index(i);
+        assert_eq!(id.to_string().parse::<JobId>().unwrap(), id);
+    }
+    for bad in [
+        "",
+        "j-",
+        "1",
+        "j-01",
+        "j-A",
+        "x-1",
+        "j-!",
+        "j-zzzzzzzzzzzzzzzzzzzzzzz",
+    ] {
+        assert!(bad.parse::<JobId>().is_err(), "{bad}");
+    }
+    assert_eq!(
+        serde_json::to_string(&JobId::from_log_index(36)).unwrap(),
+        "\"j-10\""
+    );
+}
+
+#[test]
+fn submit_creates_pending_job_with_id_from_log_index() {
+    let mut r = Replica::new();
+    r.index = 40;
+    let id = r.submit(2, 3);
+    assert_eq!(id.to_string(), "j-15"); // 41 in base 36
+    let job = r.job(id);
+    assert_eq!(
+        (job.state, job.generation, job.max_restarts),
+        (JobState::Pending, 0, 3)
+    );
+    assert_eq!(job.events[0].what, EventKind::Submitted);
+    assert_eq!(r.state.pending().count(), 1);
+}
+
+#[test]
+fn happy_path_to_succeeded() {
+    let mut r = Replica::new();
+    let id = r.submit(2, 3);
+    assert_eq!(r.place(id, 1, 2), ControlResponse::Applied);
+    assert_eq!(r.job(id).state, JobState::Running);
+    assert_eq!(r.state.used_resources()["id-1"].cpus, 1);
+    assert_eq!(r.exit(id, 1, 1, 0), ControlResponse::Applied);
+    assert_eq!(r.job(id).state, JobState::Running);
+    assert!(
+        matches!(r.exit(id, 1, 1, 0), ControlResponse::Ignored { .. }),
+        "duplicate exit"
+    );
+    assert_eq!(r.exit(id, 1, 0, 0), ControlResponse::Applied);
+    let job = r.job(id);
+    assert_eq!(job.state, JobState::Succeeded);
+    assert_eq!(job.finished_at_ms, Some(30));
+    assert_eq!(job.events.last().unwrap().what, EventKind::Succeeded);
+    assert!(r.state.used_resources().is_empty());
+}
+
+#[test]
+fn nonzero_exit_retries_then_fails_after_max_restarts() {
+    let mut r = Replica::new();
+    let id = r.submit(2, 1);
+    r.place(id, 1, 2);
+    r.exit(id, 1, 0, 3);
+    let job = r.job(id);
+    assert_eq!(job.state, JobState::Pending);
+    let ev = job.events.last().unwrap();
+    assert_eq!(ev.what, EventKind::AttemptFailed);
+    assert_eq!(
+        ev.reason,
+        "rank 0 on m0 exited with code 3; retrying (restart 1 of 1)"
+    );
+    // The other rank of the dead generation reports late: ignored.
+    assert!(matches!(
+        r.exit(id, 1, 1, 0),
+        ControlResponse::Ignored { .. }
+    ));
+    assert_eq!(r.place(id, 2, 2), ControlResponse::Applied);
+    assert_eq!(r.job(id).generation, 2);
+    assert!(r.job(id).exits.is_empty());
+    r.exit(id, 2, 1, 137);
+    let job = r.job(id);
+    assert_eq!(job.state, JobState::Failed);
+    assert_eq!(
+        job.events.last().unwrap().reason,
+        "rank 1 on m1 exited with code 137; all 1 restarts used"
+    );
+}
+
+#[test]
+fn no_restarts_allowed_fails_at_once() {
+    let mut r = Replica::new();
+    let id = r.submit(1, 0);
+    r.place(id, 1, 1);
+    r.apply(ControlCommand {
+        op: Op::AttemptFailed {
+            id,
+            generation: 1,
+            reason: "node m0 died".into(),
+        },
+        at_ms: 5,
+    });
+    let job = r.job(id);
+    assert_eq!(job.state, JobState::Failed);
+    assert_eq!(
+        job.events.last().unwrap().reason,
+        "node m0 died; no restarts allowed"
+    );
+}
+
+#[test]
+fn placement_must_be_for_the_next_attempt_of_a_pending_job() {
+    let mut r = Replica::new();
+    let id = r.submit(1, 3);
+    assert!(matches!(
+        r.place(id, 2, 1),
+        ControlResponse::Rejected { .. }
+    ));
+    assert_eq!(r.place(id, 1, 1), ControlResponse::Applied);
+    assert!(
+        matches!(r.place(id, 2, 1), ControlResponse::Rejected { .. }),
+        "running, not pending"
+    );
+    let bad = ControlCommand {
+        op: Op::Place {
+            id,
+            generation: 2,
+            slots: vec![],
+            secret: new_ring_secret(),
+        },
+        at_ms: 1,
+    };
+    assert_eq!(bad.check(), Err(BadCommand::Slots));
+    for secret in [
+        String::new(),
+        "AB".repeat(32),
+        "0".repeat(63),
+        "g".repeat(64),
+    ] {
+        let cmd = ControlCommand {
+            op: Op::Place {
+                id,
+                generation: 2,
+                slots: slots(1),
+                secret,
+            },
+            at_ms: 1,
+        };
+        assert_eq!(cmd.check(), Err(BadCommand::Secret));
+    }
+    let unknown = JobId::from_log_index(999);
+    assert!(matches!(
+        r.place(unknown, 1, 1),
+        ControlResponse::Rejected { .. }
+    ));
+}
+
+#[test]
+fn each_attempt_gets_its_own_ring_secret_which_the_api_never_shows() {
+    let mut r = Replica::new();
+    let id = r.submit(1, 3);
+    assert_eq!(r.place(id, 1, 1), ControlResponse::Applied);
+    let first = r.state.jobs[&id].ring_secret.clone();
+    assert_eq!(first.len(), RING_SECRET_HEX_LEN);
+    assert_eq!(r.exit(id, 1, 0, 1), ControlResponse::Applied);
+    assert_eq!(r.state.jobs[&id].state, JobState::Pending, "retried");
+    assert_eq!(r.place(id, 2, 1), ControlResponse::Applied);
+    let second = r.state.jobs[&id].ring_secret.clone();
+    assert_ne!(first, second, "a new generation, a new secret");
+    let doc = crate::api::status::job_doc(&r.state.jobs[&id], 1, true);
+    let json = serde_json::to_string(&doc).unwrap();
+    assert!(!json.contains(&second) && !json.contains(&first), "{json}");
+}
+
+#[test]
+fn unplaceable_records_reason_once_until_it_changes() {
+    let mut r = Replica::new();
+    let id = r.submit(4, 3);
+    let un = |reason: &str| ControlCommand {
+        op: Op::Unplaceable {
+            id,
+            reason: reason.into(),
+        },
+        at_ms: 7,
+    };
+    assert_eq!(r.apply(un("needs 4 workers")), ControlResponse::Applied);
+    assert!(matches!(
+        r.apply(un("needs 4 workers")),
+        ControlResponse::Ignored { .. }
+    ));
+    assert_eq!(r.apply(un("other")), ControlResponse::Applied);
+    let job = r.job(id);
+    assert_eq!(job.pending_reason.as_deref(), Some("other"));
+    assert_eq!(
+        job.events
+            .iter()
+            .filter(|e| e.what == EventKind::Unplaceable)
+            .count(),
+        2
+    );
+    r.place(id, 1, 4);
+    assert_eq!(r.job(id).pending_reason, None);
+    assert!(matches!(
+        r.apply(un("late")),
+        ControlResponse::Ignored { .. }
+    ));
+}
+
+#[test]
+fn cancel_from_pending_and_running_not_from_terminal() {
+    let mut r = Replica::new();
+    let a = r.submit(1, 3);
+    assert_eq!(
+        r.apply(ControlCommand {
+            op: Op::Cancel { id: a },
+            at_ms: 9
+        }),
+        ControlResponse::Applied
+    );
+    assert_eq!(r.job(a).state, JobState::Cancelled);
+    assert!(matches!(
+        r.apply(ControlCommand {
+            op: Op::Cancel { id: a },
+            at_ms: 9
+        }),
+        ControlResponse::Rejected { .. }
+    ));
+    let b = r.submit(1, 3);
+    r.place(b, 1, 1);
+    assert_eq!(
+        r.apply(ControlCommand {
+            op: Op::Cancel { id: b },
+            at_ms: 9
+        }),
+        ControlResponse::Applied
+    );
+    assert_eq!(r.job(b).state, JobState::Cancelled);
+    // Reports after cancel change nothing.
+    assert!(matches!(
+        r.exit(b, 1, 0, 1),
+        ControlResponse::Ignored { .. }
+    ));
+    assert!(matches!(r.place(b, 2, 1), ControlResponse::Rejected { .. }));
+    assert_eq!(r.job(b).state, JobState::Cancelled);
+}
+
+#[test]
+fn exit_for_unknown_rank_is_rejected() {
+    let mut r = Replica::new();
+    let id = r.submit(2, 3);
+    r.place(id, 1, 2);
+    assert!(matches!(
+        r.exit(id, 1, 5, 0),
+        ControlResponse::Rejected { .. }
+    ));
+    assert_eq!(r.job(id).state, JobState::Running);
+}
+
+#[test]
+fn metrics_latest_value_current_attempt_only() {
+    let mut r = Replica::new();
+    let id = r.submit(1, 3);
+    let m = |generation, value, step| ControlCommand {
+        op: Op::Metric {
+            id,
+            generation,
+            name: "loss".into(),
+            value,
+            step,
+        },
+        at_ms: 3,
+    };
+    assert!(
+        matches!(r.apply(m(1, 1.0, None)), ControlResponse::Ignored { .. }),
+        "not running yet"
+    );
+    r.place(id, 1, 1);
+    assert_eq!(r.apply(m(1, 0.5, Some(10))), ControlResponse::Applied);
+    assert_eq!(r.apply(m(1, 0.25, Some(20))), ControlResponse::Applied);
+    assert!(matches!(
+        r.apply(m(0, 9.0, None)),
+        ControlResponse::Ignored { .. }
+    ));
+    assert!(matches!(
+        r.apply(m(1, f64::NAN, None)),
+        ControlResponse::Rejected { .. }
+    ));
+    // A non-finite value survives the JSON log (as null) and is still rejected.
+    let json = serde_json::to_string(&m(1, f64::INFINITY, None)).unwrap();
+    let back: ControlCommand = serde_json::from_str(&json).unwrap();
+    assert!(matches!(r.apply(back), ControlResponse::Rejected { .. }));
+    let metric = r.job(id).metrics["loss"];
+    assert_eq!((metric.value, metric.step), (0.25, Some(20)));
+}
+
+#[test]
+fn metric_names_are_bounded() {
+    let mut r = Replica::new();
+    let id = r.submit(1, 3);
+    r.place(id, 1, 1);
+    for i in 0..METRICS_PER_JOB_MAX + 5 {
+        r.apply(ControlCommand {
+            op: Op::Metric {
+                id,
+                generation: 1,
+                name: format!("m{i}"),
+                value: 1.0,
+                step: None,
+            },
+            at_ms: 1,
+        });
+    }
+    assert_eq!(r.job(id).metrics.len(), METRICS_PER_JOB_MAX);
+    let long = ControlCommand {
+        op: Op::Metric {
+            id,
+            generation: 1,
+            name: "x".repeat(200),
+            value: 1.0,
+            step: None,
+        },
+        at_ms: 1,
+    };
+    assert_eq!(long.check(), Err(BadCommand::MetricName));
+}
+
+#[test]
+fn events_are_bounded_and_dropped_counted() {
+    let mut r = Replica::new();
+    let id = r.submit(1, 3);
+    for i in 0..EVENTS_PER_JOB_MAX + 10 {
+        r.apply(ControlCommand {
+            op: Op::Unplaceable {
+                id,
+                reason: format!("r{i}"),
+            },
+            at_ms: 1,
+        });
+    }
+    let job = r.job(id);
+    assert_eq!(job.events.len(), EVENTS_PER_JOB_MAX);
+    assert_eq!(job.events_dropped, 11);
+    // Long reasons are cut.
+    r.apply(ControlCommand {
+        op: Op::Unplaceable {
+            id,
+            reason: "é".repeat(REASON_BYTES_MAX),
+        },
+        at_ms: 1,
+    });
+    assert!(r.job(id).pending_reason.as_ref().unwrap().len() <= REASON_BYTES_MAX);
+}
+
+#[test]
+fn replicas_applying_the_same_log_agree_and_snapshot_roundtrips() {
+    let log = |id: JobId| {
+        vec![
+            ControlCommand {
+                op: Op::Place {
+                    id,
+                    generation: 1,
+                    slots: slots(2),
+                    secret: new_ring_secret(),
+                },
+                at_ms: 2,
+            },
+            ControlCommand {
+                op: Op::Metric {
+                    id,
+                    generation: 1,
+                    name: "acc".into(),
+                    value: 0.9,
+                    step: Some(3),
+                },
+                at_ms: 3,
+            },
+            ControlCommand {
+                op: Op::WorkerExited {
+                    id,
+                    generation: 1,
+                    rank: 0,
+                    code: 1,
+                },
+                at_ms: 4,
+            },
+            ControlCommand {
+                op: Op::Place {
+                    id,
+                    generation: 2,
+                    slots: slots(2),
+                    secret: new_ring_secret(),
+                },
+                at_ms: 5,
+            },
+        ]
+    };
+    let mut a = Replica::new();
+    let mut b = Replica::new();
+    let ia = a.submit(2, 3);
+    let ib = b.submit(2, 3);
+    assert_eq!(ia, ib);
+    for cmd in log(ia) {
+        assert_eq!(a.apply(cmd.clone()), b.apply(cmd));
+    }
+    assert_eq!(a.state, b.state);
+    assert_eq!(a.state.applied_index, 5);
+    assert_eq!(a.state.applied_at_ms, 10);
+    let json = serde_json::to_vec(&a.state).unwrap();
+    let back: ControlState = serde_json::from_slice(&json).unwrap();
+    assert_eq!(back, a.state);
+    for cmd in log(ia).into_iter().chain([ControlCommand {
+        op: Op::Cancel { id: ia },
+        at_ms: 1,
+    }]) {
+        let json = serde_json::to_string(&cmd).unwrap();
+        assert_eq!(serde_json::from_str::<ControlCommand>(&json).unwrap(), cmd);
+    }
+}
+
+#[test]
+fn a_retried_submit_with_the_same_token_returns_the_first_id() {
+    let mut state = ControlState::default();
+    let submit = |token: Option<&str>| ControlCommand {
+        op: Op::Submit {
+            spec: Box::new(spec(1, 0)),
+            token: token.map(str::to_string),
+        },
+        at_ms: 5,
+    };
+    let first = state.apply(1, &submit(Some("abc")));
+    let again = state.apply(2, &submit(Some("abc")));
+    assert_eq!(first, again, "same token, same job");
+    assert_eq!(state.jobs.len(), 1);
+    let other = state.apply(3, &submit(Some("def")));
+    assert_ne!(first, other);
+    state.apply(4, &submit(None));
+    assert_eq!(state.jobs.len(), 3);
+    assert!(matches!(
+        state.apply(5, &submit(Some(""))),
+        ControlResponse::Rejected { .. }
+    ));
+}
+
+mod metric_history {
+    use super::*;
+
+    #[test]
+    fn history_is_bounded_and_keeps_the_whole_curve() {
+        let mut h = MetricHistory::default();
+        let reports = 10 * METRIC_HISTORY_POINTS_MAX as u64 + 3;
+        for i in 0..reports {
+            h.record(Some(i * 10), i as f64);
+            assert!(h.points.len() <= METRIC_HISTORY_POINTS_MAX);
+        }
+        assert!(h.points.len() >= METRIC_HISTORY_POINTS_MAX / 2);
+        assert_eq!(h.points[0], (0, 0.0), "the start of the curve stays");
+        let last = h.points.last().unwrap().0;
+        assert!(last >= (reports - h.stride) * 10, "the end too: {last}");
+        let gaps: std::collections::BTreeSet<u64> =
+            h.points.windows(2).map(|w| w[1].0 - w[0].0).collect();
+        assert_eq!(gaps.len(), 1, "evenly spaced: {gaps:?}");
+    }
+
+    #[test]
+    fn reports_without_a_step_are_numbered() {
+        let mut h = MetricHistory::default();
+        h.record(None, 1.0);
+        h.record(Some(7), 2.0);
+        h.record(None, 3.0);
+        assert_eq!(h.points, vec![(0, 1.0), (7, 2.0), (2, 3.0)]);
+    }
+
+    /// A snapshot written before tokens and removals existed still loads, with none.
+    #[test]
+    fn a_state_without_tokens_or_removals_still_loads() {
+        let old = r#"{"jobs":{},"applied_at_ms":5,"applied_index":3,"tokens":{},"blacklist":{},"datasets":{}}"#;
+        let s: ControlState = serde_json::from_str(old).unwrap();
+        assert_eq!(s.applied_index, 3);
+        assert!(s.api_tokens.is_empty() && s.removed.is_empty());
+        let mut s = s;
+        let cmd = ControlCommand {
+            op: Op::MemberRemove {
+                peer_id: libp2p::PeerId::random().to_string(),
+                name: "c".into(),
+            },
+            at_ms: 6,
+        };
+        assert_eq!(s.apply(4, &cmd), ControlResponse::Applied);
+        let json = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<ControlState>(&json).unwrap(), s);
+        // The new commands as log entries, and an old entry beside them.
+        let line = serde_json::to_string(&cmd).unwrap();
+        assert!(line.contains(r#""op":"member_remove""#), "{line}");
+        assert_eq!(serde_json::from_str::<ControlCommand>(&line).unwrap(), cmd);
+        let cancel = r#"{"op":"cancel","id":"j-1","at_ms":1}"#;
+        assert!(serde_json::from_str::<ControlCommand>(cancel).is_ok());
+    }
+}
+
+/// Each command's own method, called directly (what `apply` dispatches to, after its checks).
+mod commands {
+    use super::*;
+
+    fn secret() -> String {
+        "ab".repeat(32)
+    }
+
+    /// A state holding one pending job of `workers` (elastic down to `min_workers`), id j-1.
+    fn pending(workers: u32, min_workers: u32) -> (ControlState, JobId) {
+        let mut state = ControlState::default();
+        let text = format!(
+            "name = \"t\"\nkind = \"command\"\nworkers = {workers}\nmin_workers = {min_workers}\ncommand = [\"true\"]\n"
+        );
+        let r = state.submit(1, &JobSpec::parse(&text).unwrap(), None, 5);
+        assert_eq!(
+            r,
+            ControlResponse::Submitted {
+                id: JobId::from_log_index(1)
+            }
+        );
+        (state, JobId::from_log_index(1))
+    }
+
+    /// As [`pending`], placed as generation 1.
+    fn running(workers: u32, min_workers: u32) -> (ControlState, JobId) {
+        let (mut state, id) = pending(workers, min_workers);
+        assert_eq!(
+            state.place(id, 1, &slots(workers), &secret(), 6),
+            ControlResponse::Applied
+        );
+        (state, id)
+    }
+
+    #[test]
+    fn submit_creates_a_job_and_a_token_names_it_once() {
+        let mut state = ControlState::default();
+        let spec = spec(1, 0);
+        let first = state.submit(3, &spec, Some("t"), 10);
+        assert_eq!(
+            first,
+            ControlResponse::Submitted {
+                id: JobId::from_log_index(3)
+            }
+        );
+        assert_eq!(state.submit(4, &spec, Some("t"), 11), first);
+        assert_eq!(state.jobs.len(), 1);
+        assert_eq!(
+            state.jobs[&JobId::from_log_index(3)].state,
+            JobState::Pending
+        );
+    }
+
+    #[test]
+    fn place_starts_the_next_generation_of_a_pending_job_only() {
+        let (mut state, id) = pending(2, 2);
+        assert!(matches!(
+            state.place(id, 2, &slots(2), &secret(), 6),
+            ControlResponse::Rejected { reason } if reason.contains("placement for generation 2, expected 1")
+        ));
+        assert_eq!(
+            state.place(id, 1, &slots(2), &secret(), 6),
+            ControlResponse::Applied
+        );
+        assert_eq!(state.jobs[&id].state, JobState::Running);
+        assert!(matches!(
+            state.place(id, 2, &slots(2), &secret(), 7),
+            ControlResponse::Rejected { reason } if reason.contains("is running, not pending")
+        ));
+        let unknown = JobId::from_log_index(99);
+        assert!(matches!(
+            state.place(unknown, 1, &slots(1), &secret(), 7),
+            ControlResponse::Rejected { .. }
+        ));
+    }
+
+    #[test]
+    fn reform_is_ignored_on_a_stale_view_and_refused_outside_the_bounds() {
+        let (mut state, id) = running(3, 2);
+        // The guard Place shares: a re-form decided on an old view is ignored, not refused.
+        assert!(matches!(
+            state.reform(id, 3, &slots(2), &secret(), "lost", 8),
+            ControlResponse::Ignored { reason } if reason.contains("re-form as generation 3, expected 2")
+        ));
+        assert!(matches!(
+            state.reform(id, 2, &slots(1), &secret(), "lost", 8),
+            ControlResponse::Rejected { .. }
+        ));
+        assert_eq!(
+            state.reform(id, 2, &slots(2), &secret(), "lost", 8),
+            ControlResponse::Applied
+        );
+        assert_eq!(state.jobs[&id].generation, 2);
+        let (mut fixed, id) = running(2, 2);
+        assert!(matches!(
+            fixed.reform(id, 2, &slots(2), &secret(), "x", 8),
+            ControlResponse::Rejected { .. }
+        ));
+        let (mut waiting, id) = pending(2, 1);
+        assert!(matches!(
+            waiting.reform(id, 1, &slots(2), &secret(), "x", 8),
+            ControlResponse::Ignored { reason } if reason.contains("is pending, not running")
+        ));
+    }
+
+    #[test]
+    fn unplaceable_records_a_reason_once() {
+        let (mut state, id) = pending(1, 1);
+        assert_eq!(
+            state.unplaceable(id, "no room", 7),
+            ControlResponse::Applied
+        );
+        assert!(matches!(
+            state.unplaceable(id, "no room", 8),
+            ControlResponse::Ignored { .. }
+        ));
+        assert_eq!(state.jobs[&id].pending_reason.as_deref(), Some("no room"));
+    }
+
+    #[test]
+    fn worker_exited_succeeds_the_job_when_every_rank_exited_0() {
+        let (mut state, id) = running(2, 2);
+        assert_eq!(
+            state.worker_exited(id, 1, 0, 0, 9),
+            ControlResponse::Applied
+        );
+        assert!(matches!(
+            state.worker_exited(id, 1, 0, 0, 9),
+            ControlResponse::Ignored { .. }
+        ));
+        assert_eq!(state.jobs[&id].state, JobState::Running);
+        assert_eq!(
+            state.worker_exited(id, 1, 1, 0, 10),
+            ControlResponse::Applied
+        );
+        assert_eq!(state.jobs[&id].state, JobState::Succeeded);
+        assert!(matches!(
+            state.worker_exited(id, 0, 0, 0, 9),
+            ControlResponse::Ignored { .. }
+        ));
+    }
+
+    #[test]
+    fn attempt_failed_fails_the_current_attempt_only() {
+        let (mut state, id) = running(1, 1);
+        assert!(matches!(
+            state.attempt_failed(id, 2, "x", 9),
+            ControlResponse::Ignored { .. }
+        ));
+        assert_eq!(
+            state.attempt_failed(id, 1, "lost m0", 9),
+            ControlResponse::Applied
+        );
+        // Retried from durable state: pending again (the default spec keeps restarts).
+        assert_eq!(state.jobs[&id].state, JobState::Pending);
+        assert!(matches!(
+            state.attempt_failed(id, 1, "again", 10),
+            ControlResponse::Ignored { .. }
+        ));
+    }
+
+    #[test]
+    fn metric_keeps_the_latest_value_and_its_history() {
+        let (mut state, id) = running(1, 1);
+        assert_eq!(
+            state.metric(id, 1, "loss", 0.5, Some(1), 9),
+            ControlResponse::Applied
+        );
+        assert_eq!(
+            state.metric(id, 1, "loss", 0.25, Some(2), 10),
+            ControlResponse::Applied
+        );
+        let job = &state.jobs[&id];
+        assert_eq!(job.metrics["loss"].value, 0.25);
+        assert_eq!(job.metric_history["loss"].points, vec![(1, 0.5), (2, 0.25)]);
+    }
+
+    #[test]
+    fn rank_lost_lets_a_hang_outrank_a_broken_connection() {
+        let (mut state, id) = running(2, 1);
+        assert_eq!(
+            state.rank_lost(id, 1, 1, false, "peer lost it"),
+            ControlResponse::Applied
+        );
+        assert_eq!(
+            state.rank_lost(id, 1, 1, true, "stopped"),
+            ControlResponse::Applied
+        );
+        assert_eq!(
+            state.rank_lost(id, 1, 1, false, "again"),
+            ControlResponse::Applied
+        );
+        assert!(state.jobs[&id].suspects[&1].hung);
+        assert!(matches!(
+            state.rank_lost(id, 1, 5, true, "x"),
+            ControlResponse::Rejected { .. }
+        ));
+    }
+
+    #[test]
+    fn rank_stats_marks_a_straggler_since_its_first_slow_step() {
+        let (mut state, id) = running(3, 1);
+        for rank in 0..2 {
+            assert_eq!(
+                state.rank_stats(id, 1, rank, 10, 10.0, 1.0),
+                ControlResponse::Applied
+            );
+        }
+        assert_eq!(
+            state.rank_stats(id, 1, 2, 10, 100.0, 0.0),
+            ControlResponse::Applied
+        );
+        assert_eq!(
+            state.rank_stats(id, 1, 2, 12, 100.0, 0.0),
+            ControlResponse::Applied
+        );
+        assert_eq!(state.jobs[&id].rank_stats[&2].slow_since_step, Some(10));
+        assert_eq!(state.jobs[&id].rank_stats[&0].slow_since_step, None);
+    }
+
+    #[test]
+    fn blacklist_doubles_the_cooldown_with_each_strike() {
+        let mut state = ControlState::default();
+        assert_eq!(
+            state.blacklist("id-1", "m1", 1_000, "slow", 0),
+            ControlResponse::Applied
+        );
+        assert_eq!(state.blacklist["id-1"].until_ms, 1_000);
+        assert_eq!(
+            state.blacklist("id-1", "m1", 1_000, "slow", 5_000),
+            ControlResponse::Applied
+        );
+        assert_eq!(state.blacklist["id-1"].until_ms, 7_000);
+        assert_eq!(state.blacklist["id-1"].strikes, 2);
+    }
+
+    #[test]
+    fn cancel_ends_a_job_that_has_not_ended() {
+        let (mut state, id) = running(1, 1);
+        assert_eq!(state.cancel(id, 9), ControlResponse::Applied);
+        assert_eq!(state.jobs[&id].state, JobState::Cancelled);
+        assert!(matches!(
+            state.cancel(id, 10),
+            ControlResponse::Rejected { .. }
+        ));
+    }
+
+    #[test]
+    fn worker_note_of_a_rank_that_could_not_start_marks_its_member() {
+        let (mut state, id) = running(2, 2);
+        assert_eq!(
+            state.worker_note(id, 1, 0, "fetched", false, 9),
+            ControlResponse::Applied
+        );
+        assert!(state.jobs[&id].cannot_start.is_empty());
+        assert_eq!(
+            state.worker_note(id, 1, 1, "no such file", true, 10),
+            ControlResponse::Applied
+        );
+        assert!(state.jobs[&id].cannot_start.contains("id-1"));
+    }
+}
