@@ -63,6 +63,9 @@ pub const QUORUM_STALE_MS: u64 = ELECTION_MAX_MS;
 /// partition; a learner never starts an election, so openraft keeps naming the old leader),
 /// in milliseconds.
 pub const LEADER_STALE_MS: u64 = ELECTION_MAX_MS;
+/// How long [`ControlHandle::shutdown`] waits for the control plane's tasks to end, in
+/// milliseconds (each ends at its next await).
+const CONTROL_TASKS_STOP_MS: u64 = 1_000;
 /// [`ControlHandle::leader_contact_ms`] before the first AppendEntries is accepted.
 const NEVER: u64 = u64::MAX;
 
@@ -106,6 +109,9 @@ pub struct ControlHandle {
     /// When (ms since `epoch`) this node last accepted an AppendEntries from a leader, or
     /// [`NEVER`]; written by the RPC server.
     pub(super) leader_contact_ms: Arc<AtomicU64>,
+    /// The control plane's tasks (the heartbeat guard, Raft's restart after storage
+    /// failures, the RPC server and each RPC it answers), stopped by [`Self::shutdown`].
+    pub(super) tasks: crate::tasks::Tasks,
 }
 
 /// Milliseconds since the Unix epoch: the clock stamped on proposals.
@@ -120,7 +126,11 @@ pub fn wall_ms() -> u64 {
 /// restarts Raft after storage failures).
 pub async fn open(cfg: ControlConfig<'_>, node: NodeHandle) -> Result<ControlHandle> {
     let raft_dir = cfg.data_dir.join("raft");
-    let (log, sm) = store::open(&raft_dir)
+    // Reading the log and the snapshot is file I/O: off the async workers.
+    let dir = raft_dir.clone();
+    let (log, sm) = tokio::task::spawn_blocking(move || store::open(&dir))
+        .await
+        .context("the Raft state's reader panicked")?
         .with_context(|| format!("opening Raft state in {}", raft_dir.display()))?;
     let config = openraft::Config {
         cluster_name: "ringleader".into(),
@@ -165,8 +175,9 @@ pub async fn open(cfg: ControlConfig<'_>, node: NodeHandle) -> Result<ControlHan
         jobs_dir: cfg.data_dir.join("jobs"),
         epoch: Instant::now(),
         leader_contact_ms: Arc::new(AtomicU64::new(NEVER)),
+        tasks: crate::tasks::Tasks::new("control"),
     };
-    tokio::spawn(quiet_when_stale_loop(handle.clone()));
+    handle.tasks.spawn(quiet_when_stale_loop(handle.clone()));
     Ok(handle)
 }
 
@@ -391,6 +402,10 @@ impl ControlHandle {
 
     /// Stops Raft (node shutdown).
     pub async fn shutdown(&self) {
+        // The RPCs first (no new work for Raft), then Raft.
+        self.tasks
+            .stop(Duration::from_millis(CONTROL_TASKS_STOP_MS))
+            .await;
         let _ = self.raft().shutdown().await;
     }
 

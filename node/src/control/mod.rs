@@ -37,7 +37,8 @@ pub async fn start(
     admit: rpc::Admission,
 ) -> anyhow::Result<handle::ControlHandle> {
     let ctl = handle::open(cfg, node).await?;
-    tokio::spawn(recovery::restart_after_storage_failures(ctl.clone()));
-    tokio::spawn(rpc::serve(ctl.clone(), rpc_rx, admit));
+    ctl.tasks
+        .spawn(recovery::restart_after_storage_failures(ctl.clone()));
+    ctl.tasks.spawn(rpc::serve(ctl.clone(), rpc_rx, admit));
     Ok(ctl)
 }

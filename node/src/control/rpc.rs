@@ -456,8 +456,9 @@ fn log_read(
 /// the queue.
 pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>, admit: Admission) {
     while let Some(rpc) = rx.recv().await {
+        let tasks = ctl.tasks.clone();
         let ctl = ctl.clone();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             let resp = match wire::decode_json::<RpcRequest>(&rpc.payload) {
                 Ok(RpcRequest::AppendEntries(r)) => {
                     if let Err(e) =
