@@ -298,8 +298,11 @@ async fn garbled_truncated_and_oversized_messages_are_dropped_and_counted() {
             .open_stream(peer, StreamProtocol::new(MEMBERSHIP_PROTOCOL))
             .await
             .unwrap();
-        s.write_all(&bytes).await.unwrap();
-        s.close().await.unwrap();
+        // The node drops a stream as soon as it reads a bad length, so the write or the
+        // close may find it gone: only the node's counters tell.
+        if s.write_all(&bytes).await.is_ok() {
+            let _ = s.close().await;
+        }
     }
     // Poll the node's counters, with a deadline.
     let client = cluster.nodes[0].client();
