@@ -123,6 +123,19 @@ impl ApiClient {
         self.call_without_body(self.agent.get(&self.url(path)?))
     }
 
+    /// `GET path?k=v&…` (each pair percent-encoded), decoded as JSON.
+    pub fn get_query<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> Result<T> {
+        let mut req = self.agent.get(&self.url(path)?);
+        for (k, v) in query {
+            req = req.query(*k, v);
+        }
+        self.call_without_body(req)
+    }
+
     fn url(&self, path: &str) -> Result<String> {
         match self.scheme {
             Scheme::Http => Ok(format!("http://{}{}", self.peer, path)),
@@ -236,6 +249,47 @@ impl ApiClient {
     /// The node's status document.
     pub fn status(&self) -> Result<crate::api::status::StatusDoc> {
         self.get("/v1/status")
+    }
+
+    /// `GET /v1/status` with filters and a page size (see [`crate::api::listing`]).
+    pub fn status_page(
+        &self,
+        limit: Option<usize>,
+        member_state: Option<&str>,
+        job_state: Option<&str>,
+    ) -> Result<crate::api::status::StatusDoc> {
+        let mut q = Vec::new();
+        if let Some(n) = limit {
+            q.push(("limit", n.to_string()));
+        }
+        if let Some(s) = member_state {
+            q.push(("member_state", s.to_string()));
+        }
+        if let Some(s) = job_state {
+            q.push(("job_state", s.to_string()));
+        }
+        self.get_query("/v1/status", &q)
+    }
+
+    /// One page of `GET /v1/jobs`: the newest `limit` jobs in `state` older than `before`,
+    /// oldest first.
+    pub fn jobs_page(
+        &self,
+        state: Option<&str>,
+        limit: Option<usize>,
+        before: Option<&str>,
+    ) -> Result<Vec<crate::api::status::JobSummary>> {
+        let mut q = Vec::new();
+        if let Some(s) = state {
+            q.push(("state", s.to_string()));
+        }
+        if let Some(n) = limit {
+            q.push(("limit", n.to_string()));
+        }
+        if let Some(b) = before {
+            q.push(("before", b.to_string()));
+        }
+        self.get_query("/v1/jobs", &q)
     }
 
     /// Submits a job spec (TOML text); returns the job id.

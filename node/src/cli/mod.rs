@@ -70,15 +70,16 @@ pub struct Cli {
 pub enum Cmd {
     /// Run a node.
     Node(NodeArgs),
-    /// This node, the chief and term, members with state, jobs.
-    Status,
+    /// This node, the chief and term, members and jobs counted by state, then a bounded
+    /// list of each.
+    Status(StatusArgs),
     /// Submit a job spec (TOML, or JSON with the same keys); prints the job id.
     Submit {
         /// The spec file (`.json`: the spec as JSON).
         file: PathBuf,
     },
-    /// List jobs.
-    Jobs,
+    /// List jobs: the newest page, oldest first (`--all`: every page).
+    Jobs(JobsArgs),
     /// One job: state, generation, ring, step, metrics, events.
     Job {
         /// Job id.
@@ -426,10 +427,46 @@ pub fn credentials(
 /// `ringleader node`'s default `--data-dir`.
 pub const DEFAULT_DATA_DIR: &str = "ringleader-data";
 
+/// `ringleader status`'s flags.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    /// Rows of the members and of the jobs list (1 to 10000; default 500, the API's
+    /// `STATUS_ROWS_DEFAULT`); the counts cover every member and job.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Only members in this state (alive, suspect, dead, left, removed).
+    #[arg(long)]
+    pub member_state: Option<String>,
+    /// Only jobs in this state (pending, running, succeeded, failed, cancelled).
+    #[arg(long)]
+    pub job_state: Option<String>,
+}
+
+/// `ringleader jobs`'s flags.
+#[derive(Debug, clap::Args)]
+pub struct JobsArgs {
+    /// Only jobs in this state (pending, running, succeeded, failed, cancelled).
+    #[arg(long)]
+    pub state: Option<String>,
+    /// Rows of a page (1 to 10000; default 500).
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Only jobs older than this job id (the next page: the first id of the last).
+    #[arg(long)]
+    pub before: Option<String>,
+    /// Every page, not only the newest.
+    #[arg(long)]
+    pub all: bool,
+}
+
 /// `ringleader status`.
-pub fn status(cli: &Cli) -> Result<()> {
+pub fn status(cli: &Cli, args: &StatusArgs) -> Result<()> {
     let client = client(cli)?;
-    let doc = client.status()?;
+    let doc = client.status_page(
+        args.limit,
+        args.member_state.as_deref(),
+        args.job_state.as_deref(),
+    )?;
     if cli.json {
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
@@ -490,15 +527,29 @@ pub fn submit(cli: &Cli, file: &std::path::Path) -> Result<()> {
 }
 
 /// `ringleader jobs`.
-pub fn jobs(cli: &Cli) -> Result<()> {
-    let jobs: Vec<crate::api::status::JobSummary> = client(cli)?.get("/v1/jobs")?;
+pub fn jobs(cli: &Cli, args: &JobsArgs) -> Result<()> {
+    let client = client(cli)?;
+    let page = |before: Option<&str>| client.jobs_page(args.state.as_deref(), args.limit, before);
+    let mut jobs = page(args.before.as_deref())?;
+    let rows = crate::api::listing::rows(args.limit).map_err(|e| anyhow::anyhow!("--{e}"))?;
+    let mut older = (jobs.len() == rows).then(|| jobs[0].id.clone());
+    while args.all {
+        let Some(before) = older.take() else { break };
+        let mut more = page(Some(&before))?;
+        older = (more.len() == rows).then(|| more[0].id.clone());
+        more.append(&mut jobs);
+        jobs = more;
+    }
     if cli.json {
         println!("{}", serde_json::to_string_pretty(&jobs)?);
         return Ok(());
     }
     println!("{:<10} {:<24} {:<8} STATE", "ID", "NAME", "KIND");
-    for j in jobs {
+    for j in &jobs {
         println!("{:<10} {:<24} {:<8} {}", j.id, j.name, j.kind, j.state);
+    }
+    if let Some(before) = older {
+        println!("... older jobs: ringleader jobs --before {before} (or --all)");
     }
     Ok(())
 }

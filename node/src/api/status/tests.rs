@@ -1,5 +1,5 @@
 use super::*;
-use crate::control::state::{ControlCommand, ControlResponse};
+use crate::control::state::{ControlCommand, ControlResponse, ControlState};
 
 fn train_job(train: &str) -> Job {
     let text = format!("name = \"t\"\nkind = \"train\"\nworkers = 1\n[train]\n{train}");
@@ -71,6 +71,7 @@ fn the_table_lists_each_members_gpus() {
         control_fault: None,
         insecure: false,
         api_tls: None,
+        summary: None,
     };
     let text = doc.to_table();
     assert!(
