@@ -1,4 +1,6 @@
-//! The status document: what `GET /v1/status` returns and `ringleader status` prints.
+//! The status document: what `GET /v1/status` returns and `ringleader status` prints. Its
+//! lists are bounded (at most `listing::STATUS_ROWS_DEFAULT` = 500 members and 500 jobs
+//! without a `limit`) and paged, and its `summary` counts everything: see [`super::listing`].
 //!
 //! The field names are the user-facing contract (README, docs/design.md); fields may be
 //! added, never renamed.
