@@ -533,9 +533,8 @@ pub fn jobs(cli: &Cli, args: &JobsArgs) -> Result<()> {
     let mut jobs = page(args.before.as_deref())?;
     let rows = crate::api::listing::rows(args.limit).map_err(|e| anyhow::anyhow!("--{e}"))?;
     let mut older = (jobs.len() == rows).then(|| jobs[0].id.clone());
-    while args.all {
-        let Some(before) = older.take() else { break };
-        let mut more = page(Some(&before))?;
+    while let Some(before) = older.as_deref().filter(|_| args.all) {
+        let mut more = page(Some(before))?;
         older = (more.len() == rows).then(|| more[0].id.clone());
         more.append(&mut jobs);
         jobs = more;
