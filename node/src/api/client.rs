@@ -123,15 +123,17 @@ impl ApiClient {
         self.call_without_body(self.agent.get(&self.url(path)?))
     }
 
-    /// `GET path?k=v&…` (each pair percent-encoded), decoded as JSON.
+    /// `GET path?k=v&…` (each pair with a value, percent-encoded), decoded as JSON.
     pub fn get_query<T: DeserializeOwned>(
         &self,
         path: &str,
-        query: &[(&str, String)],
+        query: &[(&str, Option<String>)],
     ) -> Result<T> {
         let mut req = self.agent.get(&self.url(path)?);
         for (k, v) in query {
-            req = req.query(*k, v);
+            if let Some(v) = v {
+                req = req.query(*k, v);
+            }
         }
         self.call_without_body(req)
     }
@@ -258,16 +260,11 @@ impl ApiClient {
         member_state: Option<&str>,
         job_state: Option<&str>,
     ) -> Result<crate::api::status::StatusDoc> {
-        let mut q = Vec::new();
-        if let Some(n) = limit {
-            q.push(("limit", n.to_string()));
-        }
-        if let Some(s) = member_state {
-            q.push(("member_state", s.to_string()));
-        }
-        if let Some(s) = job_state {
-            q.push(("job_state", s.to_string()));
-        }
+        let q = [
+            ("limit", limit.map(|n| n.to_string())),
+            ("member_state", member_state.map(str::to_string)),
+            ("job_state", job_state.map(str::to_string)),
+        ];
         self.get_query("/v1/status", &q)
     }
 
@@ -279,16 +276,11 @@ impl ApiClient {
         limit: Option<usize>,
         before: Option<&str>,
     ) -> Result<Vec<crate::api::status::JobSummary>> {
-        let mut q = Vec::new();
-        if let Some(s) = state {
-            q.push(("state", s.to_string()));
-        }
-        if let Some(n) = limit {
-            q.push(("limit", n.to_string()));
-        }
-        if let Some(b) = before {
-            q.push(("before", b.to_string()));
-        }
+        let q = [
+            ("state", state.map(str::to_string)),
+            ("limit", limit.map(|n| n.to_string())),
+            ("before", before.map(str::to_string)),
+        ];
         self.get_query("/v1/jobs", &q)
     }
 
