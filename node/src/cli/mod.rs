@@ -529,13 +529,23 @@ pub fn submit(cli: &Cli, file: &std::path::Path) -> Result<()> {
 /// `ringleader jobs`.
 pub fn jobs(cli: &Cli, args: &JobsArgs) -> Result<()> {
     let client = client(cli)?;
-    let page = |before: Option<&str>| client.jobs_page(args.state.as_deref(), args.limit, before);
-    let mut jobs = page(args.before.as_deref())?;
     let rows = crate::api::listing::rows(args.limit).map_err(|e| anyhow::anyhow!("--{e}"))?;
-    let mut older = (jobs.len() == rows).then(|| jobs[0].id.clone());
+    // One row more than shown tells whether older jobs remain (but at the API's bound).
+    let ask = (rows + 1).min(crate::api::listing::LIST_ROWS_MAX);
+    let page =
+        |before: Option<&str>| -> Result<(Vec<crate::api::status::JobSummary>, Option<String>)> {
+            let mut jobs = client.jobs_page(args.state.as_deref(), Some(ask), before)?;
+            let more = jobs.len() > rows || (jobs.len() == rows && ask == rows);
+            if jobs.len() > rows {
+                jobs.remove(0);
+            }
+            let older = more.then(|| jobs[0].id.clone());
+            Ok((jobs, older))
+        };
+    let (mut jobs, mut older) = page(args.before.as_deref())?;
     while let Some(before) = older.as_deref().filter(|_| args.all) {
-        let mut more = page(Some(before))?;
-        older = (more.len() == rows).then(|| more[0].id.clone());
+        let (mut more, next) = page(Some(before))?;
+        older = next;
         more.append(&mut jobs);
         jobs = more;
     }
@@ -548,7 +558,12 @@ pub fn jobs(cli: &Cli, args: &JobsArgs) -> Result<()> {
         println!("{:<10} {:<24} {:<8} {}", j.id, j.name, j.kind, j.state);
     }
     if let Some(before) = older {
-        println!("... older jobs: ringleader jobs --before {before} (or --all)");
+        let state = args
+            .state
+            .as_ref()
+            .map(|s| format!(" --state {s}"))
+            .unwrap_or_default();
+        println!("... older jobs: ringleader jobs{state} --before {before} (or --all)");
     }
     Ok(())
 }
