@@ -437,4 +437,28 @@ fn the_dashboard_stays_readable_with_1000_members_and_10000_jobs() {
         took.as_secs_f64(),
         dom.len()
     );
+
+    // A screenshot, for the README when asked.
+    let png = if std::env::var_os("RINGLEADER_SCREENSHOT").is_some_and(|v| v == "1") {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/dashboard-at-size.png")
+    } else {
+        root.path().join("dashboard-at-size.png")
+    };
+    let _ = std::fs::remove_file(&png);
+    headless(
+        &browser,
+        root.path(),
+        &format!("http://{api}/"),
+        &[
+            format!("--screenshot={}", png.display()),
+            "--window-size=1400,1000".to_string(),
+        ],
+    );
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(
+        bytes.starts_with(b"\x89PNG"),
+        "{} is not a PNG",
+        png.display()
+    );
+    eprintln!("screenshot: {} ({} bytes)", png.display(), bytes.len());
 }
