@@ -39,9 +39,9 @@ fn main() {
                     .and_then(|rt| rt.block_on(ringleader::node::run(config)))
             })
         }
-        Cmd::Status => ringleader::cli::status(&cli),
+        Cmd::Status(args) => ringleader::cli::status(&cli, args),
         Cmd::Submit { file } => ringleader::cli::submit(&cli, file),
-        Cmd::Jobs => ringleader::cli::jobs(&cli),
+        Cmd::Jobs(args) => ringleader::cli::jobs(&cli, args),
         Cmd::Job { id, watch } => ringleader::cli::job(&cli, id, *watch),
         Cmd::Cancel { id } => ringleader::cli::cancel(&cli, id),
         Cmd::Trials { id } => ringleader::cli::trials(&cli, id),

@@ -325,7 +325,7 @@ fn sampler(up: Up, history: Shared, stop: Arc<AtomicBool>) {
 /// One node's running jobs and their attempts.
 fn sample_jobs(node: usize, life: &Life, history: &Shared) {
     let client = ApiClient::new(&life.api, life.token.clone());
-    let Ok(jobs) = client.get::<Vec<JobSummary>>("/v1/jobs") else {
+    let Ok(jobs) = client.get::<Vec<JobSummary>>("/v1/jobs?state=running&limit=10000") else {
         return;
     };
     for j in jobs.iter().filter(|j| j.state == "running") {
@@ -570,7 +570,10 @@ fn wait_finished(
             .running()
             .into_iter()
             .map(|i| {
-                let jobs = c.nodes[i].client().get("/v1/jobs").unwrap_or_default();
+                let jobs = c.nodes[i]
+                    .client()
+                    .get("/v1/jobs?limit=10000")
+                    .unwrap_or_default();
                 (i, jobs)
             })
             .collect();

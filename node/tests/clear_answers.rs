@@ -154,6 +154,42 @@ fn peer_at_the_cluster_port_and_a_bad_spec_get_clear_answers() {
             .contains("did you mean \"workers\""),
         "{v}"
     );
+
+    // A bad page or filter of the bounded lists names its parameter; a good one is paged
+    // and counted.
+    let get = |path: &str| {
+        let mut resp = agent
+            .get(format!("http://{}{path}", c.nodes[0].info.api_addr))
+            .header(
+                "authorization",
+                format!("Bearer {}", c.nodes[0].token.as_deref().unwrap()),
+            )
+            .call()
+            .unwrap();
+        let status = resp.status().as_u16();
+        let v: serde_json::Value = resp.body_mut().read_json().unwrap();
+        (status, v)
+    };
+    for (path, field) in [
+        ("/v1/status?limit=0", "limit"),
+        ("/v1/status?member_state=zombie", "member_state"),
+        ("/v1/status?jobs_before=7", "jobs_before"),
+        ("/v1/jobs?state=done", "state"),
+        ("/v1/jobs?limit=10001", "limit"),
+    ] {
+        let (status, v) = get(path);
+        assert_eq!(status, 400, "{path}: {v}");
+        let error = v["error"].as_str().unwrap_or_default();
+        assert!(error.starts_with(&format!("{field}: ")), "{path}: {v}");
+    }
+    let (status, v) = get("/v1/status?limit=1&member_state=alive");
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["members"].as_array().map(Vec::len), Some(1), "{v}");
+    assert_eq!(v["summary"]["members_by_state"]["alive"], 1, "{v}");
+    assert!(v["summary"]["members_next"].is_null(), "{v}");
+    let (_, v) = get("/v1/status?members_after=p0");
+    assert_eq!(v["members"].as_array().map(Vec::len), Some(0), "{v}");
+    assert_eq!(v["summary"]["members_total"], 1, "{v}");
 }
 
 #[test]

@@ -8,6 +8,10 @@
 //! `RINGLEADER_SCREENSHOT=1` the screenshot goes to `docs/dashboard.png` (the README shows
 //! it), else to the test's temporary directory.
 //!
+//! At size: a test server serves the page and a synthetic status of 1,000 members and
+//! 10,000 jobs (`api::listing::synthetic`, paged as a node pages it); the browser must draw
+//! the summary and bounded, paged lists within [`BROWSER_WAIT`].
+//!
 //! Waits poll with deadlines; nodes are stopped by PID when the cluster is dropped, and the
 //! browser's process group is killed if it outlives its time.
 
@@ -324,6 +328,135 @@ fn the_dashboard_shows_members_jobs_curves_and_a_search() {
     let bytes = std::fs::read(&png).unwrap();
     assert!(
         bytes.len() > 1_000 && bytes.starts_with(b"\x89PNG"),
+        "{} is not a PNG",
+        png.display()
+    );
+    eprintln!("screenshot: {} ({} bytes)", png.display(), bytes.len());
+}
+
+/// Members and jobs of the synthetic cluster (issue 27).
+const MEMBERS_AT_SIZE: usize = 1_000;
+const JOBS_AT_SIZE: usize = 10_000;
+/// Table rows the page may draw at size: the members listed (100), a page of jobs (50) and
+/// the tables' header rows.
+const ROWS_AT_SIZE_MAX: usize = 100 + 50 + 10;
+
+/// Serves the dashboard and `GET /v1/status` of a synthetic cluster on 127.0.0.1; job
+/// documents answer 404 (the page copes: a job compacted meanwhile). Returns the address.
+fn serve_synthetic(members: usize, jobs: usize) -> String {
+    use axum::{extract::Query, routing::get, Json, Router};
+    use ringleader::api::listing::{page_status, synthetic, StatusQuery};
+    use std::sync::Arc;
+    let (doc, state) = synthetic(members, jobs);
+    let fake = Arc::new((doc, state));
+    let app = Router::new()
+        .route("/", get(ringleader::api::dashboard::page))
+        .route(
+            "/v1/status",
+            get(move |Query(q): Query<StatusQuery>| {
+                let fake = fake.clone();
+                async move {
+                    let mut doc = fake.0.clone();
+                    page_status(&mut doc, &fake.1, &q).expect("a good query");
+                    Json(doc)
+                }
+            }),
+        )
+        .route(
+            "/v1/datasets",
+            get(|| async { Json(serde_json::json!([])) }),
+        )
+        .fallback(|| async {
+            (
+                axum::http::StatusCode::NOT_FOUND,
+                Json(serde_json::json!({ "error": "no such job" })),
+            )
+        });
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    addr
+}
+
+#[test]
+fn the_dashboard_stays_readable_with_1000_members_and_10000_jobs() {
+    let Some(browser) = chromium() else {
+        eprintln!("SKIPPED: no chromium (apt-get install chromium)");
+        return;
+    };
+    let api = serve_synthetic(MEMBERS_AT_SIZE, JOBS_AT_SIZE);
+    let root = tempfile::Builder::new()
+        .prefix("rl-dashboard-size-")
+        .tempdir()
+        .unwrap();
+    let start = Instant::now();
+    let dom = drawn(&headless(
+        &browser,
+        root.path(),
+        &format!("http://{api}/"),
+        &["--dump-dom".to_string()],
+    ));
+    let took = start.elapsed();
+    assert!(
+        !dom.contains("did not answer") && !dom.contains("failed to draw"),
+        "the page could not read the fake API: {dom}"
+    );
+    for text in [
+        "members 1000",
+        "alive 980 · suspect 10 · dead 10",
+        "jobs 10000",
+        "succeeded 8000",
+        "running 500",
+        "900 more members not listed",
+        "newest 1–50 of 10000",
+        "sweep-9999",
+    ] {
+        assert!(dom.contains(text), "{text:?} not on the page: {dom}");
+    }
+    assert!(
+        !dom.contains("sweep-9949<"),
+        "more than a page of jobs drawn"
+    );
+    let rows = dom.matches("<tr").count();
+    assert!(
+        rows <= ROWS_AT_SIZE_MAX,
+        "{rows} table rows drawn, more than {ROWS_AT_SIZE_MAX}"
+    );
+    eprintln!(
+        "dashboard members={MEMBERS_AT_SIZE} jobs={JOBS_AT_SIZE} browser_s={:.1} rows={rows} dom_bytes={}",
+        took.as_secs_f64(),
+        dom.len()
+    );
+
+    // A screenshot, for the README when asked.
+    let png = if std::env::var_os("RINGLEADER_SCREENSHOT").is_some_and(|v| v == "1") {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/dashboard-at-size.png")
+    } else {
+        root.path().join("dashboard-at-size.png")
+    };
+    let _ = std::fs::remove_file(&png);
+    headless(
+        &browser,
+        root.path(),
+        &format!("http://{api}/"),
+        &[
+            format!("--screenshot={}", png.display()),
+            "--window-size=1400,1000".to_string(),
+        ],
+    );
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(
+        bytes.starts_with(b"\x89PNG"),
         "{} is not a PNG",
         png.display()
     );

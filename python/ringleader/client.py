@@ -23,6 +23,9 @@ import urllib.parse
 from . import _errors, _launch, _toml
 from .distributions import search_params
 
+#: Rows of a page of `GET /v1/jobs` this client asks for (the API's `LIST_ROWS_MAX`).
+JOBS_PAGE_ROWS = 10_000
+
 DEFAULT_PEER = "127.0.0.1:7071"
 # The CLI's default token file: the admin token of a node started in this directory with
 # the default --data-dir (node/src/cli/mod.rs, DEFAULT_DATA_DIR).
@@ -246,8 +249,18 @@ class Client:
         return self.job(answer["id"])
 
     def jobs(self):
-        """Every job's summary (`[{id, name, kind, state, …}]`), as `ringleader jobs --json`."""
-        return self.request("GET", "/v1/jobs")
+        """Every job's summary (`[{id, name, kind, state, …}]`), oldest first, as
+        `ringleader jobs --all --json`: the API's pages of `JOBS_PAGE_ROWS`, walked back."""
+        jobs, before = [], None
+        while True:
+            query = f"?limit={JOBS_PAGE_ROWS}"
+            if before is not None:
+                query += "&before=" + urllib.parse.quote(before)
+            page = self.request("GET", "/v1/jobs" + query)
+            jobs[:0] = page
+            if len(page) < JOBS_PAGE_ROWS:
+                return jobs
+            before = page[0]["id"]
 
     def job(self, id):
         """The job `id` (a `Search` for a search), fetched at once: NotFound if there is none."""

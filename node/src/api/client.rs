@@ -123,6 +123,21 @@ impl ApiClient {
         self.call_without_body(self.agent.get(&self.url(path)?))
     }
 
+    /// `GET path?k=v&…` (each pair with a value, percent-encoded), decoded as JSON.
+    pub fn get_query<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        query: &[(&str, Option<String>)],
+    ) -> Result<T> {
+        let mut req = self.agent.get(&self.url(path)?);
+        for (k, v) in query {
+            if let Some(v) = v {
+                req = req.query(*k, v);
+            }
+        }
+        self.call_without_body(req)
+    }
+
     fn url(&self, path: &str) -> Result<String> {
         match self.scheme {
             Scheme::Http => Ok(format!("http://{}{}", self.peer, path)),
@@ -236,6 +251,37 @@ impl ApiClient {
     /// The node's status document.
     pub fn status(&self) -> Result<crate::api::status::StatusDoc> {
         self.get("/v1/status")
+    }
+
+    /// `GET /v1/status` with filters and a page size (see [`crate::api::listing`]).
+    pub fn status_page(
+        &self,
+        limit: Option<usize>,
+        member_state: Option<&str>,
+        job_state: Option<&str>,
+    ) -> Result<crate::api::status::StatusDoc> {
+        let q = [
+            ("limit", limit.map(|n| n.to_string())),
+            ("member_state", member_state.map(str::to_string)),
+            ("job_state", job_state.map(str::to_string)),
+        ];
+        self.get_query("/v1/status", &q)
+    }
+
+    /// One page of `GET /v1/jobs`: the newest `limit` jobs in `state` older than `before`,
+    /// oldest first.
+    pub fn jobs_page(
+        &self,
+        state: Option<&str>,
+        limit: Option<usize>,
+        before: Option<&str>,
+    ) -> Result<Vec<crate::api::status::JobSummary>> {
+        let q = [
+            ("state", state.map(str::to_string)),
+            ("limit", limit.map(|n| n.to_string())),
+            ("before", before.map(str::to_string)),
+        ];
+        self.get_query("/v1/jobs", &q)
     }
 
     /// Submits a job spec (TOML text); returns the job id.

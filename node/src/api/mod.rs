@@ -3,9 +3,9 @@
 //! | route | does |
 //! | --- | --- |
 //! | `GET /` | the dashboard ([`dashboard`]); open even with a token, its API calls send it |
-//! | `GET /v1/status` | this node, chief and term, members, jobs |
+//! | `GET /v1/status[?member_state=S&job_state=S&limit=N&members_after=NAME&jobs_before=ID]` | this node, chief and term, a page of members and of jobs, a summary ([`listing`]) |
 //! | `POST /v1/jobs` (body: the TOML spec, or with `Content-Type: application/json` an object with its keys) | validates and commits a job; `{"id": …}` |
-//! | `GET /v1/jobs` | job summaries |
+//! | `GET /v1/jobs[?state=S&limit=N&before=ID]` | a page of job summaries, oldest first; `x-ringleader-next-before` names the next page ([`listing`]) |
 //! | `GET /v1/jobs/{id}` | one job |
 //! | `POST /v1/jobs/{id}/cancel` | cancels a job |
 //! | `GET /v1/jobs/{id}/logs?offsets=W:N,…` | the current ring's logs, one chunk per rank, read from byte `N` of worker `W`'s log |
@@ -22,6 +22,7 @@
 //! spec (`POST /v1/jobs`) adds `"field"` (dotted path) and `"line"` (1-based), each null
 //! where unknown.
 //!
+//! - [`listing`]: filters, pages and the summary of the status and job lists at size.
 //! - [`datasets`]: the dataset routes.
 //! - [`checkpoints`]: command ranks' checkpoints, behind their place's capability.
 //! - [`dashboard`]: the single-page dashboard served at `/`.
@@ -43,6 +44,7 @@ pub mod checkpoints;
 pub mod client;
 pub mod dashboard;
 pub mod datasets;
+pub mod listing;
 pub mod origin;
 pub mod prometheus;
 pub mod redact;
@@ -62,7 +64,7 @@ use axum::{
 use serde::Deserialize;
 
 use crate::{
-    api::status::{job_doc, job_summaries, JobDoc, JobSummary, LogsDoc, MetricsDoc, StatusDoc},
+    api::status::{job_doc, JobDoc, LogsDoc, MetricsDoc, StatusDoc},
     cluster::net::NodeHandle,
     control::{
         handle::{wall_ms, ControlHandle},
@@ -207,11 +209,25 @@ fn job_id(id: &str) -> Result<JobId, ApiError> {
     })
 }
 
-async fn status(State(app): State<AppState>) -> ApiResult<StatusDoc> {
-    status_doc(&app).await.map(Json)
+/// `GET /v1/status[?member_state=…&job_state=…&limit=N&members_after=NAME&jobs_before=ID]`:
+/// a page of each list and the summary ([`listing`]).
+async fn status(
+    State(app): State<AppState>,
+    Query(q): Query<listing::StatusQuery>,
+) -> ApiResult<StatusDoc> {
+    let mut doc = status_doc(&app).await?;
+    app.control
+        .read(|s| listing::page_status(&mut doc, s, &q))
+        .map_err(bad_query)?;
+    Ok(Json(doc))
 }
 
-/// This node's status document: its member view, the chief and term, jobs.
+fn bad_query(e: listing::BadQuery) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, e.to_string())
+}
+
+/// This node's status document: its member view, the chief and term (no jobs: see
+/// [`listing::page_status`]).
 async fn status_doc(app: &AppState) -> Result<StatusDoc, ApiError> {
     let view = app
         .node
@@ -242,7 +258,6 @@ async fn status_doc(app: &AppState) -> Result<StatusDoc, ApiError> {
             ));
         }
     }
-    doc.jobs = app.control.read(job_summaries);
     Ok(doc)
 }
 
@@ -401,8 +416,24 @@ async fn submit(
     }
 }
 
-async fn jobs(State(app): State<AppState>) -> ApiResult<Vec<JobSummary>> {
-    Ok(Json(app.control.read(job_summaries)))
+/// The header that carries `GET /v1/jobs`'s next (older) page's `before`.
+pub const NEXT_BEFORE_HEADER: &str = "x-ringleader-next-before";
+
+/// `GET /v1/jobs[?state=…&limit=N&before=ID]`: a page of job summaries, oldest first;
+/// [`NEXT_BEFORE_HEADER`] names the next page's `before` while older jobs remain.
+async fn jobs(
+    State(app): State<AppState>,
+    Query(q): Query<listing::JobsQuery>,
+) -> Result<Response, ApiError> {
+    let (page, next) = app
+        .control
+        .read(|s| listing::jobs(s, &q))
+        .map_err(bad_query)?;
+    let mut resp = Json(page).into_response();
+    if let Some(next) = next.and_then(|n| header::HeaderValue::from_str(&n).ok()) {
+        resp.headers_mut().insert(NEXT_BEFORE_HEADER, next);
+    }
+    Ok(resp)
 }
 
 async fn job(State(app): State<AppState>, Path(id): Path<String>) -> ApiResult<JobDoc> {

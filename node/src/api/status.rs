@@ -1,4 +1,6 @@
-//! The status document: what `GET /v1/status` returns and `ringleader status` prints.
+//! The status document: what `GET /v1/status` returns and `ringleader status` prints. Its
+//! lists are bounded (at most `listing::STATUS_ROWS_DEFAULT` = 500 members and 500 jobs
+//! without a `limit`) and paged, and its `summary` counts everything: see [`super::listing`].
 //!
 //! The field names are the user-facing contract (README, docs/design.md); fields may be
 //! added, never renamed.
@@ -9,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     cluster::{meta::Gpu, net::ClusterView},
-    domain::state::{ControlState, EventKind, Job},
+    domain::state::{EventKind, Job},
 };
 
 pub use crate::cluster::meta::NodeRef;
@@ -46,9 +48,9 @@ pub struct MemberDoc {
     pub is_self: bool,
 }
 
-#[cfg(test)]
 impl MemberDoc {
-    /// A voter named `name` in `state` with 1 cpu, for tests (`self` when named `a`).
+    /// A voter named `name` in `state` with 1 cpu, for tests and benches (`self` when
+    /// named `a`).
     pub fn for_test(name: &str, state: &str) -> MemberDoc {
         MemberDoc {
             id: format!("id-{name}"),
@@ -119,6 +121,7 @@ impl StatusDoc {
             control_fault: None,
             insecure: false,
             api_tls: None,
+            summary: None,
         }
     }
 }
@@ -158,6 +161,10 @@ pub struct StatusDoc {
     /// loopback; null when it does not (a loopback API, `--insecure`, `--api-tls off`).
     #[serde(default)]
     pub api_tls: Option<String>,
+    /// Every member and job counted by state, and where the next page of `members` and
+    /// `jobs` starts ([`super::listing`]); absent from nodes older than the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<super::listing::Summary>,
 }
 
 impl StatusDoc {
@@ -192,8 +199,29 @@ impl StatusDoc {
                 "INSECURE open cluster (--insecure): any host that reaches it can join"
             );
         }
-        let alive = self.members.iter().filter(|m| m.state == "alive").count();
-        let _ = writeln!(out, "members: {} ({alive} alive)\n", self.members.len());
+        match &self.summary {
+            Some(sum) => {
+                let _ = writeln!(
+                    out,
+                    "members: {} ({})",
+                    sum.members_total,
+                    super::listing::counts_text(
+                        &sum.members_by_state,
+                        &super::listing::MEMBER_STATES
+                    )
+                );
+                let _ = writeln!(
+                    out,
+                    "jobs: {} ({})\n",
+                    sum.jobs_total,
+                    super::listing::counts_text(&sum.jobs_by_state, &super::listing::JOB_STATES)
+                );
+            }
+            None => {
+                let alive = self.members.iter().filter(|m| m.state == "alive").count();
+                let _ = writeln!(out, "members: {} ({alive} alive)\n", self.members.len());
+            }
+        }
         let header = [
             "NAME", "STATE", "VOTER", "CPUS", "MEM_MB", "GPUS", "API", "DATA", "ID",
         ];
@@ -236,6 +264,12 @@ impl StatusDoc {
             let cells: Vec<&str> = row.iter().map(String::as_str).collect();
             let _ = writeln!(out, "{}", line(&cells));
         }
+        if let Some(after) = self.summary.as_ref().and_then(|s| s.members_next.as_ref()) {
+            let _ = writeln!(
+                out,
+                "... more members after {after} (--limit N, --member-state STATE)"
+            );
+        }
         if self.members.iter().any(|m| !m.gpus.is_empty()) {
             let _ = writeln!(out, "\ngpus:");
             for m in &self.members {
@@ -254,6 +288,12 @@ impl StatusDoc {
             let _ = writeln!(out, "\njobs:");
             for j in &self.jobs {
                 let _ = writeln!(out, "  {}  {}  {}  {}", j.id, j.name, j.kind, j.state);
+            }
+            if let Some(before) = self.summary.as_ref().and_then(|s| s.jobs_next.as_ref()) {
+                let _ = writeln!(
+                    out,
+                    "  ... older jobs before {before} (ringleader jobs --before {before})"
+                );
             }
         }
         out
@@ -590,19 +630,6 @@ pub struct LogsDoc {
     pub id: String,
     pub state: String,
     pub chunks: Vec<LogChunk>,
-}
-
-/// Job summaries for `status` and `jobs`.
-pub fn job_summaries(s: &ControlState) -> Vec<JobSummary> {
-    s.jobs
-        .values()
-        .map(|j| JobSummary {
-            id: j.id.to_string(),
-            name: j.spec.name.clone(),
-            kind: j.spec.kind.to_string(),
-            state: j.state.to_string(),
-        })
-        .collect()
 }
 
 /// The API's view of a job record.

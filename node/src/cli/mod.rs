@@ -70,15 +70,16 @@ pub struct Cli {
 pub enum Cmd {
     /// Run a node.
     Node(NodeArgs),
-    /// This node, the chief and term, members with state, jobs.
-    Status,
+    /// This node, the chief and term, members and jobs counted by state, then a bounded
+    /// list of each.
+    Status(StatusArgs),
     /// Submit a job spec (TOML, or JSON with the same keys); prints the job id.
     Submit {
         /// The spec file (`.json`: the spec as JSON).
         file: PathBuf,
     },
-    /// List jobs.
-    Jobs,
+    /// List jobs: the newest page, oldest first (`--all`: every page).
+    Jobs(JobsArgs),
     /// One job: state, generation, ring, step, metrics, events.
     Job {
         /// Job id.
@@ -426,10 +427,46 @@ pub fn credentials(
 /// `ringleader node`'s default `--data-dir`.
 pub const DEFAULT_DATA_DIR: &str = "ringleader-data";
 
+/// `ringleader status`'s flags.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    /// Rows of the members and of the jobs list (1 to 10000; default 500, the API's
+    /// `STATUS_ROWS_DEFAULT`); the counts cover every member and job.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Only members in this state (alive, suspect, dead, left, removed).
+    #[arg(long)]
+    pub member_state: Option<String>,
+    /// Only jobs in this state (pending, running, succeeded, failed, cancelled).
+    #[arg(long)]
+    pub job_state: Option<String>,
+}
+
+/// `ringleader jobs`'s flags.
+#[derive(Debug, clap::Args)]
+pub struct JobsArgs {
+    /// Only jobs in this state (pending, running, succeeded, failed, cancelled).
+    #[arg(long)]
+    pub state: Option<String>,
+    /// Rows of a page (1 to 10000; default 500).
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Only jobs older than this job id (the next page: the first id of the last).
+    #[arg(long)]
+    pub before: Option<String>,
+    /// Every page, not only the newest.
+    #[arg(long)]
+    pub all: bool,
+}
+
 /// `ringleader status`.
-pub fn status(cli: &Cli) -> Result<()> {
+pub fn status(cli: &Cli, args: &StatusArgs) -> Result<()> {
     let client = client(cli)?;
-    let doc = client.status()?;
+    let doc = client.status_page(
+        args.limit,
+        args.member_state.as_deref(),
+        args.job_state.as_deref(),
+    )?;
     if cli.json {
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
@@ -490,15 +527,43 @@ pub fn submit(cli: &Cli, file: &std::path::Path) -> Result<()> {
 }
 
 /// `ringleader jobs`.
-pub fn jobs(cli: &Cli) -> Result<()> {
-    let jobs: Vec<crate::api::status::JobSummary> = client(cli)?.get("/v1/jobs")?;
+pub fn jobs(cli: &Cli, args: &JobsArgs) -> Result<()> {
+    let client = client(cli)?;
+    let rows = crate::api::listing::rows(args.limit).map_err(|e| anyhow::anyhow!("--{e}"))?;
+    // One row more than shown tells whether older jobs remain (but at the API's bound).
+    let ask = (rows + 1).min(crate::api::listing::LIST_ROWS_MAX);
+    let page =
+        |before: Option<&str>| -> Result<(Vec<crate::api::status::JobSummary>, Option<String>)> {
+            let mut jobs = client.jobs_page(args.state.as_deref(), Some(ask), before)?;
+            let more = jobs.len() > rows || (jobs.len() == rows && ask == rows);
+            if jobs.len() > rows {
+                jobs.remove(0);
+            }
+            let older = more.then(|| jobs[0].id.clone());
+            Ok((jobs, older))
+        };
+    let (mut jobs, mut older) = page(args.before.as_deref())?;
+    while let Some(before) = older.as_deref().filter(|_| args.all) {
+        let (mut more, next) = page(Some(before))?;
+        older = next;
+        more.append(&mut jobs);
+        jobs = more;
+    }
     if cli.json {
         println!("{}", serde_json::to_string_pretty(&jobs)?);
         return Ok(());
     }
     println!("{:<10} {:<24} {:<8} STATE", "ID", "NAME", "KIND");
-    for j in jobs {
+    for j in &jobs {
         println!("{:<10} {:<24} {:<8} {}", j.id, j.name, j.kind, j.state);
+    }
+    if let Some(before) = older {
+        let state = args
+            .state
+            .as_ref()
+            .map(|s| format!(" --state {s}"))
+            .unwrap_or_default();
+        println!("... older jobs: ringleader jobs{state} --before {before} (or --all)");
     }
     Ok(())
 }

@@ -30,6 +30,7 @@ fn status() -> StatusDoc {
         control_fault: None,
         insecure: false,
         api_tls: None,
+        summary: None,
     }
 }
 

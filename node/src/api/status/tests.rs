@@ -1,5 +1,5 @@
 use super::*;
-use crate::domain::state::{ControlCommand, ControlResponse, Op};
+use crate::domain::state::{ControlCommand, ControlResponse, ControlState, Op};
 
 fn train_job(train: &str) -> Job {
     let text = format!("name = \"t\"\nkind = \"train\"\nworkers = 1\n[train]\n{train}");
@@ -73,6 +73,7 @@ fn the_table_lists_each_members_gpus() {
         control_fault: None,
         insecure: false,
         api_tls: None,
+        summary: None,
     };
     let text = doc.to_table();
     assert!(
