@@ -61,7 +61,7 @@ mod watchdog;
 
 pub use bucketer::{BucketConfig, Bucketer, Ready};
 pub use communicator::{AbortHandle, Communicator};
-pub use config::{GroupConfig, Limits, NcclConfig};
+pub use config::{AllreduceChoice, GroupConfig, Limits, NcclConfig, ALLREDUCE_ENV};
 #[doc(hidden)]
 pub use element::reference_reduce;
 pub use element::Element;
