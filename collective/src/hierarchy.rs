@@ -18,6 +18,12 @@
 //! of `2·(N − 1)`, plus the two local phases; every host's NIC carries `2·(H − 1)/H` of the
 //! buffer each way, the flat ring's `2·(N − 1)/N` per crossing link (see [`Cost`]).
 //!
+//! **Run.** The communicator's engine walks [`Hierarchy::plan`] over its links (to the host's
+//! leader, between neighbouring leaders; TCP, or shared memory where both ends allow it),
+//! with frames tagged `Algorithm::Hierarchical`; `Avg` is divided by the whole world in
+//! the leaders' ring, and every rank ends with its leader's bits. `collective/tests/
+//! hierarchical.rs` checks it against the flat ring on 127.0.0.x "hosts".
+//!
 //! Invariant (property-tested against the flat ring on random integer inputs and random
 //! placements): every rank ends with every rank's contribution exactly once.
 
