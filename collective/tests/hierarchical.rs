@@ -221,3 +221,33 @@ async fn killed_rank_fails_every_survivor_with_peer_lost() {
         assert_eq!(err, CollectiveError::PeerLost { rank: 5 }, "rank {rank}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_hierarchical_on_one_host_and_one_rank_a_host() {
+    // Forced where Auto would not choose it: one host (no leaders' ring) and one rank a
+    // host (only the ring). Results equal the reference.
+    const OPS: &[ReduceOp] = &[ReduceOp::Sum, ReduceOp::Avg];
+    for hosts in [&[1u8, 1, 1][..], &[1, 2, 3]] {
+        let outs = run::<f32>(
+            hosts,
+            AllreduceChoice::Hierarchical,
+            false,
+            |v| v as f32,
+            OPS,
+        )
+        .await;
+        let mut k = 0;
+        for len in LENS {
+            for &op in OPS {
+                let ins: Vec<Vec<f32>> = (0..hosts.len())
+                    .map(|r| (0..len).map(|i| value(r, i) as f32).collect())
+                    .collect();
+                let want = reference_reduce(&ins, op);
+                for (r, o) in outs.iter().enumerate() {
+                    assert!(o[k] == want, "hosts {hosts:?} len {len} {op:?} rank {r}");
+                }
+                k += 1;
+            }
+        }
+    }
+}
