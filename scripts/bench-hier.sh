@@ -34,6 +34,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 NETNS="$here/netns.sh"
+# shellcheck source=allreduce-bench-lib.sh
+. "$here/allreduce-bench-lib.sh"
 
 hosts=8
 per_host=2
@@ -71,32 +73,6 @@ done
 [ "$(id -u)" = 0 ] || die "network namespaces need root"
 world=$((hosts * per_host))
 
-size_bytes() { # 4K -> 4096, 64M -> 67108864
-    local s=${1^^} n u
-    [[ $s =~ ^([0-9]+)(B|K|KB|KIB|M|MB|MIB|G|GB|GIB)?$ ]] || return 1
-    n=${BASH_REMATCH[1]}
-    u=${BASH_REMATCH[2]}
-    case "$u" in
-        ""|B) echo "$n" ;;
-        K|KB|KIB) echo $((n << 10)) ;;
-        M|MB|MIB) echo $((n << 20)) ;;
-        G|GB|GIB) echo $((n << 30)) ;;
-    esac
-}
-iters_for() {
-    if [ -n "$iters" ]; then echo "$iters"; return; fi
-    local b=$1 k
-    k=$(( ((128 << 20) + b - 1) / b ))
-    [ "$k" -lt 5 ] && k=5
-    [ "$k" -gt 100 ] && k=100
-    echo "$k"
-}
-warmup_for() {
-    local w=$(($1 / 5))
-    [ "$w" -lt 1 ] && w=1
-    [ "$w" -gt 5 ] && w=5
-    echo "$w"
-}
 IFS=, read -r -a size_list <<<"$sizes"
 for s in "${size_list[@]}"; do size_bytes "$s" >/dev/null || die "bad size '$s' (examples: 4K, 64M)"; done
 
@@ -136,16 +112,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-wait_all() {
-    local p rc=0 r
-    for p in "${pids[@]}"; do
-        r=0
-        wait "$p" || r=$?
-        if [ "$r" != 0 ] && [ "$rc" = 0 ]; then rc=$r; fi
-    done
-    pids=()
-    return "$rc"
-}
 
 host_of() { echo $(($1 / per_host + 1)); } # rank -> host index
 port_next=$((21000 + ($$ % 1000) * 20))
