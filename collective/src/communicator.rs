@@ -11,10 +11,12 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::warn;
 
+use crate::config::AllreduceChoice;
 use crate::config::{GroupConfig, Limits};
 use crate::element::{as_bytes, as_bytes_mut, Element};
 use crate::error::{AbortReason, Algorithm, CollKind, CollectiveError, DType, OpDesc, ReduceOp};
 use crate::frame::{Abort, Header};
+use crate::hierarchy::{Hierarchy, Step};
 use crate::schedule::{self, RdStep, RecvMode, RingAction, RingKind};
 use crate::tcp;
 use crate::transport::{Failure, Inbound, Link, Reader, Writer};
@@ -118,6 +120,11 @@ impl Communicator {
         listener: &TcpListener,
     ) -> Result<Self, CollectiveError> {
         cfg.validate()?;
+        let mut cfg = cfg;
+        if let Some(choice) = AllreduceChoice::from_env()? {
+            cfg.limits.allreduce = choice;
+        }
+        let hier = Hierarchy::for_group(&cfg.addrs, cfg.limits.allreduce);
         let mut streams = tcp::establish(&cfg, listener).await?;
         let mut links: Vec<Option<Link>> = (0..cfg.world).map(|_| None).collect();
         // A TCP link holds its read-ahead frames plus the one being read: at least
@@ -130,14 +137,16 @@ impl Communicator {
                 None => Link::tcp(peer, s, chunk, ahead),
             });
         }
-        Ok(Self::from_links(
+        let mut c = Self::from_links(
             cfg.rank,
             cfg.world,
             cfg.group_id,
             cfg.generation,
             cfg.limits,
             links,
-        ))
+        );
+        c.engine.hier = hier;
+        Ok(c)
     }
 
     /// A group of `world` ranks in this process, connected by in-memory channels (tests,
@@ -186,6 +195,7 @@ impl Communicator {
                 links,
                 scratch: vec![0u64; scratch_words],
                 chunk_bytes: limits.chunk_bytes,
+                hier: None,
             },
             limits,
             seq: 0,
@@ -235,6 +245,11 @@ impl Communicator {
             .filter(|l| !l.is_shm())
             .count()
     }
+    /// Whether allreduces above `small_bytes_max` run hierarchically (ranks grouped by the
+    /// IPs of their data-plane addresses; see [`Limits::allreduce`]).
+    pub fn hierarchical(&self) -> bool {
+        self.engine.hier.is_some()
+    }
     /// The error that poisoned this communicator, if any.
     pub fn error(&self) -> Option<&CollectiveError> {
         self.poisoned.as_ref()
@@ -279,7 +294,9 @@ impl Communicator {
     }
 
     /// Sums (or averages, min, max) `buf` across all ranks, in place. Small messages
-    /// (≤ `small_bytes_max`) use recursive doubling, larger ones the pipelined ring.
+    /// (≤ `small_bytes_max`) use recursive doubling, larger ones the pipelined ring, or the
+    /// hierarchical allreduce ([`crate::hierarchy`]) where the group's placement calls for
+    /// it ([`Limits::allreduce`], [`Communicator::hierarchical`]).
     /// [`ReduceOp::Avg`] of integers is refused with [`CollectiveError::Unsupported`] (the
     /// communicator stays usable).
     pub async fn allreduce<T: Element>(
@@ -297,6 +314,7 @@ impl Communicator {
         let fut = async {
             match algo {
                 Algorithm::RecursiveDoubling => engine.recursive_doubling(buf, op, &desc).await,
+                Algorithm::Hierarchical => engine.hierarchical(buf, op, &desc).await,
                 _ => engine.ring(buf, op, RingKind::Allreduce, &desc).await,
             }
         };
@@ -412,6 +430,8 @@ impl Communicator {
     fn pick(&self, len: usize, dtype: DType) -> Algorithm {
         if len * dtype.size_bytes() <= self.limits.small_bytes_max {
             Algorithm::RecursiveDoubling
+        } else if self.engine.hier.is_some() {
+            Algorithm::Hierarchical
         } else {
             Algorithm::Ring
         }
@@ -571,6 +591,17 @@ struct Engine {
     /// receive buffers and needs none.
     scratch: Vec<u64>,
     chunk_bytes: usize,
+    /// The placement large allreduces run hierarchically on, if they do.
+    hier: Option<Hierarchy>,
+}
+
+/// A ring's shape for one rank: its position and neighbours (global ranks).
+#[derive(Clone, Copy)]
+struct RingPos {
+    rank: usize,
+    world: usize,
+    left: usize,
+    right: usize,
 }
 
 /// Element ranges of the frames of one transfer of `n` elements: sub-chunks of
@@ -777,16 +808,37 @@ impl Engine {
         kind: RingKind,
         desc: &OpDesc,
     ) -> Result<(), Failure> {
-        let ce = self.chunk_elems::<T>();
         let (me, w) = (self.rank, self.world);
-        let plan = schedule::ring_plan(me, w, buf.len(), ce, RING_GROUP, kind);
+        let pos = RingPos {
+            rank: me,
+            world: w,
+            left: schedule::left(me, w),
+            right: schedule::right(me, w),
+        };
+        self.ring_on(buf, op, kind, desc, pos, w).await
+    }
+
+    /// The ring of [`Engine::ring`] at position `pos` (a ring of all ranks, or of the host
+    /// leaders); with `Avg`, owned chunks are divided by `avg_world`.
+    async fn ring_on<T: Element>(
+        &mut self,
+        buf: &mut [T],
+        op: ReduceOp,
+        kind: RingKind,
+        desc: &OpDesc,
+        pos: RingPos,
+        avg_world: usize,
+    ) -> Result<(), Failure> {
+        let ce = self.chunk_elems::<T>();
+        let me = self.rank;
+        let plan = schedule::ring_plan(pos.rank, pos.world, buf.len(), ce, RING_GROUP, kind);
         let last_send = plan
             .iter()
             .rposition(|a| matches!(a, RingAction::Send(_)))
             .map_or(0, |i| i + 1);
         let (sending, draining) = plan.split_at(last_send);
-        let (l, r) = (schedule::left(me, w), schedule::right(me, w));
-        let (reader, writer, watched) = pair(&mut self.links, l, r);
+        let w = avg_world;
+        let (reader, writer, watched) = pair(&mut self.links, pos.left, pos.right);
         // The link to the right is watched (for its abort or loss) only while we still send
         // on it: once our frames are out, the right peer may finish the operation and close
         // before our last frames from the left are in, which is no failure of ours. A
@@ -803,6 +855,66 @@ impl Engine {
         }
         for a in draining {
             ring_action(reader, writer, me, desc, buf, a, op, w).await?;
+        }
+        Ok(())
+    }
+
+    /// This rank's part of the hierarchical allreduce ([`Hierarchy::plan`]): a rank hands
+    /// its buffer to its host's leader and takes the result back; a leader reduces its
+    /// host's buffers into its own in rank order, runs the ring among the leaders (dividing
+    /// by the whole world for `Avg`) and sends the result to its host's ranks. Every rank
+    /// ends with the leader's bits.
+    async fn hierarchical<T: Element>(
+        &mut self,
+        buf: &mut [T],
+        op: ReduceOp,
+        desc: &OpDesc,
+    ) -> Result<(), Failure> {
+        let ce = self.chunk_elems::<T>();
+        let (me, world) = (self.rank, self.world);
+        let plan = self
+            .hier
+            .as_ref()
+            .expect("hierarchical is picked only with a hierarchy")
+            .plan(me);
+        for step in plan {
+            match step {
+                Step::SendToLeader(leader) => {
+                    let (reader, writer, _) = pair(&mut self.links, leader, leader);
+                    tokio::select! {
+                        r = send_all(writer, desc, buf, ce) => r?,
+                        f = reader.watch(desc) => return Err(f),
+                    }
+                }
+                Step::ReceiveFromLeader(leader) | Step::ReduceFrom(leader) => {
+                    let reduce = matches!(step, Step::ReduceFrom(_)).then_some((op, false));
+                    let (reader, _, _) = pair(&mut self.links, leader, leader);
+                    recv_all(reader, me, desc, buf, reduce, ce).await?;
+                }
+                Step::LeaderRing {
+                    rank,
+                    world: leaders,
+                    left,
+                    right,
+                } => {
+                    if leaders > 1 {
+                        let pos = RingPos {
+                            rank,
+                            world: leaders,
+                            left,
+                            right,
+                        };
+                        self.ring_on(buf, op, RingKind::Allreduce, desc, pos, world)
+                            .await?;
+                    } else if op == ReduceOp::Avg {
+                        T::divide(buf, world);
+                    }
+                }
+                Step::BroadcastTo(r) => {
+                    let (_, writer, _) = pair(&mut self.links, r, r);
+                    send_all(writer, desc, buf, ce).await?;
+                }
+            }
         }
         Ok(())
     }

@@ -43,6 +43,51 @@ pub struct Limits {
     /// the same host (the TCP connection stays, for aborts and liveness). Both ends must
     /// allow it. Default true (measured in BENCH.md).
     pub shared_memory: bool,
+    /// Which allreduce runs above `small_bytes_max`. Default [`AllreduceChoice::Auto`]. The
+    /// environment variable `RINGLEADER_ALLREDUCE` (`auto`, `ring`, `hierarchical`)
+    /// overrides it at [`crate::Communicator::connect`], for measurements. Every rank must
+    /// choose alike (a difference is detected as a mismatch).
+    pub allreduce: AllreduceChoice,
+}
+
+/// The environment variable that overrides [`Limits::allreduce`].
+pub const ALLREDUCE_ENV: &str = "RINGLEADER_ALLREDUCE";
+
+/// Which algorithm [`crate::Communicator::allreduce`] uses above `small_bytes_max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AllreduceChoice {
+    /// Hierarchical ([`crate::hierarchy`]) when the group spans at least two hosts and some
+    /// host has two ranks; the flat ring otherwise.
+    #[default]
+    Auto,
+    /// Always the flat ring.
+    Ring,
+    /// Always hierarchical (on TCP groups; in-memory groups have no placement and use the
+    /// ring).
+    Hierarchical,
+}
+
+impl AllreduceChoice {
+    /// Parses `auto`, `ring` or `hierarchical`.
+    pub fn parse(s: &str) -> Result<Self, CollectiveError> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "ring" => Ok(Self::Ring),
+            "hierarchical" => Ok(Self::Hierarchical),
+            other => Err(CollectiveError::Invalid(format!(
+                "{ALLREDUCE_ENV}={other:?}: expected auto, ring or hierarchical"
+            ))),
+        }
+    }
+
+    /// The choice `RINGLEADER_ALLREDUCE` names, if set.
+    pub fn from_env() -> Result<Option<Self>, CollectiveError> {
+        match std::env::var(ALLREDUCE_ENV) {
+            Ok(v) => Self::parse(v.trim()).map(Some),
+            Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(e) => Err(CollectiveError::Invalid(format!("{ALLREDUCE_ENV}: {e}"))),
+        }
+    }
 }
 
 impl Default for Limits {
@@ -59,6 +104,7 @@ impl Default for Limits {
             frame_bytes_max: 16 * 1024 * 1024,
             abort_linger_ms: 1_000,
             shared_memory: true,
+            allreduce: AllreduceChoice::Auto,
         }
     }
 }
@@ -78,6 +124,7 @@ impl Limits {
             frame_bytes_max: 1024 * 1024,
             abort_linger_ms: 500,
             shared_memory: true,
+            allreduce: AllreduceChoice::Auto,
         }
     }
 

@@ -27,6 +27,9 @@ pub enum Algorithm {
     RecursiveDoubling,
     /// Pipelined chain along the ring starting at the root (broadcast).
     Chain,
+    /// Reduce inside each host, ring among one leader per host, broadcast back
+    /// ([`crate::hierarchy`]).
+    Hierarchical,
 }
 
 /// Element type on the wire.

@@ -77,6 +77,7 @@ fn algo_code(a: Algorithm) -> u8 {
         Algorithm::Ring => 1,
         Algorithm::RecursiveDoubling => 2,
         Algorithm::Chain => 3,
+        Algorithm::Hierarchical => 4,
     }
 }
 fn algo_from(c: u8) -> Option<Algorithm> {
@@ -84,6 +85,7 @@ fn algo_from(c: u8) -> Option<Algorithm> {
         1 => Algorithm::Ring,
         2 => Algorithm::RecursiveDoubling,
         3 => Algorithm::Chain,
+        4 => Algorithm::Hierarchical,
         _ => return None,
     })
 }
@@ -242,7 +244,7 @@ mod tests {
         (
             any::<u64>(),
             0usize..5,
-            0usize..3,
+            0usize..4,
             0usize..8,
             0usize..5,
             any::<u64>(),

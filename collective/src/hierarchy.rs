@@ -18,11 +18,20 @@
 //! of `2·(N − 1)`, plus the two local phases; every host's NIC carries `2·(H − 1)/H` of the
 //! buffer each way, the flat ring's `2·(N − 1)/N` per crossing link (see [`Cost`]).
 //!
+//! **Run.** The communicator's engine walks [`Hierarchy::plan`] over its links (to the host's
+//! leader, between neighbouring leaders; TCP, or shared memory where both ends allow it),
+//! with frames tagged `Algorithm::Hierarchical`; `Avg` is divided by the whole world in
+//! the leaders' ring, and every rank ends with its leader's bits. `collective/tests/
+//! hierarchical.rs` checks it against the flat ring on 127.0.0.x "hosts".
+//!
 //! Invariant (property-tested against the flat ring on random integer inputs and random
 //! placements): every rank ends with every rank's contribution exactly once.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::hash::Hash;
+use std::net::SocketAddr;
+
+use crate::config::AllreduceChoice;
 
 /// Ranks grouped by host.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,6 +116,44 @@ impl Hierarchy {
     /// (or the local path alone) does the same work with fewer phases.
     pub fn worthwhile(&self) -> bool {
         self.hosts.len() >= 2 && self.hosts.len() < self.world()
+    }
+
+    /// The ranks `rank` exchanges data with in [`Hierarchy::plan`]: its leader, or (a
+    /// leader) its host's other ranks and the neighbouring leaders.
+    pub fn peers(&self, rank: usize) -> BTreeSet<usize> {
+        let mut set = BTreeSet::new();
+        for step in self.plan(rank) {
+            match step {
+                Step::SendToLeader(p)
+                | Step::ReceiveFromLeader(p)
+                | Step::ReduceFrom(p)
+                | Step::BroadcastTo(p) => {
+                    set.insert(p);
+                }
+                Step::LeaderRing {
+                    world, left, right, ..
+                } if world > 1 => {
+                    set.insert(left);
+                    set.insert(right);
+                }
+                Step::LeaderRing { .. } => {}
+            }
+        }
+        set
+    }
+
+    /// The hierarchy a TCP group runs its large allreduces on, if any: with
+    /// [`AllreduceChoice::Auto`] when [`Hierarchy::worthwhile`], always with
+    /// [`AllreduceChoice::Hierarchical`], never with [`AllreduceChoice::Ring`]. Every rank
+    /// computes the same from the same configuration.
+    pub(crate) fn for_group(addrs: &[SocketAddr], choice: AllreduceChoice) -> Option<Self> {
+        let addrs: Vec<String> = addrs.iter().map(SocketAddr::to_string).collect();
+        let h = Self::from_addrs(&addrs);
+        match choice {
+            AllreduceChoice::Ring => None,
+            AllreduceChoice::Hierarchical => Some(h),
+            AllreduceChoice::Auto => h.worthwhile().then_some(h),
+        }
     }
 
     /// The steps of `rank`, in order.

@@ -24,12 +24,16 @@
 //! Layout: [`schedule`] holds the pure chunk schedules (ring, recursive doubling), property
 //! tested; [`hierarchy`] the hierarchical allreduce's schedule by placement (reduce inside
 //! each host, ring among one leader a host, broadcast back) and the schedules' round and
-//! byte counts (the `schedule-counts` binary prints them; the communicator does not run
-//! this schedule yet); `communicator` drives them over `transport` links (TCP with the handshake of
-//! `tcp`, or in-memory channels; between ranks on the same host the data frames of a TCP
-//! link move to a shared-memory ring, `shm`); `frame` is the 32-byte frame header. The GPU
-//! path: `nccl` (behind `cuda`) calls NCCL; its CPU-side logic is plain code tested
-//! without a GPU: `bootstrap` (the id exchange and readiness round), `abort` (the cell that
+//! byte counts (the `schedule-counts` binary prints them). The communicator runs it for
+//! allreduces above `small_bytes_max` when the group spans at least two hosts (ranks grouped
+//! by the IPs of their data-plane addresses) and some host has two ranks, with extra links
+//! from each rank to its host's leader and between neighbouring leaders;
+//! [`Limits::allreduce`] or `RINGLEADER_ALLREDUCE=auto|ring|hierarchical` forces the choice
+//! (`scripts/bench-hier.sh` measures both). `communicator` drives them over `transport`
+//! links (TCP with the handshake of `tcp`, or in-memory channels; between ranks on the same
+//! host the data frames of a TCP link move to a shared-memory ring, `shm`); `frame` is the
+//! 32-byte frame header. The GPU path: `nccl` (behind `cuda`) calls NCCL; its CPU-side
+//! logic is plain code tested without a GPU: `bootstrap` (the id exchange and readiness round), `abort` (the cell that
 //! holds a communicator and aborts it once), `wait` (polling the stream under an abort
 //! flag, with a deadline for NCCL's set-up) and `watchdog` (the heartbeat over the TCP
 //! group and the abort decision). [`cuda_libs`] finds the CUDA libraries on a host (CUDA 12
@@ -61,7 +65,7 @@ mod watchdog;
 
 pub use bucketer::{BucketConfig, Bucketer, Ready};
 pub use communicator::{AbortHandle, Communicator};
-pub use config::{GroupConfig, Limits, NcclConfig};
+pub use config::{AllreduceChoice, GroupConfig, Limits, NcclConfig, ALLREDUCE_ENV};
 #[doc(hidden)]
 pub use element::reference_reduce;
 pub use element::Element;

@@ -41,6 +41,7 @@ use tracing::{debug, warn};
 
 use crate::config::{GroupConfig, Limits};
 use crate::error::{CollectiveError, HandshakeError};
+use crate::hierarchy::Hierarchy;
 use crate::schedule;
 use crate::shm;
 
@@ -421,7 +422,10 @@ pub(crate) async fn establish(
     let keys = HandshakeKeys::new(&cfg.secret, cfg.group_id, cfg.generation);
     let deadline = Instant::now() + Duration::from_millis(lim.connect_timeout_ms);
     let hs_timeout = Duration::from_millis(lim.handshake_timeout_ms);
-    let needed = schedule::peers(me, cfg.world);
+    let mut needed = schedule::peers(me, cfg.world);
+    if let Some(h) = Hierarchy::for_group(&cfg.addrs, cfg.limits.allreduce) {
+        needed.extend(h.peers(me));
+    }
     let to_accept: BTreeSet<usize> = needed.iter().copied().filter(|&p| p < me).collect();
     let mut streams = HashMap::new();
 

@@ -6,7 +6,8 @@
 //!
 //! Each rank listens on its own entry of `--peers`. Rank 0 prints one line per size, in
 //! nccl-tests conventions: `allreduce world=N size=BYTES time_ms=MEDIAN algbw_GBps=X
-//! busbw_GBps=Y` with algbw = bytes / time and busbw = algbw · 2(N−1)/N.
+//! busbw_GBps=Y` with algbw = bytes / time and busbw = algbw · 2(N−1)/N (the flat ring's
+//! factor, also for `--algo hierarchical`, so that the figures compare).
 //!
 //! With `--nccl [--device D]` (a build with feature `cuda`), the same group bootstraps NCCL
 //! and the figures are those of an out-of-place NCCL allreduce of f32 on GPU D (default:
@@ -18,7 +19,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Instant;
 
 use clap::Parser;
-use collective::{Communicator, GroupConfig, Limits, NcclConfig, ReduceOp};
+use collective::{AllreduceChoice, Communicator, GroupConfig, Limits, NcclConfig, ReduceOp};
 
 #[derive(Parser, Debug)]
 #[command(about = "allreduce benchmark over the collective TCP data plane")]
@@ -41,7 +42,9 @@ struct Args {
     /// Untimed iterations per size before timing.
     #[arg(long, default_value_t = 3)]
     warmup: usize,
-    /// Algorithm: auto (by size), ring, or rd (recursive doubling).
+    /// Algorithm: auto (by size and placement), ring (the flat ring at every size), rd
+    /// (recursive doubling), or hierarchical (at every size; ranks grouped by the IPs of
+    /// `--peers`).
     #[arg(long, default_value = "auto")]
     algo: String,
     /// Ring pipelining granularity, bytes (default: the library's).
@@ -137,7 +140,14 @@ fn run(args: Args) -> anyhow_free::Result<()> {
     }
     match args.algo.as_str() {
         "auto" => {}
-        "ring" => limits.small_bytes_max = 0,
+        "ring" => {
+            limits.small_bytes_max = 0;
+            limits.allreduce = AllreduceChoice::Ring;
+        }
+        "hierarchical" => {
+            limits.small_bytes_max = 0;
+            limits.allreduce = AllreduceChoice::Hierarchical;
+        }
         "rd" => limits.small_bytes_max = sizes.iter().copied().max().unwrap_or(0),
         other => return Err(format!("unknown --algo {other:?}")),
     }
