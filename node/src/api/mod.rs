@@ -44,7 +44,8 @@ pub mod checkpoints;
 pub mod client;
 pub mod dashboard;
 pub mod datasets;
-pub mod listing;
+/// Filters, pages and the summary of the status and job lists (a child of `status`).
+pub use status::listing;
 pub mod origin;
 pub mod prometheus;
 pub mod redact;

@@ -1,9 +1,11 @@
 //! The status document: what `GET /v1/status` returns and `ringleader status` prints. Its
 //! lists are bounded (at most `listing::STATUS_ROWS_DEFAULT` = 500 members and 500 jobs
-//! without a `limit`) and paged, and its `summary` counts everything: see [`super::listing`].
+//! without a `limit`) and paged, and its `summary` counts everything: see [`listing`].
 //!
 //! The field names are the user-facing contract (README, docs/design.md); fields may be
 //! added, never renamed.
+
+pub mod listing;
 
 use std::collections::BTreeMap;
 
@@ -162,9 +164,9 @@ pub struct StatusDoc {
     #[serde(default)]
     pub api_tls: Option<String>,
     /// Every member and job counted by state, and where the next page of `members` and
-    /// `jobs` starts ([`super::listing`]); absent from nodes older than the field.
+    /// `jobs` starts ([`listing`]); absent from nodes older than the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub summary: Option<super::listing::Summary>,
+    pub summary: Option<listing::Summary>,
 }
 
 impl StatusDoc {
@@ -205,16 +207,13 @@ impl StatusDoc {
                     out,
                     "members: {} ({})",
                     sum.members_total,
-                    super::listing::counts_text(
-                        &sum.members_by_state,
-                        &super::listing::MEMBER_STATES
-                    )
+                    listing::counts_text(&sum.members_by_state, &listing::MEMBER_STATES)
                 );
                 let _ = writeln!(
                     out,
                     "jobs: {} ({})\n",
                     sum.jobs_total,
-                    super::listing::counts_text(&sum.jobs_by_state, &super::listing::JOB_STATES)
+                    listing::counts_text(&sum.jobs_by_state, &listing::JOB_STATES)
                 );
             }
             None => {

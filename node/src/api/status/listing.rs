@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::status::{JobSummary, MemberDoc, StatusDoc};
+use super::{JobSummary, MemberDoc, StatusDoc};
 use crate::domain::state::{ControlState, JobId};
 
 /// Rows of each list (members, jobs) that `GET /v1/status` and `GET /v1/jobs` return
