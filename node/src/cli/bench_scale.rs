@@ -46,13 +46,13 @@ const WAIT: Duration = Duration::from_secs(300);
 /// Poll period while waiting, in milliseconds.
 const POLL_MS: u64 = 20;
 /// Survivors polled besides the first node.
-const SAMPLE: usize = 7;
+pub const SAMPLE: usize = 7;
 /// Quiet time after the cluster formed, before the idle window.
-const SETTLE: Duration = Duration::from_secs(5);
+pub const SETTLE: Duration = Duration::from_secs(5);
 /// The idle CPU window.
-const IDLE_WINDOW: Duration = Duration::from_secs(10);
+pub const IDLE_WINDOW: Duration = Duration::from_secs(10);
 /// `GET /v1/status` calls timed.
-const STATUS_CALLS: usize = 20;
+pub const STATUS_CALLS: usize = 20;
 /// A trivial command job.
 const TRIVIAL: &str = "name = \"bench\"\nkind = \"command\"\nworkers = 1\ncommand = [\"true\"]\n";
 

@@ -8,13 +8,13 @@
 //! first message and kept while messages flow: a message is one length-prefixed frame
 //! ([`wire::write_frame`]'s format) written on it.
 //!
-//! - **Writers.** One task per peer ([`write_loop`]) owns the outbound stream and a bounded
+//! - **Writers.** One task per peer (`write_loop`) owns the outbound stream and a bounded
 //!   queue ([`WRITER_QUEUE`]); a full queue drops the message (SWIM tolerates loss; it is
 //!   counted as a send failure). A writer that cannot open its stream within
 //!   [`OPEN_TIMEOUT_MS`], or whose write fails or stalls past [`WRITE_TIMEOUT_MS`], reports
 //!   [`StreamEvent::Failed`] (the loop tells the core the peer is unreachable) and ends; one
 //!   with nothing to send for [`WRITER_IDLE_MS`] closes its stream and ends.
-//! - **Readers.** One task per inbound stream ([`read_loop`]) reads frames, each checked
+//! - **Readers.** One task per inbound stream (`read_loop`) reads frames, each checked
 //!   against the frame limit it was given before anything is allocated, and hands them to the
 //!   loop. A frame that is oversized or cut short is reported as [`Frame::Bad`] and the
 //!   stream is dropped: after a bad length nothing on it can be trusted.

@@ -423,7 +423,7 @@ impl ControlHandle {
     /// server metrics, which change only with the state, leader or membership: a follower's
     /// loops that matter only on the leader sleep instead of polling (an idle node's wake-ups
     /// are its CPU). A Raft that stopped (restarted after a storage failure) is looked at
-    /// again every [`HEARTBEAT_MS`].
+    /// again every heartbeat period (`HEARTBEAT_MS`).
     pub async fn until_leader(&self) {
         loop {
             let raft = self.raft();
