@@ -3,6 +3,7 @@ prints (each parses back on the node's parser), and `Ring.agree`, the protocol c
 agreement run over a ring of threads."""
 
 import io
+import queue
 import threading
 
 from ringleader import _native, elastic
@@ -18,10 +19,22 @@ def gen_line(g, rank=0, world=1):
 
 def test_the_feed_hands_out_the_newest_generation_and_a_stop_is_final():
     arrived = threading.Semaphore(0)
-    stream = io.StringIO("\n".join([gen_line(1), "not a node line", gen_line(3, 1, 2),
-                                    gen_line(2), "ringleader-stop", gen_line(9)]) + "\n")
-    feed = elastic.GenerationFeed(stream, on_arrival=arrived.release)
-    assert feed.next(0, timeout=10) is not None
+    lines = queue.Queue()
+
+    def stream():
+        # Lines as the test releases them (a node writing to the rank's stdin).
+        while (line := lines.get()) is not None:
+            yield line + "\n"
+
+    for line in [gen_line(1), "not a node line", gen_line(3, 1, 2), gen_line(2)]:
+        lines.put(line)
+    feed = elastic.GenerationFeed(stream(), on_arrival=arrived.release)
+    # No stop yet: a generation is handed out (the newest read so far; an older one read
+    # after a newer one never replaces it).
+    g = feed.next(0, timeout=10)
+    assert g is not None and g.generation in (1, 3)
+    for line in ["ringleader-stop", gen_line(9), None]:
+        lines.put(line)
     # Every line read: the stop is final, and nothing after it counts.
     assert feed.next(100, timeout=10) is None
     assert feed.stopped
