@@ -194,23 +194,10 @@ async fn write_loop(
         writer,
         error,
     };
-    let opened = tokio::time::timeout(
-        Duration::from_millis(OPEN_TIMEOUT_MS),
-        control.open_stream(peer, protocol),
-    )
-    .await;
-    let mut stream = match opened {
-        Ok(Ok(stream)) => Some(stream),
-        Ok(Err(e)) => {
-            let _ = events.send(failed(format!("opening a stream: {e}"))).await;
-            None
-        }
-        Err(_) => {
-            let _ = events
-                .send(failed(format!(
-                    "opening a stream took over {OPEN_TIMEOUT_MS} ms"
-                )))
-                .await;
+    let mut stream = match open(&mut control, peer, &protocol).await {
+        Ok(stream) => Some(stream),
+        Err(error) => {
+            let _ = events.send(failed(error)).await;
             None
         }
     };
@@ -245,19 +232,25 @@ async fn write_loop(
                 buf.clear();
                 buf.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
                 buf.extend_from_slice(&bytes);
-                let write = async {
-                    s.write_all(&buf).await?;
-                    s.flush().await
-                };
-                let result =
-                    tokio::time::timeout(Duration::from_millis(WRITE_TIMEOUT_MS), write).await;
-                let error = match result {
-                    Ok(Ok(())) => continue,
-                    Ok(Err(e)) => format!("writing: {e}"),
-                    Err(_) => format!("a write took over {WRITE_TIMEOUT_MS} ms"),
-                };
-                let _ = events.send(failed(error)).await;
-                stream = None;
+                let mut result = write(s, &buf).await;
+                if result.is_err() {
+                    // The peer may have dropped the stream unread: libp2p-stream drops an
+                    // inbound stream that arrives while its accept queue is taken (many
+                    // peers opening at once, as at a cluster's start or a partition's
+                    // heal). One new stream, then the frame again; a peer that is gone
+                    // fails the open as well.
+                    result = match open(&mut control, peer, &protocol).await {
+                        Ok(fresh) => {
+                            *s = fresh;
+                            write(s, &buf).await
+                        }
+                        Err(e) => Err(e),
+                    };
+                }
+                if let Err(error) = result {
+                    let _ = events.send(failed(error)).await;
+                    stream = None;
+                }
             }
         }
     }
@@ -270,6 +263,39 @@ async fn write_loop(
         }
     }
     let _ = events.send(StreamEvent::Ended { peer, writer }).await;
+}
+
+/// Opens a stream of `protocol` to `peer` (dialing it if need be), within
+/// [`OPEN_TIMEOUT_MS`].
+async fn open(
+    control: &mut libp2p_stream::Control,
+    peer: PeerId,
+    protocol: &StreamProtocol,
+) -> Result<Stream, String> {
+    match tokio::time::timeout(
+        Duration::from_millis(OPEN_TIMEOUT_MS),
+        control.open_stream(peer, protocol.clone()),
+    )
+    .await
+    {
+        Ok(Ok(stream)) => Ok(stream),
+        Ok(Err(e)) => Err(format!("opening a stream: {e}")),
+        Err(_) => Err(format!("opening a stream took over {OPEN_TIMEOUT_MS} ms")),
+    }
+}
+
+/// Writes one encoded frame (length prefix included) and flushes it, within
+/// [`WRITE_TIMEOUT_MS`].
+async fn write(stream: &mut Stream, frame: &[u8]) -> Result<(), String> {
+    let write = async {
+        stream.write_all(frame).await?;
+        stream.flush().await
+    };
+    match tokio::time::timeout(Duration::from_millis(WRITE_TIMEOUT_MS), write).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("writing: {e}")),
+        Err(_) => Err(format!("a write took over {WRITE_TIMEOUT_MS} ms")),
+    }
 }
 
 /// One inbound stream's reader: frames to the loop until the stream ends or turns bad.
