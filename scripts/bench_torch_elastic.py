@@ -4,12 +4,15 @@ compute a step) as a command job of 3 ranks on a local cluster of 3 nodes (`min_
 1`, `[elastic] protocol = "ringleader"`), and the same script under torchrun.
 
 Ours, one job of N steps with the faults in turn (each once the ring stepped again):
-worker-kill (SIGKILL a rank), join (its member is back 10 s after it left: timed from then),
+worker-kill (SIGKILL a rank), join (its member is back 10 s after it left),
 hang (SIGSTOP a rank: its node names it after 3 s), join again, straggler (a rank sleeps
 SLOW_S more a step until the chief blacklists it), host-kill (SIGSTOP a node and its rank, as
-a host that loses power: gossip names it dead). `recover_s`: from the fault (for join: from
-the moment the member may rejoin) to the first step of the new generation; `steps_lost`:
-the most any rank's `ringleader-elastic resumed` line of that generation lost.
+a host that loses power: gossip names it dead). `recover_s`: from the fault to the first step
+of the new generation; for join, the ring's pause: from the last step of the generation
+before to the first step of the one with the joiner (the joiner starts as a standby while
+the ring trains on; `start_s`, from the moment its member may rejoin to that first step, is
+its start, not a pause); `steps_lost`: the most any rank's `ringleader-elastic resumed` line
+of that generation lost.
 
 torchrun (`--nnodes 1:4 --nproc-per-node 3 --max-restarts 3`, c10d rendezvous): one worker
 killed; every worker starts again, and the script, which writes no checkpoint, from step 0:
@@ -19,7 +22,7 @@ Goodput: the wall time of N steps with the faults over N steps without (ours: th
 above; torchrun: the kill only, its hang lasting until the collective's timeout).
 
 Prints one line each:
-    torch elastic fault=F recover_s=X steps_lost=L
+    torch elastic fault=F recover_s=X steps_lost=L [start_s=S]
     torch elastic impl=torchrun fault=worker-kill recover_s=X steps_lost=L
     torch goodput faults=… ours_x=X torchrun_x=Y torchrun_faults=worker-kill
 """
@@ -109,6 +112,11 @@ class Run:
               if line.startswith("hash ") and f" gen={gen} " in line]
         return min(ts) if ts else None
 
+    def last_step_time(self, gen):
+        ts = [stamp(line) for line in self.lines()
+              if line.startswith("hash ") and f" gen={gen} " in line]
+        return max(ts) if ts else None
+
     def reform(self, reason, after_gen):
         """Waits for the generation after `after_gen` whose reason starts with `reason` to
         take a step: (generation, its first step's time, its steps lost)."""
@@ -173,8 +181,10 @@ def ours(args, work, faults):
 
             gen, victim, _, t0 = fault("worker-kill", 2, "peer-lost",
                                        lambda pid, _: os.kill(pid, signal.SIGKILL))
+            before = gen
             gen, t, lost = run.reform(f"joined {victim}", gen)
-            results.append(("join", t - (t0 + REJOIN_AFTER_S), lost))
+            pause = t - run.last_step_time(before)
+            results.append(("join", pause, lost, t - (t0 + REJOIN_AFTER_S)))
 
             gen, victim, pid, _ = fault("hang", 1, "hung",
                                         lambda pid, _: os.kill(pid, signal.SIGSTOP))
@@ -287,8 +297,10 @@ def main():
         ours_x = torchrun_x = None
         if "ours" in parts:
             results, faulty = ours(args, os.path.join(work, "ours-faults"), True)
-            for fault, recover, lost in results:
-                print(f"torch elastic fault={fault} recover_s={recover:.3f} steps_lost={lost}",
+            for fault, recover, lost, *start in results:
+                extra = f" start_s={start[0]:.3f}" if start else ""
+                print(f"torch elastic fault={fault} recover_s={recover:.3f} steps_lost={lost}"
+                      f"{extra}",
                       flush=True)
             _, clean = ours(args, os.path.join(work, "ours-clean"), False)
             ours_x = faulty / clean

@@ -116,6 +116,14 @@ fn commands() -> Vec<ControlCommand> {
         ControlCommand { op: Op::MemberRemove { peer_id: "12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA".into(), name: "m7".into() }, at_ms: 1_080 },
         ControlCommand { op: Op::SearchFinished { search: j(3) }, at_ms: 1_090 },
         ControlCommand { op: Op::Compact { ids: vec![j(2)] }, at_ms: 1_100 },
+        // 29: j-29, an elastic command job of the ringleader protocol, with a standby joiner
+        // (added with the standby, after the fixture above was pinned).
+        ControlCommand { op: Op::Submit { spec: spec("name = \"p\"\nkind = \"command\"\nworkers = 1\nmax_workers = 2\ncommand = [\"true\"]\n[elastic]\nprotocol = \"ringleader\"\n"), token: None }, at_ms: 1_110 },
+        // 30
+        ControlCommand { op: Op::Place { id: j(29), generation: 1, slots: vec![slot(8, 0, vec![])], secret: secret('9') }, at_ms: 1_111 },
+        ControlCommand { op: Op::Standby { id: j(29), generation: 1, slot: Slot { worker: 1, ..slot(9, 1, vec![]) } }, at_ms: 1_112 },
+        ControlCommand { op: Op::StandbyDropped { id: j(29), worker: 9, reason: "its process exited with code 1".into() }, at_ms: 1_113 },
+        ControlCommand { op: Op::StandbyReady { id: j(29), worker: 1 }, at_ms: 1_114 },
     ]
 }
 
@@ -156,7 +164,7 @@ fn every_command_kind_is_in_the_fixture() {
                 .to_owned()
         })
         .collect();
-    assert_eq!(kinds.len(), 23, "{kinds:?}");
+    assert_eq!(kinds.len(), 26, "{kinds:?}");
 }
 
 #[test]

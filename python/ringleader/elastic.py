@@ -12,6 +12,10 @@ another framework than torch reuses it (`ringleader.torch` is built on it).
 - `StepStats`: the mean compute and wait time per step, printed as `ringleader-rank-stats`
   at the first step, then about every `RANK_STATS_EVERY_S` (the chief finds stragglers).
 - `failed` and `resumed`: the `ringleader-elastic` lines of a re-form.
+- `is_standby` and `ready`: a joiner the node started ahead of the re-form that takes it in
+  (`RINGLEADER_STANDBY=1`, no generation yet) prints `ringleader-ready` once it is set up
+  (framework imported, model built), and the node then re-forms the ring with it: the
+  survivors train on meanwhile and wait only for its connect.
 - `install_line_stdout`: whole lines on stdout from every thread (a heartbeat never lands
   inside a line the script prints).
 
@@ -28,6 +32,7 @@ from . import _native
 from .rank import _emit
 
 PROTOCOL_ENV = "RINGLEADER_ELASTIC_PROTOCOL"
+STANDBY_ENV = "RINGLEADER_STANDBY"
 GENERATION_PREFIX = "ringleader-generation "
 STOP_LINE = "ringleader-stop"
 # Longest line read from stdin, bytes (the protocol's bound on a node line).
@@ -43,6 +48,18 @@ def is_elastic_rank(environ=None):
     generations arrive on stdin)."""
     env = os.environ if environ is None else environ
     return env.get(PROTOCOL_ENV) == "ringleader"
+
+
+def is_standby(environ=None):
+    """Whether this elastic rank is a standby joiner: started ahead of the re-form that takes
+    it in, its first generation comes once it said `ready()`."""
+    env = os.environ if environ is None else environ
+    return is_elastic_rank(env) and env.get(STANDBY_ENV) == "1"
+
+
+def ready(file=None):
+    """Prints `ringleader-ready`: this standby is set up and waits for its first generation."""
+    _emit(_native.ready_line(), file)
 
 
 class Generation:

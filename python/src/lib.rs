@@ -106,6 +106,12 @@ mod _native {
         checked(RankLine::Heartbeat { computing_ms })
     }
 
+    /// `ringleader-ready` (a standby rank waits for its first generation).
+    #[pyfunction]
+    fn ready_line() -> PyResult<String> {
+        checked(RankLine::Ready)
+    }
+
     /// `ringleader-elastic failed generation=G lost_rank=R error="…"`.
     #[pyfunction]
     #[pyo3(signature = (generation, lost_rank, error))]

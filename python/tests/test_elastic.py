@@ -58,6 +58,7 @@ def test_the_lines_parse_back_on_the_nodes_parser(capsys):
     stats = elastic.StepStats()
     stats.add(0.0125, 0.00025, 3, 1, 20)
     stats.add(0.5, 0.5, 3, 1, 21)  # within the second: not printed
+    elastic.ready()
     lines = capsys.readouterr().out.splitlines()
     assert lines == [
         'ringleader-elastic failed generation=2 lost_rank=1 error="peer \\"lost\\" \\\\ rank 1"',
@@ -66,9 +67,17 @@ def test_the_lines_parse_back_on_the_nodes_parser(capsys):
         "steps_lost=2 source=broadcast",
         "ringleader-heartbeat computing_ms=5200",
         "ringleader-rank-stats generation=3 rank=1 step=20 compute_ms=12.500 wait_ms=0.250",
+        "ringleader-ready",
     ]
     for line in lines:
         assert _native.parse_rank_line(line) == line
+
+
+def test_a_standby_is_an_elastic_rank_started_with_the_standby_variable():
+    elastic_env = {elastic.PROTOCOL_ENV: "ringleader"}
+    assert not elastic.is_standby(elastic_env)
+    assert elastic.is_standby({**elastic_env, elastic.STANDBY_ENV: "1"})
+    assert not elastic.is_standby({elastic.STANDBY_ENV: "1"}), "not without the protocol"
 
 
 def test_ring_agree_runs_the_protocols_agreement():

@@ -32,6 +32,8 @@
 //!   failed, losing rank R (`-`: unknown); `error` is last, quoted, `"` and `\` escaped.
 //! - `ringleader-elastic resumed [generation=G] [world=N] [rank=R] [step=S] restored_step=C
 //!   steps_lost=L [source=memory|broadcast|checkpoint|fresh]`.
+//! - `ringleader-ready`: a standby rank (started with `RINGLEADER_STANDBY=1`, ahead of
+//!   joining a running ring) is set up and waits for its first generation on stdin.
 //!
 //! A line starting with [`PREFIX`] that does not parse is logged by the node (warn, with the
 //! line, rate-limited) and otherwise ignored; every other line is the rank's own output.

@@ -20,6 +20,8 @@ pub const RANK_STATS: &str = "ringleader-rank-stats";
 pub const HEARTBEAT: &str = "ringleader-heartbeat";
 /// `ringleader-elastic failed …` and `ringleader-elastic resumed …`.
 pub const ELASTIC: &str = "ringleader-elastic";
+/// `ringleader-ready`: a standby rank is set up and waits for its first generation.
+pub const READY: &str = "ringleader-ready";
 
 /// One line a rank prints for its node.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,6 +41,10 @@ pub enum RankLine {
     ElasticFailed(ElasticFailed),
     /// The rank resumed in a new generation.
     ElasticResumed(ElasticResumed),
+    /// A standby rank (started ahead of joining, `RINGLEADER_STANDBY=1`) is set up (its
+    /// framework imported, its model built) and waits for its first generation: the chief
+    /// may now re-form the ring with it, and the survivors wait only for its connect.
+    Ready,
 }
 
 /// `ringleader-metric NAME VALUE [STEP]`.
@@ -254,6 +260,7 @@ impl fmt::Display for RankLine {
             RankLine::Heartbeat { computing_ms } => {
                 write!(f, "{HEARTBEAT} computing_ms={computing_ms}")
             }
+            RankLine::Ready => f.write_str(READY),
             RankLine::ElasticFailed(e) => {
                 write!(f, "{ELASTIC} failed generation={} lost_rank=", e.generation)?;
                 match e.lost_rank {
@@ -343,6 +350,8 @@ impl FromStr for RankLine {
                     wait_ms: f.ms("wait_ms")?,
                 }))
             }
+            READY if rest.is_empty() => Ok(RankLine::Ready),
+            READY => Err(LineError::Shape("ringleader-ready (nothing after it)")),
             HEARTBEAT => {
                 let f = Fields::parse(rest);
                 Ok(RankLine::Heartbeat {

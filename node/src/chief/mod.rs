@@ -7,7 +7,9 @@
 //! re-form an elastic job's ring without it while at least `min_workers` remain (a straggler
 //! is also blacklisted), else fail the attempt; grow an elastic job's ring by one available
 //! member per generation while it is below `max_workers` (survivors keep their GPUs, a
-//! joiner gets its member's lowest free ones); start, promote and copy the trials
+//! joiner gets its member's lowest free ones; a command job of the ringleader protocol
+//! starts its joiner first as a standby and re-forms once it is ready, see
+//! `domain::state::standby`); start, promote and copy the trials
 //! of searches and end them ([`search`]). [`driver`] runs it every
 //! [`driver::CHIEF_PERIOD_MS`] while this node is chief, next to the voter upkeep, and
 //! proposes what it returns; the state machine ignores a command that arrives stale, so a
@@ -24,7 +26,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::{
     cluster::{membership::State, net::MemberView},
-    domain::state::{ControlCommand, ControlState, Job, JobState, Op, Slot, REJOIN_AFTER_MS},
+    domain::state::{
+        standby::Standby, ControlCommand, ControlState, Job, JobState, Op, Slot, REJOIN_AFTER_MS,
+    },
 };
 use placement::{Candidate, Request};
 
@@ -55,7 +59,8 @@ fn candidates(state: &ControlState, members: &[MemberView], now_ms: u64) -> Vec<
     // most of a settled decision's time.
     let mut used: HashMap<&str, (u32, BTreeSet<u32>)> = HashMap::new();
     for job in state.jobs.values().filter(|j| j.state == JobState::Running) {
-        for slot in &job.assignment {
+        let standby = job.standby.as_ref().map(|s| &s.slot);
+        for slot in job.assignment.iter().chain(standby) {
             let held = used.entry(slot.member.as_str()).or_default();
             held.0 = held.0.saturating_add(job.spec.resources.cpus_per_worker);
             held.1.extend(&slot.gpus);
@@ -165,6 +170,9 @@ fn running(
     if !lost.is_empty() {
         return shrink(job, &lost, now_ms, new_secret);
     }
+    if let Some(standby) = &job.standby {
+        return join_standby(job, standby, gone, candidates, now_ms, new_secret);
+    }
     // Growth: an elastic ring below max_workers takes one available member per generation.
     if !job.is_elastic() || job.assignment.len() >= job.spec.max_workers as usize {
         return Vec::new();
@@ -199,6 +207,20 @@ fn running(
         worker,
         gpus,
     };
+    if job.stages_joiners() {
+        // Started ahead, with the rank it would take now: the ring goes on meanwhile.
+        let slot = reranked(job.assignment.iter().cloned().chain([new]))
+            .pop()
+            .expect("the joiner's slot");
+        return vec![ControlCommand {
+            op: Op::Standby {
+                id: job.id,
+                generation: job.generation,
+                slot,
+            },
+            at_ms: now_ms,
+        }];
+    }
     vec![ControlCommand {
         op: Op::Reform {
             id: job.id,
@@ -206,6 +228,56 @@ fn running(
             slots: reranked(job.assignment.iter().cloned().chain([new])),
             secret: new_secret(),
             reason: format!("joined {}", joiner.name),
+        },
+        at_ms: now_ms,
+    }]
+}
+
+/// A running job with a standby joiner ([`crate::domain::state::standby`]): re-form with it
+/// once it is ready, drop it when its member is gone (dead, left, removed, blacklisted) or
+/// the ring is full; otherwise wait.
+fn join_standby(
+    job: &Job,
+    standby: &Standby,
+    gone: &BTreeMap<String, &'static str>,
+    candidates: &[Candidate],
+    now_ms: u64,
+    new_secret: &mut dyn FnMut() -> String,
+) -> Vec<ControlCommand> {
+    let slot = &standby.slot;
+    let unavailable = match gone.get(&slot.member) {
+        Some(state) => Some(format!("member {state}")),
+        None => candidates
+            .iter()
+            .find(|c| c.id == slot.member)
+            .filter(|c| !c.alive || c.blacklisted)
+            .map(|c| match c.blacklisted {
+                true => "member blacklisted".to_owned(),
+                false => "member not alive".to_owned(),
+            }),
+    };
+    let full = job.assignment.len() >= job.spec.max_workers as usize;
+    let dropped = unavailable.or_else(|| full.then(|| "the ring is full".to_owned()));
+    if let Some(reason) = dropped {
+        return vec![ControlCommand {
+            op: Op::StandbyDropped {
+                id: job.id,
+                worker: slot.worker,
+                reason,
+            },
+            at_ms: now_ms,
+        }];
+    }
+    if !standby.ready {
+        return Vec::new();
+    }
+    vec![ControlCommand {
+        op: Op::Reform {
+            id: job.id,
+            generation: job.generation + 1,
+            slots: reranked(job.assignment.iter().cloned().chain([slot.clone()])),
+            secret: new_secret(),
+            reason: format!("joined {}", slot.name),
         },
         at_ms: now_ms,
     }]

@@ -633,3 +633,120 @@ fn a_removed_member_is_never_placed_on() {
         "b is not counted"
     );
 }
+
+/// The `Standby` command among `cmds`.
+fn standby_of(cmds: &[ControlCommand]) -> &Slot {
+    match cmds {
+        [ControlCommand {
+            op: Op::Standby { slot, .. },
+            ..
+        }] => slot,
+        other => panic!("expected a standby, got {other:?}"),
+    }
+}
+
+const RINGLEADER_PROTOCOL: &str = "[elastic]\nprotocol = \"ringleader\"\n";
+
+/// A ringleader-protocol command job stages its joiner and re-forms only once the joiner
+/// said it is ready: the ring trains on meanwhile.
+#[test]
+fn a_ringleader_command_job_stages_its_joiner_and_reforms_once_it_is_ready() {
+    let mut members = vec![
+        member("a", State::Alive, 1),
+        member("b", State::Alive, 1),
+        member("c", State::Alive, 1),
+    ];
+    let (mut state, id) = elastic_running(&members, 3, 3, RINGLEADER_PROTOCOL);
+    members[2].state = State::Dead;
+    let cmds = decide(&state, &members, 1_000, &mut secret);
+    apply_all(&mut state, &cmds);
+    members[2].state = State::Alive;
+    let at = 1_000 + REJOIN_AFTER_MS;
+    let cmds = decide(&state, &members, at, &mut secret);
+    let slot = standby_of(&cmds).clone();
+    assert_eq!((slot.name.as_str(), slot.worker, slot.rank), ("c", 3, 2));
+    apply_all(&mut state, &cmds);
+    let job = state.job(id).unwrap();
+    assert_eq!(job.generation, 2, "no re-form yet");
+    assert_eq!(job.next_worker, 4);
+    assert!(
+        decide(&state, &members, at + 1, &mut secret).is_empty(),
+        "waits for the standby"
+    );
+    // A ready report from another worker id changes nothing.
+    let ready = |worker| ControlCommand {
+        op: Op::StandbyReady { id, worker },
+        at_ms: at + 2,
+    };
+    let index = state.applied_index + 1;
+    assert!(matches!(
+        state.apply(index, &ready(7)),
+        ControlResponse::Ignored { .. }
+    ));
+    apply_all(&mut state, &[ready(3)]);
+    let cmds = decide(&state, &members, at + 3, &mut secret);
+    let (slots, reason) = reform_of(&cmds);
+    assert_eq!(reason, "joined c");
+    assert_eq!(
+        slots.iter().map(|s| s.worker).collect::<Vec<_>>(),
+        [0, 1, 3]
+    );
+    apply_all(&mut state, &cmds);
+    let job = state.job(id).unwrap();
+    assert_eq!(job.generation, 3);
+    assert!(job.standby.is_none(), "the re-form took it in");
+    assert!(decide(&state, &members, at + 4, &mut secret).is_empty());
+}
+
+/// A standby whose member dies is dropped (with a note in the history) and its member is
+/// staged again only after the rejoin delay; a shrinking re-form keeps a standby.
+#[test]
+fn a_standby_is_dropped_when_its_member_dies_and_kept_through_a_shrink() {
+    let mut members = vec![
+        member("a", State::Alive, 1),
+        member("b", State::Alive, 1),
+        member("c", State::Alive, 1),
+        member("d", State::Alive, 1),
+    ];
+    let (mut state, id) = elastic_running(&members[..3], 3, 4, RINGLEADER_PROTOCOL);
+    let cmds = decide(&state, &members, 10, &mut secret);
+    assert_eq!(standby_of(&cmds).name, "d");
+    apply_all(&mut state, &cmds);
+    // c dies: the ring shrinks, d stays staged.
+    members[2].state = State::Dead;
+    let cmds = decide(&state, &members, 20, &mut secret);
+    let (slots, _) = reform_of(&cmds);
+    assert_eq!(slots.len(), 2);
+    apply_all(&mut state, &cmds);
+    assert_eq!(
+        state
+            .job(id)
+            .unwrap()
+            .standby
+            .as_ref()
+            .map(|s| s.slot.worker),
+        Some(3)
+    );
+    // d dies before it is ready: dropped.
+    members[3].state = State::Dead;
+    let cmds = decide(&state, &members, 30, &mut secret);
+    match cmds.as_slice() {
+        [ControlCommand {
+            op: Op::StandbyDropped { worker, reason, .. },
+            ..
+        }] => assert_eq!((*worker, reason.as_str()), (3, "member dead")),
+        other => panic!("{other:?}"),
+    }
+    apply_all(&mut state, &cmds);
+    let job = state.job(id).unwrap();
+    assert!(job.standby.is_none());
+    assert!(job
+        .events
+        .last()
+        .is_some_and(|e| e.reason == "standby on d dropped before joining: member dead"));
+    // Back, but too soon; then staged again with a new worker id.
+    members[3].state = State::Alive;
+    assert!(decide(&state, &members, 31, &mut secret).is_empty());
+    let cmds = decide(&state, &members, 30 + REJOIN_AFTER_MS, &mut secret);
+    assert_eq!(standby_of(&cmds).worker, 4);
+}

@@ -268,6 +268,14 @@ pub fn authorize(
         ControlCommand { op: Op::TrialReport { id, generation, .. }, .. } => {
             runs_in_current_generation(*id, *generation, Some(0))
         }
+        ControlCommand { op: Op::StandbyReady { id, worker }, .. }
+        | ControlCommand { op: Op::StandbyDropped { id, worker, .. }, .. } => {
+            let job = state.job(*id).ok_or_else(|| format!("no job {id}"))?;
+            match &job.standby {
+                Some(s) if s.slot.worker == *worker && s.slot.member == from => Ok(()),
+                _ => Err(format!("worker {worker} of job {id} is no standby on the sender")),
+            }
+        }
         ControlCommand { op: Op::Place { .. }, .. }
         | ControlCommand { op: Op::TrialStart { .. }, .. }
         | ControlCommand { op: Op::TrialPromote { .. }, .. }
@@ -275,6 +283,7 @@ pub fn authorize(
         | ControlCommand { op: Op::SearchFinished { .. }, .. }
         | ControlCommand { op: Op::Compact { .. }, .. }
         | ControlCommand { op: Op::Reform { .. }, .. }
+        | ControlCommand { op: Op::Standby { .. }, .. }
         | ControlCommand { op: Op::Blacklist { .. }, .. }
         | ControlCommand { op: Op::Unplaceable { .. }, .. }
         | ControlCommand { op: Op::AttemptFailed { .. }, .. } => {

@@ -148,6 +148,11 @@ pub fn generation_line(
 /// stdin) or `torchrun` (every rank is started again).
 pub const ELASTIC_PROTOCOL_ENV: &str = "RINGLEADER_ELASTIC_PROTOCOL";
 
+/// `1` for a standby joiner of a ringleader-protocol command job
+/// (`domain::state::standby`): it is started ahead of the re-form that takes it in, gets no
+/// generation until then, and prints `ringleader-ready` once set up.
+pub const STANDBY_ENV: &str = "RINGLEADER_STANDBY";
+
 /// The variable that tells a search trial's run the resource it must reach (its rung's
 /// target, in the search's unit: epochs); set when the chief gave the run one.
 pub const TRIAL_RESOURCE_ENV: &str = "RINGLEADER_TRIAL_RESOURCE";

@@ -173,8 +173,9 @@ impl Default for RankOptions {
 #[derive(Clone, PartialEq)]
 pub struct ProtocolRank {
     /// The `ringleader-generation {json}` line of the generation it starts in, written to
-    /// its stdin first (it holds the ring secret: never logged).
-    pub first_generation: String,
+    /// its stdin first (it holds the ring secret: never logged); `None` for a standby
+    /// joiner, whose first generation is the re-form that takes it in.
+    pub first_generation: Option<String>,
     /// It must print a `ringleader-heartbeat` or `ringleader-rank-stats` line within this
     /// long of starting (`[elastic] first_heartbeat_s`), in milliseconds, or it is lost.
     pub first_heartbeat_ms: u64,
@@ -319,6 +320,10 @@ pub(super) struct Run {
     pub(super) control_stdin: bool,
     /// A command rank of the ringleader protocol: its first generation and heartbeat bound.
     pub(super) protocol: Option<ProtocolRank>,
+    /// A standby joiner (`domain::state::standby`) until its first generation arrives: its
+    /// `ringleader-ready` line is reported, and its exit or silence drops the standby
+    /// instead of counting as a rank's.
+    pub(super) standby: bool,
     /// The rank's compute time per step as it last reported it, ms.
     pub(super) compute_ms: f64,
     /// Reported hung already (once per process).
@@ -437,6 +442,11 @@ impl Run {
                 127
             }
         };
+        if self.standby {
+            let reason = format!("its process exited with code {code}");
+            self.report_standby_dropped(id, reason).await;
+            return;
+        }
         let at_ms = (self.clock_ms)();
         let _ = self
             .reports
@@ -546,8 +556,12 @@ impl Run {
         let _group = ProcessGroup(pgid);
         let _recorded = pgid.and_then(|g| self.groups.as_ref().map(|r| r.record(g)));
         let mut stdin = child.stdin.take();
-        if let Some(first) = &self.protocol {
-            tell(&mut stdin, &first.first_generation, id, self.rank).await;
+        if let Some(first) = self
+            .protocol
+            .as_ref()
+            .and_then(|p| p.first_generation.as_ref())
+        {
+            tell(&mut stdin, first, id, self.rank).await;
         }
         let started = Instant::now();
         // A protocol rank's heartbeat or rank stats seen; the generation it was reported
@@ -657,7 +671,11 @@ impl Run {
                             // Lost in each generation it survives into while silent: once
                             // fewer than min_workers remain, the attempt fails with this.
                             silent_reported = Some(self.generation);
-                            self.report_lost(id, false, silent_rank_reason(bound)).await;
+                            if self.standby {
+                                self.report_standby_dropped(id, silent_rank_reason(bound)).await;
+                            } else {
+                                self.report_lost(id, false, silent_rank_reason(bound)).await;
+                            }
                         }
                     }
                 }
@@ -724,6 +742,7 @@ impl Run {
                 msg = next_control(&mut stash, &mut control), if !killed => match msg {
                     Some(Control::Generation { generation, rank, line }) => {
                         info!(job = %id, generation, rank, "worker goes on in a new generation");
+                        self.standby = false;
                         self.generation = generation;
                         self.rank = rank;
                         tell(&mut stdin, &line, id, rank).await;
@@ -865,10 +884,28 @@ impl Run {
             .await;
     }
 
-    /// Acts on an elastic rank's line (rank stats, heartbeat, elastic failed or resumed).
+    /// Reports this standby joiner dropped (`reason`): it will not join the ring.
+    async fn report_standby_dropped(&self, id: JobId, reason: String) {
+        let worker = self.key.2;
+        warn!(job = %id, worker, "standby dropped: {reason}");
+        let op = Op::StandbyDropped { id, worker, reason };
+        let at_ms = (self.clock_ms)();
+        let _ = self.reports.send(ControlCommand { op, at_ms }).await;
+    }
+
+    /// Acts on an elastic rank's line (rank stats, heartbeat, elastic failed or resumed, a
+    /// standby's ready).
     async fn report_elastic(&mut self, id: JobId, line: RankLine) {
         let at_ms = (self.clock_ms)();
         match line {
+            RankLine::Ready if self.standby => {
+                info!(job = %id, worker = self.key.2, "standby ready");
+                let op = Op::StandbyReady {
+                    id,
+                    worker: self.key.2,
+                };
+                let _ = self.reports.send(ControlCommand { op, at_ms }).await;
+            }
             RankLine::RankStats(ringleader_protocol::RankStats {
                 generation,
                 rank,

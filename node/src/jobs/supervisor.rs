@@ -31,7 +31,7 @@ use crate::{
         state::{ControlCommand, ControlState, JobState, Op},
     },
     jobs::{
-        launch::{default_storage, generation_line, launch, Launch, LaunchContext},
+        launch::{default_storage, generation_line, launch, Launch, LaunchContext, STANDBY_ENV},
         process::{Control, Key, ProtocolRank, RankOptions, Run, CONTROL_QUEUE_DEPTH},
     },
 };
@@ -58,6 +58,9 @@ pub struct Start {
     /// A command rank of the ringleader protocol: its first generation (on stdin) and the
     /// bound on its first heartbeat.
     pub protocol: Option<ProtocolRank>,
+    /// A standby joiner (`domain::state::standby`): started with [`STANDBY_ENV`] and no
+    /// generation.
+    pub standby: bool,
 }
 
 /// A live rank to move to the job's current generation.
@@ -126,7 +129,7 @@ pub fn plan(
                         false => None,
                         true => match generation_line(ctx, job, slot, host_of) {
                             Some(first_generation) => Some(ProtocolRank {
-                                first_generation,
+                                first_generation: Some(first_generation),
                                 first_heartbeat_ms: u64::from(job.spec.elastic.first_heartbeat_s)
                                     * 1_000,
                             }),
@@ -144,11 +147,37 @@ pub fn plan(
                             rank: slot.rank,
                             control_stdin,
                             protocol,
+                            standby: false,
                         }),
                         None => plan.waiting.push(key),
                     }
                 }
             }
+        }
+        if let Some(standby) = job.standby.as_ref().filter(|s| s.slot.member == ctx.me) {
+            let slot = &standby.slot;
+            let key = (job.id, job.process_generation(), slot.worker);
+            plan.wanted.insert(key);
+            if have.contains_key(&key) {
+                continue;
+            }
+            let Some(mut launch) = launch(ctx, job, slot, host_of) else {
+                plan.waiting.push(key);
+                continue;
+            };
+            launch.env.push((STANDBY_ENV.into(), "1".into()));
+            plan.start.push(Start {
+                key,
+                launch,
+                generation: job.generation,
+                rank: slot.rank,
+                control_stdin: true,
+                protocol: Some(ProtocolRank {
+                    first_generation: None,
+                    first_heartbeat_ms: u64::from(job.spec.elastic.first_heartbeat_s) * 1_000,
+                }),
+                standby: true,
+            });
         }
     }
     plan.stop = have
@@ -308,6 +337,7 @@ impl Supervisor {
                 launch: start.launch,
                 control_stdin: start.control_stdin,
                 protocol: start.protocol,
+                standby: start.standby,
                 compute_ms: 0.0,
                 reported_hung: false,
                 reports: self.reports.clone(),
@@ -440,6 +470,9 @@ async fn report_loop(ctl: ControlHandle, mut rx: mpsc::Receiver<ControlCommand>)
                 ..
             } | ControlCommand {
                 op: Op::WorkerNote { .. },
+                ..
+            } | ControlCommand {
+                op: Op::StandbyReady { .. } | Op::StandbyDropped { .. },
                 ..
             }
         );
@@ -684,6 +717,66 @@ mod tests {
         (id, first, second)
     }
 
+    /// A standby joiner on this member starts with no generation and `RINGLEADER_STANDBY=1`;
+    /// the re-form that takes it in moves it into the ring.
+    #[test]
+    fn a_standby_starts_without_a_generation_and_the_reform_moves_it_in() {
+        let mut state = ControlState::default();
+        let id = chief::submit_text(
+            &mut state,
+            "name = \"c\"\nkind = \"command\"\ncommand = [\"true\"]\nworkers = 1\nmin_workers = 1\nmax_workers = 2\n[elastic]\nprotocol = \"ringleader\"\n",
+        );
+        let members = vec![
+            chief::member("a", State::Alive, 1),
+            chief::member("b", State::Alive, 1),
+        ];
+        let step = |state: &mut ControlState, at_ms| {
+            for cmd in decide(state, &members, at_ms, &mut || "ab".repeat(32)) {
+                state.apply(state.applied_index + 1, &cmd);
+            }
+        };
+        step(&mut state, 5); // placed on a
+        step(&mut state, 6); // b staged
+        let b = members[1].id.to_string();
+        let host = |_: &str| Some("127.0.0.1".to_string());
+        let staged = plan(&state, &ctx(&b), &BTreeMap::new(), &host);
+        let [start] = staged.start.as_slice() else {
+            panic!("{staged:?}")
+        };
+        assert_eq!(start.key, (id, 1, 1));
+        assert!(start.standby && start.control_stdin);
+        let p = start.protocol.as_ref().expect("a protocol rank");
+        assert!(
+            p.first_generation.is_none(),
+            "no generation before the re-form"
+        );
+        assert!(start
+            .launch
+            .env
+            .contains(&(STANDBY_ENV.to_owned(), "1".to_owned())));
+        // Running: nothing to do until it is ready; then the re-form moves it in.
+        let have: BTreeMap<Key, u32> = [((id, 1, 1), 1)].into();
+        assert_eq!(plan(&state, &ctx(&b), &have, &host).start.len(), 0);
+        let ready = ControlCommand {
+            op: Op::StandbyReady { id, worker: 1 },
+            at_ms: 7,
+        };
+        state.apply(state.applied_index + 1, &ready);
+        step(&mut state, 8);
+        assert_eq!(state.job(id).unwrap().generation, 2);
+        let joined = plan(&state, &ctx(&b), &have, &host);
+        assert!(
+            joined.start.is_empty() && joined.stop.is_empty(),
+            "{joined:?}"
+        );
+        let moves: Vec<(Key, u32, u32)> = joined
+            .moves
+            .iter()
+            .map(|m| (m.key, m.generation, m.rank))
+            .collect();
+        assert_eq!(moves, [((id, 1, 1), 2, 1)]);
+    }
+
     #[test]
     fn ringleader_command_ranks_live_through_a_reform_torchrun_ones_start_again() {
         let (id, first, second) = command_reform("ringleader");
@@ -692,7 +785,8 @@ mod tests {
             assert!(s.control_stdin);
             let p = s.protocol.as_ref().expect("a protocol rank");
             assert_eq!(p.first_heartbeat_ms, 60_000);
-            let line: ringleader_protocol::NodeLine = p.first_generation.parse().unwrap();
+            let first = p.first_generation.as_ref().expect("its first generation");
+            let line: ringleader_protocol::NodeLine = first.parse().unwrap();
             let ringleader_protocol::NodeLine::Generation(g) = line else {
                 panic!("{line:?}")
             };

@@ -1,6 +1,7 @@
 # A fake elastic rank (standard library only): it follows its generations on stdin under
 # [elastic] protocol = "ringleader" (from its environment otherwise), logs each as
-# `gen=G rank=R world=N pid=P`, speaks the protocol's heartbeat and rank stats, and exits 0
+# `gen=G rank=R world=N pid=P`, speaks the protocol's heartbeat and rank stats (and, started
+# as a standby joiner, `ringleader-ready`), and exits 0
 # once the file DONE_FILE names exists (or when told ringleader-stop).
 import json, os, sys, threading, time
 
@@ -36,6 +37,10 @@ def follow():
 
 if os.environ.get("RINGLEADER_ELASTIC_PROTOCOL") == "ringleader":
     threading.Thread(target=follow, daemon=True).start()
+    if os.environ.get("RINGLEADER_STANDBY") == "1":
+        # Started ahead of joining: set up, so say so and wait for the first generation.
+        say("ringleader-heartbeat computing_ms=0")
+        say("ringleader-ready")
 else:
     env = os.environ
     joined(int(env["RINGLEADER_GENERATION"]), int(env["RANK"]), int(env["WORLD_SIZE"]))

@@ -7,6 +7,9 @@ position, at a step count. Its tensors are allocated once and copied into at eac
 (a memcpy of the model and optimizer state, no allocation); the last `COMMITS_KEPT` are
 kept, so ranks one step apart still share one.
 
+A standby joiner (`_session`) says `ringleader-ready` when the optimizer is made (the
+script has built its model and data by then) and joins the generation that follows.
+
 A re-form, on a collective error noted in the step (`_session`) or on a newer generation
 from the node at a step boundary: the ring and process group are dropped, the next
 generation's ring is connected, the ranks run the agreement of the protocol crate
@@ -224,6 +227,10 @@ class ElasticOptimizer:
         sess.step_ended()
         sess.clock.leave()
         step_reached = self.steps
+        if first and sess.ring is None:
+            # A standby joiner: set up now, so say so; the node re-forms with it.
+            elastic.ready()
+            first = False
         while True:
             if not first:
                 self.model.drop()

@@ -5,7 +5,9 @@ Under `[elastic] protocol = "ringleader"` (`RINGLEADER_ELASTIC_PROTOCOL=ringlead
 generations come from the node on stdin (`ringleader.elastic.GenerationFeed`); the session
 prints a heartbeat at once, joins the first generation's ring and makes it torch's default
 process group (`init_from_ring`); later generations are joined by the `ElasticOptimizer`'s
-re-form (`_optimizer`). Elsewhere (torchrun, a command rank of another job, one process)
+re-form (`_optimizer`). A standby joiner (`RINGLEADER_STANDBY=1`: started ahead of the
+re-form that takes it in) joins no ring in `init()`: the optimizer says `ringleader-ready`
+once the script built its model, and joins the generation that follows. Elsewhere (torchrun, a command rank of another job, one process)
 `init()` is plain `dist.init_process_group` from the environment, and nothing is elastic.
 
 A collective error is never raised into the training loop while elastic: DDP's comm hook
@@ -83,6 +85,7 @@ class Session:
 
     def __init__(self):
         self.elastic = False
+        self.standby = False
         self.initialized = False
         self.feed = None
         self.clock = None
@@ -127,7 +130,11 @@ class Session:
         self.feed = elastic.GenerationFeed(on_arrival=self._on_arrival)
         # At the script's end, close the ring before the interpreter's teardown does it.
         atexit.register(self.leave_group)
-        self.join_next()
+        # A standby joiner gets its first generation only after it said it is ready, which
+        # the optimizer does once the script built its model (`_optimizer`).
+        self.standby = elastic.is_standby()
+        if not self.standby:
+            self.join_next()
 
     def join_next(self):
         """Waits for the next generation and connects its ring as torch's default group,

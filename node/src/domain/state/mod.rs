@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
 pub mod compaction;
 pub mod datasets;
 pub mod removal;
+pub mod standby;
 pub mod tokens;
 pub mod trials;
 
@@ -274,6 +275,10 @@ pub struct Job {
     /// not executable): a retried attempt is placed on other members when it fits there.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub cannot_start: BTreeSet<String>,
+    /// A joiner started ahead of the re-form that takes it into the ring (see
+    /// [`standby`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<standby::Standby>,
 }
 
 /// Why a rank of the current generation is thought lost.
@@ -348,6 +353,7 @@ impl Job {
             search: None,
             trial_of: None,
             cannot_start: BTreeSet::new(),
+            standby: None,
         }
     }
 
@@ -372,6 +378,9 @@ impl Job {
             }
         }
         self.generation = generation;
+        // A standby this ring takes in is a rank now (one it leaves out stays staged).
+        self.standby
+            .take_if(|s| slots.iter().any(|slot| slot.worker == s.slot.worker));
         let past = slots.iter().map(|s| s.worker.saturating_add(1)).max();
         self.next_worker = self.next_worker.max(past.unwrap_or(0));
         self.assignment = slots.to_vec();
@@ -409,6 +418,7 @@ impl Job {
         self.state = state;
         self.finished_at_ms = Some(at_ms);
         self.pending_reason = None;
+        self.standby = None;
         self.push_event(at_ms, what, reason);
     }
 
@@ -418,6 +428,7 @@ impl Job {
         let first = self.generation == 0;
         let generation = self.generation + 1;
         self.next_worker = 0;
+        self.standby = None;
         self.start_generation(generation, slots, secret, at_ms);
         self.departed.clear();
         self.attempt += 1;
@@ -453,6 +464,8 @@ impl Job {
     /// Ends the current attempt as failed: retry (back to pending) or fail the job.
     fn fail_attempt(&mut self, at_ms: u64, reason: String) {
         debug_assert_eq!(self.state, JobState::Running);
+        // A standby belongs to the attempt.
+        self.standby = None;
         let restarts_used = self.attempt.saturating_sub(1);
         if restarts_used < self.max_restarts {
             self.state = JobState::Pending;
@@ -647,6 +660,33 @@ pub enum Op {
         #[serde(default)]
         hung: bool,
         /// What the reporting rank saw.
+        reason: String,
+    },
+    /// The chief starts a joiner of a running elastic command job of protocol
+    /// "ringleader" ahead of the re-form that takes it in (see [`standby`]).
+    Standby {
+        /// The job.
+        id: JobId,
+        /// The generation it was decided in (a later one makes it stale).
+        generation: u32,
+        /// Where it runs; `worker` is the attempt's next worker id.
+        slot: Slot,
+    },
+    /// A standby rank printed `ringleader-ready` (reported by its node).
+    StandbyReady {
+        /// The job.
+        id: JobId,
+        /// The standby's worker id.
+        worker: u32,
+    },
+    /// A standby will not join: its process exited or stayed silent, or its member is
+    /// gone (reported by its node or decided by the chief).
+    StandbyDropped {
+        /// The job.
+        id: JobId,
+        /// The standby's worker id.
+        worker: u32,
+        /// Why (cut to [`REASON_BYTES_MAX`] in the history).
         reason: String,
     },
     /// A rank's step timing (see [`RankStat`]).
@@ -919,6 +959,10 @@ impl ControlCommand {
                     })
                 }
             }
+            ControlCommand {
+                op: Op::Standby { slot, .. },
+                ..
+            } if slot.gpus.len() > GPUS_PER_WORKER_MAX as usize => Err(BadCommand::Gpus),
             ControlCommand {
                 op: Op::TrialReport { value, .. },
                 ..
@@ -1306,6 +1350,23 @@ impl ControlState {
                 op: Op::MemberRemove { peer_id, name, .. },
                 ..
             } => self.member_remove(peer_id, name, at_ms),
+            ControlCommand {
+                op:
+                    Op::Standby {
+                        id,
+                        generation,
+                        slot,
+                    },
+                ..
+            } => self.standby(*id, *generation, slot, at_ms),
+            ControlCommand {
+                op: Op::StandbyReady { id, worker },
+                ..
+            } => self.standby_ready(*id, *worker),
+            ControlCommand {
+                op: Op::StandbyDropped { id, worker, reason },
+                ..
+            } => self.standby_dropped(*id, *worker, reason, at_ms),
         }
     }
 

@@ -867,3 +867,87 @@ mod commands {
         assert!(state.jobs[&id].cannot_start.contains("id-1"));
     }
 }
+
+/// A standby is staged only on a running ringleader-protocol elastic command job, in its
+/// current generation, once, with an unused worker id; a new attempt or the job's end drops
+/// it.
+#[test]
+fn a_standby_is_staged_once_per_job_and_dropped_with_its_attempt() {
+    let mut r = Replica::new();
+    let submit = |r: &mut Replica, protocol: &str| {
+        match r.apply(ControlCommand {
+        op: Op::Submit {
+            spec: Box::new(
+                JobSpec::parse(&format!(
+                    "name = \"e\"\nkind = \"command\"\nworkers = 2\nmin_workers = 1\nmax_workers = 3\nmax_restarts = 1\ncommand = [\"true\"]\n[elastic]\nprotocol = \"{protocol}\"\n"
+                ))
+                .unwrap(),
+            ),
+            token: None,
+        },
+        at_ms: 10,
+    }) {
+        ControlResponse::Submitted { id } => id,
+        other => panic!("{other:?}"),
+    }
+    };
+    let standby = |id, generation, worker| ControlCommand {
+        op: Op::Standby {
+            id,
+            generation,
+            slot: Slot {
+                member: "id-9".into(),
+                name: "m9".into(),
+                rank: 2,
+                local_rank: 0,
+                worker,
+                gpus: Vec::new(),
+            },
+        },
+        at_ms: 20,
+    };
+    let torchrun = submit(&mut r, "torchrun");
+    assert_eq!(r.place(torchrun, 1, 2), ControlResponse::Applied);
+    assert!(matches!(
+        r.apply(standby(torchrun, 1, 2)),
+        ControlResponse::Rejected { .. }
+    ));
+    let id = submit(&mut r, "ringleader");
+    assert!(
+        matches!(r.apply(standby(id, 0, 2)), ControlResponse::Ignored { .. }),
+        "not running"
+    );
+    assert_eq!(r.place(id, 1, 2), ControlResponse::Applied);
+    for (cmd, why) in [
+        (standby(id, 2, 2), "a later generation"),
+        (standby(id, 1, 1), "a worker id in use"),
+    ] {
+        assert!(
+            matches!(r.apply(cmd), ControlResponse::Ignored { .. }),
+            "{why}"
+        );
+    }
+    assert_eq!(r.apply(standby(id, 1, 2)), ControlResponse::Applied);
+    assert!(
+        matches!(r.apply(standby(id, 1, 3)), ControlResponse::Ignored { .. }),
+        "one at a time"
+    );
+    let job = r.state.job(id).unwrap();
+    assert_eq!(
+        (job.next_worker, job.standby.as_ref().unwrap().ready),
+        (3, false)
+    );
+    // The attempt fails: the retry starts without it.
+    assert_eq!(
+        r.apply(ControlCommand {
+            op: Op::AttemptFailed {
+                id,
+                generation: 1,
+                reason: "test".into(),
+            },
+            at_ms: 30,
+        }),
+        ControlResponse::Applied
+    );
+    assert!(r.state.job(id).unwrap().standby.is_none());
+}

@@ -23,6 +23,7 @@ async fn pumped(input: Vec<u8>, bytes_per_s: u64) -> Vec<(bool, String)> {
 /// heartbeat due within `first_heartbeat_ms`; returns what it reported until `until`
 /// holds of a report or `wait_ms` passed, then kills it, and its log.
 async fn protocol_rank(
+    standby: bool,
     script: &str,
     first_heartbeat_ms: u64,
     wait_ms: u64,
@@ -48,9 +49,11 @@ async fn protocol_rank(
         },
         control_stdin: true,
         protocol: Some(ProtocolRank {
-            first_generation: "ringleader-generation {\"generation\":1}".into(),
+            first_generation: (!standby)
+                .then(|| "ringleader-generation {\"generation\":1}".to_owned()),
             first_heartbeat_ms,
         }),
+        standby,
         compute_ms: 0.0,
         reported_hung: false,
         reports,
@@ -70,7 +73,8 @@ async fn protocol_rank(
             break;
         }
     }
-    control.send(Control::Kill).await.unwrap();
+    // Gone already when the process exited by itself.
+    let _ = control.send(Control::Kill).await;
     task.await.unwrap();
     (seen, std::fs::read_to_string(&log).unwrap_or_default())
 }
@@ -89,6 +93,7 @@ fn is_lost(r: &ControlCommand) -> bool {
 async fn a_protocol_rank_reads_its_first_generation_and_must_speak_in_time() {
     // It reads the generation on stdin and never speaks: lost, saying what to change.
     let (seen, log) = protocol_rank(
+        false,
         "read l; echo \"got ${l%% *}\"; sleep 30",
         300,
         10_000,
@@ -117,6 +122,7 @@ async fn a_protocol_rank_reads_its_first_generation_and_must_speak_in_time() {
     );
     // One that prints a heartbeat at once is never reported, whatever else it prints.
     let (seen, _) = protocol_rank(
+        false,
         "echo ringleader-heartbeat computing_ms=0; echo ringleader-metric loss 1; sleep 30",
         300,
         1_500,
@@ -124,6 +130,32 @@ async fn a_protocol_rank_reads_its_first_generation_and_must_speak_in_time() {
     )
     .await;
     assert!(!seen.iter().any(is_lost), "{seen:?}");
+}
+
+/// A standby joiner's ready line is reported; its exit before it joined drops the standby
+/// (no rank exited); one that never speaks is dropped too, not reported lost.
+#[tokio::test]
+async fn a_standby_reports_ready_and_its_exit_or_silence_drops_it() {
+    let dropped = |r: &ControlCommand| matches!(r.op, Op::StandbyDropped { .. });
+    let (seen, _) = protocol_rank(
+        true,
+        "echo ringleader-heartbeat computing_ms=0; echo ringleader-ready; exit 3",
+        60_000,
+        10_000,
+        dropped,
+    )
+    .await;
+    let ops: Vec<&Op> = seen.iter().map(|r| &r.op).collect();
+    let id = JobId::from_log_index(7);
+    assert!(
+        matches!(ops.as_slice(), [Op::StandbyReady { id: i, worker: 0 }, Op::StandbyDropped { id: j, worker: 0, reason }] if *i == id && *j == id && reason == "its process exited with code 3"),
+        "{seen:?}"
+    );
+    let (seen, _) = protocol_rank(true, "sleep 30", 300, 10_000, dropped).await;
+    assert!(
+        matches!(seen.as_slice(), [ControlCommand { op: Op::StandbyDropped { reason, .. }, .. }] if reason.contains("rlt.init()")),
+        "{seen:?}"
+    );
 }
 
 #[tokio::test]
