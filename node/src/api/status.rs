@@ -374,6 +374,21 @@ pub struct JobDoc {
     /// A search's direction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub search_direction: Option<String>,
+    /// A joiner started ahead of the re-form that takes it in (an elastic command job of
+    /// the ringleader protocol; see `domain::state::standby`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<StandbyDoc>,
+}
+
+/// [`JobDoc::standby`]: where the standby runs and whether it said it is ready.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StandbyDoc {
+    /// Its member's name.
+    pub member: String,
+    /// Its worker id in the attempt.
+    pub worker: u32,
+    /// It printed `ringleader-ready`: the ring re-forms with it next.
+    pub ready: bool,
 }
 
 /// What `job --watch` has shown of a search's trials (see [`JobDoc::trial_changes`]).
@@ -715,6 +730,11 @@ pub fn job_doc(j: &Job, applied_index: u64, chief: bool) -> JobDoc {
         search_direction: search.as_ref().map(|s| match s.direction {
             trainer::search::Direction::Max => "max".to_owned(),
             trainer::search::Direction::Min => "min".to_owned(),
+        }),
+        standby: j.standby.as_ref().map(|s| StandbyDoc {
+            member: s.slot.name.clone(),
+            worker: s.slot.worker,
+            ready: s.ready,
         }),
     }
 }
