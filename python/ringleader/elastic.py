@@ -63,15 +63,16 @@ def ready(file=None):
 
 
 class Generation:
-    """One `ringleader-generation` line: `generation`, `rank`, `world`, and the `line`
-    itself (hand it to `ringleader._native.Ring.from_generation_line`)."""
+    """One `ringleader-generation` line: `generation`, `rank`, `world`, every rank's
+    data-plane address (`addrs`, "host:port"), and the `line` itself (hand it to `ringleader._native.Ring.from_generation_line`)."""
 
     def __init__(self, line):
         body = json.loads(line[len(GENERATION_PREFIX):])
         self.line = line
         self.generation = int(body["generation"])
         self.rank = int(body["rank"])
-        self.world = len(body["addrs"])
+        self.addrs = [str(a) for a in body["addrs"]]
+        self.world = len(self.addrs)
 
     def __repr__(self):
         return f"Generation({self.generation}, rank={self.rank}, world={self.world})"

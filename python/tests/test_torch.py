@@ -110,6 +110,27 @@ def test_init_from_ring_needs_no_store():
             dist.destroy_process_group()
 
 
+def test_each_generation_builds_its_device_group_from_the_rings_own_store():
+    """As on a GPU host, where CUDA tensors go through torch's NCCL group of the generation's
+    ranks: 3 ranks, two generations from node lines, a device group (gloo standing in for
+    NCCL) built from a store whose port rank 0 broadcasts over the ring."""
+    world = 3
+    lines = {}
+    for g in (1, 2):
+        addrs = ",".join(f'"127.0.0.1:{free_port()}"' for _ in range(world))
+        lines[g] = [f'ringleader-generation {{"generation":{g},"rank":{r},"addrs":[{addrs}],'
+                    f'"secret":"00ff"}}' for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, WORKER, "device-group"], stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True,
+            env=rank_env(RL_LINE_1=lines[1][r], RL_LINE_2=lines[2][r]))
+        for r in range(world)
+    ]
+    outs = finish(procs, "device groups over 2 generations")
+    assert all(out.rstrip().endswith("ok device-group") for out in outs), outs
+
+
 def test_a_cuda_tensor_names_the_nccl_way():
     ring = rlt.Ring(0, [f"127.0.0.1:{free_port()}"], "s")
     backend = rlt.RingleaderBackend(ring)

@@ -5,7 +5,9 @@ WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment). `python torch_worker.p
   here from every rank's (deterministic) inputs, for float32/float64/int32/int64 and more;
 - `ddp`: DistributedDataParallel over "ringleader", N workers × batch b, against one model
   trained here on the whole N·b batch, for an MLP and a small CNN;
-- `job`: what a command job's rank runs: init, a DDP step, and the parameters' checksum.
+- `job`: what a command job's rank runs: init, a DDP step, and the parameters' checksum;
+- `device-group`: two generations from node lines (`RL_LINE_1`, `RL_LINE_2`), each with a
+  device group beside the ring built from the ring's own store.
 
 Prints `ok SCENARIO` at the end; any mismatch raises (exit 1) naming it.
 """
@@ -192,8 +194,30 @@ def run_job(rank, world):
     print(f"rank {rank} of {world} checksum {total:.12e}", flush=True)
 
 
+def generations_with_a_device_group():
+    """Two generations, each a ring from its node line (`RL_LINE_<g>`) made the default group
+    with a device group beside it from the ring's own store (`cuda:gloo` stands in for
+    `cuda:nccl` on a host without a GPU): the CPU collectives run on the ring, and the group
+    is built again for the second generation's ranks."""
+    for g in (1, 2):
+        ring = ringleader.torch.Ring.from_generation_line(os.environ[f"RL_LINE_{g}"], 7)
+        ringleader.torch.init_from_ring(ring, device_backends="cuda:gloo", master="127.0.0.1")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        config = dist.get_backend_config()
+        assert "cpu:ringleader" in config and "cuda:gloo" in config, config
+        t = torch.full((5,), float(rank + g))
+        dist.all_reduce(t)
+        expect(f"generation {g} sum", t, torch.full((5,), float(sum(r + g for r in range(world)))))
+        dist.destroy_process_group()
+        ring.close()
+    print("ok device-group", flush=True)
+
+
 def main():
     scenario = sys.argv[1]
+    if scenario == "device-group":
+        generations_with_a_device_group()
+        return
     dist.init_process_group("ringleader")
     rank, world = dist.get_rank(), dist.get_world_size()
     assert dist.get_backend() == "ringleader", dist.get_backend()

@@ -35,7 +35,9 @@ default process group.
 
 CUDA tensors are not carried: a collective on one raises `RuntimeError` naming the way to
 send them through NCCL, `init_process_group("cpu:ringleader,cuda:nccl")` (torch then builds
-its own NCCL group for CUDA tensors from the same store).
+its own NCCL group for CUDA tensors from the same store). An elastic rank on a host with a
+GPU gets such a group at every generation (`init_from_ring(…, device_backends="cuda:nccl")`,
+built from a store rank 0 serves, its port broadcast over the ring).
 
 Failures raise the ring's exceptions (`RingError` and its subclasses `PeerLost`, `Aborted`,
 `RingTimeout`, `HandshakeRefused`, with `reason` and `rank`) from `Work.wait()`; after one,

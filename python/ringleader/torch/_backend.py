@@ -345,14 +345,44 @@ def register():
         dist.Backend.register_backend(BACKEND, _create, devices=["cpu", "cuda"])
 
 
-def init_from_ring(ring, timeout=timedelta(minutes=30)):
+def init_from_ring(ring, timeout=timedelta(minutes=30), device_backends=None, master=None):
     """Makes the connected `ring` torch's default process group (rank and world size its
-    own), without a store: for a ring built from a node's generation line. Destroy the group
-    (`dist.destroy_process_group()`) before giving the next generation's ring."""
+    own): for a ring built from a node's generation line. Destroy the group
+    (`dist.destroy_process_group()`) before giving the next generation's ring.
+
+    Without `device_backends` no store is needed. With one (`"cuda:nccl"`: CUDA tensors
+    through torch's own NCCL group, inside this ring's membership), rank 0 opens a
+    `TCPStore` on `master` (its host, as the other ranks reach it) at a free port and
+    broadcasts the port over the ring; the group is then `"cpu:ringleader," +
+    device_backends`, built from that store, so a new generation gets a new device group of
+    exactly its ranks. The store is as protected as torch's (no authentication): the ring
+    carries its port only."""
+    store = dist.HashStore()
+    backend = BACKEND
+    if device_backends:
+        if not master:
+            raise ValueError("init_from_ring: device_backends needs master, rank 0's host")
+        store = _generation_store(ring, master, timeout)
+        backend = f"cpu:{BACKEND},{device_backends}"
     _given_ring.ring = ring
     try:
         dist.init_process_group(
-            BACKEND, store=dist.HashStore(), rank=ring.rank, world_size=ring.world,
-            timeout=timeout)
+            backend, store=store, rank=ring.rank, world_size=ring.world, timeout=timeout)
     finally:
         _given_ring.ring = None
+
+
+def _generation_store(ring, master, timeout):
+    """A `TCPStore` of this ring's ranks: rank 0 serves it on `master` at a free port, which
+    the ring broadcasts (8 bytes) to the others."""
+    port = torch.zeros(1, dtype=torch.int64)
+    store = None
+    if ring.rank == 0:
+        store = dist.TCPStore(master, 0, ring.world, is_master=True, timeout=timeout,
+                              wait_for_workers=False)
+        port[0] = store.port
+    ring.broadcast(port.data_ptr(), 8, 0)
+    if store is None:
+        store = dist.TCPStore(master, int(port.item()), ring.world, is_master=False,
+                              timeout=timeout)
+    return store

@@ -10,6 +10,10 @@ re-form that takes it in) joins no ring in `init()`: the optimizer says `ringlea
 once the script built its model, and joins the generation that follows. Elsewhere (torchrun, a command rank of another job, one process)
 `init()` is plain `dist.init_process_group` from the environment, and nothing is elastic.
 
+On a host with a GPU each generation's group also carries CUDA tensors, through torch's
+own NCCL group of exactly that generation's ranks (`device_backends`,
+`RINGLEADER_CUDA_BACKEND`), rebuilt at every re-form as the ring is.
+
 A collective error is never raised into the training loop while elastic: DDP's comm hook
 and the model's forward note it here (`note_failure`), the step finishes locally, and the
 optimizer's `step()` re-forms instead of stepping. When a newer generation (or a stop)
@@ -26,6 +30,7 @@ import time
 import zlib
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 from .. import _native, elastic
@@ -44,8 +49,21 @@ CONNECT_RETRY_S = 0.2
 # Deadline of each collective operation, ms: a peer that died is seen sooner by its closed
 # connection or the ring's silence bound; this catches the rest.
 OP_TIMEOUT_MS = 60_000
+# Names the backend of CUDA tensors (see `device_backends`).
+CUDA_BACKEND_ENV = "RINGLEADER_CUDA_BACKEND"
 # The process group's timeout (torch's own bookkeeping; the ring's deadlines above rule).
 GROUP_TIMEOUT = timedelta(minutes=30)
+
+
+def device_backends():
+    """The process group's backend for CUDA tensors, `"cuda:<name>"`, inside each
+    generation's membership (`_backend.init_from_ring`), when this process sees a GPU:
+    `RINGLEADER_CUDA_BACKEND` (`nccl` by default; `none`: CUDA tensors are refused, as
+    without a GPU)."""
+    name = os.environ.get(CUDA_BACKEND_ENV, "nccl")
+    if name == "none" or not torch.cuda.is_available():
+        return None
+    return f"cuda:{name}"
 
 
 class _OpClock:
@@ -149,7 +167,10 @@ class Session:
                 continue
             self.ring, self.rank, self.world = ring, g.rank, g.world
             self.failure = None
-            _backend.init_from_ring(ring, timeout=GROUP_TIMEOUT)
+            devices = device_backends()
+            master = g.addrs[0].rsplit(":", 1)[0].strip("[]")
+            _backend.init_from_ring(ring, timeout=GROUP_TIMEOUT, device_backends=devices,
+                                    master=master)
             return g
 
     def _connect(self, g):
