@@ -40,25 +40,58 @@ pub fn decide(
     now_ms: u64,
     new_secret: &mut dyn FnMut() -> String,
 ) -> Vec<ControlCommand> {
-    let mut candidates = candidates(state, members, now_ms);
+    // One pass over the jobs (at 10 000 jobs, each pass is most of a settled decision).
+    let (mut running_jobs, mut pending) = (Vec::new(), Vec::new());
+    for job in state.jobs.values() {
+        match job.state {
+            JobState::Running => running_jobs.push(job),
+            JobState::Pending => pending.push(job),
+            _ => {}
+        }
+    }
+    let mut candidates = candidates_of(state, &running_jobs, members, now_ms);
     let gone = gone(members);
     let mut out = Vec::new();
-    for job in state.jobs.values().filter(|j| j.state == JobState::Running) {
+    for job in &running_jobs {
         out.extend(running(job, &gone, &mut candidates, now_ms, new_secret));
     }
-    out.extend(place_pending(state, &mut candidates, now_ms, new_secret));
-    out.extend(search::decide(state, &mut candidates, now_ms, new_secret));
+    out.extend(place_pending(&pending, &mut candidates, now_ms, new_secret));
+    let searches = running_jobs.iter().filter(|j| j.search.is_some());
+    out.extend(search::decide(
+        state,
+        searches,
+        &mut candidates,
+        now_ms,
+        new_secret,
+    ));
     out
 }
 
 /// Members as placement sees them: alive or not, blacklisted or not, with what running jobs
 /// hold; in (name, id) order.
+#[cfg(test)]
 fn candidates(state: &ControlState, members: &[MemberView], now_ms: u64) -> Vec<Candidate> {
+    let running: Vec<&Job> = state
+        .jobs
+        .values()
+        .filter(|j| j.state == JobState::Running)
+        .collect();
+    candidates_of(state, &running, members, now_ms)
+}
+
+/// [`candidates`] given the running jobs.
+fn candidates_of(
+    state: &ControlState,
+    running: &[&Job],
+    members: &[MemberView],
+    now_ms: u64,
+) -> Vec<Candidate> {
     // What running jobs hold, by member, as `ControlState::used_resources` counts it but
     // keyed by borrowed ids: that one allocates a key per slot, which at 10 000 jobs was
     // most of a settled decision's time.
-    let mut used: HashMap<&str, (u32, BTreeSet<u32>)> = HashMap::new();
-    for job in state.jobs.values().filter(|j| j.state == JobState::Running) {
+    let mut used: HashMap<&str, (u32, BTreeSet<u32>), foldhash::fast::RandomState> =
+        HashMap::default();
+    for job in running {
         let standby = job.standby.as_ref().map(|s| &s.slot);
         for slot in job.assignment.iter().chain(standby) {
             let held = used.entry(slot.member.as_str()).or_default();
@@ -69,7 +102,7 @@ fn candidates(state: &ControlState, members: &[MemberView], now_ms: u64) -> Vec<
     let mut candidates: Vec<Candidate> = members
         .iter()
         .map(|m| {
-            let id = m.id.to_string();
+            let id = peer_id_text(&m.id);
             let (used_cpus, used_gpus) = used.remove(id.as_str()).unwrap_or_default();
             let removed = state.is_removed(&id);
             Candidate {
@@ -87,6 +120,27 @@ fn candidates(state: &ControlState, members: &[MemberView], now_ms: u64) -> Vec<
         .collect();
     candidates.sort_by(|a, b| (&a.name, &a.id).cmp(&(&b.name, &b.id)));
     candidates
+}
+
+/// Most peer ids [`peer_id_text`] remembers (past it, it starts again).
+const PEER_ID_TEXTS_MAX: usize = 20_000;
+
+thread_local! {
+    /// Each peer id's text, as the state names members: base58 of the id's bytes, which took
+    /// a fifth of a settled decision at 1 000 members when made again at every decision.
+    static PEER_ID_TEXTS: std::cell::RefCell<HashMap<libp2p::PeerId, String>> =
+        std::cell::RefCell::new(HashMap::new());
+}
+
+/// `id.to_string()`, remembered.
+fn peer_id_text(id: &libp2p::PeerId) -> String {
+    PEER_ID_TEXTS.with(|texts| {
+        let mut texts = texts.borrow_mut();
+        if texts.len() >= PEER_ID_TEXTS_MAX {
+            texts.clear();
+        }
+        texts.entry(*id).or_insert_with(|| id.to_string()).clone()
+    })
 }
 
 /// A rank the current generation lost, and why (the history's reason).
@@ -346,13 +400,13 @@ fn shrink(
 /// resources of earlier ones as taken. A job that does not fit gets its reason recorded
 /// once (not again while the reason is the same).
 fn place_pending(
-    state: &ControlState,
+    pending: &[&Job],
     candidates: &mut [Candidate],
     now_ms: u64,
     new_secret: &mut dyn FnMut() -> String,
 ) -> Vec<ControlCommand> {
     let mut out = Vec::new();
-    for job in state.pending() {
+    for job in pending {
         let req = Request::from_spec(&job.spec);
         // A trial's job runs again where it ran (its checkpoint is there) when it can.
         let prefer = job

@@ -21,15 +21,17 @@ pub const SPECULATE_SAMPLES_MIN: usize = 3;
 /// second, process start-up and the chief's period alone look "slow".
 pub const SPECULATE_ELAPSED_MS_MIN: u64 = 2_000;
 
-/// The commands for every running search.
-pub fn decide(
+/// The commands for every running search among `searches` (running jobs; others are
+/// skipped).
+pub fn decide<'a>(
     state: &ControlState,
+    searches: impl IntoIterator<Item = &'a &'a Job>,
     candidates: &mut [Candidate],
     now_ms: u64,
     new_secret: &mut dyn FnMut() -> String,
 ) -> Vec<ControlCommand> {
     let mut out = Vec::new();
-    for job in state.jobs.values() {
+    for job in searches {
         if job.state == JobState::Running && job.search.is_some() {
             out.extend(search(state, job, candidates, now_ms, new_secret));
         }

@@ -8,6 +8,17 @@ use crate::{
     jobs::JobSpec,
 };
 
+/// [`super::decide`] over every job of `state`.
+fn decide(
+    state: &ControlState,
+    candidates: &mut [Candidate],
+    now_ms: u64,
+    new_secret: &mut dyn FnMut() -> String,
+) -> Vec<ControlCommand> {
+    let jobs: Vec<&Job> = state.jobs.values().collect();
+    super::decide(state, &jobs, candidates, now_ms, new_secret)
+}
+
 const GRID: &str = r#"
 name = "g"
 kind = "search"
