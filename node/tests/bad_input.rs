@@ -1,82 +1,27 @@
 //! Peers that speak the node's protocols badly: garbled, truncated and oversized membership
-//! frames are dropped and counted, and the node carries on; control RPCs that only the chief
-//! may originate, or that carry a spec the API would refuse, are refused.
+//! and call frames are dropped and counted, and the node carries on; control RPCs that only
+//! the chief may originate, or that carry a spec the API would refuse, are refused.
 
 use std::time::{Duration, Instant};
 
 use futures::{AsyncWriteExt, StreamExt};
-use libp2p::{
-    request_response::{self, ProtocolSupport},
-    swarm::SwarmEvent,
-    StreamProtocol,
-};
+use libp2p::{swarm::SwarmEvent, StreamProtocol};
 use ringleader::{
     cli::local::LocalCluster,
-    cluster::net::{MEMBERSHIP_PROTOCOL, RPC_PROTOCOL},
+    cluster::{
+        net::{MEMBERSHIP_PROTOCOL, RPC_PROTOCOL},
+        wire,
+    },
     control::protocol::{ProposeError, RpcRequest, RpcResponse},
     domain::state::{ControlCommand, ControlResponse, JobId, Op, Slot},
     jobs::JobSpec,
 };
-
-/// Writes requests as raw bytes, with no length prefix of its own, so a test can send any
-/// frame header it likes.
-#[derive(Clone, Default)]
-struct RawCodec;
-
-impl request_response::Codec for RawCodec {
-    type Protocol = StreamProtocol;
-    type Request = Vec<u8>;
-    type Response = Vec<u8>;
-
-    async fn read_request<T>(&mut self, _: &StreamProtocol, _: &mut T) -> std::io::Result<Vec<u8>>
-    where
-        T: futures::AsyncRead + Unpin + Send,
-    {
-        Ok(Vec::new())
-    }
-
-    async fn read_response<T>(&mut self, _: &StreamProtocol, io: &mut T) -> std::io::Result<Vec<u8>>
-    where
-        T: futures::AsyncRead + Unpin + Send,
-    {
-        let mut buf = Vec::new();
-        futures::AsyncReadExt::read_to_end(io, &mut buf).await?;
-        Ok(buf)
-    }
-
-    async fn write_request<T>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-        req: Vec<u8>,
-    ) -> std::io::Result<()>
-    where
-        T: futures::AsyncWrite + Unpin + Send,
-    {
-        io.write_all(&req).await?;
-        io.close().await
-    }
-
-    async fn write_response<T>(
-        &mut self,
-        _: &StreamProtocol,
-        _: &mut T,
-        _: Vec<u8>,
-    ) -> std::io::Result<()>
-    where
-        T: futures::AsyncWrite + Unpin + Send,
-    {
-        Ok(())
-    }
-}
 
 fn frame(body: &[u8]) -> Vec<u8> {
     let mut f = (body.len() as u32).to_le_bytes().to_vec();
     f.extend_from_slice(body);
     f
 }
-
-type RawSwarm = libp2p::Swarm<request_response::Behaviour<RawCodec>>;
 
 /// A member with a fresh identity and the cluster's key (a member that misbehaves) running
 /// `behaviour`, connected to `cluster`'s node 0.
@@ -108,41 +53,67 @@ async fn member_swarm<B: libp2p::swarm::NetworkBehaviour>(
     (swarm, peer)
 }
 
-/// A misbehaving member that speaks `protocol` with [`RawCodec`].
-async fn raw_peer(cluster: &LocalCluster, protocol: &'static str) -> (RawSwarm, libp2p::PeerId) {
-    let behaviour = request_response::Behaviour::<RawCodec>::new(
-        [(StreamProtocol::new(protocol), ProtocolSupport::Full)],
-        request_response::Config::default(),
-    );
-    member_swarm(cluster, behaviour).await
+/// A misbehaving member's call stream to the node: control RPCs written by hand.
+struct Caller {
+    stream: libp2p::Stream,
+    next_id: u64,
+    driver: tokio::task::JoinHandle<()>,
 }
 
-/// Sends one control RPC and decodes the node's answer (a length-prefixed JSON frame).
-async fn call(swarm: &mut RawSwarm, peer: libp2p::PeerId, req: &RpcRequest) -> RpcResponse {
-    let id = swarm
-        .behaviour_mut()
-        .send_request(&peer, frame(&serde_json::to_vec(req).unwrap()));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, swarm.select_next_some()).await {
-            Ok(SwarmEvent::Behaviour(request_response::Event::Message {
-                message:
-                    request_response::Message::Response {
-                        request_id,
-                        response,
-                    },
-                ..
-            })) if request_id == id => {
-                assert!(response.len() >= 4, "short answer: {response:?}");
-                return serde_json::from_slice(&response[4..]).unwrap();
+impl Caller {
+    /// Connects a member with a fresh identity to `cluster`'s node 0 and opens a call stream;
+    /// returns it and the member's peer id.
+    async fn connect(cluster: &LocalCluster) -> (Caller, String) {
+        let (mut swarm, peer) = member_swarm(cluster, libp2p_stream::Behaviour::new()).await;
+        let me = swarm.local_peer_id().to_string();
+        let mut control = swarm.behaviour().new_control();
+        let driver = tokio::spawn(async move {
+            loop {
+                swarm.select_next_some().await;
             }
-            Ok(SwarmEvent::Behaviour(request_response::Event::OutboundFailure {
-                error, ..
-            })) => panic!("rpc failed: {error}"),
-            Ok(_) => {}
-            Err(_) => panic!("no answer to {req:?} within 20 s"),
+        });
+        let stream = control
+            .open_stream(peer, StreamProtocol::new(RPC_PROTOCOL))
+            .await
+            .unwrap();
+        let caller = Caller {
+            stream,
+            next_id: 0,
+            driver,
+        };
+        (caller, me)
+    }
+
+    /// Writes every request at once, each with its own call id, then reads the answers
+    /// (in whatever order they come) and returns them in the order of the requests.
+    async fn calls(&mut self, reqs: &[RpcRequest]) -> Vec<RpcResponse> {
+        let first = self.next_id + 1;
+        for req in reqs {
+            self.next_id += 1;
+            let frame = wire::call_frame(self.next_id, &serde_json::to_vec(req).unwrap()).unwrap();
+            self.stream.write_all(&frame).await.unwrap();
         }
+        self.stream.flush().await.unwrap();
+        let mut answers: Vec<Option<RpcResponse>> = reqs.iter().map(|_| None).collect();
+        for _ in reqs {
+            let body = tokio::time::timeout(
+                Duration::from_secs(20),
+                wire::read_frame(&mut self.stream, wire::CALL_FRAME_BYTES_MAX),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("no answer to {reqs:?} within 20 s"))
+            .unwrap();
+            let (id, answer) = wire::split_call(body).unwrap();
+            let slot = &mut answers[(id - first) as usize];
+            assert!(slot.is_none(), "two answers to call {id}");
+            *slot = Some(serde_json::from_slice(&answer).unwrap());
+        }
+        answers.into_iter().map(Option::unwrap).collect()
+    }
+
+    /// One call and its answer.
+    async fn call(&mut self, req: &RpcRequest) -> RpcResponse {
+        self.calls(std::slice::from_ref(req)).await.remove(0)
     }
 }
 
@@ -174,8 +145,7 @@ async fn forwarded_commands_only_a_chief_may_make_are_refused() {
         assert!(Instant::now() < deadline, "the job never ran");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let (mut swarm, peer) = raw_peer(&cluster, RPC_PROTOCOL).await;
-    let me = swarm.local_peer_id().to_string();
+    let (mut caller, me) = Caller::connect(&cluster).await;
 
     // What only the chief decides.
     let place = ControlCommand {
@@ -194,7 +164,7 @@ async fn forwarded_commands_only_a_chief_may_make_are_refused() {
         },
         at_ms: 1,
     };
-    let why = refused(call(&mut swarm, peer, &RpcRequest::Propose(place)).await);
+    let why = refused(caller.call(&RpcRequest::Propose(place)).await);
     assert!(why.contains("only the chief"), "{why}");
     let failed = ControlCommand {
         op: Op::AttemptFailed {
@@ -204,9 +174,8 @@ async fn forwarded_commands_only_a_chief_may_make_are_refused() {
         },
         at_ms: 1,
     };
-    let why = refused(call(&mut swarm, peer, &RpcRequest::Propose(failed)).await);
-    assert!(why.contains("only the chief"), "{why}");
-    // A rank's exit from a member that does not run it.
+    // A rank's exit from a member that does not run it, in flight with the forged failure
+    // on the same stream: each answer comes back with its call's id.
     let exited = ControlCommand {
         op: Op::WorkerExited {
             id,
@@ -216,7 +185,14 @@ async fn forwarded_commands_only_a_chief_may_make_are_refused() {
         },
         at_ms: 1,
     };
-    let why = refused(call(&mut swarm, peer, &RpcRequest::Propose(exited)).await);
+    let mut answers = caller
+        .calls(&[RpcRequest::Propose(failed), RpcRequest::Propose(exited)])
+        .await
+        .into_iter()
+        .map(refused);
+    let why = answers.next().unwrap();
+    assert!(why.contains("only the chief"), "{why}");
+    let why = answers.next().unwrap();
     assert!(why.contains("does not run on the sender"), "{why}");
     // A spec the API would refuse, sent already parsed: the field is named.
     let mut bad = JobSpec::parse(spec_text).unwrap();
@@ -228,15 +204,14 @@ async fn forwarded_commands_only_a_chief_may_make_are_refused() {
         },
         at_ms: 1,
     };
-    let why = refused(call(&mut swarm, peer, &RpcRequest::Propose(submit(bad))).await);
+    let why = refused(caller.call(&RpcRequest::Propose(submit(bad))).await);
     assert!(why.starts_with("workers:"), "{why}");
     // What a member may forward still works.
-    let ok = call(
-        &mut swarm,
-        peer,
-        &RpcRequest::Propose(submit(JobSpec::parse(spec_text).unwrap())),
-    )
-    .await;
+    let ok = caller
+        .call(&RpcRequest::Propose(submit(
+            JobSpec::parse(spec_text).unwrap(),
+        )))
+        .await;
     assert!(
         matches!(
             ok,
@@ -250,6 +225,7 @@ async fn forwarded_commands_only_a_chief_may_make_are_refused() {
     assert_eq!(doc.state, "running");
     assert_eq!(doc.generation, 1);
     assert_eq!(doc.ring, vec!["chief".to_string()]);
+    caller.driver.abort();
     cluster.stop_all();
 }
 
@@ -258,7 +234,8 @@ async fn garbled_truncated_and_oversized_messages_are_dropped_and_counted() {
     let root = tempfile::tempdir().unwrap();
     let mut cluster = LocalCluster::new(env!("CARGO_BIN_EXE_ringleader"), root.path());
     cluster.start("target", &[]).unwrap();
-    // A member with the cluster's key that writes raw bytes on the membership streams.
+    // A member with the cluster's key that writes raw bytes on the membership and call
+    // streams.
     let (mut swarm, peer) = member_swarm(&cluster, libp2p_stream::Behaviour::new()).await;
     let mut control = swarm.behaviour().new_control();
     let driver = tokio::spawn(async move {
@@ -272,14 +249,32 @@ async fn garbled_truncated_and_oversized_messages_are_dropped_and_counted() {
         .collect();
     // The well-framed bad messages go on one stream (the node reads on after each); each
     // bad frame goes on a stream of its own (the node drops a stream after one).
-    let streams: [Vec<u8>; 4] = [
-        [frame(&garbage), frame(&[0x03]), frame(&[])].concat(), // garbled, truncated, empty
-        u32::MAX.to_le_bytes().to_vec(), // declares 4 GiB: refused before allocating
-        ((8u32 << 20) + 1).to_le_bytes().to_vec(), // over the frame limit
-        vec![0x05, 0x00],                // truncated length prefix
+    let membership = MEMBERSHIP_PROTOCOL;
+    let calls = RPC_PROTOCOL;
+    let streams: [(&str, Vec<u8>); 6] = [
+        // garbled, truncated, empty
+        (
+            membership,
+            [frame(&garbage), frame(&[0x03]), frame(&[])].concat(),
+        ),
+        // declares 4 GiB: refused before allocating
+        (membership, u32::MAX.to_le_bytes().to_vec()),
+        // over the frame limit
+        (membership, ((8u32 << 20) + 1).to_le_bytes().to_vec()),
+        // truncated length prefix
+        (membership, vec![0x05, 0x00]),
+        // a call frame too short for its call id
+        (calls, frame(&[1, 2, 3])),
+        // a call frame over the limit (a message of 4 MiB and its id)
+        (
+            calls,
+            ((wire::CALL_FRAME_BYTES_MAX + 1) as u32)
+                .to_le_bytes()
+                .to_vec(),
+        ),
     ];
     // Bad messages each stream carries.
-    let carried = [3, 1, 1, 1];
+    let carried = [3, 1, 1, 1, 1, 1];
     let client = cluster.nodes[0].client();
     let bad_messages = || {
         tokio::task::block_in_place(|| client.status())
@@ -294,11 +289,11 @@ async fn garbled_truncated_and_oversized_messages_are_dropped_and_counted() {
     let mut open = Vec::new();
     let mut expected = 0;
     let deadline = Instant::now() + Duration::from_secs(20);
-    for (bytes, n) in streams.into_iter().zip(carried) {
+    for ((protocol, bytes), n) in streams.into_iter().zip(carried) {
         expected += n;
         'send: loop {
             let mut s = control
-                .open_stream(peer, StreamProtocol::new(MEMBERSHIP_PROTOCOL))
+                .open_stream(peer, StreamProtocol::new(protocol))
                 .await
                 .unwrap();
             // The node drops a stream as soon as it reads a bad length, so the write or

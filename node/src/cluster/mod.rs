@@ -4,6 +4,8 @@
 //!   loop that owns it, drives [`membership`] and carries the control plane's RPCs; other
 //!   tasks hold a cheap [`net::NodeHandle`].
 //! - [`streams`]: membership messages on one long-lived stream per peer (writers, readers).
+//! - [`calls`]: the control plane's calls (Raft, forwarded writes, log reads) on one
+//!   long-lived stream per peer, answers matched to calls by id.
 //! - [`membership`]: gossip membership, a sans-IO SWIM/Lifeguard core with its simulation.
 //! - [`meta`]: what a member advertises (name, addresses, cpus, memory, gpus, labels).
 //! - [`identity`]: the persistent Ed25519 identity and the cluster key.
@@ -13,6 +15,7 @@
 //! May use: nothing else of the node. Used by every other part.
 
 pub mod addr;
+pub mod calls;
 pub mod identity;
 pub mod membership;
 pub mod meta;

@@ -2,14 +2,13 @@
 //!
 //! The swarm (TCP, optionally a pre-shared-key layer, Noise, Yamux) carries membership
 //! messages as length-prefixed frames on one long-lived stream per peer and direction
-//! ([`super::streams`]), and the RPCs between nodes (Raft, forwarded writes, logs) on a
-//! request-response protocol. Everything protocol-like happens
+//! ([`super::streams`]), and the RPCs between nodes (Raft, forwarded writes, logs) as calls
+//! on one long-lived stream per peer ([`super::calls`]). Everything protocol-like happens
 //! in [`crate::cluster::membership::Membership`]: this loop turns swarm events into core events and the
 //! core's actions into sends. Other tasks reach the loop through a [`NodeHandle`].
 
 use std::{
-    collections::HashMap,
-    io,
+    num::NonZeroUsize,
     time::{Duration, Instant},
 };
 
@@ -17,8 +16,8 @@ use futures::{future::Either, StreamExt};
 use libp2p::{
     core::{muxing::StreamMuxerBox, transport::Boxed, upgrade::Version},
     dns, identify, noise,
+    peer_store::{self, memory_store::MemoryStore},
     pnet::{PnetConfig, PreSharedKey},
-    request_response::{self, OutboundRequestId, ProtocolSupport},
     swarm::{dial_opts::DialOpts, ConnectionId, NetworkBehaviour, SwarmEvent},
     tcp, yamux, Multiaddr, PeerId, StreamProtocol, Swarm, Transport,
 };
@@ -60,70 +59,10 @@ const LEAVE_FLUSH_MS: u64 = 1_500;
 /// How long an idle connection is kept open, in seconds (membership traffic keeps them busy).
 const IDLE_CONNECTION_S: u64 = 300;
 
+use super::calls::{BadCall, PeerCalls, CALL_TIMEOUT_MS};
+pub use super::calls::{InboundRpc, RpcError, RPC_PROTOCOL};
 pub use super::streams::Frame;
 use super::streams::{Out, PeerStreams, StreamEvent};
-
-/// Frames as requests, empty frames as responses; lengths checked before allocation.
-#[derive(Clone, Default)]
-pub struct FrameCodec;
-
-impl request_response::Codec for FrameCodec {
-    type Protocol = StreamProtocol;
-    type Request = Frame;
-    type Response = Vec<u8>;
-
-    async fn read_request<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<Frame>
-    where
-        T: futures::AsyncRead + Unpin + Send,
-    {
-        match wire::read_frame(io, wire::FRAME_BYTES_MAX).await {
-            Ok(bytes) => Ok(Frame::Bytes(bytes)),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof
-                ) =>
-            {
-                Ok(Frame::Bad(e.to_string()))
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn read_response<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<Vec<u8>>
-    where
-        T: futures::AsyncRead + Unpin + Send,
-    {
-        wire::read_frame(io, wire::FRAME_BYTES_MAX).await
-    }
-
-    async fn write_request<T>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-        req: Frame,
-    ) -> io::Result<()>
-    where
-        T: futures::AsyncWrite + Unpin + Send,
-    {
-        match req {
-            Frame::Bytes(bytes) => wire::write_frame(io, &bytes).await,
-            Frame::Bad(reason) => Err(io::Error::new(io::ErrorKind::InvalidInput, reason)),
-        }
-    }
-
-    async fn write_response<T>(
-        &mut self,
-        _: &StreamProtocol,
-        io: &mut T,
-        res: Vec<u8>,
-    ) -> io::Result<()>
-    where
-        T: futures::AsyncWrite + Unpin + Send,
-    {
-        wire::write_frame(io, &res).await
-    }
-}
 
 /// `msg` encoded in frames of at most [`MEMBERSHIP_FRAME_BYTES_MAX`]: one, unless it is a
 /// state piece of members whose metadata is unusually large, which is halved until each
@@ -165,18 +104,21 @@ pub fn membership_frames(msg: &Msg) -> Result<Vec<Vec<u8>>, wire::WireError> {
     Ok(frames)
 }
 
-/// The protocol for request/response RPCs between nodes (Raft, forwarded writes, logs).
-pub const RPC_PROTOCOL: &str = "/ringleader/rpc/1";
-/// Timeout of one RPC on the swarm, in milliseconds (snapshot chunks included).
-const RPC_TIMEOUT_MS: u64 = 10_000;
+/// Peers whose addresses the swarm remembers (the least recently used are forgotten first;
+/// a member's are offered again before each send while it is not connected).
+const ADDRESS_BOOK_PEERS_MAX: usize = 10_000;
 /// Depth of the queue of inbound RPCs waiting for their handler.
 const RPC_INBOUND_QUEUE_DEPTH: usize = 256;
 
 /// The node's libp2p behaviours.
 #[derive(NetworkBehaviour)]
 pub struct Behaviour {
-    membership: libp2p_stream::Behaviour,
-    rpc: request_response::Behaviour<FrameCodec>,
+    /// Long-lived streams: membership messages ([`super::streams`]) and calls
+    /// ([`super::calls`]).
+    streams: libp2p_stream::Behaviour,
+    /// The peers' addresses libp2p dials ([`EventLoop`]'s `offer_addresses` fills it from the
+    /// members' metadata); libp2p-stream keeps none of its own.
+    addresses: peer_store::Behaviour<MemoryStore>,
     identify: identify::Behaviour,
 }
 
@@ -216,12 +158,12 @@ pub fn build_swarm(
         .with_tokio()
         .with_other_transport(|_| transport)?
         .with_behaviour(|key| Behaviour {
-            membership: libp2p_stream::Behaviour::new(),
-            rpc: request_response::Behaviour::new(
-                [(StreamProtocol::new(RPC_PROTOCOL), ProtocolSupport::Full)],
-                request_response::Config::default()
-                    .with_request_timeout(Duration::from_millis(RPC_TIMEOUT_MS)),
-            ),
+            streams: libp2p_stream::Behaviour::new(),
+            addresses: peer_store::Behaviour::new(MemoryStore::new(
+                peer_store::memory_store::Config::default().set_peer_capacity(
+                    NonZeroUsize::new(ADDRESS_BOOK_PEERS_MAX).expect("a positive capacity"),
+                ),
+            )),
             identify: identify::Behaviour::new(identify::Config::new(
                 "/ringleader/1".into(),
                 key.public(),
@@ -248,8 +190,6 @@ pub enum Command {
         payload: Vec<u8>,
         reply: oneshot::Sender<Result<Vec<u8>, RpcError>>,
     },
-    /// Answer an inbound RPC.
-    RpcRespond { key: u64, payload: Vec<u8> },
     /// Change this node's metadata (it is gossiped with a higher version) when `f` changes it.
     UpdateMeta(MetaUpdate),
 }
@@ -286,28 +226,6 @@ pub struct Counters {
     pub refused_connections: u64,
     /// Lifeguard local health score (0 is healthy).
     pub health_score: u32,
-}
-
-/// Why an RPC got no answer.
-#[derive(Clone, Debug, thiserror::Error)]
-pub enum RpcError {
-    /// The peer could not be reached, or the connection failed mid-call.
-    #[error("peer {peer} unreachable: {reason}")]
-    Unreachable { peer: PeerId, reason: String },
-    /// The node is shutting down.
-    #[error("node is shutting down")]
-    ShuttingDown,
-}
-
-/// An RPC from a peer, waiting for its handler's answer (`NodeHandle::respond`).
-#[derive(Debug)]
-pub struct InboundRpc {
-    /// The authenticated sender.
-    pub from: PeerId,
-    /// The request frame (not yet decoded).
-    pub payload: Vec<u8>,
-    /// The key to answer with.
-    pub key: u64,
 }
 
 /// A cheap handle to the event loop.
@@ -347,25 +265,27 @@ impl NodeHandle {
         Ok(rx.await?)
     }
 
-    /// Sends `payload` to `to` on the RPC protocol and waits for the answer.
+    /// Calls `to` with `payload` ([`super::calls`]) and waits for the answer, at most
+    /// [`CALL_TIMEOUT_MS`].
     pub async fn rpc(&self, to: PeerId, payload: Vec<u8>) -> Result<Vec<u8>, RpcError> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Command::Rpc { to, payload, reply })
             .await
             .map_err(|_| RpcError::ShuttingDown)?;
-        rx.await.map_err(|_| RpcError::ShuttingDown)?
+        match tokio::time::timeout(Duration::from_millis(CALL_TIMEOUT_MS), rx).await {
+            Ok(answer) => answer.map_err(|_| RpcError::ShuttingDown)?,
+            Err(_) => Err(RpcError::Unreachable {
+                peer: to,
+                reason: format!("no answer in {CALL_TIMEOUT_MS} ms"),
+            }),
+        }
     }
 
     /// Changes this node's own metadata with `f`; the new metadata is gossiped (as a new
     /// version) only if `f` changed it.
     pub async fn update_meta(&self, f: impl FnOnce(&mut NodeMeta) + Send + 'static) {
         let _ = self.tx.send(Command::UpdateMeta(Box::new(f))).await;
-    }
-
-    /// Answers the inbound RPC `key`.
-    pub async fn respond(&self, key: u64, payload: Vec<u8>) {
-        let _ = self.tx.send(Command::RpcRespond { key, payload }).await;
     }
 }
 
@@ -451,16 +371,9 @@ pub struct EventLoop {
     /// The membership streams and what they read and report.
     streams: PeerStreams,
     stream_events: mpsc::Receiver<StreamEvent>,
-    rpc_handler: Option<mpsc::Sender<InboundRpc>>,
-    rpc_calls: HashMap<OutboundRequestId, oneshot::Sender<Result<Vec<u8>, RpcError>>>,
-    rpc_inbound: HashMap<
-        u64,
-        (
-            request_response::InboundRequestId,
-            request_response::ResponseChannel<Vec<u8>>,
-        ),
-    >,
-    rpc_next_key: u64,
+    /// The calls to and from peers, and the bad frames they read.
+    calls: PeerCalls,
+    bad_calls: mpsc::Receiver<BadCall>,
 }
 
 impl EventLoop {
@@ -472,8 +385,9 @@ impl EventLoop {
         seeds: Vec<Multiaddr>,
     ) -> (Self, NodeHandle) {
         let (tx, commands) = mpsc::channel(COMMAND_QUEUE_DEPTH);
+        let (calls, bad_calls) = PeerCalls::new(swarm.behaviour().streams.new_control());
         let (streams, stream_events) = PeerStreams::new(
-            swarm.behaviour().membership.new_control(),
+            swarm.behaviour().streams.new_control(),
             StreamProtocol::new(MEMBERSHIP_PROTOCOL),
             MEMBERSHIP_FRAME_BYTES_MAX,
         )
@@ -503,18 +417,19 @@ impl EventLoop {
             sent_to: None,
             streams,
             stream_events,
-            rpc_handler: None,
-            rpc_calls: HashMap::new(),
-            rpc_inbound: HashMap::new(),
-            rpc_next_key: 0,
+            calls,
+            bad_calls,
         };
         (lp, NodeHandle { tx })
     }
 
-    /// Routes inbound RPCs to a handler; returns its queue. Without one, RPCs are refused.
+    /// Routes inbound RPCs to a handler; returns its queue. Without one, no call stream is
+    /// accepted (a caller's open fails: the peer is unreachable).
     pub fn rpc_inbound(&mut self) -> mpsc::Receiver<InboundRpc> {
         let (tx, rx) = mpsc::channel(RPC_INBOUND_QUEUE_DEPTH);
-        self.rpc_handler = Some(tx);
+        self.calls
+            .serve(tx)
+            .expect("calls are served once, when the control plane starts");
         rx
     }
 
@@ -538,6 +453,10 @@ impl EventLoop {
                     None => return,
                 },
                 Some(ev) = self.stream_events.recv() => self.on_stream_event(ev),
+                Some(BadCall { peer, reason }) = self.bad_calls.recv() => {
+                    self.counters.bad_messages += 1;
+                    self.bad_warn.warn(Instant::now(), &peer, &reason);
+                }
                 _ = async {
                     match self.leave_written.as_mut() {
                         // One at a time, each dropped as it answers: this future is
@@ -630,21 +549,7 @@ impl EventLoop {
             }
             Command::Rpc { to, payload, reply } => {
                 self.offer_addresses(to);
-                let id = self
-                    .swarm
-                    .behaviour_mut()
-                    .rpc
-                    .send_request(&to, Frame::Bytes(payload));
-                self.rpc_calls.insert(id, reply);
-            }
-            Command::RpcRespond { key, payload } => {
-                if let Some((_, channel)) = self.rpc_inbound.remove(&key) {
-                    let _ = self
-                        .swarm
-                        .behaviour_mut()
-                        .rpc
-                        .send_response(channel, payload);
-                }
+                self.calls.call(to, payload, reply);
             }
             Command::Leave(reply) => {
                 self.sent_to = Some(Vec::new());
@@ -757,81 +662,10 @@ impl EventLoop {
         }
     }
 
-    fn on_rpc(&mut self, ev: request_response::Event<Frame, Vec<u8>>) {
-        use request_response::{Event as RrEvent, Message as RrMessage};
-        match ev {
-            RrEvent::Message {
-                peer,
-                message:
-                    RrMessage::Request {
-                        request_id,
-                        request,
-                        channel,
-                    },
-                ..
-            } => {
-                let payload = match request {
-                    Frame::Bytes(bytes) => bytes,
-                    Frame::Bad(reason) => {
-                        self.counters.bad_messages += 1;
-                        self.bad_warn.warn(Instant::now(), &peer, &reason);
-                        return;
-                    }
-                };
-                let key = self.rpc_next_key;
-                self.rpc_next_key += 1;
-                let Some(handler) = &self.rpc_handler else {
-                    return;
-                };
-                if handler
-                    .try_send(InboundRpc {
-                        from: peer,
-                        payload,
-                        key,
-                    })
-                    .is_ok()
-                {
-                    self.rpc_inbound.insert(key, (request_id, channel));
-                } else {
-                    debug!(%peer, "rpc refused: handler queue full");
-                }
-            }
-            RrEvent::Message {
-                message:
-                    RrMessage::Response {
-                        request_id,
-                        response,
-                    },
-                ..
-            } => {
-                if let Some(reply) = self.rpc_calls.remove(&request_id) {
-                    let _ = reply.send(Ok(response));
-                }
-            }
-            RrEvent::OutboundFailure {
-                peer,
-                request_id,
-                error,
-                ..
-            } => {
-                if let Some(reply) = self.rpc_calls.remove(&request_id) {
-                    let _ = reply.send(Err(RpcError::Unreachable {
-                        peer,
-                        reason: error.to_string(),
-                    }));
-                }
-            }
-            RrEvent::InboundFailure { request_id, .. } => {
-                self.rpc_inbound.retain(|_, (id, _)| *id != request_id);
-            }
-            RrEvent::ResponseSent { .. } => {}
-        }
-    }
-
     fn on_swarm_event(&mut self, event: SwarmEvent<BehaviourEvent>) {
         match event {
-            SwarmEvent::Behaviour(BehaviourEvent::Membership(())) => {}
-            SwarmEvent::Behaviour(BehaviourEvent::Rpc(ev)) => self.on_rpc(ev),
+            SwarmEvent::Behaviour(BehaviourEvent::Streams(())) => {}
+            SwarmEvent::Behaviour(BehaviourEvent::Addresses(_)) => {}
             SwarmEvent::Behaviour(BehaviourEvent::Identify(_)) => {}
             SwarmEvent::ConnectionEstablished {
                 peer_id,

@@ -267,7 +267,7 @@ async fn write_loop(
 
 /// Opens a stream of `protocol` to `peer` (dialing it if need be), within
 /// [`OPEN_TIMEOUT_MS`].
-async fn open(
+pub(super) async fn open(
     control: &mut libp2p_stream::Control,
     peer: PeerId,
     protocol: &StreamProtocol,
@@ -286,7 +286,10 @@ async fn open(
 
 /// Writes one encoded frame (length prefix included) and flushes it, within
 /// [`WRITE_TIMEOUT_MS`].
-async fn write(stream: &mut Stream, frame: &[u8]) -> Result<(), String> {
+pub(super) async fn write<W>(stream: &mut W, frame: &[u8]) -> Result<(), String>
+where
+    W: futures::AsyncWrite + Unpin,
+{
     let write = async {
         stream.write_all(frame).await?;
         stream.flush().await

@@ -17,7 +17,7 @@ use thiserror::Error;
 pub const FRAME_BYTES_MAX: usize = 4 << 20;
 
 /// Why a message could not be encoded or decoded.
-#[derive(Debug, Error)]
+#[derive(Clone, Debug, Error)]
 pub enum WireError {
     /// The frame is longer than [`FRAME_BYTES_MAX`].
     #[error("frame of {len} bytes exceeds the limit of {limit} bytes")]
@@ -169,6 +169,42 @@ where
     io.flush().await
 }
 
+/// Bytes of the call id at the head of a call frame (a little-endian `u64`).
+pub const CALL_ID_BYTES: usize = 8;
+/// Largest call frame body: a message of [`FRAME_BYTES_MAX`] and its call id.
+pub const CALL_FRAME_BYTES_MAX: usize = FRAME_BYTES_MAX + CALL_ID_BYTES;
+
+/// A call frame as written on a stream of remote calls (`cluster::calls`): the 4-byte
+/// length, the call id, then `message` (a request, or the answer to the call of that id).
+/// Fails when `message` is over [`FRAME_BYTES_MAX`].
+pub fn call_frame(id: u64, message: &[u8]) -> Result<Vec<u8>, WireError> {
+    if message.len() > FRAME_BYTES_MAX {
+        return Err(WireError::TooLarge {
+            len: message.len(),
+            limit: FRAME_BYTES_MAX,
+        });
+    }
+    let mut frame = Vec::with_capacity(4 + CALL_ID_BYTES + message.len());
+    frame.extend_from_slice(&((CALL_ID_BYTES + message.len()) as u32).to_le_bytes());
+    frame.extend_from_slice(&id.to_le_bytes());
+    frame.extend_from_slice(message);
+    Ok(frame)
+}
+
+/// Splits a call frame's body (as [`read_frame_or_end`] returns it) into its call id and
+/// message; a body too short to hold an id is malformed.
+pub fn split_call(mut body: Vec<u8>) -> Result<(u64, Vec<u8>), WireError> {
+    if body.len() < CALL_ID_BYTES {
+        return Err(WireError::Malformed(format!(
+            "call frame of {} bytes, shorter than its {CALL_ID_BYTES}-byte call id",
+            body.len()
+        )));
+    }
+    let message = body.split_off(CALL_ID_BYTES);
+    let id = u64::from_le_bytes(body.try_into().expect("eight bytes"));
+    Ok((id, message))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,6 +259,34 @@ mod tests {
         let mut io = futures::io::Cursor::new(frame);
         let err = futures::executor::block_on(read_frame(&mut io, FRAME_BYTES_MAX)).unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn a_call_frame_carries_its_id_and_message() {
+        let frame = call_frame(0x0102_0304_0506_0708, b"hello").unwrap();
+        let mut io = futures::io::Cursor::new(frame);
+        let body = futures::executor::block_on(read_frame(&mut io, CALL_FRAME_BYTES_MAX)).unwrap();
+        assert_eq!(
+            split_call(body).unwrap(),
+            (0x0102_0304_0506_0708, b"hello".to_vec())
+        );
+        assert_eq!(
+            split_call(7u64.to_le_bytes().to_vec()).unwrap(),
+            (7, Vec::new())
+        );
+    }
+
+    #[test]
+    fn a_call_frame_without_a_whole_id_or_over_the_limit_is_refused() {
+        let e = split_call(vec![1, 2, 3]).unwrap_err();
+        assert!(matches!(e, WireError::Malformed(_)), "{e}");
+        assert!(
+            e.to_string().contains("shorter than its 8-byte call id"),
+            "{e}"
+        );
+        let e = call_frame(1, &vec![0; FRAME_BYTES_MAX + 1]).unwrap_err();
+        assert!(matches!(e, WireError::TooLarge { .. }), "{e}");
+        assert!(call_frame(1, &vec![0; FRAME_BYTES_MAX]).is_ok());
     }
 
     proptest! {

@@ -41,7 +41,10 @@ use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::{
-    cluster::{net::InboundRpc, wire},
+    cluster::{
+        calls::{InboundRpc, Reply},
+        wire,
+    },
     control::logs::{read_log, LogChunk},
     control::{
         handle::ControlHandle,
@@ -464,16 +467,21 @@ fn log_read(
 /// Answers the peers' RPCs, each on a task of its own, until the node's event loop closes
 /// the queue.
 pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>, admit: Admission) {
-    while let Some(rpc) = rx.recv().await {
+    while let Some(InboundRpc {
+        from,
+        payload,
+        reply,
+    }) = rx.recv().await
+    {
         let tasks = ctl.tasks.clone();
         let ctl = ctl.clone();
         tasks.spawn(async move {
-            let resp = match wire::decode_json::<RpcRequest>(&rpc.payload) {
+            let resp = match wire::decode_json::<RpcRequest>(&payload) {
                 Ok(RpcRequest::AppendEntries(r)) => {
                     if let Err(e) =
-                        check_live(&ctl, RaftRpc::AppendEntries, &rpc.from, append_sender(&r))
+                        check_live(&ctl, RaftRpc::AppendEntries, &from, append_sender(&r))
                     {
-                        return respond(&ctl, rpc.key, RpcResponse::Malformed(e)).await;
+                        return respond(reply, RpcResponse::Malformed(e)).await;
                     }
                     let r = ctl.raft().append_entries(r).await;
                     // Anything but a higher vote means the sender leads this node's term.
@@ -485,7 +493,7 @@ pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>, admit
                     RpcResponse::AppendEntries(r)
                 }
                 Ok(RpcRequest::Vote(r)) => {
-                    match check_live(&ctl, RaftRpc::Vote, &rpc.from, vote_sender(&r)) {
+                    match check_live(&ctl, RaftRpc::Vote, &from, vote_sender(&r)) {
                         Ok(()) => RpcResponse::Vote(ctl.raft().vote(r).await),
                         Err(e) => RpcResponse::Malformed(e),
                     }
@@ -495,7 +503,7 @@ pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>, admit
                         check_live(
                             &ctl,
                             RaftRpc::InstallSnapshot,
-                            &rpc.from,
+                            &from,
                             snapshot_sender(&r),
                         )
                         .map(|()| r)
@@ -505,10 +513,10 @@ pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>, admit
                     }
                 }
                 Ok(RpcRequest::Propose(cmd)) => {
-                    forwarded(&ctl, admit, &rpc.from, cmd, Principal::Node).await
+                    forwarded(&ctl, admit, &from, cmd, Principal::Node).await
                 }
                 Ok(RpcRequest::ProposeAs { command, principal }) => {
-                    forwarded(&ctl, admit, &rpc.from, command, principal).await
+                    forwarded(&ctl, admit, &from, command, principal).await
                 }
                 Ok(RpcRequest::Logs {
                     job,
@@ -518,23 +526,23 @@ pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>, admit
                     principal,
                 }) => RpcResponse::Logs(log_read(
                     &ctl,
-                    &rpc.from,
+                    &from,
                     (job, generation, worker, offset),
                     &principal,
                 )),
                 Err(e) => {
-                    debug!(peer = %rpc.from, "malformed rpc: {e}");
+                    debug!(peer = %from, "malformed rpc: {e}");
                     RpcResponse::Malformed(e.to_string())
                 }
             };
-            respond(&ctl, rpc.key, resp).await;
+            respond(reply, resp).await;
         });
     }
 }
 
-async fn respond(ctl: &ControlHandle, key: u64, resp: RpcResponse) {
+async fn respond(reply: Reply, resp: RpcResponse) {
     let payload = wire::encode_json(&resp).unwrap_or_default();
-    ctl.node.respond(key, payload).await;
+    reply.send(payload).await;
 }
 
 #[cfg(test)]
