@@ -133,7 +133,7 @@ impl Communicator {
         let ahead = cfg.limits.read_ahead_frames.max(RING_GROUP - 1);
         for (peer, (s, ch)) in streams.drain() {
             links[peer] = Some(match ch {
-                Some(ch) => Link::shm(peer, s, ch),
+                Some(ch) => Link::shm(peer, s, ch, cfg.limits.blocking_waits),
                 None => Link::tcp(peer, s, chunk, ahead),
             });
         }
@@ -642,7 +642,7 @@ async fn recv_frame(
     desc: &OpDesc,
     bytes: usize,
 ) -> Result<Inbound, Failure> {
-    let m = reader.next().await?;
+    let m = reader.recv().await?;
     match &m {
         Inbound::Abort(a) => Err(Failure::relayed(*a, Some(*desc))),
         Inbound::Protocol(d) => Err(Failure::protocol(reader.peer(), d.clone())),

@@ -43,6 +43,16 @@ pub struct Limits {
     /// the same host (the TCP connection stays, for aborts and liveness). Both ends must
     /// allow it. Default true (measured in BENCH.md).
     pub shared_memory: bool,
+    /// Wait for a shared-memory frame (or a free slot) by sleeping on the segment's futex
+    /// on the operation's own thread, instead of through the link's waker thread and the
+    /// runtime: one wake-up instead of two on the path of every frame that had to wait,
+    /// which on a host with more ranks than cores is most of the time an allreduce spends.
+    /// Only for a communicator whose operations run on a thread of their own
+    /// (`Runtime::block_on` from a dedicated thread, as `ringleader._native.Ring` does): the
+    /// thread is blocked for up to `shm::BLOCKING_WAIT_SLICE_MS` at a time, then yields to
+    /// its runtime (timeouts, aborts). Never set it where operations run on a runtime's
+    /// worker threads. Default false.
+    pub blocking_waits: bool,
     /// Which allreduce runs above `small_bytes_max`. Default [`AllreduceChoice::Ring`]: at
     /// 8 emulated hosts × 2 ranks on 1 Gbit/s the hierarchical plan took 1,530 ms for
     /// 64 MiB against the flat ring's 1,316 (its leader steps do not overlap the leaders'
@@ -107,6 +117,7 @@ impl Default for Limits {
             frame_bytes_max: 16 * 1024 * 1024,
             abort_linger_ms: 1_000,
             shared_memory: true,
+            blocking_waits: false,
             allreduce: AllreduceChoice::Ring,
         }
     }
@@ -127,6 +138,7 @@ impl Limits {
             frame_bytes_max: 1024 * 1024,
             abort_linger_ms: 500,
             shared_memory: true,
+            blocking_waits: false,
             allreduce: AllreduceChoice::Auto,
         }
     }

@@ -75,6 +75,10 @@ const SHM_SLOTS_MAX: u32 = 64;
 /// Times a waiter re-checks its ring (with a CPU pause between) before going to sleep.
 /// Small: with more ranks than cores, spinning steals the core the peer needs.
 pub(crate) const SPIN_CHECKS: u32 = 64;
+/// Longest single futex sleep of an operation's own thread waiting on a ring
+/// ([`crate::Limits::blocking_waits`]), ms: the most an abort, a timeout or a watched link
+/// waits to be looked at while that thread sleeps.
+pub const BLOCKING_WAIT_SLICE_MS: u64 = 2;
 /// Longest single futex sleep of a link's waker thread, ms: the bound on how long that
 /// thread outlives its link.
 const WAKER_SLEEP_MS: u64 = 100;
@@ -330,9 +334,10 @@ impl Offer {
         token == self.token
     }
 
-    /// The dialer's end (side 0), its waker thread started; unlinks the name.
-    pub fn into_channel(self) -> io::Result<Channel> {
-        Channel::start(self.map.clone(), self.layout, 0)
+    /// The dialer's end (side 0), its waker thread started unless `blocking` (see
+    /// [`Channel::start`]); unlinks the name.
+    pub fn into_channel(self, blocking: bool) -> io::Result<Channel> {
+        Channel::start(self.map.clone(), self.layout, 0, !blocking)
     }
 }
 
@@ -350,10 +355,11 @@ pub(crate) fn segment_path(name: &[u8]) -> Result<PathBuf, String> {
 /// Opens the segment the dialer named, maps and unlinks it, and returns the acceptor's end
 /// (side 1) and the token to send back. Fails (and the link stays on TCP) when the name is
 /// malformed, the segment is not on this host, or its layout is unusable or its slots are
-/// smaller than `frame_bytes`.
+/// smaller than `frame_bytes`. `blocking`: no waker thread (see [`Channel::start`]).
 pub(crate) fn open(
     name: &[u8],
     frame_bytes: usize,
+    blocking: bool,
 ) -> Result<(Channel, [u8; TOKEN_BYTES]), String> {
     let path = segment_path(name)?;
     let file = OpenOptions::new()
@@ -380,7 +386,8 @@ pub(crate) fn open(
     }
     let mut token = [0u8; TOKEN_BYTES];
     map.read(OFF_TOKEN, &mut token);
-    let ch = Channel::start(Arc::new(map), layout, 1).map_err(|e| format!("waker: {e}"))?;
+    let ch =
+        Channel::start(Arc::new(map), layout, 1, !blocking).map_err(|e| format!("waker: {e}"))?;
     Ok((ch, token))
 }
 
@@ -393,18 +400,27 @@ pub(crate) struct Channel {
 }
 
 impl Channel {
-    /// Our end (`side`) of a mapped segment, with the thread that turns futex wake-ups on
-    /// our doorbell into `state.notify.notify_waiters()`. The thread ends within
+    /// Our end (`side`) of a mapped segment, with (if `waker`) the thread that turns futex
+    /// wake-ups on our doorbell into `state.notify.notify_waiters()`. The thread ends within
     /// [`WAKER_SLEEP_MS`] of the last strong reference to the state going away. Started
     /// during set-up, so that a failure to start it means staying on TCP.
-    fn start(map: Arc<Mapping>, layout: Layout, side: usize) -> io::Result<Channel> {
+    ///
+    /// Without it (a link with [`crate::Limits::blocking_waits`], whose operation sleeps on
+    /// the futex itself) nothing turns the peer's rings into notifications: the only async
+    /// waiter left, the watcher of a link the operation sends on, is there for aborts and
+    /// losses, which come through the TCP connection; a data frame it would have stashed
+    /// stays in the ring for the next operation. Every ring would otherwise also wake this
+    /// thread, a context switch per frame taken from ranks that share the cores.
+    fn start(map: Arc<Mapping>, layout: Layout, side: usize, waker: bool) -> io::Result<Channel> {
         let state = Arc::new(LinkState::default());
-        let waiters = Arc::downgrade(&state);
-        let thread_map = map.clone();
-        let off = off_doorbell(side);
-        std::thread::Builder::new()
-            .name("collective-shm".into())
-            .spawn(move || waker_loop(&thread_map, off, &waiters))?;
+        if waker {
+            let waiters = Arc::downgrade(&state);
+            let thread_map = map.clone();
+            let off = off_doorbell(side);
+            std::thread::Builder::new()
+                .name("collective-shm".into())
+                .spawn(move || waker_loop(&thread_map, off, &waiters))?;
+        }
         Ok(Channel {
             map,
             layout,
@@ -503,6 +519,19 @@ impl End {
         w.fetch_add(1, Ordering::SeqCst);
         Sleeping(w)
     }
+
+    /// Sleeps on this side's doorbell, on the calling thread, until the peer rings it or
+    /// [`BLOCKING_WAIT_SLICE_MS`] pass, unless `ready()` (checked after announcing the
+    /// sleeper and reading the bell, so no ring in between is lost) says there is no need.
+    fn block_until(&self, ready: impl Fn() -> bool) {
+        let _sleeping = self.sleeping();
+        let bell = self.map.word(off_doorbell(self.side));
+        let seen = bell.load(Ordering::SeqCst);
+        if ready() {
+            return;
+        }
+        futex_wait(bell, seen, Duration::from_millis(BLOCKING_WAIT_SLICE_MS));
+    }
 }
 
 /// Our side is counted in `sleepers` while this lives (dropped on wake-up or cancel).
@@ -553,6 +582,11 @@ impl Producer {
         self.written
             .wrapping_sub(self.end.tail().load(Ordering::SeqCst))
             != self.end.layout.slots
+    }
+
+    /// Blocks the calling thread until a slot may be free (or one slice passed).
+    pub fn block_for_room(&self) {
+        self.end.block_until(|| self.has_room());
     }
 
     /// Counts us as sleeping until the guard drops; re-check [`Producer::has_room`] after.
@@ -643,6 +677,11 @@ impl Consumer {
         self.end.head().load(Ordering::SeqCst) != self.taken
     }
 
+    /// Blocks the calling thread until a frame may be there (or one slice passed).
+    pub fn block_for_frame(&self) {
+        self.end.block_until(|| self.has_frame());
+    }
+
     /// Counts us as sleeping until the guard drops; re-check [`Consumer::has_frame`] after.
     pub fn sleeping(&self) -> Sleeping<'_> {
         self.end.sleeping()
@@ -705,7 +744,7 @@ mod tests {
     fn channel_pair(slots: u32, cap: usize) -> (Channel, Channel) {
         let layout = Layout::new(slots, cap).unwrap();
         let map = Arc::new(Mapping::anonymous(layout.total));
-        let mk = |side| Channel::start(map.clone(), layout, side).unwrap();
+        let mk = |side| Channel::start(map.clone(), layout, side, true).unwrap();
         (mk(0), mk(1))
     }
 
@@ -783,22 +822,56 @@ mod tests {
     }
 
     #[test]
+    fn threads_blocked_on_the_futex_deliver_every_frame_in_order() {
+        // Both ends without a waker thread, as with `Limits::blocking_waits`: the producer
+        // sleeps on the futex when the 4 slots are full, the consumer when they are empty,
+        // each woken by the other's ring (or, at worst, a slice later).
+        const FRAMES: u32 = 2_000;
+        let layout = Layout::new(4, 64).unwrap();
+        let map = Arc::new(Mapping::anonymous(layout.total));
+        let mk = |side| Channel::start(map.clone(), layout, side, false).unwrap();
+        let (mut tx, _) = mk(0).split();
+        let (_, mut rx) = mk(1).split();
+        let producer = std::thread::spawn(move || {
+            for i in 0..FRAMES {
+                let mut hdr = [0u8; HEADER_BYTES];
+                hdr[..4].copy_from_slice(&i.to_le_bytes());
+                while !tx.try_put(&hdr, &i.to_le_bytes()).unwrap() {
+                    tx.block_for_room();
+                }
+            }
+        });
+        for i in 0..FRAMES {
+            let (hdr, slot) = loop {
+                match rx.try_take().unwrap() {
+                    Some(x) => break x,
+                    None => rx.block_for_frame(),
+                }
+            };
+            assert_eq!(u32::from_le_bytes(hdr[..4].try_into().unwrap()), i);
+            assert_eq!(slot.bytes(4), &i.to_le_bytes()[..], "frame {i} intact");
+            rx.release(slot);
+        }
+        producer.join().unwrap();
+    }
+
+    #[test]
     fn segment_is_unlinked_once_opened_and_refuses_bad_names() {
         let offer = Offer::create(4096).unwrap().unwrap();
         let path = offer.path.clone();
         assert!(path.exists());
-        let (_ch, token) = open(offer.name().as_bytes(), 4096).unwrap();
+        let (_ch, token) = open(offer.name().as_bytes(), 4096, false).unwrap();
         assert!(offer.proves(&token));
         assert!(!path.exists(), "unlinked by the acceptor");
         drop(offer);
-        assert!(open(b"../../etc/passwd", 64).is_err());
+        assert!(open(b"../../etc/passwd", 64, false).is_err());
         assert!(
-            open(&[b'0'; NAME_HEX_BYTES], 64).is_err(),
+            open(&[b'0'; NAME_HEX_BYTES], 64, false).is_err(),
             "no such segment"
         );
         let small = Offer::create(64).unwrap().unwrap();
         assert!(
-            open(small.name().as_bytes(), 4096).is_err(),
+            open(small.name().as_bytes(), 4096, false).is_err(),
             "slots too small"
         );
         drop(small);

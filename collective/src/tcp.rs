@@ -295,7 +295,7 @@ async fn negotiate_dial(
     match (s2[0], offer) {
         (0, _) => Ok(None),
         (1, Some(o)) if o.proves(&s2[1..]) => o
-            .into_channel()
+            .into_channel(lim.blocking_waits)
             .map(Some)
             .map_err(|e| malformed(&addr, &format!("shared-memory waker: {e}"))),
         (1, _) => Err(malformed(&addr, "wrong shared-memory token")),
@@ -316,17 +316,19 @@ async fn negotiate_accept(
     let mut s2 = [0u8; PATH_MSG_BYTES];
     let ch = match decode_offer(&s1, &addr)? {
         None => None,
-        Some(name) if lim.shared_memory => match shm::open(name, lim.chunk_bytes) {
-            Ok((ch, token)) => {
-                s2[0] = 1;
-                s2[1..].copy_from_slice(&token);
-                Some(ch)
+        Some(name) if lim.shared_memory => {
+            match shm::open(name, lim.chunk_bytes, lim.blocking_waits) {
+                Ok((ch, token)) => {
+                    s2[0] = 1;
+                    s2[1..].copy_from_slice(&token);
+                    Some(ch)
+                }
+                Err(e) => {
+                    debug!(peer = %addr, error = %e, "shared memory declined");
+                    None
+                }
             }
-            Err(e) => {
-                debug!(peer = %addr, error = %e, "shared memory declined");
-                None
-            }
-        },
+        }
         Some(_) => None,
     };
     stream.write_all(&s2).await.map_err(io)?;

@@ -103,6 +103,8 @@ impl Payload {
 struct ShmIn {
     ring: shm::Consumer,
     state: Arc<LinkState>,
+    /// [`crate::Limits::blocking_waits`]: [`Reader::recv`] sleeps on the ring's futex itself.
+    blocking: bool,
 }
 
 /// Receiving half of a link to `peer`.
@@ -135,6 +137,8 @@ enum WriteSide {
         tcp: OwnedWriteHalf,
         ring: shm::Producer,
         state: Arc<LinkState>,
+        /// [`crate::Limits::blocking_waits`]: wait for a free slot on the futex itself.
+        blocking: bool,
     },
 }
 
@@ -187,8 +191,8 @@ impl Link {
     /// A link over an authenticated TCP stream whose peer mapped the shared-memory segment
     /// `ch`: data frames go through the segment's rings; the TCP connection stays open for
     /// abort frames and to notice the peer's death (EOF or reset ends every wait on the
-    /// rings at once).
-    pub fn shm(peer: usize, stream: TcpStream, ch: shm::Channel) -> Link {
+    /// rings at once). `blocking`: [`crate::Limits::blocking_waits`].
+    pub fn shm(peer: usize, stream: TcpStream, ch: shm::Channel, blocking: bool) -> Link {
         let state = ch.state();
         let (producer, consumer) = ch.split();
         let (r, w) = stream.into_split();
@@ -201,6 +205,7 @@ impl Link {
                 shm: Some(ShmIn {
                     ring: consumer,
                     state: state.clone(),
+                    blocking,
                 }),
                 free: None,
                 pending: None,
@@ -212,6 +217,7 @@ impl Link {
                     tcp: w,
                     ring: producer,
                     state,
+                    blocking,
                 },
                 frame_left: 0,
             },
@@ -376,11 +382,27 @@ impl Reader {
 
     /// The next message; a closed link is [`Failure::lost`]. Cancel-safe.
     pub async fn next(&mut self) -> Result<Inbound, Failure> {
+        self.take(false).await
+    }
+
+    /// The next message for the operation in progress: [`Reader::next`], except that a
+    /// shared-memory link with [`crate::Limits::blocking_waits`] waits on its ring's futex
+    /// on this thread. Cancel-safe.
+    pub async fn recv(&mut self) -> Result<Inbound, Failure> {
+        self.take(true).await
+    }
+
+    async fn take(&mut self, may_block: bool) -> Result<Inbound, Failure> {
         if let Some(m) = self.pending.take() {
             return Ok(m);
         }
         let Reader { peer, rx, shm, .. } = self;
-        let Some(ShmIn { ring, state }) = shm else {
+        let Some(ShmIn {
+            ring,
+            state,
+            blocking,
+        }) = shm
+        else {
             return rx.recv().await.ok_or_else(|| Failure::lost(*peer));
         };
         // Ring first: frames the peer published before it died or aborted still count, and
@@ -406,6 +428,14 @@ impl Reader {
             if checks < shm::SPIN_CHECKS {
                 checks += 1;
                 std::hint::spin_loop();
+                continue;
+            }
+            if may_block && *blocking {
+                ring.block_for_frame();
+                if !ring.has_frame() {
+                    // A slice passed: let the runtime look at timeouts, aborts, watchers.
+                    tokio::task::yield_now().await;
+                }
                 continue;
             }
             let notified = state.notify.notified();
@@ -532,7 +562,12 @@ impl Writer {
                 };
                 tx.send(m).await.map_err(|_| Failure::lost(peer))?;
             }
-            WriteSide::Shm { ring, state, .. } => {
+            WriteSide::Shm {
+                ring,
+                state,
+                blocking,
+                ..
+            } => {
                 let Header::Data { desc, .. } = *header else {
                     unreachable!("aborts go through write_abort")
                 };
@@ -554,6 +589,13 @@ impl Writer {
                     if checks < shm::SPIN_CHECKS {
                         checks += 1;
                         std::hint::spin_loop();
+                        continue;
+                    }
+                    if *blocking {
+                        ring.block_for_room();
+                        if !ring.has_room() {
+                            tokio::task::yield_now().await;
+                        }
                         continue;
                     }
                     let notified = state.notify.notified();

@@ -323,3 +323,113 @@ async fn killed_rank_mid_operation(shared_memory: bool) {
         );
     }
 }
+
+/// Runs `body` for each rank of a 4-rank shared-memory group with blocking waits, each rank
+/// on a thread of its own with its own runtime, its operations inside `block_on` (the way
+/// `ringleader._native.Ring` drives them). Returns what each rank's body returned.
+fn blocking_group<R: Send + 'static>(
+    limits: Limits,
+    body: fn(&tokio::runtime::Runtime, Communicator) -> R,
+) -> Vec<R> {
+    const WORLD: usize = 4;
+    let ls: Vec<std::net::TcpListener> = (0..WORLD)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let addrs: Vec<SocketAddr> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
+    let threads: Vec<_> = ls
+        .into_iter()
+        .enumerate()
+        .map(|(rank, l)| {
+            let cfg = GroupConfig {
+                rank,
+                world: WORLD,
+                group_id: 42,
+                generation: 5,
+                addrs: addrs.clone(),
+                secret: SECRET.to_vec(),
+                limits: limits.clone(),
+            };
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                let c = rt.block_on(async move {
+                    l.set_nonblocking(true).unwrap();
+                    let l = TcpListener::from_std(l).unwrap();
+                    connect(cfg, &l).await
+                });
+                body(&rt, c)
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+fn blocking_limits() -> Limits {
+    Limits {
+        blocking_waits: true,
+        shared_memory: true,
+        op_timeout_ms: 30_000,
+        ..tcp_limits()
+    }
+}
+
+#[test]
+fn blocking_waits_over_shm_equal_reference() {
+    // 4 KiB frames: the longer buffers need many frames per ring step, so producers find
+    // the rings full and consumers find them empty, both asleep on the futex.
+    const LENS: [usize; 4] = [0, 13, 1001, 100_003];
+    let res = blocking_group(blocking_limits(), |rt, mut c| {
+        let r = c.rank();
+        let outs: Vec<Vec<f32>> = LENS
+            .iter()
+            .map(|&len| {
+                let mut buf: Vec<f32> = (0..len).map(|i| value(r, i)).collect();
+                rt.block_on(c.allreduce(&mut buf, ReduceOp::Sum)).unwrap();
+                buf
+            })
+            .collect();
+        (r, outs)
+    });
+    for (k, len) in LENS.iter().enumerate() {
+        let ins: Vec<Vec<f32>> = (0..4)
+            .map(|r| (0..*len).map(|i| value(r, i)).collect())
+            .collect();
+        let want = reference_reduce(&ins, ReduceOp::Sum);
+        for (r, outs) in &res {
+            assert_eq!(outs[k], want, "len {len} rank {r}");
+        }
+    }
+}
+
+#[test]
+fn blocking_waits_see_a_killed_rank_within_a_second() {
+    // Rank 2 leaves after 3 operations (its connections close, as when its process dies)
+    // while the others are already in the 4th, asleep on their rings' futexes: each wakes
+    // at its next slice, sees the loss and fails with PeerLost{2}, not at the 30 s deadline.
+    let res = blocking_group(blocking_limits(), |rt, mut c| {
+        let mut buf = vec![1.0f32; 1 << 18];
+        for _ in 0..3 {
+            rt.block_on(c.allreduce(&mut buf, ReduceOp::Max)).unwrap();
+        }
+        if c.rank() == 2 {
+            drop(c);
+            return None;
+        }
+        let started = std::time::Instant::now();
+        let e = rt
+            .block_on(c.allreduce(&mut buf, ReduceOp::Max))
+            .unwrap_err();
+        let (rank, took) = (c.rank(), started.elapsed());
+        // The relay of the failure to the peers runs on this runtime: let it finish, as a
+        // process keeps its ring until it closes it, or the peers see this rank vanish.
+        rt.block_on(c.shutdown());
+        Some((rank, e, took))
+    });
+    for (rank, err, took) in res.into_iter().flatten() {
+        assert_eq!(err, CollectiveError::PeerLost { rank: 2 }, "rank {rank}");
+        assert!(took < Duration::from_secs(1), "rank {rank} took {took:?}");
+    }
+}

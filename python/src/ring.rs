@@ -4,6 +4,10 @@
 //! (`threads` worker threads beside the caller's, default 1, so the links' read-ahead and
 //! abort relays go on between calls; 0: a current-thread runtime, the links' tasks run only
 //! inside calls).
+//! An operation waiting for a shared-memory frame or slot sleeps on the segment's futex on
+//! that thread (the collective's `Limits::blocking_waits`, sound here because every
+//! operation runs inside `block_on` on the caller's thread): one wake-up per frame instead
+//! of two, and no waker thread per link.
 //! Each operation runs on the caller's thread with the GIL released for the whole transfer
 //! (`py.detach`), on a buffer given as an address and a length in bytes: the caller (the
 //! `ringleader.torch` backend, which passes `tensor.data_ptr()`) guarantees that the bytes
@@ -242,6 +246,8 @@ fn limits(op_timeout_ms: u64, connect_timeout_ms: u64, shared_memory: bool) -> P
         op_timeout_ms,
         connect_timeout_ms,
         shared_memory,
+        // Every operation runs inside `block_on` on the caller's thread (`Ring::run`).
+        blocking_waits: true,
         ..Limits::default()
     };
     l.validate()
