@@ -1,7 +1,7 @@
 //! `ringleader bench-scale N…`: a cluster of N real nodes on 127.0.0.1, per N one line
 //!
 //! ```text
-//! scale nodes=N converge_s=… detect_s=… failover_s=… submit_ms_p50=… submit_ms_p99=… wide_job_s=… status_ms=… chief_cpu_pct=… node_rss_mb=… idle_cpu_pct=…
+//! scale nodes=N converge_s=… detect_s=… failover_s=… submit_ms_p50=… submit_ms_p99=… wide_job_s=… status_ms=… chief_cpu_pct=… node_rss_mb=… idle_cpu_pct=… chief_kib_per_entry=…
 //! ```
 //!
 //! - `converge_s`: from the first node's start (every node is spawned at once, as hosts of a
@@ -12,6 +12,10 @@
 //! - `status_ms`: median latency of `GET /v1/status` on a follower, [`STATUS_CALLS`] calls.
 //! - `submit_ms_p50`, `submit_ms_p99`: `POST /v1/jobs` of a trivial job to a follower
 //!   (forwarded to the chief and committed), `--submits` one after another.
+//! - `chief_kib_per_entry`: what the chief wrote (its `wchar` in `/proc/PID/io`: sockets and
+//!   its logs) from before those submits until their jobs succeeded, over the log entries
+//!   committed meanwhile (submits, placements, exits), heartbeats included: what replicating
+//!   an entry to every member costs.
 //! - `wide_job_s`: a command job (`true`) with one worker per node (`workers = N`,
 //!   `placement = "spread"`), from submit until it succeeded.
 //! - `detect_s`: kill -9 of a node that is neither chief nor voter, until every sampled
@@ -109,6 +113,15 @@ fn chief(s: &StatusDoc) -> Option<String> {
     s.chief.as_ref().map(|c| c.name.clone())
 }
 
+/// Bytes a process wrote through system calls (`wchar` of `/proc/PID/io`).
+fn proc_written(pid: u32) -> Result<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io"))?;
+    io.lines()
+        .find_map(|l| l.strip_prefix("wchar:"))
+        .and_then(|v| v.trim().parse().ok())
+        .context("no wchar in /proc io")
+}
+
 /// A process's CPU time (user + system) in clock ticks and resident memory in KiB.
 fn proc_usage(pid: u32) -> Result<(u64, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
@@ -194,6 +207,17 @@ fn one_size(root: &std::path::Path, n: usize, submits: usize) -> Result<String> 
         client.status()?;
         status_ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
+    // The chief's log index and bytes written before the submits (a first job, untimed,
+    // gives the index: a job's document carries the state's applied index).
+    let chief_client = c.nodes[chief_at].client();
+    let first = client.submit(TRIVIAL)?;
+    wait_on(&c, &[chief_at], "the first trivial job to succeed", |s| {
+        s.jobs
+            .iter()
+            .any(|j| j.id == first && j.state == "succeeded")
+    })?;
+    let index0 = chief_client.job(&first)?.freshness.applied_index;
+    let written0 = proc_written(pids[chief_at])?;
     let mut submit_ms = Vec::with_capacity(submits);
     let mut ids = Vec::with_capacity(submits);
     for _ in 0..submits {
@@ -207,6 +231,10 @@ fn one_size(root: &std::path::Path, n: usize, submits: usize) -> Result<String> 
             .filter(|j| ids.contains(&j.id))
             .all(|j| j.state == "succeeded")
     })?;
+    let last = ids.last().context("no submits")?;
+    let index1 = chief_client.job(last)?.freshness.applied_index;
+    let written = proc_written(pids[chief_at])?.saturating_sub(written0);
+    let chief_kib_per_entry = written as f64 / 1024.0 / index1.saturating_sub(index0).max(1) as f64;
 
     let wide = format!(
         "name = \"wide\"\nkind = \"command\"\nworkers = {n}\nplacement = \"spread\"\ncommand = [\"true\"]\n"
@@ -281,7 +309,8 @@ fn one_size(root: &std::path::Path, n: usize, submits: usize) -> Result<String> 
     Ok(format!(
         "scale nodes={n} converge_s={converge_s:.2} detect_s={detect_s:.2} failover_s={failover_s:.2} \
          submit_ms_p50={:.1} submit_ms_p99={:.1} wide_job_s={wide_job_s:.2} status_ms={:.1} \
-         chief_cpu_pct={chief_cpu_pct:.2} node_rss_mb={node_rss_mb:.1} idle_cpu_pct={idle_cpu_pct:.2}",
+         chief_cpu_pct={chief_cpu_pct:.2} node_rss_mb={node_rss_mb:.1} idle_cpu_pct={idle_cpu_pct:.2} \
+         chief_kib_per_entry={chief_kib_per_entry:.1}",
         percentile(submit_ms.clone(), 50.0),
         percentile(submit_ms, 99.0),
         percentile(status_ms, 50.0),
