@@ -156,8 +156,16 @@ fn one_size(root: &std::path::Path, n: usize, submits: usize) -> Result<String> 
     let t0 = Instant::now();
     c.start_many(&nodes)?;
     let everyone: Vec<usize> = (0..n).collect();
+    // Progress on stderr about once a second: how many the first node sees alive.
+    let shown = std::cell::Cell::new(0u64);
     wait_on(&c, &[0], "the first node to see every node alive", |s| {
-        s.names_in("alive").len() == n
+        let alive = s.names_in("alive").len();
+        let second = t0.elapsed().as_secs();
+        if second > shown.get() {
+            shown.set(second);
+            eprintln!("bench-scale: {second} s: the first node sees {alive} of {n} alive");
+        }
+        alive == n
     })?;
     let converge_s = t0.elapsed().as_secs_f64();
     eprintln!("bench-scale: {n} nodes alive after {converge_s:.2} s");
