@@ -4,8 +4,6 @@
 //! avg, i64 sum/min/max, odd lengths, multi-frame), and a killed rank fails every survivor
 //! with the usual `PeerLost`.
 
-use std::net::SocketAddr;
-use std::time::Duration;
 
 use collective::{
     reference_reduce, AllreduceChoice, CollectiveError, Communicator, Element, GroupConfig, Limits,
@@ -14,38 +12,14 @@ use collective::{
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
-const SECRET: &[u8] = b"test secret";
+mod common;
 
 /// Lengths: odd, below and above the recursive-doubling threshold, multi-frame.
 const LENS: [usize; 4] = [3, 257, 1001, 10_007];
 
-/// Binds one listener per rank on `127.0.0.{hosts[rank]}` (ephemeral ports) and their
-/// configs.
+/// One listener per rank on `127.0.0.{hosts[rank]}` and their configs.
 async fn group(hosts: &[u8], generation: u64, limits: Limits) -> Vec<(GroupConfig, TcpListener)> {
-    let mut ls = Vec::new();
-    for h in hosts {
-        ls.push(
-            TcpListener::bind(("127.0.0.".to_string() + &h.to_string(), 0))
-                .await
-                .unwrap(),
-        );
-    }
-    let addrs: Vec<SocketAddr> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
-    ls.into_iter()
-        .enumerate()
-        .map(|(rank, l)| {
-            let cfg = GroupConfig {
-                rank,
-                world: hosts.len(),
-                group_id: 7,
-                generation,
-                addrs: addrs.clone(),
-                secret: SECRET.to_vec(),
-                limits: limits.clone(),
-            };
-            (cfg, l)
-        })
-        .collect()
+    common::group_on_hosts(hosts, 7, generation, limits).await
 }
 
 fn limits(allreduce: AllreduceChoice) -> Limits {
@@ -180,44 +154,20 @@ async fn killed_rank_fails_every_survivor_with_peer_lost() {
         chunk_bytes: 64 * 1024,
         ..limits(AllreduceChoice::Auto)
     };
-    let mut set = JoinSet::new();
-    let (started_tx, mut started_rx) = tokio::sync::mpsc::channel::<usize>(8);
-    let mut victim = None;
-    for (cfg, l) in group(&[1, 1, 2, 2, 3, 3], 3, limits).await {
-        let started = started_tx.clone();
-        let rank = cfg.rank;
-        let fut = async move {
-            let mut c = Communicator::connect_with_listener(cfg, &l).await.unwrap();
-            assert!(c.hierarchical());
-            let mut buf = vec![1.0f32; 1 << 18];
-            let mut ops = 0u64;
-            loop {
-                if ops == 1 {
-                    let _ = started.send(c.rank()).await;
-                }
-                if let Err(e) = c.allreduce(&mut buf, ReduceOp::Max).await {
-                    return (c.rank(), e);
-                }
-                ops += 1;
-            }
-        };
-        if rank == 5 {
-            victim = Some(tokio::spawn(fut));
-        } else {
-            set.spawn(fut);
-        }
-    }
-    for _ in 0..6 {
-        tokio::time::timeout(Duration::from_secs(20), started_rx.recv())
-            .await
-            .unwrap();
-    }
-    victim.unwrap().abort();
-    let res = tokio::time::timeout(Duration::from_secs(10), set.join_all())
+    let ranks = group(&[1, 1, 2, 2, 3, 3], 3, limits)
         .await
-        .expect("no hang");
+        .into_iter()
+        .map(|(cfg, l)| {
+            (cfg.rank, async move {
+                let c = Communicator::connect_with_listener(cfg, &l).await.unwrap();
+                assert!(c.hierarchical());
+                c
+            })
+        })
+        .collect();
+    let (res, _) = common::allreduce_until_a_rank_is_killed(ranks, 5, 1 << 18).await;
     assert_eq!(res.len(), 5);
-    for (rank, err) in res {
+    for (rank, err, _) in res {
         assert_eq!(err, CollectiveError::PeerLost { rank: 5 }, "rank {rank}");
     }
 }

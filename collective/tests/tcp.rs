@@ -13,30 +13,13 @@ use collective::{
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
-const SECRET: &[u8] = b"test secret";
+mod common;
 
-/// Binds `world` listeners on ephemeral ports (no port races) and their configs.
+use common::SECRET;
+
+/// `world` listeners on 127.0.0.1 (ephemeral ports) and their configs.
 async fn group(world: usize, generation: u64, limits: Limits) -> Vec<(GroupConfig, TcpListener)> {
-    let mut ls = Vec::new();
-    for _ in 0..world {
-        ls.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
-    }
-    let addrs: Vec<SocketAddr> = ls.iter().map(|l| l.local_addr().unwrap()).collect();
-    ls.into_iter()
-        .enumerate()
-        .map(|(rank, l)| {
-            let cfg = GroupConfig {
-                rank,
-                world,
-                group_id: 42,
-                generation,
-                addrs: addrs.clone(),
-                secret: SECRET.to_vec(),
-                limits: limits.clone(),
-            };
-            (cfg, l)
-        })
-        .collect()
+    common::group_on_hosts(&vec![1; world], 42, generation, limits).await
 }
 
 fn tcp_limits() -> Limits {
@@ -277,43 +260,12 @@ async fn killed_rank_mid_operation(shared_memory: bool) {
         shared_memory,
         ..tcp_limits()
     };
-    let mut set = JoinSet::new();
-    let (started_tx, mut started_rx) = tokio::sync::mpsc::channel::<usize>(8);
-    let mut victim = None;
-    for (cfg, l) in group(4, 3, limits).await {
-        let started = started_tx.clone();
-        let rank = cfg.rank;
-        let fut = async move {
-            let mut c = connect(cfg, &l).await;
-            let mut buf = vec![1.0f32; 1 << 20];
-            let mut ops = 0u64;
-            loop {
-                if ops == 1 {
-                    let _ = started.send(c.rank()).await;
-                }
-                if let Err(e) = c.allreduce(&mut buf, ReduceOp::Max).await {
-                    return (c.rank(), e, tokio::time::Instant::now());
-                }
-                ops += 1;
-            }
-        };
-        if rank == 2 {
-            victim = Some(tokio::spawn(fut));
-        } else {
-            set.spawn(fut);
-        }
-    }
-    // Wait until every rank has completed an operation, so the group is busy.
-    for _ in 0..4 {
-        tokio::time::timeout(Duration::from_secs(20), started_rx.recv())
-            .await
-            .unwrap();
-    }
-    victim.unwrap().abort();
-    let killed_at = tokio::time::Instant::now();
-    let res = tokio::time::timeout(Duration::from_secs(10), set.join_all())
+    let ranks = group(4, 3, limits)
         .await
-        .expect("no hang");
+        .into_iter()
+        .map(|(cfg, l)| (cfg.rank, async move { connect(cfg, &l).await }))
+        .collect();
+    let (res, killed_at) = common::allreduce_until_a_rank_is_killed(ranks, 2, 1 << 20).await;
     for (rank, err, at) in res {
         assert_eq!(err, CollectiveError::PeerLost { rank: 2 }, "rank {rank}");
         let after = at.duration_since(killed_at);
