@@ -4,7 +4,6 @@
 //! avg, i64 sum/min/max, odd lengths, multi-frame), and a killed rank fails every survivor
 //! with the usual `PeerLost`.
 
-
 use collective::{
     reference_reduce, AllreduceChoice, CollectiveError, Communicator, Element, GroupConfig, Limits,
     ReduceOp,
