@@ -305,9 +305,13 @@ fn join_standby(
             .iter()
             .find(|c| c.id == slot.member)
             .filter(|c| !c.alive || c.blacklisted)
-            .map(|c| match c.blacklisted {
-                true => "member blacklisted".to_owned(),
-                false => "member not alive".to_owned(),
+            .map(|c| {
+                let why = if c.blacklisted {
+                    "blacklisted"
+                } else {
+                    "not alive"
+                };
+                format!("member {why}")
             }),
     };
     let full = job.assignment.len() >= job.spec.max_workers as usize;

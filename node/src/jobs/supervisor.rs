@@ -128,11 +128,7 @@ pub fn plan(
                     let protocol = match protocol_rank {
                         false => None,
                         true => match generation_line(ctx, job, slot, host_of) {
-                            Some(first_generation) => Some(ProtocolRank {
-                                first_generation: Some(first_generation),
-                                first_heartbeat_ms: u64::from(job.spec.elastic.first_heartbeat_s)
-                                    * 1_000,
-                            }),
+                            Some(first) => Some(protocol_rank_of(job, Some(first))),
                             None => {
                                 plan.waiting.push(key);
                                 continue;
@@ -172,10 +168,7 @@ pub fn plan(
                 generation: job.generation,
                 rank: slot.rank,
                 control_stdin: true,
-                protocol: Some(ProtocolRank {
-                    first_generation: None,
-                    first_heartbeat_ms: u64::from(job.spec.elastic.first_heartbeat_s) * 1_000,
-                }),
+                protocol: Some(protocol_rank_of(job, None)),
                 standby: true,
             });
         }
@@ -186,6 +179,18 @@ pub fn plan(
         .copied()
         .collect();
     plan
+}
+
+/// What a command rank of `job` (of the ringleader protocol) starts with: `first_generation`
+/// (`None` for a standby) and the job's bound on its first heartbeat.
+fn protocol_rank_of(
+    job: &crate::domain::state::Job,
+    first_generation: Option<String>,
+) -> ProtocolRank {
+    ProtocolRank {
+        first_generation,
+        first_heartbeat_ms: u64::from(job.spec.elastic.first_heartbeat_s) * 1_000,
+    }
 }
 
 /// Runs and stops this node's worker processes.
