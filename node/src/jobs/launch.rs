@@ -359,7 +359,9 @@ pub fn launch(
         });
     }
     let addrs = ring_addrs(job, host_of)?;
-    let spec_file = log.with_file_name("spec.toml");
+    // The rank's own file: ranks of one generation on one node start at once, and a shared
+    // file one replaces while another writes it fails one of them.
+    let spec_file = log.with_extension("spec.toml");
     env.push((
         "RINGLEADER_SECRET".into(),
         ring_secret(job, ctx.ring_key.as_ref()),

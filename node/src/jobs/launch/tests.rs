@@ -77,6 +77,45 @@ fn train_ranks_get_the_storage_url_in_their_environment_not_argv() {
     assert!(l.env.contains(&("RINGLEADER_STORAGE".into(), url.into())));
 }
 
+#[test]
+fn train_ranks_on_one_member_write_their_own_spec_files() {
+    let mut state = ControlState::default();
+    let spec = crate::domain::spec::JobSpec::parse(
+        "name = \"t\"\nkind = \"train\"\nworkers = 2\nplacement = \"pack\"\n",
+    )
+    .unwrap();
+    let submit = crate::domain::state::ControlCommand {
+        op: crate::domain::state::Op::Submit {
+            spec: Box::new(spec),
+            token: None,
+        },
+        at_ms: 1,
+    };
+    let crate::domain::state::ControlResponse::Submitted { id } = state.apply(1, &submit) else {
+        panic!("not submitted")
+    };
+    let members = vec![chief::member("a", State::Alive, 4)];
+    let place = decide(&state, &members, 5, &mut || "ab".repeat(32));
+    state.apply(2, &place[0]);
+    let job = state.job(id).unwrap();
+    assert_eq!(job.assignment.len(), 2);
+    assert_eq!(job.assignment[0].member, job.assignment[1].member);
+    let ctx = LaunchContext::for_test(&job.assignment[0].member);
+    let spec_files: Vec<_> = job
+        .assignment
+        .iter()
+        .map(|slot| {
+            let l = launch(&ctx, job, slot, &|_| Some("127.0.0.1".into())).unwrap();
+            let at = l.command.iter().position(|a| a == "--spec").unwrap();
+            assert_eq!(l.files.len(), 1);
+            assert_eq!(l.files[0].0.display().to_string(), l.command[at + 1]);
+            l.files[0].0.clone()
+        })
+        .collect();
+    // Both start at once: one file for both failed the one whose file the other replaced.
+    assert_ne!(spec_files[0], spec_files[1]);
+}
+
 /// The environment value `name` of `l`, the last one set (as the process sees it).
 fn env_of<'a>(l: &'a Launch, name: &str) -> Option<&'a str> {
     l.env
