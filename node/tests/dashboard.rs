@@ -12,7 +12,9 @@
 //! 10,000 jobs (`api::listing::synthetic`, paged as a node pages it); the browser must draw
 //! the summary and bounded, paged lists within [`BROWSER_WAIT`].
 //!
-//! Waits poll with deadlines; nodes are stopped by PID when the cluster is dropped, and the
+//! The two tests take turns ([`ONE_AT_A_TIME`]): the browser drawing 10,000 jobs takes both
+//! cores of a CI host for seconds, long enough to hold the other test's nodes past their
+//! commit timeout. Waits poll with deadlines; nodes are stopped by PID when the cluster is dropped, and the
 //! browser's process group is killed if it outlives its time.
 
 use std::{
@@ -39,6 +41,9 @@ const VIRTUAL_TIME_BUDGET_MS: u64 = 8_000;
 const TOKEN: &str = "dash-b0ard_t0ken";
 /// Members' names.
 const NAMES: [&str; 3] = ["dash-alpha", "dash-beta", "dash-gamma"];
+
+/// Held by each test for its whole run, so that they run one after the other.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// A command job that reports a falling loss and a rising validation accuracy.
 const CURVES_JOB: &str = r#"
@@ -170,6 +175,7 @@ fn headless(browser: &Path, dir: &Path, url: &str, args: &[String]) -> String {
 
 #[test]
 fn the_dashboard_shows_members_jobs_curves_and_a_search() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let root = tempfile::Builder::new()
         .prefix("rl-dashboard-")
         .tempdir()
@@ -390,6 +396,7 @@ fn serve_synthetic(members: usize, jobs: usize) -> String {
 
 #[test]
 fn the_dashboard_stays_readable_with_1000_members_and_10000_jobs() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let Some(browser) = chromium() else {
         eprintln!("SKIPPED: no chromium (apt-get install chromium)");
         return;

@@ -143,6 +143,12 @@ enum Source {
     Piece,
 }
 
+/// For this many probe intervals after a member is seen alive again (or first), its claims
+/// that others are dead are taken as suspicions (count). The far side of a healed partition
+/// still carries the deaths it declared while apart, and sends them in its first messages:
+/// taken as they are, they killed members alive on this side (a running ring lost them).
+const RETURNED_CLAIMS_PROBES: u64 = 8;
+
 /// A running suspicion timer (Lifeguard): the timeout shrinks from `max_ms` to `min_ms`
 /// as independent confirmations arrive.
 #[derive(Clone, Debug)]
@@ -637,7 +643,7 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
             State::Alive => {
                 self.stats.suspicions_raised += 1;
                 tracing::debug!(member = %probe.target, incarnation, "probe failed: suspect");
-                self.start_suspicion(&probe.target, incarnation, me);
+                self.start_suspicion(&probe.target, incarnation, me, false);
                 // Buddy system: tell the suspect directly so it can refute at once.
                 let updates = self.piggyback(&probe.target);
                 self.send(probe.target, Message::Gossip { updates });
@@ -1136,9 +1142,13 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
     /// Merges one claim by SWIM/memberlist precedence. Returns whether it made this node
     /// refute a claim about itself.
     fn apply_update(&mut self, sender: &I, mut u: Update<I, M>, push_pull: bool) -> bool {
-        if push_pull && u.state == State::Dead {
-            // A full state says dead: suspect instead, so that the two sides of a healed
-            // partition do not kill each other outright (memberlist does the same).
+        // A full state says dead, or a member we took for down (or only just saw again)
+        // does: hearsay, taken as a suspicion, so that the two sides of a healed partition do
+        // not kill each other outright with the verdicts each side reached while apart
+        // (memberlist does the same for full states). A member that is really dead stays
+        // silent and dies by this node's own suspicion timer; a live one refutes.
+        let hearsay = u.state == State::Dead && (push_pull || self.just_returned(sender));
+        if hearsay {
             u.state = State::Suspect;
             u.from = Some(sender.clone());
         }
@@ -1171,13 +1181,15 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
                 if meta.is_some() {
                     self.transition(&u.id, inc, cur, meta);
                 }
-                self.start_suspicion(&u.id, u.incarnation, suspector);
+                self.start_suspicion(&u.id, u.incarnation, suspector, hearsay);
             }
             State::Suspect if cur == State::Suspect && u.incarnation == inc => {
                 if meta.is_some() {
                     self.transition(&u.id, inc, cur, meta);
                 }
-                self.confirm_suspicion(&u.id, inc, suspector);
+                if !hearsay {
+                    self.confirm_suspicion(&u.id, inc, suspector);
+                }
             }
             State::Dead | State::Left
                 if u.incarnation > inc
@@ -1193,6 +1205,17 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
             }
         }
         false
+    }
+
+    /// Whether `sender` is unknown here, not alive, or alive for less than
+    /// [`RETURNED_CLAIMS_PROBES`] probe intervals: its verdicts of death may be stale ones
+    /// from the far side of a partition.
+    fn just_returned(&self, sender: &I) -> bool {
+        let window_ms = RETURNED_CLAIMS_PROBES * self.config.probe_interval_ms;
+        self.members.get(sender).is_none_or(|e| {
+            e.member.state != State::Alive
+                || self.now_ms.saturating_sub(e.member.state_since_ms) < window_ms
+        })
     }
 
     fn apply_about_self(&mut self, u: Update<I, M>) -> bool {
@@ -1341,19 +1364,22 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
     }
 
     /// Starts (or restarts at a higher incarnation) a suspicion of `id`, first suspected
-    /// by `from`.
-    fn start_suspicion(&mut self, id: &I, incarnation: u64, from: I) {
+    /// by `from`. `hearsay` (a verdict of death from a full state or a member just back):
+    /// the whole upper bound, which no confirmation shortens, for the accused to refute.
+    fn start_suspicion(&mut self, id: &I, incarnation: u64, from: I, hearsay: bool) {
         let n = self.live_count() as f64;
         let min_ms = (f64::from(self.config.suspicion_mult)
             * n.log10().max(1.0)
             * self.config.probe_interval_ms as f64) as u64;
         let max_ms = min_ms * u64::from(self.config.suspicion_max_mult);
-        let k =
-            if self.live_count().saturating_sub(2) < self.config.suspicion_confirmations as usize {
-                0
-            } else {
-                self.config.suspicion_confirmations
-            };
+        let min_ms = if hearsay { max_ms } else { min_ms };
+        let k = if hearsay
+            || self.live_count().saturating_sub(2) < self.config.suspicion_confirmations as usize
+        {
+            0
+        } else {
+            self.config.suspicion_confirmations
+        };
         self.transition(id, incarnation, State::Suspect, None);
         if let Some(e) = self.members.get_mut(id) {
             e.suspect_from = Some(from.clone());

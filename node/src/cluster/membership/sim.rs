@@ -142,6 +142,8 @@ pub struct Sim {
     pub dropped: u64,
     /// Membership changes reported (`Action::Changed`) so far.
     pub changes: u64,
+    /// Every verdict of death so far: (observer, member, virtual ms).
+    pub deaths: Vec<(u32, u32, u64)>,
     /// Count the encoded size of every message sent ([`Sim::bytes_sent`]); off by default
     /// since encoding costs time.
     pub measure_bytes: bool,
@@ -181,6 +183,7 @@ impl Sim {
             delivered: 0,
             dropped: 0,
             changes: 0,
+            deaths: Vec::new(),
             measure_bytes: false,
             bytes_sent: 0,
             updates_sent: 0,
@@ -473,7 +476,12 @@ impl Sim {
         for action in actions {
             match action {
                 Action::Send { to, msg } => self.transmit(node, to, msg),
-                Action::Changed { .. } => self.changes += 1,
+                Action::Changed { member, .. } => {
+                    self.changes += 1;
+                    if member.state == State::Dead {
+                        self.deaths.push((node, member.id, now_ms));
+                    }
+                }
             }
         }
         self.reschedule(node);

@@ -229,9 +229,38 @@ fn unreachable_hint_probes_at_once_and_a_failed_send_goes_indirect() {
         .count();
     assert_eq!(ping_reqs, 3);
     assert_eq!(m.stats().probes_sent, 1);
-    // Dead members are not probed on a hint.
-    m.handle(1_003, gossip(2, vec![upd(4, 0, State::Dead, None)]));
-    assert!(sends(&m.handle(1_004, Event::Unreachable { id: 4 })).is_empty());
+    // Dead members are not probed on a hint (the verdict comes from a member alive long
+    // enough for it to be taken as it is).
+    let later = 1_000 + RETURNED_CLAIMS_PROBES * Config::default().probe_interval_ms;
+    m.handle(later, gossip(2, vec![upd(4, 0, State::Dead, None)]));
+    assert_eq!(state(&m, 4), State::Dead);
+    assert!(sends(&m.handle(later + 1, Event::Unreachable { id: 4 })).is_empty());
+}
+
+#[test]
+fn a_verdict_of_death_from_a_member_just_back_is_a_suspicion_with_the_whole_timeout() {
+    let config = Config::default();
+    let mut m = node(6, config.clone());
+    let t0 = 1_000 + RETURNED_CLAIMS_PROBES * config.probe_interval_ms;
+    // From a member alive all along, a verdict is taken as it is.
+    m.handle(t0, gossip(1, vec![upd(2, 0, State::Dead, None)]));
+    assert_eq!(state(&m, 2), State::Dead);
+    // While dead here, and just after it refuted, 2's own verdicts are suspicions.
+    m.handle(t0 + 1, gossip(2, vec![upd(3, 0, State::Dead, None)]));
+    assert_eq!(state(&m, 3), State::Suspect);
+    m.handle(t0 + 2, gossip(2, vec![upd(2, 1, State::Alive, None)]));
+    assert_eq!(state(&m, 2), State::Alive);
+    m.handle(t0 + 3, gossip(2, vec![upd(4, 0, State::Dead, None)]));
+    assert_eq!(state(&m, 4), State::Suspect);
+    // No confirmation shortens them: 3 and 4 get the whole upper bound to refute
+    // (2 · 250 ms · 6 with 6 members), then die by this node's own timer.
+    let max_ms = 2 * config.probe_interval_ms * u64::from(config.suspicion_max_mult);
+    m.handle(t0 + 4, gossip(5, vec![upd(4, 0, State::Suspect, Some(5))]));
+    m.handle(t0 + 1 + max_ms - 1, Event::Tick);
+    assert_eq!(state(&m, 3), State::Suspect);
+    m.handle(t0 + 3 + max_ms, Event::Tick);
+    assert_eq!((state(&m, 3), state(&m, 4)), (State::Dead, State::Dead));
+    m.check_invariants().unwrap();
 }
 
 #[test]

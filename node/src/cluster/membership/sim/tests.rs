@@ -145,6 +145,45 @@ fn partition_heals_and_both_sides_merge_back_to_alive() {
 }
 
 #[test]
+fn a_healed_minority_does_not_kill_the_majority_with_its_old_verdicts() {
+    // 2 | 3: each side declares the other dead, and the minority still carries its verdicts
+    // when the partition heals (its two members gossip them to each other only). Taken as
+    // they are, they killed members of the majority in the majority's own eyes (a real
+    // 5-node cluster lost a running ring that way); as suspicions, the accused refute them.
+    for seed in [21, 22, 23, 24, 25] {
+        let mut sim = cluster(5, NetConfig::default(), seed);
+        let (minority, majority) = (vec![1, 2], vec![0, 3, 4]);
+        sim.partition(&[minority.clone(), majority.clone()]);
+        let split = sim.run_until(30_000, |s| {
+            minority.iter().all(|&x| {
+                majority
+                    .iter()
+                    .all(|&y| dead_or_gone(s.view(x, y)) && dead_or_gone(s.view(y, x)))
+            })
+        });
+        assert!(split.is_some(), "seed {seed}: the sides did not split");
+        let healed_at = sim.now_ms();
+        sim.heal();
+        assert!(
+            sim.run_until(60_000, Sim::converged).is_some(),
+            "seed {seed}: did not merge"
+        );
+        let wrong: Vec<_> = sim
+            .deaths
+            .iter()
+            .filter(|(observer, about, at)| {
+                *at >= healed_at && majority.contains(observer) && majority.contains(about)
+            })
+            .collect();
+        assert!(
+            wrong.is_empty(),
+            "seed {seed}: majority members killed by old verdicts: {wrong:?}"
+        );
+        sim.check_invariants().unwrap();
+    }
+}
+
+#[test]
 fn metadata_update_spreads() {
     let seed = 6;
     let mut sim = cluster(30, NetConfig::default(), seed);
