@@ -757,6 +757,15 @@ async fn watch(reader: Option<&mut Reader>, desc: &OpDesc) -> Failure {
 /// One action of a ring plan on `buf`: send a range right, or receive a frame from the left
 /// into a range (reducing with `op`, or copying). A received frame is released before this
 /// returns.
+///
+/// A partial-sum receive ([`RecvMode::Reduce`]) that `next` sends straight on (the plan's
+/// order, [`schedule::ring_plan`]) does both at once when the right link is shared memory
+/// with a slot free now: the received frame and `buf` are reduced straight into that slot
+/// (bit for bit the same values), which saves writing the partial sum into `buf` and
+/// copying it out again; `buf[range]` is then left as it was, which the ring allows
+/// (allgather overwrites it, reduce-scatter leaves it as scratch). It never waits for the
+/// slot while holding the received one, so the ring's bound on frames in flight holds.
+/// Returns whether `next` was done too.
 #[allow(clippy::too_many_arguments)]
 async fn ring_action<T: Element>(
     reader: &mut Reader,
@@ -765,26 +774,64 @@ async fn ring_action<T: Element>(
     desc: &OpDesc,
     buf: &mut [T],
     action: &RingAction,
+    next: Option<&RingAction>,
     op: ReduceOp,
     world: usize,
-) -> Result<(), Failure> {
+) -> Result<bool, Failure> {
     match action {
-        RingAction::Send(x) => send_bytes(writer, desc, as_bytes(&buf[x.clone()])).await,
+        RingAction::Send(x) => {
+            send_bytes(writer, desc, as_bytes(&buf[x.clone()])).await?;
+            Ok(false)
+        }
         RingAction::Recv(x, mode) => {
             let d = &mut buf[x.clone()];
-            let m = recv_frame(reader, me, desc, std::mem::size_of_val(d)).await?;
+            let bytes = std::mem::size_of_val(d);
+            let m = recv_frame(reader, me, desc, bytes).await?;
             let src = payload::<T>(&m, d.len());
-            match mode {
-                RecvMode::Copy => d.copy_from_slice(src),
-                RecvMode::Reduce | RecvMode::ReduceOwned => T::reduce(d, src, op, false),
+            let forwards =
+                *mode == RecvMode::Reduce && matches!(next, Some(RingAction::Send(y)) if y == x);
+            let h = Header::Data {
+                desc: *desc,
+                payload_bytes: bytes as u32,
+            };
+            let fused = forwards
+                && writer.try_write_frame_with(&h, bytes, |out| {
+                    T::reduce_into(bytemuck::cast_slice_mut(out), d, src, op)
+                })?;
+            if !fused {
+                match mode {
+                    RecvMode::Copy => d.copy_from_slice(src),
+                    RecvMode::Reduce | RecvMode::ReduceOwned => T::reduce(d, src, op, false),
+                }
             }
             reader.recycle(m);
             if *mode == RecvMode::ReduceOwned && op == ReduceOp::Avg {
                 T::divide(d, world);
             }
-            Ok(())
+            Ok(fused)
         }
     }
+}
+
+/// Runs `actions` of a ring plan in order ([`ring_action`], which may do two at once).
+#[allow(clippy::too_many_arguments)]
+async fn ring_actions<T: Element>(
+    reader: &mut Reader,
+    writer: &mut Writer,
+    me: usize,
+    desc: &OpDesc,
+    buf: &mut [T],
+    actions: &[RingAction],
+    op: ReduceOp,
+    world: usize,
+) -> Result<(), Failure> {
+    let mut i = 0;
+    while let Some(a) = actions.get(i) {
+        let next = actions.get(i + 1);
+        let both = ring_action(reader, writer, me, desc, buf, a, next, op, world).await?;
+        i += if both { 2 } else { 1 };
+    }
+    Ok(())
 }
 
 fn scratch_as<T: Element>(scratch: &mut [u64]) -> &mut [T] {
@@ -843,20 +890,12 @@ impl Engine {
         // on it: once our frames are out, the right peer may finish the operation and close
         // before our last frames from the left are in, which is no failure of ours. A
         // failure it relays after that reaches us around the ring, through the left.
-        let run = async {
-            for a in sending {
-                ring_action(reader, writer, me, desc, buf, a, op, w).await?;
-            }
-            Ok::<(), Failure>(())
-        };
+        let run = ring_actions(reader, writer, me, desc, buf, sending, op, w);
         tokio::select! {
             r = run => r?,
             f = watch(watched, desc) => return Err(f),
         }
-        for a in draining {
-            ring_action(reader, writer, me, desc, buf, a, op, w).await?;
-        }
-        Ok(())
+        ring_actions(reader, writer, me, desc, buf, draining, op, w).await
     }
 
     /// This rank's part of the hierarchical allreduce ([`Hierarchy::plan`]): a rank hands
