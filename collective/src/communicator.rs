@@ -754,37 +754,66 @@ async fn watch(reader: Option<&mut Reader>, desc: &OpDesc) -> Failure {
     }
 }
 
-/// One action of a ring plan on `buf`: send a range right, or receive a frame from the left
-/// into a range (reducing with `op`, or copying). A received frame is released before this
-/// returns.
+/// Runs `actions` of a ring plan on `buf` in order: send a range right, or receive a frame
+/// from the left into a range (reducing with `op`, or copying). A received frame is released
+/// before the next action.
+///
+/// A partial-sum receive ([`RecvMode::Reduce`]) that the next action sends straight on (the
+/// plan's order, [`schedule::ring_plan`]) does both at once when the right link is shared
+/// memory with a slot free now: the received frame and `buf` are reduced straight into that
+/// slot (bit for bit the same values), which saves writing the partial sum into `buf` and
+/// copying it out again; `buf[range]` is then left as it was, which the ring allows
+/// (allgather overwrites it, reduce-scatter leaves it as scratch). It never waits for the
+/// slot while holding the received one, so the ring's bound on frames in flight holds.
 #[allow(clippy::too_many_arguments)]
-async fn ring_action<T: Element>(
+async fn ring_actions<T: Element>(
     reader: &mut Reader,
     writer: &mut Writer,
     me: usize,
     desc: &OpDesc,
     buf: &mut [T],
-    action: &RingAction,
+    actions: &[RingAction],
     op: ReduceOp,
     world: usize,
 ) -> Result<(), Failure> {
-    match action {
-        RingAction::Send(x) => send_bytes(writer, desc, as_bytes(&buf[x.clone()])).await,
-        RingAction::Recv(x, mode) => {
-            let d = &mut buf[x.clone()];
-            let m = recv_frame(reader, me, desc, std::mem::size_of_val(d)).await?;
-            let src = payload::<T>(&m, d.len());
+    let mut i = 0;
+    while let Some(action) = actions.get(i) {
+        i += 1;
+        let (x, mode) = match action {
+            RingAction::Send(x) => {
+                send_bytes(writer, desc, as_bytes(&buf[x.clone()])).await?;
+                continue;
+            }
+            RingAction::Recv(x, mode) => (x, *mode),
+        };
+        let d = &mut buf[x.clone()];
+        let bytes = std::mem::size_of_val(d);
+        let m = recv_frame(reader, me, desc, bytes).await?;
+        let src = payload::<T>(&m, d.len());
+        let forwards = mode == RecvMode::Reduce
+            && matches!(actions.get(i), Some(RingAction::Send(y)) if y == x);
+        let h = Header::Data {
+            desc: *desc,
+            payload_bytes: bytes as u32,
+        };
+        let fused = forwards
+            && writer.try_write_frame_with(&h, bytes, |out| {
+                T::reduce_into(bytemuck::cast_slice_mut(out), d, src, op)
+            })?;
+        if fused {
+            i += 1; // the send is done
+        } else {
             match mode {
                 RecvMode::Copy => d.copy_from_slice(src),
                 RecvMode::Reduce | RecvMode::ReduceOwned => T::reduce(d, src, op, false),
             }
-            reader.recycle(m);
-            if *mode == RecvMode::ReduceOwned && op == ReduceOp::Avg {
-                T::divide(d, world);
-            }
-            Ok(())
+        }
+        reader.recycle(m);
+        if mode == RecvMode::ReduceOwned && op == ReduceOp::Avg {
+            T::divide(d, world);
         }
     }
+    Ok(())
 }
 
 fn scratch_as<T: Element>(scratch: &mut [u64]) -> &mut [T] {
@@ -798,9 +827,10 @@ impl Engine {
 
     /// Runs this rank's [`schedule::ring_plan`] of `kind`: frames to the right, frames from
     /// the left, one at a time in the plan's (chunk-major) order. A received frame is reduced
-    /// or copied into `buf` straight out of the link's buffer and released at once, before
-    /// anything is sent, so a link never holds more than [`RING_GROUP`] frames. With `Avg`,
-    /// each chunk of the owned segment is divided as it completes.
+    /// or copied into `buf` (or, forwarded at once, into the right link's free slot:
+    /// [`ring_actions`]) straight out of the link's buffer and released before anything that
+    /// may wait, so a link never holds more than [`RING_GROUP`] frames. With `Avg`, each
+    /// chunk of the owned segment is divided as it completes.
     async fn ring<T: Element>(
         &mut self,
         buf: &mut [T],
@@ -843,20 +873,12 @@ impl Engine {
         // on it: once our frames are out, the right peer may finish the operation and close
         // before our last frames from the left are in, which is no failure of ours. A
         // failure it relays after that reaches us around the ring, through the left.
-        let run = async {
-            for a in sending {
-                ring_action(reader, writer, me, desc, buf, a, op, w).await?;
-            }
-            Ok::<(), Failure>(())
-        };
+        let run = ring_actions(reader, writer, me, desc, buf, sending, op, w);
         tokio::select! {
             r = run => r?,
             f = watch(watched, desc) => return Err(f),
         }
-        for a in draining {
-            ring_action(reader, writer, me, desc, buf, a, op, w).await?;
-        }
-        Ok(())
+        ring_actions(reader, writer, me, desc, buf, draining, op, w).await
     }
 
     /// This rank's part of the hierarchical allreduce ([`Hierarchy::plan`]): a rank hands

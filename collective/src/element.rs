@@ -19,6 +19,8 @@ compile_error!("the collective wire format is little-endian (native element byte
 
 /// Elements per block when reducing half-precision values through f32.
 const HALF_BLOCK_ELEMS: usize = 256;
+/// Bytes per block of [`sealed::Sealed::reduce_into`]: well inside any L1 data cache.
+const REDUCE_INTO_BLOCK_BYTES: usize = 4096;
 
 pub(crate) mod sealed {
     use crate::error::ReduceOp;
@@ -31,6 +33,22 @@ pub(crate) mod sealed {
         fn reduce(dst: &mut [Self], src: &[Self], op: ReduceOp, src_first: bool);
         /// `buf[i] /= n` (integers: truncated; the communicator never averages them).
         fn divide(buf: &mut [Self], n: usize);
+        /// `out[i] = ours[i] ⊕ theirs[i]`: bit for bit what `reduce(ours, theirs, op,
+        /// false)` leaves in `ours`, written elsewhere (the ring reduces a received frame
+        /// straight into the next rank's shared-memory slot). Block by block, so the copy
+        /// of `ours` is still in the L1 cache when it is reduced.
+        fn reduce_into(out: &mut [Self], ours: &[Self], theirs: &[Self], op: ReduceOp) {
+            assert!(out.len() == ours.len() && ours.len() == theirs.len());
+            let block = super::REDUCE_INTO_BLOCK_BYTES / std::mem::size_of::<Self>();
+            for ((o, a), b) in out
+                .chunks_mut(block)
+                .zip(ours.chunks(block))
+                .zip(theirs.chunks(block))
+            {
+                o.copy_from_slice(a);
+                Self::reduce(o, b, op, false);
+            }
+        }
     }
 }
 
@@ -238,6 +256,63 @@ mod tests {
         assert_eq!(d, vec![44, 12]);
         u8::reduce(&mut d, &[10, 1], ReduceOp::Min, false);
         assert_eq!(d, vec![10, 1]);
+    }
+
+    /// `reduce_into` leaves the bits `reduce` leaves in its destination, for every type
+    /// and op, across block boundaries, with signed zeros, NaNs and wrapping sums.
+    #[test]
+    fn reduce_into_equals_reduce_bit_for_bit() {
+        fn check<T: Element + Sealed>(ours: Vec<T>, theirs: Vec<T>, ops: &[ReduceOp]) {
+            for &op in ops {
+                let mut want = ours.clone();
+                T::reduce(&mut want, &theirs, op, false);
+                let mut got = vec![T::default(); ours.len()];
+                T::reduce_into(&mut got, &ours, &theirs, op);
+                assert_eq!(as_bytes(&got), as_bytes(&want), "{:?} {op:?}", T::DTYPE);
+            }
+        }
+        // Past two blocks (4 KiB each) and not a multiple of one.
+        let n = 2 * REDUCE_INTO_BLOCK_BYTES + 13;
+        let floats = |k: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| match (i + k) % 7 {
+                    0 => 0.0,
+                    1 => -0.0,
+                    2 => f32::NAN,
+                    3 => f32::INFINITY,
+                    _ => (i * (k + 3)) as f32 * 0.37 - 500.0,
+                })
+                .collect()
+        };
+        let all = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max];
+        check(floats(0), floats(1), &all);
+        check(
+            floats(0).iter().map(|x| *x as f64).collect(),
+            floats(2).iter().map(|x| *x as f64).collect(),
+            &all,
+        );
+        check(
+            floats(0).iter().map(|x| f16::from_f32(*x)).collect(),
+            floats(3).iter().map(|x| f16::from_f32(*x)).collect(),
+            &all,
+        );
+        check(
+            floats(0).iter().map(|x| bf16::from_f32(*x)).collect(),
+            floats(4).iter().map(|x| bf16::from_f32(*x)).collect(),
+            &all,
+        );
+        let ints = |k: i64| -> Vec<i64> { (0..n as i64).map(|i| (i * k) << 50).collect() };
+        check(ints(3), ints(-5), &all);
+        check(
+            ints(3).iter().map(|x| (*x >> 32) as i32).collect(),
+            ints(7).iter().map(|x| (*x >> 32) as i32).collect(),
+            &all,
+        );
+        check(
+            (0..n).map(|i| (i * 7) as u8).collect(),
+            (0..n).map(|i| (i * 13) as u8).collect(),
+            &all,
+        );
     }
 
     #[test]

@@ -235,6 +235,19 @@ impl Mapping {
         unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(off), dst.as_mut_ptr(), dst.len()) }
     }
 
+    /// `len` bytes at `off` to write, borrowed while the caller owns the slot.
+    ///
+    /// # Safety
+    /// The bytes are a slot this side owns under the ring protocol (a producer's free slot,
+    /// not yet published), and no other borrow of them is alive.
+    #[allow(clippy::mut_from_ref)] // the ring protocol, not `&self`, gives the ownership
+    unsafe fn bytes_mut(&self, off: usize, len: usize) -> &mut [u8] {
+        assert!(off + len <= self.len, "slot in range");
+        // SAFETY: in range; the caller's contract: the slot is ours and unborrowed. A
+        // faulty peer writing it anyway can only change the values we publish.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(off), len) }
+    }
+
     /// `len` bytes at `off`, borrowed for as long as the caller owns the slot.
     fn bytes(&self, off: usize, len: usize) -> &[u8] {
         assert!(off + len <= self.len, "slot in range");
@@ -553,13 +566,21 @@ pub(crate) struct Producer {
 impl Producer {
     /// Publishes one frame if a slot is free: `Ok(false)` when the ring is full.
     pub fn try_put(&mut self, header: &[u8; HEADER_BYTES], payload: &[u8]) -> Result<bool, String> {
+        self.try_put_with(header, payload.len(), |slot| slot.copy_from_slice(payload))
+    }
+
+    /// Publishes one frame of `len` payload bytes if a slot is free, its payload written by
+    /// `fill` straight into the slot (which it must fill whole): `Ok(false)` when the ring is
+    /// full, and then `fill` is not called.
+    pub fn try_put_with(
+        &mut self,
+        header: &[u8; HEADER_BYTES],
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<bool, String> {
         let e = &self.end;
-        if payload.len() > e.layout.cap {
-            return Err(format!(
-                "frame of {} bytes, slots of {}",
-                payload.len(),
-                e.layout.cap
-            ));
+        if len > e.layout.cap {
+            return Err(format!("frame of {len} bytes, slots of {}", e.layout.cap));
         }
         let used = self.written.wrapping_sub(e.tail().load(Ordering::Acquire));
         if used > e.layout.slots {
@@ -570,7 +591,9 @@ impl Producer {
         }
         let off = e.layout.slot(e.ring, self.written);
         e.map.write(off, header);
-        e.map.write(off + SLOT_HEADER_BYTES, payload);
+        // SAFETY: slot `written` is free (`used < slots`), so it is ours until `head` is
+        // published below, and nothing else borrows it.
+        fill(unsafe { e.map.bytes_mut(off + SLOT_HEADER_BYTES, len) });
         self.written = self.written.wrapping_add(1);
         e.head().store(self.written, Ordering::SeqCst);
         e.ring_peer();

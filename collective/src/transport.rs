@@ -612,6 +612,26 @@ impl Writer {
         Ok(())
     }
 
+    /// Writes one frame of `len` payload bytes whose payload `fill` writes straight into
+    /// the link's shared memory, if this is a shared-memory link with a slot free now:
+    /// `Ok(true)`. Otherwise `Ok(false)`, nothing is written and `fill` is not called (send
+    /// with [`Writer::write_frame`]); never waits.
+    pub fn try_write_frame_with(
+        &mut self,
+        header: &Header,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<bool, Failure> {
+        let WriteSide::Shm { ring, state, .. } = &mut self.side else {
+            return Ok(false);
+        };
+        if state.dead.load(Ordering::SeqCst) {
+            return Ok(false); // write_frame names the failure
+        }
+        ring.try_put_with(&header.encode(), len, fill)
+            .map_err(|d| Failure::protocol(self.peer, d))
+    }
+
     /// Finishes any half-written frame with zeros, writes an abort frame and closes the
     /// sending direction.
     async fn write_abort(&mut self, abort: Abort) {
