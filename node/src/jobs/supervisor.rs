@@ -504,14 +504,11 @@ async fn run(
     let mut applied = ctl.subscribe_applied();
     let mut tick = tokio::time::interval(Duration::from_millis(RECONCILE_PERIOD_MS));
     let mut fence = Fence::default();
+    // Members' hosts, by peer id: looked up again at each tick and when one is missing, not
+    // at every applied entry (fetching the view and writing every peer id as text at each
+    // entry, on every node, was a quarter of a 128-node host's CPU while jobs ran).
+    let mut hosts: Option<BTreeMap<String, String>> = None;
     loop {
-        let members = match ctl.node().members().await {
-            Ok((_, m)) => m,
-            Err(_) => {
-                supervisor.stop_all();
-                return;
-            }
-        };
         let now = tokio::time::Instant::now().into_std();
         let ready = ctl.chief().0.is_some() && ctl.log_applied();
         match fence.observe(ready, now) {
@@ -534,24 +531,53 @@ async fn run(
             }
             continue;
         }
-        let hosts: BTreeMap<String, String> = members
-            .iter()
-            .filter_map(|m| {
-                let host = m
-                    .meta
-                    .data_addr
-                    .rsplit_once(':')
-                    .map(|(h, _)| h.trim_matches(['[', ']']).to_string())?;
-                Some((m.id.to_string(), host))
-            })
-            .collect();
-        ctl.read(|s| supervisor.reconcile(s, &|id| hosts.get(id).cloned()));
+        let mut fresh = false;
+        loop {
+            let known = match hosts.take() {
+                Some(known) => known,
+                None => {
+                    let Ok((_, members)) = ctl.node().members().await else {
+                        supervisor.stop_all();
+                        return;
+                    };
+                    fresh = true;
+                    hosts_of(&members)
+                }
+            };
+            let missed = std::cell::Cell::new(false);
+            let host_of = |id: &str| {
+                let host = known.get(id).cloned();
+                missed.set(missed.get() || host.is_none());
+                host
+            };
+            ctl.read(|s| supervisor.reconcile(s, &host_of));
+            if missed.get() && !fresh {
+                continue; // a member the cached view lacks: look again, once
+            }
+            hosts = Some(known);
+            break;
+        }
         tokio::select! {
             _ = stop.cancelled() => return supervisor.stop_all_and_wait().await,
             r = applied.changed() => if r.is_err() { supervisor.stop_all(); return },
-            _ = tick.tick() => {}
+            _ = tick.tick() => hosts = None,
         }
     }
+}
+
+/// Each member's host (its advertised data address without the port), by peer id.
+fn hosts_of(members: &[crate::cluster::net::MemberView]) -> BTreeMap<String, String> {
+    members
+        .iter()
+        .filter_map(|m| {
+            let host = m
+                .meta
+                .data_addr
+                .rsplit_once(':')
+                .map(|(h, _)| h.trim_matches(['[', ']']).to_string())?;
+            Some((m.id.to_string(), host))
+        })
+        .collect()
 }
 
 /// How long a node goes on running its ranks without a chief (no quorum on its side of a
