@@ -236,6 +236,13 @@ impl ControlHandle {
         m.last_applied.map(|l| l.index) >= m.last_log_index
     }
 
+    /// On the chief: waits (at most `bound`) until its state machine applied every entry it
+    /// committed, after checking with a quorum that it is still the chief. Elsewhere, or past
+    /// `bound`, returns at once or at the bound: the caller judges with what it has.
+    pub async fn apply_committed(&self, bound: Duration) {
+        let _ = tokio::time::timeout(bound, self.raft().ensure_linearizable()).await;
+    }
+
     /// Peer ids of the current voters.
     pub fn voters(&self) -> BTreeSet<String> {
         let m = self.raft().metrics().borrow().clone();

@@ -62,6 +62,10 @@ use crate::{
 /// one), handed to the server at start so that the Raft glue imports nothing above it.
 pub type Admission = fn(&JobSpec) -> Result<(), String>;
 
+/// Longest a chief waits to apply what it committed before it judges a forwarded write
+/// again, in milliseconds (see [`forwarded`]).
+const CATCH_UP_MS: u64 = 2_000;
+
 /// Which Raft message a [`PeerRefused`] is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RaftRpc {
@@ -295,6 +299,26 @@ pub fn authorize(
     }
 }
 
+/// Whether `cmd`, refused by [`authorize`], may name what `state` has not applied yet: a
+/// later generation of a job than it holds, or a job or a standby it does not know. A report
+/// of an older generation (a stale rank's) is refused at once.
+fn may_be_ahead(cmd: &ControlCommand, state: &ControlState) -> bool {
+    let (id, generation) = match &cmd.op {
+        Op::WorkerExited { id, generation, .. }
+        | Op::Metric { id, generation, .. }
+        | Op::RankLost { id, generation, .. }
+        | Op::RankStats { id, generation, .. }
+        | Op::WorkerNote { id, generation, .. }
+        | Op::TrialReport { id, generation, .. } => (*id, Some(*generation)),
+        Op::StandbyReady { id, .. } | Op::StandbyDropped { id, .. } => (*id, None),
+        _ => return false,
+    };
+    state.job(id).is_none_or(|job| match generation {
+        Some(g) => g > job.generation,
+        None => job.standby.is_none(),
+    })
+}
+
 /// The name of a command a user's API call originates (a submit, cancel, dataset, token or
 /// member change), `None` for what nodes originate themselves (ranks' exits and metrics).
 fn user_command(cmd: &ControlCommand) -> Option<&'static str> {
@@ -409,7 +433,20 @@ async fn forwarded(
                     .await
                     .unwrap_or_else(|e| Err(format!("admission failed: {e}")))
             }
-            _ => ctl.read(|s| authorize(&from, &cmd, s, admit)),
+            _ => match ctl.read(|s| authorize(&from, &cmd, s, admit)) {
+                // A rank's report can outrun this chief's own state machine: the rank's node
+                // applied the placement as soon as it learned the entry was committed, and a
+                // rank that exits at once (`true`) reports before the chief applied the
+                // entry it committed itself. Judge again once this chief applied everything
+                // it committed (bounded): a report refused as stale lost the rank's exit and
+                // the job never ended.
+                Err(_) if ctl.read(|s| may_be_ahead(&cmd, s)) => {
+                    ctl.apply_committed(std::time::Duration::from_millis(CATCH_UP_MS))
+                        .await;
+                    ctl.read(|s| authorize(&from, &cmd, s, admit))
+                }
+                ok => ok,
+            },
         },
     };
     let r = match allowed {

@@ -179,6 +179,46 @@ fn members_forward_only_what_they_may_originate() {
     );
 }
 
+#[test]
+fn only_a_report_naming_a_later_generation_waits_for_the_chief_to_catch_up() {
+    let mut state = ControlState::default();
+    let id = chief::submit(&mut state, 1, 1);
+    let exited = |generation| ControlCommand {
+        op: Op::WorkerExited {
+            id,
+            generation,
+            rank: 0,
+            code: 0,
+        },
+        at_ms: 1,
+    };
+    // Not placed yet here (generation 0): the rank's node may have applied its placement
+    // before this chief did.
+    assert!(may_be_ahead(&exited(1), &state));
+    let members = vec![chief::member("a", State::Alive, 1)];
+    let place = decide(&state, &members, 5, &mut || "ab".repeat(32));
+    state.apply(2, &place[0]);
+    assert!(!may_be_ahead(&exited(1), &state), "current: judged as is");
+    assert!(may_be_ahead(&exited(2), &state));
+    let mut later = ControlState::default();
+    later.apply(1, &place[0]);
+    assert!(may_be_ahead(&exited(1), &later), "a job not known here");
+    // A stale rank's report of an older generation, and what only a chief proposes, never
+    // wait.
+    let old = ControlCommand {
+        op: Op::Metric {
+            id,
+            generation: 0,
+            name: "loss".into(),
+            value: 1.0,
+            step: None,
+        },
+        at_ms: 1,
+    };
+    assert!(!may_be_ahead(&old, &state));
+    assert!(!may_be_ahead(&place[0], &state));
+}
+
 /// A user command needs the admin or a live token; token and member changes the admin;
 /// a removed member is refused everything.
 #[test]
