@@ -258,6 +258,9 @@ pub struct Membership<I, M> {
     next_gossip_ms: u64,
     next_push_pull_ms: u64,
     next_reconnect_ms: u64,
+    /// While alone after a join: the delay before the next retry of the seeds, from one
+    /// probe interval doubling up to `reconnect_interval_ms`.
+    join_retry_ms: u64,
     next_reap_ms: u64,
     seeds: Vec<I>,
     health: u32,
@@ -308,6 +311,7 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
         let next_push_pull_ms =
             now_ms + config.push_pull_interval_ms + rng.gen_range(0..config.push_pull_interval_ms);
         let next_reconnect_ms = now_ms + config.reconnect_interval_ms;
+        let next_join_retry_ms = config.reconnect_interval_ms;
         Ok(Self {
             id,
             config,
@@ -328,6 +332,7 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
             next_gossip_ms,
             next_push_pull_ms,
             next_reconnect_ms,
+            join_retry_ms: next_join_retry_ms,
             next_reap_ms: now_ms + REAP_INTERVAL_MS,
             seeds: Vec::new(),
             health: 0,
@@ -458,7 +463,16 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
         }
         if !leaving && now >= self.next_reconnect_ms {
             self.reconnect();
-            self.next_reconnect_ms = now + self.config.reconnect_interval_ms;
+            let alone = self.live.is_empty() && !self.seeds.is_empty();
+            let delay = if alone {
+                // A seed that accepted the connection before its membership ran drops the
+                // first join: retry soon, then back off (every joiner of a cluster booting
+                // at once waited a whole reconnect interval, 2 s, for its first member).
+                self.next_join_retry()
+            } else {
+                self.config.reconnect_interval_ms
+            };
+            self.next_reconnect_ms = now + delay;
         }
         if now >= self.next_reap_ms {
             self.reap();
@@ -693,6 +707,11 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
         for seed in self.seeds.clone() {
             self.send_push_pull(seed, true);
         }
+        self.join_retry_ms = self
+            .config
+            .probe_interval_ms
+            .min(self.config.reconnect_interval_ms);
+        self.next_reconnect_ms = self.now_ms + self.next_join_retry();
         // The seeds knew only who had joined before us: sync once more with a random
         // member soon, which shortens the tail of a mass join.
         let jitter = self.rng.gen_range(0..self.config.reconnect_interval_ms);
@@ -1074,6 +1093,13 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
                 self.add_live(&u.id);
             }
         }
+    }
+
+    /// The delay before the next retry of the seeds while alone; doubles the one after.
+    fn next_join_retry(&mut self) -> u64 {
+        let delay = self.join_retry_ms;
+        self.join_retry_ms = (delay * 2).min(self.config.reconnect_interval_ms);
+        delay
     }
 
     fn reconnect(&mut self) {

@@ -264,6 +264,30 @@ fn a_verdict_of_death_from_a_member_just_back_is_a_suspicion_with_the_whole_time
 }
 
 #[test]
+fn a_join_nobody_answers_is_retried_soon_then_backs_off() {
+    // A seed that accepted the connection before its membership ran drops the first join.
+    let config = Config::default();
+    let mut m = Node::new(0, 0, config.clone(), 7, 1_000);
+    let joins = |actions: &[Action<u32, u32>]| {
+        sends(actions)
+            .iter()
+            .filter(|(to, msg)| *to == 1 && matches!(msg, Message::PushPull { join: true, .. }))
+            .count()
+    };
+    assert_eq!(joins(&m.handle(1_000, Event::Join { seeds: vec![1] })), 1);
+    let mut at = 1_000;
+    for delay in [250, 500, 1_000, 2_000, 2_000] {
+        assert_eq!(
+            joins(&m.handle(at + delay - 1, Event::Tick)),
+            0,
+            "before {delay} ms"
+        );
+        at += delay;
+        assert_eq!(joins(&m.handle(at, Event::Tick)), 1, "after {delay} ms");
+    }
+}
+
+#[test]
 fn intermediary_forwards_ack_or_nacks() {
     let config = Config::default();
     let mut m = node(4, config.clone());
