@@ -47,8 +47,9 @@ pub struct Config {
     /// each well inside the driver's frame limit.
     pub push_pull_piece_members: usize,
     /// Time between two attempts to sync with a random dead (not left) member, so that the
-    /// two sides of a healed partition merge; also retries the seeds while alone (ms;
-    /// default 2 000).
+    /// two sides of a healed partition merge; also the longest wait between two retries of
+    /// the seeds while alone, which start one probe interval after the join (ms; default
+    /// 2 000).
     pub reconnect_interval_ms: u64,
     /// How long dead and left members are remembered (tombstones) before being forgotten
     /// (ms; default 3 600 000 = 1 h).

@@ -42,8 +42,8 @@ pub enum Event<I, M> {
         msg: Message<I, M>,
     },
     /// The driver reached seed addresses and learned their ids: sync state with them
-    /// (push-pull). While the node knows no other live member it retries the seeds every
-    /// `reconnect_interval_ms`.
+    /// (push-pull). While the node knows no other live member it retries the seeds after one
+    /// probe interval, doubling up to `reconnect_interval_ms`.
     Join {
         /// Seed ids.
         seeds: Vec<I>,
