@@ -507,7 +507,7 @@ async fn run(
     // Members' hosts, by peer id: looked up again at each tick and when one is missing, not
     // at every applied entry (fetching the view and writing every peer id as text at each
     // entry, on every node, was a quarter of a 128-node host's CPU while jobs ran).
-    let mut hosts: Option<BTreeMap<String, String>> = None;
+    let (mut hosts, mut stale) = (BTreeMap::new(), true);
     loop {
         let now = tokio::time::Instant::now().into_std();
         let ready = ctl.chief().0.is_some() && ctl.log_applied();
@@ -531,43 +531,54 @@ async fn run(
             }
             continue;
         }
-        let mut fresh = false;
-        loop {
-            let known = match hosts.take() {
-                Some(known) => known,
-                None => {
-                    let Ok((_, members)) = ctl.node().members().await else {
-                        supervisor.stop_all();
-                        return;
-                    };
-                    fresh = true;
-                    hosts_of(&members)
-                }
+        // Looked up at most once a pass: when the tick made the hosts stale, or when a
+        // rank's member is missing from them.
+        let looked_up = stale;
+        if stale {
+            let Some(fresh) = member_hosts(&ctl).await else {
+                supervisor.stop_all();
+                return;
             };
-            let missed = std::cell::Cell::new(false);
-            let host_of = |id: &str| {
-                let host = known.get(id).cloned();
-                missed.set(missed.get() || host.is_none());
-                host
+            (hosts, stale) = (fresh, false);
+        }
+        if reconcile_missed(&ctl, &mut supervisor, &hosts) && !looked_up {
+            let Some(fresh) = member_hosts(&ctl).await else {
+                supervisor.stop_all();
+                return;
             };
-            ctl.read(|s| supervisor.reconcile(s, &host_of));
-            if missed.get() && !fresh {
-                continue; // a member the cached view lacks: look again, once
-            }
-            hosts = Some(known);
-            break;
+            hosts = fresh;
+            reconcile_missed(&ctl, &mut supervisor, &hosts);
         }
         tokio::select! {
             _ = stop.cancelled() => return supervisor.stop_all_and_wait().await,
             r = applied.changed() => if r.is_err() { supervisor.stop_all(); return },
-            _ = tick.tick() => hosts = None,
+            _ = tick.tick() => stale = true,
         }
     }
 }
 
-/// Each member's host (its advertised data address without the port), by peer id.
-fn hosts_of(members: &[crate::cluster::net::MemberView]) -> BTreeMap<String, String> {
-    members
+/// Reconciles `supervisor` with the replicated state, members' hosts from `hosts`; returns
+/// whether a rank's member was missing from them.
+fn reconcile_missed(
+    ctl: &ControlHandle,
+    supervisor: &mut Supervisor,
+    hosts: &BTreeMap<String, String>,
+) -> bool {
+    let missed = std::cell::Cell::new(false);
+    let host_of = |id: &str| {
+        let host = hosts.get(id).cloned();
+        missed.set(missed.get() || host.is_none());
+        host
+    };
+    ctl.read(|s| supervisor.reconcile(s, &host_of));
+    missed.get()
+}
+
+/// Each member's host (its advertised data address without the port), by peer id; `None`
+/// once the node's event loop is gone.
+async fn member_hosts(ctl: &ControlHandle) -> Option<BTreeMap<String, String>> {
+    let (_, members) = ctl.node().members().await.ok()?;
+    let hosts = members
         .iter()
         .filter_map(|m| {
             let host = m
@@ -577,7 +588,8 @@ fn hosts_of(members: &[crate::cluster::net::MemberView]) -> BTreeMap<String, Str
                 .map(|(h, _)| h.trim_matches(['[', ']']).to_string())?;
             Some((m.id.to_string(), host))
         })
-        .collect()
+        .collect();
+    Some(hosts)
 }
 
 /// How long a node goes on running its ranks without a chief (no quorum on its side of a

@@ -136,6 +136,20 @@ fn joining_and_lagging_nodes_still_hear_their_leader() {
     assert!(check_raft_sender(RaftRpc::Vote, "a", named, log, &forged, Some(1)).is_err());
 }
 
+/// A rank's report of metric `loss` for job `id`'s `generation`.
+fn metric(id: JobId, generation: u32, at_ms: u64) -> ControlCommand {
+    ControlCommand {
+        op: Op::Metric {
+            id,
+            generation,
+            name: "loss".into(),
+            value: 1.0,
+            step: None,
+        },
+        at_ms,
+    }
+}
+
 #[test]
 fn members_forward_only_what_they_may_originate() {
     let mut state = ControlState::default();
@@ -155,16 +169,7 @@ fn members_forward_only_what_they_may_originate() {
     };
     assert_eq!(authorize(&runner, &exited, &state, admit_forwarded), Ok(()));
     assert!(authorize("someone-else", &exited, &state, admit_forwarded).is_err());
-    let stale = ControlCommand {
-        op: Op::Metric {
-            id,
-            generation: 7,
-            name: "loss".into(),
-            value: 1.0,
-            step: None,
-        },
-        at_ms: 1,
-    };
+    let stale = metric(id, 7, 1);
     assert!(authorize(&runner, &stale, &state, admit_forwarded).is_err());
     assert!(authorize(&runner, &place[0], &state, admit_forwarded)
         .unwrap_err()
@@ -205,16 +210,7 @@ fn only_a_report_naming_a_later_generation_waits_for_the_chief_to_catch_up() {
     assert!(may_be_ahead(&exited(1), &later), "a job not known here");
     // A stale rank's report of an older generation, and what only a chief proposes, never
     // wait.
-    let old = ControlCommand {
-        op: Op::Metric {
-            id,
-            generation: 0,
-            name: "loss".into(),
-            value: 1.0,
-            step: None,
-        },
-        at_ms: 1,
-    };
+    let old = metric(id, 0, 1);
     assert!(!may_be_ahead(&old, &state));
     assert!(!may_be_ahead(&place[0], &state));
 }
@@ -271,16 +267,7 @@ fn forwarded_commands_carry_a_principal_the_state_still_accepts() {
         Ok(())
     );
     // A node's own report needs no user principal.
-    let report = ControlCommand {
-        op: Op::Metric {
-            id,
-            generation: 0,
-            name: "loss".into(),
-            value: 1.0,
-            step: None,
-        },
-        at_ms: 3,
-    };
+    let report = metric(id, 0, 3);
     assert_eq!(
         authorize_principal(&peer, &Principal::Node, &report, &state),
         Ok(())

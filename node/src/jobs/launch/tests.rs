@@ -19,24 +19,19 @@ fn master_port_is_stable_in_range_and_per_cluster() {
     assert!(other_cluster >= 7, "another secret, another port");
 }
 
+/// A state in which the job `spec` (TOML) is placed on one alive member of `cpus` cpus.
+fn placed_on_one_member(spec: &str, cpus: u32) -> (ControlState, JobId) {
+    let mut state = ControlState::default();
+    let id = chief::submit_text(&mut state, spec);
+    let members = vec![chief::member("a", State::Alive, cpus)];
+    let place = decide(&state, &members, 5, &mut || "ab".repeat(32));
+    state.apply(state.applied_index + 1, &place[0]);
+    (state, id)
+}
+
 #[test]
 fn train_ranks_get_the_storage_url_in_their_environment_not_argv() {
-    let mut state = ControlState::default();
-    let spec = crate::domain::spec::JobSpec::parse("name = \"t\"\nkind = \"train\"\nworkers = 1\n")
-        .unwrap();
-    let submit = crate::domain::state::ControlCommand {
-        op: crate::domain::state::Op::Submit {
-            spec: Box::new(spec),
-            token: None,
-        },
-        at_ms: 1,
-    };
-    let crate::domain::state::ControlResponse::Submitted { id } = state.apply(1, &submit) else {
-        panic!("not submitted")
-    };
-    let members = vec![chief::member("a", State::Alive, 1)];
-    let place = decide(&state, &members, 5, &mut || "ab".repeat(32));
-    state.apply(2, &place[0]);
+    let (state, id) = placed_on_one_member("name = \"t\"\nkind = \"train\"\nworkers = 1\n", 1);
     let job = state.job(id).unwrap();
     let url = "s3://bucket?access_key_id=AK&secret_access_key=SK";
     let ctx = LaunchContext {
@@ -79,24 +74,10 @@ fn train_ranks_get_the_storage_url_in_their_environment_not_argv() {
 
 #[test]
 fn train_ranks_on_one_member_write_their_own_spec_files() {
-    let mut state = ControlState::default();
-    let spec = crate::domain::spec::JobSpec::parse(
+    let (state, id) = placed_on_one_member(
         "name = \"t\"\nkind = \"train\"\nworkers = 2\nplacement = \"pack\"\n",
-    )
-    .unwrap();
-    let submit = crate::domain::state::ControlCommand {
-        op: crate::domain::state::Op::Submit {
-            spec: Box::new(spec),
-            token: None,
-        },
-        at_ms: 1,
-    };
-    let crate::domain::state::ControlResponse::Submitted { id } = state.apply(1, &submit) else {
-        panic!("not submitted")
-    };
-    let members = vec![chief::member("a", State::Alive, 4)];
-    let place = decide(&state, &members, 5, &mut || "ab".repeat(32));
-    state.apply(2, &place[0]);
+        4,
+    );
     let job = state.job(id).unwrap();
     assert_eq!(job.assignment.len(), 2);
     assert_eq!(job.assignment[0].member, job.assignment[1].member);
