@@ -15,7 +15,7 @@ use std::{
 use futures::{future::Either, StreamExt};
 use libp2p::{
     core::{muxing::StreamMuxerBox, transport::Boxed, upgrade::Version},
-    dns, identify, noise,
+    dns, noise,
     peer_store::{self, memory_store::MemoryStore},
     pnet::{PnetConfig, PreSharedKey},
     swarm::{dial_opts::DialOpts, ConnectionId, NetworkBehaviour, SwarmEvent},
@@ -119,7 +119,6 @@ pub struct Behaviour {
     /// The peers' addresses libp2p dials ([`EventLoop`]'s `offer_addresses` fills it from the
     /// members' metadata); libp2p-stream keeps none of its own.
     addresses: peer_store::Behaviour<MemoryStore>,
-    identify: identify::Behaviour,
 }
 
 /// TCP (+ DNS), then the pre-shared-key layer when a cluster key is set, then Noise and Yamux.
@@ -157,16 +156,12 @@ pub fn build_swarm(
     let swarm = libp2p::SwarmBuilder::with_existing_identity(key)
         .with_tokio()
         .with_other_transport(|_| transport)?
-        .with_behaviour(|key| Behaviour {
+        .with_behaviour(|_| Behaviour {
             streams: libp2p_stream::Behaviour::new(),
             addresses: peer_store::Behaviour::new(MemoryStore::new(
                 peer_store::memory_store::Config::default().set_peer_capacity(
                     NonZeroUsize::new(ADDRESS_BOOK_PEERS_MAX).expect("a positive capacity"),
                 ),
-            )),
-            identify: identify::Behaviour::new(identify::Config::new(
-                "/ringleader/1".into(),
-                key.public(),
             )),
         })?
         .with_swarm_config(|c| {
@@ -666,7 +661,6 @@ impl EventLoop {
         match event {
             SwarmEvent::Behaviour(BehaviourEvent::Streams(())) => {}
             SwarmEvent::Behaviour(BehaviourEvent::Addresses(_)) => {}
-            SwarmEvent::Behaviour(BehaviourEvent::Identify(_)) => {}
             SwarmEvent::ConnectionEstablished {
                 peer_id,
                 connection_id,
