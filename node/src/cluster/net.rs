@@ -8,6 +8,7 @@
 //! core's actions into sends. Other tasks reach the loop through a [`NodeHandle`].
 
 use std::{
+    collections::VecDeque,
     num::NonZeroUsize,
     time::{Duration, Instant},
 };
@@ -18,7 +19,10 @@ use libp2p::{
     dns, noise,
     peer_store::{self, memory_store::MemoryStore},
     pnet::{PnetConfig, PreSharedKey},
-    swarm::{dial_opts::DialOpts, ConnectionId, NetworkBehaviour, SwarmEvent},
+    swarm::{
+        dial_opts::{DialOpts, PeerCondition},
+        ConnectionId, NetworkBehaviour, SwarmEvent,
+    },
     tcp, yamux, Multiaddr, PeerId, StreamProtocol, Swarm, Transport,
 };
 use serde::{Deserialize, Serialize};
@@ -107,6 +111,13 @@ pub fn membership_frames(msg: &Msg) -> Result<Vec<Vec<u8>>, wire::WireError> {
 /// Peers whose addresses the swarm remembers (the least recently used are forgotten first;
 /// a member's are offered again before each send while it is not connected).
 const ADDRESS_BOOK_PEERS_MAX: usize = 10_000;
+/// A node dials each member that turns alive ahead of need while it has fewer connections
+/// than this. At 128 nodes forming on two cores, 9 in 10 failed probes were of members the
+/// prober had not heard from yet (the ping waited for a dial and its handshakes): dialing
+/// ahead cut failed probes from about 1,100 to 360 and converging from 11.0–11.7 to
+/// 9.0–9.8 s. (Bounded: a node of a very large cluster keeps connections only to those it
+/// talks to.)
+const WARM_CONNECTIONS_MAX: usize = 256;
 /// Depth of the queue of inbound RPCs waiting for their handler.
 const RPC_INBOUND_QUEUE_DEPTH: usize = 256;
 
@@ -292,6 +303,27 @@ struct Seed {
     dialing: Option<ConnectionId>,
 }
 
+/// Takes from `queue` the members to dial ahead of need: those `wanted` (alive, not
+/// connected), each once, at most `room` of them; the rest of the queue is dropped once
+/// `room` is reached.
+fn warm_picks(
+    queue: &mut VecDeque<PeerId>,
+    room: usize,
+    wanted: impl Fn(&PeerId) -> bool,
+) -> Vec<PeerId> {
+    let mut picks = Vec::new();
+    while let Some(id) = queue.pop_front() {
+        if picks.len() >= room {
+            queue.clear();
+            break;
+        }
+        if wanted(&id) && !picks.contains(&id) {
+            picks.push(id);
+        }
+    }
+    picks
+}
+
 /// When the event loop next wakes without a message: at the core's next timer
 /// (`core_wake`), or earlier when a seed is due for a redial, but seeds count only while
 /// the node dials them at all (`dials_seeds`): a seed whose redial time passed while the
@@ -369,6 +401,8 @@ pub struct EventLoop {
     /// The calls to and from peers, and the bad frames they read.
     calls: PeerCalls,
     bad_calls: mpsc::Receiver<BadCall>,
+    /// Members that turned alive, to connect to before a probe or a message needs it.
+    warm: VecDeque<PeerId>,
 }
 
 impl EventLoop {
@@ -414,6 +448,7 @@ impl EventLoop {
             stream_events,
             calls,
             bad_calls,
+            warm: VecDeque::new(),
         };
         (lp, NodeHandle { tx })
     }
@@ -436,6 +471,7 @@ impl EventLoop {
     pub async fn run(mut self) {
         loop {
             self.dial_due_seeds();
+            self.warm_connections();
             let core_wake = self.epoch
                 + Duration::from_millis(
                     self.core.next_wakeup_ms().min(self.now_ms() + TICK_MAX_MS),
@@ -526,6 +562,33 @@ impl EventLoop {
         }
     }
 
+    /// Dials the members that turned alive and are not connected yet (up to
+    /// [`WARM_CONNECTIONS_MAX`] connections in all), so that a first probe or message finds
+    /// the connection up instead of waiting for a dial and its handshakes.
+    fn warm_connections(&mut self) {
+        if self.warm.is_empty() {
+            return;
+        }
+        if self.leaving.is_some() {
+            self.warm.clear();
+            return;
+        }
+        let room = WARM_CONNECTIONS_MAX.saturating_sub(self.swarm.connected_peers().count());
+        let (core, swarm) = (&self.core, &self.swarm);
+        let picks = warm_picks(&mut self.warm, room, |id| {
+            core.member(id).is_some_and(|m| m.state == State::Alive) && !swarm.is_connected(id)
+        });
+        for id in picks {
+            self.offer_addresses(id);
+            let opts = DialOpts::peer_id(id)
+                .condition(PeerCondition::DisconnectedAndNotDialing)
+                .build();
+            if let Err(e) = self.swarm.dial(opts) {
+                debug!(peer = %id, "dial ahead of need refused: {e}");
+            }
+        }
+    }
+
     fn on_command(&mut self, cmd: Command) {
         match cmd {
             Command::View(reply) => {
@@ -581,6 +644,7 @@ impl EventLoop {
                             debug!(peer = %member.id, name, "member metadata changed")
                         }
                         (_, State::Alive) => {
+                            self.warm.push_back(member.id);
                             info!(peer = %member.id, name, incarnation = member.incarnation, "member alive")
                         }
                         (_, State::Suspect) => info!(peer = %member.id, name, "member suspect"),
@@ -832,6 +896,24 @@ mod tests {
             next_dial,
             dialing: None,
         }
+    }
+
+    #[test]
+    fn members_to_dial_ahead_are_the_wanted_ones_once_each_up_to_the_room() {
+        let [a, b, c, d, e] = [(); 5].map(|_| PeerId::random());
+        // b is connected already, c is not alive.
+        let wanted = |id: &PeerId| *id != b && *id != c;
+        let mut queue = VecDeque::from([a, b, c, a, d, e]);
+        assert_eq!(warm_picks(&mut queue, 2, wanted), vec![a, d]);
+        assert!(
+            queue.is_empty(),
+            "the rest is dropped once the room is taken"
+        );
+        let mut queue = VecDeque::from([a, b, d]);
+        assert_eq!(warm_picks(&mut queue, 10, wanted), vec![a, d]);
+        let mut queue = VecDeque::from([a, d]);
+        assert!(warm_picks(&mut queue, 0, wanted).is_empty());
+        assert!(queue.is_empty());
     }
 
     #[test]
