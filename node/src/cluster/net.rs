@@ -115,7 +115,7 @@ const ADDRESS_BOOK_PEERS_MAX: usize = 10_000;
 /// than this. At 128 nodes forming on two cores, 9 in 10 failed probes were of members the
 /// prober had not heard from yet (the ping waited for a dial and its handshakes): dialing
 /// ahead cut failed probes from about 1,100 to 360 and converging from 11.0–11.7 to
-/// 9.0–9.8 s. (Bounded: a node of a very large cluster keeps connections only to those it
+/// 9.0–10.1 s. (Bounded: a node of a very large cluster keeps connections only to those it
 /// talks to.)
 const WARM_CONNECTIONS_MAX: usize = 256;
 /// Depth of the queue of inbound RPCs waiting for their handler.
