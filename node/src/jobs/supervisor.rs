@@ -533,21 +533,19 @@ async fn run(
         }
         // Looked up at most once a pass: when the tick made the hosts stale, or when a
         // rank's member is missing from them.
-        let looked_up = stale;
-        if stale {
-            let Some(fresh) = member_hosts(&ctl).await else {
-                supervisor.stop_all();
-                return;
-            };
-            (hosts, stale) = (fresh, false);
-        }
-        if reconcile_missed(&ctl, &mut supervisor, &hosts) && !looked_up {
-            let Some(fresh) = member_hosts(&ctl).await else {
-                supervisor.stop_all();
-                return;
-            };
-            hosts = fresh;
-            reconcile_missed(&ctl, &mut supervisor, &hosts);
+        let mut looked_up = false;
+        loop {
+            if stale {
+                let Some(fresh) = member_hosts(&ctl).await else {
+                    supervisor.stop_all();
+                    return;
+                };
+                (hosts, stale, looked_up) = (fresh, false, true);
+            }
+            if !reconcile_missed(&ctl, &mut supervisor, &hosts) || looked_up {
+                break;
+            }
+            stale = true;
         }
         tokio::select! {
             _ = stop.cancelled() => return supervisor.stop_all_and_wait().await,
