@@ -25,7 +25,7 @@ pub mod search;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::{
-    cluster::{membership::State, net::MemberView},
+    cluster::{identity::peer_id_text, membership::State, net::MemberView},
     domain::state::{
         standby::Standby, ControlCommand, ControlState, Job, JobState, Op, Slot, REJOIN_AFTER_MS,
     },
@@ -122,27 +122,6 @@ fn candidates_of(
     candidates
 }
 
-/// Most peer ids [`peer_id_text`] remembers (past it, it starts again).
-const PEER_ID_TEXTS_MAX: usize = 20_000;
-
-thread_local! {
-    /// Each peer id's text, as the state names members: base58 of the id's bytes, which took
-    /// a fifth of a settled decision at 1 000 members when made again at every decision.
-    static PEER_ID_TEXTS: std::cell::RefCell<HashMap<libp2p::PeerId, String>> =
-        std::cell::RefCell::new(HashMap::new());
-}
-
-/// `id.to_string()`, remembered.
-fn peer_id_text(id: &libp2p::PeerId) -> String {
-    PEER_ID_TEXTS.with(|texts| {
-        let mut texts = texts.borrow_mut();
-        if texts.len() >= PEER_ID_TEXTS_MAX {
-            texts.clear();
-        }
-        texts.entry(*id).or_insert_with(|| id.to_string()).clone()
-    })
-}
-
 /// A rank the current generation lost, and why (the history's reason).
 struct Lost<'a> {
     slot: &'a Slot,
@@ -156,7 +135,7 @@ fn gone(members: &[MemberView]) -> BTreeMap<String, &'static str> {
     members
         .iter()
         .filter(|m| matches!(m.state, State::Dead | State::Left))
-        .map(|m| (m.id.to_string(), m.state.as_str()))
+        .map(|m| (peer_id_text(&m.id), m.state.as_str()))
         .collect()
 }
 

@@ -25,6 +25,7 @@ use tracing::{info, warn};
 
 use crate::{
     cluster::{
+        identity::peer_id_text,
         membership::State,
         meta::NodeRef,
         net::{MemberView, NodeHandle},
@@ -473,7 +474,8 @@ impl ControlHandle {
         let mut view = BTreeMap::new();
         let mut nodes = BTreeMap::new();
         for member in members {
-            let id = node_id_of(&member.id.to_string());
+            let text = peer_id_text(&member.id);
+            let id = node_id_of(&text);
             view.insert(
                 id,
                 voters::MemberView {
@@ -484,7 +486,7 @@ impl ControlHandle {
             nodes.insert(
                 id,
                 RaftNode {
-                    peer_id: member.id.to_string(),
+                    peer_id: text,
                     name: member.meta.name.clone(),
                 },
             );

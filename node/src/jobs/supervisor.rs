@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::{
+    cluster::identity::peer_id_text,
     control::{
         handle::{wall_ms, ControlHandle},
         protocol::ProposeError,
@@ -584,7 +585,7 @@ async fn member_hosts(ctl: &ControlHandle) -> Option<BTreeMap<String, String>> {
                 .data_addr
                 .rsplit_once(':')
                 .map(|(h, _)| h.trim_matches(['[', ']']).to_string())?;
-            Some((m.id.to_string(), host))
+            Some((peer_id_text(&m.id), host))
         })
         .collect();
     Some(hosts)
