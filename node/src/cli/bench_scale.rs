@@ -156,14 +156,20 @@ fn one_size(root: &std::path::Path, n: usize, submits: usize) -> Result<String> 
     let t0 = Instant::now();
     c.start_many(&nodes)?;
     let everyone: Vec<usize> = (0..n).collect();
-    // Progress on stderr about once a second: how many the first node sees alive.
+    // Progress on stderr about once a second: how many the first node sees alive, how many
+    // suspect (a formation that lags is one of late joins or of suspicions) and how many in all.
     let shown = std::cell::Cell::new(0u64);
     wait_on(&c, &[0], "the first node to see every node alive", |s| {
         let alive = s.names_in("alive").len();
         let second = t0.elapsed().as_secs();
         if second > shown.get() {
             shown.set(second);
-            eprintln!("bench-scale: {second} s: the first node sees {alive} of {n} alive");
+            let suspect = s.names_in("suspect").len();
+            let known = s.members.len();
+            eprintln!(
+                "bench-scale: {second} s: the first node sees {alive} of {n} alive \
+                 ({suspect} suspect, {known} known)"
+            );
         }
         alive == n
     })?;
