@@ -322,7 +322,13 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         .with_context(|| format!("listening on {}", config.listen))?;
     let mut listen_addrs: Vec<Multiaddr> = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_millis(LISTEN_WAIT_MS);
+    // A listen address with a fixed IP gives exactly one address; an unspecified one
+    // (0.0.0.0, ::) one per interface, taken until 100 ms pass without another.
+    let one_address = multiaddr_ip(&config.listen).is_some_and(|ip| !ip.is_unspecified());
     loop {
+        if one_address && !listen_addrs.is_empty() {
+            break;
+        }
         let wait = if listen_addrs.is_empty() {
             deadline
         } else {

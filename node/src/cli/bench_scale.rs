@@ -4,8 +4,9 @@
 //! scale nodes=N converge_s=… detect_s=… failover_s=… submit_ms_p50=… submit_ms_p99=… wide_job_s=… status_ms=… chief_cpu_pct=… node_rss_mb=… idle_cpu_pct=… chief_kib_per_entry=…
 //! ```
 //!
-//! - `converge_s`: from the first node's start (every node is spawned at once, as hosts of a
-//!   cluster boot) until the first node sees all N alive.
+//! - `converge_s`: from the start of every node at once (as hosts of a cluster boot: each is
+//!   spawned behind a gate that then opens for all, see `LocalCluster::start_many`) until the
+//!   first node sees all N alive.
 //! - `idle_cpu_pct`, `chief_cpu_pct`, `node_rss_mb`: once formed (a chief, its 3 or 5 voters) and
 //!   [`SETTLE`] later, each node's CPU over [`IDLE_WINDOW`] (user + system, % of one core;
 //!   the mean over nodes, and the chief's) and its resident memory (mean, MiB).
@@ -74,6 +75,9 @@ pub fn run(args: &BenchScaleArgs) -> Result<()> {
         let line = one_size(root.path(), n, args.submits)
             .with_context(|| format!("bench-scale at {n} nodes"))?;
         println!("{line}");
+        if std::env::var("RL_EXP_KEEP").is_ok() {
+            eprintln!("kept {}", root.keep().display());
+        }
     }
     Ok(())
 }
@@ -153,8 +157,7 @@ fn one_size(root: &std::path::Path, n: usize, submits: usize) -> Result<String> 
             vec!["--join".to_string(), format!("127.0.0.1:{seed}")],
         ));
     }
-    let t0 = Instant::now();
-    c.start_many(&nodes)?;
+    let (_, t0) = c.start_many(&nodes)?;
     let everyone: Vec<usize> = (0..n).collect();
     // Progress on stderr about once a second: how many the first node sees alive, how many
     // suspect (a formation that lags is one of late joins or of suspicions) and how many in all.

@@ -204,21 +204,30 @@ impl LocalCluster {
         Ok(self.nodes.len() - 1)
     }
 
-    /// Starts nodes named `names`, each with its `extra` arguments, all at once (each
-    /// process is spawned before any is waited on, as hosts of a cluster start), then waits
-    /// until every one is listening. Returns their indices.
-    pub fn start_many(&mut self, nodes: &[(String, Vec<String>)]) -> Result<Vec<usize>> {
+    /// Starts nodes named `names`, each with its `extra` arguments, all at once, as hosts of
+    /// a cluster boot: every process is spawned behind a gate (a shell waiting to read its
+    /// standard input, a pipe), then the gate opens for all of them together, so that the
+    /// time this harness takes to spawn them (seconds for a hundred on a loaded host) is not
+    /// the cluster's. Waits until every one is listening. Returns their indices and the
+    /// moment the gate opened.
+    pub fn start_many(&mut self, nodes: &[(String, Vec<String>)]) -> Result<(Vec<usize>, Instant)> {
         // Launched but not yet handed to `self.nodes` (whose drop stops them): killed here
         // if anything fails before they are.
         let mut launched: Vec<(usize, PathBuf, Vec<String>, Child)> = Vec::new();
-        let result: Result<Vec<usize>> = (|| {
+        let result: Result<(Vec<usize>, Instant)> = (|| {
+            let (gate_out, gate_in) = std::io::pipe().context("making the start gate")?;
             for (k, (name, extra)) in nodes.iter().enumerate() {
                 let dir = self.root.join(name);
                 std::fs::create_dir_all(&dir)?;
                 let args = self.node_args(extra);
-                let child = launch(&self.exe, name, &dir, &args, &self.env)?;
+                let gate = Some(gate_out.try_clone()?);
+                let child = launch(&self.exe, name, &dir, &args, &self.env, gate)?;
                 launched.push((k, dir, args, child));
             }
+            drop(gate_out);
+            // The end of the pipe: every waiting shell reads EOF and execs its node.
+            drop(gate_in);
+            let opened = Instant::now();
             let mut indices = Vec::with_capacity(nodes.len());
             while !launched.is_empty() {
                 let (k, dir, args, child) = launched.remove(0);
@@ -238,7 +247,7 @@ impl LocalCluster {
                 });
                 indices.push(self.nodes.len() - 1);
             }
-            Ok(indices)
+            Ok((indices, opened))
         })();
         for (_, _, _, mut child) in launched {
             let _ = child.kill();
@@ -411,17 +420,20 @@ fn spawn(
     extra: &[String],
     env: &[(String, String)],
 ) -> Result<(Child, NodeInfo)> {
-    let child = launch(exe, name, dir, extra, env)?;
+    let child = launch(exe, name, dir, extra, env, None)?;
     await_started(child, name, dir)
 }
 
 /// Spawns `ringleader node` for `name` in `dir`, logging to `dir/node.log`.
+/// Spawns `exe node …` for `name`; behind `gate` (see [`LocalCluster::start_many`]) when one
+/// is given: a shell that execs the node once its read of the gate ends.
 fn launch(
     exe: &Path,
     name: &str,
     dir: &Path,
     extra: &[String],
     env: &[(String, String)],
+    gate: Option<std::io::PipeReader>,
 ) -> Result<Child> {
     let _ = std::fs::remove_file(dir.join(crate::node::NODE_INFO_FILE));
     let log = std::fs::OpenOptions::new()
@@ -436,14 +448,24 @@ fn launch(
             defaults.extend([flag, "127.0.0.1:0"]);
         }
     }
-    Command::new(exe)
+    let (mut command, stdin) = match gate {
+        None => (Command::new(exe), Stdio::null()),
+        Some(gate) => {
+            let mut sh = Command::new("/bin/sh");
+            // `$0` is the node's program, `$@` its arguments.
+            sh.args(["-c", "read -r _; exec \"$0\" \"$@\" </dev/null"])
+                .arg(exe);
+            (sh, Stdio::from(gate))
+        }
+    };
+    command
         .arg("node")
         .args(&defaults)
         .arg("--data-dir")
         .arg(dir)
         .args(extra)
         .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
+        .stdin(stdin)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
