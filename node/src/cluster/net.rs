@@ -763,8 +763,10 @@ impl EventLoop {
             SwarmEvent::ConnectionClosed {
                 peer_id,
                 num_established: 0,
+                cause,
                 ..
             } if self.core.member(&peer_id).is_some() => {
+                debug!(peer = %peer_id, ?cause, "connection closed");
                 self.drive(Event::Unreachable { id: peer_id });
             }
             SwarmEvent::OutgoingConnectionError {

@@ -26,6 +26,15 @@ pub const NACK_TIMEOUT_PERCENT: u64 = 80;
 /// A leaving node tells everyone directly when it knows at most this many live members,
 /// and `2 · gossip_fanout` random ones otherwise.
 pub const LEAVE_TELL_ALL_MAX: usize = 16;
+/// Failed probes in a row with no answer from anyone (no ack, no nack from any
+/// intermediary, the direct send not failed) that raise no suspicion: a node that hears
+/// nothing back is more likely the slow or cut-off one (Lifeguard raises its health score
+/// for each nack missed). A probe that gets a nack, or succeeds, starts the count again; past
+/// the count, silence suspects as before, so a node cut off from all still gives up on the
+/// others, a few probes later. At 128 nodes forming on two cores, 234 of 259 failed probes
+/// were silent ones, each a false suspicion that the whole cluster then spread and the
+/// suspect refuted.
+pub const SILENT_PROBES_TOLERATED: u32 = 2;
 
 /// Input to [`Membership::handle`].
 #[derive(Clone, Debug)]
@@ -102,6 +111,9 @@ pub struct Stats {
     pub nacks_missed: u64,
     /// Suspicions this node raised from its own failed probes.
     pub suspicions_raised: u64,
+    /// Failed probes that raised no suspicion because nobody answered at all (see
+    /// [`SILENT_PROBES_TOLERATED`]).
+    pub silent_probes: u64,
     /// Independent confirmations counted towards suspicions.
     pub confirmations: u64,
     /// Times this node refuted a claim that it is suspect, dead or left.
@@ -264,6 +276,8 @@ pub struct Membership<I, M> {
     next_reap_ms: u64,
     seeds: Vec<I>,
     health: u32,
+    /// Probes in a row that failed with no answer from anyone (no ack, no nack).
+    silent_probes: u32,
     stats: Stats,
     out: Vec<Action<I, M>>,
 }
@@ -336,6 +350,7 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
             next_reap_ms: now_ms + REAP_INTERVAL_MS,
             seeds: Vec::new(),
             health: 0,
+            silent_probes: 0,
             stats: Stats::default(),
             out: Vec::new(),
         })
@@ -634,6 +649,13 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
 
     fn probe_failed(&mut self, probe: Probe<I>) {
         self.stats.probes_failed += 1;
+        // No ack, no nack from any intermediary, and the direct send did not fail: nobody
+        // answered this node at all, so the silence says more about this node (too slow to
+        // read its answers in time, or cut off) than about the target.
+        let silent = !probe.direct_failed
+            && !probe.relays.is_empty()
+            && probe.relays.iter().all(|(_, nacked)| !nacked);
+        self.silent_probes = if silent { self.silent_probes + 1 } else { 0 };
         // Lifeguard: nacks prove our own links work; missing ones mean we are the problem.
         let delta = if probe.relays.is_empty() {
             1
@@ -652,11 +674,24 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
             // ran): its silence says nothing about the current one.
             return;
         }
+        if silent && self.silent_probes <= SILENT_PROBES_TOLERATED && state == State::Alive {
+            self.stats.silent_probes += 1;
+            return;
+        }
         let me = self.id.clone();
         match state {
             State::Alive => {
                 self.stats.suspicions_raised += 1;
-                tracing::debug!(member = %probe.target, incarnation, "probe failed: suspect");
+                tracing::debug!(
+                    member = %probe.target,
+                    incarnation,
+                    in_turn = probe.in_turn,
+                    direct_failed = probe.direct_failed,
+                    relays = probe.relays.len(),
+                    nacked = probe.relays.iter().filter(|(_, n)| *n).count(),
+                    health = self.health,
+                    "probe failed: suspect"
+                );
                 self.start_suspicion(&probe.target, incarnation, me, false);
                 // Buddy system: tell the suspect directly so it can refute at once.
                 let updates = self.piggyback(&probe.target);
@@ -671,6 +706,7 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
 
     fn probe_succeeded(&mut self, i: usize) {
         self.probes.swap_remove(i);
+        self.silent_probes = 0;
         self.adjust_health(-1);
     }
 

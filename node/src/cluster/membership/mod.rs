@@ -7,7 +7,10 @@
 //! - **Probing.** Every `probe_interval_ms` a node pings the next member of a shuffled
 //!   round-robin list; without an ack within `probe_timeout_ms` it asks `indirect_probes`
 //!   others to ping it (ping-req) and forward the ack or send a nack; without any ack by
-//!   the end of the probe the member becomes *suspect*. The driver's
+//!   the end of the probe the member becomes *suspect*, unless nobody answered at all (no
+//!   nack either, the direct send not failed): such a silent probe accuses this node more
+//!   than its target, and suspects nobody while at most
+//!   [`core::SILENT_PROBES_TOLERATED`] come in a row. The driver's
 //!   [`Event::Unreachable`] starts a probe at once.
 //! - **Suspicion.** A suspect is declared *dead* when its suspicion times out; the
 //!   timeout starts at `suspicion_max_mult ·` min and falls towards

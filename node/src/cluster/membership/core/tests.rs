@@ -218,6 +218,31 @@ fn failed_probe_goes_indirect_then_suspects_and_health_follows_nacks() {
 }
 
 #[test]
+fn silence_from_everyone_suspects_nobody_until_it_lasts() {
+    let mut m = node(6, Config::default());
+    let mut now = 1_000;
+    // Nothing answers anything: each probe fails with no ack and no nack.
+    let silent = u64::from(SILENT_PROBES_TOLERATED);
+    while m.stats().probes_failed <= silent {
+        assert_eq!(m.stats().suspicions_raised, 0, "silence suspected at once");
+        now = m.next_wakeup_ms().max(now);
+        m.handle(now, Event::Tick);
+        assert!(now < 120_000, "probes do not fail");
+    }
+    assert_eq!(m.stats().silent_probes, silent);
+    assert_eq!(
+        m.stats().suspicions_raised,
+        1,
+        "silence that lasts suspects as before"
+    );
+    assert!(
+        m.health_score() > 0,
+        "each missed nack still counts against us"
+    );
+    m.check_invariants().unwrap();
+}
+
+#[test]
 fn unreachable_hint_probes_at_once_and_a_failed_send_goes_indirect() {
     let mut m = node(6, Config::default());
     let actions = m.handle(1_001, Event::Unreachable { id: 3 });
