@@ -75,9 +75,6 @@ pub fn run(args: &BenchScaleArgs) -> Result<()> {
         let line = one_size(root.path(), n, args.submits)
             .with_context(|| format!("bench-scale at {n} nodes"))?;
         println!("{line}");
-        if std::env::var("RL_EXP_KEEP").is_ok() {
-            eprintln!("kept {}", root.keep().display());
-        }
     }
     Ok(())
 }

@@ -424,9 +424,9 @@ fn spawn(
     await_started(child, name, dir)
 }
 
-/// Spawns `ringleader node` for `name` in `dir`, logging to `dir/node.log`.
-/// Spawns `exe node …` for `name`; behind `gate` (see [`LocalCluster::start_many`]) when one
-/// is given: a shell that execs the node once its read of the gate ends.
+/// Spawns `ringleader node` for `name` in `dir`, logging to `dir/node.log`; behind `gate`
+/// (see [`LocalCluster::start_many`]) when one is given: a shell that execs the node once its
+/// read of the gate ends.
 fn launch(
     exe: &Path,
     name: &str,
