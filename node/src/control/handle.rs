@@ -458,7 +458,7 @@ impl ControlHandle {
         self.sm.subscribe()
     }
 
-    /// The chief's voter upkeep: at most one change of who votes (add a learner, promote,
+    /// The chief's voter upkeep: at most one change of who votes (add learners, promote,
     /// demote or remove a member), chosen by [`voters::next_change`] from gossip's view.
     pub async fn reconcile_voters(
         &self,
@@ -506,9 +506,14 @@ impl ControlHandle {
         };
         info!(?change, "voter change");
         match change {
-            Change::AddLearner(id) => {
-                let node = nodes.get(&id).cloned().unwrap_or_default();
-                ctl.raft().add_learner(id, node, false).await?;
+            Change::AddLearners(ids) => {
+                let added = ids
+                    .into_iter()
+                    .map(|id| (id, nodes.get(&id).cloned().unwrap_or_default()))
+                    .collect();
+                ctl.raft()
+                    .change_membership(ChangeMembers::AddNodes(added), true)
+                    .await?;
             }
             Change::Promote(id) => {
                 ctl.raft()

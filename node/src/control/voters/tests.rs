@@ -67,7 +67,11 @@ impl World {
     /// Applies one change as Raft would, checking it is legal.
     fn settle_one(&mut self, c: Change<Id>) {
         match &c {
-            Change::AddLearner(id) => assert!(self.learners.insert(*id)),
+            Change::AddLearners(ids) => {
+                for id in ids {
+                    assert!(self.learners.insert(*id));
+                }
+            }
             Change::Promote(id) => {
                 assert!(self.learners.remove(id));
                 self.voters.insert(*id);
@@ -106,16 +110,34 @@ fn growth_one_two_three_members() {
     let mut w = World::bootstrapped();
     w.set(2, Health::Alive, 10);
     // Two members: the second learns but does not vote (an even count adds nothing).
-    assert_eq!(w.settle(), [AddLearner(2)]);
+    assert_eq!(w.settle(), [AddLearners([2].into())]);
     assert_eq!(w.voters, [1].into());
     w.set(3, Health::Alive, 20);
     // Three: the new member learns, then both learners are promoted in one change (never
     // two voters, where losing either stops every write).
-    assert_eq!(w.settle(), [AddLearner(3), PromotePair(2, 3)]);
+    assert_eq!(w.settle(), [AddLearners([3].into()), PromotePair(2, 3)]);
     assert_eq!(w.voters, [1, 2, 3].into());
     w.set(4, Health::Alive, 30);
-    assert_eq!(w.settle(), [AddLearner(4)]);
+    assert_eq!(w.settle(), [AddLearners([4].into())]);
     assert_eq!(w.voters.len(), 3);
+}
+
+#[test]
+fn a_booting_cluster_learns_in_a_few_changes() {
+    let mut w = World::bootstrapped();
+    for id in 2..=128 {
+        w.set(id, Health::Alive, 10);
+    }
+    let steps = w.settle();
+    let added: Vec<usize> = steps
+        .iter()
+        .filter_map(|c| match c {
+            AddLearners(ids) => Some(ids.len()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(added, [32, 32, 32, 31], "{steps:?}");
+    assert_eq!(w.voters.len() + w.learners.len(), 128);
 }
 
 #[test]
@@ -128,7 +150,7 @@ fn seven_members_give_five_voters() {
     assert_eq!(w.voters, [1, 2, 3].into());
     w.set(7, Health::Alive, 70);
     let steps = w.settle();
-    assert_eq!(steps, [PromotePair(4, 5), AddLearner(7)]);
+    assert_eq!(steps, [PromotePair(4, 5), AddLearners([7].into())]);
     assert_eq!(w.voters, [1, 2, 3, 4, 5].into());
     assert_eq!(w.learners, [6, 7].into());
 }
@@ -317,8 +339,11 @@ proptest! {
                     prop_assert_ne!(*id, w.leader);
                     voters.remove(id);
                 }
-                Change::AddLearner(id) => {
-                    prop_assert!(!w.voters.contains(id) && !w.learners.contains(id));
+                Change::AddLearners(ids) => {
+                    prop_assert!(!ids.is_empty() && ids.len() <= LEARNERS_PER_CHANGE);
+                    for id in ids {
+                        prop_assert!(!w.voters.contains(id) && !w.learners.contains(id));
+                    }
                 }
             }
             if voters != w.voters {
@@ -384,7 +409,8 @@ fn a_removed_member_is_taken_out_and_never_added_back() {
         assert_eq!(plan.first(), Some(&Change::Remove(removed)), "{plan:?}");
         assert!(
             !plan.iter().any(
-                |c| matches!(c, Change::AddLearner(id) | Change::Promote(id) if *id == removed)
+                |c| matches!(c, Change::AddLearners(ids) if ids.contains(&removed))
+                    || matches!(c, Change::Promote(id) if *id == removed)
             ),
             "{plan:?}"
         );
