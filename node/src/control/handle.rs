@@ -98,7 +98,7 @@ pub const APPEND_ENTRIES_MAX: u64 = 4;
 pub struct ControlHandle {
     /// This node's Raft; replaced when it restarts after a storage failure
     /// ([`super::recovery`]). Read it with [`ControlHandle::raft`].
-    live: Arc<RwLock<Raft<TypeConfig>>>,
+    pub(super) live: Arc<RwLock<Raft<TypeConfig>>>,
     /// Why this node's Raft is stopped (its log could not be written), until it restarts.
     pub(super) fault: Arc<Mutex<Option<String>>>,
     pub(super) sm: StateMachineStore,
@@ -151,14 +151,11 @@ pub async fn open(cfg: ControlConfig<'_>, node: NodeHandle) -> Result<ControlHan
     .validate()?;
     let config = Arc::new(config);
     let node_id = node_id_of(&cfg.me.to_string());
-    let raft = Raft::new(
-        node_id,
-        config.clone(),
-        Network { node: node.clone() },
-        log,
-        sm.clone(),
-    )
-    .await?;
+    let network = Network {
+        node: node.clone(),
+        raft: Default::default(),
+    };
+    let raft = Raft::new(node_id, config.clone(), network.clone(), log, sm.clone()).await?;
     if cfg.bootstrap && !raft.is_initialized().await? {
         let me = RaftNode {
             peer_id: cfg.me.to_string(),
@@ -167,8 +164,10 @@ pub async fn open(cfg: ControlConfig<'_>, node: NodeHandle) -> Result<ControlHan
         raft.initialize(BTreeMap::from([(node_id, me)])).await?;
         info!("bootstrapped a new cluster: this node is its first voter");
     }
+    let live = Arc::new(RwLock::new(raft));
+    let _ = network.raft.set(live.clone());
     let handle = ControlHandle {
-        live: Arc::new(RwLock::new(raft)),
+        live,
         fault: Arc::new(Mutex::new(None)),
         sm,
         raft_dir,

@@ -1,8 +1,17 @@
 //! openraft's network: Raft's own RPCs (append entries, vote, install snapshot) sent to a
 //! peer over the swarm's request-response protocol as [`RpcRequest`]s, in the node's wire
 //! codec. One client per target; an unreachable peer is reported to openraft, which retries.
+//!
+//! Learners hear fewer heartbeats than voters. openraft sends every member one each
+//! heartbeat period, which voters need (a voter that misses them for an election timeout
+//! starts an election), but a learner never elects: a heartbeat that would tell it nothing
+//! new (the same vote, previous log id and commit as the last one it accepted) is answered
+//! here, unsent, while that one is younger than [`LEARNER_HEARTBEAT_MS`]. Anything new (an
+//! entry, a commit, a new term or chief) is sent at once. With every member a learner this
+//! was most of an idle node's Raft traffic and most of the chief's.
 
-use std::time::Duration;
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::{Duration, Instant};
 
 use libp2p::PeerId;
 use openraft::{
@@ -12,6 +21,7 @@ use openraft::{
         AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest,
         InstallSnapshotResponse, VoteRequest, VoteResponse,
     },
+    LogId, Raft, Vote,
 };
 
 use crate::{
@@ -22,16 +32,31 @@ use crate::{
     },
 };
 
+/// Longest time a learner goes without a heartbeat sent to it, in milliseconds: every third
+/// heartbeat period. Well under [`super::handle::LEADER_STALE_MS`], after which a learner
+/// stops naming the chief it has not heard from.
+pub const LEARNER_HEARTBEAT_MS: u64 = 700;
+
+/// This node's Raft, once it runs: the network asks it which targets vote.
+pub(super) type LiveRaft = Arc<OnceLock<Arc<RwLock<Raft<TypeConfig>>>>>;
+
 /// openraft's network: one client per target, over the node's RPC protocol.
 #[derive(Clone)]
 pub(super) struct Network {
     pub(super) node: NodeHandle,
+    pub(super) raft: LiveRaft,
 }
+
+/// What a heartbeat tells a follower: the leader's vote, its previous log id and commit.
+type Beat = (Vote<NodeId>, Option<LogId<NodeId>>, Option<LogId<NodeId>>);
 
 pub(super) struct Conn {
     node: NodeHandle,
     target: NodeId,
     peer: Option<PeerId>,
+    raft: LiveRaft,
+    /// The last heartbeat this target accepted, and when it was sent.
+    accepted: Option<(Beat, Instant)>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -42,6 +67,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             node: self.node.clone(),
             target,
             peer: node.peer_id.parse().ok(),
+            raft: self.raft.clone(),
+            accepted: None,
         }
     }
 }
@@ -51,6 +78,23 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 struct Failure(String);
 
 impl Conn {
+    /// Whether the target is a learner in this (the leading) node's membership; `false`
+    /// while unknown.
+    fn to_learner(&self) -> bool {
+        let Some(live) = self.raft.get() else {
+            return false;
+        };
+        let raft = live.read().expect("raft lock").clone();
+        let metrics = raft.metrics();
+        let learner = metrics
+            .borrow()
+            .membership_config
+            .membership()
+            .learner_ids()
+            .any(|id| id == self.target);
+        learner
+    }
+
     async fn call<E: std::error::Error>(
         &self,
         req: &RpcRequest,
@@ -71,6 +115,25 @@ impl Conn {
     }
 }
 
+/// Whether the AppendEntries about to go out at `now` may be answered unsent: a heartbeat
+/// (`beat`: entries empty) equal to the last one the target accepted, sent to it less than
+/// [`LEARNER_HEARTBEAT_MS`] ago, and the target a learner (asked last: it reads the metrics).
+fn unsent(
+    beat: Option<&Beat>,
+    accepted: Option<&(Beat, Instant)>,
+    now: Instant,
+    to_learner: impl FnOnce() -> bool,
+) -> bool {
+    match (beat, accepted) {
+        (Some(beat), Some((last, sent))) => {
+            beat == last
+                && now.duration_since(*sent) < Duration::from_millis(LEARNER_HEARTBEAT_MS)
+                && to_learner()
+        }
+        _ => false,
+    }
+}
+
 fn unexpected<E: std::error::Error>() -> RPCError<NodeId, RaftNode, E> {
     RPCError::Network(NetworkError::new(&Failure("unexpected answer".into())))
 }
@@ -81,15 +144,31 @@ impl RaftNetwork<TypeConfig> for Conn {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, RaftNode, RaftError<NodeId>>> {
-        match self
+        let beat = rpc
+            .entries
+            .is_empty()
+            .then_some((rpc.vote, rpc.prev_log_id, rpc.leader_commit));
+        let sent = Instant::now();
+        if unsent(beat.as_ref(), self.accepted.as_ref(), sent, || {
+            self.to_learner()
+        }) {
+            return Ok(AppendEntriesResponse::Success);
+        }
+        let answer = match self
             .call(&RpcRequest::AppendEntries(rpc), option.hard_ttl())
-            .await?
+            .await
         {
-            RpcResponse::AppendEntries(r) => {
+            Ok(RpcResponse::AppendEntries(r)) => {
                 r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
             }
-            _ => Err(unexpected()),
-        }
+            Ok(_) => Err(unexpected()),
+            Err(e) => Err(e),
+        };
+        self.accepted = match (&answer, beat) {
+            (Ok(AppendEntriesResponse::Success), Some(beat)) => Some((beat, sent)),
+            _ => None,
+        };
+        answer
     }
 
     async fn install_snapshot(
@@ -122,5 +201,37 @@ impl RaftNetwork<TypeConfig> for Conn {
             }
             _ => Err(unexpected()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::CommittedLeaderId;
+
+    fn beat(term: u64, prev: u64, commit: u64) -> Beat {
+        let id = |i| Some(LogId::new(CommittedLeaderId::new(term, 1), i));
+        (Vote::new_committed(term, 1), id(prev), id(commit))
+    }
+
+    #[test]
+    fn a_learner_skips_only_heartbeats_that_say_nothing_new() {
+        let t0 = Instant::now();
+        let soon = t0 + Duration::from_millis(LEARNER_HEARTBEAT_MS / 2);
+        let late = t0 + Duration::from_millis(LEARNER_HEARTBEAT_MS);
+        let last = (beat(3, 10, 10), t0);
+        let same = beat(3, 10, 10);
+        assert!(unsent(Some(&same), Some(&last), soon, || true));
+        // A voter always hears it: it would start an election.
+        assert!(!unsent(Some(&same), Some(&last), soon, || false));
+        // Once the last one sent is old enough, it goes out.
+        assert!(!unsent(Some(&same), Some(&last), late, || true));
+        // A new commit, a new entry matched, a new term: sent at once.
+        for new in [beat(3, 10, 11), beat(3, 11, 10), beat(4, 10, 10)] {
+            assert!(!unsent(Some(&new), Some(&last), soon, || true), "{new:?}");
+        }
+        // Entries (no beat), or nothing accepted yet: sent.
+        assert!(!unsent(None, Some(&last), soon, || true));
+        assert!(!unsent(Some(&same), None, soon, || true));
     }
 }

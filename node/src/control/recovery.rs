@@ -16,7 +16,7 @@
 //!
 //! [`ProposeError::Stopped`]: crate::control::protocol::ProposeError::Stopped
 
-use std::{io::Write, path::Path, time::Duration};
+use std::{io::Write, path::Path, sync::Arc, time::Duration};
 
 use openraft::{error::Fatal, Raft};
 use tracing::{error, info, warn};
@@ -119,6 +119,7 @@ async fn restart(ctl: &ControlHandle) -> anyhow::Result<Raft<crate::control::sto
         ctl.config.clone(),
         Network {
             node: ctl.node().clone(),
+            raft: Arc::new(ctl.live.clone().into()),
         },
         log,
         ctl.sm.clone(),
