@@ -153,6 +153,7 @@ pub async fn open(cfg: ControlConfig<'_>, node: NodeHandle) -> Result<ControlHan
     let node_id = node_id_of(&cfg.me.to_string());
     let network = Network {
         node: node.clone(),
+        applied: sm.subscribe(),
         raft: Default::default(),
     };
     let raft = Raft::new(node_id, config.clone(), network.clone(), log, sm.clone()).await?;

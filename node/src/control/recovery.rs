@@ -119,6 +119,7 @@ async fn restart(ctl: &ControlHandle) -> anyhow::Result<Raft<crate::control::sto
         ctl.config.clone(),
         Network {
             node: ctl.node().clone(),
+            applied: ctl.sm.subscribe(),
             raft: Arc::new(ctl.live.clone().into()),
         },
         log,
