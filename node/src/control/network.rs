@@ -5,7 +5,7 @@
 //! Learners hear fewer heartbeats than voters. openraft sends every member one each
 //! heartbeat period, which voters need (a voter that misses them for an election timeout
 //! starts an election), but a learner never elects: a heartbeat that would tell it nothing
-//! new (the same vote, previous log id and commit as the last one it accepted) is answered
+//! new (the vote, last entry and commit it knew after the last call it accepted) is answered
 //! here, unsent, while that one is younger than [`LEARNER_HEARTBEAT_MS`]. Anything new (an
 //! entry, a commit, a new term or chief) is sent at once. With every member a learner this
 //! was most of an idle node's Raft traffic and most of the chief's.
@@ -29,7 +29,7 @@ use openraft::{
         AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest,
         InstallSnapshotResponse, VoteRequest, VoteResponse,
     },
-    LogId, Raft, Vote,
+    LogId, Raft, RaftMetrics, ServerState, Vote,
 };
 
 use crate::{
@@ -71,7 +71,8 @@ pub(super) struct Conn {
     target: NodeId,
     peer: Option<PeerId>,
     raft: LiveRaft,
-    /// The last heartbeat this target accepted, and when it was sent.
+    /// What the target knew after the last call it accepted (the vote, its last entry, the
+    /// commit), and when that call was sent.
     accepted: Option<(Beat, Instant)>,
 }
 
@@ -95,32 +96,33 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 struct Failure(String);
 
 impl Conn {
+    /// This node's Raft metrics, once its Raft runs.
+    fn metrics(&self) -> Option<tokio::sync::watch::Receiver<RaftMetrics<NodeId, RaftNode>>> {
+        let live = self.raft.get()?;
+        let raft = live.read().expect("raft lock").clone();
+        Some(raft.metrics())
+    }
+
     /// Whether the target is a learner in this (the leading) node's membership; `false`
     /// while unknown.
     fn to_learner(&self) -> bool {
-        let Some(live) = self.raft.get() else {
-            return false;
-        };
-        let raft = live.read().expect("raft lock").clone();
-        let metrics = raft.metrics();
-        let learner = metrics
-            .borrow()
-            .membership_config
-            .membership()
-            .learner_ids()
-            .any(|id| id == self.target);
-        learner
+        self.metrics().is_some_and(|metrics| {
+            let learner = metrics
+                .borrow()
+                .membership_config
+                .membership()
+                .learner_ids()
+                .any(|id| id == self.target);
+            learner
+        })
     }
 
     /// Whether this node is the leader, with `vote`.
     fn leads_with(&self, vote: &Vote<NodeId>) -> bool {
-        let Some(live) = self.raft.get() else {
-            return false;
-        };
-        let raft = live.read().expect("raft lock").clone();
-        let metrics = raft.metrics();
-        let m = metrics.borrow();
-        m.state == openraft::ServerState::Leader && m.vote == *vote
+        self.metrics().is_some_and(|metrics| {
+            let m = metrics.borrow();
+            m.state == ServerState::Leader && m.vote == *vote
+        })
     }
 
     async fn call<E: std::error::Error>(
@@ -144,8 +146,9 @@ impl Conn {
 }
 
 /// Whether the AppendEntries about to go out at `now` may be answered unsent: a heartbeat
-/// (`beat`: entries empty) equal to the last one the target accepted, sent to it less than
-/// [`LEARNER_HEARTBEAT_MS`] ago, and the target a learner (asked last: it reads the metrics).
+/// (`beat`: entries empty) that tells the target what it knew after the last call it
+/// accepted, sent to it less than [`LEARNER_HEARTBEAT_MS`] ago, and the target a learner
+/// (asked last: it reads the metrics).
 fn unsent(
     beat: Option<&Beat>,
     accepted: Option<&(Beat, Instant)>,
@@ -169,10 +172,9 @@ fn unexpected<E: std::error::Error>() -> RPCError<NodeId, RaftNode, E> {
 impl RaftNetwork<TypeConfig> for Conn {
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, RaftNode, RaftError<NodeId>>> {
-        let mut rpc = rpc;
         let beat = rpc
             .entries
             .is_empty()
