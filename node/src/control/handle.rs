@@ -151,11 +151,7 @@ pub async fn open(cfg: ControlConfig<'_>, node: NodeHandle) -> Result<ControlHan
     .validate()?;
     let config = Arc::new(config);
     let node_id = node_id_of(&cfg.me.to_string());
-    let network = Network {
-        node: node.clone(),
-        applied: sm.subscribe(),
-        raft: Default::default(),
-    };
+    let network = Network::new(node.clone(), &sm);
     let raft = Raft::new(node_id, config.clone(), network.clone(), log, sm.clone()).await?;
     if cfg.bootstrap && !raft.is_initialized().await? {
         let me = RaftNode {
@@ -166,7 +162,7 @@ pub async fn open(cfg: ControlConfig<'_>, node: NodeHandle) -> Result<ControlHan
         info!("bootstrapped a new cluster: this node is its first voter");
     }
     let live = Arc::new(RwLock::new(raft));
-    let _ = network.raft.set(live.clone());
+    network.runs(live.clone());
     let handle = ControlHandle {
         live,
         fault: Arc::new(Mutex::new(None)),

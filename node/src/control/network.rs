@@ -36,7 +36,7 @@ use crate::{
     cluster::{net::NodeHandle, wire},
     control::{
         protocol::{RpcRequest, RpcResponse},
-        store::{NodeId, RaftNode, TypeConfig},
+        store::{NodeId, RaftNode, StateMachineStore, TypeConfig},
     },
 };
 
@@ -51,15 +51,31 @@ pub const LEARNER_HEARTBEAT_MS: u64 = 700;
 pub const LEARNER_COMMIT_WAIT_MS: u64 = 100;
 
 /// This node's Raft, once it runs: the network asks it which targets vote.
-pub(super) type LiveRaft = Arc<OnceLock<Arc<RwLock<Raft<TypeConfig>>>>>;
+type LiveRaft = Arc<OnceLock<Arc<RwLock<Raft<TypeConfig>>>>>;
 
 /// openraft's network: one client per target, over the node's RPC protocol.
 #[derive(Clone)]
 pub(super) struct Network {
-    pub(super) node: NodeHandle,
+    node: NodeHandle,
     /// This node's last applied index (`StateMachineStore::subscribe`).
-    pub(super) applied: tokio::sync::watch::Receiver<u64>,
-    pub(super) raft: LiveRaft,
+    applied: tokio::sync::watch::Receiver<u64>,
+    raft: LiveRaft,
+}
+
+impl Network {
+    /// The network of a Raft on `sm`; [`Network::runs`] then names the Raft it serves.
+    pub(super) fn new(node: NodeHandle, sm: &StateMachineStore) -> Self {
+        Network {
+            node,
+            applied: sm.subscribe(),
+            raft: LiveRaft::default(),
+        }
+    }
+
+    /// Names this node's Raft (the lock [`super::ControlHandle`] holds it in), once it runs.
+    pub(super) fn runs(&self, raft: Arc<RwLock<Raft<TypeConfig>>>) {
+        let _ = self.raft.set(raft);
+    }
 }
 
 /// What a heartbeat tells a follower: the leader's vote, its previous log id and commit.

@@ -16,7 +16,7 @@
 //!
 //! [`ProposeError::Stopped`]: crate::control::protocol::ProposeError::Stopped
 
-use std::{io::Write, path::Path, sync::Arc, time::Duration};
+use std::{io::Write, path::Path, time::Duration};
 
 use openraft::{error::Fatal, Raft};
 use tracing::{error, info, warn};
@@ -114,14 +114,12 @@ pub async fn restart_after_storage_failures(ctl: ControlHandle) {
 async fn restart(ctl: &ControlHandle) -> anyhow::Result<Raft<crate::control::store::TypeConfig>> {
     let dir = ctl.raft_dir.clone();
     let log = tokio::task::spawn_blocking(move || LogStore::open(&dir)).await??;
+    let network = Network::new(ctl.node().clone(), &ctl.sm);
+    network.runs(ctl.live.clone());
     let raft = Raft::new(
         ctl.node_id,
         ctl.config.clone(),
-        Network {
-            node: ctl.node().clone(),
-            applied: ctl.sm.subscribe(),
-            raft: Arc::new(ctl.live.clone().into()),
-        },
+        network,
         log,
         ctl.sm.clone(),
     )
