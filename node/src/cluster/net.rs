@@ -135,6 +135,12 @@ pub struct Behaviour {
 /// TCP (+ DNS), then the pre-shared-key layer when a cluster key is set, then Noise and Yamux.
 /// A peer without the same key fails the pnet handshake and never gets a connection. Public
 /// so that tests can build a member of their own (one that misbehaves).
+///
+/// Noise and Yamux are negotiated with multistream-select's `V1Lazy` (as the swarm's streams
+/// are, [`build_swarm`]): the dialer proposes its one protocol and goes on at once, with the
+/// proposal and its first message in one write, instead of waiting a round trip for the
+/// listener's confirmation. Every node speaks the same protocols, so a refusal (which then
+/// shows up on the first read rather than at the open) means a peer that is not a member.
 pub fn build_transport(
     key: &libp2p::identity::Keypair,
     psk: Option<PreSharedKey>,
@@ -151,7 +157,7 @@ pub fn build_transport(
         }
     });
     Ok(private
-        .upgrade(Version::V1)
+        .upgrade(Version::V1Lazy)
         .authenticate(noise::Config::new(key)?)
         .multiplex(yamux::Config::default())
         .timeout(Duration::from_secs(20))
@@ -176,7 +182,9 @@ pub fn build_swarm(
             )),
         })?
         .with_swarm_config(|c| {
+            // A new stream costs no round trip of negotiation either (see above).
             c.with_idle_connection_timeout(Duration::from_secs(IDLE_CONNECTION_S))
+                .with_substream_upgrade_protocol_override(Version::V1Lazy)
         })
         .build();
     Ok(swarm)
