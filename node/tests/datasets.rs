@@ -238,7 +238,16 @@ fn add_list_get_to_and_remove_with_clear_errors() {
 #[test]
 fn a_holder_with_a_corrupt_copy_is_dropped_and_the_bytes_come_right() {
     let dir = tempfile::tempdir().unwrap();
-    let c = formed_cluster(&dir.path().join("c"), "k", 3, &[], FORM_WAIT);
+    // k0 serves at 10 MB/s, so k1 (unlimited) is surely asked for chunks before k0 could
+    // have sent them all, however the fetch's tasks are scheduled.
+    let c = cluster_of(
+        &dir.path().join("c"),
+        &[
+            ("k0", &["--dataset-upload-mbps", "10"]),
+            ("k1", &[]),
+            ("k2", &[]),
+        ],
+    );
     let src = make_tree(dir.path(), 20, 2);
     ok(cli(
         &c,
