@@ -766,3 +766,50 @@ proptest::proptest! {
         let _ = bincode::serde::decode_from_slice::<Message<u32, super::super::sim::SimMeta>, _>(&bytes, cfg);
     }
 }
+
+/// A seed answers a joiner's join with its view once; the joiner's retries within
+/// `JOIN_ANSWER_REPEAT_MS` (the answer is on its way) get nothing, a retry after it gets the
+/// view again (the answer may have been lost), and a periodic push-pull is always answered.
+#[test]
+fn a_joiners_retries_get_one_answer_a_second() {
+    let mut seed = node(4, Config::default());
+    let join = |digest| Event::Message {
+        from: 9,
+        msg: Message::PushPull { join: true, digest },
+    };
+    let answers = |out: &[Action<u32, u32>]| {
+        sends(out)
+            .iter()
+            .filter(|(to, m)| *to == 9 && matches!(m, Message::StatePiece { answer: true, .. }))
+            .count()
+    };
+    let out = seed.handle(1_000, join(1));
+    assert_eq!(answers(&out), 1, "the first join is answered");
+    for at in [1_250, 1_750, 1_999] {
+        let out = seed.handle(at, join(1));
+        assert_eq!(
+            answers(&out),
+            0,
+            "a retry at {at} ms, within the repeat window"
+        );
+    }
+    assert_eq!(seed.stats().join_repeats_unanswered, 3);
+    let periodic = Event::Message {
+        from: 9,
+        msg: Message::PushPull {
+            join: false,
+            digest: 1,
+        },
+    };
+    assert_eq!(answers(&seed.handle(1_999, periodic)), 1, "not a join");
+    let out = seed.handle(1_000 + JOIN_ANSWER_REPEAT_MS, join(1));
+    assert_eq!(
+        answers(&out),
+        1,
+        "a retry past the window is answered again"
+    );
+    // The record of answers is pruned at the reaps: a late retry finds nothing stale.
+    seed.handle(10_000, Event::Tick);
+    assert!(seed.join_answers.is_empty());
+    seed.check_invariants().unwrap();
+}
