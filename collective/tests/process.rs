@@ -18,6 +18,23 @@ fn free_ports(n: usize) -> Vec<u16> {
 
 struct Ranks(Vec<Child>);
 
+impl Ranks {
+    /// Kills every rank and returns what each wrote on stderr, for a failure's message.
+    fn stop_and_read_stderr(&mut self) -> String {
+        let mut said = String::new();
+        for (rank, c) in self.0.iter_mut().enumerate() {
+            let _ = c.kill();
+            let status = c.wait();
+            let mut err = String::new();
+            if let Some(mut e) = c.stderr.take() {
+                let _ = e.read_to_string(&mut err);
+            }
+            said.push_str(&format!("rank {rank} ({status:?}): {err}\n"));
+        }
+        said
+    }
+}
+
 impl Drop for Ranks {
     fn drop(&mut self) {
         for c in &mut self.0 {
@@ -66,10 +83,13 @@ fn sigkill_of_a_rank(extra: &[&str]) {
         let _ = BufReader::new(stdout).read_line(&mut line);
         let _ = tx.send(line);
     });
-    let line = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("rank 0 reports the first size");
-    assert!(line.starts_with("allreduce world=4 size=4096 "), "{line}");
+    let line = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_default();
+    if !line.starts_with("allreduce world=4 size=4096 ") {
+        panic!(
+            "rank 0 did not report the first size (it printed {line:?}); the ranks said:\n{}",
+            ranks.stop_and_read_stderr()
+        );
+    }
 
     // Phase 2: SIGKILL one rank in the middle of the 1 MiB loop.
     ranks.0[VICTIM].kill().unwrap();
