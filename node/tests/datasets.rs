@@ -53,6 +53,9 @@ fn noise(len: usize, seed: u64) -> Vec<u8> {
 }
 
 /// A dataset directory: one file of `mib` MiB plus a few small ones and an empty one.
+/// The files [`make_tree`] writes, relative to its root.
+const TREE_FILES: [&str; 4] = ["big.bin", "nested/a.txt", "nested/deeper/b.txt", "empty"];
+
 fn make_tree(dir: &Path, mib: usize, seed: u64) -> PathBuf {
     let src = dir.join(format!("src-{seed}"));
     std::fs::create_dir_all(src.join("nested/deeper")).unwrap();
@@ -64,7 +67,7 @@ fn make_tree(dir: &Path, mib: usize, seed: u64) -> PathBuf {
 }
 
 fn same_tree(a: &Path, b: &Path) {
-    for rel in ["big.bin", "nested/a.txt", "nested/deeper/b.txt", "empty"] {
+    for rel in TREE_FILES {
         assert_eq!(
             std::fs::read(a.join(rel)).unwrap(),
             std::fs::read(b.join(rel)).unwrap(),
@@ -261,7 +264,7 @@ fn a_holder_with_a_corrupt_copy_is_dropped_and_the_bytes_come_right() {
     // chunks the fetch asks of k1 (the first window may hold only the small files) are bad.
     let root = ls(&c, 0)[0]["root"].as_str().unwrap().to_owned();
     let files = c.nodes[1].dir.join("datasets").join(&root).join("files");
-    for rel in ["big.bin", "nested/a.txt", "nested/deeper/b.txt"] {
+    for rel in TREE_FILES {
         let path = files.join(rel);
         let mut bytes = std::fs::read(&path).unwrap();
         for chunk in 0..bytes.len().div_ceil(MIB) {

@@ -1193,7 +1193,7 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
         let now = self.now_ms;
         self.join_answers
             .retain(|_, at| now < *at + JOIN_ANSWER_REPEAT_MS);
-        let horizon = self.now_ms.saturating_sub(self.config.tombstone_ms);
+        let horizon = now.saturating_sub(self.config.tombstone_ms);
         while let Some((since, id)) = self.tombstones.first().cloned() {
             if since > horizon {
                 break;
