@@ -419,7 +419,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         control.clone(),
         node_storage.clone(),
         "job record",
-        crate::jobs::archive::due_records,
+        crate::jobs::archive::record,
     ));
     background.spawn_owned(crate::search::writer::run(
         background.stopping(),

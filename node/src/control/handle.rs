@@ -250,6 +250,14 @@ impl ControlHandle {
             .collect()
     }
 
+    /// Members in the Raft membership this replica knows (voters and learners).
+    pub fn raft_members(&self) -> usize {
+        let raft = self.raft();
+        let metrics = raft.metrics();
+        let m = metrics.borrow();
+        m.membership_config.membership().nodes().count()
+    }
+
     /// Reads this replica's state.
     pub fn read<T>(&self, f: impl FnOnce(&ControlState) -> T) -> T {
         self.sm.read(f)
@@ -419,6 +427,11 @@ impl ControlHandle {
     /// Milliseconds since this handle started (for logs).
     pub fn uptime_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// This node's peer id, as text.
+    pub fn me(&self) -> &str {
+        &self.me
     }
 
     /// Whether this node is the chief now: the Raft leader, in touch with a quorum.

@@ -1,34 +1,43 @@
-//! Each node writes every job that ended to its storage, as `jobs/<job-id>/record.json` (the
-//! job as the control state held it): the record outlives the job's place in the live state,
-//! which compaction frees after the retention (`domain::state::compaction`). The API answers for a
-//! compacted job from here. The same loop writes searches' summaries (`search::writer`).
+//! Every job that ended is written to storage, as `jobs/<job-id>/record.json` (the job as the
+//! control state held it): the record outlives the job's place in the live state, which
+//! compaction frees after the retention (`domain::state::compaction`). The API answers for a
+//! compacted job from here. A node with a store of its own writes every record; members that
+//! share a store write each record once between them ([`sharers`]). The same loop writes
+//! searches' summaries (`search::writer`).
 //!
-//! May use: `control::handle` (to read the state and follow applied entries).
+//! May use: `control::handle` (to read the state and follow applied entries), `cluster` (the
+//! members alive, peer ids' texts).
 
 use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
+use crate::cluster::{identity::peer_id_text, membership::State};
 use crate::control::handle::ControlHandle;
-use crate::domain::state::{ControlState, Job, JobId};
+use crate::domain::state::{Job, JobId};
+use sharers::Sharers;
 
 /// Where an ended job's record is, in the store.
 pub fn record_path(id: &str) -> String {
     format!("jobs/{id}/record.json")
 }
 
-/// A document to write once for an ended job: its id, path in the store and bytes.
-pub type Due = (JobId, String, Vec<u8>);
+pub mod sharers;
 
-/// Writes, once each, the documents `due` names for the jobs not yet written, at every
-/// applied entry, from now until `stop` fires (never in the middle of a write). `what`
-/// names them in logs.
+/// A document to write once for an ended job: its path in the store and bytes.
+pub type Doc = (String, Vec<u8>);
+
+/// Writes, once each, the document `doc` makes of each ended job (none: nothing to write
+/// for that job), at every applied entry, from now until `stop` fires (never in the middle
+/// of a write). In a store shared with other members only the job's writer among them
+/// writes it ([`sharers`]). `what` names the documents in logs.
 pub async fn write_ended(
     stop: tokio_util::sync::CancellationToken,
     ctl: ControlHandle,
     storage: String,
     what: &'static str,
-    due: impl Fn(&ControlState, &BTreeSet<JobId>) -> Vec<Due>,
+    doc: impl Fn(&Job) -> Option<Doc>,
 ) {
     let op = match trainer::operator_from_url(&storage) {
         Ok(op) => op,
@@ -38,37 +47,129 @@ pub async fn write_ended(
             return;
         }
     };
-    let mut written: BTreeSet<JobId> = BTreeSet::new();
+    let me = ctl.me().to_string();
+    if let Err(e) = sharers::mark(&op, &me).await {
+        warn!("{what}s: this node's marker not written (other members sharing the store will write the documents it would): {e}");
+    }
+    // Jobs whose document is written (or has none), and those another sharer alive writes
+    // (looked at again when the sharers or those alive change).
+    let mut done: BTreeSet<JobId> = BTreeSet::new();
+    let mut theirs: BTreeSet<JobId> = BTreeSet::new();
+    let mut sharers = Sharers::new(&me, []);
+    let mut alive: Vec<u64> = Vec::new();
+    // When the markers were last listed, and the Raft members then.
+    let mut scanned: Option<(Instant, usize)> = None;
+    let mut alive_at = Instant::now();
     let mut applied = ctl.subscribe_applied();
     loop {
-        let docs = ctl.read(|s| due(s, &written));
-        for (id, path, bytes) in docs {
+        let now = Instant::now();
+        let members = ctl.raft_members();
+        if now >= sharers::rescan_at(scanned, members, now) {
+            match sharers::markers(&op).await {
+                Ok(markers) => {
+                    let fresh = Sharers::new(&me, markers);
+                    if fresh != sharers {
+                        info!(
+                            sharers = fresh.others(),
+                            "{what}s: this node's store is shared with {} other members (their markers are in it): each is written once between them",
+                            fresh.others()
+                        );
+                    }
+                    sharers = fresh;
+                }
+                Err(e) => debug!("{what}s: markers not listed: {e}"),
+            }
+            scanned = Some((now, members));
+            alive_at = now;
+            // Compacted jobs are gone from the state for good.
+            ctl.read(|s| done.retain(|id| s.jobs.contains_key(id)));
+            theirs.clear();
+        }
+        if now >= alive_at {
+            let fresh = match sharers.shared() {
+                true => match alive_members(&ctl).await {
+                    Some(members) => sharers.alive(&members),
+                    None => return,
+                },
+                false => Vec::new(),
+            };
+            if fresh != alive {
+                alive = fresh;
+                theirs.clear();
+            }
+            alive_at = now + Duration::from_millis(sharers::ALIVE_REFRESH_MS);
+        }
+        let docs: Vec<(JobId, Option<Doc>)> = ctl.read(|s| {
+            let mut docs = Vec::new();
+            for j in s.jobs.values().filter(|j| j.state.is_terminal()) {
+                if done.contains(&j.id) || theirs.contains(&j.id) {
+                    continue;
+                }
+                match sharers.writes(j.id, &alive) {
+                    true => docs.push((j.id, doc(j))),
+                    false => {
+                        theirs.insert(j.id);
+                    }
+                }
+            }
+            docs
+        });
+        for (id, doc) in docs {
+            let Some((path, bytes)) = doc else {
+                done.insert(id);
+                continue;
+            };
+            // In a shared store another member may have written it (its writer before a
+            // death, or this node before a restart): a copy of the same length is it.
+            if sharers.shared()
+                && op
+                    .stat(&path)
+                    .await
+                    .is_ok_and(|m| m.content_length() == bytes.len() as u64)
+            {
+                done.insert(id);
+                continue;
+            }
             match op.write(&path, bytes).await {
                 Ok(_) => {
                     debug!(job = %id, %path, "{what} written");
-                    written.insert(id);
+                    done.insert(id);
                 }
                 // Tried again at the next applied entry.
                 Err(e) => warn!(job = %id, %path, "{what} not written: {e}"),
             }
         }
+        // Jobs another sharer writes pass to this node when it dies: look again soon.
+        let rescan_at = sharers::rescan_at(scanned, members, now);
+        let wake = match theirs.is_empty() {
+            true => rescan_at,
+            false => alive_at.min(rescan_at),
+        };
         tokio::select! {
             _ = stop.cancelled() => return,
             changed = applied.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep_until(wake.into()) => {}
         }
     }
 }
 
-/// The records of ended jobs not yet written.
-pub fn due_records(s: &ControlState, written: &BTreeSet<JobId>) -> Vec<Due> {
-    s.jobs
-        .values()
-        .filter(|j| j.state.is_terminal() && !written.contains(&j.id))
-        .filter_map(|j| {
-            let bytes = serde_json::to_vec(j).ok()?;
-            Some((j.id, record_path(&j.id.to_string()), bytes))
-        })
-        .collect()
+/// The members alive or suspected (not yet dead), by peer id text; `None` once the node's
+/// event loop is gone.
+async fn alive_members(ctl: &ControlHandle) -> Option<BTreeSet<String>> {
+    let (_, members) = ctl.node().members().await.ok()?;
+    Some(
+        members
+            .iter()
+            .filter(|m| matches!(m.state, State::Alive | State::Suspect))
+            .map(|m| peer_id_text(&m.id))
+            .collect(),
+    )
+}
+
+/// An ended job's record.
+pub fn record(j: &Job) -> Option<Doc> {
+    let bytes = serde_json::to_vec(j).ok()?;
+    Some((record_path(&j.id.to_string()), bytes))
 }
 
 /// Largest job record read back, bytes: a job holds at most `METRICS_PER_JOB_MAX` metrics
@@ -95,7 +196,7 @@ pub async fn read_record(storage: &str, id: JobId) -> Option<Job> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::state::{ControlCommand, ControlResponse, Op};
+    use crate::domain::state::{ControlCommand, ControlResponse, ControlState, Op};
 
     /// A record padded past the limit with whitespace (still valid JSON) is not read; the
     /// same record within it is.

@@ -10,7 +10,7 @@
 //!
 //! - [`summary`]: the search's document (trials, best), shown by the API and written to
 //!   storage as `experiments/<job-id>/summary.json` when the search ends.
-//! - [`writer`]: each node writes ended searches' summaries to its storage.
+//! - [`writer`]: ended searches' summaries to storage (once between members sharing a store).
 //!
 //! May use: `domain`, `control` (the handle, for `writer`), `jobs::archive`. Used by: the
 //! node's start-up.

@@ -1,7 +1,8 @@
 //! Compaction: finished jobs older than the retention leave the live state, so the state
 //! (and every snapshot) stays bounded however long the cluster runs. Their records stay in
-//! storage: every node writes each ended job to `jobs/<id>/record.json` in its store
-//! (`jobs::archive`), and the API answers for a compacted job from there.
+//! storage: each ended job is written to `jobs/<id>/record.json` in every node's store, once
+//! between members sharing one (`jobs::archive`), and the API answers for a compacted job
+//! from there.
 //!
 //! The chief proposes [`Op::Compact`] with the ids [`compactable`] names; the
 //! state machine removes those still ended (and the submit tokens that named them). A trial
