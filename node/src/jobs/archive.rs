@@ -9,7 +9,7 @@
 //! members alive, peer ids' texts).
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tracing::{debug, info, warn};
 
@@ -48,9 +48,6 @@ pub async fn write_ended(
         }
     };
     let me = ctl.me().to_string();
-    if let Err(e) = sharers::mark(&op, &me).await {
-        warn!("{what}s: this node's marker not written (other members sharing the store will write the documents it would): {e}");
-    }
     // Jobs whose document is written (or has none), and those another sharer alive writes
     // (looked at again when the sharers or those alive change).
     let mut done: BTreeSet<JobId> = BTreeSet::new();
@@ -65,7 +62,11 @@ pub async fn write_ended(
         let now = Instant::now();
         let members = ctl.raft_members();
         if now >= sharers::rescan_at(scanned, members, now) {
-            match sharers::markers(&op).await {
+            if let Err(e) = sharers::mark(&op, &me).await {
+                // Members sharing the store then write what this node would, too.
+                warn!("{what}s: this node's marker not written: {e}");
+            }
+            match sharers::markers(&op, SystemTime::now()).await {
                 Ok(markers) => {
                     let fresh = Sharers::new(&me, markers);
                     if fresh != sharers {

@@ -4,8 +4,9 @@
 //! job's record itself: its API answers for compacted jobs from there. A shared store (one
 //! bucket, a shared file system) needs one copy, not one per node: 128 nodes on S3 made 128
 //! PUTs of the same object for every job that ended. So each node leaves a marker
-//! `members/<peer-id>` in its store at start and lists `members/` every
-//! [`RESCAN_MS`]; another member's marker in its own store means that member shares it. Of
+//! `members/<peer-id>` in its store, rewritten each time it lists `members/` (every
+//! [`RESCAN_MS`], and soon after the cluster grows); another member's marker in its own
+//! store, fresh ([`MARKER_STALE_MS`]), means that member shares it. Of
 //! the members alive (or suspected, not yet dead) that share a store, the one that ranks
 //! highest for the job (rendezvous hashing of peer id and job id) writes its documents: the
 //! writes spread over the sharers, and a dead writer's jobs pass to the next in rank, each
@@ -14,10 +15,12 @@
 //! Views may differ for a while (a marker not yet listed, a death not yet detected): then two
 //! nodes may both write a job (the same bytes), and a job whose writer died is written once
 //! its death is known. A node never skips a job unless a sharer it believes alive ranks
-//! above it, and the highest-ranked sharer alive always writes.
+//! above it, and the highest-ranked sharer alive always writes. A member that moved to
+//! another store still counts as a sharer of the old one until its marker there is stale:
+//! its jobs are written by the others then, minutes late, not lost.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use opendal::Operator;
 
@@ -29,6 +32,12 @@ pub const MARKERS_DIR: &str = "members/";
 /// How often the markers are listed, in milliseconds, while the members stay: a sharer
 /// that restarted is known within this (until then both may write the jobs it would write).
 pub const RESCAN_MS: u64 = 60_000;
+
+/// Age after which a marker no longer counts, in milliseconds: its member rewrites it at
+/// every listing (at least every [`RESCAN_MS`]), so one older than this is a member's that
+/// writes elsewhere now. This host's clock and the store's may differ by up to this less
+/// [`RESCAN_MS`] (4 minutes).
+pub const MARKER_STALE_MS: u64 = 5 * RESCAN_MS;
 
 /// How soon the markers are listed again once the cluster has more members than at the
 /// last listing (hosts joining), in milliseconds.
@@ -117,19 +126,29 @@ pub fn rescan_at(scanned: Option<(Instant, usize)>, members: usize, now: Instant
     }
 }
 
-/// Leaves this node's marker in the store.
+/// Leaves (or refreshes) this node's marker in the store.
 pub async fn mark(op: &Operator, me: &str) -> opendal::Result<()> {
     op.write(&format!("{MARKERS_DIR}{me}"), me.as_bytes().to_vec())
         .await
         .map(|_| ())
 }
 
-/// The members whose markers are in the store (their peer ids' texts).
-pub async fn markers(op: &Operator) -> opendal::Result<Vec<String>> {
+/// The members whose markers in the store are fresh at `now` (their peer ids' texts): a
+/// marker not rewritten for [`MARKER_STALE_MS`] is a member's that no longer writes there
+/// (it moved to another store, or is gone). A store that lists no modification times keeps
+/// every marker.
+pub async fn markers(op: &Operator, now: SystemTime) -> opendal::Result<Vec<String>> {
     let entries = op.list(MARKERS_DIR).await?;
+    let stale = Duration::from_millis(MARKER_STALE_MS);
     Ok(entries
         .into_iter()
         .filter(|e| e.metadata().is_file())
+        .filter(|e| {
+            // A time ahead of this host's clock reads as age 0.
+            e.metadata()
+                .last_modified()
+                .is_none_or(|t| now.duration_since(SystemTime::from(t)).unwrap_or_default() < stale)
+        })
         .map(|e| e.name().to_string())
         .filter(|n| !n.is_empty())
         .collect())
@@ -239,12 +258,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("file://{}", dir.path().display());
         let op = trainer::operator_from_url(&url).unwrap();
-        assert!(markers(&op).await.unwrap_or_default().is_empty());
+        let now = SystemTime::now();
+        assert!(markers(&op, now).await.unwrap_or_default().is_empty());
         mark(&op, "peer-a").await.unwrap();
         mark(&op, "peer-b").await.unwrap();
-        let mut found = markers(&op).await.unwrap();
+        let mut found = markers(&op, now).await.unwrap();
         found.sort();
         assert_eq!(found, ["peer-a", "peer-b"]);
         assert!(Sharers::new("peer-a", found).shared());
+        // A marker its member stopped refreshing no longer counts.
+        let old = SystemTime::now() - Duration::from_millis(MARKER_STALE_MS + 1_000);
+        let b = std::fs::File::options()
+            .write(true)
+            .open(dir.path().join("members/peer-b"))
+            .unwrap();
+        b.set_modified(old).unwrap();
+        assert_eq!(markers(&op, now).await.unwrap(), ["peer-a"]);
     }
 }
