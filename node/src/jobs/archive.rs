@@ -8,6 +8,8 @@
 //! May use: `control::handle` (to read the state and follow applied entries), `cluster` (the
 //! members alive, peer ids' texts).
 
+pub mod sharers;
+
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -22,8 +24,6 @@ use sharers::Sharers;
 pub fn record_path(id: &str) -> String {
     format!("jobs/{id}/record.json")
 }
-
-pub mod sharers;
 
 /// A document to write once for an ended job: its path in the store and bytes.
 pub type Doc = (String, Vec<u8>);
