@@ -5,10 +5,14 @@
 
 mod common;
 
+use std::collections::BTreeSet;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{exe, formed_cluster, wait_formed, wait_job, POLL};
 use ringleader::cli::local::LocalCluster;
+use ringleader::domain::id::JobId;
+use ringleader::jobs::archive::sharers::Sharers;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -81,28 +85,21 @@ fn wait_logged(c: &LocalCluster, line: &str, wait: Duration) {
     }
 }
 
-/// Members sharing one store (here a directory; a bucket works the same) find each other
-/// by their markers in it and write each ended job's record once between them, spread over
-/// them; every node answers for the compacted jobs from that one copy.
-#[test]
-fn members_sharing_a_store_write_each_record_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let shared = format!("file://{}", dir.path().join("shared").display());
-    let extra = [
-        "--job-retention-s".to_string(),
-        "2".to_string(),
-        "--storage".to_string(),
-        shared,
-    ];
-    let mut c = LocalCluster::new(exe(), dir.path());
-    // The log line each record's write leaves is a debug one.
+/// Three nodes on one shared store (a directory; a bucket works the same), `extra` added to
+/// their flags, formed, each having found the other two by their markers. A record's write
+/// leaves a debug line in the node's log, so the test can count them.
+fn sharing_cluster(root: &Path, extra: &[&str]) -> LocalCluster {
+    let shared = format!("file://{}", root.join("shared").display());
+    let mut args = vec!["--storage".to_string(), shared];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let mut c = LocalCluster::new(exe(), root);
     c.env = vec![(
         "RUST_LOG".into(),
         "info,openraft=warn,libp2p=warn,ringleader::jobs::archive=debug".into(),
     )];
-    c.start("sh0", &extra).unwrap();
+    c.start("sh0", &args).unwrap();
     for i in 1..3 {
-        c.start_joining(&format!("sh{i}"), &extra).unwrap();
+        c.start_joining(&format!("sh{i}"), &args).unwrap();
     }
     wait_formed(&c, 3, WAIT);
     wait_logged(
@@ -110,8 +107,13 @@ fn members_sharing_a_store_write_each_record_once() {
         "job records: this node's store is shared with 2 other members",
         WAIT,
     );
+    c
+}
+
+/// `n` jobs that succeed at once, submitted to node 0, once they succeeded.
+fn quick_jobs(c: &LocalCluster, n: usize) -> Vec<String> {
     let client = c.nodes[0].client();
-    let quick: Vec<String> = (0..12)
+    let ids: Vec<String> = (0..n)
         .map(|i| {
             client
                 .submit(&format!(
@@ -120,9 +122,38 @@ fn members_sharing_a_store_write_each_record_once() {
                 .unwrap()
         })
         .collect();
-    for id in &quick {
-        wait_job(&c, 0, id, "succeeded", WAIT, |d| d.state == "succeeded");
+    for id in &ids {
+        wait_job(c, 0, id, "succeeded", WAIT, |d| d.state == "succeeded");
     }
+    ids
+}
+
+/// Per node, per job of `ids`: the lines of its log that say `what` of the job's record.
+fn logged(c: &LocalCluster, ids: &[String], what: &str) -> Vec<Vec<usize>> {
+    c.nodes
+        .iter()
+        .map(|n| {
+            let log = std::fs::read_to_string(n.dir.join("node.log")).unwrap_or_default();
+            ids.iter()
+                .map(|id| {
+                    let job = format!("job={id} ");
+                    log.lines()
+                        .filter(|l| l.contains(what) && l.contains(&job))
+                        .count()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Members sharing one store find each other by their markers in it and write each ended
+/// job's record once between them, spread over them; every node answers for the compacted
+/// jobs from that one copy.
+#[test]
+fn members_sharing_a_store_write_each_record_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = sharing_cluster(dir.path(), &["--job-retention-s", "2"]);
+    let quick = quick_jobs(&c, 12);
     let deadline = Instant::now() + WAIT;
     'compacted: loop {
         for (i, id) in quick.iter().enumerate() {
@@ -142,32 +173,84 @@ fn members_sharing_a_store_write_each_record_once() {
         }
         break;
     }
-    // Each record written once, by one of the three, and not all by the same one.
-    let writes: Vec<Vec<usize>> = c
-        .nodes
-        .iter()
-        .map(|n| {
-            let log = std::fs::read_to_string(n.dir.join("node.log")).unwrap();
-            quick
-                .iter()
-                .map(|id| {
-                    log.lines()
-                        .filter(|l| {
-                            l.contains("job record written") && l.contains(&format!("job={id} "))
-                        })
-                        .count()
-                })
-                .collect()
-        })
-        .collect();
+    let writes = logged(&c, &quick, "job record written");
     for (j, id) in quick.iter().enumerate() {
         let total: usize = writes.iter().map(|w| w[j]).sum();
         assert_eq!(total, 1, "job {id} written {total} times: {writes:?}");
     }
     let writers = writes.iter().filter(|w| w.iter().any(|&n| n > 0)).count();
     assert!(writers >= 2, "every record written by one node: {writes:?}");
-    for id in &quick {
+}
+
+/// Each record is written by the sharer that `Sharers` ranks first for it, and a writer
+/// killed and restarted finds its records in the store and writes none of them again.
+#[test]
+fn the_ranked_writer_writes_each_record_and_its_restart_rewrites_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = sharing_cluster(dir.path(), &[]);
+    let ids = quick_jobs(&c, 12);
+    let peers: Vec<String> = c.nodes.iter().map(|n| n.info.id.clone()).collect();
+    let everyone: BTreeSet<String> = peers.iter().cloned().collect();
+    let writer_of: Vec<usize> = ids
+        .iter()
+        .map(|id| {
+            let job: JobId = id.parse().unwrap();
+            let writers: Vec<usize> = (0..3)
+                .filter(|&i| {
+                    let view = Sharers::new(&peers[i], peers.clone());
+                    view.writes(job, &view.alive(&everyone))
+                })
+                .collect();
+            assert_eq!(writers.len(), 1, "job {id}: ranked writers {writers:?}");
+            writers[0]
+        })
+        .collect();
+    let expected: Vec<Vec<usize>> = (0..3)
+        .map(|i| writer_of.iter().map(|&w| usize::from(w == i)).collect())
+        .collect();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let writes = logged(&c, &ids, "job record written");
+        if writes == expected {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "record writes {writes:?}, expected {expected:?}"
+        );
+        std::thread::sleep(POLL);
+    }
+    for id in &ids {
         let record = dir.path().join("shared/jobs").join(id).join("record.json");
         assert!(record.is_file(), "{} missing", record.display());
     }
+
+    // The joiner that writes more of them is killed and restarted: it looks at its jobs
+    // again (its memory of what it wrote is gone) and finds each one in the store.
+    let victim = (1..3)
+        .max_by_key(|&i| writer_of.iter().filter(|&&w| w == i).count())
+        .unwrap();
+    let its_jobs = writer_of.iter().filter(|&&w| w == victim).count();
+    c.kill9(victim).unwrap();
+    c.restart(victim).unwrap();
+    wait_formed(&c, 3, WAIT);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let found: usize = logged(&c, &ids, "job record already in the store")[victim]
+            .iter()
+            .sum();
+        if found >= its_jobs {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the restarted node found {found} of its {its_jobs} records in the store"
+        );
+        std::thread::sleep(POLL);
+    }
+    assert_eq!(
+        logged(&c, &ids, "job record written"),
+        expected,
+        "a record was written again"
+    );
 }

@@ -128,6 +128,7 @@ pub async fn write_ended(
                     .await
                     .is_ok_and(|m| m.content_length() == bytes.len() as u64)
             {
+                debug!(job = %id, %path, "{what} already in the store");
                 done.insert(id);
                 continue;
             }
