@@ -235,7 +235,7 @@ fn a_node_with_a_token_file_wants_the_token_and_shows_its_metrics() {
 
     // Phase 6: the token never reaches the node's log.
     c.stop_all();
-    let log = std::fs::read_to_string(c.nodes[0].dir.join("node.log")).unwrap();
+    let log = c.nodes[0].log();
     assert!(!log.contains(TOKEN), "the token is in the node's log");
     assert!(!log.contains("the API is open"), "{log}");
 }

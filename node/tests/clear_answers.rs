@@ -54,7 +54,7 @@ fn a_missing_program_says_why_and_is_retried_on_another_node() {
 
     // Node logs written to a file carry no colour codes.
     for node in &c.nodes {
-        let log = std::fs::read_to_string(node.dir.join("node.log")).unwrap();
+        let log = node.log();
         assert!(!log.is_empty());
         assert!(!log.contains("\x1b["), "ANSI codes in {}", node.name);
     }

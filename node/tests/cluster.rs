@@ -139,14 +139,14 @@ fn a_node_with_another_cluster_key_is_never_admitted() {
     }
     assert_eq!(c.status(stranger).unwrap().members.len(), 1);
     assert_eq!(c.status(open).unwrap().members.len(), 1);
-    let log = std::fs::read_to_string(c.nodes[open].dir.join("node.log")).unwrap();
+    let log = c.nodes[open].log();
     assert!(
         log.contains("the cluster is open"),
         "a node without a key warns: {log}"
     );
     // Both sides of a refused handshake say so at the default level (warn), not only in a
     // counter: the seed that refused, and the outsider whose dial failed.
-    let read = |i: usize| std::fs::read_to_string(c.nodes[i].dir.join("node.log")).unwrap();
+    let read = |i: usize| c.nodes[i].log();
     let seed_log = read(0);
     assert!(
         seed_log.contains("WARN") && seed_log.contains("incoming connection refused"),

@@ -72,11 +72,7 @@ fn ended_jobs_are_compacted_and_still_answered_from_the_store() {
 fn wait_logged(c: &LocalCluster, line: &str, wait: Duration) {
     let deadline = Instant::now() + wait;
     loop {
-        let logs: Vec<String> = c
-            .nodes
-            .iter()
-            .map(|n| std::fs::read_to_string(n.dir.join("node.log")).unwrap_or_default())
-            .collect();
+        let logs: Vec<String> = c.nodes.iter().map(|n| n.log()).collect();
         if logs.iter().all(|l| l.contains(line)) {
             return;
         }
@@ -133,7 +129,7 @@ fn logged(c: &LocalCluster, ids: &[String], what: &str) -> Vec<Vec<usize>> {
     c.nodes
         .iter()
         .map(|n| {
-            let log = std::fs::read_to_string(n.dir.join("node.log")).unwrap_or_default();
+            let log = n.log();
             ids.iter()
                 .map(|id| {
                     let job = format!("job={id} ");

@@ -242,7 +242,7 @@ fn ranks_given_gpus_load_the_cuda_libraries_in_pci_order() {
             toolkit.join(lib)
         );
     }
-    let log = std::fs::read_to_string(c.nodes[0].dir.join("node.log")).unwrap();
+    let log = c.nodes[0].log();
     assert!(log.contains("cuda libraries found"), "{log}");
 
     // Phase 2: a rank given a GPU numbers devices in PCI order and loads the libraries

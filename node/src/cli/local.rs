@@ -49,6 +49,11 @@ pub struct LocalNode {
 }
 
 impl LocalNode {
+    /// What it has logged so far (`node.log`, kept across restarts; empty if none).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("node.log")).unwrap_or_default()
+    }
+
     /// PID of the running process, if any.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
