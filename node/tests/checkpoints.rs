@@ -244,3 +244,63 @@ fn an_s3_store_holds_a_jobs_checkpoints_and_the_rank_never_sees_its_keys() {
         (200, format!("saved by {a}"))
     );
 }
+
+/// Members on one bucket find each other by their markers in it (listed through S3) and the
+/// record of a job that ended is written there once, by one of them.
+#[test]
+fn members_on_one_bucket_write_a_jobs_record_once() {
+    let Some(s3) = S3Server::start() else {
+        eprintln!("SKIPPED: no s3s-fs binary for the shared-bucket record test");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let storage = dir.path().join("storage.url");
+    common::write_private(
+        &storage,
+        &format!(
+            "s3://ckpt/runs?endpoint=http://127.0.0.1:{}&access_key_id=rl&secret_access_key=rl-secret\n",
+            s3.port
+        ),
+    );
+    let args = ["--storage-file".to_string(), storage.display().to_string()];
+    let c = common::sharing_cluster(&dir.path().join("nodes"), &args, FORM_WAIT);
+    let id = c.nodes[0]
+        .client()
+        .submit("name = \"once\"\nkind = \"command\"\ncommand = [\"true\"]\n")
+        .unwrap();
+    let line = format!("job={id} ");
+    let writes = || -> Vec<usize> {
+        c.nodes
+            .iter()
+            .map(|n| {
+                n.log()
+                    .lines()
+                    .filter(|l| l.contains("job record written") && l.contains(&line))
+                    .count()
+            })
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + RUN_WAIT;
+    while writes().iter().sum::<usize>() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no node wrote the record of {id}"
+        );
+        std::thread::sleep(common::POLL);
+    }
+    let written = writes();
+    assert_eq!(
+        written.iter().sum::<usize>(),
+        1,
+        "record writes per node: {written:?}"
+    );
+    // s3s-fs keeps an object as a file under <root>/<bucket>/<key>.
+    let record = s3
+        .dir
+        .path()
+        .join("ckpt/runs/jobs")
+        .join(&id)
+        .join("record.json");
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&record).unwrap()).unwrap();
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+}

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{exe, formed_cluster, wait_formed, wait_job, POLL};
+use common::{formed_cluster, wait_formed, wait_job, POLL};
 use ringleader::cli::local::LocalCluster;
 use ringleader::domain::id::JobId;
 use ringleader::jobs::archive::sharers::Sharers;
@@ -68,42 +68,15 @@ fn ended_jobs_are_compacted_and_still_answered_from_the_store() {
         .unwrap();
 }
 
-/// Waits until every node's log holds `line`.
-fn wait_logged(c: &LocalCluster, line: &str, wait: Duration) {
-    let deadline = Instant::now() + wait;
-    loop {
-        let logs: Vec<String> = c.nodes.iter().map(|n| n.log()).collect();
-        if logs.iter().all(|l| l.contains(line)) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "not every node logged {line:?}");
-        std::thread::sleep(POLL);
-    }
-}
-
-/// Three nodes on one shared store (a directory; a bucket works the same), `extra` added to
-/// their flags, formed, each having found the other two by their markers. A record's write
-/// leaves a debug line in the node's log, so the test can count them.
+/// Three nodes on one shared directory, `extra` added to their flags (see
+/// `common::sharing_cluster`).
 fn sharing_cluster(root: &Path, extra: &[&str]) -> LocalCluster {
-    let shared = format!("file://{}", root.join("shared").display());
-    let mut args = vec!["--storage".to_string(), shared];
+    let mut args = vec![
+        "--storage".to_string(),
+        format!("file://{}", root.join("shared").display()),
+    ];
     args.extend(extra.iter().map(|a| a.to_string()));
-    let mut c = LocalCluster::new(exe(), root);
-    c.env = vec![(
-        "RUST_LOG".into(),
-        "info,openraft=warn,libp2p=warn,ringleader::jobs::archive=debug".into(),
-    )];
-    c.start("sh0", &args).unwrap();
-    for i in 1..3 {
-        c.start_joining(&format!("sh{i}"), &args).unwrap();
-    }
-    wait_formed(&c, 3, WAIT);
-    wait_logged(
-        &c,
-        "job records: this node's store is shared with 2 other members",
-        WAIT,
-    );
-    c
+    common::sharing_cluster(root, &args, WAIT)
 }
 
 /// `n` jobs that succeed at once, submitted to node 0, once they succeeded.

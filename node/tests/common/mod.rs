@@ -140,3 +140,37 @@ pub fn wait_job(
         std::thread::sleep(POLL);
     }
 }
+
+/// Waits, up to `wait`, until every node's log holds `line`.
+pub fn wait_logged(c: &LocalCluster, line: &str, wait: Duration) {
+    let deadline = Instant::now() + wait;
+    loop {
+        if c.nodes.iter().all(|n| n.log().contains(line)) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not every node logged {line:?}");
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Three nodes on one shared store (`args` name it, and any other flags), formed, each
+/// having found the other two by their markers in it. Each record's write leaves a debug
+/// line in its node's log ("job record written"), so a test can count them.
+pub fn sharing_cluster(root: &Path, args: &[String], wait: Duration) -> LocalCluster {
+    let mut c = LocalCluster::new(exe(), root);
+    c.env = vec![(
+        "RUST_LOG".into(),
+        "info,openraft=warn,libp2p=warn,ringleader::jobs::archive=debug".into(),
+    )];
+    c.start("sh0", args).unwrap();
+    for i in 1..3 {
+        c.start_joining(&format!("sh{i}"), args).unwrap();
+    }
+    wait_formed(&c, 3, wait);
+    wait_logged(
+        &c,
+        "job records: this node's store is shared with 2 other members",
+        wait,
+    );
+    c
+}
