@@ -192,6 +192,22 @@ impl S3Server {
     }
 }
 
+impl S3Server {
+    /// Writes the URL of its bucket `ckpt` (prefix `runs`), keys included, to a 0600 file in
+    /// `dir`, as the README says (never on the command line), and returns its path.
+    fn storage_file(&self, dir: &std::path::Path) -> std::path::PathBuf {
+        let storage = dir.join("storage.url");
+        common::write_private(
+            &storage,
+            &format!(
+                "s3://ckpt/runs?endpoint=http://127.0.0.1:{}&access_key_id=rl&secret_access_key=rl-secret\n",
+                self.port
+            ),
+        );
+        storage
+    }
+}
+
 impl Drop for S3Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -206,15 +222,7 @@ fn an_s3_store_holds_a_jobs_checkpoints_and_the_rank_never_sees_its_keys() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    // The store's keys in a 0600 file, as the README says (never on the command line).
-    let storage = dir.path().join("storage.url");
-    common::write_private(
-        &storage,
-        &format!(
-            "s3://ckpt/runs?endpoint=http://127.0.0.1:{}&access_key_id=rl&secret_access_key=rl-secret\n",
-            s3.port
-        ),
-    );
+    let storage = s3.storage_file(dir.path());
     let extra = ["--storage-file".to_string(), storage.display().to_string()];
     let c = formed_cluster(&dir.path().join("nodes"), "s3", 1, &extra, FORM_WAIT);
     let (a, url_a, token_a) = run_saver(&c);
@@ -254,30 +262,18 @@ fn members_on_one_bucket_write_a_jobs_record_once() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let storage = dir.path().join("storage.url");
-    common::write_private(
-        &storage,
-        &format!(
-            "s3://ckpt/runs?endpoint=http://127.0.0.1:{}&access_key_id=rl&secret_access_key=rl-secret\n",
-            s3.port
-        ),
-    );
+    let storage = s3.storage_file(dir.path());
     let args = ["--storage-file".to_string(), storage.display().to_string()];
     let c = common::sharing_cluster(&dir.path().join("nodes"), &args, FORM_WAIT);
     let id = c.nodes[0]
         .client()
         .submit("name = \"once\"\nkind = \"command\"\ncommand = [\"true\"]\n")
         .unwrap();
-    let line = format!("job={id} ");
+    let ids = [id.clone()];
     let writes = || -> Vec<usize> {
-        c.nodes
+        common::logged(&c, &ids, "job record written")
             .iter()
-            .map(|n| {
-                n.log()
-                    .lines()
-                    .filter(|l| l.contains("job record written") && l.contains(&line))
-                    .count()
-            })
+            .map(|w| w[0])
             .collect()
     };
     let deadline = std::time::Instant::now() + RUN_WAIT;

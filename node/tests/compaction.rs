@@ -97,24 +97,6 @@ fn quick_jobs(c: &LocalCluster, n: usize) -> Vec<String> {
     ids
 }
 
-/// Per node, per job of `ids`: the lines of its log that say `what` of the job's record.
-fn logged(c: &LocalCluster, ids: &[String], what: &str) -> Vec<Vec<usize>> {
-    c.nodes
-        .iter()
-        .map(|n| {
-            let log = n.log();
-            ids.iter()
-                .map(|id| {
-                    let job = format!("job={id} ");
-                    log.lines()
-                        .filter(|l| l.contains(what) && l.contains(&job))
-                        .count()
-                })
-                .collect()
-        })
-        .collect()
-}
-
 /// Members sharing one store find each other by their markers in it and write each ended
 /// job's record once between them, spread over them; every node answers for the compacted
 /// jobs from that one copy.
@@ -142,7 +124,7 @@ fn members_sharing_a_store_write_each_record_once() {
         }
         break;
     }
-    let writes = logged(&c, &quick, "job record written");
+    let writes = common::logged(&c, &quick, "job record written");
     for (j, id) in quick.iter().enumerate() {
         let total: usize = writes.iter().map(|w| w[j]).sum();
         assert_eq!(total, 1, "job {id} written {total} times: {writes:?}");
@@ -179,7 +161,7 @@ fn the_ranked_writer_writes_each_record_and_its_restart_rewrites_none() {
         .collect();
     let deadline = Instant::now() + WAIT;
     loop {
-        let writes = logged(&c, &ids, "job record written");
+        let writes = common::logged(&c, &ids, "job record written");
         if writes == expected {
             break;
         }
@@ -205,7 +187,7 @@ fn the_ranked_writer_writes_each_record_and_its_restart_rewrites_none() {
     wait_formed(&c, 3, WAIT);
     let deadline = Instant::now() + WAIT;
     loop {
-        let found: usize = logged(&c, &ids, "job record already in the store")[victim]
+        let found: usize = common::logged(&c, &ids, "job record already in the store")[victim]
             .iter()
             .sum();
         if found >= its_jobs {
@@ -218,7 +200,7 @@ fn the_ranked_writer_writes_each_record_and_its_restart_rewrites_none() {
         std::thread::sleep(POLL);
     }
     assert_eq!(
-        logged(&c, &ids, "job record written"),
+        common::logged(&c, &ids, "job record written"),
         expected,
         "a record was written again"
     );

@@ -174,3 +174,21 @@ pub fn sharing_cluster(root: &Path, args: &[String], wait: Duration) -> LocalClu
     );
     c
 }
+
+/// Per node, per job of `ids`: the lines of its log that say `what` of the job's record.
+pub fn logged(c: &LocalCluster, ids: &[String], what: &str) -> Vec<Vec<usize>> {
+    c.nodes
+        .iter()
+        .map(|n| {
+            let log = n.log();
+            ids.iter()
+                .map(|id| {
+                    let job = format!("job={id} ");
+                    log.lines()
+                        .filter(|l| l.contains(what) && l.contains(&job))
+                        .count()
+                })
+                .collect()
+        })
+        .collect()
+}
