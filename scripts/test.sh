@@ -23,6 +23,25 @@ fi
 # docs/design.md's table puts above (the script's own tests, then the check).
 python3 scripts/check_layers_test.py
 python3 scripts/check-layers.py
+# The Python tests' virtualenv (pytest, cloudpickle, torch), set up before the cargo tests: the
+# node test that runs an unmodified PyTorch DDP script as a command job uses its python
+# (RINGLEADER_TEST_PYTHON).
+pyvenv=target/py-venv
+if [ ! -x "$pyvenv/bin/pytest" ]; then
+    python3 -m venv "$pyvenv"
+    "$pyvenv/bin/pip" install --quiet --disable-pip-version-check pytest
+fi
+# cloudpickle for `Client.launch` (its tests skip without it).
+"$pyvenv/bin/python" -c "import cloudpickle" 2>/dev/null ||
+    "$pyvenv/bin/pip" install --quiet --disable-pip-version-check cloudpickle ||
+    echo "cloudpickle not installed: the launch tests say SKIPPED"
+# PyTorch for the `ringleader.torch` tests (python/tests/test_torch.py): the registry's wheel
+# with its CUDA wheels, about 3 GB, a few minutes the first time and offline from pip's cache
+# after; without it those tests say SKIPPED.
+"$pyvenv/bin/python" -c "import torch" 2>/dev/null ||
+    "$pyvenv/bin/pip" install --quiet --disable-pip-version-check torch ||
+    echo "torch not installed: the torch tests say SKIPPED"
+export RINGLEADER_TEST_PYTHON="$PWD/$pyvenv/bin/python"
 # Every test's own output is kept (--show-output) so that a test that skipped part of itself
 # (it prints "SKIPPED: why") is listed at the end instead of passing silently as `ok`.
 log=$(mktemp)
@@ -45,23 +64,7 @@ python3 scripts/check-readme.py target/debug/ringleader README.md
 # The Python package (python/): its extension built in the dev profile and put next to the
 # package (no wheel, no install), then its tests (pytest, in a virtualenv under target/)
 # against real nodes of the debug binary the tests above built. pytest's exit 5 (no tests
-# collected) is not a failure.
-pyvenv=target/py-venv
-if [ ! -x "$pyvenv/bin/pytest" ]; then
-    python3 -m venv "$pyvenv"
-    "$pyvenv/bin/pip" install --quiet --disable-pip-version-check pytest
-fi
-# cloudpickle for `Client.launch` (its tests skip without it).
-"$pyvenv/bin/python" -c "import cloudpickle" 2>/dev/null ||
-    "$pyvenv/bin/pip" install --quiet --disable-pip-version-check cloudpickle ||
-    echo "cloudpickle not installed: the launch tests say SKIPPED"
-# PyTorch for the `ringleader.torch` tests (python/tests/test_torch.py): the registry's wheel
-# with its CUDA wheels, about 3 GB, a few minutes the first time and offline from pip's cache
-# after; without it those tests say SKIPPED.
-"$pyvenv/bin/python" -c "import torch" 2>/dev/null ||
-    "$pyvenv/bin/pip" install --quiet --disable-pip-version-check torch ||
-    echo "torch not installed: the torch tests say SKIPPED"
-
+# collected) is not a failure (the virtualenv is set up above).
 # --workspace: the features the tests above built with (a `-p` build re-resolves them and
 # rebuilds the collective, tokio and their dependencies under the extension: over 6 minutes
 # on this 2-core machine).

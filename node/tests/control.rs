@@ -230,19 +230,24 @@ fn a_full_restart_keeps_jobs_and_their_states() {
 
 #[test]
 fn an_unmodified_pytorch_ddp_script_runs_as_a_command_job() {
-    let torch = std::process::Command::new("python3")
+    // scripts/test.sh names the virtualenv it installs torch in; else the python3 on PATH.
+    let python = std::env::var("RINGLEADER_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let torch = std::process::Command::new(&python)
         .args(["-c", "import torch.distributed"])
         .output()
         .is_ok_and(|o| o.status.success());
     if !torch {
-        println!("SKIPPED: PyTorch is not installed (scripts/install-baselines.sh installs it)");
+        println!(
+            "SKIPPED: PyTorch is not installed for {python} (scripts/test.sh installs it in \
+             target/py-venv and names it in RINGLEADER_TEST_PYTHON)"
+        );
         return;
     }
     let (c, _root) = formed(2);
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ddp/train_ddp.py");
     let spec = format!(
-        "name = \"torch-ddp\"\nkind = \"command\"\nworkers = 2\ncommand = [\"python3\", {:?}]\n",
+        "name = \"torch-ddp\"\nkind = \"command\"\nworkers = 2\ncommand = [{python:?}, {:?}]\n",
         script.canonicalize().unwrap().display().to_string()
     );
     let id = submit(&c, 1, &spec);
