@@ -276,15 +276,8 @@ fn members_on_one_bucket_write_a_jobs_record_once() {
             .map(|w| w[0])
             .collect()
     };
-    let deadline = std::time::Instant::now() + RUN_WAIT;
-    while writes().iter().sum::<usize>() == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no node wrote the record of {id}"
-        );
-        std::thread::sleep(common::POLL);
-    }
-    let written = writes();
+    let written = common::poll_until(RUN_WAIT, writes, |w| w.iter().sum::<usize>() > 0)
+        .unwrap_or_else(|_| panic!("no node wrote the record of {id}"));
     assert_eq!(
         written.iter().sum::<usize>(),
         1,

@@ -159,18 +159,12 @@ fn the_ranked_writer_writes_each_record_and_its_restart_rewrites_none() {
     let expected: Vec<Vec<usize>> = (0..3)
         .map(|i| writer_of.iter().map(|&w| usize::from(w == i)).collect())
         .collect();
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let writes = common::logged(&c, &ids, "job record written");
-        if writes == expected {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "record writes {writes:?}, expected {expected:?}"
-        );
-        std::thread::sleep(POLL);
-    }
+    common::poll_until(
+        WAIT,
+        || common::logged(&c, &ids, "job record written"),
+        |writes| *writes == expected,
+    )
+    .unwrap_or_else(|writes| panic!("record writes {writes:?}, expected {expected:?}"));
     for id in &ids {
         let record = dir.path().join("shared/jobs").join(id).join("record.json");
         assert!(record.is_file(), "{} missing", record.display());
@@ -185,20 +179,18 @@ fn the_ranked_writer_writes_each_record_and_its_restart_rewrites_none() {
     c.kill9(victim).unwrap();
     c.restart(victim).unwrap();
     wait_formed(&c, 3, WAIT);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let found: usize = common::logged(&c, &ids, "job record already in the store")[victim]
-            .iter()
-            .sum();
-        if found >= its_jobs {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the restarted node found {found} of its {its_jobs} records in the store"
-        );
-        std::thread::sleep(POLL);
-    }
+    common::poll_until(
+        WAIT,
+        || -> usize {
+            common::logged(&c, &ids, "job record already in the store")[victim]
+                .iter()
+                .sum()
+        },
+        |&found| found >= its_jobs,
+    )
+    .unwrap_or_else(|found| {
+        panic!("the restarted node found {found} of its {its_jobs} records in the store")
+    });
     assert_eq!(
         common::logged(&c, &ids, "job record written"),
         expected,

@@ -96,23 +96,15 @@ fn ls_count(c: &LocalCluster, i: usize, n: usize) -> Vec<serde_json::Value> {
 
 /// Polls node `i`'s `dataset ls` until dataset `name`'s holders are `holders`.
 fn wait_holders(c: &LocalCluster, i: usize, name: &str, holders: &[&str]) {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    let got = || -> Vec<String> {
         let rows = ls(c, i);
         let row = rows.iter().find(|r| r["name"] == name);
-        let got: Vec<String> = row
-            .and_then(|r| r["holders"].as_array())
+        row.and_then(|r| r["holders"].as_array())
             .map(|a| a.iter().map(|h| h.as_str().unwrap().to_owned()).collect())
-            .unwrap_or_default();
-        if got == holders {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "holders of {name}: want {holders:?}, last {got:?}"
-        );
-        std::thread::sleep(POLL);
-    }
+            .unwrap_or_default()
+    };
+    common::poll_until(WAIT, got, |got| got == holders)
+        .unwrap_or_else(|got| panic!("holders of {name}: want {holders:?}, last {got:?}"));
 }
 
 /// Node `i`'s latest fetch of `name`, from the API.

@@ -143,12 +143,30 @@ pub fn wait_job(
 
 /// Waits, up to `wait`, until every node's log holds `line`.
 pub fn wait_logged(c: &LocalCluster, line: &str, wait: Duration) {
+    poll_until(
+        wait,
+        || c.nodes.iter().all(|n| n.log().contains(line)),
+        |&all| all,
+    )
+    .unwrap_or_else(|_| panic!("not every node logged {line:?}"));
+}
+
+/// Takes `probe()` every [`POLL`] until `done` holds for what it gave (`Ok` of that) or
+/// `wait` passed (`Err` of the last one, for the caller's failure message).
+pub fn poll_until<T>(
+    wait: Duration,
+    mut probe: impl FnMut() -> T,
+    done: impl Fn(&T) -> bool,
+) -> Result<T, T> {
     let deadline = Instant::now() + wait;
     loop {
-        if c.nodes.iter().all(|n| n.log().contains(line)) {
-            return;
+        let got = probe();
+        if done(&got) {
+            return Ok(got);
         }
-        assert!(Instant::now() < deadline, "not every node logged {line:?}");
+        if Instant::now() >= deadline {
+            return Err(got);
+        }
         std::thread::sleep(POLL);
     }
 }
