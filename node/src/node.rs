@@ -14,6 +14,7 @@ use tracing::{info, warn};
 
 use crate::{
     cluster::{
+        datagrams::{self, BindError, Datagrams, Seal},
         identity,
         membership::{self, Membership},
         meta::{self, NodeMeta},
@@ -129,16 +130,6 @@ fn multiaddr_ip(m: &Multiaddr) -> Option<std::net::IpAddr> {
         libp2p::multiaddr::Protocol::Ip6(ip) => Some(ip.into()),
         _ => None,
     })
-}
-
-/// The TCP socket address a `--listen` multiaddr names, when it names one with a fixed port.
-fn multiaddr_tcp(m: &Multiaddr) -> Option<std::net::SocketAddr> {
-    let ip = multiaddr_ip(m)?;
-    let port = m.iter().find_map(|p| match p {
-        libp2p::multiaddr::Protocol::Tcp(port) => Some(port),
-        _ => None,
-    })?;
-    (port != 0).then_some(std::net::SocketAddr::new(ip, port))
 }
 
 /// The error for a port this node could not bind: says which flag, and that another process
@@ -306,20 +297,21 @@ pub async fn run(config: NodeConfig) -> Result<()> {
     let datasets_listener = tokio::net::TcpListener::bind(config.datasets)
         .await
         .map_err(|e| bind_error("dataset", "--datasets", config.datasets, e))?;
-    // libp2p binds its listener with SO_REUSEPORT, so a second node on the same --listen
-    // port would share it silently (the kernel splitting connections between the two). A
-    // plain bind first fails on a port in use; it is closed again before libp2p binds.
-    if let Some(addr) = multiaddr_tcp(&config.listen) {
-        drop(
-            std::net::TcpListener::bind(addr)
-                .map_err(|e| bind_error("cluster", "--listen", &config.listen, e))?,
-        );
-    }
+    // The membership datagrams' UDP port, with the TCP port of the same number checked free
+    // (libp2p binds TCP with SO_REUSEPORT, so a second node on the same --listen port would
+    // share it silently): one port number for the cluster, which --listen names.
+    let (listen, udp) = datagrams::bind(&config.listen).map_err(|e| match e {
+        BindError::Tcp(e) => bind_error("cluster", "--listen", &config.listen, e),
+        BindError::Udp(e) => bind_error("cluster (UDP)", "--listen", &config.listen, e),
+        e => anyhow::Error::from(e),
+    })?;
+    let datagrams = Datagrams::new(udp, Seal::new(psk.as_ref(), &peer_id))
+        .context("the cluster's datagram socket")?;
 
     let mut swarm = net::build_swarm(key, psk.map(|k| k.psk))?;
     swarm
-        .listen_on(config.listen.clone())
-        .with_context(|| format!("listening on {}", config.listen))?;
+        .listen_on(listen.clone())
+        .with_context(|| format!("listening on {listen}"))?;
     let mut listen_addrs: Vec<Multiaddr> = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_millis(LISTEN_WAIT_MS);
     // A listen address with a fixed IP gives exactly one address; an unspecified one
@@ -384,7 +376,8 @@ pub async fn run(config: NodeConfig) -> Result<()> {
     };
     let epoch = Instant::now();
     let core = Membership::new(peer_id, meta, config.membership.clone(), rand::random(), 0);
-    let (mut event_loop, handle) = net::EventLoop::new(swarm, core, epoch, config.join.clone());
+    let (mut event_loop, handle) =
+        net::EventLoop::new(swarm, datagrams, core, epoch, config.join.clone());
     let rpc_rx = event_loop.rpc_inbound();
     let mut loop_task = tokio::spawn(event_loop.run());
     let control = control::start(

@@ -161,6 +161,103 @@ fn a_node_with_another_cluster_key_is_never_admitted() {
     }
 }
 
+/// Membership's datagrams on a keyed cluster's port: one sealed with another key, one
+/// unsealed (as an `--insecure` node sends), random bytes and an oversized datagram are each
+/// refused, counted and warned about, and admit nobody; the same gossip sealed with the
+/// cluster's key is heard (so the refusals are the key's doing).
+#[test]
+fn datagrams_without_the_cluster_key_are_refused_and_admit_nobody() {
+    use ringleader::cluster::{
+        datagrams::{datagram_addr, Seal},
+        identity::{generate_cluster_key, parse_cluster_key},
+        membership::{Message, State, Update},
+        meta::NodeMeta,
+        wire,
+    };
+    let (mut c, root) = cluster();
+    c.start("k0", &[]).unwrap();
+    c.start_joining("k1", &[]).unwrap();
+    c.wait_all(WAIT, "pair formed", |s| s.names_in("alive").len() == 2)
+        .unwrap();
+    let to = datagram_addr(&c.nodes[0].info.p2p_addrs).expect("k0's UDP address");
+
+    // Gossip that a member "ghost" is alive, from "ghost" itself.
+    let ghost = libp2p::PeerId::random();
+    let meta = NodeMeta {
+        name: "ghost".into(),
+        p2p_addrs: vec!["/ip4/127.0.0.1/tcp/9".into()],
+        api_addr: "127.0.0.1:9".into(),
+        data_addr: "127.0.0.1:9".into(),
+        datasets_addr: "127.0.0.1:9".into(),
+        datasets: Vec::new(),
+        cpus: 1,
+        memory_mb: 1024,
+        gpus: Vec::new(),
+        labels: Default::default(),
+        version: "test".into(),
+    };
+    let gossip: Message<libp2p::PeerId, NodeMeta> = Message::Gossip {
+        updates: vec![Update {
+            id: ghost,
+            incarnation: 1,
+            state: State::Alive,
+            meta,
+            meta_version: 1,
+            from: None,
+        }],
+    };
+    let frame = wire::encode(&gossip).unwrap();
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let foreign = parse_cluster_key(&generate_cluster_key()).unwrap();
+    let mut hostile = vec![
+        Seal::new(Some(&foreign), &ghost).seal(&frame),
+        Seal::new(None, &ghost).seal(&frame),
+        vec![0u8; 60_000],
+    ];
+    hostile.extend((0..20u8).map(|i| vec![i.wrapping_mul(37); usize::from(i) * 13]));
+    for d in &hostile {
+        socket.send_to(d, to).unwrap();
+    }
+    let refused =
+        |c: &ringleader::cli::local::LocalCluster| c.status(0).unwrap().counters.refused_datagrams;
+    let deadline = std::time::Instant::now() + WAIT;
+    while refused(&c) < hostile.len() as u64 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {} refused",
+            refused(&c),
+            hostile.len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for i in [0, 1] {
+        let s = c.status(i).unwrap();
+        assert_eq!(s.names_in("alive"), vec!["k0", "k1"], "node {i}: {s:?}");
+        assert!(
+            s.members.iter().all(|m| m.name != "ghost"),
+            "node {i} heard the ghost"
+        );
+    }
+    let log = c.nodes[0].log();
+    assert!(
+        log.contains("WARN") && log.contains("membership datagram refused"),
+        "k0 does not warn: {log}"
+    );
+
+    // The same gossip sealed with the cluster's key is heard.
+    let key_file = root
+        .path()
+        .join(ringleader::security::bootstrap::CLUSTER_KEY_FILE);
+    let key = parse_cluster_key(&std::fs::read_to_string(key_file).unwrap()).unwrap();
+    socket
+        .send_to(&Seal::new(Some(&key), &ghost).seal(&frame), to)
+        .unwrap();
+    c.wait_all(WAIT, "the ghost heard", |s| {
+        s.members.iter().any(|m| m.name == "ghost")
+    })
+    .unwrap();
+}
+
 #[test]
 fn a_seed_that_is_down_is_retried_until_it_comes_up() {
     let (mut c, _root) = cluster();

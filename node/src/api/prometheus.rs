@@ -268,7 +268,7 @@ pub fn render(status: &StatusDoc, jobs: &[JobSample]) -> String {
     }
 
     let c = &status.counters;
-    let counters: [(&str, u64, &str); 7] = [
+    let counters: [(&str, u64, &str); 8] = [
         (
             "messages_in",
             c.messages_in,
@@ -299,6 +299,11 @@ pub fn render(status: &StatusDoc, jobs: &[JobSample]) -> String {
             "refused_connections",
             c.refused_connections,
             "Incoming connections that failed their handshake (wrong or missing cluster key).",
+        ),
+        (
+            "refused_datagrams",
+            c.refused_datagrams,
+            "Membership datagrams that did not open (wrong or missing cluster key).",
         ),
     ];
     for (what, n, help) in counters {

@@ -1,9 +1,12 @@
 //! The cluster: how nodes reach, know and trust each other.
 //!
-//! - [`net`]: the libp2p swarm (TCP, optional pre-shared key, Noise, Yamux) and the one event
-//!   loop that owns it, drives [`membership`] and carries the control plane's RPCs; other
-//!   tasks hold a cheap [`net::NodeHandle`].
-//! - [`streams`]: membership messages on one long-lived stream per peer (writers, readers).
+//! - [`net`]: the libp2p swarm (TCP, optional pre-shared key, Noise, Yamux), the datagram
+//!   socket and the one event loop that owns both, drives [`membership`] and carries the
+//!   control plane's RPCs; other tasks hold a cheap [`net::NodeHandle`].
+//! - [`datagrams`]: membership's probes and gossip as UDP datagrams sealed with the cluster
+//!   key, on the p2p port's number.
+//! - [`streams`]: membership's joins, syncs and leaves on one long-lived stream per peer
+//!   (writers, readers).
 //! - [`calls`]: the control plane's calls (Raft, forwarded writes, log reads) on one
 //!   long-lived stream per peer, answers matched to calls by id.
 //! - [`membership`]: gossip membership, a sans-IO SWIM/Lifeguard core with its simulation.
@@ -16,6 +19,7 @@
 
 pub mod addr;
 pub mod calls;
+pub mod datagrams;
 pub mod identity;
 pub mod membership;
 pub mod meta;

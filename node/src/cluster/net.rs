@@ -1,14 +1,18 @@
 //! The libp2p swarm and the one event loop that owns it and drives the membership core.
 //!
-//! The swarm (TCP, optionally a pre-shared-key layer, Noise, Yamux) carries membership
-//! messages as length-prefixed frames on one long-lived stream per peer and direction
-//! ([`super::streams`]), and the RPCs between nodes (Raft, forwarded writes, logs) as calls
-//! on one long-lived stream per peer ([`super::calls`]). Everything protocol-like happens
-//! in [`crate::cluster::membership::Membership`]: this loop turns swarm events into core events and the
-//! core's actions into sends. Other tasks reach the loop through a [`NodeHandle`].
+//! Membership's probes and gossip travel as sealed UDP datagrams on the p2p port's number
+//! ([`super::datagrams`]); its joins, state syncs and leaves as length-prefixed frames on one
+//! long-lived stream per peer and direction ([`super::streams`]) of the swarm (TCP,
+//! optionally a pre-shared-key layer, Noise, Yamux), which also carries the RPCs between
+//! nodes (Raft, forwarded writes, logs) as calls on one long-lived stream per peer
+//! ([`super::calls`]). Connections are dialed when a stream or a call needs one, and kept up
+//! to the peers the control plane names ([`NodeHandle::keep_connected`]: the Raft voters,
+//! so that an election finds them connected). Everything protocol-like happens in
+//! [`crate::cluster::membership::Membership`]: this loop turns datagrams and swarm events into
+//! core events and the core's actions into sends. Other tasks reach the loop through a
+//! [`NodeHandle`].
 
 use std::{
-    collections::VecDeque,
     num::NonZeroUsize,
     time::{Duration, Instant},
 };
@@ -30,6 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
 use crate::cluster::{
+    datagrams::{self, Datagrams, Received},
     membership::{self, Action, Event, Membership, State},
     meta::NodeMeta,
     wire,
@@ -39,10 +44,12 @@ use crate::cluster::{
 pub type Core = Membership<PeerId, NodeMeta>;
 type Msg = membership::Message<PeerId, NodeMeta>;
 
-/// The membership protocol name on the swarm (2: one long-lived stream per peer and
-/// direction carrying many frames, and a view travels in bounded state pieces after a
-/// digest; 1 sent each message as a request and a view whole).
-pub const MEMBERSHIP_PROTOCOL: &str = "/ringleader/membership/2";
+/// The membership protocol name on the swarm (3: probes and gossip go as datagrams, only
+/// joins, syncs and leaves on the streams; 2: every message on one long-lived stream per
+/// peer and direction, a view in bounded state pieces after a digest; 1: each message as a
+/// request and a view whole). Nodes of 2 and 3 do not talk: a 2 would never answer a 3's
+/// probes.
+pub const MEMBERSHIP_PROTOCOL: &str = "/ringleader/membership/3";
 /// Largest membership frame sent or accepted, in bytes: a state piece of
 /// `membership::message::PIECE_MEMBERS_MAX` members of about 1.3 KB at most fits, and so
 /// does every other message (at most `piggyback_max` updates).
@@ -60,8 +67,11 @@ const SEED_BACKOFF_MAX_MS: u64 = 8_000;
 const BAD_MESSAGE_WARN_INTERVAL_MS: u64 = 5_000;
 /// How long a graceful leave waits for its announcements to be delivered, in milliseconds.
 const LEAVE_FLUSH_MS: u64 = 1_500;
-/// How long an idle connection is kept open, in seconds (membership traffic keeps them busy).
+/// How long an idle connection is kept open, in seconds.
 const IDLE_CONNECTION_S: u64 = 300;
+/// How often a peer to keep connected ([`NodeHandle::keep_connected`]) is redialed while it
+/// is not, in milliseconds.
+const KEEP_REDIAL_MS: u64 = 1_000;
 
 use super::calls::{BadCall, PeerCalls, CALL_TIMEOUT_MS};
 pub use super::calls::{InboundRpc, RpcError, RPC_PROTOCOL};
@@ -111,13 +121,6 @@ pub fn membership_frames(msg: &Msg) -> Result<Vec<Vec<u8>>, wire::WireError> {
 /// Peers whose addresses the swarm remembers (the least recently used are forgotten first;
 /// a member's are offered again before each send while it is not connected).
 const ADDRESS_BOOK_PEERS_MAX: usize = 10_000;
-/// A node dials each member that turns alive ahead of need while it has fewer connections
-/// than this. At 128 nodes forming on two cores, 9 in 10 failed probes were of members the
-/// prober had not heard from yet (the ping waited for a dial and its handshakes): dialing
-/// ahead cut failed probes from about 1,100 to 360 and converging from 11.0–11.7 to
-/// 9.0–10.1 s. (Bounded: a node of a very large cluster keeps connections only to those it
-/// talks to.)
-const WARM_CONNECTIONS_MAX: usize = 256;
 /// Depth of the queue of inbound RPCs waiting for their handler.
 const RPC_INBOUND_QUEUE_DEPTH: usize = 256;
 
@@ -206,6 +209,8 @@ pub enum Command {
     },
     /// Change this node's metadata (it is gossiped with a higher version) when `f` changes it.
     UpdateMeta(MetaUpdate),
+    /// Keep connections to these peers up (in place of the previous set).
+    KeepConnected(Vec<PeerId>),
 }
 
 /// A change to this node's metadata, run on the event loop.
@@ -227,6 +232,7 @@ pub struct ClusterView {
 
 /// Counters of the node's networking, for operators and tests.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Counters {
     pub messages_in: u64,
     pub messages_out: u64,
@@ -238,6 +244,9 @@ pub struct Counters {
     pub suspicions: u64,
     /// Incoming connections that failed their handshake (wrong or missing cluster key, …).
     pub refused_connections: u64,
+    /// Datagrams on the p2p port that did not open (another cluster key, `--insecure`
+    /// against a keyed cluster, or not ringleader's).
+    pub refused_datagrams: u64,
     /// Lifeguard local health score (0 is healthy).
     pub health_score: u32,
 }
@@ -301,6 +310,12 @@ impl NodeHandle {
     pub async fn update_meta(&self, f: impl FnOnce(&mut NodeMeta) + Send + 'static) {
         let _ = self.tx.send(Command::UpdateMeta(Box::new(f))).await;
     }
+
+    /// Keeps connections to `peers` up from now on (redialed every [`KEEP_REDIAL_MS`] while
+    /// down), in place of the peers given before. Other connections come and go with need.
+    pub async fn keep_connected(&self, peers: Vec<PeerId>) {
+        let _ = self.tx.send(Command::KeepConnected(peers)).await;
+    }
 }
 
 /// A seed address and its retry state.
@@ -309,38 +324,6 @@ struct Seed {
     backoff_ms: u64,
     next_dial: Instant,
     dialing: Option<ConnectionId>,
-}
-
-/// Takes from `queue` the members to dial ahead of need: those `wanted` (alive, not
-/// connected), each once, at most `room` of them; the rest of the queue is dropped once
-/// `room` is reached.
-fn warm_picks(
-    queue: &mut VecDeque<PeerId>,
-    room: usize,
-    wanted: impl Fn(&PeerId) -> bool,
-) -> Vec<PeerId> {
-    let mut picks = Vec::new();
-    while let Some(id) = queue.pop_front() {
-        if picks.len() >= room {
-            queue.clear();
-            break;
-        }
-        if wanted(&id) && !picks.contains(&id) {
-            picks.push(id);
-        }
-    }
-    picks
-}
-
-/// Whether this node (`me`) dials `member` ahead of need: of each pair, only the member
-/// with the lower id does. When both did, their dials crossed as both learned of each other
-/// at about the same time, and about half of the pairs of a forming cluster ended up with two
-/// connections, each with its own handshakes (128 nodes on two cores: 12,300 connections for
-/// 8,128 pairs, 8,800 with this rule; the handshakes' X25519 was about 30 % of the host's CPU
-/// while the cluster formed). The higher one's first message finds the connection up, or
-/// dials on demand.
-fn dials_ahead(me: &PeerId, member: &PeerId) -> bool {
-    me < member
 }
 
 /// When the event loop next wakes without a message: at the core's next timer
@@ -420,14 +403,21 @@ pub struct EventLoop {
     /// The calls to and from peers, and the bad frames they read.
     calls: PeerCalls,
     bad_calls: mpsc::Receiver<BadCall>,
-    /// Members that turned alive, to connect to before a probe or a message needs it.
-    warm: VecDeque<PeerId>,
+    /// Membership's datagrams: the socket and the seal.
+    datagrams: Datagrams,
+    /// Rate limits the warning for datagrams that do not open.
+    datagram_warn: RateLimitedWarn,
+    /// Peers whose connections are kept up, and when they were last dialed.
+    keep: Vec<PeerId>,
+    keep_dialed: Option<Instant>,
 }
 
 impl EventLoop {
-    /// Wraps a listening swarm and a core; returns the loop and its handle.
+    /// Wraps a listening swarm, the datagram socket on its port, and a core; returns the
+    /// loop and its handle.
     pub fn new(
         swarm: Swarm<Behaviour>,
+        datagrams: Datagrams,
         core: Core,
         epoch: Instant,
         seeds: Vec<Multiaddr>,
@@ -467,7 +457,10 @@ impl EventLoop {
             stream_events,
             calls,
             bad_calls,
-            warm: VecDeque::new(),
+            datagrams,
+            datagram_warn: RateLimitedWarn::new(),
+            keep: Vec::new(),
+            keep_dialed: None,
         };
         (lp, NodeHandle { tx })
     }
@@ -490,7 +483,7 @@ impl EventLoop {
     pub async fn run(mut self) {
         loop {
             self.dial_due_seeds();
-            self.warm_connections();
+            self.keep_connections();
             let core_wake = self.epoch
                 + Duration::from_millis(
                     self.core.next_wakeup_ms().min(self.now_ms() + TICK_MAX_MS),
@@ -503,6 +496,7 @@ impl EventLoop {
                     None => return,
                 },
                 Some(ev) = self.stream_events.recv() => self.on_stream_event(ev),
+                received = self.datagrams.recv() => self.on_datagram(received),
                 Some(BadCall { peer, reason }) = self.bad_calls.recv() => {
                     self.counters.bad_messages += 1;
                     self.bad_warn.warn(Instant::now(), &peer, &reason);
@@ -581,30 +575,27 @@ impl EventLoop {
         }
     }
 
-    /// Dials the members that turned alive and are not connected yet, those this node dials
-    /// ahead of ([`dials_ahead`]; up to [`WARM_CONNECTIONS_MAX`] connections in all), so
-    /// that a first probe or message finds the connection up instead of waiting for a dial
-    /// and its handshakes.
-    fn warm_connections(&mut self) {
-        if self.warm.is_empty() {
+    /// Dials the peers to keep connected that are not, at most every [`KEEP_REDIAL_MS`].
+    fn keep_connections(&mut self) {
+        let now = Instant::now();
+        let due = self
+            .keep_dialed
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_millis(KEEP_REDIAL_MS));
+        if self.keep.is_empty() || self.leaving.is_some() || !due {
             return;
         }
-        if self.leaving.is_some() {
-            self.warm.clear();
-            return;
-        }
-        let room = WARM_CONNECTIONS_MAX.saturating_sub(self.swarm.connected_peers().count());
-        let (core, swarm) = (&self.core, &self.swarm);
-        let picks = warm_picks(&mut self.warm, room, |id| {
-            core.member(id).is_some_and(|m| m.state == State::Alive) && !swarm.is_connected(id)
-        });
-        for id in picks {
+        self.keep_dialed = Some(now);
+        let me = *self.swarm.local_peer_id();
+        for id in self.keep.clone() {
+            if id == me || self.swarm.is_connected(&id) {
+                continue;
+            }
             self.offer_addresses(id);
             let opts = DialOpts::peer_id(id)
                 .condition(PeerCondition::DisconnectedAndNotDialing)
                 .build();
             if let Err(e) = self.swarm.dial(opts) {
-                debug!(peer = %id, "dial ahead of need refused: {e}");
+                debug!(peer = %id, "dial to keep connected refused: {e}");
             }
         }
     }
@@ -617,6 +608,10 @@ impl EventLoop {
             Command::Members(reply) => {
                 let members = self.core.members().cloned().collect();
                 let _ = reply.send((self.now_ms(), members));
+            }
+            Command::KeepConnected(peers) => {
+                self.keep = peers;
+                self.keep_dialed = None;
             }
             Command::UpdateMeta(f) => {
                 let mut meta = self.core.local().meta.clone();
@@ -664,9 +659,6 @@ impl EventLoop {
                             debug!(peer = %member.id, name, "member metadata changed")
                         }
                         (_, State::Alive) => {
-                            if dials_ahead(self.swarm.local_peer_id(), &member.id) {
-                                self.warm.push_back(member.id);
-                            }
                             info!(peer = %member.id, name, incarnation = member.incarnation, "member alive")
                         }
                         (_, State::Suspect) => info!(peer = %member.id, name, "member suspect"),
@@ -678,7 +670,38 @@ impl EventLoop {
         }
     }
 
+    /// Sends `msg` to `to`: as datagrams when it is a probe or gossip (what fits no
+    /// datagram on the stream), on the stream otherwise and while leaving (a leave waits
+    /// until its announcements were written).
     fn send(&mut self, to: PeerId, msg: &Msg) {
+        let addr = self
+            .core
+            .member(&to)
+            .and_then(|m| datagrams::datagram_addr(&m.meta.p2p_addrs));
+        if let Some(addr) = addr.filter(|_| datagrams::by_datagram(msg) && self.sent_to.is_none()) {
+            match datagrams::datagram_frames(msg, self.datagrams.frame_budget()) {
+                Ok((frames, rest)) => {
+                    for frame in frames {
+                        match self.datagrams.send(addr, &frame) {
+                            Ok(()) => self.counters.messages_out += 1,
+                            Err(e) => {
+                                self.counters.send_failures += 1;
+                                debug!(peer = %to, %addr, "membership datagram dropped: {e}");
+                            }
+                        }
+                    }
+                    if let Some(rest) = rest {
+                        self.send_on_stream(to, &rest);
+                    }
+                }
+                Err(e) => warn!(peer = %to, kind = msg.kind(), "membership message not sent: {e}"),
+            }
+            return;
+        }
+        self.send_on_stream(to, msg);
+    }
+
+    fn send_on_stream(&mut self, to: PeerId, msg: &Msg) {
         let frames = match membership_frames(msg) {
             Ok(frames) => frames,
             Err(e) => {
@@ -824,6 +847,22 @@ impl EventLoop {
         }
     }
 
+    fn on_datagram(&mut self, received: Received) {
+        match received {
+            Received::Frame { from, frame } => self.on_membership_frame(from, Frame::Bytes(frame)),
+            Received::Refused { from, error } => {
+                self.counters.refused_datagrams += 1;
+                if let Some(suppressed) = self.datagram_warn.due(Instant::now()) {
+                    warn!(%from, suppressed, "membership datagram refused: {error}");
+                }
+            }
+            Received::Failed(e) => {
+                self.counters.bad_messages += 1;
+                debug!("membership datagram not read: {e}");
+            }
+        }
+    }
+
     fn on_membership_frame(&mut self, peer: PeerId, frame: Frame) {
         self.counters.messages_in += 1;
         let decoded = match frame {
@@ -919,38 +958,6 @@ mod tests {
             backoff_ms: SEED_BACKOFF_MIN_MS,
             next_dial,
             dialing: None,
-        }
-    }
-
-    #[test]
-    fn members_to_dial_ahead_are_the_wanted_ones_once_each_up_to_the_room() {
-        let [a, b, c, d, e] = [(); 5].map(|_| PeerId::random());
-        // b is connected already, c is not alive.
-        let wanted = |id: &PeerId| *id != b && *id != c;
-        let mut queue = VecDeque::from([a, b, c, a, d, e]);
-        assert_eq!(warm_picks(&mut queue, 2, wanted), vec![a, d]);
-        assert!(
-            queue.is_empty(),
-            "the rest is dropped once the room is taken"
-        );
-        let mut queue = VecDeque::from([a, b, d]);
-        assert_eq!(warm_picks(&mut queue, 10, wanted), vec![a, d]);
-        let mut queue = VecDeque::from([a, d]);
-        assert!(warm_picks(&mut queue, 0, wanted).is_empty());
-        assert!(queue.is_empty());
-    }
-
-    #[test]
-    fn of_each_pair_exactly_one_dials_ahead() {
-        let ids: Vec<PeerId> = (0..16).map(|_| PeerId::random()).collect();
-        for a in &ids {
-            assert!(!dials_ahead(a, a), "nobody dials itself");
-            for b in ids.iter().filter(|b| *b != a) {
-                assert!(
-                    dials_ahead(a, b) != dials_ahead(b, a),
-                    "{a} and {b}: one dial, not none or two"
-                );
-            }
         }
     }
 

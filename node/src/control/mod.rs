@@ -40,5 +40,27 @@ pub async fn start(
     ctl.tasks
         .spawn(recovery::restart_after_storage_failures(ctl.clone()));
     ctl.tasks.spawn(rpc::serve(ctl.clone(), rpc_rx, admit));
+    ctl.tasks.spawn(keep_voters_connected(ctl.clone()));
     Ok(ctl)
+}
+
+/// How often the voters are looked up for [`keep_voters_connected`], in milliseconds.
+const VOTERS_CHECK_MS: u64 = 1_000;
+
+/// Keeps this node connected to the Raft voters (the chief's possible successors). Membership
+/// needs no connections (its probes are datagrams), so without this a node would reach a
+/// new chief only when its first call dials, and at 128 nodes the calls of an election and
+/// of a new chief's first heartbeats waited on hundreds of handshakes at once: failover took
+/// 12–32 s in place of 2.4 s.
+async fn keep_voters_connected(ctl: handle::ControlHandle) {
+    let mut kept = Vec::new();
+    loop {
+        let voters: Vec<libp2p::PeerId> =
+            ctl.voters().iter().filter_map(|p| p.parse().ok()).collect();
+        if voters != kept {
+            ctl.node.keep_connected(voters.clone()).await;
+            kept = voters;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(VOTERS_CHECK_MS)).await;
+    }
 }

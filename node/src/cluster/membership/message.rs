@@ -163,6 +163,19 @@ impl<I, M> Message<I, M> {
         Ok(())
     }
 
+    /// Takes the piggybacked updates off the message (a push-pull and a state piece carry
+    /// none: a state piece's members are its content, and stay).
+    pub fn take_updates(&mut self) -> Vec<Update<I, M>> {
+        match self {
+            Message::Ping { updates, .. }
+            | Message::Ack { updates, .. }
+            | Message::PingReq { updates, .. }
+            | Message::Nack { updates, .. }
+            | Message::Gossip { updates } => std::mem::take(updates),
+            Message::PushPull { .. } | Message::StatePiece { .. } => Vec::new(),
+        }
+    }
+
     /// The updates the message carries (piggybacked or a state piece).
     pub fn updates(&self) -> &[Update<I, M>] {
         match self {

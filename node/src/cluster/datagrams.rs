@@ -1,0 +1,414 @@
+//! Membership's datagrams: probes, acks, ping-reqs, nacks and gossip travel as UDP datagrams
+//! on the p2p port's number, sealed with a key derived from the cluster key.
+//!
+//! Why not the streams: over libp2p every pair of members that probes or gossips needs a
+//! connection, and every connection its handshakes (Noise's X25519). A forming cluster of 128
+//! nodes on one 2-core host opened 8,770 connections (a full mesh) and spent about a third of
+//! the host's CPU in X25519 for 7 s; it converged in 2.4–7.7 s. With the same messages as
+//! datagrams (and no connection dialed ahead of need) it converged in 0.84–0.86 s and an idle
+//! node's cost fell from 0.37–0.44 % to 0.24–0.26 % of a core (`docs/scale.md`). Joins, state
+//! syncs (push-pull, state pieces) and leaves stay on the streams: they are large, or must
+//! arrive, or both.
+//!
+//! A datagram is `magic | nonce | ChaCha20-Poly1305(sender's peer id | frame)`, at most
+//! [`DATAGRAM_BYTES_MAX`] bytes (an Ethernet frame's payload, so IP never fragments it), with
+//! the key [`ClusterKey::derive`]d for [`DATAGRAM_KEY_CONTEXT`] and a random 96-bit nonce per
+//! datagram. Without a cluster key (`--insecure`) a datagram is `plain magic | peer id |
+//! frame`: such a cluster is open to anyone who reaches the port anyway. A message too large
+//! for one datagram is sent bare and its piggybacked updates follow as gossip in as many
+//! datagrams as they fill ([`datagram_frames`]); an update that fills more than one alone goes
+//! on the stream.
+//!
+//! What a datagram proves is weaker than a stream's: that its sender holds the cluster key,
+//! not that it is the member it names (a stream's Noise handshake proves the peer id). Every
+//! member holds the key and may speak for the cluster already (it votes in Raft, runs ranks);
+//! a host without the key can neither read nor forge a datagram. A replayed datagram carries
+//! claims at incarnations a member has since refuted or will refute; SWIM's precedence
+//! (higher incarnation wins) ignores them.
+
+use std::{
+    io,
+    net::{IpAddr, SocketAddr},
+};
+
+use chacha20poly1305::{
+    aead::{Aead, KeyInit, Payload},
+    ChaCha20Poly1305, Key, Nonce,
+};
+use libp2p::{multiaddr::Protocol, Multiaddr, PeerId};
+
+use crate::cluster::{
+    identity::ClusterKey,
+    membership::{Message, Update},
+    meta::NodeMeta,
+    wire,
+};
+
+type Msg = Message<PeerId, NodeMeta>;
+
+/// The key-derivation context of the datagram key (changing it partitions old nodes from
+/// new ones).
+pub const DATAGRAM_KEY_CONTEXT: &str = "ringleader 2026-11 membership datagrams v1";
+/// Largest datagram sent, in bytes: an Ethernet frame's 1,500 less IP's and UDP's headers
+/// with room to spare (memberlist's figure), so that no datagram is fragmented.
+pub const DATAGRAM_BYTES_MAX: usize = 1_400;
+/// Largest datagram read, in bytes (UDP's own limit; larger ones are never sent, and are
+/// refused as any other that does not open).
+const DATAGRAM_READ_BYTES_MAX: usize = 65_536;
+/// What a sealed datagram starts with.
+const SEALED_MAGIC: &[u8; 4] = b"RLm1";
+/// What an unsealed (`--insecure`) datagram starts with.
+const PLAIN_MAGIC: &[u8; 4] = b"RLm0";
+/// Bytes of a nonce.
+const NONCE_BYTES: usize = 12;
+/// Bytes of the Poly1305 tag.
+const TAG_BYTES: usize = 16;
+/// How many times a `--listen` on port 0 looks for a port free for both TCP and UDP.
+const FREE_PORT_TRIES: usize = 32;
+
+/// Why a datagram was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OpenError {
+    /// Shorter than any datagram a node sends.
+    #[error("{len} bytes, too short for a membership datagram")]
+    Short {
+        /// Bytes received.
+        len: usize,
+    },
+    /// It does not start with either magic: not a ringleader node's.
+    #[error("not a ringleader membership datagram")]
+    NotOurs,
+    /// A sealed datagram at a node without a cluster key.
+    #[error("a sealed datagram, but this node runs --insecure")]
+    Sealed,
+    /// An unsealed datagram at a node with a cluster key.
+    #[error("an unsealed datagram (from a node run with --insecure?)")]
+    Unsealed,
+    /// The seal does not open: another key, or altered bytes.
+    #[error("does not open with this cluster's key (a host with another --cluster-key?)")]
+    Forged,
+    /// The sender's peer id inside is malformed.
+    #[error("the sender's peer id is malformed")]
+    BadSender,
+}
+
+/// Seals and opens one node's datagrams: its peer id goes inside each it sends.
+pub struct Seal {
+    /// `None` without a cluster key (`--insecure`).
+    cipher: Option<ChaCha20Poly1305>,
+    /// `[len][peer id bytes]` of this node.
+    me: Vec<u8>,
+}
+
+impl Seal {
+    /// The seal of the node `me`, with the cluster's key or without one (`--insecure`).
+    pub fn new(key: Option<&ClusterKey>, me: &PeerId) -> Seal {
+        let id = me.to_bytes();
+        let mut prefix = Vec::with_capacity(1 + id.len());
+        prefix.push(u8::try_from(id.len()).expect("a peer id is shorter than 256 bytes"));
+        prefix.extend_from_slice(&id);
+        Seal {
+            cipher: key
+                .map(|k| ChaCha20Poly1305::new(Key::from_slice(&k.derive(DATAGRAM_KEY_CONTEXT)))),
+            me: prefix,
+        }
+    }
+
+    /// Bytes a datagram adds around its frame.
+    pub fn overhead(&self) -> usize {
+        let seal = if self.cipher.is_some() {
+            NONCE_BYTES + TAG_BYTES
+        } else {
+            0
+        };
+        SEALED_MAGIC.len() + seal + self.me.len()
+    }
+
+    /// The largest frame one datagram carries.
+    pub fn frame_budget(&self) -> usize {
+        DATAGRAM_BYTES_MAX - self.overhead()
+    }
+
+    /// `frame` as a datagram from this node.
+    pub fn seal(&self, frame: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.overhead() + frame.len());
+        match &self.cipher {
+            None => {
+                out.extend_from_slice(PLAIN_MAGIC);
+                out.extend_from_slice(&self.me);
+                out.extend_from_slice(frame);
+            }
+            Some(cipher) => {
+                let nonce: [u8; NONCE_BYTES] = rand::random();
+                let mut body = Vec::with_capacity(self.me.len() + frame.len());
+                body.extend_from_slice(&self.me);
+                body.extend_from_slice(frame);
+                let sealed = cipher
+                    .encrypt(
+                        Nonce::from_slice(&nonce),
+                        Payload {
+                            msg: &body,
+                            aad: SEALED_MAGIC,
+                        },
+                    )
+                    .expect("ChaCha20-Poly1305 encrypts any datagram's length");
+                out.extend_from_slice(SEALED_MAGIC);
+                out.extend_from_slice(&nonce);
+                out.extend_from_slice(&sealed);
+            }
+        }
+        out
+    }
+
+    /// The sender and the frame of `datagram`.
+    pub fn open(&self, datagram: &[u8]) -> Result<(PeerId, Vec<u8>), OpenError> {
+        if datagram.len() < PLAIN_MAGIC.len() + 1 {
+            return Err(OpenError::Short {
+                len: datagram.len(),
+            });
+        }
+        let (magic, rest) = datagram.split_at(SEALED_MAGIC.len());
+        let body = match (&self.cipher, magic) {
+            (Some(cipher), m) if m == SEALED_MAGIC => {
+                if rest.len() < NONCE_BYTES + TAG_BYTES {
+                    return Err(OpenError::Short {
+                        len: datagram.len(),
+                    });
+                }
+                let (nonce, sealed) = rest.split_at(NONCE_BYTES);
+                cipher
+                    .decrypt(
+                        Nonce::from_slice(nonce),
+                        Payload {
+                            msg: sealed,
+                            aad: SEALED_MAGIC,
+                        },
+                    )
+                    .map_err(|_| OpenError::Forged)?
+            }
+            (None, m) if m == PLAIN_MAGIC => rest.to_vec(),
+            (None, m) if m == SEALED_MAGIC => return Err(OpenError::Sealed),
+            (Some(_), m) if m == PLAIN_MAGIC => return Err(OpenError::Unsealed),
+            _ => return Err(OpenError::NotOurs),
+        };
+        let (&len, rest) = body.split_first().ok_or(OpenError::BadSender)?;
+        if rest.len() < usize::from(len) {
+            return Err(OpenError::BadSender);
+        }
+        let (id, frame) = rest.split_at(usize::from(len));
+        let from = PeerId::from_bytes(id).map_err(|_| OpenError::BadSender)?;
+        Ok((from, frame.to_vec()))
+    }
+}
+
+/// Whether `msg` travels as datagrams: the probes and gossip, not joins, syncs or state.
+pub fn by_datagram(msg: &Msg) -> bool {
+    matches!(
+        msg,
+        Message::Ping { .. }
+            | Message::Ack { .. }
+            | Message::PingReq { .. }
+            | Message::Nack { .. }
+            | Message::Gossip { .. }
+    )
+}
+
+/// `msg` as frames of at most `budget` bytes, one a datagram, and what fits no datagram.
+///
+/// A message that fits goes whole. One that does not goes bare (its piggybacked updates
+/// taken off; nothing, for a gossip message) and its updates follow in gossip messages, as
+/// many as they fill; an update larger than a datagram alone comes back in the gossip
+/// message for the stream. The receiver merges piggybacked and gossiped updates alike.
+pub fn datagram_frames(
+    msg: &Msg,
+    budget: usize,
+) -> Result<(Vec<Vec<u8>>, Option<Msg>), wire::WireError> {
+    let whole = wire::encode(msg)?;
+    if whole.len() <= budget {
+        return Ok((vec![whole], None));
+    }
+    let mut bare = msg.clone();
+    let updates = bare.take_updates();
+    let mut frames = Vec::new();
+    if !matches!(bare, Message::Gossip { .. }) {
+        frames.push(wire::encode(&bare)?);
+    }
+    // A gossip message is its variant, the updates' count (a varint, at most 9 bytes) and
+    // the updates.
+    let gossip_bytes = wire::encode(&Msg::Gossip {
+        updates: Vec::new(),
+    })?
+    .len()
+        + 9;
+    let mut group: Vec<Update<PeerId, NodeMeta>> = Vec::new();
+    let mut group_bytes = gossip_bytes;
+    let mut too_large = Vec::new();
+    for update in updates {
+        let bytes = wire::encode(&update)?.len();
+        if gossip_bytes + bytes > budget {
+            too_large.push(update);
+            continue;
+        }
+        if group_bytes + bytes > budget {
+            frames.push(wire::encode(&Msg::Gossip {
+                updates: std::mem::take(&mut group),
+            })?);
+            group_bytes = gossip_bytes;
+        }
+        group_bytes += bytes;
+        group.push(update);
+    }
+    if !group.is_empty() {
+        frames.push(wire::encode(&Msg::Gossip { updates: group })?);
+    }
+    let rest = (!too_large.is_empty()).then_some(Msg::Gossip { updates: too_large });
+    Ok((frames, rest))
+}
+
+/// The UDP address of a member: the IP and port of its first advertised TCP address that is
+/// not loopback (a member listening everywhere advertises loopback too, which is another host
+/// for anyone else), or of its first one.
+pub fn datagram_addr(p2p_addrs: &[String]) -> Option<SocketAddr> {
+    let addrs: Vec<SocketAddr> = p2p_addrs
+        .iter()
+        .filter_map(|a| a.parse::<Multiaddr>().ok())
+        .filter_map(|a| tcp_socket_addr(&a))
+        .collect();
+    addrs
+        .iter()
+        .find(|a| !a.ip().is_loopback())
+        .or(addrs.first())
+        .copied()
+}
+
+/// The IP and TCP port a multiaddr names.
+fn tcp_socket_addr(addr: &Multiaddr) -> Option<SocketAddr> {
+    let mut ip = None;
+    let mut port = None;
+    for p in addr.iter() {
+        match p {
+            Protocol::Ip4(x) => ip = Some(IpAddr::V4(x)),
+            Protocol::Ip6(x) => ip = Some(IpAddr::V6(x)),
+            Protocol::Tcp(x) => port = Some(x),
+            _ => {}
+        }
+    }
+    Some(SocketAddr::new(ip?, port?))
+}
+
+/// Why the cluster's ports could not be bound.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// `--listen` names no IP address (a DNS name, say).
+    #[error("--listen {0} names no IP address to listen on")]
+    NoIp(Multiaddr),
+    /// The TCP port is taken.
+    #[error("TCP: {0}")]
+    Tcp(io::Error),
+    /// The UDP port of the same number is taken.
+    #[error("UDP: {0}")]
+    Udp(io::Error),
+}
+
+/// Binds the membership datagrams' UDP socket on `listen`'s IP and TCP port, after checking
+/// that the TCP port is free too (libp2p binds it with `SO_REUSEPORT`, which would share a
+/// port in use silently). A `listen` on port 0 gets a port free for both; `listen` comes
+/// back with its port filled in.
+pub fn bind(listen: &Multiaddr) -> Result<(Multiaddr, std::net::UdpSocket), BindError> {
+    let at = tcp_socket_addr(listen).ok_or_else(|| BindError::NoIp(listen.clone()))?;
+    let both = |at: SocketAddr| -> Result<std::net::UdpSocket, BindError> {
+        drop(std::net::TcpListener::bind(at).map_err(BindError::Tcp)?);
+        std::net::UdpSocket::bind(at).map_err(BindError::Udp)
+    };
+    if at.port() != 0 {
+        return Ok((listen.clone(), both(at)?));
+    }
+    let mut last = None;
+    for _ in 0..FREE_PORT_TRIES {
+        // The OS picks a free UDP port; the same number is taken for TCP when free too.
+        let udp = std::net::UdpSocket::bind(at).map_err(BindError::Udp)?;
+        let port = udp.local_addr().map_err(BindError::Udp)?.port();
+        match std::net::TcpListener::bind(SocketAddr::new(at.ip(), port)) {
+            Ok(tcp) => {
+                drop(tcp);
+                let listen = listen
+                    .iter()
+                    .map(|p| match p {
+                        Protocol::Tcp(_) => Protocol::Tcp(port),
+                        p => p,
+                    })
+                    .collect();
+                return Ok((listen, udp));
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(BindError::Tcp(last.expect("at least one try")))
+}
+
+/// What [`Datagrams::recv`] got.
+pub enum Received {
+    /// A frame from a member (or from anyone with the key, see the module doc).
+    Frame {
+        /// The sender the datagram names.
+        from: PeerId,
+        /// The membership frame.
+        frame: Vec<u8>,
+    },
+    /// A datagram that did not open.
+    Refused {
+        /// Where it came from.
+        from: SocketAddr,
+        /// Why it was refused.
+        error: OpenError,
+    },
+    /// The socket failed to read.
+    Failed(io::Error),
+}
+
+/// The node's datagram socket and seal, owned by the event loop.
+pub struct Datagrams {
+    socket: tokio::net::UdpSocket,
+    seal: Seal,
+    buf: Vec<u8>,
+}
+
+impl Datagrams {
+    /// Takes the socket [`bind`] made; must be called inside the Tokio runtime.
+    pub fn new(socket: std::net::UdpSocket, seal: Seal) -> io::Result<Datagrams> {
+        socket.set_nonblocking(true)?;
+        Ok(Datagrams {
+            socket: tokio::net::UdpSocket::from_std(socket)?,
+            seal,
+            buf: vec![0; DATAGRAM_READ_BYTES_MAX],
+        })
+    }
+
+    /// The largest frame one datagram carries.
+    pub fn frame_budget(&self) -> usize {
+        self.seal.frame_budget()
+    }
+
+    /// Sends `frame` (at most [`Self::frame_budget`] bytes) to `to`, without waiting: a full
+    /// send buffer drops it, as the network may.
+    pub fn send(&self, to: SocketAddr, frame: &[u8]) -> io::Result<()> {
+        debug_assert!(frame.len() <= self.frame_budget());
+        self.socket
+            .try_send_to(&self.seal.seal(frame), to)
+            .map(|_| ())
+    }
+
+    /// The next datagram.
+    pub async fn recv(&mut self) -> Received {
+        match self.socket.recv_from(&mut self.buf).await {
+            Ok((n, from)) => match self.seal.open(&self.buf[..n]) {
+                Ok((peer, frame)) => Received::Frame { from: peer, frame },
+                Err(error) => Received::Refused { from, error },
+            },
+            Err(e) => Received::Failed(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,194 @@
+use super::*;
+use crate::cluster::{identity::parse_cluster_key, membership::State};
+use proptest::prelude::*;
+
+fn key() -> ClusterKey {
+    parse_cluster_key(&crate::cluster::identity::generate_cluster_key()).unwrap()
+}
+
+fn update(name: &str, labels: usize) -> Update<PeerId, NodeMeta> {
+    let mut meta = NodeMeta::for_test(name, 4, "10.0.0.1");
+    meta.p2p_addrs = vec!["/ip4/10.0.0.1/tcp/7070".into()];
+    meta.labels = (0..labels)
+        .map(|l| (format!("{l:0>64}"), "v".repeat(64)))
+        .collect();
+    Update {
+        id: PeerId::random(),
+        incarnation: 3,
+        state: State::Alive,
+        meta,
+        meta_version: 1,
+        from: None,
+    }
+}
+
+#[test]
+fn a_sealed_datagram_opens_only_with_the_same_key_and_unaltered() {
+    let (k, me) = (key(), PeerId::random());
+    let seal = Seal::new(Some(&k), &me);
+    let frame = b"a membership frame".to_vec();
+    let d = seal.seal(&frame);
+    assert_eq!(d.len(), seal.overhead() + frame.len());
+    assert_eq!(seal.open(&d), Ok((me, frame.clone())));
+    // Another node of the same cluster opens it too.
+    assert_eq!(
+        Seal::new(Some(&k), &PeerId::random()).open(&d),
+        Ok((me, frame.clone()))
+    );
+    // Two seals of the same frame differ (a fresh nonce each).
+    assert_ne!(seal.seal(&frame), d);
+    // Another key, any byte altered, a cut: refused.
+    let stranger = Seal::new(Some(&key()), &PeerId::random());
+    assert_eq!(stranger.open(&d), Err(OpenError::Forged));
+    for i in 0..d.len() {
+        let mut bad = d.clone();
+        bad[i] ^= 0x20;
+        assert!(seal.open(&bad).is_err(), "byte {i} altered and it opened");
+    }
+    assert!(seal.open(&d[..d.len() - 1]).is_err());
+    assert_eq!(
+        seal.open(&d[..10]),
+        Err(OpenError::Short { len: 10 }),
+        "shorter than nonce and tag"
+    );
+}
+
+#[test]
+fn keyed_and_insecure_nodes_refuse_each_other_and_say_which() {
+    let k = key();
+    let keyed = Seal::new(Some(&k), &PeerId::random());
+    let me = PeerId::random();
+    let open = Seal::new(None, &me);
+    let plain = open.seal(b"hello");
+    assert_eq!(open.open(&plain), Ok((me, b"hello".to_vec())));
+    assert_eq!(keyed.open(&plain), Err(OpenError::Unsealed));
+    assert_eq!(open.open(&keyed.seal(b"hello")), Err(OpenError::Sealed));
+    assert_eq!(keyed.open(b"GET / HTTP/1.1"), Err(OpenError::NotOurs));
+    assert_eq!(keyed.open(b""), Err(OpenError::Short { len: 0 }));
+    // A plain datagram whose peer id is cut short, or not a peer id.
+    assert_eq!(open.open(b"RLm0\x26abc"), Err(OpenError::BadSender));
+    assert_eq!(open.open(b"RLm0\x03abcframe"), Err(OpenError::BadSender));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Any bytes on the port: refused or opened, never a panic; with a key, only what was
+    /// sealed with it opens.
+    #[test]
+    fn any_bytes_are_refused_without_a_panic(b in proptest::collection::vec(any::<u8>(), 0..1600)) {
+        let keyed = Seal::new(Some(&key()), &PeerId::random());
+        prop_assert!(keyed.open(&b).is_err());
+        let _ = Seal::new(None, &PeerId::random()).open(&b);
+    }
+}
+
+#[test]
+fn a_message_that_fits_goes_whole_and_one_that_does_not_goes_bare_then_as_gossip() {
+    let seal = Seal::new(Some(&key()), &PeerId::random());
+    let budget = seal.frame_budget();
+    assert!(budget >= 1_300, "room for a frame: {budget}");
+    let target = PeerId::random();
+    let small = Msg::Ping {
+        seq: 7,
+        target,
+        updates: vec![update("a", 0)],
+    };
+    let (frames, rest) = datagram_frames(&small, budget).unwrap();
+    assert_eq!(frames, vec![wire::encode(&small).unwrap()]);
+    assert!(rest.is_none());
+
+    // 32 updates of about 300 bytes and one of about 3 KB.
+    let mut updates: Vec<_> = (0..32).map(|i| update(&format!("m{i}"), 1)).collect();
+    let huge = update("huge", 20);
+    updates.insert(5, huge.clone());
+    let big = Msg::Ping {
+        seq: 8,
+        target,
+        updates: updates.clone(),
+    };
+    let (frames, rest) = datagram_frames(&big, budget).unwrap();
+    assert!(frames.len() > 2, "{} frames", frames.len());
+    let mut seen = Vec::new();
+    for (i, f) in frames.iter().enumerate() {
+        assert!(f.len() <= budget, "frame {i}: {} bytes", f.len());
+        match wire::decode::<Msg>(f).unwrap() {
+            Msg::Ping {
+                seq: 8,
+                target: t,
+                updates,
+            } if i == 0 => {
+                assert_eq!(t, target);
+                assert!(updates.is_empty(), "the probe goes bare");
+            }
+            Msg::Gossip { updates } if i > 0 => seen.extend(updates),
+            other => panic!("frame {i}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        rest,
+        Some(Msg::Gossip {
+            updates: vec![huge.clone()]
+        }),
+        "the update no datagram holds goes on the stream"
+    );
+    seen.push(huge);
+    let key = |u: &Update<PeerId, NodeMeta>| u.meta.name.clone();
+    seen.sort_by_key(key);
+    updates.sort_by_key(key);
+    assert_eq!(seen, updates, "every update once");
+
+    // Gossip too large for one datagram is cut into gossip, with no bare message.
+    let gossip = Msg::Gossip {
+        updates: (0..32).map(|i| update(&format!("g{i}"), 1)).collect(),
+    };
+    let (frames, rest) = datagram_frames(&gossip, budget).unwrap();
+    assert!(rest.is_none());
+    let n: usize = frames
+        .iter()
+        .map(|f| wire::decode::<Msg>(f).unwrap().updates().len())
+        .sum();
+    assert_eq!(n, 32);
+    assert!(frames.iter().all(|f| f.len() <= budget));
+}
+
+#[test]
+fn a_member_is_reached_at_its_first_address_that_is_not_loopback() {
+    let addrs = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        datagram_addr(&addrs(&[
+            "/ip4/127.0.0.1/tcp/7070",
+            "/ip4/10.1.2.3/tcp/7070"
+        ])),
+        Some("10.1.2.3:7070".parse().unwrap())
+    );
+    assert_eq!(
+        datagram_addr(&addrs(&["/ip4/127.0.0.5/tcp/9"])),
+        Some("127.0.0.5:9".parse().unwrap())
+    );
+    assert_eq!(
+        datagram_addr(&addrs(&["/ip6/::1/tcp/7070"])),
+        Some("[::1]:7070".parse().unwrap())
+    );
+    assert_eq!(
+        datagram_addr(&addrs(&["/dns/example.com/tcp/1", "junk"])),
+        None
+    );
+}
+
+#[test]
+fn a_listen_on_port_zero_gets_one_port_free_for_tcp_and_udp() {
+    let listen: Multiaddr = "/ip4/127.0.0.1/tcp/0".parse().unwrap();
+    let (bound, udp) = bind(&listen).unwrap();
+    let at = tcp_socket_addr(&bound).unwrap();
+    assert_ne!(at.port(), 0);
+    assert_eq!(udp.local_addr().unwrap(), at);
+    // The same port again: the UDP one is taken.
+    let err = bind(&bound).unwrap_err();
+    assert!(
+        matches!(&err, BindError::Udp(e) if e.kind() == io::ErrorKind::AddrInUse),
+        "{err}"
+    );
+    let dns: Multiaddr = "/dns/localhost/tcp/0".parse().unwrap();
+    assert!(matches!(bind(&dns), Err(BindError::NoIp(_))));
+}
