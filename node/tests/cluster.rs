@@ -168,7 +168,7 @@ fn a_node_with_another_cluster_key_is_never_admitted() {
 #[test]
 fn datagrams_without_the_cluster_key_are_refused_and_admit_nobody() {
     use ringleader::cluster::{
-        datagrams::{datagram_addr, Seal},
+        datagrams::{advertised_addrs, Seal},
         identity::{generate_cluster_key, parse_cluster_key},
         membership::{Message, State, Update},
         meta::NodeMeta,
@@ -179,7 +179,7 @@ fn datagrams_without_the_cluster_key_are_refused_and_admit_nobody() {
     c.start_joining("k1", &[]).unwrap();
     c.wait_all(WAIT, "pair formed", |s| s.names_in("alive").len() == 2)
         .unwrap();
-    let to = datagram_addr(&c.nodes[0].info.p2p_addrs).expect("k0's UDP address");
+    let to = advertised_addrs(&c.nodes[0].info.p2p_addrs)[0];
 
     // Gossip that a member "ghost" is alive, from "ghost" itself.
     let ghost = libp2p::PeerId::random();

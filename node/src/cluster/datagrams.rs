@@ -4,9 +4,10 @@
 //! Why not the streams: over libp2p every pair of members that probes or gossips needs a
 //! connection, and every connection its handshakes (Noise's X25519). A forming cluster of 128
 //! nodes on one 2-core host opened 8,770 connections (a full mesh) and spent about a third of
-//! the host's CPU in X25519 for 7 s; it converged in 2.4–7.7 s. With the same messages as
-//! datagrams (and no connection dialed ahead of need) it converged in 0.84–0.86 s and an idle
-//! node's cost fell from 0.37–0.44 % to 0.24–0.26 % of a core (`docs/scale.md`). Joins, state
+//! the host's CPU in X25519 for 7 s. With the same messages as datagrams (and no connection
+//! dialed ahead of need) it opens about 800, converges in 0.8–1.7 s instead of 3.0–10.7, and
+//! an idle node costs 0.29–0.44 % of a core instead of 0.41–0.58 (runs alternated, one
+//! evening; `docs/scale.md`). Joins, state
 //! syncs (push-pull, state pieces) and leaves stay on the streams: they are large, or must
 //! arrive, or both.
 //!
@@ -19,12 +20,17 @@
 //! datagrams as they fill ([`datagram_frames`]); an update that fills more than one alone goes
 //! on the stream.
 //!
+//! A member is sent to where its datagrams come from, and until one came at each address it
+//! advertises ([`Datagrams`]).
+//!
 //! What a datagram proves is weaker than a stream's: that its sender holds the cluster key,
 //! not that it is the member it names (a stream's Noise handshake proves the peer id). Every
 //! member holds the key and may speak for the cluster already (it votes in Raft, runs ranks);
 //! a host without the key can neither read nor forge a datagram. A replayed datagram carries
 //! claims at incarnations a member has since refuted or will refute; SWIM's precedence
-//! (higher incarnation wins) ignores them.
+//! (higher incarnation wins) ignores them; one replayed from elsewhere points this node's
+//! datagrams to that member at the replayer until the member's next datagram, which an
+//! attacker on the path could do by dropping them anyway.
 
 use std::{
     io,
@@ -36,6 +42,7 @@ use chacha20poly1305::{
     ChaCha20Poly1305, Key, Nonce,
 };
 use libp2p::{multiaddr::Protocol, Multiaddr, PeerId};
+use tokio::io::{unix::AsyncFd, Interest};
 
 use crate::cluster::{
     identity::ClusterKey,
@@ -65,6 +72,13 @@ const NONCE_BYTES: usize = 12;
 const TAG_BYTES: usize = 16;
 /// How many times a `--listen` on port 0 looks for a port free for both TCP and UDP.
 const FREE_PORT_TRIES: usize = 32;
+/// Most of a member's advertised addresses a datagram goes to while no datagram came from
+/// it (a host listening on every interface advertises each, and some, such as a container
+/// bridge's, lead nowhere or back to the sender).
+pub const ADVERTISED_TRIED_MAX: usize = 4;
+/// Most members whose datagrams' source address is remembered (the membership core's
+/// largest view).
+const ROUTES_MAX: usize = 16_384;
 
 /// Why a datagram was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -96,8 +110,10 @@ pub enum OpenError {
 pub struct Seal {
     /// `None` without a cluster key (`--insecure`).
     cipher: Option<ChaCha20Poly1305>,
+    /// This node.
+    me: PeerId,
     /// `[len][peer id bytes]` of this node.
-    me: Vec<u8>,
+    prefix: Vec<u8>,
 }
 
 impl Seal {
@@ -110,7 +126,8 @@ impl Seal {
         Seal {
             cipher: key
                 .map(|k| ChaCha20Poly1305::new(Key::from_slice(&k.derive(DATAGRAM_KEY_CONTEXT)))),
-            me: prefix,
+            me: *me,
+            prefix,
         }
     }
 
@@ -121,7 +138,7 @@ impl Seal {
         } else {
             0
         };
-        SEALED_MAGIC.len() + seal + self.me.len()
+        SEALED_MAGIC.len() + seal + self.prefix.len()
     }
 
     /// The largest frame one datagram carries.
@@ -135,13 +152,13 @@ impl Seal {
         match &self.cipher {
             None => {
                 out.extend_from_slice(PLAIN_MAGIC);
-                out.extend_from_slice(&self.me);
+                out.extend_from_slice(&self.prefix);
                 out.extend_from_slice(frame);
             }
             Some(cipher) => {
                 let nonce: [u8; NONCE_BYTES] = rand::random();
-                let mut body = Vec::with_capacity(self.me.len() + frame.len());
-                body.extend_from_slice(&self.me);
+                let mut body = Vec::with_capacity(self.prefix.len() + frame.len());
+                body.extend_from_slice(&self.prefix);
                 body.extend_from_slice(frame);
                 let sealed = cipher
                     .encrypt(
@@ -265,20 +282,24 @@ pub fn datagram_frames(
     Ok((frames, rest))
 }
 
-/// The UDP address of a member: the IP and port of its first advertised TCP address that is
-/// not loopback (a member listening everywhere advertises loopback too, which is another host
-/// for anyone else), or of its first one.
-pub fn datagram_addr(p2p_addrs: &[String]) -> Option<SocketAddr> {
+/// The UDP addresses a member advertises: the IP and port of each advertised TCP address
+/// that is not loopback (a member listening everywhere advertises loopback too, which is
+/// another host for anyone else), or its loopback ones when it has no other; at most
+/// [`ADVERTISED_TRIED_MAX`].
+pub fn advertised_addrs(p2p_addrs: &[String]) -> Vec<SocketAddr> {
     let addrs: Vec<SocketAddr> = p2p_addrs
         .iter()
         .filter_map(|a| a.parse::<Multiaddr>().ok())
         .filter_map(|a| tcp_socket_addr(&a))
         .collect();
-    addrs
+    let outside: Vec<SocketAddr> = addrs
         .iter()
-        .find(|a| !a.ip().is_loopback())
-        .or(addrs.first())
         .copied()
+        .filter(|a| !a.ip().is_loopback())
+        .collect();
+    let mut chosen = if outside.is_empty() { addrs } else { outside };
+    chosen.truncate(ADVERTISED_TRIED_MAX);
+    chosen
 }
 
 /// The IP and TCP port a multiaddr names.
@@ -348,7 +369,7 @@ pub fn bind(listen: &Multiaddr) -> Result<(Multiaddr, std::net::UdpSocket), Bind
 
 /// What [`Datagrams::recv`] got.
 pub enum Received {
-    /// A frame from a member (or from anyone with the key, see the module doc).
+    /// A frame from another member (or from anyone with the key, see the module doc).
     Frame {
         /// The sender the datagram names.
         from: PeerId,
@@ -366,22 +387,55 @@ pub enum Received {
     Failed(io::Error),
 }
 
-/// The node's datagram socket and seal, owned by the event loop.
+/// The node's datagram socket and seal, owned by the event loop, and where each member's
+/// datagrams came from.
+///
+/// A member is sent to at the address its datagrams come from once one came (the address
+/// its host routes from towards this one), and until then at each address it advertises
+/// ([`advertised_addrs`]): a host listening on every interface advertises addresses that
+/// lead nowhere from here, or back here (a container bridge has the same address on every
+/// host), where this node drops what it sent itself.
 pub struct Datagrams {
-    socket: tokio::net::UdpSocket,
+    /// Registered for reading only: sends go out on the non-blocking socket directly (a
+    /// datagram that finds the send buffer full is dropped), so a send never wakes the
+    /// runtime again with the socket's writability.
+    socket: AsyncFd<std::net::UdpSocket>,
     seal: Seal,
+    me: PeerId,
     buf: Vec<u8>,
+    /// The source address of the last datagram from each member, until [`Self::forget`].
+    routes: std::collections::HashMap<PeerId, SocketAddr>,
 }
 
 impl Datagrams {
     /// Takes the socket [`bind`] made; must be called inside the Tokio runtime.
     pub fn new(socket: std::net::UdpSocket, seal: Seal) -> io::Result<Datagrams> {
         socket.set_nonblocking(true)?;
+        let me = seal.me;
         Ok(Datagrams {
-            socket: tokio::net::UdpSocket::from_std(socket)?,
+            // SAFETY: the AsyncFd owns the socket for as long as it is registered, and a
+            // `std::net::UdpSocket`'s descriptor is open and the same for its whole life.
+            socket: unsafe { AsyncFd::register_with_interest(socket, Interest::READABLE) }
+                .map_err(|e| e.into_parts().1)?,
             seal,
+            me,
             buf: vec![0; DATAGRAM_READ_BYTES_MAX],
+            routes: std::collections::HashMap::new(),
         })
+    }
+
+    /// Where datagrams to `to` go: the address its datagrams come from, or the addresses
+    /// it advertises (`p2p_addrs`). Empty when it has no usable one.
+    pub fn destinations(&self, to: &PeerId, p2p_addrs: &[String]) -> Vec<SocketAddr> {
+        match self.routes.get(to) {
+            Some(at) => vec![*at],
+            None => advertised_addrs(p2p_addrs),
+        }
+    }
+
+    /// Forgets where `peer`'s datagrams came from (it changed: restarted, moved, died).
+    pub fn forget(&mut self, peer: &PeerId) {
+        self.routes.remove(peer);
     }
 
     /// The largest frame one datagram carries.
@@ -389,23 +443,53 @@ impl Datagrams {
         self.seal.frame_budget()
     }
 
-    /// Sends `frame` (at most [`Self::frame_budget`] bytes) to `to`, without waiting: a full
-    /// send buffer drops it, as the network may.
-    pub fn send(&self, to: SocketAddr, frame: &[u8]) -> io::Result<()> {
+    /// Sends `frame` (at most [`Self::frame_budget`] bytes) to each of `to`, without
+    /// waiting: a full send buffer drops it, as the network may. Fails when no send did.
+    pub fn send(&self, to: &[SocketAddr], frame: &[u8]) -> io::Result<()> {
         debug_assert!(frame.len() <= self.frame_budget());
-        self.socket
-            .try_send_to(&self.seal.seal(frame), to)
-            .map(|_| ())
+        let datagram = self.seal.seal(frame);
+        let mut result = Err(io::Error::from(io::ErrorKind::AddrNotAvailable));
+        for at in to {
+            match self.socket.get_ref().send_to(&datagram, *at) {
+                Ok(_) => result = Ok(()),
+                Err(e) if result.is_err() => result = Err(e),
+                Err(_) => {}
+            }
+        }
+        result
     }
 
-    /// The next datagram.
+    /// The next datagram from another node (this node's own, sent to an address of its own
+    /// that another member advertised, are dropped); remembers where it came from.
     pub async fn recv(&mut self) -> Received {
-        match self.socket.recv_from(&mut self.buf).await {
-            Ok((n, from)) => match self.seal.open(&self.buf[..n]) {
-                Ok((peer, frame)) => Received::Frame { from: peer, frame },
-                Err(error) => Received::Refused { from, error },
-            },
-            Err(e) => Received::Failed(e),
+        loop {
+            let (n, at) = match read(&self.socket, &mut self.buf).await {
+                Ok(received) => received,
+                Err(e) => return Received::Failed(e),
+            };
+            match self.seal.open(&self.buf[..n]) {
+                Ok((peer, _)) if peer == self.me => continue,
+                Ok((peer, frame)) => {
+                    if self.routes.len() < ROUTES_MAX || self.routes.contains_key(&peer) {
+                        self.routes.insert(peer, at);
+                    }
+                    return Received::Frame { from: peer, frame };
+                }
+                Err(error) => return Received::Refused { from: at, error },
+            }
+        }
+    }
+}
+
+/// One datagram from `socket` into `buf`, once the socket is readable.
+async fn read(
+    socket: &AsyncFd<std::net::UdpSocket>,
+    buf: &mut [u8],
+) -> io::Result<(usize, SocketAddr)> {
+    loop {
+        let mut ready = socket.readable().await?;
+        if let Ok(read) = ready.try_io(|s| s.get_ref().recv_from(buf)) {
+            return read;
         }
     }
 }

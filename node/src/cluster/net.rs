@@ -653,6 +653,9 @@ impl EventLoop {
             match action {
                 Action::Send { to, msg } => self.send(to, &msg),
                 Action::Changed { member, previous } => {
+                    // Restarted, moved or gone: heard from again before its datagrams'
+                    // source is trusted over what it advertises.
+                    self.datagrams.forget(&member.id);
                     let name = &member.meta.name;
                     match (previous, member.state) {
                         (prev, state) if prev == Some(state) => {
@@ -674,19 +677,21 @@ impl EventLoop {
     /// datagram on the stream), on the stream otherwise and while leaving (a leave waits
     /// until its announcements were written).
     fn send(&mut self, to: PeerId, msg: &Msg) {
-        let addr = self
-            .core
-            .member(&to)
-            .and_then(|m| datagrams::datagram_addr(&m.meta.p2p_addrs));
-        if let Some(addr) = addr.filter(|_| datagrams::by_datagram(msg) && self.sent_to.is_none()) {
+        let at = match self.core.member(&to) {
+            Some(m) if datagrams::by_datagram(msg) && self.sent_to.is_none() => {
+                self.datagrams.destinations(&to, &m.meta.p2p_addrs)
+            }
+            _ => Vec::new(),
+        };
+        if !at.is_empty() {
             match datagrams::datagram_frames(msg, self.datagrams.frame_budget()) {
                 Ok((frames, rest)) => {
                     for frame in frames {
-                        match self.datagrams.send(addr, &frame) {
+                        match self.datagrams.send(&at, &frame) {
                             Ok(()) => self.counters.messages_out += 1,
                             Err(e) => {
                                 self.counters.send_failures += 1;
-                                debug!(peer = %to, %addr, "membership datagram dropped: {e}");
+                                debug!(peer = %to, ?at, "membership datagram dropped: {e}");
                             }
                         }
                     }

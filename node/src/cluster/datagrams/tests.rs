@@ -153,27 +153,73 @@ fn a_message_that_fits_goes_whole_and_one_that_does_not_goes_bare_then_as_gossip
 }
 
 #[test]
-fn a_member_is_reached_at_its_first_address_that_is_not_loopback() {
+fn a_member_is_tried_at_its_addresses_that_are_not_loopback() {
     let addrs = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let at = |a: &[&str]| {
+        a.iter()
+            .map(|s| s.parse().unwrap())
+            .collect::<Vec<SocketAddr>>()
+    };
     assert_eq!(
-        datagram_addr(&addrs(&[
+        advertised_addrs(&addrs(&[
             "/ip4/127.0.0.1/tcp/7070",
+            "/ip4/172.17.0.1/tcp/7070",
             "/ip4/10.1.2.3/tcp/7070"
         ])),
-        Some("10.1.2.3:7070".parse().unwrap())
+        at(&["172.17.0.1:7070", "10.1.2.3:7070"])
     );
     assert_eq!(
-        datagram_addr(&addrs(&["/ip4/127.0.0.5/tcp/9"])),
-        Some("127.0.0.5:9".parse().unwrap())
+        advertised_addrs(&addrs(&["/ip4/127.0.0.5/tcp/9"])),
+        at(&["127.0.0.5:9"])
     );
     assert_eq!(
-        datagram_addr(&addrs(&["/ip6/::1/tcp/7070"])),
-        Some("[::1]:7070".parse().unwrap())
+        advertised_addrs(&addrs(&["/ip6/::1/tcp/7070"])),
+        at(&["[::1]:7070"])
     );
-    assert_eq!(
-        datagram_addr(&addrs(&["/dns/example.com/tcp/1", "junk"])),
-        None
-    );
+    assert!(advertised_addrs(&addrs(&["/dns/example.com/tcp/1", "junk"])).is_empty());
+    let many: Vec<String> = (1..=9).map(|i| format!("/ip4/10.0.0.{i}/tcp/1")).collect();
+    assert_eq!(advertised_addrs(&many).len(), ADVERTISED_TRIED_MAX);
+}
+
+/// Two nodes' sockets on loopback: until a datagram came from a member it is sent to every
+/// address it advertises; then to the address its datagrams come from; its own datagrams,
+/// come back to it through an address another advertised, are dropped; `forget` goes back
+/// to the advertised addresses.
+#[tokio::test]
+async fn a_member_is_sent_to_where_its_datagrams_come_from_once_they_came() {
+    let key = key();
+    let open = |ip: &str| {
+        let listen: Multiaddr = format!("/ip4/{ip}/tcp/0").parse().unwrap();
+        let (listen, udp) = bind(&listen).unwrap();
+        let id = PeerId::random();
+        let d = Datagrams::new(udp, Seal::new(Some(&key), &id)).unwrap();
+        (d, id, listen.to_string())
+    };
+    let (mut a, a_id, a_listen) = open("127.0.0.1");
+    let (mut b, b_id, b_listen) = open("127.0.0.2");
+    // b advertises an address that leads back to a (as a container bridge does), and its own.
+    let b_advertised = vec![a_listen.clone(), b_listen.clone()];
+    let to_b = a.destinations(&b_id, &b_advertised);
+    assert_eq!(to_b.len(), 2, "every advertised address while unheard");
+    a.send(&to_b, b"hello").unwrap();
+    let Received::Frame { from, frame } = b.recv().await else {
+        panic!("b got no frame")
+    };
+    assert_eq!((from, frame), (a_id, b"hello".to_vec()));
+    // b answers at a's advertised address; a drops its own datagram and reads b's.
+    b.send(
+        &b.destinations(&a_id, std::slice::from_ref(&a_listen)),
+        b"ack",
+    )
+    .unwrap();
+    let Received::Frame { from, frame } = a.recv().await else {
+        panic!("a got no frame")
+    };
+    assert_eq!((from, frame), (b_id, b"ack".to_vec()));
+    let b_at = tcp_socket_addr(&b_listen.parse().unwrap()).unwrap();
+    assert_eq!(a.destinations(&b_id, &b_advertised), vec![b_at]);
+    a.forget(&b_id);
+    assert_eq!(a.destinations(&b_id, &b_advertised).len(), 2);
 }
 
 #[test]
