@@ -59,6 +59,18 @@ pub fn addr(i: usize) -> String {
     format!("10.77.0.{i}")
 }
 
+/// The address every host of [`Hosts::up_listening_everywhere`] also has.
+pub const BRIDGE_ADDR: &str = "172.31.255.1";
+
+/// Where node `i` listens.
+fn listen(i: usize, everywhere: bool) -> String {
+    if everywhere {
+        "0.0.0.0:7070".into()
+    } else {
+        format!("{}:7070", addr(i))
+    }
+}
+
 /// The node processes and the namespaces; both are gone when this is dropped.
 pub struct Hosts {
     n: usize,
@@ -76,8 +88,25 @@ pub struct Hosts {
 
 impl Hosts {
     /// Creates `n` hosts and starts node `n{i}` in host `i` with `extra(i)` arguments
-    /// (node 1 alone, the others joining it); `what` names the temporary directory.
+    /// (node 1 alone, the others joining it), each listening on its host's address; `what`
+    /// names the temporary directory.
     pub fn up(n: usize, what: &str, extra: impl Fn(usize) -> Vec<String>) -> Hosts {
+        Self::start(n, what, false, extra)
+    }
+
+    /// As [`Self::up`], but every host also has an interface with the address
+    /// [`BRIDGE_ADDR`], the same on each (as a container bridge has), and every node
+    /// listens on all of its host's addresses (`0.0.0.0:7070`), so advertises that one too.
+    pub fn up_listening_everywhere(n: usize, what: &str) -> Hosts {
+        Self::start(n, what, true, |_| Vec::new())
+    }
+
+    fn start(
+        n: usize,
+        what: &str,
+        everywhere: bool,
+        extra: impl Fn(usize) -> Vec<String>,
+    ) -> Hosts {
         netns(&["up", &n.to_string()]);
         let dir = tempfile::Builder::new()
             .prefix(&format!("rl-{what}-"))
@@ -95,6 +124,11 @@ impl Hosts {
             token: ringleader::security::bootstrap::admin_token(&key),
             tls_pin: ringleader::security::tls::fingerprint(&key).unwrap(),
         };
+        if everywhere {
+            for i in 1..=n {
+                hosts.add_bridge(i);
+            }
+        }
         for i in 1..=n {
             let data = hosts.data_dir(i);
             std::fs::create_dir_all(&data).unwrap();
@@ -102,7 +136,7 @@ impl Hosts {
             let mut cmd = Command::new("ip");
             cmd.args(["netns", "exec", &format!("rl{i}"), super::exe(), "node"])
                 .args(["--name", &format!("n{i}")])
-                .args(["--listen", &format!("{}:7070", addr(i))])
+                .args(["--listen", &listen(i, everywhere)])
                 .args(["--api", &format!("{}:7071", addr(i))])
                 .arg("--data-dir")
                 .arg(&data)
@@ -122,6 +156,31 @@ impl Hosts {
             hosts.children.push(child);
         }
         hosts
+    }
+
+    /// Gives host `i` an interface (a bridge with no ports) with the address [`BRIDGE_ADDR`].
+    fn add_bridge(&self, i: usize) {
+        let ns = format!("rl{i}");
+        let addr = format!("{BRIDGE_ADDR}/24");
+        for args in [
+            &["link", "add", "rlbridge0", "type", "bridge"][..],
+            &["addr", "add", &addr, "dev", "rlbridge0"],
+            &["link", "set", "rlbridge0", "up"],
+        ] {
+            let out = Command::new("ip")
+                .args(["netns", "exec", &ns, "ip"])
+                .args(args)
+                .output()
+                .expect("running ip");
+            assert!(out.status.success(), "ip {args:?} in {ns}: {out:?}");
+        }
+    }
+
+    /// Kills node `i` (SIGKILL, by PID) and reaps it.
+    pub fn kill(&mut self, i: usize) {
+        let child = &mut self.children[i - 1];
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
     /// Node `i`'s data directory.
