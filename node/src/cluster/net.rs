@@ -311,7 +311,7 @@ impl NodeHandle {
         let _ = self.tx.send(Command::UpdateMeta(Box::new(f))).await;
     }
 
-    /// Keeps connections to `peers` up from now on (redialed every [`KEEP_REDIAL_MS`] while
+    /// Keeps connections to `peers` up from now on (redialed every second while
     /// down), in place of the peers given before. Other connections come and go with need.
     pub async fn keep_connected(&self, peers: Vec<PeerId>) {
         let _ = self.tx.send(Command::KeepConnected(peers)).await;
