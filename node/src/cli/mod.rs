@@ -150,8 +150,9 @@ pub struct NodeArgs {
     /// Node name shown to users (default: the host name).
     #[arg(long)]
     pub name: Option<String>,
-    /// libp2p listen address, host:port or a multiaddr (loopback unless given: a cluster
-    /// across hosts listens on an address the others reach, e.g. 0.0.0.0:7070).
+    /// The cluster's address, host:port or a multiaddr: TCP and UDP on that port (loopback
+    /// unless given: a cluster across hosts listens on an address the others reach, e.g.
+    /// 0.0.0.0:7070).
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: String,
     /// HTTP API address.
