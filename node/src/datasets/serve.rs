@@ -71,6 +71,8 @@ pub struct Holdings {
     map: Mutex<HashMap<Root, Arc<Holding>>>,
     /// Bumped on every change (the service re-advertises when it moves).
     pub version: AtomicU64,
+    /// Woken on every change (a change while nobody waits is kept for the next wait).
+    pub changes: tokio::sync::Notify,
 }
 
 impl Holdings {
@@ -104,6 +106,7 @@ impl Holdings {
     /// Notes a change (a holding became whole).
     pub fn changed(&self) {
         self.version.fetch_add(1, Ordering::AcqRel);
+        self.changes.notify_one();
     }
 }
 

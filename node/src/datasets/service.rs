@@ -36,8 +36,11 @@ use crate::domain::{ControlCommand, ControlResponse, Op};
 const PIN_AFTER_ADD: Duration = Duration::from_secs(60);
 /// How long a lookup waits for this replica to apply a name it does not know yet.
 pub const REGISTRY_LAG: Duration = Duration::from_secs(3);
-/// How often the upkeep runs (advertise, delete unnamed content, note a busy ring).
-const UPKEEP_EVERY: Duration = Duration::from_millis(500);
+/// Shortest gap between two upkeeps (advertise, delete unnamed content, note a busy ring).
+const UPKEEP_GAP: Duration = Duration::from_millis(500);
+/// Longest: the upkeep runs when the holdings or the replicated state change, and at least
+/// this often (pins expire and fetches end without either).
+const UPKEEP_QUIET: Duration = Duration::from_secs(5);
 
 /// The service's settings.
 #[derive(Clone)]
@@ -517,9 +520,12 @@ impl Datasets {
     }
 
     /// Runs forever: re-advertises on change, deletes content no name refers to, and caps
-    /// serving while a job's ring runs here.
+    /// serving while a job's ring runs here. Wakes on a change of the holdings or of the
+    /// replicated state (at most every [`UPKEEP_GAP`]), or after [`UPKEEP_QUIET`]: an idle
+    /// node's timers are its CPU, and the state is read whole (every job) each time.
     async fn upkeep(self) {
         let mut advertised = u64::MAX;
+        let mut applied = Some(self.inner.control.subscribe_applied());
         loop {
             let version = self.inner.holdings.version.load(Ordering::Acquire);
             if version != advertised {
@@ -540,7 +546,20 @@ impl Datasets {
             if caught_up {
                 self.collect_garbage(&named).await;
             }
-            tokio::time::sleep(UPKEEP_EVERY).await;
+            tokio::time::sleep(UPKEEP_GAP).await;
+            tokio::select! {
+                _ = self.inner.holdings.changes.notified() => {}
+                r = async {
+                    match applied.as_mut() {
+                        Some(a) => a.changed().await,
+                        None => std::future::pending().await,
+                    }
+                } => if r.is_err() {
+                    // The state machine is gone (the node stops): the timer alone.
+                    applied = None;
+                },
+                _ = tokio::time::sleep(UPKEEP_QUIET) => {}
+            }
         }
     }
 
