@@ -218,17 +218,13 @@ fn datagrams_without_the_cluster_key_are_refused_and_admit_nobody() {
     for d in &hostile {
         socket.send_to(d, to).unwrap();
     }
-    let refused =
-        |c: &ringleader::cli::local::LocalCluster| c.status(0).unwrap().counters.refused_datagrams;
-    let deadline = std::time::Instant::now() + WAIT;
-    while refused(&c) < hostile.len() as u64 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{} of {} refused",
-            refused(&c),
-            hostile.len()
-        );
-        std::thread::sleep(Duration::from_millis(50));
+    let refused = common::poll_until(
+        WAIT,
+        || c.status(0).unwrap().counters.refused_datagrams,
+        |&n| n >= hostile.len() as u64,
+    );
+    if let Err(n) = refused {
+        panic!("{n} of {} refused", hostile.len());
     }
     for i in [0, 1] {
         let s = c.status(i).unwrap();

@@ -94,6 +94,22 @@ pub fn socket_to_multiaddr(addr: SocketAddr) -> Multiaddr {
     m
 }
 
+/// The IP and TCP port a multiaddr names, if it names both (the inverse of
+/// [`socket_to_multiaddr`]).
+pub fn multiaddr_to_socket(addr: &Multiaddr) -> Option<SocketAddr> {
+    let mut ip = None;
+    let mut port = None;
+    for p in addr.iter() {
+        match p {
+            Protocol::Ip4(x) => ip = Some(std::net::IpAddr::V4(x)),
+            Protocol::Ip6(x) => ip = Some(std::net::IpAddr::V6(x)),
+            Protocol::Tcp(x) => port = Some(x),
+            _ => {}
+        }
+    }
+    Some(SocketAddr::new(ip?, port?))
+}
+
 /// Parses `--listen`: `host:port` or a multiaddr, into a bindable TCP multiaddr.
 pub fn parse_listen_addr(input: &str) -> Result<Multiaddr, AddrError> {
     if input.trim().starts_with('/') {

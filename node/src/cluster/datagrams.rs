@@ -32,19 +32,17 @@
 //! datagrams to that member at the replayer until the member's next datagram, which an
 //! attacker on the path could do by dropping them anyway.
 
-use std::{
-    io,
-    net::{IpAddr, SocketAddr},
-};
+use std::{io, net::SocketAddr};
 
 use chacha20poly1305::{
     aead::{Aead, KeyInit, Payload},
     ChaCha20Poly1305, Key, Nonce,
 };
-use libp2p::{multiaddr::Protocol, Multiaddr, PeerId};
+use libp2p::{Multiaddr, PeerId};
 use tokio::io::{unix::AsyncFd, Interest};
 
 use crate::cluster::{
+    addr::{multiaddr_to_socket, socket_to_multiaddr},
     identity::ClusterKey,
     membership::{Message, Update},
     meta::NodeMeta,
@@ -290,7 +288,7 @@ pub fn advertised_addrs(p2p_addrs: &[String]) -> Vec<SocketAddr> {
     let addrs: Vec<SocketAddr> = p2p_addrs
         .iter()
         .filter_map(|a| a.parse::<Multiaddr>().ok())
-        .filter_map(|a| tcp_socket_addr(&a))
+        .filter_map(|a| multiaddr_to_socket(&a))
         .collect();
     let outside: Vec<SocketAddr> = addrs
         .iter()
@@ -300,21 +298,6 @@ pub fn advertised_addrs(p2p_addrs: &[String]) -> Vec<SocketAddr> {
     let mut chosen = if outside.is_empty() { addrs } else { outside };
     chosen.truncate(ADVERTISED_TRIED_MAX);
     chosen
-}
-
-/// The IP and TCP port a multiaddr names.
-fn tcp_socket_addr(addr: &Multiaddr) -> Option<SocketAddr> {
-    let mut ip = None;
-    let mut port = None;
-    for p in addr.iter() {
-        match p {
-            Protocol::Ip4(x) => ip = Some(IpAddr::V4(x)),
-            Protocol::Ip6(x) => ip = Some(IpAddr::V6(x)),
-            Protocol::Tcp(x) => port = Some(x),
-            _ => {}
-        }
-    }
-    Some(SocketAddr::new(ip?, port?))
 }
 
 /// Why the cluster's ports could not be bound.
@@ -336,7 +319,7 @@ pub enum BindError {
 /// port in use silently). A `listen` on port 0 gets a port free for both; `listen` comes
 /// back with its port filled in.
 pub fn bind(listen: &Multiaddr) -> Result<(Multiaddr, std::net::UdpSocket), BindError> {
-    let at = tcp_socket_addr(listen).ok_or_else(|| BindError::NoIp(listen.clone()))?;
+    let at = multiaddr_to_socket(listen).ok_or_else(|| BindError::NoIp(listen.clone()))?;
     let both = |at: SocketAddr| -> Result<std::net::UdpSocket, BindError> {
         drop(std::net::TcpListener::bind(at).map_err(BindError::Tcp)?);
         std::net::UdpSocket::bind(at).map_err(BindError::Udp)
@@ -352,14 +335,7 @@ pub fn bind(listen: &Multiaddr) -> Result<(Multiaddr, std::net::UdpSocket), Bind
         match std::net::TcpListener::bind(SocketAddr::new(at.ip(), port)) {
             Ok(tcp) => {
                 drop(tcp);
-                let listen = listen
-                    .iter()
-                    .map(|p| match p {
-                        Protocol::Tcp(_) => Protocol::Tcp(port),
-                        p => p,
-                    })
-                    .collect();
-                return Ok((listen, udp));
+                return Ok((socket_to_multiaddr(SocketAddr::new(at.ip(), port)), udp));
             }
             Err(e) => last = Some(e),
         }

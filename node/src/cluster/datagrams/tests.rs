@@ -216,7 +216,7 @@ async fn a_member_is_sent_to_where_its_datagrams_come_from_once_they_came() {
         panic!("a got no frame")
     };
     assert_eq!((from, frame), (b_id, b"ack".to_vec()));
-    let b_at = tcp_socket_addr(&b_listen.parse().unwrap()).unwrap();
+    let b_at = multiaddr_to_socket(&b_listen.parse().unwrap()).unwrap();
     assert_eq!(a.destinations(&b_id, &b_advertised), vec![b_at]);
     a.forget(&b_id);
     assert_eq!(a.destinations(&b_id, &b_advertised).len(), 2);
@@ -226,7 +226,7 @@ async fn a_member_is_sent_to_where_its_datagrams_come_from_once_they_came() {
 fn a_listen_on_port_zero_gets_one_port_free_for_tcp_and_udp() {
     let listen: Multiaddr = "/ip4/127.0.0.1/tcp/0".parse().unwrap();
     let (bound, udp) = bind(&listen).unwrap();
-    let at = tcp_socket_addr(&bound).unwrap();
+    let at = multiaddr_to_socket(&bound).unwrap();
     assert_ne!(at.port(), 0);
     assert_eq!(udp.local_addr().unwrap(), at);
     // The same port again: the UDP one is taken.
