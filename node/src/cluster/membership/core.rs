@@ -421,16 +421,27 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
     pub fn next_wakeup_ms(&self) -> u64 {
         // Gossip rounds wake the loop only while there is something to gossip: an idle
         // node's next round is due when an update is queued, at once if its time passed.
-        let mut t = self.next_reap_ms;
+        let mut t = u64::MAX;
         if self.broadcasts.len() > 0 {
             t = t.min(self.next_gossip_ms);
         }
+        // The chores (reaping tombstones, syncing with a random member or a dead one) need
+        // no precision: while this node probes others, each waits for the first probe tick
+        // at or after its time instead of waking the loop on its own a few ms off the probe
+        // cadence (an idle node's wake-ups are most of its CPU).
+        let mut chores = self.next_reap_ms;
         if self.local().state != State::Left {
-            t = t.min(self.next_push_pull_ms).min(self.next_reconnect_ms);
+            chores = chores
+                .min(self.next_push_pull_ms)
+                .min(self.next_reconnect_ms);
             if !self.probes.iter().any(|p| p.in_turn) {
                 t = t.min(self.next_probe_ms);
+                if !self.live.is_empty() {
+                    chores = chores.max(self.next_probe_ms);
+                }
             }
         }
+        t = t.min(chores);
         for p in &self.probes {
             t = t.min(if p.indirect {
                 p.deadline_ms

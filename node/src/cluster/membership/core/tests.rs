@@ -813,3 +813,50 @@ fn a_joiners_retries_get_one_answer_a_second() {
     assert!(seed.join_answers.is_empty());
     seed.check_invariants().unwrap();
 }
+
+#[test]
+fn an_idle_member_wakes_only_at_its_probe_ticks_and_still_does_its_chores() {
+    // Every probe acked at once, nothing to gossip: the only wake-ups are probe ticks, the
+    // push-pull syncs (every 15 s) riding on them rather than waking the loop on their own.
+    let config = Config::default();
+    let mut m = node(6, config.clone());
+    let mut now = 1_000;
+    // Past the join's gossip (its updates go out for a few rounds).
+    while m.broadcasts.len() > 0 {
+        now = m.next_wakeup_ms().max(now);
+        m.handle(now, Event::Tick);
+        assert!(now < 20_000, "the join's updates never ran out");
+    }
+    let (start, sync0) = (now, m.stats().push_pulls_sent);
+    let mut wakes = 0;
+    while now < start + 40_000 {
+        now = m.next_wakeup_ms().max(now + 1);
+        wakes += 1;
+        let actions = m.handle(now, Event::Tick);
+        let ping = sends(&actions).into_iter().find_map(|(to, msg)| match msg {
+            Message::Ping { seq, .. } => Some((to, *seq)),
+            _ => None,
+        });
+        let Some((to, seq)) = ping else {
+            panic!("woken at {now} for no probe");
+        };
+        m.handle(
+            now,
+            Event::Message {
+                from: to,
+                msg: Message::Ack {
+                    seq,
+                    updates: vec![],
+                },
+            },
+        );
+    }
+    let syncs = m.stats().push_pulls_sent - sync0;
+    assert!((2..=3).contains(&syncs), "{syncs} push-pulls in 40 s");
+    let per_s = wakes as f64 / 40.0;
+    assert!(
+        per_s <= 1_000.0 / config.probe_interval_ms as f64 + 0.1,
+        "{per_s} wake-ups a second"
+    );
+    m.check_invariants().unwrap();
+}
