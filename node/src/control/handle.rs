@@ -250,6 +250,15 @@ impl ControlHandle {
             .collect()
     }
 
+    /// The log index of the Raft membership this replica goes by (`None` before any): it
+    /// changes exactly when the voters or learners do.
+    pub fn membership_index(&self) -> Option<u64> {
+        let raft = self.raft();
+        let metrics = raft.metrics();
+        let m = metrics.borrow();
+        m.membership_config.log_id().map(|l| l.index)
+    }
+
     /// Members in the Raft membership this replica knows (voters and learners).
     pub fn raft_members(&self) -> usize {
         let raft = self.raft();
