@@ -31,6 +31,8 @@ fn main() {
     let result = match &cli.command {
         Cmd::Node(args) => {
             init_logging();
+            // Before the runtime's threads exist, so that they inherit it.
+            ringleader::tasks::relax_timers();
             args.clone().into_config().and_then(|config| {
                 tokio::runtime::Builder::new_multi_thread()
                     .enable_all()

@@ -26,6 +26,9 @@ pub const CONNECTIONS_MAX: usize = 64;
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Bytes written between two looks at the throttle.
 const SLICE_BYTES: usize = 256 << 10;
+/// How far behind the clock a throttle's schedule may fall and still be caught up (see
+/// `Throttle::slot`): above the node's timer slack (`tasks::NODE_TIMER_SLACK_NS`, 20 ms).
+const PACE_CREDIT: Duration = Duration::from_millis(50);
 
 /// One dataset this node holds, whole or in part.
 #[derive(Debug)]
@@ -164,18 +167,24 @@ impl Throttle {
 
     /// Waits until `bytes` more may be sent under the cap (at once without one).
     async fn pace(&self, bytes: usize) {
+        let start = self.slot(bytes, Instant::now());
+        tokio::time::sleep_until(start.into()).await;
+    }
+
+    /// When `bytes` asked for at `now` may go, booking their time under the cap. The
+    /// schedule may fall up to [`PACE_CREDIT`] behind `now` and catch up (a token bucket of
+    /// that depth): a wake-up that came late (the node's timers have slack, and a busy host
+    /// is late too) is made up by the slices after it instead of lowering the rate.
+    fn slot(&self, bytes: usize, now: Instant) -> Instant {
         let cap = self.cap();
         if cap == 0 {
-            return;
+            return now;
         }
         let cost = Duration::from_secs_f64(bytes as f64 / cap as f64);
-        let start = {
-            let mut next = self.next.lock().expect("throttle lock");
-            let start = (*next).max(Instant::now());
-            *next = start + cost;
-            start
-        };
-        tokio::time::sleep_until(start.into()).await;
+        let mut next = self.next.lock().expect("throttle lock");
+        let start = (*next).max(now.checked_sub(PACE_CREDIT).unwrap_or(now));
+        *next = start + cost;
+        start
     }
 
     /// Writes `bytes` to `w` in slices, each paced.
@@ -347,4 +356,50 @@ async fn prepare(server: &Server, request: Request) -> Result<Answer, transport:
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bytes a throttle of `cap` lets through in `span` of simulated time when every wait
+    /// wakes `late` after its slot.
+    fn served(cap: u64, late: Duration, span: Duration) -> u64 {
+        let throttle = Throttle::new(cap, 0);
+        let t0 = Instant::now();
+        let (mut now, mut sent) = (t0, 0u64);
+        while now < t0 + span {
+            let start = throttle.slot(SLICE_BYTES, now);
+            if start > now {
+                now = start + late;
+            }
+            sent += SLICE_BYTES as u64;
+        }
+        sent
+    }
+
+    #[test]
+    fn late_wake_ups_do_not_lower_the_paced_rate() {
+        let cap = 100_000_000;
+        let span = Duration::from_secs(2);
+        let bound =
+            cap * 2 + (cap as f64 * PACE_CREDIT.as_secs_f64()) as u64 + 2 * SLICE_BYTES as u64;
+        for late in [
+            Duration::ZERO,
+            Duration::from_millis(5),
+            Duration::from_millis(20),
+        ] {
+            let sent = served(cap, late, span);
+            // Within a tenth of the cap over the span, and never above it by more than the
+            // credit (and a slice or two of rounding).
+            assert!(
+                sent >= cap * 2 * 9 / 10,
+                "{late:?} late: {sent} bytes in 2 s"
+            );
+            assert!(sent <= bound, "{late:?} late: {sent} bytes in 2 s");
+        }
+        // No cap: every slot is now.
+        let now = Instant::now();
+        assert_eq!(Throttle::new(0, 0).slot(SLICE_BYTES, now), now);
+    }
 }

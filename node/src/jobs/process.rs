@@ -537,6 +537,8 @@ impl Run {
                 // guard cannot run then); its own children are killed by group when the node
                 // starts again (`groups`).
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                // Not the node's timer slack: the rank's own timers keep Linux's default.
+                crate::tasks::set_timer_slack(crate::tasks::RANK_TIMER_SLACK_NS);
                 Ok(())
             });
         }

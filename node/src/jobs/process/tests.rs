@@ -329,3 +329,23 @@ fn a_resumable_trials_run_reports_up_to_its_rung_and_no_further() {
     assert!(past.reached_rung());
     assert_eq!(past.report(&line("ringleader-report 6 acc 0.6")), None);
 }
+
+#[tokio::test]
+async fn a_rank_gets_the_default_timer_slack_not_the_nodes() {
+    // The node's threads run with a 20 ms slack; this one (which starts the rank) too.
+    crate::tasks::relax_timers();
+    // SAFETY: PR_GET_TIMERSLACK only reads the calling thread's slack.
+    let mine = unsafe { libc::prctl(libc::PR_GET_TIMERSLACK, 0, 0, 0, 0) };
+    assert_eq!(mine as u64, crate::tasks::NODE_TIMER_SLACK_NS);
+    let (_, log) = protocol_rank(
+        false,
+        "read l; echo slack=$(cat /proc/self/timerslack_ns); sleep 30",
+        300,
+        10_000,
+        is_lost,
+    )
+    .await;
+    crate::tasks::set_timer_slack(crate::tasks::RANK_TIMER_SLACK_NS);
+    let expected = format!("slack={}", crate::tasks::RANK_TIMER_SLACK_NS);
+    assert!(log.contains(&expected), "{log}");
+}
