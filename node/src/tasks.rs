@@ -101,8 +101,9 @@ impl Tasks {
 /// cadence, Raft's tick, the supervisor's, the chores') fall a few ms apart and each woke the
 /// node on its own; with this slack those within 20 ms of each other share one wake-up
 /// (context switches of an idle node of 8: 35 a second, 29–30 with it). Every timer of the
-/// node is tens of ms or longer (probe timeout 150 ms, heartbeats 250 ms, elections
-/// 700–1,400 ms), so 20 ms late changes none of its figures.
+/// node is tens of ms or longer (gossip rounds 100 ms, probe timeout 150 ms, heartbeats
+/// 250 ms, elections 700–1,400 ms), so 20 ms late changes none of its figures; a pacer
+/// that sleeps between slices keeps credit for late wake-ups (the datasets' throttle).
 pub const NODE_TIMER_SLACK_NS: u64 = 20_000_000;
 
 /// Linux's default timer slack of a normal thread (50 µs), in nanoseconds: what a rank's
