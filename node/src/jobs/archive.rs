@@ -29,8 +29,8 @@ pub fn record_path(id: &str) -> String {
 pub type Doc = (String, Vec<u8>);
 
 /// Writes, once each, the document `doc` makes of each ended job (none: nothing to write
-/// for that job), at every applied entry, from now until `stop` fires (never in the middle
-/// of a write). In a store shared with other members only the job's writer among them
+/// for that job), looking when entries are applied (at most every [`PASS_GAP`]), from now
+/// until `stop` fires (never in the middle of a write). In a store shared with other members only the job's writer among them
 /// writes it ([`sharers`]). `what` names the documents in logs.
 pub async fn write_ended(
     stop: tokio_util::sync::CancellationToken,
@@ -149,11 +149,27 @@ pub async fn write_ended(
         };
         tokio::select! {
             _ = stop.cancelled() => return,
-            changed = applied.changed() => if changed.is_err() { return },
+            changed = applied.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                // Entries come in bursts (a job is three: its submit, placement and exit):
+                // one pass for all of a burst's, and not every node scanning every job at
+                // each entry while the commits that follow wait for the cores.
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep_until((now + PASS_GAP).into()) => {}
+                }
+            }
             _ = tokio::time::sleep_until(wake.into()) => {}
         }
     }
 }
+
+/// Shortest time between two passes of [`write_ended`] woken by applied entries: a record
+/// is needed once its job leaves the live state (the retention, hours by default), not at
+/// once.
+const PASS_GAP: Duration = Duration::from_millis(500);
 
 /// The members alive or suspected (not yet dead), by peer id text; `None` once the node's
 /// event loop is gone.
