@@ -169,7 +169,7 @@ pub async fn write_ended(
 /// Shortest time between two passes of [`write_ended`] woken by applied entries: a record
 /// is needed once its job leaves the live state (the retention, hours by default), not at
 /// once.
-const PASS_GAP: Duration = Duration::from_millis(500);
+pub const PASS_GAP: Duration = Duration::from_millis(500);
 
 /// The members alive or suspected (not yet dead), by peer id text; `None` once the node's
 /// event loop is gone.
