@@ -30,7 +30,7 @@ use libp2p::{
     tcp, yamux, Multiaddr, PeerId, StreamProtocol, Swarm, Transport,
 };
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, info, warn};
 
 use crate::cluster::{
@@ -255,6 +255,8 @@ pub struct Counters {
 #[derive(Clone)]
 pub struct NodeHandle {
     tx: mpsc::Sender<Command>,
+    /// Counts the changes of the view (see [`NodeHandle::member_changes`]).
+    changes: watch::Receiver<u64>,
 }
 
 impl NodeHandle {
@@ -286,6 +288,15 @@ impl NodeHandle {
             .await
             .map_err(|_| anyhow::anyhow!("node is shutting down"))?;
         Ok(rx.await?)
+    }
+
+    /// Follows the changes of this node's view: its value grows by one whenever a member
+    /// joins, changes state or metadata, or is restarted (the core's `Changed` actions). A
+    /// task that derives something from [`NodeHandle::members`] asks again only after a
+    /// change (`has_changed`), instead of copying the whole view on a timer: in an idle
+    /// cluster the view does not change. Fails (`has_changed` errs) once the loop is gone.
+    pub fn member_changes(&self) -> watch::Receiver<u64> {
+        self.changes.clone()
     }
 
     /// Calls `to` with `payload` ([`super::calls`]) and waits for the answer, at most
@@ -410,6 +421,8 @@ pub struct EventLoop {
     /// Peers whose connections are kept up, and when they were last dialed.
     keep: Vec<PeerId>,
     keep_dialed: Option<Instant>,
+    /// Counts the view's changes, for [`NodeHandle::member_changes`].
+    changes: watch::Sender<u64>,
 }
 
 impl EventLoop {
@@ -423,6 +436,7 @@ impl EventLoop {
         seeds: Vec<Multiaddr>,
     ) -> (Self, NodeHandle) {
         let (tx, commands) = mpsc::channel(COMMAND_QUEUE_DEPTH);
+        let (changes, changes_rx) = watch::channel(0);
         let (calls, bad_calls) = PeerCalls::new(swarm.behaviour().streams.new_control());
         let (streams, stream_events) = PeerStreams::new(
             swarm.behaviour().streams.new_control(),
@@ -461,8 +475,13 @@ impl EventLoop {
             datagram_warn: RateLimitedWarn::new(),
             keep: Vec::new(),
             keep_dialed: None,
+            changes,
         };
-        (lp, NodeHandle { tx })
+        let handle = NodeHandle {
+            tx,
+            changes: changes_rx,
+        };
+        (lp, handle)
     }
 
     /// Routes inbound RPCs to a handler; returns its queue. Without one, no call stream is
@@ -653,6 +672,7 @@ impl EventLoop {
             match action {
                 Action::Send { to, msg } => self.send(to, &msg),
                 Action::Changed { member, previous } => {
+                    self.changes.send_modify(|n| *n = n.wrapping_add(1));
                     // Restarted, moved or gone: heard from again before its datagrams'
                     // source is trusted over what it advertises.
                     self.datagrams.forget(&member.id);

@@ -505,9 +505,12 @@ async fn run(
     let mut applied = ctl.subscribe_applied();
     let mut tick = tokio::time::interval(Duration::from_millis(RECONCILE_PERIOD_MS));
     let mut fence = Fence::default();
-    // Members' hosts, by peer id: looked up again at each tick and when one is missing, not
-    // at every applied entry (fetching the view and writing every peer id as text at each
-    // entry, on every node, was a quarter of a 128-node host's CPU while jobs ran).
+    // Members' hosts, by peer id: looked up again when the view changed (seen at a tick)
+    // and when one is missing, not at every applied entry (fetching the view and writing
+    // every peer id as text at each entry, on every node, was a quarter of a 128-node host's
+    // CPU while jobs ran), nor at every tick (a copy of the whole view each second on every
+    // node, though an idle cluster's view does not change).
+    let mut changes = ctl.node().member_changes();
     let (mut hosts, mut stale) = (BTreeMap::new(), true);
     loop {
         let now = tokio::time::Instant::now().into_std();
@@ -537,6 +540,8 @@ async fn run(
         let mut looked_up = false;
         loop {
             if stale {
+                // Changes from here on are seen at a later tick.
+                changes.borrow_and_update();
                 let Some(fresh) = member_hosts(&ctl).await else {
                     supervisor.stop_all();
                     return;
@@ -551,7 +556,8 @@ async fn run(
         tokio::select! {
             _ = stop.cancelled() => return supervisor.stop_all_and_wait().await,
             r = applied.changed() => if r.is_err() { supervisor.stop_all(); return },
-            _ = tick.tick() => stale = true,
+            // A loop that is gone errs: looked up, which ends this loop.
+            _ = tick.tick() => stale = stale || changes.has_changed().unwrap_or(true),
         }
     }
 }

@@ -246,3 +246,34 @@ fn benchmark_figures() {
         println!("{f:?} (wall {:.1} s)", start.elapsed().as_secs_f64());
     }
 }
+
+/// Tasks that derive something from the view (the supervisor's members' hosts) look again
+/// only when the core reports a change (`NodeHandle::member_changes`): in a formed, idle
+/// cluster nothing may be reported however long it runs, and a death must be.
+#[test]
+fn an_idle_cluster_reports_no_change_until_a_member_dies() {
+    let mut sim = Sim::new(16, Config::default(), NetConfig::default(), 5);
+    sim.join_all(0, 10);
+    assert!(
+        sim.run_until(60_000, Sim::converged).is_some(),
+        "16 members did not converge"
+    );
+    // Past the first rounds of push-pull (15 s, scaled) and reconnects.
+    sim.run_for(30_000);
+    let before = sim.changes;
+    sim.run_for(120_000);
+    assert_eq!(
+        sim.changes,
+        before,
+        "an idle cluster reported {} changes in 120 s",
+        sim.changes - before
+    );
+    sim.crash(7);
+    let t = sim.run_until(30_000, |s| s.all_see(7, dead_or_gone));
+    assert!(t.is_some(), "the death of 7 not known to all");
+    assert!(
+        sim.changes >= before + 15,
+        "a death must be reported by every survivor: {} changes",
+        sim.changes - before
+    );
+}
