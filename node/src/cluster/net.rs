@@ -291,7 +291,9 @@ impl NodeHandle {
     }
 
     /// Follows the changes of this node's view: its value grows by one whenever a member
-    /// joins, changes state or metadata, or is restarted (the core's `Changed` actions). A
+    /// joins or changes state or metadata (the core's `Changed` actions; a restart that
+    /// changes neither is not one, and members forgotten after their death leave without
+    /// one). A
     /// task that derives something from [`NodeHandle::members`] asks again only after a
     /// change (`has_changed`), instead of copying the whole view on a timer: in an idle
     /// cluster the view does not change. Fails (`has_changed` errs) once the loop is gone.
