@@ -96,7 +96,9 @@ fn start_running_group(extra: &[&str]) -> Ranks {
         }
         let said = ranks.stop_and_read_stderr();
         if said.contains("Address already in use") && attempt < START_TRIES {
-            eprintln!("start {attempt}: a port was taken before its rank bound it; again on others:\n{said}");
+            eprintln!(
+                "start {attempt}: a port was taken before its rank bound it; again on others:\n{said}"
+            );
             continue;
         }
         panic!(

@@ -30,8 +30,9 @@ pub type Doc = (String, Vec<u8>);
 
 /// Writes, once each, the document `doc` makes of each ended job (none: nothing to write
 /// for that job), looking when entries are applied (at most every [`PASS_GAP`]), from now
-/// until `stop` fires (never in the middle of a write). In a store shared with other members only the job's writer among them
-/// writes it ([`sharers`]). `what` names the documents in logs.
+/// until `stop` fires (never in the middle of a write). In a store shared with other
+/// members only the job's writer among them writes it ([`sharers`]). `what` names the
+/// documents in logs.
 pub async fn write_ended(
     stop: tokio_util::sync::CancellationToken,
     ctl: ControlHandle,
