@@ -47,7 +47,7 @@ use crate::{
 /// learners) this often, which is most of an idle node's traffic (issue 27: 150 ms cost an
 /// idle follower about a tenth of its CPU more). Under [`ELECTION_MIN_MS`] / 2.5, so that a
 /// follower misses two in a row before it starts an election.
-const HEARTBEAT_MS: u64 = 250;
+pub(super) const HEARTBEAT_MS: u64 = 250;
 /// Raft election timeout range, in milliseconds: a chief that dies is replaced within about
 /// this (plus a heartbeat), and a loaded host does not start needless elections.
 const ELECTION_MIN_MS: u64 = 700;
@@ -89,9 +89,10 @@ pub struct ControlConfig<'a> {
 
 /// Entries between snapshots unless `--raft-snapshot-every` says otherwise.
 pub const SNAPSHOT_EVERY_DEFAULT: u64 = 5_000;
-/// Most entries in one AppendEntries: a spec may be 256 KiB (more as JSON), and a batch must
-/// fit one 4 MiB frame.
-pub const APPEND_ENTRIES_MAX: u64 = 4;
+/// Most entries in one AppendEntries: a learner takes a burst of writes in a few calls
+/// (`network`). A spec may be 256 KiB (more as JSON), so a batch need not fit one 4 MiB
+/// frame: the network then sends its first half, again until it fits.
+pub const APPEND_ENTRIES_MAX: u64 = 64;
 
 /// A cheap handle to the control plane.
 #[derive(Clone)]

@@ -17,6 +17,14 @@
 //! says nothing new to it. Otherwise a learner took each entry in two calls (the entry, then
 //! its commit), the first while the voters' own appends were under way: on a host shared by
 //! 128 nodes, the work that made submits slow.
+//!
+//! Learners take entries at a moment of their own. Such an AppendEntries goes out no sooner
+//! than [`learner_append_delay`] after openraft began it (40–119 ms, by the learner's id),
+//! and entries committed meanwhile wait for the next one: a learner takes a burst of writes
+//! in a few calls of up to [`super::handle::APPEND_ENTRIES_MAX`] entries, and the learners
+//! do not all wake at the moment a write commits, when the chief answers its client. A call
+//! whose entries do not fit one frame carries the first half of them, again until they fit,
+//! and is answered as a partial success (openraft sends the rest next).
 
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
@@ -49,6 +57,27 @@ pub const LEARNER_HEARTBEAT_MS: u64 = 700;
 /// node to apply its last entry, so that it carries their commit and the learner applies
 /// them at once, in milliseconds.
 pub const LEARNER_COMMIT_WAIT_MS: u64 = 100;
+
+/// Shortest wait of an AppendEntries with entries to a learner, in milliseconds (see
+/// [`learner_append_delay`]).
+pub const LEARNER_APPEND_DELAY_MIN_MS: u64 = 40;
+
+/// Over how many milliseconds beyond [`LEARNER_APPEND_DELAY_MIN_MS`] the learners' waits are
+/// spread. The whole wait stays well under the heartbeat period, openraft's limit on a call.
+pub const LEARNER_APPEND_SPREAD_MS: u64 = 80;
+
+// A call's wait and its round trip share openraft's limit on it, the heartbeat period.
+const _: () = assert!(
+    LEARNER_APPEND_DELAY_MIN_MS + LEARNER_APPEND_SPREAD_MS <= super::handle::HEARTBEAT_MS / 2
+);
+
+/// How long after it began an AppendEntries with entries to learner `target` goes out: long
+/// enough for the chief to answer the write that committed them (which would otherwise
+/// share the cores with every learner at once, on a host of many nodes), spread by the
+/// learner's id so that the learners come one after another.
+pub fn learner_append_delay(target: NodeId) -> Duration {
+    Duration::from_millis(LEARNER_APPEND_DELAY_MIN_MS + target % LEARNER_APPEND_SPREAD_MS)
+}
 
 /// This node's Raft, once it runs: the network asks it which targets vote.
 type LiveRaft = Arc<OnceLock<Arc<RwLock<Raft<TypeConfig>>>>>;
@@ -146,11 +175,19 @@ impl Conn {
         req: &RpcRequest,
         ttl: Duration,
     ) -> Result<RpcResponse, RPCError<NodeId, RaftNode, E>> {
+        let payload =
+            wire::encode_json(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        self.call_encoded(payload, ttl).await
+    }
+
+    async fn call_encoded<E: std::error::Error>(
+        &self,
+        payload: Vec<u8>,
+        ttl: Duration,
+    ) -> Result<RpcResponse, RPCError<NodeId, RaftNode, E>> {
         let peer = self.peer.ok_or_else(|| {
             RPCError::Unreachable(Unreachable::new(&Failure("bad peer id".into())))
         })?;
-        let payload =
-            wire::encode_json(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let bytes = tokio::time::timeout(ttl, self.node.rpc(peer, payload))
             .await
             .map_err(|_| {
@@ -158,6 +195,29 @@ impl Conn {
             })?
             .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))?;
         wire::decode_json(&bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))
+    }
+}
+
+/// An AppendEntries encoded for the wire: the first of `rpc`'s entries that fit one frame
+/// (all, or half, or a quarter…: at least one; an entry alone over the limit is the codec's
+/// error). Returns the bytes, the last entry they carry, and whether any were left out.
+fn encode_append(
+    rpc: AppendEntriesRequest<TypeConfig>,
+) -> Result<(Vec<u8>, Option<LogId<NodeId>>, bool), wire::WireError> {
+    let mut req = RpcRequest::AppendEntries(rpc);
+    let mut cut = false;
+    loop {
+        let encoded = wire::encode_json(&req);
+        let RpcRequest::AppendEntries(rpc) = &mut req else {
+            unreachable!("built as an AppendEntries above")
+        };
+        match encoded {
+            Err(wire::WireError::TooLarge { .. }) if rpc.entries.len() > 1 => {
+                rpc.entries.truncate(rpc.entries.len() / 2);
+                cut = true;
+            }
+            other => return other.map(|bytes| (bytes, rpc.entries.last().map(|e| e.log_id), cut)),
+        }
     }
 }
 
@@ -203,32 +263,48 @@ impl RaftNetwork<TypeConfig> for Conn {
         }
         let last = rpc.entries.last().map(|e| e.log_id);
         if let Some(last) = last {
-            if rpc.leader_commit.is_none_or(|c| c.index < last.index) && self.to_learner() {
-                let mut applied = self.applied.clone();
-                let wait = Duration::from_millis(LEARNER_COMMIT_WAIT_MS);
-                let done = applied.wait_for(|&i| i >= last.index);
-                // Applied here means committed only while this node still leads with the vote
-                // it sent these entries under (votes only grow, and a leader's log only grows
-                // within its term).
-                if matches!(tokio::time::timeout(wait, done).await, Ok(Ok(_)))
-                    && self.leads_with(&rpc.vote)
-                {
-                    rpc.leader_commit = Some(last);
+            if self.to_learner() {
+                if rpc.leader_commit.is_none_or(|c| c.index < last.index) {
+                    let mut applied = self.applied.clone();
+                    let wait = Duration::from_millis(LEARNER_COMMIT_WAIT_MS);
+                    let done = applied.wait_for(|&i| i >= last.index);
+                    // Applied here means committed only while this node still leads with the
+                    // vote it sent these entries under (votes only grow, and a leader's log
+                    // only grows within its term).
+                    if matches!(tokio::time::timeout(wait, done).await, Ok(Ok(_)))
+                        && self.leads_with(&rpc.vote)
+                    {
+                        rpc.leader_commit = Some(last);
+                    }
                 }
+                tokio::time::sleep_until((t0 + learner_append_delay(self.target)).into()).await;
             }
         }
-        let after = (rpc.vote, last.or(rpc.prev_log_id), rpc.leader_commit);
+        // A target commits at most what it holds (openraft's follower takes the lesser of
+        // the two), so a cut batch may keep the commit of the whole one.
+        let (vote, prev_log_id, leader_commit) = (rpc.vote, rpc.prev_log_id, rpc.leader_commit);
+        let (payload, sent_last, cut) =
+            encode_append(rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let after = (vote, sent_last.or(prev_log_id), leader_commit);
         let sent = Instant::now();
         let ttl = option.hard_ttl().saturating_sub(sent - t0);
-        let answer = match self.call(&RpcRequest::AppendEntries(rpc), ttl).await {
+        let answer = match self.call_encoded(payload, ttl).await {
             Ok(RpcResponse::AppendEntries(r)) => {
                 r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
             }
             Ok(_) => Err(unexpected()),
             Err(e) => Err(e),
         };
+        let answer = match answer {
+            Ok(AppendEntriesResponse::Success) if cut => {
+                Ok(AppendEntriesResponse::PartialSuccess(sent_last))
+            }
+            other => other,
+        };
         self.accepted = match &answer {
-            Ok(AppendEntriesResponse::Success) => Some((after, sent)),
+            Ok(AppendEntriesResponse::Success | AppendEntriesResponse::PartialSuccess(_)) => {
+                Some((after, sent))
+            }
             _ => None,
         };
         answer
@@ -275,6 +351,69 @@ mod tests {
     fn beat(term: u64, prev: u64, commit: u64) -> Beat {
         let id = |i| Some(LogId::new(CommittedLeaderId::new(term, 1), i));
         (Vote::new_committed(term, 1), id(prev), id(commit))
+    }
+
+    /// An entry of about `bytes` bytes on the wire.
+    fn entry(index: u64, bytes: usize) -> openraft::Entry<TypeConfig> {
+        use crate::domain::state::{ControlCommand, Op};
+        openraft::Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: openraft::EntryPayload::Normal(ControlCommand {
+                op: Op::Unplaceable {
+                    id: crate::domain::id::JobId::from_log_index(index),
+                    reason: "x".repeat(bytes),
+                },
+                at_ms: index,
+            }),
+        }
+    }
+
+    fn append(entries: Vec<openraft::Entry<TypeConfig>>) -> AppendEntriesRequest<TypeConfig> {
+        AppendEntriesRequest {
+            vote: Vote::new_committed(1, 1),
+            prev_log_id: None,
+            leader_commit: entries.last().map(|e| e.log_id),
+            entries,
+        }
+    }
+
+    /// A batch over the frame limit goes out as its first half, quarter…, down to one entry
+    /// (then the codec's error); one within it goes out whole, and decodes to what was sent.
+    #[test]
+    fn a_batch_over_the_frame_is_cut_to_its_first_entries_that_fit() {
+        let mb = 1 << 20;
+        let (bytes, last, cut) = encode_append(append((1..=8).map(|i| entry(i, mb)).collect()))
+            .unwrap();
+        assert!(cut);
+        assert_eq!(last.map(|l| l.index), Some(2));
+        assert!(bytes.len() <= wire::FRAME_BYTES_MAX);
+        let RpcRequest::AppendEntries(sent) = wire::decode_json(&bytes).unwrap() else {
+            panic!("an AppendEntries");
+        };
+        assert_eq!(sent.entries.len(), 2);
+        assert_eq!(sent.leader_commit.map(|c| c.index), Some(8));
+
+        let (_, last, cut) =
+            encode_append(append((1..=64).map(|i| entry(i, 100)).collect())).unwrap();
+        assert!(!cut);
+        assert_eq!(last.map(|l| l.index), Some(64));
+        let (_, last, cut) = encode_append(append(Vec::new())).unwrap();
+        assert_eq!((last, cut), (None, false));
+
+        let huge = encode_append(append(vec![entry(1, 5 * mb), entry(2, 10)]));
+        assert!(matches!(huge, Err(wire::WireError::TooLarge { .. })), "{huge:?}");
+    }
+
+    /// Learners' waits lie in their window, spread over it by id.
+    #[test]
+    fn learners_wait_their_own_time_within_the_window() {
+        let waits: std::collections::BTreeSet<u128> = (0..1000u64)
+            .map(|id| learner_append_delay(id.wrapping_mul(0x9e37_79b9_7f4a_7c15)).as_millis())
+            .collect();
+        let lo = LEARNER_APPEND_DELAY_MIN_MS as u128;
+        let hi = lo + LEARNER_APPEND_SPREAD_MS as u128;
+        assert!(waits.iter().all(|w| (lo..hi).contains(w)), "{waits:?}");
+        assert!(waits.len() > LEARNER_APPEND_SPREAD_MS as usize / 2, "{waits:?}");
     }
 
     #[test]
