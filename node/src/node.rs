@@ -411,6 +411,9 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         background.stopping(),
         control.clone(),
         node_storage.clone(),
+        crate::jobs::archive::Timing::Deferred {
+            retention_ms: config.job_retention_s.saturating_mul(1000),
+        },
         "job record",
         crate::jobs::archive::record,
     ));

@@ -382,8 +382,8 @@ mod tests {
     #[test]
     fn a_batch_over_the_frame_is_cut_to_its_first_entries_that_fit() {
         let mb = 1 << 20;
-        let (bytes, last, cut) = encode_append(append((1..=8).map(|i| entry(i, mb)).collect()))
-            .unwrap();
+        let (bytes, last, cut) =
+            encode_append(append((1..=8).map(|i| entry(i, mb)).collect())).unwrap();
         assert!(cut);
         assert_eq!(last.map(|l| l.index), Some(2));
         assert!(bytes.len() <= wire::FRAME_BYTES_MAX);
@@ -401,7 +401,10 @@ mod tests {
         assert_eq!((last, cut), (None, false));
 
         let huge = encode_append(append(vec![entry(1, 5 * mb), entry(2, 10)]));
-        assert!(matches!(huge, Err(wire::WireError::TooLarge { .. })), "{huge:?}");
+        assert!(
+            matches!(huge, Err(wire::WireError::TooLarge { .. })),
+            "{huge:?}"
+        );
     }
 
     /// Learners' waits lie in their window, spread over it by id.
@@ -413,7 +416,10 @@ mod tests {
         let lo = LEARNER_APPEND_DELAY_MIN_MS as u128;
         let hi = lo + LEARNER_APPEND_SPREAD_MS as u128;
         assert!(waits.iter().all(|w| (lo..hi).contains(w)), "{waits:?}");
-        assert!(waits.len() > LEARNER_APPEND_SPREAD_MS as usize / 2, "{waits:?}");
+        assert!(
+            waits.len() > LEARNER_APPEND_SPREAD_MS as usize / 2,
+            "{waits:?}"
+        );
     }
 
     #[test]

@@ -5,6 +5,13 @@
 //! share a store write each record once between them ([`sharers`]). The same loop writes
 //! searches' summaries (`search::writer`).
 //!
+//! A record is needed once its job leaves the live state, days later by default, so a node
+//! writes it [`record_delay_ms`] after the job ended (15–30 s, its own share by peer id),
+//! not when the job ends: then every node of the cluster would write it at once (a directory
+//! and a file each), on the hosts where the next jobs are being submitted and placed. A
+//! node that restarts writes the records of every ended job still live that it has not.
+//! Summaries are written at once.
+//!
 //! May use: `control::handle` (to read the state and follow applied entries), `cluster` (the
 //! members alive, peer ids' texts).
 
@@ -28,15 +35,47 @@ pub fn record_path(id: &str) -> String {
 /// A document to write once for an ended job: its path in the store and bytes.
 pub type Doc = (String, Vec<u8>);
 
+/// When a document is written after its job ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timing {
+    /// As soon as the writer sees the job ended.
+    AtOnce,
+    /// [`record_delay_ms`] after the job ended, for a cluster whose ended jobs stay this
+    /// long in the live state (`--job-retention-s` in ms; 0: for ever).
+    Deferred { retention_ms: u64 },
+}
+
+/// Least time between a job's end and a node's write of its record, in milliseconds.
+pub const RECORD_DELAY_MIN_MS: u64 = 15_000;
+/// Over how many milliseconds beyond [`RECORD_DELAY_MIN_MS`] the nodes' writes of a record
+/// are spread (each node its own share, by peer id).
+pub const RECORD_DELAY_SPREAD_MS: u64 = 15_000;
+
+/// How long after a job ended node `me` writes its record: [`RECORD_DELAY_MIN_MS`] and the
+/// node's share of [`RECORD_DELAY_SPREAD_MS`], scaled down to within a quarter of the
+/// retention when that is shorter (the record must be there when the job is compacted).
+pub fn record_delay_ms(me: &str, retention_ms: u64) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    me.hash(&mut h);
+    let wait = RECORD_DELAY_MIN_MS + h.finish() % (RECORD_DELAY_SPREAD_MS + 1);
+    let longest = RECORD_DELAY_MIN_MS + RECORD_DELAY_SPREAD_MS;
+    match retention_ms / 4 {
+        quarter if retention_ms > 0 && quarter < longest => wait * quarter / longest,
+        _ => wait,
+    }
+}
+
 /// Writes, once each, the document `doc` makes of each ended job (none: nothing to write
-/// for that job), looking when entries are applied (at most every [`PASS_GAP`]), from now
-/// until `stop` fires (never in the middle of a write). In a store shared with other
-/// members only the job's writer among them writes it ([`sharers`]). `what` names the
-/// documents in logs.
+/// for that job), looking when entries are applied (at most every [`PASS_GAP`]) and when a
+/// deferred one is due ([`Timing`]), from now until `stop` fires (never in the middle of a
+/// write). In a store shared with other members only the job's writer among them writes it
+/// ([`sharers`]). `what` names the documents in logs.
 pub async fn write_ended(
     stop: tokio_util::sync::CancellationToken,
     ctl: ControlHandle,
     storage: String,
+    timing: Timing,
     what: &'static str,
     doc: impl Fn(&Job) -> Option<Doc>,
 ) {
@@ -49,6 +88,10 @@ pub async fn write_ended(
         }
     };
     let me = ctl.me().to_string();
+    let delay_ms = match timing {
+        Timing::AtOnce => 0,
+        Timing::Deferred { retention_ms } => record_delay_ms(&me, retention_ms),
+    };
     // Jobs whose document is written (or has none), and those another sharer alive writes
     // (looked at again when the sharers or those alive change).
     let mut done: BTreeSet<JobId> = BTreeSet::new();
@@ -101,10 +144,20 @@ pub async fn write_ended(
             }
             alive_at = now + Duration::from_millis(sharers::ALIVE_REFRESH_MS);
         }
+        // Jobs not due yet wait for the earliest of them (wall clock: a job's end is the
+        // chief's).
+        let now_ms = crate::control::handle::wall_ms();
+        let mut due_in_ms: Option<u64> = None;
         let docs: Vec<(JobId, Option<Doc>)> = ctl.read(|s| {
             let mut docs = Vec::new();
             for j in s.jobs.values().filter(|j| j.state.is_terminal()) {
                 if done.contains(&j.id) || theirs.contains(&j.id) {
+                    continue;
+                }
+                let due_ms = j.finished_at_ms.unwrap_or(0).saturating_add(delay_ms);
+                if due_ms > now_ms {
+                    let wait = due_ms - now_ms;
+                    due_in_ms = Some(due_in_ms.map_or(wait, |w| w.min(wait)));
                     continue;
                 }
                 match sharers.writes(j.id, &alive) {
@@ -144,10 +197,13 @@ pub async fn write_ended(
         }
         // Jobs another sharer writes pass to this node when it dies: look again soon.
         let rescan_at = sharers::rescan_at(scanned, members, now);
-        let wake = match theirs.is_empty() {
+        let mut wake = match theirs.is_empty() {
             true => rescan_at,
             false => alive_at.min(rescan_at),
         };
+        if let Some(ms) = due_in_ms {
+            wake = wake.min(Instant::now() + Duration::from_millis(ms));
+        }
         tokio::select! {
             _ = stop.cancelled() => return,
             changed = applied.changed() => {
@@ -167,9 +223,8 @@ pub async fn write_ended(
     }
 }
 
-/// Shortest time between two passes of [`write_ended`] woken by applied entries: a record
-/// is needed once its job leaves the live state (the retention, hours by default), not at
-/// once.
+/// Shortest time between two passes of [`write_ended`] woken by applied entries: a document
+/// is not needed at once.
 pub const PASS_GAP: Duration = Duration::from_millis(500);
 
 /// The members alive or suspected (not yet dead), by peer id text; `None` once the node's
@@ -216,6 +271,29 @@ pub async fn read_record(storage: &str, id: JobId) -> Option<Job> {
 mod tests {
     use super::*;
     use crate::domain::state::{ControlCommand, ControlResponse, ControlState, Op};
+
+    /// A node writes a record 15–30 s after its job ended, its own share of the spread; within
+    /// a quarter of a shorter retention.
+    #[test]
+    fn records_wait_the_nodes_share_and_within_a_short_retention() {
+        let lo = RECORD_DELAY_MIN_MS;
+        let hi = lo + RECORD_DELAY_SPREAD_MS;
+        let week_ms = 7 * 24 * 3600 * 1000;
+        let waits: BTreeSet<u64> = (0..200)
+            .map(|i| record_delay_ms(&format!("peer-{i}"), week_ms))
+            .collect();
+        assert!(waits.iter().all(|w| (lo..=hi).contains(w)), "{waits:?}");
+        assert!(waits.len() > 150, "spread: {waits:?}");
+        assert_eq!(record_delay_ms("p", 0), record_delay_ms("p", week_ms));
+        for retention_ms in [1, 2_000, 60_000, 119_999] {
+            let w = record_delay_ms("p", retention_ms);
+            assert!(
+                w <= retention_ms / 4,
+                "{w} ms for a retention of {retention_ms}"
+            );
+        }
+        assert_eq!(record_delay_ms("p", 120_000), record_delay_ms("p", week_ms));
+    }
 
     /// A record padded past the limit with whitespace (still valid JSON) is not read; the
     /// same record within it is.

@@ -12,7 +12,8 @@ use crate::control::handle::ControlHandle;
 /// Writes the summary of every ended search once, from now until `stop` fires (never in
 /// the middle of a write).
 pub async fn run(stop: tokio_util::sync::CancellationToken, ctl: ControlHandle, storage: String) {
-    crate::jobs::archive::write_ended(stop, ctl, storage, "search summary", |j| {
+    use crate::jobs::archive::{write_ended, Timing};
+    write_ended(stop, ctl, storage, Timing::AtOnce, "search summary", |j| {
         let doc = Summary::of(j)?;
         let bytes = serde_json::to_vec_pretty(&doc).ok()?;
         Some((summary_path(&j.id.to_string()), bytes))
