@@ -198,12 +198,19 @@ impl Conn {
     }
 }
 
+/// An AppendEntries encoded for the wire ([`encode_append`]).
+struct EncodedAppend {
+    bytes: Vec<u8>,
+    /// The last entry it carries.
+    last: Option<LogId<NodeId>>,
+    /// Whether some of the batch's entries were left out.
+    cut: bool,
+}
+
 /// An AppendEntries encoded for the wire: the first of `rpc`'s entries that fit one frame
 /// (all, or half, or a quarter…: at least one; an entry alone over the limit is the codec's
-/// error). Returns the bytes, the last entry they carry, and whether any were left out.
-fn encode_append(
-    rpc: AppendEntriesRequest<TypeConfig>,
-) -> Result<(Vec<u8>, Option<LogId<NodeId>>, bool), wire::WireError> {
+/// error).
+fn encode_append(rpc: AppendEntriesRequest<TypeConfig>) -> Result<EncodedAppend, wire::WireError> {
     let mut req = RpcRequest::AppendEntries(rpc);
     let mut cut = false;
     loop {
@@ -216,7 +223,13 @@ fn encode_append(
                 rpc.entries.truncate(rpc.entries.len() / 2);
                 cut = true;
             }
-            other => return other.map(|bytes| (bytes, rpc.entries.last().map(|e| e.log_id), cut)),
+            other => {
+                return other.map(|bytes| EncodedAppend {
+                    bytes,
+                    last: rpc.entries.last().map(|e| e.log_id),
+                    cut,
+                })
+            }
         }
     }
 }
@@ -283,8 +296,11 @@ impl RaftNetwork<TypeConfig> for Conn {
         // A target commits at most what it holds (openraft's follower takes the lesser of
         // the two), so a cut batch may keep the commit of the whole one.
         let (vote, prev_log_id, leader_commit) = (rpc.vote, rpc.prev_log_id, rpc.leader_commit);
-        let (payload, sent_last, cut) =
-            encode_append(rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let EncodedAppend {
+            bytes: payload,
+            last: sent_last,
+            cut,
+        } = encode_append(rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let after = (vote, sent_last.or(prev_log_id), leader_commit);
         let sent = Instant::now();
         let ttl = option.hard_ttl().saturating_sub(sent - t0);
@@ -382,29 +398,24 @@ mod tests {
     #[test]
     fn a_batch_over_the_frame_is_cut_to_its_first_entries_that_fit() {
         let mb = 1 << 20;
-        let (bytes, last, cut) =
-            encode_append(append((1..=8).map(|i| entry(i, mb)).collect())).unwrap();
-        assert!(cut);
-        assert_eq!(last.map(|l| l.index), Some(2));
-        assert!(bytes.len() <= wire::FRAME_BYTES_MAX);
-        let RpcRequest::AppendEntries(sent) = wire::decode_json(&bytes).unwrap() else {
+        let cut = encode_append(append((1..=8).map(|i| entry(i, mb)).collect())).unwrap();
+        assert!(cut.cut);
+        assert_eq!(cut.last.map(|l| l.index), Some(2));
+        assert!(cut.bytes.len() <= wire::FRAME_BYTES_MAX);
+        let RpcRequest::AppendEntries(sent) = wire::decode_json(&cut.bytes).unwrap() else {
             panic!("an AppendEntries");
         };
         assert_eq!(sent.entries.len(), 2);
         assert_eq!(sent.leader_commit.map(|c| c.index), Some(8));
 
-        let (_, last, cut) =
-            encode_append(append((1..=64).map(|i| entry(i, 100)).collect())).unwrap();
-        assert!(!cut);
-        assert_eq!(last.map(|l| l.index), Some(64));
-        let (_, last, cut) = encode_append(append(Vec::new())).unwrap();
-        assert_eq!((last, cut), (None, false));
+        let whole = encode_append(append((1..=64).map(|i| entry(i, 100)).collect())).unwrap();
+        assert!(!whole.cut);
+        assert_eq!(whole.last.map(|l| l.index), Some(64));
+        let none = encode_append(append(Vec::new())).unwrap();
+        assert_eq!((none.last, none.cut), (None, false));
 
         let huge = encode_append(append(vec![entry(1, 5 * mb), entry(2, 10)]));
-        assert!(
-            matches!(huge, Err(wire::WireError::TooLarge { .. })),
-            "{huge:?}"
-        );
+        assert!(matches!(huge, Err(wire::WireError::TooLarge { .. })));
     }
 
     /// Learners' waits lie in their window, spread over it by id.
