@@ -47,7 +47,7 @@ use crate::{
 /// learners) this often, which is most of an idle node's traffic (issue 27: 150 ms cost an
 /// idle follower about a tenth of its CPU more). Under [`ELECTION_MIN_MS`] / 2.5, so that a
 /// follower misses two in a row before it starts an election.
-pub(super) const HEARTBEAT_MS: u64 = 250;
+const HEARTBEAT_MS: u64 = 250;
 /// Raft election timeout range, in milliseconds: a chief that dies is replaced within about
 /// this (plus a heartbeat), and a loaded host does not start needless elections.
 const ELECTION_MIN_MS: u64 = 700;
@@ -89,6 +89,13 @@ pub struct ControlConfig<'a> {
 
 /// Entries between snapshots unless `--raft-snapshot-every` says otherwise.
 pub const SNAPSHOT_EVERY_DEFAULT: u64 = 5_000;
+// A learner's call waits its moment (`network`) and makes its round trip within openraft's
+// limit on it, the heartbeat period.
+const _: () = assert!(
+    super::network::LEARNER_APPEND_DELAY_MIN_MS + super::network::LEARNER_APPEND_SPREAD_MS
+        <= HEARTBEAT_MS / 2
+);
+
 /// Most entries in one AppendEntries: a learner takes a burst of writes in a few calls
 /// (`network`). A spec may be 256 KiB (more as JSON), so a batch need not fit one 4 MiB
 /// frame: the network then sends its first half, again until it fits.

@@ -21,7 +21,7 @@
 //! Learners take entries at a moment of their own. Such an AppendEntries goes out no sooner
 //! than [`learner_append_delay`] after openraft began it (40–119 ms, by the learner's id),
 //! and entries committed meanwhile wait for the next one: a learner takes a burst of writes
-//! in a few calls of up to [`super::handle::APPEND_ENTRIES_MAX`] entries, and the learners
+//! in a few calls of up to `APPEND_ENTRIES_MAX` entries (`handle`), and the learners
 //! do not all wake at the moment a write commits, when the chief answers its client. A call
 //! whose entries do not fit one frame carries the first half of them, again until they fit,
 //! and is answered as a partial success (openraft sends the rest next).
@@ -65,11 +65,6 @@ pub const LEARNER_APPEND_DELAY_MIN_MS: u64 = 40;
 /// Over how many milliseconds beyond [`LEARNER_APPEND_DELAY_MIN_MS`] the learners' waits are
 /// spread. The whole wait stays well under the heartbeat period, openraft's limit on a call.
 pub const LEARNER_APPEND_SPREAD_MS: u64 = 80;
-
-// A call's wait and its round trip share openraft's limit on it, the heartbeat period.
-const _: () = assert!(
-    LEARNER_APPEND_DELAY_MIN_MS + LEARNER_APPEND_SPREAD_MS <= super::handle::HEARTBEAT_MS / 2
-);
 
 /// How long after it began an AppendEntries with entries to learner `target` goes out: long
 /// enough for the chief to answer the write that committed them (which would otherwise
