@@ -96,11 +96,6 @@ const _: () = assert!(
         <= HEARTBEAT_MS / 2
 );
 
-/// Most entries in one AppendEntries: a learner takes a burst of writes in a few calls
-/// (`network`). A spec may be 256 KiB (more as JSON), so a batch need not fit one 4 MiB
-/// frame: the network then sends its first half, again until it fits.
-pub const APPEND_ENTRIES_MAX: u64 = 64;
-
 /// A cheap handle to the control plane.
 #[derive(Clone)]
 pub struct ControlHandle {
@@ -149,7 +144,7 @@ pub async fn open(cfg: ControlConfig<'_>, node: NodeHandle) -> Result<ControlHan
         heartbeat_interval: HEARTBEAT_MS,
         election_timeout_min: ELECTION_MIN_MS,
         election_timeout_max: ELECTION_MAX_MS,
-        max_payload_entries: APPEND_ENTRIES_MAX,
+        max_payload_entries: super::network::APPEND_ENTRIES_MAX,
         snapshot_max_chunk_size: super::protocol::SNAPSHOT_CHUNK_BYTES,
         install_snapshot_timeout: SNAPSHOT_CHUNK_TIMEOUT_MS,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(cfg.snapshot_every),

@@ -21,8 +21,9 @@
 //! Learners take entries at a moment of their own. Such an AppendEntries goes out no sooner
 //! than [`learner_append_delay`] after openraft began it (40–119 ms, by the learner's id),
 //! and entries committed meanwhile wait for the next one: a learner takes a burst of writes
-//! in a few calls of up to `APPEND_ENTRIES_MAX` entries (`handle`), and the learners
-//! do not all wake at the moment a write commits, when the chief answers its client. A call
+//! in a few calls of up to [`APPEND_ENTRIES_MAX`] entries, and the learners
+//! do not all wake at the moment a write commits, when the chief answers its client. A full
+//! batch goes at once (the learner is behind, and catches up as fast as it can). A call
 //! whose entries do not fit one frame carries the first half of them, again until they fit,
 //! and is answered as a partial success (openraft sends the rest next).
 
@@ -57,6 +58,11 @@ pub const LEARNER_HEARTBEAT_MS: u64 = 700;
 /// node to apply its last entry, so that it carries their commit and the learner applies
 /// them at once, in milliseconds.
 pub const LEARNER_COMMIT_WAIT_MS: u64 = 100;
+
+/// Most entries in one AppendEntries (openraft's `max_payload_entries`): a learner takes a
+/// burst of writes in a few calls. A spec may be 256 KiB (more as JSON), so a batch need not
+/// fit one 4 MiB frame: then its first half goes, again until it fits ([`encode_append`]).
+pub const APPEND_ENTRIES_MAX: u64 = 64;
 
 /// Shortest wait of an AppendEntries with entries to a learner, in milliseconds (see
 /// [`learner_append_delay`]).
@@ -285,7 +291,11 @@ impl RaftNetwork<TypeConfig> for Conn {
                         rpc.leader_commit = Some(last);
                     }
                 }
-                tokio::time::sleep_until((t0 + learner_append_delay(self.target)).into()).await;
+                // A full batch means the learner is behind: it takes the rest at once.
+                if rpc.entries.len() < APPEND_ENTRIES_MAX as usize {
+                    let due = t0 + learner_append_delay(self.target);
+                    tokio::time::sleep_until(due.into()).await;
+                }
             }
         }
         // A target commits at most what it holds (openraft's follower takes the lesser of
