@@ -201,8 +201,10 @@ pub async fn write_ended(
             true => rescan_at,
             false => alive_at.min(rescan_at),
         };
+        // The next job due, no sooner than a pass gap from this pass (jobs ending one after
+        // another would otherwise wake a pass over every job for each).
         if let Some(ms) = due_in_ms {
-            wake = wake.min(Instant::now() + Duration::from_millis(ms));
+            wake = wake.min(now + Duration::from_millis(ms).max(PASS_GAP));
         }
         tokio::select! {
             _ = stop.cancelled() => return,
