@@ -80,6 +80,13 @@ pub fn learner_append_delay(target: NodeId) -> Duration {
     Duration::from_millis(LEARNER_APPEND_DELAY_MIN_MS + target % LEARNER_APPEND_SPREAD_MS)
 }
 
+/// When an AppendEntries of `entries` entries to learner `target`, begun at `t0`, goes out:
+/// [`learner_append_delay`] after `t0`, or (`None`) at once for a full batch, which means
+/// the learner is behind and takes the rest as fast as it can.
+fn learner_due(t0: Instant, target: NodeId, entries: usize) -> Option<Instant> {
+    (entries < APPEND_ENTRIES_MAX as usize).then(|| t0 + learner_append_delay(target))
+}
+
 /// This node's Raft, once it runs: the network asks it which targets vote.
 type LiveRaft = Arc<OnceLock<Arc<RwLock<Raft<TypeConfig>>>>>;
 
@@ -291,9 +298,7 @@ impl RaftNetwork<TypeConfig> for Conn {
                         rpc.leader_commit = Some(last);
                     }
                 }
-                // A full batch means the learner is behind: it takes the rest at once.
-                if rpc.entries.len() < APPEND_ENTRIES_MAX as usize {
-                    let due = t0 + learner_append_delay(self.target);
+                if let Some(due) = learner_due(t0, self.target, rpc.entries.len()) {
                     tokio::time::sleep_until(due.into()).await;
                 }
             }

@@ -55,10 +55,7 @@ pub const RECORD_DELAY_SPREAD_MS: u64 = 15_000;
 /// node's share of [`RECORD_DELAY_SPREAD_MS`], scaled down to within a quarter of the
 /// retention when that is shorter (the record must be there when the job is compacted).
 pub fn record_delay_ms(me: &str, retention_ms: u64) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    me.hash(&mut h);
-    let wait = RECORD_DELAY_MIN_MS + h.finish() % (RECORD_DELAY_SPREAD_MS + 1);
+    let wait = RECORD_DELAY_MIN_MS + sharers::key(me) % (RECORD_DELAY_SPREAD_MS + 1);
     let longest = RECORD_DELAY_MIN_MS + RECORD_DELAY_SPREAD_MS;
     match retention_ms / 4 {
         quarter if retention_ms > 0 && quarter < longest => wait * quarter / longest,

@@ -55,7 +55,8 @@ pub struct Sharers {
     others: Vec<(String, u64)>,
 }
 
-fn key(text: &str) -> u64 {
+/// A peer id's (or any text's) key: the first 8 bytes of its blake3 hash.
+pub fn key(text: &str) -> u64 {
     let hash = blake3::hash(text.as_bytes());
     u64::from_le_bytes(hash.as_bytes()[..8].try_into().expect("8 bytes"))
 }
