@@ -3,11 +3,15 @@
 # (scripts/bench_torch_ddp.py: an MLP of 5.8 M parameters, 23 MB of gradients a step, batch 16
 # per rank), only the backend differs, WORKERS (4) ranks, one line each:
 #
-#   torch ddp backend=ringleader net=loopback workers=4 model=mlp-5.8M samples_per_s=X step_ms=Y
-#   torch ddp backend=gloo net=loopback workers=4 model=mlp-5.8M samples_per_s=X step_ms=Y
-#   torch ddp backend=ringleader net=1gbit workers=4 model=mlp-5.8M samples_per_s=X step_ms=Y
-#   torch ddp backend=gloo net=1gbit workers=4 model=mlp-5.8M samples_per_s=X step_ms=Y
+#   torch ddp backend=ringleader net=loopback workers=4 model=mlp-5.8M samples_per_s=X step_ms=Y cpu_ms=C
+#   torch ddp backend=gloo net=loopback workers=4 model=mlp-5.8M samples_per_s=X step_ms=Y cpu_ms=C
+#   torch ddp no_sync net=loopback workers=4 model=mlp-5.8M samples_per_s=X step_ms=Y cpu_ms=C
+#   torch ddp backend=ringleader net=1gbit workers=4 model=mlp-5.8M samples_per_s=X step_ms=Y cpu_ms=C
+#   torch ddp backend=gloo net=1gbit workers=4 model=mlp-5.8M samples_per_s=X step_ms=Y cpu_ms=C
+#   torch ddp no_sync net=1gbit workers=4 model=mlp-5.8M samples_per_s=X step_ms=Y cpu_ms=C
 #
+# cpu_ms: rank 0's CPU time a step (every thread). no_sync: the same DDP step with no
+# collective at all (DDP's no_sync()), the bound no backend passes.
 # Both backends run in the same processes, each with its own process group and DDP model,
 # alternating ROUNDS (8) times STEPS (5) timed steps each, so that both see the same load on a
 # shared machine (separate runs back to back varied by ×2 here while other builds ran); the

@@ -16,13 +16,21 @@ alternate, `--steps` timed steps of each backend per round, so that both see the
 a shared machine. After the warm-up steps (not timed), rank 0 prints one line per backend,
 from the median round (other processes' bursts on a shared host hit single rounds):
 
-    torch ddp backend=B net=NET workers=N model=mlp-5.8M samples_per_s=X step_ms=Y
+    torch ddp backend=B net=NET workers=N model=mlp-5.8M samples_per_s=X step_ms=Y cpu_ms=C
 
 (samples_per_s = steps · batch · N / the median round's wall time, each round timed between
-two barriers of its own group). The "ringleader" backend comes from `ringleader.torch`
-(PYTHONPATH must reach the package).
+two barriers of its own group; cpu_ms = the median round's CPU time of rank 0's process a
+step, every thread counted), then the same for DDP under `no_sync()`, the same step with no
+collective at all: the bound that no backend passes (with more ranks than cores, wall time
+follows CPU time, so a backend's ratio to another is bounded by how much of the step's CPU is
+the collective's):
+
+    torch ddp no_sync net=NET workers=N model=mlp-5.8M samples_per_s=X step_ms=Y cpu_ms=C
+
+The "ringleader" backend comes from `ringleader.torch` (PYTHONPATH must reach the package).
 """
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -36,6 +44,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 POOL_SAMPLES = 1024
 CLASSES = 10
 HIDDEN = 2048
+# The run stepping under DDP's no_sync(): the step without any collective.
+NO_SYNC = "no_sync"
 
 
 def mlp():
@@ -64,10 +74,12 @@ def main():
     g = torch.Generator().manual_seed(rank)
     xs = torch.randn(POOL_SAMPLES, 1, 28, 28, generator=g)
     ys = torch.randint(0, CLASSES, (POOL_SAMPLES,), generator=g)
+    # The runs: one per backend, then NO_SYNC (a DDP model of the first backend's group
+    # stepping under no_sync(): no collective).
     runs = {}
-    for b in backends:
+    for b in backends + [NO_SYNC]:
         torch.manual_seed(0)
-        model = DDP(mlp(), process_group=groups[b])
+        model = DDP(mlp(), process_group=groups[backends[0] if b == NO_SYNC else b])
         runs[b] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
     params = sum(p.numel() for p in runs[backends[0]][0].parameters())
 
@@ -75,28 +87,34 @@ def main():
         model, opt = runs[b]
         lo = (i * args.batch) % (POOL_SAMPLES - args.batch)
         opt.zero_grad()
-        F.cross_entropy(model(xs[lo:lo + args.batch]), ys[lo:lo + args.batch]).backward()
+        with model.no_sync() if b == NO_SYNC else contextlib.nullcontext():
+            F.cross_entropy(model(xs[lo:lo + args.batch]), ys[lo:lo + args.batch]).backward()
         opt.step()
 
-    for b in backends:
+    for b in runs:
         for i in range(args.warmup):
             step(b, i)
-    walls = {b: [] for b in backends}
+    walls = {b: [] for b in runs}
+    cpus = {b: [] for b in runs}
     for r in range(args.rounds):
-        for b in backends:
-            dist.barrier(group=groups[b])
-            t0 = time.perf_counter()
+        for b in runs:
+            group = groups[backends[0] if b == NO_SYNC else b]
+            dist.barrier(group=group)
+            t0, c0 = time.perf_counter(), time.process_time()
             for i in range(args.steps):
                 step(b, args.warmup + r * args.steps + i)
-            dist.barrier(group=groups[b])
+            dist.barrier(group=group)
             walls[b].append(time.perf_counter() - t0)
+            cpus[b].append(time.process_time() - c0)
     if rank == 0:
-        for b in backends:
-            wall = statistics.median(walls[b])
+        for b in runs:
+            wall, cpu = statistics.median(walls[b]), statistics.median(cpus[b])
             sps = args.steps * args.batch * world / wall
-            print(f"torch ddp backend={b} net={args.net} workers={world} "
+            what = NO_SYNC if b == NO_SYNC else f"backend={b}"
+            print(f"torch ddp {what} net={args.net} workers={world} "
                   f"model=mlp-{params / 1e6:.1f}M samples_per_s={sps:.0f} "
-                  f"step_ms={1000 * wall / args.steps:.1f}", flush=True)
+                  f"step_ms={1000 * wall / args.steps:.1f} "
+                  f"cpu_ms={1000 * cpu / args.steps:.1f}", flush=True)
     dist.destroy_process_group()
 
 
