@@ -425,7 +425,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
     let datasets = crate::datasets::Datasets::start(
         background.clone(),
         crate::datasets::DatasetsConfig {
-            dir: config.data_dir.join("datasets"),
+            dir: config.data_dir.join(crate::security::run_as::DATASETS_DIR),
             key: crate::datasets::transport::AuthKey::new(psk.as_ref()),
             upload_bytes_per_s: config.dataset_upload_bytes_per_s,
             busy_bytes_per_s: config.dataset_busy_bytes_per_s,

@@ -2,7 +2,8 @@
 //! `--run-as nobody` starts its ranks as `nobody` (uid 65534 on Debian), in a work directory
 //! they own; such a rank cannot read the node's API token, identity key, cluster key or Raft
 //! log (permission denied), nor list the data directory, and its output still reaches its
-//! log; a train rank writes its checkpoint to the node's store. Skipped (with `SKIPPED` in the
+//! log; it reads a shared dataset but cannot change it; a train rank writes its checkpoint to
+//! the node's store. Skipped (with `SKIPPED` in the
 //! output) when the test does not run as root or the host has no `nobody`. Waits poll with
 //! deadlines.
 
@@ -48,6 +49,14 @@ fn nobody() -> Result<(u32, u32), String> {
         Ok(Some(u)) => Ok((u.uid.as_raw(), u.gid.as_raw())),
         _ => Err("no user nobody on this host".into()),
     }
+}
+
+/// Waits for job `id` to succeed (a failure panics at once).
+fn succeeded(c: &ringleader::cli::local::LocalCluster, id: &str) {
+    common::wait_job(c, 0, id, "succeeded", WAIT, |d| match d.state.as_str() {
+        "failed" | "cancelled" => panic!("job {id} ended {}: {d:#?}", d.state),
+        s => s == "succeeded",
+    });
 }
 
 fn owner(p: &Path) -> u32 {
@@ -102,10 +111,7 @@ fn ranks_run_as_the_user_and_cannot_read_the_node_secrets() {
         "name = \"run-as\"\nkind = \"command\"\nworkers = 1\ncommand = [\"sh\", \"-c\", '''{script}''']\n[[files]]\npath = \"lib/given.txt\"\ntext = \"from the spec\"\n"
     );
     let id = c.nodes[0].client().submit(&spec).expect("submit");
-    common::wait_job(&c, 0, &id, "succeeded", WAIT, |d| match d.state.as_str() {
-        "failed" | "cancelled" => panic!("job {id} ended {}: {d:#?}", d.state),
-        s => s == "succeeded",
-    });
+    succeeded(&c, &id);
     let log = common::ok(c.cli(0).args(["logs", &id]).output().unwrap());
     assert!(
         log.contains(&format!("uid={uid} groups={gid}")),
@@ -149,12 +155,50 @@ fn ranks_run_as_the_user_and_cannot_read_the_node_secrets() {
     assert_eq!((owner(&log_file), mode(&log_file)), (0, 0o600));
     assert_eq!(mode(&job_dir), 0o711);
 
-    // Phase 3: a train job checkpoints into the node's store, in a place the user owns.
+    // Phase 3: a shared dataset (added from a node-only directory) is read by the user's
+    // rank, which can neither change it nor list the node's other datasets.
+    let source = root.path().join("greeting");
+    std::fs::create_dir_all(source.join("sub")).unwrap();
+    std::fs::write(source.join("sub/hello.txt"), "the dataset says hi\n").unwrap();
+    std::fs::set_permissions(&source, std::fs::Permissions::from_mode(0o700)).unwrap();
+    common::ok(
+        c.cli(0)
+            .args(["dataset", "add", "greeting", source.to_str().unwrap()])
+            .output()
+            .unwrap(),
+    );
+    let script = "echo \"read: $(cat \"$RINGLEADER_DATASET_DIR/sub/hello.txt\")\"; \
+         echo x >> \"$RINGLEADER_DATASET_DIR/sub/hello.txt\" || echo write-denied; \
+         ls \"$RINGLEADER_DATASET_DIR/../..\" >/dev/null || echo store-list-denied";
+    let spec = format!(
+        "name = \"run-as-data\"\nkind = \"command\"\nworkers = 1\nmax_restarts = 0\ncommand = [\"sh\", \"-c\", '''{script}''']\n[data]\ndataset = \"greeting\"\n"
+    );
+    let id = c.nodes[0].client().submit(&spec).expect("submit");
+    succeeded(&c, &id);
+    let log = common::ok(c.cli(0).args(["logs", &id]).output().unwrap());
+    assert!(log.contains("read: the dataset says hi"), "{log}");
+    assert!(log.contains("write-denied"), "{log}");
+    assert!(log.contains("store-list-denied"), "{log}");
+    let datasets = data.join("datasets");
+    assert_eq!(mode(&datasets), 0o711);
+    let copy = std::fs::read_dir(&datasets)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.join("files/sub/hello.txt").is_file())
+        .expect("the node's copy");
+    let file = copy.join("files/sub/hello.txt");
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        "the dataset says hi\n"
+    );
+    let meta = std::fs::symlink_metadata(&file).unwrap();
+    assert_eq!((meta.uid(), meta.gid(), mode(&file)), (0, gid, 0o640));
+    assert_eq!(mode(&copy), 0o750);
+
+    // Phase 4: a train job checkpoints into the node's store, in a place the user owns.
     let id = c.nodes[0].client().submit(TRAIN_SPEC).expect("submit");
-    common::wait_job(&c, 0, &id, "succeeded", WAIT, |d| match d.state.as_str() {
-        "failed" | "cancelled" => panic!("job {id} ended {}: {d:#?}", d.state),
-        s => s == "succeeded",
-    });
+    succeeded(&c, &id);
     let place = data.join("store/jobs").join(&id);
     assert_eq!(owner(&place), uid);
     let ckpt = place.join(format!("ckpt/{:012}", 6));

@@ -501,6 +501,11 @@ impl Run {
                     },
                 }
             };
+            if let Some(user) = self.options.run_as.clone() {
+                // The user's ranks may read the node's copy (read only, the user's group).
+                let files = dir.clone();
+                tokio::task::spawn_blocking(move || user.share_dataset(&files)).await??;
+            }
             env.push(("RINGLEADER_DATASET_DIR".into(), dir.display().to_string()));
         }
         let work_dir = match self.options.run_as.clone() {

@@ -16,6 +16,11 @@
 //!   (NFS) must give the user the same rights on every host; an S3 store needs nothing (the
 //!   rank gets its credentials in its environment, as without `--run-as`).
 //!
+//! - a shared dataset a rank trains on (`[data] dataset`, [`RunAs::share_dataset`]): the
+//!   node's whole copy in `<data-dir>/datasets/<root>/` stays node-owned and goes to the
+//!   user's group, read only (directories 0750, files 0640), below a traversable
+//!   `datasets/` (0711), when a rank that needs it starts.
+//!
 //! The node's own writes into a rank's place (a job's `record.json` in `<store>/jobs/<id>/`)
 //! go through [`RunAs::node_storage`]: a private temporary file renamed into place, so a
 //! link a rank left there is replaced, never followed.
@@ -35,6 +40,14 @@ pub const TRAVERSE_DIR_MODE: u32 = 0o711;
 pub const RANK_DIR_MODE: u32 = 0o700;
 /// Mode of the files a rank must read (its spec file), owned by the rank's user.
 pub const RANK_FILE_MODE: u32 = 0o600;
+
+/// Mode of a shared dataset's directories under `--run-as`: the node's, read and traverse
+/// for the ranks' group.
+pub const DATASET_DIR_MODE: u32 = 0o750;
+/// Mode of a shared dataset's files under `--run-as`: the node's, read for the ranks' group.
+pub const DATASET_FILE_MODE: u32 = 0o640;
+/// Most entries [`RunAs::share_dataset`] visits in one copy (as the modes pass at start).
+pub const SHARE_ENTRIES_MAX: usize = crate::security::modes::TIGHTEN_ENTRIES_MAX;
 
 /// Why `--run-as` is refused at start.
 #[derive(Debug, thiserror::Error)]
@@ -117,11 +130,15 @@ impl RunAs {
         Ok(run_as)
     }
 
-    /// The directories below `data_dir` a rank passes through to its work directory and its
-    /// checkpoints (mode [`TRAVERSE_DIR_MODE`]): the data directory, `jobs/`, and, for a
-    /// `file://` store, the store's root and its `jobs/`.
+    /// The directories below `data_dir` a rank passes through to its work directory, its
+    /// dataset and its checkpoints (mode [`TRAVERSE_DIR_MODE`]): the data directory, `jobs/`,
+    /// `datasets/`, and, for a `file://` store, the store's root and its `jobs/`.
     pub fn traverse_dirs(data_dir: &Path, storage: &str) -> Vec<PathBuf> {
-        let mut dirs = vec![data_dir.to_path_buf(), data_dir.join("jobs")];
+        let mut dirs = vec![
+            data_dir.to_path_buf(),
+            data_dir.join("jobs"),
+            data_dir.join(DATASETS_DIR),
+        ];
         if let Some(root) = file_store_root(storage) {
             dirs.push(root.clone());
             dirs.push(root.join("jobs"));
@@ -173,6 +190,73 @@ impl RunAs {
             .map_err(prepare)
     }
 
+    /// Lets the user's ranks read the node's whole copy of a dataset, given as the directory
+    /// of its files (`<data-dir>/datasets/<root>/files`, a rank's `RINGLEADER_DATASET_DIR`):
+    /// the copy's directories and files stay the node's and go to the user's group, modes
+    /// [`DATASET_DIR_MODE`] and [`DATASET_FILE_MODE`] (nobody but the node writes them), and
+    /// the store's directory is made traversable. Links and special files are neither
+    /// followed nor changed (the store holds none; only the node writes there). The copy's
+    /// own directory is done last, so one with the user's group and that mode was shared
+    /// whole and is not walked again; the modes pass at a node's start takes the group bits
+    /// back, and the next rank that needs the copy shares it again. Blocking: a walk of the
+    /// copy.
+    pub fn share_dataset(&self, files_dir: &Path) -> Result<(), RunAsError> {
+        use std::os::unix::fs::MetadataExt;
+        let prepare = |path: &Path| {
+            let path = path.display().to_string();
+            move |source| RunAsError::Prepare { path, source }
+        };
+        let (Some(copy), Some(store)) = (
+            files_dir.parent(),
+            files_dir.parent().and_then(Path::parent),
+        ) else {
+            return Err(prepare(files_dir)(io::Error::other(
+                "not a dataset copy's files directory",
+            )));
+        };
+        make_traverse_dir(store)?;
+        let meta = std::fs::symlink_metadata(copy).map_err(prepare(copy))?;
+        if !meta.is_dir() {
+            return Err(prepare(copy)(io::Error::other("not a directory")));
+        }
+        if meta.gid() == self.gid && meta.mode() & 0o777 == DATASET_DIR_MODE {
+            return Ok(());
+        }
+        let share = |path: &Path, dir: bool| {
+            let mode = if dir {
+                DATASET_DIR_MODE
+            } else {
+                DATASET_FILE_MODE
+            };
+            std::os::unix::fs::lchown(path, None, Some(self.gid)).map_err(prepare(path))?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+                .map_err(prepare(path))
+        };
+        let mut stack = vec![copy.to_path_buf()];
+        let mut visited = 0usize;
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).map_err(prepare(&dir))? {
+                let path = entry.map_err(prepare(&dir))?.path();
+                visited += 1;
+                if visited > SHARE_ENTRIES_MAX {
+                    return Err(prepare(copy)(io::Error::other(format!(
+                        "more than {SHARE_ENTRIES_MAX} entries"
+                    ))));
+                }
+                let kind = std::fs::symlink_metadata(&path)
+                    .map_err(prepare(&path))?
+                    .file_type();
+                if kind.is_dir() {
+                    share(&path, true)?;
+                    stack.push(path);
+                } else if kind.is_file() {
+                    share(&path, false)?;
+                }
+            }
+        }
+        share(copy, true)
+    }
+
     /// A train rank's place in a `file://` store, `<root>/jobs/<id>/`; `None` for another
     /// store.
     pub fn store_job_dir(storage: &str, id: JobId) -> Option<PathBuf> {
@@ -197,6 +281,9 @@ impl RunAs {
         }
     }
 }
+
+/// The node's dataset store, below its data directory.
+pub const DATASETS_DIR: &str = "datasets";
 
 /// The node's temporary files in a `file://` store under `--run-as` (see
 /// [`RunAs::node_storage`]).
@@ -259,6 +346,77 @@ mod tests {
         assert!(meta.is_file(), "the link was replaced by the record");
     }
 
+    /// A copy as the store leaves it: node-owned, 0700 directories, 0600 files, and a link
+    /// no one should follow.
+    fn stored_copy(store: &Path) -> PathBuf {
+        let files = store.join("abc123").join("files");
+        std::fs::create_dir_all(files.join("sub")).unwrap();
+        std::fs::write(store.join("abc123/manifest.json"), "{}").unwrap();
+        std::fs::write(files.join("a.txt"), "a").unwrap();
+        std::fs::write(files.join("sub/b.txt"), "b").unwrap();
+        let outside = store.join("outside.txt");
+        std::fs::write(&outside, "not the dataset's").unwrap();
+        std::os::unix::fs::symlink(&outside, files.join("link")).unwrap();
+        for (p, m) in [
+            (store.to_path_buf(), 0o700),
+            (store.join("abc123"), 0o700),
+            (files.clone(), 0o700),
+            (files.join("sub"), 0o700),
+            (files.join("a.txt"), 0o600),
+            (files.join("sub/b.txt"), 0o600),
+            (outside, 0o600),
+        ] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+        }
+        files
+    }
+
+    #[test]
+    fn a_shared_dataset_goes_read_only_to_the_users_group_and_links_are_left_alone() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let store = tmp.path().join("datasets");
+        let files = stored_copy(&store);
+        // The process's own group: chown to it needs no privilege.
+        let gid = nix::unistd::Gid::effective().as_raw();
+        let user = RunAs {
+            name: "ranks".into(),
+            uid: 65534,
+            gid,
+        };
+        user.share_dataset(&files).unwrap();
+        let meta = |p: &Path| std::fs::symlink_metadata(p).unwrap();
+        let mode = |p: &Path| meta(p).mode() & 0o777;
+        assert_eq!(mode(&store), TRAVERSE_DIR_MODE);
+        for dir in [files.parent().unwrap(), &files, &files.join("sub")] {
+            assert_eq!((mode(dir), meta(dir).gid()), (DATASET_DIR_MODE, gid));
+        }
+        for file in [files.join("a.txt"), files.join("sub/b.txt")] {
+            assert_eq!((mode(&file), meta(&file).gid()), (DATASET_FILE_MODE, gid));
+        }
+        assert!(meta(&files.join("link")).file_type().is_symlink());
+        assert_eq!(
+            mode(&store.join("outside.txt")),
+            0o600,
+            "the link was not followed"
+        );
+        // Shared whole: a second call does not walk it (a file tightened since stays so).
+        std::fs::set_permissions(files.join("a.txt"), std::fs::Permissions::from_mode(0o600))
+            .unwrap();
+        user.share_dataset(&files).unwrap();
+        assert_eq!(mode(&files.join("a.txt")), 0o600);
+        // The modes pass at start took the copy's bits back: the next share walks it again.
+        std::fs::set_permissions(
+            files.parent().unwrap(),
+            std::fs::Permissions::from_mode(0o700),
+        )
+        .unwrap();
+        user.share_dataset(&files).unwrap();
+        assert_eq!(mode(&files.join("a.txt")), DATASET_FILE_MODE);
+        // Not a copy's files directory.
+        assert!(user.share_dataset(Path::new("/")).is_err());
+    }
+
     #[test]
     fn only_file_stores_get_directories() {
         let data = Path::new("/d");
@@ -267,11 +425,12 @@ mod tests {
             [
                 PathBuf::from("/d"),
                 "/d/jobs".into(),
+                "/d/datasets".into(),
                 "/d/store".into(),
                 "/d/store/jobs".into()
             ]
         );
-        assert_eq!(RunAs::traverse_dirs(data, "s3://bucket/p").len(), 2);
+        assert_eq!(RunAs::traverse_dirs(data, "s3://bucket/p").len(), 3);
         assert_eq!(
             RunAs::store_job_dir("file:///s?x=1", JobId::from_log_index(3)),
             Some(PathBuf::from(format!(
