@@ -191,10 +191,11 @@ impl RunAs {
     }
 
     /// Lets the user's ranks read the node's whole copy of a dataset, given as the directory
-    /// of its files (`<data-dir>/datasets/<root>/files`, a rank's `RINGLEADER_DATASET_DIR`):
-    /// the copy's directories and files stay the node's and go to the user's group, modes
-    /// [`DATASET_DIR_MODE`] and [`DATASET_FILE_MODE`] (nobody but the node writes them), and
-    /// the store's directory is made traversable. Links and special files are neither
+    /// of its files (`<data-dir>/datasets/<root>/files`, a rank's `RINGLEADER_DATASET_DIR`;
+    /// anything else is refused): the copy's directories and files stay the node's and go to
+    /// the user's group, modes [`DATASET_DIR_MODE`] and [`DATASET_FILE_MODE`] (nobody but the
+    /// node writes them); `datasets/` itself is one of the [`RunAs::traverse_dirs`], made so
+    /// at the node's start. Links and special files are neither
     /// followed nor changed (the store holds none; only the node writes there). The copy's
     /// own directory is done last, so one with the user's group and that mode was shared
     /// whole and is not walked again; the modes pass at a node's start takes the group bits
@@ -206,15 +207,17 @@ impl RunAs {
             let path = path.display().to_string();
             move |source| RunAsError::Prepare { path, source }
         };
-        let (Some(copy), Some(store)) = (
-            files_dir.parent(),
-            files_dir.parent().and_then(Path::parent),
-        ) else {
-            return Err(prepare(files_dir)(io::Error::other(
-                "not a dataset copy's files directory",
-            )));
-        };
-        make_traverse_dir(store)?;
+        // Only ever a whole copy: `<copy>/files` beside `<copy>/manifest.json`.
+        let copy = files_dir
+            .parent()
+            .filter(|copy| {
+                files_dir.file_name() == Some(std::ffi::OsStr::new(DATASET_FILES_DIR))
+                    && std::fs::symlink_metadata(copy.join(DATASET_MANIFEST))
+                        .is_ok_and(|m| m.is_file())
+            })
+            .ok_or_else(|| {
+                prepare(files_dir)(io::Error::other("not the files of a dataset's whole copy"))
+            })?;
         let meta = std::fs::symlink_metadata(copy).map_err(prepare(copy))?;
         if !meta.is_dir() {
             return Err(prepare(copy)(io::Error::other("not a directory")));
@@ -284,6 +287,10 @@ impl RunAs {
 
 /// The node's dataset store, below its data directory.
 pub const DATASETS_DIR: &str = "datasets";
+/// A whole copy's files, below its directory in the store (`datasets::store`'s layout).
+const DATASET_FILES_DIR: &str = "files";
+/// A whole copy's manifest, beside its files.
+const DATASET_MANIFEST: &str = "manifest.json";
 
 /// The node's temporary files in a `file://` store under `--run-as` (see
 /// [`RunAs::node_storage`]).
@@ -377,6 +384,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let store = tmp.path().join("datasets");
         let files = stored_copy(&store);
+        let above = std::fs::metadata(tmp.path()).unwrap().permissions().mode() & 0o777;
         // The process's own group: chown to it needs no privilege.
         let gid = nix::unistd::Gid::effective().as_raw();
         let user = RunAs {
@@ -387,7 +395,7 @@ mod tests {
         user.share_dataset(&files).unwrap();
         let meta = |p: &Path| std::fs::symlink_metadata(p).unwrap();
         let mode = |p: &Path| meta(p).mode() & 0o777;
-        assert_eq!(mode(&store), TRAVERSE_DIR_MODE);
+        assert_eq!(mode(&store), 0o700, "the store is the start's to open");
         for dir in [files.parent().unwrap(), &files, &files.join("sub")] {
             assert_eq!((mode(dir), meta(dir).gid()), (DATASET_DIR_MODE, gid));
         }
@@ -413,8 +421,18 @@ mod tests {
         .unwrap();
         user.share_dataset(&files).unwrap();
         assert_eq!(mode(&files.join("a.txt")), DATASET_FILE_MODE);
-        // Not a copy's files directory.
+        // Nothing but a whole copy's files: not its directory, not a copy without its
+        // manifest, not a directory that is not named so.
+        for wrong in [
+            files.parent().unwrap().to_path_buf(),
+            tmp.path().join("files"),
+        ] {
+            std::fs::create_dir_all(&wrong).unwrap();
+            let e = user.share_dataset(&wrong).unwrap_err().to_string();
+            assert!(e.contains("not the files of a dataset's whole copy"), "{e}");
+        }
         assert!(user.share_dataset(Path::new("/")).is_err());
+        assert_eq!(mode(tmp.path()), above, "nothing above a copy was touched");
     }
 
     #[test]
