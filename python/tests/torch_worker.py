@@ -14,6 +14,7 @@ Prints `ok SCENARIO` at the end; any mismatch raises (exit 1) naming it.
 
 import os
 import sys
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -112,6 +113,25 @@ def check_ops(rank, world):
     dist.all_gather(h, torch.full((3,), rank + 0.5, dtype=torch.float16))
     for r in everyone:
         expect("float16 all_gather", h[r], torch.full((3,), r + 0.5, dtype=torch.float16))
+    # Work.wait(timeout): a wait that runs out raises and the operation goes on, the next
+    # wait has it. Rank 0's peers join only once its first wait has run out (the store says).
+    store = dist.distributed_c10d._get_default_store()
+    t = torch.full((4,), float(rank + 1))
+    if rank == 0:
+        work = dist.all_reduce(t, async_op=True)
+        try:
+            work.wait(timedelta(milliseconds=200))
+        except RuntimeError as e:
+            assert "timed out after 0.2 s" in str(e), e
+        else:
+            raise AssertionError("a wait for peers that had not joined did not time out")
+        store.set("wait-timed-out", "1")
+        assert work.wait(timedelta(seconds=120))
+    else:
+        store.wait(["wait-timed-out"])
+        dist.all_reduce(t)
+    expect("all_reduce after a timed-out wait", t,
+           torch.full((4,), float(sum(r + 1 for r in everyone))))
     dist.barrier()
 
 

@@ -41,7 +41,8 @@ built from a store rank 0 serves, its port broadcast over the ring).
 
 Failures raise the ring's exceptions (`RingError` and its subclasses `PeerLost`, `Aborted`,
 `RingTimeout`, `HandshakeRefused`, with `reason` and `rank`) from `Work.wait()`; after one,
-the process group is spent, as torch's are.
+the process group is spent, as torch's are. `Work.wait(timeout)` raises `RuntimeError` once
+the timeout has passed, and the operation goes on.
 
 Elastic training from survivors' memory (README *PyTorch*), a few lines in a DDP script:
 

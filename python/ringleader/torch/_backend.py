@@ -57,6 +57,17 @@ class _Work(dist.Work):
         self._future = future
 
     def wait(self, timeout=None):
+        """Waits for the operation (with a `timeout`, timedelta or seconds, at most that
+        long: past it raises `RuntimeError`, as torch's own `Work.wait` does, and the
+        operation goes on: a later wait has it); raises the operation's error."""
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        if seconds and not self._future.done():
+            done = threading.Event()
+            self._future.add_done_callback(lambda _: done.set())
+            if not done.wait(seconds):
+                raise RuntimeError(
+                    f"ringleader: operation timed out after {seconds:g} s (it goes on: wait "
+                    "again, or destroy the process group)")
         self._future.wait()
         return True
 
