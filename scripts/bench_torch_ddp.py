@@ -76,10 +76,11 @@ def main():
     ys = torch.randint(0, CLASSES, (POOL_SAMPLES,), generator=g)
     # The runs: one per backend, then NO_SYNC (a DDP model of the first backend's group
     # stepping under no_sync(): no collective).
+    groups[NO_SYNC] = groups[backends[0]]
     runs = {}
     for b in backends + [NO_SYNC]:
         torch.manual_seed(0)
-        model = DDP(mlp(), process_group=groups[backends[0] if b == NO_SYNC else b])
+        model = DDP(mlp(), process_group=groups[b])
         runs[b] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
     params = sum(p.numel() for p in runs[backends[0]][0].parameters())
 
@@ -98,12 +99,11 @@ def main():
     cpus = {b: [] for b in runs}
     for r in range(args.rounds):
         for b in runs:
-            group = groups[backends[0] if b == NO_SYNC else b]
-            dist.barrier(group=group)
+            dist.barrier(group=groups[b])
             t0, c0 = time.perf_counter(), time.process_time()
             for i in range(args.steps):
                 step(b, args.warmup + r * args.steps + i)
-            dist.barrier(group=group)
+            dist.barrier(group=groups[b])
             walls[b].append(time.perf_counter() - t0)
             cpus[b].append(time.process_time() - c0)
     if rank == 0:
