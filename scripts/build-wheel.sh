@@ -32,6 +32,8 @@ echo "built $wheel ($(du -h "$wheel" | cut -f1))"
 cd "$work"
 ./venv/bin/python -c 'import ringleader; print("import ringleader", ringleader.__version__, "protocol", ringleader.PROTOCOL_VERSION); print(ringleader.metric.__module__)'
 ./venv/bin/python -c 'import ringleader; ringleader.metric("check", 1.5, 2)' | grep -qx 'ringleader-metric check 1.5 2'
+# The wheel's dependencies came with it: `launch` pickles with cloudpickle.
+./venv/bin/python -c 'import ringleader._launch as l; l._cloudpickle(); print("launch ok: cloudpickle installed")'
 ./venv/bin/ringleader --help | head -n 3
 ./venv/bin/ringleader --version
 echo "wheel ok: $wheel"

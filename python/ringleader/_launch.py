@@ -21,6 +21,9 @@ from . import _runner
 FILES_BYTES_MAX = 128 * 1024
 # The search metric a function's plain number is reported as, when `metric` is not given.
 DEFAULT_METRIC = "objective"
+# The algorithms that pause a trial at a rung and promote it later: their trials are
+# resumable unless `launch(resumable=False)` says otherwise.
+PROMOTING_ALGORITHMS = ("asha", "hyperband")
 NAME_BYTES_MAX = 64
 
 
@@ -41,8 +44,8 @@ def _cloudpickle():
     try:
         import cloudpickle
     except ImportError as e:
-        raise ImportError("launch pickles the function with cloudpickle, which is not "
-                          "installed here: pip install cloudpickle (or ringleader[launch])"
+        raise ImportError("launch pickles the function with cloudpickle, a dependency of "
+                          "ringleader that is not installed here: pip install cloudpickle"
                           ) from e
     return cloudpickle
 
@@ -91,8 +94,18 @@ def runner_source():
         return f.read()
 
 
+def resumes(algorithm, resumable=None):
+    """Whether `launch`'s trials are resumable: `resumable` when given, else (None) whether
+    `algorithm` pauses and promotes trials (ASHA, Hyperband). The runner makes that safe for
+    any function: `report` ends the run at its rung, and a function that saves nothing with
+    `ringleader.checkpoint` starts over when promoted."""
+    if resumable is None:
+        return algorithm in PROMOTING_ALGORITHMS
+    return bool(resumable)
+
+
 def launch_spec(fn, params, *, algorithm="grid", metric=None, direction="max", trials=None,
-                max_parallel=None, workers=1, resource=None, resumable=False, python="python3",
+                max_parallel=None, workers=1, resource=None, resumable=None, python="python3",
                 name=None, env=None, **search):
     """The search spec (a dict) that `Client.launch` submits; the arguments are its."""
     if not callable(fn):
@@ -114,7 +127,7 @@ def launch_spec(fn, params, *, algorithm="grid", metric=None, direction="max", t
     if resource is not None:
         # An int: the epochs a trial runs to (the search's max_resource); a str: the unit.
         search_table["resource" if isinstance(resource, str) else "max_resource"] = resource
-    if resumable:
+    if resumes(algorithm, resumable):
         # Each run goes to its rung and ends; ASHA and Hyperband pause and promote trials.
         search_table["resumable"] = True
     search_table.update(search)

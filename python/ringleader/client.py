@@ -269,7 +269,7 @@ class Client:
         return cls(self, doc)
 
     def launch(self, fn, params, *, algorithm="grid", metric=None, direction="max",
-               trials=None, max_parallel=None, workers=1, resource=None, resumable=False,
+               trials=None, max_parallel=None, workers=1, resource=None, resumable=None,
                python="python3", name=None, env=None, **search):
         """Runs `fn(**params)` as the command trials of a search; returns the `Search`
         (`.wait()` gives the final document, `.best` the best trial).
@@ -286,14 +286,17 @@ class Client:
         in its logs. `resource`: the epochs a trial runs to (the search's `max_resource`,
         required by asha and hyperband).
 
-        `resumable=True` (the search's `resumable`): ASHA and Hyperband pause a trial at
+        `resumable` (the search's `resumable`; default None: True for `asha` and
+        `hyperband`, which alone pause and promote): ASHA and Hyperband pause a trial at
         each rung and promote the best, as Ray Tune's ASHA does; each promotion calls `fn`
         again in a new process, which resumes from what it saved. So `fn` loads its state
         with `ringleader.checkpoint.load()` (None in the first run), trains from there to
         `ringleader.trial()["rung"]`, and saves before each `report`; a loop that goes on
         past the rung ends at the report after it (`Stopped`, which the runner takes as the
-        run's end). Without it, every trial runs to `resource` and ASHA only stops the
-        laggards (SIGTERM, `Stopped` at the next report).
+        run's end). A function that saves nothing starts over when promoted (its reports
+        up to the last rung are ignored). With `resumable=False`, every trial runs to
+        `resource` and ASHA only stops the laggards (SIGTERM, `Stopped` at the next
+        report).
 
         `env`: extra environment of the trials (e.g. a `PYTHONPATH` that holds the
         package); the other keywords go into `[search]` (`seed`, `min_resource`,

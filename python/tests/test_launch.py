@@ -1,9 +1,11 @@
 """`Client.launch`: Python functions as a search's command trials on a real node (grid of a
 number, a dict, ASHA on per-epoch reports, a function that raises), and the parts that need
-no node: the size limit, the runner's interpreter check, the spec it writes."""
+no node: the size limit, the runner's interpreter check, the spec it writes, the package's
+dependencies."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -69,9 +71,10 @@ def test_a_dict_return_with_distributions(client, rank_env):
 
 
 def test_asha_acts_on_a_functions_reports(client, rank_env):
+    # Trials that are not resumable: each runs to `resource`, and ASHA only stops.
     search = launch(client, rank_env, epochs, {"lr": [0.1, 0.2, 0.3, 0.5, 0.8, 1.0]},
                     algorithm="asha", trials=6, metric="score", resource=9,
-                    min_resource=1, reduction_factor=3, max_parallel=3)
+                    min_resource=1, reduction_factor=3, max_parallel=3, resumable=False)
     search.wait(timeout=JOB_WAIT_S)
     trials = search.trials()
     best = search.best
@@ -166,11 +169,29 @@ def test_the_spec_launch_writes():
     assert spec["command"] == ["python3.11", _runner.RUNNER_FILE]
     assert [f["path"] for f in spec["files"]] == [_runner.RUNNER_FILE, _runner.META_FILE,
                                                   _runner.FN_FILE]
+    # ASHA's trials are resumable by default: a promotion resumes from the checkpoint.
     assert spec["search"] == {"trial": "command", "algorithm": "asha", "metric": "objective",
                               "direction": "max", "trials": 4, "max_parallel": None,
-                              "params": {"x": [1, 2]}, "max_resource": 9, "seed": 3}
-    resumable = _launch.launch_spec(quadratic, {"x": [1, 2]}, resource=9, algorithm="asha",
-                                    resumable=True)
-    assert resumable["search"]["resumable"] is True
+                              "params": {"x": [1, 2]}, "max_resource": 9, "resumable": True,
+                              "seed": 3}
+    hyperband = _launch.launch_spec(quadratic, {"x": [1, 2]}, resource=9,
+                                    algorithm="hyperband")
+    assert hyperband["search"]["resumable"] is True
+    # Asked not to; and the algorithms that never pause have no say.
+    for spec in (_launch.launch_spec(quadratic, {"x": [1, 2]}, resource=9, algorithm="asha",
+                                     resumable=False),
+                 _launch.launch_spec(quadratic, {"x": [1, 2]}),
+                 _launch.launch_spec(quadratic, {"x": [1, 2]}, algorithm="random", trials=2)):
+        assert "resumable" not in spec["search"], spec["search"]
     with pytest.raises(TypeError):
         _launch.launch_spec(42, {})
+
+
+def test_the_package_depends_on_what_launch_needs():
+    # `pip install ./python` gives the README's tour, `launch` included: cloudpickle is a
+    # dependency, not an extra.
+    tomllib = pytest.importorskip("tomllib")
+    with open(os.path.join(PYTHON_DIR, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    names = [re.split(r"[<>=!~ \[;]", d, maxsplit=1)[0] for d in project["dependencies"]]
+    assert "cloudpickle" in names, project["dependencies"]
