@@ -60,6 +60,23 @@ def _read_token_file(path):
     return lines[0].strip(), pin
 
 
+def _checked_token(token, source):
+    """`token` trimmed; ValueError when it is more than one line (a token
+    file's whole text, whose second line is the TLS pin: `RINGLEADER_TOKEN=$(cat
+    api.token)`) or holds other control characters, which no HTTP header carries. `source`
+    names where it came from, for the message."""
+    token = token.strip()
+    if "\n" in token or "\r" in token:
+        raise ValueError(
+            f"{source} holds more than one line (a token file's whole text? its `tls "
+            "sha256:…` line is the API's TLS pin, not part of the token): set "
+            "RINGLEADER_TOKEN_FILE to the file instead, which reads both, or take the "
+            "token alone: RINGLEADER_TOKEN=$(head -n1 FILE)")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in token):
+        raise ValueError(f"{source} holds control characters: a token is one line of text")
+    return token
+
+
 def _der(buf, at):
     """One DER element at `at`: (tag, start of its content, end of its content)."""
     tag, n = buf[at], buf[at + 1]
@@ -127,15 +144,20 @@ class Client:
     `peer`: `host:port` (or `http://…`, `https://…`); default `RINGLEADER_PEER`, else
     127.0.0.1:7071. `token`: default `RINGLEADER_TOKEN`, else the file
     `RINGLEADER_TOKEN_FILE` names, else `ringleader-data/api.token` when it exists (the
-    CLI's order). `tls_sha256`: the pin of the API's TLS key beyond loopback; default
-    `RINGLEADER_TLS_SHA256`, else the token file's `tls` line.
+    CLI's order); a token of more than one line (a token file's whole text) is refused
+    with ValueError, as the CLI refuses it. `tls_sha256`: the pin of the API's TLS key
+    beyond loopback; default `RINGLEADER_TLS_SHA256`, else the token file's `tls` line.
     """
 
     def __init__(self, peer=None, token=None, *, tls_sha256=None, timeout=REQUEST_TIMEOUT_S):
         peer = peer or os.environ.get("RINGLEADER_PEER") or DEFAULT_PEER
         pin = tls_sha256 or os.environ.get("RINGLEADER_TLS_SHA256") or None
-        if token is None:
+        if token is not None:
+            token = _checked_token(token, "the token given to Client")
+        else:
             token = os.environ.get("RINGLEADER_TOKEN") or None
+            if token is not None:
+                token = _checked_token(token, "RINGLEADER_TOKEN") or None
         if token is None:
             path = os.environ.get("RINGLEADER_TOKEN_FILE")
             if not path and os.path.exists(DEFAULT_TOKEN_FILE):

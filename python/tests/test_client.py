@@ -64,6 +64,23 @@ def test_a_failed_job_raises_job_failed_with_the_reason(client):
     assert any("oops" in line for line in job.logs())
 
 
+def test_a_token_of_more_than_one_line_is_refused_saying_what_to_use(monkeypatch):
+    # `RINGLEADER_TOKEN=$(cat api.token)` of a keyed node: the token, then its TLS pin.
+    text = "ab" * 32 + "\ntls sha256:" + "0" * 64
+    monkeypatch.setenv("RINGLEADER_TOKEN", text)
+    with pytest.raises(ValueError) as e:
+        ringleader.Client("127.0.0.1:9")
+    assert "RINGLEADER_TOKEN holds more than one line" in str(e.value)
+    assert "RINGLEADER_TOKEN_FILE" in str(e.value) and "head -n1" in str(e.value)
+    with pytest.raises(ValueError, match="more than one line"):
+        ringleader.Client("127.0.0.1:9", token=text)
+    with pytest.raises(ValueError, match="control characters"):
+        ringleader.Client("127.0.0.1:9", token="ab\x1bcd")
+    # One line, with the newline a shell or a file leaves after it: the token.
+    monkeypatch.setenv("RINGLEADER_TOKEN", "tok\n")
+    assert ringleader.Client("127.0.0.1:9").token == "tok"
+
+
 def test_follow_logs_until_the_end_then_cancel(client):
     job = client.submit(command_job("py-follow", [
         "sh", "-c", "for i in 1 2 3; do echo line $i; sleep 0.2; done"]))

@@ -394,7 +394,7 @@ pub fn credentials(
         .transpose()
         .context("--tls-sha256 (RINGLEADER_TLS_SHA256)")?;
     if let Some(t) = &cli.token {
-        return Ok((Some(t.clone()), flag_pin));
+        return Ok((Some(given_token(t)?), flag_pin));
     }
     let (path, given) = match &cli.token_file {
         Some(p) => (p.clone(), true),
@@ -423,6 +423,30 @@ pub fn credentials(
         .parse()
         .with_context(|| format!("--token-file {}", path.display()))?;
     Ok((Some(file.token), flag_pin.or(file.tls)))
+}
+
+/// A token given as itself (`--token`, `RINGLEADER_TOKEN`), trimmed: one line without
+/// control characters, or an error that says what to do instead. The usual slip is
+/// `RINGLEADER_TOKEN=$(cat api.token)`: a keyed node's token file has a second line, the
+/// API's TLS pin (`tls sha256:…`), and no HTTP header carries a line break (the request
+/// would fail with only "failed to parse header value").
+pub fn given_token(text: &str) -> Result<String> {
+    let token = text.trim();
+    if token.contains(['\n', '\r']) {
+        return Err(anyhow!(
+            "RINGLEADER_TOKEN (or --token) holds more than one line (a token file's whole \
+             text? its `tls sha256:…` line is the API's TLS pin, not part of the token): set \
+             RINGLEADER_TOKEN_FILE to the file instead, which reads both, or take the token \
+             alone: RINGLEADER_TOKEN=$(head -n1 FILE)"
+        ));
+    }
+    if token.chars().any(char::is_control) {
+        return Err(anyhow!(
+            "RINGLEADER_TOKEN (or --token) holds control characters: a token is one line of \
+             text (RINGLEADER_TOKEN_FILE names a file that holds it)"
+        ));
+    }
+    Ok(token.to_owned())
 }
 
 /// `ringleader node`'s default `--data-dir`.
@@ -802,6 +826,24 @@ mod tests {
         let err = node_config(&["--storage-file", f]).err().unwrap();
         assert!(format!("{err:#}").contains("chmod 600"), "{err:#}");
         assert!(node_config(&["--storage", "file:///x", "--storage-file", f]).is_err());
+    }
+
+    #[test]
+    fn a_token_of_more_than_one_line_is_refused_with_what_to_use_instead() {
+        // `RINGLEADER_TOKEN=$(cat api.token)` of a keyed node: the token and its TLS pin.
+        let file = format!("{}\ntls sha256:{}", "ab".repeat(32), "0".repeat(64));
+        let cli = Cli::try_parse_from(["ringleader", "--token", &file, "status"]).unwrap();
+        let err = credentials(&cli).unwrap_err().to_string();
+        assert!(err.contains("more than one line"), "{err}");
+        assert!(err.contains("RINGLEADER_TOKEN_FILE"), "{err}");
+        assert!(err.contains("head -n1"), "{err}");
+        assert!(given_token("a\r\nb").is_err());
+        let err = given_token("a\u{1b}b").unwrap_err().to_string();
+        assert!(err.contains("control characters"), "{err}");
+        // One line, with the blanks a shell or an editor leaves around it: the token.
+        assert_eq!(given_token(" tok \n").unwrap(), "tok");
+        let cli = Cli::try_parse_from(["ringleader", "--token", "tok", "status"]).unwrap();
+        assert_eq!(credentials(&cli).unwrap().0.as_deref(), Some("tok"));
     }
 
     #[test]
