@@ -391,8 +391,9 @@ fn place_pending(
     let mut out = Vec::new();
     for job in pending {
         let req = Request::from_spec(&job.spec);
-        // A trial's job runs again where it ran (its checkpoint is there) when it can.
-        let prefer = job
+        // A trial's job runs again where it ran, whose store holds its checkpoint, waiting
+        // for room there while that member can take it (`place_at_home`).
+        let home = job
             .trial_of
             .as_ref()
             .and_then(|_| job.assignment.first())
@@ -400,7 +401,7 @@ fn place_pending(
         // A retry goes to members where its program started, or could: those where it could
         // not are tried again only when nothing else fits.
         let placed = if job.cannot_start.is_empty() {
-            placement::place_preferring(candidates, &req, prefer, None)
+            placement::place_at_home(candidates, &req, home)
         } else {
             let elsewhere: Vec<Candidate> = candidates
                 .iter()
@@ -410,8 +411,8 @@ fn place_pending(
                     c
                 })
                 .collect();
-            placement::place_preferring(&elsewhere, &req, prefer, None)
-                .or_else(|_| placement::place_preferring(candidates, &req, prefer, None))
+            placement::place_at_home(&elsewhere, &req, home)
+                .or_else(|_| placement::place_at_home(candidates, &req, home))
         };
         match placed {
             Ok(slots) => {

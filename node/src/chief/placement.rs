@@ -15,8 +15,9 @@
 //! - ring order: chosen members by (name, id), ranks of one member adjacent, `local_rank`
 //!   counting within the member;
 //! - deterministic: ties are broken by name, then id;
-//! - [`place_preferring`] tries one member first (where a search trial's checkpoint is)
-//!   or keeps off one (a speculative copy runs away from its original); [`take`] counts
+//! - [`place_preferring`] tries one member first or keeps off one (a speculative copy runs
+//!   away from its original); [`place_at_home`] keeps a search trial's next run on the
+//!   member whose store holds its checkpoint while that member can take it; [`take`] counts
 //!   placed slots against the candidates, so later jobs of the same round see them held.
 
 use std::{collections::BTreeSet, fmt};
@@ -227,6 +228,39 @@ impl fmt::Display for Plural<'_> {
         let s = if self.0 == 1 { "" } else { "s" };
         write!(f, "{} {}{s}", self.0, self.1)
     }
+}
+
+/// Places a search trial's next run (a promotion, a run re-opened at its rung, a re-run) on
+/// `home`, the member that ran its last run: what the trial saved with
+/// `ringleader.checkpoint` (or a train trial's checkpoint) is in that member's store, and a
+/// node's store is its own by default (`file://<data-dir>/store`), so elsewhere the run
+/// would start over. While `home` is a candidate that could hold the run, the run waits for
+/// room there (`Unplaceable`, saying so) rather than start elsewhere from nothing. Anywhere
+/// when there is no home, when `home` is no candidate now (dead, left, blacklisted: what it
+/// holds is out of reach, or in a shared store every member reads), or when `home` could
+/// not hold the run even with nothing else on it.
+pub fn place_at_home(
+    candidates: &[Candidate],
+    req: &Request,
+    home: Option<&str>,
+) -> Result<Vec<Slot>, Unplaceable> {
+    let Some(h) = home.and_then(|h| candidates.iter().find(|c| c.id == h)) else {
+        return place(candidates, req);
+    };
+    let idle = Candidate {
+        used_cpus: 0,
+        used_gpus: BTreeSet::new(),
+        ..h.clone()
+    };
+    if !h.alive || h.blacklisted || capacity(&idle, req) < u64::from(req.workers) {
+        return place(candidates, req);
+    }
+    place(std::slice::from_ref(h), req).map_err(|e| Unplaceable {
+        reason: format!(
+            "waits for room on {}, which holds its checkpoint: {}",
+            h.name, e.reason
+        ),
+    })
 }
 
 /// Takes the resources of `slots` (their cpus and their devices) from the candidates.

@@ -1,6 +1,8 @@
 //! What the chief decides for running searches (pure, like [`super::decide`]): which trial
 //! to start or promote next, on which members, while the search has fewer than
-//! `max_parallel` active trials and the cluster has room; a speculative copy of a trial
+//! `max_parallel` active trials and the cluster has room (a promoted trial's run waits
+//! for its last run to end and goes to that run's member, where its checkpoint is:
+//! [`placement::place_at_home`]); a speculative copy of a trial
 //! that runs slower than `speculate_factor` × the median of its peers' runs to the same
 //! target (and at least [`SPECULATE_ELAPSED_MS_MIN`]), on another member with room; and
 //! the end of a search when the searcher has
@@ -97,14 +99,31 @@ fn search(
                 let last = record
                     .runs
                     .get(trial as usize)
-                    .and_then(|r| state.job(r.job))
+                    .and_then(|r| state.job(r.job));
+                let home = last
                     .and_then(|j| j.assignment.first())
-                    .map(|s| s.member.clone());
-                let slots = match place_preferring(candidates, &req, last.as_deref(), None) {
+                    .map(|s| s.member.as_str());
+                // The next run starts once the last has ended (a paused run may still be
+                // saving past its rung's report), on the member whose store holds what
+                // it saved: it finds all of it.
+                let placed = if last.is_some_and(|j| !j.state.is_terminal()) {
+                    Err(placement::Unplaceable {
+                        reason: "its last run still runs".into(),
+                    })
+                } else {
+                    placement::place_at_home(candidates, &req, home)
+                };
+                let slots = match placed {
                     Ok(slots) => slots,
-                    Err(e) => {
-                        unplaceable = Some(e.reason);
-                        break;
+                    Err(_) => {
+                        // It waits, holding its place among max_parallel, and the searcher
+                        // goes on to what comes after it (a new trial on a member with
+                        // room); the next round asks again.
+                        if let Some(t) = trials.get_mut(trial as usize) {
+                            t.state = TrialState::Running;
+                        }
+                        active += 1;
+                        continue;
                     }
                 };
                 take(candidates, &slots, &req);

@@ -43,6 +43,45 @@ fn spread_puts_one_worker_per_member_in_name_order() {
 }
 
 #[test]
+fn a_trials_run_waits_for_room_at_home_and_goes_elsewhere_only_once_home_is_gone() {
+    let one = req(1, 1, 0, Placement::Spread);
+    let mut ms = [member("a", 1, 0), member("b", 4, 0)];
+    // Home has room: the run goes there, though b has more.
+    let slots = place_at_home(&ms, &one, Some("id-a")).unwrap();
+    assert_eq!(names(&slots), ["a"]);
+    // Home is full: the run waits, saying where and why, while b idles.
+    ms[0].used_cpus = 1;
+    let e = place_at_home(&ms, &one, Some("id-a")).unwrap_err();
+    assert!(
+        e.reason
+            .starts_with("waits for room on a, which holds its checkpoint"),
+        "{e}"
+    );
+    // Home dead, blacklisted, unknown, or too small even idle: anywhere.
+    for gone in [
+        |c: &mut Candidate| c.alive = false,
+        |c: &mut Candidate| c.blacklisted = true,
+    ] {
+        let mut ms = ms.clone();
+        gone(&mut ms[0]);
+        assert_eq!(
+            names(&place_at_home(&ms, &one, Some("id-a")).unwrap()),
+            ["b"]
+        );
+    }
+    assert_eq!(
+        names(&place_at_home(&ms, &one, Some("id-x")).unwrap()),
+        ["b"]
+    );
+    assert_eq!(names(&place_at_home(&ms, &one, None).unwrap()), ["b"]);
+    let two = req(2, 1, 0, Placement::Pack);
+    assert_eq!(
+        names(&place_at_home(&ms, &two, Some("id-a")).unwrap()),
+        ["b", "b"]
+    );
+}
+
+#[test]
 fn spread_prefers_members_with_most_room() {
     let mut busy = member("a", 8, 0);
     busy.used_cpus = 7;

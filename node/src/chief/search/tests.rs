@@ -254,3 +254,128 @@ fn a_trial_much_slower_than_its_peers_gets_a_copy_on_another_member() {
         "one copy at a time"
     );
 }
+
+const ASHA: &str = r#"
+name = "a"
+kind = "search"
+command = ["true"]
+[search]
+trial = "command"
+algorithm = "asha"
+trials = 9
+max_parallel = 2
+metric = "m"
+direction = "max"
+max_resource = 9
+min_resource = 1
+reduction_factor = 3
+resumable = true
+speculate_factor = 0
+seed = 4
+[[search.params]]
+name = "x"
+type = "double"
+min = 0.0
+max = 1.0
+"#;
+
+#[test]
+fn a_promoted_trial_runs_after_its_last_run_on_that_runs_member() {
+    // Two members of one cpu each: a trial paused on one often finds it full while the
+    // other has room. Its next run still goes to its own member (whose store holds its
+    // checkpoint), and only once its last run has ended.
+    let mut state = ControlState::default();
+    let spec = Box::new(JobSpec::parse(ASHA).unwrap());
+    let ControlResponse::Submitted { id: search } = state.apply(
+        1,
+        &ControlCommand {
+            op: Op::Submit { spec, token: None },
+            at_ms: 1,
+        },
+    ) else {
+        panic!("not submitted")
+    };
+    let members = vec![member("a", State::Alive, 1), member("b", State::Alive, 1)];
+    let (mut promotions, mut waited) = (0, 0);
+    for step in 1..1_000u64 {
+        let now = step * 10;
+        // The whole chief: a trial promoted at its report is re-opened and placed as a
+        // pending job; one paused first is promoted by the search's decision.
+        let cmds = crate::chief::decide(&state, &members, now, &mut secret);
+        let c = candidates_of(&state, &members);
+        let record = state.job(search).unwrap().search.as_ref().unwrap();
+        for cmd in &cmds {
+            let (last, slots) = match &cmd.op {
+                Op::TrialPromote { trial, slots, .. } => {
+                    (state.job(record.runs[*trial as usize].job).unwrap(), slots)
+                }
+                Op::Place { id, slots, .. } if state.job(*id).unwrap().generation > 0 => {
+                    (state.job(*id).unwrap(), slots)
+                }
+                _ => continue,
+            };
+            assert!(
+                last.state.is_terminal() || last.state == JobState::Pending,
+                "its last run still runs: {cmd:?}"
+            );
+            assert_eq!(slots[0].member, last.assignment[0].member, "{cmd:?}");
+            promotions += 1;
+        }
+        // A paused trial whose home is full while the other member is free waits.
+        let free: Vec<&Candidate> = c.iter().filter(|c| c.used_cpus < c.cpus).collect();
+        waited += usize::from(record.trials.iter().zip(&record.runs).any(|(t, r)| {
+            t.state == TrialState::Paused
+                && !free.is_empty()
+                && free.iter().all(|c| {
+                    Some(c.id.as_str())
+                        != state
+                            .job(r.job)
+                            .and_then(|j| j.assignment.first())
+                            .map(|s| s.member.as_str())
+                })
+        }));
+        apply(&mut state, &cmds);
+        if state.job(search).unwrap().state.is_terminal() {
+            break;
+        }
+        // The oldest running trial job reports its rung (its value: its x) and exits.
+        let record = state.job(search).unwrap().search.as_ref().unwrap();
+        let running = record
+            .trials
+            .iter()
+            .zip(&record.runs)
+            .filter_map(|(t, r)| Some((t, state.job(r.job)?)))
+            .find(|(_, j)| j.state == JobState::Running);
+        let Some((t, j)) = running else { continue };
+        let (id, generation) = (j.id, j.generation);
+        let target = j.trial_of.as_ref().unwrap().target;
+        let value = t.params["x"].as_float().unwrap();
+        apply(
+            &mut state,
+            &[
+                ControlCommand {
+                    op: Op::TrialReport {
+                        id,
+                        generation,
+                        resource: target,
+                        value,
+                    },
+                    at_ms: now + 1,
+                },
+                ControlCommand {
+                    op: Op::WorkerExited {
+                        id,
+                        generation,
+                        rank: 0,
+                        code: 0,
+                    },
+                    at_ms: now + 2,
+                },
+            ],
+        );
+    }
+    let job = state.job(search).unwrap();
+    assert_eq!(job.state, JobState::Succeeded, "{:?}", job.events);
+    assert!(promotions > 0, "{:?}", job.events);
+    assert!(waited > 0, "no promotion had to wait: {:?}", job.events);
+}
