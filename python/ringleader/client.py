@@ -377,6 +377,20 @@ def _prepared(spec):
     return spec
 
 
+def _offsets_query(offsets):
+    return ",".join(f"{w}:{o}" for w, o in sorted(offsets.items()))
+
+
+def _lines(doc, offsets):
+    """A logs answer's lines as `LogLine`s; moves `offsets` past them."""
+    runs = doc.get("runs") or []
+    for chunk in doc["chunks"]:
+        run = _run_of(runs, chunk["generation"])
+        for line in chunk["text"].splitlines():
+            yield LogLine(line, chunk["rank"], run, chunk["generation"])
+        offsets[chunk["worker"]] = chunk["next_offset"]
+
+
 def _failure_reason(doc):
     """Why a job ended as it did: its last event's reason, else its exits."""
     for event in reversed(doc.get("events") or []):
@@ -389,17 +403,26 @@ def _failure_reason(doc):
 
 
 class LogLine(str):
-    """One line of a rank's output (a str), with the `rank` that printed it."""
+    """One line of a rank's output (a str), with the `rank` that printed it and the `run`
+    it belongs to (1-based: a search trial's first run, then each promotion and re-run; a
+    job's attempts), placed in `generation`."""
 
-    __slots__ = ("rank",)
+    __slots__ = ("rank", "run", "generation")
 
-    def __new__(cls, text, rank):
+    def __new__(cls, text, rank, run=1, generation=None):
         line = super().__new__(cls, text)
         line.rank = rank
+        line.run = run
+        line.generation = generation
         return line
 
     def __repr__(self):
-        return f"LogLine({str(self)!r}, rank={self.rank})"
+        return f"LogLine({str(self)!r}, rank={self.rank}, run={self.run})"
+
+
+def _run_of(runs, generation):
+    """The run (1-based) `generation` belongs to: the runs placed at or before it."""
+    return max(1, sum(1 for g in runs if g <= generation))
 
 
 class Job:
@@ -447,24 +470,40 @@ class Job:
         return self.doc
 
     def logs(self, follow=False):
-        """Every rank's output, line by line (`ringleader logs ID [--follow]`): an iterator
-        of lines (`LogLine`: a str whose `.rank` is the rank that printed it); with
-        `follow`, it goes on until the job ends. A new generation of the job (a restart, a
-        re-form) starts its ranks' logs again."""
-        offsets, generation = {}, None
+        """Every run's output, oldest run first, line by line (`ringleader logs ID
+        [--follow]`): an iterator of `LogLine`s (a str with the `rank` that printed it and
+        its `run`: a search trial's first run, then each promotion and re-run, each a new
+        process; a job's attempts). With `follow`, it goes on until the job ends; a new
+        generation of the job (a restart, a re-form, a promotion) starts its ranks' logs
+        again."""
+        path = f"/v1/jobs/{self.id}/logs"
+        first = self.client.request("GET", path)
+        runs = first.get("runs") or []
+        for generation in runs[:-1]:
+            offsets = {}
+            while True:
+                doc = self.client.request("GET", f"{path}?generation={generation}&offsets="
+                                          + _offsets_query(offsets))
+                yield from _lines(doc, offsets)
+                if all(not c["text"] for c in doc["chunks"]):
+                    break
+        offsets, generation, doc = {}, None, first
         while True:
-            q = ",".join(f"{w}:{o}" for w, o in sorted(offsets.items()))
-            doc = self.client.request("GET", f"/v1/jobs/{self.id}/logs?offsets={q}")
-            for chunk in doc["chunks"]:
-                if generation != chunk["generation"]:
-                    generation = chunk["generation"]
+            if doc is None:
+                doc = self.client.request("GET", f"{path}?offsets=" + _offsets_query(offsets))
+            chunks = doc["chunks"]
+            if chunks and generation != chunks[0]["generation"]:
+                generation = chunks[0]["generation"]
+                if offsets:
+                    # Read at the last generation's offsets: read the new one from its start.
                     offsets.clear()
-                for line in chunk["text"].splitlines():
-                    yield LogLine(line, chunk["rank"])
-                offsets[chunk["worker"]] = chunk["next_offset"]
-            drained = all(not c["text"] for c in doc["chunks"])
+                    doc = None
+                    continue
+            yield from _lines(doc, offsets)
+            drained = all(not c["text"] for c in chunks)
             if drained and (not follow or doc["state"] in TERMINAL_STATES):
                 return
+            doc = None
             if drained:
                 time.sleep(POLL_S)
 

@@ -2,13 +2,14 @@
 trials that use the package inside them, datasets, and bad input."""
 
 import os
+import subprocess
 import textwrap
 
 import pytest
 
 import ringleader
 
-from conftest import JOB_WAIT_S
+from conftest import JOB_WAIT_S, binary
 
 
 def command_job(name, command, **extra):
@@ -62,6 +63,26 @@ def test_a_failed_job_raises_job_failed_with_the_reason(client):
     assert e.value.job_id == job.id and e.value.doc["state"] == "failed"
     assert "3" in e.value.reason, e.value.reason
     assert any("oops" in line for line in job.logs())
+
+
+def test_the_logs_of_a_retried_job_hold_every_run_marked_by_run(client, node):
+    job = client.submit(command_job(
+        "py-retried", ["sh", "-c", "echo attempt $RINGLEADER_ATTEMPT; "
+                       "[ $RINGLEADER_ATTEMPT -ge 2 ]"], max_restarts=1))
+    job.wait(timeout=JOB_WAIT_S)
+    lines = list(job.logs())
+    assert lines == ["attempt 1", "attempt 2"], lines
+    assert [line.run for line in lines] == [1, 2]
+    assert lines[0].generation < lines[1].generation
+    # The CLI prints the same, each run under its header.
+    out = subprocess.run([binary(), "--peer", node.api, "--token-file", node.token_file,
+                          "logs", job.id], capture_output=True, text=True, timeout=30,
+                         env={k: v for k, v in os.environ.items()
+                              if not k.startswith("RINGLEADER_")})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        f"== run 1 (generation {lines[0].generation})", "[rank 0] attempt 1",
+        f"== run 2 (generation {lines[1].generation})", "[rank 0] attempt 2"], out.stdout
 
 
 def test_a_token_of_more_than_one_line_is_refused_saying_what_to_use(monkeypatch):

@@ -1,6 +1,7 @@
 """`Client.launch`: Python functions as a search's command trials on a real node (grid of a
-number, a dict, ASHA on per-epoch reports, a function that raises), and the parts that need
-no node: the size limit, the runner's interpreter check, the spec it writes, the package's
+number, a dict, ASHA on per-epoch reports, a function that raises), ASHA promotions that
+resume from `ringleader.checkpoint` on a cluster of two, and the parts that need no node:
+the size limit, the runner's interpreter check, the spec it writes, the package's
 dependencies."""
 
 import json
@@ -15,7 +16,7 @@ import pytest
 import ringleader
 from ringleader import _launch, _runner
 
-from conftest import JOB_WAIT_S, PYTHON_DIR
+from conftest import JOB_WAIT_S, PYTHON_DIR, Node
 
 pytest.importorskip("cloudpickle")
 
@@ -36,6 +37,18 @@ def epochs(lr):
 
 def raises(x):
     raise ValueError(f"bad x {x}")
+
+
+def resumes(lr):
+    """README's resumable trial: from what the last run saved to this run's rung."""
+    state = ringleader.checkpoint.load()
+    if state:
+        print(f"resumed at epoch {state['epoch']}", flush=True)
+    start = state["epoch"] if state else 0
+    for epoch in range(start + 1, ringleader.trial()["rung"] + 1):
+        time.sleep(0.05)
+        ringleader.checkpoint.save({"epoch": epoch})
+        ringleader.report(epoch, score=lr * epoch)
 
 
 def launch(client, rank_env, fn, params, **kw):
@@ -91,6 +104,53 @@ def test_asha_acts_on_a_functions_reports(client, rank_env):
     for t in trials:
         if t["metric"] is not None:
             assert t["metric"] == pytest.approx(t["params"]["lr"] * t["resource"] / 9)
+
+
+def test_every_promoted_trial_of_an_asha_launch_resumes_from_its_checkpoint(tmp_path,
+                                                                           rank_env):
+    # Two nodes of two cpus, each with a store of its own (the default), four trials at
+    # once: a paused trial's node is often full when it is promoted while the other has
+    # room. Its next run waits for its own node, whose store holds its checkpoint. No
+    # speculative copies: a copy runs on another node by design, where this store has none.
+    first = Node(tmp_path / "r0", name="r0", cpus=2)
+    nodes = [first]
+    try:
+        with open(os.path.join(first.data_dir, "node.json")) as f:
+            seed = json.load(f)["p2p_addrs"][0]
+        nodes.append(Node(tmp_path / "r1", name="r1", cpus=2,
+                          extra=("--cluster-key", os.path.join(first.data_dir, "cluster.key"),
+                                 "--join", seed)))
+        client = first.client()
+        deadline = time.monotonic() + JOB_WAIT_S
+        while sum(m["state"] == "alive" for m in client.status()["members"]) < 2:
+            assert time.monotonic() < deadline, "the second node did not join"
+            time.sleep(0.1)
+        # launch's default for ASHA: resumable trials.
+        search = launch(client, rank_env, resumes, {"lr": ringleader.uniform(0.1, 1.0)},
+                        algorithm="asha", trials=12, metric="score", resource=9,
+                        min_resource=1, reduction_factor=3, max_parallel=4, seed=5,
+                        speculate_factor=0)
+        assert search.wait(timeout=2 * JOB_WAIT_S)["state"] == "succeeded"
+        promoted = [t for t in search.trials() if t["promotions"]]
+        assert promoted, search.trials()
+        report = re.compile(r"^ringleader-report (\d+) ")
+        for t in promoted:
+            lines = list(client.job(t["job"]).logs())
+            runs = sorted({line.run for line in lines})
+            # A run per promotion after the first, each of its lines marked with it.
+            assert runs == list(range(1, t["promotions"] + 2)), (t, lines)
+            last_epoch = 0
+            for run in runs:
+                mine = [line for line in lines if line.run == run]
+                epochs_run = [int(m.group(1)) for m in map(report.match, mine) if m]
+                if run > 1:
+                    # Each later run resumes where the run before it saved, no epoch twice.
+                    assert f"resumed at epoch {last_epoch}" in mine, (t, run, lines)
+                assert epochs_run and epochs_run[0] == last_epoch + 1, (t, run, lines)
+                last_epoch = epochs_run[-1]
+    finally:
+        for n in nodes:
+            n.stop()
 
 
 def test_a_function_that_raises_fails_its_trial_with_the_traceback(client, rank_env):

@@ -8,7 +8,7 @@
 //! | `GET /v1/jobs[?state=S&limit=N&before=ID]` | a page of job summaries, oldest first; `x-ringleader-next-before` names the next page ([`listing`]) |
 //! | `GET /v1/jobs/{id}` | one job |
 //! | `POST /v1/jobs/{id}/cancel` | cancels a job |
-//! | `GET /v1/jobs/{id}/logs?offsets=W:N,…` | the current ring's logs, one chunk per rank, read from byte `N` of worker `W`'s log |
+//! | `GET /v1/jobs/{id}/logs?offsets=W:N,…[&generation=G]` | the current run's logs (with `generation`, the past run placed in generation `G`), one chunk per rank, read from byte `N` of worker `W`'s log; `runs`: the generation each run was placed in |
 //! | `GET /v1/jobs/{id}/metrics` | each metric's history: `{"id": …, "metrics": {"loss": [[step, value], …]}}` |
 //! | `/v1/datasets…` | datasets shared peer to peer ([`datasets`]) |
 //! | `GET`/`POST /v1/tokens`, `DELETE /v1/tokens/{name}` | API tokens ([`tokens`]; making and revoking them: the admin token only) |
@@ -68,7 +68,7 @@ use crate::{
     api::status::{job_doc, JobDoc, LogsDoc, MetricsDoc, StatusDoc},
     cluster::net::NodeHandle,
     control::{
-        handle::{wall_ms, ControlHandle},
+        handle::{wall_ms, ControlHandle, LogsError},
         protocol::ProposeError,
     },
     domain::{
@@ -485,6 +485,8 @@ struct LogsQuery {
     /// `worker:offset` pairs, comma separated (worker ids equal ranks until an elastic
     /// ring re-forms).
     offsets: Option<String>,
+    /// A past run's logs: the generation it was placed in (one of the answer's `runs`).
+    generation: Option<u32>,
 }
 
 async fn logs(
@@ -512,14 +514,18 @@ async fn logs(
         })?;
         offsets.insert(rank, offset);
     }
-    let (state, chunks) = app
+    let read = app
         .control
-        .logs(id, &offsets)
+        .logs(id, &offsets, q.generation)
         .await
-        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no job {id}")))?;
+        .map_err(|e| match e {
+            LogsError::NoJob => ApiError(StatusCode::NOT_FOUND, format!("no job {id}")),
+            LogsError::NoRun { .. } => ApiError(StatusCode::NOT_FOUND, format!("job {id}: {e}")),
+        })?;
     Ok(Json(LogsDoc {
         id: id.to_string(),
-        state: state.to_string(),
-        chunks,
+        state: read.state.to_string(),
+        runs: read.runs,
+        chunks: read.chunks,
     }))
 }

@@ -643,6 +643,11 @@ pub fn total_steps(j: &Job) -> Option<u64> {
 pub struct LogsDoc {
     pub id: String,
     pub state: String,
+    /// The generation each of the job's runs was placed in, oldest first (a search trial's
+    /// first run, then each promotion and re-run; a job's attempts): `?generation=G` reads
+    /// a past one.
+    #[serde(default)]
+    pub runs: Vec<u32>,
     pub chunks: Vec<LogChunk>,
 }
 

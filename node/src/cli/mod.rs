@@ -748,38 +748,49 @@ pub fn cancel(cli: &Cli, id: &str) -> Result<()> {
     Ok(())
 }
 
-/// `ringleader logs ID [--follow]`.
+/// `ringleader logs ID [--follow]`: every run of the job, oldest first (a search trial's
+/// first run, then each promotion and re-run; a job's retries), each headed `== run N
+/// (generation G)`, and in `--json` each line carrying its `run` and `generation`; with
+/// `--follow`, the current run until the job ends.
 pub fn logs(cli: &Cli, id: &str, follow: bool) -> Result<()> {
+    use crate::api::status::LogsDoc;
     let c = client(cli)?;
+    let first: LogsDoc = c.get(&format!("/v1/jobs/{id}/logs"))?;
+    let past = first.runs.len().saturating_sub(1);
+    let mut header = None;
+    for &generation in &first.runs[..past] {
+        let mut offsets: BTreeMap<u32, u64> = BTreeMap::new();
+        loop {
+            let doc: LogsDoc = c.get(&format!(
+                "/v1/jobs/{id}/logs?generation={generation}&offsets={}",
+                offsets_query(&offsets)
+            ))?;
+            print_chunks(cli, &doc, &mut header, &mut offsets);
+            if doc.chunks.iter().all(|c| c.text.is_empty()) {
+                break;
+            }
+        }
+    }
+    // The first answer is the current run's first read (a log only grows).
     let mut offsets: BTreeMap<u32, u64> = BTreeMap::new();
     let mut generation = None;
+    let mut next = Some(first);
     loop {
-        let q: Vec<String> = offsets.iter().map(|(r, o)| format!("{r}:{o}")).collect();
-        let doc: crate::api::status::LogsDoc =
-            c.get(&format!("/v1/jobs/{id}/logs?offsets={}", q.join(",")))?;
-        for chunk in &doc.chunks {
-            if generation != Some(chunk.generation) {
-                generation = Some(chunk.generation);
+        let doc: LogsDoc = match next.take() {
+            Some(doc) => doc,
+            None => c.get(&format!(
+                "/v1/jobs/{id}/logs?offsets={}",
+                offsets_query(&offsets)
+            ))?,
+        };
+        if let Some(g) = doc.chunks.first().map(|c| c.generation) {
+            if generation.replace(g) != Some(g) && !offsets.is_empty() {
+                // Read at the last generation's offsets: read the new one from its start.
                 offsets.clear();
-                if !cli.json {
-                    println!("== generation {}", chunk.generation);
-                }
+                continue;
             }
-            if let Some(e) = &chunk.error {
-                eprintln!("rank {}: log unavailable: {e}", chunk.rank);
-            }
-            for line in chunk.text.lines() {
-                if cli.json {
-                    println!(
-                        "{}",
-                        serde_json::json!({ "rank": chunk.rank, "line": line })
-                    );
-                } else {
-                    println!("[rank {}] {line}", chunk.rank);
-                }
-            }
-            offsets.insert(chunk.worker, chunk.next_offset);
         }
+        print_chunks(cli, &doc, &mut header, &mut offsets);
         let drained = doc.chunks.iter().all(|c| c.text.is_empty());
         if !follow || (is_terminal(&doc.state) && drained) {
             return Ok(());
@@ -787,6 +798,52 @@ pub fn logs(cli: &Cli, id: &str, follow: bool) -> Result<()> {
         if drained {
             std::thread::sleep(std::time::Duration::from_millis(POLL_MS));
         }
+    }
+}
+
+/// `worker:offset` pairs for the logs query.
+fn offsets_query(offsets: &BTreeMap<u32, u64>) -> String {
+    let q: Vec<String> = offsets.iter().map(|(w, o)| format!("{w}:{o}")).collect();
+    q.join(",")
+}
+
+/// The run (1-based) a generation belongs to: the runs placed at or before it.
+fn run_of(runs: &[u32], generation: u32) -> usize {
+    runs.iter().filter(|g| **g <= generation).count().max(1)
+}
+
+/// Prints a logs answer's lines, a header at each new (run, generation), and moves
+/// `offsets` past them.
+fn print_chunks(
+    cli: &Cli,
+    doc: &crate::api::status::LogsDoc,
+    header: &mut Option<(usize, u32)>,
+    offsets: &mut BTreeMap<u32, u64>,
+) {
+    for chunk in &doc.chunks {
+        let run = run_of(&doc.runs, chunk.generation);
+        if header.replace((run, chunk.generation)) != Some((run, chunk.generation)) && !cli.json {
+            println!("== run {run} (generation {})", chunk.generation);
+        }
+        if let Some(e) = &chunk.error {
+            eprintln!("rank {}: log unavailable: {e}", chunk.rank);
+        }
+        for line in chunk.text.lines() {
+            if cli.json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "run": run,
+                        "generation": chunk.generation,
+                        "rank": chunk.rank,
+                        "line": line,
+                    })
+                );
+            } else {
+                println!("[rank {}] {line}", chunk.rank);
+            }
+        }
+        offsets.insert(chunk.worker, chunk.next_offset);
     }
 }
 

@@ -39,9 +39,36 @@ use crate::{
         voters::{self, Change, Health, VoterConfig},
     },
     domain::state::{
-        tokens::Principal, ControlCommand, ControlResponse, ControlState, JobId, JobState,
+        tokens::Principal, ControlCommand, ControlResponse, ControlState, EventKind, JobId,
+        JobState, Slot,
     },
 };
+
+/// A job's logs, as [`ControlHandle::logs`] read them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobLogs {
+    /// The job's state.
+    pub state: JobState,
+    /// The generation each of the job's runs was placed in, oldest first, as far as its
+    /// events go back ([`crate::domain::state::EVENTS_PER_JOB_MAX`]).
+    pub runs: Vec<u32>,
+    /// One chunk per rank of the run read.
+    pub chunks: Vec<LogChunk>,
+}
+
+/// Why [`ControlHandle::logs`] read nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LogsError {
+    /// There is no such job.
+    #[error("no such job")]
+    NoJob,
+    /// The job has no run placed in that generation (or its event was dropped).
+    #[error("no run of this job was placed in generation {generation}")]
+    NoRun {
+        /// The generation asked for.
+        generation: u32,
+    },
+}
 
 /// Raft heartbeat period, in milliseconds: the chief sends one to every member (voters and
 /// learners) this often, which is most of an idle node's traffic (issue 27: 150 ms cost an
@@ -367,31 +394,142 @@ impl ControlHandle {
         }
     }
 
-    /// The logs of a job's current generation, each rank read from `offsets[rank]` on.
-    /// Returns the job's state and one chunk per rank, or `None` if there is no such job.
-    /// Offsets are by worker id (equal to the rank unless an elastic ring re-formed).
+    /// A job's logs: one chunk per rank of one of its runs, each read from
+    /// `offsets[worker]` on. A run is a placement (a trial's first run, each promotion and
+    /// re-run; a plain job's first attempt and each retry); `generation` names a past one
+    /// by the generation it was placed in ([`JobLogs::runs`]), `None` (or the current
+    /// generation) reads the current one. A past run's ranks are found by the member names
+    /// of its placement event (its workers were its ranks), on whichever member of that
+    /// name keeps the log.
     pub async fn logs(
         &self,
         id: JobId,
         offsets: &BTreeMap<u32, u64>,
-    ) -> Option<(JobState, Vec<LogChunk>)> {
-        let (state, generation, slots) = self.read(|s| {
-            s.job(id)
-                .map(|j| (j.state, j.process_generation(), j.assignment.clone()))
-        })?;
-        let mut chunks = Vec::new();
-        for slot in slots {
-            let offset = offsets.get(&slot.worker).copied().unwrap_or(0);
-            let mut chunk = if slot.member == self.me {
-                read_log(&self.jobs_dir, id, generation, slot.worker, offset)
-            } else {
-                self.remote_log(&slot.member, id, generation, slot.worker, offset)
-                    .await
-            };
-            chunk.rank = slot.rank;
+        generation: Option<u32>,
+    ) -> Result<JobLogs, LogsError> {
+        let (state, current, slots, runs, past) = self
+            .read(|s| {
+                let j = s.job(id)?;
+                let placed = || j.events.iter().filter(|e| e.what == EventKind::Placed);
+                let past = generation
+                    .filter(|g| *g != j.process_generation())
+                    .map(|g| placed().find(|e| e.generation == g).map(|e| e.ring.clone()));
+                let runs = placed().map(|e| e.generation).collect::<Vec<u32>>();
+                Some((
+                    j.state,
+                    j.process_generation(),
+                    j.assignment.clone(),
+                    runs,
+                    past,
+                ))
+            })
+            .ok_or(LogsError::NoJob)?;
+        // (rank, worker, the members that may keep its log)
+        let (generation, ranks): (u32, Vec<(u32, u32, Vec<String>)>) = match past {
+            None => (
+                current,
+                slots
+                    .iter()
+                    .map(|s| (s.rank, s.worker, vec![s.member.clone()]))
+                    .collect(),
+            ),
+            Some(None) => {
+                return Err(LogsError::NoRun {
+                    generation: generation.unwrap_or_default(),
+                })
+            }
+            Some(Some(ring)) => {
+                let members = self.members_by_name(&slots).await;
+                let ranks = ring
+                    .iter()
+                    .enumerate()
+                    .map(|(rank, name)| {
+                        let rank = u32::try_from(rank).unwrap_or(u32::MAX);
+                        let ids = members.get(name).cloned().unwrap_or_default();
+                        (rank, rank, ids)
+                    })
+                    .collect();
+                (generation.unwrap_or_default(), ranks)
+            }
+        };
+        let mut chunks = Vec::with_capacity(ranks.len());
+        for (rank, worker, members) in ranks {
+            let offset = offsets.get(&worker).copied().unwrap_or(0);
+            let mut chunk = self
+                .rank_log(&members, id, generation, worker, offset)
+                .await;
+            chunk.rank = rank;
             chunks.push(chunk);
         }
-        Some((state, chunks))
+        Ok(JobLogs {
+            state,
+            runs,
+            chunks,
+        })
+    }
+
+    /// Member ids by name: the current ring's, then every member this node knows (a name
+    /// may be several members'; a log is on one of them).
+    async fn members_by_name(&self, slots: &[Slot]) -> BTreeMap<String, Vec<String>> {
+        let mut by_name: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let known = self
+            .node
+            .members()
+            .await
+            .map(|(_, m)| m)
+            .unwrap_or_default();
+        let pairs = slots
+            .iter()
+            .map(|s| (s.name.clone(), s.member.clone()))
+            .chain(
+                known
+                    .iter()
+                    .map(|m| (m.meta.name.clone(), peer_id_text(&m.id))),
+            );
+        for (name, id) in pairs {
+            let ids = by_name.entry(name).or_default();
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
+        by_name
+    }
+
+    /// `worker`'s log of `generation` from `offset`, from the first of `members` that has
+    /// any of it (here or over RPC).
+    async fn rank_log(
+        &self,
+        members: &[String],
+        job: JobId,
+        generation: u32,
+        worker: u32,
+        offset: u64,
+    ) -> LogChunk {
+        let mut last = None;
+        for member in members {
+            let chunk = if *member == self.me {
+                read_log(&self.jobs_dir, job, generation, worker, offset)
+            } else {
+                self.remote_log(member, job, generation, worker, offset)
+                    .await
+            };
+            if !chunk.text.is_empty() {
+                return chunk;
+            }
+            // A member without that log answers an empty chunk; keep the one that is not
+            // an error if any is.
+            if last.as_ref().is_none_or(|l: &LogChunk| l.error.is_some()) {
+                last = Some(chunk);
+            }
+        }
+        last.unwrap_or_else(|| {
+            LogChunk::empty(
+                worker,
+                generation,
+                offset,
+                Some("the member that ran it is no longer known".into()),
+            )
+        })
     }
 
     async fn remote_log(
