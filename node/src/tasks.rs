@@ -111,10 +111,24 @@ pub const NODE_TIMER_SLACK_NS: u64 = 20_000_000;
 /// and timeouts are not the node's).
 pub const RANK_TIMER_SLACK_NS: u64 = 50_000;
 
-/// Sets the calling thread's timer slack to [`NODE_TIMER_SLACK_NS`]; threads it starts later
-/// inherit it. Called once on the main thread before the node's runtime is built.
+/// Environment variable that sets the node's timer slack in nanoseconds instead of
+/// [`NODE_TIMER_SLACK_NS`] (50000 is Linux's default): for measuring what the slack costs
+/// and buys on a host (docs/scale.md), since no other thread can change a thread's slack.
+pub const TIMER_SLACK_ENV: &str = "RINGLEADER_TIMER_SLACK_NS";
+
+/// Sets the calling thread's timer slack to [`NODE_TIMER_SLACK_NS`] (or what
+/// [`TIMER_SLACK_ENV`] says); threads it starts later inherit it. Called once on the main
+/// thread before the node's runtime is built.
 pub fn relax_timers() {
-    set_timer_slack(NODE_TIMER_SLACK_NS);
+    set_timer_slack(timer_slack(std::env::var(TIMER_SLACK_ENV).ok().as_deref()));
+}
+
+/// The node's timer slack given [`TIMER_SLACK_ENV`]'s value: the default when unset or not a
+/// number of nanoseconds from 1 to 1 s.
+fn timer_slack(env: Option<&str>) -> u64 {
+    env.and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|ns| (1..=1_000_000_000).contains(ns))
+        .unwrap_or(NODE_TIMER_SLACK_NS)
 }
 
 /// Sets the calling thread's timer slack, in nanoseconds. Async-signal-safe (a `prctl`), so
@@ -129,6 +143,15 @@ pub fn set_timer_slack(ns: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_slack_is_the_default_unless_the_environment_names_a_sane_one() {
+        assert_eq!(timer_slack(None), NODE_TIMER_SLACK_NS);
+        assert_eq!(timer_slack(Some("50000")), 50_000);
+        for bad in ["", "0", "-1", "20ms", "2000000000"] {
+            assert_eq!(timer_slack(Some(bad)), NODE_TIMER_SLACK_NS, "{bad:?}");
+        }
+    }
 
     #[tokio::test]
     async fn stop_ends_every_task_and_owned_ones_at_their_own_point() {
