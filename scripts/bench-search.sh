@@ -59,7 +59,7 @@ max_epochs=9
 if [ -n "${RINGLEADER:-}" ]; then
     bin=$RINGLEADER
 else
-    cargo build --release -p ringleader >&2
+    cargo build --release --workspace >&2
     bin=${CARGO_TARGET_DIR:-$root/target}/release/ringleader
 fi
 command -v python3 >/dev/null || { echo "bench-search.sh: needs python3" >&2; exit 1; }

@@ -23,6 +23,9 @@ fi
 # docs/design.md's table puts above (the script's own tests, then the check).
 python3 scripts/check_layers_test.py
 python3 scripts/check-layers.py
+# The benchmark guard's reader (scripts/bench-check.sh runs by hand, not here): its figures
+# and the floors file it reads.
+python3 scripts/bench_check_test.py
 # The Python tests' virtualenv (pytest, cloudpickle, torch), set up before the cargo tests: the
 # node test that runs an unmodified PyTorch DDP script as a command job uses its python
 # (RINGLEADER_TEST_PYTHON).
