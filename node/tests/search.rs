@@ -1,8 +1,9 @@
 //! Real-process tests of hyperparameter searches on a local 3-node cluster: an ASHA search
 //! of train trials (promoted trials resume from their own checkpoints), a random search of
 //! command trials running `examples/search/trial.py` (a failing trial retried), a node
-//! killed mid-search, the chief killed mid-search, and a slowed trial overtaken by its
-//! speculative copy. Each waits for the search to end and checks that every trial is
+//! killed mid-search, the chief killed mid-search, a slowed trial overtaken by its
+//! speculative copy, and members that run their share of a search submitted the moment the
+//! cluster has a chief (while the log is busy). Each waits for the search to end and checks that every trial is
 //! accounted for: none is left `running` or `pending`.
 //!
 //! Waits poll with deadlines; every node is stopped by PID when its cluster is dropped, and
@@ -455,5 +456,63 @@ max = 0.1
     assert!(
         !resumed.iter().any(|l| l.contains(" resumed step=0 ")),
         "{resumed:?}"
+    );
+}
+
+/// A search submitted the moment a cluster has a chief keeps the log busy from then on (each
+/// trial is a placement, an exit and a report): the members that joined run the trials placed
+/// on them while it is busy, not only once it goes quiet. Their rank supervisors judged "this
+/// node's log is applied" at each look, and a follower of a busy chief has always appended
+/// an entry it has not applied yet: two of three members stayed fenced through a 500-trial
+/// search (the chief ran 494 of them; `scripts/bench-search.sh`'s trials per second fell to
+/// about a third).
+#[test]
+fn members_run_their_trials_while_the_log_is_busy() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let root = scratch();
+    let trials = 150;
+    let mut c = LocalCluster::new(exe(), root.path());
+    let extra = ["--cpus".to_string(), "8".to_string()];
+    c.start("s0", &extra).unwrap();
+    for i in 1..3 {
+        c.start_joining(&format!("s{i}"), &extra).unwrap();
+    }
+    c.wait_all(WAIT, "all alive and a chief", |s| {
+        s.names_in("alive").len() == 3 && s.chief.is_some()
+    })
+    .unwrap();
+    let spec = format!(
+        r#"
+name = "busy"
+kind = "search"
+command = ["echo", "ringleader-report 1 accuracy 0.5"]
+[search]
+trial = "command"
+algorithm = "random"
+trials = {trials}
+max_parallel = 24
+metric = "accuracy"
+direction = "max"
+seed = 3
+[[search.params]]
+name = "lr"
+type = "double"
+min = 0.001
+max = 1.0
+"#
+    );
+    let id = c.nodes[0].client().submit(&spec).unwrap();
+    let done = wait_job(&c, 0, &id, "search ended", ended);
+    assert_eq!(done.state, "succeeded", "{:?}", done.events.last());
+    assert_accounted(&done, trials);
+    let mut by_node = std::collections::BTreeMap::<&str, usize>::new();
+    for t in &done.trials {
+        *by_node.entry(t.node.as_str()).or_default() += 1;
+    }
+    eprintln!("trials by member: {by_node:?}");
+    assert_eq!(by_node.len(), 3, "trials by member: {by_node:?}");
+    assert!(
+        by_node.values().all(|&n| n >= trials / 5),
+        "every member runs its share while the log is busy: {by_node:?}"
     );
 }

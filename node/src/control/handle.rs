@@ -256,11 +256,12 @@ impl ControlHandle {
         (chief, m.current_term)
     }
 
-    /// Whether every entry of this node's log is applied (a node restarted from its own
-    /// log is not caught up before).
-    pub fn log_applied(&self) -> bool {
+    /// This replica's last applied log index and its last log index (`None` before any
+    /// entry): a node restarted from its own log has not caught up before the first reaches
+    /// what the second was.
+    pub fn log_progress(&self) -> (Option<u64>, Option<u64>) {
         let m = self.raft().metrics().borrow().clone();
-        m.last_applied.map(|l| l.index) >= m.last_log_index
+        (m.last_applied.map(|l| l.index), m.last_log_index)
     }
 
     /// On the chief: waits (at most `bound`) until its state machine applied every entry it

@@ -514,8 +514,8 @@ async fn run(
     let (mut hosts, mut stale) = (BTreeMap::new(), true);
     loop {
         let now = tokio::time::Instant::now().into_std();
-        let ready = ctl.chief().0.is_some() && ctl.log_applied();
-        match fence.observe(ready, now) {
+        let (applied_index, last_log) = ctl.log_progress();
+        match fence.observe(ctl.chief().0.is_some(), applied_index, last_log, now) {
             FenceStep::Run => {}
             FenceStep::Stop => {
                 warn!(
@@ -603,20 +603,29 @@ async fn member_hosts(ctl: &ControlHandle) -> Option<BTreeMap<String, String>> {
 /// has re-formed the ring before the minority's ranks stop.
 pub const FENCE_AFTER_MS: u64 = 10_000;
 
-/// How long a chief must have been seen, with this node's log applied, before ranks start
-/// (at start-up and after a fence), in milliseconds: a node restarted from its own old log
-/// would otherwise start ranks of generations the cluster has moved past.
+/// How long a chief must have been seen before ranks start (at start-up and after a
+/// fence), in milliseconds; they start once, besides, this node has applied its log as it
+/// was when the chief was first seen: a node restarted from its own old log would otherwise
+/// start ranks of generations the cluster has moved past.
 pub const SETTLE_MS: u64 = 1_000;
 
-/// Whether this node may run ranks (sans-IO; time passed in): not before it has seen a chief
-/// for [`SETTLE_MS`] with its log applied (at start and after a fence), and not once it has
-/// had no chief for [`FENCE_AFTER_MS`].
+/// Whether this node may run ranks (sans-IO; time and the log's progress passed in): not
+/// before it has seen a chief for [`SETTLE_MS`] and applied its log as it was then (at start
+/// and after a fence), and not once it has had no chief for [`FENCE_AFTER_MS`].
+///
+/// The catch-up is judged against the log as it was when the chief was first seen, not
+/// against the log at each look: a follower of a busy chief has always just appended an
+/// entry it has not applied yet (the commit comes with the next append), so "applied
+/// everything" was seldom true at a look, and a node that started beside a 500-trial search
+/// stayed fenced (its placed trials waiting) until the search was nearly over. Nor does a
+/// log behind its appends ever count as a missing chief: only the chief's absence fences.
 #[derive(Debug)]
 struct Fence {
     /// Since when no chief has been seen.
     no_chief_since: Option<std::time::Instant>,
-    /// Since when a chief has been seen (and the log applied).
-    chief_since: Option<std::time::Instant>,
+    /// Since when a chief has been seen, and the last log index then: what must be applied
+    /// before ranks start.
+    chief_since: Option<(std::time::Instant, Option<u64>)>,
     /// Ranks may not run (they were stopped, or none started yet).
     fenced: bool,
 }
@@ -643,12 +652,25 @@ enum FenceStep {
 }
 
 impl Fence {
-    /// `ready`: a chief is seen and this node's log is applied.
-    fn observe(&mut self, ready: bool, now: std::time::Instant) -> FenceStep {
-        if ready {
+    /// `chief`: a chief is seen; `applied` and `last_log`: this replica's last applied and
+    /// last log indexes now.
+    fn observe(
+        &mut self,
+        chief: bool,
+        applied: Option<u64>,
+        last_log: Option<u64>,
+        now: std::time::Instant,
+    ) -> FenceStep {
+        if chief {
             self.no_chief_since = None;
-            let since = *self.chief_since.get_or_insert(now);
-            if self.fenced && now.duration_since(since) >= Duration::from_millis(SETTLE_MS) {
+            let (since, target) = *self.chief_since.get_or_insert((now, last_log));
+            // A tail the chief cut off (never committed) is never applied: the log as it is
+            // now bounds the target.
+            let caught_up = applied >= target.min(last_log);
+            if self.fenced
+                && caught_up
+                && now.duration_since(since) >= Duration::from_millis(SETTLE_MS)
+            {
                 info!("a chief for {SETTLE_MS} ms with the log applied: this node runs ranks");
                 self.fenced = false;
             }
@@ -687,39 +709,98 @@ mod tests {
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let mut f = Fence::default();
         assert_eq!(
-            f.observe(false, at(0)),
+            f.observe(false, Some(5), Some(5), at(0)),
             FenceStep::Wait,
             "nothing runs before a chief"
         );
         assert_eq!(
-            f.observe(true, at(10)),
+            f.observe(true, Some(5), Some(5), at(10)),
             FenceStep::Wait,
             "a chief seen just now"
         );
-        assert_eq!(f.observe(true, at(10 + SETTLE_MS)), FenceStep::Run);
+        assert_eq!(
+            f.observe(true, Some(5), Some(5), at(10 + SETTLE_MS)),
+            FenceStep::Run
+        );
         let t = 10 + SETTLE_MS;
         assert_eq!(
-            f.observe(false, at(t + 100)),
+            f.observe(false, Some(5), Some(5), at(t + 100)),
             FenceStep::Run,
             "an election is not a partition"
         );
         assert_eq!(
-            f.observe(false, at(t + 99 + FENCE_AFTER_MS)),
+            f.observe(false, Some(5), Some(5), at(t + 99 + FENCE_AFTER_MS)),
             FenceStep::Run
         );
         assert_eq!(
-            f.observe(false, at(t + 100 + FENCE_AFTER_MS)),
+            f.observe(false, Some(5), Some(5), at(t + 100 + FENCE_AFTER_MS)),
             FenceStep::Stop
         );
         assert!(f.fenced);
         assert_eq!(
-            f.observe(false, at(t + 200 + FENCE_AFTER_MS)),
+            f.observe(false, Some(5), Some(5), at(t + 200 + FENCE_AFTER_MS)),
             FenceStep::Wait,
             "stopped once"
         );
         let back = t + 300 + FENCE_AFTER_MS;
-        assert_eq!(f.observe(true, at(back)), FenceStep::Wait, "settling again");
-        assert_eq!(f.observe(true, at(back + SETTLE_MS)), FenceStep::Run);
+        assert_eq!(
+            f.observe(true, Some(5), Some(5), at(back)),
+            FenceStep::Wait,
+            "settling again"
+        );
+        assert_eq!(
+            f.observe(true, Some(5), Some(5), at(back + SETTLE_MS)),
+            FenceStep::Run
+        );
+    }
+
+    /// A follower of a busy chief has always appended an entry more than it applied: it
+    /// starts ranks once it has applied the log it had when it first saw the chief, and a
+    /// log behind its appends never fences a running node.
+    #[test]
+    fn a_busy_log_neither_holds_ranks_back_nor_fences_them() {
+        let t0 = std::time::Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut f = Fence::default();
+        // Restarted with entries up to 10 in its own log, 3 of them applied.
+        assert_eq!(f.observe(true, Some(3), Some(10), at(0)), FenceStep::Wait);
+        assert_eq!(
+            f.observe(true, Some(9), Some(12), at(SETTLE_MS)),
+            FenceStep::Wait,
+            "its old log not applied yet"
+        );
+        assert_eq!(
+            f.observe(true, Some(10), Some(13), at(SETTLE_MS + 5)),
+            FenceStep::Run,
+            "the old log applied, one new entry not yet: it runs"
+        );
+        for k in 0..100u64 {
+            assert_eq!(
+                f.observe(
+                    true,
+                    Some(20 + k),
+                    Some(21 + k),
+                    at(SETTLE_MS + 10 + k * 1_000)
+                ),
+                FenceStep::Run,
+                "always one entry behind, for {} s",
+                k
+            );
+        }
+    }
+
+    /// A tail that was never committed is cut off by the chief and never applied: the log as
+    /// it is now bounds what must be applied.
+    #[test]
+    fn a_cut_tail_does_not_hold_ranks_back() {
+        let t0 = std::time::Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut f = Fence::default();
+        assert_eq!(f.observe(true, Some(7), Some(10), at(0)), FenceStep::Wait);
+        assert_eq!(
+            f.observe(true, Some(8), Some(8), at(SETTLE_MS)),
+            FenceStep::Run
+        );
     }
 
     fn ctx(me: &str) -> LaunchContext {
