@@ -1,6 +1,11 @@
 //! One rank's process, from spawn to its exit report: output to the rank's log, reports to
 //! the chief, the whole process group killed with it.
 //!
+//! What the node does about each event of a running rank is decided by its
+//! `watch::RankWatch`, a state machine with the time passed in (every rule below is
+//! tested there by lines and times); `Run::supervise` sets the rank up and spawns it, and
+//! `Run::drive` only feeds the watch its events and carries out its actions.
+//!
 //! Stdout lines the node reads are [`RankLine`]s (the protocol crate, `docs/protocol.md`);
 //! a `ringleader-…` line that does not parse is logged (warn, with the line, at most once
 //! per [`MALFORMED_WARN_INTERVAL_MS`]) and ignored. What the node does with each:
@@ -49,7 +54,7 @@
 //! ([`ProtocolRank::first_heartbeat_ms`]) is reported lost ([`silent_rank_reason`]).
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet, VecDeque},
+    collections::VecDeque,
     path::PathBuf,
     process::Stdio,
     sync::{Arc, Mutex},
@@ -62,10 +67,12 @@ use tokio::{
 };
 use tracing::{info, warn};
 
-use ringleader_protocol::{ElasticFailed, LineError, Metric, RankLine};
+use ringleader_protocol::{LineError, RankLine};
+
+use watch::{Action, RankWatch, Watched};
 
 use crate::{
-    domain::state::{ControlCommand, JobId, Op, REASON_BYTES_MAX},
+    domain::state::{ControlCommand, JobId, Op},
     jobs::{
         launch::Launch,
         log_rate::{is_protocol, LogRate, Verdict, RANK_LOG_BYTES_PER_S_MAX},
@@ -324,10 +331,6 @@ pub(super) struct Run {
     /// `ringleader-ready` line is reported, and its exit or silence drops the standby
     /// instead of counting as a rank's.
     pub(super) standby: bool,
-    /// The rank's compute time per step as it last reported it, ms.
-    pub(super) compute_ms: f64,
-    /// Reported hung already (once per process).
-    pub(super) reported_hung: bool,
     pub(super) reports: mpsc::Sender<ControlCommand>,
     pub(super) clock_ms: fn() -> u64,
     /// The node's dataset service (`None` in tests without one).
@@ -467,7 +470,6 @@ impl Run {
         &mut self,
         mut control: mpsc::Receiver<Control>,
     ) -> anyhow::Result<Option<i32>> {
-        let id = self.key.0;
         if let Some(dir) = self.launch.log.parent() {
             tokio::fs::create_dir_all(dir).await?;
         }
@@ -547,7 +549,7 @@ impl Run {
                 Ok(())
             });
         }
-        let mut child = cmd
+        let child = cmd
             .args(args)
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(stdin)
@@ -562,19 +564,35 @@ impl Run {
         // dropping it), the rank's whole process group goes with it, as torchrun does.
         let _group = ProcessGroup(pgid);
         let _recorded = pgid.and_then(|g| self.groups.as_ref().map(|r| r.record(g)));
-        let mut stdin = child.stdin.take();
+        self.drive(child, pgid, log, control, stash).await
+    }
+
+    /// Drives the rank's [`RankWatch`] from its start to its end: reads its pipes into its
+    /// log, waits on its process, the supervisor's messages and the watch's next deadline,
+    /// and carries out what the watch decides. The exit code to report, as
+    /// [`Run::supervise`].
+    async fn drive(
+        &mut self,
+        mut child: tokio::process::Child,
+        pgid: Option<i32>,
+        log: tokio::fs::File,
+        mut control: mpsc::Receiver<Control>,
+        mut stash: VecDeque<Control>,
+    ) -> anyhow::Result<Option<i32>> {
+        let id = self.key.0;
+        let mut io = RankIo {
+            stdin: child.stdin.take(),
+            // Lines are batched into the log: one write per buffer, not two per line.
+            log: tokio::io::BufWriter::with_capacity(LOG_BUFFER_BYTES, log),
+            pgid,
+        };
         if let Some(first) = self
             .protocol
             .as_ref()
             .and_then(|p| p.first_generation.as_ref())
         {
-            tell(&mut stdin, first, id, self.rank).await;
+            tell(&mut io.stdin, first, id, self.rank).await;
         }
-        let started = Instant::now();
-        // A protocol rank's heartbeat or rank stats seen; the generation it was reported
-        // silent in (again in each new generation it survives into while silent).
-        let mut spoke = false;
-        let mut silent_reported: Option<u32> = None;
         let (line_tx, mut lines) = mpsc::channel::<(bool, String)>(LINE_QUEUE_DEPTH);
         let epoch = Instant::now();
         let rate = Arc::new(Mutex::new(LogRate::new(self.options.log_bytes_per_s, 0)));
@@ -586,198 +604,57 @@ impl Run {
             .stderr
             .take()
             .map(|s| tokio::spawn(pump(s, false, rate.clone(), epoch, line_tx)));
-        // Lines are batched into the log: one write per buffer, not two per line.
-        let mut log = tokio::io::BufWriter::with_capacity(LOG_BUFFER_BYTES, log);
         let mut flush = tokio::time::interval(Duration::from_millis(LOG_FLUSH_MS));
         flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last_sent: HashMap<String, Instant> = HashMap::new();
-        let mut unsent: BTreeMap<String, Metric> = BTreeMap::new();
-        // Names seen in `ringleader-metric` lines: a report's values are job metrics
-        // unless the rank prints them as metric lines too (the trainer does, with steps).
-        let mut metric_names: HashSet<String> = HashSet::new();
-        let mut trial = TrialReports {
-            metric: self.launch.trial_metric.clone(),
-            from_metric_lines: self.launch.trial_metric_lines,
-            rung: self.launch.trial_rung,
-            ..TrialReports::default()
-        };
-        // Set when rank 0 reported its rung (a resumable trial's run): past it, the rank is
-        // stopped, and its exit counts as reaching the rung.
-        let mut rung_deadline: Option<tokio::time::Instant> = None;
-        let mut stopped_at_rung = false;
-        let mut malformed = Malformed::default();
-        let mut killed = false;
-        let mut watch = tokio::time::interval(Duration::from_millis(WATCH_PERIOD_MS));
-        watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut stopped_since: Option<Instant> = None;
-        let mut term_deadline: Option<tokio::time::Instant> = None;
-        // Set when the process has exited: its pipes get EXIT_DRAIN_MS to deliver what they
-        // still hold, not until every process holding them is gone.
-        let mut exited = false;
-        let mut drain_deadline: Option<tokio::time::Instant> = None;
-        let status = loop {
-            tokio::select! {
-                status = child.wait(), if !exited => {
+        let mut looks = tokio::time::interval(Duration::from_millis(WATCH_PERIOD_MS));
+        looks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut watch = RankWatch::new(self.watched(), Instant::now());
+        let status = 'run: loop {
+            let deadline = watch.next_deadline();
+            let actions = tokio::select! {
+                status = child.wait(), if !watch.exited() => {
                     let status = status?;
-                    exited = true;
-                    // The rank is its group leader: whatever it left running goes with it
-                    // (a child holding stdout would otherwise hide the exit), at once, or
-                    // when a graceful stop's grace period ends (its children may be saving).
-                    let drain = Duration::from_millis(EXIT_DRAIN_MS);
-                    match term_deadline {
-                        Some(grace_end) => drain_deadline = Some(grace_end + drain),
-                        None => {
-                            if let Some(pgid) = pgid {
-                                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
-                            }
-                            drain_deadline = Some(tokio::time::Instant::now() + drain);
-                        }
-                    }
-                    if !killed {
+                    if watch.takes_control() {
                         info!(job = %id, generation = self.generation, rank = self.rank, %status, "rank process exited");
                     }
+                    watch.on_exit(Instant::now())
                 }
-                _ = tokio::time::sleep_until(drain_deadline.unwrap_or_else(tokio::time::Instant::now)), if drain_deadline.is_some() => {
-                    warn!(job = %id, rank = self.rank, "rank exited but a process outside its group keeps its output open; not waiting for it");
-                    break child.wait().await?;
+                _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now).into()), if deadline.is_some() => {
+                    watch.on_timer(Instant::now())
                 }
-                _ = tokio::time::sleep_until(term_deadline.unwrap_or_else(tokio::time::Instant::now)), if term_deadline.is_some() => {
-                    term_deadline = None;
-                    if let Some(pgid) = pgid {
-                        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
-                    }
-                    let _ = child.kill().await;
+                _ = flush.tick() => {
+                    io.log.flush().await?;
+                    continue;
                 }
-                _ = tokio::time::sleep_until(rung_deadline.unwrap_or_else(tokio::time::Instant::now)), if rung_deadline.is_some() && !exited && !killed => {
-                    rung_deadline = None;
-                    stopped_at_rung = true;
-                    let rung = self.launch.trial_rung.unwrap_or_default();
-                    info!(job = %id, rank = self.rank, rung, "trial run still going {RUNG_EXIT_GRACE_MS} ms after its rung: stopping it");
-                    let note = format!("ringleader: this run reached its rung ({rung}) and still runs {RUNG_EXIT_GRACE_MS} ms later: stopped (SIGTERM, SIGKILL after {STOP_GRACE_MS} ms); its run counts as reaching the rung\n");
-                    log.write_all(note.as_bytes()).await?;
-                    if let Some(pgid) = pgid {
-                        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGTERM);
-                    }
-                    term_deadline = Some(tokio::time::Instant::now() + Duration::from_millis(STOP_GRACE_MS));
-                }
-                _ = flush.tick() => log.flush().await?,
-                _ = watch.tick(), if !killed && !self.reported_hung => {
+                _ = looks.tick(), if watch.watches() => {
                     let stopped = pgid.is_some_and(|p| is_stopped(p as u32));
-                    match (stopped, stopped_since) {
-                        (false, _) => stopped_since = None,
-                        (true, None) => stopped_since = Some(Instant::now()),
-                        (true, Some(t)) if t.elapsed() >= Duration::from_millis(HUNG_STOPPED_MS) => {
-                            let ms = t.elapsed().as_millis();
-                            self.report_hung(id, format!("its process is stopped (run state T) for {ms} ms")).await;
-                        }
-                        (true, Some(_)) => {}
-                    }
-                    if let Some(bound) = self.protocol.as_ref().map(|p| p.first_heartbeat_ms) {
-                        let late = started.elapsed() >= Duration::from_millis(bound);
-                        if late && !spoke && silent_reported != Some(self.generation) {
-                            // Lost in each generation it survives into while silent: once
-                            // fewer than min_workers remain, the attempt fails with this.
-                            silent_reported = Some(self.generation);
-                            if self.standby {
-                                self.report_standby_dropped(id, silent_rank_reason(bound)).await;
-                            } else {
-                                self.report_lost(id, false, silent_rank_reason(bound)).await;
-                            }
-                        }
-                    }
+                    watch.on_watch(Instant::now(), stopped)
                 }
                 line = lines.recv() => match line {
                     Some((is_stdout, text)) => {
-                        log.write_all(text.as_bytes()).await?;
-                        log.write_all(b"\n").await?;
-                        if !is_stdout {
-                            continue;
-                        }
-                        let line = match read_line(&text) {
-                            Read::Output => continue,
-                            Read::Malformed(e) => {
-                                malformed.note(id, self.rank, &text, &e);
-                                continue;
-                            }
-                            Read::Line(line) => line,
-                        };
-                        spoke |= matches!(line, RankLine::Heartbeat { .. } | RankLine::RankStats(_));
-                        let report = if self.rank == 0 { trial.report(&line) } else { None };
-                        if rung_deadline.is_none() && !stopped_at_rung && trial.reached_rung() {
-                            rung_deadline = Some(tokio::time::Instant::now() + Duration::from_millis(RUNG_EXIT_GRACE_MS));
-                        }
-                        let metrics = match line {
-                            RankLine::Metric(m) => {
-                                metric_names.insert(m.name.clone());
-                                vec![m]
-                            }
-                            RankLine::Report(r) => r
-                                .values
-                                .into_iter()
-                                .filter(|(name, _)| !metric_names.contains(name))
-                                .map(|(name, value)| Metric { name, value, step: None })
-                                .collect(),
-                            other => {
-                                self.report_elastic(id, other).await;
-                                Vec::new()
-                            }
-                        };
-                        for m in metrics {
-                            let due = last_sent.get(&m.name).is_none_or(|t| t.elapsed() >= Duration::from_millis(METRIC_REPORT_INTERVAL_MS));
-                            if due {
-                                last_sent.insert(m.name.clone(), Instant::now());
-                                unsent.remove(&m.name);
-                                self.report_metric(id, m).await;
-                            } else {
-                                unsent.insert(m.name.clone(), m);
-                            }
-                        }
-                        // Rank 0 reports for the trial (the rank may change with generations);
-                        // after the job metrics, which a stop decided on the report would
-                        // otherwise find the job ended.
-                        if let Some((resource, value)) = report {
-                            // Reports are never thinned: each is a decision of the search.
-                            let at_ms = (self.clock_ms)();
-                            let _ = self
-                                .reports
-                                .send(ControlCommand { op: Op::TrialReport { id, generation: self.generation, resource, value }, at_ms })
-                                .await;
-                        }
+                        io.log_line(&text).await?;
+                        watch.on_line(Instant::now(), is_stdout, &text)
                     }
                     None => break child.wait().await?,
                 },
-                msg = next_control(&mut stash, &mut control), if !killed => match msg {
-                    Some(Control::Generation { generation, rank, line }) => {
-                        info!(job = %id, generation, rank, "worker goes on in a new generation");
-                        self.standby = false;
-                        self.generation = generation;
-                        self.rank = rank;
-                        tell(&mut stdin, &line, id, rank).await;
-                    }
-                    Some(Control::Kill) | None => {
-                        killed = true;
-                        if let Some(pgid) = pgid {
-                            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
-                        }
-                        let _ = child.kill().await;
-                    }
-                    Some(Control::Stop) => {
-                        // A rank that reads control lines is told to stop (and its stdin
-                        // ends); then SIGTERM; SIGKILL when the grace period is over.
-                        tell(&mut stdin, ringleader_protocol::STOP_LINE, id, self.rank).await;
-                        stdin = None;
-                        killed = true;
-                        if let Some(pgid) = pgid {
-                            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGTERM);
-                        }
-                        term_deadline = Some(tokio::time::Instant::now() + Duration::from_millis(STOP_GRACE_MS));
-                    }
+                msg = next_control(&mut stash, &mut control), if watch.takes_control() => {
+                    watch.on_control(Instant::now(), msg)
+                }
+            };
+            (self.generation, self.rank, self.standby) = watch.position();
+            for action in actions {
+                if self
+                    .act(&mut io, &mut child, watch.exited(), action)
+                    .await?
+                {
+                    warn!(job = %id, rank = self.rank, "rank exited but a process outside its group keeps its output open; not waiting for it");
+                    break 'run child.wait().await?;
                 }
             }
         };
         for task in [out, err].into_iter().flatten() {
             // Done already unless a process outside the group holds a pipe (see above).
-            if exited && !task.is_finished() {
+            if watch.exited() && !task.is_finished() {
                 task.abort();
             }
             let _ = task.await;
@@ -788,26 +665,61 @@ impl Run {
             r.take_dropped().map(|d| d.note(bytes_per_s))
         });
         if let Some(note) = dropped {
-            log.write_all(note.as_bytes()).await?;
-            log.write_all(b"\n").await?;
+            io.log_line(&note).await?;
         }
-        log.flush().await?;
-        if killed {
-            return Ok(None);
-        }
-        for (_, m) in unsent {
-            self.report_metric(id, m).await;
-        }
-        if stopped_at_rung {
-            // Stopped by this node past its rung: the run did what it was for.
-            return Ok(Some(0));
-        }
+        io.log.flush().await?;
         use std::os::unix::process::ExitStatusExt;
-        Ok(Some(
-            status
-                .code()
-                .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)),
-        ))
+        let (actions, code) = watch.on_end(status.code(), status.signal());
+        for action in actions {
+            self.act(&mut io, &mut child, true, action).await?;
+        }
+        Ok(code)
+    }
+
+    /// What the rank's watch is told of it as it starts.
+    fn watched(&self) -> Watched {
+        Watched {
+            id: self.key.0,
+            worker: self.key.2,
+            generation: self.generation,
+            rank: self.rank,
+            standby: self.standby,
+            first_heartbeat_ms: self.protocol.as_ref().map(|p| p.first_heartbeat_ms),
+            trial: TrialReports {
+                metric: self.launch.trial_metric.clone(),
+                from_metric_lines: self.launch.trial_metric_lines,
+                rung: self.launch.trial_rung,
+                ..TrialReports::default()
+            },
+        }
+    }
+
+    /// Carries out one of the watch's actions (`exited`: the process has exited); `true`
+    /// when the pipes are no longer waited for.
+    async fn act(
+        &mut self,
+        io: &mut RankIo,
+        child: &mut tokio::process::Child,
+        exited: bool,
+        action: Action,
+    ) -> std::io::Result<bool> {
+        match action {
+            Action::Log(note) => io.log_line(&note).await?,
+            Action::Report(op) => self.report(op).await,
+            Action::Offer(op) => self.offer(op),
+            Action::Signal(signal) => {
+                if let Some(pgid) = io.pgid {
+                    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), signal);
+                }
+                if signal == nix::sys::signal::Signal::SIGKILL && !exited {
+                    let _ = child.start_kill();
+                }
+            }
+            Action::Tell(line) => tell(&mut io.stdin, &line, self.key.0, self.rank).await,
+            Action::CloseStdin => io.stdin = None,
+            Action::StopDraining => return Ok(true),
+        }
+        Ok(false)
     }
 
     /// Says in the rank's log and the job's events why its program did not start.
@@ -846,49 +758,16 @@ impl Run {
             .await;
     }
 
-    async fn report_metric(&self, id: JobId, m: Metric) {
+    /// Proposes `op` about this rank, waiting for room in the report queue.
+    async fn report(&self, op: Op) {
         let at_ms = (self.clock_ms)();
-        let cmd = ControlCommand {
-            op: Op::Metric {
-                id,
-                generation: self.generation,
-                name: m.name,
-                value: m.value,
-                step: m.step,
-            },
-            at_ms,
-        };
-        // Metrics are best effort: when the report queue is full, this value is dropped.
-        let _ = self.reports.try_send(cmd);
+        let _ = self.reports.send(ControlCommand { op, at_ms }).await;
     }
 
-    /// Reports this rank hung, once.
-    async fn report_hung(&mut self, id: JobId, reason: String) {
-        if self.reported_hung {
-            return;
-        }
-        self.reported_hung = true;
-        self.report_lost(id, true, reason).await;
-    }
-
-    /// Reports this rank lost in its current generation (`hung`: by its own node's watch):
-    /// the chief re-forms without it, or fails the attempt when too few ranks remain.
-    async fn report_lost(&self, id: JobId, hung: bool, reason: String) {
-        let what = if hung { "worker hung" } else { "rank lost" };
-        warn!(job = %id, generation = self.generation, rank = self.rank, "{what}: {reason}");
-        let _ = self
-            .reports
-            .send(ControlCommand {
-                op: Op::RankLost {
-                    id,
-                    generation: self.generation,
-                    rank: self.rank,
-                    hung,
-                    reason,
-                },
-                at_ms: (self.clock_ms)(),
-            })
-            .await;
+    /// Proposes `op` if the report queue has room (metrics, rank stats: best effort).
+    fn offer(&self, op: Op) {
+        let at_ms = (self.clock_ms)();
+        let _ = self.reports.try_send(ControlCommand { op, at_ms });
     }
 
     /// Reports this standby joiner dropped (`reason`): it will not join the ring.
@@ -899,96 +778,21 @@ impl Run {
         let at_ms = (self.clock_ms)();
         let _ = self.reports.send(ControlCommand { op, at_ms }).await;
     }
+}
 
-    /// Acts on an elastic rank's line (rank stats, heartbeat, elastic failed or resumed, a
-    /// standby's ready).
-    async fn report_elastic(&mut self, id: JobId, line: RankLine) {
-        let at_ms = (self.clock_ms)();
-        match line {
-            RankLine::Ready if self.standby => {
-                info!(job = %id, worker = self.key.2, "standby ready");
-                let op = Op::StandbyReady {
-                    id,
-                    worker: self.key.2,
-                };
-                let _ = self.reports.send(ControlCommand { op, at_ms }).await;
-            }
-            RankLine::RankStats(ringleader_protocol::RankStats {
-                generation,
-                rank,
-                step,
-                compute_ms,
-                wait_ms,
-            }) => {
-                self.compute_ms = compute_ms;
-                // Best effort, like metrics.
-                let _ = self.reports.try_send(ControlCommand {
-                    op: Op::RankStats {
-                        id,
-                        generation,
-                        rank,
-                        step,
-                        compute_ms,
-                        wait_ms,
-                    },
-                    at_ms,
-                });
-            }
-            RankLine::ElasticFailed(ElasticFailed {
-                generation,
-                lost_rank: Some(rank),
-                mut error,
-            }) => {
-                let mut cut = error.len().min(REASON_BYTES_MAX);
-                while !error.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                error.truncate(cut);
-                let reason = format!("rank {} saw: {error}", self.rank);
-                let _ = self
-                    .reports
-                    .send(ControlCommand {
-                        op: Op::RankLost {
-                            id,
-                            generation,
-                            rank,
-                            hung: false,
-                            reason,
-                        },
-                        at_ms,
-                    })
-                    .await;
-            }
-            RankLine::Heartbeat { computing_ms } => {
-                let bound =
-                    (HUNG_COMPUTE_FACTOR * self.compute_ms).max(HUNG_COMPUTING_MS_MIN as f64);
-                if computing_ms as f64 >= bound && !self.reported_hung {
-                    let usual = self.compute_ms;
-                    self.report_hung(
-                        id,
-                        format!(
-                            "no progress: {computing_ms} ms inside one compute section (usually {usual:.1} ms a step)"
-                        ),
-                    )
-                    .await;
-                }
-            }
-            RankLine::ElasticResumed(r) => {
-                for (name, value) in [
-                    ("restored_step", r.restored_step),
-                    ("steps_lost", r.steps_lost),
-                ] {
-                    let m = Metric {
-                        name: name.into(),
-                        value: value as f64,
-                        step: None,
-                    };
-                    self.report_metric(id, m).await;
-                }
-            }
-            // A failure that names no rank: the chief learns of it from the other ranks.
-            _ => {}
-        }
+/// A running rank's pipes and log, as [`Run::drive`] uses them.
+struct RankIo {
+    stdin: Option<tokio::process::ChildStdin>,
+    log: tokio::io::BufWriter<tokio::fs::File>,
+    /// Its process group (the process's own id).
+    pgid: Option<i32>,
+}
+
+impl RankIo {
+    /// Appends one line to the rank's log.
+    async fn log_line(&mut self, line: &str) -> std::io::Result<()> {
+        self.log.write_all(line.as_bytes()).await?;
+        self.log.write_all(b"\n").await
     }
 }
 
@@ -1024,17 +828,17 @@ struct Malformed {
 
 impl Malformed {
     /// Warns about `line` (once per [`MALFORMED_WARN_INTERVAL_MS`]; the rest are counted).
-    fn note(&mut self, id: JobId, rank: u32, line: &str, error: &LineError) {
-        let due = self
-            .last_warn
-            .is_none_or(|t| t.elapsed() >= Duration::from_millis(MALFORMED_WARN_INTERVAL_MS));
+    fn note(&mut self, id: JobId, rank: u32, line: &str, error: &LineError, now: Instant) {
+        let due = self.last_warn.is_none_or(|t| {
+            now.duration_since(t) >= Duration::from_millis(MALFORMED_WARN_INTERVAL_MS)
+        });
         if !due {
             self.quiet += 1;
             return;
         }
         let quoted: String = line.chars().take(MALFORMED_QUOTE_CHARS_MAX).collect();
         let skipped = std::mem::take(&mut self.quiet);
-        self.last_warn = Some(Instant::now());
+        self.last_warn = Some(now);
         warn!(job = %id, rank, line = %quoted, %error, skipped, "malformed protocol line ignored (see docs/protocol.md)");
     }
 }
@@ -1154,3 +958,4 @@ impl Drop for ProcessGroup {
 
 #[cfg(test)]
 mod tests;
+mod watch;

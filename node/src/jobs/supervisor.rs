@@ -344,8 +344,6 @@ impl Supervisor {
                 control_stdin: start.control_stdin,
                 protocol: start.protocol,
                 standby: start.standby,
-                compute_ms: 0.0,
-                reported_hung: false,
                 reports: self.reports.clone(),
                 clock_ms: self.clock_ms,
                 datasets: self.datasets.clone(),

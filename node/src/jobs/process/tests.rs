@@ -54,8 +54,6 @@ async fn protocol_rank(
             first_heartbeat_ms,
         }),
         standby,
-        compute_ms: 0.0,
-        reported_hung: false,
         reports,
         clock_ms: || 1,
         datasets: None,
