@@ -2,7 +2,7 @@
 //! forward pass that never returns (a rank deadlocked in its own computation).
 //!
 //! A [`Faults`] value is built only from the test environment variables
-//! ([`Faults::from_env`], which reads them through [`crate::worker::test_hook`], so a release
+//! ([`Faults::from_env`], which reads them through [`crate::test_hooks::test_hook`], so a release
 //! build never has any) and passed to the trainer ([`crate::Trainer::set_faults`],
 //! [`crate::elastic::ElasticRun::with_faults`]). Production code holds
 //! [`Faults::default`], which does nothing. Both faults wait asynchronously: the runtime's
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::worker::test_hook;
+use crate::test_hooks::test_hook;
 
 /// Test-only: milliseconds every step sleeps in its compute part (emulates a straggler).
 pub const STEP_DELAY_ENV: &str = "RINGLEADER_TEST_STEP_DELAY_MS";

@@ -352,6 +352,14 @@ pub const SYNTHETIC_VALUES_MAX: usize = 1 << 28;
 pub const LABELS_MAX: u64 = 1 << 16;
 /// Most classes of a synthetic dataset (the labels a shared dataset may use, too).
 pub const SYNTHETIC_CLASSES_MAX: usize = LABELS_MAX as usize;
+/// Largest convolution kernel (`model.kernel`, odd).
+pub const KERNEL_MAX: usize = 15;
+/// Most transformer blocks (`model.layers`).
+pub const TRANSFORMER_LAYERS_MAX: usize = 64;
+/// Longest transformer context (`model.seq_len`), tokens.
+pub const SEQ_LEN_MAX: usize = 4096;
+/// Largest side of a synthetic sample (each of `data.shape`'s c, h, w).
+pub const SYNTHETIC_SIDE_MAX: usize = 1024;
 
 impl TrainSpec {
     /// Parses the trainer's tables from a whole job spec (other top-level keys are ignored).
@@ -400,8 +408,11 @@ impl TrainSpec {
                     format!("{:?}: two widths, each 1..={WIDTH_MAX}", m.channels),
                 );
             }
-            if m.kernel.is_multiple_of(2) || m.kernel > 15 {
-                return bad("model.kernel", format!("{}: odd, at most 15", m.kernel));
+            if m.kernel.is_multiple_of(2) || m.kernel > KERNEL_MAX {
+                return bad(
+                    "model.kernel",
+                    format!("{}: odd, at most {KERNEL_MAX}", m.kernel),
+                );
             }
             if !width_ok(m.fc) {
                 return bad("model.fc", format!("{}: 1..={WIDTH_MAX}", m.fc));
@@ -421,11 +432,14 @@ impl TrainSpec {
                     ),
                 );
             }
-            if m.layers == 0 || m.layers > 64 {
-                return bad("model.layers", format!("{}: 1..=64", m.layers));
+            if m.layers == 0 || m.layers > TRANSFORMER_LAYERS_MAX {
+                return bad(
+                    "model.layers",
+                    format!("{}: 1..={TRANSFORMER_LAYERS_MAX}", m.layers),
+                );
             }
-            if m.seq_len < 2 || m.seq_len > 4096 {
-                return bad("model.seq_len", format!("{}: 2..=4096", m.seq_len));
+            if m.seq_len < 2 || m.seq_len > SEQ_LEN_MAX {
+                return bad("model.seq_len", format!("{}: 2..={SEQ_LEN_MAX}", m.seq_len));
             }
             if self.data.dataset != "text" {
                 return bad(
@@ -447,10 +461,10 @@ impl TrainSpec {
             "digits" | "text" => {}
             "synthetic" => {
                 let d = &self.data;
-                if d.shape.len() != 3 || d.shape.iter().any(|&s| s == 0 || s > 1024) {
+                if d.shape.len() != 3 || d.shape.iter().any(|&s| s == 0 || s > SYNTHETIC_SIDE_MAX) {
                     return bad(
                         "data.shape",
-                        format!("{:?}: [c, h, w], each 1..=1024", d.shape),
+                        format!("{:?}: [c, h, w], each 1..={SYNTHETIC_SIDE_MAX}", d.shape),
                     );
                 }
                 if d.classes < 2 {
@@ -468,7 +482,8 @@ impl TrainSpec {
                         format!("{}: at most {SYNTHETIC_CLASSES_MAX}", d.classes),
                     );
                 }
-                // Each term is at most 1024 (checked above): the product fits a u64.
+                // Each term is at most SYNTHETIC_SIDE_MAX (checked above): the product fits a
+                // u64.
                 let per_sample = d.shape.iter().map(|&s| s as u64).product::<u64>();
                 let values = (d.samples as u64)
                     .checked_add(d.val_samples as u64)

@@ -69,19 +69,19 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use collective::{Communicator, GroupConfig, Limits, ReduceOp};
+use collective::{Communicator, GroupConfig, Limits};
 use opendal::Operator;
 use tracing::warn;
 
 use crate::elastic::{
-    forward_control_lines, generation_channel, ElasticEvent, ElasticRun, Generation, Resumed,
-    TcpConnector,
+    agree_on_checkpoint, forward_control_lines, generation_channel, ElasticEvent, ElasticRun,
+    Generation, Resumed, TcpConnector,
 };
 use crate::faults::Faults;
 use crate::gpu::{connect_nccl, Device};
 use crate::observe::{unix_now_s, write_job_timeline, PhaseRecorder, RankTimeline, TensorBoard};
 use crate::redact::redact_url;
-use crate::{CheckpointStore, Checkpointer, Event, StepMetrics, TrainSpec, Trainer};
+use crate::{CheckpointStore, Checkpointer, EpochMetrics, Event, StepMetrics, TrainSpec, Trainer};
 use ringleader_protocol::{
     ElasticFailed, ElasticResumed, Metric, RankLine, RankStats as ProtocolRankStats, Report,
 };
@@ -445,18 +445,9 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let store = CheckpointStore::from_url(&url, &args.job_id)?;
     // Resume only when every rank sees the same latest checkpoint (a shared store); with
     // per-node stores the ranks would disagree, so they all start over instead.
-    let latest = store.load_latest().await?;
-    let mine = latest.as_ref().map_or(-1.0, |s| s.meta.step as f64);
-    let mut agree = [mine, -mine];
-    comm.allreduce(&mut agree, ReduceOp::Max)
+    let resume = agree_on_checkpoint(&mut comm, &store)
         .await
         .context("agreeing on the checkpoint to resume from")?;
-    let resume = if agree[0] == -agree[1] {
-        latest
-    } else {
-        println!("{tag} checkpoints differ across ranks (per-node storage?): starting over");
-        None
-    };
     let mut trainer = Trainer::new_on(&spec, comm, &device, nccl)?;
     trainer.set_faults(faults);
     trainer.set_stop_epoch(args.stop_at_epoch);
@@ -528,20 +519,25 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         }
     }
     ckpt.close().await?;
-    if args.rank == 0 {
-        if let Some(step) = store_latest_step(&url, &args.job_id).await {
+    finished(&tag, args.rank, &url, &args.job_id, &final_metrics).await;
+    Ok(())
+}
+
+/// A run's last lines once its checkpoints are written: rank 0 names the latest committed
+/// checkpoint, every rank its final metrics (`run` and `run_elastic` end alike).
+async fn finished(tag: &str, rank: usize, url: &str, job_id: &str, m: &EpochMetrics) {
+    if rank == 0 {
+        if let Some((step, dir)) = store_latest(url, job_id).await {
             println!(
-                "{tag} checkpoint committed step={step} at={} dir=jobs/{}/ckpt/{step:012}/",
-                redact_url(&url),
-                args.job_id
+                "{tag} checkpoint committed step={step} at={} dir={dir}",
+                redact_url(url)
             );
         }
     }
     println!(
         "{tag} done step={} val_loss={:.4} val_accuracy={:.4}",
-        final_metrics.step, final_metrics.val_loss, final_metrics.val_accuracy
+        m.step, m.val_loss, m.val_accuracy
     );
-    Ok(())
 }
 
 /// [`run`] with `--elastic`: the first generation from the arguments, later ones from stdin.
@@ -651,21 +647,7 @@ async fn run_elastic(
     ckpt.close().await?;
     let tag = &lines.tag;
     match summary.finished {
-        Some(m) => {
-            if rank == 0 {
-                if let Some(step) = store_latest_step(&url, &args.job_id).await {
-                    println!(
-                        "{tag} checkpoint committed step={step} at={} dir=jobs/{}/ckpt/{step:012}/",
-                        redact_url(&url),
-                        args.job_id
-                    );
-                }
-            }
-            println!(
-                "{tag} done step={} val_loss={:.4} val_accuracy={:.4}",
-                m.step, m.val_loss, m.val_accuracy
-            );
-        }
+        Some(m) => finished(tag, rank, &url, &args.job_id, &m).await,
         None => println!(
             "{tag} stopped step={} generation={} steps_lost={}",
             summary.step, summary.generation, summary.steps_lost
@@ -685,10 +667,12 @@ fn observe_operator(url: &str) -> Option<Operator> {
         .ok()
 }
 
-/// The step of the latest committed checkpoint, if any (after the writer has closed).
-async fn store_latest_step(url: &str, job_id: &str) -> Option<u64> {
+/// The step and directory of the latest committed checkpoint, if any (after the writer has
+/// closed).
+async fn store_latest(url: &str, job_id: &str) -> Option<(u64, String)> {
     let store = CheckpointStore::from_url(url, job_id).ok()?;
-    store.steps().await.ok()?.into_iter().max()
+    let step = store.steps().await.ok()?.into_iter().max()?;
+    Some((step, store.dir(step)))
 }
 
 async fn bench(trainer: &mut Trainer, spec: &TrainSpec, args: &WorkerArgs) -> anyhow::Result<()> {

@@ -188,7 +188,14 @@ pub async fn agree_on_checkpoint(
     let mine = latest.as_ref().map_or(-1.0, |s| s.meta.step as f64);
     let mut agree = [mine, -mine];
     comm.allreduce(&mut agree, ReduceOp::Max).await?;
-    Ok(if agree[0] == -agree[1] { latest } else { None })
+    if agree[0] == -agree[1] {
+        return Ok(latest);
+    }
+    tracing::warn!(
+        rank = comm.rank(),
+        "checkpoints differ across ranks (per-node storage?): starting over"
+    );
+    Ok(None)
 }
 
 /// Encodes a whole train state: magic, then three sections each with a little-endian `u64`
