@@ -41,7 +41,7 @@ from ._errors import (
 from ._launch import PickleTooLarge
 from .checkpoint import CheckpointError
 from .client import Client, Job, LogLine, Search
-from .documents import BestTrial, Trial, TrialContext
+from .documents import BestTrial, DatasetFetch, Trial, TrialContext
 from .distributions import choice, loguniform, randint, search_params, uniform
 from .rank import dataset_dir, metric, params, report, stopped, trial
 
@@ -49,10 +49,10 @@ __version__ = _native.VERSION
 PROTOCOL_VERSION = _native.PROTOCOL_VERSION
 
 __all__ = [
-    "ApiError", "BadRequest", "BestTrial", "CheckpointError", "Client", "Conflict", "Forbidden",
-    "Job", "JobCancelled", "JobFailed", "LogLine", "NotFound", "PickleTooLarge",
-    "RingleaderError", "Search", "SpecError", "Stopped", "Trial", "TrialContext",
-    "Unauthorized", "Unavailable", "Unreachable", "WaitTimeout", "checkpoint", "choice",
-    "dataset_dir", "loguniform", "metric", "params", "randint", "report", "search_params",
-    "stopped", "trial", "uniform",
+    "ApiError", "BadRequest", "BestTrial", "CheckpointError", "Client", "Conflict",
+    "DatasetFetch", "Forbidden", "Job", "JobCancelled", "JobFailed", "LogLine", "NotFound",
+    "PickleTooLarge", "RingleaderError", "Search", "SpecError", "Stopped", "Trial",
+    "TrialContext", "Unauthorized", "Unavailable", "Unreachable", "WaitTimeout", "checkpoint",
+    "choice", "dataset_dir", "loguniform", "metric", "params", "randint", "report",
+    "search_params", "stopped", "trial", "uniform",
 ]

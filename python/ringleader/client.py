@@ -25,7 +25,7 @@ from typing import Any
 from . import _errors, _launch, _toml
 from ._errors import Doc
 from .distributions import search_params
-from .documents import BestTrial, Trial
+from .documents import BestTrial, DatasetFetch, Trial
 
 #: Rows of a page of `GET /v1/jobs` this client asks for (the API's `LIST_ROWS_MAX`).
 JOBS_PAGE_ROWS = 10_000
@@ -365,24 +365,24 @@ class Client:
         return added
 
     def get_dataset(self, name: str, to: str | os.PathLike[str] | None = None, *,
-                    wait: bool = True, timeout: float | None = None) -> Doc:
+                    wait: bool = True, timeout: float | None = None) -> DatasetFetch:
         """Fetches dataset `name` to **the node's machine** (the node this client talks to)
         from the peers that hold it, and with `to`, also writes its files under that
         directory there (made absolute here, as the CLI does). Waits until it is done
-        (`wait=False`: returns at once) and returns the fetch's status, whose `path` is
-        where the files are on the node; raises ApiError if the fetch failed."""
+        (`wait=False`: returns at once) and returns the fetch's status (a `DatasetFetch`,
+        still the dict it was), whose `path` is where the files are on the node; raises
+        ApiError if the fetch failed."""
         body = {"to": os.path.abspath(os.fspath(to)) if to is not None else None}
         quoted = urllib.parse.quote(name)
-        status: Doc = self.request("POST", f"/v1/datasets/{quoted}/get", body)
+        status = DatasetFetch.of(self.request("POST", f"/v1/datasets/{quoted}/get", body))
         deadline = None if timeout is None else time.monotonic() + timeout
-        while wait and status.get("state") == "fetching":
+        while wait and status.state == "fetching":
             if deadline is not None and time.monotonic() > deadline:
                 raise _errors.WaitTimeout(f"dataset {name}: still fetching after {timeout} s")
             time.sleep(POLL_S)
-            status = self.request("GET", f"/v1/datasets/{quoted}/get")
-        if status.get("state") == "failed":
-            raise _errors.ApiError(500, f"dataset {name}: fetch failed: {status.get('error')}",
-                                   status)
+            status = DatasetFetch.of(self.request("GET", f"/v1/datasets/{quoted}/get"))
+        if status.state == "failed":
+            raise _errors.ApiError(500, f"dataset {name}: fetch failed: {status.error}", status)
         return status
 
 

@@ -1,6 +1,6 @@
 """The node's documents that the package returns as typed values: a search's trials and its
-best (`Search.trials()`, `Search.best`), and which trial this process is
-(`ringleader.trial()`).
+best (`Search.trials()`, `Search.best`), a dataset fetch's status (`Client.get_dataset`),
+and which trial this process is (`ringleader.trial()`).
 
 Each is a frozen dataclass whose fields are typed, and still the `dict` it was before (the
 document as the node sent it, README *Python*): `doc["params"]`, `doc.get("rung")`,
@@ -92,3 +92,32 @@ class TrialContext(Document):
                "resumable": resumable}
         return cls(raw=raw, search=search, trial=trial, is_copy=copy, job=job, rung=rung,
                    resumable=resumable)
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class DatasetFetch(Document):
+    """A dataset fetch's status, as `ringleader dataset get --json` shows it (its holders
+    in `["sources"]`)."""
+
+    name: str
+    root: str
+    """The manifest's BLAKE3 hash: the dataset's content name."""
+    state: str
+    """`fetching`, `done` or `failed`."""
+    error: str | None
+    """Why it failed."""
+    chunks: int
+    chunks_done: int
+    size_bytes: int
+    bytes: int
+    """Bytes fetched by this run (verified chunks)."""
+    mb_per_s: float
+    path: str | None
+    """Where the files are on the node once done."""
+
+    @classmethod
+    def of(cls, doc: Doc) -> "DatasetFetch":
+        return cls(raw=doc, name=doc["name"], root=str(doc["root"]), state=doc["state"],
+                   error=doc.get("error"), chunks=doc["chunks"],
+                   chunks_done=doc["chunks_done"], size_bytes=doc["size_bytes"],
+                   bytes=doc["bytes"], mb_per_s=doc["mb_per_s"], path=doc.get("path"))
