@@ -15,10 +15,10 @@ Inside a rank or a search's trial (what the node started):
         ringleader.report(epoch, val_accuracy=train_one_epoch(p["lr"]))
         ringleader.checkpoint.save(epoch)
 
-Typed (`py.typed`; `mypy --strict` in scripts/test.sh); every error is a
-`RingleaderError`. The standard library only; the protocol's lines come from the Rust protocol crate through
+The standard library only; the protocol's lines come from the Rust protocol crate through
 the extension `ringleader._native`. A function runs as a search's trials with
-`Client.launch(fn, params)` (cloudpickle).
+`Client.launch(fn, params)` (cloudpickle). Typed (`py.typed`, `mypy --strict` in
+scripts/test.sh); every failure it reports is a `RingleaderError` (python/README.md *Types*).
 """
 
 from . import _native, checkpoint

@@ -95,7 +95,6 @@ class Stopped(RingleaderError):
 
 
 BY_STATUS: dict[int, type[ApiError]] = {
-
     400: BadRequest,
     401: Unauthorized,
     403: Forbidden,

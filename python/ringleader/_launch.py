@@ -14,7 +14,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -108,12 +108,12 @@ def resumes(algorithm: str, resumable: bool | None = None) -> bool:
     return bool(resumable)
 
 
-def launch_spec(fn: Callable[..., Any], params: Mapping[str, Any], *, algorithm: str = "grid",
+def launch_spec(fn: Callable[..., Any], params: dict[str, Any], *, algorithm: str = "grid",
                 metric: str | None = None, direction: str = "max", trials: int | None = None,
                 max_parallel: int | None = None, workers: int = 1,
                 resource: int | str | None = None, resumable: bool | None = None,
                 python: str = "python3", name: str | None = None,
-                env: Mapping[str, str] | None = None, **search: Any) -> dict[str, Any]:
+                env: dict[str, str] | None = None, **search: Any) -> dict[str, Any]:
     """The search spec (a dict) that `Client.launch` submits; the arguments are its."""
     if not callable(fn):
         raise TypeError(f"launch: fn is a function, not {type(fn).__name__}")

@@ -21,7 +21,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeGuard
 
 RUNNER_FILE = "_ringleader_runner.py"
 FN_FILE = "_ringleader_fn.pkl"
@@ -56,7 +56,7 @@ def check_interpreter(version_info: Sequence[Any], pickled_python: Sequence[int]
     return problems
 
 
-def _is_number(v: object) -> bool:
+def _is_number(v: object) -> TypeGuard[numbers.Real]:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
@@ -70,7 +70,7 @@ def report_result(result: object, metric: str, ringleader: ModuleType) -> str | 
         return (f"the function returned None and reported no {metric}: return a number, a "
                 f"dict holding {metric!r}, or call ringleader.report(epoch, {metric}=value)")
     if _is_number(result):
-        values = {metric: float(result)}  # type: ignore[arg-type]
+        values = {metric: float(result)}
     elif isinstance(result, dict):
         if not _is_number(result.get(metric)):
             return (f"the function returned a dict without a number under {metric!r} "

@@ -20,7 +20,7 @@ import ssl
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from . import _errors, _launch, _toml
 from ._errors import Doc
@@ -40,6 +40,8 @@ REQUEST_TIMEOUT_S = 10.0
 # Pause between polls of `wait`, `logs(follow=True)` and `get_dataset`, seconds.
 POLL_S = 0.2
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
+
+_J = TypeVar("_J", bound="Job")
 
 
 def _read_token_file(path: str) -> tuple[str | None, str | None]:
@@ -241,7 +243,8 @@ class Client:
                       f"(a node's admin token is in its <data-dir>/api.token; node at {self.peer})"
                       if missing else f"the API token was refused by the node at {self.peer}")
         if reason is None:
-            reason = f"node at {self.peer} answered {resp.status}: {answer[:200].decode(errors='replace')}"
+            text = answer[:200].decode(errors="replace")
+            reason = f"node at {self.peer} answered {resp.status}: {text}"
         cls = _errors.BY_STATUS.get(resp.status, _errors.ApiError)
         if cls is _errors.BadRequest and method == "POST" and path.startswith("/v1/jobs?") \
                 and isinstance(doc, dict) and "field" in doc:
@@ -255,7 +258,7 @@ class Client:
         status: Doc = self.request("GET", "/v1/status")
         return status
 
-    def submit(self, spec: Mapping[str, Any] | str | os.PathLike[str], *,
+    def submit(self, spec: dict[str, Any] | str | os.PathLike[str], *,
                idempotency_token: str | None = None) -> "Job":
         """Submits a job and returns it (a `Job`, a `Search` for `kind = "search"`).
 
@@ -265,7 +268,7 @@ class Client:
         node's `reason`, `field` and `line`. `idempotency_token`: a retried submit with the
         same value gets the same job.
         """
-        if isinstance(spec, Mapping):
+        if isinstance(spec, dict):
             text = _toml.dumps(_prepared(spec))
         elif isinstance(spec, os.PathLike) or (isinstance(spec, str) and "\n" not in spec
                                                and spec.endswith(".toml")):
@@ -294,18 +297,18 @@ class Client:
                 return jobs
             before = page[0]["id"]
 
-    def job(self, id: str) -> "Job":  # noqa: A002 (the API's word)
+    def job(self, id: str) -> "Job":
         """The job `id` (a `Search` for a search), fetched at once: NotFound if there is none."""
         doc = self.request("GET", f"/v1/jobs/{urllib.parse.quote(str(id))}")
         cls: type[Job] = Search if doc.get("kind") == "search" else Job
         return cls(self, doc)
 
-    def launch(self, fn: Callable[..., Any], params: Mapping[str, Any], *,
+    def launch(self, fn: Callable[..., Any], params: dict[str, Any], *,
                algorithm: str = "grid", metric: str | None = None, direction: str = "max",
                trials: int | None = None, max_parallel: int | None = None, workers: int = 1,
                resource: int | str | None = None, resumable: bool | None = None,
                python: str = "python3", name: str | None = None,
-               env: Mapping[str, str] | None = None, **search: Any) -> "Search":
+               env: dict[str, str] | None = None, **search: Any) -> "Search":
         """Runs `fn(**params)` as the command trials of a search; returns the `Search`
         (`.wait()` gives the final document, `.best` the best trial).
 
@@ -471,7 +474,7 @@ class Job:
     def done(self) -> bool:
         return self.state in TERMINAL_STATES
 
-    def refresh(self) -> "Job":
+    def refresh(self: _J) -> _J:
         """Fetches the job's document again; returns self."""
         self.doc = self.client.request("GET", f"/v1/jobs/{self.id}")
         return self
@@ -530,12 +533,12 @@ class Job:
             if drained:
                 time.sleep(POLL_S)
 
-    def metrics(self) -> dict[str, list[tuple[float, float]]]:
+    def metrics(self) -> dict[str, list[tuple[int, float]]]:
         """Each metric's history: `{name: [(step, value), …]}`."""
         doc = self.client.request("GET", f"/v1/jobs/{self.id}/metrics")
         return {k: [(p[0], p[1]) for p in v] for k, v in doc["metrics"].items()}
 
-    def cancel(self) -> "Job":
+    def cancel(self: _J) -> _J:
         """Cancels the job (BadRequest with the node's reason if it already ended)."""
         self.client.request("POST", f"/v1/jobs/{self.id}/cancel")
         return self.refresh()
