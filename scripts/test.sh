@@ -65,14 +65,31 @@ rm -f "$log.skips"
 # (`--help`; hidden ones excepted), and every *Section* it refers to is one of its headings.
 python3 scripts/check-readme.py target/debug/ringleader README.md
 # The Python package (python/): its extension built in the dev profile and put next to the
-# package (no wheel, no install), then its tests (pytest, in a virtualenv under target/)
-# against real nodes of the debug binary the tests above built. pytest's exit 5 (no tests
-# collected) is not a failure (the virtualenv is set up above).
+# package (no wheel, no install), its type check, then its tests (pytest, in a virtualenv
+# under target/) against real nodes of the debug binary the tests above built. pytest's
+# exit 5 (no tests collected) is not a failure (the virtualenv is set up above).
 # --workspace: the features the tests above built with (a `-p` build re-resolves them and
 # rebuilds the collective, tokio and their dependencies under the extension: over 6 minutes
 # on this 2-core machine).
 cargo build --quiet --workspace
 cp target/debug/lib_native.so python/ringleader/_native.abi3.so
+# The package's types (python/pyproject.toml [tool.mypy]: `--strict` on every module), then
+# its stub `_native.pyi` against the extension just built (stubtest): under a minute the
+# first time (it reads torch's types), a few seconds with the cache under target/. Without
+# torch, `ringleader.torch` is left out of it (its tests say SKIPPED too).
+"$pyvenv/bin/python" -c "import mypy" 2>/dev/null ||
+    "$pyvenv/bin/pip" install --quiet --disable-pip-version-check mypy
+mypy_args=()
+"$pyvenv/bin/python" -c "import torch" 2>/dev/null || {
+    mypy_args=(--exclude 'ringleader/torch/')
+    echo "skipped (type check): ringleader.torch, torch not installed"
+}
+(
+    cd python
+    export MYPY_CACHE_DIR="$OLDPWD/target/mypy-cache"
+    "$pyvenv/bin/python" -m mypy "${mypy_args[@]}"
+    "$pyvenv/bin/python" -m mypy.stubtest --mypy-config-file pyproject.toml ringleader._native
+)
 pytest_rc=0
 RINGLEADER_TEST_BINARY="$PWD/target/debug/ringleader" \
     "$pyvenv/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests || pytest_rc=$?

@@ -17,7 +17,8 @@ Inside a rank or a search's trial (what the node started):
 
 The standard library only; the protocol's lines come from the Rust protocol crate through
 the extension `ringleader._native`. A function runs as a search's trials with
-`Client.launch(fn, params)` (cloudpickle).
+`Client.launch(fn, params)` (cloudpickle). Typed (`py.typed`, `mypy --strict` in
+scripts/test.sh); every failure it reports is a `RingleaderError` (python/README.md *Types*).
 """
 
 from . import _native, checkpoint
@@ -35,10 +36,12 @@ from ._errors import (
     Unauthorized,
     Unavailable,
     Unreachable,
+    WaitTimeout,
 )
 from ._launch import PickleTooLarge
 from .checkpoint import CheckpointError
 from .client import Client, Job, LogLine, Search
+from .documents import BestTrial, DatasetFetch, Trial, TrialContext
 from .distributions import choice, loguniform, randint, search_params, uniform
 from .rank import dataset_dir, metric, params, report, stopped, trial
 
@@ -46,9 +49,10 @@ __version__ = _native.VERSION
 PROTOCOL_VERSION = _native.PROTOCOL_VERSION
 
 __all__ = [
-    "ApiError", "BadRequest", "CheckpointError", "Client", "Conflict", "Forbidden", "Job",
-    "JobCancelled", "JobFailed", "LogLine", "NotFound", "PickleTooLarge", "RingleaderError",
-    "Search", "SpecError", "Stopped", "Unauthorized", "Unavailable", "Unreachable",
-    "checkpoint", "choice", "dataset_dir", "loguniform", "metric", "params", "randint",
-    "report", "search_params", "stopped", "trial", "uniform",
+    "ApiError", "BadRequest", "BestTrial", "CheckpointError", "Client", "Conflict",
+    "DatasetFetch", "Forbidden", "Job", "JobCancelled", "JobFailed", "LogLine", "NotFound",
+    "PickleTooLarge", "RingleaderError", "Search", "SpecError", "Stopped", "Trial",
+    "TrialContext", "Unauthorized", "Unavailable", "Unreachable", "WaitTimeout", "checkpoint",
+    "choice", "dataset_dir", "loguniform", "metric", "params", "randint", "report",
+    "search_params", "stopped", "trial", "uniform",
 ]

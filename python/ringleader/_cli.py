@@ -11,7 +11,7 @@ import os
 import sys
 
 
-def binary():
+def binary() -> str:
     """The node binary this command runs: `RINGLEADER_BIN`, else the one in the package."""
     given = os.environ.get("RINGLEADER_BIN")
     if given:
@@ -19,7 +19,7 @@ def binary():
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", "ringleader")
 
 
-def main():
+def main() -> None:
     path = binary()
     if not os.access(path, os.X_OK):
         sys.exit(f"ringleader: no node binary at {path}: this install of the package has none "

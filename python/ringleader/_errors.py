@@ -1,5 +1,13 @@
 """The package's exceptions: every failure the node reports arrives as one of these, with
-the node's own words in `reason`."""
+the node's own words in `reason`. Every one is a `RingleaderError`; those that are also a
+built-in error (`TimeoutError`, `ValueError`, the ring's `RuntimeError`s) stay one."""
+
+from typing import Any
+
+from . import _native
+
+Doc = dict[str, Any]
+"""A JSON document of the node's, as `json.loads` reads it."""
 
 
 class RingleaderError(Exception):
@@ -9,11 +17,11 @@ class RingleaderError(Exception):
 class ApiError(RingleaderError):
     """The node answered with an error: `status` (HTTP), `reason` (the node's `error`)."""
 
-    def __init__(self, status, reason, doc=None):
+    def __init__(self, status: int, reason: str, doc: Doc | None = None) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
-        self.doc = doc or {}
+        self.doc: Doc = doc or {}
 
 
 class BadRequest(ApiError):
@@ -24,10 +32,10 @@ class SpecError(BadRequest):
     """400 on submit: the spec was refused; `field` (a dotted path) and `line` (1-based),
     each None where the node does not know it."""
 
-    def __init__(self, status, reason, doc=None):
+    def __init__(self, status: int, reason: str, doc: Doc | None = None) -> None:
         super().__init__(status, reason, doc)
-        self.field = self.doc.get("field")
-        self.line = self.doc.get("line")
+        self.field: str | None = self.doc.get("field")
+        self.line: int | None = self.doc.get("line")
 
 
 class Unauthorized(ApiError):
@@ -58,7 +66,7 @@ class JobFailed(RingleaderError):
     """`Job.wait()` on a job that ended `failed`: `reason` says why, `doc` is its final
     document."""
 
-    def __init__(self, job_id, reason, doc):
+    def __init__(self, job_id: str, reason: str, doc: Doc) -> None:
         super().__init__(f"job {job_id} failed: {reason}")
         self.job_id = job_id
         self.reason = reason
@@ -68,9 +76,14 @@ class JobFailed(RingleaderError):
 class JobCancelled(JobFailed):
     """`Job.wait()` on a job that was cancelled."""
 
-    def __init__(self, job_id, reason, doc):
+    def __init__(self, job_id: str, reason: str, doc: Doc) -> None:
         super().__init__(job_id, reason, doc)
         self.args = (f"job {job_id} was cancelled",)
+
+
+class WaitTimeout(TimeoutError, RingleaderError):
+    """`Job.wait(timeout)` or `Client.get_dataset(timeout=…)` ran out of time (a
+    `TimeoutError` as well)."""
 
 
 class Stopped(RingleaderError):
@@ -81,7 +94,7 @@ class Stopped(RingleaderError):
     after SIGTERM). `launch`'s runner ends the trial with exit 0 on it."""
 
 
-BY_STATUS = {
+BY_STATUS: dict[int, type[ApiError]] = {
     400: BadRequest,
     401: Unauthorized,
     403: Forbidden,
@@ -90,3 +103,16 @@ BY_STATUS = {
     429: Unavailable,
     503: Unavailable,
 }
+
+
+def adopt(*classes: type[BaseException]) -> None:
+    """Makes each of `classes` a `RingleaderError` too, keeping its bases: for the
+    exceptions the extension defines (`_native.RingError` and its subclasses, built by pyo3
+    on `RuntimeError`), which cannot name a Python base from Rust. A heap type's `__bases__`
+    may be assigned when the layouts agree, as they do for two `Exception` subclasses."""
+    for cls in classes:
+        if not issubclass(cls, RingleaderError):
+            cls.__bases__ = (*cls.__bases__, RingleaderError)
+
+
+adopt(_native.RingError)

@@ -14,8 +14,12 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
 
 from . import _runner
+from ._errors import RingleaderError
 
 # The spec's limit on its `[[files]]`, decoded, in all (node/src/jobs/spec.rs).
 FILES_BYTES_MAX = 128 * 1024
@@ -27,10 +31,10 @@ PROMOTING_ALGORITHMS = ("asha", "hyperband")
 NAME_BYTES_MAX = 64
 
 
-class PickleTooLarge(ValueError):
+class PickleTooLarge(ValueError, RingleaderError):
     """The pickled function (with the runner) is larger than the spec may carry."""
 
-    def __init__(self, size_bytes, limit_bytes):
+    def __init__(self, size_bytes: int, limit_bytes: int) -> None:
         super().__init__(
             f"launch: the pickled function is {size_bytes} bytes with its runner, above the "
             f"{limit_bytes} bytes a spec's [[files]] may carry (FILES_BYTES_MAX); do not "
@@ -40,7 +44,7 @@ class PickleTooLarge(ValueError):
         self.limit_bytes = limit_bytes
 
 
-def _cloudpickle():
+def _cloudpickle() -> Any:
     try:
         import cloudpickle
     except ImportError as e:
@@ -50,14 +54,14 @@ def _cloudpickle():
     return cloudpickle
 
 
-def _by_value(module):
+def _by_value(module: ModuleType | None) -> bool:
     """Whether `module`'s functions travel by value: one that is neither `__main__` (already
     by value), nor the standard library's or an installed package's (importable on the node
     as well, given the same installs), e.g. a test file or a script's own helpers."""
     if module is None or module.__name__ == "__main__" or module.__name__.split(".")[0] in (
             "ringleader", "cloudpickle"):
         return False
-    path = getattr(module, "__file__", None)
+    path: str | None = getattr(module, "__file__", None)
     if not path:
         return False
     path = os.path.abspath(path)
@@ -66,7 +70,7 @@ def _by_value(module):
         and "site-packages" not in path and "dist-packages" not in path
 
 
-def pickle_function(fn):
+def pickle_function(fn: Callable[..., Any]) -> bytes:
     """`fn` as cloudpickle bytes; the functions of its own module go by value (see
     `_by_value`), so a function defined in a test or a helper file reaches nodes that
     cannot import that file."""
@@ -84,17 +88,17 @@ def pickle_function(fn):
             cloudpickle.unregister_pickle_by_value(module)
 
 
-def _job_name(fn):
+def _job_name(fn: Callable[..., Any]) -> str:
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", getattr(fn, "__name__", "") or "").strip("-")
     return (name or "fn")[:NAME_BYTES_MAX]
 
 
-def runner_source():
+def runner_source() -> str:
     with open(_runner.__file__, encoding="utf-8") as f:
         return f.read()
 
 
-def resumes(algorithm, resumable=None):
+def resumes(algorithm: str, resumable: bool | None = None) -> bool:
     """Whether `launch`'s trials are resumable: `resumable` when given, else (None) whether
     `algorithm` pauses and promotes trials (ASHA, Hyperband). The runner makes that safe for
     any function: `report` ends the run at its rung, and a function that saves nothing with
@@ -104,9 +108,12 @@ def resumes(algorithm, resumable=None):
     return bool(resumable)
 
 
-def launch_spec(fn, params, *, algorithm="grid", metric=None, direction="max", trials=None,
-                max_parallel=None, workers=1, resource=None, resumable=None, python="python3",
-                name=None, env=None, **search):
+def launch_spec(fn: Callable[..., Any], params: dict[str, Any], *, algorithm: str = "grid",
+                metric: str | None = None, direction: str = "max", trials: int | None = None,
+                max_parallel: int | None = None, workers: int = 1,
+                resource: int | str | None = None, resumable: bool | None = None,
+                python: str = "python3", name: str | None = None,
+                env: dict[str, str] | None = None, **search: Any) -> dict[str, Any]:
     """The search spec (a dict) that `Client.launch` submits; the arguments are its."""
     if not callable(fn):
         raise TypeError(f"launch: fn is a function, not {type(fn).__name__}")
@@ -121,7 +128,7 @@ def launch_spec(fn, params, *, algorithm="grid", metric=None, direction="max", t
     size = len(pickled) + len(runner) + len(meta)
     if size > FILES_BYTES_MAX:
         raise PickleTooLarge(size, FILES_BYTES_MAX)
-    search_table = {"trial": "command", "algorithm": algorithm, "metric": metric,
+    search_table: dict[str, Any] = {"trial": "command", "algorithm": algorithm, "metric": metric,
                     "direction": direction, "trials": trials, "max_parallel": max_parallel,
                     "params": params}
     if resource is not None:

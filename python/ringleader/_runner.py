@@ -19,6 +19,9 @@ import json
 import numbers
 import sys
 import traceback
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any, TypeGuard
 
 RUNNER_FILE = "_ringleader_runner.py"
 FN_FILE = "_ringleader_fn.pkl"
@@ -29,8 +32,10 @@ EXIT_RAISED = 1
 PACKAGES = ("cloudpickle", "ringleader")
 
 
-def check_interpreter(version_info, pickled_python, *, executable=None,
-                      find_spec=importlib.util.find_spec):
+def check_interpreter(version_info: Sequence[Any], pickled_python: Sequence[int], *,
+                      executable: str | None = None,
+                      find_spec: Callable[[str], object] = importlib.util.find_spec
+                      ) -> list[str]:
     """What keeps this interpreter from loading the function: a list of messages, empty when
     none. `version_info`: this interpreter's (`sys.version_info`); `pickled_python`:
     `[major, minor]` of the one that pickled it (cloudpickle's code objects need the same
@@ -51,14 +56,14 @@ def check_interpreter(version_info, pickled_python, *, executable=None,
     return problems
 
 
-def _is_number(v):
+def _is_number(v: object) -> TypeGuard[numbers.Real]:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
-def report_result(result, metric, ringleader):
+def report_result(result: object, metric: str, ringleader: ModuleType) -> str | None:
     """Reports `result` (fn's return value) as the trial's `metric`; returns an error
     message, or None. Nothing is reported when the function already reported `metric`."""
-    reported = ringleader.rank.reported()
+    reported: dict[str, int] = ringleader.rank.reported()
     if metric in reported:
         return None
     if result is None:
@@ -82,7 +87,7 @@ def report_result(result, metric, ringleader):
     return None
 
 
-def main():
+def main() -> int:
     with open(META_FILE, encoding="utf-8") as f:
         meta = json.load(f)
     problems = check_interpreter(sys.version_info, meta["python"])

@@ -8,26 +8,27 @@ None values are left out (TOML has no null). Anything else raises TypeError.
 import json
 import math
 import re
+from typing import Any
 
 _BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
-def _key(k):
+def _key(k: object) -> str:
     if not isinstance(k, str):
         raise TypeError(f"a TOML key must be a string, not {type(k).__name__}: {k!r}")
     return k if _BARE_KEY.match(k) else _string(k)
 
 
-def _string(s):
+def _string(s: str) -> str:
     # JSON's escapes (\" \\ \n \t \uXXXX …) are TOML basic-string escapes too.
     return json.dumps(s, ensure_ascii=False)
 
 
-def _is_table_array(v):
+def _is_table_array(v: object) -> bool:
     return isinstance(v, (list, tuple)) and len(v) > 0 and all(isinstance(x, dict) for x in v)
 
 
-def _value(v, where):
+def _value(v: object, where: list[object]) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):
@@ -50,7 +51,7 @@ def _value(v, where):
     raise TypeError(f"{'.'.join(map(str, where))}: no TOML for {type(v).__name__} {v!r}")
 
 
-def _table(d, path, out):
+def _table(d: dict[str, Any], path: list[object], out: list[str]) -> None:
     plain = [(k, v) for k, v in d.items() if v is not None and not isinstance(v, dict)
              and not _is_table_array(v)]
     for k, v in plain:
@@ -70,10 +71,10 @@ def _table(d, path, out):
                         out.append(f"{_key(ik)} = {_value(iv, path + [k, ik])}")
 
 
-def dumps(d):
+def dumps(d: dict[str, Any]) -> str:
     """`d` (a dict) as TOML text."""
     if not isinstance(d, dict):
         raise TypeError(f"a spec is a dict, not {type(d).__name__}")
-    out = []
+    out: list[str] = []
     _table(d, [], out)
     return "\n".join(out).lstrip("\n") + "\n"

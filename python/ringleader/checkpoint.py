@@ -19,9 +19,11 @@ import os
 import pickle
 import re
 import urllib.parse
+from typing import Any
 
 from . import _errors
 from .client import _PinnedHTTPSConnection
+from .rank import Environ
 
 URL_ENV = "RINGLEADER_CHECKPOINT_URL"
 TOKEN_ENV = "RINGLEADER_CHECKPOINT_TOKEN"
@@ -42,12 +44,12 @@ class CheckpointError(_errors.RingleaderError):
     """A checkpoint could not be saved or loaded: outside a rank, a bad name, a checkpoint
     too large, or the node refused or failed (`status` is its HTTP status, or None)."""
 
-    def __init__(self, message, status=None):
+    def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
 
 
-def _place(environ=None):
+def _place(environ: Environ | None = None) -> tuple[str, str, str | None]:
     env = os.environ if environ is None else environ
     url, token = env.get(URL_ENV), env.get(TOKEN_ENV)
     if not url or not token:
@@ -57,17 +59,19 @@ def _place(environ=None):
     return url.rstrip("/"), token, env.get(TLS_ENV)
 
 
-def _check_name(name):
+def _check_name(name: object) -> None:
     if not isinstance(name, str) or not _NAME.fullmatch(name) or name in (".", ".."):
         raise CheckpointError(
             f"checkpoint name {name!r}: want 1 to 64 of A-Z a-z 0-9 . _ - (and not . or ..)")
 
 
-def _call(method, name, body=None, environ=None):
+def _call(method: str, name: str, body: bytes | None = None,
+          environ: Environ | None = None) -> tuple[int, bytes]:
     _check_name(name)
     url, token, pin = _place(environ)
     parts = urllib.parse.urlsplit(url)
-    host, port = parts.hostname, parts.port
+    host, port = parts.hostname or "", parts.port
+    conn: http.client.HTTPConnection
     if parts.scheme == "https":
         if not pin:
             raise CheckpointError(f"{URL_ENV} is https but {TLS_ENV} is not set")
@@ -88,15 +92,15 @@ def _call(method, name, body=None, environ=None):
     return resp.status, data
 
 
-def _reason(status, data):
+def _reason(status: int, data: bytes) -> str:
     import json
     try:
-        return json.loads(data).get("error") or str(status)
+        return str(json.loads(data).get("error") or status)
     except (ValueError, AttributeError):
         return f"{status}: {data[:200].decode(errors='replace')}"
 
 
-def save(obj, name="state"):
+def save(obj: object, name: str = "state") -> None:
     """Saves `obj` as checkpoint `name` of this job or trial, replacing the last one.
 
     `bytes` (or a bytearray or memoryview) are stored as they are; anything else pickled
@@ -117,7 +121,7 @@ def save(obj, name="state"):
         raise CheckpointError(f"checkpoint {name!r} not saved: {_reason(status, data)}", status)
 
 
-def load(name="state"):
+def load(name: str = "state") -> Any:
     """The object last saved as checkpoint `name` of this job or trial, or None when there
     is none (a first run). Bytes saved as they are come back as bytes."""
     status, data = _call("GET", name)

@@ -19,9 +19,13 @@ import os
 import ssl
 import time
 import urllib.parse
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
 from . import _errors, _launch, _toml
+from ._errors import Doc
 from .distributions import search_params
+from .documents import BestTrial, DatasetFetch, Trial
 
 #: Rows of a page of `GET /v1/jobs` this client asks for (the API's `LIST_ROWS_MAX`).
 JOBS_PAGE_ROWS = 10_000
@@ -37,8 +41,10 @@ REQUEST_TIMEOUT_S = 10.0
 POLL_S = 0.2
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
 
+_J = TypeVar("_J", bound="Job")
 
-def _read_token_file(path):
+
+def _read_token_file(path: str) -> tuple[str | None, str | None]:
     """(token, tls pin) from a token file: the token on its first line, then optionally
     `tls sha256:HEX` (node/src/api/auth.rs, TokenFileText)."""
     with open(path, "rb") as f:
@@ -60,7 +66,7 @@ def _read_token_file(path):
     return lines[0].strip(), pin
 
 
-def _checked_token(token, source):
+def _checked_token(token: str, source: str) -> str:
     """`token` trimmed; ValueError when it is more than one line (a token
     file's whole text, whose second line is the TLS pin: `RINGLEADER_TOKEN=$(cat
     api.token)`) or holds other control characters, which no HTTP header carries. `source`
@@ -77,7 +83,7 @@ def _checked_token(token, source):
     return token
 
 
-def _der(buf, at):
+def _der(buf: bytes, at: int) -> tuple[int, int, int]:
     """One DER element at `at`: (tag, start of its content, end of its content)."""
     tag, n = buf[at], buf[at + 1]
     at += 2
@@ -90,7 +96,7 @@ def _der(buf, at):
     return tag, at, at + n
 
 
-def spki_fingerprint(cert_der):
+def spki_fingerprint(cert_der: bytes) -> str:
     """`sha256:HEX` of a DER certificate's SubjectPublicKeyInfo: what the CLI pins."""
     _, c, _ = _der(cert_der, 0)                  # Certificate
     _, t, _ = _der(cert_der, c)                  # tbsCertificate
@@ -106,22 +112,23 @@ def spki_fingerprint(cert_der):
 class _PinnedHTTPSConnection(http.client.HTTPSConnection):
     """https trusting the server whose key has the pinned fingerprint (no CA, no names)."""
 
-    def __init__(self, host, port, pin, timeout):
+    def __init__(self, host: str, port: int, pin: str, timeout: float) -> None:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE  # trust comes from the pin, checked in connect()
         super().__init__(host, port, timeout=timeout, context=ctx)
         self._pin = pin.lower()
 
-    def connect(self):
+    def connect(self) -> None:
         super().connect()
-        got = spki_fingerprint(self.sock.getpeercert(binary_form=True))
+        assert isinstance(self.sock, ssl.SSLSocket)
+        got = spki_fingerprint(self.sock.getpeercert(binary_form=True) or b"")
         if got != self._pin:
             self.close()
             raise ssl.SSLError(f"the node's TLS key is {got}, not the pinned {self._pin}")
 
 
-def _split_host_port(peer):
+def _split_host_port(peer: str) -> tuple[str, int]:
     if peer.startswith("["):
         host, _, rest = peer[1:].partition("]")
         return host, int(rest.lstrip(":") or 7071)
@@ -129,7 +136,7 @@ def _split_host_port(peer):
     return (host, int(port)) if host else (peer, 7071)
 
 
-def _is_loopback(host):
+def _is_loopback(host: str) -> bool:
     if host.lower() == "localhost":
         return True
     try:
@@ -149,7 +156,8 @@ class Client:
     beyond loopback; default `RINGLEADER_TLS_SHA256`, else the token file's `tls` line.
     """
 
-    def __init__(self, peer=None, token=None, *, tls_sha256=None, timeout=REQUEST_TIMEOUT_S):
+    def __init__(self, peer: str | None = None, token: str | None = None, *,
+                 tls_sha256: str | None = None, timeout: float = REQUEST_TIMEOUT_S) -> None:
         peer = peer or os.environ.get("RINGLEADER_PEER") or DEFAULT_PEER
         pin = tls_sha256 or os.environ.get("RINGLEADER_TLS_SHA256") or None
         if token is not None:
@@ -183,48 +191,49 @@ class Client:
         self.peer = bare.rstrip("/")
         self._pin = pin
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"ringleader.Client({self.peer!r})"
 
     # --- HTTP -------------------------------------------------------------------------
 
-    def _connection(self):
+    def _connection(self) -> http.client.HTTPConnection:
         host, port = _split_host_port(self.peer)
         if self._scheme == "http":
             return http.client.HTTPConnection(host, port, timeout=self.timeout)
-        if self._scheme == "https":
+        if self._scheme == "https" and self._pin:
             return _PinnedHTTPSConnection(host, port, self._pin, self.timeout)
         raise _errors.Unreachable(
             f"the node's API at {self.peer} speaks TLS and its fingerprint is unknown: set "
             "RINGLEADER_TOKEN_FILE to a node's api.token, which carries it (or "
             f"RINGLEADER_TLS_SHA256; http://{self.peer} would send the token in clear)")
 
-    def request(self, method, path, body=None, content_type=None):
+    def request(self, method: str, path: str, body: object = None,
+                content_type: str | None = None) -> Any:
         """`method path` with the token; the answer's JSON, or a typed ApiError."""
         headers = {"Accept": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
+        data: bytes | None = None
         if body is not None:
             if not isinstance(body, (bytes, str)):
                 body, content_type = json.dumps(body), "application/json"
             headers["Content-Type"] = content_type or "text/plain"
-            if isinstance(body, str):
-                body = body.encode()
+            data = body.encode() if isinstance(body, str) else body
         conn = self._connection()
         try:
-            conn.request(method, path, body=body, headers=headers)
+            conn.request(method, path, body=data, headers=headers)
             resp = conn.getresponse()
-            data = resp.read()
+            answer = resp.read()
         except (OSError, http.client.HTTPException) as e:
             raise _errors.Unreachable(f"cannot reach ringleader node at {self.peer}: {e}") from e
         finally:
             conn.close()
         try:
-            doc = json.loads(data) if data else None
+            doc = json.loads(answer) if answer else None
         except ValueError:
             doc = None
         if 200 <= resp.status < 300:
-            if doc is None and data:
+            if doc is None and answer:
                 raise _errors.Unreachable(f"node at {self.peer} sent an unreadable answer")
             return doc
         reason = doc.get("error") if isinstance(doc, dict) else None
@@ -234,7 +243,8 @@ class Client:
                       f"(a node's admin token is in its <data-dir>/api.token; node at {self.peer})"
                       if missing else f"the API token was refused by the node at {self.peer}")
         if reason is None:
-            reason = f"node at {self.peer} answered {resp.status}: {data[:200].decode(errors='replace')}"
+            text = answer[:200].decode(errors="replace")
+            reason = f"node at {self.peer} answered {resp.status}: {text}"
         cls = _errors.BY_STATUS.get(resp.status, _errors.ApiError)
         if cls is _errors.BadRequest and method == "POST" and path.startswith("/v1/jobs?") \
                 and isinstance(doc, dict) and "field" in doc:
@@ -243,11 +253,13 @@ class Client:
 
     # --- cluster and jobs ---------------------------------------------------------------
 
-    def status(self):
+    def status(self) -> Doc:
         """This node, the chief and its term, the members, the jobs (`status --json`)."""
-        return self.request("GET", "/v1/status")
+        status: Doc = self.request("GET", "/v1/status")
+        return status
 
-    def submit(self, spec, *, idempotency_token=None):
+    def submit(self, spec: dict[str, Any] | str | os.PathLike[str], *,
+               idempotency_token: str | None = None) -> "Job":
         """Submits a job and returns it (a `Job`, a `Search` for `kind = "search"`).
 
         `spec`: a dict with the TOML spec's keys (README *Job specs*; `search.params` may be
@@ -270,10 +282,11 @@ class Client:
         answer = self.request("POST", "/v1/jobs" + query, text, "application/toml")
         return self.job(answer["id"])
 
-    def jobs(self):
+    def jobs(self) -> list[Doc]:
         """Every job's summary (`[{id, name, kind, state, …}]`), oldest first, as
         `ringleader jobs --all --json`: the API's pages of `JOBS_PAGE_ROWS`, walked back."""
-        jobs, before = [], None
+        jobs: list[Doc] = []
+        before: str | None = None
         while True:
             query = f"?limit={JOBS_PAGE_ROWS}"
             if before is not None:
@@ -284,15 +297,18 @@ class Client:
                 return jobs
             before = page[0]["id"]
 
-    def job(self, id):
+    def job(self, id: str) -> "Job":
         """The job `id` (a `Search` for a search), fetched at once: NotFound if there is none."""
         doc = self.request("GET", f"/v1/jobs/{urllib.parse.quote(str(id))}")
-        cls = Search if doc.get("kind") == "search" else Job
+        cls: type[Job] = Search if doc.get("kind") == "search" else Job
         return cls(self, doc)
 
-    def launch(self, fn, params, *, algorithm="grid", metric=None, direction="max",
-               trials=None, max_parallel=None, workers=1, resource=None, resumable=None,
-               python="python3", name=None, env=None, **search):
+    def launch(self, fn: Callable[..., Any], params: dict[str, Any], *,
+               algorithm: str = "grid", metric: str | None = None, direction: str = "max",
+               trials: int | None = None, max_parallel: int | None = None, workers: int = 1,
+               resource: int | str | None = None, resumable: bool | None = None,
+               python: str = "python3", name: str | None = None,
+               env: dict[str, str] | None = None, **search: Any) -> "Search":
         """Runs `fn(**params)` as the command trials of a search; returns the `Search`
         (`.wait()` gives the final document, `.best` the best trial).
 
@@ -328,60 +344,65 @@ class Client:
             fn, params, algorithm=algorithm, metric=metric, direction=direction,
             trials=trials, max_parallel=max_parallel, workers=workers, resource=resource,
             resumable=resumable, python=python, name=name, env=env, **search)
-        return self.submit(spec)
+        job = self.submit(spec)
+        assert isinstance(job, Search)
+        return job
 
     # --- datasets -----------------------------------------------------------------------
 
-    def datasets(self):
+    def datasets(self) -> list[Doc]:
         """Every registered dataset with its live holders (`dataset ls --json`)."""
-        return self.request("GET", "/v1/datasets")
+        datasets: list[Doc] = self.request("GET", "/v1/datasets")
+        return datasets
 
-    def add_dataset(self, name, path, *, chunk_mib=None):
+    def add_dataset(self, name: str, path: str | os.PathLike[str], *,
+                    chunk_mib: int | None = None) -> Doc:
         """Adds the file or directory at `path` **on the node's machine** (the node this
         client talks to reads it; a relative path is made absolute here, against this
         process's directory, as the CLI does) as dataset `name`; blocks while it is copied
         into the node's store. Returns the dataset's document."""
-        body = {"name": name, "path": os.path.abspath(os.fspath(path))}
+        body: dict[str, object] = {"name": name, "path": os.path.abspath(os.fspath(path))}
         if chunk_mib is not None:
             body["chunk_mib"] = int(chunk_mib)
-        return self.request("POST", "/v1/datasets", body)
+        added: Doc = self.request("POST", "/v1/datasets", body)
+        return added
 
-    def get_dataset(self, name, to=None, *, wait=True, timeout=None):
+    def get_dataset(self, name: str, to: str | os.PathLike[str] | None = None, *,
+                    wait: bool = True, timeout: float | None = None) -> DatasetFetch:
         """Fetches dataset `name` to **the node's machine** (the node this client talks to)
         from the peers that hold it, and with `to`, also writes its files under that
         directory there (made absolute here, as the CLI does). Waits until it is done
-        (`wait=False`: returns at once) and returns the fetch's status, whose `path` is
-        where the files are on the node; raises ApiError if the fetch failed."""
+        (`wait=False`: returns at once) and returns the fetch's status (a `DatasetFetch`,
+        still the dict it was), whose `path` is where the files are on the node; raises
+        ApiError if the fetch failed."""
         body = {"to": os.path.abspath(os.fspath(to)) if to is not None else None}
         quoted = urllib.parse.quote(name)
-        status = self.request("POST", f"/v1/datasets/{quoted}/get", body)
+        status = DatasetFetch.of(self.request("POST", f"/v1/datasets/{quoted}/get", body))
         deadline = None if timeout is None else time.monotonic() + timeout
-        while wait and status.get("state") == "fetching":
+        while wait and status.state == "fetching":
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"dataset {name}: still fetching after {timeout} s")
+                raise _errors.WaitTimeout(f"dataset {name}: still fetching after {timeout} s")
             time.sleep(POLL_S)
-            status = self.request("GET", f"/v1/datasets/{quoted}/get")
-        if status.get("state") == "failed":
-            raise _errors.ApiError(500, f"dataset {name}: fetch failed: {status.get('error')}",
-                                   status)
+            status = DatasetFetch.of(self.request("GET", f"/v1/datasets/{quoted}/get"))
+        if status.state == "failed":
+            raise _errors.ApiError(500, f"dataset {name}: fetch failed: {status.error}", status)
         return status
 
 
-def _prepared(spec):
+def _prepared(spec: Mapping[str, Any]) -> dict[str, Any]:
     """A dict spec with `search.params` given as `{name: distribution or list}` turned into
     the list of tables the spec wants."""
     search = spec.get("search")
     if isinstance(search, dict) and isinstance(search.get("params"), dict):
-        spec = dict(spec)
-        spec["search"] = dict(search, params=search_params(search["params"]))
-    return spec
+        return dict(spec, search=dict(search, params=search_params(search["params"])))
+    return dict(spec)
 
 
-def _offsets_query(offsets):
+def _offsets_query(offsets: dict[str, int]) -> str:
     return ",".join(f"{w}:{o}" for w, o in sorted(offsets.items()))
 
 
-def _lines(doc, offsets):
+def _lines(doc: Doc, offsets: dict[str, int]) -> Iterator["LogLine"]:
     """A logs answer's lines as `LogLine`s; moves `offsets` past them."""
     runs = doc.get("runs") or []
     for chunk in doc["chunks"]:
@@ -391,15 +412,15 @@ def _lines(doc, offsets):
         offsets[chunk["worker"]] = chunk["next_offset"]
 
 
-def _failure_reason(doc):
+def _failure_reason(doc: Doc) -> str:
     """Why a job ended as it did: its last event's reason, else its exits."""
     for event in reversed(doc.get("events") or []):
         if isinstance(event, dict) and event.get("reason"):
-            return event["reason"]
+            return str(event["reason"])
     exits = doc.get("exits") or {}
     if exits:
         return "exits " + ", ".join(f"rank {r}: {c}" for r, c in sorted(exits.items()))
-    return doc.get("state", "unknown")
+    return str(doc.get("state", "unknown"))
 
 
 class LogLine(str):
@@ -408,19 +429,23 @@ class LogLine(str):
     job's attempts), placed in `generation`."""
 
     __slots__ = ("rank", "run", "generation")
+    rank: int
+    run: int
+    generation: int | None
 
-    def __new__(cls, text, rank, run=1, generation=None):
+    def __new__(cls, text: str, rank: int, run: int = 1,
+                generation: int | None = None) -> "LogLine":
         line = super().__new__(cls, text)
         line.rank = rank
         line.run = run
         line.generation = generation
         return line
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"LogLine({str(self)!r}, rank={self.rank}, run={self.run})"
 
 
-def _run_of(runs, generation):
+def _run_of(runs: list[int], generation: int) -> int:
     """The run (1-based) `generation` belongs to: the runs placed at or before it."""
     return max(1, sum(1 for g in runs if g <= generation))
 
@@ -429,39 +454,40 @@ class Job:
     """A job on the cluster. `doc` is its latest document (`ringleader job ID --json`);
     `refresh()` fetches it again."""
 
-    def __init__(self, client, doc):
+    def __init__(self, client: Client, doc: Doc) -> None:
         self.client = client
         self.doc = doc
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} {self.doc.get('name')!r} {self.state}>"
 
     @property
-    def id(self):
-        return self.doc["id"]
+    def id(self) -> str:
+        return str(self.doc["id"])
 
     @property
-    def state(self):
+    def state(self) -> str:
         """`pending`, `running`, `succeeded`, `failed` or `cancelled`, as of the last fetch."""
-        return self.doc["state"]
+        return str(self.doc["state"])
 
     @property
-    def done(self):
+    def done(self) -> bool:
         return self.state in TERMINAL_STATES
 
-    def refresh(self):
+    def refresh(self: _J) -> _J:
         """Fetches the job's document again; returns self."""
         self.doc = self.client.request("GET", f"/v1/jobs/{self.id}")
         return self
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: float | None = None) -> Doc:
         """Waits until the job ends and returns its final document. Raises JobFailed (with
         the reason from its events) if it failed, JobCancelled if it was cancelled,
-        TimeoutError after `timeout` seconds."""
+        WaitTimeout (a TimeoutError) after `timeout` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self.refresh().done:
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {self.id} is still {self.state} after {timeout} s")
+                raise _errors.WaitTimeout(
+                    f"job {self.id} is still {self.state} after {timeout} s")
             time.sleep(POLL_S)
         if self.state == "failed":
             raise _errors.JobFailed(self.id, _failure_reason(self.doc), self.doc)
@@ -469,7 +495,7 @@ class Job:
             raise _errors.JobCancelled(self.id, _failure_reason(self.doc), self.doc)
         return self.doc
 
-    def logs(self, follow=False):
+    def logs(self, follow: bool = False) -> Iterator[LogLine]:
         """Every run's output, oldest run first, line by line (`ringleader logs ID
         [--follow]`): an iterator of `LogLine`s (a str with the `rank` that printed it and
         its `run`: a search trial's first run, then each promotion and re-run, each a new
@@ -480,7 +506,7 @@ class Job:
         first = self.client.request("GET", path)
         runs = first.get("runs") or []
         for generation in runs[:-1]:
-            offsets = {}
+            offsets: dict[str, int] = {}
             while True:
                 doc = self.client.request("GET", f"{path}?generation={generation}&offsets="
                                           + _offsets_query(offsets))
@@ -507,12 +533,12 @@ class Job:
             if drained:
                 time.sleep(POLL_S)
 
-    def metrics(self):
+    def metrics(self) -> dict[str, list[tuple[int, float]]]:
         """Each metric's history: `{name: [(step, value), …]}`."""
         doc = self.client.request("GET", f"/v1/jobs/{self.id}/metrics")
-        return {k: [tuple(p) for p in v] for k, v in doc["metrics"].items()}
+        return {k: [(p[0], p[1]) for p in v] for k, v in doc["metrics"].items()}
 
-    def cancel(self):
+    def cancel(self: _J) -> _J:
         """Cancels the job (BadRequest with the node's reason if it already ended)."""
         self.client.request("POST", f"/v1/jobs/{self.id}/cancel")
         return self.refresh()
@@ -521,12 +547,15 @@ class Job:
 class Search(Job):
     """A search job: its trials and best, the same records as `ringleader job ID --json`."""
 
-    def trials(self):
-        """Every trial as of now: dicts with `id, job, params, state, metric, resource,
-        promotions, node` (refreshes the document)."""
-        return self.refresh().doc.get("trials") or []
+    def trials(self) -> list[Trial]:
+        """Every trial as of now: `Trial`s (dataclasses read as the dicts they were) with
+        `id, job, params, state, metric, resource, promotions, node` (refreshes the
+        document)."""
+        return [Trial.of(t) for t in self.refresh().doc.get("trials") or []]
 
     @property
-    def best(self):
-        """The best trial so far, `{id, params, metric}`, or None (refreshes the document)."""
-        return self.refresh().doc.get("best")
+    def best(self) -> BestTrial | None:
+        """The best trial so far, a `BestTrial` (`{id, params, metric}` as before), or None
+        (refreshes the document)."""
+        best = self.refresh().doc.get("best")
+        return None if best is None else BestTrial.of(best)

@@ -27,9 +27,11 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
+from typing import IO, Any
 
 from . import _native
-from .rank import _emit
+from .rank import Environ, _emit
 
 PROTOCOL_ENV = "RINGLEADER_ELASTIC_PROTOCOL"
 STANDBY_ENV = "RINGLEADER_STANDBY"
@@ -43,21 +45,21 @@ HEARTBEAT_EVERY_S = 1.0
 RANK_STATS_EVERY_S = 1.0
 
 
-def is_elastic_rank(environ=None):
+def is_elastic_rank(environ: Environ | None = None) -> bool:
     """Whether this process is a rank of a `[elastic] protocol = "ringleader"` job (its
     generations arrive on stdin)."""
     env = os.environ if environ is None else environ
     return env.get(PROTOCOL_ENV) == "ringleader"
 
 
-def is_standby(environ=None):
+def is_standby(environ: Environ | None = None) -> bool:
     """Whether this elastic rank is a standby joiner: started ahead of the re-form that takes
     it in, its first generation comes once it said `ready()`."""
     env = os.environ if environ is None else environ
     return is_elastic_rank(env) and env.get(STANDBY_ENV) == "1"
 
 
-def ready(file=None):
+def ready(file: IO[str] | None = None) -> None:
     """Prints `ringleader-ready`: this standby is set up and waits for its first generation."""
     _emit(_native.ready_line(), file)
 
@@ -66,7 +68,7 @@ class Generation:
     """One `ringleader-generation` line: `generation`, `rank`, `world`, every rank's
     data-plane address (`addrs`, "host:port"), and the `line` itself (hand it to `ringleader._native.Ring.from_generation_line`)."""
 
-    def __init__(self, line):
+    def __init__(self, line: str) -> None:
         body = json.loads(line[len(GENERATION_PREFIX):])
         self.line = line
         self.generation = int(body["generation"])
@@ -74,7 +76,7 @@ class Generation:
         self.addrs = [str(a) for a in body["addrs"]]
         self.world = len(self.addrs)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Generation({self.generation}, rank={self.rank}, world={self.world})"
 
 
@@ -82,17 +84,18 @@ class GenerationFeed:
     """The node's lines on `stream` (stdin), read by a daemon thread. A newer generation
     supersedes older ones not yet taken; a stop line or the end of input is final."""
 
-    def __init__(self, stream=None, on_arrival=None):
+    def __init__(self, stream: Iterable[str] | None = None,
+                 on_arrival: Callable[[], None] | None = None) -> None:
         self._stream = sys.stdin if stream is None else stream
         self._cond = threading.Condition()
-        self._newest = None
+        self._newest: Generation | None = None
         self._stopped = False
         self.on_arrival = on_arrival
         self._thread = threading.Thread(target=self._read, name="ringleader-generations",
                                          daemon=True)
         self._thread.start()
 
-    def _read(self):
+    def _read(self) -> None:
         try:
             for raw in self._stream:
                 line = raw.strip()
@@ -125,24 +128,24 @@ class GenerationFeed:
             self._cond.notify_all()
         self._arrived()
 
-    def _arrived(self):
+    def _arrived(self) -> None:
         if self.on_arrival is not None:
             self.on_arrival()
 
     @property
-    def stopped(self):
+    def stopped(self) -> bool:
         """Whether the node said stop (or stdin ended)."""
         with self._cond:
             return self._stopped
 
-    def pending(self, after):
+    def pending(self, after: int) -> Generation | None:
         """Without waiting: the newest generation newer than `after`, else None. A stop
         does not show here: see `stopped`."""
         with self._cond:
             g = self._newest
             return g if g is not None and g.generation > after else None
 
-    def next(self, after, timeout=None):
+    def next(self, after: int, timeout: float | None = None) -> Generation | None:
         """Waits for a generation newer than `after`; None once stopped (or at `timeout`,
         seconds). A generation already waiting wins over a stop that came after it only
         while no stop has come: a stop is final."""
@@ -165,35 +168,35 @@ class ComputeClock:
     that prints `ringleader-heartbeat computing_ms=X` every `HEARTBEAT_EVERY_S` while one
     lasts. Time inside a collective is not compute: the caller leaves the section for it."""
 
-    def __init__(self, file=None):
+    def __init__(self, file: IO[str] | None = None) -> None:
         self._file = file
         self._lock = threading.Lock()
-        self._since = None
+        self._since: float | None = None
         self._thread = threading.Thread(target=self._beat, name="ringleader-heartbeat",
                                          daemon=True)
         self._thread.start()
 
-    def beat_now(self, computing_ms=0):
+    def beat_now(self, computing_ms: int = 0) -> None:
         """Prints one heartbeat at once (`rlt.init()` does, so the node hears the rank
         speaks the protocol)."""
         _emit(_native.heartbeat_line(int(computing_ms)), self._file)
 
-    def enter(self):
+    def enter(self) -> None:
         with self._lock:
             if self._since is None:
                 self._since = time.monotonic()
 
-    def leave(self):
+    def leave(self) -> None:
         with self._lock:
             self._since = None
 
-    def computing_ms(self):
+    def computing_ms(self) -> int | None:
         """Milliseconds inside the current section, or None outside one."""
         with self._lock:
             since = self._since
         return None if since is None else int((time.monotonic() - since) * 1000)
 
-    def _beat(self):
+    def _beat(self) -> None:
         while True:
             time.sleep(HEARTBEAT_EVERY_S)
             ms = self.computing_ms()
@@ -205,14 +208,15 @@ class StepStats:
     """Compute and wait time per step, printed as `ringleader-rank-stats` (means since the
     last line) at the first step, then about every `RANK_STATS_EVERY_S`."""
 
-    def __init__(self, file=None):
+    def __init__(self, file: IO[str] | None = None) -> None:
         self._file = file
         self._steps = 0
         self._compute_s = 0.0
         self._wait_s = 0.0
-        self._last = None
+        self._last: float | None = None
 
-    def add(self, compute_s, wait_s, generation, rank, step):
+    def add(self, compute_s: float, wait_s: float, generation: int, rank: int,
+            step: int) -> None:
         """Counts one step; prints the line when it is due."""
         self._steps += 1
         self._compute_s += max(compute_s, 0.0)
@@ -234,13 +238,13 @@ class LineStdout:
     land inside a line the training thread is printing (`print` writes its text and its
     newline separately). `install_line_stdout` puts one in place of `sys.stdout`."""
 
-    def __init__(self, raw):
+    def __init__(self, raw: IO[str]) -> None:
         self._raw = raw
         self._lock = threading.Lock()
         self._local = threading.local()
 
-    def write(self, text):
-        pending = getattr(self._local, "pending", "") + text
+    def write(self, text: str) -> int:
+        pending: str = getattr(self._local, "pending", "") + text
         cut = pending.rfind("\n") + 1
         self._local.pending = pending[cut:]
         if cut:
@@ -248,30 +252,32 @@ class LineStdout:
                 self._raw.write(pending[:cut])
         return len(text)
 
-    def flush(self):
-        pending = getattr(self._local, "pending", "")
+    def flush(self) -> None:
+        pending: str = getattr(self._local, "pending", "")
         self._local.pending = ""
         with self._lock:
             if pending:
                 self._raw.write(pending)
             self._raw.flush()
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._raw, name)
 
 
-def install_line_stdout():
+def install_line_stdout() -> None:
     """Replaces `sys.stdout` by a `LineStdout` over it (once)."""
     if not isinstance(sys.stdout, LineStdout):
         sys.stdout = LineStdout(sys.stdout)
 
 
-def failed(generation, lost_rank, error, file=None):
+def failed(generation: int, lost_rank: int | None, error: object,
+           file: IO[str] | None = None) -> None:
     """Prints `ringleader-elastic failed generation=G lost_rank=R error="…"` (R None: `-`)."""
     _emit(_native.elastic_failed_line(int(generation), lost_rank, str(error)), file)
 
 
-def resumed(generation, world, rank, step, restored_step, steps_lost, source, file=None):
+def resumed(generation: int, world: int, rank: int, step: int, restored_step: int,
+            steps_lost: int, source: str, file: IO[str] | None = None) -> None:
     """Prints `ringleader-elastic resumed generation=G world=N rank=R step=S restored_step=C
     steps_lost=L source=…`."""
     _emit(_native.elastic_resumed_line(int(generation), int(world), int(rank), int(step),

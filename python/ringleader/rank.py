@@ -8,9 +8,16 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Mapping
+from types import FrameType
+from typing import IO, Any
 
 from . import _native
 from ._errors import Stopped
+from .documents import TrialContext
+
+Environ = Mapping[str, str]
+"""An environment: `os.environ` when None is given."""
 
 PARAM_PREFIX = "RINGLEADER_PARAM_"
 PARAMS_ENV = "RINGLEADER_PARAMS"
@@ -23,12 +30,12 @@ _lock = threading.Lock()
 _stop = threading.Event()
 _handler_installed = False
 # Set once `report` printed this run's rung in a resumable trial: the next report raises.
-_rung_reported = None
+_rung_reported: int | None = None
 # The largest resource each metric name was printed at by this process (`reported()`).
-_reported = {}
+_reported: dict[str, int] = {}
 
 
-def _typed(text):
+def _typed(text: str) -> Any:
     """An environment value as the node wrote it: a number, bool or list (TOML's spelling of
     a scalar or a list of scalars reads as JSON) as such, anything else as the string."""
     for parse in (int, float):
@@ -46,7 +53,7 @@ def _typed(text):
     return text
 
 
-def params(environ=None):
+def params(environ: Environ | None = None) -> dict[str, Any]:
     """This trial's hyperparameters, `{name: value}`, typed.
 
     From `RINGLEADER_PARAMS` (a JSON object, names as the search spec writes them) when the
@@ -57,13 +64,15 @@ def params(environ=None):
     """
     env = os.environ if environ is None else environ
     if env.get(PARAMS_ENV):
-        return json.loads(env[PARAMS_ENV])
+        parsed: dict[str, Any] = json.loads(env[PARAMS_ENV])
+        return parsed
     return {k[len(PARAM_PREFIX):].lower(): _typed(v)
             for k, v in sorted(env.items()) if k.startswith(PARAM_PREFIX)}
 
 
-def trial(environ=None):
-    """Which trial this process is, or None outside a search's trial: a dict with `search`
+def trial(environ: Environ | None = None) -> TrialContext | None:
+    """Which trial this process is, or None outside a search's trial: a `TrialContext` (a
+    dataclass read as the dict it was before) with `search`
     (the search's job id), `trial` (its number), `copy` (True in a speculative copy), `job`
     (this trial's own job id), `rung` (the resource, e.g. epochs, this run must reach:
     the node's `RINGLEADER_TRIAL_RESOURCE`; None when it gave none) and `resumable` (True
@@ -73,40 +82,41 @@ def trial(environ=None):
     if "RINGLEADER_TRIAL_ID" not in env:
         return None
     rung = env.get(RUNG_ENV)
-    return {
-        "search": env.get("RINGLEADER_SEARCH_ID"),
-        "trial": int(env["RINGLEADER_TRIAL_ID"]),
-        "copy": env.get("RINGLEADER_TRIAL_COPY", "0") == "1",
-        "job": env.get("RINGLEADER_JOB_ID"),
-        "rung": int(rung) if rung else None,
-        "resumable": env.get(RESUMABLE_ENV) == "1",
-    }
+    return TrialContext.of(
+        search=env.get("RINGLEADER_SEARCH_ID"),
+        trial=int(env["RINGLEADER_TRIAL_ID"]),
+        copy=env.get("RINGLEADER_TRIAL_COPY", "0") == "1",
+        job=env.get("RINGLEADER_JOB_ID"),
+        rung=int(rung) if rung else None,
+        resumable=env.get(RESUMABLE_ENV) == "1",
+    )
 
 
-def _run_rung(environ=None):
+def _run_rung(environ: Environ | None = None) -> int | None:
     """The rung this run ends at, or None: only a resumable trial's run ends at its rung
     (any other run goes on until the search stops it)."""
     t = trial(environ)
-    if t is None or not t["resumable"]:
+    if t is None or not t.resumable:
         return None
-    return t["rung"]
+    return t.rung
 
 
-def dataset_dir(environ=None):
+def dataset_dir(environ: Environ | None = None) -> str | None:
     """The directory of the shared dataset the spec's `[data] dataset` names, fetched onto
     this rank's node before it started (`RINGLEADER_DATASET_DIR`), or None without one."""
     env = os.environ if environ is None else environ
     return env.get("RINGLEADER_DATASET_DIR") or None
 
 
-def _emit(line, file):
+def _emit(line: str, file: IO[str] | None) -> None:
     out = sys.stdout if file is None else file
     with _lock:
         out.write(line + "\n")
         out.flush()
 
 
-def metric(name, value, step=None, *, file=None):
+def metric(name: str, value: float, step: int | None = None, *,
+           file: IO[str] | None = None) -> None:
     """Prints `ringleader-metric NAME VALUE [STEP]`: a job metric; in a search's command
     trial, the search's metric is also a report (STEP in epochs). ValueError for a name
     with whitespace or a value that is not finite."""
@@ -118,18 +128,18 @@ def metric(name, value, step=None, *, file=None):
         _reported[str(name)] = max(at, _reported.get(str(name), 0))
 
 
-def reported():
+def reported() -> dict[str, int]:
     """`{name: resource}`: each metric this process printed through `metric` or `report`,
     with the largest resource (epochs; a step-less metric's count) it was printed at."""
     with _lock:
         return dict(_reported)
 
 
-def _on_sigterm(signum, frame):
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     _stop.set()
 
 
-def _install_handler():
+def _install_handler() -> None:
     global _handler_installed
     if _handler_installed:
         return
@@ -140,12 +150,13 @@ def _install_handler():
         signal.signal(signal.SIGTERM, _on_sigterm)
 
 
-def stopped():
+def stopped() -> bool:
     """Whether the node asked this process to stop (SIGTERM since the first `report`)."""
     return _stop.is_set()
 
 
-def report(resource, *, file=None, **metrics):
+def report(resource: int, *, file: IO[str] | None = None, **metrics: float) -> None:
+
     """Prints `ringleader-report RESOURCE NAME VALUE …`: this trial's values after
     `resource` epochs; the search decides on its metric among them.
 

@@ -189,6 +189,8 @@ def test_datasets_add_ls_get(client, tmp_path):
     to = tmp_path / "out"
     status = client.get_dataset("py-ds", to=to, timeout=JOB_WAIT_S)
     assert status["state"] == "done", status
+    assert isinstance(status, ringleader.DatasetFetch) and status.state == "done"
+    assert status.path == status["path"] and status.chunks == status["chunks"] > 0, status
     found = sorted(str(p.relative_to(to)) for p in to.rglob("*") if p.is_file())
     assert found == ["a.txt", "b.bin"], found
     assert (to / "a.txt").read_text() == "alpha\n"

@@ -3,6 +3,7 @@ params() and trial() from the environment, report()'s Stopped on SIGTERM, the di
 and the TOML writer."""
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -90,6 +91,39 @@ def test_trial_from_the_environment():
     env["RINGLEADER_TRIAL_RESUMABLE"] = "1"
     assert ringleader.trial(env)["rung"] == 3
     assert ringleader.trial(env)["resumable"] is True
+
+
+def test_documents_are_typed_and_still_the_dicts_they_were():
+    env = {"RINGLEADER_TRIAL_ID": "7", "RINGLEADER_TRIAL_COPY": "1",
+           "RINGLEADER_TRIAL_RESOURCE": "3", "RINGLEADER_TRIAL_RESUMABLE": "1"}
+    t = ringleader.trial(env)
+    assert isinstance(t, ringleader.TrialContext)
+    assert (t.trial, t.is_copy, t.rung, t.resumable, t.search) == (7, True, 3, True, None)
+    assert t.get("rung") == 3 and "copy" in t and dict(t) == t
+    assert json.loads(json.dumps(t)) == t and repr(t) == repr(dict(t))
+    doc = {"id": 2, "job": "j-9", "params": {"lr": 0.1}, "state": "succeeded", "metric": 0.5,
+           "resource": 3, "promotions": 1, "bracket": 0, "node": "n1", "later": "kept"}
+    trial = ringleader.Trial.of(doc)
+    assert (trial.id, trial.job, trial.metric, trial.note) == (2, "j-9", 0.5, "")
+    assert trial == doc and trial["later"] == "kept" and [trial] == [doc]
+    best = ringleader.BestTrial.of({"id": 2, "params": {"lr": 0.1}, "metric": 0.5})
+    assert best.metric == best["metric"] == 0.5
+    with pytest.raises(AttributeError):
+        best.metric = 1.0  # frozen
+
+
+def test_every_error_is_a_ringleader_error_and_keeps_its_builtin_base():
+    for cls, builtin in [(_native.RingError, RuntimeError), (_native.PeerLost, RuntimeError),
+                         (_native.Aborted, RuntimeError), (_native.RingTimeout, RuntimeError),
+                         (_native.HandshakeRefused, RuntimeError),
+                         (ringleader.PickleTooLarge, ValueError),
+                         (ringleader.WaitTimeout, TimeoutError),
+                         (ringleader.CheckpointError, Exception),
+                         (ringleader.SpecError, ringleader.ApiError),
+                         (ringleader.JobCancelled, ringleader.JobFailed)]:
+        assert issubclass(cls, ringleader.RingleaderError) and issubclass(cls, builtin), cls
+    with pytest.raises(ringleader.RingleaderError):
+        raise _native.PeerLost("peer 1 lost")
 
 
 def test_dataset_dir_from_the_environment():

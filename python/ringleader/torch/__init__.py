@@ -39,8 +39,9 @@ its own NCCL group for CUDA tensors from the same store). An elastic rank on a h
 GPU gets such a group at every generation (`init_from_ring(…, device_backends="cuda:nccl")`,
 built from a store rank 0 serves, its port broadcast over the ring).
 
-Failures raise the ring's exceptions (`RingError` and its subclasses `PeerLost`, `Aborted`,
-`RingTimeout`, `HandshakeRefused`, with `reason` and `rank`) from `Work.wait()`; after one,
+Failures raise the ring's exceptions (`RingError`, a `RuntimeError` and a
+`ringleader.RingleaderError`, and its subclasses `PeerLost`, `Aborted`, `RingTimeout`,
+`HandshakeRefused`, with `reason` and `rank`) from `Work.wait()`; after one,
 the process group is spent, as torch's are. `Work.wait(timeout)` raises `RuntimeError` once
 the timeout has passed, and the operation goes on.
 

@@ -10,19 +10,22 @@ backward pass (the optimizer's `step()` then re-forms), and a forward whose coll
 fail runs on the local module.
 """
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import GradBucket
 from torch.futures import Future
 
-from ._session import session
+from ._session import Session, session
 
 
-def _average_hook(sess, bucket):
+def _average_hook(sess: Session, bucket: GradBucket) -> Future[torch.Tensor]:
     """DDP comm hook: the bucket's mean over the ranks; on a failed collective, the bucket
     unchanged (the step is lost anyway) and the failure noted."""
     buf = bucket.buffer()
     if sess.failure is not None:
-        done = Future()
+        done: Future[torch.Tensor] = Future()
         done.set_result(buf)
         return done
     try:
@@ -33,7 +36,7 @@ def _average_hook(sess, bucket):
         done.set_result(buf)
         return done
 
-    def finished(fut):
+    def finished(fut: Future[Any]) -> torch.Tensor:
         try:
             value = fut.value()
         except Exception as e:  # noqa: BLE001 - noted; step() re-forms or raises it
@@ -42,7 +45,8 @@ def _average_hook(sess, bucket):
         if isinstance(value, BaseException):
             sess.note_failure(value)
             return buf
-        return value[0]
+        first: torch.Tensor = value[0]
+        return first
 
     return work.get_future().then(finished)
 
@@ -51,16 +55,21 @@ class DistributedDataParallel(torch.nn.Module):
     """`rlt.DistributedDataParallel(module, **ddp_options)`: see the module doc; the
     options are torch DDP's (`bucket_cap_mb`, `find_unused_parameters`, …)."""
 
-    def __init__(self, module, **ddp_options):
+    # Set with object.__setattr__: not submodules (see __init__).
+    _ddp: torch.nn.parallel.DistributedDataParallel | None
+    _options: dict[str, Any]
+
+    def __init__(self, module: torch.nn.Module, **ddp_options: Any) -> None:
         super().__init__()
         self.module = module
         # Not a submodule: the parameters are listed once, through `module`.
         object.__setattr__(self, "_ddp", None)
         object.__setattr__(self, "_options", ddp_options)
 
-    def rebuild(self, init_sync=True):
+    def rebuild(self, init_sync: bool = True) -> torch.nn.parallel.DistributedDataParallel:
         """A new torch DDP on the current process group; `init_sync` broadcasts rank 0's
-        parameters and buffers first (a fresh start; a restore has them equal already)."""
+        parameters and buffers first (a fresh start; a restore has them equal already); returns
+        it."""
         object.__setattr__(self, "_ddp", None)
         ddp = torch.nn.parallel.DistributedDataParallel(
             self.module, init_sync=init_sync, **self._options)
@@ -68,21 +77,21 @@ class DistributedDataParallel(torch.nn.Module):
         if sess.elastic:
             ddp.register_comm_hook(sess, _average_hook)
         object.__setattr__(self, "_ddp", ddp)
+        return ddp
 
-    def drop(self):
+    def drop(self) -> None:
         """Forgets the DDP of a spent process group."""
         object.__setattr__(self, "_ddp", None)
 
-    def forward(self, *args, **kwargs):
-        if self._ddp is None:
-            self.rebuild()
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        ddp = self._ddp if self._ddp is not None else self.rebuild()
         sess = session()
         if not sess.elastic:
-            return self._ddp(*args, **kwargs)
+            return ddp(*args, **kwargs)
         if sess.failure is not None:
             return self.module(*args, **kwargs)
         try:
-            return self._ddp(*args, **kwargs)
+            return ddp(*args, **kwargs)
         except RuntimeError as e:  # RingError is one; step() tells the kinds apart
             sess.note_failure(e)
             return self.module(*args, **kwargs)

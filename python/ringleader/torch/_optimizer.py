@@ -30,11 +30,19 @@ the sampler on.
 import ctypes
 import io
 import time
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 
 from .. import _native, elastic
+from ._ddp import DistributedDataParallel
+from ._sampler import ElasticSampler
 from ._session import session
+
+State = dict[str, Any]
+"""A commit as `_Commit.as_dict()` writes it (and a broadcast carries it)."""
+Source = Literal["fresh", "memory", "broadcast"]
 
 # Commits kept in memory (the newest last).
 COMMITS_KEPT = 2
@@ -45,14 +53,16 @@ STATE_BROADCAST_BYTES_MAX = 16 << 30
 class _Commit:
     """One committed state (see the module doc); `fill` copies into its tensors."""
 
-    def __init__(self):
-        self.step = None
-        self.tensors = []
-        self.opt_state = {}
-        self.sampler = None
-        self.base_lrs = None
+    def __init__(self) -> None:
+        self.step: int | None = None
+        self.tensors: list[torch.Tensor] = []
+        self.opt_state: dict[int, dict[str, Any]] = {}
+        self.sampler: tuple[int, int] | None = None
+        self.base_lrs: list[float] | None = None
 
-    def fill(self, step, tensors, opt, params, sampler, base_lrs):
+    def fill(self, step: int, tensors: list[torch.Tensor], opt: torch.optim.Optimizer,
+             params: list[torch.Tensor], sampler: ElasticSampler,
+             base_lrs: list[float]) -> None:
         if len(self.tensors) != len(tensors) or any(
                 a.shape != b.shape or a.dtype != b.dtype for a, b in zip(self.tensors, tensors)):
             self.tensors = [t.detach().clone() for t in tensors]
@@ -78,22 +88,23 @@ class _Commit:
         self.sampler = sampler.state()
         self.base_lrs = list(base_lrs)
 
-    def as_dict(self):
+    def as_dict(self) -> State:
         return {"step": self.step, "tensors": self.tensors, "opt_state": self.opt_state,
-                "sampler": list(self.sampler), "base_lrs": self.base_lrs}
+                "sampler": list(self.sampler or ()), "base_lrs": self.base_lrs}
 
 
-def _encode(commit):
+def _encode(commit: _Commit) -> bytes:
     buf = io.BytesIO()
     torch.save(commit.as_dict(), buf)
     return buf.getvalue()
 
 
-def _decode(data):
-    return torch.load(io.BytesIO(data), weights_only=True)
+def _decode(data: bytes) -> State:
+    state: State = torch.load(io.BytesIO(data), weights_only=True)
+    return state
 
 
-def _broadcast_bytes(ring, data, root):
+def _broadcast_bytes(ring: _native.Ring, data: bytes, root: int) -> bytes:
     """`root`'s bytes on every rank (length first, checked before allocating)."""
     n = torch.tensor([len(data) if ring.rank == root else 0], dtype=torch.int64)
     ring.broadcast(n.data_ptr(), 8, root)
@@ -111,7 +122,7 @@ def _broadcast_bytes(ring, data, root):
     return data if ring.rank == root else _tensor_bytes(buf)
 
 
-def _tensor_bytes(t):
+def _tensor_bytes(t: torch.Tensor) -> bytes:
     """The bytes of a uint8 tensor (numpy may be missing)."""
     n = t.numel()
     return ctypes.string_at(t.data_ptr(), n) if n else b""
@@ -122,15 +133,16 @@ class ElasticOptimizer:
     sampler=sampler)`: see the module doc. `steps` counts the group's steps; other
     attributes are the wrapped optimizer's."""
 
-    def __init__(self, optimizer, model, sampler):
+    def __init__(self, optimizer: torch.optim.Optimizer, model: DistributedDataParallel,
+                 sampler: ElasticSampler) -> None:
         self.optimizer = optimizer
         self.model = model
         self.sampler = sampler
         self.steps = 0
         self._sess = session()
         world = max(self._sess.world, 1)
-        self._base_lrs = [g["lr"] / world for g in optimizer.param_groups]
-        self._params = [p for g in optimizer.param_groups for p in g["params"]]
+        self._base_lrs: list[float] = [g["lr"] / world for g in optimizer.param_groups]
+        self._params: list[torch.Tensor] = [p for g in optimizer.param_groups for p in g["params"]]
         self._commits = [_Commit() for _ in range(COMMITS_KEPT)]
         self._newest = -1  # index of the newest commit, -1: none
         self._step_start = time.monotonic()
@@ -138,40 +150,40 @@ class ElasticOptimizer:
             self._sess.step_started()
             self._reform(first=True)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.optimizer, name)
 
-    def zero_grad(self, set_to_none=True):
+    def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state)
 
     # -- commits -----------------------------------------------------------------------
 
-    def _state_tensors(self):
-        m = self.model.module if hasattr(self.model, "module") else self.model
+    def _state_tensors(self) -> list[torch.Tensor]:
+        m: torch.nn.Module = self.model.module if hasattr(self.model, "module") else self.model
         return list(m.parameters()) + list(m.buffers())
 
-    def _commit(self):
+    def _commit(self) -> None:
         i = (self._newest + 1) % COMMITS_KEPT
         self._commits[i].fill(self.steps, self._state_tensors(), self.optimizer, self._params,
                               self.sampler, self._base_lrs)
         self._newest = i
 
-    def _held(self):
+    def _held(self) -> list[int]:
         return sorted(c.step for c in self._commits if c.step is not None)
 
-    def _find(self, step):
+    def _find(self, step: int) -> _Commit | None:
         for c in self._commits:
             if c.step == step:
                 return c
         return None
 
-    def _restore(self, state):
+    def _restore(self, state: State) -> None:
         """Loads a commit (`_Commit.as_dict()` form) into the model, optimizer, sampler."""
         with torch.no_grad():
             for dst, src in zip(self._state_tensors(), state["tensors"]):
@@ -186,7 +198,7 @@ class ElasticOptimizer:
 
     # -- the step ----------------------------------------------------------------------
 
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """The wrapped optimizer's step, then a commit; or, when the step's collectives
         failed or the node moved to a newer generation, a re-form (see the module doc)."""
         sess = self._sess
@@ -220,7 +232,7 @@ class ElasticOptimizer:
         sess.step_started()
         return out
 
-    def _reform(self, first=False):
+    def _reform(self, first: bool = False) -> None:
         """Leaves the current generation (unless `first`: the one `rlt.init()` joined),
         joins the next one that connects and agrees, and restores the agreed state."""
         sess = self._sess
@@ -260,20 +272,26 @@ class ElasticOptimizer:
         sess.clock.enter()
         sess.step_started()
 
-    def _agree(self, step_reached):
+    def _agree(self, step_reached: int) -> tuple[Source, int | None, int]:
         """The agreement on the current ring, and the restore: (source, restored step or
         None, the group's step)."""
         sess, ring = self._sess, self._sess.ring
+        assert ring is not None, "a re-form agrees on the ring it joined"
         held = self._held()
         outcome = ring.agree(sess.last_generation if held else None, step_reached, held)
-        if outcome[0] == "fresh":
+        if len(outcome) == 2:  # ("fresh", group_step)
             return "fresh", None, outcome[1]
         _, step, root, everyone_holds, group_step, holds = outcome
         mine = self._find(step) if holds else None
+        # The agreement's contract: when everyone holds the step, so does this rank, and the
+        # root always holds it.
         if everyone_holds:
+            assert mine is not None, f"every rank holds step {step}, this one does not"
             self._restore(mine.as_dict())
             return "memory", step, group_step
-        data = _encode(mine) if ring.rank == root else b""
+        if ring.rank == root:
+            assert mine is not None, f"the root of step {step} does not hold it"
+        data = _encode(mine) if mine is not None and ring.rank == root else b""
         got = _broadcast_bytes(ring, data, root)
         if mine is not None:
             self._restore(mine.as_dict())

@@ -4,6 +4,7 @@ the ranks connect directly (see the package doc for the secret and the environme
 import os
 import secrets
 import socket
+from typing import Any
 
 from .. import _native
 
@@ -27,7 +28,7 @@ CONNECT_TIMEOUT_MS_MAX = 60_000
 ROUTE_PROBE_PORT = 29500
 
 
-def data_host():
+def data_host() -> str:
     """The local address peers reach this rank at: RINGLEADER_DATA_HOST, else the source
     address of the route to MASTER_ADDR, else 127.0.0.1."""
     given = os.environ.get(DATA_HOST_ENV)
@@ -40,27 +41,28 @@ def data_host():
             family, _, _, _, addr = socket.getaddrinfo(master, port, type=socket.SOCK_DGRAM)[0]
             with socket.socket(family, socket.SOCK_DGRAM) as s:
                 s.connect(addr)
-                return s.getsockname()[0]
+                host: str = s.getsockname()[0]
+                return host
         except (OSError, ValueError):
             pass
     return "127.0.0.1"
 
 
-def shared_memory_allowed():
+def shared_memory_allowed() -> bool:
     """False when RINGLEADER_SHM is 0/false/no/off."""
     return os.environ.get(SHM_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def ring_threads():
+def ring_threads() -> int:
     """The ring runtime's worker threads: RINGLEADER_RING_THREADS, else 2 (0: none)."""
     return int(os.environ.get(THREADS_ENV) or RING_THREADS_DEFAULT)
 
 
-def _text(v):
+def _text(v: object) -> str:
     return v.decode() if isinstance(v, (bytes, bytearray)) else str(v)
 
 
-def connect(store, rank, world, timeout_ms):
+def connect(store: Any, rank: int, world: int, timeout_ms: int) -> _native.Ring:
     """Binds, publishes, reads everyone's address from `store` and connects: a `Ring`."""
     host = data_host()
     listener = _native.Listener(f"[{host}]:0" if ":" in host else f"{host}:0")

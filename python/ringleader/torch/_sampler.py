@@ -14,6 +14,8 @@ Batches are made when asked for, so give the sampler to a `DataLoader` with
 membership).
 """
 
+from collections.abc import Iterator
+
 import torch
 
 from ._session import session
@@ -23,7 +25,7 @@ class ElasticSampler:
     """See the module doc: `DataLoader(dataset, batch_sampler=ElasticSampler(len(dataset),
     batch_size, seed))`, epochs through `for epoch in sampler.epochs(k)`."""
 
-    def __init__(self, n, batch_size, seed=0):
+    def __init__(self, n: int, batch_size: int, seed: int = 0) -> None:
         if n < 1 or batch_size < 1:
             raise ValueError(f"ElasticSampler: n {n} and batch_size {batch_size} must be ≥ 1")
         self.n = int(n)
@@ -31,17 +33,17 @@ class ElasticSampler:
         self.seed = int(seed)
         self.epoch = 0
         self.offset = 0
-        self._perm = None
+        self._perm: tuple[int, list[int]] | None = None
 
     # -- state (the optimizer commits and restores it) ---------------------------------
 
-    def state(self):
+    def state(self) -> tuple[int, int]:
         return (self.epoch, self.offset)
 
-    def set_state(self, state):
+    def set_state(self, state: tuple[int, int] | list[int]) -> None:
         self.epoch, self.offset = int(state[0]), int(state[1])
 
-    def normalize(self):
+    def normalize(self) -> None:
         """After a step: when no batch is left in the epoch, move to the next one's start
         (so a commit never sits at an epoch's end)."""
         if self._per_rank() == 0:
@@ -50,18 +52,18 @@ class ElasticSampler:
 
     # -- iteration ---------------------------------------------------------------------
 
-    def _per_rank(self):
+    def _per_rank(self) -> int:
         world = max(session().world, 1)
         return min(self.batch_size, (self.n - self.offset) // world)
 
-    def _permutation(self, epoch):
+    def _permutation(self, epoch: int) -> list[int]:
         if self._perm is None or self._perm[0] != epoch:
             g = torch.Generator()
             g.manual_seed(self.seed + epoch)
             self._perm = (epoch, torch.randperm(self.n, generator=g).tolist())
         return self._perm[1]
 
-    def epochs(self, k):
+    def epochs(self, k: int) -> Iterator[int]:
         """Yields the epochs to run, up to `k` (from where the group is: a joiner starts
         at the restored epoch)."""
         while self.epoch < k:
@@ -71,7 +73,7 @@ class ElasticSampler:
                 # The loop left the epoch early (or without steps): go on to the next.
                 self.epoch, self.offset = e + 1, 0
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[list[int]]:
         epoch = self.epoch
         while self.epoch == epoch:
             b = self._per_rank()
@@ -84,7 +86,7 @@ class ElasticSampler:
             self.offset += s.world * b
             yield batch
 
-    def __len__(self):
+    def __len__(self) -> int:
         """Batches left in this epoch for this rank at the current world size."""
         world = max(session().world, 1)
         left = self.n - self.offset

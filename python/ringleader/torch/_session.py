@@ -29,9 +29,11 @@ import threading
 import time
 import zlib
 from datetime import timedelta
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import HashStore
 
 from .. import _native, elastic
 from . import _backend
@@ -55,7 +57,7 @@ CUDA_BACKEND_ENV = "RINGLEADER_CUDA_BACKEND"
 GROUP_TIMEOUT = timedelta(minutes=30)
 
 
-def device_backends():
+def device_backends() -> str | None:
     """The process group's backend for CUDA tensors, `"cuda:<name>"`, inside each
     generation's membership (`_backend.init_from_ring`), when this process sees a GPU:
     `RINGLEADER_CUDA_BACKEND` (`nccl` by default; `none`: CUDA tensors are refused, as
@@ -70,28 +72,28 @@ class _OpClock:
     """Times the operations the backend runs (`_backend.op_observer`): their total is the
     step's wait for the collective, and the heartbeat's compute section pauses meanwhile."""
 
-    def __init__(self, clock):
+    def __init__(self, clock: elastic.ComputeClock) -> None:
         self._clock = clock
         self._lock = threading.Lock()
         self._depth = 0
         self._since = 0.0
         self.total_s = 0.0
 
-    def begin(self):
+    def begin(self) -> None:
         with self._lock:
             if self._depth == 0:
                 self._since = time.monotonic()
                 self._clock.leave()
             self._depth += 1
 
-    def end(self):
+    def end(self) -> None:
         with self._lock:
             self._depth -= 1
             if self._depth == 0:
                 self.total_s += time.monotonic() - self._since
                 self._clock.enter()
 
-    def take(self):
+    def take(self) -> float:
         """The wait since the last `take`, seconds."""
         with self._lock:
             t, self.total_s = self.total_s, 0.0
@@ -101,31 +103,33 @@ class _OpClock:
 class Session:
     """See the module doc. One per process (`session()`)."""
 
-    def __init__(self):
+    # The elastic parts, set by `init()` in an elastic rank (only such a rank uses them).
+    feed: elastic.GenerationFeed
+    clock: elastic.ComputeClock
+    op_clock: _OpClock
+    stats: elastic.StepStats
+
+    def __init__(self) -> None:
         self.elastic = False
         self.standby = False
         self.initialized = False
-        self.feed = None
-        self.clock = None
-        self.op_clock = None
-        self.stats = None
         self.generation = 0
         self.rank = 0
         self.world = 1
-        self.ring = None
+        self.ring: _native.Ring | None = None
         # The generation this process last restored or started in (None: never, a joiner).
-        self.last_generation = None
+        self.last_generation: int | None = None
         # The first collective error of the current step, noted by the hooks.
-        self.failure = None
+        self.failure: BaseException | None = None
         # Counts steps ended, so the abort watcher knows whether a step moved on.
         self.step_seq = 0
         self.in_step = False
         self.group_id = zlib.crc32(os.environ.get("RINGLEADER_JOB_ID", "").encode())
-        self._abort_timer = None
+        self._abort_timer: threading.Timer | None = None
 
     # -- set-up --------------------------------------------------------------------------
 
-    def init(self, backend="ringleader"):
+    def init(self, backend: str = "ringleader") -> None:
         if self.initialized:
             return
         self.initialized = True
@@ -135,7 +139,7 @@ class Session:
             elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
                 dist.init_process_group(backend)
             else:
-                dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+                dist.init_process_group(backend, store=HashStore(), rank=0, world_size=1)
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
             return
         self.elastic = True
@@ -154,7 +158,7 @@ class Session:
         if not self.standby:
             self.join_next()
 
-    def join_next(self):
+    def join_next(self) -> elastic.Generation:
         """Waits for the next generation and connects its ring as torch's default group,
         retrying with later ones while connecting fails; exits 0 when the node says stop."""
         while True:
@@ -173,7 +177,7 @@ class Session:
                                     master=master)
             return g
 
-    def _connect(self, g):
+    def _connect(self, g: elastic.Generation) -> _native.Ring | None:
         """The ring of generation `g`, or None when it failed (reported). Connecting is
         tried again while no newer generation or stop arrives, up to `JOIN_WAIT_S`: a
         joiner's process may take that long to start (importing torch on a busy host)."""
@@ -191,7 +195,7 @@ class Session:
                 self.report_failure(e)
                 return None
 
-    def leave_group(self):
+    def leave_group(self) -> None:
         """Drops the current process group and closes its ring (after a failure the ring
         tells its peers first)."""
         if dist.is_initialized():
@@ -207,7 +211,7 @@ class Session:
                 pass
             self.ring = None
 
-    def exit_stopped(self):
+    def exit_stopped(self) -> NoReturn:
         """The node said stop (or stdin ended): exit 0 at once. `os._exit`: the interpreter's
         teardown with the ring's threads and torch's process group alive took seconds and
         could block in a finalizer; the node's SIGKILL follows its stop after 5 s."""
@@ -218,16 +222,16 @@ class Session:
 
     # -- failures ------------------------------------------------------------------------
 
-    def note_failure(self, e):
+    def note_failure(self, e: BaseException) -> None:
         """A collective of the current step failed with `e` (the hooks call this)."""
         if self.failure is None:
             self.failure = e
 
-    def superseded(self):
+    def superseded(self) -> bool:
         """Whether the node has moved on: a newer generation or a stop waits."""
         return self.feed.stopped or self.feed.pending(self.generation) is not None
 
-    def report_failure(self, e):
+    def report_failure(self, e: BaseException) -> None:
         """Prints `ringleader-elastic failed …` for `e`, unless the node had already moved on
         (then the step was aborted to leave, or failed as a peer left first: nobody was
         lost)."""
@@ -238,14 +242,14 @@ class Session:
 
     # -- the step watcher ----------------------------------------------------------------
 
-    def step_started(self):
+    def step_started(self) -> None:
         self.in_step = True
 
-    def step_ended(self):
+    def step_ended(self) -> None:
         self.in_step = False
         self.step_seq += 1
 
-    def _on_arrival(self):
+    def _on_arrival(self) -> None:
         """The feed thread saw a newer generation or a stop: give the running step
         `ABORT_GRACE_S`, then abort its ring."""
         seq, ring = self.step_seq, self.ring
@@ -254,7 +258,7 @@ class Session:
         if self._abort_timer is not None and self._abort_timer.is_alive():
             return
 
-        def fire():
+        def fire() -> None:
             if self.in_step and self.step_seq == seq and self.ring is ring:
                 print(f"ringleader: a newer generation or a stop arrived and the step has not "
                       f"ended within {ABORT_GRACE_S} s: aborting it", file=sys.stderr,
@@ -269,27 +273,27 @@ class Session:
 _SESSION = Session()
 
 
-def session():
+def session() -> Session:
     """The process's session."""
     return _SESSION
 
 
-def init(backend="ringleader"):
+def init(backend: str = "ringleader") -> None:
     """Joins the job's ring (see the module doc); idempotent. `backend` is the one used
     outside an elastic ringleader rank (torchrun, one process)."""
     _SESSION.init(backend)
 
 
-def rank():
+def rank() -> int:
     """This process's rank in the current generation."""
     return _SESSION.rank
 
 
-def world_size():
+def world_size() -> int:
     """The current generation's number of ranks."""
     return _SESSION.world
 
 
-def generation():
+def generation() -> int:
     """The current generation (0 outside an elastic ringleader rank)."""
     return _SESSION.generation
