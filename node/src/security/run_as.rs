@@ -309,7 +309,7 @@ pub fn make_traverse_dir(dir: &Path) -> Result<(), RunAsError> {
 }
 
 /// The root directory of a `file://` (or `fs://`) storage URL.
-fn file_store_root(storage: &str) -> Option<PathBuf> {
+pub fn file_store_root(storage: &str) -> Option<PathBuf> {
     let rest = storage
         .strip_prefix("file://")
         .or_else(|| storage.strip_prefix("fs://"))?;
