@@ -5,7 +5,7 @@
 //! it lacks); inside the node's roots it is served; no token reaches the refused paths, not
 //! through a link either. Under `--run-as nobody` a file only root may read is refused even
 //! inside a root, and `--to` writes the user's files (skipped, saying so, when not root or
-//! no `nobody`).
+//! no `nobody`). `ringleader logs ID | head` ends quietly.
 //!
 //! Before this change every one of the refused adds and writes was served (the review read
 //! the cluster key through a dataset). Waits poll with deadlines; nodes are stopped by PID
@@ -16,10 +16,11 @@ mod common;
 use std::{
     os::unix::fs::{MetadataExt, PermissionsExt},
     path::Path,
+    process::Command,
     time::Duration,
 };
 
-use common::{fails, ok, poll_until, wait_formed};
+use common::{fails, ok, poll_until, wait_formed, wait_job};
 use ringleader::cli::local::LocalCluster;
 
 /// Bound on forming the cluster and on a job (a debug build on two loaded cores is slow).
@@ -248,4 +249,34 @@ fn under_run_as_reads_and_writes_take_the_users_access() {
         std::fs::metadata(dst.join("out")).unwrap().uid(),
         nobody.uid.as_raw()
     );
+}
+
+#[test]
+fn logs_into_a_closed_pipe_end_quietly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = common::formed_cluster(tmp.path(), "lp", 1, &[], WAIT);
+    // More than a pipe holds (64 KiB), so the CLI is still writing when `head` leaves.
+    let spec = "name = \"chatty\"\nkind = \"command\"\nworkers = 1\n\
+                command = [\"sh\", \"-c\", \"seq 1 40000\"]\n";
+    let id = c.nodes[0].client().submit(spec).expect("submit");
+    wait_job(&c, 0, &id, "succeeded", WAIT, |d| d.state == "succeeded");
+    let out = Command::new("bash")
+        .envs(c.nodes[0].cli_env())
+        .args([
+            "-c",
+            &format!(
+                "'{}' logs {id} | head -n 2; echo \"status=${{PIPESTATUS[0]}}\"",
+                common::exe()
+            ),
+        ])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(stdout.contains("status=0"), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!stderr.contains("Broken pipe"), "{stderr}");
+    assert!(stderr.trim().is_empty(), "nothing on stderr: {stderr}");
 }

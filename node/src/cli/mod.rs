@@ -5,6 +5,7 @@
 //!   [`bench_scale`]: the benchmarks' figures.
 //! - [`local`]: a cluster of real `ringleader node` processes on this host, for the demo, the
 //!   benchmarks and the integration tests (public because the binary's demo needs it).
+//! - [`closed_pipe`]: a command whose reader went away (`logs ID | head`) ends quietly.
 //! - [`datasets`]: `ringleader dataset add | ls | get | rm`.
 //! - [`tokens`]: `ringleader token create | ls | revoke`, `ringleader member remove`.
 //! - [`train_worker`]: the hidden `train-worker` subcommand, one rank of a train job.
@@ -16,6 +17,7 @@ pub mod bench_control;
 pub mod bench_elastic;
 pub mod bench_membership;
 pub mod bench_scale;
+pub mod closed_pipe;
 pub mod datasets;
 pub mod demo;
 pub mod local;
