@@ -4,8 +4,9 @@
 //! message that says why (the refused path, or the `--dataset-source`/`--dataset-dest` flag
 //! it lacks); inside the node's roots it is served; no token reaches the refused paths, not
 //! through a link either. Under `--run-as nobody` a file only root may read is refused even
-//! inside a root, and `--to` writes the user's files (skipped, saying so, when not root or
-//! no `nobody`). `ringleader logs ID | head` ends quietly.
+//! inside a root, and `--to` writes the user's files; a shared dataset's copy is readable by
+//! the job that uses it and not by another job of the same user, and is taken back when the
+//! job ends (both skipped, saying so, when not root or no `nobody`). `ringleader logs ID | head` ends quietly.
 //!
 //! Before this change every one of the refused adds and writes was served (the review read
 //! the cluster key through a dataset). Waits poll with deadlines; nodes are stopped by PID
@@ -249,6 +250,71 @@ fn under_run_as_reads_and_writes_take_the_users_access() {
         std::fs::metadata(dst.join("out")).unwrap().uid(),
         nobody.uid.as_raw()
     );
+}
+
+#[test]
+fn under_run_as_a_shared_copy_is_its_jobs_only_and_taken_back_when_it_ends() {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("SKIPPED: --run-as dataset sharing test: not running as root");
+        return;
+    }
+    if !matches!(nix::unistd::User::from_name("nobody"), Ok(Some(_))) {
+        eprintln!("SKIPPED: --run-as dataset sharing test: no user nobody on this host");
+        return;
+    }
+    // Phase 1: a node with --run-as nobody and a dataset the user may read.
+    let tmp = tempfile::tempdir().unwrap();
+    let tmp = std::fs::canonicalize(tmp.path()).unwrap();
+    dir(&tmp, 0o711);
+    let src = tmp.join("greeting");
+    dir(&src, 0o755);
+    std::fs::write(src.join("hello.txt"), "the dataset says hi\n").unwrap();
+    let flags = ["--run-as".to_string(), "nobody".to_string()];
+    let c = common::formed_cluster(&tmp.join("nodes"), "rs", 1, &flags, WAIT);
+    ok(c.cli(0)
+        .args(["dataset", "add", "greeting", src.to_str().unwrap()])
+        .output()
+        .unwrap());
+    let data = std::fs::canonicalize(&c.nodes[0].dir).unwrap();
+    let copy = std::fs::read_dir(data.join("datasets"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.join("files/hello.txt").is_file())
+        .expect("the node's copy");
+    let file = copy.join("files/hello.txt");
+
+    // Phase 2: a job on the dataset reads it and waits; meanwhile another job of the same
+    // user, without the dataset, tries the same file (the review read it from any job).
+    let flag = tmp.join("reader-may-end");
+    let reader = format!(
+        "name = \"reader\"\nkind = \"command\"\nworkers = 1\nmax_restarts = 0\n\
+         command = [\"sh\", \"-c\", '''cat \"$RINGLEADER_DATASET_DIR/hello.txt\"; \
+         while [ ! -e {} ]; do sleep 0.1; done''']\n[data]\ndataset = \"greeting\"\n",
+        flag.display()
+    );
+    let id = c.nodes[0].client().submit(&reader).expect("submit");
+    let logs = |id: &str| ok(c.cli(0).args(["logs", id]).output().unwrap());
+    poll_until(WAIT, || logs(&id), |l| l.contains("the dataset says hi"))
+        .expect("the job on the dataset reads it");
+    let other = format!(
+        "name = \"other\"\nkind = \"command\"\nworkers = 1\nmax_restarts = 0\n\
+         command = [\"sh\", \"-c\", '''cat {} || echo other-denied''']\n",
+        file.display()
+    );
+    let other = c.nodes[0].client().submit(&other).expect("submit");
+    wait_job(&c, 0, &other, "ended", WAIT, common::ended);
+    let log = logs(&other);
+    assert!(log.contains("other-denied"), "{log}");
+    assert!(!log.contains("the dataset says hi"), "{log}");
+
+    // Phase 3: the job ends, and the copy is the node's alone again.
+    std::fs::write(&flag, "").unwrap();
+    wait_job(&c, 0, &id, "succeeded", WAIT, |d| d.state == "succeeded");
+    let taken_back = poll_until(WAIT, || common::mode(&file), |&m| m == 0o600);
+    assert_eq!(taken_back, Ok(0o600), "the copy taken back after the job");
+    assert_eq!(common::mode(&copy), 0o700);
+    assert_eq!(std::fs::metadata(&file).unwrap().gid(), 0);
 }
 
 #[test]
