@@ -437,7 +437,13 @@ pub async fn run(config: NodeConfig) -> Result<()> {
             me: peer_id.to_string(),
             name: config.name.clone(),
             roots: std::sync::Arc::new(dataset_roots(&config)?),
-            run_as: config.run_as.as_ref().map(Into::into),
+            run_as: config
+                .run_as
+                .as_ref()
+                .map(|user| crate::datasets::fs_user::FsUser {
+                    uid: user.uid,
+                    gid: user.gid,
+                }),
         },
         datasets_listener,
         handle.clone(),

@@ -16,7 +16,7 @@
 //! `protected_symlinks` reasons about sticky directories).
 //!
 //! Under `--run-as` a [`ConfinedDir`] opened with [`ConfinedDir::open_or_create_as`] makes
-//! every system call with the user's file access ([`crate::security::fs_user`]): what it
+//! every system call with the user's file access ([`super::fs_user`]): what it
 //! creates is the user's, and it creates nothing where the user could not.
 //!
 //! Blocking calls: the service runs them on the blocking pool.
@@ -28,8 +28,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
+use super::fs_user::{self, FsUser};
 use super::DatasetError;
-use crate::security::fs_user::{self, FsUser};
 
 /// Mode of the directories created under `--to` (narrowed further by the node's umask).
 pub const DIR_MODE: libc::mode_t = 0o700;

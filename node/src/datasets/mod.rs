@@ -26,6 +26,8 @@
 //! be one, and none below it is followed) and refuses special files; the store's copies get
 //! at most the source's permission bits (fetched ones 0600), never wider; `get --to` never
 //! writes through a link ([`confined`]).
+//! - [`fs_user`]: file access as another user for one call on one thread (`setfsuid`):
+//!   what an add's reads and a `get --to`'s writes take under `--run-as`.
 //! - [`roots`]: which host paths an add may read and a `get --to` may write, by token
 //!   (`--dataset-source`, `--dataset-dest`, the paths refused to every token), checked on the
 //!   descriptors actually opened, with the `--run-as` user's file access.
@@ -53,6 +55,7 @@ use std::path::PathBuf;
 pub mod confined;
 pub mod export;
 pub mod fetch;
+pub mod fs_user;
 pub mod manifest;
 pub mod roots;
 pub mod serve;

@@ -12,7 +12,7 @@
 //!   without them refuses both, naming the flag.
 //! - **The admin token** reads and writes any other path.
 //! - **Under `--run-as USER`** the reads and the writes are done with the user's file access
-//!   ([`crate::security::fs_user`]), so a request gets no more than the user could read or
+//!   ([`super::fs_user`]), so a request gets no more than the user could read or
 //!   write itself, whatever the roots say.
 //!
 //! Paths are checked where they lead, not as written: the request's path is resolved
@@ -30,7 +30,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::security::fs_user::{self, FsUser};
+use super::fs_user::{self, FsUser};
 
 /// Refused whatever the token and the flags, beside the node's data directory and store.
 pub const SYSTEM_REFUSED: [&str; 3] = ["/proc", "/sys", "/dev"];

@@ -19,6 +19,7 @@ use tracing::{info, warn};
 
 use super::confined::ConfinedDir;
 use super::fetch::{self, Discover, Fetch, FetchContext, FetchStatus, Source};
+use super::fs_user::FsUser;
 use super::roots::{Access, HostAccess, HostRoots};
 use super::serve::{self, Holding, Holdings, Server, Throttle};
 use super::store::{ChunkSet, Store};
@@ -32,7 +33,6 @@ use crate::control::protocol::ProposeError;
 use crate::domain::spec::JobKind;
 use crate::domain::state::{DatasetRecord, JobState};
 use crate::domain::{ControlCommand, ControlResponse, Op};
-use crate::security::fs_user::FsUser;
 
 /// How long a root just added is kept though no name refers to it yet (the name's commit
 /// may reach this replica later than the files).

@@ -6,8 +6,6 @@
 //! - [`bootstrap`]: the cluster key and the API token a node runs with. A node started
 //!   without a key and without `--join` makes both at first start (as k3s makes its token);
 //!   a joiner needs the key; `--insecure` is the one way to run without them.
-//! - [`fs_user`]: file access as another user for one call on one thread (`setfsuid`),
-//!   what the node's reads and writes for the API take under `--run-as`.
 //! - [`modes`]: data directories 0700 and files 0600 (the process umask, and an upgrade
 //!   pass over a data directory an older node left group- or world-readable), and the checks
 //!   that refuse secret files other users may write or read.
@@ -24,7 +22,6 @@
 
 pub mod api_token;
 pub mod bootstrap;
-pub mod fs_user;
 pub mod modes;
 pub mod run_as;
 pub mod sealed;

@@ -29,15 +29,6 @@ pub struct FsUser {
     pub gid: u32,
 }
 
-impl From<&crate::security::run_as::RunAs> for FsUser {
-    fn from(user: &crate::security::run_as::RunAs) -> FsUser {
-        FsUser {
-            uid: user.uid,
-            gid: user.gid,
-        }
-    }
-}
-
 impl FsUser {
     /// Runs `f` on this thread with the file access of this user (uid, primary gid, no other
     /// group), and restores the thread's own before returning. Refused
