@@ -28,6 +28,9 @@ fn main() {
     // rank it gives devices then number them in PCI bus order.
     ringleader::gpus::use_pci_device_order();
     let cli = Cli::parse();
+    if !matches!(cli.command, Cmd::Node(_)) {
+        ringleader::cli::closed_pipe::end_quietly();
+    }
     let result = match &cli.command {
         Cmd::Node(args) => {
             init_logging();
@@ -61,6 +64,9 @@ fn main() {
         Cmd::BenchElastic(args) => ringleader::cli::bench_elastic::run(args),
     };
     if let Err(e) = result {
+        if ringleader::cli::closed_pipe::is_closed_pipe(&e) {
+            std::process::exit(0);
+        }
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }

@@ -79,6 +79,11 @@ pub struct NodeConfig {
     /// The user ranks run as (`--run-as`, resolved and checked at start; `None`: the
     /// node's).
     pub run_as: Option<crate::security::run_as::RunAs>,
+    /// Directories below which a made token's `dataset add` may read (`--dataset-source`).
+    pub dataset_sources: Vec<PathBuf>,
+    /// Directories below which a made token's `dataset get --to` may write
+    /// (`--dataset-dest`).
+    pub dataset_dests: Vec<PathBuf>,
     /// Cap on the bytes a rank adds to its log per second (0: none; default
     /// [`crate::jobs::log_rate::RANK_LOG_BYTES_PER_S_MAX`]).
     pub rank_log_bytes_per_s: u64,
@@ -431,6 +436,14 @@ pub async fn run(config: NodeConfig) -> Result<()> {
             busy_bytes_per_s: config.dataset_busy_bytes_per_s,
             me: peer_id.to_string(),
             name: config.name.clone(),
+            roots: std::sync::Arc::new(dataset_roots(&config)?),
+            run_as: config
+                .run_as
+                .as_ref()
+                .map(|user| crate::datasets::fs_user::FsUser {
+                    uid: user.uid,
+                    gid: user.gid,
+                }),
         },
         datasets_listener,
         handle.clone(),
@@ -562,3 +575,16 @@ pub async fn run(config: NodeConfig) -> Result<()> {
 pub const SHUTDOWN_MS_MAX: u64 = 10_000;
 /// Longest wait for the cluster to take this node's leave, in milliseconds.
 pub const LEAVE_MS_MAX: u64 = 2_000;
+
+/// What the API may read and write on this host ([`crate::datasets::roots`]): the
+/// `--dataset-source` and `--dataset-dest` roots, and the data directory and a `file://`
+/// store refused beside `/proc`, `/sys` and `/dev`.
+fn dataset_roots(config: &NodeConfig) -> Result<crate::datasets::roots::HostRoots> {
+    let mut refused = vec![config.data_dir.clone()];
+    refused.extend(crate::security::run_as::file_store_root(&config.storage));
+    Ok(crate::datasets::roots::HostRoots::new(
+        &config.dataset_sources,
+        &config.dataset_dests,
+        &refused,
+    )?)
+}

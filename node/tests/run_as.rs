@@ -155,12 +155,13 @@ fn ranks_run_as_the_user_and_cannot_read_the_node_secrets() {
     assert_eq!((owner(&log_file), mode(&log_file)), (0, 0o600));
     assert_eq!(mode(&job_dir), 0o711);
 
-    // Phase 3: a shared dataset (added from a node-only directory) is read by the user's
-    // rank, which can neither change it nor list the node's other datasets.
+    // Phase 3: a shared dataset (added from a directory the user may read: under --run-as
+    // an add reads with the user's access) is read by the user's rank, which can neither
+    // change it nor list the node's other datasets.
     let source = root.path().join("greeting");
     std::fs::create_dir_all(source.join("sub")).unwrap();
     std::fs::write(source.join("sub/hello.txt"), "the dataset says hi\n").unwrap();
-    std::fs::set_permissions(&source, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::set_permissions(&source, std::fs::Permissions::from_mode(0o755)).unwrap();
     common::ok(
         c.cli(0)
             .args(["dataset", "add", "greeting", source.to_str().unwrap()])
@@ -192,9 +193,12 @@ fn ranks_run_as_the_user_and_cannot_read_the_node_secrets() {
         std::fs::read_to_string(&file).unwrap(),
         "the dataset says hi\n"
     );
+    // The job has ended: the copy is the node's alone again (it was the dataset group's,
+    // 0640, while the rank read it).
+    let taken_back = common::poll_until(WAIT, || mode(&copy), |&m| m == 0o700);
+    assert_eq!(taken_back, Ok(0o700), "the copy taken back");
     let meta = std::fs::symlink_metadata(&file).unwrap();
-    assert_eq!((meta.uid(), meta.gid(), mode(&file)), (0, gid, 0o640));
-    assert_eq!(mode(&copy), 0o750);
+    assert_eq!((meta.uid(), meta.gid(), mode(&file)), (0, 0, 0o600));
 
     // Phase 4: a train job checkpoints into the node's store, in a place the user owns.
     let id = c.nodes[0].client().submit(TRAIN_SPEC).expect("submit");

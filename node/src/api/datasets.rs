@@ -8,9 +8,14 @@
 //! | `POST /v1/datasets/{name}/get` `{"to": optional dir}` | starts (or joins) a fetch to this node; 202 and its [`FetchStatus`] |
 //! | `GET /v1/datasets/{name}/get[?wait_ms=N]` | the latest fetch on this node; with `wait_ms`, answered when the fetch ends or after N ms (at most [`FETCH_WAIT_MS_MAX`]), whichever is first |
 //!
-//! Errors: 400 (a bad name or path, a file that cannot be shared), 404 (no such dataset, or
-//! no fetch of it here), 409 (the name exists), 503 (no chief), 500 (this node failed, a
-//! full disk included).
+//! What `path` and `to` may name is bounded per token (`datasets::roots`): a made token
+//! reads only below the node's `--dataset-source` roots and writes only below its
+//! `--dataset-dest` roots; no token reaches the node's data directory, its store, `/proc`,
+//! `/sys` or `/dev`; under `--run-as` both go with the user's file access.
+//!
+//! Errors: 400 (a bad name or path, a file that cannot be shared), 403 (a path the token
+//! may not read or write here), 404 (no such dataset, or no fetch of it here), 409 (the
+//! name exists), 503 (no chief), 500 (this node failed, a full disk included).
 
 use std::time::Duration;
 
@@ -30,6 +35,7 @@ impl From<DatasetsError> for ApiError {
             DatasetsError::NotFound(_) => StatusCode::NOT_FOUND,
             DatasetsError::Exists(_) => StatusCode::CONFLICT,
             DatasetsError::BadInput(_) => StatusCode::BAD_REQUEST,
+            DatasetsError::Refused(_) => StatusCode::FORBIDDEN,
             DatasetsError::Propose(p) => return ApiError::from(p.clone()),
             DatasetsError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
@@ -72,6 +78,13 @@ pub struct StatusQuery {
     pub wait_ms: u64,
 }
 
+/// Whether the request acts as the admin (the admin token, or an open API): a made token
+/// reaches only the node's `--dataset-source` and `--dataset-dest` roots.
+fn is_admin() -> bool {
+    crate::domain::state::tokens::Principal::current()
+        == crate::domain::state::tokens::Principal::Admin
+}
+
 pub(super) async fn list(State(app): State<AppState>) -> Json<Vec<DatasetDoc>> {
     Json(app.datasets.list().await)
 }
@@ -86,6 +99,7 @@ pub(super) async fn add(
             &req.name,
             std::path::Path::new(&req.path),
             req.chunk_mib.map(|m| m.saturating_mul(1 << 20)),
+            is_admin(),
         )
         .await?;
     Ok((StatusCode::CREATED, Json(doc)))
@@ -107,7 +121,7 @@ pub(super) async fn get(
     let req = body.map(|Json(r)| r).unwrap_or_default();
     let fetch = app
         .datasets
-        .get(&name, req.to.map(std::path::PathBuf::from))
+        .get(&name, req.to.map(std::path::PathBuf::from), is_admin())
         .await?;
     Ok((StatusCode::ACCEPTED, Json(fetch.status())))
 }

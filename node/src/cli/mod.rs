@@ -5,6 +5,7 @@
 //!   [`bench_scale`]: the benchmarks' figures.
 //! - [`local`]: a cluster of real `ringleader node` processes on this host, for the demo, the
 //!   benchmarks and the integration tests (public because the binary's demo needs it).
+//! - [`closed_pipe`]: a command whose reader went away (`logs ID | head`) ends quietly.
 //! - [`datasets`]: `ringleader dataset add | ls | get | rm`.
 //! - [`tokens`]: `ringleader token create | ls | revoke`, `ringleader member remove`.
 //! - [`train_worker`]: the hidden `train-worker` subcommand, one rank of a train job.
@@ -16,6 +17,7 @@ pub mod bench_control;
 pub mod bench_elastic;
 pub mod bench_membership;
 pub mod bench_scale;
+pub mod closed_pipe;
 pub mod datasets;
 pub mod demo;
 pub mod local;
@@ -231,6 +233,15 @@ pub struct NodeArgs {
     /// Recommended when the node runs as root (it needs root to switch users).
     #[arg(long, value_name = "USER")]
     pub run_as: Option<String>,
+    /// A directory below which a made token's `dataset add` may read (repeatable; default:
+    /// none, so a made token adds nothing). The admin token reads any path but the node's
+    /// data directory, its store, /proc, /sys and /dev, which no token reaches.
+    #[arg(long = "dataset-source", value_name = "DIR")]
+    pub dataset_sources: Vec<PathBuf>,
+    /// A directory below which a made token's `dataset get --to` may write (repeatable;
+    /// default: none). The admin token writes anywhere but the refused paths.
+    #[arg(long = "dataset-dest", value_name = "DIR")]
+    pub dataset_dests: Vec<PathBuf>,
     /// Cap on the bytes a rank adds to its log per second (0: none); lines past it are
     /// dropped and counted, protocol lines never. For tests.
     #[arg(long, hide = true, default_value_t = crate::jobs::log_rate::RANK_LOG_BYTES_PER_S_MAX)]
@@ -315,8 +326,13 @@ impl NodeArgs {
             .as_deref()
             .map(crate::security::run_as::RunAs::resolve)
             .transpose()?;
+        // Checked here for an early error naming the flag; the node resolves them again with
+        // its data directory refused.
+        crate::datasets::roots::HostRoots::new(&self.dataset_sources, &self.dataset_dests, &[])?;
         Ok(NodeConfig {
             run_as,
+            dataset_sources: self.dataset_sources,
+            dataset_dests: self.dataset_dests,
             rank_log_bytes_per_s: self.rank_log_bytes_per_s,
             name,
             listen,

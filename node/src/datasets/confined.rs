@@ -15,15 +15,20 @@
 //! refused when it belongs to anyone else (planted by another user, as Linux'
 //! `protected_symlinks` reasons about sticky directories).
 //!
+//! Under `--run-as` a [`ConfinedDir`] opened with [`ConfinedDir::open_or_create_as`] makes
+//! every system call with the user's file access ([`super::fs_user`]): what it
+//! creates is the user's, and it creates nothing where the user could not.
+//!
 //! Blocking calls: the service runs them on the blocking pool.
 
 use std::ffi::{CString, OsStr};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
+use super::fs_user::{self, FsUser};
 use super::DatasetError;
 
 /// Mode of the directories created under `--to` (narrowed further by the node's umask).
@@ -32,6 +37,11 @@ pub const DIR_MODE: libc::mode_t = 0o700;
 /// and a dataset may hold anything, so only the node's user may read them until the
 /// operator says otherwise (`chmod`).
 pub const FILE_MODE: libc::mode_t = 0o600;
+
+/// How the directories on the way are opened: for lookups only (`O_PATH`), which needs
+/// search permission on them and not read permission, as a path walk does: a user may pass
+/// through a directory it cannot list (mode 0711).
+const DIR_FLAGS: libc::c_int = libc::O_PATH | libc::O_DIRECTORY;
 
 /// What a name in a directory is, not following a symbolic link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +76,8 @@ impl Kind {
 pub struct ConfinedDir {
     fd: OwnedFd,
     path: PathBuf,
+    /// Whose file access every call takes (`None`: the node's).
+    user: Option<FsUser>,
 }
 
 fn c_name(name: &OsStr) -> io::Result<CString> {
@@ -140,6 +152,15 @@ impl ConfinedDir {
     /// `path` itself may not be a symbolic link; one above it is followed only if root or
     /// this process's user owns it (see the module doc).
     pub fn open_or_create(path: &Path) -> Result<ConfinedDir, DatasetError> {
+        ConfinedDir::open_or_create_as(path, None)
+    }
+
+    /// [`ConfinedDir::open_or_create`] with `user`'s file access, for this call and every
+    /// later one on the directory and those reached below it (`None`: the node's).
+    pub fn open_or_create_as(
+        path: &Path,
+        user: Option<FsUser>,
+    ) -> Result<ConfinedDir, DatasetError> {
         let bad = |reason: &'static str| DatasetError::UnsafePath {
             path: path.display().to_string(),
             reason,
@@ -148,7 +169,7 @@ impl ConfinedDir {
             return Err(bad("not absolute"));
         }
         let root = c_name(OsStr::new("/")).expect("no NUL");
-        let fd = openat(libc::AT_FDCWD, &root, libc::O_RDONLY | libc::O_DIRECTORY, 0).map_err(
+        let fd = fs_user::acting(user, || openat(libc::AT_FDCWD, &root, DIR_FLAGS, 0)).map_err(
             |source| DatasetError::Io {
                 path: PathBuf::from("/"),
                 source,
@@ -157,6 +178,7 @@ impl ConfinedDir {
         let mut dir = ConfinedDir {
             fd,
             path: PathBuf::from("/"),
+            user,
         };
         let names: Vec<&OsStr> = path
             .components()
@@ -167,8 +189,11 @@ impl ConfinedDir {
             })
             .collect::<Result<_, ()>>()
             .map_err(|()| bad("holds a '..' component"))?;
-        // SAFETY: geteuid cannot fail.
-        let me = unsafe { libc::geteuid() };
+        let me = match user {
+            Some(user) => user.uid,
+            // SAFETY: geteuid cannot fail.
+            None => unsafe { libc::geteuid() },
+        };
         for (i, name) in names.iter().enumerate() {
             let last = i + 1 == names.len();
             dir = dir.step(name, |uid| !last && (uid == 0 || uid == me))?;
@@ -190,56 +215,85 @@ impl ConfinedDir {
         follow: impl Fn(u32) -> bool,
     ) -> Result<ConfinedDir, DatasetError> {
         let c = c_name(name).map_err(self.io(name))?;
-        let dir_flags = libc::O_RDONLY | libc::O_DIRECTORY;
-        let fd = match kind_at(self.fd.as_raw_fd(), &c).map_err(self.io(name))? {
-            None => {
-                // SAFETY: a syscall on a valid descriptor and a NUL-terminated name.
-                let ret = unsafe { libc::mkdirat(self.fd.as_raw_fd(), c.as_ptr(), DIR_MODE) };
-                match last_error(ret, ()) {
-                    // Made by someone else meanwhile: opened without following below.
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                    r => r.map_err(self.io(name))?,
+        let dir_flags = DIR_FLAGS;
+        let kind = self
+            .acting(|| kind_at(self.fd.as_raw_fd(), &c))
+            .map_err(self.io(name))?;
+        let fd = self
+            .acting(|| match kind {
+                None => {
+                    // SAFETY: a syscall on a valid descriptor and a NUL-terminated name.
+                    let ret = unsafe { libc::mkdirat(self.fd.as_raw_fd(), c.as_ptr(), DIR_MODE) };
+                    match last_error(ret, ()) {
+                        // Made by someone else meanwhile: opened without following below.
+                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                        r => r?,
+                    }
+                    openat(self.fd.as_raw_fd(), &c, dir_flags | libc::O_NOFOLLOW, 0).map(Some)
                 }
-                openat(self.fd.as_raw_fd(), &c, dir_flags | libc::O_NOFOLLOW, 0)
-            }
-            Some(Kind::Dir) => openat(self.fd.as_raw_fd(), &c, dir_flags | libc::O_NOFOLLOW, 0),
-            Some(Kind::Symlink { uid }) if follow(uid) => {
-                openat(self.fd.as_raw_fd(), &c, dir_flags, 0)
-            }
-            Some(kind) => return Err(self.blocked(name, kind)),
-        }
-        .map_err(|e| match e.raw_os_error() {
-            // A link or a file swapped in after the check.
-            Some(libc::ELOOP) => self.blocked(name, Kind::Symlink { uid: u32::MAX }),
-            Some(libc::ENOTDIR) => self.blocked(name, Kind::File),
-            _ => self.io(name)(e),
-        })?;
+                Some(Kind::Dir) => {
+                    openat(self.fd.as_raw_fd(), &c, dir_flags | libc::O_NOFOLLOW, 0).map(Some)
+                }
+                Some(Kind::Symlink { uid }) if follow(uid) => {
+                    openat(self.fd.as_raw_fd(), &c, dir_flags, 0).map(Some)
+                }
+                Some(_) => Ok(None),
+            })
+            .map_err(|e| match e.raw_os_error() {
+                // A link or a file swapped in after the check.
+                Some(libc::ELOOP) => self.blocked(name, Kind::Symlink { uid: u32::MAX }),
+                Some(libc::ENOTDIR) => self.blocked(name, Kind::File),
+                _ => self.io(name)(e),
+            })?;
+        let Some(fd) = fd else {
+            let kind = kind.expect("only something there is refused");
+            return Err(self.blocked(name, kind));
+        };
         Ok(ConfinedDir {
             fd,
             path: self.path.join(name),
+            user: self.user,
+        })
+    }
+
+    /// Runs `f` with this directory's file access.
+    fn acting<T>(&self, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+        fs_user::acting(self.user, f)
+    }
+
+    /// Another handle on the same directory (a duplicated descriptor).
+    pub fn try_clone(&self) -> Result<ConfinedDir, DatasetError> {
+        Ok(ConfinedDir {
+            fd: self.fd.try_clone().map_err(self.io(OsStr::new("")))?,
+            path: self.path.clone(),
+            user: self.user,
         })
     }
 
     /// What `name` is here (not following a link), if anything.
     pub fn kind(&self, name: &str) -> Result<Option<Kind>, DatasetError> {
         let c = c_name(OsStr::new(name)).map_err(self.io(OsStr::new(name)))?;
-        kind_at(self.fd.as_raw_fd(), &c).map_err(self.io(OsStr::new(name)))
+        self.acting(|| kind_at(self.fd.as_raw_fd(), &c))
+            .map_err(self.io(OsStr::new(name)))
     }
 
     /// Opens the regular file `name` for reading, never through a link.
     pub fn open_file(&self, name: &str) -> Result<File, DatasetError> {
         let os = OsStr::new(name);
         let c = c_name(os).map_err(self.io(os))?;
-        let fd = openat(
-            self.fd.as_raw_fd(),
-            &c,
-            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
-            0,
-        )
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => self.blocked(os, Kind::Symlink { uid: u32::MAX }),
-            _ => self.io(os)(e),
-        })?;
+        let fd = self
+            .acting(|| {
+                openat(
+                    self.fd.as_raw_fd(),
+                    &c,
+                    libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+                    0,
+                )
+            })
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => self.blocked(os, Kind::Symlink { uid: u32::MAX }),
+                _ => self.io(os)(e),
+            })?;
         Ok(File::from(fd))
     }
 
@@ -247,13 +301,16 @@ impl ConfinedDir {
     pub fn create_new(&self, name: &str) -> Result<File, DatasetError> {
         let os = OsStr::new(name);
         let c = c_name(os).map_err(self.io(os))?;
-        let fd = openat(
-            self.fd.as_raw_fd(),
-            &c,
-            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
-            FILE_MODE,
-        )
-        .map_err(self.io(os))?;
+        let fd = self
+            .acting(|| {
+                openat(
+                    self.fd.as_raw_fd(),
+                    &c,
+                    libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+                    FILE_MODE,
+                )
+            })
+            .map_err(self.io(os))?;
         Ok(File::from(fd))
     }
 
@@ -266,10 +323,13 @@ impl ConfinedDir {
             c_name(os).map_err(self.io(os))?,
         );
         let fd = self.fd.as_raw_fd();
-        // SAFETY: a syscall on a valid descriptor and NUL-terminated names.
-        let ret =
-            unsafe { libc::renameat2(fd, f.as_ptr(), fd, t.as_ptr(), libc::RENAME_NOREPLACE) };
-        match last_error(ret, ()) {
+        let renamed = self.acting(|| {
+            // SAFETY: a syscall on a valid descriptor and NUL-terminated names.
+            let ret =
+                unsafe { libc::renameat2(fd, f.as_ptr(), fd, t.as_ptr(), libc::RENAME_NOREPLACE) };
+            Ok(last_error(ret, ()))
+        });
+        match renamed.and_then(|r| r) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                 let kind = self.kind(to)?.unwrap_or(Kind::File);
@@ -278,9 +338,12 @@ impl ConfinedDir {
             // A file system without RENAME_NOREPLACE: a hard link fails the same way when
             // `to` exists (and never follows a link at `to`).
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
-                // SAFETY: as above.
-                let ret = unsafe { libc::linkat(fd, f.as_ptr(), fd, t.as_ptr(), 0) };
-                match last_error(ret, ()) {
+                let linked = self.acting(|| {
+                    // SAFETY: as above.
+                    let ret = unsafe { libc::linkat(fd, f.as_ptr(), fd, t.as_ptr(), 0) };
+                    Ok(last_error(ret, ()))
+                });
+                match linked.and_then(|r| r) {
                     Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                         let kind = self.kind(to)?.unwrap_or(Kind::File);
                         Err(self.blocked(os, kind))
@@ -299,14 +362,24 @@ impl ConfinedDir {
     /// Removes the file `name` here, if it is there (best effort: a leftover temporary).
     pub fn remove_file(&self, name: &str) {
         if let Ok(c) = c_name(OsStr::new(name)) {
-            // SAFETY: a syscall on a valid descriptor and a NUL-terminated name.
-            unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) };
+            let _ = self.acting(|| {
+                // SAFETY: a syscall on a valid descriptor and a NUL-terminated name.
+                unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) };
+                Ok(())
+            });
         }
     }
 
     /// The path this directory was reached by (for messages).
     pub fn path(&self) -> &Path {
         &self.path
+    }
+}
+
+impl AsFd for ConfinedDir {
+    /// The open directory: what [`super::roots::HostAccess::check_open`] checks.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 }
 

@@ -75,8 +75,14 @@ impl Export {
     /// directory on the way, a link or special file at a file's place, and a file there with
     /// other bytes; on an error, nothing it created but directories is left.
     pub fn begin(manifest: &Manifest, to: &Path) -> Result<Export, DatasetError> {
+        Export::begin_in(manifest, ConfinedDir::open_or_create(to)?)
+    }
+
+    /// [`Export::begin`] under a directory already opened (and checked: a request's
+    /// `--to`, see [`super::roots`]); every file and directory is made with its file access.
+    pub fn begin_in(manifest: &Manifest, to: ConfinedDir) -> Result<Export, DatasetError> {
         let mut export = Export {
-            dirs: vec![ConfinedDir::open_or_create(to)?],
+            dirs: vec![to],
             targets: Vec::with_capacity(manifest.files().len()),
         };
         let mut dir_index: HashMap<&str, usize> = HashMap::new();
@@ -220,7 +226,17 @@ impl Drop for Export {
 /// then each file copied whole (`copy_file_range`: a reflink where the file system offers
 /// one), then [`Export::finish`].
 pub fn export_whole(files_dir: &Path, manifest: &Manifest, to: &Path) -> Result<(), DatasetError> {
-    let export = Export::begin(manifest, to)?;
+    export_whole_in(files_dir, manifest, ConfinedDir::open_or_create(to)?)
+}
+
+/// [`export_whole`] under a directory already opened ([`Export::begin_in`]): the store's
+/// files are read with the node's access, the copies written with the directory's.
+pub fn export_whole_in(
+    files_dir: &Path,
+    manifest: &Manifest,
+    to: ConfinedDir,
+) -> Result<(), DatasetError> {
+    let export = Export::begin_in(manifest, to)?;
     for (f, entry) in manifest.files().iter().enumerate() {
         let Some(Target::Writing(t)) = export.targets.get(f) else {
             continue;

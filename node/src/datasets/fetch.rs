@@ -25,7 +25,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
@@ -38,6 +38,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
+use super::confined::ConfinedDir;
 use super::export::{self, Export};
 use super::serve::{Holding, Holdings};
 use super::store::{ChunkIndex, ChunkSet, Partial, Store};
@@ -389,8 +390,9 @@ pub struct FetchContext {
     pub root: Root,
     /// Who holds it.
     pub discover: Discover,
-    /// Where `get --to` writes the files as well (absolute), if anywhere.
-    pub to: Option<PathBuf>,
+    /// Where `get --to` writes the files as well, if anywhere: the directory opened and
+    /// checked for the request ([`super::roots`]), with its file access.
+    pub to: Option<Arc<ConfinedDir>>,
 }
 
 /// How a holder's task ended.
@@ -443,10 +445,12 @@ pub async fn run(ctx: FetchContext, fetch: Arc<Fetch>) -> Result<PathBuf, String
             fill_totals(&fetch, &h.manifest, h.index.len(), 0);
             if let Some(to) = ctx.to.clone() {
                 let (files, m) = (path.clone(), h.manifest.clone());
-                tokio::task::spawn_blocking(move || export::export_whole(&files, &m, &to))
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .map_err(|e| to_error(&e))?;
+                tokio::task::spawn_blocking(move || {
+                    export::export_whole_in(&files, &m, to.try_clone()?)
+                })
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| to_error(&e))?;
             }
             return Ok(path);
         }
@@ -511,9 +515,9 @@ pub async fn run(ctx: FetchContext, fetch: Arc<Fetch>) -> Result<PathBuf, String
 /// Prepares a fetch's sink: the `--to` files' places checked first (so a clash is reported
 /// before anything is fetched), then the store's `.part` begun or resumed, and the chunks it
 /// resumes with (verified again by [`Store::begin`]) copied to the `--to` files.
-fn begin(store: &Store, manifest: &Manifest, to: Option<&Path>) -> Result<Sink, String> {
+fn begin(store: &Store, manifest: &Manifest, to: Option<&ConfinedDir>) -> Result<Sink, String> {
     let export = to
-        .map(|to| Export::begin(manifest, to))
+        .map(|to| Export::begin_in(manifest, to.try_clone()?))
         .transpose()
         .map_err(|e| to_error(&e))?;
     let partial = store

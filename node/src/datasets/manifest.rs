@@ -20,11 +20,13 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
+use std::os::fd::AsFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::roots::{Access, HostAccess};
 use super::DatasetError;
 
 /// The chunk size of large datasets, in bytes (4 MiB); see [`chunk_bytes_for`].
@@ -48,10 +50,11 @@ pub fn chunk_bytes_for(total_bytes: u64) -> u32 {
 
 /// The bytes of the regular files at `path` (a file, or every file below a directory),
 /// from their metadata: what [`chunk_bytes_for`] needs before anything is read.
-pub fn source_bytes(path: &Path) -> Result<u64, DatasetError> {
-    let meta = source_metadata(path)?;
+/// Looked at with `access`'s file access.
+pub fn source_bytes(path: &Path, access: &HostAccess) -> Result<u64, DatasetError> {
+    let meta = source_metadata(path, access)?;
     if meta.is_dir() {
-        Ok(list_files(path)?.iter().map(|s| s.size).sum())
+        Ok(list_files(path, access)?.iter().map(|s| s.size).sum())
     } else {
         Ok(meta.len())
     }
@@ -164,13 +167,24 @@ impl Manifest {
     /// ([`DatasetError::ChangedWhileAdding`]). A file's size is what was read, so a file
     /// growing while it is read gives a consistent (if mixed) entry.
     pub fn build(path: &Path, chunk_bytes: u32) -> Result<Self, DatasetError> {
+        Manifest::build_as(path, chunk_bytes, &HostAccess::node())
+    }
+
+    /// [`Manifest::build`] for a request: every directory listed and every file opened with
+    /// `access`'s file access, and every file opened checked against its roots where it is
+    /// ([`HostAccess::check_open`]).
+    pub fn build_as(
+        path: &Path,
+        chunk_bytes: u32,
+        access: &HostAccess,
+    ) -> Result<Self, DatasetError> {
         check_chunk_bytes(chunk_bytes)?;
-        let meta = source_metadata(path)?;
+        let meta = source_metadata(path, access)?;
         let sources = if meta.is_dir() {
-            let sources = list_files(path)?;
+            let sources = list_files(path, access)?;
             // The directory listed must still be the one named (not swapped for a link to
             // another meanwhile); each file is checked again when it is opened.
-            let again = source_metadata(path)?;
+            let again = source_metadata(path, access)?;
             if (again.dev(), again.ino()) != (meta.dev(), meta.ino()) {
                 return Err(DatasetError::ChangedWhileAdding {
                     path: path.to_path_buf(),
@@ -219,7 +233,7 @@ impl Manifest {
         let mut buf = vec![0u8; chunk_bytes as usize];
         let files = sources
             .into_iter()
-            .map(|source| hash_file(source, &mut buf))
+            .map(|source| hash_file(source, &mut buf, access))
             .collect::<Result<Vec<_>, _>>()?;
         Self::new(chunk_bytes, files)
     }
@@ -368,8 +382,10 @@ struct Source {
 
 /// The metadata of the file or directory an add names, without following a symbolic link
 /// at `path` itself (refused: see [`Manifest::build`]).
-fn source_metadata(path: &Path) -> Result<fs::Metadata, DatasetError> {
-    let meta = fs::symlink_metadata(path).map_err(io_error(path))?;
+fn source_metadata(path: &Path, access: &HostAccess) -> Result<fs::Metadata, DatasetError> {
+    let meta = access
+        .acting(|| fs::symlink_metadata(path))
+        .map_err(io_error(path))?;
     if meta.file_type().is_symlink() {
         return Err(DatasetError::UnsupportedFile {
             path: path.to_path_buf(),
@@ -384,11 +400,20 @@ fn source_metadata(path: &Path) -> Result<fs::Metadata, DatasetError> {
 /// file), and only if it is a regular file whose device and inode are `id` (the listed
 /// file), else [`DatasetError::ChangedWhileAdding`] or [`DatasetError::UnsupportedFile`].
 /// `id` `None` checks only that it is a regular file.
-pub(super) fn open_source(path: &Path, id: Option<(u64, u64)>) -> Result<File, DatasetError> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
+/// The file is opened with `access`'s file access and checked where it is
+/// ([`HostAccess::check_open`]).
+pub(super) fn open_source(
+    path: &Path,
+    id: Option<(u64, u64)>,
+    access: &HostAccess,
+) -> Result<File, DatasetError> {
+    let file = access
+        .acting(|| {
+            OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(path)
+        })
         .map_err(|source| match source.raw_os_error() {
             Some(libc::ELOOP) => DatasetError::UnsupportedFile {
                 path: path.to_path_buf(),
@@ -411,6 +436,7 @@ pub(super) fn open_source(path: &Path, id: Option<(u64, u64)>) -> Result<File, D
             path: path.to_path_buf(),
         });
     }
+    access.check_open(Access::Read, file.as_fd(), path)?;
     Ok(file)
 }
 
@@ -515,7 +541,14 @@ fn kind_name(kind: fs::FileType) -> &'static str {
 /// Every regular file below `dir`, sorted by dataset path; anything else but a directory is
 /// refused. Paths and the file count are checked against their limits while walking, so a
 /// huge tree is refused early.
-fn list_files(dir: &Path) -> Result<Vec<Source>, DatasetError> {
+fn list_files(dir: &Path, access: &HostAccess) -> Result<Vec<Source>, DatasetError> {
+    access
+        .acting(|| Ok(list_files_here(dir)))
+        .map_err(io_error(dir))?
+}
+
+/// [`list_files`] with this thread's file access.
+fn list_files_here(dir: &Path) -> Result<Vec<Source>, DatasetError> {
     let mut files = Vec::new();
     // An explicit stack: the depth of a tree is the operator's, not the thread stack's.
     let mut dirs = vec![(String::new(), dir.to_path_buf())];
@@ -565,8 +598,12 @@ fn list_files(dir: &Path) -> Result<Vec<Source>, DatasetError> {
 }
 
 /// Reads `source` in `buf.len()` pieces, hashing each.
-fn hash_file(source: Source, buf: &mut [u8]) -> Result<FileEntry, DatasetError> {
-    let mut file = open_source(&source.local, Some(source.id))?;
+fn hash_file(
+    source: Source,
+    buf: &mut [u8],
+    access: &HostAccess,
+) -> Result<FileEntry, DatasetError> {
+    let mut file = open_source(&source.local, Some(source.id), access)?;
     let mut size = 0u64;
     let mut chunks = Vec::new();
     loop {

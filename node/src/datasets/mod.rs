@@ -26,6 +26,11 @@
 //! be one, and none below it is followed) and refuses special files; the store's copies get
 //! at most the source's permission bits (fetched ones 0600), never wider; `get --to` never
 //! writes through a link ([`confined`]).
+//! - [`fs_user`]: file access as another user for one call on one thread (`setfsuid`):
+//!   what an add's reads and a `get --to`'s writes take under `--run-as`.
+//! - [`roots`]: which host paths an add may read and a `get --to` may write, by token
+//!   (`--dataset-source`, `--dataset-dest`, the paths refused to every token), checked on the
+//!   descriptors actually opened, with the `--run-as` user's file access.
 //! - [`transport`]: TCP connections authenticated with the cluster key, and the
 //!   request/answer messages on them.
 //! - [`serve`]: what this node holds and the server giving it to peers, with the rate cap
@@ -50,7 +55,9 @@ use std::path::PathBuf;
 pub mod confined;
 pub mod export;
 pub mod fetch;
+pub mod fs_user;
 pub mod manifest;
+pub mod roots;
 pub mod serve;
 pub mod service;
 pub mod store;
@@ -213,6 +220,10 @@ pub enum DatasetError {
         /// What it is: `symlink`, `file`, `directory`, `fifo`, …
         kind: &'static str,
     },
+    /// The path is outside what this request may read or write on the host
+    /// ([`roots`]): refused, nothing read or written there.
+    #[error(transparent)]
+    Refused(#[from] roots::RootsError),
     /// A chunk whose BLAKE3 hash is not the manifest's: corrupt or forged, never to be used.
     #[error("path {path:?} chunk {index}: hash does not match the manifest")]
     CorruptChunk {

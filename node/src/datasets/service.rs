@@ -17,11 +17,14 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tracing::{info, warn};
 
+use super::confined::ConfinedDir;
 use super::fetch::{self, Discover, Fetch, FetchContext, FetchStatus, Source};
+use super::fs_user::FsUser;
+use super::roots::{Access, HostAccess, HostRoots};
 use super::serve::{self, Holding, Holdings, Server, Throttle};
 use super::store::{ChunkSet, Store};
 use super::transport::AuthKey;
-use super::{check_name, Root};
+use super::{check_name, DatasetError, Root};
 use crate::cluster::membership::State;
 use crate::cluster::meta::{HeldDataset, HELD_DATASETS_MAX};
 use crate::cluster::net::NodeHandle;
@@ -57,6 +60,12 @@ pub struct DatasetsConfig {
     pub me: String,
     /// This node's name.
     pub name: String,
+    /// What an add may read and a `get --to` write on this host, by token
+    /// (`--dataset-source`, `--dataset-dest`, the refused paths: [`super::roots`]).
+    pub roots: Arc<HostRoots>,
+    /// The user whose file access those reads and writes take (`--run-as`; `None`: the
+    /// node's).
+    pub run_as: Option<FsUser>,
 }
 
 /// Why a dataset call failed; the API maps each to a status.
@@ -71,6 +80,10 @@ pub enum DatasetsError {
     /// The caller's input is wrong (a name, a path, a file).
     #[error("{0}")]
     BadInput(String),
+    /// The path is outside what the caller may read or write on this host
+    /// ([`super::roots`]).
+    #[error("{0}")]
+    Refused(String),
     /// The control plane did not take the change.
     #[error(transparent)]
     Propose(#[from] ProposeError),
@@ -204,11 +217,14 @@ impl Datasets {
     /// Adds the file or directory at `path` (on this node) as `name`, cut into chunks of
     /// `chunk_bytes` (default: [`super::manifest::chunk_bytes_for`] its size): copies it into
     /// the store, then registers the name. The files are this node's to serve from then on.
+    /// `path` is read within what the caller (the admin: `admin`, or a made token) may read
+    /// ([`super::roots`]), with the `--run-as` user's file access.
     pub async fn add(
         &self,
         name: &str,
         path: &Path,
         chunk_bytes: Option<u32>,
+        admin: bool,
     ) -> Result<DatasetDoc, DatasetsError> {
         check_name(name).map_err(DatasetsError::BadInput)?;
         if self.registered(name).is_some() {
@@ -222,19 +238,24 @@ impl Datasets {
         }
         let store = self.inner.store.clone();
         let src = path.to_path_buf();
+        let access = self.access(admin);
         let manifest = tokio::task::spawn_blocking(move || {
+            access.precheck(Access::Read, &src)?;
             let chunk_bytes = match chunk_bytes {
                 Some(c) => c,
-                None => super::manifest::chunk_bytes_for(super::manifest::source_bytes(&src)?),
+                None => {
+                    super::manifest::chunk_bytes_for(super::manifest::source_bytes(&src, &access)?)
+                }
             };
-            store.import(&src, chunk_bytes)
+            store.import_as(&src, chunk_bytes, &access)
         })
         .await
         .map_err(|e| DatasetsError::Internal(e.to_string()))?
         .map_err(|e| match e {
-            super::DatasetError::Io { ref source, .. } if source.raw_os_error() == Some(28) => {
+            DatasetError::Io { ref source, .. } if source.raw_os_error() == Some(28) => {
                 DatasetsError::Internal(format!("disk full: {e}"))
             }
+            DatasetError::Refused(e) => DatasetsError::Refused(e.to_string()),
             e => DatasetsError::BadInput(e.to_string()),
         })?;
         let root = manifest.root();
@@ -350,22 +371,30 @@ impl Datasets {
         }
     }
 
+    /// This node's reach into the host for a request by the admin (`admin`) or a made token.
+    fn access(&self, admin: bool) -> HostAccess {
+        HostAccess::request(self.inner.cfg.roots.clone(), admin, self.inner.cfg.run_as)
+    }
+
     /// Starts fetching `name` to this node (or joins the fetch under way) and returns it;
     /// with `to`, the files are also written under that directory, in place as the chunks
-    /// arrive (see [`super::export`]); the fetch ends once they are there.
-    pub async fn get(&self, name: &str, to: Option<PathBuf>) -> Result<Arc<Fetch>, DatasetsError> {
+    /// arrive (see [`super::export`]); the fetch ends once they are there. `to` is checked
+    /// and opened here, within what the caller (the admin: `admin`, or a made token) may
+    /// write ([`super::roots`]), and written with the `--run-as` user's file access.
+    pub async fn get(
+        &self,
+        name: &str,
+        to: Option<PathBuf>,
+        admin: bool,
+    ) -> Result<Arc<Fetch>, DatasetsError> {
         let record = self
             .lookup(name)
             .await
             .ok_or_else(|| DatasetsError::NotFound(name.to_owned()))?;
-        if let Some(to) = &to {
-            if !to.is_absolute() {
-                return Err(DatasetsError::BadInput(format!(
-                    "--to {}: give an absolute path (it is written on the node)",
-                    to.display()
-                )));
-            }
-        }
+        let to = match to {
+            Some(to) => Some(Arc::new(self.open_to(to, admin).await?)),
+            None => None,
+        };
         let root = record.root;
         let mut fetches = self.inner.fetches.lock().expect("fetches lock");
         let running = fetches.get(&root).filter(|f| !f.has_ended()).cloned();
@@ -407,6 +436,29 @@ impl Datasets {
         Ok(fetch)
     }
 
+    /// Checks and opens a `get --to` directory for a request (see [`Datasets::get`]).
+    async fn open_to(&self, to: PathBuf, admin: bool) -> Result<ConfinedDir, DatasetsError> {
+        if !to.is_absolute() {
+            return Err(DatasetsError::BadInput(format!(
+                "--to {}: give an absolute path (it is written on the node)",
+                to.display()
+            )));
+        }
+        let access = self.access(admin);
+        tokio::task::spawn_blocking(move || -> Result<ConfinedDir, DatasetError> {
+            access.precheck(Access::Write, &to)?;
+            let dir = ConfinedDir::open_or_create_as(&to, access.user)?;
+            access.check_open(Access::Write, std::os::fd::AsFd::as_fd(&dir), &to)?;
+            Ok(dir)
+        })
+        .await
+        .map_err(|e| DatasetsError::Internal(e.to_string()))?
+        .map_err(|e| match e {
+            DatasetError::Refused(e) => DatasetsError::Refused(format!("--to {e}")),
+            e => DatasetsError::BadInput(e.to_string()),
+        })
+    }
+
     /// The latest fetch of `name` on this node.
     pub fn fetch_status(&self, name: &str) -> Option<FetchStatus> {
         let root = self.registered(name)?.root;
@@ -445,7 +497,7 @@ impl Datasets {
         if let Some(dir) = self.inner.store.files_dir(&record.root) {
             return Ok(dir);
         }
-        let fetch = self.get(name, None).await?;
+        let fetch = self.get(name, None, false).await?;
         loop {
             let ended = fetch.ended.notified();
             if fetch.has_ended() {

@@ -33,6 +33,7 @@ use std::path::{Path, PathBuf};
 use rand::RngCore;
 
 use super::manifest::open_source;
+use super::roots::HostAccess;
 use super::{DatasetError, Manifest, Root, MANIFEST_BYTES_MAX};
 
 /// The widest mode of a file in the store, before the umask: a copy gets the source's
@@ -295,13 +296,24 @@ impl Store {
     /// being added is refused, not recorded wrong), then makes the copy whole with one
     /// rename. Returns the manifest; adding content the store holds already is a no-op.
     pub fn import(&self, src: &Path, chunk_bytes: u32) -> Result<Manifest, DatasetError> {
-        let manifest = Manifest::build(src, chunk_bytes)?;
+        self.import_as(src, chunk_bytes, &HostAccess::node())
+    }
+
+    /// [`Store::import`] for a request: `src` is read with `access`'s file access and every
+    /// file checked where it is ([`super::roots`]); the store is written with the node's.
+    pub fn import_as(
+        &self,
+        src: &Path,
+        chunk_bytes: u32,
+        access: &HostAccess,
+    ) -> Result<Manifest, DatasetError> {
+        let manifest = Manifest::build_as(src, chunk_bytes, access)?;
         let root = manifest.root();
         if self.files_dir(&root).is_some() {
             return Ok(manifest);
         }
         let tmp = self.dir.join(format!("{IMPORT_PREFIX}{}", random_hex()));
-        let result = copy_checked(src, &manifest, &tmp).and_then(|()| {
+        let result = copy_checked(src, &manifest, &tmp, access).and_then(|()| {
             write_file_synced(&tmp.join(MANIFEST_FILE), &manifest.encode())?;
             self.make_whole(&tmp, &root)
         });
@@ -611,8 +623,16 @@ fn sync_dir(dir: &Path) {
 /// `to/files/`, checking every chunk of what was read against the manifest. A source file
 /// is opened without following a link and must be a regular file; its copy is created new
 /// with at most the source's permission bits ([`STORED_MODE_MAX`]).
-fn copy_checked(src: &Path, manifest: &Manifest, to: &Path) -> Result<(), DatasetError> {
-    let single = fs::symlink_metadata(src).map_err(io_at(src))?.is_file();
+fn copy_checked(
+    src: &Path,
+    manifest: &Manifest,
+    to: &Path,
+    access: &HostAccess,
+) -> Result<(), DatasetError> {
+    let single = access
+        .acting(|| fs::symlink_metadata(src))
+        .map_err(io_at(src))?
+        .is_file();
     let mut buf = vec![0u8; manifest.chunk_bytes() as usize];
     for (f, entry) in manifest.files().iter().enumerate() {
         let from = if single {
@@ -624,7 +644,7 @@ fn copy_checked(src: &Path, manifest: &Manifest, to: &Path) -> Result<(), Datase
         if let Some(parent) = dest.parent() {
             fs::create_dir_all(parent).map_err(io_at(parent))?;
         }
-        let mut input = open_source(&from, None)?;
+        let mut input = open_source(&from, None, access)?;
         let mode = input.metadata().map_err(io_at(&from))?.permissions().mode();
         let mut output = OpenOptions::new()
             .write(true)

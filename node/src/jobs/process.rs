@@ -488,6 +488,9 @@ impl Run {
         // a new generation is replayed once the process runs (as if it had run all along).
         let mut stash: VecDeque<Control> = VecDeque::new();
         let mut env = self.launch.env.clone();
+        // Under --run-as, the rank's use of its dataset's copy: the group it reads it through,
+        // until this task ends (after the rank's process group is gone).
+        let mut dataset_share: Option<crate::security::run_as::DatasetShare> = None;
         if let Some(name) = self.launch.dataset.clone() {
             let Some(datasets) = self.datasets.clone() else {
                 anyhow::bail!("dataset {name:?}: this node has no dataset service");
@@ -504,9 +507,10 @@ impl Run {
                 }
             };
             if let Some(user) = self.options.run_as.clone() {
-                // The user's ranks may read the node's copy (read only, the user's group).
+                // This rank may read the node's copy (read only, the dataset's group).
                 let files = dir.clone();
-                tokio::task::spawn_blocking(move || user.share_dataset(&files)).await??;
+                dataset_share =
+                    Some(tokio::task::spawn_blocking(move || user.share_dataset(&files)).await??);
             }
             env.push(("RINGLEADER_DATASET_DIR".into(), dir.display().to_string()));
         }
@@ -526,10 +530,12 @@ impl Run {
         };
         let mut cmd = tokio::process::Command::new(program);
         if let (Some(user), Some(dir)) = (&self.options.run_as, &work_dir) {
-            // The user's uid and primary gid; with no groups given, std drops the
-            // supplementary groups (setgroups(0) when run by root) before setuid.
+            // The user's uid and primary gid (a rank on a shared dataset: the dataset's
+            // group instead, its only way to the node's copy); with no groups given, std
+            // drops the supplementary groups (setgroups(0) when run by root) before setuid.
+            let gid = dataset_share.as_ref().map_or(user.gid, |s| s.gid());
             cmd.uid(user.uid)
-                .gid(user.gid)
+                .gid(gid)
                 .current_dir(dir)
                 .env("HOME", dir)
                 .env("USER", &user.name)

@@ -17,9 +17,11 @@
 //!   rank gets its credentials in its environment, as without `--run-as`).
 //!
 //! - a shared dataset a rank trains on (`[data] dataset`, [`RunAs::share_dataset`]): the
-//!   node's whole copy in `<data-dir>/datasets/<root>/` stays node-owned and goes to the
-//!   user's group, read only (directories 0750, files 0640), below a traversable
-//!   `datasets/` (0711), when a rank that needs it starts.
+//!   node's whole copy in `<data-dir>/datasets/<root>/` stays node-owned and goes to a group
+//!   of the dataset's own, read only (directories 0750, files 0640), below a traversable
+//!   `datasets/` (0711), when a rank that needs it starts; that rank runs with that group as
+//!   its only group, so other jobs' ranks cannot read the copy, and the copy is taken back
+//!   (the node's group, 0700/0600) when the last rank using it on this node ends.
 //!
 //! The node's own writes into a rank's place (a job's `record.json` in `<store>/jobs/<id>/`)
 //! go through [`RunAs::node_storage`]: a private temporary file renamed into place, so a
@@ -190,74 +192,40 @@ impl RunAs {
             .map_err(prepare)
     }
 
-    /// Lets the user's ranks read the node's whole copy of a dataset, given as the directory
-    /// of its files (`<data-dir>/datasets/<root>/files`, a rank's `RINGLEADER_DATASET_DIR`;
-    /// anything else is refused): the copy's directories and files stay the node's and go to
-    /// the user's group, modes [`DATASET_DIR_MODE`] and [`DATASET_FILE_MODE`] (nobody but the
-    /// node writes them); `datasets/` itself is one of the [`RunAs::traverse_dirs`], made so
-    /// at the node's start. Links and special files are neither
-    /// followed nor changed (the store holds none; only the node writes there). The copy's
-    /// own directory is done last, so one with the user's group and that mode was shared
-    /// whole and is not walked again; the modes pass at a node's start takes the group bits
-    /// back, and the next rank that needs the copy shares it again. Blocking: a walk of the
-    /// copy.
-    pub fn share_dataset(&self, files_dir: &Path) -> Result<(), RunAsError> {
-        use std::os::unix::fs::MetadataExt;
-        let prepare = |path: &Path| {
-            let path = path.display().to_string();
-            move |source| RunAsError::Prepare { path, source }
-        };
-        // Only ever a whole copy: `<copy>/files` beside `<copy>/manifest.json`.
-        let copy = files_dir
-            .parent()
-            .filter(|copy| {
-                files_dir.file_name() == Some(std::ffi::OsStr::new(DATASET_FILES_DIR))
-                    && std::fs::symlink_metadata(copy.join(DATASET_MANIFEST))
-                        .is_ok_and(|m| m.is_file())
-            })
-            .ok_or_else(|| {
-                prepare(files_dir)(io::Error::other("not the files of a dataset's whole copy"))
-            })?;
-        let meta = std::fs::symlink_metadata(copy).map_err(prepare(copy))?;
-        if !meta.is_dir() {
-            return Err(prepare(copy)(io::Error::other("not a directory")));
-        }
-        if meta.gid() == self.gid && meta.mode() & 0o777 == DATASET_DIR_MODE {
-            return Ok(());
-        }
-        let share = |path: &Path, dir: bool| {
-            let mode = if dir {
-                DATASET_DIR_MODE
-            } else {
-                DATASET_FILE_MODE
-            };
-            std::os::unix::fs::lchown(path, None, Some(self.gid)).map_err(prepare(path))?;
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-                .map_err(prepare(path))
-        };
-        let mut stack = vec![copy.to_path_buf()];
-        let mut visited = 0usize;
-        while let Some(dir) = stack.pop() {
-            for entry in std::fs::read_dir(&dir).map_err(prepare(&dir))? {
-                let path = entry.map_err(prepare(&dir))?.path();
-                visited += 1;
-                if visited > SHARE_ENTRIES_MAX {
-                    return Err(prepare(copy)(io::Error::other(format!(
-                        "more than {SHARE_ENTRIES_MAX} entries"
-                    ))));
-                }
-                let kind = std::fs::symlink_metadata(&path)
-                    .map_err(prepare(&path))?
-                    .file_type();
-                if kind.is_dir() {
-                    share(&path, true)?;
-                    stack.push(path);
-                } else if kind.is_file() {
-                    share(&path, false)?;
-                }
-            }
-        }
-        share(copy, true)
+    /// Lets the ranks that use a dataset read the node's whole copy of it, given as the
+    /// directory of its files (`<data-dir>/datasets/<root>/files`, a rank's
+    /// `RINGLEADER_DATASET_DIR`; anything else is refused), until the last of them ends: the
+    /// copy's directories and files stay the node's and go to the dataset's own group
+    /// ([`RunAs::dataset_gid`]), modes [`DATASET_DIR_MODE`] and [`DATASET_FILE_MODE`] (nobody
+    /// but the node writes them). A rank that uses the copy runs with that group as its only
+    /// group; no other rank has it, so another job's ranks (the same user) cannot read the
+    /// copy. When the returned [`DatasetShare`] of the last rank using it on this node is
+    /// dropped, the copy is taken back (the node's group, 0700 and 0600). `datasets/`
+    /// itself is one of the [`RunAs::traverse_dirs`], made so at the node's start. Links and
+    /// special files are neither followed nor changed (the store holds none; only the node
+    /// writes there). The copy's own directory is done last, so one with the dataset's group
+    /// and that mode was shared whole and is not walked again. Blocking: a walk of the copy.
+    pub fn share_dataset(&self, files_dir: &Path) -> Result<DatasetShare, RunAsError> {
+        let copy = whole_copy(files_dir)?;
+        let gid = RunAs::dataset_gid(&copy);
+        let mut shares = SHARES.lock().expect("shares lock");
+        walk_copy(&copy, Some((gid, DATASET_DIR_MODE, DATASET_FILE_MODE)))?;
+        *shares.entry(copy.clone()).or_default() += 1;
+        Ok(DatasetShare { copy, gid })
+    }
+
+    /// The group a dataset's copy is shared through (see [`RunAs::share_dataset`]): one of
+    /// [`DATASET_GIDS`] gids from [`DATASET_GID_BASE`], by the copy's directory name (its
+    /// root). A gid needs no entry in `/etc/group`; the host's own groups must not use this
+    /// range.
+    pub fn dataset_gid(copy: &Path) -> u32 {
+        let name = copy
+            .file_name()
+            .map(|n| n.as_encoded_bytes())
+            .unwrap_or(b"");
+        let hash = blake3::hash(name);
+        let n = u32::from_le_bytes(hash.as_bytes()[..4].try_into().expect("4 bytes"));
+        DATASET_GID_BASE + n % DATASET_GIDS
     }
 
     /// A train rank's place in a `file://` store, `<root>/jobs/<id>/`; `None` for another
@@ -292,6 +260,129 @@ const DATASET_FILES_DIR: &str = "files";
 /// A whole copy's manifest, beside its files.
 const DATASET_MANIFEST: &str = "manifest.json";
 
+/// The first gid of the dataset groups ([`RunAs::dataset_gid`]): above the ids `useradd`
+/// and `systemd`'s dynamic users hand out.
+pub const DATASET_GID_BASE: u32 = 2_000_000_000;
+/// How many dataset groups there are: two datasets share one by chance once in 16 million.
+pub const DATASET_GIDS: u32 = 1 << 24;
+
+/// How many ranks on this node use each shared copy (by its directory). The store is the
+/// process's, so this is too; held while a copy is walked, so a share and a take-back of
+/// one copy never interleave.
+static SHARES: std::sync::Mutex<std::collections::BTreeMap<PathBuf, usize>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// A rank's use of a shared dataset copy ([`RunAs::share_dataset`]); dropped when the rank
+/// has ended: the last one dropped takes the copy back.
+#[derive(Debug)]
+pub struct DatasetShare {
+    copy: PathBuf,
+    gid: u32,
+}
+
+impl DatasetShare {
+    /// The group the rank runs with to read the copy.
+    pub fn gid(&self) -> u32 {
+        self.gid
+    }
+}
+
+/// One rank fewer uses `copy`: the last one takes it back. Blocking: a walk.
+fn release(copy: &Path) -> Result<(), RunAsError> {
+    let mut shares = SHARES.lock().expect("shares lock");
+    let left = shares.get_mut(copy).map(|n| {
+        *n = n.saturating_sub(1);
+        *n
+    });
+    if left == Some(0) {
+        shares.remove(copy);
+        walk_copy(copy, None)?;
+    }
+    Ok(())
+}
+
+impl Drop for DatasetShare {
+    fn drop(&mut self) {
+        let copy = std::mem::take(&mut self.copy);
+        let release = move || {
+            if let Err(e) = release(&copy) {
+                tracing::warn!("a dataset copy not taken back from its ranks' group: {e}");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(release)),
+            Err(_) => release(),
+        }
+    }
+}
+
+/// The whole copy whose files `files_dir` is (`<copy>/files` beside `<copy>/manifest.json`).
+fn whole_copy(files_dir: &Path) -> Result<PathBuf, RunAsError> {
+    let prepare = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| RunAsError::Prepare { path, source }
+    };
+    let copy = files_dir
+        .parent()
+        .filter(|copy| {
+            files_dir.file_name() == Some(std::ffi::OsStr::new(DATASET_FILES_DIR))
+                && std::fs::symlink_metadata(copy.join(DATASET_MANIFEST)).is_ok_and(|m| m.is_file())
+        })
+        .ok_or_else(|| {
+            prepare(files_dir)(io::Error::other("not the files of a dataset's whole copy"))
+        })?;
+    let meta = std::fs::symlink_metadata(copy).map_err(prepare(copy))?;
+    if !meta.is_dir() {
+        return Err(prepare(copy)(io::Error::other("not a directory")));
+    }
+    Ok(copy.to_path_buf())
+}
+
+/// Gives every directory and file of `copy` (the copy's own directory last) the group and
+/// modes `to` says (gid, directory mode, file mode), or, for `None`, takes them back: the
+/// node's group, 0700 and 0600. A copy already shared whole with `to` is not walked.
+fn walk_copy(copy: &Path, to: Option<(u32, u32, u32)>) -> Result<(), RunAsError> {
+    use std::os::unix::fs::MetadataExt;
+    let prepare = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| RunAsError::Prepare { path, source }
+    };
+    let (gid, dir_mode, file_mode) =
+        to.unwrap_or((nix::unistd::Gid::effective().as_raw(), 0o700, 0o600));
+    let meta = std::fs::symlink_metadata(copy).map_err(prepare(copy))?;
+    if to.is_some() && meta.gid() == gid && meta.mode() & 0o777 == dir_mode {
+        return Ok(());
+    }
+    let set = |path: &Path, dir: bool| {
+        let mode = if dir { dir_mode } else { file_mode };
+        std::os::unix::fs::lchown(path, None, Some(gid)).map_err(prepare(path))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(prepare(path))
+    };
+    let mut stack = vec![copy.to_path_buf()];
+    let mut visited = 0usize;
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).map_err(prepare(&dir))? {
+            let path = entry.map_err(prepare(&dir))?.path();
+            visited += 1;
+            if visited > SHARE_ENTRIES_MAX {
+                return Err(prepare(copy)(io::Error::other(format!(
+                    "more than {SHARE_ENTRIES_MAX} entries"
+                ))));
+            }
+            let kind = std::fs::symlink_metadata(&path)
+                .map_err(prepare(&path))?
+                .file_type();
+            if kind.is_dir() {
+                set(&path, true)?;
+                stack.push(path);
+            } else if kind.is_file() {
+                set(&path, false)?;
+            }
+        }
+    }
+    set(copy, true)
+}
+
 /// The node's temporary files in a `file://` store under `--run-as` (see
 /// [`RunAs::node_storage`]).
 pub const NODE_TMP_DIR: &str = ".node-tmp";
@@ -309,7 +400,7 @@ pub fn make_traverse_dir(dir: &Path) -> Result<(), RunAsError> {
 }
 
 /// The root directory of a `file://` (or `fs://`) storage URL.
-fn file_store_root(storage: &str) -> Option<PathBuf> {
+pub fn file_store_root(storage: &str) -> Option<PathBuf> {
     let rest = storage
         .strip_prefix("file://")
         .or_else(|| storage.strip_prefix("fs://"))?;
@@ -379,24 +470,21 @@ mod tests {
     }
 
     #[test]
-    fn a_shared_dataset_goes_read_only_to_the_users_group_and_links_are_left_alone() {
+    fn a_shared_dataset_goes_read_only_to_its_group_and_links_are_left_alone() {
         use std::os::unix::fs::MetadataExt;
         let tmp = tempfile::tempdir().unwrap();
         let store = tmp.path().join("datasets");
         let files = stored_copy(&store);
+        let copy = files.parent().unwrap().to_path_buf();
         let above = std::fs::metadata(tmp.path()).unwrap().permissions().mode() & 0o777;
         // The process's own group: chown to it needs no privilege.
         let gid = nix::unistd::Gid::effective().as_raw();
-        let user = RunAs {
-            name: "ranks".into(),
-            uid: 65534,
-            gid,
-        };
-        user.share_dataset(&files).unwrap();
+        let shared = Some((gid, DATASET_DIR_MODE, DATASET_FILE_MODE));
+        walk_copy(&copy, shared).unwrap();
         let meta = |p: &Path| std::fs::symlink_metadata(p).unwrap();
         let mode = |p: &Path| meta(p).mode() & 0o777;
         assert_eq!(mode(&store), 0o700, "the store is the start's to open");
-        for dir in [files.parent().unwrap(), &files, &files.join("sub")] {
+        for dir in [&copy, &files, &files.join("sub")] {
             assert_eq!((mode(dir), meta(dir).gid()), (DATASET_DIR_MODE, gid));
         }
         for file in [files.join("a.txt"), files.join("sub/b.txt")] {
@@ -408,31 +496,65 @@ mod tests {
             0o600,
             "the link was not followed"
         );
-        // Shared whole: a second call does not walk it (a file tightened since stays so).
+        // Shared whole: a second walk does not go below (a file tightened since stays so).
         std::fs::set_permissions(files.join("a.txt"), std::fs::Permissions::from_mode(0o600))
             .unwrap();
-        user.share_dataset(&files).unwrap();
+        walk_copy(&copy, shared).unwrap();
         assert_eq!(mode(&files.join("a.txt")), 0o600);
-        // The modes pass at start took the copy's bits back: the next share walks it again.
-        std::fs::set_permissions(
-            files.parent().unwrap(),
-            std::fs::Permissions::from_mode(0o700),
-        )
-        .unwrap();
-        user.share_dataset(&files).unwrap();
-        assert_eq!(mode(&files.join("a.txt")), DATASET_FILE_MODE);
+        // Taken back: the node's group, 0700 and 0600, every entry.
+        walk_copy(&copy, None).unwrap();
+        for dir in [&copy, &files, &files.join("sub")] {
+            assert_eq!(mode(dir), 0o700);
+        }
+        for file in [files.join("a.txt"), files.join("sub/b.txt")] {
+            assert_eq!(mode(&file), 0o600);
+        }
         // Nothing but a whole copy's files: not its directory, not a copy without its
         // manifest, not a directory that is not named so.
-        for wrong in [
-            files.parent().unwrap().to_path_buf(),
-            tmp.path().join("files"),
-        ] {
+        let user = RunAs {
+            name: "ranks".into(),
+            uid: 65534,
+            gid,
+        };
+        for wrong in [copy.clone(), tmp.path().join("files")] {
             std::fs::create_dir_all(&wrong).unwrap();
             let e = user.share_dataset(&wrong).unwrap_err().to_string();
             assert!(e.contains("not the files of a dataset's whole copy"), "{e}");
         }
         assert!(user.share_dataset(Path::new("/")).is_err());
         assert_eq!(mode(tmp.path()), above, "nothing above a copy was touched");
+    }
+
+    #[test]
+    fn a_copy_is_its_ranks_until_the_last_of_them_ends() {
+        use std::os::unix::fs::MetadataExt;
+        if !nix::unistd::Uid::effective().is_root() {
+            eprintln!("skipped: needs root (a copy goes to a dataset group the test is not in)");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let files = stored_copy(&tmp.path().join("datasets"));
+        let copy = files.parent().unwrap().to_path_buf();
+        let user = RunAs::lookup("root").unwrap();
+        let gid = RunAs::dataset_gid(&copy);
+        assert!((DATASET_GID_BASE..DATASET_GID_BASE + DATASET_GIDS).contains(&gid));
+        let (a, b) = (
+            user.share_dataset(&files).unwrap(),
+            user.share_dataset(&files).unwrap(),
+        );
+        assert_eq!((a.gid(), b.gid()), (gid, gid));
+        let meta = |p: &Path| std::fs::symlink_metadata(p).unwrap();
+        let file = files.join("a.txt");
+        assert_eq!(
+            (meta(&file).gid(), meta(&file).mode() & 0o777),
+            (gid, 0o640)
+        );
+        // One rank ended (outside a runtime: taken back at once if it were the last).
+        drop(a);
+        assert_eq!(meta(&file).gid(), gid, "still shared: a rank uses it");
+        drop(b);
+        assert_eq!((meta(&file).gid(), meta(&file).mode() & 0o777), (0, 0o600));
+        assert_eq!(meta(&copy).mode() & 0o777, 0o700);
     }
 
     #[test]

@@ -129,7 +129,7 @@ fn a_file_changed_while_added_is_refused_and_nothing_is_left() {
     fs::write(src.join("sub/b.txt"), b"HELLO").unwrap();
     let tmp = dir.path().join("copy");
     assert!(matches!(
-        copy_checked(&src, &m, &tmp),
+        copy_checked(&src, &m, &tmp, &HostAccess::node()),
         Err(DatasetError::ChangedWhileAdding { .. })
     ));
 }
@@ -207,7 +207,7 @@ fn a_file_swapped_for_a_link_after_listing_is_not_read() {
     fs::rename(&file, dir.path().join("kept")).unwrap();
     std::os::unix::fs::symlink(dir.path().join("other"), &file).unwrap();
     assert!(matches!(
-        open_source(&file, Some(id)),
+        open_source(&file, Some(id), &HostAccess::node()),
         Err(DatasetError::UnsupportedFile {
             kind: "symlink",
             ..
@@ -216,7 +216,7 @@ fn a_file_swapped_for_a_link_after_listing_is_not_read() {
     fs::remove_file(&file).unwrap();
     fs::write(&file, b"new file, same name").unwrap();
     assert!(matches!(
-        open_source(&file, Some(id)),
+        open_source(&file, Some(id), &HostAccess::node()),
         Err(DatasetError::ChangedWhileAdding { .. })
     ));
 }

@@ -127,8 +127,17 @@ pub fn rescan_at(scanned: Option<(Instant, usize)>, members: usize, now: Instant
     }
 }
 
+/// One marker write at a time in this process. A node's writers of ended jobs' documents
+/// (job records, search summaries) each mark the same store, at the same moments (both list
+/// at start and every [`RESCAN_MS`]); a file store writes a marker in place (truncate, write,
+/// sync, stat), so the other's truncation between a write and its stat failed the write
+/// with "writer got too much data" (logged as `search summarys: this node's marker not
+/// written`, on a lone node most often: one whose cluster key no peer shares).
+static MARKING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Leaves (or refreshes) this node's marker in the store.
 pub async fn mark(op: &Operator, me: &str) -> opendal::Result<()> {
+    let _one = MARKING.lock().await;
     op.write(&format!("{MARKERS_DIR}{me}"), me.as_bytes().to_vec())
         .await
         .map(|_| ())
@@ -158,6 +167,47 @@ pub async fn markers(op: &Operator, now: SystemTime) -> opendal::Result<Vec<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A node's two writers (job records, search summaries) mark one store at the same
+    /// moments: a marker's writes never tear each other. (A file store writes in place:
+    /// truncate, write, sync, stat; the other's truncation between a write and its stat
+    /// failed the write with "writer got too much data".)
+    #[test]
+    fn one_nodes_writers_mark_its_store_at_once_without_failing() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", dir.path().display());
+        let op = trainer::operator_from_url(&url).unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let me = "12D3KooWmarker".repeat(4);
+        let failed = rt.block_on(async {
+            let mut failed = Vec::new();
+            for _ in 0..MARKS {
+                let both = [0, 1].map(|_| {
+                    let (op, me) = (op.clone(), me.clone());
+                    tokio::spawn(async move { mark(&op, &me).await })
+                });
+                for w in both {
+                    if let Err(e) = w.await.unwrap() {
+                        failed.push(e.to_string());
+                    }
+                }
+            }
+            failed
+        });
+        assert!(
+            failed.is_empty(),
+            "{} failed: {:?}",
+            failed.len(),
+            failed.first()
+        );
+    }
+
+    /// How many times the two writers mark at once.
+    const MARKS: usize = 2000;
 
     fn names(n: usize) -> Vec<String> {
         (0..n).map(|i| format!("peer-{i}")).collect()
