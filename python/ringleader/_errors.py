@@ -4,14 +4,11 @@ built-in error (`TimeoutError`, `ValueError`, the ring's `RuntimeError`s) stay o
 
 from typing import Any
 
-from . import _native
+from ._base import RingFailure as RingFailure
+from ._base import RingleaderError as RingleaderError
 
 Doc = dict[str, Any]
 """A JSON document of the node's, as `json.loads` reads it."""
-
-
-class RingleaderError(Exception):
-    """Base of the package's errors."""
 
 
 class ApiError(RingleaderError):
@@ -103,16 +100,3 @@ BY_STATUS: dict[int, type[ApiError]] = {
     429: Unavailable,
     503: Unavailable,
 }
-
-
-def adopt(*classes: type[BaseException]) -> None:
-    """Makes each of `classes` a `RingleaderError` too, keeping its bases: for the
-    exceptions the extension defines (`_native.RingError` and its subclasses, built by pyo3
-    on `RuntimeError`), which cannot name a Python base from Rust. A heap type's `__bases__`
-    may be assigned when the layouts agree, as they do for two `Exception` subclasses."""
-    for cls in classes:
-        if not issubclass(cls, RingleaderError):
-            cls.__bases__ = (*cls.__bases__, RingleaderError)
-
-
-adopt(_native.RingError)

@@ -4,7 +4,7 @@ Checked against the built module by `python -m mypy.stubtest ringleader._native`
 
 from typing import Final, Literal, TypeAlias, final
 
-from ._errors import RingleaderError
+from ._base import RingFailure
 
 __all__ = [
     "Aborted", "HandshakeRefused", "Listener", "PeerLost", "Ring", "RingError", "RingTimeout",
@@ -38,9 +38,9 @@ def elastic_resumed_line(
 ) -> str: ...
 def parse_rank_line(line: str) -> str: ...
 
-class RingError(RuntimeError, RingleaderError):
+class RingError(RingFailure):
     """A collective operation or the ring's connection failed; `reason` names why (a
-    `RingleaderError` too: `ringleader._errors.adopt` adds the base at import)."""
+    `RingleaderError` and a `RuntimeError`, through `ringleader._base.RingFailure`)."""
 
     reason: str
     rank: int | None

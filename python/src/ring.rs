@@ -32,14 +32,19 @@ use std::sync::Mutex;
 use collective::{
     AbortHandle, CollectiveError, Communicator, Element, GroupConfig, Limits, ReduceOp,
 };
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use ringleader_protocol::{Holding, NodeLine, Outcome};
+
+// The base of the ring's errors, a `RingleaderError` and a `RuntimeError` (Python code in
+// `ringleader/_base.py`, which imports nothing of the package, so it can be imported while
+// this module is).
+pyo3::import_exception!(ringleader._base, RingFailure);
 
 pyo3::create_exception!(
     _native,
     RingError,
-    PyRuntimeError,
+    RingFailure,
     "A collective operation or the ring's connection failed; `reason` names why."
 );
 pyo3::create_exception!(
