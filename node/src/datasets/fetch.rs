@@ -959,9 +959,7 @@ async fn ask_have(
 
 /// Says a write error in the operator's words, `what` failing: a full disk by name.
 fn disk_error(e: super::DatasetError, what: &str) -> String {
-    let full = matches!(&e, super::DatasetError::Io { source, .. }
-        if source.raw_os_error() == Some(28));
-    if full {
+    if e.is_disk_full() {
         format!(
             "disk full: {what}: {e}; the verified chunks are kept, free space and get it again to resume"
         )
@@ -972,17 +970,29 @@ fn disk_error(e: super::DatasetError, what: &str) -> String {
 
 /// Says why the `--to` files could not be written (a clash, a link in the way, a full disk).
 fn to_error(e: &super::DatasetError) -> String {
-    match e {
-        super::DatasetError::Io { source, .. } if source.raw_os_error() == Some(28) => {
-            format!("disk full: writing --to: {e}")
-        }
-        _ => format!("writing --to: {e}"),
+    if e.is_disk_full() {
+        format!("disk full: writing --to: {e}")
+    } else {
+        format!("writing --to: {e}")
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// ENOSPC (errno 28) is said as a full disk, and nothing else is.
+    #[test]
+    fn a_full_disk_is_named() {
+        let io = |errno| super::super::DatasetError::Io {
+            path: "x".into(),
+            source: std::io::Error::from_raw_os_error(errno),
+        };
+        assert!(disk_error(io(28), "writing the copy").starts_with("disk full: writing the copy"));
+        assert!(to_error(&io(28)).starts_with("disk full: writing --to"));
+        assert!(!disk_error(io(13), "writing the copy").contains("disk full"));
+        assert!(!to_error(&io(5)).contains("disk full"));
+    }
 
     #[test]
     fn rarest_chunks_go_first_and_each_chunk_to_one_holder() {

@@ -233,3 +233,12 @@ pub enum DatasetError {
         index: usize,
     },
 }
+
+impl DatasetError {
+    /// Whether this is a write that found the disk full (`ENOSPC`, which the standard
+    /// library reads as [`std::io::ErrorKind::StorageFull`]): said as "disk full" to the
+    /// operator, who frees space and tries again.
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, DatasetError::Io { source, .. } if source.kind() == std::io::ErrorKind::StorageFull)
+    }
+}

@@ -252,9 +252,7 @@ impl Datasets {
         .await
         .map_err(|e| DatasetsError::Internal(e.to_string()))?
         .map_err(|e| match e {
-            DatasetError::Io { ref source, .. } if source.raw_os_error() == Some(28) => {
-                DatasetsError::Internal(format!("disk full: {e}"))
-            }
+            e if e.is_disk_full() => DatasetsError::Internal(format!("disk full: {e}")),
             DatasetError::Refused(e) => DatasetsError::Refused(e.to_string()),
             e => DatasetsError::BadInput(e.to_string()),
         })?;
