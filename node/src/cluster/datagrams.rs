@@ -44,6 +44,7 @@ use tokio::io::{unix::AsyncFd, Interest};
 use crate::cluster::{
     addr::{multiaddr_to_socket, socket_to_multiaddr},
     identity::ClusterKey,
+    key_ring::KeyRing,
     membership::{Message, Update},
     meta::NodeMeta,
     wire,
@@ -104,10 +105,84 @@ pub enum OpenError {
     BadSender,
 }
 
+/// The datagram ciphers of the node's key ring: seals with the current key's, opens with
+/// the current key's or, during a rotation's overlap, the previous key's (see
+/// [`KeyRing`]). The ciphers are rebuilt when the ring switches (its generation), not per
+/// datagram.
+pub struct Ciphers {
+    ring: KeyRing,
+    cache: std::sync::Mutex<CipherCache>,
+}
+
+struct CipherCache {
+    generation: u64,
+    current: ChaCha20Poly1305,
+    previous: Option<ChaCha20Poly1305>,
+}
+
+fn datagram_cipher(key: &ClusterKey) -> ChaCha20Poly1305 {
+    ChaCha20Poly1305::new(Key::from_slice(&key.derive(DATAGRAM_KEY_CONTEXT)))
+}
+
+impl Ciphers {
+    /// The ciphers of `ring`.
+    pub fn new(ring: KeyRing) -> Ciphers {
+        let cache = Self::build(&ring);
+        Ciphers {
+            ring,
+            cache: std::sync::Mutex::new(cache),
+        }
+    }
+
+    fn build(ring: &KeyRing) -> CipherCache {
+        let generation = ring.generation();
+        let accepted = ring.accepted();
+        CipherCache {
+            generation,
+            current: datagram_cipher(&accepted[0]),
+            previous: accepted.get(1).map(datagram_cipher),
+        }
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, CipherCache> {
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.generation != self.ring.generation() {
+            *cache = Self::build(&self.ring);
+        }
+        cache
+    }
+
+    /// Seals with the current key.
+    fn encrypt(
+        &self,
+        nonce: &Nonce,
+        payload: Payload<'_, '_>,
+    ) -> Result<Vec<u8>, chacha20poly1305::aead::Error> {
+        self.cache().current.encrypt(nonce, payload)
+    }
+
+    /// Opens with the current key, or with the previous one while the ring still accepts it.
+    fn decrypt(
+        &self,
+        nonce: &Nonce,
+        payload: Payload<'_, '_>,
+    ) -> Result<Vec<u8>, chacha20poly1305::aead::Error> {
+        let Payload { msg, aad } = payload;
+        let cache = self.cache();
+        let first = cache.current.decrypt(nonce, Payload { msg, aad });
+        match (&first, &cache.previous) {
+            (Err(_), Some(previous)) if self.ring.accepted().len() > 1 => {
+                previous.decrypt(nonce, Payload { msg, aad })
+            }
+            _ => first,
+        }
+    }
+}
+
 /// Seals and opens one node's datagrams: its peer id goes inside each it sends.
 pub struct Seal {
     /// `None` without a cluster key (`--insecure`).
-    cipher: Option<ChaCha20Poly1305>,
+    cipher: Option<Ciphers>,
     /// This node.
     me: PeerId,
     /// `[len][peer id bytes]` of this node.
@@ -117,13 +192,18 @@ pub struct Seal {
 impl Seal {
     /// The seal of the node `me`, with the cluster's key or without one (`--insecure`).
     pub fn new(key: Option<&ClusterKey>, me: &PeerId) -> Seal {
+        Seal::with_ring(key.map(|k| KeyRing::fixed(*k)), me)
+    }
+
+    /// The seal of the node `me` with its key ring (`None`: `--insecure`): what it seals and
+    /// opens follows the ring's switches.
+    pub fn with_ring(ring: Option<KeyRing>, me: &PeerId) -> Seal {
         let id = me.to_bytes();
         let mut prefix = Vec::with_capacity(1 + id.len());
         prefix.push(u8::try_from(id.len()).expect("a peer id is shorter than 256 bytes"));
         prefix.extend_from_slice(&id);
         Seal {
-            cipher: key
-                .map(|k| ChaCha20Poly1305::new(Key::from_slice(&k.derive(DATAGRAM_KEY_CONTEXT)))),
+            cipher: ring.map(Ciphers::new),
             me: *me,
             prefix,
         }

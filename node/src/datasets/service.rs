@@ -162,7 +162,7 @@ impl Datasets {
             Server {
                 store: store.clone(),
                 holdings: holdings.clone(),
-                key: cfg.key,
+                key: cfg.key.clone(),
                 throttle: throttle.clone(),
             },
             listener,
@@ -378,7 +378,7 @@ impl Datasets {
         let ctx = FetchContext {
             store: self.inner.store.clone(),
             holdings: self.inner.holdings.clone(),
-            key: self.inner.cfg.key,
+            key: self.inner.cfg.key.clone(),
             root,
             discover: self.discover(),
             to,

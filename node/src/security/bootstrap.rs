@@ -45,6 +45,24 @@ pub fn admin_token(key: &ClusterKey) -> String {
     hex::encode(key.derive(ADMIN_TOKEN_CONTEXT))
 }
 
+/// Writes `<data-dir>/api.token` (0600, atomically) for the cluster key `key`: the admin
+/// token derived from it, then `tls` (the pin of the API's TLS key), as at start. A key
+/// rotation calls it on every member when it switches.
+pub fn write_api_token(
+    data_dir: &Path,
+    key: &ClusterKey,
+    tls: Option<tls::Fingerprint>,
+) -> Result<()> {
+    let path = data_dir.join(API_TOKEN_FILE);
+    let text = TokenFileText {
+        token: admin_token(key),
+        tls,
+    }
+    .to_string();
+    modes::write_private(&path, text.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
 /// What the operator asked for at start.
 #[derive(Clone, Debug, Default)]
 pub struct Asked<'a> {
@@ -65,6 +83,9 @@ pub struct Asked<'a> {
 pub struct Secrets {
     /// The cluster key; `None` only with `--insecure`.
     pub key: Option<ClusterKey>,
+    /// The file the key was read from (`--cluster-key`'s, or `<data-dir>/cluster.key`),
+    /// which a key rotation replaces.
+    pub key_file: Option<PathBuf>,
     /// The tokens the API accepts; `None`: the API is open (only with `--insecure`).
     pub token: Option<ApiToken>,
     /// Files made at this start, to print once: (what, path).
@@ -83,6 +104,11 @@ impl Secrets {
 pub fn resolve(data_dir: &Path, asked: &Asked<'_>) -> Result<Secrets> {
     let mut created = Vec::new();
     let stored = data_dir.join(CLUSTER_KEY_FILE);
+    let key_file = match (asked.insecure, asked.cluster_key) {
+        (true, _) => None,
+        (false, Some(path)) => Some(path.to_path_buf()),
+        (false, None) => Some(stored.clone()),
+    };
     let key = match (asked.insecure, asked.cluster_key) {
         (true, Some(_)) => {
             bail!("--insecure runs an open cluster and cannot take --cluster-key: choose one")
@@ -140,6 +166,7 @@ pub fn resolve(data_dir: &Path, asked: &Asked<'_>) -> Result<Secrets> {
     }
     Ok(Secrets {
         key,
+        key_file,
         token,
         created,
     })
