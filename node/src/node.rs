@@ -479,7 +479,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         config.storage.clone(),
         crate::gpus::inherited_visible_devices(&gpu_source),
         rank_libraries,
-        crate::jobs::supervisor::NodeKeys::of(psk.as_ref()),
+        crate::jobs::supervisor::NodeKeys::of(ring.as_ref()),
         crate::jobs::process::RankOptions {
             run_as: config.run_as.clone().map(std::sync::Arc::new),
             log_bytes_per_s: config.rank_log_bytes_per_s,
@@ -508,9 +508,12 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         storage: config.storage.clone(),
         token,
         insecure,
-        secrets_key: psk
-            .as_ref()
-            .map(|k| k.derive(crate::security::sealed::SECRETS_KEY_CONTEXT)),
+        secrets_key: ring.as_ref().map(|r| {
+            crate::cluster::key_ring::DerivedKey::of(
+                r,
+                crate::security::sealed::SECRETS_KEY_CONTEXT,
+            )
+        }),
         checkpoint_key: checkpoints.key,
         node_storage: node_storage.clone(),
     });

@@ -101,7 +101,7 @@ pub struct AppState {
     pub api_tls: Option<String>,
     /// The key a spec's `[secrets]` are sealed with (derived from the cluster key; `None`
     /// under `--insecure`, where `[secrets]` are refused).
-    pub secrets_key: Option<[u8; 32]>,
+    pub secrets_key: Option<crate::cluster::key_ring::DerivedKey>,
     /// The checkpoint capability key ([`crate::jobs::checkpoint`]).
     pub checkpoint_key: [u8; 32],
     /// The storage URL the node itself writes with (`--run-as`: through renames, see
@@ -362,7 +362,7 @@ async fn submit(
     .map_err(SubmitError::Spec)?;
     // `[secrets]` enter the log sealed; the node that starts a rank opens them.
     if !spec.secrets.is_empty() {
-        let Some(key) = app.secrets_key else {
+        let Some(key) = app.secrets_key.as_ref().map(|k| k.current()) else {
             return Err(SubmitError::Api(ApiError(
                 StatusCode::BAD_REQUEST,
                 "secrets: this node runs an open cluster (--insecure), which has no key to seal \

@@ -43,6 +43,9 @@ pub const KEY_OVERLAP_MS_DEFAULT: u64 = 30_000;
 
 /// The suffix of the pending key's file, beside the key file.
 pub const PENDING_SUFFIX: &str = "next";
+/// The suffix of the retired key's file (the key before the last switch, kept for values
+/// sealed under it), beside the key file.
+pub const RETIRED_SUFFIX: &str = "retired";
 
 /// Why a key could not be offered or switched to.
 #[derive(Debug, thiserror::Error)]
@@ -122,6 +125,12 @@ impl Keys {
             .map(|(_, k)| k)
     }
 
+    /// The key before the last switch, whether or not its overlap is over: what was sealed
+    /// under it before the switch (a job's `[secrets]` in the log) still opens with it.
+    pub fn retired(&self) -> Option<ClusterKey> {
+        self.previous.map(|(k, _)| k)
+    }
+
     /// Makes `new` current at `now_ms`; the old current key is accepted until
     /// `now_ms + overlap_ms`. Switching to the current key changes nothing.
     pub fn switch(&mut self, new: ClusterKey, now_ms: u64, overlap_ms: u64) {
@@ -169,10 +178,17 @@ impl KeyRing {
     /// (`<file>.next`, by an offer before a restart) is pending again.
     pub fn open(key: ClusterKey, file: &Path, overlap_ms: u64) -> KeyRing {
         let mut keys = Keys::new(key);
-        if let Ok(text) = std::fs::read_to_string(pending_path(file)) {
-            if let Ok(pending) = identity::parse_cluster_key(&text) {
-                keys.offer(0, pending);
-            }
+        let read = |path: PathBuf| {
+            std::fs::read_to_string(path)
+                .ok()
+                .and_then(|text| identity::parse_cluster_key(&text).ok())
+        };
+        if let Some(pending) = read(sibling(file, PENDING_SUFFIX)) {
+            keys.offer(0, pending);
+        }
+        // The key before the last switch, for sealed values only: its overlap is over.
+        if let Some(retired) = read(sibling(file, RETIRED_SUFFIX)) {
+            keys.previous = Some((retired, 0));
         }
         Self::build(keys, Some(file.to_path_buf()), overlap_ms)
     }
@@ -223,7 +239,7 @@ impl KeyRing {
         let key =
             identity::parse_cluster_key(text).map_err(|e| KeyRingError::BadKey(e.to_string()))?;
         if let Some(file) = &self.inner.file {
-            let path = pending_path(file);
+            let path = sibling(file, PENDING_SUFFIX);
             write_private_atomically(&path, key.to_swarm_key_text().as_bytes()).map_err(
                 |source| KeyRingError::Io {
                     what: "writing the pending key",
@@ -254,6 +270,14 @@ impl KeyRing {
                 wanted: fingerprint.to_string(),
             })?;
         if let Some(file) = &self.inner.file {
+            let retired = sibling(file, RETIRED_SUFFIX);
+            write_private_atomically(&retired, old.to_swarm_key_text().as_bytes()).map_err(
+                |source| KeyRingError::Io {
+                    what: "keeping the retired key in",
+                    path: retired.display().to_string(),
+                    source,
+                },
+            )?;
             write_private_atomically(file, new.to_swarm_key_text().as_bytes()).map_err(
                 |source| KeyRingError::Io {
                     what: "writing the new key over",
@@ -261,7 +285,7 @@ impl KeyRing {
                     source,
                 },
             )?;
-            let _ = std::fs::remove_file(pending_path(file));
+            let _ = std::fs::remove_file(sibling(file, PENDING_SUFFIX));
         }
         keys.switch(new, self.now_ms(), self.inner.overlap_ms);
         self.inner.generation.fetch_add(1, Ordering::AcqRel);
@@ -269,12 +293,65 @@ impl KeyRing {
     }
 }
 
-/// `<file>.next`: where a pending key waits.
-pub fn pending_path(file: &Path) -> PathBuf {
+/// `<file>.<suffix>`: where a pending key waits ([`PENDING_SUFFIX`]) or the retired one is
+/// kept ([`RETIRED_SUFFIX`]).
+pub fn sibling(file: &Path, suffix: &str) -> PathBuf {
     let mut name = file.file_name().unwrap_or_default().to_os_string();
     name.push(".");
-    name.push(PENDING_SUFFIX);
+    name.push(suffix);
     file.with_file_name(name)
+}
+
+/// A key derived from the cluster key for one use (a context string), read from the ring at
+/// each use: a rotation changes it.
+#[derive(Clone)]
+pub struct DerivedKey(DerivedSource);
+
+#[derive(Clone)]
+enum DerivedSource {
+    Fixed([u8; 32]),
+    Ring(KeyRing, &'static str),
+}
+
+impl std::fmt::Debug for DerivedKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DerivedKey(REDACTED)")
+    }
+}
+
+impl DerivedKey {
+    /// A key that never changes (tests, tools).
+    pub fn fixed(key: [u8; 32]) -> DerivedKey {
+        DerivedKey(DerivedSource::Fixed(key))
+    }
+
+    /// The key derived for `context` from `ring`'s current key, whichever it is at use.
+    pub fn of(ring: &KeyRing, context: &'static str) -> DerivedKey {
+        DerivedKey(DerivedSource::Ring(ring.clone(), context))
+    }
+
+    /// The key to seal or prove with now.
+    pub fn current(&self) -> [u8; 32] {
+        match &self.0 {
+            DerivedSource::Fixed(k) => *k,
+            DerivedSource::Ring(ring, context) => ring.current().derive(context),
+        }
+    }
+
+    /// The current key, then the retired key's (see [`Keys::retired`]): what a value sealed
+    /// before the last rotation opens with.
+    pub fn with_retired(&self) -> Vec<[u8; 32]> {
+        match &self.0 {
+            DerivedSource::Fixed(k) => vec![*k],
+            DerivedSource::Ring(ring, context) => {
+                let keys = ring.read();
+                std::iter::once(*keys.current())
+                    .chain(keys.retired())
+                    .map(|k| k.derive(context))
+                    .collect()
+            }
+        }
+    }
 }
 
 /// Writes `bytes` to `path` through a temporary file beside it (0600, synced, renamed over
@@ -372,7 +449,7 @@ mod tests {
             ring.offer(1, &b.to_swarm_key_text()).unwrap(),
             b.fingerprint()
         );
-        let pending = pending_path(&file);
+        let pending = sibling(&file, PENDING_SUFFIX);
         let mode = std::fs::metadata(&pending).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         // A restart between the offer and the switch finds the pending key again.
@@ -394,7 +471,24 @@ mod tests {
         // The switch applied again (a replayed log) changes nothing.
         assert!(ring.switch_to(&b.fingerprint()).unwrap().is_none());
         assert_eq!(ring.generation(), 1);
-        let only = std::fs::read_dir(dir.path()).unwrap().count();
-        assert_eq!(only, 1, "no temporary file left");
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(left.len(), 2, "no temporary file left: {left:?}");
+        // A restart after the switch: the retired key opens what was sealed under it, and
+        // is accepted for nothing else.
+        let again = KeyRing::open(b, &file, 1_000);
+        assert_eq!(names(&again.accepted()), names(&[b]));
+        let secrets = DerivedKey::of(&again, "ctx");
+        assert_eq!(secrets.current(), b.derive("ctx"));
+        assert_eq!(
+            secrets.with_retired(),
+            vec![b.derive("ctx"), a.derive("ctx")]
+        );
+        let mode = std::fs::metadata(sibling(&file, RETIRED_SUFFIX))
+            .unwrap()
+            .permissions();
+        assert_eq!(mode.mode() & 0o777, 0o600);
     }
 }
