@@ -240,13 +240,7 @@ impl KeyRing {
             identity::parse_cluster_key(text).map_err(|e| KeyRingError::BadKey(e.to_string()))?;
         if let Some(file) = &self.inner.file {
             let path = sibling(file, PENDING_SUFFIX);
-            write_private_atomically(&path, key.to_swarm_key_text().as_bytes()).map_err(
-                |source| KeyRingError::Io {
-                    what: "writing the pending key",
-                    path: path.display().to_string(),
-                    source,
-                },
-            )?;
+            write_key(&path, &key, "writing the pending key")?;
         }
         self.write().offer(epoch, key);
         Ok(key.fingerprint())
@@ -271,20 +265,8 @@ impl KeyRing {
             })?;
         if let Some(file) = &self.inner.file {
             let retired = sibling(file, RETIRED_SUFFIX);
-            write_private_atomically(&retired, old.to_swarm_key_text().as_bytes()).map_err(
-                |source| KeyRingError::Io {
-                    what: "keeping the retired key in",
-                    path: retired.display().to_string(),
-                    source,
-                },
-            )?;
-            write_private_atomically(file, new.to_swarm_key_text().as_bytes()).map_err(
-                |source| KeyRingError::Io {
-                    what: "writing the new key over",
-                    path: file.display().to_string(),
-                    source,
-                },
-            )?;
+            write_key(&retired, &old, "keeping the retired key in")?;
+            write_key(file, &new, "writing the new key over")?;
             let _ = std::fs::remove_file(sibling(file, PENDING_SUFFIX));
         }
         keys.switch(new, self.now_ms(), self.inner.overlap_ms);
@@ -352,6 +334,17 @@ impl DerivedKey {
             }
         }
     }
+}
+
+/// Writes `key` to `path` ([`write_private_atomically`]); `what` names the write in errors.
+fn write_key(path: &Path, key: &ClusterKey, what: &'static str) -> Result<(), KeyRingError> {
+    write_private_atomically(path, key.to_swarm_key_text().as_bytes()).map_err(|source| {
+        KeyRingError::Io {
+            what,
+            path: path.display().to_string(),
+            source,
+        }
+    })
 }
 
 /// Writes `bytes` to `path` through a temporary file beside it (0600, synced, renamed over

@@ -12,7 +12,8 @@
 //! The admin token is derived from the cluster key ([`admin_token`], BLAKE3's key
 //! derivation), so one token works on every node and nothing about it has to be replicated:
 //! whoever holds the key is a member, and a member already runs commands on every node, so
-//! the token grants nothing the key does not. Every keyed node writes it to
+//! the token grants nothing the key does not; a key rotation (`rotation`) changes it with the
+//! key ([`write_api_token`]). Every keyed node writes it to
 //! `<data-dir>/api.token` (0600), where the CLI on that host finds it, with a second line
 //! `tls sha256:HEX`: the fingerprint of the API's TLS key, also derived from the cluster
 //! key ([`tls`]), by which clients beyond loopback verify the node. `--token-file` adds
