@@ -106,18 +106,13 @@ pub enum OpenError {
 }
 
 /// The datagram ciphers of the node's key ring: seals with the current key's, opens with
-/// the current key's or, during a rotation's overlap, the previous key's (see
-/// [`KeyRing`]). The ciphers are rebuilt when the ring switches (its generation), not per
-/// datagram.
+/// the current key's or, on the slow path of a datagram that does not open with it, with a
+/// key the ring still takes ([`KeyRing::provable`]: the previous key during a rotation's
+/// overlap, the pending key a member that switched first seals with). The current cipher is
+/// rebuilt when the ring switches (its generation), not per datagram.
 pub struct Ciphers {
     ring: KeyRing,
-    cache: std::sync::Mutex<CipherCache>,
-}
-
-struct CipherCache {
-    generation: u64,
-    current: ChaCha20Poly1305,
-    previous: Option<ChaCha20Poly1305>,
+    cache: std::sync::Mutex<(u64, ChaCha20Poly1305)>,
 }
 
 fn datagram_cipher(key: &ClusterKey) -> ChaCha20Poly1305 {
@@ -127,29 +122,21 @@ fn datagram_cipher(key: &ClusterKey) -> ChaCha20Poly1305 {
 impl Ciphers {
     /// The ciphers of `ring`.
     pub fn new(ring: KeyRing) -> Ciphers {
-        let cache = Self::build(&ring);
+        let cache = (ring.generation(), datagram_cipher(&ring.current()));
         Ciphers {
             ring,
             cache: std::sync::Mutex::new(cache),
         }
     }
 
-    fn build(ring: &KeyRing) -> CipherCache {
-        let generation = ring.generation();
-        let accepted = ring.accepted();
-        CipherCache {
-            generation,
-            current: datagram_cipher(&accepted[0]),
-            previous: accepted.get(1).map(datagram_cipher),
-        }
-    }
-
-    fn cache(&self) -> std::sync::MutexGuard<'_, CipherCache> {
+    /// The current key's cipher.
+    fn current(&self) -> ChaCha20Poly1305 {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if cache.generation != self.ring.generation() {
-            *cache = Self::build(&self.ring);
+        let generation = self.ring.generation();
+        if cache.0 != generation {
+            *cache = (generation, datagram_cipher(&self.ring.current()));
         }
-        cache
+        cache.1.clone()
     }
 
     /// Seals with the current key.
@@ -158,24 +145,26 @@ impl Ciphers {
         nonce: &Nonce,
         payload: Payload<'_, '_>,
     ) -> Result<Vec<u8>, chacha20poly1305::aead::Error> {
-        self.cache().current.encrypt(nonce, payload)
+        self.current().encrypt(nonce, payload)
     }
 
-    /// Opens with the current key, or with the previous one while the ring still accepts it.
+    /// Opens with the current key, or with another key the ring still takes.
     fn decrypt(
         &self,
         nonce: &Nonce,
         payload: Payload<'_, '_>,
     ) -> Result<Vec<u8>, chacha20poly1305::aead::Error> {
         let Payload { msg, aad } = payload;
-        let cache = self.cache();
-        let first = cache.current.decrypt(nonce, Payload { msg, aad });
-        match (&first, &cache.previous) {
-            (Err(_), Some(previous)) if self.ring.accepted().len() > 1 => {
-                previous.decrypt(nonce, Payload { msg, aad })
-            }
-            _ => first,
+        let first = self.current().decrypt(nonce, Payload { msg, aad });
+        if first.is_ok() {
+            return first;
         }
+        self.ring
+            .provable()
+            .iter()
+            .skip(1)
+            .find_map(|k| datagram_cipher(k).decrypt(nonce, Payload { msg, aad }).ok())
+            .ok_or(chacha20poly1305::aead::Error)
     }
 }
 

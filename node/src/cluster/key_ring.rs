@@ -118,6 +118,11 @@ impl Keys {
         self.pending = Some((epoch, key));
     }
 
+    /// The key offered by a rotation and not switched to yet, if any.
+    pub fn pending(&self) -> Option<ClusterKey> {
+        self.pending.map(|(_, k)| k)
+    }
+
     /// The pending key, if its fingerprint is `fingerprint`.
     pub fn pending_named(&self, fingerprint: &str) -> Option<ClusterKey> {
         self.pending
@@ -225,6 +230,16 @@ impl KeyRing {
     /// The keys accepted now: the current one first, then the previous during its overlap.
     pub fn accepted(&self) -> Vec<ClusterKey> {
         self.read().accepted(self.now_ms())
+    }
+
+    /// The keys a peer may prove itself with to this node when this node speaks first
+    /// and cannot choose: those [`KeyRing::accepted`] and the pending key (a member that has
+    /// switched proves with the key this one was offered and has not switched to yet).
+    pub fn provable(&self) -> Vec<ClusterKey> {
+        let keys = self.read();
+        let mut out = keys.accepted(self.now_ms());
+        out.extend(keys.pending());
+        out
     }
 
     /// Grows by one at each switch.
@@ -483,5 +498,94 @@ mod tests {
             .unwrap()
             .permissions();
         assert_eq!(mode.mode() & 0o777, 0o600);
+    }
+
+    /// A ring that switched from `a` to `b` with `overlap_ms`.
+    fn switched(a: ClusterKey, b: ClusterKey, overlap_ms: u64) -> KeyRing {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("cluster.key");
+        let ring = KeyRing::open(a, &file, overlap_ms);
+        ring.offer(1, &b.to_swarm_key_text()).unwrap();
+        ring.switch_to(&b.fingerprint()).unwrap().unwrap();
+        ring
+    }
+
+    /// The datagram seal follows the ring: after a switch it seals with the new key, opens
+    /// the old key's datagrams during the overlap and refuses them after it.
+    #[test]
+    fn datagrams_sealed_with_the_old_key_open_only_during_the_overlap() {
+        use crate::cluster::datagrams::{OpenError, Seal};
+        let (a, b) = (key(), key());
+        let sender = libp2p::PeerId::random();
+        let old = Seal::new(Some(&a), &sender).seal(b"hello");
+        let new = Seal::new(Some(&b), &sender).seal(b"hello");
+        let during = Seal::with_ring(Some(switched(a, b, 60_000)), &sender);
+        assert_eq!(during.open(&old).unwrap().1, b"hello");
+        assert_eq!(during.open(&new).unwrap().1, b"hello");
+        let sealed = during.seal(b"x");
+        assert!(
+            Seal::new(Some(&b), &sender).open(&sealed).is_ok(),
+            "seals with the new key"
+        );
+        assert!(Seal::new(Some(&a), &sender).open(&sealed).is_err());
+        let after = Seal::with_ring(Some(switched(a, b, 0)), &sender);
+        assert!(matches!(after.open(&old), Err(OpenError::Forged)));
+        assert_eq!(after.open(&new).unwrap().1, b"hello");
+        // A member offered `b` and not yet switched opens what one that switched seals.
+        let waiting = KeyRing::fixed(a);
+        waiting.offer(1, &b.to_swarm_key_text()).unwrap();
+        let waiting = Seal::with_ring(Some(waiting), &sender);
+        assert_eq!(waiting.open(&new).unwrap().1, b"hello");
+        assert_eq!(waiting.open(&old).unwrap().1, b"hello");
+        let stranger = Seal::new(Some(&key()), &sender).seal(b"hello");
+        assert!(matches!(waiting.open(&stranger), Err(OpenError::Forged)));
+    }
+
+    /// The dataset transport's handshake across a switch: members on either side of it
+    /// connect during the overlap (one not yet switched takes a proof under its pending key),
+    /// a host holding only the old key (a removed one) is refused as a client at once and as a
+    /// server after the overlap.
+    #[tokio::test]
+    async fn dataset_handshakes_across_a_switch() {
+        use crate::datasets::transport::{client_handshake, server_handshake, AuthKey};
+        let (a, b) = (key(), key());
+        let handshake = |server: AuthKey, client: AuthKey| async move {
+            let (mut x, mut y) = tokio::io::duplex(1024);
+            // Each side closes its end when it is done, as the real ones do.
+            let (c, s) = tokio::join!(
+                async move { client_handshake(&mut x, &client).await },
+                async move { server_handshake(&mut y, &server).await }
+            );
+            c.is_ok() && s.is_ok()
+        };
+        let waiting = {
+            let ring = KeyRing::fixed(a);
+            ring.offer(1, &b.to_swarm_key_text()).unwrap();
+            AuthKey::from_ring(Some(ring))
+        };
+        let during = AuthKey::from_ring(Some(switched(a, b, 60_000)));
+        let after = AuthKey::from_ring(Some(switched(a, b, 0)));
+        let (outsider, new) = (AuthKey::new(Some(&a)), AuthKey::new(Some(&b)));
+        assert!(
+            handshake(during.clone(), waiting.clone()).await,
+            "not yet switched client"
+        );
+        assert!(
+            handshake(waiting.clone(), during.clone()).await,
+            "not yet switched server"
+        );
+        assert!(
+            !handshake(during.clone(), outsider.clone()).await,
+            "old-key client"
+        );
+        assert!(
+            !handshake(after.clone(), outsider.clone()).await,
+            "old-key client, after"
+        );
+        assert!(
+            !handshake(outsider, after.clone()).await,
+            "old-key server, after"
+        );
+        assert!(handshake(after, new).await);
     }
 }

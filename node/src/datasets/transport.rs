@@ -78,15 +78,24 @@ impl AuthKey {
         }
     }
 
-    /// The keys accepted now, the one to prove with first.
+    /// The keys a client's proof is taken under now, the one to prove with first.
     fn keys(&self) -> Vec<[u8; 32]> {
+        self.derived(crate::cluster::key_ring::KeyRing::accepted)
+    }
+
+    /// The keys a server's proof is taken under now: those of [`AuthKey::keys`] and a
+    /// rotation's pending key (a server that switched first proves with it).
+    fn server_keys(&self) -> Vec<[u8; 32]> {
+        self.derived(crate::cluster::key_ring::KeyRing::provable)
+    }
+
+    fn derived(
+        &self,
+        keys: impl Fn(&crate::cluster::key_ring::KeyRing) -> Vec<crate::cluster::identity::ClusterKey>,
+    ) -> Vec<[u8; 32]> {
         match &self.0 {
             AuthKeys::Fixed(k) => vec![*k],
-            AuthKeys::Ring(ring) => ring
-                .accepted()
-                .iter()
-                .map(|k| k.derive(AUTH_CONTEXT))
-                .collect(),
+            AuthKeys::Ring(ring) => keys(ring).iter().map(|k| k.derive(AUTH_CONTEXT)).collect(),
         }
     }
 }
@@ -202,7 +211,7 @@ pub async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
         let given = blake3::Hash::from_bytes(answer[32..].try_into().expect("32 bytes"));
         // blake3::Hash compares in constant time.
         let Some(matched) = key
-            .keys()
+            .server_keys()
             .into_iter()
             .find(|k| given == proof(k, b"server", &client, &server))
         else {
