@@ -37,7 +37,9 @@
 //! the old key too).
 //!
 //! Connections made before the switch keep the key of their handshake (the swarm's
-//! pre-shared-key layer keys a connection once); every connection after it uses the new key.
+//! pre-shared-key layer keys a connection once), so jobs, Raft and gossip go on across it;
+//! every connection after it uses the new key. A removed member's connections are closed at
+//! the switch: its redials need the new key.
 //!
 //! May use: `cluster` (the key ring, member view, wire codec), `domain` (the key epoch),
 //! `control` (the handle: reads, calls, proposals), `security` (the admin token, the token
@@ -243,6 +245,11 @@ pub async fn follow(control: ControlHandle, f: Follower) {
                     if let Err(e) = bootstrap::write_api_token(&f.data_dir, &new, f.tls) {
                         error!("the new admin token could not be written: {e:#}");
                     }
+                    // A removed member's connections were keyed with the old key: closed,
+                    // its redials need the new one.
+                    let removed: Vec<libp2p::PeerId> =
+                        control.read(|s| s.removed.keys().filter_map(|p| p.parse().ok()).collect());
+                    control.node().disconnect(removed).await;
                     info!(epoch = wanted.epoch, fingerprint = %wanted.fingerprint, "switched to the rotated cluster key; the old admin token is refused from now on");
                 }
                 Err(e) => {

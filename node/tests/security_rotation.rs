@@ -162,6 +162,19 @@ fn a_removed_host_is_shut_out_by_rotating_the_key() {
     for i in stay {
         c.nodes[i].token = Some(new_token.clone());
     }
+    // The removed member's connections, keyed with the old key, are closed at the switch.
+    poll_until(
+        WAIT,
+        || {
+            stay.iter().any(|&i| {
+                c.nodes[i]
+                    .log()
+                    .contains("a removed member, at a key switch")
+            })
+        },
+        |&closed| closed,
+    )
+    .unwrap_or_else(|_| panic!("no member closed its connections to rt3"));
 
     // Phase 4: the old admin token gets 401 on every member; the new one works.
     for i in stay {

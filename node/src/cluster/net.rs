@@ -236,6 +236,9 @@ pub enum Command {
     UpdateMeta(MetaUpdate),
     /// Keep connections to these peers up (in place of the previous set).
     KeepConnected(Vec<PeerId>),
+    /// Close every connection to these peers (members removed, at a key rotation's switch:
+    /// a connection keeps the key of its handshake, and their redials need the new key).
+    Disconnect(Vec<PeerId>),
 }
 
 /// A change to this node's metadata, run on the event loop.
@@ -347,6 +350,12 @@ impl NodeHandle {
     /// version) only if `f` changed it.
     pub async fn update_meta(&self, f: impl FnOnce(&mut NodeMeta) + Send + 'static) {
         let _ = self.tx.send(Command::UpdateMeta(Box::new(f))).await;
+    }
+
+    /// Closes every connection to `peers` now (they may dial again; see
+    /// [`Command::Disconnect`]).
+    pub async fn disconnect(&self, peers: Vec<PeerId>) {
+        let _ = self.tx.send(Command::Disconnect(peers)).await;
     }
 
     /// Keeps connections to `peers` up from now on (redialed every second while
@@ -658,6 +667,13 @@ impl EventLoop {
             Command::KeepConnected(peers) => {
                 self.keep = peers;
                 self.keep_dialed = None;
+            }
+            Command::Disconnect(peers) => {
+                for peer in peers {
+                    if self.swarm.disconnect_peer_id(peer).is_ok() {
+                        info!(%peer, "connections closed (a removed member, at a key switch)");
+                    }
+                }
             }
             Command::UpdateMeta(f) => {
                 let mut meta = self.core.local().meta.clone();
