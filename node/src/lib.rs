@@ -23,6 +23,7 @@ pub mod domain;
 pub mod gpus;
 pub mod jobs;
 pub mod node;
+pub mod rotation;
 pub mod search;
 pub mod security;
 pub mod tasks;

@@ -53,6 +53,7 @@ fn main() {
         Cmd::Dataset(cmd) => ringleader::cli::datasets::run(&cli, cmd),
         Cmd::Token(cmd) => ringleader::cli::tokens::run(&cli, cmd),
         Cmd::Member(cmd) => ringleader::cli::tokens::run_member(&cli, cmd),
+        Cmd::Key(cmd) => ringleader::cli::keys::run(&cli, cmd),
         Cmd::Logs { id, follow } => ringleader::cli::logs(&cli, id, *follow),
         Cmd::TrainWorker(args) => ringleader::cli::train_worker::run_worker(args.clone()),
         Cmd::Demo => ringleader::cli::demo::run(),

@@ -55,6 +55,9 @@ pub struct NodeConfig {
     /// Cluster key file (swarm.key format); `None`: `<data-dir>/cluster.key`, made at
     /// the first start of a node that joins nobody (see [`crate::security::bootstrap`]).
     pub cluster_key: Option<PathBuf>,
+    /// How long the previous cluster key is still accepted after a rotation's switch, ms
+    /// (`--key-overlap-ms`; default [`crate::cluster::key_ring::KEY_OVERLAP_MS_DEFAULT`]).
+    pub key_overlap_ms: u64,
     /// Run an open cluster and, without `--token-file`, an open API (`--insecure`).
     pub insecure: bool,
     /// Storage URL for checkpoints and records (may carry keys: log it through
@@ -291,6 +294,10 @@ pub async fn run(config: NodeConfig) -> Result<()> {
     let peer_id = key.public().to_peer_id();
     let insecure = secrets.insecure();
     let psk = secrets.key;
+    // The key as every part reads it from now on: a rotation swaps it (see `rotation`).
+    let ring = psk
+        .zip(secrets.key_file.as_deref())
+        .map(|(k, file)| crate::cluster::key_ring::KeyRing::open(k, file, config.key_overlap_ms));
     let token = secrets.token.map(std::sync::Arc::new);
 
     let api_listener = tokio::net::TcpListener::bind(config.api)
@@ -310,10 +317,10 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         BindError::Udp(e) => bind_error("cluster (UDP)", "--listen", &config.listen, e),
         e => anyhow::Error::from(e),
     })?;
-    let datagrams = Datagrams::new(udp, Seal::new(psk.as_ref(), &peer_id))
+    let datagrams = Datagrams::new(udp, Seal::with_ring(ring.clone(), &peer_id))
         .context("the cluster's datagram socket")?;
 
-    let mut swarm = net::build_swarm(key, psk.map(|k| k.psk))?;
+    let mut swarm = net::build_swarm(key, ring.clone())?;
     swarm
         .listen_on(listen.clone())
         .with_context(|| format!("listening on {listen}"))?;
@@ -392,6 +399,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
             data_dir: &config.data_dir,
             bootstrap: config.join.is_empty(),
             snapshot_every: config.raft_snapshot_every,
+            key_ring: ring.clone(),
         },
         handle.clone(),
         rpc_rx,
@@ -431,7 +439,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         background.clone(),
         crate::datasets::DatasetsConfig {
             dir: config.data_dir.join(crate::security::run_as::DATASETS_DIR),
-            key: crate::datasets::transport::AuthKey::new(psk.as_ref()),
+            key: crate::datasets::transport::AuthKey::from_ring(ring.clone()),
             upload_bytes_per_s: config.dataset_upload_bytes_per_s,
             busy_bytes_per_s: config.dataset_busy_bytes_per_s,
             me: peer_id.to_string(),
@@ -484,7 +492,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         config.storage.clone(),
         crate::gpus::inherited_visible_devices(&gpu_source),
         rank_libraries,
-        crate::jobs::supervisor::NodeKeys::of(psk.as_ref()),
+        crate::jobs::supervisor::NodeKeys::of(ring.as_ref()),
         crate::jobs::process::RankOptions {
             run_as: config.run_as.clone().map(std::sync::Arc::new),
             log_bytes_per_s: config.rank_log_bytes_per_s,
@@ -492,6 +500,19 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         checkpoints.clone(),
     );
 
+    if let Some(ring) = &ring {
+        background.spawn(crate::rotation::follow(
+            control.clone(),
+            crate::rotation::Follower {
+                ring: ring.clone(),
+                token: token.clone(),
+                data_dir: config.data_dir.clone(),
+                tls: psk
+                    .as_ref()
+                    .and_then(|k| crate::security::tls::fingerprint(k).ok()),
+            },
+        ));
+    }
     let app = crate::api::router(crate::api::AppState {
         api_tls: api_tls.as_ref().map(|t| t.fingerprint().to_string()),
         node: handle.clone(),
@@ -500,9 +521,12 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         storage: config.storage.clone(),
         token,
         insecure,
-        secrets_key: psk
-            .as_ref()
-            .map(|k| k.derive(crate::security::sealed::SECRETS_KEY_CONTEXT)),
+        secrets_key: ring.as_ref().map(|r| {
+            crate::cluster::key_ring::DerivedKey::of(
+                r,
+                crate::security::sealed::SECRETS_KEY_CONTEXT,
+            )
+        }),
         checkpoint_key: checkpoints.key,
         node_storage: node_storage.clone(),
     });

@@ -166,6 +166,9 @@ class Client:
             token = os.environ.get("RINGLEADER_TOKEN") or None
             if token is not None:
                 token = _checked_token(token, "RINGLEADER_TOKEN") or None
+        # The token file a token came from: read again when the token is refused, so a
+        # client outlives `ringleader key rotate`, which rewrites a node's api.token.
+        self._token_file: str | None = None
         if token is None:
             path = os.environ.get("RINGLEADER_TOKEN_FILE")
             if not path and os.path.exists(DEFAULT_TOKEN_FILE):
@@ -173,6 +176,7 @@ class Client:
             if path:
                 token, file_pin = _read_token_file(path)
                 pin = pin or file_pin
+                self._token_file = path
         self.token = token
         self.timeout = timeout
         lower = peer.lower()
@@ -209,7 +213,25 @@ class Client:
 
     def request(self, method: str, path: str, body: object = None,
                 content_type: str | None = None) -> Any:
-        """`method path` with the token; the answer's JSON, or a typed ApiError."""
+        """`method path` with the token; the answer's JSON, or a typed ApiError. A token
+        read from a token file that the node refuses (401) is read again once: if the file
+        holds another token now (a key rotation wrote it), the request is sent again with it."""
+        try:
+            return self._request(method, path, body, content_type)
+        except _errors.ApiError as e:
+            if e.status != 401 or not self._token_file:
+                raise
+            try:
+                token, _ = _read_token_file(self._token_file)
+            except (OSError, ValueError):
+                raise e from None
+            if token == self.token:
+                raise
+            self.token = token
+            return self._request(method, path, body, content_type)
+
+    def _request(self, method: str, path: str, body: object = None,
+                 content_type: str | None = None) -> Any:
         headers = {"Accept": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"

@@ -102,6 +102,46 @@ def test_a_token_of_more_than_one_line_is_refused_saying_what_to_use(monkeypatch
     assert ringleader.Client("127.0.0.1:9").token == "tok"
 
 
+def test_a_token_file_rewritten_by_a_key_rotation_is_read_again(monkeypatch, tmp_path):
+    # A node whose admin token changed (`ringleader key rotate` rewrote its api.token): it
+    # answers 401 to the old token; a client that read the file reads it again, once.
+    import http.server
+    import threading
+
+    class Node(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            ok = self.headers.get("Authorization") == "Bearer new"
+            body = b'{"ok": true}' if ok else b'{"error": "wrong API token", "reason": "wrong"}'
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Node)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        token_file = tmp_path / "api.token"
+        token_file.write_text("old\n")
+        monkeypatch.delenv("RINGLEADER_TOKEN", raising=False)
+        monkeypatch.setenv("RINGLEADER_TOKEN_FILE", str(token_file))
+        peer = f"127.0.0.1:{server.server_port}"
+        c = ringleader.Client(peer)
+        with pytest.raises(ringleader.ApiError) as e:
+            c.request("GET", "/v1/status")
+        assert e.value.status == 401, "the file holds the old token still"
+        token_file.write_text("new\n")
+        assert c.request("GET", "/v1/status") == {"ok": True}
+        assert c.token == "new"
+        # A token given directly is never replaced.
+        with pytest.raises(ringleader.ApiError):
+            ringleader.Client(peer, token="old").request("GET", "/v1/status")
+    finally:
+        server.shutdown()
+
+
 def test_follow_logs_until_the_end_then_cancel(client):
     job = client.submit(command_job("py-follow", [
         "sh", "-c", "for i in 1 2 3; do echo line $i; sleep 0.2; done"]))

@@ -13,6 +13,7 @@
 //! | `/v1/datasets…` | datasets shared peer to peer ([`datasets`]) |
 //! | `GET`/`POST /v1/tokens`, `DELETE /v1/tokens/{name}` | API tokens ([`tokens`]; making and revoking them: the admin token only) |
 //! | `POST /v1/members/{id}/remove` | removes a member (id or name) for good (the admin token only) |
+//! | `POST /v1/key/rotate` | a new cluster key for every live member, none for a removed one; the admin token changes with it ([`keys`]; the admin token only) |
 //! | `GET /metrics` | Prometheus text exposition ([`prometheus`]) |
 //! | `GET /healthz` | `ok`; open even with a token |
 //! | `PUT`/`GET /v1/checkpoints/…` | a command rank's checkpoints ([`checkpoints`]; a place's capability, not the API token) |
@@ -28,6 +29,7 @@
 //! - [`dashboard`]: the single-page dashboard served at `/`.
 //! - [`auth`]: the bearer-token middleware (`ringleader node --token-file`).
 //! - [`tokens`]: the token and member-removal routes.
+//! - [`keys`]: the key rotation route (`POST /v1/key/rotate`, the admin only).
 //! - [`prometheus`]: the `/metrics` exposition, written by hand.
 //! - [`redact`]: URLs with their credentials hidden, for logs.
 //! - [`server`]: the accept loop in front of the router: connection caps, timeouts, header
@@ -37,13 +39,14 @@
 //! - [`client`]: the CLI's HTTP client for these routes.
 //!
 //! May use: `control` (reads, proposals), `cluster` (the member view), `jobs` (admitting a
-//! spec), `datasets` (the service). Used by: `cli`, the node's start-up.
+//! spec), `datasets` (the service), `rotation` (a key rotation). Used by: `cli`, the node's start-up.
 
 pub mod auth;
 pub mod checkpoints;
 pub mod client;
 pub mod dashboard;
 pub mod datasets;
+pub mod keys;
 /// Filters, pages and the summary of the status and job lists (a child of `status`).
 pub use status::listing;
 pub mod origin;
@@ -98,7 +101,7 @@ pub struct AppState {
     pub api_tls: Option<String>,
     /// The key a spec's `[secrets]` are sealed with (derived from the cluster key; `None`
     /// under `--insecure`, where `[secrets]` are refused).
-    pub secrets_key: Option<[u8; 32]>,
+    pub secrets_key: Option<crate::cluster::key_ring::DerivedKey>,
     /// The checkpoint capability key ([`crate::jobs::checkpoint`]).
     pub checkpoint_key: [u8; 32],
     /// The storage URL the node itself writes with (`--run-as`: through renames, see
@@ -189,6 +192,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tokens", get(tokens::list).post(tokens::create))
         .route("/v1/tokens/{name}", axum::routing::delete(tokens::revoke))
         .route("/v1/members/{id}/remove", post(tokens::remove_member))
+        .route("/v1/key/rotate", post(keys::rotate))
         .route("/metrics", get(prometheus_metrics))
         .route("/healthz", get(|| async { "ok" }))
         .layer(DefaultBodyLimit::max(SPEC_BYTES_MAX))
@@ -358,7 +362,7 @@ async fn submit(
     .map_err(SubmitError::Spec)?;
     // `[secrets]` enter the log sealed; the node that starts a rank opens them.
     if !spec.secrets.is_empty() {
-        let Some(key) = app.secrets_key else {
+        let Some(key) = app.secrets_key.as_ref().map(|k| k.current()) else {
             return Err(SubmitError::Api(ApiError(
                 StatusCode::BAD_REQUEST,
                 "secrets: this node runs an open cluster (--insecure), which has no key to seal \

@@ -34,7 +34,7 @@ pub struct CreateRequest {
 }
 
 /// Refuses anyone but the admin: `what` is what they asked to do.
-fn require_admin(what: &str) -> Result<(), ApiError> {
+pub(super) fn require_admin(what: &str) -> Result<(), ApiError> {
     match Principal::current() {
         Principal::Admin => Ok(()),
         other => Err(ApiError(

@@ -8,6 +8,7 @@
 //! - [`closed_pipe`]: a command whose reader went away (`logs ID | head`) ends quietly.
 //! - [`datasets`]: `ringleader dataset add | ls | get | rm`.
 //! - [`tokens`]: `ringleader token create | ls | revoke`, `ringleader member remove`.
+//! - [`keys`]: `ringleader key rotate`.
 //! - [`train_worker`]: the hidden `train-worker` subcommand, one rank of a train job.
 //!
 //! May use: everything in the crate.
@@ -20,6 +21,7 @@ pub mod bench_scale;
 pub mod closed_pipe;
 pub mod datasets;
 pub mod demo;
+pub mod keys;
 pub mod local;
 pub mod tokens;
 pub mod train_worker;
@@ -117,6 +119,9 @@ pub enum Cmd {
     /// Cluster members: remove (needs the admin token).
     #[command(subcommand)]
     Member(tokens::MemberCmd),
+    /// The cluster key: rotate (needs the admin token).
+    #[command(subcommand)]
+    Key(keys::KeyCmd),
     /// Start a local 3-node cluster, show it, and stop it.
     Demo,
     /// Write a new cluster key (swarm.key format) to FILE, or print it.
@@ -205,6 +210,11 @@ pub struct NodeArgs {
     /// and a node with --join is refused: copy the first node's key to the others.
     #[arg(long)]
     pub cluster_key: Option<PathBuf>,
+    /// After `ringleader key rotate` switches the cluster key, the previous key is still
+    /// accepted this many milliseconds (members switch a moment apart), then refused.
+    #[arg(long, default_value_t = crate::cluster::key_ring::KEY_OVERLAP_MS_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
+    pub key_overlap_ms: u64,
     /// Run an open cluster: no cluster key (any host that reaches --listen can join and run
     /// commands on every node) and, without --token-file, no API token. For throwaway
     /// clusters only; `status` and the dashboard say so.
@@ -347,6 +357,7 @@ impl NodeArgs {
             join,
             data_dir,
             cluster_key: self.cluster_key,
+            key_overlap_ms: self.key_overlap_ms,
             insecure: self.insecure,
             storage,
             token_file: self.token_file,

@@ -34,7 +34,7 @@ pub enum TokenCmd {
 pub enum MemberCmd {
     /// Remove a member from the cluster for good: it leaves the Raft voters and learners,
     /// gets no new ranks, and its messages are refused. Needs the admin token. The host
-    /// still holds the cluster key: shutting a compromised host out needs a new key.
+    /// still holds the cluster key: `ringleader key rotate` afterwards shuts it out.
     Remove {
         /// The member's name or peer id (see `ringleader status`).
         member: String,

@@ -44,6 +44,7 @@ use tokio::io::{unix::AsyncFd, Interest};
 use crate::cluster::{
     addr::{multiaddr_to_socket, socket_to_multiaddr},
     identity::ClusterKey,
+    key_ring::KeyRing,
     membership::{Message, Update},
     meta::NodeMeta,
     wire,
@@ -104,10 +105,73 @@ pub enum OpenError {
     BadSender,
 }
 
+/// The datagram ciphers of the node's key ring: seals with the current key's, opens with
+/// the current key's or, on the slow path of a datagram that does not open with it, with a
+/// key the ring still takes ([`KeyRing::provable`]: the previous key during a rotation's
+/// overlap, the pending key a member that switched first seals with). The current cipher is
+/// rebuilt when the ring switches (its generation), not per datagram.
+pub struct Ciphers {
+    ring: KeyRing,
+    cache: std::sync::Mutex<(u64, ChaCha20Poly1305)>,
+}
+
+fn datagram_cipher(key: &ClusterKey) -> ChaCha20Poly1305 {
+    ChaCha20Poly1305::new(Key::from_slice(&key.derive(DATAGRAM_KEY_CONTEXT)))
+}
+
+impl Ciphers {
+    /// The ciphers of `ring`.
+    pub fn new(ring: KeyRing) -> Ciphers {
+        let cache = (ring.generation(), datagram_cipher(&ring.current()));
+        Ciphers {
+            ring,
+            cache: std::sync::Mutex::new(cache),
+        }
+    }
+
+    /// The current key's cipher.
+    fn current(&self) -> ChaCha20Poly1305 {
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let generation = self.ring.generation();
+        if cache.0 != generation {
+            *cache = (generation, datagram_cipher(&self.ring.current()));
+        }
+        cache.1.clone()
+    }
+
+    /// Seals with the current key.
+    fn encrypt(
+        &self,
+        nonce: &Nonce,
+        payload: Payload<'_, '_>,
+    ) -> Result<Vec<u8>, chacha20poly1305::aead::Error> {
+        self.current().encrypt(nonce, payload)
+    }
+
+    /// Opens with the current key, or with another key the ring still takes.
+    fn decrypt(
+        &self,
+        nonce: &Nonce,
+        payload: Payload<'_, '_>,
+    ) -> Result<Vec<u8>, chacha20poly1305::aead::Error> {
+        let Payload { msg, aad } = payload;
+        let first = self.current().decrypt(nonce, Payload { msg, aad });
+        if first.is_ok() {
+            return first;
+        }
+        self.ring
+            .provable()
+            .iter()
+            .skip(1)
+            .find_map(|k| datagram_cipher(k).decrypt(nonce, Payload { msg, aad }).ok())
+            .ok_or(chacha20poly1305::aead::Error)
+    }
+}
+
 /// Seals and opens one node's datagrams: its peer id goes inside each it sends.
 pub struct Seal {
     /// `None` without a cluster key (`--insecure`).
-    cipher: Option<ChaCha20Poly1305>,
+    cipher: Option<Ciphers>,
     /// This node.
     me: PeerId,
     /// `[len][peer id bytes]` of this node.
@@ -117,13 +181,18 @@ pub struct Seal {
 impl Seal {
     /// The seal of the node `me`, with the cluster's key or without one (`--insecure`).
     pub fn new(key: Option<&ClusterKey>, me: &PeerId) -> Seal {
+        Seal::with_ring(key.map(|k| KeyRing::fixed(*k)), me)
+    }
+
+    /// The seal of the node `me` with its key ring (`None`: `--insecure`): what it seals and
+    /// opens follows the ring's switches.
+    pub fn with_ring(ring: Option<KeyRing>, me: &PeerId) -> Seal {
         let id = me.to_bytes();
         let mut prefix = Vec::with_capacity(1 + id.len());
         prefix.push(u8::try_from(id.len()).expect("a peer id is shorter than 256 bytes"));
         prefix.extend_from_slice(&id);
         Seal {
-            cipher: key
-                .map(|k| ChaCha20Poly1305::new(Key::from_slice(&k.derive(DATAGRAM_KEY_CONTEXT)))),
+            cipher: ring.map(Ciphers::new),
             me: *me,
             prefix,
         }

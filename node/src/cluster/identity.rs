@@ -70,6 +70,13 @@ pub struct ClusterKey {
     secret: [u8; 32],
 }
 
+impl std::fmt::Debug for ClusterKey {
+    /// The fingerprint's first digits, never the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ClusterKey({}…)", &self.fingerprint()[..12])
+    }
+}
+
 impl ClusterKey {
     /// A key for one use, derived from the cluster key (BLAKE3's key derivation with
     /// `context`, a string unique to that use): holders of the cluster key agree on it,
@@ -77,7 +84,25 @@ impl ClusterKey {
     pub fn derive(&self, context: &str) -> [u8; 32] {
         blake3::derive_key(context, &self.secret)
     }
+
+    /// A public name of this key (64 hex digits, derived with [`KEY_FINGERPRINT_CONTEXT`]):
+    /// a key rotation names the new key by it in the replicated log and in messages; it
+    /// reveals nothing of the key.
+    pub fn fingerprint(&self) -> String {
+        hex::encode(self.derive(KEY_FINGERPRINT_CONTEXT))
+    }
+
+    /// The key in the `swarm.key` text format [`parse_cluster_key`] reads.
+    pub fn to_swarm_key_text(&self) -> String {
+        format!(
+            "/key/swarm/psk/1.0.0/\n/base16/\n{}\n",
+            hex::encode(self.secret)
+        )
+    }
 }
+
+/// The key-derivation context of a cluster key's public fingerprint.
+pub const KEY_FINGERPRINT_CONTEXT: &str = "ringleader 2026-12 cluster key fingerprint v1";
 
 /// Reads a cluster key in the IPFS `swarm.key` format:
 /// `/key/swarm/psk/1.0.0/`, `/base16/`, then 64 hex digits, one per line.
@@ -152,6 +177,9 @@ mod tests {
         assert_ne!(a.derive("x"), a.derive("y"));
         let other = parse_cluster_key(&generate_cluster_key()).unwrap();
         assert_ne!(a.derive("x"), other.derive("x"));
+        assert_ne!(a.fingerprint(), other.fingerprint());
+        let again = parse_cluster_key(&a.to_swarm_key_text()).unwrap();
+        assert_eq!(again.fingerprint(), a.fingerprint());
         assert!(parse_cluster_key("/key/swarm/psk/1.0.0/\n/base16/\nabc\n").is_err());
         assert!(parse_cluster_key("hello").is_err());
     }

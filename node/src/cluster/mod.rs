@@ -12,6 +12,8 @@
 //! - [`membership`]: gossip membership, a sans-IO SWIM/Lifeguard core with its simulation.
 //! - [`meta`]: what a member advertises (name, addresses, cpus, memory, gpus, labels).
 //! - [`identity`]: the persistent Ed25519 identity and the cluster key.
+//! - [`key_ring`]: the cluster key at run time, swapped by a key rotation (the current key,
+//!   the previous one for a bounded overlap, an offered one pending).
 //! - [`addr`]: addresses as users write them (`host:port` or a multiaddr).
 //! - [`wire`]: the node's one wire codec, with its size limits.
 //!
@@ -21,6 +23,7 @@ pub mod addr;
 pub mod calls;
 pub mod datagrams;
 pub mod identity;
+pub mod key_ring;
 pub mod membership;
 pub mod meta;
 pub mod net;

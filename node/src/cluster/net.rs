@@ -148,15 +148,40 @@ pub fn build_transport(
     key: &libp2p::identity::Keypair,
     psk: Option<PreSharedKey>,
 ) -> anyhow::Result<Boxed<(PeerId, StreamMuxerBox)>> {
+    build_keyed_transport(key, psk.map(KeySource::Fixed))
+}
+
+/// Where the transport finds the pre-shared key of each new connection.
+#[derive(Clone)]
+pub enum KeySource {
+    /// One key for the transport's life (tests, tools).
+    Fixed(PreSharedKey),
+    /// The node's key ring: each new connection, dialed or accepted, is keyed with the key
+    /// current at its handshake, so a rotation's switch applies to every connection made
+    /// after it (a connection keeps the key of its handshake; see `key_ring`).
+    Ring(super::key_ring::KeyRing),
+}
+
+/// [`build_transport`] with the pre-shared key read from `source` at each handshake.
+pub fn build_keyed_transport(
+    key: &libp2p::identity::Keypair,
+    source: Option<KeySource>,
+) -> anyhow::Result<Boxed<(PeerId, StreamMuxerBox)>> {
     let tcp = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true));
     let tcp = dns::tokio::Transport::system(tcp)?;
-    let private = tcp.and_then(move |socket, _| async move {
-        match psk {
-            Some(psk) => PnetConfig::new(psk)
-                .handshake(socket)
-                .await
-                .map(Either::Left),
-            None => Ok(Either::Right(socket)),
+    let private = tcp.and_then(move |socket, _| {
+        let psk = source.as_ref().map(|s| match s {
+            KeySource::Fixed(psk) => *psk,
+            KeySource::Ring(ring) => ring.current().psk,
+        });
+        async move {
+            match psk {
+                Some(psk) => PnetConfig::new(psk)
+                    .handshake(socket)
+                    .await
+                    .map(Either::Left),
+                None => Ok(Either::Right(socket)),
+            }
         }
     });
     Ok(private
@@ -167,12 +192,12 @@ pub fn build_transport(
         .boxed())
 }
 
-/// Builds the swarm for `key`, with the cluster key if one is given.
+/// Builds the swarm for `key`, with the cluster key's ring if one is given.
 pub fn build_swarm(
     key: libp2p::identity::Keypair,
-    psk: Option<PreSharedKey>,
+    ring: Option<super::key_ring::KeyRing>,
 ) -> anyhow::Result<Swarm<Behaviour>> {
-    let transport = build_transport(&key, psk)?;
+    let transport = build_keyed_transport(&key, ring.map(KeySource::Ring))?;
     let swarm = libp2p::SwarmBuilder::with_existing_identity(key)
         .with_tokio()
         .with_other_transport(|_| transport)?
@@ -211,6 +236,9 @@ pub enum Command {
     UpdateMeta(MetaUpdate),
     /// Keep connections to these peers up (in place of the previous set).
     KeepConnected(Vec<PeerId>),
+    /// Close every connection to these peers (members removed, at a key rotation's switch:
+    /// a connection keeps the key of its handshake, and their redials need the new key).
+    Disconnect(Vec<PeerId>),
 }
 
 /// A change to this node's metadata, run on the event loop.
@@ -322,6 +350,12 @@ impl NodeHandle {
     /// version) only if `f` changed it.
     pub async fn update_meta(&self, f: impl FnOnce(&mut NodeMeta) + Send + 'static) {
         let _ = self.tx.send(Command::UpdateMeta(Box::new(f))).await;
+    }
+
+    /// Closes every connection to `peers` now (they may dial again; see
+    /// [`Command::Disconnect`]).
+    pub async fn disconnect(&self, peers: Vec<PeerId>) {
+        let _ = self.tx.send(Command::Disconnect(peers)).await;
     }
 
     /// Keeps connections to `peers` up from now on (redialed every second while
@@ -634,6 +668,13 @@ impl EventLoop {
                 self.keep = peers;
                 self.keep_dialed = None;
             }
+            Command::Disconnect(peers) => {
+                for peer in peers {
+                    if self.swarm.disconnect_peer_id(peer).is_ok() {
+                        info!(%peer, "connections closed (a removed member, at a key switch)");
+                    }
+                }
+            }
             Command::UpdateMeta(f) => {
                 let mut meta = self.core.local().meta.clone();
                 f(&mut meta);
@@ -845,7 +886,7 @@ impl EventLoop {
                             addr = %seed.addr,
                             retry_ms = seed.backoff_ms,
                             suppressed,
-                            "seed unreachable (down, or a different --cluster-key?): {error}"
+                            "seed unreachable (down, or a different --cluster-key: if the cluster's key was rotated while this node was away, copy cluster.key from a member and restart with --cluster-key FILE): {error}"
                         );
                     }
                     seed.dialing = None;

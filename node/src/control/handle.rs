@@ -112,6 +112,8 @@ pub struct ControlConfig<'a> {
     pub bootstrap: bool,
     /// Build a snapshot (and purge the log before it) every this many applied entries.
     pub snapshot_every: u64,
+    /// The node's cluster key ring, which a rotation's offer fills (`None`: `--insecure`).
+    pub key_ring: Option<crate::cluster::key_ring::KeyRing>,
 }
 
 /// Entries between snapshots unless `--raft-snapshot-every` says otherwise.
@@ -146,6 +148,9 @@ pub struct ControlHandle {
     /// The control plane's tasks (the heartbeat guard, Raft's restart after storage
     /// failures, the RPC server and each RPC it answers), stopped by [`Self::shutdown`].
     pub(super) tasks: crate::tasks::Tasks,
+    /// The node's cluster key ring (`None`: `--insecure`): the RPC server puts a rotation's
+    /// offered key in it.
+    pub key_ring: Option<crate::cluster::key_ring::KeyRing>,
 }
 
 /// Milliseconds since the Unix epoch: the clock stamped on proposals.
@@ -206,6 +211,7 @@ pub async fn open(cfg: ControlConfig<'_>, node: NodeHandle) -> Result<ControlHan
         epoch: Instant::now(),
         leader_contact_ms: Arc::new(AtomicU64::new(NEVER)),
         tasks: crate::tasks::Tasks::new("control"),
+        key_ring: cfg.key_ring,
     };
     handle.tasks.spawn(quiet_when_stale_loop(handle.clone()));
     Ok(handle)

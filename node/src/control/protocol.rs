@@ -46,6 +46,27 @@ pub enum RpcRequest {
         /// Who asked for it.
         principal: Principal,
     },
+    /// A key rotation's new cluster key, offered to this member before the switch is
+    /// proposed (`rotation`). It travels only in calls, on the swarm's Noise-encrypted,
+    /// authenticated streams; answered by [`RpcResponse::KeyTaken`].
+    KeyOffer {
+        /// The epoch the key is for (the cluster's current one + 1).
+        epoch: u64,
+        /// The key, in the `swarm.key` text format.
+        key: SecretText,
+    },
+}
+
+/// A secret's text on the wire: `Debug` shows nothing of it, so logging a request never
+/// prints it.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SecretText(pub String);
+
+impl std::fmt::Debug for SecretText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("REDACTED")
+    }
 }
 
 /// One chunk of a snapshot on the wire: openraft's `InstallSnapshotRequest` with its bytes
@@ -123,6 +144,8 @@ pub enum RpcResponse {
     ),
     Propose(Result<ControlResponse, ProposeError>),
     Logs(LogChunk),
+    /// A [`RpcRequest::KeyOffer`] taken (the key's fingerprint), or why not.
+    KeyTaken(Result<String, String>),
     /// The request could not be decoded.
     Malformed(String),
 }

@@ -264,7 +264,8 @@ pub fn authorize(
         | ControlCommand { op: Op::DatasetRemove { .. }, .. }
         | ControlCommand { op: Op::TokenCreate { .. }, .. }
         | ControlCommand { op: Op::TokenRevoke { .. }, .. }
-        | ControlCommand { op: Op::MemberRemove { .. }, .. } => Ok(()),
+        | ControlCommand { op: Op::MemberRemove { .. }, .. }
+        | ControlCommand { op: Op::KeySwitch { .. }, .. } => Ok(()),
         ControlCommand { op: Op::WorkerExited { id, generation, rank, .. }, .. } => runs_in_current_generation(*id, *generation, Some(*rank)),
         ControlCommand { op: Op::Metric { id, generation, .. }, .. }
         | ControlCommand { op: Op::RankLost { id, generation, .. }, .. } => {
@@ -351,6 +352,10 @@ fn user_command(cmd: &ControlCommand) -> Option<&'static str> {
             op: Op::MemberRemove { .. },
             ..
         } => Some("member-remove"),
+        ControlCommand {
+            op: Op::KeySwitch { .. },
+            ..
+        } => Some("key-rotate"),
         _ => None,
     }
 }
@@ -367,6 +372,9 @@ pub fn admin_only(cmd: &ControlCommand) -> bool {
             ..
         } | ControlCommand {
             op: Op::MemberRemove { .. },
+            ..
+        } | ControlCommand {
+            op: Op::KeySwitch { .. },
             ..
         }
     )
@@ -399,7 +407,10 @@ pub fn authorize_principal(
         check_user_principal(principal, state).map_err(|e| format!("{what}: {e}"))?;
     }
     if admin_only(cmd) && *principal != Principal::Admin {
-        return Err("only the admin token may create or revoke tokens and remove members".into());
+        return Err(
+            "only the admin token may create or revoke tokens, remove members and rotate the key"
+                .into(),
+        );
     }
     Ok(())
 }
@@ -567,6 +578,9 @@ pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>, admit
                     (job, generation, worker, offset),
                     &principal,
                 )),
+                Ok(RpcRequest::KeyOffer { epoch, key }) => {
+                    RpcResponse::KeyTaken(key_offer(&ctl, &from, epoch, &key.0))
+                }
                 Err(e) => {
                     debug!(peer = %from, "malformed rpc: {e}");
                     RpcResponse::Malformed(e.to_string())
@@ -575,6 +589,35 @@ pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>, admit
             respond(reply, resp).await;
         });
     }
+}
+
+/// Takes a key rotation's offer from `from` (see `domain::state::key_epoch`): refused from a
+/// removed member, for an epoch the cluster has reached already, and on a node without a
+/// cluster key; otherwise the key is pending in this node's ring until the switch.
+fn key_offer(
+    ctl: &ControlHandle,
+    from: &libp2p::PeerId,
+    epoch: u64,
+    key: &str,
+) -> Result<String, String> {
+    let peer = from.to_string();
+    ctl.read(|s| {
+        check_not_removed(&peer, s).map_err(|e| e.to_string())?;
+        let current = s.key_epoch();
+        if epoch <= current {
+            return Err(format!(
+                "key offer for epoch {epoch}: the cluster's key is at epoch {current} already"
+            ));
+        }
+        Ok(())
+    })?;
+    let ring = ctl
+        .key_ring
+        .as_ref()
+        .ok_or("this member runs without a cluster key (--insecure)")?;
+    let fingerprint = ring.offer(epoch, key).map_err(|e| e.to_string())?;
+    info!(peer = %from, epoch, %fingerprint, "took a rotation's new cluster key (pending until the switch)");
+    Ok(fingerprint)
 }
 
 async fn respond(reply: Reply, resp: RpcResponse) {

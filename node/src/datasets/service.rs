@@ -175,7 +175,7 @@ impl Datasets {
             Server {
                 store: store.clone(),
                 holdings: holdings.clone(),
-                key: cfg.key,
+                key: cfg.key.clone(),
                 throttle: throttle.clone(),
             },
             listener,
@@ -405,7 +405,7 @@ impl Datasets {
         let ctx = FetchContext {
             store: self.inner.store.clone(),
             holdings: self.inner.holdings.clone(),
-            key: self.inner.cfg.key,
+            key: self.inner.cfg.key.clone(),
             root,
             discover: self.discover(),
             to,

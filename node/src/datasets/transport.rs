@@ -48,26 +48,64 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 const ACCEPTED: u8 = 0xA5;
 
-/// The transport's key: derived from the cluster key.
-#[derive(Clone, Copy)]
-pub struct AuthKey([u8; 32]);
+/// The transport's key: derived from the cluster key, the node's current one at each
+/// handshake (and, during a key rotation's overlap, the previous one too: a server proves
+/// with its current key and takes a client's proof under either; a client takes a server's
+/// proof under either and answers under the one that matched).
+#[derive(Clone)]
+pub struct AuthKey(AuthKeys);
+
+#[derive(Clone)]
+enum AuthKeys {
+    Fixed([u8; 32]),
+    Ring(crate::cluster::key_ring::KeyRing),
+}
 
 impl AuthKey {
     /// The key of a cluster with `key`, or of an open cluster (`None`).
     pub fn new(key: Option<&crate::cluster::identity::ClusterKey>) -> Self {
-        AuthKey(match key {
+        AuthKey(AuthKeys::Fixed(match key {
             Some(k) => k.derive(AUTH_CONTEXT),
             None => blake3::derive_key(AUTH_CONTEXT, &[0u8; 32]),
-        })
+        }))
     }
 
-    fn proof(&self, role: &[u8], client: &[u8; 32], server: &[u8; 32]) -> blake3::Hash {
-        let mut h = blake3::Hasher::new_keyed(&self.0);
-        h.update(role);
-        h.update(client);
-        h.update(server);
-        h.finalize()
+    /// The key of a node with `ring` (`None`: an open cluster), following its switches.
+    pub fn from_ring(ring: Option<crate::cluster::key_ring::KeyRing>) -> Self {
+        match ring {
+            Some(ring) => AuthKey(AuthKeys::Ring(ring)),
+            None => Self::new(None),
+        }
     }
+
+    /// The keys a client's proof is taken under now, the one to prove with first.
+    fn keys(&self) -> Vec<[u8; 32]> {
+        self.derived(crate::cluster::key_ring::KeyRing::accepted)
+    }
+
+    /// The keys a server's proof is taken under now: those of [`AuthKey::keys`] and a
+    /// rotation's pending key (a server that switched first proves with it).
+    fn server_keys(&self) -> Vec<[u8; 32]> {
+        self.derived(crate::cluster::key_ring::KeyRing::provable)
+    }
+
+    fn derived(
+        &self,
+        keys: impl Fn(&crate::cluster::key_ring::KeyRing) -> Vec<crate::cluster::identity::ClusterKey>,
+    ) -> Vec<[u8; 32]> {
+        match &self.0 {
+            AuthKeys::Fixed(k) => vec![*k],
+            AuthKeys::Ring(ring) => keys(ring).iter().map(|k| k.derive(AUTH_CONTEXT)).collect(),
+        }
+    }
+}
+
+fn proof(key: &[u8; 32], role: &[u8], client: &[u8; 32], server: &[u8; 32]) -> blake3::Hash {
+    let mut h = blake3::Hasher::new_keyed(key);
+    h.update(role);
+    h.update(client);
+    h.update(server);
+    h.finalize()
 }
 
 /// What a client asks for.
@@ -170,13 +208,17 @@ pub async fn client_handshake<S: AsyncRead + AsyncWrite + Unpin>(
             .await
             .map_err(eof_is_refusal)?;
         let server: [u8; 32] = answer[..32].try_into().expect("32 bytes");
-        let proof = blake3::Hash::from_bytes(answer[32..].try_into().expect("32 bytes"));
+        let given = blake3::Hash::from_bytes(answer[32..].try_into().expect("32 bytes"));
         // blake3::Hash compares in constant time.
-        if proof != key.proof(b"server", &client, &server) {
+        let Some(matched) = key
+            .server_keys()
+            .into_iter()
+            .find(|k| given == proof(k, b"server", &client, &server))
+        else {
             return Err(TransportError::NotAMember);
-        }
+        };
         stream
-            .write_all(key.proof(b"client", &client, &server).as_bytes())
+            .write_all(proof(&matched, b"client", &client, &server).as_bytes())
             .await?;
         let mut ok = [0u8; 1];
         stream.read_exact(&mut ok).await.map_err(eof_is_refusal)?;
@@ -206,11 +248,15 @@ pub async fn server_handshake<S: AsyncRead + AsyncWrite + Unpin>(
         let server = nonce();
         let mut answer = Vec::with_capacity(64);
         answer.extend_from_slice(&server);
-        answer.extend_from_slice(key.proof(b"server", &client, &server).as_bytes());
+        let keys = key.keys();
+        answer.extend_from_slice(proof(&keys[0], b"server", &client, &server).as_bytes());
         stream.write_all(&answer).await?;
-        let mut proof = [0u8; 32];
-        stream.read_exact(&mut proof).await?;
-        if blake3::Hash::from_bytes(proof) != key.proof(b"client", &client, &server) {
+        let mut given = [0u8; 32];
+        stream.read_exact(&mut given).await?;
+        let given = blake3::Hash::from_bytes(given);
+        if !keys.iter().fold(false, |any, k| {
+            (given == proof(k, b"client", &client, &server)) | any
+        }) {
             return Err(TransportError::NotAMember);
         }
         stream.write_all(&[ACCEPTED]).await?;
@@ -288,7 +334,7 @@ mod tests {
     use super::*;
 
     fn key(byte: u8) -> AuthKey {
-        AuthKey([byte; 32])
+        AuthKey(AuthKeys::Fixed([byte; 32]))
     }
 
     #[tokio::test]

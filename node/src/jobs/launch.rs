@@ -86,7 +86,7 @@ fn open_secrets(ctx: &LaunchContext, job: &Job) -> Vec<(String, String)> {
     let mut out = Vec::with_capacity(job.spec.secrets.len());
     for (name, sealed) in &job.spec.secrets {
         let opened = match &ctx.secrets_key {
-            Some(key) => crate::security::sealed::unseal(key, name, sealed),
+            Some(key) => crate::security::sealed::unseal_any(&key.with_retired(), name, sealed),
             None => Err(crate::security::sealed::SealError::Forged { name: name.clone() }),
         };
         match opened {
@@ -138,7 +138,7 @@ pub fn generation_line(
         generation: u64::from(job.generation),
         rank: slot.rank as usize,
         addrs: ring_addrs(job, host_of)?,
-        secret: ring_secret(job, ctx.ring_key.as_ref()),
+        secret: ring_secret(job, ctx.ring_key.as_ref().map(|k| k.current()).as_ref()),
     };
     Some(generation.to_line())
 }
@@ -180,10 +180,11 @@ pub struct LaunchContext {
     pub libraries: gpus::RankLibraries,
     /// The key rings' secrets are derived with (from the cluster key, see [`ring_secret`]);
     /// `None` under `--insecure`.
-    pub ring_key: Option<[u8; 32]>,
-    /// The key jobs' `[secrets]` open with ([`crate::security::sealed`]); `None` under
-    /// `--insecure` (whose API refuses `[secrets]`).
-    pub secrets_key: Option<[u8; 32]>,
+    pub ring_key: Option<crate::cluster::key_ring::DerivedKey>,
+    /// The key jobs' `[secrets]` open with ([`crate::security::sealed`]; the retired key's
+    /// too, for values sealed before a rotation); `None` under `--insecure` (whose API
+    /// refuses `[secrets]`).
+    pub secrets_key: Option<crate::cluster::key_ring::DerivedKey>,
     /// How command ranks reach their checkpoint place through this node's API
     /// ([`super::checkpoint`]); `None`: they get no place (the tests).
     pub checkpoints: Option<super::checkpoint::CheckpointAccess>,
@@ -364,7 +365,7 @@ pub fn launch(
     let spec_file = log.with_extension("spec.toml");
     env.push((
         "RINGLEADER_SECRET".into(),
-        ring_secret(job, ctx.ring_key.as_ref()),
+        ring_secret(job, ctx.ring_key.as_ref().map(|k| k.current()).as_ref()),
     ));
     env.push((trainer::gpu::GPUS_ENV.into(), slot.gpus.len().to_string()));
     // In the environment, not the argv: a storage URL may carry keys, and a command line

@@ -409,22 +409,24 @@ fn stop(control: &mpsc::Sender<Control>) {
     let _ = control.try_send(Control::Kill);
 }
 
-/// The keys a node launches ranks with, derived from the cluster key (none under
-/// `--insecure`).
-#[derive(Clone, Copy, Default)]
+use crate::cluster::key_ring::DerivedKey;
+
+/// The keys a node launches ranks with, derived from the cluster key at each launch (a key
+/// rotation changes them; none under `--insecure`).
+#[derive(Clone, Default)]
 pub struct NodeKeys {
     /// Rings' secrets ([`super::launch::ring_secret`]).
-    pub ring: Option<[u8; 32]>,
+    pub ring: Option<DerivedKey>,
     /// Jobs' `[secrets]` ([`crate::security::sealed`]).
-    pub secrets: Option<[u8; 32]>,
+    pub secrets: Option<DerivedKey>,
 }
 
 impl NodeKeys {
-    /// The keys of the cluster whose key is `key`.
-    pub fn of(key: Option<&crate::cluster::identity::ClusterKey>) -> NodeKeys {
+    /// The keys of the node whose cluster key ring is `ring`.
+    pub fn of(ring: Option<&crate::cluster::key_ring::KeyRing>) -> NodeKeys {
         NodeKeys {
-            ring: key.map(|k| k.derive(super::launch::RING_KEY_CONTEXT)),
-            secrets: key.map(|k| k.derive(crate::security::sealed::SECRETS_KEY_CONTEXT)),
+            ring: ring.map(|r| DerivedKey::of(r, super::launch::RING_KEY_CONTEXT)),
+            secrets: ring.map(|r| DerivedKey::of(r, crate::security::sealed::SECRETS_KEY_CONTEXT)),
         }
     }
 }

@@ -144,10 +144,19 @@ pub enum TokenError {
     },
 }
 
-/// The tokens the API accepts, kept as their hashes. `Debug` shows nothing of them.
-#[derive(Clone)]
+/// The tokens the API accepts, kept as their hashes. `Debug` shows nothing of them. Shared
+/// by the API (behind an `Arc`) and changed in place by a key rotation
+/// ([`ApiToken::replace`]): the admin token derived from the old key stops matching at once.
 pub struct ApiToken {
-    hashes: Vec<blake3::Hash>,
+    hashes: std::sync::RwLock<Vec<blake3::Hash>>,
+}
+
+impl Clone for ApiToken {
+    fn clone(&self) -> Self {
+        ApiToken {
+            hashes: std::sync::RwLock::new(self.hashes()),
+        }
+    }
 }
 
 impl std::fmt::Debug for ApiToken {
@@ -168,14 +177,34 @@ impl ApiToken {
             return Err(TokenError::Unprintable { path: path.into() });
         }
         Ok(ApiToken {
-            hashes: vec![blake3::hash(token.as_bytes())],
+            hashes: std::sync::RwLock::new(vec![blake3::hash(token.as_bytes())]),
         })
     }
 
     /// These tokens and `other`'s: a request with any of them passes.
-    pub fn or(mut self, other: ApiToken) -> ApiToken {
-        self.hashes.extend(other.hashes);
-        self
+    pub fn or(self, other: ApiToken) -> ApiToken {
+        let mut hashes = self.hashes();
+        hashes.extend(other.hashes());
+        ApiToken {
+            hashes: std::sync::RwLock::new(hashes),
+        }
+    }
+
+    fn hashes(&self) -> Vec<blake3::Hash> {
+        self.hashes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Accepts `new` in place of `old` from now on (a key rotation's new admin token in
+    /// place of the old one's); nothing if `old` is not one of these tokens.
+    pub fn replace(&self, old: &str, new: &str) {
+        let (old, new) = (blake3::hash(old.as_bytes()), blake3::hash(new.as_bytes()));
+        let mut hashes = self.hashes.write().unwrap_or_else(|e| e.into_inner());
+        for h in hashes.iter_mut().filter(|h| **h == old) {
+            *h = new;
+        }
     }
 
     /// Reads the token from `path` (its first line; a `tls` line after it is allowed, see
@@ -217,7 +246,32 @@ impl ApiToken {
     /// Whether a token whose hash is `given` is one of these (constant time, every hash).
     pub fn matches_hash(&self, given: &blake3::Hash) -> bool {
         self.hashes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
             .iter()
             .fold(false, |any, h| (*h == *given) | any)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replaced_token_stops_matching_and_its_successor_matches() {
+        let t = ApiToken::new("old-admin", "t")
+            .unwrap()
+            .or(ApiToken::new("mine", "f").unwrap());
+        let shared = std::sync::Arc::new(t);
+        let seen_by_the_api = shared.clone();
+        shared.replace("old-admin", "new-admin");
+        assert!(!seen_by_the_api.matches("old-admin"));
+        assert!(seen_by_the_api.matches("new-admin"));
+        assert!(
+            seen_by_the_api.matches("mine"),
+            "the --token-file token stays"
+        );
+        shared.replace("absent", "other");
+        assert!(!seen_by_the_api.matches("other"));
     }
 }

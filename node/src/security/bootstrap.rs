@@ -12,7 +12,8 @@
 //! The admin token is derived from the cluster key ([`admin_token`], BLAKE3's key
 //! derivation), so one token works on every node and nothing about it has to be replicated:
 //! whoever holds the key is a member, and a member already runs commands on every node, so
-//! the token grants nothing the key does not. Every keyed node writes it to
+//! the token grants nothing the key does not; a key rotation (`rotation`) changes it with the
+//! key ([`write_api_token`]). Every keyed node writes it to
 //! `<data-dir>/api.token` (0600), where the CLI on that host finds it, with a second line
 //! `tls sha256:HEX`: the fingerprint of the API's TLS key, also derived from the cluster
 //! key ([`tls`]), by which clients beyond loopback verify the node. `--token-file` adds
@@ -45,6 +46,24 @@ pub fn admin_token(key: &ClusterKey) -> String {
     hex::encode(key.derive(ADMIN_TOKEN_CONTEXT))
 }
 
+/// Writes `<data-dir>/api.token` (0600, atomically) for the cluster key `key`: the admin
+/// token derived from it, then `tls` (the pin of the API's TLS key), as at start. A key
+/// rotation calls it on every member when it switches.
+pub fn write_api_token(
+    data_dir: &Path,
+    key: &ClusterKey,
+    tls: Option<tls::Fingerprint>,
+) -> Result<()> {
+    let path = data_dir.join(API_TOKEN_FILE);
+    let text = TokenFileText {
+        token: admin_token(key),
+        tls,
+    }
+    .to_string();
+    modes::write_private(&path, text.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
 /// What the operator asked for at start.
 #[derive(Clone, Debug, Default)]
 pub struct Asked<'a> {
@@ -65,6 +84,9 @@ pub struct Asked<'a> {
 pub struct Secrets {
     /// The cluster key; `None` only with `--insecure`.
     pub key: Option<ClusterKey>,
+    /// The file the key was read from (`--cluster-key`'s, or `<data-dir>/cluster.key`),
+    /// which a key rotation replaces.
+    pub key_file: Option<PathBuf>,
     /// The tokens the API accepts; `None`: the API is open (only with `--insecure`).
     pub token: Option<ApiToken>,
     /// Files made at this start, to print once: (what, path).
@@ -83,6 +105,11 @@ impl Secrets {
 pub fn resolve(data_dir: &Path, asked: &Asked<'_>) -> Result<Secrets> {
     let mut created = Vec::new();
     let stored = data_dir.join(CLUSTER_KEY_FILE);
+    let key_file = match (asked.insecure, asked.cluster_key) {
+        (true, _) => None,
+        (false, Some(path)) => Some(path.to_path_buf()),
+        (false, None) => Some(stored.clone()),
+    };
     let key = match (asked.insecure, asked.cluster_key) {
         (true, Some(_)) => {
             bail!("--insecure runs an open cluster and cannot take --cluster-key: choose one")
@@ -140,6 +167,7 @@ pub fn resolve(data_dir: &Path, asked: &Asked<'_>) -> Result<Secrets> {
     }
     Ok(Secrets {
         key,
+        key_file,
         token,
         created,
     })

@@ -89,6 +89,19 @@ pub fn unseal(key: &[u8; 32], name: &str, sealed: &str) -> Result<String, SealEr
     String::from_utf8(plain).map_err(|_| forged())
 }
 
+/// The value `sealed` holds for `name`, opened with the first of `keys` that opens it (the
+/// current key, then the one before a key rotation).
+pub fn unseal_any(keys: &[[u8; 32]], name: &str, sealed: &str) -> Result<String, SealError> {
+    let mut last = Err(SealError::Forged { name: name.into() });
+    for key in keys {
+        last = unseal(key, name, sealed);
+        if !matches!(last, Err(SealError::Forged { .. })) {
+            return last;
+        }
+    }
+    last
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,5 +142,20 @@ mod tests {
         ));
         assert!(!is_sealed("sealed:v1:zz") && !is_sealed("plain"));
         assert_eq!(unseal(&key, "E", &seal(&key, "E", "")).unwrap(), "");
+    }
+
+    #[test]
+    fn a_value_sealed_before_a_rotation_opens_with_the_retired_key() {
+        let (old, new) = ([1u8; 32], [2u8; 32]);
+        let s = seal(&old, "TOKEN", "v");
+        assert_eq!(unseal_any(&[new, old], "TOKEN", &s).unwrap(), "v");
+        assert!(matches!(
+            unseal_any(&[new], "TOKEN", &s),
+            Err(SealError::Forged { .. })
+        ));
+        assert!(matches!(
+            unseal_any(&[new, old], "TOKEN", "plain"),
+            Err(SealError::NotSealed { .. })
+        ));
     }
 }

@@ -210,3 +210,21 @@ pub fn logged(c: &LocalCluster, ids: &[String], what: &str) -> Vec<Vec<usize>> {
         })
         .collect()
 }
+
+/// The metadata of a member that does not exist ("ghost"), for forged membership messages:
+/// every address points at port 9 of loopback.
+pub fn ghost_meta(name: &str) -> ringleader::cluster::meta::NodeMeta {
+    ringleader::cluster::meta::NodeMeta {
+        name: name.into(),
+        p2p_addrs: vec!["/ip4/127.0.0.1/tcp/9".into()],
+        api_addr: "127.0.0.1:9".into(),
+        data_addr: "127.0.0.1:9".into(),
+        datasets_addr: "127.0.0.1:9".into(),
+        datasets: Vec::new(),
+        cpus: 1,
+        memory_mb: 1024,
+        gpus: Vec::new(),
+        labels: Default::default(),
+        version: "test".into(),
+    }
+}

@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod compaction;
 pub mod datasets;
+pub mod key_epoch;
 pub mod removal;
 pub mod standby;
 pub mod tokens;
@@ -843,6 +844,14 @@ pub enum Op {
         /// Its name, for humans.
         name: String,
     },
+    /// The admin's key rotation: every member switches to the key it was offered with this
+    /// fingerprint (see `domain::state::key_epoch`; the key itself is never in the log).
+    KeySwitch {
+        /// The epoch the key enters: the current one + 1.
+        epoch: u64,
+        /// The new key's public fingerprint.
+        fingerprint: String,
+    },
 }
 
 /// One worker of a placed job.
@@ -913,6 +922,9 @@ pub enum BadCommand {
     /// A removal naming something that is not a peer id.
     #[error("member remove: {0:?} is not a peer id")]
     PeerId(String),
+    /// A key switch whose fingerprint or epoch is not one.
+    #[error("{0}")]
+    KeySwitch(String),
 }
 
 /// Length of a ring secret in hex digits (32 bytes).
@@ -1055,6 +1067,16 @@ impl ControlCommand {
                 }
                 Ok(())
             }
+            ControlCommand {
+                op: Op::KeySwitch { epoch, fingerprint },
+                ..
+            } => {
+                key_epoch::check_fingerprint(fingerprint).map_err(BadCommand::KeySwitch)?;
+                if *epoch == 0 {
+                    return Err(BadCommand::KeySwitch("key switch: epoch 0".into()));
+                }
+                Ok(())
+            }
             _ => Ok(()),
         }
     }
@@ -1111,6 +1133,10 @@ pub struct ControlState {
     /// Members removed from the cluster, by peer id (see `domain::state::removal`).
     #[serde(default)]
     pub removed: BTreeMap<String, removal::Removal>,
+    /// The cluster key's epoch since its last rotation (`None`: never rotated; see
+    /// `domain::state::key_epoch`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<key_epoch::KeyEpoch>,
 }
 
 impl ControlState {
@@ -1350,6 +1376,10 @@ impl ControlState {
                 op: Op::MemberRemove { peer_id, name, .. },
                 ..
             } => self.member_remove(peer_id, name, at_ms),
+            ControlCommand {
+                op: Op::KeySwitch { epoch, fingerprint },
+                ..
+            } => self.key_switch(*epoch, fingerprint, at_ms),
             ControlCommand {
                 op:
                     Op::Standby {

@@ -6,9 +6,10 @@
 //! (`rpc::check_not_removed`), and placement treats it as unavailable. Its ranks that run
 //! already are not stopped by the removal.
 //!
-//! A removed host still holds the cluster key: it can still dial the swarm and, with the
-//! derived admin token, call any node's API. Shutting a compromised host out for good takes
-//! a new key on every other node (key rotation is not built).
+//! A removed host still holds the cluster key until the key is rotated
+//! (`ringleader key rotate`, see `key_epoch` and `rotation`): the new key goes to every live
+//! member but a removed one, after which its old key, and the admin token derived from it,
+//! open nothing.
 
 use serde::{Deserialize, Serialize};
 

@@ -51,7 +51,7 @@ fn train_ranks_get_the_storage_url_in_their_environment_not_argv() {
     // With the cluster's ring key the secret is derived, never the replicated nonce, and
     // the same on every member.
     let keyed = LaunchContext {
-        ring_key: Some([7; 32]),
+        ring_key: Some(crate::cluster::key_ring::DerivedKey::fixed([7; 32])),
         ..ctx.clone()
     };
     let lk = launch(&keyed, job, &job.assignment[0], &|_| {
