@@ -11,6 +11,7 @@
 //!   long-lived stream per peer, answers matched to calls by id.
 //! - [`membership`]: gossip membership, a sans-IO SWIM/Lifeguard core with its simulation.
 //! - [`meta`]: what a member advertises (name, addresses, cpus, memory, gpus, labels).
+//! - [`claim_keys`]: the node's identity signs its membership claims, peer ids check others'.
 //! - [`identity`]: the persistent Ed25519 identity and the cluster key.
 //! - [`addr`]: addresses as users write them (`host:port` or a multiaddr).
 //! - [`wire`]: the node's one wire codec, with its size limits.
@@ -19,6 +20,7 @@
 
 pub mod addr;
 pub mod calls;
+pub mod claim_keys;
 pub mod datagrams;
 pub mod identity;
 pub mod membership;

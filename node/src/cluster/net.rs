@@ -947,6 +947,7 @@ mod tests {
                 meta,
                 meta_version: 0,
                 from: None,
+                sig: vec![7; 64],
             }
         };
         let members: Vec<_> = (0..300).map(member).collect();

@@ -19,6 +19,7 @@ fn update(name: &str, labels: usize) -> Update<PeerId, NodeMeta> {
         meta,
         meta_version: 1,
         from: None,
+        sig: vec![7; 64],
     }
 }
 

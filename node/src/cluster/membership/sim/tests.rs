@@ -80,7 +80,9 @@ fn restarted_member_refutes_its_death_and_is_alive_everywhere() {
                     .map(|mut u| {
                         u.state = State::Suspect;
                         u.from = Some(1);
-                        u
+                        // Resting on 5's own signature of that incarnation, as node 1
+                        // would send it.
+                        super::super::claims::ModelSigner::signed(u)
                     })
                     .collect(),
             },
