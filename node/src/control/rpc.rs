@@ -567,6 +567,7 @@ pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>, admit
                     (job, generation, worker, offset),
                     &principal,
                 )),
+                Ok(RpcRequest::Alive) => RpcResponse::Alive,
                 Err(e) => {
                     debug!(peer = %from, "malformed rpc: {e}");
                     RpcResponse::Malformed(e.to_string())

@@ -34,6 +34,12 @@
 //! A member missing from the gossip view is treated as suspect: never promoted, never removed
 //! (right after a restart the view may be empty). Gossip keeps `dead`/`left` entries, so these
 //! rules see them.
+//!
+//! Gossip is hearsay: never enough alone to take a vote away. Before a change that removes or
+//! demotes a member gossip does not report alive ([`hearsay_target`]), the chief asks that
+//! member directly over a stream; a member that answers is kept, looked at as suspect (never
+//! removed, never promoted) for this round, and the rules run again without that change. An
+//! operator's `member remove` is not hearsay and needs no such call.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
@@ -251,6 +257,30 @@ pub fn next_change<I: Ord + Clone + Debug>(
         }
     }
     None
+}
+
+/// The member `change` would remove or demote on gossip's word alone: one gossip does not
+/// report alive. The caller confirms it over a stream before applying the change (a member
+/// that answers is kept; see the module doc).
+pub fn hearsay_target<'c, I: Ord>(
+    change: &'c Change<I>,
+    members: &BTreeMap<I, MemberView>,
+) -> Option<&'c I> {
+    let (Change::Remove(id) | Change::Demote(id)) = change else {
+        return None;
+    };
+    members
+        .get(id)
+        .is_some_and(|v| v.health != Health::Alive)
+        .then_some(id)
+}
+
+/// Looks at `id` as suspect from now on in `members`: it answered the chief directly, so
+/// whatever gossip says, it is neither removed nor demoted for being down, nor promoted.
+pub fn answered<I: Ord + Clone>(members: &mut BTreeMap<I, MemberView>, id: &I) {
+    if let Some(v) = members.get_mut(id) {
+        v.health = Health::Suspect;
+    }
 }
 
 /// The changes [`next_change`] would make one after another if the gossip view stayed as it

@@ -425,3 +425,29 @@ fn a_removed_member_is_taken_out_and_never_added_back() {
     };
     assert_eq!(next_change(&input, &w.config), Some(Change::Remove(2)));
 }
+
+#[test]
+fn a_voter_gossip_calls_down_is_confirmed_first_and_kept_when_it_answers() {
+    let mut w = World::bootstrapped();
+    for id in 2..=4 {
+        w.set(id, Health::Alive, id * 10);
+    }
+    w.settle();
+    assert_eq!(w.voters, [1, 2, 3].into());
+    // The review's attack: gossip says voter 3 left (or is long dead).
+    for health in [Health::Left, Health::Dead] {
+        w.set(3, health, 0);
+        let change = w.next().expect("a change on gossip's word");
+        assert_eq!(change, Remove(3));
+        assert_eq!(hearsay_target(&change, &w.members), Some(&3));
+        // It answers the chief's direct call: kept, and nothing else is changed for it.
+        answered(&mut w.members, &3);
+        assert_eq!(w.next(), None, "{health:?}: an answering voter is kept");
+        assert_eq!(w.voters, [1, 2, 3].into());
+    }
+    // Changes that do not rest on gossip's word need no call.
+    assert_eq!(hearsay_target(&Promote(4), &w.members), None);
+    w.set(5, Health::Alive, 50);
+    assert_eq!(hearsay_target(&Demote(5), &w.members), None);
+    assert_eq!(hearsay_target(&Demote(3), &w.members), Some(&3));
+}
