@@ -1,0 +1,234 @@
+//! Real-process tests of issue 47's membership attacks (the review's H2 and L1), each against
+//! three nodes with a cluster key, sent from a UDP socket of the test's own with the cluster
+//! key, as a holder of the key (a removed member, say) would send them:
+//!
+//! - H2: one `Gossip` naming another member (or a stranger) as its sender that says the
+//!   victim is dead at incarnation 2^64 − 1, suspect at a high incarnation, or left, signed by
+//!   the sender's own identity or not at all. Before: every node marked the victim dead within
+//!   2 s, it could not refute, and the voter autopilot replaced it. Now: every node refuses
+//!   each claim (counted), and the victim stays alive and a voter everywhere for 10 s, more
+//!   than three times the failure detector's longest suspicion (3 s).
+//! - L1: a datagram as a member sends it (sealed with the key, naming the member), sent twice (the second time from another address) and once sealed a minute ago. Before:
+//!   every copy was taken and pointed the member's route at the replayer. Now: the first is
+//!   taken, the replay and the old one are refused and counted, and the old one's warning
+//!   names the clock skew.
+//!
+//! Every wait polls with a deadline; nodes are stopped by PID (`LocalCluster`).
+
+mod common;
+
+use std::{
+    net::{SocketAddr, UdpSocket},
+    time::{Duration, Instant},
+};
+
+use libp2p::{identity::Keypair, PeerId};
+use ringleader::{
+    api::status::StatusDoc,
+    cli::local::LocalCluster,
+    cluster::{
+        claim_keys,
+        datagrams::{advertised_addrs, wall_ms, Seal},
+        identity::{load_cluster_key, ClusterKey},
+        membership::{Claim, Message, State, Update},
+        meta::NodeMeta,
+        wire,
+    },
+};
+
+/// Bound on each wait (a debug build on two shared cores is slow).
+const WAIT: Duration = Duration::from_secs(120);
+/// How long the victim must stay alive and a voter after the forged datagrams: more than
+/// three times the longest suspicion timeout of the default configuration (3 s), and the
+/// autopilot's period several times over.
+const HOLD: Duration = Duration::from_secs(10);
+
+type Msg = Message<PeerId, NodeMeta>;
+
+/// Three nodes with a cluster key, formed (all alive, a chief, three voters).
+fn cluster(root: &std::path::Path) -> LocalCluster {
+    common::formed_cluster(root, "m", 3, &[], WAIT)
+}
+
+fn key(c: &LocalCluster) -> ClusterKey {
+    load_cluster_key(c.key_file()).expect("the cluster's key")
+}
+
+fn peer(c: &LocalCluster, i: usize) -> PeerId {
+    c.nodes[i].info.id.parse().expect("a peer id")
+}
+
+/// Where node `i`'s datagrams are read.
+fn udp_of(c: &LocalCluster, i: usize) -> SocketAddr {
+    advertised_addrs(&c.nodes[i].info.p2p_addrs)[0]
+}
+
+fn meta(name: &str) -> NodeMeta {
+    NodeMeta {
+        name: name.into(),
+        p2p_addrs: vec!["/ip4/10.6.6.6/tcp/7070".into()],
+        api_addr: "10.6.6.6:1".into(),
+        data_addr: "10.6.6.6:2".into(),
+        datasets_addr: "10.6.6.6:3".into(),
+        datasets: Vec::new(),
+        cpus: 1,
+        memory_mb: 1024,
+        gpus: Vec::new(),
+        labels: Default::default(),
+        version: "test".into(),
+    }
+}
+
+fn claim(id: PeerId, incarnation: u64, state: State, name: &str) -> Update<PeerId, NodeMeta> {
+    Update {
+        id,
+        incarnation,
+        state,
+        meta: meta(name),
+        meta_version: u64::MAX,
+        from: None,
+        sig: Vec::new(),
+    }
+}
+
+/// `u` signed with `key` (the sender's own identity, which is not the subject's).
+fn signed_by(key: &Keypair, mut u: Update<PeerId, NodeMeta>) -> Update<PeerId, NodeMeta> {
+    u.sig = claim_keys::sign(key, &Claim::of(&u));
+    u
+}
+
+fn gossip(updates: Vec<Update<PeerId, NodeMeta>>) -> Vec<u8> {
+    wire::encode(&Msg::Gossip { updates }).unwrap()
+}
+
+fn victim_held(s: &StatusDoc, victim: &str) -> bool {
+    s.members
+        .iter()
+        .any(|m| m.name == victim && m.state == "alive" && m.voter && m.incarnation < 1_000)
+}
+
+/// Polls every node until `cond` holds for all, up to `WAIT`.
+fn wait_counter(c: &LocalCluster, what: &str, cond: impl Fn(&StatusDoc) -> bool) {
+    if let Err(e) = c.wait_all(WAIT, what, cond) {
+        panic!("{what}: {e}");
+    }
+}
+
+#[test]
+fn forged_claims_about_a_member_evict_nobody() {
+    let root = tempfile::tempdir().unwrap();
+    let c = cluster(root.path());
+    let key = key(&c);
+    let victim = peer(&c, 2);
+    let victim_name = c.nodes[2].name.clone();
+    // The insider: a host with the key (a removed member's identity, or any other), and a
+    // member it names as sender.
+    let insider = Keypair::generate_ed25519();
+    let senders = [insider.public().to_peer_id(), peer(&c, 0)];
+    let forged: Vec<Update<PeerId, NodeMeta>> = vec![
+        // The review's datagram: the victim dead at 2^64 - 1.
+        claim(victim, u64::MAX, State::Dead, &victim_name),
+        // The same, signed by the insider's own key, at a plausible incarnation.
+        signed_by(&insider, claim(victim, 1, State::Dead, &victim_name)),
+        // Suspect far above anything the victim signed.
+        signed_by(
+            &insider,
+            claim(victim, 1 << 40, State::Suspect, &victim_name),
+        ),
+        // Left, in the victim's name.
+        claim(victim, 1, State::Left, &victim_name),
+        signed_by(&insider, claim(victim, 2, State::Left, "moved")),
+    ];
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut sent = 0u64;
+    for sender in senders {
+        let seal = Seal::new(Some(&key), &sender);
+        for u in &forged {
+            let d = seal.seal(&gossip(vec![u.clone()]));
+            assert!(d.len() <= 1_400, "{} bytes", d.len());
+            for i in 0..3 {
+                socket.send_to(&d, udp_of(&c, i)).unwrap();
+            }
+        }
+        sent += forged.len() as u64;
+    }
+
+    // Every node hears every forged claim and refuses it (m0 drops those naming it as
+    // their sender before reading them: a node's own datagrams come back to it only by
+    // mistake).
+    let per_sender = forged.len() as u64;
+    wait_counter(&c, "every forged claim refused", |s| {
+        let expected = if s.node.name == "m0" {
+            per_sender
+        } else {
+            sent
+        };
+        s.counters.refused_claims >= expected
+    });
+    // The victim stays alive, at a small incarnation, and a voter, everywhere, throughout.
+    let start = Instant::now();
+    while start.elapsed() < HOLD {
+        for i in 0..3 {
+            let s = c.status(i).unwrap();
+            assert!(
+                victim_held(&s, &victim_name),
+                "node {i} after {:?}: {:?}",
+                start.elapsed(),
+                s.members
+            );
+            assert!(
+                s.members.iter().all(|m| m.name != "moved"),
+                "node {i} took a forged name"
+            );
+        }
+        std::thread::sleep(common::POLL);
+    }
+}
+
+#[test]
+fn a_replayed_or_stale_datagram_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let c = cluster(root.path());
+    let key = key(&c);
+    // A datagram as m1 sends one (a gossip round with nothing new), sealed with the
+    // cluster key, as if captured on the wire.
+    let seal = Seal::new(Some(&key), &peer(&c, 1));
+    let captured = seal.seal(&gossip(Vec::new()));
+    let to = udp_of(&c, 0);
+    let before = c.status(0).unwrap().counters;
+
+    // Taken once; the replay, from another address, is refused.
+    let first = UdpSocket::bind("127.0.0.1:0").unwrap();
+    first.send_to(&captured, to).unwrap();
+    let replayer = UdpSocket::bind("127.0.0.2:0").unwrap();
+    replayer.send_to(&captured, to).unwrap();
+    let deadline = Instant::now() + WAIT;
+    let replayed = common::poll_until(
+        WAIT,
+        || c.status(0).unwrap().counters.replayed_datagrams,
+        |&n| n > before.replayed_datagrams,
+    );
+    assert!(replayed.is_ok(), "the replay was not refused: {replayed:?}");
+
+    // One sealed a minute ago (captured then, or a clock off): refused, with a warning that
+    // names the skew.
+    let old = seal.seal_at(&gossip(Vec::new()), wall_ms() - 60_000);
+    replayer.send_to(&old, to).unwrap();
+    let skewed = common::poll_until(
+        deadline.saturating_duration_since(Instant::now()),
+        || c.status(0).unwrap().counters.skewed_datagrams,
+        |&n| n > before.skewed_datagrams,
+    );
+    assert!(
+        skewed.is_ok(),
+        "the old datagram was not refused: {skewed:?}"
+    );
+    let log = c.nodes[0].log();
+    assert!(
+        log.contains("clock is 60 s behind this host's") && log.contains("check NTP"),
+        "no warning naming the skew: {log}"
+    );
+    // m1 is still heard (its own datagrams are fresh) and alive everywhere.
+    c.wait_all(WAIT, "m1 alive", |s| s.names_in("alive").len() == 3)
+        .unwrap();
+}
