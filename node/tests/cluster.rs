@@ -185,19 +185,7 @@ fn datagrams_without_the_cluster_key_are_refused_and_admit_nobody() {
     // Gossip that a member "ghost" is alive, from "ghost" itself, signed with its identity.
     let ghost_key = libp2p::identity::Keypair::generate_ed25519();
     let ghost = ghost_key.public().to_peer_id();
-    let meta = NodeMeta {
-        name: "ghost".into(),
-        p2p_addrs: vec!["/ip4/127.0.0.1/tcp/9".into()],
-        api_addr: "127.0.0.1:9".into(),
-        data_addr: "127.0.0.1:9".into(),
-        datasets_addr: "127.0.0.1:9".into(),
-        datasets: Vec::new(),
-        cpus: 1,
-        memory_mb: 1024,
-        gpus: Vec::new(),
-        labels: Default::default(),
-        version: "test".into(),
-    };
+    let meta = common::member_meta("ghost", "127.0.0.1:9");
     let mut alive = Update {
         id: ghost,
         incarnation: 1,

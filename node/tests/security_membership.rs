@@ -64,19 +64,7 @@ fn udp_of(c: &LocalCluster, i: usize) -> SocketAddr {
 }
 
 fn meta(name: &str) -> NodeMeta {
-    NodeMeta {
-        name: name.into(),
-        p2p_addrs: vec!["/ip4/10.6.6.6/tcp/7070".into()],
-        api_addr: "10.6.6.6:1".into(),
-        data_addr: "10.6.6.6:2".into(),
-        datasets_addr: "10.6.6.6:3".into(),
-        datasets: Vec::new(),
-        cpus: 1,
-        memory_mb: 1024,
-        gpus: Vec::new(),
-        labels: Default::default(),
-        version: "test".into(),
-    }
+    common::member_meta(name, "10.6.6.6:7070")
 }
 
 fn claim(id: PeerId, incarnation: u64, state: State, name: &str) -> Update<PeerId, NodeMeta> {

@@ -210,3 +210,22 @@ pub fn logged(c: &LocalCluster, ids: &[String], what: &str) -> Vec<Vec<usize>> {
         })
         .collect()
 }
+
+/// The metadata of a member named `name` whose every address is `at` (`ip:port`), for the
+/// membership claims a test forges or makes.
+pub fn member_meta(name: &str, at: &str) -> ringleader::cluster::meta::NodeMeta {
+    let (ip, port) = at.rsplit_once(':').expect("ip:port");
+    ringleader::cluster::meta::NodeMeta {
+        name: name.into(),
+        p2p_addrs: vec![format!("/ip4/{ip}/tcp/{port}")],
+        api_addr: at.into(),
+        data_addr: at.into(),
+        datasets_addr: at.into(),
+        datasets: Vec::new(),
+        cpus: 1,
+        memory_mb: 1024,
+        gpus: Vec::new(),
+        labels: Default::default(),
+        version: "test".into(),
+    }
+}
