@@ -1029,3 +1029,38 @@ fn a_member_can_always_refute_without_saturating() {
     assert_eq!(m.local().incarnation, INCARNATION_MAX + 1);
     assert_eq!(m.stats().claims_refused, 3);
 }
+
+proptest::proptest! {
+    /// Whatever a key holder sends without its subject's signature (any member, incarnation,
+    /// state, metadata; by datagram or in a state piece), the view does not move.
+    #[test]
+    fn an_unsigned_claim_never_moves_the_view(
+        claims in proptest::collection::vec(arb_update(), 1..40),
+        incarnations in proptest::collection::vec(proptest::prelude::any::<u64>(), 40),
+        sigs in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..20), 40),
+        in_a_piece in proptest::prelude::any::<bool>(),
+    ) {
+        let mut m = node(6, Config::default());
+        let before = view(&m);
+        let forged: Vec<_> = claims
+            .into_iter()
+            .zip(incarnations)
+            .zip(sigs)
+            .map(|((mut u, incarnation), sig)| {
+                u.id %= 6;
+                u.incarnation = incarnation;
+                u.sig = sig;
+                u
+            })
+            .filter(|u| *u != ModelSigner::signed(u.clone()))
+            .collect();
+        let n = forged.len() as u64;
+        for chunk in forged.chunks(Config::default().piggyback_max) {
+            let event = if in_a_piece { whole_view(2, chunk.to_vec()) } else { gossip(2, chunk.to_vec()) };
+            m.handle(1_000, event);
+        }
+        proptest::prop_assert_eq!(view(&m), before);
+        proptest::prop_assert_eq!(m.stats().claims_refused, n);
+        proptest::prop_assert!(m.check_invariants().is_ok());
+    }
+}
