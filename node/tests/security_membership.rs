@@ -13,6 +13,10 @@
 //!   taken, the replay and the old one are refused and counted, and the old one's warning
 //!   names the clock skew.
 //!
+//! - A member an operator removed (`ringleader member remove`) still runs and still holds the
+//!   key: the others drop its datagrams (counted), and its own signed claim, sent again as a
+//!   datagram naming it, is dropped before it is read.
+//!
 //! Every wait polls with a deadline; nodes are stopped by PID (`LocalCluster`).
 
 mod common;
@@ -219,4 +223,58 @@ fn a_replayed_or_stale_datagram_is_refused() {
     // m1 is still heard (its own datagrams are fresh) and alive everywhere.
     c.wait_all(WAIT, "m1 alive", |s| s.names_in("alive").len() == 3)
         .unwrap();
+}
+
+#[test]
+fn a_removed_members_datagrams_are_dropped() {
+    let root = tempfile::tempdir().unwrap();
+    let c = cluster(root.path());
+    let key = key(&c);
+    let chief = c.status(0).unwrap().chief.unwrap().name;
+    let gone = (0..3).find(|i| c.nodes[*i].name != chief).unwrap();
+    let gone_name = c.nodes[gone].name.clone();
+    let stay: Vec<usize> = (0..3).filter(|i| *i != gone).collect();
+    common::ok(
+        c.cli(stay[0])
+            .args(["member", "remove", &gone_name])
+            .output()
+            .unwrap(),
+    );
+
+    // It keeps running and sending; the others drop what it sends.
+    for &i in &stay {
+        let dropped = common::poll_until(
+            WAIT,
+            || c.status(i).unwrap().counters.removed_datagrams,
+            |&n| n > 0,
+        );
+        assert!(dropped.is_ok(), "node {i} still reads the removed member");
+    }
+    // Its own claim, signed with its identity, at a higher incarnation: dropped unread.
+    let bytes = std::fs::read(root.path().join(&gone_name).join("identity.key")).unwrap();
+    let identity = Keypair::from_protobuf_encoding(&bytes).unwrap();
+    let me = peer(&c, gone);
+    let own = signed_by(&identity, claim(me, 7, State::Alive, &gone_name));
+    let seal = Seal::new(Some(&key), &me);
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    for &i in &stay {
+        let before = c.status(i).unwrap().counters;
+        socket
+            .send_to(&seal.seal(&gossip(vec![own.clone()])), udp_of(&c, i))
+            .unwrap();
+        let dropped = common::poll_until(
+            WAIT,
+            || c.status(i).unwrap().counters.removed_datagrams,
+            |&n| n > before.removed_datagrams,
+        );
+        assert!(dropped.is_ok(), "node {i} read it");
+        let s = c.status(i).unwrap();
+        assert_eq!(
+            s.counters.refused_claims, before.refused_claims,
+            "never read"
+        );
+        let m = s.members.iter().find(|m| m.name == gone_name).unwrap();
+        assert!(m.state == "removed" && !m.voter, "node {i}: {m:?}");
+        assert!(m.incarnation < 7, "node {i} took its claim: {m:?}");
+    }
 }
