@@ -182,16 +182,16 @@ fn a_replayed_or_stale_datagram_is_refused() {
     let root = tempfile::tempdir().unwrap();
     let c = cluster(root.path());
     let key = key(&c);
-    // A datagram as m1 sends one (a gossip round with nothing new), sealed with the
-    // cluster key, as if captured on the wire.
-    let seal = Seal::new(Some(&key), &peer(&c, 1));
-    let captured = seal.seal(&gossip(Vec::new()));
+    // A datagram m1 sent m0, captured on the wire (loopback) as a host on the path would.
     let to = udp_of(&c, 0);
+    let Some(captured) = capture(udp_of(&c, 1).port(), to.port(), WAIT) else {
+        eprintln!("SKIPPED: no packet socket on lo (needs root and AF_PACKET): no capture");
+        return;
+    };
+    let seal = Seal::new(Some(&key), &peer(&c, 1));
     let before = c.status(0).unwrap().counters;
 
-    // Taken once; the replay, from another address, is refused.
-    let first = UdpSocket::bind("127.0.0.1:0").unwrap();
-    first.send_to(&captured, to).unwrap();
+    // It was taken when it came; the replay, from another address, is refused.
     let replayer = UdpSocket::bind("127.0.0.2:0").unwrap();
     replayer.send_to(&captured, to).unwrap();
     let deadline = Instant::now() + WAIT;
@@ -277,4 +277,63 @@ fn a_removed_members_datagrams_are_dropped() {
         assert!(m.state == "removed" && !m.voter, "node {i}: {m:?}");
         assert!(m.incarnation < 7, "node {i} took its claim: {m:?}");
     }
+}
+
+/// The payload of the next UDP datagram on loopback from port `from` to port `to`, captured
+/// with a packet socket as a host on the path would (`None` when no packet socket opens:
+/// that needs root).
+fn capture(from: u16, to: u16, within: Duration) -> Option<Vec<u8>> {
+    let all = (libc::ETH_P_ALL as u16).to_be();
+    // SAFETY: plain socket calls on a descriptor this function owns and closes; the
+    // addresses and buffers passed live across each call and their sizes are given.
+    unsafe {
+        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_DGRAM, i32::from(all));
+        if fd < 0 {
+            return None;
+        }
+        let mut at: libc::sockaddr_ll = std::mem::zeroed();
+        at.sll_family = libc::AF_PACKET as u16;
+        at.sll_protocol = all;
+        at.sll_ifindex = libc::if_nametoindex(c"lo".as_ptr()) as i32;
+        let bound = libc::bind(
+            fd,
+            (&raw const at).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as u32,
+        );
+        let wait = libc::timeval {
+            tv_sec: 1,
+            tv_usec: 0,
+        };
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&raw const wait).cast(),
+            std::mem::size_of::<libc::timeval>() as u32,
+        );
+        let deadline = Instant::now() + within;
+        let mut buf = vec![0u8; 65_536];
+        let mut found = None;
+        while bound == 0 && found.is_none() && Instant::now() < deadline {
+            let n = libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0);
+            if n > 0 {
+                found = udp_payload(&buf[..n as usize], from, to);
+            }
+        }
+        libc::close(fd);
+        found
+    }
+}
+
+/// The UDP payload of IPv4 packet `p` when it goes from port `from` to port `to`.
+fn udp_payload(p: &[u8], from: u16, to: u16) -> Option<Vec<u8>> {
+    if p.len() < 28 || p[0] >> 4 != 4 || p[9] != 17 {
+        return None;
+    }
+    let udp = p.get(usize::from(p[0] & 0x0f) * 4..)?;
+    let ports = (
+        u16::from_be_bytes([udp[0], udp[1]]),
+        u16::from_be_bytes([udp[2], udp[3]]),
+    );
+    (ports == (from, to)).then(|| udp[8..].to_vec())
 }
