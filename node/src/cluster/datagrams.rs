@@ -494,11 +494,14 @@ impl Datagrams {
 
     /// Sends `frame` (at most [`Self::frame_budget`] bytes) to each of `to`, without
     /// waiting: a full send buffer drops it, as the network may. Fails when no send did.
+    /// Each address gets a datagram sealed for it (a nonce of its own): two advertised
+    /// addresses may lead to the same member, which would take the second copy of one
+    /// datagram for a replay.
     pub fn send(&self, to: &[SocketAddr], frame: &[u8]) -> io::Result<()> {
         debug_assert!(frame.len() <= self.frame_budget());
-        let datagram = self.seal.seal(frame);
         let mut result = Err(io::Error::from(io::ErrorKind::AddrNotAvailable));
         for at in to {
+            let datagram = self.seal.seal(frame);
             match self.socket.get_ref().send_to(&datagram, *at) {
                 Ok(_) => result = Ok(()),
                 Err(e) if result.is_err() => result = Err(e),

@@ -317,3 +317,24 @@ async fn only_a_fresh_datagram_first_seen_moves_a_route() {
     assert!(d.take(now + 20, elsewhere, fresh).is_ok());
     assert_eq!(d.destinations(&peer, &[]), vec![elsewhere]);
 }
+
+/// Two advertised addresses that lead to the same member each get a datagram of their own,
+/// so the member takes both (one datagram twice would be a replay).
+#[tokio::test]
+async fn two_addresses_of_one_member_each_get_a_datagram_of_their_own() {
+    let key = key();
+    let listen: Multiaddr = "/ip4/127.0.0.1/tcp/0".parse().unwrap();
+    let (a_listen, a_udp) = bind(&listen).unwrap();
+    let (_, b_udp) = bind(&listen).unwrap();
+    let mut a = Datagrams::new(a_udp, Seal::new(Some(&key), &PeerId::random())).unwrap();
+    let b = Datagrams::new(b_udp, Seal::new(Some(&key), &PeerId::random())).unwrap();
+    let a_at = multiaddr_to_socket(&a_listen).unwrap();
+    b.send(&[a_at, a_at], b"twice").unwrap();
+    for copy in 0..2 {
+        match a.recv().await {
+            Received::Frame { frame, .. } => assert_eq!(frame, b"twice"),
+            Received::Refused { error, .. } => panic!("copy {copy} refused: {error}"),
+            Received::Failed(e) => panic!("{e}"),
+        }
+    }
+}
