@@ -1,4 +1,4 @@
-//! The node's signatures of its membership claims ([`membership::claims`]): the node's
+//! The node's signatures of its membership claims ([`super::membership::claims`]): the node's
 //! Ed25519 identity (`identity.key`, the key of its Noise handshakes) signs its own, and
 //! each other member's peer id checks its claims, since an Ed25519 peer id is its public
 //! key, inlined. A claim about a member whose id holds no public key (a hashed id, which

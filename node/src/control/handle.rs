@@ -667,38 +667,24 @@ impl ControlHandle {
             self.read(|s| s.removed.keys().map(|p| node_id_of(p.as_str())).collect());
         voters::exclude_removed(&mut view, removed.iter().copied());
         // A change on gossip's word waits for the member's own silence: one that answers
-        // directly is kept (`voters` module doc). At most one call per member and round.
-        let mut asked = BTreeSet::new();
+        // directly is kept (`voters::Round`).
+        let mut round = voters::Round::new(view, removed.into_iter().collect());
         let change = loop {
-            let input = voters::Input {
-                leader: &ctl.node_id,
-                voters: &voters,
-                learners: &learners,
-                members: &view,
-                now_ms,
-            };
-            let Some(change) = voters::next_change(&input, config) else {
-                return Ok(());
-            };
-            let target = voters::hearsay_target(&change, &view)
-                .filter(|id| !removed.contains(id))
-                .copied();
-            let Some(id) = target else {
-                break change;
-            };
-            if !asked.insert(id) {
-                // It answered this round: nothing is taken from it on gossip's word.
-                return Ok(());
-            }
-            let peer = nodes
-                .get(&id)
-                .and_then(|n| n.peer_id.parse::<PeerId>().ok());
-            match peer {
-                Some(peer) if self.answers(peer).await => {
-                    warn!(%peer, ?change, "gossip reports a member down that answers directly: kept");
-                    voters::answered(&mut view, &id);
+            match round.step(&ctl.node_id, &voters, &learners, now_ms, config) {
+                voters::Step::Done => return Ok(()),
+                voters::Step::Apply(change) => break change,
+                voters::Step::Ask(id) => {
+                    let peer = nodes
+                        .get(&id)
+                        .and_then(|n| n.peer_id.parse::<PeerId>().ok());
+                    match peer {
+                        Some(peer) if self.answers(peer).await => {
+                            warn!(%peer, "gossip reports a member down that answers directly: kept");
+                            round.answered(&id);
+                        }
+                        _ => round.silent(&id),
+                    }
                 }
-                _ => break change,
             }
         };
         info!(?change, "voter change");
