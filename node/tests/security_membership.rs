@@ -337,3 +337,23 @@ fn udp_payload(p: &[u8], from: u16, to: u16) -> Option<Vec<u8>> {
     );
     (ports == (from, to)).then(|| udp[8..].to_vec())
 }
+
+/// The other side of the voter autopilot's confirmation: a voter that is really gone (killed)
+/// does not answer the chief's direct call, so gossip's word stands and it is removed from
+/// the voters after the dead grace (30 s), as before the call was asked.
+#[test]
+fn a_voter_that_is_really_gone_is_still_removed() {
+    let root = tempfile::tempdir().unwrap();
+    let mut c = cluster(root.path());
+    let chief = c.status(0).unwrap().chief.unwrap().name;
+    let gone = (0..3).find(|i| c.nodes[*i].name != chief).unwrap();
+    let gone_name = c.nodes[gone].name.clone();
+    c.kill9(gone).unwrap();
+    // Dead (a few seconds), the grace (30 s), a silent call (at most 3 s): well within WAIT.
+    c.wait_all(WAIT, "the dead voter removed from the voters", |s| {
+        s.members
+            .iter()
+            .any(|m| m.name == gone_name && m.state == "dead" && !m.voter)
+    })
+    .unwrap();
+}
