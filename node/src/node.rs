@@ -320,6 +320,8 @@ pub async fn run(config: NodeConfig) -> Result<()> {
     let datagrams = Datagrams::new(udp, Seal::with_ring(ring.clone(), &peer_id))
         .context("the cluster's datagram socket")?;
 
+    // The identity signs this node's membership claims as well (`cluster::claim_keys`).
+    let claim_key = key.clone();
     let mut swarm = net::build_swarm(key, ring.clone())?;
     swarm
         .listen_on(listen.clone())
@@ -387,7 +389,15 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         datasets_addr: meta.datasets_addr.clone(),
     };
     let epoch = Instant::now();
-    let core = Membership::new(peer_id, meta, config.membership.clone(), rand::random(), 0);
+    let signer = Box::new(crate::cluster::claim_keys::IdentitySigner::new(claim_key));
+    let core = Membership::new(
+        peer_id,
+        meta,
+        config.membership.clone(),
+        rand::random(),
+        0,
+        signer,
+    );
     let (mut event_loop, handle) =
         net::EventLoop::new(swarm, datagrams, core, epoch, config.join.clone());
     let rpc_rx = event_loop.rpc_inbound();

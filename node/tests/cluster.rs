@@ -168,9 +168,10 @@ fn a_node_with_another_cluster_key_is_never_admitted() {
 #[test]
 fn datagrams_without_the_cluster_key_are_refused_and_admit_nobody() {
     use ringleader::cluster::{
+        claim_keys,
         datagrams::{advertised_addrs, Seal},
         identity::{generate_cluster_key, parse_cluster_key},
-        membership::{Message, State, Update},
+        membership::{Claim, Message, State, Update},
         meta::NodeMeta,
         wire,
     };
@@ -181,18 +182,22 @@ fn datagrams_without_the_cluster_key_are_refused_and_admit_nobody() {
         .unwrap();
     let to = advertised_addrs(&c.nodes[0].info.p2p_addrs)[0];
 
-    // Gossip that a member "ghost" is alive, from "ghost" itself.
-    let ghost = libp2p::PeerId::random();
-    let meta = common::ghost_meta("ghost");
+    // Gossip that a member "ghost" is alive, from "ghost" itself, signed with its identity.
+    let ghost_key = libp2p::identity::Keypair::generate_ed25519();
+    let ghost = ghost_key.public().to_peer_id();
+    let meta = common::member_meta("ghost", "127.0.0.1:9");
+    let mut alive = Update {
+        id: ghost,
+        incarnation: 1,
+        state: State::Alive,
+        meta,
+        meta_version: 1,
+        from: None,
+        sig: Vec::new(),
+    };
+    alive.sig = claim_keys::sign(&ghost_key, &Claim::of(&alive));
     let gossip: Message<libp2p::PeerId, NodeMeta> = Message::Gossip {
-        updates: vec![Update {
-            id: ghost,
-            incarnation: 1,
-            state: State::Alive,
-            meta,
-            meta_version: 1,
-            from: None,
-        }],
+        updates: vec![alive],
     };
     let frame = wire::encode(&gossip).unwrap();
     let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();

@@ -21,9 +21,10 @@ use ringleader::{
     api::{auth::TokenFileText, client::ApiClient},
     cli::local::LocalCluster,
     cluster::{
+        claim_keys,
         datagrams::{advertised_addrs, Seal},
         identity::{load_cluster_key, ClusterKey},
-        membership::{Message, State, Update},
+        membership::{Claim, Message, State, Update},
         meta::NodeMeta,
         wire,
     },
@@ -51,20 +52,21 @@ fn gossip(
     Seal::new(Some(key), &sender).seal(&wire::encode(&msg).unwrap())
 }
 
-/// Gossip from a member that does not exist, sealed with `key`: `ghost` alive.
-fn ghost_alive(key: &ClusterKey, ghost: libp2p::PeerId) -> Vec<u8> {
-    gossip(
-        key,
-        ghost,
-        vec![Update {
-            id: ghost,
-            incarnation: 1,
-            state: State::Alive,
-            meta: common::ghost_meta("ghost"),
-            meta_version: 1,
-            from: None,
-        }],
-    )
+/// Gossip from a member that does not exist, sealed with `key`: `ghost` alive, signed with
+/// its own identity (as a real member's claim is).
+fn ghost_alive(key: &ClusterKey, ghost: &libp2p::identity::Keypair) -> Vec<u8> {
+    let id = ghost.public().to_peer_id();
+    let mut alive = Update {
+        id,
+        incarnation: 1,
+        state: State::Alive,
+        meta: common::ghost_meta("ghost"),
+        meta_version: 1,
+        from: None,
+        sig: Vec::new(),
+    };
+    alive.sig = claim_keys::sign(ghost, &Claim::of(&alive));
+    gossip(key, id, vec![alive])
 }
 
 #[test]
@@ -207,12 +209,18 @@ fn a_removed_host_is_shut_out_by_rotating_the_key() {
     let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let rt3: libp2p::PeerId = c.nodes[gone].info.id.parse().unwrap();
     let rt1: libp2p::PeerId = c.nodes[1].info.id.parse().unwrap();
+    // The probe names a sender that was never removed (the ghost): a removed sender's
+    // datagrams are refused whatever their key.
+    let ghost = libp2p::identity::Keypair::generate_ed25519();
     let refused_before = c.status(0).unwrap().counters.refused_datagrams;
     poll_until(
         WAIT,
         || {
             socket
-                .send_to(&gossip(&old_key, rt3, Vec::new()), to)
+                .send_to(
+                    &gossip(&old_key, ghost.public().to_peer_id(), Vec::new()),
+                    to,
+                )
                 .unwrap();
             c.status(0).unwrap().counters.refused_datagrams
         },
@@ -224,7 +232,6 @@ fn a_removed_host_is_shut_out_by_rotating_the_key() {
         assert!(s.names_in("alive").contains(&"rt1".to_string()));
         common::ghost_meta("rt1")
     };
-    let ghost = libp2p::PeerId::random();
     let forged = [
         gossip(
             &old_key,
@@ -236,9 +243,10 @@ fn a_removed_host_is_shut_out_by_rotating_the_key() {
                 meta: rt1_meta,
                 meta_version: u64::MAX,
                 from: Some(rt3),
+                sig: Vec::new(),
             }],
         ),
-        ghost_alive(&old_key, ghost),
+        ghost_alive(&old_key, &ghost),
     ];
     let before = c.status(0).unwrap().counters.refused_datagrams;
     for d in &forged {
@@ -299,7 +307,7 @@ fn a_removed_host_is_shut_out_by_rotating_the_key() {
 
     // Phase 8: the datagram path itself works: the same ghost sealed with the new key is
     // heard (so the refusals above were the old key's, not a dead socket's).
-    socket.send_to(&ghost_alive(&new_key, ghost), to).unwrap();
+    socket.send_to(&ghost_alive(&new_key, &ghost), to).unwrap();
     let heard = poll_until(
         WAIT,
         || ApiClient::new(&c.nodes[0].info.api_addr, Some(new_token.clone())).status(),

@@ -268,7 +268,7 @@ pub fn render(status: &StatusDoc, jobs: &[JobSample]) -> String {
     }
 
     let c = &status.counters;
-    let counters: [(&str, u64, &str); 8] = [
+    let counters: [(&str, u64, &str); 12] = [
         (
             "messages_in",
             c.messages_in,
@@ -303,7 +303,27 @@ pub fn render(status: &StatusDoc, jobs: &[JobSample]) -> String {
         (
             "refused_datagrams",
             c.refused_datagrams,
-            "Membership datagrams that did not open (wrong or missing cluster key).",
+            "Membership datagrams refused: did not open (wrong or missing cluster key), not fresh, or from a removed member.",
+        ),
+        (
+            "replayed_datagrams",
+            c.replayed_datagrams,
+            "Membership datagrams seen before within the replay window.",
+        ),
+        (
+            "skewed_datagrams",
+            c.skewed_datagrams,
+            "Membership datagrams sealed more than 30 s from this host's clock.",
+        ),
+        (
+            "removed_datagrams",
+            c.removed_datagrams,
+            "Membership datagrams and frames from members removed from the cluster.",
+        ),
+        (
+            "refused_claims",
+            c.refused_claims,
+            "Membership claims without their subject's signature or past the incarnation bounds.",
         ),
     ];
     for (what, n, help) in counters {

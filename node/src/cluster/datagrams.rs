@@ -11,26 +11,35 @@
 //! syncs (push-pull, state pieces) and leaves stay on the streams: they are large, or must
 //! arrive, or both.
 //!
-//! A datagram is `magic | nonce | ChaCha20-Poly1305(sender's peer id | frame)`, at most
-//! [`DATAGRAM_BYTES_MAX`] bytes (an Ethernet frame's payload, so IP never fragments it), with
-//! the key [`ClusterKey::derive`]d for [`DATAGRAM_KEY_CONTEXT`] and a random 96-bit nonce per
-//! datagram. Without a cluster key (`--insecure`) a datagram is `plain magic | peer id |
-//! frame`: such a cluster is open to anyone who reaches the port anyway. A message too large
-//! for one datagram is sent bare and its piggybacked updates follow as gossip in as many
-//! datagrams as they fill ([`datagram_frames`]); an update that fills more than one alone goes
-//! on the stream.
+//! A datagram is `magic | nonce | ChaCha20-Poly1305(sender's peer id | seal time | frame)`, at
+//! most [`DATAGRAM_BYTES_MAX`] bytes (an Ethernet frame's payload, so IP never fragments it),
+//! with the key [`ClusterKey::derive`]d for [`DATAGRAM_KEY_CONTEXT`], a random 96-bit nonce per
+//! datagram and the sender's wall clock in ms. Without a cluster key (`--insecure`) a datagram
+//! is `plain magic | nonce | peer id | seal time | frame`: such a cluster is open to anyone who
+//! reaches the port anyway. A message too large for one datagram is sent bare and its
+//! piggybacked updates follow as gossip in as many datagrams as they fill
+//! ([`datagram_frames`]); an update that fills more than one alone goes on the stream.
 //!
-//! A member is sent to where its datagrams come from, and until one came at each address it
-//! advertises ([`Datagrams`]).
+//! A member is sent to where its fresh datagrams come from, and until one came at each
+//! address it advertises ([`Datagrams`]).
 //!
 //! What a datagram proves is weaker than a stream's: that its sender holds the cluster key,
-//! not that it is the member it names (a stream's Noise handshake proves the peer id). Every
-//! member holds the key and may speak for the cluster already (it votes in Raft, runs ranks);
-//! a host without the key can neither read nor forge a datagram. A replayed datagram carries
-//! claims at incarnations a member has since refuted or will refute; SWIM's precedence
-//! (higher incarnation wins) ignores them; one replayed from elsewhere points this node's
-//! datagrams to that member at the replayer until the member's next datagram, which an
-//! attacker on the path could do by dropping them anyway.
+//! not that it is the member it names (a stream's Noise handshake proves the peer id). So a
+//! datagram is trusted with nothing that only its named sender may say:
+//!
+//! - every claim it carries about a member is that member's own, signed with its identity
+//!   key (`membership::claims`): a key holder can accuse a member only at an incarnation the
+//!   member signed (it refutes), and can neither raise its incarnation, nor leave in its
+//!   name, nor change its addresses;
+//! - it is fresh ([`replay`]): sealed within ±30 s of this host's clock and not seen before in
+//!   that window, so a captured datagram replays nowhere, with the key or without it, and
+//!   only a fresh one, seen first, points a member's route at its source address;
+//! - its sender is not a member an operator removed (`ringleader member remove`): those are
+//!   dropped before anything else (until the key is rotated a removed host still holds it).
+//!
+//! What remains to a key holder is what SWIM gives every member: to suspect another (which
+//! it refutes within a probe), and to send from an address of its choosing datagrams naming
+//! another sender, which are believed only as far as the signatures inside them go.
 
 use std::{io, net::SocketAddr};
 
@@ -41,6 +50,7 @@ use chacha20poly1305::{
 use libp2p::{Multiaddr, PeerId};
 use tokio::io::{unix::AsyncFd, Interest};
 
+use self::replay::{ReplayWindow, Stale, NONCE_BYTES};
 use crate::cluster::{
     addr::{multiaddr_to_socket, socket_to_multiaddr},
     identity::ClusterKey,
@@ -49,6 +59,8 @@ use crate::cluster::{
     meta::NodeMeta,
     wire,
 };
+
+pub mod replay;
 
 type Msg = Message<PeerId, NodeMeta>;
 
@@ -61,12 +73,13 @@ pub const DATAGRAM_BYTES_MAX: usize = 1_400;
 /// Largest datagram read, in bytes (UDP's own limit; larger ones are never sent, and are
 /// refused as any other that does not open).
 const DATAGRAM_READ_BYTES_MAX: usize = 65_536;
-/// What a sealed datagram starts with.
-const SEALED_MAGIC: &[u8; 4] = b"RLm1";
+/// What a sealed datagram starts with (`RLm3`: a nonce and the seal time in every datagram,
+/// claims signed by their subject; `RLm1` before).
+const SEALED_MAGIC: &[u8; 4] = b"RLm3";
 /// What an unsealed (`--insecure`) datagram starts with.
-const PLAIN_MAGIC: &[u8; 4] = b"RLm0";
-/// Bytes of a nonce.
-const NONCE_BYTES: usize = 12;
+const PLAIN_MAGIC: &[u8; 4] = b"RLm2";
+/// Bytes of the seal time (ms since the Unix epoch, little-endian).
+const TIME_BYTES: usize = 8;
 /// Bytes of the Poly1305 tag.
 const TAG_BYTES: usize = 16;
 /// How many times a `--listen` on port 0 looks for a port free for both TCP and UDP.
@@ -103,6 +116,12 @@ pub enum OpenError {
     /// The sender's peer id inside is malformed.
     #[error("the sender's peer id is malformed")]
     BadSender,
+    /// Sealed too far from this host's time, or seen before ([`replay`]).
+    #[error("{0}")]
+    Stale(#[from] Stale),
+    /// The sender named inside was removed from the cluster (`ringleader member remove`).
+    #[error("from {0}, a member removed from the cluster")]
+    Removed(PeerId),
 }
 
 /// The datagram ciphers of the node's key ring: seals with the current key's, opens with
@@ -169,6 +188,20 @@ impl Ciphers {
 }
 
 /// Seals and opens one node's datagrams: its peer id goes inside each it sends.
+/// A datagram opened: who sealed it, when, with which nonce, and its frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Opened {
+    /// The sender the datagram names.
+    pub from: PeerId,
+    /// When it was sealed (ms since the Unix epoch, the sender's clock).
+    pub sent_ms: u64,
+    /// Its nonce, unique to it ([`replay`]).
+    pub nonce: [u8; NONCE_BYTES],
+    /// The membership frame.
+    pub frame: Vec<u8>,
+}
+
+/// Seals and opens one node's datagrams: its peer id and the time go inside each it sends.
 pub struct Seal {
     /// `None` without a cluster key (`--insecure`).
     cipher: Option<Ciphers>,
@@ -200,12 +233,8 @@ impl Seal {
 
     /// Bytes a datagram adds around its frame.
     pub fn overhead(&self) -> usize {
-        let seal = if self.cipher.is_some() {
-            NONCE_BYTES + TAG_BYTES
-        } else {
-            0
-        };
-        SEALED_MAGIC.len() + seal + self.prefix.len()
+        let tag = if self.cipher.is_some() { TAG_BYTES } else { 0 };
+        SEALED_MAGIC.len() + NONCE_BYTES + tag + self.prefix.len() + TIME_BYTES
     }
 
     /// The largest frame one datagram carries.
@@ -213,20 +242,26 @@ impl Seal {
         DATAGRAM_BYTES_MAX - self.overhead()
     }
 
-    /// `frame` as a datagram from this node.
+    /// `frame` as a datagram from this node, sealed now (this host's clock).
     pub fn seal(&self, frame: &[u8]) -> Vec<u8> {
+        self.seal_at(frame, wall_ms())
+    }
+
+    /// `frame` as a datagram from this node sealed at `sent_ms` (ms since the Unix epoch).
+    pub fn seal_at(&self, frame: &[u8], sent_ms: u64) -> Vec<u8> {
+        let nonce: [u8; NONCE_BYTES] = rand::random();
+        let mut body = Vec::with_capacity(self.prefix.len() + TIME_BYTES + frame.len());
+        body.extend_from_slice(&self.prefix);
+        body.extend_from_slice(&sent_ms.to_le_bytes());
+        body.extend_from_slice(frame);
         let mut out = Vec::with_capacity(self.overhead() + frame.len());
         match &self.cipher {
             None => {
                 out.extend_from_slice(PLAIN_MAGIC);
-                out.extend_from_slice(&self.prefix);
-                out.extend_from_slice(frame);
+                out.extend_from_slice(&nonce);
+                out.extend_from_slice(&body);
             }
             Some(cipher) => {
-                let nonce: [u8; NONCE_BYTES] = rand::random();
-                let mut body = Vec::with_capacity(self.prefix.len() + frame.len());
-                body.extend_from_slice(&self.prefix);
-                body.extend_from_slice(frame);
                 let sealed = cipher
                     .encrypt(
                         Nonce::from_slice(&nonce),
@@ -244,45 +279,64 @@ impl Seal {
         out
     }
 
-    /// The sender and the frame of `datagram`.
-    pub fn open(&self, datagram: &[u8]) -> Result<(PeerId, Vec<u8>), OpenError> {
+    /// The sender, seal time, nonce and frame of `datagram` (whether it is fresh is
+    /// [`replay::ReplayWindow`]'s to say).
+    pub fn open(&self, datagram: &[u8]) -> Result<Opened, OpenError> {
+        let short = || OpenError::Short {
+            len: datagram.len(),
+        };
         if datagram.len() < PLAIN_MAGIC.len() + 1 {
-            return Err(OpenError::Short {
-                len: datagram.len(),
-            });
+            return Err(short());
         }
         let (magic, rest) = datagram.split_at(SEALED_MAGIC.len());
-        let body = match (&self.cipher, magic) {
-            (Some(cipher), m) if m == SEALED_MAGIC => {
-                if rest.len() < NONCE_BYTES + TAG_BYTES {
-                    return Err(OpenError::Short {
-                        len: datagram.len(),
-                    });
-                }
-                let (nonce, sealed) = rest.split_at(NONCE_BYTES);
-                cipher
-                    .decrypt(
-                        Nonce::from_slice(nonce),
-                        Payload {
-                            msg: sealed,
-                            aad: SEALED_MAGIC,
-                        },
-                    )
-                    .map_err(|_| OpenError::Forged)?
-            }
-            (None, m) if m == PLAIN_MAGIC => rest.to_vec(),
+        let sealed = match (&self.cipher, magic) {
+            (Some(_), m) if m == SEALED_MAGIC => true,
+            (None, m) if m == PLAIN_MAGIC => false,
             (None, m) if m == SEALED_MAGIC => return Err(OpenError::Sealed),
             (Some(_), m) if m == PLAIN_MAGIC => return Err(OpenError::Unsealed),
             _ => return Err(OpenError::NotOurs),
+        };
+        let tag = if sealed { TAG_BYTES } else { 0 };
+        if rest.len() < NONCE_BYTES + tag {
+            return Err(short());
+        }
+        let (nonce, body) = rest.split_at(NONCE_BYTES);
+        let body = match &self.cipher {
+            Some(cipher) => cipher
+                .decrypt(
+                    Nonce::from_slice(nonce),
+                    Payload {
+                        msg: body,
+                        aad: SEALED_MAGIC,
+                    },
+                )
+                .map_err(|_| OpenError::Forged)?,
+            None => body.to_vec(),
         };
         let (&len, rest) = body.split_first().ok_or(OpenError::BadSender)?;
         if rest.len() < usize::from(len) {
             return Err(OpenError::BadSender);
         }
-        let (id, frame) = rest.split_at(usize::from(len));
+        let (id, rest) = rest.split_at(usize::from(len));
         let from = PeerId::from_bytes(id).map_err(|_| OpenError::BadSender)?;
-        Ok((from, frame.to_vec()))
+        if rest.len() < TIME_BYTES {
+            return Err(short());
+        }
+        let (time, frame) = rest.split_at(TIME_BYTES);
+        Ok(Opened {
+            from,
+            sent_ms: u64::from_le_bytes(time.try_into().expect("eight bytes")),
+            nonce: nonce.try_into().expect("a nonce's bytes"),
+            frame: frame.to_vec(),
+        })
     }
+}
+
+/// This host's clock in ms since the Unix epoch (0 before it, which no datagram is near).
+pub fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Whether `msg` travels as datagrams: the probes and gossip, not joins, syncs or state.
@@ -448,8 +502,13 @@ pub struct Datagrams {
     seal: Seal,
     me: PeerId,
     buf: Vec<u8>,
-    /// The source address of the last datagram from each member, until [`Self::forget`].
+    /// The source address of the last datagram from each member, until [`Self::forget`]:
+    /// only fresh datagrams, first seen, move it.
     routes: std::collections::HashMap<PeerId, SocketAddr>,
+    /// The nonces of the datagrams taken within the replay window.
+    replays: ReplayWindow,
+    /// Members removed from the cluster, whose datagrams are dropped.
+    removed: std::collections::HashSet<PeerId>,
 }
 
 impl Datagrams {
@@ -466,6 +525,8 @@ impl Datagrams {
             me,
             buf: vec![0; DATAGRAM_READ_BYTES_MAX],
             routes: std::collections::HashMap::new(),
+            replays: ReplayWindow::new(),
+            removed: std::collections::HashSet::new(),
         })
     }
 
@@ -483,6 +544,19 @@ impl Datagrams {
         self.routes.remove(peer);
     }
 
+    /// The members removed from the cluster from now on (in place of those given before):
+    /// their datagrams are dropped and no route of theirs is kept.
+    pub fn set_removed(&mut self, removed: impl IntoIterator<Item = PeerId>) {
+        self.removed = removed.into_iter().collect();
+        let removed = &self.removed;
+        self.routes.retain(|peer, _| !removed.contains(peer));
+    }
+
+    /// Whether `peer` was removed from the cluster.
+    pub fn is_removed(&self, peer: &PeerId) -> bool {
+        self.removed.contains(peer)
+    }
+
     /// The largest frame one datagram carries.
     pub fn frame_budget(&self) -> usize {
         self.seal.frame_budget()
@@ -490,11 +564,14 @@ impl Datagrams {
 
     /// Sends `frame` (at most [`Self::frame_budget`] bytes) to each of `to`, without
     /// waiting: a full send buffer drops it, as the network may. Fails when no send did.
+    /// Each address gets a datagram sealed for it (a nonce of its own): two advertised
+    /// addresses may lead to the same member, which would take the second copy of one
+    /// datagram for a replay.
     pub fn send(&self, to: &[SocketAddr], frame: &[u8]) -> io::Result<()> {
         debug_assert!(frame.len() <= self.frame_budget());
-        let datagram = self.seal.seal(frame);
         let mut result = Err(io::Error::from(io::ErrorKind::AddrNotAvailable));
         for at in to {
+            let datagram = self.seal.seal(frame);
             match self.socket.get_ref().send_to(&datagram, *at) {
                 Ok(_) => result = Ok(()),
                 Err(e) if result.is_err() => result = Err(e),
@@ -512,17 +589,34 @@ impl Datagrams {
                 Ok(received) => received,
                 Err(e) => return Received::Failed(e),
             };
-            match self.seal.open(&self.buf[..n]) {
-                Ok((peer, _)) if peer == self.me => continue,
-                Ok((peer, frame)) => {
-                    if self.routes.len() < ROUTES_MAX || self.routes.contains_key(&peer) {
-                        self.routes.insert(peer, at);
-                    }
-                    return Received::Frame { from: peer, frame };
-                }
-                Err(error) => return Received::Refused { from: at, error },
+            let opened = self.seal.open(&self.buf[..n]);
+            if matches!(&opened, Ok(o) if o.from == self.me) {
+                continue;
             }
+            return match opened.and_then(|o| self.take(wall_ms(), at, o)) {
+                Ok((from, frame)) => Received::Frame { from, frame },
+                Err(error) => Received::Refused { from: at, error },
+            };
         }
+    }
+
+    /// Takes an opened datagram that came from `at` at `now_ms` (wall clock), when it is
+    /// fresh and its sender not removed: only then may its source become the sender's route.
+    fn take(
+        &mut self,
+        now_ms: u64,
+        at: SocketAddr,
+        opened: Opened,
+    ) -> Result<(PeerId, Vec<u8>), OpenError> {
+        let peer = opened.from;
+        if self.removed.contains(&peer) {
+            return Err(OpenError::Removed(peer));
+        }
+        self.replays.admit(now_ms, opened.sent_ms, opened.nonce)?;
+        if self.routes.len() < ROUTES_MAX || self.routes.contains_key(&peer) {
+            self.routes.insert(peer, at);
+        }
+        Ok((peer, opened.frame))
     }
 }
 

@@ -520,8 +520,8 @@ mod tests {
         let old = Seal::new(Some(&a), &sender).seal(b"hello");
         let new = Seal::new(Some(&b), &sender).seal(b"hello");
         let during = Seal::with_ring(Some(switched(a, b, 60_000)), &sender);
-        assert_eq!(during.open(&old).unwrap().1, b"hello");
-        assert_eq!(during.open(&new).unwrap().1, b"hello");
+        assert_eq!(during.open(&old).unwrap().frame, b"hello");
+        assert_eq!(during.open(&new).unwrap().frame, b"hello");
         let sealed = during.seal(b"x");
         assert!(
             Seal::new(Some(&b), &sender).open(&sealed).is_ok(),
@@ -530,13 +530,13 @@ mod tests {
         assert!(Seal::new(Some(&a), &sender).open(&sealed).is_err());
         let after = Seal::with_ring(Some(switched(a, b, 0)), &sender);
         assert!(matches!(after.open(&old), Err(OpenError::Forged)));
-        assert_eq!(after.open(&new).unwrap().1, b"hello");
+        assert_eq!(after.open(&new).unwrap().frame, b"hello");
         // A member offered `b` and not yet switched opens what one that switched seals.
         let waiting = KeyRing::fixed(a);
         waiting.offer(1, &b.to_swarm_key_text()).unwrap();
         let waiting = Seal::with_ring(Some(waiting), &sender);
-        assert_eq!(waiting.open(&new).unwrap().1, b"hello");
-        assert_eq!(waiting.open(&old).unwrap().1, b"hello");
+        assert_eq!(waiting.open(&new).unwrap().frame, b"hello");
+        assert_eq!(waiting.open(&old).unwrap().frame, b"hello");
         let stranger = Seal::new(Some(&key()), &sender).seal(b"hello");
         assert!(matches!(waiting.open(&stranger), Err(OpenError::Forged)));
     }

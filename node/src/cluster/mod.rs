@@ -11,6 +11,7 @@
 //!   long-lived stream per peer, answers matched to calls by id.
 //! - [`membership`]: gossip membership, a sans-IO SWIM/Lifeguard core with its simulation.
 //! - [`meta`]: what a member advertises (name, addresses, cpus, memory, gpus, labels).
+//! - [`claim_keys`]: the node's identity signs its membership claims, peer ids check others'.
 //! - [`identity`]: the persistent Ed25519 identity and the cluster key.
 //! - [`key_ring`]: the cluster key at run time, swapped by a key rotation (the current key,
 //!   the previous one for a bounded overlap, an offered one pending).
@@ -21,6 +22,7 @@
 
 pub mod addr;
 pub mod calls;
+pub mod claim_keys;
 pub mod datagrams;
 pub mod identity;
 pub mod key_ring;

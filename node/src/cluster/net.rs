@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, info, warn};
 
 use crate::cluster::{
-    datagrams::{self, Datagrams, Received},
+    datagrams::{self, replay::Stale, Datagrams, OpenError, Received},
     membership::{self, Action, Event, Membership, State},
     meta::NodeMeta,
     wire,
@@ -44,12 +44,12 @@ use crate::cluster::{
 pub type Core = Membership<PeerId, NodeMeta>;
 type Msg = membership::Message<PeerId, NodeMeta>;
 
-/// The membership protocol name on the swarm (3: probes and gossip go as datagrams, only
+/// The membership protocol name on the swarm (4: every claim signed by its subject; 3: probes and gossip go as datagrams, only
 /// joins, syncs and leaves on the streams; 2: every message on one long-lived stream per
 /// peer and direction, a view in bounded state pieces after a digest; 1: each message as a
 /// request and a view whole). Nodes of 2 and 3 do not talk: a 2 would never answer a 3's
 /// probes.
-pub const MEMBERSHIP_PROTOCOL: &str = "/ringleader/membership/3";
+pub const MEMBERSHIP_PROTOCOL: &str = "/ringleader/membership/4";
 /// Largest membership frame sent or accepted, in bytes: a state piece of
 /// `membership::message::PIECE_MEMBERS_MAX` members of about 1.3 KB at most fits, and so
 /// does every other message (at most `piggyback_max` updates).
@@ -239,6 +239,9 @@ pub enum Command {
     /// Close every connection to these peers (members removed, at a key rotation's switch:
     /// a connection keeps the key of its handshake, and their redials need the new key).
     Disconnect(Vec<PeerId>),
+    /// The members removed from the cluster (in place of the previous set): their
+    /// membership datagrams and frames are dropped.
+    SetRemoved(Vec<PeerId>),
 }
 
 /// A change to this node's metadata, run on the event loop.
@@ -273,8 +276,18 @@ pub struct Counters {
     /// Incoming connections that failed their handshake (wrong or missing cluster key, …).
     pub refused_connections: u64,
     /// Datagrams on the p2p port that did not open (another cluster key, `--insecure`
-    /// against a keyed cluster, or not ringleader's).
+    /// against a keyed cluster, or not ringleader's), were not fresh, or came from a
+    /// removed member: the three below included.
     pub refused_datagrams: u64,
+    /// Datagrams seen before within the replay window (`datagrams::replay`).
+    pub replayed_datagrams: u64,
+    /// Datagrams sealed outside the replay window around this host's clock.
+    pub skewed_datagrams: u64,
+    /// Datagrams and membership frames from members removed from the cluster.
+    pub removed_datagrams: u64,
+    /// Membership claims not believed: without their subject's signature, or past the
+    /// incarnation bounds (`membership::claims`).
+    pub refused_claims: u64,
     /// Lifeguard local health score (0 is healthy).
     pub health_score: u32,
 }
@@ -356,6 +369,12 @@ impl NodeHandle {
     /// [`Command::Disconnect`]).
     pub async fn disconnect(&self, peers: Vec<PeerId>) {
         let _ = self.tx.send(Command::Disconnect(peers)).await;
+    }
+
+    /// Drops the membership datagrams and frames of `removed` from now on (in place of the
+    /// members given before).
+    pub async fn set_removed(&self, removed: Vec<PeerId>) {
+        let _ = self.tx.send(Command::SetRemoved(removed)).await;
     }
 
     /// Keeps connections to `peers` up from now on (redialed every second while
@@ -454,6 +473,8 @@ pub struct EventLoop {
     datagrams: Datagrams,
     /// Rate limits the warning for datagrams that do not open.
     datagram_warn: RateLimitedWarn,
+    /// Rate limits the warning for datagrams sealed outside the replay window (a clock off).
+    skew_warn: RateLimitedWarn,
     /// Peers whose connections are kept up, and when they were last dialed.
     keep: Vec<PeerId>,
     keep_dialed: Option<Instant>,
@@ -509,6 +530,7 @@ impl EventLoop {
             bad_calls,
             datagrams,
             datagram_warn: RateLimitedWarn::new(),
+            skew_warn: RateLimitedWarn::new(),
             keep: Vec::new(),
             keep_dialed: None,
             changes,
@@ -675,6 +697,7 @@ impl EventLoop {
                     }
                 }
             }
+            Command::SetRemoved(removed) => self.datagrams.set_removed(removed),
             Command::UpdateMeta(f) => {
                 let mut meta = self.core.local().meta.clone();
                 f(&mut meta);
@@ -920,6 +943,27 @@ impl EventLoop {
             Received::Frame { from, frame } => self.on_membership_frame(from, Frame::Bytes(frame)),
             Received::Refused { from, error } => {
                 self.counters.refused_datagrams += 1;
+                match &error {
+                    OpenError::Stale(Stale::Replayed) => self.counters.replayed_datagrams += 1,
+                    OpenError::Removed(_) => self.counters.removed_datagrams += 1,
+                    OpenError::Stale(Stale::Skewed { skew_ms }) => {
+                        self.counters.skewed_datagrams += 1;
+                        // A clock off: say by how much, apart from the other refusals.
+                        if let Some(suppressed) = self.skew_warn.due(Instant::now()) {
+                            warn!(
+                                %from,
+                                skew_ms,
+                                suppressed,
+                                "membership datagram refused: its sender's clock is {} s {} this host's, outside the replay window of ±{} s; check NTP on both hosts",
+                                skew_ms.unsigned_abs() / 1_000,
+                                if *skew_ms > 0 { "ahead of" } else { "behind" },
+                                datagrams::replay::REPLAY_WINDOW_MS / 1_000,
+                            );
+                        }
+                        return;
+                    }
+                    _ => {}
+                }
                 if let Some(suppressed) = self.datagram_warn.due(Instant::now()) {
                     warn!(%from, suppressed, "membership datagram refused: {error}");
                 }
@@ -932,6 +976,11 @@ impl EventLoop {
     }
 
     fn on_membership_frame(&mut self, peer: PeerId, frame: Frame) {
+        if self.datagrams.is_removed(&peer) {
+            // Its datagrams never get here; its streams carry nothing believed either.
+            self.counters.removed_datagrams += 1;
+            return;
+        }
         self.counters.messages_in += 1;
         let decoded = match frame {
             Frame::Bytes(bytes) => wire::decode::<Msg>(&bytes)
@@ -961,6 +1010,7 @@ impl EventLoop {
         let mut counters = self.counters.clone();
         counters.health_score = self.core.health_score();
         counters.suspicions = self.core.stats().suspicions_raised;
+        counters.refused_claims = self.core.stats().claims_refused;
         ClusterView {
             local: *self.core.local_id(),
             members: self.core.members().cloned().collect(),
@@ -988,6 +1038,7 @@ mod tests {
                 meta,
                 meta_version: 0,
                 from: None,
+                sig: vec![7; 64],
             }
         };
         let members: Vec<_> = (0..300).map(member).collect();

@@ -572,6 +572,19 @@ impl ControlHandle {
         }
     }
 
+    /// Whether `peer` answers a direct call within [`CONFIRM_TIMEOUT_MS`] (any answer: an
+    /// older node answers `Malformed`).
+    async fn answers(&self, peer: PeerId) -> bool {
+        let Ok(payload) = wire::encode_json(&RpcRequest::Alive) else {
+            return false;
+        };
+        let wait = Duration::from_millis(CONFIRM_TIMEOUT_MS);
+        matches!(
+            tokio::time::timeout(wait, self.node.rpc(peer, payload)).await,
+            Ok(Ok(_))
+        )
+    }
+
     /// Stops Raft (node shutdown).
     pub async fn shutdown(&self) {
         // The RPCs first (no new work for Raft), then Raft.
@@ -659,16 +672,27 @@ impl ControlHandle {
         }
         let removed: Vec<NodeId> =
             self.read(|s| s.removed.keys().map(|p| node_id_of(p.as_str())).collect());
-        voters::exclude_removed(&mut view, removed);
-        let input = voters::Input {
-            leader: &ctl.node_id,
-            voters: &voters,
-            learners: &learners,
-            members: &view,
-            now_ms,
-        };
-        let Some(change) = voters::next_change(&input, config) else {
-            return Ok(());
+        voters::exclude_removed(&mut view, removed.iter().copied());
+        // A change on gossip's word waits for the member's own silence: one that answers
+        // directly is kept (`voters::Round`).
+        let mut round = voters::Round::new(view, removed.into_iter().collect());
+        let change = loop {
+            match round.step(&ctl.node_id, &voters, &learners, now_ms, config) {
+                voters::Step::Done => return Ok(()),
+                voters::Step::Apply(change) => break change,
+                voters::Step::Ask(id) => {
+                    let peer = nodes
+                        .get(&id)
+                        .and_then(|n| n.peer_id.parse::<PeerId>().ok());
+                    match peer {
+                        Some(peer) if self.answers(peer).await => {
+                            warn!(%peer, "gossip reports a member down that answers directly: kept");
+                            round.answered(&id);
+                        }
+                        _ => round.silent(&id),
+                    }
+                }
+            }
         };
         info!(?change, "voter change");
         match change {
@@ -711,6 +735,11 @@ impl ControlHandle {
         Ok(())
     }
 }
+
+/// How long the chief waits for a member that gossip reports down to answer it directly
+/// before it takes the member's vote away (ms): a few round trips on a loaded host, far
+/// below the dead grace that went before.
+pub const CONFIRM_TIMEOUT_MS: u64 = 3_000;
 
 fn health(state: State) -> Health {
     match state {

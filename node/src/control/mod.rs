@@ -41,6 +41,7 @@ pub async fn start(
         .spawn(recovery::restart_after_storage_failures(ctl.clone()));
     ctl.tasks.spawn(rpc::serve(ctl.clone(), rpc_rx, admit));
     ctl.tasks.spawn(keep_voters_connected(ctl.clone()));
+    ctl.tasks.spawn(shut_out_removed(ctl.clone()));
     Ok(ctl)
 }
 
@@ -71,6 +72,27 @@ async fn keep_voters_connected(ctl: handle::ControlHandle) {
                 ctl.node.keep_connected(voters.clone()).await;
                 kept = voters;
             }
+        }
+        let wait = std::time::Duration::from_millis(VOTERS_CHECK_MS);
+        if let Ok(Err(_)) = tokio::time::timeout(wait, applied.changed()).await {
+            return;
+        }
+    }
+}
+
+/// Tells the event loop which members an operator removed (`domain::state::removal`), so that
+/// their membership datagrams and frames are dropped (a removed host may still hold the
+/// cluster key until it is rotated). The set changes only with an entry of the log, so it
+/// looks again when this replica applies entries, as [`keep_voters_connected`] does.
+async fn shut_out_removed(ctl: handle::ControlHandle) {
+    let mut told: Option<Vec<libp2p::PeerId>> = None;
+    let mut applied = ctl.subscribe_applied();
+    loop {
+        let removed: Vec<libp2p::PeerId> =
+            ctl.read(|s| s.removed.keys().filter_map(|p| p.parse().ok()).collect());
+        if told.as_ref() != Some(&removed) {
+            ctl.node.set_removed(removed.clone()).await;
+            told = Some(removed);
         }
         let wait = std::time::Duration::from_millis(VOTERS_CHECK_MS);
         if let Ok(Err(_)) = tokio::time::timeout(wait, applied.changed()).await {

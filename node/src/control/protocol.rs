@@ -38,6 +38,10 @@ pub enum RpcRequest {
         #[serde(default)]
         principal: Principal,
     },
+    /// Are you there? Asked by the chief before it takes a vote away from a member that gossip
+    /// reports down (`voters::hearsay_target`); any answer keeps the member (an older node
+    /// answers `Malformed`, which is an answer too).
+    Alive,
     /// A user's write (submit, cancel, dataset, token or member change) forwarded to the
     /// chief with the principal the forwarding node's API checked.
     ProposeAs {
@@ -146,6 +150,8 @@ pub enum RpcResponse {
     Logs(LogChunk),
     /// A [`RpcRequest::KeyOffer`] taken (the key's fingerprint), or why not.
     KeyTaken(Result<String, String>),
+    /// The answer to [`RpcRequest::Alive`].
+    Alive,
     /// The request could not be decoded.
     Malformed(String),
 }

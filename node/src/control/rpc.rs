@@ -581,6 +581,7 @@ pub async fn serve(ctl: ControlHandle, mut rx: mpsc::Receiver<InboundRpc>, admit
                 Ok(RpcRequest::KeyOffer { epoch, key }) => {
                     RpcResponse::KeyTaken(key_offer(&ctl, &from, epoch, &key.0))
                 }
+                Ok(RpcRequest::Alive) => RpcResponse::Alive,
                 Err(e) => {
                     debug!(peer = %from, "malformed rpc: {e}");
                     RpcResponse::Malformed(e.to_string())

@@ -34,6 +34,13 @@
 //! A member missing from the gossip view is treated as suspect: never promoted, never removed
 //! (right after a restart the view may be empty). Gossip keeps `dead`/`left` entries, so these
 //! rules see them.
+//!
+//! Gossip is hearsay: never enough alone to take a vote away. Before a change that removes or
+//! demotes a member gossip does not report alive ([`hearsay_target`]), the chief asks that
+//! member directly over a stream; a member that answers is kept, looked at as suspect (never
+//! removed, never promoted) for this round, and the rules run again without that change
+//! ([`Round`], which the chief steps through, making the calls it asks for). An operator's
+//! `member remove` is not hearsay and needs no such call.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
@@ -251,6 +258,101 @@ pub fn next_change<I: Ord + Clone + Debug>(
         }
     }
     None
+}
+
+/// The member `change` would remove or demote on gossip's word alone: one gossip does not
+/// report alive. The caller confirms it over a stream before applying the change (a member
+/// that answers is kept; see the module doc).
+pub fn hearsay_target<'c, I: Ord>(
+    change: &'c Change<I>,
+    members: &BTreeMap<I, MemberView>,
+) -> Option<&'c I> {
+    let (Change::Remove(id) | Change::Demote(id)) = change else {
+        return None;
+    };
+    members
+        .get(id)
+        .is_some_and(|v| v.health != Health::Alive)
+        .then_some(id)
+}
+
+/// What the chief does next in a round of voter upkeep ([`Round::step`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step<I> {
+    /// Apply this change.
+    Apply(Change<I>),
+    /// Call this member directly first; report the outcome with [`Round::answered`] or
+    /// [`Round::silent`] and step again.
+    Ask(I),
+    /// Nothing to change this round.
+    Done,
+}
+
+/// One round of voter upkeep with gossip's word confirmed: [`next_change`], except that a
+/// change that removes or demotes a member gossip calls down ([`hearsay_target`]) waits until
+/// that member failed to answer a direct call, and a member that answers is looked at as
+/// suspect (never removed, never promoted) for the rest of the round. An operator's removal
+/// ([`exclude_removed`]) needs no call. Each member is asked at most once a round.
+#[derive(Debug, Clone)]
+pub struct Round<I> {
+    members: BTreeMap<I, MemberView>,
+    removed: BTreeSet<I>,
+    answered: BTreeSet<I>,
+    silent: BTreeSet<I>,
+}
+
+impl<I: Ord + Clone + Debug> Round<I> {
+    /// A round over gossip's view `members` (operator-removed members already excluded)
+    /// and the members an operator `removed`.
+    pub fn new(members: BTreeMap<I, MemberView>, removed: BTreeSet<I>) -> Round<I> {
+        Round {
+            members,
+            removed,
+            answered: BTreeSet::new(),
+            silent: BTreeSet::new(),
+        }
+    }
+
+    /// The next step with the Raft membership as it is now.
+    pub fn step(
+        &self,
+        leader: &I,
+        voters: &BTreeSet<I>,
+        learners: &BTreeSet<I>,
+        now_ms: u64,
+        config: &VoterConfig,
+    ) -> Step<I> {
+        let input = Input {
+            leader,
+            voters,
+            learners,
+            members: &self.members,
+            now_ms,
+        };
+        let Some(change) = next_change(&input, config) else {
+            return Step::Done;
+        };
+        match hearsay_target(&change, &self.members) {
+            Some(id) if self.answered.contains(id) => Step::Done,
+            Some(id) if !self.removed.contains(id) && !self.silent.contains(id) => {
+                Step::Ask(id.clone())
+            }
+            _ => Step::Apply(change),
+        }
+    }
+
+    /// `id` answered the direct call: kept, looked at as suspect for the rest of the round.
+    pub fn answered(&mut self, id: &I) {
+        if let Some(v) = self.members.get_mut(id) {
+            v.health = Health::Suspect;
+        }
+        self.answered.insert(id.clone());
+    }
+
+    /// `id` did not answer in time: gossip's word stands.
+    pub fn silent(&mut self, id: &I) {
+        self.silent.insert(id.clone());
+    }
 }
 
 /// The changes [`next_change`] would make one after another if the gossip view stayed as it

@@ -211,15 +211,16 @@ pub fn logged(c: &LocalCluster, ids: &[String], what: &str) -> Vec<Vec<usize>> {
         .collect()
 }
 
-/// The metadata of a member that does not exist ("ghost"), for forged membership messages:
-/// every address points at port 9 of loopback.
-pub fn ghost_meta(name: &str) -> ringleader::cluster::meta::NodeMeta {
+/// The metadata of a member named `name` whose every address is `at` (`ip:port`), for the
+/// membership claims a test forges or makes.
+pub fn member_meta(name: &str, at: &str) -> ringleader::cluster::meta::NodeMeta {
+    let (ip, port) = at.rsplit_once(':').expect("ip:port");
     ringleader::cluster::meta::NodeMeta {
         name: name.into(),
-        p2p_addrs: vec!["/ip4/127.0.0.1/tcp/9".into()],
-        api_addr: "127.0.0.1:9".into(),
-        data_addr: "127.0.0.1:9".into(),
-        datasets_addr: "127.0.0.1:9".into(),
+        p2p_addrs: vec![format!("/ip4/{ip}/tcp/{port}")],
+        api_addr: at.into(),
+        data_addr: at.into(),
+        datasets_addr: at.into(),
         datasets: Vec::new(),
         cpus: 1,
         memory_mb: 1024,
@@ -227,4 +228,10 @@ pub fn ghost_meta(name: &str) -> ringleader::cluster::meta::NodeMeta {
         labels: Default::default(),
         version: "test".into(),
     }
+}
+
+/// The metadata of a member that does not exist (`name`), for forged membership messages:
+/// every address points at port 9 of loopback.
+pub fn ghost_meta(name: &str) -> ringleader::cluster::meta::NodeMeta {
+    member_meta(name, "127.0.0.1:9")
 }

@@ -6,6 +6,11 @@ fn key() -> ClusterKey {
     parse_cluster_key(&crate::cluster::identity::generate_cluster_key()).unwrap()
 }
 
+/// The sender and frame of `d`, opened by `seal`.
+fn opened(seal: &Seal, d: &[u8]) -> Result<(PeerId, Vec<u8>), OpenError> {
+    seal.open(d).map(|o| (o.from, o.frame))
+}
+
 fn update(name: &str, labels: usize) -> Update<PeerId, NodeMeta> {
     let mut meta = NodeMeta::for_test(name, 4, "10.0.0.1");
     meta.p2p_addrs = vec!["/ip4/10.0.0.1/tcp/7070".into()];
@@ -19,6 +24,7 @@ fn update(name: &str, labels: usize) -> Update<PeerId, NodeMeta> {
         meta,
         meta_version: 1,
         from: None,
+        sig: vec![7; 64],
     }
 }
 
@@ -29,10 +35,10 @@ fn a_sealed_datagram_opens_only_with_the_same_key_and_unaltered() {
     let frame = b"a membership frame".to_vec();
     let d = seal.seal(&frame);
     assert_eq!(d.len(), seal.overhead() + frame.len());
-    assert_eq!(seal.open(&d), Ok((me, frame.clone())));
+    assert_eq!(opened(&seal, &d), Ok((me, frame.clone())));
     // Another node of the same cluster opens it too.
     assert_eq!(
-        Seal::new(Some(&k), &PeerId::random()).open(&d),
+        opened(&Seal::new(Some(&k), &PeerId::random()), &d),
         Ok((me, frame.clone()))
     );
     // Two seals of the same frame differ (a fresh nonce each).
@@ -60,14 +66,19 @@ fn keyed_and_insecure_nodes_refuse_each_other_and_say_which() {
     let me = PeerId::random();
     let open = Seal::new(None, &me);
     let plain = open.seal(b"hello");
-    assert_eq!(open.open(&plain), Ok((me, b"hello".to_vec())));
+    assert_eq!(opened(&open, &plain), Ok((me, b"hello".to_vec())));
     assert_eq!(keyed.open(&plain), Err(OpenError::Unsealed));
     assert_eq!(open.open(&keyed.seal(b"hello")), Err(OpenError::Sealed));
     assert_eq!(keyed.open(b"GET / HTTP/1.1"), Err(OpenError::NotOurs));
     assert_eq!(keyed.open(b""), Err(OpenError::Short { len: 0 }));
     // A plain datagram whose peer id is cut short, or not a peer id.
-    assert_eq!(open.open(b"RLm0\x26abc"), Err(OpenError::BadSender));
-    assert_eq!(open.open(b"RLm0\x03abcframe"), Err(OpenError::BadSender));
+    let nonce = [0u8; NONCE_BYTES];
+    let plain = |rest: &[u8]| [PLAIN_MAGIC.as_slice(), &nonce, rest].concat();
+    assert_eq!(open.open(&plain(b"\x26abc")), Err(OpenError::BadSender));
+    assert_eq!(
+        open.open(&plain(b"\x03abcframe")),
+        Err(OpenError::BadSender)
+    );
 }
 
 proptest! {
@@ -237,4 +248,93 @@ fn a_listen_on_port_zero_gets_one_port_free_for_tcp_and_udp() {
     );
     let dns: Multiaddr = "/dns/localhost/tcp/0".parse().unwrap();
     assert!(matches!(bind(&dns), Err(BindError::NoIp(_))));
+}
+
+#[test]
+fn a_datagram_carries_its_seal_time_and_nonce_inside_the_seal() {
+    let (k, me) = (key(), PeerId::random());
+    let seal = Seal::new(Some(&k), &me);
+    let d = seal.seal_at(b"frame", 1_800_000_000_123);
+    let o = seal.open(&d).unwrap();
+    assert_eq!(
+        (o.sent_ms, o.frame.as_slice()),
+        (1_800_000_000_123, b"frame".as_slice())
+    );
+    assert_eq!(&o.nonce[..], &d[4..4 + NONCE_BYTES]);
+    // The time is sealed: no byte of the datagram changes it and still opens.
+    for i in 0..d.len() {
+        let mut bad = d.clone();
+        bad[i] ^= 1;
+        assert!(seal.open(&bad).is_err(), "byte {i}");
+    }
+    // Sealed now, by default.
+    let now = wall_ms();
+    let sent = seal.open(&seal.seal(b"x")).unwrap().sent_ms;
+    assert!(sent >= now && sent < now + 5_000, "{sent} vs {now}");
+}
+
+/// A replayed datagram, one sealed outside the window, and one from a removed member are
+/// refused, and none of them moves the sender's route; a fresh one does.
+#[tokio::test]
+async fn only_a_fresh_datagram_first_seen_moves_a_route() {
+    let listen: Multiaddr = "/ip4/127.0.0.1/tcp/0".parse().unwrap();
+    let (_, udp) = bind(&listen).unwrap();
+    let key = key();
+    let mut d = Datagrams::new(udp, Seal::new(Some(&key), &PeerId::random())).unwrap();
+    let peer = PeerId::random();
+    let theirs = Seal::new(Some(&key), &peer);
+    let home: SocketAddr = "10.0.0.1:7000".parse().unwrap();
+    let elsewhere: SocketAddr = "10.6.6.6:53".parse().unwrap();
+    let now = wall_ms();
+    let first = theirs.open(&theirs.seal_at(b"ping", now)).unwrap();
+    assert!(d.take(now, home, first.clone()).is_ok());
+    assert_eq!(d.destinations(&peer, &[]), vec![home]);
+    // The same datagram again, from elsewhere: refused, the route stays.
+    assert_eq!(
+        d.take(now + 10, elsewhere, first),
+        Err(OpenError::Stale(Stale::Replayed))
+    );
+    // One sealed 31 s ago or 31 s ahead (a clock off): refused, naming the skew.
+    let old = theirs.open(&theirs.seal_at(b"ping", now - 31_000)).unwrap();
+    assert_eq!(
+        d.take(now, elsewhere, old),
+        Err(OpenError::Stale(Stale::Skewed { skew_ms: -31_000 }))
+    );
+    let ahead = theirs.open(&theirs.seal_at(b"ping", now + 31_000)).unwrap();
+    let e = d.take(now, elsewhere, ahead).unwrap_err();
+    assert!(e.to_string().contains("31000 ms"), "{e}");
+    assert_eq!(d.destinations(&peer, &[]), vec![home]);
+    // A removed member's datagram: refused, and its route forgotten.
+    d.set_removed([peer]);
+    let fresh = theirs.open(&theirs.seal_at(b"ping", now + 20)).unwrap();
+    assert_eq!(
+        d.take(now + 20, elsewhere, fresh.clone()),
+        Err(OpenError::Removed(peer))
+    );
+    assert!(d.destinations(&peer, &[]).is_empty());
+    // Back in (not removed): a fresh one from the new address moves the route.
+    d.set_removed([]);
+    assert!(d.take(now + 20, elsewhere, fresh).is_ok());
+    assert_eq!(d.destinations(&peer, &[]), vec![elsewhere]);
+}
+
+/// Two advertised addresses that lead to the same member each get a datagram of their own,
+/// so the member takes both (one datagram twice would be a replay).
+#[tokio::test]
+async fn two_addresses_of_one_member_each_get_a_datagram_of_their_own() {
+    let key = key();
+    let listen: Multiaddr = "/ip4/127.0.0.1/tcp/0".parse().unwrap();
+    let (a_listen, a_udp) = bind(&listen).unwrap();
+    let (_, b_udp) = bind(&listen).unwrap();
+    let mut a = Datagrams::new(a_udp, Seal::new(Some(&key), &PeerId::random())).unwrap();
+    let b = Datagrams::new(b_udp, Seal::new(Some(&key), &PeerId::random())).unwrap();
+    let a_at = multiaddr_to_socket(&a_listen).unwrap();
+    b.send(&[a_at, a_at], b"twice").unwrap();
+    for copy in 0..2 {
+        match a.recv().await {
+            Received::Frame { frame, .. } => assert_eq!(frame, b"twice"),
+            Received::Refused { error, .. } => panic!("copy {copy} refused: {error}"),
+            Received::Failed(e) => panic!("{e}"),
+        }
+    }
 }

@@ -2,6 +2,7 @@
 //! incarnation-ordered dissemination, push-pull anti-entropy, local health awareness.
 
 use super::broadcast::Broadcasts;
+use super::claims::{check_incarnation, Claim, Refused, Signer};
 use super::config::{Config, ConfigError};
 use super::hash::IdHasher;
 use super::hash::IdMap;
@@ -145,6 +146,9 @@ pub struct Stats {
     pub messages_refused: u64,
     /// Tombstones forgotten after `tombstone_ms`.
     pub tombstones_reaped: u64,
+    /// Claims not believed: without their subject's signature, or at an incarnation past
+    /// the bounds ([`super::claims`]).
+    pub claims_refused: u64,
 }
 
 /// A member in the local table.
@@ -153,6 +157,18 @@ struct Entry<I, M> {
     member: Member<I, M>,
     /// For a suspect: the suspector named when it is gossiped (the latest confirmation).
     suspect_from: Option<I>,
+    /// The member's own signature of `Claim` (its incarnation, `Left` or else `Alive`, its
+    /// metadata at its version), passed on with every claim about it.
+    sig: Vec<u8>,
+}
+
+impl<I: NodeId, M: Metadata> Entry<I, M> {
+    /// The claim about this member that gossip and state pieces carry, with its signature.
+    fn update(&self) -> Update<I, M> {
+        let mut u = self.member.to_update(self.suspect_from.clone());
+        u.sig = self.sig.clone();
+        u
+    }
 }
 
 /// Where merged updates come from.
@@ -270,6 +286,8 @@ pub struct Membership<I, M> {
     /// Other members dead or left, by (state_since_ms, id).
     tombstones: BTreeSet<(u64, I)>,
     suspicions: IdMap<I, Suspicion<I>>,
+    /// Signs this node's claims, checks the others' ([`super::claims`]).
+    signer: Box<dyn Signer<I, M>>,
     broadcasts: Broadcasts<I>,
     probes: Vec<Probe<I>>,
     relays: Vec<Relay<I>>,
@@ -296,12 +314,20 @@ pub struct Membership<I, M> {
 }
 
 impl<I: NodeId, M: Metadata> Membership<I, M> {
-    /// A node alone in its cluster at incarnation 0. `seed` seeds its random choices.
+    /// A node alone in its cluster at incarnation 0. `seed` seeds its random choices;
+    /// `signer` signs its claims and checks the others' ([`super::claims`]).
     ///
     /// # Panics
     /// If `config.validate()` fails; use [`Membership::try_new`] to get the error.
-    pub fn new(id: I, meta: M, config: Config, seed: u64, now_ms: u64) -> Self {
-        match Self::try_new(id, meta, config, seed, now_ms) {
+    pub fn new(
+        id: I,
+        meta: M,
+        config: Config,
+        seed: u64,
+        now_ms: u64,
+        signer: Box<dyn Signer<I, M>>,
+    ) -> Self {
+        match Self::try_new(id, meta, config, seed, now_ms, signer) {
             Ok(m) => m,
             Err(e) => panic!("{e}"),
         }
@@ -314,6 +340,7 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
         config: Config,
         seed: u64,
         now_ms: u64,
+        signer: Box<dyn Signer<I, M>>,
     ) -> Result<Self, ConfigError> {
         config.validate()?;
         let mut rng = SmallRng::seed_from_u64(seed);
@@ -325,12 +352,20 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
             meta_version: 0,
             state_since_ms: now_ms,
         };
+        let sig = signer.sign(&Claim {
+            id: &id,
+            incarnation: 0,
+            left: false,
+            meta_version: 0,
+            meta: &me.meta,
+        });
         let mut members = IdMap::default();
         members.insert(
             id.clone(),
             Entry {
                 member: me,
                 suspect_from: None,
+                sig,
             },
         );
         let next_probe_ms = now_ms + rng.gen_range(0..config.probe_interval_ms);
@@ -349,6 +384,7 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
             live_index: IdMap::default(),
             tombstones: BTreeSet::new(),
             suspicions: IdMap::default(),
+            signer,
             broadcasts: Broadcasts::new(),
             probes: Vec::new(),
             relays: Vec::new(),
@@ -757,7 +793,7 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
                 .map(|e| e.member.incarnation)
                 .unwrap_or(0);
             let id = self.id.clone();
-            self.transition(&id, me.saturating_add(1), State::Alive, None);
+            self.transition(&id, me + 1, State::Alive, None);
         }
         self.seeds = seeds
             .into_iter()
@@ -826,14 +862,14 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
             return;
         }
         let id = self.id.clone();
-        self.transition(&id, me.incarnation.saturating_add(1), State::Left, None);
+        self.transition(&id, me.incarnation + 1, State::Left, None);
         self.probes.clear();
         let targets = if self.live.len() <= LEAVE_TELL_ALL_MAX {
             self.live.clone()
         } else {
             self.sample_live(2 * self.config.gossip_fanout, None, false)
         };
-        let left = self.local().to_update(None);
+        let left = self.members[&self.id].update();
         for to in targets {
             let updates = self.piggyback_with(Some(left.clone()));
             self.send(to, Message::Gossip { updates });
@@ -846,7 +882,12 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
             let me = self.local();
             (me.incarnation, me.state, me.meta_version)
         };
-        self.transition(&id, incarnation, state, Some((meta, version + 1)));
+        self.transition(
+            &id,
+            incarnation,
+            state,
+            Some((meta, version + 1, Vec::new())),
+        );
     }
 
     fn on_message(&mut self, from: I, msg: Message<I, M>) {
@@ -1056,7 +1097,7 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
             .members
             .get(to)
             .filter(|e| e.member.state == State::Suspect)
-            .map(|e| e.member.to_update(e.suspect_from.clone()));
+            .map(|e| e.update());
         self.piggyback_with(first)
     }
 
@@ -1071,7 +1112,7 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
         out.extend(
             ids.iter()
                 .filter_map(|id| self.members.get(id))
-                .map(|e| e.member.to_update(e.suspect_from.clone())),
+                .map(|e| e.update()),
         );
         out
     }
@@ -1079,11 +1120,7 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
     /// This node's full view (tombstones included) cut into pieces of at most
     /// `push_pull_piece_members` members; never empty (the view holds self).
     pub fn state_pieces(&self, answer: bool) -> Vec<Message<I, M>> {
-        let members: Vec<Update<I, M>> = self
-            .members
-            .values()
-            .map(|e| e.member.to_update(e.suspect_from.clone()))
-            .collect();
+        let members: Vec<Update<I, M>> = self.members.values().map(|e| e.update()).collect();
         let chunks: Vec<&[Update<I, M>]> = members
             .chunks(self.config.push_pull_piece_members)
             .collect();
@@ -1156,6 +1193,7 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
                     Entry {
                         member,
                         suspect_from: None,
+                        sig: u.sig,
                     },
                 );
                 self.add_live(&u.id);
@@ -1244,7 +1282,8 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
         }
     }
 
-    /// Merges one claim by SWIM/memberlist precedence. Returns whether it made this node
+    /// Merges one claim by SWIM/memberlist precedence, once its subject's signature and
+    /// the incarnation bounds hold ([`super::claims`]). Returns whether it made this node
     /// refute a claim about itself.
     fn apply_update(&mut self, sender: &I, mut u: Update<I, M>, push_pull: bool) -> bool {
         // A full state says dead, or a member we took for down (or only just saw again)
@@ -1256,6 +1295,11 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
         if hearsay {
             u.state = State::Suspect;
             u.from = Some(sender.clone());
+        }
+        if let Err(why) = self.believe(&u, push_pull) {
+            self.stats.claims_refused += 1;
+            tracing::debug!(peer = %sender, member = %u.id, claim = %u.state, incarnation = u.incarnation, "membership claim refused: {why}");
+            return false;
         }
         if u.id == self.id {
             return self.apply_about_self(u);
@@ -1273,24 +1317,29 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
         };
         let cur = entry.member.state;
         let inc = entry.member.incarnation;
-        let meta =
-            (u.meta_version > entry.member.meta_version).then(|| (u.meta.clone(), u.meta_version));
+        // What the member signed travels with the claim: a newer incarnation, a newer
+        // version of its metadata at this one, or its leave replaces what is kept, the
+        // signature with the metadata it covers.
+        let signed = (u.incarnation > inc
+            || (u.incarnation == inc && u.meta_version > entry.member.meta_version)
+            || (u.incarnation == inc && u.state == State::Left && cur != State::Left))
+            .then(|| (u.meta.clone(), u.meta_version, u.sig.clone()));
         let suspector = u.from.clone().unwrap_or_else(|| sender.clone());
         match u.state {
             State::Alive if u.incarnation > inc => {
-                self.transition(&u.id, u.incarnation, State::Alive, meta);
+                self.transition(&u.id, u.incarnation, State::Alive, signed);
             }
             State::Suspect
                 if (cur == State::Alive && u.incarnation >= inc) || u.incarnation > inc =>
             {
-                if meta.is_some() {
-                    self.transition(&u.id, inc, cur, meta);
+                if signed.is_some() {
+                    self.transition(&u.id, u.incarnation, cur, signed);
                 }
                 self.start_suspicion(&u.id, u.incarnation, suspector, hearsay);
             }
             State::Suspect if cur == State::Suspect && u.incarnation == inc => {
-                if meta.is_some() {
-                    self.transition(&u.id, inc, cur, meta);
+                if signed.is_some() {
+                    self.transition(&u.id, inc, cur, signed);
                 }
                 if !hearsay {
                     self.confirm_suspicion(&u.id, inc, suspector);
@@ -1301,15 +1350,48 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
                     || (u.incarnation == inc
                         && (cur.is_live() || (cur == State::Dead && u.state == State::Left))) =>
             {
-                self.transition(&u.id, u.incarnation, u.state, meta);
+                self.transition(&u.id, u.incarnation, u.state, signed);
             }
             _ => {
-                if meta.is_some() {
-                    self.transition(&u.id, inc, cur, meta);
+                if signed.is_some() && u.incarnation == inc && u.state != State::Left {
+                    self.transition(&u.id, inc, cur, signed);
                 }
             }
         }
         false
+    }
+
+    /// Whether `u` may be believed: its incarnation within the bounds, and its subject's
+    /// signature of the claim it rests on. A claim older than what is known changes nothing
+    /// and is not checked; one resting on the signature kept for the member was checked when
+    /// it came.
+    fn believe(&self, u: &Update<I, M>, push_pull: bool) -> Result<(), Refused> {
+        let entry = self.members.get(&u.id);
+        let known = entry.map(|e| e.member.incarnation);
+        check_incarnation(u.incarnation, known, !push_pull)?;
+        let Some(e) = entry else {
+            return self.verify(u);
+        };
+        if u.incarnation < e.member.incarnation {
+            return Ok(());
+        }
+        let kept = e.member.incarnation == u.incarnation
+            && e.member.meta_version == u.meta_version
+            && (e.member.state == State::Left) == (u.state == State::Left)
+            && e.sig == u.sig;
+        if kept {
+            Ok(())
+        } else {
+            self.verify(u)
+        }
+    }
+
+    fn verify(&self, u: &Update<I, M>) -> Result<(), Refused> {
+        if self.signer.verify(&Claim::of(u), &u.sig) {
+            Ok(())
+        } else {
+            Err(Refused::Unsigned)
+        }
     }
 
     /// Whether `sender` is unknown here, not alive, or alive for less than
@@ -1323,6 +1405,9 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
         })
     }
 
+    /// A claim about this node, believed (signed by this node, an older instance of it when
+    /// above its incarnation): refutes a down claim at or above its incarnation by going one
+    /// above it (never past `INCARNATION_MAX + 1`: the claim is within the bounds).
     fn apply_about_self(&mut self, u: Update<I, M>) -> bool {
         let me = self.local().clone();
         if me.state == State::Left {
@@ -1332,7 +1417,7 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
         let mut incarnation = me.incarnation;
         let claim_down = u.state != State::Alive && u.incarnation >= me.incarnation;
         if claim_down || (u.state == State::Alive && u.incarnation > me.incarnation) {
-            incarnation = u.incarnation.saturating_add(1);
+            incarnation = u.incarnation + 1;
             if claim_down {
                 self.stats.refutations += 1;
                 self.adjust_health(1);
@@ -1353,10 +1438,26 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
                 .expect("self is in the table");
             e.member.incarnation = incarnation;
             e.member.meta_version = meta_version;
+            self.sign_self();
             let id = self.id.clone();
             self.broadcasts.push(&id);
         }
         refuted
+    }
+
+    /// Signs this node's entry as it is now (after every change to it).
+    fn sign_self(&mut self) {
+        let e = &self.members[&self.id];
+        let sig = self.signer.sign(&Claim {
+            id: &self.id,
+            incarnation: e.member.incarnation,
+            left: e.member.state == State::Left,
+            meta_version: e.member.meta_version,
+            meta: &e.member.meta,
+        });
+        if let Some(e) = self.members.get_mut(&self.id) {
+            e.sig = sig;
+        }
     }
 
     fn insert(&mut self, u: Update<I, M>) {
@@ -1374,6 +1475,7 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
             Entry {
                 member: member.clone(),
                 suspect_from: None,
+                sig: u.sig,
             },
         );
         self.add_live(&u.id);
@@ -1408,9 +1510,16 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
         }
     }
 
-    /// Sets a known member's incarnation, state and (optionally) metadata, keeping the
-    /// indexes, suspicion timers and queue in step, and reports the change.
-    fn transition(&mut self, id: &I, incarnation: u64, state: State, meta: Option<(M, u64)>) {
+    /// Sets a known member's incarnation, state and (optionally) metadata with the
+    /// signature that covers them (this node's own is signed here), keeping the indexes,
+    /// suspicion timers and queue in step, and reports the change.
+    fn transition(
+        &mut self,
+        id: &I,
+        incarnation: u64,
+        state: State,
+        meta: Option<(M, u64, Vec<u8>)>,
+    ) {
         let now = self.now_ms;
         let is_self = *id == self.id;
         let Some(e) = self.members.get_mut(id) else {
@@ -1420,10 +1529,11 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
         let since = e.member.state_since_ms;
         e.member.incarnation = incarnation;
         let meta_changed = match meta {
-            Some((m, v)) => {
+            Some((m, v, sig)) => {
                 let changed = m != e.member.meta;
                 e.member.meta = m;
                 e.member.meta_version = v;
+                e.sig = sig;
                 changed
             }
             None => false,
@@ -1436,6 +1546,9 @@ impl<I: NodeId, M: Metadata> Membership<I, M> {
             }
         }
         let member = e.member.clone();
+        if is_self {
+            self.sign_self();
+        }
         if previous != State::Suspect || state != State::Suspect {
             self.suspicions.remove(id);
         }

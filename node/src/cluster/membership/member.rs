@@ -98,7 +98,8 @@ pub struct Member<I, M> {
 }
 
 impl<I: Clone, M: Clone> Member<I, M> {
-    /// The claim about this member that gossip carries.
+    /// The claim about this member that gossip carries, without its signature (the core
+    /// keeps it beside the member and adds it).
     pub fn to_update(&self, from: Option<I>) -> Update<I, M> {
         Update {
             id: self.id.clone(),
@@ -107,6 +108,7 @@ impl<I: Clone, M: Clone> Member<I, M> {
             meta: self.meta.clone(),
             meta_version: self.meta_version,
             from,
+            sig: Vec::new(),
         }
     }
 }
@@ -127,4 +129,8 @@ pub struct Update<I, M> {
     /// For `Suspect`: the member that suspects it (counted as an independent confirmation
     /// of the suspicion). `None` otherwise.
     pub from: Option<I>,
+    /// The subject's own signature of the claim this rests on (`claims::Claim::of`): of
+    /// `Left` for a leave, of `Alive` at `incarnation` for every other state. Empty when
+    /// unsigned (refused by every receiver).
+    pub sig: Vec<u8>,
 }

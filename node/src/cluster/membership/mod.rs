@@ -17,7 +17,9 @@
 //!   `min = suspicion_mult · max(1, log10 n) · probe_interval` as independent members
 //!   confirm it (Lifeguard).
 //! - **Incarnations.** Only a member raises its own incarnation: to refute a suspicion
-//!   or death (it hears it, bumps above it, gossips alive) or to leave. Precedence:
+//!   or death (it hears it, bumps above it, gossips alive) or to leave. Every claim
+//!   carries its subject's signature of that incarnation ([`claims`]), so nobody else can
+//!   raise it, say that a member left, or accuse it above what it signed. Precedence:
 //!   alive(i) beats suspect/dead/left(< i); suspect(i) beats alive(≤ i); dead/left(i)
 //!   beat alive/suspect(≤ i); left is final for its incarnation.
 //! - **Dissemination.** Updates are piggybacked on every message (newest and least sent
@@ -41,6 +43,7 @@
 //! members over an in-memory network with virtual time.
 
 mod broadcast;
+pub mod claims;
 pub mod config;
 pub mod core;
 mod hash;
@@ -48,6 +51,7 @@ pub mod member;
 pub mod message;
 pub mod sim;
 
+pub use self::claims::{Claim, ModelSigner, Signer};
 pub use self::config::{Config, ConfigError};
 pub use self::core::{suspicion_timeout_ms, Action, Event, Membership, Stats};
 pub use self::member::{Member, Metadata, NodeId, State, Update};

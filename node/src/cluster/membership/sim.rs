@@ -164,6 +164,7 @@ impl Sim {
                     config.clone(),
                     node_seed(seed, id, 0),
                     0,
+                    Box::new(super::claims::ModelSigner),
                 )),
                 epoch: 0,
                 wake_us: u64::MAX,
@@ -259,13 +260,16 @@ impl Sim {
         let n = self.nodes.len() as u32;
         for node in &mut self.nodes {
             if let Some(m) = node.member.as_mut() {
-                m.assume_view((0..n).map(|id| super::member::Update {
-                    id,
-                    incarnation: 0,
-                    state: State::Alive,
-                    meta: SimMeta::default(),
-                    meta_version: 0,
-                    from: None,
+                m.assume_view((0..n).map(|id| {
+                    super::claims::ModelSigner::signed(super::member::Update {
+                        id,
+                        incarnation: 0,
+                        state: State::Alive,
+                        meta: SimMeta::default(),
+                        meta_version: 0,
+                        from: None,
+                        sig: Vec::new(),
+                    })
                 }));
             }
         }
@@ -339,6 +343,7 @@ impl Sim {
             self.config.clone(),
             seed,
             now_ms,
+            Box::new(super::claims::ModelSigner),
         ));
         self.reschedule(id);
         self.inject(id, Event::Join { seeds });

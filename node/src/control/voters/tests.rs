@@ -425,3 +425,44 @@ fn a_removed_member_is_taken_out_and_never_added_back() {
     };
     assert_eq!(next_change(&input, &w.config), Some(Change::Remove(2)));
 }
+
+#[test]
+fn a_voter_gossip_calls_down_is_confirmed_first_and_kept_when_it_answers() {
+    let mut w = World::bootstrapped();
+    for id in 2..=4 {
+        w.set(id, Health::Alive, id * 10);
+    }
+    w.settle();
+    assert_eq!(w.voters, [1, 2, 3].into());
+    let step = |w: &World, round: &Round<Id>| {
+        round.step(&w.leader, &w.voters, &w.learners, w.now_ms, &w.config)
+    };
+    // The review's attack: gossip says voter 3 left (or is long dead).
+    for health in [Health::Left, Health::Dead] {
+        w.set(3, health, 0);
+        assert_eq!(w.next(), Some(Remove(3)), "gossip alone would remove it");
+        assert_eq!(hearsay_target(&Remove(3), &w.members), Some(&3));
+        // The round asks 3 first; 3 answers: kept, nothing else changes for it this round.
+        let mut round = Round::new(w.members.clone(), BTreeSet::new());
+        assert_eq!(step(&w, &round), Step::Ask(3));
+        round.answered(&3);
+        assert_eq!(
+            step(&w, &round),
+            Step::Done,
+            "{health:?}: an answering voter is kept"
+        );
+        // 3 does not answer: gossip's word stands.
+        let mut round = Round::new(w.members.clone(), BTreeSet::new());
+        assert_eq!(step(&w, &round), Step::Ask(3));
+        round.silent(&3);
+        assert_eq!(step(&w, &round), Step::Apply(Remove(3)));
+    }
+    // An operator's removal needs no call.
+    let round = Round::new(w.members.clone(), [3].into());
+    assert_eq!(step(&w, &round), Step::Apply(Remove(3)));
+    // Changes that do not rest on gossip's word need no call.
+    assert_eq!(hearsay_target(&Promote(4), &w.members), None);
+    w.set(5, Health::Alive, 50);
+    assert_eq!(hearsay_target(&Demote(5), &w.members), None);
+    assert_eq!(hearsay_target(&Demote(3), &w.members), Some(&3));
+}

@@ -1,17 +1,20 @@
+use super::super::claims::{ModelSigner, INCARNATION_JUMP_MAX, INCARNATION_MAX};
 use super::super::message::{PIECES_MAX, PIECE_MEMBERS_MAX};
 use super::*;
 
 type Node = Membership<u32, u32>;
 
+/// A claim signed by its subject (as every honest member's is).
 fn upd(id: u32, incarnation: u64, state: State, from: Option<u32>) -> Update<u32, u32> {
-    Update {
+    ModelSigner::signed(Update {
         id,
         incarnation,
         state,
         meta: 0,
         meta_version: 0,
         from,
-    }
+        sig: Vec::new(),
+    })
 }
 
 fn gossip(from: u32, updates: Vec<Update<u32, u32>>) -> Event<u32, u32> {
@@ -23,7 +26,7 @@ fn gossip(from: u32, updates: Vec<Update<u32, u32>>) -> Event<u32, u32> {
 
 /// Node 0 knowing members `1..n` alive at incarnation 0, at time 1000.
 fn node(n: u32, config: Config) -> Node {
-    let mut m = Node::new(0, 0, config, 7, 1_000);
+    let mut m = Node::new(0, 0, config, 7, 1_000, Box::new(ModelSigner));
     let updates = (1..n).map(|id| upd(id, 0, State::Alive, None)).collect();
     m.handle(
         1_000,
@@ -292,7 +295,7 @@ fn a_verdict_of_death_from_a_member_just_back_is_a_suspicion_with_the_whole_time
 fn a_join_nobody_answers_is_retried_soon_then_backs_off() {
     // A seed that accepted the connection before its membership ran drops the first join.
     let config = Config::default();
-    let mut m = Node::new(0, 0, config.clone(), 7, 1_000);
+    let mut m = Node::new(0, 0, config.clone(), 7, 1_000, Box::new(ModelSigner));
     let joins = |actions: &[Action<u32, u32>]| {
         sends(actions)
             .iter()
@@ -408,11 +411,13 @@ fn metadata_higher_version_wins() {
     let mut u = upd(1, 0, State::Alive, None);
     u.meta = 9;
     u.meta_version = 2;
+    let u = ModelSigner::signed(u);
     m.handle(1_000, gossip(1, vec![u.clone()]));
     assert_eq!(m.member(&1).unwrap().meta, 9);
+    let mut u = u;
     u.meta = 5;
     u.meta_version = 1;
-    m.handle(1_001, gossip(2, vec![u]));
+    m.handle(1_001, gossip(2, vec![ModelSigner::signed(u)]));
     assert_eq!(m.member(&1).unwrap().meta, 9);
     let actions = m.handle(1_002, Event::SetMeta(4));
     assert_eq!((m.local().meta, m.local().meta_version), (4, 1));
@@ -576,8 +581,8 @@ fn a_sync_in_step_costs_one_message_and_one_out_of_step_swaps_pieces() {
         members_max: 1_000,
         ..Config::for_test()
     };
-    let mut a = Node::new(1, 0, config.clone(), 1, 1_000);
-    let mut b = Node::new(2, 0, config.clone(), 2, 1_000);
+    let mut a = Node::new(1, 0, config.clone(), 1, 1_000, Box::new(ModelSigner));
+    let mut b = Node::new(2, 0, config.clone(), 2, 1_000, Box::new(ModelSigner));
     // Both learn of each other and of member 3: same views, same digests.
     let everyone = vec![
         upd(1, 0, State::Alive, None),
@@ -701,13 +706,16 @@ fn arb_update() -> impl proptest::strategy::Strategy<Value = Update<u32, u32>> {
         0u64..3,
         proptest::option::of(1u32..40),
     )
-        .prop_map(|(id, incarnation, state, meta_version, from)| Update {
-            id,
-            incarnation,
-            state,
-            meta: meta_version as u32,
-            meta_version,
-            from,
+        .prop_map(|(id, incarnation, state, meta_version, from)| {
+            ModelSigner::signed(Update {
+                id,
+                incarnation,
+                state,
+                meta: meta_version as u32,
+                meta_version,
+                from,
+                sig: Vec::new(),
+            })
         })
 }
 
@@ -722,7 +730,7 @@ proptest::proptest! {
         order_seed in proptest::prelude::any::<u64>(),
     ) {
         let config = Config { push_pull_piece_members: piece_members, members_max: 1_000, ..Config::for_test() };
-        let mut source = Node::new(50, 0, config.clone(), 3, 1_000);
+        let mut source = Node::new(50, 0, config.clone(), 3, 1_000, Box::new(ModelSigner));
         // Every member first joins alive, then the random claims arrive.
         let joins: Vec<_> = (1..40).map(|id| upd(id, 0, State::Alive, None)).collect();
         for chunk in joins.chunks(config.piggyback_max).chain(history.chunks(config.piggyback_max)) {
@@ -742,7 +750,7 @@ proptest::proptest! {
         }
 
         let whole: Vec<_> = pieces.iter().flat_map(|p| piece_of(p).to_vec()).collect();
-        let mut at_once = Node::new(0, 0, config.clone(), 4, 1_000);
+        let mut at_once = Node::new(0, 0, config.clone(), 4, 1_000, Box::new(ModelSigner));
         at_once.handle(1_000, Event::Message {
             from: 50,
             msg: Message::StatePiece { answer: false, piece: 0, pieces: 1, members: whole },
@@ -752,7 +760,7 @@ proptest::proptest! {
         let again: Vec<_> = shuffled.choose_multiple(&mut rng, 2).cloned().collect();
         shuffled.extend(again);
         shuffled.shuffle(&mut rng);
-        let mut in_pieces = Node::new(0, 0, config, 4, 1_000);
+        let mut in_pieces = Node::new(0, 0, config, 4, 1_000, Box::new(ModelSigner));
         for msg in shuffled {
             in_pieces.handle(1_000, Event::Message { from: 50, msg });
         }
@@ -859,4 +867,200 @@ fn an_idle_member_wakes_only_at_its_probe_ticks_and_still_does_its_chores() {
         "{per_s} wake-ups a second"
     );
     m.check_invariants().unwrap();
+}
+
+// ----- claims only their subject can raise (`claims`) -----
+
+/// `members` as one state piece from `from` (a push-pull's answer).
+fn whole_view(from: u32, members: Vec<Update<u32, u32>>) -> Event<u32, u32> {
+    Event::Message {
+        from,
+        msg: Message::StatePiece {
+            answer: false,
+            piece: 0,
+            pieces: 1,
+            members,
+        },
+    }
+}
+
+/// `u` with a signature that is not its subject's.
+fn forged(mut u: Update<u32, u32>) -> Update<u32, u32> {
+    u.sig = vec![0; 16];
+    u
+}
+
+#[test]
+fn a_claim_without_its_subjects_signature_is_refused() {
+    let mut m = node(5, Config::default());
+    // The review's datagram: "1 dead at 2^64 - 1", and the same at a plausible incarnation.
+    for u in [
+        forged(upd(1, u64::MAX, State::Dead, None)),
+        forged(upd(1, 1, State::Dead, None)),
+        forged(upd(1, 1, State::Suspect, Some(3))),
+        forged(upd(1, 0, State::Suspect, Some(3))),
+        forged(upd(1, 1, State::Left, None)),
+        // Left resting on the member's signature of being alive is not its leave.
+        {
+            let mut u = upd(1, 1, State::Alive, None);
+            u.state = State::Left;
+            u
+        },
+    ] {
+        m.handle(1_000, gossip(2, vec![u]));
+    }
+    assert_eq!(state(&m, 1), State::Alive);
+    assert_eq!(m.member(&1).unwrap().incarnation, 0);
+    assert_eq!(m.stats().claims_refused, 6);
+    // Unsigned in a state piece too, and a member never seen is not made up.
+    m.handle(
+        1_001,
+        whole_view(
+            2,
+            vec![
+                forged(upd(1, 3, State::Left, None)),
+                forged(upd(9, 0, State::Alive, None)),
+            ],
+        ),
+    );
+    assert_eq!(state(&m, 1), State::Alive);
+    assert!(m.member(&9).is_none());
+    assert_eq!(m.stats().claims_refused, 8);
+    // The member's own leave, and an accusation at an incarnation it signed, are believed.
+    m.handle(1_002, gossip(2, vec![upd(1, 0, State::Suspect, Some(2))]));
+    assert_eq!(state(&m, 1), State::Suspect);
+    m.handle(1_003, gossip(1, vec![upd(1, 1, State::Left, None)]));
+    assert_eq!(state(&m, 1), State::Left);
+    m.check_invariants().unwrap();
+}
+
+#[test]
+fn a_forged_claim_changes_no_metadata() {
+    let mut m = node(3, Config::default());
+    let mut u = upd(1, 0, State::Suspect, Some(2));
+    u.meta = 66;
+    u.meta_version = 9;
+    m.handle(1_000, gossip(2, vec![u]));
+    let member = m.member(&1).unwrap();
+    assert_eq!(
+        (member.meta, member.meta_version, member.state),
+        (0, 0, State::Alive)
+    );
+    assert_eq!(m.stats().claims_refused, 1);
+}
+
+#[test]
+fn incarnations_are_bounded_and_jump_far_only_in_a_sync() {
+    let mut m = node(4, Config::default());
+    // Signed, but past the bound: refused wherever it comes from.
+    m.handle(
+        1_000,
+        gossip(1, vec![upd(1, INCARNATION_MAX + 1, State::Alive, None)]),
+    );
+    assert_eq!(m.member(&1).unwrap().incarnation, 0);
+    // A jump past INCARNATION_JUMP_MAX by datagram is refused; in a state piece believed.
+    let far = upd(2, INCARNATION_JUMP_MAX + 1, State::Alive, None);
+    m.handle(1_001, gossip(2, vec![far.clone()]));
+    assert_eq!(m.member(&2).unwrap().incarnation, 0);
+    m.handle(
+        1_001,
+        gossip(2, vec![upd(2, INCARNATION_JUMP_MAX, State::Alive, None)]),
+    );
+    assert_eq!(m.member(&2).unwrap().incarnation, INCARNATION_JUMP_MAX);
+    m.handle(
+        1_002,
+        whole_view(3, vec![upd(3, 1 << 40, State::Alive, None)]),
+    );
+    assert_eq!(m.member(&3).unwrap().incarnation, 1 << 40);
+    assert_eq!(m.stats().claims_refused, 2);
+}
+
+#[test]
+fn a_member_signs_what_it_says_about_itself() {
+    let mut m = node(3, Config::default());
+    let actions = m.handle(1_000, gossip(1, vec![upd(0, 0, State::Suspect, Some(1))]));
+    let mine: Vec<&Update<u32, u32>> = sends(&actions)
+        .into_iter()
+        .flat_map(|(_, msg)| msg.updates())
+        .filter(|u| u.id == 0)
+        .collect();
+    assert!(!mine.is_empty(), "the refutation goes out");
+    for u in mine {
+        assert_eq!((u.incarnation, u.state), (1, State::Alive));
+        assert_eq!(*u, ModelSigner::signed(u.clone()), "signed by its subject");
+    }
+    // New metadata, and its leave, too.
+    m.handle(1_001, Event::SetMeta(5));
+    let actions = m.handle(1_002, Event::Leave);
+    let left = sends(&actions)
+        .into_iter()
+        .flat_map(|(_, msg)| msg.updates())
+        .find(|u| u.id == 0 && u.state == State::Left)
+        .expect("the leave goes out")
+        .clone();
+    assert_eq!((left.incarnation, left.meta, left.meta_version), (2, 5, 1));
+    assert_eq!(left, ModelSigner::signed(left.clone()));
+}
+
+#[test]
+fn a_member_can_always_refute_without_saturating() {
+    let mut m = node(3, Config::default());
+    // Only an older instance of this node could have signed INCARNATION_MAX (after 2^62
+    // refutations): it refutes above it, one short of nothing.
+    m.handle(
+        1_000,
+        whole_view(1, vec![upd(0, INCARNATION_MAX, State::Dead, None)]),
+    );
+    assert_eq!(m.local().incarnation, INCARNATION_MAX + 1);
+    assert_eq!(m.local().state, State::Alive);
+    // Nothing above the bound is believed, signed or not: the review's u64::MAX included.
+    m.handle(
+        1_001,
+        gossip(
+            1,
+            vec![upd(0, INCARNATION_MAX + 1, State::Suspect, Some(1))],
+        ),
+    );
+    m.handle(
+        1_002,
+        gossip(1, vec![forged(upd(0, u64::MAX, State::Dead, None))]),
+    );
+    m.handle(1_003, gossip(1, vec![upd(0, u64::MAX, State::Dead, None)]));
+    assert_eq!(m.local().incarnation, INCARNATION_MAX + 1);
+    assert_eq!(m.stats().claims_refused, 3);
+}
+
+proptest::proptest! {
+    /// Whatever a key holder sends without its subject's signature (any member, incarnation,
+    /// state, metadata; by datagram or in a state piece), the view does not move.
+    #[test]
+    fn an_unsigned_claim_never_moves_the_view(
+        claims in proptest::collection::vec(arb_update(), 1..40),
+        incarnations in proptest::collection::vec(proptest::prelude::any::<u64>(), 40),
+        sigs in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..20), 40),
+        in_a_piece in proptest::prelude::any::<bool>(),
+    ) {
+        let mut m = node(6, Config::default());
+        let before = view(&m);
+        let forged: Vec<_> = claims
+            .into_iter()
+            .zip(incarnations)
+            .zip(sigs)
+            .map(|((mut u, incarnation), sig)| {
+                u.id %= 6;
+                u.incarnation = incarnation;
+                u.sig = sig;
+                u
+            })
+            .filter(|u| *u != ModelSigner::signed(u.clone()))
+            .collect();
+        let n = forged.len() as u64;
+        for chunk in forged.chunks(Config::default().piggyback_max) {
+            let event = if in_a_piece { whole_view(2, chunk.to_vec()) } else { gossip(2, chunk.to_vec()) };
+            m.handle(1_000, event);
+        }
+        proptest::prop_assert_eq!(view(&m), before);
+        proptest::prop_assert_eq!(m.stats().claims_refused, n);
+        proptest::prop_assert!(m.check_invariants().is_ok());
+    }
 }

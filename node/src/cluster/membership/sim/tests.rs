@@ -80,7 +80,9 @@ fn restarted_member_refutes_its_death_and_is_alive_everywhere() {
                     .map(|mut u| {
                         u.state = State::Suspect;
                         u.from = Some(1);
-                        u
+                        // Resting on 5's own signature of that incarnation, as node 1
+                        // would send it.
+                        super::super::claims::ModelSigner::signed(u)
                     })
                     .collect(),
             },
@@ -276,4 +278,47 @@ fn an_idle_cluster_reports_no_change_until_a_member_dies() {
         "a death must be reported by every survivor: {} changes",
         sim.changes - before
     );
+}
+
+/// The review's H2 in the simulation: a key holder tells every member that member 5 is dead
+/// at 2^64 - 1, suspect far above its incarnation and left, without 5's signature. Nobody
+/// believes it; 5 stays alive at incarnation 0 everywhere, long past every suspicion
+/// timeout, and every member counted the claims it refused.
+#[test]
+fn forged_claims_evict_nobody() {
+    let seed = 9;
+    let mut sim = cluster(8, NetConfig::default(), seed);
+    let victim = 5;
+    let forged = |incarnation: u64, state: State| {
+        let mut u = sim.view(1, victim).unwrap().to_update(Some(1));
+        u.incarnation = incarnation;
+        u.state = state;
+        u
+    };
+    let updates = vec![
+        forged(u64::MAX, State::Dead),
+        forged(1 << 40, State::Suspect),
+        forged(1, State::Left),
+        forged(1, State::Dead),
+    ];
+    for id in 0..8 {
+        sim.inject(
+            id,
+            Event::Message {
+                from: 1 + (id + 1) % 7,
+                msg: Message::Gossip {
+                    updates: updates.clone(),
+                },
+            },
+        );
+    }
+    sim.run_for(30_000);
+    assert!(
+        sim.all_see(victim, |m| m
+            .is_some_and(|m| m.state == State::Alive && m.incarnation == 0)),
+        "seed {seed}: the forged claims were believed"
+    );
+    for m in sim.running() {
+        assert!(m.stats().claims_refused >= 4, "{:?}", m.stats());
+    }
 }
