@@ -109,12 +109,24 @@ fn authorize(
         ));
     };
     let given = super::auth::bearer(value).unwrap_or("");
-    if !allows(&app.checkpoint_key, place, given) {
+    let Some(grant) = allows(&app.checkpoint_key, place, given) else {
         return Err(ApiError(
             StatusCode::FORBIDDEN,
             format!(
                 "this token does not open the checkpoint place {}",
                 place.dir()
+            ),
+        ));
+    };
+    if !app
+        .control
+        .read(|s| grant.is_current(s.job(grant.job), place))
+    {
+        return Err(ApiError(
+            StatusCode::FORBIDDEN,
+            format!(
+                "this checkpoint token has expired: job {} generation {} is over",
+                grant.job, grant.generation
             ),
         ));
     }
