@@ -52,6 +52,7 @@ pub mod redact;
 pub mod server;
 pub mod status;
 pub mod tokens;
+pub mod uploads;
 
 use std::{collections::BTreeMap, sync::Arc};
 

@@ -517,6 +517,10 @@ impl hyper::body::Body for ResponseBody {
     }
 }
 
+/// The IP a request came from, in its extensions (the caps per peer of the bodied routes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerIp(pub IpAddr);
+
 /// A JSON error answer `{"error": …, "reason": …}` that closes nothing.
 fn refusal(code: StatusCode, error: &str, reason: &str) -> Response<Body> {
     let body = serde_json::json!({ "error": error, "reason": reason }).to_string();
@@ -582,13 +586,14 @@ async fn handle(
             Ok(()) => {
                 let deadline = Instant::now()
                     + Duration::from_millis(u64::from(shared.limits.api_body_read_timeout_ms));
-                let req = req.map(|inner| {
+                let mut req = req.map(|inner| {
                     Body::new(RequestBody {
                         inner,
                         receiving: Some(receiving),
                         deadline,
                     })
                 });
+                req.extensions_mut().insert(PeerIp(conn.ip));
                 match tower::ServiceExt::oneshot(shared.app.clone(), req).await {
                     Ok(resp) => resp,
                     Err(never) => match never {},

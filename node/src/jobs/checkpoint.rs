@@ -28,7 +28,7 @@ use crate::domain::state::{Job, JobId};
 pub const CHECKPOINT_KEY_CONTEXT: &str = "ringleader 2026-11 checkpoint capability v1";
 
 /// The most bytes one checkpoint object may hold (the body of a `PUT`), 64 MiB: the API
-/// holds a body in memory while it writes it.
+/// streams a body to the store and cuts it here (`api::checkpoints`).
 pub const CHECKPOINT_BYTES_MAX: usize = 64 << 20;
 
 /// The longest checkpoint name, in bytes.
