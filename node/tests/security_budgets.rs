@@ -6,6 +6,9 @@
 //!   now each is answered 401 on its headers and the node's peak resident memory grows by
 //!   far less than the bytes sent.
 //!
+//! - Point 6: the per-IP rate is bypassed with several loopback source addresses; the node's
+//!   own budget caps all of them together (429, "all peers together").
+//!
 //! Waits are bounded by socket timeouts and deadlines.
 
 mod common;
@@ -116,4 +119,70 @@ fn tokenless_uploads_are_refused_on_their_headers_without_the_node_growing() {
     );
     // The node still answers.
     assert!(c.nodes[0].client().status().is_ok());
+}
+
+/// One `GET /healthz` from source address `from`: the status line.
+fn get_from(rt: &tokio::runtime::Runtime, from: &str, api: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    rt.block_on(async {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+        let mut s = socket.connect(api.parse().unwrap()).await.unwrap();
+        let req = format!("GET /healthz HTTP/1.1\r\nhost: {api}\r\nconnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(IO_TIMEOUT, s.read_to_end(&mut answer)).await;
+        String::from_utf8_lossy(&answer).into_owned()
+    })
+}
+
+#[test]
+fn many_loopback_addresses_share_the_nodes_own_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    // Each IP may make 1,000 at once; the node 40 in all.
+    let extra: Vec<String> = [
+        "--api-requests-total-per-s",
+        "1",
+        "--api-requests-total-burst",
+        "40",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let c = common::formed_cluster(&dir.path().join("nodes"), "bb", 1, &extra, WAIT);
+    let api = c.nodes[0].info.api_addr.clone();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // 8 addresses x 20 requests: each far under its own budget, twice the node's together
+    // (less what the cluster's own polling took).
+    let mut answers = Vec::new();
+    for _ in 0..20 {
+        for ip in 2..10 {
+            answers.push(get_from(&rt, &format!("127.0.0.{ip}"), &api));
+        }
+    }
+    let ok = answers
+        .iter()
+        .filter(|a| a.starts_with("HTTP/1.1 200"))
+        .count();
+    let refused: Vec<&String> = answers
+        .iter()
+        .filter(|a| a.starts_with("HTTP/1.1 429"))
+        .collect();
+    eprintln!(
+        "{} requests from 8 addresses: {ok} answered, {} refused",
+        answers.len(),
+        refused.len()
+    );
+    assert!(
+        ok <= 41,
+        "the node answered {ok} of its budget of 40 (one refill)"
+    );
+    assert!(refused.len() >= answers.len() - 41, "{answers:#?}");
+    assert!(
+        refused.iter().all(|a| a.contains("all peers together")),
+        "{refused:#?}"
+    );
 }

@@ -40,6 +40,7 @@
 //! spec), `datasets` (the service). Used by: `cli`, the node's start-up.
 
 pub mod auth;
+pub mod budget;
 pub mod checkpoints;
 pub mod client;
 pub mod dashboard;
