@@ -9,6 +9,9 @@
 //! - Point 6: the per-IP rate is bypassed with several loopback source addresses; the node's
 //!   own budget caps all of them together (429, "all peers together").
 //!
+//! - Point 6: no quota on spec bytes (100 submits put 23 MB in every node's log): a made
+//!   token's submits stop at 8 MiB of specs with 429 naming the limit; the admin's go on.
+//!
 //! Waits are bounded by socket timeouts and deadlines.
 
 mod common;
@@ -185,4 +188,46 @@ fn many_loopback_addresses_share_the_nodes_own_budget() {
         refused.iter().all(|a| a.contains("all peers together")),
         "{refused:#?}"
     );
+}
+
+#[test]
+fn a_made_tokens_spec_bytes_are_capped_and_the_refusal_names_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = common::formed_cluster(&dir.path().join("nodes"), "bq", 1, &[], WAIT);
+    let token = common::ok(
+        c.cli(0)
+            .args(["token", "create", "quota"])
+            .output()
+            .unwrap(),
+    )
+    .trim()
+    .to_owned();
+    let user = ringleader::api::client::ApiClient::new(&c.nodes[0].info.api_addr, Some(token));
+    // Specs of about 250 KB each (a comment pads them): 8 MiB holds 33 of them.
+    let pad = format!("# {}\n", "x".repeat(250_000));
+    let spec =
+        |i: usize| format!("{pad}name = \"q{i}\"\nkind = \"command\"\ncommand = [\"true\"]\n");
+    // Bounded: at most 41 submits.
+    let (mut n, mut refusal) = (0, String::new());
+    while n <= 40 {
+        match user.submit(&spec(n)) {
+            Ok(_) => n += 1,
+            Err(e) => {
+                refusal = e.to_string();
+                break;
+            }
+        }
+    }
+    eprintln!("{n} specs accepted, then: {refusal}");
+    assert!(
+        (30..=34).contains(&n),
+        "{n} specs of 250 KB accepted: {refusal}"
+    );
+    assert!(
+        refusal.contains("429") || refusal.contains("bytes of specs"),
+        "{refusal}"
+    );
+    assert!(refusal.contains("at most 8388608"), "{refusal}");
+    // The admin token is the operator's: not limited.
+    assert!(c.nodes[0].client().submit(&spec(99)).is_ok());
 }
