@@ -4,10 +4,9 @@
 //!   directory, as fast as it can, while the node sets up that job's `[[files]]` (a file
 //!   and a subdirectory): the links' targets keep their mode, owner and contents (before
 //!   the fix, root's `chmod` after `lchown` followed the link: the review won on the first
-//!   try). The window is microseconds wide: against the old code this test's racer did
-//!   not win in its four jobs, so the deterministic proof is `security::rank_dir`'s unit
-//!   tests (a link planted before each step); this one shows a real node holds while a
-//!   racer that reaches the jobs' directories runs.
+//!   try; against that code this test fails on its first raced job, three runs of three).
+//!   The deterministic proof is `security::rank_dir`'s unit tests (a link planted before
+//!   each step).
 //! - M3: under `--run-as-range` two jobs' ranks run under different uids, and one cannot
 //!   read the other's `/proc/PID/environ` (its checkpoint capability) or signal it; under
 //!   one shared `--run-as` user it can (measured, not a guarantee: the README says one user
@@ -98,20 +97,35 @@ def jid(n):
 dirs = ["{jobs}/%s/generation-1/worker-0" % jid(n) for n in range(me + 1, me + {ahead})]
 print("racing", flush=True)
 end = time.time() + 80
+# The next job's directory is one of the next few ids after the last one seen: watch
+# those only, so a new one is seen within microseconds of the node opening it.
+pos = 0
 while time.time() < end:
-    for d in dirs:
+    for k in range(pos, min(pos + 8, len(dirs))):
+        d = dirs[k]
         if not os.path.isdir(d):
             continue
-        for name, target in (("f", "{victim}"), ("sub", "{victim_dir}")):
-            tmp = d + "/." + name + ".race"
-            try:
-                os.symlink(target, tmp)
-                os.replace(tmp, d + "/" + name)
-            except OSError:
+        # A new job's directory: swap the links in as fast as possible for a while (the
+        # node makes it, then gives it to the user, then sets the files up).
+        spin_end = time.time() + 2
+        print("seen", d[-40:], time.time(), flush=True)
+        planted = 0
+        while time.time() < spin_end:
+            for name, target in (("f62", "{victim}"), ("sub", "{victim_dir}")):
+                tmp = d + "/." + name + ".race"
                 try:
-                    os.unlink(tmp)
+                    os.symlink(target, tmp)
+                    os.replace(tmp, d + "/" + name)
+                    planted += 1
+                    if planted == 1:
+                        print("planted", name, time.time(), flush=True)
                 except OSError:
-                    pass
+                    try:
+                        os.unlink(tmp)
+                    except OSError:
+                        pass
+        pos = k + 1
+        break
 "#,
         jobs = data.join("jobs").display(),
         ahead = RACED_IDS_AHEAD,
@@ -136,8 +150,12 @@ while time.time() < end:
     let victim_text = std::fs::read_to_string(&victim).unwrap();
     let mut reached = 0;
     for i in 0..RACED_JOBS {
+        // 63 files before the one the racer aims at: the set-up takes a while to reach it.
+        let files: String = (0..=62)
+            .map(|f| format!("[[files]]\npath = \"f{f:02}\"\ntext = \"mine\"\n"))
+            .collect();
         let spec = format!(
-            "name = \"raced-{i}\"\nkind = \"command\"\nworkers = 1\nmax_restarts = 0\ncommand = [\"true\"]\n[[files]]\npath = \"f\"\ntext = \"mine\"\n[[files]]\npath = \"sub/g\"\ntext = \"mine too\"\n"
+            "name = \"raced-{i}\"\nkind = \"command\"\nworkers = 1\nmax_restarts = 0\ncommand = [\"true\"]\n[[files]]\npath = \"sub/g\"\ntext = \"mine too\"\n{files}"
         );
         let id = c.nodes[0].client().submit(&spec).expect("submit");
         let state = ended(&c, &id);
@@ -158,7 +176,7 @@ while time.time() < end:
         let work = data.join("jobs").join(&id).join("generation-1/worker-0");
         let planted = common::poll_until(
             Duration::from_secs(5),
-            || std::fs::symlink_metadata(work.join("f")).is_ok_and(|m| m.is_symlink()),
+            || std::fs::symlink_metadata(work.join("f62")).is_ok_and(|m| m.is_symlink()),
             |&p| p,
         );
         if planted.is_err() {
