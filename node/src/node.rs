@@ -87,6 +87,9 @@ pub struct NodeConfig {
     /// Directories below which a made token's `dataset get --to` may write
     /// (`--dataset-dest`).
     pub dataset_dests: Vec<PathBuf>,
+    /// `--run-as-range`: each job's ranks under a uid of their own from it (checked at
+    /// start; exclusive with `run_as`).
+    pub run_as_range: Option<crate::security::uid_range::UidRange>,
     /// Cap on the bytes a rank adds to its log per second (0: none; default
     /// [`crate::jobs::log_rate::RANK_LOG_BYTES_PER_S_MAX`]).
     pub rank_log_bytes_per_s: u64,
@@ -185,14 +188,19 @@ fn prepare(config: &NodeConfig) -> Result<Prepared> {
     // Under --run-as, ranks pass through the data directory to their own places: those
     // directories (and the link directory) stay traversable and the ranks' own entries are
     // theirs.
-    let exempt = match &config.run_as {
-        Some(user) => crate::security::modes::Exempt {
+    let rank_uids = match (&config.run_as, &config.run_as_range) {
+        (Some(user), _) => Some(user.uid..=user.uid),
+        (None, Some(range)) => Some(range.low..=range.high),
+        (None, None) => None,
+    };
+    let exempt = match rank_uids {
+        Some(uids) => crate::security::modes::Exempt {
             traverse: [
                 crate::security::run_as::RunAs::traverse_dirs(&config.data_dir, &config.storage),
                 vec![cuda_libs_dir.clone()],
             ]
             .concat(),
-            rank_uid: Some(user.uid),
+            rank_uids: Some(uids),
         },
         None => crate::security::modes::Exempt::default(),
     };
@@ -201,6 +209,10 @@ fn prepare(config: &NodeConfig) -> Result<Prepared> {
     if let Some(user) = &config.run_as {
         user.prepare(&config.data_dir, &config.storage)?;
         info!(user = %user.name, uid = user.uid, gid = user.gid, "ranks run as another user (--run-as)");
+    }
+    if let Some(range) = &config.run_as_range {
+        crate::security::run_as::RunAs::prepare_dirs(&config.data_dir, &config.storage)?;
+        info!(%range, "each job's ranks run under a uid of their own (--run-as-range)");
     }
     if tightened.changed > 0 {
         info!(
@@ -426,9 +438,9 @@ pub async fn run(config: NodeConfig) -> Result<()> {
     ));
     // Under --run-as a job's record goes into a place its ranks own: written through a
     // rename, never through a link they left (see `security::run_as`).
-    let node_storage = match &config.run_as {
-        Some(_) => crate::security::run_as::RunAs::node_storage(&config.storage),
-        None => config.storage.clone(),
+    let node_storage = match config.run_as.is_some() || config.run_as_range.is_some() {
+        true => crate::security::run_as::RunAs::node_storage(&config.storage),
+        false => config.storage.clone(),
     };
     background.spawn_owned(crate::jobs::archive::write_ended(
         background.stopping(),
@@ -506,6 +518,11 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         crate::jobs::process::RankOptions {
             run_as: config.run_as.clone().map(std::sync::Arc::new),
             log_bytes_per_s: config.rank_log_bytes_per_s,
+            job_users: config.run_as_range.map(|range| {
+                std::sync::Arc::new(std::sync::Mutex::new(
+                    crate::security::uid_range::JobUsers::new(range),
+                ))
+            }),
         },
         checkpoints.clone(),
     );

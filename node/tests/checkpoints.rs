@@ -1,8 +1,9 @@
 //! Command ranks' checkpoints, with a real node: a command job saves through its node's API
 //! with the capability it was given (`RINGLEADER_CHECKPOINT_URL`/`_TOKEN`) and the bytes
-//! land in its place in the store (`jobs/<id>/files/`); another job's token, the API token,
-//! or none, opens nothing there (403, 403, 401); a capability is no API token (401
-//! elsewhere); names are checked; a missing object is 404.
+//! land in its place in the store (`jobs/<id>/files/`); another (live) job's token, the API
+//! token, or none, opens nothing there (403, 403, 401); a job's own token stops working once
+//! its generation ended (403, expired: issue 47's M3, a leaked capability); a capability is
+//! no API token (401 elsewhere); names are checked; a missing object is 404.
 
 mod common;
 
@@ -56,14 +57,41 @@ fn call(method: &str, url: &str, token: Option<&str>, body: &[u8]) -> (u16, Stri
     (status, resp.body_mut().read_to_string().unwrap_or_default())
 }
 
+/// The script of a job that lives on: prints its place and token, then sleeps.
+const HOLD: &str = r#"
+import os, time
+print("place", os.environ["RINGLEADER_CHECKPOINT_URL"], os.environ["RINGLEADER_CHECKPOINT_TOKEN"], flush=True)
+time.sleep(120)
+"#;
+
+/// Submits a one-rank command job running `script` (a python file): its id.
+fn submit_script(c: &ringleader::cli::local::LocalCluster, name: &str, script: &str) -> String {
+    let spec = serde_json::json!({
+        "name": name, "kind": "command", "max_restarts": 0,
+        "command": ["python3", "job.py"],
+        "files": [{"path": "job.py", "text": script}],
+    });
+    c.nodes[0].client().submit_json(&spec.to_string()).unwrap()
+}
+
+/// Starts the hold script as a command job: its id, place URL and token, while it runs.
+fn start_holder(c: &ringleader::cli::local::LocalCluster) -> (String, String, String) {
+    let id = submit_script(c, "holder", HOLD);
+    let place = common::poll_until(
+        RUN_WAIT,
+        || c.job_log_lines(&id, "place "),
+        |p| !p.is_empty(),
+    )
+    .unwrap_or_else(|_| panic!("the holder never ran: {:#?}", c.job_logs(&id)));
+    let mut words = place[0].split_whitespace().skip(1);
+    let url = words.next().unwrap().to_owned();
+    let token = words.next().unwrap().to_owned();
+    (id, url, token)
+}
+
 /// Runs the save script as a command job to its end: its id, place URL and token.
 fn run_saver(c: &ringleader::cli::local::LocalCluster) -> (String, String, String) {
-    let spec = serde_json::json!({
-        "name": "saver", "kind": "command", "max_restarts": 0,
-        "command": ["python3", "save.py"],
-        "files": [{"path": "save.py", "text": SAVE}],
-    });
-    let id = c.nodes[0].client().submit_json(&spec.to_string()).unwrap();
+    let id = submit_script(c, "saver", SAVE);
     let doc = common::wait_job(c, 0, &id, "ended", RUN_WAIT, |d| {
         matches!(d.state.as_str(), "succeeded" | "failed" | "cancelled")
     });
@@ -89,7 +117,7 @@ fn a_command_job_saves_to_its_own_place_and_no_other_token_opens_it() {
 
     // Phase 1: two jobs save through their node, each in its own place.
     let (a, url_a, token_a) = run_saver(&c);
-    let (_b, url_b, token_b) = run_saver(&c);
+    let (_b, _, token_b) = run_saver(&c);
     assert_eq!(url_a, format!("http://{api}/v1/checkpoints/job/{a}"));
     assert_ne!(token_a, token_b);
     let stored = c.nodes[0]
@@ -102,15 +130,19 @@ fn a_command_job_saves_to_its_own_place_and_no_other_token_opens_it() {
         format!("saved by {a}")
     );
 
-    // Phase 2: a later job cannot read or overwrite another job's place with its token.
+    // Phase 2: its own token expired with its generation; a live job's token opens another
+    // job's place neither for reading nor for writing; nor does the API token, or none.
     let state_a = format!("{url_a}/state");
-    assert_eq!(
-        call("GET", &state_a, Some(&token_a), b""),
-        (200, format!("saved by {a}"))
-    );
-    let (code, body) = call("GET", &state_a, Some(&token_b), b"");
+    let (code, body) = call("GET", &state_a, Some(&token_a), b"");
     assert_eq!(code, 403, "{body}");
-    assert_eq!(call("PUT", &state_a, Some(&token_b), b"evil").0, 403);
+    assert!(body.contains("expired"), "{body}");
+    assert_eq!(call("PUT", &state_a, Some(&token_a), b"late").0, 403);
+    assert_eq!(call("GET", &state_a, Some(&token_b), b"").0, 403);
+    let (_h, url_h, token_h) = start_holder(&c);
+    let (code, body) = call("GET", &state_a, Some(&token_h), b"");
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("does not open"), "{body}");
+    assert_eq!(call("PUT", &state_a, Some(&token_h), b"evil").0, 403);
     assert_eq!(call("GET", &state_a, None, b"").0, 401);
     let admin = c.nodes[0].token.clone().expect("a keyed node has a token");
     assert_eq!(call("GET", &state_a, Some(&admin), b"").0, 403);
@@ -122,22 +154,31 @@ fn a_command_job_saves_to_its_own_place_and_no_other_token_opens_it() {
 
     // Phase 3: a capability is no API token.
     let status = format!("http://{api}/v1/status");
-    assert_eq!(call("GET", &status, Some(&token_a), b"").0, 401);
+    assert_eq!(call("GET", &status, Some(&token_h), b"").0, 401);
     assert_eq!(call("GET", &status, Some(&admin), b"").0, 200);
 
-    // Phase 4: names are checked; a missing object is 404; an overwrite replaces.
-    let (code, body) = call("GET", &format!("{url_b}/other"), Some(&token_b), b"");
+    // Phase 4 (the live holder's place): names are checked; a missing object is 404; an
+    // overwrite replaces.
+    let (code, body) = call("GET", &format!("{url_h}/other"), Some(&token_h), b"");
     assert_eq!(code, 404, "{body}");
     for bad in ["a%2Fb", "..", "a%20b", &"x".repeat(65)] {
-        let (code, body) = call("PUT", &format!("{url_b}/{bad}"), Some(&token_b), b"x");
+        let (code, body) = call("PUT", &format!("{url_h}/{bad}"), Some(&token_h), b"x");
         assert!((400..500).contains(&code), "{bad}: {code} {body}");
     }
+    for v in ["v1", "v2"] {
+        assert_eq!(
+            call(
+                "PUT",
+                &format!("{url_h}/state"),
+                Some(&token_h),
+                v.as_bytes()
+            )
+            .0,
+            204
+        );
+    }
     assert_eq!(
-        call("PUT", &format!("{url_b}/state"), Some(&token_b), b"v2").0,
-        204
-    );
-    assert_eq!(
-        call("GET", &format!("{url_b}/state"), Some(&token_b), b""),
+        call("GET", &format!("{url_h}/state"), Some(&token_h), b""),
         (200, "v2".into())
     );
 }
@@ -248,8 +289,9 @@ fn an_s3_store_holds_a_jobs_checkpoints_and_the_rank_never_sees_its_keys() {
         403
     );
     assert_eq!(
-        call("GET", &format!("{url_a}/state"), Some(&token_a), b""),
-        (200, format!("saved by {a}"))
+        call("GET", &format!("{url_a}/state"), Some(&token_a), b"").0,
+        403,
+        "its generation is over"
     );
 }
 

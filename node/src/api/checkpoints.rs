@@ -10,28 +10,43 @@
 //! These routes are not behind the API token: the caller shows the place's capability
 //! (`Authorization: Bearer <RINGLEADER_CHECKPOINT_TOKEN>`), which opens that place and
 //! nothing else (the API's token check refuses it everywhere else, as it refuses any wrong
-//! token). Missing: 401; another place's, or an API token: 403; a bad name: 400; a body
-//! over the limit: 413; the store failed (a full disk included): 500, and the previous
-//! object is kept, since a write goes to a temporary object renamed into place where the
-//! store can rename (an S3 `PUT` replaces an object whole).
+//! token). Missing: 401; another place's, an expired one, or an API token: 403; a bad name:
+//! 400; a body over the limit: 413; the store failed (a full disk included): 500, and the
+//! previous object is kept, since a write goes to a temporary object renamed into place
+//! where the store can rename (an S3 `PUT` replaces an object whole).
+//!
+//! A `PUT` is answered on its path and headers before a byte of its body is read: the
+//! capability, the name, a `Content-Length` over [`CHECKPOINT_BYTES_MAX`] (413), and a
+//! slot among the bodies received at once ([`super::uploads`]: 429 for the peer's share,
+//! 503 for the node's). Only then is the body read, a frame at a time, straight into a
+//! store writer (never collected in memory), and cut at [`CHECKPOINT_BYTES_MAX`] (413, the
+//! partial object deleted). An unauthorized upload of any size costs the node its headers.
+
+use std::sync::Arc;
 
 use axum::{
-    body::Bytes,
-    extract::{DefaultBodyLimit, Path, State},
+    body::Body,
+    extract::{Extension, Path, State},
     http::{header, HeaderMap, StatusCode},
     response::{IntoResponse, Response},
     routing::get,
     Router,
 };
+use futures::StreamExt as _;
 use tracing::warn;
 
-use super::{ApiError, AppState};
+use super::{
+    server::PeerIp,
+    uploads::{NoSlot, UploadSlot, Uploads},
+    ApiError, AppState,
+};
 use crate::{
     domain::state::JobId,
     jobs::checkpoint::{allows, check_name, Place, CHECKPOINT_BYTES_MAX},
 };
 
-/// The checkpoint routes, with their own body limit and no API-token layer.
+/// The checkpoint routes, with their own body limit, their upload slots and no API-token
+/// layer.
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route(
@@ -42,7 +57,7 @@ pub fn routes() -> Router<AppState> {
             "/v1/checkpoints/trial/{search}/{trial}/{name}",
             get(get_trial).put(put_trial),
         )
-        .layer(DefaultBodyLimit::max(CHECKPOINT_BYTES_MAX))
+        .layer(Extension(Arc::new(Uploads::default())))
 }
 
 fn job_place(job: &str) -> Result<Place, ApiError> {
@@ -60,13 +75,18 @@ fn trial_place(search: &str, trial: &str) -> Result<Place, ApiError> {
     Ok(Place::Trial { search, trial })
 }
 
+/// What a `PUT` needs besides its place: the node's upload slots and its peer.
+type Upload = (Extension<Arc<Uploads>>, Option<Extension<PeerIp>>);
+
 async fn put_job(
     State(app): State<AppState>,
     Path((job, name)): Path<(String, String)>,
+    upload: Upload,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<StatusCode, ApiError> {
-    store(&app, job_place(&job)?, &name, &headers, body).await
+    let slot = admit(&app, &job_place(&job)?, &name, &headers, upload)?;
+    store(&app, job_place(&job)?, &name, slot, body).await
 }
 
 async fn get_job(
@@ -80,10 +100,48 @@ async fn get_job(
 async fn put_trial(
     State(app): State<AppState>,
     Path((search, trial, name)): Path<(String, String, String)>,
+    upload: Upload,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<StatusCode, ApiError> {
-    store(&app, trial_place(&search, &trial)?, &name, &headers, body).await
+    let place = trial_place(&search, &trial)?;
+    let slot = admit(&app, &place, &name, &headers, upload)?;
+    store(&app, place, &name, slot, body).await
+}
+
+/// Answers a `PUT` on its path and headers alone, its body unread: the capability and
+/// the name ([`authorize`]), the announced length, then a slot among the bodies received
+/// at once.
+fn admit(
+    app: &AppState,
+    place: &Place,
+    name: &str,
+    headers: &HeaderMap,
+    (Extension(uploads), peer): Upload,
+) -> Result<UploadSlot, ApiError> {
+    authorize(app, place, name, headers)?;
+    let announced = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > CHECKPOINT_BYTES_MAX as u64) {
+        return Err(too_large());
+    }
+    let peer = peer.map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |Extension(p)| p.0);
+    uploads.take(peer).map_err(|e| {
+        let code = match e {
+            NoSlot::Peer { .. } => StatusCode::TOO_MANY_REQUESTS,
+            NoSlot::Node { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        ApiError(code, e.to_string())
+    })
+}
+
+fn too_large() -> ApiError {
+    ApiError(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("a checkpoint holds at most {CHECKPOINT_BYTES_MAX} bytes"),
+    )
 }
 
 async fn get_trial(
@@ -109,12 +167,24 @@ fn authorize(
         ));
     };
     let given = super::auth::bearer(value).unwrap_or("");
-    if !allows(&app.checkpoint_key, place, given) {
+    let Some(grant) = allows(&app.checkpoint_key, place, given) else {
         return Err(ApiError(
             StatusCode::FORBIDDEN,
             format!(
                 "this token does not open the checkpoint place {}",
                 place.dir()
+            ),
+        ));
+    };
+    if !app
+        .control
+        .read(|s| grant.is_current(s.job(grant.job), place))
+    {
+        return Err(ApiError(
+            StatusCode::FORBIDDEN,
+            format!(
+                "this checkpoint token has expired: job {} generation {} is over",
+                grant.job, grant.generation
             ),
         ));
     }
@@ -142,37 +212,74 @@ fn store_failed(path: &str, e: opendal::Error) -> ApiError {
     )
 }
 
-/// Writes `body` at the place: to a temporary object first, renamed into place, where the
-/// store can rename (a `file://` store), so a failure (a full disk) keeps the previous one.
+/// Streams `body` to the place, a frame at a time: to a temporary object first, renamed
+/// into place, where the store can rename (a `file://` store), so a failure (a full disk, a
+/// body over the limit, a connection gone) keeps the previous one. `_slot` is held until
+/// the body is in.
 async fn store(
     app: &AppState,
     place: Place,
     name: &str,
-    headers: &HeaderMap,
-    body: Bytes,
+    _slot: UploadSlot,
+    body: Body,
 ) -> Result<StatusCode, ApiError> {
-    let path = authorize(app, &place, name, headers)?;
+    let path = format!("{}{name}", place.dir());
     let op = operator(app)?;
-    if op.info().capability().rename {
-        let tmp = format!(
+    let rename = op.info().capability().rename;
+    let target = if rename {
+        format!(
             "{}.partial/{name}.{:016x}",
             place.dir().trim_end_matches('/'),
             rand::random::<u64>()
-        );
-        let written = match op.write(&tmp, body).await {
-            Ok(_) => op.rename(&tmp, &path).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = written {
-            let _ = op.delete(&tmp).await;
-            return Err(store_failed(&path, e));
-        }
+        )
     } else {
-        op.write(&path, body)
+        path.clone()
+    };
+    let streamed = stream_to(&op, &target, body).await;
+    let written = match streamed {
+        Ok(()) if rename => op
+            .rename(&target, &path)
             .await
-            .map_err(|e| store_failed(&path, e))?;
+            .map_err(|e| store_failed(&path, e)),
+        other => other,
+    };
+    if written.is_err() && rename {
+        let _ = op.delete(&target).await;
     }
-    Ok(StatusCode::NO_CONTENT)
+    written.map(|()| StatusCode::NO_CONTENT)
+}
+
+/// Writes `body` as the object `path`, cutting it at [`CHECKPOINT_BYTES_MAX`].
+async fn stream_to(op: &opendal::Operator, path: &str, body: Body) -> Result<(), ApiError> {
+    let mut writer = op.writer(path).await.map_err(|e| store_failed(path, e))?;
+    let mut frames = body.into_data_stream();
+    let mut received = 0usize;
+    while let Some(frame) = frames.next().await {
+        let bytes = match frame {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                let _ = writer.abort().await;
+                return Err(ApiError(
+                    StatusCode::BAD_REQUEST,
+                    format!("checkpoint {path}: the body did not arrive whole ({e})"),
+                ));
+            }
+        };
+        received += bytes.len();
+        if received > CHECKPOINT_BYTES_MAX {
+            let _ = writer.abort().await;
+            return Err(too_large());
+        }
+        if let Err(e) = writer.write(bytes).await {
+            let _ = writer.abort().await;
+            return Err(store_failed(path, e));
+        }
+    }
+    writer
+        .close()
+        .await
+        .map(drop)
+        .map_err(|e| store_failed(path, e))
 }
 
 async fn load(

@@ -42,6 +42,7 @@
 //! spec), `datasets` (the service), `rotation` (a key rotation). Used by: `cli`, the node's start-up.
 
 pub mod auth;
+pub mod budget;
 pub mod checkpoints;
 pub mod client;
 pub mod dashboard;
@@ -51,10 +52,12 @@ pub mod keys;
 pub use status::listing;
 pub mod origin;
 pub mod prometheus;
+pub mod quota;
 pub mod redact;
 pub mod server;
 pub mod status;
 pub mod tokens;
+pub mod uploads;
 
 use std::{collections::BTreeMap, sync::Arc};
 
@@ -196,6 +199,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(prometheus_metrics))
         .route("/healthz", get(|| async { "ok" }))
         .layer(DefaultBodyLimit::max(SPEC_BYTES_MAX))
+        .layer(axum::Extension(Arc::new(quota::SubmitQuota::default())))
         .layer(axum::middleware::from_fn_with_state(
             gate,
             auth::require_token,
@@ -329,10 +333,46 @@ const SUBMIT_RETRY_PAUSE_MS: u64 = 200;
 /// either the job's id or a clear retryable error, never a duplicate job.
 async fn submit(
     State(app): State<AppState>,
-    Query(q): Query<SubmitQuery>,
+    axum::Extension(quota): axum::Extension<Arc<quota::SubmitQuota>>,
+    q: Query<SubmitQuery>,
     headers: header::HeaderMap,
     body: String,
 ) -> Result<Json<serde_json::Value>, SubmitError> {
+    // A replicated token's submits are charged to it ([`quota`]); the admin's are not.
+    let crate::domain::state::tokens::Principal::Token { hash } =
+        crate::domain::state::tokens::Principal::current()
+    else {
+        return submit_spec(app, q, headers, body).await.map(|(_, doc)| doc);
+    };
+    let standing = |job: JobId| {
+        app.control.read(|s| match s.job(job) {
+            Some(j) if j.state.is_terminal() => quota::Standing::Ended,
+            Some(_) => quota::Standing::Pending,
+            None => quota::Standing::Gone,
+        })
+    };
+    let charge = quota
+        .charge(&hash, body.len() as u64, standing)
+        .map_err(|e| SubmitError::Api(ApiError(StatusCode::TOO_MANY_REQUESTS, e.to_string())))?;
+    match submit_spec(app, q, headers, body).await {
+        Ok((id, doc)) => {
+            quota.submitted(&hash, charge, id);
+            Ok(doc)
+        }
+        Err(e) => {
+            quota.failed(&hash, charge);
+            Err(e)
+        }
+    }
+}
+
+/// Admits, seals and proposes a spec: the new job's id and the answer.
+async fn submit_spec(
+    app: AppState,
+    Query(q): Query<SubmitQuery>,
+    headers: header::HeaderMap,
+    body: String,
+) -> Result<(JobId, Json<serde_json::Value>), SubmitError> {
     // `Content-Type: application/json`: an object with the TOML's keys; anything else is
     // the TOML text (curl's default form type included).
     let json = headers
@@ -413,7 +453,9 @@ async fn submit(
         }
     };
     match answer {
-        ControlResponse::Submitted { id } => Ok(Json(serde_json::json!({ "id": id.to_string() }))),
+        ControlResponse::Submitted { id } => {
+            Ok((id, Json(serde_json::json!({ "id": id.to_string() }))))
+        }
         other => Err(SubmitError::Api(ApiError(
             StatusCode::BAD_REQUEST,
             format!("not submitted: {other:?}"),

@@ -24,6 +24,9 @@
 //!    beyond); bodies are capped by the router (`DefaultBodyLimit`, `SPEC_BYTES_MAX`).
 //! 4. **Rate.** Each peer IP has a token bucket of [`ApiLimits::api_requests_burst`]
 //!    requests refilled at [`ApiLimits::api_requests_per_s`]; an empty bucket answers `429`.
+//!    Then the node's own budget ([`super::budget`]), whatever the addresses requests come
+//!    from: [`ApiLimits::api_requests_total_per_s`] in all (`429`) and at most
+//!    [`ApiLimits::api_requests_in_flight_max`] being answered at once (`503`).
 //! 5. **Names.** `Host` and `Origin` must be the node's own ([`super::origin`]): `403`.
 //! 6. The router: the token check ([`super::auth`]), then the handlers.
 //!
@@ -133,6 +136,15 @@ pub struct ApiLimits {
     /// Requests one IP may make at once.
     #[arg(long, hide = true, default_value_t = API_REQUESTS_BURST)]
     pub api_requests_burst: u16,
+    /// Requests per second the node answers from all peers together (0: no limit).
+    #[arg(long, hide = true, default_value_t = super::budget::API_REQUESTS_TOTAL_PER_S)]
+    pub api_requests_total_per_s: u16,
+    /// Requests the node answers at once from all peers together after a quiet spell.
+    #[arg(long, hide = true, default_value_t = super::budget::API_REQUESTS_TOTAL_BURST)]
+    pub api_requests_total_burst: u16,
+    /// Most requests being answered at once (0: no limit).
+    #[arg(long, hide = true, default_value_t = super::budget::API_REQUESTS_IN_FLIGHT_MAX)]
+    pub api_requests_in_flight_max: u16,
     /// When the API speaks TLS: auto (every connection not on a loopback address, when the
     /// node has a cluster key), on (loopback too), off (never).
     #[arg(long, hide = true, value_enum, default_value_t = ApiTlsMode::Auto)]
@@ -151,6 +163,9 @@ impl Default for ApiLimits {
             api_header_bytes_max: API_HEADER_BYTES_MAX,
             api_requests_per_s: API_REQUESTS_PER_S,
             api_requests_burst: API_REQUESTS_BURST,
+            api_requests_total_per_s: super::budget::API_REQUESTS_TOTAL_PER_S,
+            api_requests_total_burst: super::budget::API_REQUESTS_TOTAL_BURST,
+            api_requests_in_flight_max: super::budget::API_REQUESTS_IN_FLIGHT_MAX,
             api_tls: ApiTlsMode::Auto,
         }
     }
@@ -345,6 +360,8 @@ struct Shared {
     names: HostNames,
     table: Mutex<ConnTable>,
     rate: Mutex<RateLimiter>,
+    /// The node's own budget, beside each IP's.
+    budget: super::budget::ApiBudget,
     app: Router,
     /// The API's TLS, when some connections speak it ([`tls_for`]).
     tls: Option<Arc<ApiTls>>,
@@ -495,6 +512,8 @@ impl hyper::body::Body for RequestBody {
 struct ResponseBody {
     inner: Body,
     _in_flight: InFlight,
+    /// The request's place in the node's budget, until its answer is written.
+    _budget: Option<super::budget::InFlight>,
 }
 
 impl hyper::body::Body for ResponseBody {
@@ -516,6 +535,10 @@ impl hyper::body::Body for ResponseBody {
         self.inner.size_hint()
     }
 }
+
+/// The IP a request came from, in its extensions (the caps per peer of the bodied routes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerIp(pub IpAddr);
 
 /// A JSON error answer `{"error": …, "reason": …}` that closes nothing.
 fn refusal(code: StatusCode, error: &str, reason: &str) -> Response<Body> {
@@ -544,7 +567,23 @@ async fn handle(
         .lock()
         .expect("rate limiter lock")
         .allow(conn.ip, shared.now_ms());
-    let resp = if !allowed {
+    let budget = if allowed {
+        Some(shared.budget.admit(shared.now_ms()))
+    } else {
+        None
+    };
+    let mut held = None;
+    let resp = if let Some(Err(over)) = budget {
+        debug!(peer = %conn.ip, "request refused: {over}");
+        let code = match over {
+            super::budget::OverBudget::Rate { .. } => StatusCode::TOO_MANY_REQUESTS,
+            super::budget::OverBudget::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        let mut resp = refusal(code, &over.to_string(), "budget");
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        resp
+    } else if !allowed {
         let l = &shared.limits;
         let mut resp = refusal(
             StatusCode::TOO_MANY_REQUESTS,
@@ -580,15 +619,17 @@ async fn handle(
                 )
             }
             Ok(()) => {
+                held = budget.and_then(Result::ok);
                 let deadline = Instant::now()
                     + Duration::from_millis(u64::from(shared.limits.api_body_read_timeout_ms));
-                let req = req.map(|inner| {
+                let mut req = req.map(|inner| {
                     Body::new(RequestBody {
                         inner,
                         receiving: Some(receiving),
                         deadline,
                     })
                 });
+                req.extensions_mut().insert(PeerIp(conn.ip));
                 match tower::ServiceExt::oneshot(shared.app.clone(), req).await {
                     Ok(resp) => resp,
                     Err(never) => match never {},
@@ -599,6 +640,7 @@ async fn handle(
     resp.map(|inner| ResponseBody {
         inner,
         _in_flight: in_flight,
+        _budget: held,
     })
 }
 
@@ -735,6 +777,12 @@ pub async fn serve(
             u32::from(limits.api_requests_burst),
         )),
         table: Mutex::new(ConnTable::default()),
+        budget: super::budget::ApiBudget::new(
+            u32::from(limits.api_requests_total_per_s),
+            u32::from(limits.api_requests_total_burst),
+            usize::from(limits.api_requests_in_flight_max),
+            0,
+        ),
         connections_max,
         limits,
         app,

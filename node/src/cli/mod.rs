@@ -252,6 +252,12 @@ pub struct NodeArgs {
     /// default: none). The admin token writes anywhere but the refused paths.
     #[arg(long = "dataset-dest", value_name = "DIR")]
     pub dataset_dests: Vec<PathBuf>,
+    /// Run each job's ranks under a uid (and gid) of their own from this range, e.g.
+    /// 60000-60999, no account's: jobs are then isolated from each other too (one shared
+    /// --run-as user is not: its jobs can read each other's environment and signal each
+    /// other). A job over the range's size at once is refused on this node. Needs root.
+    #[arg(long, value_name = "LOW-HIGH", conflicts_with = "run_as")]
+    pub run_as_range: Option<crate::security::uid_range::UidRange>,
     /// Cap on the bytes a rank adds to its log per second (0: none); lines past it are
     /// dropped and counted, protocol lines never. For tests.
     #[arg(long, hide = true, default_value_t = crate::jobs::log_rate::RANK_LOG_BYTES_PER_S_MAX)]
@@ -339,8 +345,21 @@ impl NodeArgs {
         // Checked here for an early error naming the flag; the node resolves them again with
         // its data directory refused.
         crate::datasets::roots::HostRoots::new(&self.dataset_sources, &self.dataset_dests, &[])?;
+        let run_as_range = match self.run_as_range {
+            Some(range) => {
+                let euid = nix::unistd::Uid::effective().as_raw();
+                if euid != 0 {
+                    return Err(anyhow!("--run-as-range {range}: the node must run as root to start ranks as other users (it runs as uid {euid})"));
+                }
+                let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+                range.check(&passwd)?;
+                Some(range)
+            }
+            None => None,
+        };
         Ok(NodeConfig {
             run_as,
+            run_as_range,
             dataset_sources: self.dataset_sources,
             dataset_dests: self.dataset_dests,
             rank_log_bytes_per_s: self.rank_log_bytes_per_s,

@@ -5,11 +5,16 @@
 //! - The place ([`Place`]) is the job's, `jobs/<job-id>/files/`, or for a search's trial the
 //!   trial's, `experiments/<search-id>/trials/<trial>/files/`: every run of a trial (a re-run
 //!   after a failure, a speculative copy, a run after its node died) finds the same place.
-//! - The capability ([`capability`]) is BLAKE3's keyed hash of the place's path, keyed by
-//!   [`CheckpointAccess::key`] (derived from the cluster key with [`CHECKPOINT_KEY_CONTEXT`];
-//!   under `--insecure` a random key each node draws at start, so a token is good on the
-//!   node that launched the rank only, which is the one its URL names). Nothing new is
-//!   stored or replicated: the node recomputes the token from the route it is asked for.
+//! - The capability ([`capability`]) names the job and the generation it was given for,
+//!   `<job>.<generation>.<mac>`, the MAC being BLAKE3's keyed hash of the three (job,
+//!   generation, place's path), keyed by [`CheckpointAccess::key`] (derived from the cluster
+//!   key with [`CHECKPOINT_KEY_CONTEXT`]; under `--insecure` a random key each node draws at
+//!   start, so a token is good on the node that launched the rank only, which is the one its
+//!   URL names). It opens its place only while that job lives at that generation
+//!   ([`Grant::is_current`], checked against the replicated state at each request): a token
+//!   that leaked (another job read it, a log kept it) stops working when the generation
+//!   ends. Nothing new is stored or replicated: the node recomputes the MAC from the token
+//!   and the route it is asked for.
 //! - User code never holds the storage's credentials: it holds a token for one place.
 //!
 //! Pure: no I/O.
@@ -23,7 +28,7 @@ use crate::domain::state::{Job, JobId};
 pub const CHECKPOINT_KEY_CONTEXT: &str = "ringleader 2026-11 checkpoint capability v1";
 
 /// The most bytes one checkpoint object may hold (the body of a `PUT`), 64 MiB: the API
-/// holds a body in memory while it writes it.
+/// streams a body to the store and cuts it here (`api::checkpoints`).
 pub const CHECKPOINT_BYTES_MAX: usize = 64 << 20;
 
 /// The longest checkpoint name, in bytes.
@@ -102,20 +107,72 @@ impl Place {
     }
 }
 
-/// The capability of `place` under `key`: 64 hex digits.
-pub fn capability(key: &[u8; 32], place: &Place) -> String {
-    blake3::keyed_hash(key, place.dir().as_bytes())
-        .to_hex()
-        .to_string()
+/// Who a capability was given to: a job's ranks at one generation
+/// ([`Job::process_generation`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The job.
+    pub job: JobId,
+    /// Its generation.
+    pub generation: u32,
 }
 
-/// Whether `given` is `place`'s capability, compared in constant time.
-pub fn allows(key: &[u8; 32], place: &Place, given: &str) -> bool {
-    let Ok(given) = blake3::Hash::from_hex(given.trim()) else {
-        return false;
+impl Grant {
+    /// The grant of `job`'s ranks now.
+    pub fn of(job: &Job) -> Grant {
+        Grant {
+            job: job.id,
+            generation: job.process_generation(),
+        }
+    }
+
+    /// Whether the grant still holds for `place`: its job (as the replicated state has it
+    /// now) has not ended, is at the grant's generation, and its place is `place`.
+    pub fn is_current(&self, job: Option<&Job>, place: &Place) -> bool {
+        job.is_some_and(|j| {
+            j.id == self.job
+                && !j.state.is_terminal()
+                && j.process_generation() == self.generation
+                && Place::of(j) == *place
+        })
+    }
+}
+
+fn mac(key: &[u8; 32], grant: Grant, place: &Place) -> blake3::Hash {
+    let text = format!(
+        "job {} generation {} place {}",
+        grant.job,
+        grant.generation,
+        place.dir()
+    );
+    blake3::keyed_hash(key, text.as_bytes())
+}
+
+/// The capability of `place` for `grant` under `key`: `<job>.<generation>.<64 hex digits>`.
+pub fn capability(key: &[u8; 32], grant: Grant, place: &Place) -> String {
+    format!(
+        "{}.{}.{}",
+        grant.job,
+        grant.generation,
+        mac(key, grant, place).to_hex()
+    )
+}
+
+/// The grant `given` names, if it is a capability of `place` under `key` (the MAC compared
+/// in constant time). Whether the grant is still current is [`Grant::is_current`]'s.
+pub fn allows(key: &[u8; 32], place: &Place, given: &str) -> Option<Grant> {
+    let mut parts = given.trim().splitn(3, '.');
+    let (Some(job), Some(generation), Some(hex)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return None;
     };
+    let grant = Grant {
+        job: job.parse().ok()?,
+        generation: generation.parse().ok()?,
+    };
+    let given = blake3::Hash::from_hex(hex).ok()?;
     // blake3::Hash's equality is constant-time.
-    given == blake3::keyed_hash(key, place.dir().as_bytes())
+    (given == mac(key, grant, place)).then_some(grant)
 }
 
 /// Why a checkpoint name was refused.
@@ -154,7 +211,7 @@ pub fn rank_env(access: &CheckpointAccess, job: &Job) -> Vec<(String, String)> {
         ),
         (
             CHECKPOINT_TOKEN_ENV.to_string(),
-            capability(&access.key, &place),
+            capability(&access.key, Grant::of(job), &place),
         ),
     ];
     if let Some(pin) = &access.tls_sha256 {
@@ -207,15 +264,52 @@ mod tests {
             search: id("j-1"),
             trial: 0,
         };
-        let cap = capability(&key, &a);
-        assert_eq!(cap.len(), 64);
-        assert!(allows(&key, &a, &cap));
-        assert!(!allows(&key, &b, &cap));
-        assert!(!allows(&key, &t, &cap));
-        assert!(!allows(&[8u8; 32], &a, &cap), "another cluster's key");
-        assert!(!allows(&key, &a, ""));
-        assert!(!allows(&key, &a, "not hex"));
-        assert!(!allows(&key, &a, &capability(&key, &b)));
+        let grant = Grant {
+            job: id("j-1"),
+            generation: 2,
+        };
+        let cap = capability(&key, grant, &a);
+        assert!(cap.starts_with("j-1.2."), "{cap}");
+        assert_eq!(allows(&key, &a, &cap), Some(grant));
+        assert_eq!(allows(&key, &b, &cap), None);
+        assert_eq!(allows(&key, &t, &cap), None);
+        assert_eq!(allows(&[8u8; 32], &a, &cap), None, "another cluster's key");
+        assert_eq!(allows(&key, &a, ""), None);
+        assert_eq!(allows(&key, &a, "not hex"), None);
+        assert_eq!(allows(&key, &a, &capability(&key, grant, &b)), None);
+        // Another job's or generation's name on this MAC: refused.
+        let mac = cap.rsplit('.').next().unwrap();
+        for forged in [format!("j-2.2.{mac}"), format!("j-1.3.{mac}")] {
+            assert_eq!(allows(&key, &a, &forged), None, "{forged}");
+        }
+    }
+
+    #[test]
+    fn a_grant_holds_while_its_job_lives_at_its_generation_only() {
+        let mut state = crate::domain::state::ControlState::default();
+        let j = crate::chief::tests::submit_text(
+            &mut state,
+            "name = \"c\"\nkind = \"command\"\ncommand = [\"true\"]\n",
+        );
+        let mut job = state.job(j).unwrap().clone();
+        let place = Place::of(&job);
+        let grant = Grant::of(&job);
+        assert!(grant.is_current(Some(&job), &place));
+        assert!(!grant.is_current(None, &place), "a job gone from the state");
+        assert!(!grant.is_current(Some(&job), &Place::Job(id("j-zz"))));
+        let mut other = job.clone();
+        other.id = id("j-zz");
+        assert!(!grant.is_current(Some(&other), &place), "another job");
+        job.generation += 1;
+        job.attempt_generation += 1;
+        assert!(
+            !grant.is_current(Some(&job), &place),
+            "its generation ended"
+        );
+        job.generation -= 1;
+        job.attempt_generation -= 1;
+        job.state = crate::domain::state::JobState::Succeeded;
+        assert!(!grant.is_current(Some(&job), &place), "its job ended");
     }
 
     #[test]

@@ -61,6 +61,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use anyhow::Context as _;
 use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt as _, AsyncWriteExt, BufReader},
     sync::mpsc,
@@ -77,7 +78,11 @@ use crate::{
         launch::Launch,
         log_rate::{is_protocol, LogRate, Verdict, RANK_LOG_BYTES_PER_S_MAX},
     },
-    security::run_as::{make_traverse_dir, RunAs},
+    security::{
+        rank_dir::RankDir,
+        run_as::{make_traverse_dir, RunAs, RANK_DIR_MODE, RANK_FILE_MODE},
+        uid_range::JobUsers,
+    },
 };
 
 /// A rank's process: (job, the generation it was started for, worker): for a rank that
@@ -164,6 +169,20 @@ pub struct RankOptions {
     pub run_as: Option<Arc<RunAs>>,
     /// Cap on the bytes a rank adds to its log per second (0: none).
     pub log_bytes_per_s: u64,
+    /// `--run-as-range`: each job's ranks run under a uid of their own from it (then
+    /// `run_as` is set per rank, to its job's user).
+    pub job_users: Option<Arc<Mutex<JobUsers>>>,
+}
+
+impl RankOptions {
+    /// Whether a rank's place owned by `uid` (neither the node's nor the rank's user's) may
+    /// be given to the rank's user: one of the `--run-as-range` (the job's uid of an earlier
+    /// node run; jobs never share the range's uids while they live).
+    fn may_take(&self, uid: u32) -> bool {
+        self.job_users
+            .as_ref()
+            .is_some_and(|u| u.lock().expect("job users lock").range().contains(uid))
+    }
 }
 
 impl Default for RankOptions {
@@ -171,6 +190,7 @@ impl Default for RankOptions {
         RankOptions {
             run_as: None,
             log_bytes_per_s: RANK_LOG_BYTES_PER_S_MAX,
+            job_users: None,
         }
     }
 }
@@ -400,25 +420,53 @@ impl Run {
     }
 
     /// Readies the rank's places for `user` and returns its work directory: the job's and
-    /// the generation's directories traversable (0711), the work directory and the spec
-    /// files the user's, and a train rank's `file://` checkpoint place (`<store>/jobs/<id>/`)
-    /// the user's too.
+    /// the generation's directories traversable (0711), the work directory, its `[[files]]`
+    /// (and their directories) and a train rank's spec file written afresh and the user's,
+    /// and a train rank's `file://` checkpoint place (`<store>/jobs/<id>/`) the user's too.
+    /// Everything below the node-owned generation directory goes through descriptors that
+    /// never follow a link ([`RankDir`]): a process as the user may swap any entry of the
+    /// user's directories for a link at any moment.
     fn prepare_run_as(&self, user: &RunAs) -> anyhow::Result<PathBuf> {
         let log = &self.launch.log;
         for dir in log.ancestors().skip(1).take(2) {
             make_traverse_dir(dir)?;
         }
         let work = log.with_extension("");
-        user.own_dir(&work)?;
-        for (path, _) in &self.launch.files {
-            // A `[[files]]` path's own directories inside the work directory are the user's.
-            for dir in path.ancestors().skip(1) {
-                if dir == work || !dir.starts_with(&work) {
-                    break;
+        let (Some(generation), Some(work_name)) = (work.parent(), work.file_name()) else {
+            anyhow::bail!("--run-as: {} has no parent directory", work.display());
+        };
+        let owner = user.owner();
+        let may_take = |uid| self.options.may_take(uid);
+        let context = |path: &std::path::Path| format!("--run-as: preparing {}", path.display());
+        let base = RankDir::open_node_dir(generation).with_context(|| context(generation))?;
+        let work_dir = base
+            .own_child_dir(work_name, owner, RANK_DIR_MODE, &may_take)
+            .with_context(|| context(&work))?;
+        for (path, contents) in &self.launch.files {
+            let (dir, relative) = match path.strip_prefix(&work) {
+                Ok(relative) => (&work_dir, relative),
+                Err(_) if path.parent() == Some(generation) => (
+                    &base,
+                    std::path::Path::new(path.file_name().unwrap_or_default()),
+                ),
+                Err(_) => {
+                    anyhow::bail!("--run-as: {} is outside the rank's places", path.display())
                 }
-                user.own_dir(dir)?;
-            }
-            user.own_file(path)?;
+            };
+            let Some(name) = relative.file_name() else {
+                anyhow::bail!("--run-as: {} names no file", path.display());
+            };
+            let below = relative
+                .parent()
+                .map(|p| dir.own_dirs(p, owner, RANK_DIR_MODE, &may_take))
+                .transpose()
+                .with_context(|| context(path))?
+                .flatten();
+            below
+                .as_ref()
+                .unwrap_or(dir)
+                .write_file(name, contents, owner, RANK_FILE_MODE)
+                .with_context(|| context(path))?;
         }
         let storage = self
             .launch
@@ -427,7 +475,7 @@ impl Run {
             .rev()
             .find(|(k, _)| k == "RINGLEADER_STORAGE");
         if let Some(dir) = storage.and_then(|(_, url)| RunAs::store_job_dir(url, self.key.0)) {
-            user.own_dir(&dir)?;
+            user.own_dir(&dir, &may_take)?;
         }
         Ok(work)
     }
@@ -470,6 +518,21 @@ impl Run {
         &mut self,
         mut control: mpsc::Receiver<Control>,
     ) -> anyhow::Result<Option<i32>> {
+        let id = self.key.0;
+        // `--run-as-range`: this job's own uid, held while this task runs (its process
+        // group is killed before the hold drops).
+        let _uid_hold = match self.options.job_users.clone() {
+            Some(users) => {
+                let user = users
+                    .lock()
+                    .expect("job users lock")
+                    .assign(id)
+                    .map_err(|e| CannotStart(e.to_string()))?;
+                self.options.run_as = Some(Arc::new(user));
+                Some(UidHold(users, id))
+            }
+            None => None,
+        };
         if let Some(dir) = self.launch.log.parent() {
             tokio::fs::create_dir_all(dir).await?;
         }
@@ -478,11 +541,14 @@ impl Run {
             .append(true)
             .open(&self.launch.log)
             .await?;
-        if let Some(dir) = &self.launch.work_dir {
-            tokio::fs::create_dir_all(dir).await?;
-        }
-        for (path, contents) in &self.launch.files {
-            write_fresh(path, contents).await?;
+        if self.options.run_as.is_none() {
+            // Under `--run-as`, `prepare_run_as` writes them, never through a link.
+            if let Some(dir) = &self.launch.work_dir {
+                tokio::fs::create_dir_all(dir).await?;
+            }
+            for (path, contents) in &self.launch.files {
+                write_fresh(path, contents).await?;
+            }
         }
         // Control messages that arrive while the dataset is fetched: a kill ends the wait,
         // a new generation is replayed once the process runs (as if it had run all along).
@@ -946,6 +1012,15 @@ async fn write_fresh(path: &std::path::Path, contents: &[u8]) -> std::io::Result
         .await?;
     tokio::io::AsyncWriteExt::write_all(&mut file, contents).await?;
     tokio::io::AsyncWriteExt::flush(&mut file).await
+}
+
+/// A rank's hold on its job's uid of `--run-as-range`, given back when dropped.
+struct UidHold(Arc<Mutex<JobUsers>>, JobId);
+
+impl Drop for UidHold {
+    fn drop(&mut self) {
+        self.0.lock().expect("job users lock").ended_run(self.1);
+    }
 }
 
 /// Kills a process group when dropped.

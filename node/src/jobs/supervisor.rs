@@ -385,6 +385,14 @@ impl Supervisor {
         }
         self.finished.retain(|key, _| plan.wanted.contains(key));
         self.waiting.retain(|key| plan.wanted.contains(key));
+        if let Some(users) = &self.options.job_users {
+            // A job's uid of `--run-as-range` is freed once it has ended and no rank of it
+            // runs here (`security::uid_range`).
+            users
+                .lock()
+                .expect("job users lock")
+                .retain(|job| state.job(job).is_some_and(|j| !j.state.is_terminal()));
+        }
     }
 
     /// Kills every process (node shutdown).

@@ -9,8 +9,11 @@
 //! - [`modes`]: data directories 0700 and files 0600 (the process umask, and an upgrade
 //!   pass over a data directory an older node left group- or world-readable), and the checks
 //!   that refuse secret files other users may write or read.
+//! - [`rank_dir`]: a rank's places set up as root through descriptors that never follow a
+//!   link (the user may swap any entry of its own directories for one at any moment).
 //! - [`run_as`]: `--run-as USER`, ranks run as an unprivileged user that cannot read the
 //!   node's secrets or state.
+//! - [`uid_range`]: `--run-as-range LOW-HIGH`, each job's ranks under a uid of their own.
 //! - [`tls`]: the API's TLS beyond loopback, its key derived from the cluster key so one
 //!   fingerprint (carried by `api.token`) pins every node.
 //!
@@ -23,6 +26,8 @@
 pub mod api_token;
 pub mod bootstrap;
 pub mod modes;
+pub mod rank_dir;
 pub mod run_as;
 pub mod sealed;
 pub mod tls;
+pub mod uid_range;

@@ -47,9 +47,10 @@ pub struct Exempt {
     /// Directories that end with mode 0711 (ranks pass through them, nobody else lists
     /// them) instead of 0700.
     pub traverse: Vec<PathBuf>,
-    /// Entries owned by this uid (the ranks' user) are neither changed nor descended into:
-    /// they are the ranks', and a rank may swap a directory there for a link at any time.
-    pub rank_uid: Option<u32>,
+    /// Entries owned by these uids (the ranks' user, or `--run-as-range`) are neither
+    /// changed nor descended into: they are the ranks', and a rank may swap a directory
+    /// there for a link at any time.
+    pub rank_uids: Option<std::ops::RangeInclusive<u32>>,
 }
 
 /// [`tighten_tree`], leaving open what `exempt` names.
@@ -68,7 +69,11 @@ pub fn tighten_tree_with(root: &Path, exempt: &Exempt) -> io::Result<Tightened> 
             continue;
         }
         out.visited += 1;
-        if exempt.rank_uid.is_some_and(|uid| meta.uid() == uid) {
+        if exempt
+            .rank_uids
+            .as_ref()
+            .is_some_and(|uids| uids.contains(&meta.uid()))
+        {
             continue;
         }
         let mode = meta.permissions().mode();
@@ -204,7 +209,7 @@ mod tests {
         let rank_uid = std::fs::metadata(root.join("jobs/j-1/w")).unwrap().uid();
         let exempt = Exempt {
             traverse: vec![root.clone(), root.join("jobs")],
-            rank_uid: None,
+            rank_uids: None,
         };
         tighten_tree_with(&root, &exempt).unwrap();
         assert_eq!(mode(&root), 0o711);
@@ -216,7 +221,7 @@ mod tests {
             .unwrap();
         let exempt = Exempt {
             traverse: Vec::new(),
-            rank_uid: Some(rank_uid),
+            rank_uids: Some(rank_uid..=rank_uid),
         };
         let t = tighten_tree_with(&root, &exempt).unwrap();
         assert_eq!(t.changed, 0, "every entry is the (test's) rank user's");

@@ -33,7 +33,10 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::domain::state::JobId;
+use crate::{
+    domain::state::JobId,
+    security::rank_dir::{Owner, RankDir},
+};
 
 /// Mode of a directory a rank passes through: traverse for everyone, list and write for the
 /// node only.
@@ -150,45 +153,41 @@ impl RunAs {
 
     /// Makes the [`RunAs::traverse_dirs`] (as the node's, if missing) and sets their mode.
     pub fn prepare(&self, data_dir: &Path, storage: &str) -> Result<(), RunAsError> {
+        RunAs::prepare_dirs(data_dir, storage)
+    }
+
+    /// [`RunAs::prepare`] for any user (`--run-as-range`'s per-job users).
+    pub fn prepare_dirs(data_dir: &Path, storage: &str) -> Result<(), RunAsError> {
         for dir in RunAs::traverse_dirs(data_dir, storage) {
             make_traverse_dir(&dir)?;
         }
         Ok(())
     }
 
-    /// Makes `dir` (node-owned directories above it as they are) and gives it to the user,
-    /// mode [`RANK_DIR_MODE`]. A link at `dir` is refused, never followed.
-    pub fn own_dir(&self, dir: &Path) -> Result<(), RunAsError> {
+    /// The owner of the places the node gives the user ([`RankDir`]).
+    pub fn owner(&self) -> Owner {
+        Owner {
+            uid: self.uid,
+            gid: self.gid,
+        }
+    }
+
+    /// Makes `dir` (its parent must be node-owned, as `<store>/jobs/` is) and gives it to
+    /// the user, mode [`RANK_DIR_MODE`], through descriptors that never follow a link
+    /// ([`RankDir`]): a link at `dir` is refused. `may_take`: the uids other than the node's
+    /// and the user's whose directory may be taken over (a job's earlier uid of the range).
+    pub fn own_dir(&self, dir: &Path, may_take: &dyn Fn(u32) -> bool) -> Result<(), RunAsError> {
         let prepare = |source| RunAsError::Prepare {
             path: dir.display().to_string(),
             source,
         };
-        match std::fs::create_dir(dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                std::fs::create_dir_all(dir).map_err(prepare)?
-            }
-            Err(e) => return Err(prepare(e)),
-        }
-        let meta = std::fs::symlink_metadata(dir).map_err(prepare)?;
-        if !meta.is_dir() {
-            return Err(prepare(io::Error::other("not a directory")));
-        }
-        std::os::unix::fs::lchown(dir, Some(self.uid), Some(self.gid)).map_err(prepare)?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(RANK_DIR_MODE))
-            .map_err(prepare)
-    }
-
-    /// Gives the file `path` (written by the node, in a node-owned directory) to the user,
-    /// mode [`RANK_FILE_MODE`].
-    pub fn own_file(&self, path: &Path) -> Result<(), RunAsError> {
-        let prepare = |source| RunAsError::Prepare {
-            path: path.display().to_string(),
-            source,
+        let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else {
+            return Err(prepare(io::Error::other("no parent directory")));
         };
-        std::os::unix::fs::lchown(path, Some(self.uid), Some(self.gid)).map_err(prepare)?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(RANK_FILE_MODE))
+        std::fs::create_dir_all(parent).map_err(prepare)?;
+        RankDir::open_node_dir(parent)
+            .and_then(|p| p.own_child_dir(name, self.owner(), RANK_DIR_MODE, may_take))
+            .map(drop)
             .map_err(prepare)
     }
 

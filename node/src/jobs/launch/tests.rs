@@ -283,7 +283,7 @@ fn command_ranks_get_their_files_dataset_and_trial_resource() {
 #[test]
 fn command_ranks_get_their_checkpoint_place_every_run_of_a_trial_the_same() {
     use super::super::checkpoint::{
-        capability, CheckpointAccess, Place, CHECKPOINT_TOKEN_ENV, CHECKPOINT_URL_ENV,
+        capability, CheckpointAccess, Grant, Place, CHECKPOINT_TOKEN_ENV, CHECKPOINT_URL_ENV,
     };
     let mut state = ControlState::default();
     let id = chief::submit_text(
@@ -307,7 +307,7 @@ fn command_ranks_get_their_checkpoint_place_every_run_of_a_trial_the_same() {
         env_of(&l, CHECKPOINT_URL_ENV),
         Some(format!("http://127.0.0.1:7071/v1/checkpoints/job/{id}").as_str())
     );
-    let token = capability(&[5; 32], &Place::Job(id));
+    let token = capability(&[5; 32], Grant::of(&job), &Place::Job(id));
     assert_eq!(env_of(&l, CHECKPOINT_TOKEN_ENV), Some(token.as_str()));
     // Every run of a trial (another job) gets the trial's place.
     job.trial_of = Some(crate::domain::search::record::TrialOf {
@@ -327,7 +327,7 @@ fn command_ranks_get_their_checkpoint_place_every_run_of_a_trial_the_same() {
     let trial = Place::Trial { search, trial: 3 };
     assert_eq!(
         env_of(&l, CHECKPOINT_TOKEN_ENV),
-        Some(capability(&[5; 32], &trial).as_str())
+        Some(capability(&[5; 32], Grant::of(&job), &trial).as_str())
     );
 }
 
