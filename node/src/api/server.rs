@@ -63,6 +63,7 @@ use tokio::{
 };
 use tracing::{debug, info, warn};
 
+use super::budget::TokenBucket;
 use super::origin::HostNames;
 use crate::{
     cluster::identity::ClusterKey,
@@ -168,49 +169,6 @@ impl Default for ApiLimits {
             api_requests_in_flight_max: super::budget::API_REQUESTS_IN_FLIGHT_MAX,
             api_tls: ApiTlsMode::Auto,
         }
-    }
-}
-
-/// One peer's request allowance: `burst` tokens refilled at `rate_per_s`; a request takes
-/// one. Invariant: `0 <= tokens <= burst`.
-#[derive(Clone, Debug)]
-pub struct TokenBucket {
-    tokens: f64,
-    last_ms: u64,
-}
-
-impl TokenBucket {
-    /// A full bucket at `now_ms`.
-    pub fn full(burst: u32, now_ms: u64) -> Self {
-        TokenBucket {
-            tokens: f64::from(burst),
-            last_ms: now_ms,
-        }
-    }
-
-    fn refill(&mut self, now_ms: u64, rate_per_s: u32, burst: u32) {
-        let elapsed_ms = now_ms.saturating_sub(self.last_ms);
-        self.tokens = (self.tokens + elapsed_ms as f64 * f64::from(rate_per_s) / 1_000.0)
-            .min(f64::from(burst));
-        self.last_ms = self.last_ms.max(now_ms);
-    }
-
-    /// Takes a token at `now_ms` if there is one.
-    pub fn take(&mut self, now_ms: u64, rate_per_s: u32, burst: u32) -> bool {
-        self.refill(now_ms, rate_per_s, burst);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-
-    /// Whether the bucket is full again at `now_ms` (the same as having no bucket).
-    fn is_full(&self, now_ms: u64, rate_per_s: u32, burst: u32) -> bool {
-        let mut b = self.clone();
-        b.refill(now_ms, rate_per_s, burst);
-        b.tokens >= f64::from(burst)
     }
 }
 
