@@ -87,8 +87,8 @@ mypy_args=()
 (
     cd python
     export MYPY_CACHE_DIR="$OLDPWD/target/mypy-cache"
-    "$pyvenv/bin/python" -m mypy "${mypy_args[@]}"
-    "$pyvenv/bin/python" -m mypy.stubtest --mypy-config-file pyproject.toml ringleader._native
+    "$OLDPWD/$pyvenv/bin/python" -m mypy "${mypy_args[@]}"
+    "$OLDPWD/$pyvenv/bin/python" -m mypy.stubtest --mypy-config-file pyproject.toml ringleader._native
 )
 pytest_rc=0
 RINGLEADER_TEST_BINARY="$PWD/target/debug/ringleader" \
