@@ -72,7 +72,12 @@ impl ApiBudget {
     /// Takes a request's share at `now_ms`: a token of the node's rate and a place among
     /// the requests answered at once, held until the [`InFlight`] drops.
     pub fn admit(&self, now_ms: u64) -> Result<InFlight, OverBudget> {
-        if self.in_flight_max > 0 && self.in_flight.load(Ordering::Acquire) >= self.in_flight_max {
+        // Counted first, so that two requests at once cannot both take the last place (a
+        // refused one gives its place back as its guard drops).
+        let place = InFlight(self.in_flight.clone());
+        if self.in_flight.fetch_add(1, Ordering::AcqRel) >= self.in_flight_max
+            && self.in_flight_max > 0
+        {
             return Err(OverBudget::Busy {
                 max: self.in_flight_max,
             });
@@ -89,8 +94,7 @@ impl ApiBudget {
                 burst: self.burst,
             });
         }
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
-        Ok(InFlight(self.in_flight.clone()))
+        Ok(place)
     }
 }
 
@@ -104,8 +108,8 @@ impl Drop for InFlight {
     }
 }
 
-/// One peer's request allowance: `burst` tokens refilled at `rate_per_s`; a request takes
-/// one. Invariant: `0 <= tokens <= burst`.
+/// A request allowance (one peer's, or the node's): `burst` tokens refilled at
+/// `rate_per_s`; a request takes one. Invariant: `0 <= tokens <= burst`.
 #[derive(Clone, Debug)]
 pub struct TokenBucket {
     tokens: f64,
