@@ -493,6 +493,14 @@ class Job:
         return str(self.doc["state"])
 
     @property
+    def owner(self) -> str:
+        """The user the job belongs to (the submitting token's; a trial's job, its search's
+        owner): `admin` for the admin token's jobs, and from nodes older than owners. Only
+        the owner and admins read its logs, metrics and checkpoints (Forbidden, naming the
+        owner, for anyone else)."""
+        return str(self.doc.get("owner", "admin"))
+
+    @property
     def done(self) -> bool:
         return self.state in TERMINAL_STATES
 

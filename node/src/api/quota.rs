@@ -1,126 +1,169 @@
-//! What one API token may keep in the cluster through this node: at most
-//! [`PENDING_JOBS_PER_TOKEN_MAX`] jobs that have not ended, and at most
-//! [`SPEC_BYTES_PER_TOKEN_MAX`] bytes of specs among the jobs still in the live state.
+//! What one user may keep in the cluster: at most [`UserLimits::pending_jobs_max`] jobs that
+//! have not ended, and at most [`UserLimits::spec_bytes_max`] bytes of specs among its jobs
+//! still in the live state (node flags `--user-pending-jobs-max`, default
+//! [`PENDING_JOBS_PER_USER_MAX`], and `--user-spec-bytes-max`, default
+//! [`SPEC_BYTES_PER_USER_MAX`]).
 //!
 //! Why: every submitted spec goes into every node's Raft log and state; without a bound a
-//! token that may submit at all fills every node's disk and memory (the review put 23 MB in
+//! user that may submit at all fills every node's disk and memory (the review put 23 MB in
 //! each log with 100 requests). A submit over either limit is refused before it is
-//! proposed, with `429` naming the limit.
+//! proposed, with `429` naming the limit, the user and its count.
 //!
-//! Scope, as it stands: the replicated tokens (the admin token, the operator's, is not
-//! limited), counted per API node in memory (a submit is charged to the node that took
-//! it, and a node's restart forgets its charges); the replicated state does not yet record
-//! who submitted a job, which a cluster-wide quota per user will need. A charge is taken
-//! before the proposal and dropped if it fails, so concurrent submits cannot overshoot.
-//!
-//! Pure bookkeeping behind a lock: whether a job still counts comes in as a function.
+//! What is replicated: the count comes from the replicated state (each job records its
+//! owner, `domain::state::users`), so a user's jobs count the same on every node, whichever
+//! took them, and across restarts; a spec's bytes are those of its JSON as the log holds
+//! it. The limits themselves are node flags, checked by the node whose API takes the
+//! submit; give every node the same. Submits this node proposed and its replica has not
+//! applied yet are counted too (in memory, dropped when the proposal returns), so one
+//! node's concurrent submits cannot overshoot; submits racing through several nodes at once
+//! can pass the limit by one each. Admins (the admin token, tokens of role admin) are not
+//! limited. A search's trials are its search's: they are not counted apart.
 
 use std::{collections::HashMap, sync::Mutex};
 
-use crate::domain::state::JobId;
+use crate::domain::state::ControlState;
 
-/// Most jobs one token may have submitted through a node and not yet ended.
-pub const PENDING_JOBS_PER_TOKEN_MAX: usize = 256;
-/// Most spec bytes one token's jobs submitted through a node may hold in the live state.
-pub const SPEC_BYTES_PER_TOKEN_MAX: u64 = 8 << 20;
+/// Default most jobs one user may have that have not ended.
+pub const PENDING_JOBS_PER_USER_MAX: usize = 256;
+/// Default most spec bytes one user's jobs may hold in the live state.
+pub const SPEC_BYTES_PER_USER_MAX: u64 = 8 << 20;
 
-/// What a job still costs its token.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Standing {
-    /// Not ended: counts as pending, and its spec's bytes.
-    Pending,
-    /// Ended, still in the live state: its spec's bytes.
-    Ended,
-    /// Gone from the live state: nothing.
-    Gone,
+/// The per-user limits (node flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UserLimits {
+    /// Most jobs not ended (0: no limit).
+    pub pending_jobs_max: usize,
+    /// Most spec bytes among its jobs in the live state (0: no limit).
+    pub spec_bytes_max: u64,
 }
 
-/// Why a submit is over its token's quota.
+impl Default for UserLimits {
+    fn default() -> Self {
+        UserLimits {
+            pending_jobs_max: PENDING_JOBS_PER_USER_MAX,
+            spec_bytes_max: SPEC_BYTES_PER_USER_MAX,
+        }
+    }
+}
+
+/// What a user holds now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Its jobs not ended (its trials not counted).
+    pub pending: usize,
+    /// Its jobs' spec bytes in the live state.
+    pub spec_bytes: u64,
+}
+
+/// A spec's bytes as the log holds it (its JSON).
+pub fn spec_bytes(spec: &crate::domain::spec::JobSpec) -> u64 {
+    serde_json::to_vec(spec).map_or(0, |v| v.len() as u64)
+}
+
+/// What `user` holds in `state`: its submitted jobs (a search counts, its trials do not).
+pub fn usage(state: &ControlState, user: &str) -> Usage {
+    let mut u = Usage::default();
+    for job in state
+        .jobs
+        .values()
+        .filter(|j| j.owner == user && j.trial_of.is_none())
+    {
+        if !job.state.is_terminal() {
+            u.pending += 1;
+        }
+        u.spec_bytes += spec_bytes(&job.spec);
+    }
+    u
+}
+
+/// Why a submit is over its user's limits.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OverQuota {
     /// Too many jobs not ended.
-    #[error("this token has {pending} jobs that have not ended (at most {PENDING_JOBS_PER_TOKEN_MAX} per token on this node): wait for some to end or cancel them")]
+    #[error("{user} has {pending} jobs that have not ended (at most {max} per user): wait for some to end or cancel them")]
     Pending {
+        /// The user.
+        user: String,
         /// Its jobs not ended.
         pending: usize,
+        /// The limit.
+        max: usize,
     },
     /// Too many spec bytes.
-    #[error("this token's jobs hold {held} bytes of specs in the cluster's state and this spec has {bytes} (at most {SPEC_BYTES_PER_TOKEN_MAX} per token on this node, until ended jobs leave the state)")]
+    #[error("{user}'s jobs hold {held} bytes of specs in the cluster's state and this spec has {bytes} (at most {max} per user, until ended jobs leave the state)")]
     SpecBytes {
+        /// The user.
+        user: String,
         /// Bytes its jobs hold.
         held: u64,
         /// This spec's bytes.
         bytes: u64,
+        /// The limit.
+        max: u64,
     },
 }
 
-/// One charge: the job once proposed (`None` while its proposal is on the way) and its
-/// spec's bytes.
-#[derive(Debug)]
-struct Charge {
-    id: u64,
-    job: Option<JobId>,
-    bytes: u64,
-}
+/// This node's submits on their way, by user: (charge id, spec bytes) each.
+type InFlight = HashMap<String, Vec<(u64, u64)>>;
 
-/// Each token's charges, by the token's hash.
+/// The limits and this node's submits on their way (with the last charge id given).
 #[derive(Debug, Default)]
 pub struct SubmitQuota {
-    charges: Mutex<(u64, HashMap<String, Vec<Charge>>)>,
+    limits: UserLimits,
+    in_flight: Mutex<(u64, InFlight)>,
 }
 
 impl SubmitQuota {
-    /// Charges a submit of `bytes` to `token` if it is within its quota, the jobs it holds
-    /// weighed by `standing`; returns the charge's number for [`SubmitQuota::submitted`] or
-    /// [`SubmitQuota::failed`].
-    pub fn charge(
-        &self,
-        token: &str,
-        bytes: u64,
-        standing: impl Fn(JobId) -> Standing,
-    ) -> Result<u64, OverQuota> {
-        let mut guard = self.charges.lock().expect("quota lock");
-        let (next, by_token) = &mut *guard;
-        let charges = by_token.entry(token.to_string()).or_default();
-        let weigh = |c: &Charge| c.job.map_or(Standing::Pending, &standing);
-        charges.retain(|c| weigh(c) != Standing::Gone);
-        let pending = charges
-            .iter()
-            .filter(|c| weigh(c) == Standing::Pending)
-            .count();
-        if pending >= PENDING_JOBS_PER_TOKEN_MAX {
-            return Err(OverQuota::Pending { pending });
+    /// A quota of `limits`.
+    pub fn new(limits: UserLimits) -> SubmitQuota {
+        SubmitQuota {
+            limits,
+            in_flight: Mutex::default(),
         }
-        let held: u64 = charges.iter().map(|c| c.bytes).sum();
-        if held + bytes > SPEC_BYTES_PER_TOKEN_MAX {
-            return Err(OverQuota::SpecBytes { held, bytes });
+    }
+
+    /// Charges a submit of `bytes` by `user`, who holds `held` in the replicated state, if
+    /// that and this node's submits on their way stay within the limits; the charge's id
+    /// goes to [`SubmitQuota::done`] once the proposal returns.
+    pub fn charge(&self, user: &str, bytes: u64, held: Usage) -> Result<u64, OverQuota> {
+        let mut guard = self.in_flight.lock().expect("quota lock");
+        let (next, by_user) = &mut *guard;
+        let flying = by_user.get(user).map(Vec::as_slice).unwrap_or_default();
+        let pending = held.pending + flying.len();
+        let limits = self.limits;
+        if limits.pending_jobs_max > 0 && pending >= limits.pending_jobs_max {
+            return Err(OverQuota::Pending {
+                user: user.to_owned(),
+                pending,
+                max: limits.pending_jobs_max,
+            });
+        }
+        let held_bytes = held.spec_bytes + flying.iter().map(|(_, b)| b).sum::<u64>();
+        if limits.spec_bytes_max > 0 && held_bytes + bytes > limits.spec_bytes_max {
+            return Err(OverQuota::SpecBytes {
+                user: user.to_owned(),
+                held: held_bytes,
+                bytes,
+                max: limits.spec_bytes_max,
+            });
         }
         *next += 1;
-        charges.push(Charge {
-            id: *next,
-            job: None,
-            bytes,
-        });
+        by_user
+            .entry(user.to_owned())
+            .or_default()
+            .push((*next, bytes));
         Ok(*next)
     }
 
-    /// The charge `id` of `token` became job `job`.
-    pub fn submitted(&self, token: &str, id: u64, job: JobId) {
-        let mut guard = self.charges.lock().expect("quota lock");
-        if let Some(c) = guard
-            .1
-            .get_mut(token)
-            .and_then(|cs| cs.iter_mut().find(|c| c.id == id))
-        {
-            c.job = Some(job);
-        }
-    }
-
-    /// The charge `id` of `token` was not submitted: dropped.
-    pub fn failed(&self, token: &str, id: u64) {
-        let mut guard = self.charges.lock().expect("quota lock");
-        if let Some(cs) = guard.1.get_mut(token) {
-            cs.retain(|c| c.id != id);
+    /// The proposal of charge `id` of `user` returned (the job is in the state, or was
+    /// never made): it counts from the state from now on.
+    pub fn done(&self, user: &str, id: u64) {
+        let mut guard = self.in_flight.lock().expect("quota lock");
+        if let Some(cs) = guard.1.get_mut(user) {
+            cs.retain(|(c, _)| *c != id);
+            if cs.is_empty() {
+                guard.1.remove(user);
+            }
         }
     }
 }
@@ -128,41 +171,82 @@ impl SubmitQuota {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::spec::JobSpec;
+    use crate::domain::state::{ControlCommand, ControlResponse, Op};
+
+    fn submit(s: &mut ControlState, index: u64, owner: &str) -> crate::domain::state::JobId {
+        let spec =
+            JobSpec::parse("name = \"a\"\nkind = \"command\"\ncommand = [\"true\"]\n").unwrap();
+        let cmd = ControlCommand::new(
+            index,
+            Op::Submit {
+                spec: Box::new(spec),
+                token: None,
+                owner: owner.into(),
+            },
+        );
+        match s.apply(index, &cmd) {
+            ControlResponse::Submitted { id } => id,
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
-    fn a_token_keeps_its_pending_jobs_and_spec_bytes_within_bounds() {
-        let q = SubmitQuota::default();
-        let all_pending = |_| Standing::Pending;
-        for i in 0..PENDING_JOBS_PER_TOKEN_MAX as u64 {
-            let c = q.charge("a", 10, all_pending).unwrap();
-            q.submitted("a", c, JobId::from_log_index(i + 1));
-        }
-        let e = q.charge("a", 10, all_pending).unwrap_err();
-        assert!(matches!(e, OverQuota::Pending { pending: 256 }), "{e}");
-        assert!(e.to_string().contains("at most 256 per token"), "{e}");
-        assert!(
-            q.charge("b", 10, all_pending).is_ok(),
-            "another token has its own"
-        );
-        // Ended jobs free a pending place; gone ones their bytes too.
-        let first_ended = |j: JobId| {
-            if j.log_index() == 1 {
-                Standing::Ended
-            } else {
-                Standing::Pending
-            }
+    fn a_users_jobs_are_counted_from_the_replicated_state() {
+        let mut s = ControlState::default();
+        let a1 = submit(&mut s, 1, "alice");
+        submit(&mut s, 2, "alice");
+        submit(&mut s, 3, "bob");
+        let alice = usage(&s, "alice");
+        assert_eq!(alice.pending, 2);
+        assert_eq!(alice.spec_bytes, 2 * spec_bytes(&s.job(a1).unwrap().spec));
+        assert_eq!(usage(&s, "bob").pending, 1);
+        assert_eq!(usage(&s, "carol"), Usage::default());
+        // An ended job frees its place, not its bytes (it is still in the state).
+        s.apply(4, &ControlCommand::new(4, Op::Cancel { id: a1 }));
+        let after = usage(&s, "alice");
+        assert_eq!(after.pending, 1);
+        assert_eq!(after.spec_bytes, alice.spec_bytes);
+    }
+
+    #[test]
+    fn a_user_is_held_to_its_limits_with_its_submits_on_the_way() {
+        let q = SubmitQuota::new(UserLimits {
+            pending_jobs_max: 3,
+            spec_bytes_max: 1_000,
+        });
+        let held = Usage {
+            pending: 1,
+            spec_bytes: 100,
         };
-        let c = q.charge("a", 10, first_ended).unwrap();
-        q.failed("a", c);
+        let c1 = q.charge("alice", 10, held).unwrap();
+        let c2 = q.charge("alice", 10, held).unwrap();
+        let e = q.charge("alice", 10, held).unwrap_err();
+        assert!(matches!(e, OverQuota::Pending { pending: 3, .. }), "{e}");
+        assert!(e.to_string().contains("alice has 3 jobs"), "{e}");
+        assert!(e.to_string().contains("at most 3 per user"), "{e}");
+        assert!(
+            q.charge("bob", 10, held).is_ok(),
+            "another user has its own"
+        );
+        // Proposals that returned count from the state, not twice.
+        q.done("alice", c1);
+        q.done("alice", c2);
+        assert!(q.charge("alice", 10, held).is_ok());
         // Bytes: a spec that would pass the bound is refused, naming it.
-        let gone = |_| Standing::Gone;
-        let big = q.charge("c", SPEC_BYTES_PER_TOKEN_MAX - 5, gone).unwrap();
-        q.submitted("c", big, JobId::from_log_index(900));
-        let e = q
-            .charge("c", 10, |_| Standing::Ended)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("bytes of specs"), "{e}");
-        assert!(q.charge("c", 10, gone).is_ok(), "its job left the state");
+        let e = q.charge("carol", 901, held).unwrap_err().to_string();
+        assert!(e.contains("carol's jobs hold 100 bytes"), "{e}");
+        assert!(e.contains("this spec has 901"), "{e}");
+        assert!(q.charge("carol", 900, held).is_ok());
+        // 0: no limit.
+        let open = SubmitQuota::new(UserLimits {
+            pending_jobs_max: 0,
+            spec_bytes_max: 0,
+        });
+        let lots = Usage {
+            pending: 1 << 20,
+            spec_bytes: 1 << 40,
+        };
+        assert!(open.charge("dave", 1 << 30, lots).is_ok());
     }
 }

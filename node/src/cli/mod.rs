@@ -262,6 +262,15 @@ pub struct NodeArgs {
     /// dropped and counted, protocol lines never. For tests.
     #[arg(long, hide = true, default_value_t = crate::jobs::log_rate::RANK_LOG_BYTES_PER_S_MAX)]
     pub rank_log_bytes_per_s: u64,
+    /// Most jobs one user (every token of it) may have that have not ended; a submit past
+    /// it is refused (429). Admins are not limited; 0: no limit. Counted from the
+    /// replicated state: give every node the same.
+    #[arg(long, value_name = "N", default_value_t = crate::api::quota::PENDING_JOBS_PER_USER_MAX)]
+    pub user_pending_jobs_max: usize,
+    /// Most bytes of specs one user's jobs may hold in the cluster's state (until ended jobs
+    /// leave it); a submit past it is refused (429). Admins are not limited; 0: no limit.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::api::quota::SPEC_BYTES_PER_USER_MAX)]
+    pub user_spec_bytes_max: u64,
     #[command(flatten)]
     pub api_limits: crate::api::server::ApiLimits,
 }
@@ -363,6 +372,10 @@ impl NodeArgs {
             dataset_sources: self.dataset_sources,
             dataset_dests: self.dataset_dests,
             rank_log_bytes_per_s: self.rank_log_bytes_per_s,
+            user_limits: crate::api::quota::UserLimits {
+                pending_jobs_max: self.user_pending_jobs_max,
+                spec_bytes_max: self.user_spec_bytes_max,
+            },
             name,
             listen,
             api,
@@ -624,9 +637,15 @@ pub fn jobs(cli: &Cli, args: &JobsArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&jobs)?);
         return Ok(());
     }
-    println!("{:<10} {:<24} {:<8} STATE", "ID", "NAME", "KIND");
+    println!(
+        "{:<10} {:<24} {:<16} {:<8} STATE",
+        "ID", "NAME", "OWNER", "KIND"
+    );
     for j in &jobs {
-        println!("{:<10} {:<24} {:<8} {}", j.id, j.name, j.kind, j.state);
+        println!(
+            "{:<10} {:<24} {:<16} {:<8} {}",
+            j.id, j.name, j.owner, j.kind, j.state
+        );
     }
     if let Some(before) = older {
         let state = args
@@ -762,6 +781,7 @@ pub fn trials(cli: &Cli, id: &str) -> Result<()> {
         let board = doc.leaderboard();
         let v = serde_json::json!({
             "id": doc.id,
+            "owner": doc.owner,
             "state": doc.state,
             "metric": doc.search_metric,
             "direction": doc.search_direction,
@@ -771,9 +791,10 @@ pub fn trials(cli: &Cli, id: &str) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!(
-            "{} {} [{}] metric {} ({})",
+            "{} {} of {} [{}] metric {} ({})",
             doc.id,
             doc.name,
+            doc.owner,
             doc.state,
             doc.search_metric.as_deref().unwrap_or("?"),
             doc.search_direction.as_deref().unwrap_or("?")

@@ -227,6 +227,8 @@ fn forwarded_commands_carry_a_principal_the_state_still_accepts() {
             name: "ci".into(),
             hash: hash.clone(),
             created_by: "admin".into(),
+            user: None,
+            role: crate::domain::state::users::Role::User,
         },
         at_ms: 1,
     };
@@ -245,7 +247,40 @@ fn forwarded_commands_carry_a_principal_the_state_still_accepts() {
         authorize_principal(&peer, &Principal::Admin, &cancel, &state),
         Ok(())
     );
-    assert_eq!(authorize_principal(&peer, &token, &cancel, &state), Ok(()));
+    // The token's user is "ci": the admin's job is not its to cancel, its own is.
+    let e = authorize_principal(&peer, &token, &cancel, &state).unwrap_err();
+    assert!(
+        e.contains(&format!("{id} belongs to admin; ci may not cancel it")),
+        "{e}"
+    );
+    let own = ControlCommand::new(
+        3,
+        Op::Submit {
+            spec: state.job(id).unwrap().spec.clone().into(),
+            token: None,
+            owner: "ci".into(),
+        },
+    );
+    assert_eq!(authorize_principal(&peer, &token, &own, &state), Ok(()));
+    let crate::domain::ControlResponse::Submitted { id: own_id } = state.apply(3, &own) else {
+        panic!("not submitted")
+    };
+    let cancel_own = ControlCommand::new(4, Op::Cancel { id: own_id });
+    assert_eq!(
+        authorize_principal(&peer, &token, &cancel_own, &state),
+        Ok(())
+    );
+    // A token submits only as its own user.
+    let as_admin = ControlCommand::new(
+        3,
+        Op::Submit {
+            spec: state.job(id).unwrap().spec.clone().into(),
+            token: None,
+            owner: "admin".into(),
+        },
+    );
+    let e = authorize_principal(&peer, &token, &as_admin, &state).unwrap_err();
+    assert!(e.contains("ci may not act as admin"), "{e}");
     // An older node states no principal: served, as the key grants what the admin does.
     assert_eq!(
         authorize_principal(&peer, &Principal::Node, &cancel, &state),
@@ -279,7 +314,7 @@ fn forwarded_commands_carry_a_principal_the_state_still_accepts() {
     };
     let index = state.applied_index + 1;
     state.apply(index, &revoke);
-    let e = authorize_principal(&peer, &token, &cancel, &state).unwrap_err();
+    let e = authorize_principal(&peer, &token, &cancel_own, &state).unwrap_err();
     assert!(e.contains("revoked"), "{e}");
     assert!(check_user_principal(&token, &state).is_err());
     // A removed member: nothing, not even the admin's requests or its own reports.

@@ -39,6 +39,7 @@ pub mod removal;
 pub mod standby;
 pub mod tokens;
 pub mod trials;
+pub mod users;
 
 pub use self::datasets::DatasetRecord;
 pub use crate::domain::id::{BadJobId, JobId};
@@ -208,6 +209,13 @@ impl MetricHistory {
 pub struct Job {
     /// Its id.
     pub id: JobId,
+    /// The user it belongs to (see [`users`]): the submitting token's user; a trial's job,
+    /// its search's owner; a job of a log from before owners, [`users::ADMIN_USER`].
+    #[serde(
+        default = "users::admin_user",
+        skip_serializing_if = "users::is_admin_user"
+    )]
+    pub owner: String,
     /// The spec as submitted.
     pub spec: JobSpec,
     /// Lifecycle state.
@@ -326,10 +334,11 @@ pub const REJOIN_AFTER_MS: u64 = 10_000;
 pub const BLACKLIST_MS_MAX: u64 = 86_400_000;
 
 impl Job {
-    /// A new pending job, submitted at `at_ms`.
-    pub(super) fn new(id: JobId, spec: JobSpec, at_ms: u64) -> Job {
+    /// A new pending job of `owner`, submitted at `at_ms`.
+    pub(super) fn new(id: JobId, spec: JobSpec, owner: &str, at_ms: u64) -> Job {
         Job {
             id,
+            owner: owner.to_owned(),
             max_restarts: spec.max_restarts,
             spec,
             state: JobState::Pending,
@@ -524,7 +533,8 @@ impl Serialize for ControlCommand {
             op: &'a Op,
             at_ms: u64,
         }
-        /// A submit, whose `at_ms` came before its token.
+        /// A submit, whose `at_ms` came before its token (and its owner, when not the
+        /// admin: a submit from before owners keeps its bytes).
         #[derive(Serialize)]
         struct Submitted<'a> {
             op: &'static str,
@@ -532,13 +542,19 @@ impl Serialize for ControlCommand {
             at_ms: u64,
             #[serde(skip_serializing_if = "Option::is_none")]
             token: &'a Option<String>,
+            #[serde(skip_serializing_if = "is_admin_owner")]
+            owner: &'a str,
+        }
+        fn is_admin_owner(owner: &&str) -> bool {
+            users::is_admin_user(owner)
         }
         match &self.op {
-            Op::Submit { spec, token } => Submitted {
+            Op::Submit { spec, token, owner } => Submitted {
                 op: "submit",
                 spec,
                 at_ms: self.at_ms,
                 token,
+                owner,
             }
             .serialize(serializer),
             op => Stamped {
@@ -576,6 +592,13 @@ pub enum Op {
         /// creating a second job. At most [`TOKEN_BYTES_MAX`] bytes.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         token: Option<String>,
+        /// The user the job belongs to: the submitting token's (see [`users`]); a submit
+        /// from before owners reads as [`users::ADMIN_USER`].
+        #[serde(
+            default = "users::admin_user",
+            skip_serializing_if = "users::is_admin_user"
+        )]
+        owner: String,
     },
     /// The chief placed generation `generation` (must be the job's next generation) on `slots`.
     Place {
@@ -831,6 +854,12 @@ pub enum Op {
         hash: String,
         /// Who made it, on which node (`admin@<node name>`).
         created_by: String,
+        /// The user it belongs to (`tokens::check_user`); `None`: the token's own name.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
+        /// What it may do (default `user`).
+        #[serde(default, skip_serializing_if = "users::Role::is_user")]
+        role: users::Role,
     },
     /// The admin revokes an API token: its hash leaves the state.
     TokenRevoke {
@@ -925,6 +954,9 @@ pub enum BadCommand {
     /// A key switch whose fingerprint or epoch is not one.
     #[error("{0}")]
     KeySwitch(String),
+    /// A submit whose owner is not a user name (`tokens::check_token_name`).
+    #[error("owner: {0}")]
+    Owner(String),
 }
 
 /// Length of a ring secret in hex digits (32 bytes).
@@ -1032,16 +1064,24 @@ impl ControlCommand {
                 ..
             } if t.is_empty() || t.len() > TOKEN_BYTES_MAX => Err(BadCommand::Token),
             ControlCommand {
+                op: Op::Submit { owner, .. },
+                ..
+            } => tokens::check_token_name(owner)
+                .map_err(|e| BadCommand::Owner(e.trim_start_matches("name: ").to_owned())),
+            ControlCommand {
                 op:
                     Op::TokenCreate {
                         name,
                         hash,
                         created_by,
-                        ..
+                        user,
+                        role,
                     },
                 ..
             } => {
                 tokens::check_token_name(name).map_err(BadCommand::TokenField)?;
+                tokens::check_user(user.as_deref().unwrap_or(name), *role)
+                    .map_err(BadCommand::TokenField)?;
                 if !tokens::is_token_hash(hash) {
                     return Err(BadCommand::TokenField(
                         "hash: not a BLAKE3 hash in hex".into(),
@@ -1171,9 +1211,9 @@ impl ControlState {
         let at_ms = cmd.at_ms;
         match cmd {
             ControlCommand {
-                op: Op::Submit { spec, token, .. },
+                op: Op::Submit { spec, token, owner },
                 ..
-            } => self.submit(log_index, spec, token.as_deref(), at_ms),
+            } => self.submit(log_index, spec, token.as_deref(), owner, at_ms),
             ControlCommand {
                 op:
                     Op::Place {
@@ -1364,10 +1404,11 @@ impl ControlState {
                         name,
                         hash,
                         created_by,
-                        ..
+                        user,
+                        role,
                     },
                 ..
-            } => self.token_create(name, hash, created_by, at_ms),
+            } => self.token_create(name, hash, created_by, (user.as_deref(), *role), at_ms),
             ControlCommand {
                 op: Op::TokenRevoke { name, .. },
                 ..
@@ -1400,13 +1441,14 @@ impl ControlState {
         }
     }
 
-    /// `Submit`: a new job, its id from `log_index`; a token seen before answers with the
-    /// job it created.
+    /// `Submit`: a new job of `owner`, its id from `log_index`; a token seen before answers
+    /// with the job it created.
     fn submit(
         &mut self,
         log_index: u64,
         spec: &JobSpec,
         token: Option<&str>,
+        owner: &str,
         at_ms: u64,
     ) -> ControlResponse {
         if let Some(id) = token.and_then(|t| self.tokens.get(t)) {
@@ -1416,7 +1458,7 @@ impl ControlState {
         if let Some(t) = token {
             self.tokens.insert(t.to_owned(), id);
         }
-        let mut job = Job::new(id, spec.clone(), at_ms);
+        let mut job = Job::new(id, spec.clone(), owner, at_ms);
         job.push_event(
             at_ms,
             EventKind::Submitted,
