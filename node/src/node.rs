@@ -425,6 +425,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
             bootstrap: config.join.is_empty(),
             snapshot_every: config.raft_snapshot_every,
             key_ring: ring.clone(),
+            user_limits: config.user_limits,
         },
         handle.clone(),
         rpc_rx,

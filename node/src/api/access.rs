@@ -45,9 +45,23 @@ pub(super) fn require(
     Ok(actor)
 }
 
-/// [`require`] on job `id`, owned as the live state says; 404 for a job the state does not
+/// Longest a request naming a job waits for this replica to apply the job's submit, in
+/// milliseconds: a job submitted through another node (or just now through this one, whose
+/// proposal returned once the chief applied it) may be a heartbeat away here.
+pub const JOB_CATCH_UP_MS: u64 = 2_000;
+
+/// [`require`] on job `id`, owned as the live state says (once this replica applied the
+/// job's submit, waited for up to [`JOB_CATCH_UP_MS`]); 404 for a job the state does not
 /// hold.
-pub(super) fn require_on_job(app: &AppState, id: JobId, action: Action) -> Result<Actor, ApiError> {
+pub(super) async fn require_on_job(
+    app: &AppState,
+    id: JobId,
+    action: Action,
+) -> Result<Actor, ApiError> {
+    if app.control.read(|s| s.job(id).is_none()) {
+        let bound = std::time::Duration::from_millis(JOB_CATCH_UP_MS);
+        app.control.applied_up_to(id.log_index(), bound).await;
+    }
     let owner = app
         .control
         .read(|s| s.job(id).map(|j| j.owner.clone()))

@@ -93,6 +93,7 @@ use crate::{
     domain::{
         spec::SPEC_BYTES_MAX,
         state::{
+            user_limits::OVER_LIMIT,
             users::{Action, Role},
             ControlCommand, ControlResponse, JobId, Op,
         },
@@ -329,7 +330,7 @@ async fn prometheus_metrics(State(app): State<AppState>) -> Result<Response, Api
 /// `GET /v1/jobs/{id}/metrics`: each metric's history.
 async fn job_metrics(State(app): State<AppState>, Path(id): Path<String>) -> ApiResult<MetricsDoc> {
     let id = job_id(&id)?;
-    access::require_on_job(&app, id, Action::ReadMetrics)?;
+    access::require_on_job(&app, id, Action::ReadMetrics).await?;
     app.control
         .read(|s| s.job(id).map(MetricsDoc::of))
         .map(Json)
@@ -366,7 +367,7 @@ async fn submit(
     let charge = if actor.role == Role::Admin {
         None
     } else {
-        let held = app.control.read(|s| quota::usage(s, &actor.user));
+        let held = app.control.read(|s| s.usage(&actor.user));
         let charge = quota
             .charge(&actor.user, quota::spec_bytes(&spec), held)
             .map_err(|e| ApiError(StatusCode::TOO_MANY_REQUESTS, e.to_string()))?;
@@ -472,6 +473,10 @@ async fn propose_submit(
             {
                 tokio::time::sleep(std::time::Duration::from_millis(SUBMIT_RETRY_PAUSE_MS)).await;
             }
+            // The chief counted the user's jobs past a limit this replica had not seen yet.
+            Err(ProposeError::Rejected(reason)) if reason.contains(OVER_LIMIT) => {
+                return Err(ApiError(StatusCode::TOO_MANY_REQUESTS, reason).into())
+            }
             other => break other?,
         }
     };
@@ -538,7 +543,7 @@ async fn cancel(
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let id = job_id(&id)?;
-    access::require_on_job(&app, id, Action::Cancel)?;
+    access::require_on_job(&app, id, Action::Cancel).await?;
     match app
         .control
         .propose(ControlCommand {
@@ -572,7 +577,7 @@ async fn logs(
     Query(q): Query<LogsQuery>,
 ) -> ApiResult<LogsDoc> {
     let id = job_id(&id)?;
-    access::require_on_job(&app, id, Action::ReadLogs)?;
+    access::require_on_job(&app, id, Action::ReadLogs).await?;
     let mut offsets = BTreeMap::new();
     for pair in q
         .offsets

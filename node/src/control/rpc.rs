@@ -55,6 +55,7 @@ use crate::{
         spec::JobSpec,
         state::{
             tokens::Principal,
+            user_limits::{spec_bytes, UserLimits, OVER_LIMIT},
             users::{Action, Actor, Role, ADMIN_USER},
             ControlCommand, ControlState, JobId, Op,
         },
@@ -457,6 +458,27 @@ pub fn authorize_principal(
     Ok(())
 }
 
+/// Whether a forwarded submit keeps its owner within `limits`, counted in this (the
+/// chief's) state, which holds every submit it committed: the forwarding node checked
+/// against its replica, which may lag behind submits made through other nodes. Admins are
+/// not limited, nor a member that states no principal (an older node).
+pub fn check_user_limits(
+    principal: &Principal,
+    cmd: &ControlCommand,
+    state: &ControlState,
+    limits: &UserLimits,
+) -> Result<(), String> {
+    let Op::Submit { spec, owner, .. } = &cmd.op else {
+        return Ok(());
+    };
+    match state.actor(principal) {
+        Some(actor) if actor.role != Role::Admin => limits
+            .check(owner, state.usage(owner), spec_bytes(spec))
+            .map_err(|e| format!("submit {OVER_LIMIT}: {e}")),
+        _ => Ok(()),
+    }
+}
+
 /// A forwarded write: checked ([`authorize_principal`], then [`authorize`]), logged with
 /// its principal when a user asked for it, and proposed to this node's Raft.
 async fn forwarded(
@@ -471,6 +493,7 @@ async fn forwarded(
         .check()
         .map_err(|e| e.to_string())
         .and_then(|()| ctl.read(|s| authorize_principal(&from, &principal, &cmd, s)))
+        .and_then(|()| ctl.read(|s| check_user_limits(&principal, &cmd, s, &ctl.user_limits)))
     {
         Err(e) => Err(e),
         // A submit's authorization is its admission (see `authorize`): CPU work on the spec

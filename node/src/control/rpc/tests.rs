@@ -359,3 +359,58 @@ fn requests_without_a_principal_still_decode() {
         })
     ));
 }
+
+/// The chief holds a forwarded submit to its owner's limits in its own state (the
+/// forwarding node's replica may not have seen the owner's latest submits); admins and
+/// older nodes are not limited.
+#[test]
+fn a_forwarded_submit_is_held_to_its_owners_limits_in_the_chiefs_state() {
+    use crate::domain::state::{tokens::new_token, user_limits::UserLimits, users::Role};
+    let mut state = ControlState::default();
+    let (_, hash) = new_token();
+    let create = ControlCommand::new(
+        1,
+        Op::TokenCreate {
+            name: "bob".into(),
+            hash: hash.clone(),
+            created_by: "admin".into(),
+            user: None,
+            role: Role::User,
+        },
+    );
+    state.apply(1, &create);
+    let id = chief::submit(&mut state, 2, 1);
+    let spec = state.job(id).unwrap().spec.clone();
+    let submit = |owner: &str| {
+        ControlCommand::new(
+            3,
+            Op::Submit {
+                spec: spec.clone().into(),
+                token: None,
+                owner: owner.into(),
+            },
+        )
+    };
+    let one = UserLimits {
+        pending_jobs_max: 1,
+        spec_bytes_max: 0,
+    };
+    let bob = Principal::Token { hash };
+    assert_eq!(
+        check_user_limits(&bob, &submit("bob"), &state, &one),
+        Ok(())
+    );
+    state.apply(3, &submit("bob"));
+    let e = check_user_limits(&bob, &submit("bob"), &state, &one).unwrap_err();
+    assert!(
+        e.contains(OVER_LIMIT) && e.contains("bob has 1 jobs"),
+        "{e}"
+    );
+    // The admin's own job counts for the admin, who is not limited.
+    for p in [Principal::Admin, Principal::Node] {
+        assert_eq!(
+            check_user_limits(&p, &submit("admin"), &state, &one),
+            Ok(())
+        );
+    }
+}

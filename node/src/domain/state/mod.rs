@@ -39,6 +39,7 @@ pub mod removal;
 pub mod standby;
 pub mod tokens;
 pub mod trials;
+pub mod user_limits;
 pub mod users;
 
 pub use self::datasets::DatasetRecord;
