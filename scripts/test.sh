@@ -120,5 +120,10 @@ LD_LIBRARY_PATH="$PWD/$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     cargo test --workspace --features ringleader/cuda --lib --bins -- --show-output gpu:: nccl:: 2>&1 | tee "$log"
 grep -q "the_kernels_compile_with_nvrtc_for_the_devices_architecture ... ok" "$log"
 if grep -q "SKIPPED" "$log"; then grep "SKIPPED" "$log" | sed 's/^/skipped (cuda build): /'; fi
+# The deployments (deploy/): the systemd unit checked by systemd-analyze, and the Slurm
+# script run in a one-host Slurm (it installs Debian's slurm-wlm when missing and says so;
+# without root or the package it says SKIPPED).
+scripts/test-systemd.sh target/debug/ringleader
+scripts/test-slurm.sh target/debug/ringleader
 # Every public doc renders without a broken link (the parts' module docs are the map).
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
