@@ -92,28 +92,12 @@ until sinfo -h -o %T 2>/dev/null | grep -qx idle; do
     sleep 0.5
 done
 
-cat > "$tmp/digits.toml" <<SPEC
-name = "slurm-digits"
-kind = "train"
-workers = 3
-[model]
-arch = "mlp"
-hidden = [64]
-[data]
-dataset = "digits"
-[train]
-epochs = 2
-batch_per_worker = 32
-optimizer = "sgd"
-lr = 0.05
-seed = 7
-SPEC
 
 # The job's private directory inside the run's own; ports of the nodes away from Slurm's.
 export RINGLEADER="$bin" RINGLEADER_SLURM_DIR="$tmp/cluster" RINGLEADER_SLURM_PORT=$((base + 10))
 rc=0
 sbatch --wait -N1 -n3 --ntasks-per-node=3 -t 5 --output="$tmp/job.out" \
-    deploy/slurm/ringleader.sbatch "$tmp/digits.toml" >/dev/null || rc=$?
+    deploy/slurm/ringleader.sbatch examples/jobs/digits-mlp.toml >/dev/null || rc=$?
 cat "$tmp/job.out"
 [ "$rc" -eq 0 ] || { echo "slurm test: the allocation's script exited $rc"; exit 1; }
 grep -q "3 nodes formed a cluster" "$tmp/job.out"
