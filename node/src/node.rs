@@ -250,6 +250,17 @@ fn prepare(config: &NodeConfig) -> Result<Prepared> {
         );
         info!(file = %path.display(), "{what} created");
     }
+    if let Some(file) = secrets
+        .created
+        .iter()
+        .find(|(what, _)| *what == crate::security::bootstrap::CREATED_CLUSTER_KEY)
+        .map(|(_, path)| path)
+    {
+        eprintln!(
+            "{}",
+            crate::security::bootstrap::join_hint(&config.listen, file)
+        );
+    }
     if secrets.insecure() {
         warn!("--insecure: the cluster is open, any host that can reach the listen port can join and run commands on every node");
     }
