@@ -187,18 +187,9 @@ pub const CREATED_CLUSTER_KEY: &str = "cluster key";
 /// ports and a data directory of its own), an unspecified one (`0.0.0.0`) by this host's
 /// address, which the node cannot know for its peers.
 pub fn join_hint(listen: &libp2p::Multiaddr, key_file: &Path) -> String {
-    use libp2p::multiaddr::Protocol;
-    let mut host = None;
-    let mut port = None;
-    for p in listen.iter() {
-        match p {
-            Protocol::Ip4(ip) => host = Some(std::net::IpAddr::V4(ip)),
-            Protocol::Ip6(ip) => host = Some(std::net::IpAddr::V6(ip)),
-            Protocol::Tcp(p) | Protocol::Udp(p) => port = Some(p),
-            _ => {}
-        }
-    }
-    let port = port.unwrap_or(7070);
+    let socket = crate::cluster::addr::multiaddr_to_socket(listen);
+    let host = socket.map(|s| s.ip());
+    let port = socket.map_or(7070, |s| s.port());
     let key = key_file.display();
     match host {
         Some(ip) if ip.is_loopback() => format!(
