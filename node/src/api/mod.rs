@@ -93,6 +93,7 @@ use crate::{
     domain::{
         spec::SPEC_BYTES_MAX,
         state::{
+            ops,
             user_limits::OVER_LIMIT,
             users::{Action, Role},
             ControlCommand, ControlResponse, JobId, Op,
@@ -458,11 +459,11 @@ async fn propose_submit(
         .token
         .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
     let cmd = ControlCommand {
-        op: Op::Submit {
+        op: Op::Submit(ops::Submit {
             spec: Box::new(spec),
             token: Some(token),
             owner: owner.to_owned(),
-        },
+        }),
         at_ms: wall_ms(),
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_millis(SUBMIT_RETRY_MS);
@@ -547,7 +548,7 @@ async fn cancel(
     match app
         .control
         .propose(ControlCommand {
-            op: Op::Cancel { id },
+            op: Op::Cancel(ops::Cancel { id }),
             at_ms: wall_ms(),
         })
         .await?

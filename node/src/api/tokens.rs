@@ -21,6 +21,7 @@ use serde::Deserialize;
 use super::{access::require_admin, ApiError, AppState};
 use crate::control::handle::wall_ms;
 use crate::domain::state::{
+    ops,
     tokens::{check_token_name, check_user, listing, new_token},
     users::Role,
     ControlCommand, ControlResponse, Op,
@@ -75,13 +76,13 @@ pub(super) async fn create(
     let (token, hash) = new_token();
     let at_ms = wall_ms();
     let cmd = ControlCommand {
-        op: Op::TokenCreate {
+        op: Op::TokenCreate(ops::TokenCreate {
             name: req.name.clone(),
             hash,
             created_by: format!("{}@{}", admin.user, node_name(&app).await),
             user: Some(user.clone()),
             role,
-        },
+        }),
         at_ms,
     };
     match app.control.propose(cmd).await? {
@@ -116,7 +117,7 @@ pub(super) async fn revoke(
     require_admin(&app, "revoke tokens")?;
     check_token_name(&name).map_err(bad_name)?;
     let cmd = ControlCommand {
-        op: Op::TokenRevoke { name: name.clone() },
+        op: Op::TokenRevoke(ops::TokenRevoke { name: name.clone() }),
         at_ms: wall_ms(),
     };
     match app.control.propose(cmd).await? {
@@ -172,10 +173,10 @@ pub(super) async fn remove_member(
         ));
     }
     let cmd = ControlCommand {
-        op: Op::MemberRemove {
+        op: Op::MemberRemove(ops::MemberRemove {
             peer_id: peer_id.clone(),
             name: name.clone(),
-        },
+        }),
         at_ms: wall_ms(),
     };
     match app.control.propose(cmd).await? {

@@ -266,19 +266,20 @@ mod tests {
     use super::*;
     use crate::domain::spec::JobSpec;
     use crate::domain::state::{
+        ops,
         users::{Action, Actor, Role},
         ControlCommand, JobState, Op,
     };
 
     fn create(name: &str, hash: &str) -> ControlCommand {
         ControlCommand {
-            op: Op::TokenCreate {
+            op: Op::TokenCreate(ops::TokenCreate {
                 name: name.into(),
                 hash: hash.into(),
                 created_by: "admin@a".into(),
                 user: None,
-                role: Role::User,
-            },
+                role: Default::default(),
+            }),
             at_ms: 7,
         }
     }
@@ -308,7 +309,7 @@ mod tests {
             ControlResponse::Rejected { .. }
         ));
         let revoke = ControlCommand {
-            op: Op::TokenRevoke { name: "ci".into() },
+            op: Op::TokenRevoke(ops::TokenRevoke { name: "ci".into() }),
             at_ms: 8,
         };
         assert_eq!(s.apply(4, &revoke), ControlResponse::Applied);
@@ -369,13 +370,13 @@ mod tests {
         let mut s = ControlState::default();
         let cmd = ControlCommand::new(
             1,
-            Op::TokenCreate {
+            Op::TokenCreate(ops::TokenCreate {
                 name: "sneaky".into(),
                 hash: new_token().1,
                 created_by: "admin@a".into(),
                 user: Some("admin".into()),
                 role: Role::User,
-            },
+            }),
         );
         assert!(matches!(
             s.apply(1, &cmd),
@@ -402,13 +403,13 @@ mod tests {
     fn token(name: &str, user: Option<&str>, role: Role, byte: u8) -> ControlCommand {
         ControlCommand::new(
             1,
-            Op::TokenCreate {
+            Op::TokenCreate(ops::TokenCreate {
                 name: name.into(),
                 hash: format!("{byte:02x}").repeat(32),
                 created_by: "admin@a".into(),
                 user: user.map(str::to_owned),
                 role,
-            },
+            }),
         )
     }
 
@@ -458,11 +459,11 @@ mod tests {
                 .unwrap();
         let submit = ControlCommand::new(
             2,
-            Op::Submit {
+            Op::Submit(ops::Submit {
                 spec: Box::new(spec),
                 token: None,
                 owner: "alice".into(),
-            },
+            }),
         );
         let ControlResponse::Submitted { id } = s.apply(2, &submit) else {
             panic!("not submitted")
@@ -477,19 +478,19 @@ mod tests {
         };
         let place = ControlCommand::new(
             3,
-            Op::Place {
+            Op::Place(ops::Place {
                 id,
                 generation: 1,
                 slots: vec![slot],
                 secret: "a".repeat(64),
-            },
+            }),
         );
         assert_eq!(s.apply(3, &place), ControlResponse::Applied);
         let revoke = ControlCommand::new(
             4,
-            Op::TokenRevoke {
+            Op::TokenRevoke(ops::TokenRevoke {
                 name: "alice".into(),
-            },
+            }),
         );
         assert_eq!(s.apply(4, &revoke), ControlResponse::Applied);
         assert_eq!(s.actor(&by_hash(1)), None, "the token is refused now");

@@ -125,18 +125,18 @@ impl ControlState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::state::{ControlCommand, ControlResponse, JobId, Op};
+    use crate::domain::state::{ops, ControlCommand, ControlResponse, JobId, Op};
 
     fn submit(s: &mut ControlState, index: u64, owner: &str) -> JobId {
         let spec =
             JobSpec::parse("name = \"a\"\nkind = \"command\"\ncommand = [\"true\"]\n").unwrap();
         let cmd = ControlCommand::new(
             index,
-            Op::Submit {
+            Op::Submit(ops::Submit {
                 spec: Box::new(spec),
                 token: None,
                 owner: owner.into(),
-            },
+            }),
         );
         match s.apply(index, &cmd) {
             ControlResponse::Submitted { id } => id,
@@ -156,7 +156,10 @@ mod tests {
         assert_eq!(s.usage("bob").pending, 1);
         assert_eq!(s.usage("carol"), Usage::default());
         // An ended job frees its place, not its bytes (it is still in the state).
-        s.apply(4, &ControlCommand::new(4, Op::Cancel { id: a1 }));
+        s.apply(
+            4,
+            &ControlCommand::new(4, Op::Cancel(ops::Cancel { id: a1 })),
+        );
         let after = s.usage("alice");
         assert_eq!(after.pending, 1);
         assert_eq!(after.spec_bytes, alice.spec_bytes);
