@@ -123,4 +123,39 @@ mod tests {
         );
         assert_eq!(with("ok").check(), Ok(()));
     }
+
+    #[test]
+    fn a_job_records_its_owner_who_must_be_a_user_name() {
+        let by = |owner: &str| Submit {
+            spec: Box::new(spec(1, 0)),
+            token: None,
+            owner: owner.into(),
+        };
+        assert!(matches!(by("a b").check(), Err(BadCommand::Owner(_))));
+        assert!(matches!(by("").check(), Err(BadCommand::Owner(_))));
+        let mut state = ControlState::default();
+        let at = Stamp {
+            log_index: 1,
+            at_ms: 1,
+        };
+        assert_eq!(by("alice").check(), Ok(()));
+        by("alice").apply(&mut state, at);
+        assert_eq!(state.jobs[&JobId::from_log_index(1)].owner, "alice");
+        // The log holds an owner only when it is not the admin: old entries keep their bytes
+        // and read back as the admin's.
+        let json = serde_json::to_value(by("admin")).unwrap();
+        assert!(json.get("owner").is_none(), "{json}");
+        let back: Submit = serde_json::from_value(json).unwrap();
+        assert_eq!(back.owner, "admin");
+        assert_eq!(serde_json::to_value(by("bob")).unwrap()["owner"], "bob");
+        // As a log entry too (a submit's entry is written by hand: `at_ms` before its token).
+        let entry =
+            crate::domain::state::ControlCommand::new(5, super::super::Op::Submit(by("bob")));
+        let text = serde_json::to_string(&entry).unwrap();
+        assert!(text.ends_with(r#""at_ms":5,"owner":"bob"}"#), "{text}");
+        assert_eq!(
+            serde_json::from_str::<crate::domain::state::ControlCommand>(&text).unwrap(),
+            entry
+        );
+    }
 }
