@@ -38,7 +38,7 @@ CRATES = [
     ("node", "node/src", True),
     ("trainer", "trainer/src", False),
     ("collective", "collective/src", False),
-    ("collective-protocol", "collective/protocol/src", False),
+    ("protocol", "protocol/src", False),
     ("python", "python/src", False),
 ]
 DESIGN = "docs/design.md"

@@ -46,7 +46,7 @@ mod _native {
     /// The environment variable in which the node gives a rank its protocol version.
     #[pymodule_export]
     const PROTOCOL_VERSION_ENV: &str = ringleader_protocol::PROTOCOL_VERSION_ENV;
-    /// The protocol's golden lines (`collective/protocol/golden/lines.txt`), for tests.
+    /// The protocol's golden lines (`protocol/golden/lines.txt`), for tests.
     #[pymodule_export]
     const GOLDEN_LINES: &str = ringleader_protocol::GOLDEN_LINES;
 

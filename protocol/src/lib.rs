@@ -45,7 +45,7 @@
 //! - `ringleader-stop`: end after the current step (so does the end of stdin).
 //!
 //! # Golden lines
-//! [`GOLDEN_LINES_PATH`] (`collective/protocol/golden/lines.txt`, from the workspace root)
+//! [`GOLDEN_LINES_PATH`] (`protocol/golden/lines.txt`, from the workspace root)
 //! holds example lines, each after a tag: `rank-ok`, `rank-bad`, `node-ok`, `node-bad`.
 //! An `-ok` line parses and prints back identically; a `-bad` line is refused. This crate's
 //! tests, the node's and the Python package's read it.
@@ -80,7 +80,7 @@ pub const NODE_LINE_BYTES_MAX: usize = 64 << 10;
 /// Most ranks a generation may name.
 pub const GENERATION_WORLD_MAX: usize = 4096;
 /// The golden lines, relative to the workspace root.
-pub const GOLDEN_LINES_PATH: &str = "collective/protocol/golden/lines.txt";
+pub const GOLDEN_LINES_PATH: &str = "protocol/golden/lines.txt";
 /// The golden lines themselves (for tests anywhere).
 pub const GOLDEN_LINES: &str = include_str!("../golden/lines.txt");
 
