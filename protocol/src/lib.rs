@@ -11,6 +11,11 @@
 //! kind, a new optional `key=value` field (parsers ignore keys they do not know). Removing
 //! or renaming a line or field, or changing a field's meaning or unit, is a new version.
 //!
+//! # Environment ([`env`])
+//! The `RINGLEADER_*` variables a node sets for a rank (its job, attempt, generation, a
+//! trial's parameters, the ring's secret, …), one constant per name, written by the node and
+//! read by the trainer and, through `ringleader._native`, by the Python package.
+//!
 //! # Rank → node ([`RankLine`])
 //! Lines on the rank's **stdout** (stderr is only logged), UTF-8, one per line, at most
 //! [`LINE_BYTES_MAX`] bytes, starting with [`PREFIX`] at the first byte. Words are separated
@@ -51,6 +56,7 @@
 //! tests, the node's and the Python package's read it.
 
 mod agreement;
+pub mod env;
 mod error;
 mod node_line;
 mod rank_line;
@@ -67,8 +73,8 @@ pub use rank_line::{
 
 /// The protocol's version (see the crate doc for what changes it).
 pub const PROTOCOL_VERSION: u32 = 1;
-/// The environment variable that gives a rank [`PROTOCOL_VERSION`].
-pub const PROTOCOL_VERSION_ENV: &str = "RINGLEADER_PROTOCOL_VERSION";
+/// The environment variable that gives a rank [`PROTOCOL_VERSION`] ([`env::PROTOCOL_VERSION`]).
+pub use env::PROTOCOL_VERSION as PROTOCOL_VERSION_ENV;
 /// What every protocol line starts with.
 pub const PREFIX: &str = "ringleader-";
 /// Longest rank line, bytes (without the newline).

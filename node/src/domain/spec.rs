@@ -67,11 +67,11 @@ pub const RESERVED_ENV: [&str; 5] = [
 /// the rank environment, the test-only `RINGLEADER_TEST_*` hooks): a spec's `env` may not
 /// set a key that starts with it, so a job can neither override what the node hands its
 /// ranks nor drive a test hook's faults into them. [`NODE_ENV_ALLOWED`] are the exceptions.
-pub const NODE_ENV_PREFIX: &str = "RINGLEADER_";
+pub const NODE_ENV_PREFIX: &str = ringleader_protocol::env::PREFIX;
 
 /// The `RINGLEADER_*` keys a spec's `env` may set: the trainer's documented per-job switches
 /// (`RINGLEADER_NO_SHM`: no shared-memory path between a job's ranks).
-pub const NODE_ENV_ALLOWED: [&str; 1] = ["RINGLEADER_NO_SHM"];
+pub const NODE_ENV_ALLOWED: [&str; 1] = [ringleader_protocol::env::NO_SHM];
 
 const TOP_FIELDS: [&str; 18] = [
     "name",

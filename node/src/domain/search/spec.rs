@@ -237,7 +237,7 @@ pub fn trial_spec(spec: &JobSpec, s: &SearchSpec, trial: u32, params: &Params) -
 }
 
 /// The variable that holds a command trial's parameters as one JSON object.
-pub const PARAMS_ENV: &str = "RINGLEADER_PARAMS";
+pub use ringleader_protocol::env::PARAMS as PARAMS_ENV;
 
 /// A trial's parameters as a JSON object of name → typed value (`{"lr": 0.01, "width":
 /// 64, "opt": "adam"}`): numbers stay numbers, integers integers, as `RINGLEADER_PARAMS`.
@@ -266,7 +266,7 @@ pub fn env_name(name: &str) -> String {
             }
         })
         .collect();
-    format!("RINGLEADER_PARAM_{tail}")
+    format!("{}{tail}", ringleader_protocol::env::PARAM_PREFIX)
 }
 
 /// A parameter's value as a command-line argument: a string as it is, anything else as
