@@ -37,6 +37,7 @@ from collections import defaultdict
 CRATES = [
     ("node", "node/src", True),
     ("trainer", "trainer/src", False),
+    ("spec", "trainer/spec/src", False),
     ("collective", "collective/src", False),
     ("protocol", "protocol/src", False),
     ("python", "python/src", False),

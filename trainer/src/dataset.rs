@@ -29,7 +29,7 @@ const DIGITS_RAW_BYTES_MAX: usize = 1 << 20;
 static PROJECT_TEXT: &[&str] = &[
     include_str!("../../examples/data/README.md"),
     include_str!("lib.rs"),
-    include_str!("spec.rs"),
+    include_str!("../spec/src/train.rs"),
     include_str!("dataset.rs"),
     include_str!("sampler.rs"),
     include_str!("model.rs"),

@@ -8,7 +8,7 @@
 //!
 //! The sections `model`, `data`, `train`, `checkpoint` and `search` are kept as generic TOML
 //! tables here (the form stored in the Raft log); the trainer defines their typed forms. A
-//! train job's are read once, by [`trainer::TrainSpec::from_document`] over the same parsed
+//! train job's are read once, by [`ringleader_spec::TrainSpec::from_document`] over the same parsed
 //! document, when the spec is parsed (their errors get the field's line from that document),
 //! and kept typed beside the tables ([`JobSpec::trainer`]).
 
@@ -20,8 +20,8 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::OnceLock;
 
+use ringleader_spec::{FieldError, TrainSpec};
 use serde::{Deserialize, Serialize};
-use trainer::{FieldError, TrainSpec};
 
 use crate::gpus::{DEVICE_ORDER, DEVICE_ORDER_ENV};
 use toml::de::{DeTable, DeValue};

@@ -1,5 +1,5 @@
 //! A search job's spec: `[search]` with its `[[search.params]]` (parsed and checked by
-//! [`trainer::search::SearchSpec`]), and the rest of the file as the trial template. A
+//! [`ringleader_spec::search::SearchSpec`]), and the rest of the file as the trial template. A
 //! search is refused at submit unless every trial it could make would run: the template is
 //! admitted as a train (or command) job with every parameter at each end of its range and
 //! at each of its values.
@@ -8,7 +8,7 @@
 //! dotted name sets that key of a train trial's tables (`train.lr`, `model.hidden`); a
 //! command trial gets `--name value` arguments and `RINGLEADER_PARAM_<NAME>` variables.
 
-use trainer::search::{Algorithm, ParamKind, Params, SearchError, SearchSpec, TrialKind};
+use ringleader_spec::search::{Algorithm, ParamKind, Params, SearchError, SearchSpec, TrialKind};
 
 use crate::domain::{
     spec::{JobKind, JobSpec, NAME_BYTES_MAX},

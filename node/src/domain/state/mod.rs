@@ -46,7 +46,7 @@ use crate::{
     domain::search::record::{SearchRecord, TrialOf},
     domain::spec::{JobKind, JobSpec, GPUS_PER_WORKER_MAX, WORKERS_MAX},
 };
-use trainer::search::Params;
+use ringleader_spec::search::Params;
 
 /// Most events kept per job; older ones are dropped (and counted).
 pub const EVENTS_PER_JOB_MAX: usize = 256;
