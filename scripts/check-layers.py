@@ -36,6 +36,7 @@ from collections import defaultdict
 # The crates checked: (name, source root, whether docs/design.md's table governs it).
 CRATES = [
     ("node", "node/src", True),
+    ("bench", "node/bench/src", False),
     ("trainer", "trainer/src", False),
     ("spec", "trainer/spec/src", False),
     ("collective", "collective/src", False),
