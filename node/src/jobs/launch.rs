@@ -186,6 +186,7 @@ pub struct LaunchContext {
 impl LaunchContext {
     /// The context of member `me` in the tests: no key, `memory://` storage, no devices'
     /// names or libraries.
+    #[cfg(test)]
     pub(crate) fn for_test(me: &str) -> LaunchContext {
         LaunchContext {
             me: me.into(),
