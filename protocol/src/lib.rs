@@ -11,7 +11,7 @@
 //! kind, a new optional `key=value` field (parsers ignore keys they do not know). Removing
 //! or renaming a line or field, or changing a field's meaning or unit, is a new version.
 //!
-//! # Environment ([`env`])
+//! # Environment ([`mod@env`])
 //! The `RINGLEADER_*` variables a node sets for a rank (its job, attempt, generation, a
 //! trial's parameters, the ring's secret, …), one constant per name, written by the node and
 //! read by the trainer and, through `ringleader._native`, by the Python package.
