@@ -27,7 +27,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use crate::{
     cluster::{identity::peer_id_text, membership::State, net::MemberView},
     domain::state::{
-        standby::Standby, ControlCommand, ControlState, Job, JobState, Op, Slot, REJOIN_AFTER_MS,
+        ops, standby::Standby, ControlCommand, ControlState, Job, JobState, Op, Slot,
+        REJOIN_AFTER_MS,
     },
 };
 use placement::{Candidate, Request};
@@ -246,22 +247,22 @@ fn running(
             .pop()
             .expect("the joiner's slot");
         return vec![ControlCommand {
-            op: Op::Standby {
+            op: Op::Standby(ops::Standby {
                 id: job.id,
                 generation: job.generation,
                 slot,
-            },
+            }),
             at_ms: now_ms,
         }];
     }
     vec![ControlCommand {
-        op: Op::Reform {
+        op: Op::Reform(ops::Reform {
             id: job.id,
             generation: job.generation + 1,
             slots: reranked(job.assignment.iter().cloned().chain([new])),
             secret: new_secret(),
             reason: format!("joined {}", joiner.name),
-        },
+        }),
         at_ms: now_ms,
     }]
 }
@@ -297,11 +298,11 @@ fn join_standby(
     let dropped = unavailable.or_else(|| full.then(|| "the ring is full".to_owned()));
     if let Some(reason) = dropped {
         return vec![ControlCommand {
-            op: Op::StandbyDropped {
+            op: Op::StandbyDropped(ops::StandbyDropped {
                 id: job.id,
                 worker: slot.worker,
                 reason,
-            },
+            }),
             at_ms: now_ms,
         }];
     }
@@ -309,13 +310,13 @@ fn join_standby(
         return Vec::new();
     }
     vec![ControlCommand {
-        op: Op::Reform {
+        op: Op::Reform(ops::Reform {
             id: job.id,
             generation: job.generation + 1,
             slots: reranked(job.assignment.iter().cloned().chain([slot.clone()])),
             secret: new_secret(),
             reason: format!("joined {}", slot.name),
-        },
+        }),
         at_ms: now_ms,
     }]
 }
@@ -340,12 +341,12 @@ fn shrink(
             .iter()
             .filter(|l| l.straggler)
             .map(|l| ControlCommand {
-                op: Op::Blacklist {
+                op: Op::Blacklist(ops::Blacklist {
                     member: l.slot.member.clone(),
                     name: l.slot.name.clone(),
                     cooldown_ms: u64::from(job.spec.elastic.blacklist_cooldown_s) * 1_000,
                     reason: format!("job {}: {}", job.id, l.reason),
-                },
+                }),
                 at_ms: now_ms,
             })
             .collect();
@@ -355,13 +356,13 @@ fn shrink(
             .filter(|s| !lost.iter().any(|l| l.slot.rank == s.rank))
             .cloned();
         out.push(ControlCommand {
-            op: Op::Reform {
+            op: Op::Reform(ops::Reform {
                 id: job.id,
                 generation: job.generation + 1,
                 slots: reranked(keep),
                 secret: new_secret(),
                 reason,
-            },
+            }),
             at_ms: now_ms,
         });
         return out;
@@ -370,11 +371,11 @@ fn shrink(
         return Vec::new();
     }
     vec![ControlCommand {
-        op: Op::AttemptFailed {
+        op: Op::AttemptFailed(ops::AttemptFailed {
             id: job.id,
             generation: job.generation,
             reason,
-        },
+        }),
         at_ms: now_ms,
     }]
 }
@@ -418,21 +419,21 @@ fn place_pending(
             Ok(slots) => {
                 placement::take(candidates, &slots, &req);
                 out.push(ControlCommand {
-                    op: Op::Place {
+                    op: Op::Place(ops::Place {
                         id: job.id,
                         generation: job.generation + 1,
                         slots,
                         secret: new_secret(),
-                    },
+                    }),
                     at_ms: now_ms,
                 });
             }
             Err(e) if job.pending_reason.as_deref() == Some(e.reason.as_str()) => {}
             Err(e) => out.push(ControlCommand {
-                op: Op::Unplaceable {
+                op: Op::Unplaceable(ops::Unplaceable {
                     id: job.id,
                     reason: e.reason,
-                },
+                }),
                 at_ms: now_ms,
             }),
         }
