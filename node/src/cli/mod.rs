@@ -1,10 +1,9 @@
 //! The command line: `ringleader node` runs a node; every other command is an API client.
 //!
 //! - [`demo`]: `ringleader demo`, a local cluster end to end.
-//! - [`bench_membership`], [`bench_control`], [`bench_elastic`], [`bench_chief`],
-//!   [`bench_scale`]: the benchmarks' figures.
 //! - [`local`]: a cluster of real `ringleader node` processes on this host, for the demo, the
-//!   benchmarks and the integration tests (public because the binary's demo needs it).
+//!   benchmarks (the `ringleader-bench` binary, `node/bench/`) and the integration tests
+//!   (public because the binary's demo needs it).
 //! - [`closed_pipe`]: a command whose reader went away (`logs ID | head`) ends quietly.
 //! - [`datasets`]: `ringleader dataset add | ls | get | rm`.
 //! - [`tokens`]: `ringleader token create | ls | revoke`, `ringleader member remove`.
@@ -13,11 +12,6 @@
 //!
 //! May use: everything in the crate.
 
-pub mod bench_chief;
-pub mod bench_control;
-pub mod bench_elastic;
-pub mod bench_membership;
-pub mod bench_scale;
 pub mod closed_pipe;
 pub mod datasets;
 pub mod demo;
@@ -133,21 +127,6 @@ pub enum Cmd {
         /// Where to write the key (mode 0600); printed when absent.
         file: Option<PathBuf>,
     },
-    /// Membership benchmark (scripts/bench-membership.sh runs this).
-    #[command(hide = true)]
-    BenchMembership(bench_membership::BenchArgs),
-    /// Elastic-training benchmark (scripts/bench-elastic.sh runs this).
-    #[command(hide = true)]
-    BenchElastic(bench_elastic::BenchElasticArgs),
-    /// The chief's decision and the state's apply at size (scripts/bench-chief.sh runs this).
-    #[command(hide = true)]
-    BenchChief(bench_chief::BenchChiefArgs),
-    /// Control-plane benchmark (scripts/bench-control.sh runs this).
-    #[command(hide = true)]
-    BenchControl(bench_control::BenchControlArgs),
-    /// Scale benchmark: N real nodes on this host (scripts/bench-scale.sh runs this).
-    #[command(hide = true)]
-    BenchScale(bench_scale::BenchScaleArgs),
     /// One worker of a train job (the supervisor runs this).
     #[command(hide = true)]
     TrainWorker(trainer::worker::WorkerArgs),
@@ -342,7 +321,7 @@ impl NodeArgs {
         // about 400 bytes each with our metadata (up to 300 more for a member advertising
         // the most datasets, about 70 per GPU: 560 for eight), so a piece stays far inside
         // the membership frame limit whatever the cluster size; 10 000 members is the size
-        // the simulation measures (`ringleader bench-membership --sim 10000`).
+        // the simulation measures (`ringleader-bench membership --sim 10000`).
         let membership = membership::Config {
             members_max: MEMBERS_MAX,
             ..membership::Config::default()
