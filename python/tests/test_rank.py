@@ -105,6 +105,8 @@ def test_documents_are_typed_and_still_the_dicts_they_were():
            "resource": 3, "promotions": 1, "bracket": 0, "node": "n1", "later": "kept"}
     trial = ringleader.Trial.of(doc)
     assert (trial.id, trial.job, trial.metric, trial.note) == (2, "j-9", 0.5, "")
+    assert trial.owner == "admin", "a node older than owners: the admin's"
+    assert ringleader.Trial.of({**doc, "owner": "alice"}).owner == "alice"
     assert trial == doc and trial["later"] == "kept" and [trial] == [doc]
     best = ringleader.BestTrial.of({"id": 2, "params": {"lr": 0.1}, "metric": 0.5})
     assert best.metric == best["metric"] == 0.5

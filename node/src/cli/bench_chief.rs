@@ -92,6 +92,7 @@ pub fn run(args: &BenchChiefArgs) -> Result<()> {
             op: Op::Submit(ops::Submit {
                 spec: Box::new(specs[i % specs.len()].clone()),
                 token: None,
+                owner: crate::domain::state::users::admin_user(),
             }),
             at_ms: 1,
         })

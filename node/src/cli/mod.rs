@@ -102,13 +102,17 @@ pub enum Cmd {
         /// Job id.
         id: String,
     },
-    /// A job's logs (its current generation, every rank).
+    /// A job's logs (its current generation, every rank): what its ranks printed, without
+    /// the lines of the rank protocol (`ringleader-…`) unless --protocol.
     Logs {
         /// Job id.
         id: String,
         /// Keep printing new lines until the job ends.
         #[arg(long, short)]
         follow: bool,
+        /// Show the rank protocol's lines too (heartbeats, metrics, reports, rank stats).
+        #[arg(long)]
+        protocol: bool,
     },
     /// Datasets shared peer to peer: add, ls, get, rm.
     #[command(subcommand)]
@@ -262,6 +266,15 @@ pub struct NodeArgs {
     /// dropped and counted, protocol lines never. For tests.
     #[arg(long, hide = true, default_value_t = crate::jobs::log_rate::RANK_LOG_BYTES_PER_S_MAX)]
     pub rank_log_bytes_per_s: u64,
+    /// Most jobs one user (every token of it) may have that have not ended; a submit past
+    /// it is refused (429). Admins are not limited; 0: no limit. Counted from the
+    /// replicated state: give every node the same.
+    #[arg(long, value_name = "N", default_value_t = crate::api::quota::PENDING_JOBS_PER_USER_MAX)]
+    pub user_pending_jobs_max: usize,
+    /// Most bytes of specs one user's jobs may hold in the cluster's state (until ended jobs
+    /// leave it); a submit past it is refused (429). Admins are not limited; 0: no limit.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::api::quota::SPEC_BYTES_PER_USER_MAX)]
+    pub user_spec_bytes_max: u64,
     #[command(flatten)]
     pub api_limits: crate::api::server::ApiLimits,
 }
@@ -363,6 +376,10 @@ impl NodeArgs {
             dataset_sources: self.dataset_sources,
             dataset_dests: self.dataset_dests,
             rank_log_bytes_per_s: self.rank_log_bytes_per_s,
+            user_limits: crate::api::quota::UserLimits {
+                pending_jobs_max: self.user_pending_jobs_max,
+                spec_bytes_max: self.user_spec_bytes_max,
+            },
             name,
             listen,
             api,
@@ -624,9 +641,15 @@ pub fn jobs(cli: &Cli, args: &JobsArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&jobs)?);
         return Ok(());
     }
-    println!("{:<10} {:<24} {:<8} STATE", "ID", "NAME", "KIND");
+    println!(
+        "{:<10} {:<24} {:<16} {:<8} STATE",
+        "ID", "NAME", "OWNER", "KIND"
+    );
     for j in &jobs {
-        println!("{:<10} {:<24} {:<8} {}", j.id, j.name, j.kind, j.state);
+        println!(
+            "{:<10} {:<24} {:<16} {:<8} {}",
+            j.id, j.name, j.owner, j.kind, j.state
+        );
     }
     if let Some(before) = older {
         let state = args
@@ -762,6 +785,7 @@ pub fn trials(cli: &Cli, id: &str) -> Result<()> {
         let board = doc.leaderboard();
         let v = serde_json::json!({
             "id": doc.id,
+            "owner": doc.owner,
             "state": doc.state,
             "metric": doc.search_metric,
             "direction": doc.search_direction,
@@ -771,9 +795,10 @@ pub fn trials(cli: &Cli, id: &str) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!(
-            "{} {} [{}] metric {} ({})",
+            "{} {} of {} [{}] metric {} ({})",
             doc.id,
             doc.name,
+            doc.owner,
             doc.state,
             doc.search_metric.as_deref().unwrap_or("?"),
             doc.search_direction.as_deref().unwrap_or("?")
@@ -794,11 +819,12 @@ pub fn cancel(cli: &Cli, id: &str) -> Result<()> {
     Ok(())
 }
 
-/// `ringleader logs ID [--follow]`: every run of the job, oldest first (a search trial's
-/// first run, then each promotion and re-run; a job's retries), each headed `== run N
-/// (generation G)`, and in `--json` each line carrying its `run` and `generation`; with
-/// `--follow`, the current run until the job ends.
-pub fn logs(cli: &Cli, id: &str, follow: bool) -> Result<()> {
+/// `ringleader logs ID [--follow] [--protocol]`: every run of the job, oldest first (a search
+/// trial's first run, then each promotion and re-run; a job's retries), each headed `== run
+/// N (generation G)`, and in `--json` each line carrying its `run` and `generation`; with
+/// `--follow`, the current run until the job ends. The rank protocol's lines
+/// ([`shown_line`]) only with `protocol`.
+pub fn logs(cli: &Cli, id: &str, follow: bool, protocol: bool) -> Result<()> {
     use crate::api::status::LogsDoc;
     let c = client(cli)?;
     let first: LogsDoc = c.get(&format!("/v1/jobs/{id}/logs"))?;
@@ -811,7 +837,7 @@ pub fn logs(cli: &Cli, id: &str, follow: bool) -> Result<()> {
                 "/v1/jobs/{id}/logs?generation={generation}&offsets={}",
                 offsets_query(&offsets)
             ))?;
-            print_chunks(cli, &doc, &mut header, &mut offsets);
+            print_chunks(cli, &doc, protocol, &mut header, &mut offsets);
             if doc.chunks.iter().all(|c| c.text.is_empty()) {
                 break;
             }
@@ -836,7 +862,7 @@ pub fn logs(cli: &Cli, id: &str, follow: bool) -> Result<()> {
                 continue;
             }
         }
-        print_chunks(cli, &doc, &mut header, &mut offsets);
+        print_chunks(cli, &doc, protocol, &mut header, &mut offsets);
         let drained = doc.chunks.iter().all(|c| c.text.is_empty());
         if !follow || (is_terminal(&doc.state) && drained) {
             return Ok(());
@@ -860,9 +886,17 @@ fn run_of(runs: &[u32], generation: u32) -> usize {
 
 /// Prints a logs answer's lines, a header at each new (run, generation), and moves
 /// `offsets` past them.
+/// Whether `logs` prints `line`: a user's own output always; the rank protocol's lines
+/// (`ringleader-heartbeat`, `ringleader-metric`, …: most of a training job's log) only with
+/// `--protocol`.
+pub fn shown_line(line: &str, protocol: bool) -> bool {
+    protocol || !line.starts_with(ringleader_protocol::PREFIX)
+}
+
 fn print_chunks(
     cli: &Cli,
     doc: &crate::api::status::LogsDoc,
+    protocol: bool,
     header: &mut Option<(usize, u32)>,
     offsets: &mut BTreeMap<u32, u64>,
 ) {
@@ -874,7 +908,7 @@ fn print_chunks(
         if let Some(e) = &chunk.error {
             eprintln!("rank {}: log unavailable: {e}", chunk.rank);
         }
-        for line in chunk.text.lines() {
+        for line in chunk.text.lines().filter(|l| shown_line(l, protocol)) {
             if cli.json {
                 println!(
                     "{}",
@@ -903,6 +937,18 @@ mod tests {
             Cmd::Node(n) => n.into_config(),
             _ => unreachable!("a node command"),
         }
+    }
+
+    #[test]
+    fn logs_hide_the_rank_protocol_unless_asked() {
+        assert!(shown_line("epoch 3 loss 0.2", false));
+        assert!(shown_line(
+            "  ringleader-metric in the middle is the user's",
+            false
+        ));
+        assert!(!shown_line("ringleader-heartbeat 12", false));
+        assert!(!shown_line("ringleader-metric loss 0.5", false));
+        assert!(shown_line("ringleader-heartbeat 12", true));
     }
 
     #[test]

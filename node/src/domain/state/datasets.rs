@@ -55,6 +55,13 @@ pub struct DatasetRecord {
     pub added_at_ms: u64,
     /// The member (name) it was added on: its first holder.
     pub added_on: String,
+    /// The user who added it (see `domain::state::users`); a dataset of a log from before
+    /// owners, the admin.
+    #[serde(
+        default = "super::users::admin_user",
+        skip_serializing_if = "super::users::is_admin_user"
+    )]
+    pub owner: String,
 }
 
 impl ControlState {
@@ -99,6 +106,7 @@ mod tests {
             chunks: 1,
             added_at_ms: 5,
             added_on: "a".into(),
+            owner: "admin".into(),
         }
     }
 
