@@ -173,6 +173,7 @@ mod tests {
         let submit = Op::Submit(ops::Submit {
             spec: Box::new(crate::domain::spec::JobSpec::parse(&text).unwrap()),
             token: Some("t".into()),
+            owner: crate::domain::state::users::admin_user(),
         });
         s.apply(1, &ControlCommand::new(1, submit));
         let place = Op::Place(ops::Place {

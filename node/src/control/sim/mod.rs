@@ -317,6 +317,7 @@ impl Sim {
             Op::Submit(ops::Submit {
                 spec,
                 token: Some(token.clone()),
+                owner: crate::domain::state::users::admin_user(),
             }),
         );
         if let Some(ControlResponse::Submitted { id }) = self.propose(from, cmd).await {
