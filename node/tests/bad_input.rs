@@ -201,6 +201,7 @@ async fn forwarded_commands_only_a_chief_may_make_are_refused() {
         op: Op::Submit {
             spec: Box::new(spec),
             token: None,
+            owner: "admin".into(),
         },
         at_ms: 1,
     };

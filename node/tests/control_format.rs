@@ -68,13 +68,13 @@ fn commands() -> Vec<ControlCommand> {
     params.insert("train.lr".into(), toml::Value::Float(0.125));
     vec![
         // 1: j-1, a command job of two workers.
-        ControlCommand { op: Op::Submit { spec: spec("name = \"a\"\nkind = \"command\"\nworkers = 2\nmax_restarts = 1\ncommand = [\"true\"]\n"), token: Some("tok-1".into()) }, at_ms: 1_000 },
+        ControlCommand { op: Op::Submit { spec: spec("name = \"a\"\nkind = \"command\"\nworkers = 2\nmax_restarts = 1\ncommand = [\"true\"]\n"), token: Some("tok-1".into()), owner: "admin".into() }, at_ms: 1_000 },
         // 2: j-2, an elastic command job.
-        ControlCommand { op: Op::Submit { spec: spec("name = \"b\"\nkind = \"command\"\nworkers = 2\nmin_workers = 1\ncommand = [\"sleep\", \"9\"]\n[env]\nX = \"1\"\n"), token: None }, at_ms: 1_001 },
+        ControlCommand { op: Op::Submit { spec: spec("name = \"b\"\nkind = \"command\"\nworkers = 2\nmin_workers = 1\ncommand = [\"sleep\", \"9\"]\n[env]\nX = \"1\"\n"), token: None, owner: "admin".into() }, at_ms: 1_001 },
         // 3: j-3, a search.
-        ControlCommand { op: Op::Submit { spec: spec(SEARCH), token: None }, at_ms: 1_002 },
+        ControlCommand { op: Op::Submit { spec: spec(SEARCH), token: None, owner: "admin".into() }, at_ms: 1_002 },
         ControlCommand { op: Op::Place { id: j(1), generation: 1, slots: vec![slot(0, 0, vec![0]), slot(1, 1, vec![])], secret: secret('a') }, at_ms: 1_010 },
-        ControlCommand { op: Op::Unplaceable { id: j(2), reason: "no member has 1 free cpu".into() }, at_ms: 1_011 },
+        ControlCommand { op: Op::Unplaceable { id: j(2), reason: "no member has 1 free cpu".into(), quiet: false }, at_ms: 1_011 },
         ControlCommand { op: Op::Place { id: j(2), generation: 1, slots: vec![slot(2, 0, vec![]), slot(3, 1, vec![])], secret: secret('b') }, at_ms: 1_012 },
         ControlCommand { op: Op::Metric { id: j(1), generation: 1, name: "loss".into(), value: 0.5, step: Some(3) }, at_ms: 1_020 },
         ControlCommand { op: Op::RankStats { id: j(2), generation: 1, rank: 0, step: 10, compute_ms: 12.5, wait_ms: 0.25 }, at_ms: 1_021 },
@@ -118,7 +118,7 @@ fn commands() -> Vec<ControlCommand> {
         ControlCommand { op: Op::Compact { ids: vec![j(2)] }, at_ms: 1_100 },
         // 29: j-29, an elastic command job of the ringleader protocol, with a standby joiner
         // (added with the standby, after the fixture above was pinned).
-        ControlCommand { op: Op::Submit { spec: spec("name = \"p\"\nkind = \"command\"\nworkers = 1\nmax_workers = 2\ncommand = [\"true\"]\n[elastic]\nprotocol = \"ringleader\"\n"), token: None }, at_ms: 1_110 },
+        ControlCommand { op: Op::Submit { spec: spec("name = \"p\"\nkind = \"command\"\nworkers = 1\nmax_workers = 2\ncommand = [\"true\"]\n[elastic]\nprotocol = \"ringleader\"\n"), token: None, owner: "admin".into() }, at_ms: 1_110 },
         // 30
         ControlCommand { op: Op::Place { id: j(29), generation: 1, slots: vec![slot(8, 0, vec![])], secret: secret('9') }, at_ms: 1_111 },
         ControlCommand { op: Op::Standby { id: j(29), generation: 1, slot: Slot { worker: 1, ..slot(9, 1, vec![]) } }, at_ms: 1_112 },

@@ -438,6 +438,7 @@ async fn submit_spec(
         op: Op::Submit {
             spec: Box::new(spec),
             token: Some(token),
+            owner: "admin".into(),
         },
         at_ms: wall_ms(),
     };

@@ -36,7 +36,7 @@ pub const COMPACT_PERIOD_MAX_MS: u64 = 60_000;
 
 /// Runs until the node shuts down. Ended jobs are compacted out of the live state
 /// `retention_ms` after they finished (never when `retention_ms` is 0).
-pub async fn run(ctl: ControlHandle, retention_ms: u64) {
+pub async fn run(ctl: ControlHandle, retention_ms: u64, policy: super::scheduler::Policy) {
     let compact_every = Duration::from_millis(
         (retention_ms / 2).clamp(COMPACT_PERIOD_MIN_MS, COMPACT_PERIOD_MAX_MS),
     );
@@ -96,7 +96,8 @@ pub async fn run(ctl: ControlHandle, retention_ms: u64) {
                 debug!("voter change not made: {e}");
             }
         }
-        let mut commands = ctl.read(|s| super::decide(s, members, wall_ms(), &mut new_ring_secret));
+        let mut commands =
+            ctl.read(|s| super::decide_with(policy, s, members, wall_ms(), &mut new_ring_secret));
         if retention_ms > 0 && compacted_at.elapsed() >= compact_every {
             compacted_at = tokio::time::Instant::now();
             let now = wall_ms();

@@ -160,7 +160,11 @@ fn search(
         let reason = format!("no room for a trial: {reason}");
         if job.pending_reason.as_deref() != Some(reason.as_str()) {
             out.push(ControlCommand {
-                op: Op::Unplaceable { id: job.id, reason },
+                op: Op::Unplaceable {
+                    id: job.id,
+                    reason,
+                    quiet: false,
+                },
                 at_ms: now_ms,
             });
         }

@@ -92,6 +92,7 @@ pub fn run(args: &BenchChiefArgs) -> Result<()> {
             op: Op::Submit {
                 spec: Box::new(specs[i % specs.len()].clone()),
                 token: None,
+                owner: "admin".into(),
             },
             at_ms: 1,
         })

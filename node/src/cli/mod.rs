@@ -188,6 +188,11 @@ pub struct NodeArgs {
     /// (`jobs/<id>/record.json`) and `job ID` still answers from there.
     #[arg(long, default_value_t = 7 * 24 * 3600)]
     pub job_retention_s: u64,
+    /// How this node, while chief, places waiting jobs: `fair` (priorities, quotas, fair
+    /// share, gang admission, backfill; see docs/design.md) or `fifo` (first come, first
+    /// served while there is room: the placement before the scheduler, for comparison).
+    #[arg(long, default_value = "fair")]
+    pub scheduler: crate::chief::scheduler::Policy,
     /// Cpus this node offers to jobs (default: the host's logical cpus); each worker takes
     /// `cpus_per_worker` of them. More than the host has over-commits it on purpose (many
     /// light trials), fewer keeps some for other work.
@@ -372,6 +377,7 @@ impl NodeArgs {
             dataset_upload_bytes_per_s: self.dataset_upload_mbps.saturating_mul(1_000_000),
             raft_snapshot_every: self.raft_snapshot_every,
             job_retention_s: self.job_retention_s,
+            scheduler: self.scheduler,
             api_limits: self.api_limits,
             join,
             data_dir,

@@ -265,7 +265,8 @@ pub fn authorize(
         | ControlCommand { op: Op::TokenCreate { .. }, .. }
         | ControlCommand { op: Op::TokenRevoke { .. }, .. }
         | ControlCommand { op: Op::MemberRemove { .. }, .. }
-        | ControlCommand { op: Op::KeySwitch { .. }, .. } => Ok(()),
+        | ControlCommand { op: Op::KeySwitch { .. }, .. }
+        | ControlCommand { op: Op::QuotaSet { .. }, .. } => Ok(()),
         ControlCommand { op: Op::WorkerExited { id, generation, rank, .. }, .. } => runs_in_current_generation(*id, *generation, Some(*rank)),
         ControlCommand { op: Op::Metric { id, generation, .. }, .. }
         | ControlCommand { op: Op::RankLost { id, generation, .. }, .. } => {
@@ -356,11 +357,15 @@ fn user_command(cmd: &ControlCommand) -> Option<&'static str> {
             op: Op::KeySwitch { .. },
             ..
         } => Some("key-rotate"),
+        ControlCommand {
+            op: Op::QuotaSet { .. },
+            ..
+        } => Some("quota-set"),
         _ => None,
     }
 }
 
-/// Whether only the admin token may ask for `cmd` (token and member changes).
+/// Whether only the admin token may ask for `cmd` (token, member and quota changes).
 pub fn admin_only(cmd: &ControlCommand) -> bool {
     matches!(
         cmd,
@@ -375,6 +380,9 @@ pub fn admin_only(cmd: &ControlCommand) -> bool {
             ..
         } | ControlCommand {
             op: Op::KeySwitch { .. },
+            ..
+        } | ControlCommand {
+            op: Op::QuotaSet { .. },
             ..
         }
     )

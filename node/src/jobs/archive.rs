@@ -309,6 +309,7 @@ mod tests {
                 op: Op::Submit {
                     spec: Box::new(spec),
                     token: None,
+                    owner: "admin".into(),
                 },
                 at_ms: 10,
             },

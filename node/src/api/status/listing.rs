@@ -276,6 +276,7 @@ pub fn synthetic(members: usize, jobs: usize) -> (StatusDoc, ControlState) {
             op: Op::Submit {
                 spec: Box::new(spec),
                 token: None,
+                owner: "admin".into(),
             },
             at_ms: 1,
         };

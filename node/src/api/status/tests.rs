@@ -8,6 +8,7 @@ fn train_job(train: &str) -> Job {
         op: Op::Submit {
             spec: Box::new(crate::domain::spec::JobSpec::parse(&text).unwrap()),
             token: None,
+            owner: "admin".into(),
         },
         at_ms: 1,
     };

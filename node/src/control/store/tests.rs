@@ -49,6 +49,7 @@ fn submit(term: u64, index: u64) -> Entry<TypeConfig> {
             op: Op::Submit {
                 spec: Box::new(spec),
                 token: None,
+                owner: "admin".into(),
             },
             at_ms: index,
         }),

@@ -73,6 +73,7 @@ mod tests {
             op: Op::Submit {
                 spec: Box::new(spec),
                 token: Some(format!("t{at_ms}")),
+                owner: "admin".into(),
             },
             at_ms,
         };

@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
 pub mod compaction;
 pub mod datasets;
 pub mod key_epoch;
+pub mod quotas;
 pub mod removal;
 pub mod standby;
 pub mod tokens;
@@ -208,6 +209,10 @@ impl MetricHistory {
 pub struct Job {
     /// Its id.
     pub id: JobId,
+    /// The user it belongs to (the submitting token's; jobs in logs written before owners
+    /// belong to [`default_owner`], which is left out of the stored form).
+    #[serde(default = "default_owner", skip_serializing_if = "is_default_owner")]
+    pub owner: String,
     /// The spec as submitted.
     pub spec: JobSpec,
     /// Lifecycle state.
@@ -325,11 +330,22 @@ pub const REJOIN_AFTER_MS: u64 = 10_000;
 /// Longest blacklisting, whatever the strikes, in milliseconds (a day).
 pub const BLACKLIST_MS_MAX: u64 = 86_400_000;
 
+/// The owner of a job that names none: the cluster's admin user.
+pub fn default_owner() -> String {
+    "admin".to_owned()
+}
+
+/// Whether `owner` is [`default_owner`] (left out of a submit's stored form).
+fn is_default_owner(owner: &str) -> bool {
+    owner == "admin"
+}
+
 impl Job {
-    /// A new pending job, submitted at `at_ms`.
+    /// A new pending job, submitted at `at_ms`, owned by [`default_owner`].
     pub(super) fn new(id: JobId, spec: JobSpec, at_ms: u64) -> Job {
         Job {
             id,
+            owner: default_owner(),
             max_restarts: spec.max_restarts,
             spec,
             state: JobState::Pending,
@@ -532,13 +548,16 @@ impl Serialize for ControlCommand {
             at_ms: u64,
             #[serde(skip_serializing_if = "Option::is_none")]
             token: &'a Option<String>,
+            #[serde(skip_serializing_if = "is_default_owner")]
+            owner: &'a str,
         }
         match &self.op {
-            Op::Submit { spec, token } => Submitted {
+            Op::Submit { spec, token, owner } => Submitted {
                 op: "submit",
                 spec,
                 at_ms: self.at_ms,
                 token,
+                owner,
             }
             .serialize(serializer),
             op => Stamped {
@@ -576,6 +595,10 @@ pub enum Op {
         /// creating a second job. At most [`TOKEN_BYTES_MAX`] bytes.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         token: Option<String>,
+        /// The user the job belongs to (the submitting token's); [`default_owner`] in
+        /// logs written before owners.
+        #[serde(default = "default_owner")]
+        owner: String,
     },
     /// The chief placed generation `generation` (must be the job's next generation) on `slots`.
     Place {
@@ -596,6 +619,10 @@ pub enum Op {
         id: JobId,
         /// Why, for humans.
         reason: String,
+        /// Only the job's `pending_reason` changes, with no history event: the scheduler's
+        /// reasons that move with the queue (a place in it), not with the job.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        quiet: bool,
     },
     /// A rank's process exited.
     WorkerExited {
@@ -837,6 +864,14 @@ pub enum Op {
         /// Its name.
         name: String,
     },
+    /// The admin sets a user's (or a group's) quota (see `domain::state::quotas`): the
+    /// fields `quota` gives replace the record's.
+    QuotaSet {
+        /// The user, or `@GROUP`.
+        user: String,
+        /// The fields to set.
+        quota: quotas::Quota,
+    },
     /// The admin removes a member from the cluster for good (see `domain::state::removal`).
     MemberRemove {
         /// Its peer id.
@@ -925,6 +960,9 @@ pub enum BadCommand {
     /// A key switch whose fingerprint or epoch is not one.
     #[error("{0}")]
     KeySwitch(String),
+    /// A quota naming no user, or a field out of its bound (named).
+    #[error("quota {0}")]
+    QuotaField(String),
 }
 
 /// Length of a ring secret in hex digits (32 bytes).
@@ -1068,6 +1106,13 @@ impl ControlCommand {
                 Ok(())
             }
             ControlCommand {
+                op: Op::QuotaSet { user, quota },
+                ..
+            } => {
+                quotas::check_quota_name(user).map_err(BadCommand::QuotaField)?;
+                quota.check().map_err(BadCommand::QuotaField)
+            }
+            ControlCommand {
                 op: Op::KeySwitch { epoch, fingerprint },
                 ..
             } => {
@@ -1137,6 +1182,10 @@ pub struct ControlState {
     /// `domain::state::key_epoch`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<key_epoch::KeyEpoch>,
+    /// Quotas, weights and priority ceilings by user (and `@group`; see
+    /// `domain::state::quotas`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub quotas: BTreeMap<String, quotas::Quota>,
 }
 
 impl ControlState {
@@ -1171,9 +1220,9 @@ impl ControlState {
         let at_ms = cmd.at_ms;
         match cmd {
             ControlCommand {
-                op: Op::Submit { spec, token, .. },
+                op: Op::Submit { spec, token, owner },
                 ..
-            } => self.submit(log_index, spec, token.as_deref(), at_ms),
+            } => self.submit(log_index, spec, token.as_deref(), owner, at_ms),
             ControlCommand {
                 op:
                     Op::Place {
@@ -1186,9 +1235,9 @@ impl ControlState {
                 ..
             } => self.place(*id, *generation, slots, secret, at_ms),
             ControlCommand {
-                op: Op::Unplaceable { id, reason, .. },
+                op: Op::Unplaceable { id, reason, quiet },
                 ..
-            } => self.unplaceable(*id, reason, at_ms),
+            } => self.unplaceable(*id, reason, *quiet, at_ms),
             ControlCommand {
                 op:
                     Op::WorkerExited {
@@ -1381,6 +1430,10 @@ impl ControlState {
                 ..
             } => self.key_switch(*epoch, fingerprint, at_ms),
             ControlCommand {
+                op: Op::QuotaSet { user, quota },
+                ..
+            } => self.quota_set(user, quota),
+            ControlCommand {
                 op:
                     Op::Standby {
                         id,
@@ -1407,6 +1460,7 @@ impl ControlState {
         log_index: u64,
         spec: &JobSpec,
         token: Option<&str>,
+        owner: &str,
         at_ms: u64,
     ) -> ControlResponse {
         if let Some(id) = token.and_then(|t| self.tokens.get(t)) {
@@ -1417,6 +1471,7 @@ impl ControlState {
             self.tokens.insert(t.to_owned(), id);
         }
         let mut job = Job::new(id, spec.clone(), at_ms);
+        owner.clone_into(&mut job.owner);
         job.push_event(
             at_ms,
             EventKind::Submitted,
@@ -1489,7 +1544,7 @@ impl ControlState {
 
     /// `Unplaceable`: why a pending job (or a running search's next trial) waits; the same
     /// reason twice is one event.
-    fn unplaceable(&mut self, id: JobId, reason: &str, at_ms: u64) -> ControlResponse {
+    fn unplaceable(&mut self, id: JobId, reason: &str, quiet: bool, at_ms: u64) -> ControlResponse {
         let Some(job) = self.jobs.get_mut(&id) else {
             return unknown(id);
         };
@@ -1503,7 +1558,9 @@ impl ControlState {
             return ignored("same reason as before".to_owned());
         }
         job.pending_reason = Some(reason.clone());
-        job.push_event(at_ms, EventKind::Unplaceable, reason);
+        if !quiet {
+            job.push_event(at_ms, EventKind::Unplaceable, reason);
+        }
         ControlResponse::Applied
     }
 

@@ -45,6 +45,7 @@ impl Replica {
             op: Op::Submit {
                 spec: Box::new(spec(workers, max_restarts)),
                 token: None,
+                owner: "admin".into(),
             },
             at_ms: 10,
         }) {
@@ -93,6 +94,7 @@ fn submit_with_full_spec_roundtrips_through_json() {
         op: Op::Submit {
             spec: Box::new(spec),
             token: Some("t-1".into()),
+            owner: "admin".into(),
         },
         at_ms: 1,
     };
@@ -288,6 +290,7 @@ fn unplaceable_records_reason_once_until_it_changes() {
         op: Op::Unplaceable {
             id,
             reason: reason.into(),
+            quiet: false,
         },
         at_ms: 7,
     };
@@ -441,6 +444,7 @@ fn events_are_bounded_and_dropped_counted() {
             op: Op::Unplaceable {
                 id,
                 reason: format!("r{i}"),
+                quiet: false,
             },
             at_ms: 1,
         });
@@ -453,6 +457,7 @@ fn events_are_bounded_and_dropped_counted() {
         op: Op::Unplaceable {
             id,
             reason: "é".repeat(REASON_BYTES_MAX),
+            quiet: false,
         },
         at_ms: 1,
     });
@@ -532,6 +537,7 @@ fn a_retried_submit_with_the_same_token_returns_the_first_id() {
         op: Op::Submit {
             spec: Box::new(spec(1, 0)),
             token: token.map(str::to_string),
+            owner: "admin".into(),
         },
         at_ms: 5,
     };
@@ -619,7 +625,7 @@ mod commands {
         let text = format!(
             "name = \"t\"\nkind = \"command\"\nworkers = {workers}\nmin_workers = {min_workers}\ncommand = [\"true\"]\n"
         );
-        let r = state.submit(1, &JobSpec::parse(&text).unwrap(), None, 5);
+        let r = state.submit(1, &JobSpec::parse(&text).unwrap(), None, "admin", 5);
         assert_eq!(
             r,
             ControlResponse::Submitted {
@@ -643,14 +649,14 @@ mod commands {
     fn submit_creates_a_job_and_a_token_names_it_once() {
         let mut state = ControlState::default();
         let spec = spec(1, 0);
-        let first = state.submit(3, &spec, Some("t"), 10);
+        let first = state.submit(3, &spec, Some("t"), "admin", 10);
         assert_eq!(
             first,
             ControlResponse::Submitted {
                 id: JobId::from_log_index(3)
             }
         );
-        assert_eq!(state.submit(4, &spec, Some("t"), 11), first);
+        assert_eq!(state.submit(4, &spec, Some("t"), "admin", 11), first);
         assert_eq!(state.jobs.len(), 1);
         assert_eq!(
             state.jobs[&JobId::from_log_index(3)].state,
@@ -714,11 +720,11 @@ mod commands {
     fn unplaceable_records_a_reason_once() {
         let (mut state, id) = pending(1, 1);
         assert_eq!(
-            state.unplaceable(id, "no room", 7),
+            state.unplaceable(id, "no room", false, 7),
             ControlResponse::Applied
         );
         assert!(matches!(
-            state.unplaceable(id, "no room", 8),
+            state.unplaceable(id, "no room", false, 8),
             ControlResponse::Ignored { .. }
         ));
         assert_eq!(state.jobs[&id].pending_reason.as_deref(), Some("no room"));
@@ -883,7 +889,7 @@ fn a_standby_is_staged_once_per_job_and_dropped_with_its_attempt() {
                 ))
                 .unwrap(),
             ),
-            token: None,
+            token: None, owner: "admin".into(),
         },
         at_ms: 10,
     }) {

@@ -115,6 +115,8 @@ impl ControlState {
         }
         let id = JobId::from_log_index(log_index);
         let mut run = Job::new(id, trial_spec(&job.spec, &s, new.trial, new.params), at_ms);
+        // A trial belongs to its search's owner.
+        run.owner.clone_from(&job.owner);
         run.trial_of = Some(TrialOf {
             search,
             trial: new.trial,
@@ -230,6 +232,7 @@ impl ControlState {
         }
         let id = JobId::from_log_index(log_index);
         let mut copy = Job::new(id, original.spec.clone(), at_ms);
+        copy.owner.clone_from(&original.owner);
         let mut of = original.trial_of.clone().expect("a trial's job");
         of.copy = true;
         let job = self.jobs.get_mut(&search).expect("checked");
