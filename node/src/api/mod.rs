@@ -13,6 +13,7 @@
 //! | `/v1/datasets…` | datasets shared peer to peer ([`datasets`]) |
 //! | `GET`/`POST /v1/tokens`, `DELETE /v1/tokens/{name}` | API tokens ([`tokens`]; making and revoking them: the admin token only) |
 //! | `POST /v1/members/{id}/remove` | removes a member (id or name) for good (the admin token only) |
+//! | `GET`/`POST /v1/quotas`, `GET /v1/queue` | quotas (setting one: the admin token only) and the waiting jobs in start order ([`sharing`]) |
 //! | `POST /v1/key/rotate` | a new cluster key for every live member, none for a removed one; the admin token changes with it ([`keys`]; the admin token only) |
 //! | `GET /metrics` | Prometheus text exposition ([`prometheus`]) |
 //! | `GET /healthz` | `ok`; open even with a token |
@@ -29,6 +30,7 @@
 //! - [`dashboard`]: the single-page dashboard served at `/`.
 //! - [`auth`]: the bearer-token middleware (`ringleader node --token-file`).
 //! - [`tokens`]: the token and member-removal routes.
+//! - [`sharing`]: the quota and queue routes; the scheduler's checks at submit.
 //! - [`keys`]: the key rotation route (`POST /v1/key/rotate`, the admin only).
 //! - [`prometheus`]: the `/metrics` exposition, written by hand.
 //! - [`redact`]: URLs with their credentials hidden, for logs.
@@ -55,6 +57,7 @@ pub mod prometheus;
 pub mod quota;
 pub mod redact;
 pub mod server;
+pub mod sharing;
 pub mod status;
 pub mod tokens;
 pub mod uploads;
@@ -196,6 +199,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tokens/{name}", axum::routing::delete(tokens::revoke))
         .route("/v1/members/{id}/remove", post(tokens::remove_member))
         .route("/v1/key/rotate", post(keys::rotate))
+        .route("/v1/quotas", get(sharing::list).post(sharing::set))
+        .route("/v1/queue", get(sharing::queue))
         .route("/metrics", get(prometheus_metrics))
         .route("/healthz", get(|| async { "ok" }))
         .layer(DefaultBodyLimit::max(SPEC_BYTES_MAX))
@@ -298,6 +303,37 @@ async fn prometheus_metrics(State(app): State<AppState>) -> Result<Response, Api
             .collect::<Vec<_>>()
     });
     let mut text = prometheus::render(&doc, &jobs);
+    let now = wall_ms();
+    let sharing = app.control.read(|s| {
+        let mut sample = prometheus::SharingSample::default();
+        for row in sharing::quota_rows(s, now) {
+            let quota = [row.quota.cpus, row.quota.gpus];
+            for (i, resource) in ["cpus", "gpus"].into_iter().enumerate() {
+                let (used, borrowed) = match i {
+                    0 => (row.used.cpus, row.borrowed.cpus),
+                    _ => (row.used.gpus, row.borrowed.gpus),
+                };
+                let user = &row.user;
+                sample
+                    .user_resources
+                    .push((user.clone(), resource, "used", used));
+                sample
+                    .user_resources
+                    .push((user.clone(), resource, "borrowed", borrowed));
+                if let Some(q) = quota[i] {
+                    sample
+                        .user_resources
+                        .push((user.clone(), resource, "quota", u64::from(q)));
+                }
+            }
+        }
+        for job in s.pending() {
+            let label = crate::domain::spec::priority::label(job.spec.priority);
+            *sample.queue_jobs.entry(label).or_default() += 1;
+        }
+        sample
+    });
+    text.push_str(&prometheus::render_sharing(&sharing));
     text.push_str(&prometheus::render_datasets(&prometheus::DatasetSample {
         served_bytes: app.datasets.served_bytes(),
         fetched_bytes: app.datasets.fetched_bytes(),
@@ -431,6 +467,23 @@ async fn submit_spec(
             }));
         }
     }
+    // The scheduler's refusals at submit: a priority above the owner's ceiling, GPUs no
+    // member could ever give.
+    let members_gpus = sharing::members_gpus(&app).await;
+    let (owner, refusal) = app.control.read(|s| {
+        let owner = sharing::owner_of_request(s);
+        let refusal = sharing::refuse_at_submit(&spec, &owner, s, &members_gpus);
+        (owner, refusal)
+    });
+    if let Some((field, problem)) = refusal {
+        return Err(SubmitError::Spec(crate::jobs::AdmitError {
+            message: format!("{field}: {problem}"),
+            line: text
+                .as_deref()
+                .and_then(|t| crate::domain::spec::line_of_field(t, field)),
+            field: Some(field.into()),
+        }));
+    }
     let token = q
         .token
         .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
@@ -438,7 +491,7 @@ async fn submit_spec(
         op: Op::Submit {
             spec: Box::new(spec),
             token: Some(token),
-            owner: "admin".into(),
+            owner,
         },
         at_ms: wall_ms(),
     };

@@ -421,24 +421,7 @@ fn queue_view<'a>(
             }
         })
         .collect();
-    let window_from = now_ms.saturating_sub(crate::domain::state::quotas::GPU_HOURS_WINDOW_MS);
-    let budgeted: BTreeSet<&str> = state
-        .quotas
-        .iter()
-        .filter(|(_, q)| q.gpu_hours.is_some())
-        .map(|(u, _)| u.as_str())
-        .collect();
-    let mut gpu_ms = BTreeMap::new();
-    if !budgeted.is_empty() {
-        for job in state
-            .jobs
-            .values()
-            .filter(|j| budgeted.contains(j.owner.as_str()))
-        {
-            *gpu_ms.entry(job.owner.clone()).or_default() +=
-                scheduler::usage::gpu_ms_in_window(job, window_from, now_ms);
-        }
-    }
+    let gpu_ms = crate::domain::queue::gpu_ms_by_owner(state, now_ms);
     scheduler::QueueView {
         waiting,
         running,

@@ -334,4 +334,4 @@ pub fn place_preferring(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

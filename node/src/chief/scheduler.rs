@@ -55,7 +55,8 @@ use std::fmt;
 
 use super::placement::{self, Candidate, Plural, Request};
 use crate::domain::{
-    spec::priority::{self, PRIORITY_MAX},
+    queue,
+    spec::priority,
     state::{
         quotas::{Quota, GPU_HOURS_WINDOW_MS},
         JobId, Slot,
@@ -64,10 +65,7 @@ use crate::domain::{
 pub use preemption::{Action, Preempt};
 pub use usage::Usage;
 
-/// Priority points a waiting job gains per [`AGING_STEP_MS`] waited.
-pub const AGING_POINTS_PER_STEP: u32 = 100;
-/// The wait that earns [`AGING_POINTS_PER_STEP`], in milliseconds (an hour).
-pub const AGING_STEP_MS: u64 = 3_600_000;
+pub use crate::domain::queue::{AGING_POINTS_PER_STEP, AGING_STEP_MS};
 /// Most jobs that hold a reservation at once (later blocked jobs may be passed by backfill
 /// until they move up).
 pub const RESERVATIONS_MAX: usize = 8;
@@ -176,7 +174,7 @@ pub struct QueueView<'a> {
     /// Running jobs that hold ranks.
     pub running: Vec<Running<'a>>,
     /// GPU milliseconds each owner with a GPU-hours budget used in the last
-    /// [`GPU_HOURS_WINDOW_MS`] ([`usage::gpu_ms_in_window`]).
+    /// [`GPU_HOURS_WINDOW_MS`] (`domain::queue::gpu_ms_by_owner`).
     pub gpu_ms: BTreeMap<String, u64>,
 }
 
@@ -387,26 +385,18 @@ fn ordered<'q, 'a>(
     quotas: &BTreeMap<String, Quota>,
     now_ms: u64,
 ) -> Vec<Entry<'q, 'a>> {
-    // (effective priority, growth before waiting, share, age, id)
-    type Key = (std::cmp::Reverse<u32>, u8, u64, u64, JobId);
+    // The queue's order (`domain::queue`); growth goes before waiting jobs of its priority.
+    type Key = (queue::OrderKey, u8);
     let share = |owner: &str| ledger.dominant_share_ppm(owner, totals, quotas);
     let mut keyed: Vec<(Key, Entry<'q, 'a>)> = Vec::new();
     for w in &queue.waiting {
-        let waited = now_ms.saturating_sub(w.submitted_at_ms) / AGING_STEP_MS;
-        let aged = u64::from(w.priority) + waited.saturating_mul(u64::from(AGING_POINTS_PER_STEP));
-        let effective = aged.min(u64::from(PRIORITY_MAX)) as u32;
-        let key = (
-            std::cmp::Reverse(effective),
-            1,
-            share(w.owner),
-            w.submitted_at_ms,
-            w.id,
-        );
-        keyed.push((key, Entry::Wait(w)));
+        let key = queue::order_key(w.priority, share(w.owner), w.submitted_at_ms, w.id, now_ms);
+        keyed.push(((key, 1), Entry::Wait(w)));
     }
     for r in queue.running.iter().filter(|r| r.may_grow) {
-        let key = (std::cmp::Reverse(r.priority), 0, share(r.owner), 0, r.id);
-        keyed.push((key, Entry::Grow(r)));
+        // Growth is not aged and goes first at its priority: share and age 0.
+        let key = (std::cmp::Reverse(r.priority), 0, 0, r.id);
+        keyed.push(((key, 0), Entry::Grow(r)));
     }
     keyed.sort_by_key(|(key, _)| *key);
     keyed.into_iter().map(|(_, e)| e).collect()

@@ -23,6 +23,7 @@ pub mod datasets;
 pub mod demo;
 pub mod keys;
 pub mod local;
+pub mod sharing;
 pub mod tokens;
 pub mod train_worker;
 
@@ -122,6 +123,11 @@ pub enum Cmd {
     /// The cluster key: rotate (needs the admin token).
     #[command(subcommand)]
     Key(keys::KeyCmd),
+    /// Quotas: set (needs the admin token), ls.
+    #[command(subcommand)]
+    Quota(sharing::QuotaCmd),
+    /// The waiting jobs in the order they will start, with owners and reasons.
+    Queue,
     /// Start a local 3-node cluster, show it, and stop it.
     Demo,
     /// Write a new cluster key (swarm.key format) to FILE, or print it.

@@ -6,22 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use proptest::prelude::*;
 
 use super::*;
+use crate::chief::placement::tests::member;
 use crate::domain::spec::Placement;
 
 static NOTHING: BTreeSet<String> = BTreeSet::new();
-
-fn member(name: &str, cpus: u32, gpus: u32) -> Candidate {
-    Candidate {
-        id: format!("id-{name}"),
-        name: name.into(),
-        alive: true,
-        blacklisted: false,
-        cpus,
-        gpus: (0..gpus).collect(),
-        used_cpus: 0,
-        used_gpus: BTreeSet::new(),
-    }
-}
 
 fn id(n: u64) -> JobId {
     JobId::from_log_index(n)

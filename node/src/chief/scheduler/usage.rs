@@ -2,33 +2,24 @@
 //! account (a user, and its group `@GROUP` when that has a quota) against quotas and borrow
 //! limits; the [`Claims`] of unused quota by owners with waiting work, which borrowing may
 //! not take; the [`Room`] the cluster will have once running work ends, where reservations
-//! are made; and GPU time in a budget's window ([`gpu_ms_in_window`]).
+//! are made.
 
 use std::collections::BTreeMap;
 
 use super::{Running, Waiting};
 use crate::chief::placement::{self, Candidate, Plural, Request, Slot};
-use crate::domain::state::{
-    quotas::{Quota, GROUP_PREFIX},
-    EventKind, Job, JobState,
+use crate::domain::{
+    queue,
+    state::quotas::{Quota, GROUP_PREFIX},
 };
 
-/// Cpus and GPUs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
-    /// Cpus.
-    pub cpus: u64,
-    /// GPUs.
-    pub gpus: u64,
-}
+pub use crate::domain::queue::Usage;
 
-impl Usage {
-    /// What `ranks` ranks of `req` hold.
-    pub fn of(req: &Request, ranks: u64) -> Usage {
-        Usage {
-            cpus: ranks * u64::from(req.cpus_per_worker),
-            gpus: ranks * u64::from(req.gpus_per_worker),
-        }
+/// What `ranks` ranks of `req` hold.
+pub fn of(req: &Request, ranks: u64) -> Usage {
+    Usage {
+        cpus: ranks * u64::from(req.cpus_per_worker),
+        gpus: ranks * u64::from(req.gpus_per_worker),
     }
 }
 
@@ -116,7 +107,7 @@ impl Ledger {
 
     /// Counts `req.workers` ranks of `owner`.
     pub fn add(&mut self, owner: &str, req: &Request, quotas: &BTreeMap<String, Quota>) {
-        let add = Usage::of(req, u64::from(req.workers));
+        let add = of(req, u64::from(req.workers));
         for account in accounts(owner, quotas) {
             let u = self.used.entry(account).or_default();
             u.cpus += add.cpus;
@@ -132,7 +123,7 @@ impl Ledger {
         ranks: u64,
         quotas: &BTreeMap<String, Quota>,
     ) {
-        let sub = Usage::of(req, ranks);
+        let sub = of(req, ranks);
         for account in accounts(owner, quotas) {
             let u = self.used.entry(account).or_default();
             u.cpus = u.cpus.saturating_sub(sub.cpus);
@@ -174,7 +165,7 @@ impl Ledger {
     /// Why `w` waits for its owner's quota: the first account and resource whose limit its
     /// floor would pass.
     pub fn quota_reason(&self, w: &Waiting<'_>, quotas: &BTreeMap<String, Quota>) -> String {
-        let need = Usage::of(&w.request, u64::from(w.min_workers));
+        let need = of(&w.request, u64::from(w.min_workers));
         for account in accounts(w.owner, quotas) {
             let used = self.used(&account);
             let (_, cpus, gpus) = limits(&account, quotas);
@@ -203,7 +194,7 @@ impl Ledger {
     ) -> Usage {
         let used = self.used(owner);
         let (nominal, _, _) = limits(owner, quotas);
-        let add = Usage::of(req, u64::from(req.workers));
+        let add = of(req, u64::from(req.workers));
         let over = |used: u64, quota: u64| used.saturating_sub(quota);
         Usage {
             cpus: over(used.cpus + add.cpus, nominal.cpus) - over(used.cpus, nominal.cpus),
@@ -225,11 +216,7 @@ impl Ledger {
         totals: &Usage,
         quotas: &BTreeMap<String, Quota>,
     ) -> u64 {
-        let used = self.used(owner);
-        let share = |used: u64, total: u64| (used * 1_000_000).checked_div(total).unwrap_or(0);
-        let dominant = share(used.cpus, totals.cpus).max(share(used.gpus, totals.gpus));
-        let weight = quotas.get(owner).map_or(1, Quota::weight);
-        dominant / u64::from(weight)
+        queue::dominant_share_ppm(self.used(owner), *totals, queue::weight_of(owner, quotas))
     }
 }
 
@@ -271,7 +258,7 @@ impl Claims {
                     .waiting
                     .entry(w.owner.to_owned())
                     .or_default()
-                    .insert(w.id, Usage::of(&floor, u64::from(w.min_workers)));
+                    .insert(w.id, of(&floor, u64::from(w.min_workers)));
             }
         }
         claims
@@ -387,40 +374,4 @@ impl Room {
         }
         true
     }
-}
-
-/// GPU milliseconds `job` held within `[from_ms, to_ms)`, from its history: each placement
-/// or re-form holds its ring's GPUs until the next one or the attempt's end (a failed
-/// attempt, the job's end); a running job's last ring until `to_ms`. History dropped past
-/// [`crate::domain::state::EVENTS_PER_JOB_MAX`] events is not counted.
-pub fn gpu_ms_in_window(job: &Job, from_ms: u64, to_ms: u64) -> u64 {
-    let per_rank = u64::from(job.spec.resources.gpus_per_worker);
-    if per_rank == 0 {
-        return 0;
-    }
-    let mut total = 0u64;
-    let mut open: Option<(u64, u64)> = None;
-    let mut close = |open: &mut Option<(u64, u64)>, at: u64| {
-        if let Some((since, gpus)) = open.take() {
-            let (a, b) = (since.max(from_ms), at.min(to_ms));
-            total += b.saturating_sub(a) * gpus;
-        }
-    };
-    for e in &job.events {
-        match e.what {
-            EventKind::Placed | EventKind::Reformed => {
-                close(&mut open, e.at_ms);
-                open = Some((e.at_ms, e.ring.len() as u64 * per_rank));
-            }
-            EventKind::AttemptFailed
-            | EventKind::Succeeded
-            | EventKind::Failed
-            | EventKind::Cancelled => close(&mut open, e.at_ms),
-            _ => {}
-        }
-    }
-    if job.state == JobState::Running {
-        close(&mut open, to_ms);
-    }
-    total
 }
