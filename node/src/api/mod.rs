@@ -233,6 +233,8 @@ async fn status(
     app.control
         .read(|s| listing::page_status(&mut doc, s, &q))
         .map_err(bad_query)?;
+    let now = wall_ms();
+    doc.users = app.control.read(|s| sharing::quota_rows(s, now));
     Ok(Json(doc))
 }
 

@@ -17,7 +17,7 @@
 use axum::{extract::State, http::StatusCode, Json};
 use serde::{Deserialize, Serialize};
 
-use super::{tokens::require_admin, ApiError, AppState};
+use super::{status::QuotaRow, tokens::require_admin, ApiError, AppState};
 use crate::control::handle::wall_ms;
 use crate::domain::{
     queue::{self, Usage},
@@ -74,40 +74,6 @@ impl SetRequest {
             weight: self.weight,
             max_priority: self.max_priority,
             group: self.group.clone(),
-        }
-    }
-}
-
-/// A row of `GET /v1/quotas`.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct QuotaRow {
-    /// The user (or `@GROUP`).
-    pub user: String,
-    /// Its quota record (empty: none).
-    pub quota: Quota,
-    /// What its running jobs hold now.
-    pub used: UsageDoc,
-    /// The part of `used` above its quota.
-    pub borrowed: UsageDoc,
-    /// GPU-hours used in the last 7 days (only for a user with a GPU-hours budget).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpu_hours_used: Option<f64>,
-}
-
-/// Cpus and GPUs, as the API shows them.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
-pub struct UsageDoc {
-    /// Cpus.
-    pub cpus: u64,
-    /// GPUs.
-    pub gpus: u64,
-}
-
-impl From<Usage> for UsageDoc {
-    fn from(u: Usage) -> UsageDoc {
-        UsageDoc {
-            cpus: u.cpus,
-            gpus: u.gpus,
         }
     }
 }
@@ -341,3 +307,6 @@ pub(super) async fn members_gpus(app: &AppState) -> Vec<u32> {
         Err(_) => Vec::new(),
     }
 }
+
+#[cfg(test)]
+mod tests;

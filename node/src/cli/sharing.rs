@@ -5,7 +5,7 @@ use anyhow::Result;
 use clap::{Args, Subcommand};
 
 use super::{client, Cli};
-use crate::api::sharing::{QueueDoc, QuotaRow};
+use crate::api::{sharing::QueueDoc, status::QuotaRow};
 
 /// `ringleader quota …`.
 #[derive(Debug, Subcommand)]

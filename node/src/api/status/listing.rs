@@ -263,6 +263,7 @@ pub fn synthetic(members: usize, jobs: usize) -> (StatusDoc, ControlState) {
         insecure: false,
         api_tls: None,
         summary: None,
+        users: Vec::new(),
     };
     let spec = crate::domain::spec::JobSpec::parse(
         "name = \"sweep\"\nkind = \"command\"\nworkers = 1\ncommand = [\"true\"]\n",
