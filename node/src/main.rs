@@ -56,7 +56,11 @@ fn main() {
         Cmd::Key(cmd) => ringleader::cli::keys::run(&cli, cmd),
         Cmd::Quota(cmd) => ringleader::cli::sharing::run_quota(&cli, cmd),
         Cmd::Queue => ringleader::cli::sharing::run_queue(&cli),
-        Cmd::Logs { id, follow } => ringleader::cli::logs(&cli, id, *follow),
+        Cmd::Logs {
+            id,
+            follow,
+            protocol,
+        } => ringleader::cli::logs(&cli, id, *follow, *protocol),
         Cmd::TrainWorker(args) => ringleader::cli::train_worker::run_worker(args.clone()),
         Cmd::Demo => ringleader::cli::demo::run(),
         Cmd::Keygen { file } => ringleader::cli::keygen(file.clone()),

@@ -23,7 +23,7 @@ use crate::domain::{
     queue::{self, Usage},
     spec::{priority, JobSpec},
     state::{
-        default_owner,
+        default_owner, ops,
         quotas::{check_quota_name, Quota},
         tokens::Principal,
         ControlCommand, ControlResponse, ControlState, Op,
@@ -181,10 +181,10 @@ pub(super) async fn set(
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, e))?;
     let cmd = ControlCommand::new(
         wall_ms(),
-        Op::QuotaSet {
+        Op::QuotaSet(ops::QuotaSet {
             user: req.user.clone(),
             quota,
-        },
+        }),
     );
     match app.control.propose(cmd).await? {
         ControlResponse::Applied => {

@@ -125,6 +125,7 @@ impl StatusDoc {
             api_tls: None,
             summary: None,
             users: Vec::new(),
+            seeds_never_reached: view.seeds_never_reached.clone(),
         }
     }
 }
@@ -168,6 +169,10 @@ pub struct StatusDoc {
     /// `jobs` starts ([`listing`]); absent from nodes older than the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<listing::Summary>,
+    /// The `--join` addresses this node has never connected to since it started; absent
+    /// when there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub seeds_never_reached: Vec<String>,
     /// Each user's use against its quota (`quota ls`'s rows): users with a quota or running
     /// ranks; absent when there are none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -238,6 +243,13 @@ impl StatusDoc {
             let _ = writeln!(
                 out,
                 "INSECURE open cluster (--insecure): any host that reaches it can join"
+            );
+        }
+        if !self.seeds_never_reached.is_empty() {
+            let _ = writeln!(
+                out,
+                "seeds never reached: {} (down, a wrong address, or another cluster key: see the node's log)",
+                self.seeds_never_reached.join(", ")
             );
         }
         match &self.summary {

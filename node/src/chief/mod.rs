@@ -28,7 +28,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use crate::{
     cluster::{identity::peer_id_text, membership::State, net::MemberView},
     domain::state::{
-        standby::Standby, ControlCommand, ControlState, Job, JobState, Op, Slot, REJOIN_AFTER_MS,
+        ops, standby::Standby, ControlCommand, ControlState, Job, JobState, Op, Slot,
+        REJOIN_AFTER_MS,
     },
 };
 use placement::{Candidate, Request};
@@ -107,12 +108,12 @@ pub fn decide_with(
             for start in decisions.starts {
                 let Some(job) = by_id(start.id) else { continue };
                 out.push(ControlCommand {
-                    op: Op::Place {
+                    op: Op::Place(ops::Place {
                         id: job.id,
                         generation: job.generation + 1,
                         slots: start.slots,
                         secret: new_secret(),
-                    },
+                    }),
                     at_ms: now_ms,
                 });
             }
@@ -131,11 +132,11 @@ pub fn decide_with(
             let changed = decisions.reasons.into_iter().filter_map(|r| {
                 let job = by_id(r.id)?;
                 (job.pending_reason.as_deref() != Some(r.text.as_str())).then(|| ControlCommand {
-                    op: Op::Unplaceable {
+                    op: Op::Unplaceable(ops::Unplaceable {
                         id: r.id,
                         quiet: job.pending_reason.is_some(),
                         reason: r.text,
-                    },
+                    }),
                     at_ms: now_ms,
                 })
             });
@@ -335,22 +336,22 @@ fn running(
             .pop()
             .expect("the joiner's slot");
         return vec![ControlCommand {
-            op: Op::Standby {
+            op: Op::Standby(ops::Standby {
                 id: job.id,
                 generation: job.generation,
                 slot,
-            },
+            }),
             at_ms: now_ms,
         }];
     }
     vec![ControlCommand {
-        op: Op::Reform {
+        op: Op::Reform(ops::Reform {
             id: job.id,
             generation: job.generation + 1,
             slots: reranked(job.assignment.iter().cloned().chain([new])),
             secret: new_secret(),
             reason: format!("joined {}", joiner.name),
-        },
+        }),
         at_ms: now_ms,
     }]
 }
@@ -476,11 +477,11 @@ fn join_standby(
     let dropped = unavailable.or_else(|| full.then(|| "the ring is full".to_owned()));
     if let Some(reason) = dropped {
         return vec![ControlCommand {
-            op: Op::StandbyDropped {
+            op: Op::StandbyDropped(ops::StandbyDropped {
                 id: job.id,
                 worker: slot.worker,
                 reason,
-            },
+            }),
             at_ms: now_ms,
         }];
     }
@@ -488,13 +489,13 @@ fn join_standby(
         return Vec::new();
     }
     vec![ControlCommand {
-        op: Op::Reform {
+        op: Op::Reform(ops::Reform {
             id: job.id,
             generation: job.generation + 1,
             slots: reranked(job.assignment.iter().cloned().chain([slot.clone()])),
             secret: new_secret(),
             reason: format!("joined {}", slot.name),
-        },
+        }),
         at_ms: now_ms,
     }]
 }
@@ -519,12 +520,12 @@ fn shrink(
             .iter()
             .filter(|l| l.straggler)
             .map(|l| ControlCommand {
-                op: Op::Blacklist {
+                op: Op::Blacklist(ops::Blacklist {
                     member: l.slot.member.clone(),
                     name: l.slot.name.clone(),
                     cooldown_ms: u64::from(job.spec.elastic.blacklist_cooldown_s) * 1_000,
                     reason: format!("job {}: {}", job.id, l.reason),
-                },
+                }),
                 at_ms: now_ms,
             })
             .collect();
@@ -534,13 +535,13 @@ fn shrink(
             .filter(|s| !lost.iter().any(|l| l.slot.rank == s.rank))
             .cloned();
         out.push(ControlCommand {
-            op: Op::Reform {
+            op: Op::Reform(ops::Reform {
                 id: job.id,
                 generation: job.generation + 1,
                 slots: reranked(keep),
                 secret: new_secret(),
                 reason,
-            },
+            }),
             at_ms: now_ms,
         });
         return out;
@@ -549,11 +550,11 @@ fn shrink(
         return Vec::new();
     }
     vec![ControlCommand {
-        op: Op::AttemptFailed {
+        op: Op::AttemptFailed(ops::AttemptFailed {
             id: job.id,
             generation: job.generation,
             reason,
-        },
+        }),
         at_ms: now_ms,
     }]
 }
@@ -575,22 +576,22 @@ fn place_pending(
             Ok(slots) => {
                 placement::take(candidates, &slots, &req);
                 out.push(ControlCommand {
-                    op: Op::Place {
+                    op: Op::Place(ops::Place {
                         id: job.id,
                         generation: job.generation + 1,
                         slots,
                         secret: new_secret(),
-                    },
+                    }),
                     at_ms: now_ms,
                 });
             }
             Err(e) if job.pending_reason.as_deref() == Some(e.reason.as_str()) => {}
             Err(e) => out.push(ControlCommand {
-                op: Op::Unplaceable {
+                op: Op::Unplaceable(ops::Unplaceable {
                     id: job.id,
                     reason: e.reason,
                     quiet: false,
-                },
+                }),
                 at_ms: now_ms,
             }),
         }

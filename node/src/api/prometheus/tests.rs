@@ -32,6 +32,7 @@ fn status() -> StatusDoc {
         api_tls: None,
         summary: None,
         users: Vec::new(),
+        seeds_never_reached: Vec::new(),
     }
 }
 

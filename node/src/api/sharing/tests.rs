@@ -5,11 +5,11 @@ use crate::domain::state::{ControlResponse, JobId};
 fn submit(state: &mut ControlState, owner: &str, spec: &str) -> JobId {
     let cmd = ControlCommand::new(
         10,
-        Op::Submit {
+        Op::Submit(ops::Submit {
             spec: Box::new(JobSpec::parse(spec).unwrap()),
             token: None,
             owner: owner.into(),
-        },
+        }),
     );
     match state.apply(state.applied_index + 1, &cmd) {
         ControlResponse::Submitted { id } => id,
@@ -27,10 +27,10 @@ fn spec(name: &str, priority: &str, gpus: u32, workers: u32) -> String {
 fn set_quota(state: &mut ControlState, user: &str, quota: Quota) {
     let cmd = ControlCommand::new(
         1,
-        Op::QuotaSet {
+        Op::QuotaSet(ops::QuotaSet {
             user: user.into(),
             quota,
-        },
+        }),
     );
     assert_eq!(
         state.apply(state.applied_index + 1, &cmd),

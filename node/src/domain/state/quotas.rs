@@ -158,17 +158,17 @@ impl ControlState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::state::{ControlCommand, Op};
+    use crate::domain::state::{ops, ControlCommand, Op};
 
     fn set(state: &mut ControlState, index: u64, user: &str, quota: Quota) -> ControlResponse {
         state.apply(
             index,
             &ControlCommand::new(
                 1,
-                Op::QuotaSet {
+                Op::QuotaSet(ops::QuotaSet {
                     user: user.into(),
                     quota,
-                },
+                }),
             ),
         )
     }
@@ -224,13 +224,13 @@ mod tests {
     fn the_log_form_reads_back_and_leaves_unset_fields_out() {
         let cmd = ControlCommand::new(
             7,
-            Op::QuotaSet {
+            Op::QuotaSet(ops::QuotaSet {
                 user: "bob".into(),
                 quota: Quota {
                     gpu_hours: Some(40.0),
                     ..Quota::default()
                 },
-            },
+            }),
         );
         let text = serde_json::to_string(&cmd).unwrap();
         assert_eq!(
