@@ -54,6 +54,8 @@ fn main() {
         Cmd::Token(cmd) => ringleader::cli::tokens::run(&cli, cmd),
         Cmd::Member(cmd) => ringleader::cli::tokens::run_member(&cli, cmd),
         Cmd::Key(cmd) => ringleader::cli::keys::run(&cli, cmd),
+        Cmd::Quota(cmd) => ringleader::cli::sharing::run_quota(&cli, cmd),
+        Cmd::Queue => ringleader::cli::sharing::run_queue(&cli),
         Cmd::Logs {
             id,
             follow,

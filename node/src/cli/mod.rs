@@ -17,6 +17,7 @@ pub mod datasets;
 pub mod demo;
 pub mod keys;
 pub mod local;
+pub mod sharing;
 pub mod tokens;
 pub mod train_worker;
 
@@ -120,6 +121,11 @@ pub enum Cmd {
     /// The cluster key: rotate (needs the admin token).
     #[command(subcommand)]
     Key(keys::KeyCmd),
+    /// Quotas: set (needs the admin token), ls.
+    #[command(subcommand)]
+    Quota(sharing::QuotaCmd),
+    /// The waiting jobs in the order they will start, with owners and reasons.
+    Queue,
     /// Start a local 3-node cluster, show it, and stop it.
     Demo,
     /// Write a new cluster key (swarm.key format) to FILE, or print it.
@@ -171,6 +177,11 @@ pub struct NodeArgs {
     /// (`jobs/<id>/record.json`) and `job ID` still answers from there.
     #[arg(long, default_value_t = 7 * 24 * 3600)]
     pub job_retention_s: u64,
+    /// How this node, while chief, places waiting jobs: `fair` (priorities, quotas, fair
+    /// share, gang admission, backfill; see docs/design.md) or `fifo` (first come, first
+    /// served while there is room: the placement before the scheduler, for comparison).
+    #[arg(long, default_value = "fair")]
+    pub scheduler: crate::chief::scheduler::Policy,
     /// Cpus this node offers to jobs (default: the host's logical cpus); each worker takes
     /// `cpus_per_worker` of them. More than the host has over-commits it on purpose (many
     /// light trials), fewer keeps some for other work.
@@ -368,6 +379,7 @@ impl NodeArgs {
             dataset_upload_bytes_per_s: self.dataset_upload_mbps.saturating_mul(1_000_000),
             raft_snapshot_every: self.raft_snapshot_every,
             job_retention_s: self.job_retention_s,
+            scheduler: self.scheduler,
             api_limits: self.api_limits,
             join,
             data_dir,

@@ -12,6 +12,8 @@
 //! document, when the spec is parsed (their errors get the field's line from that document),
 //! and kept typed beside the tables ([`JobSpec::trainer`]).
 
+/// A job's priority (the key `priority`).
+pub mod priority;
 /// The trainer's sections of a train job's spec (also `domain::train_spec`).
 pub mod train;
 
@@ -73,8 +75,9 @@ pub const NODE_ENV_PREFIX: &str = ringleader_protocol::env::PREFIX;
 /// (`RINGLEADER_NO_SHM`: no shared-memory path between a job's ranks).
 pub const NODE_ENV_ALLOWED: [&str; 1] = [ringleader_protocol::env::NO_SHM];
 
-const TOP_FIELDS: [&str; 18] = [
+const TOP_FIELDS: [&str; 19] = [
     "name",
+    "priority",
     "kind",
     "workers",
     "min_workers",
@@ -342,6 +345,13 @@ pub struct JobSpec {
     pub max_restarts: u32,
     /// Spread or pack workers over members; default spread.
     pub placement: Placement,
+    /// Scheduling priority, `0..=priority::PRIORITY_MAX` (see [`priority`]); default
+    /// `normal` (500). Left out of the stored form at the default, so older logs read alike.
+    #[serde(
+        default = "priority::default_priority",
+        skip_serializing_if = "priority::is_default_priority"
+    )]
+    pub priority: u32,
     /// Program and arguments (`kind = "command"` only).
     pub command: Vec<String>,
     /// Extra environment for every worker.
@@ -659,6 +669,7 @@ impl JobSpec {
             "placement".into(),
             Value::String(self.placement.as_str().into()),
         );
+        t.insert("priority".into(), int(self.priority));
         if !self.command.is_empty() {
             let args = self.command.iter().cloned().map(Value::String).collect();
             t.insert("command".into(), Value::Array(args));
@@ -888,6 +899,17 @@ impl Parser<'_> {
                 _ => return Err(self.invalid("placement", v, "expected \"spread\" or \"pack\"")),
             },
         };
+        let priority = match get("priority") {
+            None => priority::NORMAL,
+            Some(v) => {
+                let text = match v.get_ref() {
+                    DeValue::String(s) => s.to_string(),
+                    DeValue::Integer(i) => i.as_str().to_owned(),
+                    _ => String::new(),
+                };
+                priority::parse(&text).map_err(|e| self.invalid("priority", v, e))?
+            }
+        };
         let command = match get("command") {
             None if kind == JobKind::Command => {
                 return Err(SpecError::Missing {
@@ -976,6 +998,7 @@ impl Parser<'_> {
             max_workers,
             max_restarts,
             placement,
+            priority,
             command,
             env,
             secrets,
