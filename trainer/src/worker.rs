@@ -136,6 +136,10 @@ pub struct WorkerArgs {
     /// Generation of the ring (the job's attempt): stale connections are refused.
     #[arg(long, default_value_t = 0)]
     pub generation: u64,
+    /// The world size whose global batch each step keeps (a ring shrunk by a preemption):
+    /// each rank accumulates ⌈batch_workers / world⌉ micro-batches per step.
+    #[arg(long)]
+    pub batch_workers: Option<u32>,
     /// Data directory (the default storage lives under it).
     #[arg(long, default_value = "ringleader-data")]
     pub data_dir: std::path::PathBuf,
@@ -220,6 +224,7 @@ impl Lines {
                     metric("loss", m.loss, Some(m.step));
                     metric("lr", m.lr, Some(m.step));
                     metric("samples_per_s", m.samples_per_s, Some(m.step));
+                    metric("samples_per_step", m.samples_per_step as f64, Some(m.step));
                     // The collective: bytes sent so far, and the mean wait per step for
                     // the allreduce since the last report (what is not overlapped).
                     metric("collective_bytes", self.sent_bytes as f64, Some(m.step));
@@ -581,6 +586,7 @@ async fn run_elastic(
         rank: args.rank,
         addrs: args.addrs.clone(),
         secret: args.secret.clone(),
+        batch_workers: args.batch_workers,
     };
     let mut ckpt = Checkpointer::spawn(store, keep);
     let mut lines = Lines {
@@ -717,6 +723,7 @@ mod tests {
 
     fn step(compute_s: f64, comm_wait_s: f64) -> StepMetrics {
         StepMetrics {
+            samples_per_step: 0,
             step: 1,
             epoch: 0,
             loss: 1.0,

@@ -27,7 +27,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use crate::{
     cluster::{identity::peer_id_text, membership::State, net::MemberView},
     domain::state::{
-        standby::Standby, ControlCommand, ControlState, Job, JobState, Op, Slot, REJOIN_AFTER_MS,
+        preempt::{Stopping, STOP_REPORT_SLACK_MS},
+        standby::Standby,
+        ControlCommand, ControlState, Job, JobState, Op, Slot, REJOIN_AFTER_MS,
     },
 };
 use placement::{Candidate, Request};
@@ -55,7 +57,14 @@ pub fn decide(
     for job in &running_jobs {
         out.extend(running(job, &gone, &mut candidates, now_ms, new_secret));
     }
-    out.extend(place_pending(&pending, &mut candidates, now_ms, new_secret));
+    let waiting = pending.iter().map(|j| j.id).collect();
+    out.extend(place_pending(
+        &pending,
+        &waiting,
+        &mut candidates,
+        now_ms,
+        new_secret,
+    ));
     let searches = running_jobs.iter().filter(|j| j.search.is_some());
     out.extend(search::decide(
         state,
@@ -199,6 +208,9 @@ fn running(
     now_ms: u64,
     new_secret: &mut dyn FnMut() -> String,
 ) -> Vec<ControlCommand> {
+    if let Some(stopping) = &job.stopping {
+        return stopping_ranks(job, stopping, gone, now_ms);
+    }
     let lost = lost_ranks(job, gone);
     if !lost.is_empty() {
         return shrink(job, &lost, now_ms, new_secret);
@@ -206,39 +218,52 @@ fn running(
     if let Some(standby) = &job.standby {
         return join_standby(job, standby, gone, candidates, now_ms, new_secret);
     }
-    // Growth: an elastic ring below max_workers takes one available member per generation.
-    if !job.is_elastic() || job.assignment.len() >= job.spec.max_workers as usize {
+    // Growth: an elastic ring below max_workers (or a preemption's ceiling) takes one
+    // available member per generation; after a grow, as many as it lacks at once.
+    let ceiling = job.growth_ceiling() as usize;
+    if !job.is_elastic() || job.assignment.len() >= ceiling {
         return Vec::new();
     }
-    let req = Request::from_spec(&job.spec);
-    let joiner = candidates.iter_mut().find(|c| {
-        c.alive
-            && !c.blacklisted
-            && !job.assignment.iter().any(|s| s.member == c.id)
-            && job
-                .departed
-                .get(&c.id)
-                .is_none_or(|at| now_ms.saturating_sub(*at) >= REJOIN_AFTER_MS)
-            && c.cpus.saturating_sub(c.used_cpus) >= req.cpus_per_worker
-            && placement::free_gpus(c).len() >= req.gpus_per_worker as usize
-    });
-    let Some(joiner) = joiner else {
-        return Vec::new();
+    let growing = job.preemption.as_ref().and_then(|p| p.growing.as_deref());
+    let wanted = match (growing, job.stages_joiners()) {
+        (Some(_), false) => ceiling - job.assignment.len(),
+        _ => 1,
     };
-    let gpus: Vec<u32> = placement::free_gpus(joiner)
-        .into_iter()
-        .take(req.gpus_per_worker as usize)
-        .collect();
-    joiner.used_cpus += req.cpus_per_worker;
-    joiner.used_gpus.extend(&gpus);
-    let worker = job.next_worker;
-    let new = Slot {
-        member: joiner.id.clone(),
-        name: joiner.name.clone(),
-        rank: 0,
-        local_rank: 0,
-        worker,
-        gpus,
+    let req = Request::from_spec(&job.spec);
+    let mut joined: Vec<Slot> = Vec::new();
+    for worker in (job.next_worker..).take(wanted) {
+        let joiner = candidates.iter_mut().find(|c| {
+            c.alive
+                && !c.blacklisted
+                && !job.assignment.iter().any(|s| s.member == c.id)
+                && !joined.iter().any(|s| s.member == c.id)
+                && job
+                    .departed
+                    .get(&c.id)
+                    .is_none_or(|at| now_ms.saturating_sub(*at) >= REJOIN_AFTER_MS)
+                && c.cpus.saturating_sub(c.used_cpus) >= req.cpus_per_worker
+                && placement::free_gpus(c).len() >= req.gpus_per_worker as usize
+        });
+        let Some(joiner) = joiner else {
+            break;
+        };
+        let gpus: Vec<u32> = placement::free_gpus(joiner)
+            .into_iter()
+            .take(req.gpus_per_worker as usize)
+            .collect();
+        joiner.used_cpus += req.cpus_per_worker;
+        joiner.used_gpus.extend(&gpus);
+        joined.push(Slot {
+            member: joiner.id.clone(),
+            name: joiner.name.clone(),
+            rank: 0,
+            local_rank: 0,
+            worker,
+            gpus,
+        });
+    }
+    let Some(new) = joined.first().cloned() else {
+        return Vec::new();
     };
     if job.stages_joiners() {
         // Started ahead, with the rank it would take now: the ring goes on meanwhile.
@@ -254,13 +279,54 @@ fn running(
             at_ms: now_ms,
         }];
     }
+    let (from, to) = (job.assignment.len(), job.assignment.len() + joined.len());
+    let names: Vec<&str> = joined.iter().map(|s| s.name.as_str()).collect();
+    let reason = match growing {
+        Some(why) => format!("grown {from} → {to}: {why} (joined {})", names.join(", ")),
+        None => format!("joined {}", names.join(", ")),
+    };
     vec![ControlCommand {
         op: Op::Reform {
             id: job.id,
             generation: job.generation + 1,
-            slots: reranked(job.assignment.iter().cloned().chain([new])),
+            slots: reranked(job.assignment.iter().cloned().chain(joined)),
             secret: new_secret(),
-            reason: format!("joined {}", joiner.name),
+            reason,
+        },
+        at_ms: now_ms,
+    }]
+}
+
+/// A job asked to checkpoint and stop for a preemption's requeue
+/// (`domain::state::preempt`): nothing to re-form or grow; the state machine requeues it
+/// when every rank has reported its exit. Once the grace and the report slack are over, or
+/// when a rank's member is gone (its exit will never come), the attempt ends here (the
+/// state machine requeues it all the same: no restart used).
+fn stopping_ranks(
+    job: &Job,
+    stopping: &Stopping,
+    gone: &BTreeMap<String, &'static str>,
+    now_ms: u64,
+) -> Vec<ControlCommand> {
+    let member_gone = job
+        .assignment
+        .iter()
+        .find(|s| !job.exits.contains_key(&s.rank) && gone.contains_key(&s.member));
+    let reason = match member_gone {
+        Some(s) => format!("rank {} on {} gone", s.rank, s.name),
+        None if now_ms >= stopping.overdue_at_ms() => format!(
+            "{} of {} ranks reported no exit {} s past the grace",
+            job.assignment.len() - job.exits.len(),
+            job.assignment.len(),
+            STOP_REPORT_SLACK_MS / 1_000
+        ),
+        None => return Vec::new(),
+    };
+    vec![ControlCommand {
+        op: Op::AttemptFailed {
+            id: job.id,
+            generation: job.generation,
+            reason,
         },
         at_ms: now_ms,
     }]
@@ -384,12 +450,17 @@ fn shrink(
 /// once (not again while the reason is the same).
 fn place_pending(
     pending: &[&Job],
+    waiting: &BTreeSet<crate::domain::state::JobId>,
     candidates: &mut [Candidate],
     now_ms: u64,
     new_secret: &mut dyn FnMut() -> String,
 ) -> Vec<ControlCommand> {
     let mut out = Vec::new();
     for job in pending {
+        // A job requeued for another waits while that one does (the capacity is its).
+        if job.preempted_for.is_some_and(|f| waiting.contains(&f)) {
+            continue;
+        }
         let req = Request::from_spec(&job.spec);
         // A trial's job runs again where it ran, whose store holds its checkpoint, waiting
         // for room there while that member can take it (`place_at_home`).

@@ -260,6 +260,8 @@ pub fn authorize(
     match cmd {
         ControlCommand { op: Op::Submit { spec, .. }, .. } => admit(spec),
         ControlCommand { op: Op::Cancel { .. }, .. }
+        | ControlCommand { op: Op::Preempt { .. }, .. }
+        | ControlCommand { op: Op::Grow { .. }, .. }
         | ControlCommand { op: Op::DatasetAdd { .. }, .. }
         | ControlCommand { op: Op::DatasetRemove { .. }, .. }
         | ControlCommand { op: Op::TokenCreate { .. }, .. }
@@ -356,6 +358,14 @@ fn user_command(cmd: &ControlCommand) -> Option<&'static str> {
             op: Op::KeySwitch { .. },
             ..
         } => Some("key-rotate"),
+        ControlCommand {
+            op: Op::Preempt { .. },
+            ..
+        } => Some("preempt"),
+        ControlCommand {
+            op: Op::Grow { .. },
+            ..
+        } => Some("grow"),
         _ => None,
     }
 }
@@ -375,6 +385,12 @@ pub fn admin_only(cmd: &ControlCommand) -> bool {
             ..
         } | ControlCommand {
             op: Op::KeySwitch { .. },
+            ..
+        } | ControlCommand {
+            op: Op::Preempt { .. },
+            ..
+        } | ControlCommand {
+            op: Op::Grow { .. },
             ..
         }
     )
@@ -408,7 +424,7 @@ pub fn authorize_principal(
     }
     if admin_only(cmd) && *principal != Principal::Admin {
         return Err(
-            "only the admin token may create or revoke tokens, remove members and rotate the key"
+            "only the admin token may create or revoke tokens, remove members, rotate the key, preempt and grow jobs"
                 .into(),
         );
     }

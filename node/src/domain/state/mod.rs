@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
 pub mod compaction;
 pub mod datasets;
 pub mod key_epoch;
+pub mod preempt;
 pub mod removal;
 pub mod standby;
 pub mod tokens;
@@ -135,6 +136,9 @@ pub enum EventKind {
     /// copied or failed (on the search job); a trial's job was re-opened to run again (on
     /// the trial's job).
     Trial,
+    /// The job was preempted: asked to checkpoint and stop, then requeued (a shrink is a
+    /// `reformed` event whose reason starts `preempted`).
+    Preempted,
 }
 
 /// One line of a job's history.
@@ -280,6 +284,24 @@ pub struct Job {
     /// [`standby`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby: Option<standby::Standby>,
+    /// A preemption's lasting effect on a running elastic ring: its ceiling, the global
+    /// batch it keeps, a grow under way (see [`preempt`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption: Option<preempt::Preemption>,
+    /// A requeue under way: the ranks were asked to checkpoint and stop (see [`preempt`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopping: Option<preempt::Stopping>,
+    /// Attempts ended by a preemption's requeue: they use none of `max_restarts`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub requeues: u32,
+    /// A requeued job waits while the job it was preempted for is pending (cleared when it
+    /// is placed again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempted_for: Option<JobId>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Why a rank of the current generation is thought lost.
@@ -355,6 +377,10 @@ impl Job {
             trial_of: None,
             cannot_start: BTreeSet::new(),
             standby: None,
+            preemption: None,
+            stopping: None,
+            requeues: 0,
+            preempted_for: None,
         }
     }
 
@@ -420,6 +446,8 @@ impl Job {
         self.finished_at_ms = Some(at_ms);
         self.pending_reason = None;
         self.standby = None;
+        self.stopping = None;
+        self.preemption = None;
         self.push_event(at_ms, what, reason);
     }
 
@@ -430,6 +458,9 @@ impl Job {
         let generation = self.generation + 1;
         self.next_worker = 0;
         self.standby = None;
+        self.stopping = None;
+        self.preemption = None;
+        self.preempted_for = None;
         self.start_generation(generation, slots, secret, at_ms);
         self.departed.clear();
         self.attempt += 1;
@@ -456,6 +487,11 @@ impl Job {
         }
     }
 
+    /// Restarts used: attempts after the first, less those a preemption's requeue ended.
+    pub fn restarts_used(&self) -> u32 {
+        self.attempt.saturating_sub(1).saturating_sub(self.requeues)
+    }
+
     /// Whether the job's ring may shrink or grow instead of restarting: `min_workers <
     /// workers` or `max_workers > workers`.
     pub fn is_elastic(&self) -> bool {
@@ -465,9 +501,16 @@ impl Job {
     /// Ends the current attempt as failed: retry (back to pending) or fail the job.
     fn fail_attempt(&mut self, at_ms: u64, reason: String) {
         debug_assert_eq!(self.state, JobState::Running);
+        if self.stopping.is_some() {
+            // A preemption's requeue the ranks did not finish reporting: it still uses no
+            // restart.
+            self.requeue(at_ms, &format!("stopped ({reason})"));
+            return;
+        }
         // A standby belongs to the attempt.
         self.standby = None;
-        let restarts_used = self.attempt.saturating_sub(1);
+        self.preemption = None;
+        let restarts_used = self.restarts_used();
         if restarts_used < self.max_restarts {
             self.state = JobState::Pending;
             self.push_event(
@@ -719,6 +762,37 @@ pub enum Op {
         /// Why.
         reason: String,
     },
+    /// A preemption of one job, whole (see [`preempt`]): a shrink's new generation, or a
+    /// requeue's request to checkpoint and stop.
+    Preempt {
+        /// The job.
+        id: JobId,
+        /// The generation it was decided in (a later one makes it stale: ignored).
+        generation: u32,
+        /// What it gives up (`shrink` or `requeue`; a pause is a requeue of each trial).
+        action: preempt::PreemptAction,
+        /// The job the capacity is for.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        for_job: Option<JobId>,
+        /// The history's line start: `preempted for j-12`.
+        why: String,
+        /// A shrink: the workers (ids) that leave the ring.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        drop_workers: Vec<u32>,
+        /// A shrink: the new generation's data-plane secret (as in `Place`).
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        secret: String,
+    },
+    /// The admin (or the scheduler) lets a running elastic ring grow again up to
+    /// `to_workers`: the chief re-forms it with joiners (see [`preempt`]).
+    Grow {
+        /// The job.
+        id: JobId,
+        /// The ring's size to grow to (at most `max_workers`).
+        to_workers: u32,
+        /// Why (`capacity returned`).
+        reason: String,
+    },
     /// A user cancels a job.
     Cancel {
         /// The job.
@@ -925,6 +999,9 @@ pub enum BadCommand {
     /// A key switch whose fingerprint or epoch is not one.
     #[error("{0}")]
     KeySwitch(String),
+    /// A preemption's or grow's reason longer than [`REASON_BYTES_MAX`].
+    #[error("reason: at most {REASON_BYTES_MAX} bytes")]
+    Reason,
 }
 
 /// Length of a ring secret in hex digits (32 bytes).
@@ -981,6 +1058,33 @@ impl ControlCommand {
             } if !value.is_finite() => Err(BadCommand::NonFiniteMetric {
                 name: "trial report".into(),
             }),
+            ControlCommand {
+                op:
+                    Op::Preempt {
+                        action: preempt::PreemptAction::Shrink { .. },
+                        secret,
+                        why,
+                        ..
+                    },
+                ..
+            } => {
+                let hex = |c: char| c.is_ascii_digit() || ('a'..='f').contains(&c);
+                if secret.len() != RING_SECRET_HEX_LEN || !secret.chars().all(hex) {
+                    return Err(BadCommand::Secret);
+                }
+                if why.len() > REASON_BYTES_MAX {
+                    return Err(BadCommand::Reason);
+                }
+                Ok(())
+            }
+            ControlCommand {
+                op: Op::Preempt { why, .. },
+                ..
+            }
+            | ControlCommand {
+                op: Op::Grow { reason: why, .. },
+                ..
+            } if why.len() > REASON_BYTES_MAX => Err(BadCommand::Reason),
             ControlCommand {
                 op: Op::Place { slots, secret, .. },
                 ..
@@ -1137,6 +1241,10 @@ pub struct ControlState {
     /// `domain::state::key_epoch`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<key_epoch::KeyEpoch>,
+    /// Preemptions applied, by action (`shrink`, `requeue`, `pause`): the counter
+    /// `ringleader_preemptions_total`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub preemptions: BTreeMap<String, u64>,
 }
 
 impl ControlState {
@@ -1274,6 +1382,39 @@ impl ControlState {
                 op: Op::Cancel { id, .. },
                 ..
             } => self.cancel(*id, at_ms),
+            ControlCommand {
+                op:
+                    Op::Preempt {
+                        id,
+                        generation,
+                        action,
+                        for_job,
+                        why,
+                        drop_workers,
+                        secret,
+                    },
+                ..
+            } => {
+                let entry = preempt::Entry {
+                    id: *id,
+                    generation: *generation,
+                    action: *action,
+                    for_job: *for_job,
+                    why,
+                    drop_workers,
+                    secret,
+                };
+                self.preempt(entry, at_ms)
+            }
+            ControlCommand {
+                op:
+                    Op::Grow {
+                        id,
+                        to_workers,
+                        reason,
+                    },
+                ..
+            } => self.grow(*id, *to_workers, reason),
             ControlCommand {
                 op:
                     Op::TrialStart {
@@ -1531,7 +1672,17 @@ impl ControlState {
         let what = format!("rank {rank} on {member} exited with code {code}");
         job.exits.insert(rank, code);
         job.push_event(at_ms, EventKind::WorkerExited, what.clone());
-        if code != 0 && !job.is_elastic() {
+        if job.stopping.is_some() {
+            // Asked to checkpoint and stop: whatever the code, the job is requeued once
+            // every rank is out.
+            if job.exits.len() == job.assignment.len() {
+                let how = match job.exits.values().all(|c| *c == 0) {
+                    true => "checkpointed",
+                    false => "stopped",
+                };
+                job.requeue(at_ms, how);
+            }
+        } else if code != 0 && !job.is_elastic() {
             job.fail_attempt(at_ms, what);
         } else if code != 0 {
             // An elastic job goes on without the rank: the chief re-forms the ring, or fails
@@ -1632,7 +1783,11 @@ impl ControlState {
                 job.spec.min_workers, job.spec.max_workers
             ));
         }
+        if job.stopping.is_some() {
+            return ignored(format!("{id} is checkpointing to be requeued"));
+        }
         job.start_generation(generation, slots, secret, at_ms);
+        job.preemption_after_reform();
         job.push_ring_event(at_ms, EventKind::Reformed, reason.to_owned());
         ControlResponse::Applied
     }
