@@ -1,0 +1,176 @@
+//! Real-process tests of preemption (`ringleader job preempt`, `job grow`): a 4-node
+//! cluster runs an elastic train job of 4 workers; the admin shrinks it to 2 and grows it
+//! back. The survivors keep their processes, no step is lost, and the global batch is kept
+//! (samples per step unchanged in the metrics, by gradient accumulation).
+//!
+//! Waits poll with deadlines; every node is stopped by PID when its cluster is dropped, and
+//! the worker processes die with their nodes' process groups.
+
+use std::{path::Path, time::Duration};
+
+mod common;
+
+use common::{exe, ok};
+use ringleader::cli::local::{process_alive as alive, train_workers, LocalCluster};
+
+/// Bound on each wait (a debug build on two cores is slow).
+const WAIT: Duration = Duration::from_secs(120);
+
+/// The test-only step delay of every train rank, so the job is still running when the
+/// preemption lands.
+const STEP_DELAY: (&str, &str) = ("RINGLEADER_TEST_STEP_DELAY_MS", "15");
+
+fn cluster(root: &Path, n: usize) -> LocalCluster {
+    let mut c = LocalCluster::new(exe(), root);
+    c.env = vec![(STEP_DELAY.0.to_owned(), STEP_DELAY.1.to_owned())];
+    c.start("p0", &[]).unwrap();
+    for i in 1..n {
+        c.start_joining(&format!("p{i}"), &[]).unwrap();
+    }
+    common::wait_formed(&c, n, WAIT);
+    c
+}
+
+/// An elastic train job of 4 workers that may shrink to 1; commits in memory every 5
+/// steps.
+const SPEC: &str = r#"
+name = "shrinkable"
+kind = "train"
+workers = 4
+min_workers = 1
+max_workers = 4
+max_restarts = 0
+[model]
+arch = "mlp"
+hidden = [64]
+[data]
+dataset = "digits"
+[train]
+epochs = 500
+max_steps = 100000
+batch_per_worker = 32
+lr = 0.05
+[checkpoint]
+every_steps = 100000
+keep = 1
+commit_every_steps = 5
+"#;
+
+#[test]
+fn an_elastic_train_job_shrinks_for_a_preemption_keeps_its_batch_and_grows_back() {
+    let root = tempfile::Builder::new()
+        .prefix("rl-preempt-")
+        .tempdir()
+        .unwrap();
+    let c = cluster(root.path(), 4);
+    let id = c.nodes[0].client().submit(SPEC).unwrap();
+
+    // Phase 1: under way on 4 workers, 4 × 32 samples a step.
+    let doc = common::wait_job(&c, 0, &id, "past step 20 on 4", WAIT, |d| {
+        d.state == "running" && d.ring.len() == 4 && d.step.is_some_and(|s| s >= 20)
+    });
+    assert_eq!(
+        doc.metrics.get("samples_per_step"),
+        Some(&128.0),
+        "{doc:#?}"
+    );
+    let workers = train_workers(&id);
+    assert_eq!(workers.len(), 4, "{workers:?}");
+    let by_rank: std::collections::BTreeMap<u32, u32> =
+        workers.iter().map(|(p, r)| (*r, *p)).collect();
+    let survivors = [by_rank[&0], by_rank[&1]];
+    let leavers = [by_rank[&2], by_rank[&3]];
+
+    // Phase 2: the admin shrinks it to 2: one generation, the highest ranks leave.
+    ok(c.cli(0)
+        .args([
+            "job",
+            "preempt",
+            &id,
+            "--shrink-to",
+            "2",
+            "--reason",
+            "make room",
+        ])
+        .output()
+        .unwrap());
+    let shrunk = common::wait_job(&c, 0, &id, "shrunk to 2", WAIT, |d| {
+        d.generation == 2 && d.ring.len() == 2
+    });
+    let event = shrunk.history.last().unwrap();
+    assert_eq!(
+        event.reason, "preempted (make room): shrunk 4 → 2 (global batch kept)",
+        "{:?}",
+        shrunk.history
+    );
+    assert_eq!(shrunk.attempt, 1, "a shrink uses no restart");
+    let at_step = shrunk.step.unwrap_or(0);
+    // The survivors go on past the shrink: same processes, no step lost, same batch.
+    let going = common::wait_job(&c, 0, &id, "20 steps past the shrink", WAIT, |d| {
+        d.step.is_some_and(|s| s >= at_step + 20)
+    });
+    for pid in survivors {
+        assert!(alive(pid), "survivor {pid} was restarted");
+    }
+    common::poll_until(WAIT, || leavers.iter().all(|p| !alive(*p)), |&gone| gone)
+        .expect("the leavers' nodes stopped them");
+    assert_eq!(
+        going.metrics.get("steps_lost"),
+        Some(&0.0),
+        "no step lost at the shrink: {going:#?}"
+    );
+    // Metric reports are thinned (one a second per name): wait for two past the shrink.
+    let past_shrink = |points: &Vec<(u64, f64)>| -> Vec<f64> {
+        points
+            .iter()
+            .filter(|(s, _)| *s > at_step + 1)
+            .map(|(_, v)| *v)
+            .collect()
+    };
+    let per_step = common::poll_until(
+        WAIT,
+        || {
+            let doc = c.nodes[0].client().job_metrics(&id).unwrap();
+            doc.metrics
+                .get("samples_per_step")
+                .cloned()
+                .unwrap_or_default()
+        },
+        |points| past_shrink(points).len() >= 2,
+    )
+    .expect("samples_per_step reported after the shrink");
+    let after = past_shrink(&per_step);
+    assert!(
+        after.iter().all(|v| *v == 128.0),
+        "2 workers × 2 micro-batches × 32 keep the global batch of 128: {per_step:?}"
+    );
+    // It stays at 2 while it is preempted (no growth back on its own).
+    let still = c.nodes[0].client().job(&id).unwrap();
+    assert_eq!(still.generation, 2, "{:?}", still.history);
+
+    // Phase 3: capacity returned: it grows back to 4 in one generation.
+    ok(c.cli(0)
+        .args(["job", "grow", &id, "--to", "4"])
+        .output()
+        .unwrap());
+    let grown = common::wait_job(&c, 0, &id, "grown to 4", WAIT, |d| {
+        d.ring.len() == 4 || d.state != "running"
+    });
+    assert_eq!(grown.state, "running");
+    let event = grown.history.last().unwrap();
+    assert!(
+        event.reason.starts_with("grown 2 → 4: capacity returned"),
+        "{:?}",
+        grown.history
+    );
+    for pid in survivors {
+        assert!(alive(pid), "survivor {pid} was restarted by the grow");
+    }
+    let at_step = grown.step.unwrap_or(0);
+    let going = common::wait_job(&c, 0, &id, "10 steps past the grow", WAIT, |d| {
+        d.step.is_some_and(|s| s >= at_step + 10)
+    });
+    assert_eq!(going.metrics.get("samples_per_step"), Some(&128.0));
+    assert_eq!(going.attempt, 1, "{:?}", going.history);
+    ok(c.cli(0).args(["cancel", &id]).output().unwrap());
+}
