@@ -539,3 +539,6 @@ impl Job {
         );
     }
 }
+
+#[cfg(test)]
+mod tests;
