@@ -1,7 +1,9 @@
 //! Real-process tests of preemption (`ringleader job preempt`, `job grow`): a 4-node
 //! cluster runs an elastic train job of 4 workers; the admin shrinks it to 2 and grows it
 //! back. The survivors keep their processes, no step is lost, and the global batch is kept
-//! (samples per step unchanged in the metrics, by gradient accumulation).
+//! (samples per step unchanged in the metrics, by gradient accumulation). A rigid command
+//! job that checkpoints on SIGTERM is requeued for another job and resumes from its
+//! checkpoint, using none of its restarts.
 //!
 //! Waits poll with deadlines; every node is stopped by PID when its cluster is dropped, and
 //! the worker processes die with their nodes' process groups.
@@ -11,10 +13,13 @@ use std::{path::Path, time::Duration};
 mod common;
 
 use common::{exe, ok};
-use ringleader::cli::local::{process_alive as alive, train_workers, LocalCluster};
+use ringleader::cli::local::{process_alive as alive, train_workers_in, LocalCluster};
 
 /// Bound on each wait (a debug build on two cores is slow).
 const WAIT: Duration = Duration::from_secs(120);
+
+/// One test at a time: each runs a cluster and its ranks on this host.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The test-only step delay of every train rank, so the job is still running when the
 /// preemption lands.
@@ -58,6 +63,7 @@ commit_every_steps = 5
 
 #[test]
 fn an_elastic_train_job_shrinks_for_a_preemption_keeps_its_batch_and_grows_back() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let root = tempfile::Builder::new()
         .prefix("rl-preempt-")
         .tempdir()
@@ -74,7 +80,7 @@ fn an_elastic_train_job_shrinks_for_a_preemption_keeps_its_batch_and_grows_back(
         Some(&128.0),
         "{doc:#?}"
     );
-    let workers = train_workers(&id);
+    let workers = train_workers_in(&id, root.path());
     assert_eq!(workers.len(), 4, "{workers:?}");
     let by_rank: std::collections::BTreeMap<u32, u32> =
         workers.iter().map(|(p, r)| (*r, *p)).collect();
@@ -173,4 +179,106 @@ fn an_elastic_train_job_shrinks_for_a_preemption_keeps_its_batch_and_grows_back(
     assert_eq!(going.metrics.get("samples_per_step"), Some(&128.0));
     assert_eq!(going.attempt, 1, "{:?}", going.history);
     ok(c.cli(0).args(["cancel", &id]).output().unwrap());
+}
+
+/// A rigid command job's script: resumes from its checkpoint (`step` in its place), counts
+/// steps, and at SIGTERM saves the step it reached and exits 0 (`ringleader.Stopped`'s
+/// pattern, by hand).
+const COUNTER: &str = r#"
+import os, signal, time, urllib.request, urllib.error
+url, token = os.environ["RINGLEADER_CHECKPOINT_URL"], os.environ["RINGLEADER_CHECKPOINT_TOKEN"]
+auth = {"Authorization": "Bearer " + token}
+try:
+    step = int(urllib.request.urlopen(urllib.request.Request(url + "/step", headers=auth)).read())
+except urllib.error.HTTPError as e:
+    if e.code != 404:
+        raise
+    step = 0
+print("resumed from", step, flush=True)
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+while not stop:
+    step += 1
+    time.sleep(0.02)
+    if step % 25 == 0:
+        print("at", step, flush=True)
+body = str(step).encode()
+urllib.request.urlopen(urllib.request.Request(url + "/step", data=body, method="PUT", headers=auth))
+print("checkpointed", step, flush=True)
+"#;
+
+fn submit_script(c: &LocalCluster, name: &str, script: &str) -> String {
+    let spec = serde_json::json!({
+        "name": name, "kind": "command", "max_restarts": 0,
+        "command": ["python3", "job.py"],
+        "files": [{"path": "job.py", "text": script}],
+        "preemption": {"grace_s": 20},
+    });
+    c.nodes[0].client().submit_json(&spec.to_string()).unwrap()
+}
+
+#[test]
+fn a_rigid_job_checkpoints_is_requeued_for_another_and_resumes_without_a_restart() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let root = tempfile::Builder::new()
+        .prefix("rl-requeue-")
+        .tempdir()
+        .unwrap();
+    // One node with room for one rank.
+    let mut c = LocalCluster::new(exe(), root.path());
+    c.start("q0", &["--cpus".to_owned(), "1".to_owned()])
+        .unwrap();
+    common::wait_formed(&c, 1, WAIT);
+    let victim = submit_script(&c, "counter", COUNTER);
+    common::poll_until(WAIT, || c.job_log_lines(&victim, "at "), |l| !l.is_empty())
+        .expect("the counter counts");
+    let wanted = submit_script(&c, "wanted", COUNTER);
+    let waiting = common::wait_job(&c, 0, &wanted, "pending for room", WAIT, |d| {
+        d.pending_reason.is_some()
+    });
+    assert_eq!(waiting.state, "pending");
+
+    // Requeued for `wanted`: checkpoint, stop, pending; `wanted` takes the room.
+    ok(c.cli(0)
+        .args(["job", "preempt", &victim, "--requeue", "--for", &wanted])
+        .output()
+        .unwrap());
+    let requeued = common::wait_job(&c, 0, &victim, "requeued", WAIT, |d| d.state == "pending");
+    let reasons: Vec<&str> = requeued
+        .events
+        .iter()
+        .filter_map(|e| e["reason"].as_str())
+        .collect();
+    assert!(
+        reasons.contains(&format!("preempted for {wanted}: checkpointed and requeued").as_str()),
+        "{reasons:?}"
+    );
+    let saved = c.job_log_lines(&victim, "checkpointed ");
+    assert_eq!(saved.len(), 1, "{:#?}", c.job_logs(&victim));
+    let saved_step: u64 = saved[0].split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(saved_step >= 25, "{saved:?}");
+    common::wait_job(&c, 0, &wanted, "placed in the freed room", WAIT, |d| {
+        d.state == "running"
+    });
+    let still = c.nodes[0].client().job(&victim).unwrap();
+    assert_eq!(still.state, "pending", "it does not take the room back");
+
+    // The room returns: the victim runs again, from its checkpoint, with no restart used.
+    ok(c.cli(0).args(["cancel", &wanted]).output().unwrap());
+    let again = common::wait_job(&c, 0, &victim, "running again", WAIT, |d| {
+        d.state == "running" && d.attempt == 2
+    });
+    assert_eq!(again.attempt, 2);
+    let resumed = common::poll_until(
+        WAIT,
+        || c.job_log_lines(&victim, "resumed from "),
+        |l| l.len() >= 2,
+    )
+    .unwrap_or_else(|l| panic!("not resumed: {l:?}"));
+    assert!(
+        resumed.contains(&format!("resumed from {saved_step}")),
+        "{resumed:?}"
+    );
+    ok(c.cli(0).args(["cancel", &victim]).output().unwrap());
+    c.stop_all();
 }
