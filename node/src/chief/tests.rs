@@ -750,3 +750,5 @@ fn a_standby_is_dropped_when_its_member_dies_and_kept_through_a_shrink() {
     let cmds = decide(&state, &members, 30 + REJOIN_AFTER_MS, &mut secret);
     assert_eq!(standby_of(&cmds).worker, 4);
 }
+
+mod preemption;
