@@ -374,13 +374,18 @@ fn join_standby(
     if !standby.ready {
         return Vec::new();
     }
+    let n = job.assignment.len();
+    let reason = match job.preemption.as_ref().and_then(|p| p.growing.as_deref()) {
+        Some(why) => format!("grown {n} → {}: {why} (joined {})", n + 1, slot.name),
+        None => format!("joined {}", slot.name),
+    };
     vec![ControlCommand {
         op: Op::Reform {
             id: job.id,
             generation: job.generation + 1,
             slots: reranked(job.assignment.iter().cloned().chain([slot.clone()])),
             secret: new_secret(),
-            reason: format!("joined {}", slot.name),
+            reason,
         },
         at_ms: now_ms,
     }]
