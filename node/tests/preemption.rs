@@ -282,3 +282,97 @@ fn a_rigid_job_checkpoints_is_requeued_for_another_and_resumes_without_a_restart
     ok(c.cli(0).args(["cancel", &victim]).output().unwrap());
     c.stop_all();
 }
+
+/// A search of one train trial (checkpointing every 20 steps) on one node.
+const SEARCH: &str = r#"
+name = "paused"
+kind = "search"
+[model]
+arch = "mlp"
+hidden = [32]
+[data]
+dataset = "digits"
+[train]
+epochs = 4
+batch_per_worker = 32
+[checkpoint]
+every_steps = 20
+[search]
+algorithm = "random"
+trials = 1
+metric = "val_accuracy"
+direction = "max"
+[[search.params]]
+name = "train.lr"
+type = "double"
+min = 0.02
+max = 0.1
+"#;
+
+#[test]
+fn a_searchs_trial_is_paused_from_a_checkpoint_and_resumes_from_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let root = tempfile::Builder::new()
+        .prefix("rl-pause-")
+        .tempdir()
+        .unwrap();
+    let mut c = LocalCluster::new(exe(), root.path());
+    c.env = vec![(STEP_DELAY.0.to_owned(), STEP_DELAY.1.to_owned())];
+    c.start("t0", &[]).unwrap();
+    common::wait_formed(&c, 1, WAIT);
+    let search = c.nodes[0].client().submit(SEARCH).unwrap();
+    let doc = common::wait_job(&c, 0, &search, "a trial under way", WAIT, |d| {
+        d.trials.first().is_some_and(|t| t.state == "running")
+    });
+    let trial_job = doc.trials[0].job.clone();
+    common::wait_job(&c, 0, &trial_job, "past step 30", WAIT, |d| {
+        d.step.is_some_and(|s| s >= 30)
+    });
+
+    ok(c.cli(0)
+        .args(["job", "preempt", &search, "--pause-trials", "1"])
+        .output()
+        .unwrap());
+    // Checkpointed at SIGTERM, back to pending, placed again (nothing waits for the room),
+    // and resumed from that checkpoint.
+    let again = common::wait_job(&c, 0, &trial_job, "placed again", WAIT, |d| {
+        d.attempt == 2 || common::ended(d)
+    });
+    let reasons: Vec<&str> = again
+        .events
+        .iter()
+        .filter_map(|e| e["reason"].as_str())
+        .collect();
+    assert!(
+        reasons.contains(&"preempted: checkpointed and trial paused"),
+        "{reasons:?}"
+    );
+    let stopped = common::poll_until(
+        WAIT,
+        || c.job_log_lines(&trial_job, "rank=0 workers=1 stopped step="),
+        |l| !l.is_empty(),
+    )
+    .unwrap_or_else(|_| panic!("{:#?}", c.job_logs(&trial_job)));
+    let step: u64 = stopped[0]
+        .trim_start_matches("rank=0 workers=1 stopped step=")
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(stopped[0].ends_with("checkpointed"), "{stopped:?}");
+    let resumed = common::poll_until(
+        WAIT,
+        || c.job_log_lines(&trial_job, "rank=0 workers=1 resumed step="),
+        |l| !l.is_empty(),
+    )
+    .unwrap_or_else(|_| panic!("{:#?}", c.job_logs(&trial_job)));
+    assert!(
+        resumed[0].starts_with(&format!("rank=0 workers=1 resumed step={step} ")),
+        "{resumed:?} after stopping at {step}"
+    );
+    let done = common::wait_job(&c, 0, &search, "search ended", WAIT, common::ended);
+    assert_eq!(done.state, "succeeded", "{done:#?}");
+    assert_eq!(done.trials[0].state, "succeeded", "{:?}", done.trials[0]);
+    c.stop_all();
+}
