@@ -51,8 +51,8 @@ hidden = [64]
 [data]
 dataset = "digits"
 [train]
-epochs = 500
-max_steps = 100000
+epochs = 100000
+max_steps = 1000000
 batch_per_worker = 32
 lr = 0.05
 [checkpoint]
@@ -375,4 +375,87 @@ fn a_searchs_trial_is_paused_from_a_checkpoint_and_resumes_from_it() {
     assert_eq!(done.state, "succeeded", "{done:#?}");
     assert_eq!(done.trials[0].state, "succeeded", "{:?}", done.trials[0]);
     c.stop_all();
+}
+
+/// The chief is killed while a shrink is asked of it (through another node, whose call is
+/// forwarded): the shrink's one log entry committed or it did not. The new chief finds the
+/// whole shrink (a ring of at most 2 that does not grow back onto a free member, and keeps
+/// its global batch) or none of it (the job goes on without the dead
+/// node's rank, and a shrink asked again is carried out by the new chief). Never a failed
+/// attempt, never a ring between the two.
+#[test]
+fn a_chief_killed_during_a_shrink_leaves_the_whole_shrink_or_none_of_it() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let root = tempfile::Builder::new()
+        .prefix("rl-preempt-chief-")
+        .tempdir()
+        .unwrap();
+    let mut c = cluster(root.path(), 4);
+    let id = c.nodes[0].client().submit(SPEC).unwrap();
+    common::wait_job(&c, 0, &id, "past step 20 on 4", WAIT, |d| {
+        d.state == "running" && d.ring.len() == 4 && d.step.is_some_and(|s| s >= 20)
+    });
+    let chief = c.status(0).unwrap().chief.unwrap().name;
+    let dead = c.nodes.iter().position(|n| n.name == chief).unwrap();
+    let asker = (dead + 1) % c.nodes.len();
+
+    // The shrink asked through another node, the chief killed while it is on its way.
+    let client = c.nodes[asker].client();
+    let path = format!("/v1/jobs/{id}/preempt");
+    let call = std::thread::spawn(move || {
+        let body = serde_json::json!({"action": {"shrink": {"to_workers": 2}}});
+        client.post_json::<serde_json::Value>(&path, &body)
+    });
+    c.kill9(dead).unwrap();
+    let answer = call.join().unwrap();
+    let new_chief = common::poll_until(
+        WAIT,
+        || c.status(asker).ok().and_then(|s| s.chief).map(|n| n.name),
+        |n| n.as_ref().is_some_and(|n| *n != chief),
+    )
+    .expect("a new chief");
+    assert!(new_chief.is_some());
+
+    let shrunk = |d: &ringleader::api::status::JobDoc| {
+        d.history
+            .iter()
+            .any(|h| h.reason.starts_with("preempted: shrunk "))
+    };
+    // Settled: the dead node's rank is gone (a re-form) and the shrink is in or out.
+    let settled = common::wait_job(&c, asker, &id, "re-formed after the chief", WAIT, |d| {
+        d.generation >= 2 && !d.ring.contains(&chief)
+    });
+    assert_eq!(settled.state, "running", "{:?}", settled.history);
+    assert_eq!(settled.attempt, 1, "no restart: {:?}", settled.history);
+    if !shrunk(&settled) {
+        // None of it: the answer said so (or was lost with the chief) and the ring is the
+        // survivors'. Asked again, the new chief carries it out.
+        assert_eq!(settled.ring.len(), 3, "{:?} {answer:?}", settled.history);
+        ok(c.cli(asker)
+            .args(["job", "preempt", &id, "--shrink-to", "2"])
+            .output()
+            .unwrap());
+    }
+    let doc = common::wait_job(&c, asker, &id, "the shrink in", WAIT, shrunk);
+    let at = doc.generation;
+    let ring = doc.ring.len();
+    assert!(ring <= 2, "{:?}", doc.history);
+
+    // The whole shrink holds under the new chief: three members live, at most two hold a
+    // rank, and the ring does not grow back onto the free one (past the rejoin delay).
+    let step = doc.step.unwrap_or(0);
+    let later = common::wait_job(&c, asker, &id, "training on, 11 s later", WAIT, |d| {
+        d.step.is_some_and(|s| s >= step + 20)
+            && d.history
+                .last()
+                .is_some_and(|h| h.at_ms + 11_000 <= ringleader::control::handle::wall_ms())
+    });
+    assert!(
+        later.ring.len() <= ring,
+        "grew back past the ceiling: {:?}",
+        later.history
+    );
+    assert_eq!(later.attempt, 1);
+    assert!(later.generation >= at);
+    assert_eq!(later.metrics.get("samples_per_step"), Some(&128.0));
 }
