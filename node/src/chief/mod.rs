@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use crate::{
     cluster::{identity::peer_id_text, membership::State, net::MemberView},
     domain::state::{
-        preempt::{Stopping, STOP_REPORT_SLACK_MS},
+        preempt::{reranked, Stopping, STOP_REPORT_SLACK_MS},
         standby::Standby,
         ControlCommand, ControlState, Job, JobState, Op, Slot, REJOIN_AFTER_MS,
     },
@@ -187,17 +187,6 @@ fn lost_ranks<'a>(job: &'a Job, gone: &BTreeMap<String, &str>) -> Vec<Lost<'a>> 
         });
     }
     lost
-}
-
-/// `slots` in ring order with ranks `0..n` and local ranks counted per member.
-fn reranked(slots: impl IntoIterator<Item = Slot>) -> Vec<Slot> {
-    let mut out: Vec<Slot> = Vec::new();
-    for mut slot in slots {
-        slot.rank = out.len() as u32;
-        slot.local_rank = out.iter().filter(|s| s.member == slot.member).count() as u32;
-        out.push(slot);
-    }
-    out
 }
 
 /// What a running job needs: nothing, a re-form (elastic jobs), or a failed attempt.

@@ -245,7 +245,7 @@ pub struct Elastic {
     /// accumulates the gradients of several micro-batches per step), so the learning rate
     /// and its schedule are unchanged; `false`: the batch shrinks with the ring and the
     /// learning rate is rescaled linearly, as after a lost rank. Default true.
-    #[serde(default = "keep_global_batch_default")]
+    #[serde(default = "keep_global_batch_default", skip_serializing_if = "is_true")]
     pub keep_global_batch: bool,
 }
 
@@ -255,6 +255,11 @@ fn first_heartbeat_s_default() -> u32 {
 
 fn keep_global_batch_default() -> bool {
     true
+}
+
+/// Left out of the log when true (the default): logs written before the key read alike.
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 fn preemptible_default() -> bool {
@@ -268,6 +273,12 @@ pub struct PreemptionSpec {
     /// before it is killed, in seconds; 1 to [`PREEMPTION_GRACE_S_MAX`], default
     /// [`PREEMPTION_GRACE_S_DEFAULT`].
     pub grace_s: u32,
+}
+
+impl PreemptionSpec {
+    fn is_default(&self) -> bool {
+        *self == PreemptionSpec::default()
+    }
 }
 
 impl Default for PreemptionSpec {
@@ -420,10 +431,10 @@ pub struct JobSpec {
     pub files: Vec<SpecFile>,
     /// Whether the job may be preempted (shrunk, requeued, its trials paused) for another
     /// job; default true.
-    #[serde(default = "preemptible_default")]
+    #[serde(default = "preemptible_default", skip_serializing_if = "is_true")]
     pub preemptible: bool,
     /// `[preemption]`, with defaults.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "PreemptionSpec::is_default")]
     pub preemption: PreemptionSpec,
     /// Not stored: the trainer's typed view of the tables above ([`JobSpec::trainer`]).
     #[serde(skip)]

@@ -354,8 +354,9 @@ fn history_prefix(state: &ControlState, ask: &Preempt) -> String {
     why
 }
 
-/// `slots` in ring order with ranks `0..n` and local ranks counted per member.
-fn reranked(slots: impl IntoIterator<Item = Slot>) -> Vec<Slot> {
+/// `slots` in ring order with ranks `0..n` and local ranks counted per member (a re-form's
+/// ring: the chief's and a shrink's).
+pub fn reranked(slots: impl IntoIterator<Item = Slot>) -> Vec<Slot> {
     let mut out: Vec<Slot> = Vec::new();
     for mut slot in slots {
         slot.rank = out.len() as u32;
