@@ -41,23 +41,32 @@
 # keeps its network alive.
 #
 # Environment: NETNS_LATENCY (tbf latency, default 5ms).
+#
+# Names and addresses are per run when RL_NETNS_PREFIX (1 to 4 lower-case letters, default
+# `rl`: namespaces rl1.., veths rlvethI, bridge rlbr0) and RL_NETNS_SUBNET (the /24's first
+# three octets, default 10.77.0) are set: the tests give each test process its own, so two
+# runs on one machine never take each other's hosts.
+
 set -euo pipefail
 
-BRIDGE=rlbr0
-SUBNET_PREFIX=10.77.0
+PREFIX=${RL_NETNS_PREFIX:-rl}
+[[ $PREFIX =~ ^[a-z]{1,4}$ ]] || { echo "netns.sh: RL_NETNS_PREFIX must be 1 to 4 of a-z (got '$PREFIX')" >&2; exit 2; }
+BRIDGE=${PREFIX}br0
+SUBNET_PREFIX=${RL_NETNS_SUBNET:-10.77.0}
+[[ $SUBNET_PREFIX =~ ^[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$ ]] || { echo "netns.sh: RL_NETNS_SUBNET must be three octets like 10.77.0 (got '$SUBNET_PREFIX')" >&2; exit 2; }
 BRIDGE_ADDR=${SUBNET_PREFIX}.254
 MAX_HOSTS=253
 LATENCY=${NETNS_LATENCY:-5ms}
-LOCK=/run/ringleader-netns.lock
+LOCK=/run/ringleader-netns-$PREFIX.lock
 
 prog=$(basename "$0")
 usage() {
     cat >&2 <<EOF
-usage: $prog up N [RATE]     create hosts rl1..rlN at ${SUBNET_PREFIX}.1..N/24 (RATE e.g. 1gbit)
+usage: $prog up N [RATE]     create hosts ${PREFIX}1..${PREFIX}N at ${SUBNET_PREFIX}.1..N/24 (RATE e.g. 1gbit)
        $prog rate I [RATE] [--egress|--ingress]
                              set (no RATE: remove) host I's limit, both directions or one
-       $prog down            remove all rl* hosts, their veths and bridge $BRIDGE
-       $prog exec I CMD...   run CMD in host I (namespace rlI)
+       $prog down            remove all ${PREFIX}* hosts, their veths and bridge $BRIDGE
+       $prog exec I CMD...   run CMD in host I (namespace ${PREFIX}I)
        $prog status          list hosts
        $prog partition G1 G2...  cut links between groups of hosts (G: comma-separated indices)
        $prog heal            undo every partition
@@ -84,7 +93,7 @@ is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
 
 # Namespaces named rl<digits>, in numeric order.
 our_namespaces() {
-    ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^rl[0-9]+$' | sort -V || true
+    ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^${PREFIX}[0-9]+\$" | sort -V || true
 }
 
 ns_exists() { ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "$1"; }
@@ -116,7 +125,7 @@ burst_for() {
 }
 
 del_host() {
-    local ns=$1 i=${1#rl} pids
+    local ns=$1 i=${1#"$PREFIX"} pids
     if ns_exists "$ns"; then
         pids=$(ip netns pids "$ns" 2>/dev/null || true)
         if [ -n "$pids" ]; then
@@ -136,7 +145,7 @@ del_host() {
         ip netns delete "$ns" 2>/dev/null || true
     fi
     # Deleting the namespace destroys its veth end and with it the pair; be thorough anyway.
-    if link_exists "rlveth$i"; then ip link delete "rlveth$i" 2>/dev/null || true; fi
+    if link_exists "${PREFIX}veth$i"; then ip link delete "${PREFIX}veth$i" 2>/dev/null || true; fi
 }
 
 set_rate() { # dev rate burst [netns]
@@ -197,23 +206,23 @@ cmd_up() {
     # Remove hosts beyond N from an earlier, larger `up`.
     local ns j
     for ns in $(our_namespaces); do
-        j=${ns#rl}
+        j=${ns#"$PREFIX"}
         if [ "$j" -gt "$n" ] || [ "$j" -lt 1 ]; then del_host "$ns"; fi
     done
 
     local i host br_end
     for i in $(seq 1 "$n"); do
-        host=rl$i
-        br_end=rlveth$i
+        host=${PREFIX}$i
+        br_end=${PREFIX}veth$i
         if ! ns_exists "$host"; then
             ip netns add "$host"
         fi
-        # The veth pair: eth0 inside the namespace, rlvethI on the bridge.
+        # The veth pair: eth0 inside the namespace, its twin on the bridge.
         if ! ip netns exec "$host" ip link show dev eth0 >/dev/null 2>&1; then
             if link_exists "$br_end"; then ip link delete "$br_end"; fi
-            ip link add "$br_end" type veth peer name "rlvpeer$i"
-            ip link set "rlvpeer$i" netns "$host"
-            ip netns exec "$host" ip link set "rlvpeer$i" name eth0
+            ip link add "$br_end" type veth peer name "${PREFIX}vpeer$i"
+            ip link set "${PREFIX}vpeer$i" netns "$host"
+            ip netns exec "$host" ip link set "${PREFIX}vpeer$i" name eth0
         fi
         ip link set "$br_end" master "$BRIDGE"
         ip link set "$br_end" up
@@ -228,14 +237,14 @@ cmd_up() {
     # Wait until every host's eth0 is up (bridge port forwarding, no DAD for IPv4).
     for i in $(seq 1 "$n"); do
         for _ in $(seq 1 50); do
-            ip netns exec "rl$i" ip -o link show dev eth0 | grep -q 'state UP' && break
+            ip netns exec "${PREFIX}$i" ip -o link show dev eth0 | grep -q 'state UP' && break
             sleep 0.1
         done
     done
 
     echo "netns: $n host(s) on bridge $BRIDGE ($BRIDGE_ADDR/24), rate ${rate:-unlimited}${rate:+ (tbf burst $burst B, latency $LATENCY, both directions)}"
     for i in $(seq 1 "$n"); do
-        echo "rl$i $SUBNET_PREFIX.$i"
+        echo "${PREFIX}$i $SUBNET_PREFIX.$i"
     done
 }
 
@@ -266,10 +275,10 @@ cmd_rate() {
     fi
     need_root
     take_lock
-    ns_exists "rl$i" || die "host rl$i does not exist (run: $prog up N)"
-    if [ "$dir" != ingress ]; then set_rate eth0 "$rate" "$burst" "rl$i"; fi
-    if [ "$dir" != egress ]; then set_rate "rlveth$i" "$rate" "$burst"; fi
-    echo "netns: rl$i egress $(tbf_rate eth0 "rl$i") ingress $(tbf_rate "rlveth$i")${rate:+ (tbf burst $burst B, latency $LATENCY)}"
+    ns_exists "${PREFIX}$i" || die "host ${PREFIX}$i does not exist (run: $prog up N)"
+    if [ "$dir" != ingress ]; then set_rate eth0 "$rate" "$burst" "${PREFIX}$i"; fi
+    if [ "$dir" != egress ]; then set_rate "${PREFIX}veth$i" "$rate" "$burst"; fi
+    echo "netns: ${PREFIX}$i egress $(tbf_rate eth0 "${PREFIX}$i") ingress $(tbf_rate "${PREFIX}veth$i")${rate:+ (tbf burst $burst B, latency $LATENCY)}"
 }
 
 cmd_down() {
@@ -279,7 +288,7 @@ cmd_down() {
     local ns l
     for ns in $(our_namespaces); do del_host "$ns"; done
     for l in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' |
-        grep -E '^rlveth[0-9]+$' || true); do
+        grep -E "^${PREFIX}veth[0-9]+\$" || true); do
         ip link delete "$l" 2>/dev/null || true
     done
     if link_exists "$BRIDGE"; then ip link delete "$BRIDGE"; fi
@@ -291,8 +300,8 @@ cmd_exec() {
     local i=$1
     shift
     is_uint "$i" || die "host index must be an integer (got '$i')"
-    ns_exists "rl$i" || die "host rl$i does not exist (run: $prog up N)"
-    exec ip netns exec "rl$i" "$@"
+    ns_exists "${PREFIX}$i" || die "host ${PREFIX}$i does not exist (run: $prog up N)"
+    exec ip netns exec "${PREFIX}$i" "$@"
 }
 
 cmd_status() {
@@ -306,9 +315,9 @@ cmd_status() {
     for ns in $(our_namespaces); do
         any=1
         addr=$(ip netns exec "$ns" ip -o -4 addr show dev eth0 2>/dev/null | awk '{print $4}' | head -1)
-        echo "$ns ${addr:-no-address} egress $(tbf_rate eth0 "$ns") ingress $(tbf_rate "rlveth${ns#rl}") pids=$(ip netns pids "$ns" 2>/dev/null | wc -l)"
+        echo "$ns ${addr:-no-address} egress $(tbf_rate eth0 "$ns") ingress $(tbf_rate "${PREFIX}veth${ns#"$PREFIX"}") pids=$(ip netns pids "$ns" 2>/dev/null | wc -l)"
     done
-    [ "$any" = 1 ] || echo "no rl* hosts"
+    [ "$any" = 1 ] || echo "no ${PREFIX}* hosts"
 }
 
 cmd_partition() {
@@ -323,7 +332,7 @@ cmd_partition() {
         [ ${#hosts[@]} -ge 1 ] || die "empty group '$spec'"
         for h in "${hosts[@]}"; do
             is_uint "$h" || die "host index must be an integer (got '$h')"
-            ns_exists "rl$h" || die "host rl$h does not exist (run: $prog up N)"
+            ns_exists "${PREFIX}$h" || die "host ${PREFIX}$h does not exist (run: $prog up N)"
             [ -z "${group[$h]:-}" ] || die "host $h is in two groups"
             group[$h]=$g
         done
@@ -331,7 +340,7 @@ cmd_partition() {
     for a in "${!group[@]}"; do
         for b in "${!group[@]}"; do
             if [ "${group[$a]}" != "${group[$b]}" ]; then
-                ip netns exec "rl$a" ip route replace blackhole "$SUBNET_PREFIX.$b/32"
+                ip netns exec "${PREFIX}$a" ip route replace blackhole "$SUBNET_PREFIX.$b/32"
             fi
         done
     done

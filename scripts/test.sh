@@ -1,55 +1,108 @@
 #!/usr/bin/env bash
-# The project's test command (README, .ci/run): every test of the workspace, then the `cuda`
-# build (it must compile on a machine without CUDA) and its CPU-side GPU tests, then the docs.
-set -euo pipefail
+# The project's test command (README, .ci/run): every test of the workspace, the Python
+# package's, the deployments', then the `cuda` build (it must compile on a machine without
+# CUDA) and its CPU-side GPU tests, then the docs.
+#
+# Every step runs even after one failed (cargo with --no-fail-fast), and the run ends with one
+# line, `tests: N passed, N failed, N skipped`, then the failed steps; the exit status is 1 if
+# any step failed. What it installs (best effort: without a tool, the tests that need it say
+# SKIPPED) it says it installs, once, before it does.
+set -uo pipefail
 cd "$(dirname "$0")/.."
+
+failed_steps=()
+n_passed=0
+n_failed=0
+n_skipped=0
+# Runs a step (a command) and counts it as one test: passed, or failed with its name kept.
+step() {
+    local name=$1
+    shift
+    if "$@"; then
+        n_passed=$((n_passed + 1))
+    else
+        local rc=$?
+        n_failed=$((n_failed + 1))
+        failed_steps+=("$name (exit $rc)")
+    fi
+}
+# Adds the counts of cargo's `test result:` lines in a log, and its tests that said SKIPPED
+# (run as `ok` by cargo, counted here as skipped), to the totals.
+count_cargo() {
+    local log=$1 p f i s
+    read -r p f i < <(awk '/^test result:/ {
+        for (k = 1; k <= NF; k++) {
+            if ($k ~ /^passed/) p += $(k - 1); if ($k ~ /^failed/) f += $(k - 1); if ($k ~ /^ignored/) i += $(k - 1)
+        }
+    } END { print p + 0, f + 0, i + 0 }' "$log")
+    s=$(awk '/^---- .* stdout ----$/ { test = $2; next } /SKIPPED/ { print test }' "$log" | sort -u | grep -c . || true)
+    n_passed=$((n_passed + p - s))
+    n_failed=$((n_failed + f))
+    n_skipped=$((n_skipped + i + s))
+}
+# `WHAT (WHY)` is about to be installed.
+installing() { echo "test.sh: installing $1 ($2)"; }
+py_has() { "$1" -c "import $2" 2>/dev/null; }
+
 # Tests read what the project writes with the formats' own Python readers when they can
-# (safetensors checkpoints, Prometheus' exposition, TensorBoard event files); best effort,
-# never fatal: without them those tests say SKIPPED.
-python3 -m pip install --quiet --disable-pip-version-check safetensors numpy prometheus_client >/dev/null 2>&1 || true
-python3 -m pip install --quiet --disable-pip-version-check tensorboard >/dev/null 2>&1 || true
-# The dashboard test renders the page in headless Chromium (about 30 s to install on Debian);
-# without it that test says SKIPPED.
-command -v chromium >/dev/null || (apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 || true)
-# The CUDA kernels are checked on the CPU by compiling them as C++ (without g++ those tests
-# say SKIPPED).
-command -v g++ >/dev/null || (apt-get install -y --no-install-recommends g++ >/dev/null 2>&1 || true)
-# The S3 checkpoint test runs against s3s-fs (a file-backed S3 server, ~2 min to build once);
-# best effort too: without it that test says so and passes.
+# (safetensors checkpoints, Prometheus' exposition, TensorBoard event files).
+for module in safetensors numpy prometheus_client tensorboard; do
+    py_has python3 "$module" && continue
+    installing "$module" "pip: a test reads the project's files with it"
+    python3 -m pip install --quiet --disable-pip-version-check "$module" >/dev/null 2>&1 || true
+done
+# The dashboard test renders the page in headless Chromium (about 30 s to install on Debian).
+if ! command -v chromium >/dev/null; then
+    installing chromium "apt-get: the dashboard test renders the page"
+    apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 || true
+fi
+# The CUDA kernels are checked on the CPU by compiling them as C++.
+if ! command -v g++ >/dev/null; then
+    installing g++ "apt-get: the CUDA kernels are checked on the CPU"
+    apt-get install -y --no-install-recommends g++ >/dev/null 2>&1 || true
+fi
+# The S3 checkpoint test runs against s3s-fs (a file-backed S3 server, ~2 min to build once).
 if ! command -v s3s-fs >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/s3s-fs" ]; then
+    installing s3s-fs "cargo install: the S3 checkpoint test's server"
     cargo install --quiet --locked s3s-fs --version 0.14.1 --features binary >/dev/null 2>&1 || true
 fi
 # The module structure first (a second): no import cycle, no import of a part that
 # docs/design.md's table puts above (the script's own tests, then the check).
-python3 scripts/check_layers_test.py
-python3 scripts/check-layers.py
+step "check-layers tests" python3 scripts/check_layers_test.py
+step "check-layers" python3 scripts/check-layers.py
 # The benchmark guard's reader (scripts/bench-check.sh runs by hand, not here): its figures
 # and the floors file it reads.
-python3 scripts/bench_check_test.py
+step "bench-check reader tests" python3 scripts/bench_check_test.py
 # The Python tests' virtualenv (pytest, cloudpickle, torch), set up before the cargo tests: the
 # node test that runs an unmodified PyTorch DDP script as a command job uses its python
 # (RINGLEADER_TEST_PYTHON).
 pyvenv=target/py-venv
+pip_venv() { "$pyvenv/bin/pip" install --quiet --disable-pip-version-check "$@"; }
 if [ ! -x "$pyvenv/bin/pytest" ]; then
-    python3 -m venv "$pyvenv"
-    "$pyvenv/bin/pip" install --quiet --disable-pip-version-check pytest
+    installing "a virtualenv with pytest in $pyvenv" "the Python tests"
+    python3 -m venv "$pyvenv" && pip_venv pytest
 fi
 # cloudpickle for `Client.launch` (its tests skip without it).
-"$pyvenv/bin/python" -c "import cloudpickle" 2>/dev/null ||
-    "$pyvenv/bin/pip" install --quiet --disable-pip-version-check cloudpickle ||
-    echo "cloudpickle not installed: the launch tests say SKIPPED"
+if ! py_has "$pyvenv/bin/python" cloudpickle; then
+    installing cloudpickle "pip, in $pyvenv: Client.launch"
+    pip_venv cloudpickle || echo "cloudpickle not installed: the launch tests say SKIPPED"
+fi
 # PyTorch for the `ringleader.torch` tests (python/tests/test_torch.py): the registry's wheel
 # with its CUDA wheels, about 3 GB, a few minutes the first time and offline from pip's cache
-# after; without it those tests say SKIPPED.
-"$pyvenv/bin/python" -c "import torch" 2>/dev/null ||
-    "$pyvenv/bin/pip" install --quiet --disable-pip-version-check torch ||
-    echo "torch not installed: the torch tests say SKIPPED"
+# after.
+if ! py_has "$pyvenv/bin/python" torch; then
+    installing torch "pip, in $pyvenv, about 3 GB: the ringleader.torch tests"
+    pip_venv torch || echo "torch not installed: the torch tests say SKIPPED"
+fi
 export RINGLEADER_TEST_PYTHON="$PWD/$pyvenv/bin/python"
 # Every test's own output is kept (--show-output) so that a test that skipped part of itself
 # (it prints "SKIPPED: why") is listed at the end instead of passing silently as `ok`.
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
-cargo test --workspace -- --show-output 2>&1 | tee "$log"
+trap 'rm -f "$log" "$log.skips"' EXIT
+cargo_rc=0
+cargo test --workspace --no-fail-fast -- --show-output 2>&1 | tee "$log" || cargo_rc=$?
+count_cargo "$log"
+if [ "$cargo_rc" -ne 0 ]; then failed_steps+=("cargo test --workspace (exit $cargo_rc)"); fi
 awk '
     /^---- .* stdout ----$/ { test = $2; next }
     /SKIPPED/ { sub(/^[[:space:]]+/, ""); print "  " (test == "" ? "?" : test) ": " $0 }
@@ -60,10 +113,9 @@ if [ -s "$log.skips" ]; then
 else
     echo "skipped: none"
 fi
-rm -f "$log.skips"
 # The README documents every flag and subcommand of the debug binary the tests just built
 # (`--help`; hidden ones excepted), and every *Section* it refers to is one of its headings.
-python3 scripts/check-readme.py target/debug/ringleader README.md
+step "check-readme" python3 scripts/check-readme.py target/debug/ringleader README.md
 # The Python package (python/): its extension built in the dev profile and put next to the
 # package (no wheel, no install), its type check, then its tests (pytest, in a virtualenv
 # under target/) against real nodes of the debug binary the tests above built. pytest's
@@ -71,37 +123,62 @@ python3 scripts/check-readme.py target/debug/ringleader README.md
 # --workspace: the features the tests above built with (a `-p` build re-resolves them and
 # rebuilds the collective, tokio and their dependencies under the extension: over 6 minutes
 # on this 2-core machine).
-cargo build --quiet --workspace
+step "cargo build --workspace" cargo build --quiet --workspace
 cp target/debug/lib_native.so python/ringleader/_native.abi3.so
 # The package's types (python/pyproject.toml [tool.mypy]: `--strict` on every module), then
 # its stub `_native.pyi` against the extension just built (stubtest): under a minute the
 # first time (it reads torch's types), a few seconds with the cache under target/. Without
 # torch, `ringleader.torch` is left out of it (its tests say SKIPPED too).
-"$pyvenv/bin/python" -c "import mypy" 2>/dev/null ||
-    "$pyvenv/bin/pip" install --quiet --disable-pip-version-check mypy
+if ! py_has "$pyvenv/bin/python" mypy; then
+    installing mypy "pip, in $pyvenv: the package's type check"
+    pip_venv mypy
+fi
 mypy_args=()
-"$pyvenv/bin/python" -c "import torch" 2>/dev/null || {
+py_has "$pyvenv/bin/python" torch || {
     mypy_args=(--exclude 'ringleader/torch/')
     echo "skipped (type check): ringleader.torch, torch not installed"
 }
-(
-    cd python
-    export MYPY_CACHE_DIR="$OLDPWD/target/mypy-cache"
-    "$OLDPWD/$pyvenv/bin/python" -m mypy "${mypy_args[@]}"
-    "$OLDPWD/$pyvenv/bin/python" -m mypy.stubtest --mypy-config-file pyproject.toml ringleader._native
-)
+mypy_cache="$PWD/target/mypy-cache"
+in_python() { (cd python && MYPY_CACHE_DIR="$mypy_cache" "$@"); }
+step "mypy --strict" in_python "../$pyvenv/bin/python" -m mypy "${mypy_args[@]}"
+step "stubtest" in_python "../$pyvenv/bin/python" -m mypy.stubtest --mypy-config-file pyproject.toml ringleader._native
 pytest_rc=0
 RINGLEADER_TEST_BINARY="$PWD/target/debug/ringleader" \
-    "$pyvenv/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests || pytest_rc=$?
+    "$pyvenv/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests 2>&1 | tee "$log" || pytest_rc=$?
+# pytest -q's last line: `N failed, N passed, N skipped, … in T s` (any of them).
+for kind in passed failed skipped error; do
+    n=$(tail -n 5 "$log" | grep -oE "[0-9]+ $kind" | tail -n1 | cut -d' ' -f1)
+    case $kind in
+        passed) n_passed=$((n_passed + ${n:-0})) ;;
+        failed | error) n_failed=$((n_failed + ${n:-0})) ;;
+        skipped) n_skipped=$((n_skipped + ${n:-0})) ;;
+    esac
+done
 if [ "$pytest_rc" -ne 0 ] && [ "$pytest_rc" -ne 5 ]; then
-    echo "python tests failed (pytest exit $pytest_rc)"
-    exit "$pytest_rc"
+    failed_steps+=("python tests (pytest exit $pytest_rc)")
 fi
+# The deployments (deploy/): the systemd unit checked by systemd-analyze, and the Slurm
+# script run in a one-host Slurm (it installs Debian's slurm-wlm when missing and says so;
+# without root or the package it says SKIPPED).
+for deploy in systemd slurm; do
+    out=$(scripts/test-$deploy.sh target/debug/ringleader 2>&1)
+    rc=$?
+    echo "$out" | grep -v "^[0-9TZ:.-]* *\(INFO\|WARN\|DEBUG\)" | tail -n 20
+    if [ "$rc" -ne 0 ]; then
+        n_failed=$((n_failed + 1))
+        failed_steps+=("scripts/test-$deploy.sh (exit $rc)")
+    elif echo "$out" | grep -q SKIPPED; then
+        n_skipped=$((n_skipped + 1))
+    else
+        n_passed=$((n_passed + 1))
+    fi
+done
 # The `cuda` build (trainer's CUDA backend, the collective's NCCL) compiles without CUDA, and
 # its CPU-side tests run: the CUDA kernels compile with NVRTC, which needs no GPU (NVIDIA's
 # libnvrtc wheel from PyPI, 90 MB, cached in target/nvrtc; without it that test says SKIPPED).
 nvrtc=target/nvrtc
 if [ ! -e "$nvrtc/libnvrtc.so" ]; then
+    installing libnvrtc "pip download of nvidia-cuda-nvrtc-cu12 into $nvrtc: the NVRTC test"
     (
         set -e
         mkdir -p "$nvrtc/wheel"
@@ -116,9 +193,19 @@ fi
 # One build for both: the workspace's libraries and binaries with `cuda` (the dependencies
 # are the ones the tests above built; only the crates that use cudarc are built again), and
 # the `gpu::` and `nccl::` unit tests in it (those that need a GPU say SKIPPED).
+cuda_rc=0
 LD_LIBRARY_PATH="$PWD/$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    cargo test --workspace --features ringleader/cuda --lib --bins -- --show-output gpu:: nccl:: 2>&1 | tee "$log"
-grep -q "the_kernels_compile_with_nvrtc_for_the_devices_architecture ... ok" "$log"
+    cargo test --workspace --no-fail-fast --features ringleader/cuda --lib --bins -- --show-output gpu:: nccl:: 2>&1 | tee "$log" || cuda_rc=$?
+count_cargo "$log"
+if [ "$cuda_rc" -ne 0 ]; then failed_steps+=("cargo test --features ringleader/cuda (exit $cuda_rc)"); fi
+step "the kernels compile with NVRTC" grep -q "the_kernels_compile_with_nvrtc_for_the_devices_architecture ... ok" "$log"
 if grep -q "SKIPPED" "$log"; then grep "SKIPPED" "$log" | sed 's/^/skipped (cuda build): /'; fi
 # Every public doc renders without a broken link (the parts' module docs are the map).
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+step "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+
+echo "tests: $n_passed passed, $n_failed failed, $n_skipped skipped"
+if [ "${#failed_steps[@]}" -gt 0 ]; then
+    echo "failed steps:"
+    printf '  %s\n' "${failed_steps[@]}"
+    exit 1
+fi

@@ -59,7 +59,11 @@ fn main() {
         Cmd::Token(cmd) => ringleader::cli::tokens::run(&cli, cmd),
         Cmd::Member(cmd) => ringleader::cli::tokens::run_member(&cli, cmd),
         Cmd::Key(cmd) => ringleader::cli::keys::run(&cli, cmd),
-        Cmd::Logs { id, follow } => ringleader::cli::logs(&cli, id, *follow),
+        Cmd::Logs {
+            id,
+            follow,
+            protocol,
+        } => ringleader::cli::logs(&cli, id, *follow, *protocol),
         Cmd::TrainWorker(args) => ringleader::cli::train_worker::run_worker(args.clone()),
         Cmd::Demo => ringleader::cli::demo::run(),
         Cmd::Keygen { file } => ringleader::cli::keygen(file.clone()),

@@ -250,6 +250,17 @@ fn prepare(config: &NodeConfig) -> Result<Prepared> {
         );
         info!(file = %path.display(), "{what} created");
     }
+    if let Some(file) = secrets
+        .created
+        .iter()
+        .find(|(what, _)| *what == crate::security::bootstrap::CREATED_CLUSTER_KEY)
+        .map(|(_, path)| path)
+    {
+        eprintln!(
+            "{}",
+            crate::security::bootstrap::join_hint(&config.listen, file)
+        );
+    }
     if secrets.insecure() {
         warn!("--insecure: the cluster is open, any host that can reach the listen port can join and run commands on every node");
     }
@@ -488,8 +499,8 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         api_addr,
     )?;
     // Command ranks reach their checkpoint place through this node's API, on loopback when
-    // it listens there (or everywhere); the capability key is derived from the cluster key,
-    // or drawn at start under --insecure (a token then opens its place on this node only).
+    // it listens there (or everywhere); the capability key is this node's own, drawn at
+    // start, so a token opens its place on this node only and no key holder can make one.
     let checkpoints = {
         let rank_api = crate::jobs::checkpoint::api_addr_for_ranks(api_listener.local_addr()?);
         let https = api_tls.is_some() && config.api_limits.api_tls.applies_to(rank_api.ip());
@@ -499,10 +510,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
                 .as_ref()
                 .filter(|_| https)
                 .map(|t| t.fingerprint().to_string()),
-            key: psk
-                .as_ref()
-                .map(|k| k.derive(crate::jobs::checkpoint::CHECKPOINT_KEY_CONTEXT))
-                .unwrap_or_else(rand::random),
+            key: rand::random(),
         }
     };
     jobs::supervisor::start(

@@ -56,7 +56,7 @@ use crate::{
         handle::{wall_ms, ControlHandle},
         protocol::{RpcRequest, RpcResponse, SecretText},
     },
-    domain::state::{ControlCommand, ControlResponse, Op},
+    domain::state::{ops, ControlCommand, ControlResponse, Op},
     security::{api_token::ApiToken, bootstrap},
 };
 
@@ -162,10 +162,10 @@ pub async fn rotate(control: &ControlHandle) -> Result<Rotated, RotateError> {
         return Err(RotateError::NotTaken { epoch, missed });
     }
     let cmd = ControlCommand {
-        op: Op::KeySwitch {
+        op: Op::KeySwitch(ops::KeySwitch {
             epoch,
             fingerprint: fingerprint.clone(),
-        },
+        }),
         at_ms: wall_ms(),
     };
     match control.propose(cmd).await {

@@ -13,7 +13,7 @@ use ringleader::{
         wire,
     },
     control::protocol::{ProposeError, RpcRequest, RpcResponse},
-    domain::state::{ControlCommand, ControlResponse, JobId, Op, Slot},
+    domain::state::{ops, ControlCommand, ControlResponse, JobId, Op, Slot},
     jobs::JobSpec,
 };
 
@@ -149,7 +149,7 @@ async fn forwarded_commands_only_a_chief_may_make_are_refused() {
 
     // What only the chief decides.
     let place = ControlCommand {
-        op: Op::Place {
+        op: Op::Place(ops::Place {
             id,
             generation: 2,
             slots: vec![Slot {
@@ -161,28 +161,28 @@ async fn forwarded_commands_only_a_chief_may_make_are_refused() {
                 gpus: Vec::new(),
             }],
             secret: "ab".repeat(32),
-        },
+        }),
         at_ms: 1,
     };
     let why = refused(caller.call(&RpcRequest::Propose(place)).await);
     assert!(why.contains("only the chief"), "{why}");
     let failed = ControlCommand {
-        op: Op::AttemptFailed {
+        op: Op::AttemptFailed(ops::AttemptFailed {
             id,
             generation: 1,
             reason: "forged".into(),
-        },
+        }),
         at_ms: 1,
     };
     // A rank's exit from a member that does not run it, in flight with the forged failure
     // on the same stream: each answer comes back with its call's id.
     let exited = ControlCommand {
-        op: Op::WorkerExited {
+        op: Op::WorkerExited(ops::WorkerExited {
             id,
             generation: 1,
             rank: 0,
             code: 0,
-        },
+        }),
         at_ms: 1,
     };
     let mut answers = caller
@@ -198,10 +198,10 @@ async fn forwarded_commands_only_a_chief_may_make_are_refused() {
     let mut bad = JobSpec::parse(spec_text).unwrap();
     bad.workers = 0;
     let submit = |spec: JobSpec| ControlCommand {
-        op: Op::Submit {
+        op: Op::Submit(ops::Submit {
             spec: Box::new(spec),
             token: None,
-        },
+        }),
         at_ms: 1,
     };
     let why = refused(caller.call(&RpcRequest::Propose(submit(bad))).await);

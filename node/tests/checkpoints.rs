@@ -2,8 +2,9 @@
 //! with the capability it was given (`RINGLEADER_CHECKPOINT_URL`/`_TOKEN`) and the bytes
 //! land in its place in the store (`jobs/<id>/files/`); another (live) job's token, the API
 //! token, or none, opens nothing there (403, 403, 401); a job's own token stops working once
-//! its generation ended (403, expired: issue 47's M3, a leaked capability); a capability is
-//! no API token (401 elsewhere); names are checked; a missing object is 404.
+//! its generation ended (403, expired: issue 47's M3, a leaked capability); the cluster key
+//! makes none (403: each node signs its ranks' with a key of its own); a capability is no
+//! API token (401 elsewhere); names are checked; a missing object is 404.
 
 mod common;
 
@@ -151,6 +152,25 @@ fn a_command_job_saves_to_its_own_place_and_no_other_token_opens_it() {
         format!("saved by {a}"),
         "nothing refused changed the place"
     );
+
+    // Phase 2b: the cluster key makes no capability (a removed host keeps its old key): the
+    // live holder's, made with a key derived from the cluster key as before, opens nothing.
+    let key_file = dir
+        .path()
+        .join("nodes")
+        .join(ringleader::security::bootstrap::CLUSTER_KEY_FILE);
+    let key = ringleader::cluster::identity::load_cluster_key(&key_file).unwrap();
+    let mut parts = token_h.splitn(3, '.');
+    let job: ringleader::domain::state::JobId = parts.next().unwrap().parse().unwrap();
+    let generation: u32 = parts.next().unwrap().parse().unwrap();
+    let minted = ringleader::jobs::checkpoint::capability(
+        &key.derive("ringleader 2026-11 checkpoint capability v1"),
+        ringleader::jobs::checkpoint::Grant { job, generation },
+        &ringleader::jobs::checkpoint::Place::Job(job),
+    );
+    assert_ne!(minted, token_h, "the node's capability key is its own");
+    let (code, body) = call("GET", &format!("{url_h}/state"), Some(&minted), b"");
+    assert_eq!(code, 403, "{body}");
 
     // Phase 3: a capability is no API token.
     let status = format!("http://{api}/v1/status");

@@ -255,7 +255,7 @@ fn a_seed_that_is_down_is_retried_until_it_comes_up() {
     c.kill9(0).unwrap();
     // The joiner starts while its seed is down and keeps running.
     let j = c
-        .start("joiner", &["--join".to_string(), seed_addr])
+        .start("joiner", &["--join".to_string(), seed_addr.clone()])
         .unwrap();
     let deadline = std::time::Instant::now() + WAIT;
     while c.status(j).unwrap().counters.seed_dial_failures < 2 {
@@ -265,6 +265,14 @@ fn a_seed_that_is_down_is_retried_until_it_comes_up() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    // Its status names the seed it never reached, in the document and the table.
+    let down = c.status(j).unwrap();
+    assert_eq!(down.seeds_never_reached, [seed_addr], "{down:?}");
+    assert!(
+        down.to_table().contains("seeds never reached: "),
+        "{}",
+        down.to_table()
+    );
     // The seed comes back on the same address (same data dir, same port) and the two meet.
     let port = c.nodes[0].info.p2p_addrs[0]
         .rsplit('/')
@@ -279,6 +287,8 @@ fn a_seed_that_is_down_is_retried_until_it_comes_up() {
         s.names_in("alive").len() == 2
     })
     .unwrap();
+    let joined = c.status(j).unwrap();
+    assert!(joined.seeds_never_reached.is_empty(), "{joined:?}");
 }
 
 #[test]

@@ -17,7 +17,7 @@ use ringleader::control::store::TypeConfig;
 use ringleader::domain::spec::JobSpec;
 use ringleader::domain::state::datasets::DatasetRecord;
 use ringleader::domain::state::Slot;
-use ringleader::domain::{ControlCommand, ControlResponse, ControlState, JobId, Op};
+use ringleader::domain::{ops, ControlCommand, ControlResponse, ControlState, JobId, Op};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -68,62 +68,62 @@ fn commands() -> Vec<ControlCommand> {
     params.insert("train.lr".into(), toml::Value::Float(0.125));
     vec![
         // 1: j-1, a command job of two workers.
-        ControlCommand { op: Op::Submit { spec: spec("name = \"a\"\nkind = \"command\"\nworkers = 2\nmax_restarts = 1\ncommand = [\"true\"]\n"), token: Some("tok-1".into()) }, at_ms: 1_000 },
+        ControlCommand { op: Op::Submit(ops::Submit { spec: spec("name = \"a\"\nkind = \"command\"\nworkers = 2\nmax_restarts = 1\ncommand = [\"true\"]\n"), token: Some("tok-1".into()) }), at_ms: 1_000 },
         // 2: j-2, an elastic command job.
-        ControlCommand { op: Op::Submit { spec: spec("name = \"b\"\nkind = \"command\"\nworkers = 2\nmin_workers = 1\ncommand = [\"sleep\", \"9\"]\n[env]\nX = \"1\"\n"), token: None }, at_ms: 1_001 },
+        ControlCommand { op: Op::Submit(ops::Submit { spec: spec("name = \"b\"\nkind = \"command\"\nworkers = 2\nmin_workers = 1\ncommand = [\"sleep\", \"9\"]\n[env]\nX = \"1\"\n"), token: None }), at_ms: 1_001 },
         // 3: j-3, a search.
-        ControlCommand { op: Op::Submit { spec: spec(SEARCH), token: None }, at_ms: 1_002 },
-        ControlCommand { op: Op::Place { id: j(1), generation: 1, slots: vec![slot(0, 0, vec![0]), slot(1, 1, vec![])], secret: secret('a') }, at_ms: 1_010 },
-        ControlCommand { op: Op::Unplaceable { id: j(2), reason: "no member has 1 free cpu".into() }, at_ms: 1_011 },
-        ControlCommand { op: Op::Place { id: j(2), generation: 1, slots: vec![slot(2, 0, vec![]), slot(3, 1, vec![])], secret: secret('b') }, at_ms: 1_012 },
-        ControlCommand { op: Op::Metric { id: j(1), generation: 1, name: "loss".into(), value: 0.5, step: Some(3) }, at_ms: 1_020 },
-        ControlCommand { op: Op::RankStats { id: j(2), generation: 1, rank: 0, step: 10, compute_ms: 12.5, wait_ms: 0.25 }, at_ms: 1_021 },
-        ControlCommand { op: Op::RankLost { id: j(2), generation: 1, rank: 1, hung: true, reason: "stopped".into() }, at_ms: 1_022 },
+        ControlCommand { op: Op::Submit(ops::Submit { spec: spec(SEARCH), token: None }), at_ms: 1_002 },
+        ControlCommand { op: Op::Place(ops::Place { id: j(1), generation: 1, slots: vec![slot(0, 0, vec![0]), slot(1, 1, vec![])], secret: secret('a') }), at_ms: 1_010 },
+        ControlCommand { op: Op::Unplaceable(ops::Unplaceable { id: j(2), reason: "no member has 1 free cpu".into() }), at_ms: 1_011 },
+        ControlCommand { op: Op::Place(ops::Place { id: j(2), generation: 1, slots: vec![slot(2, 0, vec![]), slot(3, 1, vec![])], secret: secret('b') }), at_ms: 1_012 },
+        ControlCommand { op: Op::Metric(ops::Metric { id: j(1), generation: 1, name: "loss".into(), value: 0.5, step: Some(3) }), at_ms: 1_020 },
+        ControlCommand { op: Op::RankStats(ops::RankStats { id: j(2), generation: 1, rank: 0, step: 10, compute_ms: 12.5, wait_ms: 0.25 }), at_ms: 1_021 },
+        ControlCommand { op: Op::RankLost(ops::RankLost { id: j(2), generation: 1, rank: 1, hung: true, reason: "stopped".into() }), at_ms: 1_022 },
         // 10
-        ControlCommand { op: Op::Reform { id: j(2), generation: 2, slots: vec![slot(2, 0, vec![])], secret: secret('c'), reason: "hung m3 (rank 1)".into() }, at_ms: 1_023 },
-        ControlCommand { op: Op::WorkerNote { id: j(2), generation: 2, rank: 0, message: "dataset digits fetched".into(), cannot_start: true }, at_ms: 1_024 },
-        ControlCommand { op: Op::WorkerExited { id: j(1), generation: 1, rank: 0, code: 0 }, at_ms: 1_030 },
-        ControlCommand { op: Op::AttemptFailed { id: j(1), generation: 1, reason: "peer-lost m1 (rank 1)".into() }, at_ms: 1_031 },
-        ControlCommand { op: Op::Blacklist { member: "id-3".into(), name: "m3".into(), cooldown_ms: 60_000, reason: "straggler".into() }, at_ms: 1_032 },
+        ControlCommand { op: Op::Reform(ops::Reform { id: j(2), generation: 2, slots: vec![slot(2, 0, vec![])], secret: secret('c'), reason: "hung m3 (rank 1)".into() }), at_ms: 1_023 },
+        ControlCommand { op: Op::WorkerNote(ops::WorkerNote { id: j(2), generation: 2, rank: 0, message: "dataset digits fetched".into(), cannot_start: true }), at_ms: 1_024 },
+        ControlCommand { op: Op::WorkerExited(ops::WorkerExited { id: j(1), generation: 1, rank: 0, code: 0 }), at_ms: 1_030 },
+        ControlCommand { op: Op::AttemptFailed(ops::AttemptFailed { id: j(1), generation: 1, reason: "peer-lost m1 (rank 1)".into() }), at_ms: 1_031 },
+        ControlCommand { op: Op::Blacklist(ops::Blacklist { member: "id-3".into(), name: "m3".into(), cooldown_ms: 60_000, reason: "straggler".into() }), at_ms: 1_032 },
         // 15: j-15, trial 0 of the search.
-        ControlCommand { op: Op::TrialStart { search: j(3), trial: 0, params, bracket: 0, target: 1, slots: vec![slot(4, 0, vec![])], secret: secret('d') }, at_ms: 1_040 },
-        ControlCommand { op: Op::TrialReport { id: j(15), generation: 1, resource: 1, value: 0.75 }, at_ms: 1_041 },
-        ControlCommand { op: Op::TrialPromote { search: j(3), trial: 0, target: 3, slots: vec![slot(5, 0, vec![])], secret: secret('e') }, at_ms: 1_042 },
-        ControlCommand { op: Op::TrialCopy { search: j(3), trial: 0, slots: vec![slot(6, 0, vec![])], secret: secret('f') }, at_ms: 1_043 },
-        ControlCommand { op: Op::Cancel { id: j(2) }, at_ms: 1_050 },
+        ControlCommand { op: Op::TrialStart(ops::TrialStart { search: j(3), trial: 0, params, bracket: 0, target: 1, slots: vec![slot(4, 0, vec![])], secret: secret('d') }), at_ms: 1_040 },
+        ControlCommand { op: Op::TrialReport(ops::TrialReport { id: j(15), generation: 1, resource: 1, value: 0.75 }), at_ms: 1_041 },
+        ControlCommand { op: Op::TrialPromote(ops::TrialPromote { search: j(3), trial: 0, target: 3, slots: vec![slot(5, 0, vec![])], secret: secret('e') }), at_ms: 1_042 },
+        ControlCommand { op: Op::TrialCopy(ops::TrialCopy { search: j(3), trial: 0, slots: vec![slot(6, 0, vec![])], secret: secret('f') }), at_ms: 1_043 },
+        ControlCommand { op: Op::Cancel(ops::Cancel { id: j(2) }), at_ms: 1_050 },
         // 20
-        ControlCommand { op: Op::DatasetAdd { name: "mnist-small".into(), record: DatasetRecord {
+        ControlCommand { op: Op::DatasetAdd(ops::DatasetAdd { name: "mnist-small".into(), record: DatasetRecord {
                 root: "ab".repeat(32).parse().unwrap(),
                 size_bytes: 1_797 * 65,
                 files: 2,
                 chunks: 2,
                 added_at_ms: 1_060,
                 added_on: "m0".into(),
-            } }, at_ms: 1_060 },
-        ControlCommand { op: Op::DatasetAdd { name: "old".into(), record: DatasetRecord {
+            } }), at_ms: 1_060 },
+        ControlCommand { op: Op::DatasetAdd(ops::DatasetAdd { name: "old".into(), record: DatasetRecord {
                 root: "cd".repeat(32).parse().unwrap(),
                 size_bytes: 10,
                 files: 1,
                 chunks: 1,
                 added_at_ms: 1_061,
                 added_on: "m1".into(),
-            } }, at_ms: 1_061 },
-        ControlCommand { op: Op::DatasetRemove { name: "old".into() }, at_ms: 1_062 },
-        ControlCommand { op: Op::TokenCreate { name: "ci".into(), hash: "01".repeat(32), created_by: "admin@m0".into() }, at_ms: 1_070 },
-        ControlCommand { op: Op::TokenCreate { name: "old".into(), hash: "02".repeat(32), created_by: "admin@m1".into() }, at_ms: 1_071 },
+            } }), at_ms: 1_061 },
+        ControlCommand { op: Op::DatasetRemove(ops::DatasetRemove { name: "old".into() }), at_ms: 1_062 },
+        ControlCommand { op: Op::TokenCreate(ops::TokenCreate { name: "ci".into(), hash: "01".repeat(32), created_by: "admin@m0".into() }), at_ms: 1_070 },
+        ControlCommand { op: Op::TokenCreate(ops::TokenCreate { name: "old".into(), hash: "02".repeat(32), created_by: "admin@m1".into() }), at_ms: 1_071 },
         // 25
-        ControlCommand { op: Op::TokenRevoke { name: "old".into() }, at_ms: 1_072 },
-        ControlCommand { op: Op::MemberRemove { peer_id: "12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA".into(), name: "m7".into() }, at_ms: 1_080 },
-        ControlCommand { op: Op::SearchFinished { search: j(3) }, at_ms: 1_090 },
-        ControlCommand { op: Op::Compact { ids: vec![j(2)] }, at_ms: 1_100 },
+        ControlCommand { op: Op::TokenRevoke(ops::TokenRevoke { name: "old".into() }), at_ms: 1_072 },
+        ControlCommand { op: Op::MemberRemove(ops::MemberRemove { peer_id: "12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA".into(), name: "m7".into() }), at_ms: 1_080 },
+        ControlCommand { op: Op::SearchFinished(ops::SearchFinished { search: j(3) }), at_ms: 1_090 },
+        ControlCommand { op: Op::Compact(ops::Compact { ids: vec![j(2)] }), at_ms: 1_100 },
         // 29: j-29, an elastic command job of the ringleader protocol, with a standby joiner
         // (added with the standby, after the fixture above was pinned).
-        ControlCommand { op: Op::Submit { spec: spec("name = \"p\"\nkind = \"command\"\nworkers = 1\nmax_workers = 2\ncommand = [\"true\"]\n[elastic]\nprotocol = \"ringleader\"\n"), token: None }, at_ms: 1_110 },
+        ControlCommand { op: Op::Submit(ops::Submit { spec: spec("name = \"p\"\nkind = \"command\"\nworkers = 1\nmax_workers = 2\ncommand = [\"true\"]\n[elastic]\nprotocol = \"ringleader\"\n"), token: None }), at_ms: 1_110 },
         // 30
-        ControlCommand { op: Op::Place { id: j(29), generation: 1, slots: vec![slot(8, 0, vec![])], secret: secret('9') }, at_ms: 1_111 },
-        ControlCommand { op: Op::Standby { id: j(29), generation: 1, slot: Slot { worker: 1, ..slot(9, 1, vec![]) } }, at_ms: 1_112 },
-        ControlCommand { op: Op::StandbyDropped { id: j(29), worker: 9, reason: "its process exited with code 1".into() }, at_ms: 1_113 },
-        ControlCommand { op: Op::StandbyReady { id: j(29), worker: 1 }, at_ms: 1_114 },
+        ControlCommand { op: Op::Place(ops::Place { id: j(29), generation: 1, slots: vec![slot(8, 0, vec![])], secret: secret('9') }), at_ms: 1_111 },
+        ControlCommand { op: Op::Standby(ops::Standby { id: j(29), generation: 1, slot: Slot { worker: 1, ..slot(9, 1, vec![]) } }), at_ms: 1_112 },
+        ControlCommand { op: Op::StandbyDropped(ops::StandbyDropped { id: j(29), worker: 9, reason: "its process exited with code 1".into() }), at_ms: 1_113 },
+        ControlCommand { op: Op::StandbyReady(ops::StandbyReady { id: j(29), worker: 1 }), at_ms: 1_114 },
     ]
 }
 

@@ -49,7 +49,7 @@ commit_every_steps = 5
 /// Train workers of job `id` running in host `i`'s namespace.
 fn workers_in(i: usize, id: &str) -> usize {
     let out = Command::new("ip")
-        .args(["netns", "pids", &format!("rl{i}")])
+        .args(["netns", "pids", &common::netns::namespace(i)])
         .output()
         .expect("ip netns pids");
     String::from_utf8_lossy(&out.stdout)

@@ -272,9 +272,18 @@ fn random_search_of_command_trials_runs_the_example_script() {
     let metrics: Vec<f64> = rows.iter().filter_map(|r| r["metric"].as_f64()).collect();
     assert!(metrics.windows(2).all(|w| w[0] >= w[1]), "{metrics:?}");
     let best_job = rows[0]["job"].as_str().unwrap();
-    let out = c.cli(1).args(["logs", best_job]).output().unwrap();
+    let out = c
+        .cli(1)
+        .args(["logs", "--protocol", best_job])
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("ringleader-report 6 accuracy"), "{text}");
+    // Without --protocol, the rank protocol's lines are left out.
+    let out = c.cli(1).args(["logs", best_job]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("ringleader-report"), "{text}");
 }
 
 #[test]

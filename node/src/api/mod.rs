@@ -82,7 +82,7 @@ use crate::{
     },
     domain::{
         spec::SPEC_BYTES_MAX,
-        state::{ControlCommand, ControlResponse, JobId, Op},
+        state::{ops, ControlCommand, ControlResponse, JobId, Op},
     },
 };
 
@@ -443,10 +443,10 @@ async fn submit_spec(
         .token
         .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
     let cmd = ControlCommand {
-        op: Op::Submit {
+        op: Op::Submit(ops::Submit {
             spec: Box::new(spec),
             token: Some(token),
-        },
+        }),
         at_ms: wall_ms(),
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_millis(SUBMIT_RETRY_MS);
@@ -519,7 +519,7 @@ async fn cancel(
     match app
         .control
         .propose(ControlCommand {
-            op: Op::Cancel { id },
+            op: Op::Cancel(ops::Cancel { id }),
             at_ms: wall_ms(),
         })
         .await?

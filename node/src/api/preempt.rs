@@ -20,7 +20,7 @@ use super::{job_id, tokens::require_admin, ApiError, AppState};
 use crate::{
     control::handle::wall_ms,
     domain::state::{
-        new_ring_secret,
+        new_ring_secret, ops,
         preempt::{self, Preempt, PreemptAction, Refused},
         ControlCommand, ControlResponse, Op,
     },
@@ -144,11 +144,11 @@ pub(super) async fn grow(
         .map_err(refused)?;
     let cmd = ControlCommand::new(
         wall_ms(),
-        Op::Grow {
+        Op::Grow(ops::Grow {
             id,
             to_workers: req.to_workers,
             reason,
-        },
+        }),
     );
     propose_all(&app, vec![cmd]).await?;
     let done = format!("{id} growing to {} workers", req.to_workers);

@@ -124,6 +124,7 @@ impl StatusDoc {
             insecure: false,
             api_tls: None,
             summary: None,
+            seeds_never_reached: view.seeds_never_reached.clone(),
         }
     }
 }
@@ -167,6 +168,10 @@ pub struct StatusDoc {
     /// `jobs` starts ([`listing`]); absent from nodes older than the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<listing::Summary>,
+    /// The `--join` addresses this node has never connected to since it started; absent
+    /// when there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub seeds_never_reached: Vec<String>,
 }
 
 impl StatusDoc {
@@ -199,6 +204,13 @@ impl StatusDoc {
             let _ = writeln!(
                 out,
                 "INSECURE open cluster (--insecure): any host that reaches it can join"
+            );
+        }
+        if !self.seeds_never_reached.is_empty() {
+            let _ = writeln!(
+                out,
+                "seeds never reached: {} (down, a wrong address, or another cluster key: see the node's log)",
+                self.seeds_never_reached.join(", ")
             );
         }
         match &self.summary {

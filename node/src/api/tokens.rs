@@ -21,6 +21,7 @@ use serde::Deserialize;
 use super::{ApiError, AppState};
 use crate::control::handle::wall_ms;
 use crate::domain::state::{
+    ops,
     tokens::{check_token_name, listing, new_token, Principal},
     ControlCommand, ControlResponse, Op,
 };
@@ -76,11 +77,11 @@ pub(super) async fn create(
     let (token, hash) = new_token();
     let at_ms = wall_ms();
     let cmd = ControlCommand {
-        op: Op::TokenCreate {
+        op: Op::TokenCreate(ops::TokenCreate {
             name: req.name.clone(),
             hash,
             created_by: format!("admin@{}", node_name(&app).await),
-        },
+        }),
         at_ms,
     };
     match app.control.propose(cmd).await? {
@@ -109,7 +110,7 @@ pub(super) async fn revoke(
     require_admin("revoke tokens")?;
     check_token_name(&name).map_err(bad_name)?;
     let cmd = ControlCommand {
-        op: Op::TokenRevoke { name: name.clone() },
+        op: Op::TokenRevoke(ops::TokenRevoke { name: name.clone() }),
         at_ms: wall_ms(),
     };
     match app.control.propose(cmd).await? {
@@ -165,10 +166,10 @@ pub(super) async fn remove_member(
         ));
     }
     let cmd = ControlCommand {
-        op: Op::MemberRemove {
+        op: Op::MemberRemove(ops::MemberRemove {
             peer_id: peer_id.clone(),
             name: name.clone(),
-        },
+        }),
         at_ms: wall_ms(),
     };
     match app.control.propose(cmd).await? {

@@ -27,6 +27,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use crate::{
     cluster::{identity::peer_id_text, membership::State, net::MemberView},
     domain::state::{
+        ops,
         preempt::{reranked, Stopping, STOP_REPORT_SLACK_MS},
         standby::Standby,
         ControlCommand, ControlState, Job, JobState, Op, Slot, REJOIN_AFTER_MS,
@@ -260,11 +261,11 @@ fn running(
             .pop()
             .expect("the joiner's slot");
         return vec![ControlCommand {
-            op: Op::Standby {
+            op: Op::Standby(ops::Standby {
                 id: job.id,
                 generation: job.generation,
                 slot,
-            },
+            }),
             at_ms: now_ms,
         }];
     }
@@ -275,13 +276,13 @@ fn running(
         None => format!("joined {}", names.join(", ")),
     };
     vec![ControlCommand {
-        op: Op::Reform {
+        op: Op::Reform(ops::Reform {
             id: job.id,
             generation: job.generation + 1,
             slots: reranked(job.assignment.iter().cloned().chain(joined)),
             secret: new_secret(),
             reason,
-        },
+        }),
         at_ms: now_ms,
     }]
 }
@@ -312,11 +313,11 @@ fn stopping_ranks(
         None => return Vec::new(),
     };
     vec![ControlCommand {
-        op: Op::AttemptFailed {
+        op: Op::AttemptFailed(ops::AttemptFailed {
             id: job.id,
             generation: job.generation,
             reason,
-        },
+        }),
         at_ms: now_ms,
     }]
 }
@@ -352,11 +353,11 @@ fn join_standby(
     let dropped = unavailable.or_else(|| full.then(|| "the ring is full".to_owned()));
     if let Some(reason) = dropped {
         return vec![ControlCommand {
-            op: Op::StandbyDropped {
+            op: Op::StandbyDropped(ops::StandbyDropped {
                 id: job.id,
                 worker: slot.worker,
                 reason,
-            },
+            }),
             at_ms: now_ms,
         }];
     }
@@ -369,13 +370,13 @@ fn join_standby(
         None => format!("joined {}", slot.name),
     };
     vec![ControlCommand {
-        op: Op::Reform {
+        op: Op::Reform(ops::Reform {
             id: job.id,
             generation: job.generation + 1,
             slots: reranked(job.assignment.iter().cloned().chain([slot.clone()])),
             secret: new_secret(),
             reason,
-        },
+        }),
         at_ms: now_ms,
     }]
 }
@@ -400,12 +401,12 @@ fn shrink(
             .iter()
             .filter(|l| l.straggler)
             .map(|l| ControlCommand {
-                op: Op::Blacklist {
+                op: Op::Blacklist(ops::Blacklist {
                     member: l.slot.member.clone(),
                     name: l.slot.name.clone(),
                     cooldown_ms: u64::from(job.spec.elastic.blacklist_cooldown_s) * 1_000,
                     reason: format!("job {}: {}", job.id, l.reason),
-                },
+                }),
                 at_ms: now_ms,
             })
             .collect();
@@ -415,13 +416,13 @@ fn shrink(
             .filter(|s| !lost.iter().any(|l| l.slot.rank == s.rank))
             .cloned();
         out.push(ControlCommand {
-            op: Op::Reform {
+            op: Op::Reform(ops::Reform {
                 id: job.id,
                 generation: job.generation + 1,
                 slots: reranked(keep),
                 secret: new_secret(),
                 reason,
-            },
+            }),
             at_ms: now_ms,
         });
         return out;
@@ -430,11 +431,11 @@ fn shrink(
         return Vec::new();
     }
     vec![ControlCommand {
-        op: Op::AttemptFailed {
+        op: Op::AttemptFailed(ops::AttemptFailed {
             id: job.id,
             generation: job.generation,
             reason,
-        },
+        }),
         at_ms: now_ms,
     }]
 }
@@ -483,21 +484,21 @@ fn place_pending(
             Ok(slots) => {
                 placement::take(candidates, &slots, &req);
                 out.push(ControlCommand {
-                    op: Op::Place {
+                    op: Op::Place(ops::Place {
                         id: job.id,
                         generation: job.generation + 1,
                         slots,
                         secret: new_secret(),
-                    },
+                    }),
                     at_ms: now_ms,
                 });
             }
             Err(e) if job.pending_reason.as_deref() == Some(e.reason.as_str()) => {}
             Err(e) => out.push(ControlCommand {
-                op: Op::Unplaceable {
+                op: Op::Unplaceable(ops::Unplaceable {
                     id: job.id,
                     reason: e.reason,
-                },
+                }),
                 at_ms: now_ms,
             }),
         }

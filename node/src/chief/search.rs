@@ -15,7 +15,9 @@
 use trainer::search::{Suggestion, Trial, TrialState};
 
 use super::placement::{self, place_preferring, take, Candidate, Request};
-use crate::domain::state::{trials::searcher_of, ControlCommand, ControlState, Job, JobState, Op};
+use crate::domain::state::{
+    ops, trials::searcher_of, ControlCommand, ControlState, Job, JobState, Op,
+};
 
 /// Fewest finished runs to the same target before a slow trial gets a speculative copy.
 pub const SPECULATE_SAMPLES_MIN: usize = 3;
@@ -83,7 +85,7 @@ fn search(
                 trials.push(t);
                 active += 1;
                 out.push(ControlCommand {
-                    op: Op::TrialStart {
+                    op: Op::TrialStart(ops::TrialStart {
                         search: job.id,
                         trial,
                         params,
@@ -91,7 +93,7 @@ fn search(
                         target,
                         slots,
                         secret: new_secret(),
-                    },
+                    }),
                     at_ms: now_ms,
                 });
             }
@@ -133,13 +135,13 @@ fn search(
                 }
                 active += 1;
                 out.push(ControlCommand {
-                    op: Op::TrialPromote {
+                    op: Op::TrialPromote(ops::TrialPromote {
                         search: job.id,
                         trial,
                         target,
                         slots,
                         secret: new_secret(),
-                    },
+                    }),
                     at_ms: now_ms,
                 });
             }
@@ -147,7 +149,7 @@ fn search(
             Suggestion::Exhausted => {
                 if active == 0 && out.is_empty() {
                     out.push(ControlCommand {
-                        op: Op::SearchFinished { search: job.id },
+                        op: Op::SearchFinished(ops::SearchFinished { search: job.id }),
                         at_ms: now_ms,
                     });
                 }
@@ -160,7 +162,7 @@ fn search(
         let reason = format!("no room for a trial: {reason}");
         if job.pending_reason.as_deref() != Some(reason.as_str()) {
             out.push(ControlCommand {
-                op: Op::Unplaceable { id: job.id, reason },
+                op: Op::Unplaceable(ops::Unplaceable { id: job.id, reason }),
                 at_ms: now_ms,
             });
         }
@@ -224,12 +226,12 @@ fn speculate(
         };
         take(candidates, &slots, req);
         out.push(ControlCommand {
-            op: Op::TrialCopy {
+            op: Op::TrialCopy(ops::TrialCopy {
                 search: job.id,
                 trial: t.id,
                 slots,
                 secret: new_secret(),
-            },
+            }),
             at_ms: now_ms,
         });
     }

@@ -37,10 +37,10 @@ pub(crate) fn gpu_member(name: &str, cpus: u32, gpus: u32) -> MemberView {
 pub(crate) fn submit_text(state: &mut ControlState, spec: &str) -> JobId {
     let index = state.applied_index + 1;
     let cmd = ControlCommand {
-        op: Op::Submit {
+        op: Op::Submit(ops::Submit {
             spec: Box::new(JobSpec::parse(spec).unwrap()),
             token: None,
-        },
+        }),
         at_ms: 1,
     };
     match state.apply(index, &cmd) {
@@ -54,10 +54,10 @@ pub(crate) fn submit(state: &mut ControlState, index: u64, workers: u32) -> JobI
     let text =
         format!("name = \"t\"\nkind = \"command\"\nworkers = {workers}\ncommand = [\"true\"]\n");
     let cmd = ControlCommand {
-        op: Op::Submit {
+        op: Op::Submit(ops::Submit {
             spec: Box::new(JobSpec::parse(&text).unwrap()),
             token: None,
-        },
+        }),
         at_ms: 1,
     };
     match state.apply(index, &cmd) {
@@ -95,22 +95,22 @@ fn a_retry_avoids_the_member_where_the_program_could_not_start_unless_none_else_
     let fail_start = |state: &mut ControlState, at_ms: u64| {
         let generation = state.job(id).unwrap().generation;
         let note = ControlCommand {
-            op: Op::WorkerNote {
+            op: Op::WorkerNote(ops::WorkerNote {
                 id,
                 generation,
                 rank: 0,
                 message: "program \"nope\" not found on this node".into(),
                 cannot_start: true,
-            },
+            }),
             at_ms,
         };
         let exit = ControlCommand {
-            op: Op::WorkerExited {
+            op: Op::WorkerExited(ops::WorkerExited {
                 id,
                 generation,
                 rank: 0,
                 code: 127,
-            },
+            }),
             at_ms,
         };
         apply_all(state, &[note, exit]);
@@ -154,7 +154,7 @@ fn jobs_get_disjoint_gpus_and_an_ended_job_frees_them() {
     let third = submit_text(&mut state, TWO_BY_ONE_GPU);
     let cmds = decide(&state, &members, 7, &mut secret);
     let [ControlCommand {
-        op: Op::Unplaceable { reason, .. },
+        op: Op::Unplaceable(ops::Unplaceable { reason, .. }),
         ..
     }] = cmds.as_slice()
     else {
@@ -168,12 +168,12 @@ fn jobs_get_disjoint_gpus_and_an_ended_job_frees_them() {
     // The first ends: its devices go to the third.
     for rank in 0..2 {
         let exit = ControlCommand {
-            op: Op::WorkerExited {
+            op: Op::WorkerExited(ops::WorkerExited {
                 id: first,
                 generation: 1,
                 rank,
                 code: 0,
-            },
+            }),
             at_ms: 8,
         };
         apply_all(&mut state, &[exit]);
@@ -193,7 +193,7 @@ fn a_placement_on_a_held_gpu_is_ignored() {
     // Both decided on the same (stale) view: the second is refused when applied.
     let stale = decide(&state, &members, 5, &mut secret);
     let [ControlCommand {
-        op: Op::Place { slots, .. },
+        op: Op::Place(ops::Place { slots, .. }),
         ..
     }, _] = stale.as_slice()
     else {
@@ -201,12 +201,12 @@ fn a_placement_on_a_held_gpu_is_ignored() {
     };
     apply_all(&mut state, &stale[..1]);
     let again = ControlCommand {
-        op: Op::Place {
+        op: Op::Place(ops::Place {
             id: second,
             generation: 1,
             slots: slots.clone(),
             secret: secret(),
-        },
+        }),
         at_ms: 6,
     };
     let r = state.apply(state.applied_index + 1, &again);
@@ -220,12 +220,12 @@ fn a_placement_on_a_held_gpu_is_ignored() {
     let mut twice = slots.clone();
     twice[1].gpus = twice[0].gpus.clone();
     let bad = ControlCommand {
-        op: Op::Place {
+        op: Op::Place(ops::Place {
             id: second,
             generation: 1,
             slots: twice,
             secret: secret(),
-        },
+        }),
         at_ms: 6,
     };
     assert!(matches!(
@@ -252,12 +252,12 @@ fn a_reform_keeps_survivors_gpus_and_a_joiner_gets_the_lowest_free() {
     assert_eq!(devices(&state, other), [vec![0]]);
     // Rank 1 crashes: the survivors keep devices 0 and 2 (not re-packed to 0 and 1).
     let exit = ControlCommand {
-        op: Op::WorkerExited {
+        op: Op::WorkerExited(ops::WorkerExited {
             id: elastic,
             generation: 1,
             rank: 1,
             code: 137,
-        },
+        }),
         at_ms: 7,
     };
     apply_all(&mut state, &[exit]);
@@ -290,12 +290,12 @@ fn places_a_pending_job_and_then_fails_it_when_a_member_dies() {
     let cmds = decide(&state, &members, 5, &mut secret);
     let [ControlCommand {
         op:
-            Op::Place {
+            Op::Place(ops::Place {
                 id: placed,
                 generation: 1,
                 slots,
                 ..
-            },
+            }),
         ..
     }] = cmds.as_slice()
     else {
@@ -310,11 +310,11 @@ fn places_a_pending_job_and_then_fails_it_when_a_member_dies() {
     let cmds = decide(&state, &members, 7, &mut secret);
     let [ControlCommand {
         op:
-            Op::AttemptFailed {
+            Op::AttemptFailed(ops::AttemptFailed {
                 generation: 1,
                 reason,
                 ..
-            },
+            }),
         ..
     }] = cmds.as_slice()
     else {
@@ -336,7 +336,7 @@ fn an_unplaceable_reason_is_recorded_once() {
         matches!(
             cmds.as_slice(),
             [ControlCommand {
-                op: Op::Unplaceable { .. },
+                op: Op::Unplaceable(ops::Unplaceable { .. }),
                 ..
             }]
         ),
@@ -357,7 +357,7 @@ fn jobs_of_one_round_do_not_share_a_cpu() {
         matches!(
             cmds[0],
             ControlCommand {
-                op: Op::Place { .. },
+                op: Op::Place(ops::Place { .. }),
                 ..
             }
         ),
@@ -367,7 +367,7 @@ fn jobs_of_one_round_do_not_share_a_cpu() {
         matches!(
             cmds[1],
             ControlCommand {
-                op: Op::Unplaceable { .. },
+                op: Op::Unplaceable(ops::Unplaceable { .. }),
                 ..
             }
         ),
@@ -387,10 +387,10 @@ fn elastic_running(
         "name = \"e\"\nkind = \"command\"\nworkers = {workers}\nmin_workers = 2\nmax_workers = {max}\ncommand = [\"true\"]\n{extra}"
     );
     let cmd = ControlCommand {
-        op: Op::Submit {
+        op: Op::Submit(ops::Submit {
             spec: Box::new(JobSpec::parse(&text).unwrap()),
             token: None,
-        },
+        }),
         at_ms: 1,
     };
     let ControlResponse::Submitted { id } = state.apply(1, &cmd) else {
@@ -404,7 +404,7 @@ fn elastic_running(
 fn reform_of(cmds: &[ControlCommand]) -> (&Vec<Slot>, &str) {
     match cmds.last() {
         Some(ControlCommand {
-            op: Op::Reform { slots, reason, .. },
+            op: Op::Reform(ops::Reform { slots, reason, .. }),
             ..
         }) => (slots, reason),
         other => panic!("expected a re-form, got {other:?} in {cmds:?}"),
@@ -438,7 +438,7 @@ fn an_elastic_job_reforms_without_a_dead_member_and_keeps_its_restarts() {
         matches!(
             cmds.as_slice(),
             [ControlCommand {
-                op: Op::AttemptFailed { generation: 2, .. },
+                op: Op::AttemptFailed(ops::AttemptFailed { generation: 2, .. }),
                 ..
             }]
         ),
@@ -455,12 +455,12 @@ fn a_crashed_or_hung_rank_is_left_out() {
     ];
     let (mut state, id) = elastic_running(&members, 3, 3, "");
     let exit = ControlCommand {
-        op: Op::WorkerExited {
+        op: Op::WorkerExited(ops::WorkerExited {
             id,
             generation: 1,
             rank: 2,
             code: 137,
-        },
+        }),
         at_ms: 5,
     };
     assert_eq!(state.apply(3, &exit), ControlResponse::Applied);
@@ -476,20 +476,20 @@ fn a_crashed_or_hung_rank_is_left_out() {
     );
     state.apply(4, &cmds[0]);
     let hung = ControlCommand {
-        op: Op::RankLost {
+        op: Op::RankLost(ops::RankLost {
             id,
             generation: 2,
             rank: 1,
             hung: true,
             reason: "process stopped for 3000 ms".into(),
-        },
+        }),
         at_ms: 11,
     };
     assert_eq!(state.apply(5, &hung), ControlResponse::Applied);
     // Two ranks left, min_workers 2: the hung one cannot be dropped, the attempt fails.
     let cmds = decide(&state, &members, 12, &mut secret);
     let [ControlCommand {
-        op: Op::AttemptFailed { reason, .. },
+        op: Op::AttemptFailed(ops::AttemptFailed { reason, .. }),
         ..
     }] = cmds.as_slice()
     else {
@@ -513,14 +513,14 @@ fn a_straggler_is_dropped_and_blacklisted_after_its_window_but_never_below_min()
     let mut stats = |state: &mut ControlState, rank: u32, step: u64, ms: f64| {
         index += 1;
         let cmd = ControlCommand {
-            op: Op::RankStats {
+            op: Op::RankStats(ops::RankStats {
                 id,
                 generation: 1,
                 rank,
                 step,
                 compute_ms: ms,
                 wait_ms: 1.0,
-            },
+            }),
             at_ms: 5,
         };
         assert_eq!(state.apply(index, &cmd), ControlResponse::Applied);
@@ -539,7 +539,7 @@ fn a_straggler_is_dropped_and_blacklisted_after_its_window_but_never_below_min()
     stats(&mut state, 2, 16, 50.0);
     let cmds = decide(&state, &members, 10, &mut secret);
     assert!(
-        matches!(&cmds[0], ControlCommand { op: Op::Blacklist { name, .. }, .. } if name == "c"),
+        matches!(&cmds[0], ControlCommand { op: Op::Blacklist(ops::Blacklist { name, .. }), .. } if name == "c"),
         "{cmds:?}"
     );
     assert!(reform_of(&cmds).1.starts_with("straggler c (rank 2)"));
@@ -551,14 +551,14 @@ fn a_straggler_is_dropped_and_blacklisted_after_its_window_but_never_below_min()
     let (mut state, id) = elastic_running(&members[..2], 2, 3, "[elastic]\nstraggler_window = 1\n");
     for (i, (rank, ms)) in [(0, 10.0), (1, 50.0), (1, 50.0)].into_iter().enumerate() {
         let cmd = ControlCommand {
-            op: Op::RankStats {
+            op: Op::RankStats(ops::RankStats {
                 id,
                 generation: 1,
                 rank,
                 step: 5 + i as u64,
                 compute_ms: ms,
                 wait_ms: 1.0,
-            },
+            }),
             at_ms: 5,
         };
         state.apply(10 + i as u64, &cmd);
@@ -607,10 +607,10 @@ fn a_removed_member_is_never_placed_on() {
     let members = vec![member("a", State::Alive, 1), member("b", State::Alive, 8)];
     let mut state = ControlState::default();
     let removal = ControlCommand {
-        op: Op::MemberRemove {
+        op: Op::MemberRemove(ops::MemberRemove {
             peer_id: members[1].id.to_string(),
             name: "b".into(),
-        },
+        }),
         at_ms: 1,
     };
     apply_all(&mut state, &[removal]);
@@ -638,7 +638,7 @@ fn a_removed_member_is_never_placed_on() {
 fn standby_of(cmds: &[ControlCommand]) -> &Slot {
     match cmds {
         [ControlCommand {
-            op: Op::Standby { slot, .. },
+            op: Op::Standby(ops::Standby { slot, .. }),
             ..
         }] => slot,
         other => panic!("expected a standby, got {other:?}"),
@@ -675,7 +675,7 @@ fn a_ringleader_command_job_stages_its_joiner_and_reforms_once_it_is_ready() {
     );
     // A ready report from another worker id changes nothing.
     let ready = |worker| ControlCommand {
-        op: Op::StandbyReady { id, worker },
+        op: Op::StandbyReady(ops::StandbyReady { id, worker }),
         at_ms: at + 2,
     };
     let index = state.applied_index + 1;
@@ -732,7 +732,7 @@ fn a_standby_is_dropped_when_its_member_dies_and_kept_through_a_shrink() {
     let cmds = decide(&state, &members, 30, &mut secret);
     match cmds.as_slice() {
         [ControlCommand {
-            op: Op::StandbyDropped { worker, reason, .. },
+            op: Op::StandbyDropped(ops::StandbyDropped { worker, reason, .. }),
             ..
         }] => assert_eq!((*worker, reason.as_str()), (3, "member dead")),
         other => panic!("{other:?}"),

@@ -17,7 +17,7 @@ use libp2p::PeerId;
 use crate::{
     chief,
     cluster::{membership::State, meta::NodeMeta, net::MemberView},
-    domain::state::{ControlCommand, ControlResponse, ControlState, Op},
+    domain::state::{ops, ControlCommand, ControlResponse, ControlState, Op},
     jobs::JobSpec,
 };
 
@@ -89,10 +89,10 @@ pub fn run(args: &BenchChiefArgs) -> Result<()> {
         .collect::<Result<_, _>>()?;
     let submits: Vec<ControlCommand> = (0..j)
         .map(|i| ControlCommand {
-            op: Op::Submit {
+            op: Op::Submit(ops::Submit {
                 spec: Box::new(specs[i % specs.len()].clone()),
                 token: None,
-            },
+            }),
             at_ms: 1,
         })
         .collect();
@@ -130,13 +130,13 @@ pub fn run(args: &BenchChiefArgs) -> Result<()> {
         .jobs
         .values()
         .map(|job| ControlCommand {
-            op: Op::Metric {
+            op: Op::Metric(ops::Metric {
                 id: job.id,
                 generation: job.generation,
                 name: "loss".into(),
                 value: 0.5,
                 step: Some(1),
-            },
+            }),
             at_ms: 3,
         })
         .collect();

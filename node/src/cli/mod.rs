@@ -109,13 +109,17 @@ pub enum Cmd {
         /// Job id.
         id: String,
     },
-    /// A job's logs (its current generation, every rank).
+    /// A job's logs (its current generation, every rank): what its ranks printed, without
+    /// the lines of the rank protocol (`ringleader-…`) unless --protocol.
     Logs {
         /// Job id.
         id: String,
         /// Keep printing new lines until the job ends.
         #[arg(long, short)]
         follow: bool,
+        /// Show the rank protocol's lines too (heartbeats, metrics, reports, rank stats).
+        #[arg(long)]
+        protocol: bool,
     },
     /// Datasets shared peer to peer: add, ls, get, rm.
     #[command(subcommand)]
@@ -801,11 +805,12 @@ pub fn cancel(cli: &Cli, id: &str) -> Result<()> {
     Ok(())
 }
 
-/// `ringleader logs ID [--follow]`: every run of the job, oldest first (a search trial's
-/// first run, then each promotion and re-run; a job's retries), each headed `== run N
-/// (generation G)`, and in `--json` each line carrying its `run` and `generation`; with
-/// `--follow`, the current run until the job ends.
-pub fn logs(cli: &Cli, id: &str, follow: bool) -> Result<()> {
+/// `ringleader logs ID [--follow] [--protocol]`: every run of the job, oldest first (a search
+/// trial's first run, then each promotion and re-run; a job's retries), each headed `== run
+/// N (generation G)`, and in `--json` each line carrying its `run` and `generation`; with
+/// `--follow`, the current run until the job ends. The rank protocol's lines
+/// ([`shown_line`]) only with `protocol`.
+pub fn logs(cli: &Cli, id: &str, follow: bool, protocol: bool) -> Result<()> {
     use crate::api::status::LogsDoc;
     let c = client(cli)?;
     let first: LogsDoc = c.get(&format!("/v1/jobs/{id}/logs"))?;
@@ -818,7 +823,7 @@ pub fn logs(cli: &Cli, id: &str, follow: bool) -> Result<()> {
                 "/v1/jobs/{id}/logs?generation={generation}&offsets={}",
                 offsets_query(&offsets)
             ))?;
-            print_chunks(cli, &doc, &mut header, &mut offsets);
+            print_chunks(cli, &doc, protocol, &mut header, &mut offsets);
             if doc.chunks.iter().all(|c| c.text.is_empty()) {
                 break;
             }
@@ -843,7 +848,7 @@ pub fn logs(cli: &Cli, id: &str, follow: bool) -> Result<()> {
                 continue;
             }
         }
-        print_chunks(cli, &doc, &mut header, &mut offsets);
+        print_chunks(cli, &doc, protocol, &mut header, &mut offsets);
         let drained = doc.chunks.iter().all(|c| c.text.is_empty());
         if !follow || (is_terminal(&doc.state) && drained) {
             return Ok(());
@@ -867,9 +872,17 @@ fn run_of(runs: &[u32], generation: u32) -> usize {
 
 /// Prints a logs answer's lines, a header at each new (run, generation), and moves
 /// `offsets` past them.
+/// Whether `logs` prints `line`: a user's own output always; the rank protocol's lines
+/// (`ringleader-heartbeat`, `ringleader-metric`, …: most of a training job's log) only with
+/// `--protocol`.
+pub fn shown_line(line: &str, protocol: bool) -> bool {
+    protocol || !line.starts_with(ringleader_protocol::PREFIX)
+}
+
 fn print_chunks(
     cli: &Cli,
     doc: &crate::api::status::LogsDoc,
+    protocol: bool,
     header: &mut Option<(usize, u32)>,
     offsets: &mut BTreeMap<u32, u64>,
 ) {
@@ -881,7 +894,7 @@ fn print_chunks(
         if let Some(e) = &chunk.error {
             eprintln!("rank {}: log unavailable: {e}", chunk.rank);
         }
-        for line in chunk.text.lines() {
+        for line in chunk.text.lines().filter(|l| shown_line(l, protocol)) {
             if cli.json {
                 println!(
                     "{}",
@@ -910,6 +923,18 @@ mod tests {
             Cmd::Node(n) => n.into_config(),
             _ => unreachable!("a node command"),
         }
+    }
+
+    #[test]
+    fn logs_hide_the_rank_protocol_unless_asked() {
+        assert!(shown_line("epoch 3 loss 0.2", false));
+        assert!(shown_line(
+            "  ringleader-metric in the middle is the user's",
+            false
+        ));
+        assert!(!shown_line("ringleader-heartbeat 12", false));
+        assert!(!shown_line("ringleader-metric loss 0.5", false));
+        assert!(shown_line("ringleader-heartbeat 12", true));
     }
 
     #[test]

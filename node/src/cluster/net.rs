@@ -259,6 +259,9 @@ pub struct ClusterView {
     pub members: Vec<MemberView>,
     /// The networking counters, with the core's health score and suspicions filled in.
     pub counters: Counters,
+    /// The `--join` addresses this node has never connected to since it started (a typo, a
+    /// seed that is down, or one with another cluster key).
+    pub seeds_never_reached: Vec<String>,
 }
 
 /// Counters of the node's networking, for operators and tests.
@@ -387,6 +390,8 @@ impl NodeHandle {
 /// A seed address and its retry state.
 struct Seed {
     addr: Multiaddr,
+    /// Whether a dial of it has ever connected.
+    reached: bool,
     backoff_ms: u64,
     next_dial: Instant,
     dialing: Option<ConnectionId>,
@@ -506,6 +511,7 @@ impl EventLoop {
             .into_iter()
             .map(|addr| Seed {
                 addr,
+                reached: false,
                 backoff_ms: SEED_BACKOFF_MIN_MS,
                 next_dial: now,
                 dialing: None,
@@ -872,6 +878,7 @@ impl EventLoop {
                     .find(|s| s.dialing == Some(connection_id))
                 {
                     info!(addr = %seed.addr, peer = %peer_id, "connected to seed");
+                    seed.reached = true;
                     seed.dialing = None;
                     seed.backoff_ms = SEED_BACKOFF_MIN_MS;
                     seed.next_dial = Instant::now() + Duration::from_millis(SEED_BACKOFF_MAX_MS);
@@ -1015,6 +1022,12 @@ impl EventLoop {
             local: *self.core.local_id(),
             members: self.core.members().cloned().collect(),
             counters,
+            seeds_never_reached: self
+                .seeds
+                .iter()
+                .filter(|s| !s.reached)
+                .map(|s| s.addr.to_string())
+                .collect(),
         }
     }
 }
@@ -1074,6 +1087,7 @@ mod tests {
     fn seed(next_dial: Instant) -> Seed {
         Seed {
             addr: "/ip4/127.0.0.1/tcp/7070".parse().expect("multiaddr"),
+            reached: false,
             backoff_ms: SEED_BACKOFF_MIN_MS,
             next_dial,
             dialing: None,

@@ -381,14 +381,14 @@ mod tests {
 
     /// An entry of about `bytes` bytes on the wire.
     fn entry(index: u64, bytes: usize) -> openraft::Entry<TypeConfig> {
-        use crate::domain::state::{ControlCommand, Op};
+        use crate::domain::state::{ops, ControlCommand, Op};
         openraft::Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
             payload: openraft::EntryPayload::Normal(ControlCommand {
-                op: Op::Unplaceable {
+                op: Op::Unplaceable(ops::Unplaceable {
                     id: crate::domain::id::JobId::from_log_index(index),
                     reason: "x".repeat(bytes),
-                },
+                }),
                 at_ms: index,
             }),
         }

@@ -53,7 +53,7 @@ use crate::{
     },
     domain::{
         spec::JobSpec,
-        state::{tokens::Principal, ControlCommand, ControlState, JobId, Op},
+        state::{tokens::Principal, ControlCommand, ControlState, JobId, Origin},
     },
 };
 
@@ -225,175 +225,25 @@ fn check_live(
 }
 
 /// Whether the member `from` (a peer id) may have `cmd` committed by forwarding it to the
-/// chief. A member forwards what its users and its own ranks produce: a submit (whose spec
-/// is admitted again exactly as the API admits one, by `admit`: see [`Admission`]), a cancel,
-/// and the exits and metrics of ranks it runs in the job's current generation. What only the
-/// chief decides (placements, failed attempts, unplaceable jobs) is never accepted from the
-/// wire: the chief proposes those to its own Raft.
+/// chief: the command's origin rule ([`Origin`]), with a submit's spec admitted again
+/// exactly as the API admits one, by `admit` (see [`Admission`]). What only the chief
+/// decides (placements, failed attempts, unplaceable jobs) is never accepted from the wire:
+/// the chief proposes those to its own Raft.
 pub fn authorize(
     from: &str,
     cmd: &ControlCommand,
     state: &ControlState,
     admit: Admission,
 ) -> Result<(), String> {
-    let runs_in_current_generation = |id: JobId, generation: u32, rank: Option<u32>| {
-        let job = state.job(id).ok_or_else(|| format!("no job {id}"))?;
-        if job.generation != generation {
-            return Err(format!(
-                "job {id} is at generation {}, not {generation}",
-                job.generation
-            ));
-        }
-        let runs = job
-            .assignment
-            .iter()
-            .any(|s| s.member == from && rank.is_none_or(|r| s.rank == r));
-        if runs {
-            Ok(())
-        } else {
-            Err(match rank {
-                Some(r) => format!("rank {r} of job {id} does not run on the sender"),
-                None => format!("job {id} has no rank on the sender"),
-            })
-        }
-    };
-    match cmd {
-        ControlCommand { op: Op::Submit { spec, .. }, .. } => admit(spec),
-        ControlCommand { op: Op::Cancel { .. }, .. }
-        | ControlCommand { op: Op::Preempt { .. }, .. }
-        | ControlCommand { op: Op::Grow { .. }, .. }
-        | ControlCommand { op: Op::DatasetAdd { .. }, .. }
-        | ControlCommand { op: Op::DatasetRemove { .. }, .. }
-        | ControlCommand { op: Op::TokenCreate { .. }, .. }
-        | ControlCommand { op: Op::TokenRevoke { .. }, .. }
-        | ControlCommand { op: Op::MemberRemove { .. }, .. }
-        | ControlCommand { op: Op::KeySwitch { .. }, .. } => Ok(()),
-        ControlCommand { op: Op::WorkerExited { id, generation, rank, .. }, .. } => runs_in_current_generation(*id, *generation, Some(*rank)),
-        ControlCommand { op: Op::Metric { id, generation, .. }, .. }
-        | ControlCommand { op: Op::RankLost { id, generation, .. }, .. } => {
-            runs_in_current_generation(*id, *generation, None)
-        }
-        ControlCommand { op: Op::RankStats { id, generation, rank, .. }, .. }
-        | ControlCommand { op: Op::WorkerNote { id, generation, rank, .. }, .. } => runs_in_current_generation(*id, *generation, Some(*rank)),
-        ControlCommand { op: Op::TrialReport { id, generation, .. }, .. } => {
-            runs_in_current_generation(*id, *generation, Some(0))
-        }
-        ControlCommand { op: Op::StandbyReady { id, worker }, .. }
-        | ControlCommand { op: Op::StandbyDropped { id, worker, .. }, .. } => {
-            let job = state.job(*id).ok_or_else(|| format!("no job {id}"))?;
-            match &job.standby {
-                Some(s) if s.slot.worker == *worker && s.slot.member == from => Ok(()),
-                _ => Err(format!("worker {worker} of job {id} is no standby on the sender")),
-            }
-        }
-        ControlCommand { op: Op::Place { .. }, .. }
-        | ControlCommand { op: Op::TrialStart { .. }, .. }
-        | ControlCommand { op: Op::TrialPromote { .. }, .. }
-        | ControlCommand { op: Op::TrialCopy { .. }, .. }
-        | ControlCommand { op: Op::SearchFinished { .. }, .. }
-        | ControlCommand { op: Op::Compact { .. }, .. }
-        | ControlCommand { op: Op::Reform { .. }, .. }
-        | ControlCommand { op: Op::Standby { .. }, .. }
-        | ControlCommand { op: Op::Blacklist { .. }, .. }
-        | ControlCommand { op: Op::Unplaceable { .. }, .. }
-        | ControlCommand { op: Op::AttemptFailed { .. }, .. } => {
-            Err("only the chief places jobs, fails attempts and drives searches; not accepted from a peer".into())
-        }
-    }
-}
-
-/// Whether `cmd`, refused by [`authorize`], may name what `state` has not applied yet: a
-/// later generation of a job than it holds, or a job or a standby it does not know. A report
-/// of an older generation (a stale rank's) is refused at once.
-fn may_be_ahead(cmd: &ControlCommand, state: &ControlState) -> bool {
-    let (id, generation) = match &cmd.op {
-        Op::WorkerExited { id, generation, .. }
-        | Op::Metric { id, generation, .. }
-        | Op::RankLost { id, generation, .. }
-        | Op::RankStats { id, generation, .. }
-        | Op::WorkerNote { id, generation, .. }
-        | Op::TrialReport { id, generation, .. } => (*id, Some(*generation)),
-        Op::StandbyReady { id, .. } | Op::StandbyDropped { id, .. } => (*id, None),
-        _ => return false,
-    };
-    state.job(id).is_none_or(|job| match generation {
-        Some(g) => g > job.generation,
-        None => job.standby.is_none(),
-    })
-}
-
-/// The name of a command a user's API call originates (a submit, cancel, dataset, token or
-/// member change), `None` for what nodes originate themselves (ranks' exits and metrics).
-fn user_command(cmd: &ControlCommand) -> Option<&'static str> {
-    match cmd {
-        ControlCommand {
-            op: Op::Submit { .. },
-            ..
-        } => Some("submit"),
-        ControlCommand {
-            op: Op::Cancel { .. },
-            ..
-        } => Some("cancel"),
-        ControlCommand {
-            op: Op::DatasetAdd { .. },
-            ..
-        } => Some("dataset-add"),
-        ControlCommand {
-            op: Op::DatasetRemove { .. },
-            ..
-        } => Some("dataset-remove"),
-        ControlCommand {
-            op: Op::TokenCreate { .. },
-            ..
-        } => Some("token-create"),
-        ControlCommand {
-            op: Op::TokenRevoke { .. },
-            ..
-        } => Some("token-revoke"),
-        ControlCommand {
-            op: Op::MemberRemove { .. },
-            ..
-        } => Some("member-remove"),
-        ControlCommand {
-            op: Op::KeySwitch { .. },
-            ..
-        } => Some("key-rotate"),
-        ControlCommand {
-            op: Op::Preempt { .. },
-            ..
-        } => Some("preempt"),
-        ControlCommand {
-            op: Op::Grow { .. },
-            ..
-        } => Some("grow"),
-        _ => None,
+    match cmd.origin() {
+        Origin::Submit(spec) => admit(spec),
+        origin => origin.allows(from, state),
     }
 }
 
 /// Whether only the admin token may ask for `cmd` (token and member changes).
 pub fn admin_only(cmd: &ControlCommand) -> bool {
-    matches!(
-        cmd,
-        ControlCommand {
-            op: Op::TokenCreate { .. },
-            ..
-        } | ControlCommand {
-            op: Op::TokenRevoke { .. },
-            ..
-        } | ControlCommand {
-            op: Op::MemberRemove { .. },
-            ..
-        } | ControlCommand {
-            op: Op::KeySwitch { .. },
-            ..
-        } | ControlCommand {
-            op: Op::Preempt { .. },
-            ..
-        } | ControlCommand {
-            op: Op::Grow { .. },
-            ..
-        }
-    )
+    cmd.origin().admin_only()
 }
 
 /// Whether `principal` may have a user's request served here: a token only while its hash
@@ -419,7 +269,7 @@ pub fn authorize_principal(
     state: &ControlState,
 ) -> Result<(), String> {
     check_not_removed(from, state).map_err(|e| e.to_string())?;
-    if let Some(what) = user_command(cmd) {
+    if let Some(what) = cmd.origin().user_command() {
         check_user_principal(principal, state).map_err(|e| format!("{what}: {e}"))?;
     }
     if admin_only(cmd) && *principal != Principal::Admin {
@@ -450,11 +300,8 @@ async fn forwarded(
         // A submit's authorization is its admission (see `authorize`): CPU work on the spec
         // alone, run off the async runtime and outside the state's lock so Raft's timers and
         // applies go on meanwhile.
-        Ok(()) => match &cmd {
-            ControlCommand {
-                op: Op::Submit { spec, .. },
-                ..
-            } => {
+        Ok(()) => match cmd.origin() {
+            Origin::Submit(spec) => {
                 let spec = spec.clone();
                 tokio::task::spawn_blocking(move || admit(&spec))
                     .await
@@ -467,7 +314,7 @@ async fn forwarded(
                 // entry it committed itself. Judge again once this chief applied everything
                 // it committed (bounded): a report refused as stale lost the rank's exit and
                 // the job never ended.
-                Err(_) if ctl.read(|s| may_be_ahead(&cmd, s)) => {
+                Err(_) if ctl.read(|s| cmd.origin().may_be_ahead(s)) => {
                     ctl.apply_committed(std::time::Duration::from_millis(CATCH_UP_MS))
                         .await;
                     ctl.read(|s| authorize(&from, &cmd, s, admit))
@@ -482,7 +329,7 @@ async fn forwarded(
             Err(ProposeError::Rejected(e))
         }
         Ok(()) => {
-            if let Some(command) = user_command(&cmd) {
+            if let Some(command) = cmd.origin().user_command() {
                 let m = ctl.raft().metrics().borrow().clone();
                 let member = m
                     .membership_config

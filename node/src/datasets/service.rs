@@ -32,7 +32,7 @@ use crate::control::handle::{wall_ms, ControlHandle};
 use crate::control::protocol::ProposeError;
 use crate::domain::spec::JobKind;
 use crate::domain::state::{DatasetRecord, JobState};
-use crate::domain::{ControlCommand, ControlResponse, Op};
+use crate::domain::{ops, ControlCommand, ControlResponse, Op};
 
 /// How long a root just added is kept though no name refers to it yet (the name's commit
 /// may reach this replica later than the files).
@@ -273,10 +273,10 @@ impl Datasets {
             added_on: self.inner.cfg.name.clone(),
         };
         let cmd = ControlCommand {
-            op: Op::DatasetAdd {
+            op: Op::DatasetAdd(ops::DatasetAdd {
                 name: name.to_owned(),
                 record: record.clone(),
-            },
+            }),
             at_ms: record.added_at_ms,
         };
         match self.inner.control.propose(cmd).await? {
@@ -298,9 +298,9 @@ impl Datasets {
             return Err(DatasetsError::NotFound(name.to_owned()));
         }
         let cmd = ControlCommand {
-            op: Op::DatasetRemove {
+            op: Op::DatasetRemove(ops::DatasetRemove {
                 name: name.to_owned(),
-            },
+            }),
             at_ms: wall_ms(),
         };
         match self.inner.control.propose(cmd).await? {

@@ -22,4 +22,4 @@ pub mod spec;
 pub mod state;
 pub use spec::train as train_spec;
 
-pub use state::{ControlCommand, ControlResponse, ControlState, Job, JobId, JobState, Op};
+pub use state::{ops, ControlCommand, ControlResponse, ControlState, Job, JobId, JobState, Op};

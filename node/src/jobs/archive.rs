@@ -269,7 +269,7 @@ pub async fn read_record(storage: &str, id: JobId) -> Option<Job> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::state::{ControlCommand, ControlResponse, ControlState, Op};
+    use crate::domain::state::{ops, ControlCommand, ControlResponse, ControlState, Op};
 
     /// A node writes a record 15–30 s after its job ended, its own share of the spread; within
     /// a quarter of a shorter retention.
@@ -306,10 +306,10 @@ mod tests {
         let ControlResponse::Submitted { id } = state.apply(
             1,
             &ControlCommand {
-                op: Op::Submit {
+                op: Op::Submit(ops::Submit {
                     spec: Box::new(spec),
                     token: None,
-                },
+                }),
                 at_ms: 10,
             },
         ) else {

@@ -7,10 +7,12 @@
 //!   after a failure, a speculative copy, a run after its node died) finds the same place.
 //! - The capability ([`capability`]) names the job and the generation it was given for,
 //!   `<job>.<generation>.<mac>`, the MAC being BLAKE3's keyed hash of the three (job,
-//!   generation, place's path), keyed by [`CheckpointAccess::key`] (derived from the cluster
-//!   key with [`CHECKPOINT_KEY_CONTEXT`]; under `--insecure` a random key each node draws at
-//!   start, so a token is good on the node that launched the rank only, which is the one its
-//!   URL names). It opens its place only while that job lives at that generation
+//!   generation, place's path), keyed by [`CheckpointAccess::key`]: a random key each node
+//!   draws at start and never shares, so a token is good on the node that launched the rank
+//!   only, which is the one its URL names (a rank's node outlives its ranks: they stop with
+//!   it). It is not derived from the cluster key: a host that holds the cluster key, a
+//!   removed one among them until the key is rotated, could otherwise make a token for any
+//!   job's place on every node. It opens its place only while that job lives at that generation
 //!   ([`Grant::is_current`], checked against the replicated state at each request): a token
 //!   that leaked (another job read it, a log kept it) stops working when the generation
 //!   ends. Nothing new is stored or replicated: the node recomputes the MAC from the token
@@ -22,10 +24,6 @@
 use std::fmt;
 
 use crate::domain::state::{Job, JobId};
-
-/// The key-derivation context of the checkpoint capability key (changing it changes every
-/// token).
-pub const CHECKPOINT_KEY_CONTEXT: &str = "ringleader 2026-11 checkpoint capability v1";
 
 /// The most bytes one checkpoint object may hold (the body of a `PUT`), 64 MiB: the API
 /// streams a body to the store and cuts it here (`api::checkpoints`).
@@ -48,7 +46,7 @@ pub struct CheckpointAccess {
     pub api_url: String,
     /// The API's TLS pin when `api_url` is https.
     pub tls_sha256: Option<String>,
-    /// The capability key (see the module's doc).
+    /// The capability key, this node's alone (see the module's doc).
     pub key: [u8; 32],
 }
 

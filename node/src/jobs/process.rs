@@ -73,7 +73,7 @@ use ringleader_protocol::{LineError, RankLine};
 use watch::{Action, RankWatch, Watched};
 
 use crate::{
-    domain::state::{ControlCommand, JobId, Op},
+    domain::state::{ops, ControlCommand, JobId, Op},
     jobs::{
         launch::Launch,
         log_rate::{is_protocol, LogRate, Verdict, RANK_LOG_BYTES_PER_S_MAX},
@@ -506,12 +506,12 @@ impl Run {
         let _ = self
             .reports
             .send(ControlCommand {
-                op: Op::WorkerExited {
+                op: Op::WorkerExited(ops::WorkerExited {
                     id,
                     generation: self.generation,
                     rank: self.rank,
                     code,
-                },
+                }),
                 at_ms,
             })
             .await;
@@ -825,13 +825,13 @@ impl Run {
         let _ = self
             .reports
             .send(ControlCommand {
-                op: Op::WorkerNote {
+                op: Op::WorkerNote(ops::WorkerNote {
                     id: self.key.0,
                     generation: self.generation,
                     rank: self.rank,
                     message,
                     cannot_start,
-                },
+                }),
                 at_ms: (self.clock_ms)(),
             })
             .await;
@@ -853,7 +853,7 @@ impl Run {
     async fn report_standby_dropped(&self, id: JobId, reason: String) {
         let worker = self.key.2;
         warn!(job = %id, worker, "standby dropped: {reason}");
-        let op = Op::StandbyDropped { id, worker, reason };
+        let op = Op::StandbyDropped(ops::StandbyDropped { id, worker, reason });
         let at_ms = (self.clock_ms)();
         let _ = self.reports.send(ControlCommand { op, at_ms }).await;
     }

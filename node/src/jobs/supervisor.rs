@@ -29,7 +29,7 @@ use crate::{
     },
     domain::{
         spec::JobKind,
-        state::{ControlCommand, ControlState, JobId, JobState, Op},
+        state::{ops, ControlCommand, ControlState, JobId, JobState, Op},
     },
     jobs::{
         launch::{default_storage, generation_line, launch, Launch, LaunchContext, STANDBY_ENV},
@@ -548,14 +548,14 @@ async fn report_loop(ctl: ControlHandle, mut rx: mpsc::Receiver<ControlCommand>)
 /// The job a report is about (`None`: one chain for the rest).
 fn report_job(op: &Op) -> Option<JobId> {
     match op {
-        Op::WorkerExited { id, .. }
-        | Op::TrialReport { id, .. }
-        | Op::WorkerNote { id, .. }
-        | Op::StandbyReady { id, .. }
-        | Op::StandbyDropped { id, .. }
-        | Op::Metric { id, .. }
-        | Op::RankStats { id, .. }
-        | Op::RankLost { id, .. } => Some(*id),
+        Op::WorkerExited(ops::WorkerExited { id, .. })
+        | Op::TrialReport(ops::TrialReport { id, .. })
+        | Op::WorkerNote(ops::WorkerNote { id, .. })
+        | Op::StandbyReady(ops::StandbyReady { id, .. })
+        | Op::StandbyDropped(ops::StandbyDropped { id, .. })
+        | Op::Metric(ops::Metric { id, .. })
+        | Op::RankStats(ops::RankStats { id, .. })
+        | Op::RankLost(ops::RankLost { id, .. }) => Some(*id),
         _ => None,
     }
 }
@@ -564,11 +564,11 @@ fn report_job(op: &Op) -> Option<JobId> {
 async fn propose_report(ctl: ControlHandle, cmd: ControlCommand) {
     let must_arrive = matches!(
         cmd.op,
-        Op::WorkerExited { .. }
-            | Op::TrialReport { .. }
-            | Op::WorkerNote { .. }
-            | Op::StandbyReady { .. }
-            | Op::StandbyDropped { .. }
+        Op::WorkerExited(ops::WorkerExited { .. })
+            | Op::TrialReport(ops::TrialReport { .. })
+            | Op::WorkerNote(ops::WorkerNote { .. })
+            | Op::StandbyReady(ops::StandbyReady { .. })
+            | Op::StandbyDropped(ops::StandbyDropped { .. })
     );
     for tries in 0u32.. {
         match ctl.propose(cmd.clone()).await {
@@ -918,13 +918,13 @@ mod tests {
             s
         }];
         let reform = ControlCommand {
-            op: Op::Reform {
+            op: Op::Reform(ops::Reform {
                 id,
                 generation: 2,
                 slots: keep,
                 secret: "cd".repeat(32),
                 reason: "peer-lost a (rank 1): exited with code 137".into(),
-            },
+            }),
             at_ms: 6,
         };
         state.apply(state.applied_index + 1, &reform);
@@ -974,7 +974,7 @@ mod tests {
         let have: BTreeMap<Key, u32> = [((id, 1, 1), 1)].into();
         assert_eq!(plan(&state, &ctx(&b), &have, &host).start.len(), 0);
         let ready = ControlCommand {
-            op: Op::StandbyReady { id, worker: 1 },
+            op: Op::StandbyReady(ops::StandbyReady { id, worker: 1 }),
             at_ms: 7,
         };
         state.apply(state.applied_index + 1, &ready);
@@ -1068,11 +1068,11 @@ mod tests {
         state.apply(
             3,
             &ControlCommand {
-                op: Op::AttemptFailed {
+                op: Op::AttemptFailed(ops::AttemptFailed {
                     id,
                     generation: 1,
                     reason: "test".into(),
-                },
+                }),
                 at_ms: 6,
             },
         );

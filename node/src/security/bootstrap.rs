@@ -131,7 +131,7 @@ pub fn resolve(data_dir: &Path, asked: &Asked<'_>) -> Result<Secrets> {
             let text = identity::generate_cluster_key();
             modes::write_private(&stored, text.as_bytes())
                 .with_context(|| format!("writing {}", stored.display()))?;
-            created.push(("cluster key", stored.clone()));
+            created.push((CREATED_CLUSTER_KEY, stored.clone()));
             Some(load_key(&stored)?)
         }
     };
@@ -178,8 +178,65 @@ fn load_key(path: &Path) -> Result<ClusterKey> {
     identity::load_cluster_key(path)
 }
 
+/// The name [`Secrets::created`] gives a cluster key made at this start.
+pub const CREATED_CLUSTER_KEY: &str = "cluster key";
+
+/// What the first node of a new cluster prints once, at the start that made the key: how a
+/// second host joins it (copy the key, then the exact command). `listen` is the node's
+/// `--listen`: a loopback address can only be joined from this host (a second node here, with
+/// ports and a data directory of its own), an unspecified one (`0.0.0.0`) by this host's
+/// address, which the node cannot know for its peers.
+pub fn join_hint(listen: &libp2p::Multiaddr, key_file: &Path) -> String {
+    let socket = crate::cluster::addr::multiaddr_to_socket(listen);
+    let host = socket.map(|s| s.ip());
+    let port = socket.map_or(7070, |s| s.port());
+    let key = key_file.display();
+    match host {
+        Some(ip) if ip.is_loopback() => format!(
+            "ringleader: a new cluster. To start a second node on this host (it listens on \
+             loopback only; --listen 0.0.0.0:{port} lets other hosts join):\n    \
+             ringleader node --cluster-key {key} --join {ip}:{port} --listen {ip}:{p2} \
+             --api {ip}:{a2} --data-dir ringleader-data-2",
+            p2 = port.saturating_add(10),
+            a2 = port.saturating_add(11),
+        ),
+        Some(ip) if !ip.is_unspecified() => format!(
+            "ringleader: a new cluster. To add a host, copy {key} to it (mode 0600), then run \
+             there:\n    ringleader node --cluster-key cluster.key --join {ip}:{port} \
+             --listen 0.0.0.0:{port}"
+        ),
+        _ => format!(
+            "ringleader: a new cluster. To add a host, copy {key} to it (mode 0600), then run \
+             there (with this host's address):\n    ringleader node --cluster-key cluster.key \
+             --join THIS-HOST:{port} --listen 0.0.0.0:{port}"
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_join_hint_names_the_key_and_an_address_a_second_node_reaches() {
+        let key = Path::new("/data/cluster.key");
+        let local = join_hint(&"/ip4/127.0.0.1/tcp/7070".parse().unwrap(), key);
+        assert!(
+            local.contains("--cluster-key /data/cluster.key --join 127.0.0.1:7070"),
+            "{local}"
+        );
+        assert!(
+            local.contains("--listen 127.0.0.1:7080 --api 127.0.0.1:7081"),
+            "{local}"
+        );
+        let lan = join_hint(&"/ip4/10.0.0.5/tcp/9000".parse().unwrap(), key);
+        assert!(lan.contains("copy /data/cluster.key"), "{lan}");
+        assert!(
+            lan.contains("--join 10.0.0.5:9000 --listen 0.0.0.0:9000"),
+            "{lan}"
+        );
+        let any = join_hint(&"/ip4/0.0.0.0/tcp/7070".parse().unwrap(), key);
+        assert!(any.contains("--join THIS-HOST:7070"), "{any}");
+    }
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 

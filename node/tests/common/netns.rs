@@ -1,8 +1,10 @@
-//! Emulated hosts for real-process tests: `scripts/netns.sh` namespaces rl1..rlN at
-//! 10.77.0.I, one `ringleader node` in each. Needs root and `ip netns` ([`usable`]); a test
-//! without them prints SKIPPED. Every process is killed by PID and the namespaces removed
-//! when [`Hosts`] is dropped, even on failure. Only one test at a time may use them: keep
-//! each such test in a test binary of its own.
+//! Emulated hosts for real-process tests: `scripts/netns.sh` namespaces at the addresses
+//! `10.77.X.I`, one `ringleader node` in each. Their names and subnet are this test process's
+//! own ([`prefix`], [`subnet`]: from its PID), so two test runs on one machine never take
+//! each other's hosts. Needs root and `ip netns` ([`usable`]); a test without them prints
+//! SKIPPED. Every process is killed by PID and the namespaces removed when [`Hosts`] is
+//! dropped, even on failure. Only one test at a time in a process may use them: keep each
+//! such test in a test binary of its own.
 
 use std::{
     path::PathBuf,
@@ -21,9 +23,34 @@ fn netns_sh() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/netns.sh")
 }
 
-/// Runs `scripts/netns.sh ARGS`, asserting it succeeds.
+/// This process's namespace names' prefix (`r` and two letters) and subnet (`10.77.X`),
+/// both from one number drawn from the PID.
+fn run_slot() -> u32 {
+    std::process::id() % 250
+}
+
+/// The namespaces' prefix: host `i` is namespace `{prefix}{i}`.
+pub fn prefix() -> String {
+    let slot = run_slot();
+    let letter = |n: u32| char::from(b'a' + n as u8);
+    format!("r{}{}", letter(slot / 26), letter(slot % 26))
+}
+
+/// The hosts' /24, its first three octets.
+pub fn subnet() -> String {
+    format!("10.77.{}", run_slot())
+}
+
+/// Host `i`'s namespace.
+pub fn namespace(i: usize) -> String {
+    format!("{}{i}", prefix())
+}
+
+/// Runs `scripts/netns.sh ARGS` on this process's hosts, asserting it succeeds.
 pub fn netns(args: &[&str]) {
     let out = Command::new(netns_sh())
+        .env("RL_NETNS_PREFIX", prefix())
+        .env("RL_NETNS_SUBNET", subnet())
         .args(args)
         .output()
         .expect("running netns.sh");
@@ -56,7 +83,7 @@ pub fn usable() -> bool {
 
 /// Host `i` (1-based): its namespace address.
 pub fn addr(i: usize) -> String {
-    format!("10.77.0.{i}")
+    format!("{}.{i}", subnet())
 }
 
 /// The address every host of [`Hosts::up_listening_everywhere`] also has.
@@ -82,7 +109,7 @@ pub struct Hosts {
     /// The cluster's admin API token (derived from the key every node is started with).
     pub token: String,
     /// The fingerprint of the nodes' API TLS key (also derived from the key): their APIs on
-    /// 10.77.0.I are beyond loopback, so they speak TLS.
+    /// 10.77.X.I are beyond loopback, so they speak TLS.
     pub tls_pin: ringleader::security::tls::Fingerprint,
 }
 
@@ -134,7 +161,7 @@ impl Hosts {
             std::fs::create_dir_all(&data).unwrap();
             let log = std::fs::File::create(data.join("node.log")).unwrap();
             let mut cmd = Command::new("ip");
-            cmd.args(["netns", "exec", &format!("rl{i}"), super::exe(), "node"])
+            cmd.args(["netns", "exec", &namespace(i), super::exe(), "node"])
                 .args(["--name", &format!("n{i}")])
                 .args(["--listen", &listen(i, everywhere)])
                 .args(["--api", &format!("{}:7071", addr(i))])
@@ -160,7 +187,7 @@ impl Hosts {
 
     /// Gives host `i` an interface (a bridge with no ports) with the address [`BRIDGE_ADDR`].
     fn add_bridge(&self, i: usize) {
-        let ns = format!("rl{i}");
+        let ns = namespace(i);
         let addr = format!("{BRIDGE_ADDR}/24");
         for args in [
             &["link", "add", "rlbridge0", "type", "bridge"][..],
@@ -250,6 +277,8 @@ impl Drop for Hosts {
             let _ = child.wait();
         }
         let _ = Command::new(netns_sh())
+            .env("RL_NETNS_PREFIX", prefix())
+            .env("RL_NETNS_SUBNET", subnet())
             .arg("down")
             .stdout(Stdio::null())
             .status();

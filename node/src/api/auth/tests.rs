@@ -28,7 +28,7 @@ fn replicated_app(
 
 #[tokio::test]
 async fn middleware_accepts_replicated_tokens_until_revoked() {
-    use crate::domain::state::{tokens::new_token, ControlCommand, ControlState, Op};
+    use crate::domain::state::{ops, tokens::new_token, ControlCommand, ControlState, Op};
     let state = Arc::new(std::sync::Mutex::new(ControlState::default()));
     let (token, hash) = new_token();
     let bearer = format!("Bearer {token}");
@@ -40,11 +40,11 @@ async fn middleware_accepts_replicated_tokens_until_revoked() {
     .await;
     assert_eq!(code, StatusCode::UNAUTHORIZED, "not created yet");
     let create = ControlCommand {
-        op: Op::TokenCreate {
+        op: Op::TokenCreate(ops::TokenCreate {
             name: "ci".into(),
             hash: hash.clone(),
             created_by: "admin".into(),
-        },
+        }),
         at_ms: 1,
     };
     state.lock().unwrap().apply(1, &create);
@@ -73,7 +73,7 @@ async fn middleware_accepts_replicated_tokens_until_revoked() {
     .await;
     assert_eq!(code, StatusCode::UNAUTHORIZED);
     let revoke = ControlCommand {
-        op: Op::TokenRevoke { name: "ci".into() },
+        op: Op::TokenRevoke(ops::TokenRevoke { name: "ci".into() }),
         at_ms: 2,
     };
     state.lock().unwrap().apply(2, &revoke);

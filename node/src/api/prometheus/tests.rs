@@ -31,6 +31,7 @@ fn status() -> StatusDoc {
         insecure: false,
         api_tls: None,
         summary: None,
+        seeds_never_reached: Vec::new(),
     }
 }
 

@@ -232,7 +232,7 @@ pub fn counts_text(by: &BTreeMap<String, usize>, known: &[&str]) -> String {
 /// members (every 50th dead, every 100th suspect; named `m00000`…, `m00000` answering)
 /// and a control state of `jobs` command jobs in every state (4 in 5 succeeded).
 pub fn synthetic(members: usize, jobs: usize) -> (StatusDoc, ControlState) {
-    use crate::domain::state::{ControlCommand, ControlResponse, JobState, Op};
+    use crate::domain::state::{ops, ControlCommand, ControlResponse, JobState, Op};
     let members = (0..members)
         .map(|i| {
             let state = match i {
@@ -263,6 +263,7 @@ pub fn synthetic(members: usize, jobs: usize) -> (StatusDoc, ControlState) {
         insecure: false,
         api_tls: None,
         summary: None,
+        seeds_never_reached: Vec::new(),
     };
     let spec = crate::domain::spec::JobSpec::parse(
         "name = \"sweep\"\nkind = \"command\"\nworkers = 1\ncommand = [\"true\"]\n",
@@ -273,10 +274,10 @@ pub fn synthetic(members: usize, jobs: usize) -> (StatusDoc, ControlState) {
         let mut spec = spec.clone();
         spec.name = format!("sweep-{i}");
         let cmd = ControlCommand {
-            op: Op::Submit {
+            op: Op::Submit(ops::Submit {
                 spec: Box::new(spec),
                 token: None,
-            },
+            }),
             at_ms: 1,
         };
         let ControlResponse::Submitted { id } = state.apply(i as u64 + 1, &cmd) else {

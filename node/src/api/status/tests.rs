@@ -1,14 +1,14 @@
 use super::*;
-use crate::domain::state::{ControlCommand, ControlResponse, ControlState, Op};
+use crate::domain::state::{ops, ControlCommand, ControlResponse, ControlState, Op};
 
 fn train_job(train: &str) -> Job {
     let text = format!("name = \"t\"\nkind = \"train\"\nworkers = 1\n[train]\n{train}");
     let mut state = ControlState::default();
     let cmd = ControlCommand {
-        op: Op::Submit {
+        op: Op::Submit(ops::Submit {
             spec: Box::new(crate::domain::spec::JobSpec::parse(&text).unwrap()),
             token: None,
-        },
+        }),
         at_ms: 1,
     };
     let ControlResponse::Submitted { id } = state.apply(1, &cmd) else {
@@ -74,6 +74,7 @@ fn the_table_lists_each_members_gpus() {
         insecure: false,
         api_tls: None,
         summary: None,
+        seeds_never_reached: Vec::new(),
     };
     let text = doc.to_table();
     assert!(

@@ -61,7 +61,7 @@ fn submit(state: &mut ControlState) -> JobId {
     match state.apply(
         1,
         &ControlCommand {
-            op: Op::Submit { spec, token: None },
+            op: Op::Submit(ops::Submit { spec, token: None }),
             at_ms: 1,
         },
     ) {
@@ -79,12 +79,12 @@ fn exits(state: &ControlState, search: JobId, at_ms: u64) -> Vec<ControlCommand>
         .filter_map(|r| state.job(r.job))
         .filter(|j| j.state == JobState::Running)
         .map(|j| ControlCommand {
-            op: Op::WorkerExited {
+            op: Op::WorkerExited(ops::WorkerExited {
                 id: j.id,
                 generation: j.generation,
                 rank: 0,
                 code: 0,
-            },
+            }),
             at_ms,
         })
         .collect()
@@ -102,7 +102,7 @@ fn trials_start_up_to_max_parallel_and_the_search_ends_after_the_last() {
         .iter()
         .map(|c| match c {
             ControlCommand {
-                op: Op::TrialStart { slots, .. },
+                op: Op::TrialStart(ops::TrialStart { slots, .. }),
                 ..
             } => slots[0].name.clone(),
             other => panic!("{other:?}"),
@@ -130,7 +130,7 @@ fn trials_start_up_to_max_parallel_and_the_search_ends_after_the_last() {
         matches!(
             cmds.as_slice(),
             [ControlCommand {
-                op: Op::SearchFinished { .. },
+                op: Op::SearchFinished(ops::SearchFinished { .. }),
                 ..
             }]
         ),
@@ -172,9 +172,9 @@ fn a_member_that_joins_mid_search_gets_the_next_trials() {
     let mut c = candidates_of(&state, &members);
     let cmds = decide(&state, &mut c, 30, &mut secret);
     let [ControlCommand {
-        op: Op::TrialStart {
+        op: Op::TrialStart(ops::TrialStart {
             trial: 1, slots, ..
-        },
+        }),
         ..
     }] = cmds.as_slice()
     else {
@@ -203,7 +203,7 @@ fn a_trial_much_slower_than_its_peers_gets_a_copy_on_another_member() {
                 matches!(
                     c,
                     ControlCommand {
-                        op: Op::TrialStart { .. },
+                        op: Op::TrialStart(ops::TrialStart { .. }),
                         ..
                     }
                 )
@@ -217,12 +217,12 @@ fn a_trial_much_slower_than_its_peers_gets_a_copy_on_another_member() {
         apply(
             &mut state,
             &[ControlCommand {
-                op: Op::WorkerExited {
+                op: Op::WorkerExited(ops::WorkerExited {
                     id: newest,
                     generation,
                     rank: 0,
                     code: 0,
-                },
+                }),
                 at_ms: t + 100,
             }],
         );
@@ -238,9 +238,9 @@ fn a_trial_much_slower_than_its_peers_gets_a_copy_on_another_member() {
         .member
         .clone();
     let [ControlCommand {
-        op: Op::TrialCopy {
+        op: Op::TrialCopy(ops::TrialCopy {
             trial: 1, slots, ..
-        },
+        }),
         ..
     }] = cmds.as_slice()
     else {
@@ -289,7 +289,7 @@ fn a_promoted_trial_runs_after_its_last_run_on_that_runs_member() {
     let ControlResponse::Submitted { id: search } = state.apply(
         1,
         &ControlCommand {
-            op: Op::Submit { spec, token: None },
+            op: Op::Submit(ops::Submit { spec, token: None }),
             at_ms: 1,
         },
     ) else {
@@ -306,10 +306,12 @@ fn a_promoted_trial_runs_after_its_last_run_on_that_runs_member() {
         let record = state.job(search).unwrap().search.as_ref().unwrap();
         for cmd in &cmds {
             let (last, slots) = match &cmd.op {
-                Op::TrialPromote { trial, slots, .. } => {
+                Op::TrialPromote(ops::TrialPromote { trial, slots, .. }) => {
                     (state.job(record.runs[*trial as usize].job).unwrap(), slots)
                 }
-                Op::Place { id, slots, .. } if state.job(*id).unwrap().generation > 0 => {
+                Op::Place(ops::Place { id, slots, .. })
+                    if state.job(*id).unwrap().generation > 0 =>
+                {
                     (state.job(*id).unwrap(), slots)
                 }
                 _ => continue,
@@ -354,21 +356,21 @@ fn a_promoted_trial_runs_after_its_last_run_on_that_runs_member() {
             &mut state,
             &[
                 ControlCommand {
-                    op: Op::TrialReport {
+                    op: Op::TrialReport(ops::TrialReport {
                         id,
                         generation,
                         resource: target,
                         value,
-                    },
+                    }),
                     at_ms: now + 1,
                 },
                 ControlCommand {
-                    op: Op::WorkerExited {
+                    op: Op::WorkerExited(ops::WorkerExited {
                         id,
                         generation,
                         rank: 0,
                         code: 0,
-                    },
+                    }),
                     at_ms: now + 2,
                 },
             ],

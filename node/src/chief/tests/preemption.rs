@@ -58,11 +58,11 @@ fn a_shrunk_ring_stays_below_its_ceiling_until_a_grow_then_grows_back_in_one_gen
     );
     let grow = ControlCommand::new(
         later,
-        Op::Grow {
+        Op::Grow(ops::Grow {
             id,
             to_workers: 4,
             reason: "capacity returned".into(),
-        },
+        }),
     );
     apply_all(&mut state, &[grow]);
     let cmds = decide(&state, &members, later, &mut secret);
@@ -100,12 +100,12 @@ fn a_requeued_job_is_not_reformed_and_its_stop_ends_when_overdue_or_its_member_i
     // A rank that exits non-zero meanwhile (SIGTERM) is no loss to re-form around.
     let exit = ControlCommand::new(
         20,
-        Op::WorkerExited {
+        Op::WorkerExited(ops::WorkerExited {
             id,
             generation: 1,
             rank: 1,
             code: 143,
-        },
+        }),
     );
     apply_all(&mut state, &[exit]);
     assert!(decide(&state, &members, 30, &mut secret).is_empty());
@@ -115,7 +115,7 @@ fn a_requeued_job_is_not_reformed_and_its_stop_ends_when_overdue_or_its_member_i
         matches!(
             &cmds[..],
             [ControlCommand {
-                op: Op::AttemptFailed { .. },
+                op: Op::AttemptFailed(ops::AttemptFailed { .. }),
                 ..
             }]
         ),
@@ -128,7 +128,7 @@ fn a_requeued_job_is_not_reformed_and_its_stop_ends_when_overdue_or_its_member_i
     members[0].state = State::Dead;
     let cmds = decide(&state, &members, 40, &mut secret);
     let [ControlCommand {
-        op: Op::AttemptFailed { reason, .. },
+        op: Op::AttemptFailed(ops::AttemptFailed { reason, .. }),
         ..
     }] = &cmds[..]
     else {
@@ -151,12 +151,12 @@ fn a_job_requeued_for_another_waits_while_that_one_does() {
     preempt(&mut state, victim, PreemptAction::Requeue, Some(wanted), 10);
     let exit = ControlCommand::new(
         20,
-        Op::WorkerExited {
+        Op::WorkerExited(ops::WorkerExited {
             id: victim,
             generation: 1,
             rank: 0,
             code: 0,
-        },
+        }),
     );
     apply_all(&mut state, &[exit]);
     assert_eq!(state.job(victim).unwrap().state, JobState::Pending);
@@ -164,7 +164,7 @@ fn a_job_requeued_for_another_waits_while_that_one_does() {
     let placed: Vec<JobId> = cmds
         .iter()
         .filter_map(|c| match &c.op {
-            Op::Place { id, .. } => Some(*id),
+            Op::Place(ops::Place { id, .. }) => Some(*id),
             _ => None,
         })
         .collect();

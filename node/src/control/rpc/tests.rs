@@ -4,6 +4,7 @@ use super::*;
 use crate::{
     chief::{decide, tests as chief},
     cluster::membership::State,
+    domain::state::{ops, Op},
     jobs::admit_forwarded,
 };
 
@@ -139,13 +140,13 @@ fn joining_and_lagging_nodes_still_hear_their_leader() {
 /// A rank's report of metric `loss` for job `id`'s `generation`.
 fn metric(id: JobId, generation: u32, at_ms: u64) -> ControlCommand {
     ControlCommand {
-        op: Op::Metric {
+        op: Op::Metric(ops::Metric {
             id,
             generation,
             name: "loss".into(),
             value: 1.0,
             step: None,
-        },
+        }),
         at_ms,
     }
 }
@@ -159,12 +160,12 @@ fn members_forward_only_what_they_may_originate() {
     state.apply(2, &place[0]);
     let runner = members[0].id.to_string();
     let exited = ControlCommand {
-        op: Op::WorkerExited {
+        op: Op::WorkerExited(ops::WorkerExited {
             id,
             generation: 1,
             rank: 0,
             code: 0,
-        },
+        }),
         at_ms: 1,
     };
     assert_eq!(authorize(&runner, &exited, &state, admit_forwarded), Ok(()));
@@ -175,7 +176,7 @@ fn members_forward_only_what_they_may_originate() {
         .unwrap_err()
         .contains("only the chief"));
     let cancel = ControlCommand {
-        op: Op::Cancel { id },
+        op: Op::Cancel(ops::Cancel { id }),
         at_ms: 1,
     };
     assert_eq!(
@@ -189,30 +190,36 @@ fn only_a_report_naming_a_later_generation_waits_for_the_chief_to_catch_up() {
     let mut state = ControlState::default();
     let id = chief::submit(&mut state, 1, 1);
     let exited = |generation| ControlCommand {
-        op: Op::WorkerExited {
+        op: Op::WorkerExited(ops::WorkerExited {
             id,
             generation,
             rank: 0,
             code: 0,
-        },
+        }),
         at_ms: 1,
     };
     // Not placed yet here (generation 0): the rank's node may have applied its placement
     // before this chief did.
-    assert!(may_be_ahead(&exited(1), &state));
+    assert!(exited(1).origin().may_be_ahead(&state));
     let members = vec![chief::member("a", State::Alive, 1)];
     let place = decide(&state, &members, 5, &mut || "ab".repeat(32));
     state.apply(2, &place[0]);
-    assert!(!may_be_ahead(&exited(1), &state), "current: judged as is");
-    assert!(may_be_ahead(&exited(2), &state));
+    assert!(
+        !exited(1).origin().may_be_ahead(&state),
+        "current: judged as is"
+    );
+    assert!(exited(2).origin().may_be_ahead(&state));
     let mut later = ControlState::default();
     later.apply(1, &place[0]);
-    assert!(may_be_ahead(&exited(1), &later), "a job not known here");
+    assert!(
+        exited(1).origin().may_be_ahead(&later),
+        "a job not known here"
+    );
     // A stale rank's report of an older generation, and what only a chief proposes, never
     // wait.
     let old = metric(id, 0, 1);
-    assert!(!may_be_ahead(&old, &state));
-    assert!(!may_be_ahead(&place[0], &state));
+    assert!(!old.origin().may_be_ahead(&state));
+    assert!(!place[0].origin().may_be_ahead(&state));
 }
 
 /// A user command needs the admin or a live token; token and member changes the admin;
@@ -223,11 +230,11 @@ fn forwarded_commands_carry_a_principal_the_state_still_accepts() {
     let mut state = ControlState::default();
     let (_, hash) = new_token();
     let create = ControlCommand {
-        op: Op::TokenCreate {
+        op: Op::TokenCreate(ops::TokenCreate {
             name: "ci".into(),
             hash: hash.clone(),
             created_by: "admin".into(),
-        },
+        }),
         at_ms: 1,
     };
     assert_eq!(
@@ -236,7 +243,7 @@ fn forwarded_commands_carry_a_principal_the_state_still_accepts() {
     );
     let id = chief::submit(&mut state, 2, 1);
     let cancel = ControlCommand {
-        op: Op::Cancel { id },
+        op: Op::Cancel(ops::Cancel { id }),
         at_ms: 2,
     };
     let token = Principal::Token { hash: hash.clone() };
@@ -255,10 +262,10 @@ fn forwarded_commands_carry_a_principal_the_state_still_accepts() {
     let e = authorize_principal(&peer, &token, &create, &state).unwrap_err();
     assert!(e.contains("only the admin"), "{e}");
     let remove = ControlCommand {
-        op: Op::MemberRemove {
+        op: Op::MemberRemove(ops::MemberRemove {
             peer_id: libp2p::PeerId::random().to_string(),
             name: "c".into(),
-        },
+        }),
         at_ms: 3,
     };
     assert!(authorize_principal(&peer, &token, &remove, &state).is_err());
@@ -274,7 +281,7 @@ fn forwarded_commands_carry_a_principal_the_state_still_accepts() {
     );
     // Revoked between the follower's check and the chief's: refused.
     let revoke = ControlCommand {
-        op: Op::TokenRevoke { name: "ci".into() },
+        op: Op::TokenRevoke(ops::TokenRevoke { name: "ci".into() }),
         at_ms: 4,
     };
     let index = state.applied_index + 1;
@@ -284,10 +291,10 @@ fn forwarded_commands_carry_a_principal_the_state_still_accepts() {
     assert!(check_user_principal(&token, &state).is_err());
     // A removed member: nothing, not even the admin's requests or its own reports.
     let gone = ControlCommand {
-        op: Op::MemberRemove {
+        op: Op::MemberRemove(ops::MemberRemove {
             peer_id: peer.clone(),
             name: "p".into(),
-        },
+        }),
         at_ms: 5,
     };
     let index = state.applied_index + 1;
@@ -310,7 +317,7 @@ fn requests_without_a_principal_still_decode() {
     }
     let new = RpcRequest::ProposeAs {
         command: ControlCommand {
-            op: Op::TokenRevoke { name: "ci".into() },
+            op: Op::TokenRevoke(ops::TokenRevoke { name: "ci".into() }),
             at_ms: 1,
         },
         principal: Principal::Admin,

@@ -10,7 +10,7 @@ use tempfile::TempDir;
 
 use super::*;
 use crate::domain::spec::JobSpec;
-use crate::domain::state::{JobId, JobState, Op};
+use crate::domain::state::{ops, JobId, JobState, Op};
 
 struct Builder;
 
@@ -46,10 +46,10 @@ fn submit(term: u64, index: u64) -> Entry<TypeConfig> {
     Entry {
         log_id: log_id(term, index),
         payload: EntryPayload::Normal(ControlCommand {
-            op: Op::Submit {
+            op: Op::Submit(ops::Submit {
                 spec: Box::new(spec),
                 token: None,
-            },
+            }),
             at_ms: index,
         }),
     }

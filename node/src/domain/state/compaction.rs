@@ -8,7 +8,7 @@
 //! state machine removes those still ended (and the submit tokens that named them). A trial
 //! job stays while its search runs (the search's leaderboard names it).
 
-use super::{ignored, ControlCommand, ControlResponse, ControlState, JobId, Op};
+use super::{ignored, ops, ControlCommand, ControlResponse, ControlState, JobId, Op};
 
 /// Most ids in one `Compact` command.
 pub const COMPACT_IDS_MAX: usize = 1_000;
@@ -56,7 +56,7 @@ impl ControlState {
 /// The command compacting `ids`, if any.
 pub fn command(ids: Vec<JobId>, at_ms: u64) -> Option<ControlCommand> {
     (!ids.is_empty()).then_some(ControlCommand {
-        op: Op::Compact { ids },
+        op: Op::Compact(ops::Compact { ids }),
         at_ms,
     })
 }
@@ -70,10 +70,10 @@ mod tests {
         let spec =
             JobSpec::parse("name = \"a\"\nkind = \"command\"\ncommand = [\"true\"]\n").unwrap();
         let cmd = ControlCommand {
-            op: Op::Submit {
+            op: Op::Submit(ops::Submit {
                 spec: Box::new(spec),
                 token: Some(format!("t{at_ms}")),
-            },
+            }),
             at_ms,
         };
         match s.apply(s.applied_index + 1, &cmd) {
@@ -90,7 +90,7 @@ mod tests {
         let running = submit(&mut s, 30);
         for (id, at) in [(old, 100), (young, 900)] {
             let cancel = ControlCommand {
-                op: Op::Cancel { id },
+                op: Op::Cancel(ops::Cancel { id }),
                 at_ms: at,
             };
             assert_eq!(
@@ -109,7 +109,7 @@ mod tests {
         );
         // Compacting a running job is a no-op.
         let cmd = ControlCommand {
-            op: Op::Compact { ids: vec![running] },
+            op: Op::Compact(ops::Compact { ids: vec![running] }),
             at_ms: 1_001,
         };
         assert!(matches!(

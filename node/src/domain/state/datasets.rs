@@ -89,7 +89,7 @@ impl ControlState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::state::{ControlCommand, Op};
+    use crate::domain::state::{ops, ControlCommand, Op};
 
     fn record(byte: u8) -> DatasetRecord {
         DatasetRecord {
@@ -104,10 +104,10 @@ mod tests {
 
     fn add(name: &str, byte: u8) -> ControlCommand {
         ControlCommand {
-            op: Op::DatasetAdd {
+            op: Op::DatasetAdd(ops::DatasetAdd {
                 name: name.into(),
                 record: record(byte),
-            },
+            }),
             at_ms: 5,
         }
     }
@@ -122,7 +122,7 @@ mod tests {
         assert_eq!(s.datasets["d"].root, Root([1; 32]));
         assert!(s.dataset_root_named(&Root([1; 32])));
         let rm = ControlCommand {
-            op: Op::DatasetRemove { name: "d".into() },
+            op: Op::DatasetRemove(ops::DatasetRemove { name: "d".into() }),
             at_ms: 6,
         };
         assert_eq!(s.apply(3, &rm), ControlResponse::Applied);

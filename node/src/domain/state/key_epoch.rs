@@ -74,14 +74,14 @@ impl ControlState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::state::{ControlCommand, Op};
+    use crate::domain::state::{ops, ControlCommand, Op};
 
     fn switch(epoch: u64, fingerprint: &str) -> ControlCommand {
         ControlCommand {
-            op: Op::KeySwitch {
+            op: Op::KeySwitch(ops::KeySwitch {
                 epoch,
                 fingerprint: fingerprint.into(),
-            },
+            }),
             at_ms: 7,
         }
     }

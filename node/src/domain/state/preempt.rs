@@ -38,7 +38,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    ignored, rejected, unknown, ControlCommand, ControlResponse, ControlState, EventKind, Job,
+    ignored, ops, rejected, unknown, ControlCommand, ControlResponse, ControlState, EventKind, Job,
     JobId, JobState, Op, Slot, REASON_BYTES_MAX,
 };
 use crate::domain::spec::JobKind;
@@ -217,7 +217,7 @@ pub fn execute(
     let why = history_prefix(state, ask);
     let entry = |job: &Job, action, drop_workers: Vec<u32>, secret: String| ControlCommand {
         at_ms: now_ms,
-        op: Op::Preempt {
+        op: Op::Preempt(ops::Preempt {
             id: job.id,
             generation: job.generation,
             action,
@@ -225,7 +225,7 @@ pub fn execute(
             why: why.clone(),
             drop_workers,
             secret,
-        },
+        }),
     };
     match ask.action {
         PreemptAction::Shrink { to_workers } => {

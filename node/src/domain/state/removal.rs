@@ -62,14 +62,14 @@ impl ControlState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::state::{ControlCommand, Op};
+    use crate::domain::state::{ops, ControlCommand, Op};
 
     fn remove(peer: &str) -> ControlCommand {
         ControlCommand {
-            op: Op::MemberRemove {
+            op: Op::MemberRemove(ops::MemberRemove {
                 peer_id: peer.into(),
                 name: "c".into(),
-            },
+            }),
             at_ms: 9,
         }
     }

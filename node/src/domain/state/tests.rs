@@ -1,27 +1,8 @@
-//! Tests of the replicated state: its commands through `apply` (as replicas apply them,
-//! with the log's checks) and each command's own method.
+//! Tests of the replicated state: its commands through `apply`, as replicas apply them,
+//! with the log's checks (each command's own tests are in its file under `ops/`).
 
+use super::ops::testing::{slots, spec};
 use super::*;
-
-fn spec(workers: u32, max_restarts: u32) -> JobSpec {
-    JobSpec::parse(&format!(
-        "name = \"t\"\nkind = \"command\"\nworkers = {workers}\nmax_restarts = {max_restarts}\ncommand = [\"true\"]\n"
-    ))
-    .unwrap()
-}
-
-fn slots(n: u32) -> Vec<Slot> {
-    (0..n)
-        .map(|r| Slot {
-            member: format!("id-{r}"),
-            name: format!("m{r}"),
-            rank: r,
-            local_rank: 0,
-            worker: r,
-            gpus: Vec::new(),
-        })
-        .collect()
-}
 
 /// A state and a log-index counter, as a replica sees them.
 struct Replica {
@@ -42,10 +23,10 @@ impl Replica {
     }
     fn submit(&mut self, workers: u32, max_restarts: u32) -> JobId {
         match self.apply(ControlCommand {
-            op: Op::Submit {
+            op: Op::Submit(ops::Submit {
                 spec: Box::new(spec(workers, max_restarts)),
                 token: None,
-            },
+            }),
             at_ms: 10,
         }) {
             ControlResponse::Submitted { id } => id,
@@ -54,23 +35,23 @@ impl Replica {
     }
     fn place(&mut self, id: JobId, generation: u32, n: u32) -> ControlResponse {
         self.apply(ControlCommand {
-            op: Op::Place {
+            op: Op::Place(ops::Place {
                 id,
                 generation,
                 slots: slots(n),
                 secret: new_ring_secret(),
-            },
+            }),
             at_ms: 20,
         })
     }
     fn exit(&mut self, id: JobId, generation: u32, rank: u32, code: i32) -> ControlResponse {
         self.apply(ControlCommand {
-            op: Op::WorkerExited {
+            op: Op::WorkerExited(ops::WorkerExited {
                 id,
                 generation,
                 rank,
                 code,
-            },
+            }),
             at_ms: 30,
         })
     }
@@ -90,10 +71,10 @@ fn submit_with_full_spec_roundtrips_through_json() {
     );
     let spec = JobSpec::parse(&text).unwrap();
     let cmd = ControlCommand {
-        op: Op::Submit {
+        op: Op::Submit(ops::Submit {
             spec: Box::new(spec),
             token: Some("t-1".into()),
-        },
+        }),
         at_ms: 1,
     };
     let json = serde_json::to_string(&cmd).unwrap();
@@ -201,11 +182,11 @@ fn no_restarts_allowed_fails_at_once() {
     let id = r.submit(1, 0);
     r.place(id, 1, 1);
     r.apply(ControlCommand {
-        op: Op::AttemptFailed {
+        op: Op::AttemptFailed(ops::AttemptFailed {
             id,
             generation: 1,
             reason: "node m0 died".into(),
-        },
+        }),
         at_ms: 5,
     });
     let job = r.job(id);
@@ -230,12 +211,12 @@ fn placement_must_be_for_the_next_attempt_of_a_pending_job() {
         "running, not pending"
     );
     let bad = ControlCommand {
-        op: Op::Place {
+        op: Op::Place(ops::Place {
             id,
             generation: 2,
             slots: vec![],
             secret: new_ring_secret(),
-        },
+        }),
         at_ms: 1,
     };
     assert_eq!(bad.check(), Err(BadCommand::Slots));
@@ -246,12 +227,12 @@ fn placement_must_be_for_the_next_attempt_of_a_pending_job() {
         "g".repeat(64),
     ] {
         let cmd = ControlCommand {
-            op: Op::Place {
+            op: Op::Place(ops::Place {
                 id,
                 generation: 2,
                 slots: slots(1),
                 secret,
-            },
+            }),
             at_ms: 1,
         };
         assert_eq!(cmd.check(), Err(BadCommand::Secret));
@@ -285,10 +266,10 @@ fn unplaceable_records_reason_once_until_it_changes() {
     let mut r = Replica::new();
     let id = r.submit(4, 3);
     let un = |reason: &str| ControlCommand {
-        op: Op::Unplaceable {
+        op: Op::Unplaceable(ops::Unplaceable {
             id,
             reason: reason.into(),
-        },
+        }),
         at_ms: 7,
     };
     assert_eq!(r.apply(un("needs 4 workers")), ControlResponse::Applied);
@@ -320,7 +301,7 @@ fn cancel_from_pending_and_running_not_from_terminal() {
     let a = r.submit(1, 3);
     assert_eq!(
         r.apply(ControlCommand {
-            op: Op::Cancel { id: a },
+            op: Op::Cancel(ops::Cancel { id: a }),
             at_ms: 9
         }),
         ControlResponse::Applied
@@ -328,7 +309,7 @@ fn cancel_from_pending_and_running_not_from_terminal() {
     assert_eq!(r.job(a).state, JobState::Cancelled);
     assert!(matches!(
         r.apply(ControlCommand {
-            op: Op::Cancel { id: a },
+            op: Op::Cancel(ops::Cancel { id: a }),
             at_ms: 9
         }),
         ControlResponse::Rejected { .. }
@@ -337,7 +318,7 @@ fn cancel_from_pending_and_running_not_from_terminal() {
     r.place(b, 1, 1);
     assert_eq!(
         r.apply(ControlCommand {
-            op: Op::Cancel { id: b },
+            op: Op::Cancel(ops::Cancel { id: b }),
             at_ms: 9
         }),
         ControlResponse::Applied
@@ -369,13 +350,13 @@ fn metrics_latest_value_current_attempt_only() {
     let mut r = Replica::new();
     let id = r.submit(1, 3);
     let m = |generation, value, step| ControlCommand {
-        op: Op::Metric {
+        op: Op::Metric(ops::Metric {
             id,
             generation,
             name: "loss".into(),
             value,
             step,
-        },
+        }),
         at_ms: 3,
     };
     assert!(
@@ -408,25 +389,25 @@ fn metric_names_are_bounded() {
     r.place(id, 1, 1);
     for i in 0..METRICS_PER_JOB_MAX + 5 {
         r.apply(ControlCommand {
-            op: Op::Metric {
+            op: Op::Metric(ops::Metric {
                 id,
                 generation: 1,
                 name: format!("m{i}"),
                 value: 1.0,
                 step: None,
-            },
+            }),
             at_ms: 1,
         });
     }
     assert_eq!(r.job(id).metrics.len(), METRICS_PER_JOB_MAX);
     let long = ControlCommand {
-        op: Op::Metric {
+        op: Op::Metric(ops::Metric {
             id,
             generation: 1,
             name: "x".repeat(200),
             value: 1.0,
             step: None,
-        },
+        }),
         at_ms: 1,
     };
     assert_eq!(long.check(), Err(BadCommand::MetricName));
@@ -438,10 +419,10 @@ fn events_are_bounded_and_dropped_counted() {
     let id = r.submit(1, 3);
     for i in 0..EVENTS_PER_JOB_MAX + 10 {
         r.apply(ControlCommand {
-            op: Op::Unplaceable {
+            op: Op::Unplaceable(ops::Unplaceable {
                 id,
                 reason: format!("r{i}"),
-            },
+            }),
             at_ms: 1,
         });
     }
@@ -450,10 +431,10 @@ fn events_are_bounded_and_dropped_counted() {
     assert_eq!(job.events_dropped, 11);
     // Long reasons are cut.
     r.apply(ControlCommand {
-        op: Op::Unplaceable {
+        op: Op::Unplaceable(ops::Unplaceable {
             id,
             reason: "é".repeat(REASON_BYTES_MAX),
-        },
+        }),
         at_ms: 1,
     });
     assert!(r.job(id).pending_reason.as_ref().unwrap().len() <= REASON_BYTES_MAX);
@@ -464,40 +445,40 @@ fn replicas_applying_the_same_log_agree_and_snapshot_roundtrips() {
     let log = |id: JobId| {
         vec![
             ControlCommand {
-                op: Op::Place {
+                op: Op::Place(ops::Place {
                     id,
                     generation: 1,
                     slots: slots(2),
                     secret: new_ring_secret(),
-                },
+                }),
                 at_ms: 2,
             },
             ControlCommand {
-                op: Op::Metric {
+                op: Op::Metric(ops::Metric {
                     id,
                     generation: 1,
                     name: "acc".into(),
                     value: 0.9,
                     step: Some(3),
-                },
+                }),
                 at_ms: 3,
             },
             ControlCommand {
-                op: Op::WorkerExited {
+                op: Op::WorkerExited(ops::WorkerExited {
                     id,
                     generation: 1,
                     rank: 0,
                     code: 1,
-                },
+                }),
                 at_ms: 4,
             },
             ControlCommand {
-                op: Op::Place {
+                op: Op::Place(ops::Place {
                     id,
                     generation: 2,
                     slots: slots(2),
                     secret: new_ring_secret(),
-                },
+                }),
                 at_ms: 5,
             },
         ]
@@ -517,7 +498,7 @@ fn replicas_applying_the_same_log_agree_and_snapshot_roundtrips() {
     let back: ControlState = serde_json::from_slice(&json).unwrap();
     assert_eq!(back, a.state);
     for cmd in log(ia).into_iter().chain([ControlCommand {
-        op: Op::Cancel { id: ia },
+        op: Op::Cancel(ops::Cancel { id: ia }),
         at_ms: 1,
     }]) {
         let json = serde_json::to_string(&cmd).unwrap();
@@ -529,10 +510,10 @@ fn replicas_applying_the_same_log_agree_and_snapshot_roundtrips() {
 fn a_retried_submit_with_the_same_token_returns_the_first_id() {
     let mut state = ControlState::default();
     let submit = |token: Option<&str>| ControlCommand {
-        op: Op::Submit {
+        op: Op::Submit(ops::Submit {
             spec: Box::new(spec(1, 0)),
             token: token.map(str::to_string),
-        },
+        }),
         at_ms: 5,
     };
     let first = state.apply(1, &submit(Some("abc")));
@@ -587,10 +568,10 @@ mod metric_history {
         assert!(s.api_tokens.is_empty() && s.removed.is_empty());
         let mut s = s;
         let cmd = ControlCommand {
-            op: Op::MemberRemove {
+            op: Op::MemberRemove(ops::MemberRemove {
                 peer_id: libp2p::PeerId::random().to_string(),
                 name: "c".into(),
-            },
+            }),
             at_ms: 6,
         };
         assert_eq!(s.apply(4, &cmd), ControlResponse::Applied);
@@ -605,269 +586,6 @@ mod metric_history {
     }
 }
 
-/// Each command's own method, called directly (what `apply` dispatches to, after its checks).
-mod commands {
-    use super::*;
-
-    fn secret() -> String {
-        "ab".repeat(32)
-    }
-
-    /// A state holding one pending job of `workers` (elastic down to `min_workers`), id j-1.
-    fn pending(workers: u32, min_workers: u32) -> (ControlState, JobId) {
-        let mut state = ControlState::default();
-        let text = format!(
-            "name = \"t\"\nkind = \"command\"\nworkers = {workers}\nmin_workers = {min_workers}\ncommand = [\"true\"]\n"
-        );
-        let r = state.submit(1, &JobSpec::parse(&text).unwrap(), None, 5);
-        assert_eq!(
-            r,
-            ControlResponse::Submitted {
-                id: JobId::from_log_index(1)
-            }
-        );
-        (state, JobId::from_log_index(1))
-    }
-
-    /// As [`pending`], placed as generation 1.
-    fn running(workers: u32, min_workers: u32) -> (ControlState, JobId) {
-        let (mut state, id) = pending(workers, min_workers);
-        assert_eq!(
-            state.place(id, 1, &slots(workers), &secret(), 6),
-            ControlResponse::Applied
-        );
-        (state, id)
-    }
-
-    #[test]
-    fn submit_creates_a_job_and_a_token_names_it_once() {
-        let mut state = ControlState::default();
-        let spec = spec(1, 0);
-        let first = state.submit(3, &spec, Some("t"), 10);
-        assert_eq!(
-            first,
-            ControlResponse::Submitted {
-                id: JobId::from_log_index(3)
-            }
-        );
-        assert_eq!(state.submit(4, &spec, Some("t"), 11), first);
-        assert_eq!(state.jobs.len(), 1);
-        assert_eq!(
-            state.jobs[&JobId::from_log_index(3)].state,
-            JobState::Pending
-        );
-    }
-
-    #[test]
-    fn place_starts_the_next_generation_of_a_pending_job_only() {
-        let (mut state, id) = pending(2, 2);
-        assert!(matches!(
-            state.place(id, 2, &slots(2), &secret(), 6),
-            ControlResponse::Rejected { reason } if reason.contains("placement for generation 2, expected 1")
-        ));
-        assert_eq!(
-            state.place(id, 1, &slots(2), &secret(), 6),
-            ControlResponse::Applied
-        );
-        assert_eq!(state.jobs[&id].state, JobState::Running);
-        assert!(matches!(
-            state.place(id, 2, &slots(2), &secret(), 7),
-            ControlResponse::Rejected { reason } if reason.contains("is running, not pending")
-        ));
-        let unknown = JobId::from_log_index(99);
-        assert!(matches!(
-            state.place(unknown, 1, &slots(1), &secret(), 7),
-            ControlResponse::Rejected { .. }
-        ));
-    }
-
-    #[test]
-    fn reform_is_ignored_on_a_stale_view_and_refused_outside_the_bounds() {
-        let (mut state, id) = running(3, 2);
-        // The guard Place shares: a re-form decided on an old view is ignored, not refused.
-        assert!(matches!(
-            state.reform(id, 3, &slots(2), &secret(), "lost", 8),
-            ControlResponse::Ignored { reason } if reason.contains("re-form as generation 3, expected 2")
-        ));
-        assert!(matches!(
-            state.reform(id, 2, &slots(1), &secret(), "lost", 8),
-            ControlResponse::Rejected { .. }
-        ));
-        assert_eq!(
-            state.reform(id, 2, &slots(2), &secret(), "lost", 8),
-            ControlResponse::Applied
-        );
-        assert_eq!(state.jobs[&id].generation, 2);
-        let (mut fixed, id) = running(2, 2);
-        assert!(matches!(
-            fixed.reform(id, 2, &slots(2), &secret(), "x", 8),
-            ControlResponse::Rejected { .. }
-        ));
-        let (mut waiting, id) = pending(2, 1);
-        assert!(matches!(
-            waiting.reform(id, 1, &slots(2), &secret(), "x", 8),
-            ControlResponse::Ignored { reason } if reason.contains("is pending, not running")
-        ));
-    }
-
-    #[test]
-    fn unplaceable_records_a_reason_once() {
-        let (mut state, id) = pending(1, 1);
-        assert_eq!(
-            state.unplaceable(id, "no room", 7),
-            ControlResponse::Applied
-        );
-        assert!(matches!(
-            state.unplaceable(id, "no room", 8),
-            ControlResponse::Ignored { .. }
-        ));
-        assert_eq!(state.jobs[&id].pending_reason.as_deref(), Some("no room"));
-    }
-
-    #[test]
-    fn worker_exited_succeeds_the_job_when_every_rank_exited_0() {
-        let (mut state, id) = running(2, 2);
-        assert_eq!(
-            state.worker_exited(id, 1, 0, 0, 9),
-            ControlResponse::Applied
-        );
-        assert!(matches!(
-            state.worker_exited(id, 1, 0, 0, 9),
-            ControlResponse::Ignored { .. }
-        ));
-        assert_eq!(state.jobs[&id].state, JobState::Running);
-        assert_eq!(
-            state.worker_exited(id, 1, 1, 0, 10),
-            ControlResponse::Applied
-        );
-        assert_eq!(state.jobs[&id].state, JobState::Succeeded);
-        assert!(matches!(
-            state.worker_exited(id, 0, 0, 0, 9),
-            ControlResponse::Ignored { .. }
-        ));
-    }
-
-    #[test]
-    fn attempt_failed_fails_the_current_attempt_only() {
-        let (mut state, id) = running(1, 1);
-        assert!(matches!(
-            state.attempt_failed(id, 2, "x", 9),
-            ControlResponse::Ignored { .. }
-        ));
-        assert_eq!(
-            state.attempt_failed(id, 1, "lost m0", 9),
-            ControlResponse::Applied
-        );
-        // Retried from durable state: pending again (the default spec keeps restarts).
-        assert_eq!(state.jobs[&id].state, JobState::Pending);
-        assert!(matches!(
-            state.attempt_failed(id, 1, "again", 10),
-            ControlResponse::Ignored { .. }
-        ));
-    }
-
-    #[test]
-    fn metric_keeps_the_latest_value_and_its_history() {
-        let (mut state, id) = running(1, 1);
-        assert_eq!(
-            state.metric(id, 1, "loss", 0.5, Some(1), 9),
-            ControlResponse::Applied
-        );
-        assert_eq!(
-            state.metric(id, 1, "loss", 0.25, Some(2), 10),
-            ControlResponse::Applied
-        );
-        let job = &state.jobs[&id];
-        assert_eq!(job.metrics["loss"].value, 0.25);
-        assert_eq!(job.metric_history["loss"].points, vec![(1, 0.5), (2, 0.25)]);
-    }
-
-    #[test]
-    fn rank_lost_lets_a_hang_outrank_a_broken_connection() {
-        let (mut state, id) = running(2, 1);
-        assert_eq!(
-            state.rank_lost(id, 1, 1, false, "peer lost it"),
-            ControlResponse::Applied
-        );
-        assert_eq!(
-            state.rank_lost(id, 1, 1, true, "stopped"),
-            ControlResponse::Applied
-        );
-        assert_eq!(
-            state.rank_lost(id, 1, 1, false, "again"),
-            ControlResponse::Applied
-        );
-        assert!(state.jobs[&id].suspects[&1].hung);
-        assert!(matches!(
-            state.rank_lost(id, 1, 5, true, "x"),
-            ControlResponse::Rejected { .. }
-        ));
-    }
-
-    #[test]
-    fn rank_stats_marks_a_straggler_since_its_first_slow_step() {
-        let (mut state, id) = running(3, 1);
-        for rank in 0..2 {
-            assert_eq!(
-                state.rank_stats(id, 1, rank, 10, 10.0, 1.0),
-                ControlResponse::Applied
-            );
-        }
-        assert_eq!(
-            state.rank_stats(id, 1, 2, 10, 100.0, 0.0),
-            ControlResponse::Applied
-        );
-        assert_eq!(
-            state.rank_stats(id, 1, 2, 12, 100.0, 0.0),
-            ControlResponse::Applied
-        );
-        assert_eq!(state.jobs[&id].rank_stats[&2].slow_since_step, Some(10));
-        assert_eq!(state.jobs[&id].rank_stats[&0].slow_since_step, None);
-    }
-
-    #[test]
-    fn blacklist_doubles_the_cooldown_with_each_strike() {
-        let mut state = ControlState::default();
-        assert_eq!(
-            state.blacklist("id-1", "m1", 1_000, "slow", 0),
-            ControlResponse::Applied
-        );
-        assert_eq!(state.blacklist["id-1"].until_ms, 1_000);
-        assert_eq!(
-            state.blacklist("id-1", "m1", 1_000, "slow", 5_000),
-            ControlResponse::Applied
-        );
-        assert_eq!(state.blacklist["id-1"].until_ms, 7_000);
-        assert_eq!(state.blacklist["id-1"].strikes, 2);
-    }
-
-    #[test]
-    fn cancel_ends_a_job_that_has_not_ended() {
-        let (mut state, id) = running(1, 1);
-        assert_eq!(state.cancel(id, 9), ControlResponse::Applied);
-        assert_eq!(state.jobs[&id].state, JobState::Cancelled);
-        assert!(matches!(
-            state.cancel(id, 10),
-            ControlResponse::Rejected { .. }
-        ));
-    }
-
-    #[test]
-    fn worker_note_of_a_rank_that_could_not_start_marks_its_member() {
-        let (mut state, id) = running(2, 2);
-        assert_eq!(
-            state.worker_note(id, 1, 0, "fetched", false, 9),
-            ControlResponse::Applied
-        );
-        assert!(state.jobs[&id].cannot_start.is_empty());
-        assert_eq!(
-            state.worker_note(id, 1, 1, "no such file", true, 10),
-            ControlResponse::Applied
-        );
-        assert!(state.jobs[&id].cannot_start.contains("id-1"));
-    }
-}
-
 /// A standby is staged only on a running ringleader-protocol elastic command job, in its
 /// current generation, once, with an unused worker id; a new attempt or the job's end drops
 /// it.
@@ -876,7 +594,7 @@ fn a_standby_is_staged_once_per_job_and_dropped_with_its_attempt() {
     let mut r = Replica::new();
     let submit = |r: &mut Replica, protocol: &str| {
         match r.apply(ControlCommand {
-        op: Op::Submit {
+        op: Op::Submit(ops::Submit {
             spec: Box::new(
                 JobSpec::parse(&format!(
                     "name = \"e\"\nkind = \"command\"\nworkers = 2\nmin_workers = 1\nmax_workers = 3\nmax_restarts = 1\ncommand = [\"true\"]\n[elastic]\nprotocol = \"{protocol}\"\n"
@@ -884,7 +602,7 @@ fn a_standby_is_staged_once_per_job_and_dropped_with_its_attempt() {
                 .unwrap(),
             ),
             token: None,
-        },
+        }),
         at_ms: 10,
     }) {
         ControlResponse::Submitted { id } => id,
@@ -892,7 +610,7 @@ fn a_standby_is_staged_once_per_job_and_dropped_with_its_attempt() {
     }
     };
     let standby = |id, generation, worker| ControlCommand {
-        op: Op::Standby {
+        op: Op::Standby(ops::Standby {
             id,
             generation,
             slot: Slot {
@@ -903,7 +621,7 @@ fn a_standby_is_staged_once_per_job_and_dropped_with_its_attempt() {
                 worker,
                 gpus: Vec::new(),
             },
-        },
+        }),
         at_ms: 20,
     };
     let torchrun = submit(&mut r, "torchrun");
@@ -940,11 +658,11 @@ fn a_standby_is_staged_once_per_job_and_dropped_with_its_attempt() {
     // The attempt fails: the retry starts without it.
     assert_eq!(
         r.apply(ControlCommand {
-            op: Op::AttemptFailed {
+            op: Op::AttemptFailed(ops::AttemptFailed {
                 id,
                 generation: 1,
                 reason: "test".into(),
-            },
+            }),
             at_ms: 30,
         }),
         ControlResponse::Applied

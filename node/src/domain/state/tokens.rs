@@ -204,15 +204,15 @@ pub fn listing(tokens: &BTreeMap<String, TokenRecord>) -> Vec<serde_json::Value>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::state::{ControlCommand, Op};
+    use crate::domain::state::{ops, ControlCommand, Op};
 
     fn create(name: &str, hash: &str) -> ControlCommand {
         ControlCommand {
-            op: Op::TokenCreate {
+            op: Op::TokenCreate(ops::TokenCreate {
                 name: name.into(),
                 hash: hash.into(),
                 created_by: "admin@a".into(),
-            },
+            }),
             at_ms: 7,
         }
     }
@@ -242,7 +242,7 @@ mod tests {
             ControlResponse::Rejected { .. }
         ));
         let revoke = ControlCommand {
-            op: Op::TokenRevoke { name: "ci".into() },
+            op: Op::TokenRevoke(ops::TokenRevoke { name: "ci".into() }),
             at_ms: 8,
         };
         assert_eq!(s.apply(4, &revoke), ControlResponse::Applied);

@@ -27,8 +27,8 @@ use trainer::search::{
 };
 
 use super::{
-    ignored, rejected, unknown, ControlCommand, ControlResponse, ControlState, EventKind, Job,
-    JobId, JobState, Op, Slot,
+    ignored, rejected, unknown, ControlResponse, ControlState, EventKind, Job, JobId, JobState,
+    Slot,
 };
 use crate::domain::search::{
     record::{TrialOf, TrialRun},
@@ -66,12 +66,14 @@ pub fn params_text(params: &Params) -> String {
 
 /// How a trial's job ended, as far as the search cares.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum RunEnd {
+pub(super) enum RunEnd {
+    /// It succeeded (as far as its command knows: the job's state decides).
     Succeeded,
     /// Its own code failed (a rank exited non-zero).
     CodeFailed,
     /// It was lost with a member (not the trial's fault).
     Lost,
+    /// It, or its search, was cancelled.
     Cancelled,
 }
 
@@ -460,53 +462,9 @@ impl ControlState {
         }
     }
 
-    /// Effects on searches of a command just applied: a trial's job that ended, a search
-    /// cancelled.
-    pub(super) fn after_applied(&mut self, cmd: &ControlCommand) {
-        if let ControlCommand {
-            op: Op::Place { id, slots, .. },
-            at_ms,
-        } = cmd
-        {
-            self.run_placed(*id, slots, *at_ms);
-            return;
-        }
-        let (id, end, at_ms) = match cmd {
-            ControlCommand {
-                op: Op::WorkerExited { id, code, .. },
-                at_ms,
-            } => {
-                let end = if *code == 0 {
-                    RunEnd::Succeeded
-                } else {
-                    RunEnd::CodeFailed
-                };
-                (*id, end, *at_ms)
-            }
-            ControlCommand {
-                op: Op::AttemptFailed { id, .. },
-                at_ms,
-            } => (*id, RunEnd::Lost, *at_ms),
-            ControlCommand {
-                op: Op::Cancel { id },
-                at_ms,
-            } => (*id, RunEnd::Cancelled, *at_ms),
-            _ => return,
-        };
-        if matches!(
-            cmd,
-            ControlCommand {
-                op: Op::Cancel { .. },
-                ..
-            }
-        ) {
-            self.search_cancelled(id, at_ms);
-        }
-        self.run_ended(id, end, at_ms);
-    }
-
     /// A trial's job placed again (a re-run, a promotion's next run): where and since when.
-    fn run_placed(&mut self, id: JobId, slots: &[Slot], at_ms: u64) {
+    /// `Place` calls it once applied (its effect on searches).
+    pub(super) fn run_placed(&mut self, id: JobId, slots: &[Slot], at_ms: u64) {
         let Some(of) = self.jobs.get(&id).and_then(|j| j.trial_of.clone()) else {
             return;
         };
@@ -523,7 +481,9 @@ impl ControlState {
         }
     }
 
-    fn search_cancelled(&mut self, search: JobId, at_ms: u64) {
+    /// A cancelled search's running, pending and paused trials stop, and their jobs with
+    /// them. `Cancel` calls it once applied.
+    pub(super) fn search_cancelled(&mut self, search: JobId, at_ms: u64) {
         let Some(record) = self.jobs.get_mut(&search).and_then(|j| j.search.as_mut()) else {
             return;
         };
@@ -544,8 +504,9 @@ impl ControlState {
         }
     }
 
-    /// A trial's job that reached a terminal state: what becomes of the trial.
-    fn run_ended(&mut self, id: JobId, end: RunEnd, at_ms: u64) {
+    /// A trial's job that reached a terminal state: what becomes of the trial. The commands
+    /// that may end a job (`WorkerExited`, `AttemptFailed`, `Cancel`) call it once applied.
+    pub(super) fn run_ended(&mut self, id: JobId, end: RunEnd, at_ms: u64) {
         let Some(run_job) = self.jobs.get(&id) else {
             return;
         };

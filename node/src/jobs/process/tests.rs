@@ -81,7 +81,7 @@ fn is_lost(r: &ControlCommand) -> bool {
     matches!(
         r,
         ControlCommand {
-            op: Op::RankLost { .. },
+            op: Op::RankLost(ops::RankLost { .. }),
             ..
         }
     )
@@ -101,13 +101,13 @@ async fn a_protocol_rank_reads_its_first_generation_and_must_speak_in_time() {
     assert!(log.contains("got ringleader-generation"), "{log}");
     let Some(ControlCommand {
         op:
-            Op::RankLost {
+            Op::RankLost(ops::RankLost {
                 generation,
                 rank,
                 hung,
                 reason,
                 ..
-            },
+            }),
         ..
     }) = seen.iter().find(|r| is_lost(r))
     else {
@@ -134,7 +134,8 @@ async fn a_protocol_rank_reads_its_first_generation_and_must_speak_in_time() {
 /// (no rank exited); one that never speaks is dropped too, not reported lost.
 #[tokio::test]
 async fn a_standby_reports_ready_and_its_exit_or_silence_drops_it() {
-    let dropped = |r: &ControlCommand| matches!(r.op, Op::StandbyDropped { .. });
+    let dropped =
+        |r: &ControlCommand| matches!(r.op, Op::StandbyDropped(ops::StandbyDropped { .. }));
     let (seen, _) = protocol_rank(
         true,
         "echo ringleader-heartbeat computing_ms=0; echo ringleader-ready; exit 3",
@@ -146,12 +147,12 @@ async fn a_standby_reports_ready_and_its_exit_or_silence_drops_it() {
     let ops: Vec<&Op> = seen.iter().map(|r| &r.op).collect();
     let id = JobId::from_log_index(7);
     assert!(
-        matches!(ops.as_slice(), [Op::StandbyReady { id: i, worker: 0 }, Op::StandbyDropped { id: j, worker: 0, reason }] if *i == id && *j == id && reason == "its process exited with code 3"),
+        matches!(ops.as_slice(), [Op::StandbyReady(ops::StandbyReady { id: i, worker: 0 }), Op::StandbyDropped(ops::StandbyDropped { id: j, worker: 0, reason })] if *i == id && *j == id && reason == "its process exited with code 3"),
         "{seen:?}"
     );
     let (seen, _) = protocol_rank(true, "sleep 30", 300, 10_000, dropped).await;
     assert!(
-        matches!(seen.as_slice(), [ControlCommand { op: Op::StandbyDropped { reason, .. }, .. }] if reason.contains("rlt.init()")),
+        matches!(seen.as_slice(), [ControlCommand { op: Op::StandbyDropped(ops::StandbyDropped { reason, .. }), .. }] if reason.contains("rlt.init()")),
         "{seen:?}"
     );
 }

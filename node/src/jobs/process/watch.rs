@@ -43,7 +43,7 @@ use super::{
     HUNG_COMPUTE_FACTOR, HUNG_COMPUTING_MS_MIN, HUNG_STOPPED_MS, METRIC_REPORT_INTERVAL_MS,
     RUNG_EXIT_GRACE_MS, STOP_GRACE_MS,
 };
-use crate::domain::state::{JobId, Op, REASON_BYTES_MAX};
+use crate::domain::state::{ops, JobId, Op, REASON_BYTES_MAX};
 
 /// What the driver does for the machine.
 #[derive(Debug, Clone, PartialEq)]
@@ -318,12 +318,12 @@ impl RankWatch {
         // job metrics, which a stop decided on the report would otherwise find the job
         // ended. Never thinned: each is a decision of the search.
         if let Some((resource, value)) = report {
-            actions.push(Action::Report(Op::TrialReport {
+            actions.push(Action::Report(Op::TrialReport(ops::TrialReport {
                 id: self.id,
                 generation: self.generation,
                 resource,
                 value,
-            }));
+            })));
         }
         actions
     }
@@ -397,13 +397,13 @@ impl RankWatch {
     }
 
     fn metric(&self, m: Metric) -> Action {
-        Action::Offer(Op::Metric {
+        Action::Offer(Op::Metric(ops::Metric {
             id: self.id,
             generation: self.generation,
             name: m.name,
             value: m.value,
             step: m.step,
-        })
+        }))
     }
 
     /// Reports it hung, once.
@@ -420,23 +420,23 @@ impl RankWatch {
     fn lost(&self, hung: bool, reason: String) -> Action {
         let what = if hung { "worker hung" } else { "rank lost" };
         warn!(job = %self.id, generation = self.generation, rank = self.rank, "{what}: {reason}");
-        Action::Report(Op::RankLost {
+        Action::Report(Op::RankLost(ops::RankLost {
             id: self.id,
             generation: self.generation,
             rank: self.rank,
             hung,
             reason,
-        })
+        }))
     }
 
     /// A standby that will not join the ring.
     fn standby_dropped(&self, reason: String) -> Action {
         warn!(job = %self.id, worker = self.worker, "standby dropped: {reason}");
-        Action::Report(Op::StandbyDropped {
+        Action::Report(Op::StandbyDropped(ops::StandbyDropped {
             id: self.id,
             worker: self.worker,
             reason,
-        })
+        }))
     }
 
     /// An elastic rank's line: rank stats, heartbeat, elastic failed or resumed, a
@@ -445,10 +445,10 @@ impl RankWatch {
         match line {
             RankLine::Ready if self.standby => {
                 info!(job = %self.id, worker = self.worker, "standby ready");
-                actions.push(Action::Report(Op::StandbyReady {
+                actions.push(Action::Report(Op::StandbyReady(ops::StandbyReady {
                     id: self.id,
                     worker: self.worker,
-                }));
+                })));
             }
             RankLine::RankStats(ringleader_protocol::RankStats {
                 generation,
@@ -458,14 +458,14 @@ impl RankWatch {
                 wait_ms,
             }) => {
                 self.compute_ms = compute_ms;
-                actions.push(Action::Offer(Op::RankStats {
+                actions.push(Action::Offer(Op::RankStats(ops::RankStats {
                     id: self.id,
                     generation,
                     rank,
                     step,
                     compute_ms,
                     wait_ms,
-                }));
+                })));
             }
             RankLine::ElasticFailed(ElasticFailed {
                 generation,
@@ -477,13 +477,13 @@ impl RankWatch {
                     cut -= 1;
                 }
                 error.truncate(cut);
-                actions.push(Action::Report(Op::RankLost {
+                actions.push(Action::Report(Op::RankLost(ops::RankLost {
                     id: self.id,
                     generation,
                     rank,
                     hung: false,
                     reason: format!("rank {} saw: {error}", self.rank),
-                }));
+                })));
             }
             RankLine::Heartbeat { computing_ms } => {
                 let bound =

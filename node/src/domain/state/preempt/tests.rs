@@ -42,22 +42,22 @@ impl Replica {
     fn running(&mut self, spec: &str, n: u32) -> JobId {
         let submit = ControlCommand::new(
             1,
-            Op::Submit {
+            Op::Submit(ops::Submit {
                 spec: Box::new(JobSpec::parse(spec).unwrap()),
                 token: None,
-            },
+            }),
         );
         let ControlResponse::Submitted { id } = self.apply(&submit) else {
             panic!("not submitted")
         };
         let place = ControlCommand::new(
             2,
-            Op::Place {
+            Op::Place(ops::Place {
                 id,
                 generation: 1,
                 slots: slots(n),
                 secret: new_ring_secret(),
-            },
+            }),
         );
         self.applied(&[place]);
         id
@@ -178,7 +178,7 @@ fn what_cannot_be_preempted_is_refused_naming_why() {
     // An entry that names too few workers is refused by every replica.
     let bad = ControlCommand::new(
         5,
-        Op::Preempt {
+        Op::Preempt(ops::Preempt {
             id: elastic,
             generation: 1,
             action: PreemptAction::Shrink { to_workers: 2 },
@@ -186,7 +186,7 @@ fn what_cannot_be_preempted_is_refused_naming_why() {
             why: "preempted".into(),
             drop_workers: vec![3],
             secret: new_ring_secret(),
-        },
+        }),
     );
     assert!(matches!(r.apply(&bad), ControlResponse::Rejected { .. }));
     assert_eq!(r.job(elastic).generation, 1);
@@ -216,12 +216,12 @@ fn a_requeue_waits_for_every_rank_then_queues_the_job_without_a_restart() {
     let exit = |rank, code| {
         ControlCommand::new(
             200,
-            Op::WorkerExited {
+            Op::WorkerExited(ops::WorkerExited {
                 id,
                 generation: 1,
                 rank,
                 code,
-            },
+            }),
         )
     };
     // A non-zero code (SIGTERM's) does not fail a job asked to stop.
@@ -238,12 +238,12 @@ fn a_requeue_waits_for_every_rank_then_queues_the_job_without_a_restart() {
     // Placed again: a new attempt, still no restart used (max_restarts = 0 allows it).
     let place = ControlCommand::new(
         300,
-        Op::Place {
+        Op::Place(ops::Place {
             id,
             generation: 2,
             slots: slots(2),
             secret: new_ring_secret(),
-        },
+        }),
     );
     r.applied(&[place]);
     assert_eq!((r.job(id).attempt, r.job(id).restarts_used()), (2, 0));
@@ -264,11 +264,11 @@ fn a_requeue_whose_ranks_never_report_ends_when_the_chief_fails_the_attempt() {
     );
     let failed = ControlCommand::new(
         50_000,
-        Op::AttemptFailed {
+        Op::AttemptFailed(ops::AttemptFailed {
             id,
             generation: 1,
             reason: "rank 1 on m1 gone".into(),
-        },
+        }),
     );
     r.applied(&[failed]);
     let job = r.job(id);
@@ -297,21 +297,21 @@ fn a_grow_lifts_the_ceiling_and_the_reform_to_full_size_clears_the_record() {
     assert!(matches!(
         r.apply(&ControlCommand::new(
             110,
-            Op::Grow {
+            Op::Grow(ops::Grow {
                 id,
                 to_workers: 5,
                 reason: "x".into()
-            }
+            })
         )),
         ControlResponse::Rejected { .. }
     ));
     r.applied(&[ControlCommand::new(
         120,
-        Op::Grow {
+        Op::Grow(ops::Grow {
             id,
             to_workers: 4,
             reason: "capacity returned".into(),
-        },
+        }),
     )]);
     assert_eq!(r.job(id).growth_ceiling(), 4);
     assert_eq!(
@@ -326,13 +326,13 @@ fn a_grow_lifts_the_ceiling_and_the_reform_to_full_size_clears_the_record() {
     }));
     let reform = ControlCommand::new(
         130,
-        Op::Reform {
+        Op::Reform(ops::Reform {
             id,
             generation: 3,
             slots: back,
             secret: new_ring_secret(),
             reason: "grown 2 → 4: capacity returned".into(),
-        },
+        }),
     );
     r.applied(&[reform]);
     assert_eq!(r.job(id).preemption, None);

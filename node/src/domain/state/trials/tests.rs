@@ -1,6 +1,7 @@
 //! Tests of `trials` (a sibling file: the module is long enough without them).
 
 use super::*;
+use crate::domain::state::{ops, ControlCommand, Op};
 use crate::jobs::JobSpec;
 
 const ASHA: &str = r#"
@@ -35,7 +36,7 @@ impl Log {
         };
         let spec = Box::new(JobSpec::parse(text).unwrap());
         let r = log.apply(ControlCommand {
-            op: Op::Submit { spec, token: None },
+            op: Op::Submit(ops::Submit { spec, token: None }),
             at_ms: 1,
         });
         let ControlResponse::Submitted { id } = r else {
@@ -54,7 +55,7 @@ impl Log {
         let mut params = Params::new();
         params.insert("train.lr".into(), toml::Value::Float(lr));
         let r = self.apply(ControlCommand {
-            op: Op::TrialStart {
+            op: Op::TrialStart(ops::TrialStart {
                 search,
                 trial,
                 params,
@@ -62,7 +63,7 @@ impl Log {
                 target,
                 slots: vec![slot(trial)],
                 secret: "ab".repeat(32),
-            },
+            }),
             at_ms: 10,
         });
         assert_eq!(r, ControlResponse::Applied);
@@ -72,12 +73,12 @@ impl Log {
     fn report(&mut self, id: JobId, resource: u32, value: f64) -> ControlResponse {
         let generation = self.state.job(id).unwrap().generation;
         self.apply(ControlCommand {
-            op: Op::TrialReport {
+            op: Op::TrialReport(ops::TrialReport {
                 id,
                 generation,
                 resource,
                 value,
-            },
+            }),
             at_ms: 20,
         })
     }
@@ -85,12 +86,12 @@ impl Log {
     fn exit(&mut self, id: JobId, code: i32) {
         let generation = self.state.job(id).unwrap().generation;
         self.apply(ControlCommand {
-            op: Op::WorkerExited {
+            op: Op::WorkerExited(ops::WorkerExited {
                 id,
                 generation,
                 rank: 0,
                 code,
-            },
+            }),
             at_ms: 30,
         });
     }
@@ -136,7 +137,7 @@ fn a_search_runs_from_its_submit_and_its_trials_are_jobs_of_their_own() {
     let mut params = Params::new();
     params.insert("train.lr".into(), toml::Value::Float(0.2));
     let again = log.apply(ControlCommand {
-        op: Op::TrialStart {
+        op: Op::TrialStart(ops::TrialStart {
             search,
             trial: 0,
             params,
@@ -144,7 +145,7 @@ fn a_search_runs_from_its_submit_and_its_trials_are_jobs_of_their_own() {
             target: 1,
             slots: vec![slot(1)],
             secret: "ab".repeat(32),
-        },
+        }),
         at_ms: 11,
     });
     assert!(
@@ -182,21 +183,21 @@ fn a_promoted_trial_goes_on_in_the_same_job_and_a_paused_one_waits() {
     assert_eq!(job.trial_of.as_ref().unwrap().target, 3);
     let old_generation = job.generation;
     log.apply(ControlCommand {
-        op: Op::Place {
+        op: Op::Place(ops::Place {
             id: c,
             generation: old_generation + 1,
             slots: vec![slot(2)],
             secret: "cd".repeat(32),
-        },
+        }),
         at_ms: 40,
     });
     let stale = log.apply(ControlCommand {
-        op: Op::TrialReport {
+        op: Op::TrialReport(ops::TrialReport {
             id: c,
             generation: old_generation,
             resource: 2,
             value: 0.95,
-        },
+        }),
         at_ms: 41,
     });
     assert!(
@@ -210,13 +211,13 @@ fn a_promoted_trial_goes_on_in_the_same_job_and_a_paused_one_waits() {
     assert_eq!(log.state.job(c).unwrap().state, JobState::Succeeded);
     // The chief promotes it later (ASHA's late promotion): the same job runs again.
     let r = log.apply(ControlCommand {
-        op: Op::TrialPromote {
+        op: Op::TrialPromote(ops::TrialPromote {
             search,
             trial: 2,
             target: 9,
             slots: vec![slot(2)],
             secret: "cd".repeat(32),
-        },
+        }),
         at_ms: 50,
     });
     assert_eq!(r, ControlResponse::Applied);
@@ -232,7 +233,7 @@ fn a_promoted_trial_goes_on_in_the_same_job_and_a_paused_one_waits() {
     assert_eq!(log.trial(search, 0).state, TrialState::Paused);
     assert!(matches!(
         log.apply(ControlCommand {
-            op: Op::SearchFinished { search },
+            op: Op::SearchFinished(ops::SearchFinished { search }),
             at_ms: 60
         }),
         ControlResponse::Applied
@@ -278,12 +279,12 @@ fn a_resumable_command_trials_run_reports_nothing_beyond_its_rung() {
     // rung): its first report beyond the rung is the rung's, the next beyond it nothing.
     let generation = log.state.job(c).unwrap().generation;
     log.apply(ControlCommand {
-        op: Op::Place {
+        op: Op::Place(ops::Place {
             id: c,
             generation: generation + 1,
             slots: vec![slot(2)],
             secret: "cd".repeat(32),
-        },
+        }),
         at_ms: 40,
     });
     log.report(c, 4, 0.95);
@@ -325,10 +326,10 @@ fn a_search_without_reports_fails_naming_the_metric_unless_from_an_older_log() {
         assert!(spec.reports_required, "set on every spec admitted now");
         spec.reports_required = required;
         let r = log.apply(ControlCommand {
-            op: Op::Submit {
+            op: Op::Submit(ops::Submit {
                 spec: Box::new(spec),
                 token: None,
-            },
+            }),
             at_ms: 1,
         });
         let ControlResponse::Submitted { id: search } = r else {
@@ -338,7 +339,7 @@ fn a_search_without_reports_fails_naming_the_metric_unless_from_an_older_log() {
         log.exit(a, 0);
         assert_eq!(log.trial(search, 0).state, TrialState::Succeeded);
         log.apply(ControlCommand {
-            op: Op::SearchFinished { search },
+            op: Op::SearchFinished(ops::SearchFinished { search }),
             at_ms: 60,
         });
         let s = log.state.job(search).unwrap();
@@ -366,11 +367,11 @@ fn a_lost_trial_is_rerun_and_its_own_failures_are_counted() {
     let a = log.start(search, 0, 0.1, 1);
     let generation = log.state.job(a).unwrap().generation;
     log.apply(ControlCommand {
-        op: Op::AttemptFailed {
+        op: Op::AttemptFailed(ops::AttemptFailed {
             id: a,
             generation,
             reason: "peer-lost m0 (rank 0): member dead".into(),
-        },
+        }),
         at_ms: 20,
     });
     assert_eq!(log.state.job(a).unwrap().state, JobState::Pending, "re-run");
@@ -385,12 +386,12 @@ fn a_lost_trial_is_rerun_and_its_own_failures_are_counted() {
         0
     );
     log.apply(ControlCommand {
-        op: Op::Place {
+        op: Op::Place(ops::Place {
             id: a,
             generation: generation + 1,
             slots: vec![slot(1)],
             secret: "cd".repeat(32),
-        },
+        }),
         at_ms: 21,
     });
     let record = log.state.job(search).unwrap().search.as_ref().unwrap();
@@ -399,12 +400,12 @@ fn a_lost_trial_is_rerun_and_its_own_failures_are_counted() {
     log.exit(a, 3);
     assert_eq!(log.state.job(a).unwrap().state, JobState::Pending);
     log.apply(ControlCommand {
-        op: Op::Place {
+        op: Op::Place(ops::Place {
             id: a,
             generation: generation + 2,
             slots: vec![slot(1)],
             secret: "cd".repeat(32),
-        },
+        }),
         at_ms: 22,
     });
     log.exit(a, 3);
@@ -417,7 +418,7 @@ fn cancelling_a_search_stops_its_trials() {
     let (mut log, search) = Log::new(ASHA);
     let a = log.start(search, 0, 0.1, 1);
     log.apply(ControlCommand {
-        op: Op::Cancel { id: search },
+        op: Op::Cancel(ops::Cancel { id: search }),
         at_ms: 20,
     });
     assert_eq!(log.state.job(a).unwrap().state, JobState::Cancelled);

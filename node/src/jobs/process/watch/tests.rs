@@ -48,26 +48,26 @@ fn protocol(standby: bool, bound_ms: u64, t0: Instant) -> RankWatch {
 }
 
 fn metric(name: &str, value: f64, step: Option<u64>) -> Action {
-    Action::Offer(Op::Metric {
+    Action::Offer(Op::Metric(ops::Metric {
         id: id(),
         generation: 1,
         name: name.into(),
         value,
         step,
-    })
+    }))
 }
 
 fn losses(actions: &[Action]) -> Vec<(u32, u32, bool, String)> {
     actions
         .iter()
         .filter_map(|a| match a {
-            Action::Report(Op::RankLost {
+            Action::Report(Op::RankLost(ops::RankLost {
                 generation,
                 rank,
                 hung,
                 reason,
                 ..
-            }) => Some((*generation, *rank, *hung, reason.clone())),
+            })) => Some((*generation, *rank, *hung, reason.clone())),
             _ => None,
         })
         .collect()
@@ -124,12 +124,12 @@ fn rank_zero_reports_the_trial_after_the_lines_metrics_and_only_progress() {
     let t0 = Instant::now();
     let mut w = watch(0, Some("accuracy"), None, t0);
     let report = |resource, value| {
-        Action::Report(Op::TrialReport {
+        Action::Report(Op::TrialReport(ops::TrialReport {
             id: id(),
             generation: 1,
             resource,
             value,
-        })
+        }))
     };
     assert_eq!(
         w.on_line(t0, true, "ringleader-report 1 accuracy 0.5 loss 2"),
@@ -223,7 +223,10 @@ fn a_compute_section_far_past_the_usual_step_is_a_hang() {
     );
     assert!(matches!(
         stats.as_slice(),
-        [Action::Offer(Op::RankStats { step: 20, .. })]
+        [Action::Offer(Op::RankStats(ops::RankStats {
+            step: 20,
+            ..
+        }))]
     ));
     // 20 × 400 ms: 8 s, above the 5 s floor.
     assert_eq!(
@@ -284,14 +287,14 @@ fn a_standby_reports_ready_and_a_silent_one_is_dropped() {
     let mut w = protocol(true, 300, t0);
     assert_eq!(
         w.on_line(t0, true, "ringleader-ready"),
-        vec![Action::Report(Op::StandbyReady {
+        vec![Action::Report(Op::StandbyReady(ops::StandbyReady {
             id: id(),
             worker: 4
-        })]
+        }))]
     );
     let dropped = w.on_watch(at(t0, 300), false);
     assert!(
-        matches!(dropped.as_slice(), [Action::Report(Op::StandbyDropped { worker: 4, reason, .. })] if reason.contains("rlt.init()")),
+        matches!(dropped.as_slice(), [Action::Report(Op::StandbyDropped(ops::StandbyDropped { worker: 4, reason, .. }))] if reason.contains("rlt.init()")),
         "{dropped:?}"
     );
     // A ready line from a rank that is no standby means nothing.

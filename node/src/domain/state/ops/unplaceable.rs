@@ -1,0 +1,68 @@
+//! `unplaceable`: why a pending job (or a running search's next trial) waits; the same
+//! reason twice is one event.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Command, Origin, Stamp};
+use crate::domain::state::{
+    ignored, truncate_at_char, unknown, ControlResponse, ControlState, EventKind, JobId, JobState,
+    REASON_BYTES_MAX,
+};
+
+/// The chief could not place a pending job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Unplaceable {
+    /// The job.
+    pub id: JobId,
+    /// Why, for humans.
+    pub reason: String,
+}
+
+impl Command for Unplaceable {
+    fn apply(&self, state: &mut ControlState, at: Stamp) -> ControlResponse {
+        let id = self.id;
+        let Some(job) = state.jobs.get_mut(&id) else {
+            return unknown(id);
+        };
+        let running_search = job.search.is_some() && job.state == JobState::Running;
+        if job.state != JobState::Pending && !running_search {
+            return ignored(format!("{id} is {}, not pending", job.state));
+        }
+        let mut reason = self.reason.clone();
+        truncate_at_char(&mut reason, REASON_BYTES_MAX);
+        if job.pending_reason.as_ref() == Some(&reason) {
+            return ignored("same reason as before".to_owned());
+        }
+        job.pending_reason = Some(reason.clone());
+        job.push_event(at.at_ms, EventKind::Unplaceable, reason);
+        ControlResponse::Applied
+    }
+
+    fn origin(&self) -> Origin<'_> {
+        Origin::Chief
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::state::ops::testing::{at, pending};
+
+    #[test]
+    fn unplaceable_records_a_reason_once() {
+        let (mut state, id) = pending(1, 1);
+        let unplaceable = Unplaceable {
+            id,
+            reason: "no room".into(),
+        };
+        assert_eq!(
+            unplaceable.apply(&mut state, at(7)),
+            ControlResponse::Applied
+        );
+        assert!(matches!(
+            unplaceable.apply(&mut state, at(8)),
+            ControlResponse::Ignored { .. }
+        ));
+        assert_eq!(state.jobs[&id].pending_reason.as_deref(), Some("no room"));
+    }
+}
