@@ -19,10 +19,9 @@ use serde::Deserialize;
 use super::{job_id, tokens::require_admin, ApiError, AppState};
 use crate::{
     control::handle::wall_ms,
-    domain::state::{
-        new_ring_secret, ops,
+    domain::{
         preempt::{self, Preempt, PreemptAction, Refused},
-        ControlCommand, ControlResponse, Op,
+        state::{new_ring_secret, ops, ControlCommand, ControlResponse, Op},
     },
 };
 

@@ -5,7 +5,7 @@
 //! with the whole shrink or none of it.
 
 use super::*;
-use crate::domain::state::preempt::{self, Preempt, PreemptAction, STOP_REPORT_SLACK_MS};
+use crate::domain::preempt::{self, Preempt, PreemptAction, STOP_REPORT_SLACK_MS};
 
 const TRAIN: &str = "name = \"t\"\nkind = \"train\"\nworkers = 4\nmin_workers = 1\nmax_workers = 4\n[model]\narch = \"mlp\"\nhidden = [8]\n[data]\ndataset = \"digits\"\n";
 

@@ -910,7 +910,7 @@ pub(super) fn ignored(reason: String) -> ControlResponse {
     ControlResponse::Ignored { reason }
 }
 
-pub(super) fn truncate_at_char(s: &mut String, max: usize) {
+pub(crate) fn truncate_at_char(s: &mut String, max: usize) {
     if s.len() > max {
         let mut end = max;
         while !s.is_char_boundary(end) {

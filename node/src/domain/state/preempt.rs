@@ -1,35 +1,7 @@
-//! Preemption, the mechanism: what taking capacity from a running job does to it, decided
-//! by [`execute`] (a pure function of the replicated state, called by the admin's API
-//! call `ringleader job preempt` today and by the scheduler's decision later) and applied
-//! by the state machine from **one log entry per job** ([`Op::Preempt`]), so no replica and
-//! no later chief ever sees half of it.
-//!
-//! What each action does (`docs/design.md`, *Preemption*):
-//! - [`PreemptAction::Shrink`]: an elastic job that keeps its ranks through re-forms (a
-//!   train job, a command job of `[elastic] protocol = "ringleader"`) above `min_workers`
-//!   goes on in a new generation without its highest ranks. The entry names the workers
-//!   that leave and the new ring's secret; applying it starts the generation (the
-//!   survivors' nodes tell them on stdin, they leave the old ring at a step boundary and
-//!   agree on the step they all reached: no step is lost; the leavers' nodes stop them)
-//!   and records a ceiling ([`Preemption::ceiling`]) so the chief does not grow the ring
-//!   back at once. With `[elastic] keep_global_batch` (the default) the ring keeps the
-//!   global batch it had ([`Preemption::batch_workers`]): each survivor accumulates
-//!   ⌈W/W'⌉ micro-batches per step, so the learning rate and its schedule stay as they
-//!   were (exactly when W' divides W; otherwise the batch is W'·⌈W/W'⌉/W times the old
-//!   one and the learning rate follows it linearly).
-//! - [`PreemptAction::Requeue`]: a job (rigid, or elastic at its floor) is asked to
-//!   checkpoint and stop: its ranks get `ringleader-stop` and SIGTERM, and SIGKILL after
-//!   `[preemption] grace_s` ([`Stopping`]); the job keeps its slots until every rank has
-//!   exited (or the grace and [`STOP_REPORT_SLACK_MS`] are over, when the chief ends the
-//!   attempt), then goes back to pending at its old place in the queue (its id), uses none
-//!   of its `max_restarts` ([`Job::requeues`]) and resumes from its checkpoint when placed
-//!   again. While the job it was preempted for waits, it is not placed ahead of it.
-//! - [`PreemptAction::PauseTrials`]: a search gives up its newest running trials: each
-//!   trial's job is requeued as above (a checkpoint, then pending), and runs again from
-//!   that checkpoint on the member that holds it, as a promotion does.
-//!
-//! `grow` ([`Op::Grow`]) lifts a shrunk ring's ceiling: the chief re-forms it with joiners
-//! up to the new size at the next generation (`grown 2 → 4: capacity returned`).
+//! Preemption's records in the replicated state and the rules that apply its entries
+//! ([`PreemptEntry`], `Op::Grow`): a shrunk ring's ceiling and kept batch
+//! ([`Preemption`]), a requeue under way ([`Stopping`]). What a preemption does, and the
+//! pure function that makes its entries, are `domain::preempt`'s.
 //!
 //! May use: the state's types (its parent).
 
@@ -38,8 +10,8 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use super::{
-    ignored, ops, rejected, unknown, ControlCommand, ControlResponse, ControlState, EventKind, Job,
-    JobId, JobState, Op, Slot, REASON_BYTES_MAX,
+    ignored, rejected, unknown, ControlResponse, ControlState, EventKind, Job, JobId, JobState,
+    Slot, REASON_BYTES_MAX,
 };
 use crate::domain::spec::JobKind;
 
@@ -74,19 +46,6 @@ impl PreemptAction {
             PreemptAction::PauseTrials { .. } => "pause",
         }
     }
-}
-
-/// A preemption as asked: by the admin (`ringleader job preempt`), or by the scheduler.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Preempt {
-    /// The job that gives up capacity.
-    pub victim: JobId,
-    /// What it gives up.
-    pub action: PreemptAction,
-    /// The job the capacity is for, if any (named in the victim's history).
-    pub for_job: Option<JobId>,
-    /// Why, for humans (appended to the history's line).
-    pub reason: Option<String>,
 }
 
 /// What a shrunk or growing job carries in the replicated state (none once its ring is
@@ -199,85 +158,6 @@ pub enum Refused {
     NoTrials(JobId),
 }
 
-/// The log entries that carry out `ask` on `state` (one per job it changes), or why it
-/// cannot be. `new_secret` draws a shrunk ring's secret. Pure: the scheduler calls it
-/// inside the chief's decision, the API on its node's replica (a decision on a stale view
-/// is ignored by the state machine: the entry names the generation it was decided in).
-///
-/// A shrink drops the highest ranks (rank 0, which reports and checkpoints, stays).
-pub fn execute(
-    state: &ControlState,
-    ask: &Preempt,
-    now_ms: u64,
-    new_secret: &mut dyn FnMut() -> String,
-) -> Result<Vec<ControlCommand>, Refused> {
-    let id = ask.victim;
-    let job = state.job(id).ok_or(Refused::Unknown(id))?;
-    check_preemptible(job)?;
-    let why = history_prefix(state, ask);
-    let entry = |job: &Job, action, drop_workers: Vec<u32>, secret: String| ControlCommand {
-        at_ms: now_ms,
-        op: Op::Preempt(ops::Preempt {
-            id: job.id,
-            generation: job.generation,
-            action,
-            for_job: ask.for_job,
-            why: why.clone(),
-            drop_workers,
-            secret,
-        }),
-    };
-    match ask.action {
-        PreemptAction::Shrink { to_workers } => {
-            check_shrink(job, to_workers)?;
-            let mut by_rank: Vec<&Slot> = job.assignment.iter().collect();
-            by_rank.sort_by_key(|s| s.rank);
-            let drop: Vec<u32> = by_rank
-                .iter()
-                .skip(to_workers as usize)
-                .map(|s| s.worker)
-                .collect();
-            Ok(vec![entry(job, ask.action, drop, new_secret())])
-        }
-        PreemptAction::Requeue => {
-            if job.search.is_some() {
-                return Err(Refused::Kind {
-                    id,
-                    problem: "a search holds no ranks itself: pause its trials".into(),
-                });
-            }
-            Ok(vec![entry(job, ask.action, Vec::new(), String::new())])
-        }
-        PreemptAction::PauseTrials { count } => {
-            if job.search.is_none() {
-                return Err(Refused::Kind {
-                    id,
-                    problem: "only a search's trials can be paused".into(),
-                });
-            }
-            let trials: Vec<&Job> = state
-                .jobs
-                .values()
-                .rev()
-                .filter(|t| {
-                    t.trial_of.as_ref().is_some_and(|of| of.search == id)
-                        && t.state == JobState::Running
-                        && t.stopping.is_none()
-                        && t.spec.preemptible
-                })
-                .take(count.max(1) as usize)
-                .collect();
-            if trials.is_empty() {
-                return Err(Refused::NoTrials(id));
-            }
-            Ok(trials
-                .into_iter()
-                .map(|t| entry(t, PreemptAction::Requeue, Vec::new(), String::new()))
-                .collect())
-        }
-    }
-}
-
 /// The checks of a grow to `to_workers`, for the API's answer before it proposes.
 pub fn check_grow(state: &ControlState, id: JobId, to_workers: u32) -> Result<(), Refused> {
     let job = state.job(id).ok_or(Refused::Unknown(id))?;
@@ -301,7 +181,7 @@ pub fn check_grow(state: &ControlState, id: JobId, to_workers: u32) -> Result<()
 
 /// Whether `job` may be preempted at all. The one place a role's exemption will be tied
 /// in (today every owner may set `preemptible = false`).
-fn check_preemptible(job: &Job) -> Result<(), Refused> {
+pub(crate) fn check_preemptible(job: &Job) -> Result<(), Refused> {
     if job.state != JobState::Running {
         return Err(Refused::NotRunning {
             id: job.id,
@@ -317,7 +197,7 @@ fn check_preemptible(job: &Job) -> Result<(), Refused> {
     Ok(())
 }
 
-fn check_shrink(job: &Job, to: u32) -> Result<(), Refused> {
+pub(crate) fn check_shrink(job: &Job, to: u32) -> Result<(), Refused> {
     let shrinks_in_place = job.is_elastic()
         && job.spec.keeps_ranks_through_reforms()
         && matches!(job.spec.kind, JobKind::Train | JobKind::Command);
@@ -336,24 +216,6 @@ fn check_shrink(job: &Job, to: u32) -> Result<(), Refused> {
     Ok(())
 }
 
-/// `preempted for j-12 (bob)`, `preempted for j-12`, or `preempted`, with the asker's
-/// reason after a `;` when given. The requester's owner is named once job records carry
-/// one.
-fn history_prefix(state: &ControlState, ask: &Preempt) -> String {
-    let mut why = match ask.for_job {
-        Some(j) if state.job(j).is_some() => format!("preempted for {j}"),
-        Some(j) => format!("preempted for {j} (unknown job)"),
-        None => "preempted".to_owned(),
-    };
-    if let Some(r) = ask.reason.as_deref().filter(|r| !r.is_empty()) {
-        why.push_str(" (");
-        why.push_str(r);
-        why.push(')');
-    }
-    super::truncate_at_char(&mut why, REASON_BYTES_MAX / 2);
-    why
-}
-
 /// `slots` in ring order with ranks `0..n` and local ranks counted per member (a re-form's
 /// ring: the chief's and a shrink's).
 pub fn reranked(slots: impl IntoIterator<Item = Slot>) -> Vec<Slot> {
@@ -366,20 +228,33 @@ pub fn reranked(slots: impl IntoIterator<Item = Slot>) -> Vec<Slot> {
     out
 }
 
-/// What one [`Op::Preempt`] entry carries.
-pub(super) struct Entry<'a> {
+/// The log entry of one job's preemption (`Op::Preempt`; its command rules are in
+/// `ops/preempt.rs`): a shrink's new generation, or a requeue's request to checkpoint and
+/// stop.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PreemptEntry {
+    /// The job.
     pub id: JobId,
+    /// The generation it was decided in (a later one makes it stale: ignored).
     pub generation: u32,
+    /// What it gives up (`shrink` or `requeue`; a pause is a requeue of each trial).
     pub action: PreemptAction,
+    /// The job the capacity is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub for_job: Option<JobId>,
-    pub why: &'a str,
-    pub drop_workers: &'a [u32],
-    pub secret: &'a str,
+    /// The history's line start: `preempted for j-12`.
+    pub why: String,
+    /// A shrink: the workers (ids) that leave the ring.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drop_workers: Vec<u32>,
+    /// A shrink: the new generation's data-plane secret (as in `Place`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub secret: String,
 }
 
 impl ControlState {
     /// `Preempt`: the whole of one job's preemption, from one entry (see the module doc).
-    pub(super) fn preempt(&mut self, e: Entry<'_>, at_ms: u64) -> ControlResponse {
+    pub(super) fn preempt(&mut self, e: &PreemptEntry, at_ms: u64) -> ControlResponse {
         let Some(job) = self.jobs.get_mut(&e.id) else {
             return unknown(e.id);
         };
@@ -423,7 +298,7 @@ impl ControlState {
                 };
                 job.preemption = Some(record);
                 let generation = job.generation + 1;
-                job.start_generation(generation, &reranked(keep), e.secret, at_ms);
+                job.start_generation(generation, &reranked(keep), &e.secret, at_ms);
                 let kept = match job.spec.elastic.keep_global_batch {
                     true => "global batch kept",
                     false => "learning rate rescaled",
@@ -439,7 +314,7 @@ impl ControlState {
                 job.stopping = Some(Stopping {
                     since_ms: at_ms,
                     grace_s,
-                    why: e.why.to_owned(),
+                    why: e.why.clone(),
                     for_job: e.for_job,
                 });
                 job.push_event(
@@ -540,6 +415,3 @@ impl Job {
         );
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -1,8 +1,12 @@
-//! Tests of preemption's entries: made by `execute`, applied whole from one entry.
+//! Tests of preemption's entries: made by `state::preempt::execute`, applied whole from
+//! one entry.
 
-use super::*;
+use super::{execute, Preempt, PreemptAction, Refused, STOP_REPORT_SLACK_MS};
 use crate::domain::spec::JobSpec;
-use crate::domain::state::new_ring_secret;
+use crate::domain::state::{
+    new_ring_secret, ops, ControlCommand, ControlResponse, ControlState, Job, JobId, JobState, Op,
+    Slot,
+};
 
 fn slots(n: u32) -> Vec<Slot> {
     (0..n)
