@@ -93,6 +93,9 @@ pub struct NodeConfig {
     /// Cap on the bytes a rank adds to its log per second (0: none; default
     /// [`crate::jobs::log_rate::RANK_LOG_BYTES_PER_S_MAX`]).
     pub rank_log_bytes_per_s: u64,
+    /// Each user's limits on pending jobs and spec bytes, checked at submit
+    /// (`--user-pending-jobs-max`, `--user-spec-bytes-max`; see [`crate::api::quota`]).
+    pub user_limits: crate::api::quota::UserLimits,
 }
 
 /// What a running node writes to `<data-dir>/node.json`: how local tools reach it.
@@ -433,6 +436,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
             bootstrap: config.join.is_empty(),
             snapshot_every: config.raft_snapshot_every,
             key_ring: ring.clone(),
+            user_limits: config.user_limits,
         },
         handle.clone(),
         rpc_rx,
@@ -564,6 +568,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         }),
         checkpoint_key: checkpoints.key,
         node_storage: node_storage.clone(),
+        user_limits: config.user_limits,
     });
     let api = crate::api::server::serve(
         api_tasks.clone(),

@@ -201,6 +201,7 @@ async fn forwarded_commands_only_a_chief_may_make_are_refused() {
         op: Op::Submit(ops::Submit {
             spec: Box::new(spec),
             token: None,
+            owner: ringleader::domain::state::users::admin_user(),
         }),
         at_ms: 1,
     };

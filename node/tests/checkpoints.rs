@@ -1,7 +1,8 @@
 //! Command ranks' checkpoints, with a real node: a command job saves through its node's API
 //! with the capability it was given (`RINGLEADER_CHECKPOINT_URL`/`_TOKEN`) and the bytes
-//! land in its place in the store (`jobs/<id>/files/`); another (live) job's token, the API
-//! token, or none, opens nothing there (403, 403, 401); a job's own token stops working once
+//! land in its place in the store (`jobs/<id>/files/`); another (live) job's token, or none,
+//! opens nothing there (403, 401); the admin's API token reads it and writes nothing (200,
+//! 403); a job's own token stops working once
 //! its generation ended (403, expired: issue 47's M3, a leaked capability); the cluster key
 //! makes none (403: each node signs its ranks' with a key of its own); a capability is no
 //! API token (401 elsewhere); names are checked; a missing object is 404.
@@ -145,8 +146,15 @@ fn a_command_job_saves_to_its_own_place_and_no_other_token_opens_it() {
     assert!(body.contains("does not open"), "{body}");
     assert_eq!(call("PUT", &state_a, Some(&token_h), b"evil").0, 403);
     assert_eq!(call("GET", &state_a, None, b"").0, 401);
+    // The API's admin token reads any job's checkpoints (a user's token its own jobs':
+    // `security_owners.rs`), and writes none.
     let admin = c.nodes[0].token.clone().expect("a keyed node has a token");
-    assert_eq!(call("GET", &state_a, Some(&admin), b"").0, 403);
+    let (code, body) = call("GET", &state_a, Some(&admin), b"");
+    assert_eq!(
+        (code, body.as_str()),
+        (200, format!("saved by {a}").as_str())
+    );
+    assert_eq!(call("PUT", &state_a, Some(&admin), b"evil").0, 403);
     assert_eq!(
         std::fs::read_to_string(&stored).unwrap(),
         format!("saved by {a}"),

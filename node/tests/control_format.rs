@@ -68,11 +68,11 @@ fn commands() -> Vec<ControlCommand> {
     params.insert("train.lr".into(), toml::Value::Float(0.125));
     vec![
         // 1: j-1, a command job of two workers.
-        ControlCommand { op: Op::Submit(ops::Submit { spec: spec("name = \"a\"\nkind = \"command\"\nworkers = 2\nmax_restarts = 1\ncommand = [\"true\"]\n"), token: Some("tok-1".into()) }), at_ms: 1_000 },
+        ControlCommand { op: Op::Submit(ops::Submit { spec: spec("name = \"a\"\nkind = \"command\"\nworkers = 2\nmax_restarts = 1\ncommand = [\"true\"]\n"), token: Some("tok-1".into()), owner: ringleader::domain::state::users::admin_user() }), at_ms: 1_000 },
         // 2: j-2, an elastic command job.
-        ControlCommand { op: Op::Submit(ops::Submit { spec: spec("name = \"b\"\nkind = \"command\"\nworkers = 2\nmin_workers = 1\ncommand = [\"sleep\", \"9\"]\n[env]\nX = \"1\"\n"), token: None }), at_ms: 1_001 },
+        ControlCommand { op: Op::Submit(ops::Submit { spec: spec("name = \"b\"\nkind = \"command\"\nworkers = 2\nmin_workers = 1\ncommand = [\"sleep\", \"9\"]\n[env]\nX = \"1\"\n"), token: None, owner: ringleader::domain::state::users::admin_user() }), at_ms: 1_001 },
         // 3: j-3, a search.
-        ControlCommand { op: Op::Submit(ops::Submit { spec: spec(SEARCH), token: None }), at_ms: 1_002 },
+        ControlCommand { op: Op::Submit(ops::Submit { spec: spec(SEARCH), token: None, owner: ringleader::domain::state::users::admin_user() }), at_ms: 1_002 },
         ControlCommand { op: Op::Place(ops::Place { id: j(1), generation: 1, slots: vec![slot(0, 0, vec![0]), slot(1, 1, vec![])], secret: secret('a') }), at_ms: 1_010 },
         ControlCommand { op: Op::Unplaceable(ops::Unplaceable { id: j(2), reason: "no member has 1 free cpu".into() }), at_ms: 1_011 },
         ControlCommand { op: Op::Place(ops::Place { id: j(2), generation: 1, slots: vec![slot(2, 0, vec![]), slot(3, 1, vec![])], secret: secret('b') }), at_ms: 1_012 },
@@ -99,6 +99,7 @@ fn commands() -> Vec<ControlCommand> {
                 chunks: 2,
                 added_at_ms: 1_060,
                 added_on: "m0".into(),
+                owner: "admin".into(),
             } }), at_ms: 1_060 },
         ControlCommand { op: Op::DatasetAdd(ops::DatasetAdd { name: "old".into(), record: DatasetRecord {
                 root: "cd".repeat(32).parse().unwrap(),
@@ -107,10 +108,11 @@ fn commands() -> Vec<ControlCommand> {
                 chunks: 1,
                 added_at_ms: 1_061,
                 added_on: "m1".into(),
+                owner: "admin".into(),
             } }), at_ms: 1_061 },
         ControlCommand { op: Op::DatasetRemove(ops::DatasetRemove { name: "old".into() }), at_ms: 1_062 },
-        ControlCommand { op: Op::TokenCreate(ops::TokenCreate { name: "ci".into(), hash: "01".repeat(32), created_by: "admin@m0".into() }), at_ms: 1_070 },
-        ControlCommand { op: Op::TokenCreate(ops::TokenCreate { name: "old".into(), hash: "02".repeat(32), created_by: "admin@m1".into() }), at_ms: 1_071 },
+        ControlCommand { op: Op::TokenCreate(ops::TokenCreate { name: "ci".into(), hash: "01".repeat(32), created_by: "admin@m0".into(), user: None, role: Default::default() }), at_ms: 1_070 },
+        ControlCommand { op: Op::TokenCreate(ops::TokenCreate { name: "old".into(), hash: "02".repeat(32), created_by: "admin@m1".into(), user: None, role: Default::default() }), at_ms: 1_071 },
         // 25
         ControlCommand { op: Op::TokenRevoke(ops::TokenRevoke { name: "old".into() }), at_ms: 1_072 },
         ControlCommand { op: Op::MemberRemove(ops::MemberRemove { peer_id: "12D3KooWD3eckifWpRn9wQpMG9R9hX3sD158z7EqHWmweQAJU5SA".into(), name: "m7".into() }), at_ms: 1_080 },
@@ -118,7 +120,7 @@ fn commands() -> Vec<ControlCommand> {
         ControlCommand { op: Op::Compact(ops::Compact { ids: vec![j(2)] }), at_ms: 1_100 },
         // 29: j-29, an elastic command job of the ringleader protocol, with a standby joiner
         // (added with the standby, after the fixture above was pinned).
-        ControlCommand { op: Op::Submit(ops::Submit { spec: spec("name = \"p\"\nkind = \"command\"\nworkers = 1\nmax_workers = 2\ncommand = [\"true\"]\n[elastic]\nprotocol = \"ringleader\"\n"), token: None }), at_ms: 1_110 },
+        ControlCommand { op: Op::Submit(ops::Submit { spec: spec("name = \"p\"\nkind = \"command\"\nworkers = 1\nmax_workers = 2\ncommand = [\"true\"]\n[elastic]\nprotocol = \"ringleader\"\n"), token: None, owner: ringleader::domain::state::users::admin_user() }), at_ms: 1_110 },
         // 30
         ControlCommand { op: Op::Place(ops::Place { id: j(29), generation: 1, slots: vec![slot(8, 0, vec![])], secret: secret('9') }), at_ms: 1_111 },
         ControlCommand { op: Op::Standby(ops::Standby { id: j(29), generation: 1, slot: Slot { worker: 1, ..slot(9, 1, vec![]) } }), at_ms: 1_112 },

@@ -295,7 +295,10 @@ fn the_dashboard_shows_members_jobs_curves_and_a_search() {
         dom.contains("lr (log)"),
         "the scatter's lr axis is not log: {dom}"
     );
-    for text in ["dash-data", "9.0 KiB", "on dash-alpha"] {
+    // Every job's owner (the admin's jobs here), in the list and the job's panel; the
+    // dataset's, who added it.
+    assert!(dom.contains(">owner<"), "no owner column: {dom}");
+    for text in ["dash-data", "9.0 KiB", "on dash-alpha by admin"] {
         assert!(
             dom.contains(text),
             "the datasets panel lacks {text:?}: {dom}"

@@ -250,7 +250,9 @@ fn a_rigid_job_checkpoints_is_requeued_for_another_and_resumes_without_a_restart
         .filter_map(|e| e["reason"].as_str())
         .collect();
     assert!(
-        reasons.contains(&format!("preempted for {wanted}: checkpointed and requeued").as_str()),
+        reasons.contains(
+            &format!("preempted for {wanted} (admin): checkpointed and requeued").as_str()
+        ),
         "{reasons:?}"
     );
     let saved = c.job_log_lines(&victim, "checkpointed ");

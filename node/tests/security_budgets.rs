@@ -9,8 +9,9 @@
 //! - Point 6: the per-IP rate is bypassed with several loopback source addresses; the node's
 //!   own budget caps all of them together (429, "all peers together").
 //!
-//! - Point 6: no quota on spec bytes (100 submits put 23 MB in every node's log): a made
-//!   token's submits stop at 8 MiB of specs with 429 naming the limit; the admin's go on.
+//! - Point 6: no quota on spec bytes (100 submits put 23 MB in every node's log): a user's
+//!   submits (a made token's) stop at 8 MiB of specs in the state with 429 naming the limit;
+//!   the admin's go on (the per-user pending-jobs limit: `security_owners.rs`).
 //!
 //! Waits are bounded by socket timeouts and deadlines.
 
@@ -203,10 +204,14 @@ fn a_made_tokens_spec_bytes_are_capped_and_the_refusal_names_the_limit() {
     .trim()
     .to_owned();
     let user = ringleader::api::client::ApiClient::new(&c.nodes[0].info.api_addr, Some(token));
-    // Specs of about 250 KB each (a comment pads them): 8 MiB holds 33 of them.
-    let pad = format!("# {}\n", "x".repeat(250_000));
-    let spec =
-        |i: usize| format!("{pad}name = \"q{i}\"\nkind = \"command\"\ncommand = [\"true\"]\n");
+    // Specs of about 250 KB each as the log holds them (an environment variable pads them;
+    // a comment would not: the log holds the parsed spec): 8 MiB holds 33 of them.
+    let pad = "x".repeat(250_000);
+    let spec = |i: usize| {
+        format!(
+            "name = \"q{i}\"\nkind = \"command\"\ncommand = [\"true\"]\n[env]\nPAD = \"{pad}\"\n"
+        )
+    };
     // Bounded: at most 41 submits.
     let (mut n, mut refusal) = (0, String::new());
     while n <= 40 {

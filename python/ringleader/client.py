@@ -370,6 +370,31 @@ class Client:
         assert isinstance(job, Search)
         return job
 
+    # --- tokens -------------------------------------------------------------------------
+
+    def create_token(self, name: str, *, user: str | None = None,
+                     role: str = "user") -> Doc:
+        """Makes an API token named `name` for `user` (default: `name`) with `role`
+        (`admin`, `user` or `viewer`; `ringleader token create NAME --user U --role R`).
+        Needs an admin token. Returns `{"name", "user", "role", "token", "created_at_ms"}`:
+        the token is shown this once (the cluster keeps its hash)."""
+        body: dict[str, object] = {"name": name, "role": role}
+        if user is not None:
+            body["user"] = user
+        made: Doc = self.request("POST", "/v1/tokens", body)
+        return made
+
+    def tokens(self) -> list[Doc]:
+        """Every token: `{"name", "user", "role", "created_at_ms", "created_by",
+        "hash_prefix"}` (`ringleader token ls --json`)."""
+        listed: list[Doc] = self.request("GET", "/v1/tokens")
+        return listed
+
+    def revoke_token(self, name: str) -> None:
+        """Revokes the token `name`: every node refuses it within about a second. Needs an
+        admin token."""
+        self.request("DELETE", f"/v1/tokens/{name}")
+
     # --- datasets -----------------------------------------------------------------------
 
     def datasets(self) -> list[Doc]:
@@ -491,6 +516,14 @@ class Job:
     def state(self) -> str:
         """`pending`, `running`, `succeeded`, `failed` or `cancelled`, as of the last fetch."""
         return str(self.doc["state"])
+
+    @property
+    def owner(self) -> str:
+        """The user the job belongs to (the submitting token's; a trial's job, its search's
+        owner): `admin` for the admin token's jobs, and from nodes older than owners. Only
+        the owner and admins read its logs, metrics and checkpoints (Forbidden, naming the
+        owner, for anyone else)."""
+        return str(self.doc.get("owner", "admin"))
 
     @property
     def done(self) -> bool:

@@ -32,6 +32,8 @@ class Trial(Document):
     id: int
     job: str
     """The job that runs it (`Client.job(trial.job).logs()`)."""
+    owner: str
+    """The user it belongs to: its search's owner (`admin` from nodes older than owners)."""
     params: dict[str, Any]
     state: str
     """`pending`, `running`, `paused` (at a rung), `succeeded`, `stopped` or `failed`."""
@@ -49,7 +51,8 @@ class Trial(Document):
 
     @classmethod
     def of(cls, doc: Doc) -> "Trial":
-        return cls(raw=doc, id=doc["id"], job=doc["job"], params=doc["params"],
+        return cls(raw=doc, id=doc["id"], job=doc["job"], owner=doc.get("owner", "admin"),
+                   params=doc["params"],
                    state=doc["state"], metric=doc.get("metric"), resource=doc["resource"],
                    promotions=doc["promotions"], bracket=doc.get("bracket", 0),
                    node=doc["node"], note=doc.get("note", ""))

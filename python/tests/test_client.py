@@ -172,6 +172,27 @@ def test_unknown_job_and_wrong_token(client, node):
     assert "wants an API token" in e.value.reason
 
 
+def test_users_own_their_jobs_and_a_viewer_only_reads(client, node):
+    alice = client.create_token("py-alice", role="user")
+    assert (alice["user"], alice["role"]) == ("py-alice", "user")
+    viewer = client.create_token("py-dash", user="lab", role="viewer")
+    rows = {t["name"]: t for t in client.tokens()}
+    assert (rows["py-dash"]["user"], rows["py-dash"]["role"]) == ("lab", "viewer")
+    as_alice = node.client(token=alice["token"])
+    job = as_alice.submit(command_job("py-owned", ["sleep", "30"]))
+    assert job.refresh().owner == "py-alice"
+    with pytest.raises(ringleader.Forbidden) as e:
+        node.client(token=viewer["token"]).job(job.id).cancel()
+    assert "lab has role viewer" in e.value.reason
+    assert node.client(token=viewer["token"]).job(job.id).owner == "py-alice"
+    job.cancel()
+    assert job.state == "cancelled"
+    assert client.job(job.id).owner == "py-alice"
+    client.revoke_token("py-alice")
+    client.revoke_token("py-dash")
+    assert "py-alice" not in {t["name"] for t in client.tokens()}
+
+
 def test_a_bad_spec_names_its_field_and_line(client):
     with pytest.raises(ringleader.SpecError) as e:
         client.submit(command_job("py-bad", ["true"], workers=0))

@@ -24,6 +24,21 @@ def golden():
             yield tag, text
 
 
+def test_the_rank_environment_names_are_the_protocol_crates():
+    """`_native`'s `<NAME>_ENV` are the node's names (the protocol crate's `env`), each one
+    documented in docs/protocol.md."""
+    names = {k: v for k, v in vars(_native).items() if k.endswith("_ENV")}
+    assert names["JOB_ID_ENV"] == "RINGLEADER_JOB_ID"
+    assert names["PARAM_PREFIX_ENV"] == "RINGLEADER_PARAM_"
+    assert names["PROTOCOL_VERSION_ENV"] == "RINGLEADER_PROTOCOL_VERSION"
+    assert len(names) >= 20, names
+    with open(os.path.join(PYTHON_DIR, "..", "docs", "protocol.md"), encoding="utf-8") as f:
+        doc = f.read()
+    for constant, name in names.items():
+        assert name.startswith("RINGLEADER_"), constant
+        assert f"`{name}" in doc, f"{name} is not in docs/protocol.md"
+
+
 def test_golden_rank_lines_read_as_the_node_reads_them():
     seen = {"rank-ok": 0, "rank-bad": 0}
     for tag, text in golden():
@@ -105,6 +120,8 @@ def test_documents_are_typed_and_still_the_dicts_they_were():
            "resource": 3, "promotions": 1, "bracket": 0, "node": "n1", "later": "kept"}
     trial = ringleader.Trial.of(doc)
     assert (trial.id, trial.job, trial.metric, trial.note) == (2, "j-9", 0.5, "")
+    assert trial.owner == "admin", "a node older than owners: the admin's"
+    assert ringleader.Trial.of({**doc, "owner": "alice"}).owner == "alice"
     assert trial == doc and trial["later"] == "kept" and [trial] == [doc]
     best = ringleader.BestTrial.of({"id": 2, "params": {"lr": 0.1}, "metric": 0.5})
     assert best.metric == best["metric"] == 0.5

@@ -10,8 +10,12 @@
 //! These routes are not behind the API token: the caller shows the place's capability
 //! (`Authorization: Bearer <RINGLEADER_CHECKPOINT_TOKEN>`), which opens that place and
 //! nothing else (the API's token check refuses it everywhere else, as it refuses any wrong
-//! token). Missing: 401; another place's, an expired one, or an API token: 403; a bad name:
-//! 400; a body over the limit: 413; the store failed (a full disk included): 500, and the
+//! token). A `GET` may show an API token instead: its user reads the checkpoints of what it
+//! owns (a trial's are its search's owner's), an admin any (`domain::state::users`,
+//! `Action::ReadCheckpoints`); another user's job answers 403 naming its owner (`j-7
+//! belongs to alice; bob may not fetch its checkpoints`). An API token never writes.
+//! Missing: 401; another place's capability, an expired one, or an API token for a `PUT`:
+//! 403; a bad name: 400; a body over the limit: 413; the store failed (a full disk included): 500, and the
 //! previous object is kept, since a write goes to a temporary object renamed into place
 //! where the store can rename (an S3 `PUT` replaces an object whole).
 //!
@@ -41,7 +45,7 @@ use super::{
     ApiError, AppState,
 };
 use crate::{
-    domain::state::JobId,
+    domain::state::{tokens::Principal, users::Action, JobId},
     jobs::checkpoint::{allows, check_name, Place, CHECKPOINT_BYTES_MAX},
 };
 
@@ -282,13 +286,53 @@ async fn stream_to(op: &opendal::Operator, path: &str, body: Body) -> Result<(),
         .map_err(|e| store_failed(path, e))
 }
 
+/// A `GET`'s authorization: the place's capability, or else an API token whose user may
+/// fetch the checkpoints of the place's job ([`Action::ReadCheckpoints`]).
+fn authorize_read(
+    app: &AppState,
+    place: &Place,
+    name: &str,
+    headers: &HeaderMap,
+) -> Result<String, ApiError> {
+    let refused = match authorize(app, place, name, headers) {
+        Ok(path) => return Ok(path),
+        Err(e) if e.0 == StatusCode::FORBIDDEN => e,
+        Err(e) => return Err(e),
+    };
+    let principal = match &app.token {
+        None => Principal::Admin,
+        Some(admin) => {
+            let hashes = app.control.read(|s| s.token_hashes());
+            match super::auth::check(admin, &hashes, headers) {
+                Ok(p) => p,
+                // Neither a capability of this place nor an API token.
+                Err(_) => return Err(refused),
+            }
+        }
+    };
+    let job = match place {
+        Place::Job(id) => *id,
+        Place::Trial { search, .. } => *search,
+    };
+    let (actor, owner) = app
+        .control
+        .read(|s| (s.actor(&principal), s.job(job).map(|j| j.owner.clone())));
+    let actor = actor.ok_or(refused)?;
+    let owner = owner.ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no job {job}")))?;
+    actor
+        .may(Action::ReadCheckpoints, Some(&owner))
+        .map_err(|r| ApiError(StatusCode::FORBIDDEN, r.message(&job.to_string())))?;
+    check_name(name).map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.to_string()))?;
+    Ok(format!("{}{name}", place.dir()))
+}
+
 async fn load(
     app: &AppState,
     place: Place,
     name: &str,
     headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
-    let path = authorize(app, &place, name, headers)?;
+    let path = authorize_read(app, &place, name, headers)?;
     let op = operator(app)?;
     match op.read(&path).await {
         Ok(buf) => Ok((

@@ -8,13 +8,17 @@
 //! | `POST /v1/datasets/{name}/get` `{"to": optional dir}` | starts (or joins) a fetch to this node; 202 and its [`FetchStatus`] |
 //! | `GET /v1/datasets/{name}/get[?wait_ms=N]` | the latest fetch on this node; with `wait_ms`, answered when the fetch ends or after N ms (at most [`FETCH_WAIT_MS_MAX`]), whichever is first |
 //!
-//! What `path` and `to` may name is bounded per token (`datasets::roots`): a made token
-//! reads only below the node's `--dataset-source` roots and writes only below its
-//! `--dataset-dest` roots; no token reaches the node's data directory, its store, `/proc`,
+//! Who may: a `user` adds and fetches datasets and removes its own (a dataset records the
+//! user who added it, `owner`); a `viewer` lists them; an admin does everything
+//! (`domain::state::users`).
+//!
+//! What `path` and `to` may name is bounded per token (`datasets::roots`): a token that is
+//! not an admin's reads only below the node's `--dataset-source` roots and writes only
+//! below its `--dataset-dest` roots; no token reaches the node's data directory, its store, `/proc`,
 //! `/sys` or `/dev`; under `--run-as` both go with the user's file access.
 //!
 //! Errors: 400 (a bad name or path, a file that cannot be shared), 403 (a path the token
-//! may not read or write here), 404 (no such dataset, or no fetch of it here), 409 (the
+//! may not read or write here; a role that may not; another user's dataset to remove), 404 (no such dataset, or no fetch of it here), 409 (the
 //! name exists), 503 (no chief), 500 (this node failed, a full disk included).
 
 use std::time::Duration;
@@ -26,8 +30,9 @@ use axum::{
 };
 use serde::Deserialize;
 
-use super::{ApiError, AppState};
+use super::{access, ApiError, AppState};
 use crate::datasets::{fetch::FetchStatus, DatasetDoc, DatasetsError};
+use crate::domain::state::users::{Action, Role};
 
 impl From<DatasetsError> for ApiError {
     fn from(e: DatasetsError) -> Self {
@@ -78,13 +83,6 @@ pub struct StatusQuery {
     pub wait_ms: u64,
 }
 
-/// Whether the request acts as the admin (the admin token, or an open API): a made token
-/// reaches only the node's `--dataset-source` and `--dataset-dest` roots.
-fn is_admin() -> bool {
-    crate::domain::state::tokens::Principal::current()
-        == crate::domain::state::tokens::Principal::Admin
-}
-
 pub(super) async fn list(State(app): State<AppState>) -> Json<Vec<DatasetDoc>> {
     Json(app.datasets.list().await)
 }
@@ -93,13 +91,16 @@ pub(super) async fn add(
     State(app): State<AppState>,
     Json(req): Json<AddRequest>,
 ) -> Result<(StatusCode, Json<DatasetDoc>), ApiError> {
+    // An admin reads any path but the refused ones; anyone else only below the node's
+    // `--dataset-source` roots.
+    let actor = access::require(&app, Action::AddDataset, &req.name, None)?;
     let doc = app
         .datasets
         .add(
             &req.name,
             std::path::Path::new(&req.path),
             req.chunk_mib.map(|m| m.saturating_mul(1 << 20)),
-            is_admin(),
+            (actor.role == Role::Admin, &actor.user),
         )
         .await?;
     Ok((StatusCode::CREATED, Json(doc)))
@@ -109,6 +110,14 @@ pub(super) async fn remove(
     State(app): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    // No such dataset: the service's 404.
+    if let Some(owner) = app
+        .control
+        .read(|s| s.datasets.get(&name).map(|r| r.owner.clone()))
+    {
+        let subject = format!("dataset {name:?}");
+        access::require(&app, Action::RemoveDataset, &subject, Some(&owner))?;
+    }
     app.datasets.remove(&name).await?;
     Ok(Json(serde_json::json!({ "removed": name })))
 }
@@ -119,9 +128,19 @@ pub(super) async fn get(
     body: Option<Json<GetRequest>>,
 ) -> Result<(StatusCode, Json<FetchStatus>), ApiError> {
     let req = body.map(|Json(r)| r).unwrap_or_default();
+    let actor = access::require(
+        &app,
+        Action::FetchDataset,
+        &format!("dataset {name:?}"),
+        None,
+    )?;
     let fetch = app
         .datasets
-        .get(&name, req.to.map(std::path::PathBuf::from), is_admin())
+        .get(
+            &name,
+            req.to.map(std::path::PathBuf::from),
+            actor.role == Role::Admin,
+        )
         .await?;
     Ok((StatusCode::ACCEPTED, Json(fetch.status())))
 }

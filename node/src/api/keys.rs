@@ -17,7 +17,7 @@ use crate::rotation::{self, RotateError};
 pub(super) async fn rotate(
     State(app): State<AppState>,
 ) -> Result<Json<rotation::Rotated>, ApiError> {
-    super::tokens::require_admin("rotate the cluster key")?;
+    super::access::require_admin(&app, "rotate the cluster key")?;
     rotation::rotate(&app.control).await.map(Json).map_err(|e| {
         let status = match e {
             RotateError::Insecure | RotateError::Raced { .. } => StatusCode::CONFLICT,

@@ -19,8 +19,18 @@
 //! | `GET /healthz` | `ok`; open even with a token |
 //! | `PUT`/`GET /v1/checkpoints/…` | a command rank's checkpoints ([`checkpoints`]; a place's capability, not the API token) |
 //!
+//! Who may do what ([`access`], the rules of `domain::state::users`): an admin (the admin
+//! token, a token of role admin) everything; a `user` submits, reads every job's summary
+//! and cancels, reads the logs and metrics of, and fetches the checkpoints of what it owns
+//! (a job's `owner` is the submitting token's user); a `viewer` reads summaries. A job
+//! another user owns is shown to a `user` or `viewer` as its summary: its metrics and its
+//! search's trial values are left out.
+//!
 //! Errors are `{"error": "…"}` with 400 (bad input), 401 (API token missing or wrong, see
-//! [`auth`]), 404 (no such job) or 503 (no chief or chief unreachable: retry). A refused
+//! [`auth`]), 403 (the token's user or role may not: the message names the owner, as
+//! `j-7 belongs to alice; bob may not cancel it`), 404 (no such job), 429 (the user's
+//! pending jobs or spec bytes at their limit, [`quota`]) or 503 (no chief or chief
+//! unreachable: retry). A refused
 //! spec (`POST /v1/jobs`) adds `"field"` (dotted path) and `"line"` (1-based), each null
 //! where unknown.
 //!
@@ -29,6 +39,8 @@
 //! - [`checkpoints`]: command ranks' checkpoints, behind their place's capability.
 //! - [`dashboard`]: the single-page dashboard served at `/`.
 //! - [`auth`]: the bearer-token middleware (`ringleader node --token-file`).
+//! - [`access`]: the request's user and role, and the ownership checks of each route.
+//! - [`quota`]: each user's pending jobs and spec bytes, bounded at submit.
 //! - [`tokens`]: the token and member-removal routes.
 //! - [`preempt`]: the admin's preemption and grow routes.
 //! - [`keys`]: the key rotation route (`POST /v1/key/rotate`, the admin only).
@@ -43,6 +55,7 @@
 //! May use: `control` (reads, proposals), `cluster` (the member view), `jobs` (admitting a
 //! spec), `datasets` (the service), `rotation` (a key rotation). Used by: `cli`, the node's start-up.
 
+mod access;
 pub mod auth;
 pub mod budget;
 pub mod checkpoints;
@@ -82,7 +95,12 @@ use crate::{
     },
     domain::{
         spec::SPEC_BYTES_MAX,
-        state::{ops, ControlCommand, ControlResponse, JobId, Op},
+        state::{
+            ops,
+            user_limits::OVER_LIMIT,
+            users::{Action, Role},
+            ControlCommand, ControlResponse, JobId, Op,
+        },
     },
 };
 
@@ -113,6 +131,8 @@ pub struct AppState {
     /// The storage URL the node itself writes with (`--run-as`: through renames, see
     /// `security::run_as::RunAs::node_storage`): where checkpoints go.
     pub node_storage: String,
+    /// Each user's limits on pending jobs and spec bytes ([`quota`]).
+    pub user_limits: quota::UserLimits,
 }
 
 /// An error answer: status and message.
@@ -204,7 +224,9 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(prometheus_metrics))
         .route("/healthz", get(|| async { "ok" }))
         .layer(DefaultBodyLimit::max(SPEC_BYTES_MAX))
-        .layer(axum::Extension(Arc::new(quota::SubmitQuota::default())))
+        .layer(axum::Extension(Arc::new(quota::SubmitQuota::new(
+            state.user_limits,
+        ))))
         .layer(axum::middleware::from_fn_with_state(
             gate,
             auth::require_token,
@@ -317,6 +339,7 @@ async fn prometheus_metrics(State(app): State<AppState>) -> Result<Response, Api
 /// `GET /v1/jobs/{id}/metrics`: each metric's history.
 async fn job_metrics(State(app): State<AppState>, Path(id): Path<String>) -> ApiResult<MetricsDoc> {
     let id = job_id(&id)?;
+    access::require_on_job(&app, id, Action::ReadMetrics).await?;
     app.control
         .read(|s| s.job(id).map(MetricsDoc::of))
         .map(Json)
@@ -336,9 +359,10 @@ const SUBMIT_RETRY_MS: u64 = 4_000;
 /// Pause between those retries, in milliseconds.
 const SUBMIT_RETRY_PAUSE_MS: u64 = 200;
 
-/// Validates and commits a job. The write carries an idempotency token (the client's, or
-/// one made here), so retrying it through an election commits the job once: the answer is
-/// either the job's id or a clear retryable error, never a duplicate job.
+/// Validates and commits a job, owned by the request's user. The write carries an
+/// idempotency token (the client's, or one made here), so retrying it through an election
+/// commits the job once: the answer is either the job's id or a clear retryable error,
+/// never a duplicate job.
 async fn submit(
     State(app): State<AppState>,
     axum::Extension(quota): axum::Extension<Arc<quota::SubmitQuota>>,
@@ -346,41 +370,31 @@ async fn submit(
     headers: header::HeaderMap,
     body: String,
 ) -> Result<Json<serde_json::Value>, SubmitError> {
-    // A replicated token's submits are charged to it ([`quota`]); the admin's are not.
-    let crate::domain::state::tokens::Principal::Token { hash } =
-        crate::domain::state::tokens::Principal::current()
-    else {
-        return submit_spec(app, q, headers, body).await.map(|(_, doc)| doc);
+    let actor = access::require(&app, Action::Submit, "the cluster", None)?;
+    let spec = admit_spec(&app, &headers, body).await?;
+    // A user's submits are held to its limits ([`quota`]); an admin's are not.
+    let charge = if actor.role == Role::Admin {
+        None
+    } else {
+        let held = app.control.read(|s| s.usage(&actor.user));
+        let charge = quota
+            .charge(&actor.user, quota::spec_bytes(&spec), held)
+            .map_err(|e| ApiError(StatusCode::TOO_MANY_REQUESTS, e.to_string()))?;
+        Some(charge)
     };
-    let standing = |job: JobId| {
-        app.control.read(|s| match s.job(job) {
-            Some(j) if j.state.is_terminal() => quota::Standing::Ended,
-            Some(_) => quota::Standing::Pending,
-            None => quota::Standing::Gone,
-        })
-    };
-    let charge = quota
-        .charge(&hash, body.len() as u64, standing)
-        .map_err(|e| SubmitError::Api(ApiError(StatusCode::TOO_MANY_REQUESTS, e.to_string())))?;
-    match submit_spec(app, q, headers, body).await {
-        Ok((id, doc)) => {
-            quota.submitted(&hash, charge, id);
-            Ok(doc)
-        }
-        Err(e) => {
-            quota.failed(&hash, charge);
-            Err(e)
-        }
+    let answer = propose_submit(&app, q, spec, &actor.user).await;
+    if let Some(charge) = charge {
+        quota.done(&actor.user, charge);
     }
+    answer
 }
 
-/// Admits, seals and proposes a spec: the new job's id and the answer.
-async fn submit_spec(
-    app: AppState,
-    Query(q): Query<SubmitQuery>,
-    headers: header::HeaderMap,
+/// Admits and seals a spec (the body: TOML, or JSON by its `Content-Type`).
+async fn admit_spec(
+    app: &AppState,
+    headers: &header::HeaderMap,
     body: String,
-) -> Result<(JobId, Json<serde_json::Value>), SubmitError> {
+) -> Result<crate::domain::spec::JobSpec, SubmitError> {
     // `Content-Type: application/json`: an object with the TOML's keys; anything else is
     // the TOML text (curl's default form type included).
     let json = headers
@@ -439,6 +453,16 @@ async fn submit_spec(
             }));
         }
     }
+    Ok(spec)
+}
+
+/// Proposes an admitted spec as `owner`'s job: the answer with the new job's id.
+async fn propose_submit(
+    app: &AppState,
+    Query(q): Query<SubmitQuery>,
+    spec: crate::domain::spec::JobSpec,
+    owner: &str,
+) -> Result<Json<serde_json::Value>, SubmitError> {
     let token = q
         .token
         .unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
@@ -446,6 +470,7 @@ async fn submit_spec(
         op: Op::Submit(ops::Submit {
             spec: Box::new(spec),
             token: Some(token),
+            owner: owner.to_owned(),
         }),
         at_ms: wall_ms(),
     };
@@ -457,13 +482,17 @@ async fn submit_spec(
             {
                 tokio::time::sleep(std::time::Duration::from_millis(SUBMIT_RETRY_PAUSE_MS)).await;
             }
+            // The chief counted the user's jobs past a limit this replica had not seen yet.
+            Err(ProposeError::Rejected(reason)) if reason.contains(OVER_LIMIT) => {
+                return Err(ApiError(StatusCode::TOO_MANY_REQUESTS, reason).into())
+            }
             other => break other?,
         }
     };
     match answer {
-        ControlResponse::Submitted { id } => {
-            Ok((id, Json(serde_json::json!({ "id": id.to_string() }))))
-        }
+        ControlResponse::Submitted { id } => Ok(Json(
+            serde_json::json!({ "id": id.to_string(), "owner": owner }),
+        )),
         other => Err(SubmitError::Api(ApiError(
             StatusCode::BAD_REQUEST,
             format!("not submitted: {other:?}"),
@@ -491,24 +520,31 @@ async fn jobs(
     Ok(resp)
 }
 
+/// `GET /v1/jobs/{id}`: the whole document to whoever may read the job's metrics (its
+/// owner, an admin), its summary to everyone else ([`JobDoc::summary_only`]).
 async fn job(State(app): State<AppState>, Path(id): Path<String>) -> ApiResult<JobDoc> {
     let id = job_id(&id)?;
+    let actor = access::require(&app, Action::ReadSummary, &id.to_string(), None)?;
     let (applied_index, chief) = app.control.freshness();
-    if let Some(doc) = app
+    let mut doc = match app
         .control
         .read(|s| s.job(id).map(|j| job_doc(j, applied_index, chief)))
     {
-        return Ok(Json(doc));
+        Some(doc) => doc,
+        // Compacted out of the live state: its record in the store.
+        None => match crate::jobs::archive::read_record(&app.storage, id).await {
+            Some(job) => {
+                let mut doc = job_doc(&job, applied_index, chief);
+                doc.freshness.served_by = "archive".into();
+                doc
+            }
+            None => return Err(ApiError(StatusCode::NOT_FOUND, format!("no job {id}"))),
+        },
+    };
+    if actor.may(Action::ReadMetrics, Some(&doc.owner)).is_err() {
+        doc.summary_only();
     }
-    // Compacted out of the live state: its record in the store.
-    match crate::jobs::archive::read_record(&app.storage, id).await {
-        Some(job) => {
-            let mut doc = job_doc(&job, applied_index, chief);
-            doc.freshness.served_by = "archive".into();
-            Ok(Json(doc))
-        }
-        None => Err(ApiError(StatusCode::NOT_FOUND, format!("no job {id}"))),
-    }
+    Ok(Json(doc))
 }
 
 async fn cancel(
@@ -516,6 +552,7 @@ async fn cancel(
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let id = job_id(&id)?;
+    access::require_on_job(&app, id, Action::Cancel).await?;
     match app
         .control
         .propose(ControlCommand {
@@ -549,6 +586,7 @@ async fn logs(
     Query(q): Query<LogsQuery>,
 ) -> ApiResult<LogsDoc> {
     let id = job_id(&id)?;
+    access::require_on_job(&app, id, Action::ReadLogs).await?;
     let mut offsets = BTreeMap::new();
     for pair in q
         .offsets

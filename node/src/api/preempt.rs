@@ -16,7 +16,7 @@ use axum::{
 };
 use serde::Deserialize;
 
-use super::{job_id, tokens::require_admin, ApiError, AppState};
+use super::{access::require_admin, job_id, ApiError, AppState};
 use crate::{
     control::handle::wall_ms,
     domain::{
@@ -91,7 +91,7 @@ pub(super) async fn preempt(
     Path(id): Path<String>,
     body: Result<Json<PreemptRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    require_admin("preempt jobs")?;
+    require_admin(&app, "preempt jobs")?;
     let id = job_id(&id)?;
     let Json(req) = body.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
     let for_job = match req.for_job.as_deref() {
@@ -134,7 +134,7 @@ pub(super) async fn grow(
     Path(id): Path<String>,
     body: Result<Json<GrowRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    require_admin("grow jobs")?;
+    require_admin(&app, "grow jobs")?;
     let id = job_id(&id)?;
     let Json(req) = body.map_err(|e| ApiError(StatusCode::BAD_REQUEST, e.body_text()))?;
     let reason = reason_field(req.reason)?.unwrap_or_else(|| "capacity returned".into());

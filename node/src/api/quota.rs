@@ -1,126 +1,67 @@
-//! What one API token may keep in the cluster through this node: at most
-//! [`PENDING_JOBS_PER_TOKEN_MAX`] jobs that have not ended, and at most
-//! [`SPEC_BYTES_PER_TOKEN_MAX`] bytes of specs among the jobs still in the live state.
-//!
-//! Why: every submitted spec goes into every node's Raft log and state; without a bound a
-//! token that may submit at all fills every node's disk and memory (the review put 23 MB in
-//! each log with 100 requests). A submit over either limit is refused before it is
-//! proposed, with `429` naming the limit.
-//!
-//! Scope, as it stands: the replicated tokens (the admin token, the operator's, is not
-//! limited), counted per API node in memory (a submit is charged to the node that took
-//! it, and a node's restart forgets its charges); the replicated state does not yet record
-//! who submitted a job, which a cluster-wide quota per user will need. A charge is taken
-//! before the proposal and dropped if it fails, so concurrent submits cannot overshoot.
-//!
-//! Pure bookkeeping behind a lock: whether a job still counts comes in as a function.
+//! A user's submits through this node, held to its limits (`domain::state::user_limits`:
+//! jobs not ended, spec bytes in the live state; node flags `--user-pending-jobs-max` and
+//! `--user-spec-bytes-max`): its holdings in this node's replica, plus the submits this node
+//! proposed for it whose proposals have not returned yet, so one node's concurrent submits
+//! cannot overshoot. A submit over a limit is refused before it is proposed, with `429`
+//! naming the user, the limit and its count. The chief checks a forwarded submit again
+//! against its own state (`control::rpc`), so a replica that lags behind submits made
+//! through other nodes lets nothing past the limit; submits racing through several nodes
+//! at once may pass it by one each. Admins are not limited.
 
 use std::{collections::HashMap, sync::Mutex};
 
-use crate::domain::state::JobId;
+pub use crate::domain::state::user_limits::{
+    spec_bytes, OverLimit, Usage, UserLimits, PENDING_JOBS_PER_USER_MAX, SPEC_BYTES_PER_USER_MAX,
+};
 
-/// Most jobs one token may have submitted through a node and not yet ended.
-pub const PENDING_JOBS_PER_TOKEN_MAX: usize = 256;
-/// Most spec bytes one token's jobs submitted through a node may hold in the live state.
-pub const SPEC_BYTES_PER_TOKEN_MAX: u64 = 8 << 20;
+/// This node's submits on their way, by user: (charge id, spec bytes) each.
+type InFlight = HashMap<String, Vec<(u64, u64)>>;
 
-/// What a job still costs its token.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Standing {
-    /// Not ended: counts as pending, and its spec's bytes.
-    Pending,
-    /// Ended, still in the live state: its spec's bytes.
-    Ended,
-    /// Gone from the live state: nothing.
-    Gone,
-}
-
-/// Why a submit is over its token's quota.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum OverQuota {
-    /// Too many jobs not ended.
-    #[error("this token has {pending} jobs that have not ended (at most {PENDING_JOBS_PER_TOKEN_MAX} per token on this node): wait for some to end or cancel them")]
-    Pending {
-        /// Its jobs not ended.
-        pending: usize,
-    },
-    /// Too many spec bytes.
-    #[error("this token's jobs hold {held} bytes of specs in the cluster's state and this spec has {bytes} (at most {SPEC_BYTES_PER_TOKEN_MAX} per token on this node, until ended jobs leave the state)")]
-    SpecBytes {
-        /// Bytes its jobs hold.
-        held: u64,
-        /// This spec's bytes.
-        bytes: u64,
-    },
-}
-
-/// One charge: the job once proposed (`None` while its proposal is on the way) and its
-/// spec's bytes.
-#[derive(Debug)]
-struct Charge {
-    id: u64,
-    job: Option<JobId>,
-    bytes: u64,
-}
-
-/// Each token's charges, by the token's hash.
+/// The limits and this node's submits on their way (with the last charge id given).
 #[derive(Debug, Default)]
 pub struct SubmitQuota {
-    charges: Mutex<(u64, HashMap<String, Vec<Charge>>)>,
+    limits: UserLimits,
+    in_flight: Mutex<(u64, InFlight)>,
 }
 
 impl SubmitQuota {
-    /// Charges a submit of `bytes` to `token` if it is within its quota, the jobs it holds
-    /// weighed by `standing`; returns the charge's number for [`SubmitQuota::submitted`] or
-    /// [`SubmitQuota::failed`].
-    pub fn charge(
-        &self,
-        token: &str,
-        bytes: u64,
-        standing: impl Fn(JobId) -> Standing,
-    ) -> Result<u64, OverQuota> {
-        let mut guard = self.charges.lock().expect("quota lock");
-        let (next, by_token) = &mut *guard;
-        let charges = by_token.entry(token.to_string()).or_default();
-        let weigh = |c: &Charge| c.job.map_or(Standing::Pending, &standing);
-        charges.retain(|c| weigh(c) != Standing::Gone);
-        let pending = charges
-            .iter()
-            .filter(|c| weigh(c) == Standing::Pending)
-            .count();
-        if pending >= PENDING_JOBS_PER_TOKEN_MAX {
-            return Err(OverQuota::Pending { pending });
+    /// A quota of `limits`.
+    pub fn new(limits: UserLimits) -> SubmitQuota {
+        SubmitQuota {
+            limits,
+            in_flight: Mutex::default(),
         }
-        let held: u64 = charges.iter().map(|c| c.bytes).sum();
-        if held + bytes > SPEC_BYTES_PER_TOKEN_MAX {
-            return Err(OverQuota::SpecBytes { held, bytes });
-        }
+    }
+
+    /// Charges a submit of `bytes` by `user`, who holds `held` in the replicated state, if
+    /// that and this node's submits on their way stay within the limits; the charge's id
+    /// goes to [`SubmitQuota::done`] once the proposal returns.
+    pub fn charge(&self, user: &str, bytes: u64, held: Usage) -> Result<u64, OverLimit> {
+        let mut guard = self.in_flight.lock().expect("quota lock");
+        let (next, by_user) = &mut *guard;
+        let flying = by_user.get(user).map(Vec::as_slice).unwrap_or_default();
+        let with_flying = Usage {
+            pending: held.pending + flying.len(),
+            spec_bytes: held.spec_bytes + flying.iter().map(|(_, b)| b).sum::<u64>(),
+        };
+        self.limits.check(user, with_flying, bytes)?;
         *next += 1;
-        charges.push(Charge {
-            id: *next,
-            job: None,
-            bytes,
-        });
+        by_user
+            .entry(user.to_owned())
+            .or_default()
+            .push((*next, bytes));
         Ok(*next)
     }
 
-    /// The charge `id` of `token` became job `job`.
-    pub fn submitted(&self, token: &str, id: u64, job: JobId) {
-        let mut guard = self.charges.lock().expect("quota lock");
-        if let Some(c) = guard
-            .1
-            .get_mut(token)
-            .and_then(|cs| cs.iter_mut().find(|c| c.id == id))
-        {
-            c.job = Some(job);
-        }
-    }
-
-    /// The charge `id` of `token` was not submitted: dropped.
-    pub fn failed(&self, token: &str, id: u64) {
-        let mut guard = self.charges.lock().expect("quota lock");
-        if let Some(cs) = guard.1.get_mut(token) {
-            cs.retain(|c| c.id != id);
+    /// The proposal of charge `id` of `user` returned (the job is in the state, or was
+    /// never made): it counts from the state from now on.
+    pub fn done(&self, user: &str, id: u64) {
+        let mut guard = self.in_flight.lock().expect("quota lock");
+        if let Some(cs) = guard.1.get_mut(user) {
+            cs.retain(|(c, _)| *c != id);
+            if cs.is_empty() {
+                guard.1.remove(user);
+            }
         }
     }
 }
@@ -130,39 +71,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_token_keeps_its_pending_jobs_and_spec_bytes_within_bounds() {
-        let q = SubmitQuota::default();
-        let all_pending = |_| Standing::Pending;
-        for i in 0..PENDING_JOBS_PER_TOKEN_MAX as u64 {
-            let c = q.charge("a", 10, all_pending).unwrap();
-            q.submitted("a", c, JobId::from_log_index(i + 1));
-        }
-        let e = q.charge("a", 10, all_pending).unwrap_err();
-        assert!(matches!(e, OverQuota::Pending { pending: 256 }), "{e}");
-        assert!(e.to_string().contains("at most 256 per token"), "{e}");
-        assert!(
-            q.charge("b", 10, all_pending).is_ok(),
-            "another token has its own"
-        );
-        // Ended jobs free a pending place; gone ones their bytes too.
-        let first_ended = |j: JobId| {
-            if j.log_index() == 1 {
-                Standing::Ended
-            } else {
-                Standing::Pending
-            }
+    fn a_user_is_held_to_its_limits_with_its_submits_on_the_way() {
+        let q = SubmitQuota::new(UserLimits {
+            pending_jobs_max: 3,
+            spec_bytes_max: 1_000,
+        });
+        let held = Usage {
+            pending: 1,
+            spec_bytes: 100,
         };
-        let c = q.charge("a", 10, first_ended).unwrap();
-        q.failed("a", c);
-        // Bytes: a spec that would pass the bound is refused, naming it.
-        let gone = |_| Standing::Gone;
-        let big = q.charge("c", SPEC_BYTES_PER_TOKEN_MAX - 5, gone).unwrap();
-        q.submitted("c", big, JobId::from_log_index(900));
-        let e = q
-            .charge("c", 10, |_| Standing::Ended)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("bytes of specs"), "{e}");
-        assert!(q.charge("c", 10, gone).is_ok(), "its job left the state");
+        let c1 = q.charge("alice", 10, held).unwrap();
+        let c2 = q.charge("alice", 10, held).unwrap();
+        let e = q.charge("alice", 10, held).unwrap_err();
+        assert!(matches!(e, OverLimit::Pending { pending: 3, .. }), "{e}");
+        assert!(
+            q.charge("bob", 10, held).is_ok(),
+            "another user has its own"
+        );
+        // Proposals that returned count from the state, not twice.
+        q.done("alice", c1);
+        q.done("alice", c2);
+        assert!(q.charge("alice", 10, held).is_ok());
+        // Bytes on the way count too.
+        let c = q.charge("carol", 800, held).unwrap();
+        let e = q.charge("carol", 101, held).unwrap_err().to_string();
+        assert!(e.contains("carol's jobs hold 900 bytes"), "{e}");
+        q.done("carol", c);
+        assert!(q.charge("carol", 101, held).is_ok());
     }
 }

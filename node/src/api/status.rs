@@ -134,6 +134,9 @@ impl StatusDoc {
 pub struct JobSummary {
     pub id: String,
     pub name: String,
+    /// The user it belongs to (see `domain::state::users`).
+    #[serde(default = "crate::domain::state::users::admin_user")]
+    pub owner: String,
     pub kind: String,
     pub state: String,
 }
@@ -339,6 +342,10 @@ pub struct FreshnessDoc {
 pub struct JobDoc {
     pub id: String,
     pub name: String,
+    /// The user it belongs to: the submitting token's (a trial's job, its search's owner;
+    /// see `domain::state::users`).
+    #[serde(default = "crate::domain::state::users::admin_user")]
+    pub owner: String,
     pub kind: String,
     pub state: String,
     /// The current generation; a generation of the ring.
@@ -422,6 +429,20 @@ pub struct TrialOfDoc {
 }
 
 impl JobDoc {
+    /// Leaves the summary only (name, owner, kind, state, resources, ring, history): what a
+    /// user sees of another user's job, and a viewer of any. Its metrics, step and the
+    /// values its search's trials reported are taken out.
+    pub fn summary_only(&mut self) {
+        self.metrics.clear();
+        self.step = None;
+        self.epoch = None;
+        self.total_steps = None;
+        self.best = None;
+        for t in &mut self.trials {
+            t.metric = None;
+        }
+    }
+
     /// A search's trials, best first (by its metric and direction; trials without a metric
     /// last; ties: more resource, then lower id).
     pub fn leaderboard(&self) -> Vec<TrialDoc> {
@@ -528,6 +549,7 @@ impl JobDoc {
         use std::fmt::Write;
         let mut out = String::new();
         let _ = writeln!(out, "job        {} ({})", self.id, self.name);
+        let _ = writeln!(out, "owner      {}", self.owner);
         let _ = writeln!(out, "kind       {}", self.kind);
         let _ = writeln!(out, "state      {}", self.state);
         // Attempts, not restarts: `attempt 1 of 4` reads as three retries left, where
@@ -698,6 +720,7 @@ pub fn job_doc(j: &Job, applied_index: u64, chief: bool) -> JobDoc {
     JobDoc {
         id: j.id.to_string(),
         name: j.spec.name.clone(),
+        owner: j.owner.clone(),
         kind: j.spec.kind.to_string(),
         state: j.state.to_string(),
         generation: j.generation,
@@ -732,7 +755,7 @@ pub fn job_doc(j: &Job, applied_index: u64, chief: bool) -> JobDoc {
         trials: j
             .search
             .as_ref()
-            .map(crate::search::summary::trials)
+            .map(|r| crate::search::summary::trials(r, &j.owner))
             .unwrap_or_default(),
         best: match (&j.search, &search) {
             (Some(r), Some(s)) => crate::search::summary::best(r, s.direction),

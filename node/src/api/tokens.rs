@@ -2,13 +2,13 @@
 //!
 //! | route | does |
 //! | --- | --- |
-//! | `POST /v1/tokens` `{"name"}` | makes a random token named `name`; 201 `{"name", "token", "created_at_ms"}`: the token is shown this once, the cluster keeps its hash |
-//! | `GET /v1/tokens` | `[{"name", "created_at_ms", "created_by", "hash_prefix"}]` |
+//! | `POST /v1/tokens` `{"name", "user"?, "role"?}` | makes a random token named `name` for `user` (default: `name`) with `role` (`admin`, `user` or `viewer`; default `user`; see `domain::state::users`); 201 `{"name", "user", "role", "token", "created_at_ms"}`: the token is shown this once, the cluster keeps its hash |
+//! | `GET /v1/tokens` | `[{"name", "user", "role", "created_at_ms", "created_by", "hash_prefix"}]` |
 //! | `DELETE /v1/tokens/{name}` | revokes the token: every node refuses it once its replica applies the revocation |
 //! | `POST /v1/members/{id}/remove` | removes the member (peer id or name) from the cluster for good |
 //!
-//! Errors: 400 (a bad name: `name: …`), 403 (a token that is not the admin's asks for a
-//! change), 404 (no such token or member), 409 (the name exists; the member is the chief),
+//! Errors: 400 (a bad name, user or role: `name: …`, `user: …`, `role: …`), 403 (a token
+//! that is not an admin's asks for a change), 404 (no such token or member), 409 (the name exists; the member is the chief),
 //! 503 (no chief).
 
 use axum::{
@@ -18,11 +18,12 @@ use axum::{
 };
 use serde::Deserialize;
 
-use super::{ApiError, AppState};
+use super::{access::require_admin, ApiError, AppState};
 use crate::control::handle::wall_ms;
 use crate::domain::state::{
     ops,
-    tokens::{check_token_name, listing, new_token, Principal},
+    tokens::{check_token_name, check_user, listing, new_token},
+    users::Role,
     ControlCommand, ControlResponse, Op,
 };
 
@@ -32,20 +33,12 @@ use crate::domain::state::{
 pub struct CreateRequest {
     /// The token's name (letters, digits, `.`, `_`, `-`; at most 64 bytes).
     pub name: String,
-}
-
-/// Refuses anyone but the admin: `what` is what they asked to do.
-pub(super) fn require_admin(what: &str) -> Result<(), ApiError> {
-    match Principal::current() {
-        Principal::Admin => Ok(()),
-        other => Err(ApiError(
-            StatusCode::FORBIDDEN,
-            format!(
-                "only the admin token may {what} (this request came with {})",
-                other.describe()
-            ),
-        )),
-    }
+    /// The user it belongs to (the same rule; default: `name`).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// `admin`, `user` or `viewer` (default `user`).
+    #[serde(default)]
+    pub role: Option<String>,
 }
 
 /// This node's name, for the record of who made a token.
@@ -72,22 +65,36 @@ pub(super) async fn create(
     State(app): State<AppState>,
     Json(req): Json<CreateRequest>,
 ) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
-    require_admin("create tokens")?;
+    let admin = require_admin(&app, "create tokens")?;
     check_token_name(&req.name).map_err(bad_name)?;
+    let role: Role = match req.role.as_deref() {
+        Some(r) => r.parse().map_err(bad_name)?,
+        None => Role::User,
+    };
+    let user = req.user.clone().unwrap_or_else(|| req.name.clone());
+    check_user(&user, role).map_err(bad_name)?;
     let (token, hash) = new_token();
     let at_ms = wall_ms();
     let cmd = ControlCommand {
         op: Op::TokenCreate(ops::TokenCreate {
             name: req.name.clone(),
             hash,
-            created_by: format!("admin@{}", node_name(&app).await),
+            created_by: format!("{}@{}", admin.user, node_name(&app).await),
+            user: Some(user.clone()),
+            role,
         }),
         at_ms,
     };
     match app.control.propose(cmd).await? {
         ControlResponse::Applied => Ok((
             StatusCode::CREATED,
-            Json(serde_json::json!({ "name": req.name, "token": token, "created_at_ms": at_ms })),
+            Json(serde_json::json!({
+                "name": req.name,
+                "user": user,
+                "role": role,
+                "token": token,
+                "created_at_ms": at_ms,
+            })),
         )),
         ControlResponse::Rejected { reason } if reason.contains("exists") => {
             Err(ApiError(StatusCode::CONFLICT, reason))
@@ -107,7 +114,7 @@ pub(super) async fn revoke(
     State(app): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    require_admin("revoke tokens")?;
+    require_admin(&app, "revoke tokens")?;
     check_token_name(&name).map_err(bad_name)?;
     let cmd = ControlCommand {
         op: Op::TokenRevoke(ops::TokenRevoke { name: name.clone() }),
@@ -125,7 +132,7 @@ pub(super) async fn remove_member(
     State(app): State<AppState>,
     Path(member): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    require_admin("remove members")?;
+    require_admin(&app, "remove members")?;
     let view = app
         .node
         .view()

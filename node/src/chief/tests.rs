@@ -40,6 +40,7 @@ pub(crate) fn submit_text(state: &mut ControlState, spec: &str) -> JobId {
         op: Op::Submit(ops::Submit {
             spec: Box::new(JobSpec::parse(spec).unwrap()),
             token: None,
+            owner: crate::domain::state::users::admin_user(),
         }),
         at_ms: 1,
     };
@@ -57,6 +58,7 @@ pub(crate) fn submit(state: &mut ControlState, index: u64, workers: u32) -> JobI
         op: Op::Submit(ops::Submit {
             spec: Box::new(JobSpec::parse(&text).unwrap()),
             token: None,
+            owner: crate::domain::state::users::admin_user(),
         }),
         at_ms: 1,
     };
@@ -390,6 +392,7 @@ fn elastic_running(
         op: Op::Submit(ops::Submit {
             spec: Box::new(JobSpec::parse(&text).unwrap()),
             token: None,
+            owner: crate::domain::state::users::admin_user(),
         }),
         at_ms: 1,
     };

@@ -60,6 +60,8 @@ struct Row {
     holders: Vec<String>,
     #[serde(default)]
     fetching: Vec<String>,
+    #[serde(default)]
+    owner: String,
 }
 
 /// Runs a dataset command.
@@ -101,8 +103,8 @@ pub fn run(cli: &Cli, cmd: &DatasetCmd) -> Result<()> {
             }
             let rows: Vec<Row> = serde_json::from_value(rows)?;
             println!(
-                "{:<24} {:>10} {:>6} {:>7}  {:<16}  HOLDERS",
-                "NAME", "SIZE", "FILES", "CHUNKS", "ROOT"
+                "{:<24} {:<16} {:>10} {:>6} {:>7}  {:<16}  HOLDERS",
+                "NAME", "OWNER", "SIZE", "FILES", "CHUNKS", "ROOT"
             );
             for r in rows {
                 let mut holders = r.holders.join(",");
@@ -110,8 +112,9 @@ pub fn run(cli: &Cli, cmd: &DatasetCmd) -> Result<()> {
                     holders.push_str(&format!(" (fetching: {})", r.fetching.join(",")));
                 }
                 println!(
-                    "{:<24} {:>10} {:>6} {:>7}  {:<16}  {}",
+                    "{:<24} {:<16} {:>10} {:>6} {:>7}  {:<16}  {}",
                     r.name,
+                    r.owner,
                     human_bytes(r.size_bytes),
                     r.files,
                     r.chunks,

@@ -1,10 +1,9 @@
 //! The command line: `ringleader node` runs a node; every other command is an API client.
 //!
 //! - [`demo`]: `ringleader demo`, a local cluster end to end.
-//! - [`bench_membership`], [`bench_control`], [`bench_elastic`], [`bench_chief`],
-//!   [`bench_scale`]: the benchmarks' figures.
 //! - [`local`]: a cluster of real `ringleader node` processes on this host, for the demo, the
-//!   benchmarks and the integration tests (public because the binary's demo needs it).
+//!   benchmarks (the `ringleader-bench` binary, `node/bench/`) and the integration tests
+//!   (public because the binary's demo needs it).
 //! - [`closed_pipe`]: a command whose reader went away (`logs ID | head`) ends quietly.
 //! - [`datasets`]: `ringleader dataset add | ls | get | rm`.
 //! - [`tokens`]: `ringleader token create | ls | revoke`, `ringleader member remove`.
@@ -13,11 +12,6 @@
 //!
 //! May use: everything in the crate.
 
-pub mod bench_chief;
-pub mod bench_control;
-pub mod bench_elastic;
-pub mod bench_membership;
-pub mod bench_scale;
 pub mod closed_pipe;
 pub mod datasets;
 pub mod demo;
@@ -140,21 +134,6 @@ pub enum Cmd {
         /// Where to write the key (mode 0600); printed when absent.
         file: Option<PathBuf>,
     },
-    /// Membership benchmark (scripts/bench-membership.sh runs this).
-    #[command(hide = true)]
-    BenchMembership(bench_membership::BenchArgs),
-    /// Elastic-training benchmark (scripts/bench-elastic.sh runs this).
-    #[command(hide = true)]
-    BenchElastic(bench_elastic::BenchElasticArgs),
-    /// The chief's decision and the state's apply at size (scripts/bench-chief.sh runs this).
-    #[command(hide = true)]
-    BenchChief(bench_chief::BenchChiefArgs),
-    /// Control-plane benchmark (scripts/bench-control.sh runs this).
-    #[command(hide = true)]
-    BenchControl(bench_control::BenchControlArgs),
-    /// Scale benchmark: N real nodes on this host (scripts/bench-scale.sh runs this).
-    #[command(hide = true)]
-    BenchScale(bench_scale::BenchScaleArgs),
     /// One worker of a train job (the supervisor runs this).
     #[command(hide = true)]
     TrainWorker(trainer::worker::WorkerArgs),
@@ -273,6 +252,15 @@ pub struct NodeArgs {
     /// dropped and counted, protocol lines never. For tests.
     #[arg(long, hide = true, default_value_t = crate::jobs::log_rate::RANK_LOG_BYTES_PER_S_MAX)]
     pub rank_log_bytes_per_s: u64,
+    /// Most jobs one user (every token of it) may have that have not ended; a submit past
+    /// it is refused (429). Admins are not limited; 0: no limit. Counted from the
+    /// replicated state: give every node the same.
+    #[arg(long, value_name = "N", default_value_t = crate::api::quota::PENDING_JOBS_PER_USER_MAX)]
+    pub user_pending_jobs_max: usize,
+    /// Most bytes of specs one user's jobs may hold in the cluster's state (until ended jobs
+    /// leave it); a submit past it is refused (429). Admins are not limited; 0: no limit.
+    #[arg(long, value_name = "BYTES", default_value_t = crate::api::quota::SPEC_BYTES_PER_USER_MAX)]
+    pub user_spec_bytes_max: u64,
     #[command(flatten)]
     pub api_limits: crate::api::server::ApiLimits,
 }
@@ -340,7 +328,7 @@ impl NodeArgs {
         // about 400 bytes each with our metadata (up to 300 more for a member advertising
         // the most datasets, about 70 per GPU: 560 for eight), so a piece stays far inside
         // the membership frame limit whatever the cluster size; 10 000 members is the size
-        // the simulation measures (`ringleader bench-membership --sim 10000`).
+        // the simulation measures (`ringleader-bench membership --sim 10000`).
         let membership = membership::Config {
             members_max: MEMBERS_MAX,
             ..membership::Config::default()
@@ -374,6 +362,10 @@ impl NodeArgs {
             dataset_sources: self.dataset_sources,
             dataset_dests: self.dataset_dests,
             rank_log_bytes_per_s: self.rank_log_bytes_per_s,
+            user_limits: crate::api::quota::UserLimits {
+                pending_jobs_max: self.user_pending_jobs_max,
+                spec_bytes_max: self.user_spec_bytes_max,
+            },
             name,
             listen,
             api,
@@ -635,9 +627,15 @@ pub fn jobs(cli: &Cli, args: &JobsArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&jobs)?);
         return Ok(());
     }
-    println!("{:<10} {:<24} {:<8} STATE", "ID", "NAME", "KIND");
+    println!(
+        "{:<10} {:<24} {:<16} {:<8} STATE",
+        "ID", "NAME", "OWNER", "KIND"
+    );
     for j in &jobs {
-        println!("{:<10} {:<24} {:<8} {}", j.id, j.name, j.kind, j.state);
+        println!(
+            "{:<10} {:<24} {:<16} {:<8} {}",
+            j.id, j.name, j.owner, j.kind, j.state
+        );
     }
     if let Some(before) = older {
         let state = args
@@ -773,6 +771,7 @@ pub fn trials(cli: &Cli, id: &str) -> Result<()> {
         let board = doc.leaderboard();
         let v = serde_json::json!({
             "id": doc.id,
+            "owner": doc.owner,
             "state": doc.state,
             "metric": doc.search_metric,
             "direction": doc.search_direction,
@@ -782,9 +781,10 @@ pub fn trials(cli: &Cli, id: &str) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!(
-            "{} {} [{}] metric {} ({})",
+            "{} {} of {} [{}] metric {} ({})",
             doc.id,
             doc.name,
+            doc.owner,
             doc.state,
             doc.search_metric.as_deref().unwrap_or("?"),
             doc.search_direction.as_deref().unwrap_or("?")

@@ -12,14 +12,23 @@ use super::{client, Cli};
 #[derive(Debug, Subcommand)]
 pub enum TokenCmd {
     /// Make a random API token named NAME and print it, once: the cluster keeps only its
-    /// hash. Needs the admin token. The new token works on every node for everything but
-    /// token and member changes, until revoked.
+    /// hash. Needs an admin token. The new token works on every node, until revoked, for
+    /// what its role allows: `admin` everything; `user` submitting, every job's summary,
+    /// and cancelling, logs, metrics and checkpoints of its user's own jobs; `viewer`
+    /// summaries only.
     Create {
         /// The token's name: letters, digits, '.', '_', '-' (at most 64 bytes).
         name: String,
+        /// The user it belongs to (the same rule; default: NAME). A user's jobs are those
+        /// any of its tokens submitted.
+        #[arg(long, value_name = "USER")]
+        user: Option<String>,
+        /// What it may do.
+        #[arg(long, value_parser = ["admin", "user", "viewer"], default_value = "user")]
+        role: String,
     },
-    /// List tokens: name, when made, by whom, the first digits of the hash (`--json`:
-    /// [{name, created_at_ms, created_by, hash_prefix}]).
+    /// List tokens: name, user, role, when made, by whom, the first digits of the hash
+    /// (`--json`: [{name, user, role, created_at_ms, created_by, hash_prefix}]).
     Ls,
     /// Revoke the token NAME: every node refuses it within about a second. Needs the admin
     /// token.
@@ -45,6 +54,10 @@ pub enum MemberCmd {
 #[derive(Debug, Deserialize)]
 struct Row {
     name: String,
+    #[serde(default)]
+    user: String,
+    #[serde(default)]
+    role: String,
     created_at_ms: u64,
     created_by: String,
     hash_prefix: String,
@@ -54,16 +67,21 @@ struct Row {
 pub fn run(cli: &Cli, cmd: &TokenCmd) -> Result<()> {
     let c = client(cli)?;
     match cmd {
-        TokenCmd::Create { name } => {
-            let v: serde_json::Value =
-                c.post_json("/v1/tokens", &serde_json::json!({ "name": name }))?;
+        TokenCmd::Create { name, user, role } => {
+            let v: serde_json::Value = c.post_json(
+                "/v1/tokens",
+                &serde_json::json!({ "name": name, "user": user, "role": role }),
+            )?;
             if cli.json {
                 println!("{v}");
             } else {
                 let token = v["token"]
                     .as_str()
                     .ok_or_else(|| anyhow!("no token in the answer"))?;
-                eprintln!("token {name:?} created; it is shown only now:");
+                let user = v["user"].as_str().unwrap_or(name);
+                eprintln!(
+                    "token {name:?} created for user {user} (role {role}); it is shown only now:"
+                );
                 println!("{token}");
             }
         }
@@ -74,11 +92,14 @@ pub fn run(cli: &Cli, cmd: &TokenCmd) -> Result<()> {
                 return Ok(());
             }
             let rows: Vec<Row> = serde_json::from_value(v)?;
-            println!("{:<24} {:<16} {:<24} HASH", "NAME", "CREATED_MS", "BY");
+            println!(
+                "{:<24} {:<16} {:<7} {:<16} {:<24} HASH",
+                "NAME", "USER", "ROLE", "CREATED_MS", "BY"
+            );
             for r in rows {
                 println!(
-                    "{:<24} {:<16} {:<24} {}…",
-                    r.name, r.created_at_ms, r.created_by, r.hash_prefix
+                    "{:<24} {:<16} {:<7} {:<16} {:<24} {}…",
+                    r.name, r.user, r.role, r.created_at_ms, r.created_by, r.hash_prefix
                 );
             }
         }

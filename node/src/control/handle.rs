@@ -114,6 +114,9 @@ pub struct ControlConfig<'a> {
     pub snapshot_every: u64,
     /// The node's cluster key ring, which a rotation's offer fills (`None`: `--insecure`).
     pub key_ring: Option<crate::cluster::key_ring::KeyRing>,
+    /// Each user's limits, checked again on a forwarded submit (`rpc`; see
+    /// `domain::state::user_limits`).
+    pub user_limits: crate::domain::state::user_limits::UserLimits,
 }
 
 /// Entries between snapshots unless `--raft-snapshot-every` says otherwise.
@@ -141,6 +144,8 @@ pub struct ControlHandle {
     pub(super) node_id: NodeId,
     me: String,
     pub(super) jobs_dir: std::path::PathBuf,
+    /// Each user's limits, for a forwarded submit.
+    pub(super) user_limits: crate::domain::state::user_limits::UserLimits,
     epoch: Instant,
     /// When (ms since `epoch`) this node last accepted an AppendEntries from a leader, or
     /// [`NEVER`]; written by the RPC server.
@@ -208,6 +213,7 @@ pub async fn open(cfg: ControlConfig<'_>, node: NodeHandle) -> Result<ControlHan
         node_id,
         me: cfg.me.to_string(),
         jobs_dir: cfg.data_dir.join("jobs"),
+        user_limits: cfg.user_limits,
         epoch: Instant::now(),
         leader_contact_ms: Arc::new(AtomicU64::new(NEVER)),
         tasks: crate::tasks::Tasks::new("control"),
@@ -275,6 +281,17 @@ impl ControlHandle {
     /// `bound`, returns at once or at the bound: the caller judges with what it has.
     pub async fn apply_committed(&self, bound: Duration) {
         let _ = tokio::time::timeout(bound, self.raft().ensure_linearizable()).await;
+    }
+
+    /// Waits (at most `bound`) until this replica applied the entry at `index`: a job the
+    /// chief committed (its id is its submit's index) is then known here. Returns at the
+    /// bound either way: the caller judges with what it has.
+    pub async fn applied_up_to(&self, index: u64, bound: Duration) {
+        let _ = self
+            .raft()
+            .wait(Some(bound))
+            .applied_index_at_least(Some(index), "the entry a request names")
+            .await;
     }
 
     /// Peer ids of the current voters.

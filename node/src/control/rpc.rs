@@ -53,7 +53,13 @@ use crate::{
     },
     domain::{
         spec::JobSpec,
-        state::{tokens::Principal, ControlCommand, ControlState, JobId, Origin},
+        state::{
+            ops,
+            tokens::Principal,
+            user_limits::{spec_bytes, UserLimits, OVER_LIMIT},
+            users::{Action, Actor, Role, ADMIN_USER},
+            ControlCommand, ControlState, JobId, Op, Origin,
+        },
     },
 };
 
@@ -246,22 +252,62 @@ pub fn admin_only(cmd: &ControlCommand) -> bool {
     cmd.origin().admin_only()
 }
 
-/// Whether `principal` may have a user's request served here: a token only while its hash
-/// is in `state`. The admin, and a member that states no principal (an older node), are
-/// served: the sender holds the cluster key, which grants what the admin token does.
-pub fn check_user_principal(principal: &Principal, state: &ControlState) -> Result<(), String> {
-    match principal {
-        Principal::Admin | Principal::Node => Ok(()),
-        Principal::Token { hash } => state
-            .token_named_by_hash(hash)
-            .map(|_| ())
-            .ok_or_else(|| "the API token of this request was revoked".into()),
+/// Who `principal` acts as, if it may have a user's request served here: a token only
+/// while its hash is in `state`. The admin, and a member that states no principal (an
+/// older node), are served as the admin: the sender holds the cluster key, which grants
+/// what the admin token does.
+pub fn check_user_principal(principal: &Principal, state: &ControlState) -> Result<Actor, String> {
+    state
+        .actor(principal)
+        .ok_or_else(|| "the API token of this request was revoked".into())
+}
+
+/// The refusal of a token or member change asked by anyone but an admin.
+const ADMIN_ONLY: &str = "only the admin token or one of role admin may create or revoke tokens, remove members and rotate the key";
+
+/// Whether `actor` may have the user command `cmd` committed, by the rules of
+/// `domain::state::users` (the forwarding node's API asked them first): a submit or a
+/// dataset only as its own owner (an admin as anyone), a cancel or a dataset's removal
+/// of what it owns (an admin of anything), the rest by its role.
+fn check_owner(actor: &Actor, cmd: &ControlCommand, state: &ControlState) -> Result<(), String> {
+    let as_owner = |action: Action, owner: &str| {
+        actor.may(action, None).map_err(|r| r.message(""))?;
+        if actor.role != Role::Admin && owner != actor.user {
+            return Err(format!(
+                "{} may not act as {owner}: a token's writes are its own user's",
+                actor.user
+            ));
+        }
+        Ok(())
+    };
+    match &cmd.op {
+        Op::Submit(ops::Submit { owner, .. }) => as_owner(Action::Submit, owner),
+        Op::DatasetAdd(ops::DatasetAdd { record, .. }) => {
+            as_owner(Action::AddDataset, &record.owner)
+        }
+        Op::Cancel(ops::Cancel { id }) => {
+            let owner = state.job(*id).map(|j| j.owner.as_str());
+            actor
+                .may(Action::Cancel, owner.or(Some(ADMIN_USER)))
+                .map_err(|r| r.message(&id.to_string()))
+        }
+        Op::DatasetRemove(ops::DatasetRemove { name }) => {
+            let owner = state.datasets.get(name).map(|r| r.owner.as_str());
+            actor
+                .may(Action::RemoveDataset, owner.or(Some(ADMIN_USER)))
+                .map_err(|r| r.message(&format!("dataset {name:?}")))
+        }
+        _ if admin_only(cmd) => actor
+            .may(Action::Administer, None)
+            .map_err(|_| ADMIN_ONLY.to_owned()),
+        _ => Ok(()),
     }
 }
 
 /// What the principal and the sender of a forwarded write are allowed, before
 /// [`authorize`] looks at the command itself: a removed member nothing; a user command
-/// needs a principal [`check_user_principal`] accepts; a token or member change the admin.
+/// needs a principal [`check_user_principal`] accepts, acting within its user and role
+/// ([`check_owner`]); a token or member change an admin.
 pub fn authorize_principal(
     from: &str,
     principal: &Principal,
@@ -269,16 +315,37 @@ pub fn authorize_principal(
     state: &ControlState,
 ) -> Result<(), String> {
     check_not_removed(from, state).map_err(|e| e.to_string())?;
-    if let Some(what) = cmd.origin().user_command() {
-        check_user_principal(principal, state).map_err(|e| format!("{what}: {e}"))?;
+    // A member that states no principal (an older node) is served as the admin, but never
+    // changes the access list: only the admin's own request does.
+    if admin_only(cmd) && *principal == Principal::Node {
+        return Err(ADMIN_ONLY.into());
     }
-    if admin_only(cmd) && *principal != Principal::Admin {
-        return Err(
-            "only the admin token may create or revoke tokens, remove members, rotate the key, preempt and grow jobs"
-                .into(),
-        );
+    if let Some(what) = cmd.origin().user_command() {
+        let actor = check_user_principal(principal, state).map_err(|e| format!("{what}: {e}"))?;
+        check_owner(&actor, cmd, state).map_err(|e| format!("{what}: {e}"))?;
     }
     Ok(())
+}
+
+/// Whether a forwarded submit keeps its owner within `limits`, counted in this (the
+/// chief's) state, which holds every submit it committed: the forwarding node checked
+/// against its replica, which may lag behind submits made through other nodes. Admins are
+/// not limited, nor a member that states no principal (an older node).
+pub fn check_user_limits(
+    principal: &Principal,
+    cmd: &ControlCommand,
+    state: &ControlState,
+    limits: &UserLimits,
+) -> Result<(), String> {
+    let Op::Submit(ops::Submit { spec, owner, .. }) = &cmd.op else {
+        return Ok(());
+    };
+    match state.actor(principal) {
+        Some(actor) if actor.role != Role::Admin => limits
+            .check(owner, state.usage(owner), spec_bytes(spec))
+            .map_err(|e| format!("submit {OVER_LIMIT}: {e}")),
+        _ => Ok(()),
+    }
 }
 
 /// A forwarded write: checked ([`authorize_principal`], then [`authorize`]), logged with
@@ -295,6 +362,7 @@ async fn forwarded(
         .check()
         .map_err(|e| e.to_string())
         .and_then(|()| ctl.read(|s| authorize_principal(&from, &principal, &cmd, s)))
+        .and_then(|()| ctl.read(|s| check_user_limits(&principal, &cmd, s, &ctl.user_limits)))
     {
         Err(e) => Err(e),
         // A submit's authorization is its admission (see `authorize`): CPU work on the spec
@@ -359,9 +427,12 @@ fn log_read(
 ) -> LogChunk {
     let from = peer.to_string();
     let allowed = ctl.read(|s| {
-        check_not_removed(&from, s)
-            .map_err(|e| e.to_string())
-            .and_then(|()| check_user_principal(principal, s))
+        check_not_removed(&from, s).map_err(|e| e.to_string())?;
+        let actor = check_user_principal(principal, s)?;
+        let owner = s.job(job).map(|j| j.owner.as_str());
+        actor
+            .may(Action::ReadLogs, owner.or(Some(ADMIN_USER)))
+            .map_err(|r| r.message(&job.to_string()))
     });
     match allowed {
         Ok(()) => {

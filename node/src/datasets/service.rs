@@ -113,6 +113,9 @@ pub struct DatasetDoc {
     pub added_at: u64,
     /// The member it was added on.
     pub added_on: String,
+    /// The user who added it.
+    #[serde(default = "crate::domain::state::users::admin_user")]
+    pub owner: String,
 }
 
 /// The service (cheap to clone).
@@ -218,13 +221,14 @@ impl Datasets {
     /// `chunk_bytes` (default: [`super::manifest::chunk_bytes_for`] its size): copies it into
     /// the store, then registers the name. The files are this node's to serve from then on.
     /// `path` is read within what the caller (the admin: `admin`, or a made token) may read
-    /// ([`super::roots`]), with the `--run-as` user's file access.
+    /// ([`super::roots`]), with the `--run-as` user's file access. The dataset is
+    /// `owner`'s (the caller's user).
     pub async fn add(
         &self,
         name: &str,
         path: &Path,
         chunk_bytes: Option<u32>,
-        admin: bool,
+        (admin, owner): (bool, &str),
     ) -> Result<DatasetDoc, DatasetsError> {
         check_name(name).map_err(DatasetsError::BadInput)?;
         if self.registered(name).is_some() {
@@ -271,6 +275,7 @@ impl Datasets {
             chunks: manifest.chunk_count() as u64,
             added_at_ms: wall_ms(),
             added_on: self.inner.cfg.name.clone(),
+            owner: owner.to_owned(),
         };
         let cmd = ControlCommand {
             op: Op::DatasetAdd(ops::DatasetAdd {
@@ -659,5 +664,6 @@ fn doc_of(
         fetching: partial,
         added_at: r.added_at_ms,
         added_on: r.added_on.clone(),
+        owner: r.owner.clone(),
     }
 }

@@ -136,13 +136,14 @@ pub fn execute(
     }
 }
 
-/// `preempted for j-12 (bob)`, `preempted for j-12`, or `preempted`, with the asker's
-/// reason after a `;` when given. The requester's owner is named once job records carry
-/// one.
+/// `preempted for j-12 (bob)` (the requester and its owner), or `preempted`, with the
+/// asker's reason in parentheses when given.
 fn history_prefix(state: &ControlState, ask: &Preempt) -> String {
     let mut why = match ask.for_job {
-        Some(j) if state.job(j).is_some() => format!("preempted for {j}"),
-        Some(j) => format!("preempted for {j} (unknown job)"),
+        Some(j) => match state.job(j) {
+            Some(job) => format!("preempted for {j} ({})", job.owner),
+            None => format!("preempted for {j} (unknown job)"),
+        },
         None => "preempted".to_owned(),
     };
     if let Some(r) = ask.reason.as_deref().filter(|r| !r.is_empty()) {

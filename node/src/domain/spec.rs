@@ -8,7 +8,7 @@
 //!
 //! The sections `model`, `data`, `train`, `checkpoint` and `search` are kept as generic TOML
 //! tables here (the form stored in the Raft log); the trainer defines their typed forms. A
-//! train job's are read once, by [`trainer::TrainSpec::from_document`] over the same parsed
+//! train job's are read once, by [`ringleader_spec::TrainSpec::from_document`] over the same parsed
 //! document, when the spec is parsed (their errors get the field's line from that document),
 //! and kept typed beside the tables ([`JobSpec::trainer`]).
 
@@ -20,8 +20,8 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::OnceLock;
 
+use ringleader_spec::{FieldError, TrainSpec};
 use serde::{Deserialize, Serialize};
-use trainer::{FieldError, TrainSpec};
 
 use crate::gpus::{DEVICE_ORDER, DEVICE_ORDER_ENV};
 use toml::de::{DeTable, DeValue};
@@ -67,11 +67,11 @@ pub const RESERVED_ENV: [&str; 5] = [
 /// the rank environment, the test-only `RINGLEADER_TEST_*` hooks): a spec's `env` may not
 /// set a key that starts with it, so a job can neither override what the node hands its
 /// ranks nor drive a test hook's faults into them. [`NODE_ENV_ALLOWED`] are the exceptions.
-pub const NODE_ENV_PREFIX: &str = "RINGLEADER_";
+pub const NODE_ENV_PREFIX: &str = ringleader_protocol::env::PREFIX;
 
 /// The `RINGLEADER_*` keys a spec's `env` may set: the trainer's documented per-job switches
 /// (`RINGLEADER_NO_SHM`: no shared-memory path between a job's ranks).
-pub const NODE_ENV_ALLOWED: [&str; 1] = ["RINGLEADER_NO_SHM"];
+pub const NODE_ENV_ALLOWED: [&str; 1] = [ringleader_protocol::env::NO_SHM];
 
 const TOP_FIELDS: [&str; 20] = [
     "name",

@@ -309,6 +309,7 @@ mod tests {
                 op: Op::Submit(ops::Submit {
                     spec: Box::new(spec),
                     token: None,
+                    owner: crate::domain::state::users::admin_user(),
                 }),
                 at_ms: 10,
             },

@@ -23,6 +23,9 @@ pub struct Summary {
     pub id: String,
     /// Its name.
     pub name: String,
+    /// The user it belongs to.
+    #[serde(default = "crate::domain::state::users::admin_user")]
+    pub owner: String,
     /// `succeeded`, `failed` or `cancelled`.
     pub state: String,
     /// The spec as submitted (TOML).
@@ -49,6 +52,7 @@ impl Summary {
         Some(Summary {
             id: job.id.to_string(),
             name: job.spec.name.clone(),
+            owner: job.owner.clone(),
             state: job.state.to_string(),
             spec: job.spec.to_toml(),
             metric: s.metric.clone(),
@@ -56,7 +60,7 @@ impl Summary {
                 Direction::Max => "max".into(),
                 Direction::Min => "min".into(),
             },
-            trials: leaderboard(record, s.direction),
+            trials: leaderboard(record, &job.owner, s.direction),
             best: best(record, s.direction),
             submitted_at_ms: job.submitted_at_ms,
             finished_at_ms: job.finished_at_ms,

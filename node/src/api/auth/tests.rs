@@ -44,6 +44,8 @@ async fn middleware_accepts_replicated_tokens_until_revoked() {
             name: "ci".into(),
             hash: hash.clone(),
             created_by: "admin".into(),
+            user: None,
+            role: Default::default(),
         }),
         at_ms: 1,
     };

@@ -148,6 +148,7 @@ pub fn job_page(
         page.push(JobSummary {
             id: j.id.to_string(),
             name: j.spec.name.clone(),
+            owner: j.owner.clone(),
             kind: j.spec.kind.to_string(),
             state: j.state.to_string(),
         });
@@ -277,6 +278,7 @@ pub fn synthetic(members: usize, jobs: usize) -> (StatusDoc, ControlState) {
             op: Op::Submit(ops::Submit {
                 spec: Box::new(spec),
                 token: None,
+                owner: crate::domain::state::users::admin_user(),
             }),
             at_ms: 1,
         };

@@ -8,6 +8,7 @@ fn train_job(train: &str) -> Job {
         op: Op::Submit(ops::Submit {
             spec: Box::new(crate::domain::spec::JobSpec::parse(&text).unwrap()),
             token: None,
+            owner: crate::domain::state::users::admin_user(),
         }),
         at_ms: 1,
     };
@@ -109,6 +110,7 @@ fn watch_follows_a_searchs_trials_by_state_change_and_new_best() {
     let trial = |id: u32, state: &str, metric: Option<f64>| crate::search::summary::TrialDoc {
         id,
         job: format!("j-{id}"),
+        owner: "admin".into(),
         params: [("lr".to_string(), toml::Value::Float(0.1))].into(),
         state: state.into(),
         metric,

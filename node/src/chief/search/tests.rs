@@ -61,7 +61,11 @@ fn submit(state: &mut ControlState) -> JobId {
     match state.apply(
         1,
         &ControlCommand {
-            op: Op::Submit(ops::Submit { spec, token: None }),
+            op: Op::Submit(ops::Submit {
+                spec,
+                token: None,
+                owner: crate::domain::state::users::admin_user(),
+            }),
             at_ms: 1,
         },
     ) {
@@ -289,7 +293,11 @@ fn a_promoted_trial_runs_after_its_last_run_on_that_runs_member() {
     let ControlResponse::Submitted { id: search } = state.apply(
         1,
         &ControlCommand {
-            op: Op::Submit(ops::Submit { spec, token: None }),
+            op: Op::Submit(ops::Submit {
+                spec,
+                token: None,
+                owner: crate::domain::state::users::admin_user(),
+            }),
             at_ms: 1,
         },
     ) else {

@@ -234,6 +234,8 @@ fn forwarded_commands_carry_a_principal_the_state_still_accepts() {
             name: "ci".into(),
             hash: hash.clone(),
             created_by: "admin".into(),
+            user: None,
+            role: crate::domain::state::users::Role::User,
         }),
         at_ms: 1,
     };
@@ -252,7 +254,40 @@ fn forwarded_commands_carry_a_principal_the_state_still_accepts() {
         authorize_principal(&peer, &Principal::Admin, &cancel, &state),
         Ok(())
     );
-    assert_eq!(authorize_principal(&peer, &token, &cancel, &state), Ok(()));
+    // The token's user is "ci": the admin's job is not its to cancel, its own is.
+    let e = authorize_principal(&peer, &token, &cancel, &state).unwrap_err();
+    assert!(
+        e.contains(&format!("{id} belongs to admin; ci may not cancel it")),
+        "{e}"
+    );
+    let own = ControlCommand::new(
+        3,
+        Op::Submit(ops::Submit {
+            spec: state.job(id).unwrap().spec.clone().into(),
+            token: None,
+            owner: "ci".into(),
+        }),
+    );
+    assert_eq!(authorize_principal(&peer, &token, &own, &state), Ok(()));
+    let crate::domain::ControlResponse::Submitted { id: own_id } = state.apply(3, &own) else {
+        panic!("not submitted")
+    };
+    let cancel_own = ControlCommand::new(4, Op::Cancel(ops::Cancel { id: own_id }));
+    assert_eq!(
+        authorize_principal(&peer, &token, &cancel_own, &state),
+        Ok(())
+    );
+    // A token submits only as its own user.
+    let as_admin = ControlCommand::new(
+        3,
+        Op::Submit(ops::Submit {
+            spec: state.job(id).unwrap().spec.clone().into(),
+            token: None,
+            owner: "admin".into(),
+        }),
+    );
+    let e = authorize_principal(&peer, &token, &as_admin, &state).unwrap_err();
+    assert!(e.contains("ci may not act as admin"), "{e}");
     // An older node states no principal: served, as the key grants what the admin does.
     assert_eq!(
         authorize_principal(&peer, &Principal::Node, &cancel, &state),
@@ -286,7 +321,7 @@ fn forwarded_commands_carry_a_principal_the_state_still_accepts() {
     };
     let index = state.applied_index + 1;
     state.apply(index, &revoke);
-    let e = authorize_principal(&peer, &token, &cancel, &state).unwrap_err();
+    let e = authorize_principal(&peer, &token, &cancel_own, &state).unwrap_err();
     assert!(e.contains("revoked"), "{e}");
     assert!(check_user_principal(&token, &state).is_err());
     // A removed member: nothing, not even the admin's requests or its own reports.
@@ -330,4 +365,59 @@ fn requests_without_a_principal_still_decode() {
             ..
         })
     ));
+}
+
+/// The chief holds a forwarded submit to its owner's limits in its own state (the
+/// forwarding node's replica may not have seen the owner's latest submits); admins and
+/// older nodes are not limited.
+#[test]
+fn a_forwarded_submit_is_held_to_its_owners_limits_in_the_chiefs_state() {
+    use crate::domain::state::{tokens::new_token, user_limits::UserLimits, users::Role};
+    let mut state = ControlState::default();
+    let (_, hash) = new_token();
+    let create = ControlCommand::new(
+        1,
+        Op::TokenCreate(ops::TokenCreate {
+            name: "bob".into(),
+            hash: hash.clone(),
+            created_by: "admin".into(),
+            user: None,
+            role: Role::User,
+        }),
+    );
+    state.apply(1, &create);
+    let id = chief::submit(&mut state, 2, 1);
+    let spec = state.job(id).unwrap().spec.clone();
+    let submit = |owner: &str| {
+        ControlCommand::new(
+            3,
+            Op::Submit(ops::Submit {
+                spec: spec.clone().into(),
+                token: None,
+                owner: owner.into(),
+            }),
+        )
+    };
+    let one = UserLimits {
+        pending_jobs_max: 1,
+        spec_bytes_max: 0,
+    };
+    let bob = Principal::Token { hash };
+    assert_eq!(
+        check_user_limits(&bob, &submit("bob"), &state, &one),
+        Ok(())
+    );
+    state.apply(3, &submit("bob"));
+    let e = check_user_limits(&bob, &submit("bob"), &state, &one).unwrap_err();
+    assert!(
+        e.contains(OVER_LIMIT) && e.contains("bob has 1 jobs"),
+        "{e}"
+    );
+    // The admin's own job counts for the admin, who is not limited.
+    for p in [Principal::Admin, Principal::Node] {
+        assert_eq!(
+            check_user_limits(&p, &submit("admin"), &state, &one),
+            Ok(())
+        );
+    }
 }

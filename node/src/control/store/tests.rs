@@ -49,6 +49,7 @@ fn submit(term: u64, index: u64) -> Entry<TypeConfig> {
             op: Op::Submit(ops::Submit {
                 spec: Box::new(spec),
                 token: None,
+                owner: crate::domain::state::users::admin_user(),
             }),
             at_ms: index,
         }),

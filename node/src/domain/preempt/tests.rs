@@ -49,6 +49,7 @@ impl Replica {
             Op::Submit(ops::Submit {
                 spec: Box::new(JobSpec::parse(spec).unwrap()),
                 token: None,
+                owner: "admin".into(),
             }),
         );
         let ControlResponse::Submitted { id } = self.apply(&submit) else {
@@ -106,7 +107,7 @@ fn a_shrink_is_one_entry_that_drops_the_highest_ranks_and_keeps_the_batch() {
     assert_eq!(job.growth_ceiling(), 2);
     assert_eq!(
         job.events.last().unwrap().reason,
-        format!("preempted for {want}: shrunk 4 → 2 (global batch kept)")
+        format!("preempted for {want} (admin): shrunk 4 → 2 (global batch kept)")
     );
     assert_eq!(r.0.preemptions.get("shrink"), Some(&1));
     // A second replica that applies the same log gets the same state; the entry again (a

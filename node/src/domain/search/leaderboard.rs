@@ -2,8 +2,8 @@
 //! function of the replicated record: the state machine records the best trial when a search
 //! ends (`state::trials`), the API and `search::summary` show the same documents.
 
+use ringleader_spec::search::{Direction, Params, TrialState};
 use serde::{Deserialize, Serialize};
-use trainer::search::{Direction, Params, TrialState};
 
 use super::record::SearchRecord;
 
@@ -14,6 +14,9 @@ pub struct TrialDoc {
     pub id: u32,
     /// The job that runs it (`ringleader logs` takes it).
     pub job: String,
+    /// The user it belongs to: its search's owner.
+    #[serde(default = "crate::domain::state::users::admin_user")]
+    pub owner: String,
     /// Its parameters.
     pub params: Params,
     /// `pending`, `running`, `paused` (at a rung, may still be promoted), `succeeded`,
@@ -69,8 +72,8 @@ pub fn state_str(s: TrialState) -> &'static str {
     }
 }
 
-/// The trials in id order.
-pub fn trials(record: &SearchRecord) -> Vec<TrialDoc> {
+/// The trials in id order, each owned by `owner` (the search's).
+pub fn trials(record: &SearchRecord, owner: &str) -> Vec<TrialDoc> {
     record
         .trials
         .iter()
@@ -78,6 +81,7 @@ pub fn trials(record: &SearchRecord) -> Vec<TrialDoc> {
         .map(|(t, r)| TrialDoc {
             id: t.id,
             job: r.job.to_string(),
+            owner: owner.to_owned(),
             params: t.params.clone(),
             state: state_str(t.state).to_owned(),
             metric: t.reports.last().map(|r| r.value),
@@ -106,20 +110,22 @@ pub fn sort_best_first(docs: &mut [TrialDoc], direction: Direction) {
     });
 }
 
-/// The trials best first.
-pub fn leaderboard(record: &SearchRecord, direction: Direction) -> Vec<TrialDoc> {
-    let mut docs = trials(record);
+/// The trials best first, each owned by `owner` (the search's).
+pub fn leaderboard(record: &SearchRecord, owner: &str, direction: Direction) -> Vec<TrialDoc> {
+    let mut docs = trials(record, owner);
     sort_best_first(&mut docs, direction);
     docs
 }
 
 /// The best trial: the leaderboard's first with a metric.
 pub fn best(record: &SearchRecord, direction: Direction) -> Option<BestDoc> {
-    leaderboard(record, direction).into_iter().find_map(|d| {
-        d.metric.map(|metric| BestDoc {
-            id: d.id,
-            params: d.params,
-            metric,
+    leaderboard(record, "", direction)
+        .into_iter()
+        .find_map(|d| {
+            d.metric.map(|metric| BestDoc {
+                id: d.id,
+                params: d.params,
+                metric,
+            })
         })
-    })
 }

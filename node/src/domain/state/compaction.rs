@@ -73,6 +73,7 @@ mod tests {
             op: Op::Submit(ops::Submit {
                 spec: Box::new(spec),
                 token: Some(format!("t{at_ms}")),
+                owner: crate::domain::state::users::admin_user(),
             }),
             at_ms,
         };

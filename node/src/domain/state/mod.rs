@@ -41,6 +41,8 @@ pub mod removal;
 pub mod standby;
 pub mod tokens;
 pub mod trials;
+pub mod user_limits;
+pub mod users;
 
 pub use self::datasets::DatasetRecord;
 pub use self::ops::{Command, Op, Origin, Stamp};
@@ -213,6 +215,13 @@ impl MetricHistory {
 pub struct Job {
     /// Its id.
     pub id: JobId,
+    /// The user it belongs to (see [`users`]): the submitting token's user; a trial's job,
+    /// its search's owner; a job of a log from before owners, [`users::ADMIN_USER`].
+    #[serde(
+        default = "users::admin_user",
+        skip_serializing_if = "users::is_admin_user"
+    )]
+    pub owner: String,
     /// The spec as submitted.
     pub spec: JobSpec,
     /// Lifecycle state.
@@ -349,10 +358,11 @@ pub const REJOIN_AFTER_MS: u64 = 10_000;
 pub const BLACKLIST_MS_MAX: u64 = 86_400_000;
 
 impl Job {
-    /// A new pending job, submitted at `at_ms`.
-    pub(super) fn new(id: JobId, spec: JobSpec, at_ms: u64) -> Job {
+    /// A new pending job of `owner`, submitted at `at_ms`.
+    pub(super) fn new(id: JobId, spec: JobSpec, owner: &str, at_ms: u64) -> Job {
         Job {
             id,
+            owner: owner.to_owned(),
             max_restarts: spec.max_restarts,
             spec,
             state: JobState::Pending,
@@ -568,7 +578,8 @@ impl Serialize for ControlCommand {
             op: &'a Op,
             at_ms: u64,
         }
-        /// A submit, whose `at_ms` came before its token.
+        /// A submit, whose `at_ms` came before its token (and its owner, when not the
+        /// admin: a submit from before owners keeps its bytes).
         #[derive(Serialize)]
         struct Submitted<'a> {
             op: &'static str,
@@ -576,13 +587,19 @@ impl Serialize for ControlCommand {
             at_ms: u64,
             #[serde(skip_serializing_if = "Option::is_none")]
             token: &'a Option<String>,
+            #[serde(skip_serializing_if = "is_admin_owner")]
+            owner: &'a str,
+        }
+        fn is_admin_owner(owner: &&str) -> bool {
+            users::is_admin_user(owner)
         }
         match &self.op {
-            Op::Submit(ops::Submit { spec, token }) => Submitted {
+            Op::Submit(ops::Submit { spec, token, owner }) => Submitted {
                 op: "submit",
                 spec,
                 at_ms: self.at_ms,
                 token,
+                owner,
             }
             .serialize(serializer),
             op => Stamped {
@@ -681,6 +698,9 @@ pub enum BadCommand {
     /// A preemption's or grow's reason longer than [`REASON_BYTES_MAX`].
     #[error("reason: at most {REASON_BYTES_MAX} bytes")]
     Reason,
+    /// A submit whose owner is not a user name (`tokens::check_token_name`).
+    #[error("owner: {0}")]
+    Owner(String),
 }
 
 /// Length of a ring secret in hex digits (32 bytes).

@@ -26,6 +26,7 @@ impl Replica {
             op: Op::Submit(ops::Submit {
                 spec: Box::new(spec(workers, max_restarts)),
                 token: None,
+                owner: crate::domain::state::users::admin_user(),
             }),
             at_ms: 10,
         }) {
@@ -74,6 +75,7 @@ fn submit_with_full_spec_roundtrips_through_json() {
         op: Op::Submit(ops::Submit {
             spec: Box::new(spec),
             token: Some("t-1".into()),
+            owner: crate::domain::state::users::admin_user(),
         }),
         at_ms: 1,
     };
@@ -513,6 +515,7 @@ fn a_retried_submit_with_the_same_token_returns_the_first_id() {
         op: Op::Submit(ops::Submit {
             spec: Box::new(spec(1, 0)),
             token: token.map(str::to_string),
+            owner: crate::domain::state::users::admin_user(),
         }),
         at_ms: 5,
     };
@@ -602,6 +605,7 @@ fn a_standby_is_staged_once_per_job_and_dropped_with_its_attempt() {
                 .unwrap(),
             ),
             token: None,
+            owner: crate::domain::state::users::admin_user(),
         }),
         at_ms: 10,
     }) {

@@ -6,6 +6,9 @@
 //! accepts the admin token (derived from the cluster key) or a token whose hash is in its
 //! replica's state; `token revoke NAME` drops the hash, and each replica refuses the token
 //! once it applies the revocation (a heartbeat, about 150 ms, on a healthy cluster).
+//! Each token belongs to a user and has a role (`token create NAME --user U --role R`; see
+//! `domain::state::users`): a token made before users existed is a user of its own name
+//! with role `user`.
 //!
 //! A [`Principal`] is who a request acts as: the admin, a replicated token (by its hash,
 //! never the token), or the node itself. The API's auth middleware sets it for the
@@ -21,7 +24,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ignored, rejected, ControlResponse, ControlState};
+use super::{
+    ignored, rejected,
+    users::{Actor, Role, ADMIN_USER},
+    ControlResponse, ControlState,
+};
 
 /// Most API tokens in the state (every request compares against all of them).
 pub const TOKENS_MAX: usize = 1_000;
@@ -88,6 +95,33 @@ pub struct TokenRecord {
     pub created_at_ms: u64,
     /// Who made it (`admin`) and on which node (`admin@<node name>`).
     pub created_by: String,
+    /// The user it belongs to (`None`: a token made before users existed, a user of its own
+    /// name; see [`TokenRecord::user_or`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// What it may do (a token made before roles existed: `user`).
+    #[serde(default, skip_serializing_if = "Role::is_user")]
+    pub role: Role,
+}
+
+impl TokenRecord {
+    /// The user this token, named `name`, belongs to: its own, or its name.
+    pub fn user_or<'a>(&'a self, name: &'a str) -> &'a str {
+        self.user.as_deref().unwrap_or(name)
+    }
+}
+
+/// Checks a token's user and role (the error names the field): the user follows the token
+/// names' rule, and [`ADMIN_USER`] (the cluster admin's name, who owns the jobs of logs from
+/// before owners) goes only with [`Role::Admin`].
+pub fn check_user(user: &str, role: Role) -> Result<(), String> {
+    check_token_name(user).map_err(|e| format!("user{}", e.trim_start_matches("name")))?;
+    if user == ADMIN_USER && role != Role::Admin {
+        return Err(format!(
+            "user: {ADMIN_USER:?} is the cluster admin's name; give it role admin, or another user"
+        ));
+    }
+    Ok(())
 }
 
 /// Checks a token name (the error names the field): 1 to [`TOKEN_NAME_BYTES_MAX`] bytes of ASCII letters, digits, `.`, `_` and `-`, starting with a letter or digit.
@@ -131,12 +165,13 @@ pub fn new_token() -> (String, String) {
 }
 
 impl ControlState {
-    /// Applies `TokenCreate` (the command is checked: name and hash well formed).
+    /// Applies `TokenCreate` (the command is checked: name, hash, user and role well formed).
     pub(super) fn token_create(
         &mut self,
         name: &str,
         hash: &str,
         created_by: &str,
+        (user, role): (Option<&str>, Role),
         at_ms: u64,
     ) -> ControlResponse {
         if self.api_tokens.contains_key(name) {
@@ -156,6 +191,8 @@ impl ControlState {
                 hash: hash.to_owned(),
                 created_at_ms: at_ms,
                 created_by: created_by.to_owned(),
+                user: user.map(str::to_owned),
+                role,
             },
         );
         ControlResponse::Applied
@@ -186,13 +223,36 @@ impl ControlState {
     }
 }
 
-/// The tokens as `token ls` shows them: name → (created, by, the hash's first digits).
+impl ControlState {
+    /// Who `principal` acts as: the admin token and the node itself as [`Actor::admin`], a
+    /// replicated token as its user and role; `None` for a token no longer in the state
+    /// (revoked).
+    pub fn actor(&self, principal: &Principal) -> Option<Actor> {
+        match principal {
+            Principal::Admin | Principal::Node => Some(Actor::admin()),
+            Principal::Token { hash } => {
+                self.api_tokens
+                    .iter()
+                    .find(|(_, t)| t.hash == *hash)
+                    .map(|(name, t)| Actor {
+                        user: t.user_or(name).to_owned(),
+                        role: t.role,
+                    })
+            }
+        }
+    }
+}
+
+/// The tokens as `token ls` shows them: name → (user, role, created, by, the hash's first
+/// digits).
 pub fn listing(tokens: &BTreeMap<String, TokenRecord>) -> Vec<serde_json::Value> {
     tokens
         .iter()
         .map(|(name, t)| {
             serde_json::json!({
                 "name": name,
+                "user": t.user_or(name),
+                "role": t.role,
                 "created_at_ms": t.created_at_ms,
                 "created_by": t.created_by,
                 "hash_prefix": t.hash.get(..TOKEN_HASH_SHOWN_HEX).unwrap_or(""),
@@ -204,7 +264,12 @@ pub fn listing(tokens: &BTreeMap<String, TokenRecord>) -> Vec<serde_json::Value>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::state::{ops, ControlCommand, Op};
+    use crate::domain::spec::JobSpec;
+    use crate::domain::state::{
+        ops,
+        users::{Action, Actor, Role},
+        ControlCommand, JobState, Op,
+    };
 
     fn create(name: &str, hash: &str) -> ControlCommand {
         ControlCommand {
@@ -212,6 +277,8 @@ mod tests {
                 name: name.into(),
                 hash: hash.into(),
                 created_by: "admin@a".into(),
+                user: None,
+                role: Default::default(),
             }),
             at_ms: 7,
         }
@@ -280,12 +347,40 @@ mod tests {
                     hash: format!("{i:064x}"),
                     created_at_ms: 0,
                     created_by: "admin".into(),
+                    user: None,
+                    role: Role::User,
                 },
             );
         }
         assert!(matches!(
             s.apply(3, &create("one-more", &new_token().1)),
             ControlResponse::Rejected { reason } if reason.contains("1000")
+        ));
+    }
+
+    #[test]
+    fn a_tokens_user_follows_the_name_rule_and_admin_goes_with_role_admin() {
+        assert_eq!(check_user("alice", Role::User), Ok(()));
+        assert_eq!(check_user("admin", Role::Admin), Ok(()));
+        let e = check_user("admin", Role::User).unwrap_err();
+        assert!(e.starts_with("user:") && e.contains("role admin"), "{e}");
+        let e = check_user("a b", Role::Viewer).unwrap_err();
+        assert!(e.starts_with("user:"), "{e}");
+        // The state refuses the same, whoever proposed it.
+        let mut s = ControlState::default();
+        let cmd = ControlCommand::new(
+            1,
+            Op::TokenCreate(ops::TokenCreate {
+                name: "sneaky".into(),
+                hash: new_token().1,
+                created_by: "admin@a".into(),
+                user: Some("admin".into()),
+                role: Role::User,
+            }),
+        );
+        assert!(matches!(
+            s.apply(1, &cmd),
+            ControlResponse::Rejected { reason } if reason.contains("user:")
         ));
     }
 
@@ -303,5 +398,109 @@ mod tests {
         let v = serde_json::to_value(&p).unwrap();
         assert_eq!(v["kind"], "token");
         assert_eq!(serde_json::from_value::<Principal>(v).unwrap(), p);
+    }
+
+    fn token(name: &str, user: Option<&str>, role: Role, byte: u8) -> ControlCommand {
+        ControlCommand::new(
+            1,
+            Op::TokenCreate(ops::TokenCreate {
+                name: name.into(),
+                hash: format!("{byte:02x}").repeat(32),
+                created_by: "admin@a".into(),
+                user: user.map(str::to_owned),
+                role,
+            }),
+        )
+    }
+
+    fn by_hash(byte: u8) -> Principal {
+        Principal::Token {
+            hash: format!("{byte:02x}").repeat(32),
+        }
+    }
+
+    #[test]
+    fn a_principal_resolves_to_its_tokens_user_and_role() {
+        let mut s = ControlState::default();
+        assert_eq!(
+            s.apply(1, &token("alice.laptop", Some("alice"), Role::User, 1)),
+            ControlResponse::Applied
+        );
+        assert_eq!(
+            s.apply(2, &token("ci", None, Role::Viewer, 2)),
+            ControlResponse::Applied
+        );
+        assert_eq!(
+            s.actor(&by_hash(1)),
+            Some(Actor {
+                user: "alice".into(),
+                role: Role::User
+            })
+        );
+        // A token without a user is a user of its own name.
+        assert_eq!(
+            s.actor(&by_hash(2)),
+            Some(Actor {
+                user: "ci".into(),
+                role: Role::Viewer
+            })
+        );
+        assert_eq!(s.actor(&Principal::Admin), Some(Actor::admin()));
+        assert_eq!(s.actor(&Principal::Node), Some(Actor::admin()));
+        assert_eq!(s.actor(&by_hash(3)), None, "not in the state");
+    }
+
+    #[test]
+    fn a_removed_user_keeps_its_running_jobs() {
+        let mut s = ControlState::default();
+        s.apply(1, &token("alice", None, Role::User, 1));
+        let spec =
+            JobSpec::parse("name = \"a\"\nkind = \"command\"\nworkers = 1\ncommand = [\"true\"]\n")
+                .unwrap();
+        let submit = ControlCommand::new(
+            2,
+            Op::Submit(ops::Submit {
+                spec: Box::new(spec),
+                token: None,
+                owner: "alice".into(),
+            }),
+        );
+        let ControlResponse::Submitted { id } = s.apply(2, &submit) else {
+            panic!("not submitted")
+        };
+        let slot = crate::domain::state::Slot {
+            member: "m".into(),
+            name: "m".into(),
+            rank: 0,
+            local_rank: 0,
+            worker: 0,
+            gpus: vec![],
+        };
+        let place = ControlCommand::new(
+            3,
+            Op::Place(ops::Place {
+                id,
+                generation: 1,
+                slots: vec![slot],
+                secret: "a".repeat(64),
+            }),
+        );
+        assert_eq!(s.apply(3, &place), ControlResponse::Applied);
+        let revoke = ControlCommand::new(
+            4,
+            Op::TokenRevoke(ops::TokenRevoke {
+                name: "alice".into(),
+            }),
+        );
+        assert_eq!(s.apply(4, &revoke), ControlResponse::Applied);
+        assert_eq!(s.actor(&by_hash(1)), None, "the token is refused now");
+        let job = s.job(id).unwrap();
+        assert_eq!(job.state, JobState::Running, "the job runs on");
+        assert_eq!(job.owner, "alice", "owned by the same user name");
+        // Another token of the same user name acts on it again.
+        s.apply(5, &token("alice.new", Some("alice"), Role::User, 9));
+        let alice = s.actor(&by_hash(9)).unwrap();
+        assert_eq!(alice.may(Action::Cancel, Some("alice")), Ok(()));
+        assert_eq!(s.job(id).unwrap().state, JobState::Running);
     }
 }

@@ -22,7 +22,7 @@
 //!   beyond what the trial reported, the first to finish its run wins (the copy then
 //!   becomes the trial's job) and the other is cancelled.
 
-use trainer::search::{
+use ringleader_spec::search::{
     Decision, Params, Report, SearchSpec, Searcher, Trial, TrialKind, TrialState,
 };
 
@@ -116,7 +116,9 @@ impl ControlState {
             return rejected(format!("{search}: all {} trials exist", new.trial));
         }
         let id = JobId::from_log_index(log_index);
-        let mut run = Job::new(id, trial_spec(&job.spec, &s, new.trial, new.params), at_ms);
+        let spec = trial_spec(&job.spec, &s, new.trial, new.params);
+        // A trial is its search's: it inherits the search's owner.
+        let mut run = Job::new(id, spec, &job.owner, at_ms);
         run.trial_of = Some(TrialOf {
             search,
             trial: new.trial,
@@ -231,7 +233,7 @@ impl ControlState {
             return ignored(format!("{search}: trial {trial} is not running now"));
         }
         let id = JobId::from_log_index(log_index);
-        let mut copy = Job::new(id, original.spec.clone(), at_ms);
+        let mut copy = Job::new(id, original.spec.clone(), &original.owner, at_ms);
         let mut of = original.trial_of.clone().expect("a trial's job");
         of.copy = true;
         let job = self.jobs.get_mut(&search).expect("checked");

@@ -7,7 +7,8 @@ use super::{Command, Origin, Stamp};
 use crate::domain::search::record::SearchRecord;
 use crate::domain::spec::{JobKind, JobSpec};
 use crate::domain::state::{
-    BadCommand, ControlResponse, ControlState, EventKind, Job, JobId, JobState, TOKEN_BYTES_MAX,
+    tokens, users, BadCommand, ControlResponse, ControlState, EventKind, Job, JobId, JobState,
+    TOKEN_BYTES_MAX,
 };
 
 /// A new job; its id is derived from this entry's log index.
@@ -20,13 +21,21 @@ pub struct Submit {
     /// creating a second job. At most [`TOKEN_BYTES_MAX`] bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    /// The user the job belongs to: the submitting token's (see `domain::state::users`); a
+    /// submit from before owners reads as [`users::ADMIN_USER`].
+    #[serde(
+        default = "users::admin_user",
+        skip_serializing_if = "users::is_admin_user"
+    )]
+    pub owner: String,
 }
 
 impl Command for Submit {
     fn check(&self) -> Result<(), BadCommand> {
         match &self.token {
             Some(t) if t.is_empty() || t.len() > TOKEN_BYTES_MAX => Err(BadCommand::Token),
-            _ => Ok(()),
+            _ => tokens::check_token_name(&self.owner)
+                .map_err(|e| BadCommand::Owner(e.trim_start_matches("name: ").to_owned())),
         }
     }
 
@@ -40,7 +49,7 @@ impl Command for Submit {
         if let Some(t) = token {
             state.tokens.insert(t.to_owned(), id);
         }
-        let mut job = Job::new(id, spec.clone(), at_ms);
+        let mut job = Job::new(id, spec.clone(), &self.owner, at_ms);
         job.push_event(
             at_ms,
             EventKind::Submitted,
@@ -73,6 +82,7 @@ mod tests {
         let submit = Submit {
             spec: Box::new(spec(1, 0)),
             token: Some("t".into()),
+            owner: crate::domain::state::users::admin_user(),
         };
         let first = submit.apply(
             &mut state,
@@ -104,6 +114,7 @@ mod tests {
         let with = |t: &str| Submit {
             spec: Box::new(spec(1, 0)),
             token: Some(t.into()),
+            owner: crate::domain::state::users::admin_user(),
         };
         assert_eq!(with("").check(), Err(BadCommand::Token));
         assert_eq!(
@@ -111,5 +122,40 @@ mod tests {
             Err(BadCommand::Token)
         );
         assert_eq!(with("ok").check(), Ok(()));
+    }
+
+    #[test]
+    fn a_job_records_its_owner_who_must_be_a_user_name() {
+        let by = |owner: &str| Submit {
+            spec: Box::new(spec(1, 0)),
+            token: None,
+            owner: owner.into(),
+        };
+        assert!(matches!(by("a b").check(), Err(BadCommand::Owner(_))));
+        assert!(matches!(by("").check(), Err(BadCommand::Owner(_))));
+        let mut state = ControlState::default();
+        let at = Stamp {
+            log_index: 1,
+            at_ms: 1,
+        };
+        assert_eq!(by("alice").check(), Ok(()));
+        by("alice").apply(&mut state, at);
+        assert_eq!(state.jobs[&JobId::from_log_index(1)].owner, "alice");
+        // The log holds an owner only when it is not the admin: old entries keep their bytes
+        // and read back as the admin's.
+        let json = serde_json::to_value(by("admin")).unwrap();
+        assert!(json.get("owner").is_none(), "{json}");
+        let back: Submit = serde_json::from_value(json).unwrap();
+        assert_eq!(back.owner, "admin");
+        assert_eq!(serde_json::to_value(by("bob")).unwrap()["owner"], "bob");
+        // As a log entry too (a submit's entry is written by hand: `at_ms` before its token).
+        let entry =
+            crate::domain::state::ControlCommand::new(5, super::super::Op::Submit(by("bob")));
+        let text = serde_json::to_string(&entry).unwrap();
+        assert!(text.ends_with(r#""at_ms":5,"owner":"bob"}"#), "{text}");
+        assert_eq!(
+            serde_json::from_str::<crate::domain::state::ControlCommand>(&text).unwrap(),
+            entry
+        );
     }
 }

@@ -50,6 +50,7 @@ pub fn pending(workers: u32, min_workers: u32) -> (ControlState, JobId) {
     let submit = Submit {
         spec: Box::new(JobSpec::parse(&text).unwrap()),
         token: None,
+        owner: crate::domain::state::users::admin_user(),
     };
     let r = submit.apply(
         &mut state,

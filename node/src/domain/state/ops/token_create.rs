@@ -4,7 +4,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::{Command, Origin, Stamp};
-use crate::domain::state::{tokens, BadCommand, ControlResponse, ControlState, REASON_BYTES_MAX};
+use crate::domain::state::{
+    tokens, users::Role, BadCommand, ControlResponse, ControlState, REASON_BYTES_MAX,
+};
 
 /// The admin makes an API token (see `domain::state::tokens`): only its hash is replicated.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -15,11 +17,19 @@ pub struct TokenCreate {
     pub hash: String,
     /// Who made it, on which node (`admin@<node name>`).
     pub created_by: String,
+    /// The user it belongs to (`tokens::check_user`); `None`: the token's own name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// What it may do (default `user`; see `domain::state::users`).
+    #[serde(default, skip_serializing_if = "Role::is_user")]
+    pub role: Role,
 }
 
 impl Command for TokenCreate {
     fn check(&self) -> Result<(), BadCommand> {
         tokens::check_token_name(&self.name).map_err(BadCommand::TokenField)?;
+        tokens::check_user(self.user.as_deref().unwrap_or(&self.name), self.role)
+            .map_err(BadCommand::TokenField)?;
         if !tokens::is_token_hash(&self.hash) {
             return Err(BadCommand::TokenField(
                 "hash: not a BLAKE3 hash in hex".into(),
@@ -32,7 +42,14 @@ impl Command for TokenCreate {
     }
 
     fn apply(&self, state: &mut ControlState, at: Stamp) -> ControlResponse {
-        state.token_create(&self.name, &self.hash, &self.created_by, at.at_ms)
+        let (user, role) = (self.user.as_deref(), self.role);
+        state.token_create(
+            &self.name,
+            &self.hash,
+            &self.created_by,
+            (user, role),
+            at.at_ms,
+        )
     }
 
     fn origin(&self) -> Origin<'_> {

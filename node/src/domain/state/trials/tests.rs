@@ -36,7 +36,11 @@ impl Log {
         };
         let spec = Box::new(JobSpec::parse(text).unwrap());
         let r = log.apply(ControlCommand {
-            op: Op::Submit(ops::Submit { spec, token: None }),
+            op: Op::Submit(ops::Submit {
+                spec,
+                token: None,
+                owner: crate::domain::state::users::admin_user(),
+            }),
             at_ms: 1,
         });
         let ControlResponse::Submitted { id } = r else {
@@ -329,6 +333,7 @@ fn a_search_without_reports_fails_naming_the_metric_unless_from_an_older_log() {
             op: Op::Submit(ops::Submit {
                 spec: Box::new(spec),
                 token: None,
+                owner: crate::domain::state::users::admin_user(),
             }),
             at_ms: 1,
         });
