@@ -47,7 +47,12 @@ fn main() {
         Cmd::Status(args) => ringleader::cli::status(&cli, args),
         Cmd::Submit { file } => ringleader::cli::submit(&cli, file),
         Cmd::Jobs(args) => ringleader::cli::jobs(&cli, args),
-        Cmd::Job { id, watch } => ringleader::cli::job(&cli, id, *watch),
+        Cmd::Job {
+            action: Some(cmd), ..
+        } => ringleader::cli::preempt::run(&cli, cmd),
+        Cmd::Job { id, watch, .. } => {
+            ringleader::cli::job(&cli, id.as_deref().unwrap_or_default(), *watch)
+        }
         Cmd::Cancel { id } => ringleader::cli::cancel(&cli, id),
         Cmd::Trials { id } => ringleader::cli::trials(&cli, id),
         Cmd::Dataset(cmd) => ringleader::cli::datasets::run(&cli, cmd),

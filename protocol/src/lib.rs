@@ -237,6 +237,7 @@ mod tests {
                     rank: pick % ports.len(),
                     addrs: ports.iter().map(|&p| SocketAddr::from(([10, 0, 0, 1], p))).collect(),
                     secret,
+                    batch_workers: None,
                 })
             };
             let text = line.to_string();

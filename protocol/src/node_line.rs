@@ -27,6 +27,11 @@ pub struct Generation {
     pub addrs: Vec<SocketAddr>,
     /// Shared secret of the generation's data-plane connections.
     pub secret: String,
+    /// The world size whose global batch each step keeps, when a preemption shrank the
+    /// ring with `keep_global_batch`: each rank accumulates [`Generation::accumulation`]
+    /// micro-batches per step. Absent: the ring's own batch (one micro-batch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_workers: Option<u32>,
 }
 
 impl fmt::Debug for Generation {
@@ -44,6 +49,16 @@ impl Generation {
     /// Ranks in the generation.
     pub fn world(&self) -> usize {
         self.addrs.len()
+    }
+
+    /// Micro-batches each rank accumulates per step: ⌈`batch_workers` / world⌉, at least 1
+    /// (so the global batch is at least the one kept; exactly it when the world divides
+    /// `batch_workers`).
+    pub fn accumulation(&self) -> usize {
+        let world = self.world().max(1);
+        self.batch_workers
+            .map_or(1, |b| (b as usize).div_ceil(world))
+            .max(1)
     }
 
     /// Checks the rank is inside the world and the world is within limits.

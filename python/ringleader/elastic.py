@@ -66,7 +66,10 @@ def ready(file: IO[str] | None = None) -> None:
 
 class Generation:
     """One `ringleader-generation` line: `generation`, `rank`, `world`, every rank's
-    data-plane address (`addrs`, "host:port"), and the `line` itself (hand it to `ringleader._native.Ring.from_generation_line`)."""
+    data-plane address (`addrs`, "host:port"), the micro-batches each step accumulates
+    (`accumulation`: 1, or more once a preemption shrank the ring and it keeps its global
+    batch, `batch_workers`), and the `line` itself (hand it to
+    `ringleader._native.Ring.from_generation_line`)."""
 
     def __init__(self, line: str) -> None:
         body = json.loads(line[len(GENERATION_PREFIX):])
@@ -75,6 +78,12 @@ class Generation:
         self.rank = int(body["rank"])
         self.addrs = [str(a) for a in body["addrs"]]
         self.world = len(self.addrs)
+        # The world whose global batch each step keeps after a preemption shrank the ring:
+        # each rank accumulates ceil(batch_workers / world) micro-batches per step.
+        batch_workers = body.get("batch_workers")
+        self.batch_workers = None if batch_workers is None else int(batch_workers)
+        self.accumulation = 1 if self.batch_workers is None else \
+            max(1, -(-self.batch_workers // max(self.world, 1)))
 
     def __repr__(self) -> str:
         return f"Generation({self.generation}, rank={self.rank}, world={self.world})"

@@ -2,7 +2,8 @@
 data, as a rank of the elastic tests and benchmarks. Beside the user's lines it logs, after
 each step, `hash step=S gen=G rank=R world=N pid=P h=H t=T` (H: a digest of the parameters, T: the
 wall clock),
-and takes three test hooks from the environment: STEP_SLEEP_S (compute per step, seconds),
+a `samples_per_step` metric at each optimizer step (the global batch: this rank's samples
+since the last step times the world), and takes three test hooks from the environment: STEP_SLEEP_S (compute per step, seconds),
 SLOW_DIR (a rank sleeps SLOW_S more per step while SLOW_DIR/<its pid> exists) and
 STOP_AT_FILE (once it holds a step number, every rank ends its loop at that step)."""
 
@@ -63,13 +64,20 @@ model = rlt.DistributedDataParallel(Net())
 opt = rlt.ElasticOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                            model=model, sampler=sampler)
 done = False
+samples = 0
 for epoch in sampler.epochs(epochs):
     for x, y in loader:
         if step_sleep:
             time.sleep(step_sleep)
         if slow_dir and os.path.exists(os.path.join(slow_dir, str(pid))):
             time.sleep(slow_s)
+        before = opt.steps
         opt.zero_grad(); loss = F.cross_entropy(model(x), y); loss.backward(); opt.step()
+        samples += len(x)
+        if opt.steps != before:
+            # The global batch of the step just taken (micro-batches accumulated included).
+            ringleader.metric("samples_per_step", samples * rlt.world_size(), opt.steps)
+            samples = 0
         ringleader.metric("loss", loss.item(), opt.steps)
         print(f"hash step={opt.steps} gen={rlt.generation()} rank={rlt.rank()} "
               f"world={rlt.world_size()} pid={pid} h={digest(model)} t={time.time():.3f}", flush=True)

@@ -79,6 +79,12 @@ impl Optimizer {
         self.t += 1;
     }
 
+    /// Takes back a [`Optimizer::begin_step`] whose update changed no parameter (a step
+    /// aborted before any averaged gradient arrived).
+    pub fn cancel_step(&mut self) {
+        self.t = self.t.saturating_sub(1);
+    }
+
     /// Updates parameter `i` (`p`, with averaged gradient `g`) with learning rate `lr`,
     /// within the update begun by [`Optimizer::begin_step`]. Parameters are independent, so
     /// they may be updated in any order, each as soon as its gradient is in.

@@ -46,6 +46,9 @@ pub struct StepMetrics {
     pub lr: f64,
     /// Samples per second over the whole group (global batch / step time).
     pub samples_per_s: f64,
+    /// Samples in this step over the whole group: the global batch (world × micro-batches
+    /// × batch per worker).
+    pub samples_per_step: u64,
     /// Forward and backward, s.
     pub compute_s: f64,
     /// Gradient extraction and bucket packing (overlapped with allreduce of full buckets), s.
@@ -153,6 +156,14 @@ pub struct Trainer {
     /// Averages the gradients on the device when every rank computes on CUDA
     /// ([`Trainer::new_on`]); `None`: over the TCP ring.
     nccl: Option<NcclCommunicator>,
+    /// Micro-batches per step ([`Trainer::set_accumulation`]): 1, or more when a ring
+    /// shrunk by a preemption keeps its global batch.
+    accumulate: usize,
+    /// The summed gradients of a step's micro-batches before its last (accumulation only).
+    acc: Vec<Vec<f32>>,
+    /// The last step failed before its optimizer changed any parameter (host optimizer):
+    /// the state is still the previous step's, whole, and may be committed.
+    failed_untouched: bool,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -288,7 +299,112 @@ impl Trainer {
             stop_epoch: None,
             abort,
             nccl,
+            accumulate: 1,
+            acc: Vec::new(),
+            failed_untouched: false,
         })
+    }
+
+    /// Steps accumulate the gradients of `k` micro-batches of `batch_per_worker` on every
+    /// rank before they are averaged, so a ring of `world` ranks steps as `world × k`
+    /// ranks would: the same global batch, sample order, step budget and learning-rate
+    /// schedule (peak = base lr × world × k), to float tolerance. Used when a preemption
+    /// shrank the ring and the job keeps its global batch (`[elastic] keep_global_batch`).
+    /// Call before [`Trainer::restore`]. Gradients then travel whole (no sufficient
+    /// factors: they are per micro-batch); over NCCL accumulation is not done and `k`
+    /// stays 1 (the learning rate is rescaled linearly instead), which this returns.
+    pub fn set_accumulation(&mut self, k: usize) -> usize {
+        let k = if self.nccl.is_some() { 1 } else { k.max(1) };
+        if k == self.accumulate {
+            return k;
+        }
+        self.accumulate = k;
+        if k > 1 {
+            self.factors_pending = false;
+            if let Some(l) = &mut self.layers {
+                self.factored = l.choose_factors(SufficientFactors::Never, 1, 1);
+            }
+        }
+        let world = self.world * k;
+        let global_batch = world * self.spec.train.batch_per_worker;
+        self.steps_per_epoch = self.sampler.steps_per_epoch(global_batch).max(1);
+        let t = &self.spec.train;
+        let mut total = t.epochs.saturating_mul(self.steps_per_epoch);
+        if let Some(m) = t.max_steps {
+            total = if t.epochs == 0 { m } else { total.min(m) };
+        }
+        self.total_steps = total;
+        self.schedule = LrSchedule::new(t, world, self.steps_per_epoch, self.total_steps);
+        info!(
+            rank = self.rank,
+            world = self.world,
+            micro_batches = k,
+            peak_lr = self.schedule.peak(),
+            "steps accumulate micro-batches: the global batch of {world} ranks is kept"
+        );
+        k
+    }
+
+    /// Whether the last step failed before its optimizer changed anything (host optimizer
+    /// only), so the state is still the previous step's, whole: a rank leaving a ring at
+    /// a re-form commits it, and the next generation loses no step.
+    pub fn failed_untouched(&self) -> bool {
+        self.failed_untouched
+    }
+
+    /// Micro-batches per step (see [`Trainer::set_accumulation`]).
+    pub fn accumulation(&self) -> usize {
+        self.accumulate
+    }
+
+    /// Runs micro-batches `0..k-1` of this step on this rank alone: their mean loss's
+    /// gradients summed into `acc`, their losses summed into the return.
+    fn local_micro_batches(&mut self) -> Result<f32, TrainError> {
+        let (k, b) = (self.accumulate, self.spec.train.batch_per_worker);
+        self.acc.resize_with(self.grads.len(), Vec::new);
+        for (a, g) in self.acc.iter_mut().zip(&self.grads) {
+            a.clear();
+            a.resize(g.len(), 0.0);
+        }
+        let mut loss_sum = 0.0f32;
+        for j in 0..k - 1 {
+            let idx =
+                self.sampler
+                    .indices(self.cursor, self.rank + j * self.world, self.world * k, b);
+            let _computing = self.compute_clock.enter();
+            match &mut self.layers {
+                Some(layers) => {
+                    self.train
+                        .image_batch_into(&idx, &mut self.xs, &mut self.ys)?;
+                    layers.forward(&self.params, &self.xs, b)?;
+                    loss_sum += layers.loss(&self.ys)?;
+                    for i in (0..layers.len()).rev() {
+                        if let Some(LayerGrads::Params(ps)) =
+                            layers.backward_params(i, &mut self.grads)?
+                        {
+                            for p in ps {
+                                add_into(&mut self.acc[p], &self.grads[p]);
+                            }
+                        }
+                        layers.backward_input(i, &self.params)?;
+                    }
+                }
+                None => {
+                    let batch = self.train.batch(&idx, &Device::Cpu)?;
+                    let logits = self.model.forward(&batch.x)?;
+                    let loss = candle_nn::loss::cross_entropy(&logits, &batch.y)?;
+                    let grads = loss.backward()?;
+                    loss_sum += loss.to_scalar::<f32>()?;
+                    for (i, (_, v)) in self.model.params().iter().enumerate() {
+                        if let Some(t) = grads.get(v.as_tensor()) {
+                            let flat = t.flatten_all()?.to_vec1::<f32>()?;
+                            add_into(&mut self.acc[i], &flat);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(loss_sum)
     }
 
     /// This rank.
@@ -382,9 +498,23 @@ impl Trainer {
     /// gradients come at once, after `backward()`.
     pub async fn step(&mut self) -> Result<StepMetrics, TrainError> {
         let t0 = Instant::now();
+        self.failed_untouched = true;
         self.faults.delay_step().await;
         let b = self.spec.train.batch_per_worker;
-        let idx = self.sampler.indices(self.cursor, self.rank, self.world, b);
+        let k = self.accumulate;
+        // With accumulation this rank is virtual ranks rank + j·world of world·k, the last
+        // micro-batch's gradients joined with the others' sum on their way to the ring.
+        let local_loss = if k > 1 {
+            self.local_micro_batches()?
+        } else {
+            0.0
+        };
+        let idx = self.sampler.indices(
+            self.cursor,
+            self.rank + (k - 1) * self.world,
+            self.world * k,
+            b,
+        );
         if self.factors_pending {
             // Whether this rank has network links, averaged: whether any rank has.
             let mut any = [f32::from(u8::from(self.network_links > 0))];
@@ -401,7 +531,7 @@ impl Trainer {
                     let _computing = self.compute_clock.enter();
                     self.faults.hang_in_forward(self.step + 1).await;
                     layers.forward(&self.params, &self.xs, b)?;
-                    extras[0] = layers.loss(&self.ys)?;
+                    extras[0] = (layers.loss(&self.ys)? + local_loss) / k as f32;
                 }
                 // With NCCL the loss joins the gradients' average at the end of the step.
                 if self.nccl.is_none() {
@@ -423,6 +553,9 @@ impl Trainer {
                         match grads {
                             Some(LayerGrads::Params(ps)) => {
                                 for p in ps {
+                                    if k > 1 {
+                                        mean_into(&mut self.grads[p], &self.acc[p], k);
+                                    }
                                     self.sync.push(p, &self.grads[p]).await?;
                                 }
                                 self.sync.pause(FIRST_BUCKET_BYTES).await?;
@@ -451,7 +584,7 @@ impl Trainer {
                 let loss = candle_nn::loss::cross_entropy(&logits, &batch.y)?;
                 let grads = loss.backward()?;
                 drop(computing);
-                extras[0] = loss.to_scalar::<f32>()?;
+                extras[0] = (loss.to_scalar::<f32>()? + local_loss) / k as f32;
                 self.sync.push_extras(&extras).await?;
                 for (i, (_, v)) in self.model.params().iter().enumerate() {
                     let g = &mut self.grads[i];
@@ -463,6 +596,9 @@ impl Trainer {
                         }
                         // A parameter the loss does not reach.
                         None => g.fill(0.0),
+                    }
+                    if k > 1 {
+                        mean_into(g, &self.acc[i], k);
                     }
                     self.sync.push(i, g).await?;
                 }
@@ -477,18 +613,29 @@ impl Trainer {
         let mut optim = Duration::ZERO;
         let times = match (&self.nccl, &mut self.layers) {
             (Some(nccl), Some(layers)) => {
+                self.failed_untouched = false;
                 // The optimizer's kernels are queued behind NCCL's: their time is the wait's.
                 layers.finish_on_device(nccl, optimizer, &mut extras, lr as f32)?;
                 SyncTimes::default()
             }
             _ => {
-                self.sync
+                let mut updates = 0usize;
+                let finished = self
+                    .sync
                     .finish(&mut self.grads, &mut extras, |i, g| {
                         let t = Instant::now();
                         optimizer.update(i, &mut params[i], g, lr as f32);
                         optim += t.elapsed();
+                        updates += 1;
                     })
-                    .await?
+                    .await;
+                if finished.is_err() && updates == 0 {
+                    // Nothing changed: the state is the previous step's, whole.
+                    optimizer.cancel_step();
+                } else {
+                    self.failed_untouched = false;
+                }
+                finished?
             }
         };
         let t2 = Instant::now();
@@ -497,7 +644,7 @@ impl Trainer {
         }
         let t3 = Instant::now();
         let epoch = self.cursor.epoch;
-        self.cursor = self.sampler.advance(self.cursor, b * self.world);
+        self.cursor = self.sampler.advance(self.cursor, b * self.world * k);
         self.step += 1;
         splitmix64(&mut self.rng);
         let step_s = (t3 - t0).as_secs_f64();
@@ -506,7 +653,8 @@ impl Trainer {
             epoch,
             loss: extras[0] as f64,
             lr,
-            samples_per_s: (b * self.world) as f64 / step_s.max(1e-9),
+            samples_per_s: (b * self.world * k) as f64 / step_s.max(1e-9),
+            samples_per_step: (b * self.world * k) as u64,
             compute_s: ((t1 - t0).as_secs_f64() - times.pack_s).max(0.0),
             pack_s: times.pack_s,
             comm_wait_s: (t2 - t1).saturating_sub(optim).as_secs_f64(),
@@ -723,7 +871,7 @@ impl Trainer {
     /// After a restore: the cursor, step budget and learning-rate schedule of this world
     /// from the restored position (see [`Trainer::restore`]).
     fn rebase_on_cursor(&mut self) {
-        let global_batch = self.world * self.spec.train.batch_per_worker;
+        let global_batch = self.world * self.accumulate * self.spec.train.batch_per_worker;
         let len = self.train.len();
         if self.cursor.offset + global_batch > len {
             self.cursor = DataCursor {
@@ -748,7 +896,7 @@ impl Trainer {
         let before = self.schedule.clone();
         self.schedule = LrSchedule::new(
             &self.spec.train,
-            self.world,
+            self.world * self.accumulate,
             self.steps_per_epoch,
             self.total_steps,
         );
@@ -860,4 +1008,19 @@ fn argmax(row: &[f32]) -> usize {
         }
     }
     best
+}
+
+/// `acc += g`, element-wise.
+fn add_into(acc: &mut [f32], g: &[f32]) {
+    for (a, x) in acc.iter_mut().zip(g) {
+        *a += x;
+    }
+}
+
+/// `g = (g + acc) / k`: the mean of a step's `k` micro-batch gradients, `g` the last's.
+fn mean_into(g: &mut [f32], acc: &[f32], k: usize) {
+    let inv = 1.0 / k as f32;
+    for (x, a) in g.iter_mut().zip(acc) {
+        *x = (*x + a) * inv;
+    }
 }

@@ -66,6 +66,7 @@
 //! the node's environment, which its ranks inherit.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -82,7 +83,9 @@ use crate::faults::Faults;
 use crate::gpu::{connect_nccl, Device};
 use crate::observe::{unix_now_s, write_job_timeline, PhaseRecorder, RankTimeline, TensorBoard};
 use crate::redact::redact_url;
-use crate::{CheckpointStore, Checkpointer, EpochMetrics, Event, StepMetrics, TrainSpec, Trainer};
+use crate::{
+    CheckpointStore, Checkpointer, EpochMetrics, Event, RunEnd, StepMetrics, TrainSpec, Trainer,
+};
 use ringleader_protocol::{
     ElasticFailed, ElasticResumed, Metric, RankLine, RankStats as ProtocolRankStats, Report,
 };
@@ -137,6 +140,10 @@ pub struct WorkerArgs {
     /// Generation of the ring (the job's attempt): stale connections are refused.
     #[arg(long, default_value_t = 0)]
     pub generation: u64,
+    /// The world size whose global batch each step keeps (a ring shrunk by a preemption):
+    /// each rank accumulates ⌈batch_workers / world⌉ micro-batches per step.
+    #[arg(long)]
+    pub batch_workers: Option<u32>,
     /// Data directory (the default storage lives under it).
     #[arg(long, default_value = "ringleader-data")]
     pub data_dir: std::path::PathBuf,
@@ -221,6 +228,7 @@ impl Lines {
                     metric("loss", m.loss, Some(m.step));
                     metric("lr", m.lr, Some(m.step));
                     metric("samples_per_s", m.samples_per_s, Some(m.step));
+                    metric("samples_per_step", m.samples_per_step as f64, Some(m.step));
                     // The collective: bytes sent so far, and the mean wait per step for
                     // the allreduce since the last report (what is not overlapped).
                     metric("collective_bytes", self.sent_bytes as f64, Some(m.step));
@@ -476,20 +484,53 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         .filter(|_| args.rank == 0)
         .map(|op| TensorBoard::spawn(op, &args.job_id, unix_now_s()));
     let mut phases = PhaseRecorder::default();
+    // SIGTERM (a preemption's requeue, a search pausing this trial): stop at the next step
+    // boundary, checkpoint, exit 0.
+    let terminated = sigterm_flag()?;
     let result = trainer
-        .run(Some(&mut ckpt), |e| {
-            lines.event(e);
-            let now_s = unix_now_s();
-            if let Event::Step(m) = e {
-                phases.record(m, 1e6 * now_s);
-            }
-            if let Some(tb) = &mut tb {
-                tb.event(e, now_s, Instant::now());
-            }
-        })
+        .run_until(
+            Some(&mut ckpt),
+            |e| {
+                lines.event(e);
+                let now_s = unix_now_s();
+                if let Event::Step(m) = e {
+                    phases.record(m, 1e6 * now_s);
+                }
+                if let Some(tb) = &mut tb {
+                    tb.event(e, now_s, Instant::now());
+                }
+            },
+            || terminated.load(Ordering::SeqCst),
+        )
         .await;
+    // A peer that stopped first fails this rank's step; untouched, its state is whole.
+    let stopped = match &result {
+        Ok(RunEnd::Interrupted) => true,
+        Err(_) => terminated.load(Ordering::SeqCst) && trainer.failed_untouched(),
+        Ok(RunEnd::Finished(_)) => false,
+    };
+    if stopped {
+        if let Some(tb) = tb {
+            let _ = tb.close().await;
+        }
+        if args.rank == 0 {
+            ckpt.save(std::sync::Arc::new(trainer.snapshot()?));
+        }
+        ckpt.close().await?;
+        println!(
+            "{tag} stopped step={} (SIGTERM): {}",
+            trainer.step_count(),
+            if args.rank == 0 {
+                "checkpointed"
+            } else {
+                "rank 0 checkpoints"
+            }
+        );
+        return Ok(());
+    }
     let final_metrics = match result {
-        Ok(m) => m,
+        Ok(RunEnd::Finished(m)) => m,
+        Ok(RunEnd::Interrupted) => unreachable!("an interrupted run is stopped above"),
         Err(e) => {
             // The curves up to the failure are worth keeping.
             if let Some(tb) = tb {
@@ -582,6 +623,7 @@ async fn run_elastic(
         rank: args.rank,
         addrs: args.addrs.clone(),
         secret: args.secret.clone(),
+        batch_workers: args.batch_workers,
     };
     let mut ckpt = Checkpointer::spawn(store, keep);
     let mut lines = Lines {
@@ -645,6 +687,13 @@ async fn run_elastic(
         let _ = tb.close().await;
     }
     let summary = result?;
+    if let (None, Some(state)) = (&summary.finished, &summary.state) {
+        // Stopped by the node (a preemption's requeue): the state every rank reached, as
+        // a checkpoint the next attempt resumes from.
+        if rank == 0 {
+            ckpt.save(std::sync::Arc::new(state.clone()));
+        }
+    }
     ckpt.close().await?;
     let tag = &lines.tag;
     match summary.finished {
@@ -655,6 +704,20 @@ async fn run_elastic(
         ),
     }
     Ok(())
+}
+
+/// A flag set once this process gets SIGTERM (it then stops at a step boundary).
+fn sigterm_flag() -> anyhow::Result<std::sync::Arc<AtomicBool>> {
+    let flag = std::sync::Arc::new(AtomicBool::new(false));
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("listening for SIGTERM")?;
+    let set = flag.clone();
+    tokio::spawn(async move {
+        if term.recv().await.is_some() {
+            set.store(true, Ordering::SeqCst);
+        }
+    });
+    Ok(flag)
 }
 
 /// The operator the job's TensorBoard files and timeline are written through (the
@@ -718,6 +781,7 @@ mod tests {
 
     fn step(compute_s: f64, comm_wait_s: f64) -> StepMetrics {
         StepMetrics {
+            samples_per_step: 0,
             step: 1,
             epoch: 0,
             loss: 1.0,

@@ -72,6 +72,7 @@ fn generation(generation: u64, rank: usize, world: usize) -> Generation {
             .map(|r| SocketAddr::from(([127, 0, 0, 1], 20_000 + r as u16)))
             .collect(),
         secret: "s".into(),
+        batch_workers: None,
     }
 }
 
@@ -762,6 +763,7 @@ async fn a_stale_generation_cannot_connect() {
         rank,
         addrs: addrs.clone(),
         secret: "s".into(),
+        batch_workers: None,
     };
     let mut other = connector.clone();
     let (new, stale) = (g(1, 0), g(0, 1));

@@ -150,6 +150,7 @@ fn survivors_keep_their_processes_and_finish_after_a_kill() {
             rank: r,
             addrs: gen1.clone(),
             secret: SECRET.into(),
+            batch_workers: None,
         };
         let stdin = w.stdin.as_mut().unwrap();
         writeln!(stdin, "{}", g.to_line()).unwrap();
@@ -282,6 +283,7 @@ fn survivors_of_a_stopped_rank_leave_for_the_next_generation_within_seconds() {
             rank: r,
             addrs: gen1.clone(),
             secret: SECRET.into(),
+            batch_workers: None,
         };
         let stdin = w.stdin.as_mut().unwrap();
         writeln!(stdin, "{}", g.to_line()).unwrap();

@@ -200,6 +200,7 @@ fn tensorboard_reads_the_event_file() {
     for s in 1..=30u64 {
         let m = StepMetrics {
             step: s,
+            samples_per_step: 0,
             epoch: s / 10,
             loss: 1.0 / s as f64,
             lr: 0.01 * s as f64,

@@ -8,6 +8,7 @@
 //! | `GET /v1/jobs[?state=S&limit=N&before=ID]` | a page of job summaries, oldest first; `x-ringleader-next-before` names the next page ([`listing`]) |
 //! | `GET /v1/jobs/{id}` | one job |
 //! | `POST /v1/jobs/{id}/cancel` | cancels a job |
+//! | `POST /v1/jobs/{id}/preempt`, `POST /v1/jobs/{id}/grow` | shrinks, requeues or pauses the trials of a running job; lets a shrunk ring grow back ([`preempt`]; the admin token only) |
 //! | `GET /v1/jobs/{id}/logs?offsets=W:N,…[&generation=G]` | the current run's logs (with `generation`, the past run placed in generation `G`), one chunk per rank, read from byte `N` of worker `W`'s log; `runs`: the generation each run was placed in |
 //! | `GET /v1/jobs/{id}/metrics` | each metric's history: `{"id": …, "metrics": {"loss": [[step, value], …]}}` |
 //! | `/v1/datasets…` | datasets shared peer to peer ([`datasets`]) |
@@ -43,6 +44,7 @@
 //! - [`quota`]: each user's pending jobs and spec bytes, bounded at submit.
 //! - [`tokens`]: the token and member-removal routes.
 //! - [`sharing`]: the quota and queue routes; the scheduler's checks at submit.
+//! - [`preempt`]: the admin's preemption and grow routes.
 //! - [`keys`]: the key rotation route (`POST /v1/key/rotate`, the admin only).
 //! - [`prometheus`]: the `/metrics` exposition, written by hand.
 //! - [`redact`]: URLs with their credentials hidden, for logs.
@@ -66,6 +68,7 @@ pub mod keys;
 /// Filters, pages and the summary of the status and job lists (a child of `status`).
 pub use status::listing;
 pub mod origin;
+pub mod preempt;
 pub mod prometheus;
 pub mod quota;
 pub mod redact;
@@ -204,6 +207,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/jobs", get(jobs).post(submit))
         .route("/v1/jobs/{id}", get(job))
         .route("/v1/jobs/{id}/cancel", post(cancel))
+        .route("/v1/jobs/{id}/preempt", post(preempt::preempt))
+        .route("/v1/jobs/{id}/grow", post(preempt::grow))
         .route("/v1/jobs/{id}/logs", get(logs))
         .route("/v1/jobs/{id}/metrics", get(job_metrics))
         .route("/v1/datasets", get(datasets::list).post(datasets::add))
@@ -363,6 +368,9 @@ async fn prometheus_metrics(State(app): State<AppState>) -> Result<Response, Api
         fetched_bytes: app.datasets.fetched_bytes(),
         registered: app.control.read(|s| s.datasets.len()),
     }));
+    text.push_str(&prometheus::render_preemptions(
+        &app.control.read(|s| s.preemptions.clone()),
+    ));
     Ok(([(header::CONTENT_TYPE, prometheus::CONTENT_TYPE)], text).into_response())
 }
 

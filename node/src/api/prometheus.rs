@@ -14,6 +14,7 @@
 //! | `ringleader_control_stopped` | gauge (0 or 1) | |
 //! | `ringleader_jobs` | gauge | `state`, `kind` |
 //! | `ringleader_job_step`, `_epoch`, `_loss`, `_val_accuracy`, `_samples_per_second`, `_collective_sent_bytes`, `_allreduce_wait_milliseconds` | gauge | `job_id`, `job_name` |
+//! | `ringleader_preemptions_total` | counter | `action` (shrink, requeue, pause) |
 //! | `ringleader_gossip_*_total` | counter | |
 //! | `ringleader_gossip_health_score` | gauge | |
 
@@ -32,6 +33,28 @@ const JOB_STATES: [&str; 5] = ["pending", "running", "succeeded", "failed", "can
 const TERMINAL_JOB_STATES: [&str; 3] = ["succeeded", "failed", "cancelled"];
 /// Job kinds.
 const JOB_KINDS: [&str; 3] = ["train", "search", "command"];
+/// Preemption actions, each always exported.
+const PREEMPT_ACTIONS: [&str; 3] = ["shrink", "requeue", "pause"];
+
+/// `ringleader_preemptions_total{action}`: the replicated count of preemptions applied
+/// (`ControlState::preemptions`), every action exported (0 when none).
+pub fn render_preemptions(counts: &BTreeMap<String, u64>) -> String {
+    let mut e = Exposition(String::new());
+    e.family(
+        "ringleader_preemptions_total",
+        "counter",
+        "Preemptions applied in the cluster, by action.",
+    );
+    for action in PREEMPT_ACTIONS {
+        let n = counts.get(action).copied().unwrap_or(0);
+        e.sample(
+            "ringleader_preemptions_total",
+            &[("action", action)],
+            n as f64,
+        );
+    }
+    e.0
+}
 
 /// What `/metrics` shows of one job.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -28,8 +28,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use crate::{
     cluster::{identity::peer_id_text, membership::State, net::MemberView},
     domain::state::{
-        ops, standby::Standby, ControlCommand, ControlState, Job, JobState, Op, Slot,
-        REJOIN_AFTER_MS,
+        ops,
+        preempt::{reranked, Stopping, STOP_REPORT_SLACK_MS},
+        standby::Standby,
+        ControlCommand, ControlState, Job, JobState, Op, Slot, REJOIN_AFTER_MS,
     },
 };
 use placement::{Candidate, Request};
@@ -83,7 +85,14 @@ pub fn decide_with(
                     true,
                 ));
             }
-            out.extend(place_pending(&pending, &mut candidates, now_ms, new_secret));
+            let waiting = pending.iter().map(|j| j.id).collect();
+            out.extend(place_pending(
+                &pending,
+                &waiting,
+                &mut candidates,
+                now_ms,
+                new_secret,
+            ));
         }
         Policy::Fair => {
             // Lost ranks and standbys first; growth only where the scheduler grants it.
@@ -118,16 +127,38 @@ pub fn decide_with(
                 });
             }
             for grow in &decisions.grows {
-                if let Some(job) = by_id(grow.job) {
-                    out.extend(running(
-                        job,
-                        &gone,
-                        &mut candidates,
-                        now_ms,
-                        new_secret,
-                        true,
-                    ));
+                let Some(job) = by_id(grow.job) else { continue };
+                if job.assignment.len() >= job.growth_ceiling() as usize {
+                    // Held at a preemption's ceiling: once the job it made room for no
+                    // longer waits, capacity returned lifts it, and the next pass re-forms
+                    // with the joiners (`grown 2 → 4: capacity returned`). An admin's
+                    // shrink for no job stays until the admin grows it.
+                    let served = job
+                        .preemption
+                        .as_ref()
+                        .and_then(|p| p.for_job)
+                        .is_some_and(|f| by_id(f).is_none_or(|j| j.state != JobState::Pending));
+                    if !served {
+                        continue;
+                    }
+                    out.push(ControlCommand {
+                        op: Op::Grow(ops::Grow {
+                            id: job.id,
+                            to_workers: job.spec.max_workers,
+                            reason: "capacity returned".into(),
+                        }),
+                        at_ms: now_ms,
+                    });
+                    continue;
                 }
+                out.extend(running(
+                    job,
+                    &gone,
+                    &mut candidates,
+                    now_ms,
+                    new_secret,
+                    true,
+                ));
             }
             let changed = decisions.reasons.into_iter().filter_map(|r| {
                 let job = by_id(r.id)?;
@@ -141,7 +172,12 @@ pub fn decide_with(
                 })
             });
             out.extend(changed.take(REASONS_PER_PASS_MAX));
-            out.extend(execute_preemptions(state, &decisions.preempt, now_ms));
+            out.extend(execute_preemptions(
+                state,
+                &decisions.preempt,
+                now_ms,
+                new_secret,
+            ));
         }
     }
     let searches = running_jobs.iter().filter(|j| j.search.is_some());
@@ -268,19 +304,8 @@ fn lost_ranks<'a>(job: &'a Job, gone: &BTreeMap<String, &str>) -> Vec<Lost<'a>> 
     lost
 }
 
-/// `slots` in ring order with ranks `0..n` and local ranks counted per member.
-fn reranked(slots: impl IntoIterator<Item = Slot>) -> Vec<Slot> {
-    let mut out: Vec<Slot> = Vec::new();
-    for mut slot in slots {
-        slot.rank = out.len() as u32;
-        slot.local_rank = out.iter().filter(|s| s.member == slot.member).count() as u32;
-        out.push(slot);
-    }
-    out
-}
-
-/// What a running job needs: nothing, a re-form (elastic jobs), or a failed attempt; a
-/// growth by one member only when `grow`.
+/// What a running job needs: nothing, a re-form (elastic jobs), or a failed attempt; growth
+/// only when `grow`.
 fn running(
     job: &Job,
     gone: &BTreeMap<String, &'static str>,
@@ -289,6 +314,9 @@ fn running(
     new_secret: &mut dyn FnMut() -> String,
     grow: bool,
 ) -> Vec<ControlCommand> {
+    if let Some(stopping) = &job.stopping {
+        return stopping_ranks(job, stopping, gone, now_ms);
+    }
     let lost = lost_ranks(job, gone);
     if !lost.is_empty() {
         return shrink(job, &lost, now_ms, new_secret);
@@ -296,39 +324,52 @@ fn running(
     if let Some(standby) = &job.standby {
         return join_standby(job, standby, gone, candidates, now_ms, new_secret);
     }
-    // Growth: an elastic ring below max_workers takes one available member per generation.
-    if !grow || !may_grow(job) {
+    // Growth: an elastic ring below max_workers (or a preemption's ceiling) takes one
+    // available member per generation; after a grow, as many as it lacks at once.
+    let ceiling = job.growth_ceiling() as usize;
+    if !grow || !job.is_elastic() || job.assignment.len() >= ceiling {
         return Vec::new();
     }
-    let req = Request::from_spec(&job.spec);
-    let joiner = candidates.iter_mut().find(|c| {
-        c.alive
-            && !c.blacklisted
-            && !job.assignment.iter().any(|s| s.member == c.id)
-            && job
-                .departed
-                .get(&c.id)
-                .is_none_or(|at| now_ms.saturating_sub(*at) >= REJOIN_AFTER_MS)
-            && c.cpus.saturating_sub(c.used_cpus) >= req.cpus_per_worker
-            && placement::free_gpus(c).len() >= req.gpus_per_worker as usize
-    });
-    let Some(joiner) = joiner else {
-        return Vec::new();
+    let growing = job.preemption.as_ref().and_then(|p| p.growing.as_deref());
+    let wanted = match (growing, job.stages_joiners()) {
+        (Some(_), false) => ceiling - job.assignment.len(),
+        _ => 1,
     };
-    let gpus: Vec<u32> = placement::free_gpus(joiner)
-        .into_iter()
-        .take(req.gpus_per_worker as usize)
-        .collect();
-    joiner.used_cpus += req.cpus_per_worker;
-    joiner.used_gpus.extend(&gpus);
-    let worker = job.next_worker;
-    let new = Slot {
-        member: joiner.id.clone(),
-        name: joiner.name.clone(),
-        rank: 0,
-        local_rank: 0,
-        worker,
-        gpus,
+    let req = Request::from_spec(&job.spec);
+    let mut joined: Vec<Slot> = Vec::new();
+    for worker in (job.next_worker..).take(wanted) {
+        let joiner = candidates.iter_mut().find(|c| {
+            c.alive
+                && !c.blacklisted
+                && !job.assignment.iter().any(|s| s.member == c.id)
+                && !joined.iter().any(|s| s.member == c.id)
+                && job
+                    .departed
+                    .get(&c.id)
+                    .is_none_or(|at| now_ms.saturating_sub(*at) >= REJOIN_AFTER_MS)
+                && c.cpus.saturating_sub(c.used_cpus) >= req.cpus_per_worker
+                && placement::free_gpus(c).len() >= req.gpus_per_worker as usize
+        });
+        let Some(joiner) = joiner else {
+            break;
+        };
+        let gpus: Vec<u32> = placement::free_gpus(joiner)
+            .into_iter()
+            .take(req.gpus_per_worker as usize)
+            .collect();
+        joiner.used_cpus += req.cpus_per_worker;
+        joiner.used_gpus.extend(&gpus);
+        joined.push(Slot {
+            member: joiner.id.clone(),
+            name: joiner.name.clone(),
+            rank: 0,
+            local_rank: 0,
+            worker,
+            gpus,
+        });
+    }
+    let Some(new) = joined.first().cloned() else {
+        return Vec::new();
     };
     if job.stages_joiners() {
         // Started ahead, with the rank it would take now: the ring goes on meanwhile.
@@ -344,13 +385,54 @@ fn running(
             at_ms: now_ms,
         }];
     }
+    let (from, to) = (job.assignment.len(), job.assignment.len() + joined.len());
+    let names: Vec<&str> = joined.iter().map(|s| s.name.as_str()).collect();
+    let reason = match growing {
+        Some(why) => format!("grown {from} → {to}: {why} (joined {})", names.join(", ")),
+        None => format!("joined {}", names.join(", ")),
+    };
     vec![ControlCommand {
         op: Op::Reform(ops::Reform {
             id: job.id,
             generation: job.generation + 1,
-            slots: reranked(job.assignment.iter().cloned().chain([new])),
+            slots: reranked(job.assignment.iter().cloned().chain(joined)),
             secret: new_secret(),
-            reason: format!("joined {}", joiner.name),
+            reason,
+        }),
+        at_ms: now_ms,
+    }]
+}
+
+/// A job asked to checkpoint and stop for a preemption's requeue
+/// (`domain::state::preempt`): nothing to re-form or grow; the state machine requeues it
+/// when every rank has reported its exit. Once the grace and the report slack are over, or
+/// when a rank's member is gone (its exit will never come), the attempt ends here (the
+/// state machine requeues it all the same: no restart used).
+fn stopping_ranks(
+    job: &Job,
+    stopping: &Stopping,
+    gone: &BTreeMap<String, &'static str>,
+    now_ms: u64,
+) -> Vec<ControlCommand> {
+    let member_gone = job
+        .assignment
+        .iter()
+        .find(|s| !job.exits.contains_key(&s.rank) && gone.contains_key(&s.member));
+    let reason = match member_gone {
+        Some(s) => format!("rank {} on {} gone", s.rank, s.name),
+        None if now_ms >= stopping.overdue_at_ms() => format!(
+            "{} of {} ranks reported no exit {} s past the grace",
+            job.assignment.len() - job.exits.len(),
+            job.assignment.len(),
+            STOP_REPORT_SLACK_MS / 1_000
+        ),
+        None => return Vec::new(),
+    };
+    vec![ControlCommand {
+        op: Op::AttemptFailed(ops::AttemptFailed {
+            id: job.id,
+            generation: job.generation,
+            reason,
         }),
         at_ms: now_ms,
     }]
@@ -371,8 +453,11 @@ fn queue_view<'a>(
     settled: &BTreeSet<crate::domain::state::JobId>,
     now_ms: u64,
 ) -> scheduler::QueueView<'a> {
+    let waiting_ids: BTreeSet<_> = pending.iter().map(|j| j.id).collect();
     let waiting = pending
         .iter()
+        // A job requeued for another waits while that one does (the capacity is its).
+        .filter(|job| !job.preempted_for.is_some_and(|f| waiting_ids.contains(&f)))
         .map(|job| scheduler::Waiting {
             id: job.id,
             owner: &job.owner,
@@ -407,7 +492,9 @@ fn queue_view<'a>(
                 cpus_per_worker: job.spec.resources.cpus_per_worker,
                 gpus_per_worker: job.spec.resources.gpus_per_worker,
                 min_workers: job.spec.min_workers,
-                elastic: job.is_elastic(),
+                // Shrinkable in place: a ring that keeps its ranks through re-forms (else
+                // a preemption requeues it).
+                elastic: job.is_elastic() && job.spec.keeps_ranks_through_reforms(),
                 may_grow: settled.contains(&job.id) && may_grow(job),
                 joiners_exclude: job
                     .assignment
@@ -416,8 +503,7 @@ fn queue_view<'a>(
                     .chain(recent)
                     .collect(),
                 trial_of: job.trial_of.as_ref().map(|t| t.search),
-                // The integrator ties this to the spec's `preemptible` once it lands.
-                preemptible: true,
+                preemptible: job.spec.preemptible,
                 started_at_ms,
             }
         })
@@ -430,20 +516,39 @@ fn queue_view<'a>(
     }
 }
 
-/// Where the scheduler's preemption requests are carried out: the hook for the
-/// preemption mechanism (a shrink at a step boundary, a checkpointed requeue, paused
-/// trials), which turns each request into its commands. Until it is connected, the
-/// requests are only logged.
+/// The scheduler's preemption requests carried out by the mechanism
+/// ([`crate::domain::preempt::execute`]: a shrink at a step boundary, a checkpointed
+/// requeue, paused trials), one log entry per job. A request asked again while its victim
+/// is being stopped, or decided on a view the state has left behind, is refused there and
+/// dropped here (the next pass decides again).
 fn execute_preemptions(
     state: &ControlState,
     requests: &[scheduler::Preempt],
     now_ms: u64,
+    new_secret: &mut dyn FnMut() -> String,
 ) -> Vec<ControlCommand> {
-    let _ = (state, now_ms);
+    use crate::domain::preempt::{execute, Preempt, PreemptAction};
+    let mut out = Vec::new();
     for r in requests {
-        tracing::debug!(victim = %r.victim, for_job = %r.for_job, action = %r.action, reason = %r.reason, "preemption requested");
+        let action = match r.action {
+            scheduler::Action::Shrink { to_workers } => PreemptAction::Shrink { to_workers },
+            scheduler::Action::Requeue => PreemptAction::Requeue,
+            scheduler::Action::PauseTrials { count } => PreemptAction::PauseTrials { count },
+        };
+        let ask = Preempt {
+            victim: r.victim,
+            action,
+            for_job: Some(r.for_job),
+            reason: None,
+        };
+        match execute(state, &ask, now_ms, new_secret) {
+            Ok(cmds) => out.extend(cmds),
+            Err(e) => {
+                tracing::debug!(victim = %r.victim, for_job = %r.for_job, "preemption not made: {e}")
+            }
+        }
     }
-    Vec::new()
+    out
 }
 
 /// A running job with a standby joiner ([`crate::domain::state::standby`]): re-form with it
@@ -488,13 +593,18 @@ fn join_standby(
     if !standby.ready {
         return Vec::new();
     }
+    let n = job.assignment.len();
+    let reason = match job.preemption.as_ref().and_then(|p| p.growing.as_deref()) {
+        Some(why) => format!("grown {n} → {}: {why} (joined {})", n + 1, slot.name),
+        None => format!("joined {}", slot.name),
+    };
     vec![ControlCommand {
         op: Op::Reform(ops::Reform {
             id: job.id,
             generation: job.generation + 1,
             slots: reranked(job.assignment.iter().cloned().chain([slot.clone()])),
             secret: new_secret(),
-            reason: format!("joined {}", slot.name),
+            reason,
         }),
         at_ms: now_ms,
     }]
@@ -564,12 +674,17 @@ fn shrink(
 /// once (not again while the reason is the same).
 fn place_pending(
     pending: &[&Job],
+    waiting: &BTreeSet<crate::domain::state::JobId>,
     candidates: &mut [Candidate],
     now_ms: u64,
     new_secret: &mut dyn FnMut() -> String,
 ) -> Vec<ControlCommand> {
     let mut out = Vec::new();
     for job in pending {
+        // A job requeued for another waits while that one does (the capacity is its).
+        if job.preempted_for.is_some_and(|f| waiting.contains(&f)) {
+            continue;
+        }
         let req = Request::from_spec(&job.spec);
         let placed = placement::place_job(candidates, &req, home_of(job), &job.cannot_start);
         match placed {

@@ -537,6 +537,23 @@ pub fn train_workers(id: &str) -> std::collections::BTreeMap<u32, u32> {
     out
 }
 
+/// [`train_workers`] of a cluster whose nodes keep their data under `root` (job ids repeat
+/// across clusters: another cluster on the host may run a job of the same id).
+pub fn train_workers_in(id: &str, root: &Path) -> std::collections::BTreeMap<u32, u32> {
+    let mut out = train_workers(id);
+    out.retain(|pid, _| {
+        let args = processes()
+            .into_iter()
+            .find(|(p, _)| p == pid)
+            .map(|(_, a)| a)
+            .unwrap_or_default();
+        args.windows(2)
+            .find(|w| w[0] == "--data-dir")
+            .is_some_and(|w| Path::new(&w[1]).starts_with(root))
+    });
+    out
+}
+
 /// Whether process `pid` exists and is not a zombie.
 pub fn process_alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {

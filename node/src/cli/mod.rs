@@ -17,6 +17,7 @@ pub mod datasets;
 pub mod demo;
 pub mod keys;
 pub mod local;
+pub mod preempt;
 pub mod sharing;
 pub mod tokens;
 pub mod train_worker;
@@ -79,13 +80,19 @@ pub enum Cmd {
     },
     /// List jobs: the newest page, oldest first (`--all`: every page).
     Jobs(JobsArgs),
-    /// One job: state, generation, ring, step, metrics, events.
+    /// One job: state, generation, ring, step, metrics, events; `job preempt` and `job
+    /// grow` (the admin token only) take capacity from a running job and give it back.
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Job {
         /// Job id.
-        id: String,
+        #[arg(required = true)]
+        id: Option<String>,
         /// Redraw a progress line until the job ends.
         #[arg(long)]
         watch: bool,
+        /// `preempt`, `grow`.
+        #[command(subcommand)]
+        action: Option<preempt::JobCmd>,
     },
     /// A search's trials, best first (`--json`: `{id, state, metric, direction, trials, best}`).
     Trials {

@@ -75,7 +75,7 @@ pub const NODE_ENV_PREFIX: &str = ringleader_protocol::env::PREFIX;
 /// (`RINGLEADER_NO_SHM`: no shared-memory path between a job's ranks).
 pub const NODE_ENV_ALLOWED: [&str; 1] = [ringleader_protocol::env::NO_SHM];
 
-const TOP_FIELDS: [&str; 19] = [
+const TOP_FIELDS: [&str; 21] = [
     "name",
     "priority",
     "kind",
@@ -95,15 +95,23 @@ const TOP_FIELDS: [&str; 19] = [
     "search",
     "elastic",
     "files",
+    "preemptible",
+    "preemption",
 ];
 const FILE_FIELDS: [&str; 3] = ["path", "text", "base64"];
-const ELASTIC_FIELDS: [&str; 5] = [
+const ELASTIC_FIELDS: [&str; 6] = [
     "straggler_factor",
     "straggler_window",
     "blacklist_cooldown_s",
     "protocol",
     "first_heartbeat_s",
+    "keep_global_batch",
 ];
+const PREEMPTION_FIELDS: [&str; 1] = ["grace_s"];
+/// Default `preemption.grace_s`: how long a rank asked to checkpoint and stop has, in seconds.
+pub const PREEMPTION_GRACE_S_DEFAULT: u32 = 30;
+/// Largest `preemption.grace_s`, in seconds (an hour).
+pub const PREEMPTION_GRACE_S_MAX: u32 = 3_600;
 /// Largest `elastic.straggler_window`, in steps.
 pub const STRAGGLER_WINDOW_MAX: u32 = 1_000_000;
 /// Largest `elastic.blacklist_cooldown_s`, in seconds (a day).
@@ -236,10 +244,52 @@ pub struct Elastic {
     /// [`FIRST_HEARTBEAT_S_DEFAULT`] (only with that protocol).
     #[serde(default = "first_heartbeat_s_default")]
     pub first_heartbeat_s: u32,
+    /// A ring shrunk by a preemption keeps the global batch it had (each survivor
+    /// accumulates the gradients of several micro-batches per step), so the learning rate
+    /// and its schedule are unchanged; `false`: the batch shrinks with the ring and the
+    /// learning rate is rescaled linearly, as after a lost rank. Default true.
+    #[serde(default = "keep_global_batch_default", skip_serializing_if = "is_true")]
+    pub keep_global_batch: bool,
 }
 
 fn first_heartbeat_s_default() -> u32 {
     FIRST_HEARTBEAT_S_DEFAULT
+}
+
+fn keep_global_batch_default() -> bool {
+    true
+}
+
+/// Left out of the log when true (the default): logs written before the key read alike.
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
+fn preemptible_default() -> bool {
+    true
+}
+
+/// `[preemption]`: how a job is stopped when it is preempted and requeued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreemptionSpec {
+    /// How long a rank asked to checkpoint and stop (SIGTERM, `ringleader-stop`) has
+    /// before it is killed, in seconds; 1 to [`PREEMPTION_GRACE_S_MAX`], default
+    /// [`PREEMPTION_GRACE_S_DEFAULT`].
+    pub grace_s: u32,
+}
+
+impl PreemptionSpec {
+    fn is_default(&self) -> bool {
+        *self == PreemptionSpec::default()
+    }
+}
+
+impl Default for PreemptionSpec {
+    fn default() -> Self {
+        PreemptionSpec {
+            grace_s: PREEMPTION_GRACE_S_DEFAULT,
+        }
+    }
 }
 
 impl Default for Elastic {
@@ -250,6 +300,7 @@ impl Default for Elastic {
             blacklist_cooldown_s: 60,
             protocol: ElasticProtocol::default(),
             first_heartbeat_s: FIRST_HEARTBEAT_S_DEFAULT,
+            keep_global_batch: true,
         }
     }
 }
@@ -388,6 +439,13 @@ pub struct JobSpec {
     /// [`FILES_BYTES_MAX`] bytes in all; no two with the same path, nor one inside another.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<SpecFile>,
+    /// Whether the job may be preempted (shrunk, requeued, its trials paused) for another
+    /// job; default true.
+    #[serde(default = "preemptible_default", skip_serializing_if = "is_true")]
+    pub preemptible: bool,
+    /// `[preemption]`, with defaults.
+    #[serde(default, skip_serializing_if = "PreemptionSpec::is_default")]
+    pub preemption: PreemptionSpec,
     /// Not stored: the trainer's typed view of the tables above ([`JobSpec::trainer`]).
     #[serde(skip)]
     trainer: TypedTrainer,
@@ -735,7 +793,15 @@ impl JobSpec {
                 int(self.elastic.first_heartbeat_s),
             );
         }
+        elastic.insert(
+            "keep_global_batch".into(),
+            Value::Boolean(self.elastic.keep_global_batch),
+        );
         t.insert("elastic".into(), Value::Table(elastic));
+        t.insert("preemptible".into(), Value::Boolean(self.preemptible));
+        let mut preemption = toml::Table::new();
+        preemption.insert("grace_s".into(), int(self.preemption.grace_s));
+        t.insert("preemption".into(), Value::Table(preemption));
         if !self.files.is_empty() {
             let files = self
                 .files
@@ -983,6 +1049,17 @@ impl Parser<'_> {
             }
             Some(v) => self.files(v)?,
         };
+        let preemptible = match get("preemptible") {
+            None => true,
+            Some(v) => match v.get_ref() {
+                DeValue::Boolean(b) => *b,
+                _ => return Err(self.invalid("preemptible", v, "expected true or false")),
+            },
+        };
+        let preemption = match get("preemption") {
+            None => PreemptionSpec::default(),
+            Some(v) => self.preemption(v)?,
+        };
         // Last, as admission did before the parse read them: the trainer's own checks.
         let trainer = match kind {
             JobKind::Train => {
@@ -1011,6 +1088,8 @@ impl Parser<'_> {
             elastic,
             reports_required: true,
             files,
+            preemptible,
+            preemption,
             trainer: TypedTrainer(OnceLock::from(trainer)),
         })
     }
@@ -1243,7 +1322,32 @@ impl Parser<'_> {
             e.first_heartbeat_s =
                 self.bounded_int("elastic.first_heartbeat_s", v, 1, FIRST_HEARTBEAT_S_MAX)?;
         }
+        if let Some(v) = table.get("keep_global_batch") {
+            e.keep_global_batch = match v.get_ref() {
+                DeValue::Boolean(b) => *b,
+                _ => {
+                    return Err(self.invalid(
+                        "elastic.keep_global_batch",
+                        v,
+                        "expected true or false",
+                    ))
+                }
+            };
+        }
         Ok(e)
+    }
+
+    /// `[preemption]`: `grace_s`.
+    fn preemption(&self, v: &Spanned<DeValue<'_>>) -> Result<PreemptionSpec, SpecError> {
+        let Some(table) = v.get_ref().as_table() else {
+            return Err(self.invalid("preemption", v, "expected a table"));
+        };
+        self.reject_unknown(table, "preemption.", &PREEMPTION_FIELDS)?;
+        let mut p = PreemptionSpec::default();
+        if let Some(v) = table.get("grace_s") {
+            p.grace_s = self.bounded_int("preemption.grace_s", v, 1, PREEMPTION_GRACE_S_MAX)?;
+        }
+        Ok(p)
     }
 
     fn reject_unknown(

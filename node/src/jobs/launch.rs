@@ -141,6 +141,7 @@ pub fn generation_line(
         rank: slot.rank as usize,
         addrs: ring_addrs(job, host_of)?,
         secret: ring_secret(job, ctx.ring_key.as_ref().map(|k| k.current()).as_ref()),
+        batch_workers: job.batch_workers(),
     };
     Some(generation.to_line())
 }
@@ -382,6 +383,11 @@ pub fn launch(
     ];
     if job.is_elastic() {
         command.push("--elastic".into());
+    }
+    if let Some(b) = job.batch_workers() {
+        // A preempted ring's kept global batch (a joiner started while it is shrunk).
+        command.push("--batch-workers".into());
+        command.push(b.to_string());
     }
     if let Some(target) = job.trial_of.as_ref().map(|t| t.target).filter(|t| *t > 0) {
         // A search trial trained to its rung; the schedule stays the whole run's.

@@ -235,6 +235,10 @@ pub enum Control {
     /// Stop the process group gracefully: SIGTERM, then SIGKILL after [`STOP_GRACE_MS`];
     /// report nothing.
     Stop,
+    /// A preemption's requeue: checkpoint and stop (`ringleader-stop`, stdin closed,
+    /// SIGTERM), SIGKILL after `grace_ms`; the exit is reported (the job is requeued once
+    /// every rank is out).
+    Preempt { grace_ms: u64 },
     /// The ring re-formed: the process is now `rank` of `generation`; `line` (a
     /// `ringleader-generation` control line) goes to its stdin.
     Generation {
@@ -567,7 +571,10 @@ impl Run {
                 tokio::select! {
                     dir = &mut fetch => break dir?,
                     msg = control.recv() => match msg {
-                        Some(Control::Kill) | Some(Control::Stop) | None => return Ok(None),
+                        Some(Control::Kill)
+                        | Some(Control::Stop)
+                        | Some(Control::Preempt { .. })
+                        | None => return Ok(None),
                         Some(m) => stash.push_back(m),
                     },
                 }

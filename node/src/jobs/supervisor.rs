@@ -87,6 +87,9 @@ pub struct Plan {
     pub waiting: Vec<Key>,
     /// Processes that are no longer wanted.
     pub stop: Vec<Key>,
+    /// Live processes of a job being requeued by a preemption: asked to checkpoint and
+    /// stop within the grace (ms).
+    pub preempt: Vec<(Key, u64)>,
 }
 
 /// The pure reconcile: what to start, move and stop, given the state, the processes there
@@ -114,6 +117,15 @@ pub fn plan(
             }
             let key = (job.id, job.process_generation(), slot.worker);
             plan.wanted.insert(key);
+            if let Some(stopping) = &job.stopping {
+                // A preemption's requeue: nothing starts or moves; what runs checkpoints
+                // and stops.
+                if have.contains_key(&key) {
+                    plan.preempt
+                        .push((key, u64::from(stopping.grace_s) * 1_000));
+                }
+                continue;
+            }
             match have.get(&key) {
                 Some(g) if *g == job.generation || !control_stdin => {}
                 Some(_) => match generation_line(ctx, job, slot, host_of) {
@@ -206,6 +218,8 @@ pub struct Supervisor {
     clock_ms: fn() -> u64,
     /// Ranks of train jobs waiting for a member's address, already logged.
     waiting: HashSet<Key>,
+    /// Ranks already asked to checkpoint and stop for a preemption.
+    preempted: HashSet<Key>,
     /// The node's dataset service: train ranks fetch their shared dataset through it.
     datasets: Option<crate::datasets::Datasets>,
     /// Running ranks' process groups on disk (`None` in tests).
@@ -246,6 +260,7 @@ impl Supervisor {
             finished: HashMap::new(),
             clock_ms,
             waiting: HashSet::new(),
+            preempted: HashSet::new(),
             datasets: None,
             groups: None,
             options: RankOptions::default(),
@@ -368,6 +383,15 @@ impl Supervisor {
                 }
             }
         }
+        for (key, grace_ms) in plan.preempt {
+            if !self.preempted.insert(key) {
+                continue;
+            }
+            if let Some((control, _)) = self.running.get(&key) {
+                info!(job = %key.0, worker = key.2, grace_ms, "preempted: asking the worker to checkpoint and stop");
+                let _ = control.try_send(Control::Preempt { grace_ms });
+            }
+        }
         for key in plan.stop {
             if let Some((control, _)) = self.running.remove(&key) {
                 // A cancelled job's ranks (a trial stopped early included) may clean up:
@@ -385,6 +409,7 @@ impl Supervisor {
         }
         self.finished.retain(|key, _| plan.wanted.contains(key));
         self.waiting.retain(|key| plan.wanted.contains(key));
+        self.preempted.retain(|key| plan.wanted.contains(key));
         if let Some(users) = &self.options.job_users {
             // A job's uid of `--run-as-range` is freed once it has ended and no rank of it
             // runs here (`security::uid_range`).

@@ -17,11 +17,18 @@ generation's ring is connected, the ranks run the agreement of the protocol crat
 it), the root broadcasts that commit to the ranks that lack it (joiners, laggards), every
 rank restores it, DDP is rebuilt, the sampler shares out the epoch's remaining samples
 over the new world, and the learning rate follows the world linearly: each group's lr is
-`base × world`, where `base` is the lr given divided by the world the optimizer was made
-in (kept in the commit, so a joiner gets the group's). The rank prints `ringleader-elastic
-resumed … restored_step=C steps_lost=L source=memory|broadcast|fresh` and goes on; a failed
-collective is printed as `ringleader-elastic failed …` first. At most the failed step is
-lost (trained again).
+`base × world × accumulation`, where `base` is the lr given divided by the world the
+optimizer was made in (kept in the commit, so a joiner gets the group's). The rank prints
+`ringleader-elastic resumed … restored_step=C steps_lost=L source=memory|broadcast|fresh`
+and goes on; a failed collective is printed as `ringleader-elastic failed …` first. At most
+the failed step is lost (trained again).
+
+A ring shrunk by a preemption that keeps its global batch (`[elastic] keep_global_batch`,
+the default) has `accumulation` = ceil(W / W') micro-batches per step in its generation
+line: `step()` then steps the wrapped optimizer once every `accumulation` calls, with the
+gradients summed over those calls (`zero_grad` between them is skipped) and divided by
+their number, so each step sees the global batch of W ranks and the learning rate is
+unchanged; `steps` counts those steps. A re-form drops a step's partial accumulation.
 
 Outside an elastic ringleader rank it is the wrapped optimizer, counting steps and moving
 the sampler on.
@@ -139,6 +146,8 @@ class ElasticOptimizer:
         self.model = model
         self.sampler = sampler
         self.steps = 0
+        # Calls of `step()` since the last optimizer step (accumulation).
+        self._micro = 0
         self._sess = session()
         world = max(self._sess.world, 1)
         self._base_lrs: list[float] = [g["lr"] / world for g in optimizer.param_groups]
@@ -154,7 +163,8 @@ class ElasticOptimizer:
         return getattr(self.optimizer, name)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+        if self._micro == 0:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
@@ -214,6 +224,16 @@ class ElasticOptimizer:
             sess.report_failure(e)
             self._reform()
             return None
+        self._micro += 1
+        k = sess.accumulation
+        if self._micro < k:
+            return None  # more micro-batches to sum before this step
+        self._micro = 0
+        if k > 1:
+            with torch.no_grad():
+                for p in self._params:
+                    if p.grad is not None:
+                        p.grad.div_(k)
         out = self.optimizer.step(closure)
         self.steps += 1
         self.sampler.normalize()
@@ -259,8 +279,10 @@ class ElasticOptimizer:
         sess.failure = None
         sess.op_clock.take()
         sess.last_generation = sess.generation
+        self._micro = 0
+        self.optimizer.zero_grad(set_to_none=True)
         for g, base in zip(self.optimizer.param_groups, self._base_lrs):
-            g["lr"] = base * sess.world
+            g["lr"] = base * sess.world * sess.accumulation
         # The commits newer than the restored step belong to an abandoned history.
         for c in self._commits:
             if c.step is not None and c.step > self.steps:

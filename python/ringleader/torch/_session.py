@@ -116,6 +116,8 @@ class Session:
         self.generation = 0
         self.rank = 0
         self.world = 1
+        # Micro-batches per step in the current generation (see `elastic.Generation`).
+        self.accumulation = 1
         self.ring: _native.Ring | None = None
         # The generation this process last restored or started in (None: never, a joiner).
         self.last_generation: int | None = None
@@ -170,6 +172,7 @@ class Session:
             if ring is None:
                 continue
             self.ring, self.rank, self.world = ring, g.rank, g.world
+            self.accumulation = g.accumulation
             self.failure = None
             devices = device_backends()
             master = g.addrs[0].rsplit(":", 1)[0].strip("[]")

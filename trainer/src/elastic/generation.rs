@@ -248,6 +248,7 @@ mod tests {
                 rank: pick % ports.len(),
                 addrs: ports.iter().map(|&p| SocketAddr::from(([10, 0, 0, 1], p))).collect(),
                 secret,
+                batch_workers: None,
             };
             let line = g.to_line();
             prop_assert!(!line.contains('\n'));
@@ -284,6 +285,7 @@ mod tests {
             rank: 0,
             addrs: vec![SocketAddr::from(([127, 0, 0, 1], 1))],
             secret: String::new(),
+            batch_workers: None,
         }
     }
 

@@ -343,6 +343,13 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
                     } else {
                         on_event(&failed(generation, c));
                     }
+                    // A step that failed before changing anything leaves the last step's
+                    // state whole: committed, the next generation starts from it.
+                    if trainer.failed_untouched() {
+                        if let Err(e) = trainer.commit() {
+                            warn!(error = %e, "no commit of the last step after a failed one");
+                        }
+                    }
                     log = trainer.take_commits();
                     if left {
                         leave(trainer).await;
@@ -392,6 +399,9 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
         let mut trainer = Trainer::new_on(&self.spec, comm, &self.device, nccl)?;
         trainer.set_faults(self.faults);
         trainer.set_compute_clock(self.compute_clock.clone());
+        // A ring shrunk by a preemption keeps its global batch: before the restore, which
+        // rebases the schedule on it.
+        trainer.set_accumulation(gen.accumulation());
         let restored_step = match &state {
             Some(s) => {
                 trainer.restore(s)?;

@@ -163,6 +163,7 @@ mod tests {
 
     fn step(step: u64, loss: f64) -> StepMetrics {
         StepMetrics {
+            samples_per_step: 0,
             step,
             epoch: 0,
             loss,

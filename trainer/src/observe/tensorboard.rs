@@ -184,6 +184,7 @@ mod tests {
         let t0 = Instant::now();
         let m = |step| StepMetrics {
             step,
+            samples_per_step: 0,
             epoch: 0,
             loss: 1.0,
             lr: 0.1,

@@ -287,6 +287,7 @@ mod tests {
 
     fn metrics(step: u64) -> StepMetrics {
         StepMetrics {
+            samples_per_step: 0,
             step,
             epoch: 0,
             loss: 1.0,

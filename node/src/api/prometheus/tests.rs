@@ -242,3 +242,21 @@ fn the_scheduler_figures_are_labelled_by_user_resource_kind_and_priority() {
         "{text}"
     );
 }
+
+/// `ringleader_preemptions_total`: every action exported, 0 when none, from the replicated
+/// counts.
+#[test]
+fn preemptions_are_counted_by_action() {
+    let counts: BTreeMap<String, u64> = [("shrink".to_owned(), 2), ("pause".to_owned(), 1)]
+        .into_iter()
+        .collect();
+    let text = render_preemptions(&counts);
+    assert!(text.contains("# TYPE ringleader_preemptions_total counter"));
+    for line in [
+        "ringleader_preemptions_total{action=\"shrink\"} 2",
+        "ringleader_preemptions_total{action=\"requeue\"} 0",
+        "ringleader_preemptions_total{action=\"pause\"} 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in {text}");
+    }
+}

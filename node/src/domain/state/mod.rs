@@ -36,6 +36,7 @@ pub mod compaction;
 pub mod datasets;
 pub mod key_epoch;
 pub mod ops;
+pub mod preempt;
 pub mod quotas;
 pub mod removal;
 pub mod standby;
@@ -139,6 +140,9 @@ pub enum EventKind {
     /// copied or failed (on the search job); a trial's job was re-opened to run again (on
     /// the trial's job).
     Trial,
+    /// The job was preempted: asked to checkpoint and stop, then requeued (a shrink is a
+    /// `reformed` event whose reason starts `preempted`).
+    Preempted,
 }
 
 /// One line of a job's history.
@@ -291,6 +295,24 @@ pub struct Job {
     /// [`standby`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby: Option<standby::Standby>,
+    /// A preemption's lasting effect on a running elastic ring: its ceiling, the global
+    /// batch it keeps, a grow under way (see [`preempt`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption: Option<preempt::Preemption>,
+    /// A requeue under way: the ranks were asked to checkpoint and stop (see [`preempt`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopping: Option<preempt::Stopping>,
+    /// Attempts ended by a preemption's requeue: they use none of `max_restarts`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub requeues: u32,
+    /// A requeued job waits while the job it was preempted for is pending (cleared when it
+    /// is placed again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempted_for: Option<JobId>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Why a rank of the current generation is thought lost.
@@ -367,6 +389,10 @@ impl Job {
             trial_of: None,
             cannot_start: BTreeSet::new(),
             standby: None,
+            preemption: None,
+            stopping: None,
+            requeues: 0,
+            preempted_for: None,
         }
     }
 
@@ -432,6 +458,8 @@ impl Job {
         self.finished_at_ms = Some(at_ms);
         self.pending_reason = None;
         self.standby = None;
+        self.stopping = None;
+        self.preemption = None;
         self.push_event(at_ms, what, reason);
     }
 
@@ -442,6 +470,9 @@ impl Job {
         let generation = self.generation + 1;
         self.next_worker = 0;
         self.standby = None;
+        self.stopping = None;
+        self.preemption = None;
+        self.preempted_for = None;
         self.start_generation(generation, slots, secret, at_ms);
         self.departed.clear();
         self.attempt += 1;
@@ -468,6 +499,11 @@ impl Job {
         }
     }
 
+    /// Restarts used: attempts after the first, less those a preemption's requeue ended.
+    pub fn restarts_used(&self) -> u32 {
+        self.attempt.saturating_sub(1).saturating_sub(self.requeues)
+    }
+
     /// Whether the job's ring may shrink or grow instead of restarting: `min_workers <
     /// workers` or `max_workers > workers`.
     pub fn is_elastic(&self) -> bool {
@@ -477,9 +513,16 @@ impl Job {
     /// Ends the current attempt as failed: retry (back to pending) or fail the job.
     fn fail_attempt(&mut self, at_ms: u64, reason: String) {
         debug_assert_eq!(self.state, JobState::Running);
+        if self.stopping.is_some() {
+            // A preemption's requeue the ranks did not finish reporting: it still uses no
+            // restart.
+            self.requeue(at_ms, &format!("stopped ({reason})"));
+            return;
+        }
         // A standby belongs to the attempt.
         self.standby = None;
-        let restarts_used = self.attempt.saturating_sub(1);
+        self.preemption = None;
+        let restarts_used = self.restarts_used();
         if restarts_used < self.max_restarts {
             self.state = JobState::Pending;
             self.push_event(
@@ -653,6 +696,9 @@ pub enum BadCommand {
     /// A key switch whose fingerprint or epoch is not one.
     #[error("{0}")]
     KeySwitch(String),
+    /// A preemption's or grow's reason longer than [`REASON_BYTES_MAX`].
+    #[error("reason: at most {REASON_BYTES_MAX} bytes")]
+    Reason,
     /// A submit whose owner is not a user name (`tokens::check_token_name`).
     #[error("owner: {0}")]
     Owner(String),
@@ -743,6 +789,10 @@ pub struct ControlState {
     /// `domain::state::quotas`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub quotas: BTreeMap<String, quotas::Quota>,
+    /// Preemptions applied, by action (`shrink`, `requeue`, `pause`): the counter
+    /// `ringleader_preemptions_total`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub preemptions: BTreeMap<String, u64>,
 }
 
 impl ControlState {
@@ -888,7 +938,7 @@ pub(super) fn ignored(reason: String) -> ControlResponse {
     ControlResponse::Ignored { reason }
 }
 
-pub(super) fn truncate_at_char(s: &mut String, max: usize) {
+pub(crate) fn truncate_at_char(s: &mut String, max: usize) {
     if s.len() > max {
         let mut end = max;
         while !s.is_char_boundary(end) {

@@ -19,6 +19,9 @@
 //!   is reported lost (a standby: dropped), again in each generation it survives into.
 //! - **Stops**: a kill is SIGKILL at once; a graceful stop tells the rank `ringleader-stop`,
 //!   closes its stdin, sends SIGTERM and SIGKILL after [`STOP_GRACE_MS`].
+//! - **Preemption**: a requeue's stop is a graceful stop with the job's own grace
+//!   (`[preemption] grace_s`) whose exit is reported (the job is requeued once every rank
+//!   is out); asked once, a kill still ends it at once.
 //! - **Exit**: the rank's group is killed with it (unless a graceful stop's grace still
 //!   runs), and its pipes get [`EXIT_DRAIN_MS`] past the exit (or the grace) to deliver
 //!   what they hold; the exit code is the process's (128 + signal for a signal), 0 for a
@@ -86,6 +89,8 @@ pub(crate) struct RankWatch {
     stopped_at_rung: bool,
     /// Killed or stopped by the node: its exit is not reported.
     killed: bool,
+    /// Asked to checkpoint and stop for a preemption: its exit is reported.
+    preempted: bool,
     exited: bool,
     /// When a graceful stop's grace ends (SIGKILL).
     term_deadline: Option<Instant>,
@@ -134,6 +139,7 @@ impl RankWatch {
             rung_deadline: None,
             stopped_at_rung: false,
             killed: false,
+            preempted: false,
             exited: false,
             term_deadline: None,
             drain_deadline: None,
@@ -339,6 +345,20 @@ impl RankWatch {
             Some(Control::Kill) | None => {
                 self.killed = true;
                 vec![Action::Signal(Signal::SIGKILL)]
+            }
+            Some(Control::Preempt { grace_ms }) => {
+                if self.preempted {
+                    return Vec::new();
+                }
+                self.preempted = true;
+                self.term_deadline = Some(now + Duration::from_millis(grace_ms));
+                info!(job = %self.id, rank = self.rank, grace_ms, "preempted: asked to checkpoint and stop");
+                vec![
+                    Action::Log(format!("ringleader: preempted: checkpoint and stop (ringleader-stop, SIGTERM; SIGKILL after {grace_ms} ms)")),
+                    Action::Tell(ringleader_protocol::STOP_LINE.to_owned()),
+                    Action::CloseStdin,
+                    Action::Signal(Signal::SIGTERM),
+                ]
             }
             Some(Control::Stop) => {
                 // A rank that reads control lines is told to stop (and its stdin ends);

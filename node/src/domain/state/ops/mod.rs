@@ -27,11 +27,13 @@ mod cancel;
 mod compact;
 mod dataset_add;
 mod dataset_remove;
+mod grow;
 mod key_switch;
 mod member_remove;
 mod metric;
 mod origin;
 mod place;
+mod preempt;
 mod quota_set;
 mod rank_lost;
 mod rank_stats;
@@ -56,13 +58,14 @@ pub(super) mod testing;
 
 pub use self::{
     attempt_failed::AttemptFailed, blacklist::Blacklist, cancel::Cancel, compact::Compact,
-    dataset_add::DatasetAdd, dataset_remove::DatasetRemove, key_switch::KeySwitch,
-    member_remove::MemberRemove, metric::Metric, origin::Origin, place::Place, quota_set::QuotaSet,
-    rank_lost::RankLost, rank_stats::RankStats, reform::Reform, search_finished::SearchFinished,
-    standby::Standby, standby_dropped::StandbyDropped, standby_ready::StandbyReady, submit::Submit,
-    token_create::TokenCreate, token_revoke::TokenRevoke, trial_copy::TrialCopy,
-    trial_promote::TrialPromote, trial_report::TrialReport, trial_start::TrialStart,
-    unplaceable::Unplaceable, worker_exited::WorkerExited, worker_note::WorkerNote,
+    dataset_add::DatasetAdd, dataset_remove::DatasetRemove, grow::Grow, key_switch::KeySwitch,
+    member_remove::MemberRemove, metric::Metric, origin::Origin, place::Place, preempt::Preempt,
+    quota_set::QuotaSet, rank_lost::RankLost, rank_stats::RankStats, reform::Reform,
+    search_finished::SearchFinished, standby::Standby, standby_dropped::StandbyDropped,
+    standby_ready::StandbyReady, submit::Submit, token_create::TokenCreate,
+    token_revoke::TokenRevoke, trial_copy::TrialCopy, trial_promote::TrialPromote,
+    trial_report::TrialReport, trial_start::TrialStart, unplaceable::Unplaceable,
+    worker_exited::WorkerExited, worker_note::WorkerNote,
 };
 
 /// What a [`ControlCommand`](super::ControlCommand) changes: one variant per command, each
@@ -98,6 +101,10 @@ pub enum Op {
     Blacklist(Blacklist),
     /// A user cancels a job.
     Cancel(Cancel),
+    /// A preemption of one job, whole (see `state::preempt`).
+    Preempt(Preempt),
+    /// A shrunk elastic ring may grow again (see `state::preempt`).
+    Grow(Grow),
     /// The chief starts a search's next trial.
     TrialStart(TrialStart),
     /// The chief promotes a paused trial.
@@ -146,6 +153,8 @@ impl Op {
             Op::RankStats(c) => c,
             Op::Blacklist(c) => c,
             Op::Cancel(c) => c,
+            Op::Preempt(c) => c,
+            Op::Grow(c) => c,
             Op::TrialStart(c) => c,
             Op::TrialPromote(c) => c,
             Op::TrialCopy(c) => c,

@@ -54,7 +54,11 @@ impl Command for Reform {
                 job.spec.min_workers, job.spec.max_workers
             ));
         }
+        if job.stopping.is_some() {
+            return ignored(format!("{id} is checkpointing to be requeued"));
+        }
         job.start_generation(generation, slots, secret, at.at_ms);
+        job.preemption_after_reform();
         job.push_ring_event(at.at_ms, EventKind::Reformed, reason.to_owned());
         ControlResponse::Applied
     }

@@ -47,7 +47,17 @@ impl Command for WorkerExited {
         let what = format!("rank {rank} on {member} exited with code {code}");
         job.exits.insert(rank, code);
         job.push_event(at_ms, EventKind::WorkerExited, what.clone());
-        if code != 0 && !job.is_elastic() {
+        if job.stopping.is_some() {
+            // Asked to checkpoint and stop (a preemption's requeue): whatever the code, the
+            // job is requeued once every rank is out.
+            if job.exits.len() == job.assignment.len() {
+                let how = match job.exits.values().all(|c| *c == 0) {
+                    true => "checkpointed",
+                    false => "stopped",
+                };
+                job.requeue(at_ms, how);
+            }
+        } else if code != 0 && !job.is_elastic() {
             job.fail_attempt(at_ms, what);
         } else if code != 0 {
             // An elastic job goes on without the rank: the chief re-forms the ring, or fails

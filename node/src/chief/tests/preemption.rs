@@ -1,0 +1,276 @@
+//! The chief's side of preemption (`domain::state::preempt`): a shrunk ring stays below its
+//! ceiling until a grow, a requeued job is neither re-formed nor grown and its stop is
+//! ended when overdue or its member is gone, a job requeued for another waits while that
+//! one does, and a chief that dies around the shrink's entry leaves the next chief a state
+//! with the whole shrink or none of it.
+
+use super::*;
+use crate::domain::preempt::{self, Preempt, PreemptAction, STOP_REPORT_SLACK_MS};
+
+const TRAIN: &str = "name = \"t\"\nkind = \"train\"\nworkers = 4\nmin_workers = 1\nmax_workers = 4\n[model]\narch = \"mlp\"\nhidden = [8]\n[data]\ndataset = \"digits\"\n";
+
+fn members(n: usize) -> Vec<MemberView> {
+    (0..n)
+        .map(|i| member(&format!("m{i}"), State::Alive, 1))
+        .collect()
+}
+
+/// Places what is pending on `members` at `now`.
+fn place_all(state: &mut ControlState, members: &[MemberView], now: u64) {
+    let cmds = decide(state, members, now, &mut secret);
+    apply_all(state, &cmds);
+}
+
+fn preempt(
+    state: &mut ControlState,
+    victim: JobId,
+    action: PreemptAction,
+    for_job: Option<JobId>,
+    now: u64,
+) {
+    let ask = Preempt {
+        victim,
+        action,
+        for_job,
+        reason: None,
+    };
+    let cmds = preempt::execute(state, &ask, now, &mut secret).unwrap();
+    apply_all(state, &cmds);
+}
+
+#[test]
+fn a_shrunk_ring_stays_below_its_ceiling_until_a_grow_then_grows_back_in_one_generation() {
+    let members = members(4);
+    let mut state = ControlState::default();
+    let id = submit_text(&mut state, TRAIN);
+    place_all(&mut state, &members, 2);
+    preempt(
+        &mut state,
+        id,
+        PreemptAction::Shrink { to_workers: 2 },
+        None,
+        10,
+    );
+    let later = 10 + REJOIN_AFTER_MS + 1;
+    assert!(
+        decide(&state, &members, later, &mut secret).is_empty(),
+        "no growth past the ceiling with two members free"
+    );
+    let grow = ControlCommand::new(
+        later,
+        Op::Grow(ops::Grow {
+            id,
+            to_workers: 4,
+            reason: "capacity returned".into(),
+        }),
+    );
+    apply_all(&mut state, &[grow]);
+    let cmds = decide(&state, &members, later, &mut secret);
+    let (slots, reason) = reform_of(&cmds);
+    assert_eq!(cmds.len(), 1);
+    assert_eq!(slots.len(), 4, "every free member joins in one generation");
+    assert_eq!(reason, "grown 2 → 4: capacity returned (joined m2, m3)");
+    apply_all(&mut state, &cmds);
+    let job = state.job(id).unwrap();
+    assert_eq!((job.generation, job.attempt), (3, 1));
+    assert_eq!(
+        job.preemption, None,
+        "back to full size: nothing left of it"
+    );
+    assert!(decide(&state, &members, later + 1, &mut secret).is_empty());
+}
+
+const RIGID: &str = "name = \"r\"\nkind = \"command\"\nworkers = 2\nmin_workers = 1\nmax_workers = 2\nmax_restarts = 0\ncommand = [\"true\"]\n";
+
+#[test]
+fn a_requeued_job_is_not_reformed_and_its_stop_ends_when_overdue_or_its_member_is_gone() {
+    let mut members = members(2);
+    let mut state = ControlState::default();
+    let id = submit_text(&mut state, RIGID);
+    place_all(&mut state, &members, 2);
+    preempt(&mut state, id, PreemptAction::Requeue, None, 10);
+    let overdue = state
+        .job(id)
+        .unwrap()
+        .stopping
+        .as_ref()
+        .unwrap()
+        .overdue_at_ms();
+    assert_eq!(overdue, 10 + 30_000 + STOP_REPORT_SLACK_MS);
+    // A rank that exits non-zero meanwhile (SIGTERM) is no loss to re-form around.
+    let exit = ControlCommand::new(
+        20,
+        Op::WorkerExited(ops::WorkerExited {
+            id,
+            generation: 1,
+            rank: 1,
+            code: 143,
+        }),
+    );
+    apply_all(&mut state, &[exit]);
+    assert!(decide(&state, &members, 30, &mut secret).is_empty());
+    let mut overdue_state = state.clone();
+    let cmds = decide(&overdue_state, &members, overdue, &mut secret);
+    assert!(
+        matches!(
+            &cmds[..],
+            [ControlCommand {
+                op: Op::AttemptFailed(ops::AttemptFailed { .. }),
+                ..
+            }]
+        ),
+        "{cmds:?}"
+    );
+    apply_all(&mut overdue_state, &cmds);
+    assert_eq!(overdue_state.job(id).unwrap().state, JobState::Pending);
+    assert_eq!(overdue_state.job(id).unwrap().restarts_used(), 0);
+    // Its member gone, the exit never comes: ended at once.
+    members[0].state = State::Dead;
+    let cmds = decide(&state, &members, 40, &mut secret);
+    let [ControlCommand {
+        op: Op::AttemptFailed(ops::AttemptFailed { reason, .. }),
+        ..
+    }] = &cmds[..]
+    else {
+        panic!("{cmds:?}")
+    };
+    assert_eq!(reason, "rank 0 on m0 gone");
+}
+
+#[test]
+fn a_job_requeued_for_another_waits_while_that_one_does() {
+    let members = members(1);
+    let mut state = ControlState::default();
+    let one =
+        "name = \"o\"\nkind = \"command\"\nworkers = 1\nmax_restarts = 0\ncommand = [\"true\"]\n";
+    let victim = submit_text(&mut state, one);
+    place_all(&mut state, &members, 2);
+    let wanted = submit_text(&mut state, one);
+    place_all(&mut state, &members, 3);
+    assert_eq!(state.job(wanted).unwrap().state, JobState::Pending);
+    preempt(&mut state, victim, PreemptAction::Requeue, Some(wanted), 10);
+    let exit = ControlCommand::new(
+        20,
+        Op::WorkerExited(ops::WorkerExited {
+            id: victim,
+            generation: 1,
+            rank: 0,
+            code: 0,
+        }),
+    );
+    apply_all(&mut state, &[exit]);
+    assert_eq!(state.job(victim).unwrap().state, JobState::Pending);
+    let cmds = decide(&state, &members, 30, &mut secret);
+    let placed: Vec<JobId> = cmds
+        .iter()
+        .filter_map(|c| match &c.op {
+            Op::Place(ops::Place { id, .. }) => Some(*id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        placed,
+        [wanted],
+        "the older victim does not take the room back"
+    );
+    apply_all(&mut state, &cmds);
+    assert_eq!(state.job(victim).unwrap().preempted_for, Some(wanted));
+}
+
+/// The chief dies around the shrink's entry: a new chief deciding on either side of it
+/// finds the job whole (4 ranks, generation 1, as if nothing was asked: the admin asks
+/// again) or shrunk (2 ranks, generation 2, held at 2), never in between; every replica
+/// that applies the log to that point has the same state.
+#[test]
+fn a_chief_that_dies_mid_shrink_leaves_the_whole_shrink_or_none_of_it() {
+    let members = members(4);
+    let mut before = ControlState::default();
+    let id = submit_text(&mut before, TRAIN);
+    place_all(&mut before, &members, 2);
+    let ask = Preempt {
+        victim: id,
+        action: PreemptAction::Shrink { to_workers: 2 },
+        for_job: None,
+        reason: None,
+    };
+    let entry = preempt::execute(&before, &ask, 10, &mut secret).unwrap();
+    assert_eq!(entry.len(), 1);
+    // Died before the entry committed: the new chief has nothing to finish.
+    let later = 10 + REJOIN_AFTER_MS + 1;
+    assert!(decide(&before, &members, later, &mut secret).is_empty());
+    let job = before.job(id).unwrap();
+    assert_eq!(
+        (job.generation, job.assignment.len(), job.preemption.clone()),
+        (1, 4, None)
+    );
+    // Died after: the new chief's replica holds the whole shrink and keeps it.
+    let mut after = before.clone();
+    apply_all(&mut after, &entry);
+    let mut replayed = before.clone();
+    apply_all(&mut replayed, &entry);
+    assert_eq!(replayed, after);
+    assert!(decide(&after, &members, later, &mut secret).is_empty());
+    let job = after.job(id).unwrap();
+    assert_eq!((job.generation, job.assignment.len()), (2, 2));
+    assert_eq!(job.growth_ceiling(), 2);
+    // The old chief's entry proposed again (a retry after the election) changes nothing.
+    let index = after.applied_index + 1;
+    assert!(matches!(
+        after.apply(index, &entry[0]),
+        ControlResponse::Ignored { .. }
+    ));
+}
+
+/// The scheduler's side: a high-priority job that cannot start shrinks a lower-priority
+/// elastic ring (one entry, its history naming the job and its owner), starts on the freed
+/// members, and once it is gone the ring is given its ranks back.
+#[test]
+fn the_scheduler_shrinks_a_low_ring_for_a_high_job_and_gives_the_ranks_back() {
+    let members = members(4);
+    let mut state = ControlState::default();
+    let ring = submit_text(&mut state, TRAIN);
+    place_all(&mut state, &members, 2);
+    assert_eq!(state.job(ring).unwrap().assignment.len(), 4);
+    let high = super::submit_owned(&mut state, "bob", "high", 2);
+    let cmds = decide(&state, &members, 20, &mut secret);
+    let shrink: Vec<_> = cmds
+        .iter()
+        .filter_map(|c| match &c.op {
+            Op::Preempt(e) => Some(e.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(shrink.len(), 1, "{cmds:?}");
+    assert_eq!(shrink[0].id, ring);
+    assert_eq!(shrink[0].action, PreemptAction::Shrink { to_workers: 2 });
+    apply_all(&mut state, &cmds);
+    let job = state.job(ring).unwrap();
+    assert_eq!(job.assignment.len(), 2);
+    let said: Vec<&str> = job.events.iter().map(|e| e.reason.as_str()).collect();
+    let want = format!("preempted for {high} (bob, priority high): shrunk 4 → 2");
+    assert!(said.iter().any(|d| d.starts_with(&want)), "{said:?}");
+    // The next pass starts the high job on the freed members; the ring waits for them.
+    let later = 20 + REJOIN_AFTER_MS + 1;
+    let cmds = decide(&state, &members, later, &mut secret);
+    assert!(
+        cmds.iter()
+            .any(|c| matches!(&c.op, Op::Place(p) if p.id == high)),
+        "{cmds:?}"
+    );
+    assert!(
+        !cmds.iter().any(|c| matches!(&c.op, Op::Grow(_))),
+        "{cmds:?}"
+    );
+    apply_all(&mut state, &cmds);
+    // The high job gone, the capacity is returned to the ring.
+    let cancel = ControlCommand::new(later, Op::Cancel(ops::Cancel { id: high }));
+    apply_all(&mut state, &[cancel]);
+    let cmds = decide(&state, &members, later + 1, &mut secret);
+    assert!(
+        cmds.iter().any(|c| matches!(
+            &c.op,
+            Op::Grow(g) if g.id == ring && g.to_workers == 4 && g.reason == "capacity returned"
+        )),
+        "{cmds:?}"
+    );
+}
