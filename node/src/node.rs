@@ -405,6 +405,11 @@ pub async fn run(config: NodeConfig) -> Result<()> {
     };
     meta.check()
         .map_err(|e| anyhow::anyhow!("this node's metadata: {e} (see --name and --label)"))?;
+    let offers_gpus = !meta.gpus.is_empty();
+    let socket_ifname = crate::jobs::interfaces::interface_of(
+        &crate::jobs::interfaces::host_addresses(),
+        data_addr.ip(),
+    );
     let info = NodeInfo {
         id: peer_id.to_string(),
         name: config.name.clone(),
@@ -525,6 +530,8 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         config.data_dir.join("jobs"),
         config.storage.clone(),
         crate::gpus::inherited_visible_devices(&gpu_source),
+        offers_gpus,
+        socket_ifname,
         rank_libraries,
         crate::jobs::supervisor::NodeKeys::of(ring.as_ref()),
         crate::jobs::process::RankOptions {

@@ -36,11 +36,23 @@ impl RankLibraries {
     /// sets `spec` (`None`: unset): the prefix, then that value or else the node's own,
     /// kept whole ([`cuda_libs::library_path`]). `None`: leave the variable as it is.
     pub fn library_path(&self, spec: Option<&str>) -> Option<String> {
-        let prefix = self.prefix.as_deref()?;
-        Some(cuda_libs::library_path(
-            prefix,
-            spec.or(self.inherited.as_deref()),
-        ))
+        Some(self.before(self.prefix.as_deref()?, spec))
+    }
+
+    /// The `LD_LIBRARY_PATH` of a command rank given devices (a PyTorch script, say): at
+    /// most the link directory (the prefix's first entry), then `spec`'s value or else the
+    /// node's. Never the directories the libraries were found in: a toolkit's or another
+    /// virtualenv's CUDA libraries first on the path break `import torch` when their minor
+    /// version differs from the wheel's (pytorch/pytorch#111469, #134929), and the link
+    /// directory holds only the unversioned names (`libcublas.so`) no wheel loads.
+    pub fn link_dir_path(&self, spec: Option<&str>) -> Option<String> {
+        let link_dir = self.prefix.as_deref()?.split(':').next()?;
+        Some(self.before(link_dir, spec))
+    }
+
+    /// `entries` then `spec`'s path or else the node's.
+    fn before(&self, entries: &str, spec: Option<&str>) -> String {
+        cuda_libs::library_path(entries, spec.or(self.inherited.as_deref()))
     }
 }
 
@@ -130,11 +142,21 @@ mod tests {
             libs.library_path(Some("")).as_deref(),
             Some("/d/cuda-libs:/opt/cuda/lib")
         );
+        // A command rank: the link directory alone before the rest.
+        assert_eq!(
+            libs.link_dir_path(None).as_deref(),
+            Some("/d/cuda-libs:/node/lib")
+        );
+        assert_eq!(
+            libs.link_dir_path(Some("/opt/cuda/lib:/x")).as_deref(),
+            Some("/d/cuda-libs:/opt/cuda/lib:/x")
+        );
         let nothing = RankLibraries {
             prefix: None,
             ..libs
         };
         assert_eq!(nothing.library_path(Some("/spec/lib")), None);
+        assert_eq!(nothing.link_dir_path(Some("/spec/lib")), None);
         assert_eq!(RankLibraries::default().library_path(None), None);
     }
 
