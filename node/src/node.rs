@@ -280,6 +280,7 @@ fn prepare(config: &NodeConfig) -> Result<Prepared> {
     } else {
         let libraries = crate::gpus::libraries::prepare(
             &config.data_dir,
+            crate::gpus::driver_cuda_major(&gpu_source),
             gpu_source == crate::gpus::Source::Driver,
         );
         if config.run_as.is_some() && libraries.prefix.is_some() {

@@ -4,6 +4,11 @@
 //! `libcublas.so.13` nor `libnccl.so.2`, and the loader reads the path only at a process's
 //! start).
 //!
+//! Only majors the driver supports are taken (`cuDriverGetVersion`, [`super::driver_cuda_major`]):
+//! any CUDA 13 file would otherwise win under a 12.x driver, where cuBLAS 13 and NVRTC 13
+//! fail. A command rank (a PyTorch script, whose wheel brings its own libraries) gets the
+//! link directory alone ([`RankLibraries::link_dir_path`]).
+//!
 //! Done only by a node that offers GPUs: only ranks given devices get the path, and only
 //! such a node gives devices. The search is a few `stat`s and one `ldconfig -p`, in both
 //! builds (a command job's ranks may load the libraries through cudarc too).
@@ -56,11 +61,19 @@ impl RankLibraries {
     }
 }
 
-/// Finds this host's libraries, makes `<data_dir>/`[`CUDA_LIBS_DIR`] hold their links, and
+/// Finds this host's libraries of CUDA majors up to `driver_cuda_major`
+/// ([`super::driver_cuda_major`]; `None`: any), makes `<data_dir>/`[`CUDA_LIBS_DIR`] hold their links, and
 /// logs once what was found (info) and, when `warn_missing` (the devices come from the
 /// driver, not the test-only fake source), what is missing and what that costs (warn).
-pub fn prepare(data_dir: &Path, warn_missing: bool) -> RankLibraries {
-    let found = cuda_libs::find(&SearchRoots::of_host());
+pub fn prepare(
+    data_dir: &Path,
+    driver_cuda_major: Option<u32>,
+    warn_missing: bool,
+) -> RankLibraries {
+    let found = cuda_libs::find(&SearchRoots {
+        driver_cuda_major,
+        ..SearchRoots::of_host()
+    });
     let dir = data_dir.join(CUDA_LIBS_DIR);
     let prefix = link(&dir, &found);
     if warn_missing {
@@ -181,7 +194,7 @@ mod tests {
         // Whatever the host has (no CUDA on most test hosts): a prefix exactly when
         // something was found, starting with the link directory.
         let dir = tempfile::tempdir().unwrap();
-        let libs = prepare(dir.path(), false);
+        let libs = prepare(dir.path(), None, false);
         let found = cuda_libs::find(&SearchRoots::of_host());
         match &libs.prefix {
             Some(prefix) => {
