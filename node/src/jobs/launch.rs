@@ -278,10 +278,13 @@ pub fn rank_devices(job: &Job, slot: &Slot) -> Vec<u32> {
     if slot.gpus.is_empty() || job.spec.kind != JobKind::Command {
         return slot.gpus.clone();
     }
+    // `slot` itself even when the assignment lacks it (a standby joiner's, started ahead
+    // of the re-form that takes it in).
     let mut on_host: Vec<&Slot> = job
         .assignment
         .iter()
-        .filter(|s| s.member == slot.member)
+        .filter(|s| s.member == slot.member && s.worker != slot.worker)
+        .chain([slot])
         .collect();
     on_host.sort_by_key(|s| (s.local_rank, s.rank));
     on_host

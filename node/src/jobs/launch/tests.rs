@@ -203,6 +203,15 @@ fn rank_devices_follow_local_rank_not_rank_and_stay_on_the_host() {
         (of(&job, 0), of(&job, 1), of(&job, 2)),
         (vec![5, 3], vec![0], vec![5, 3])
     );
+    // A standby joiner on a, not yet in the assignment: its own devices after the others'.
+    let standby = Slot {
+        worker: 3,
+        rank: 3,
+        local_rank: 2,
+        gpus: vec![1],
+        ..job.assignment[0].clone()
+    };
+    assert_eq!(rank_devices(&job, &standby), [5, 3, 1]);
     job.spec.kind = JobKind::Train;
     assert_eq!((of(&job, 0), of(&job, 2)), (vec![3], vec![5]));
     job.spec.kind = JobKind::Command;
