@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Elastic baseline: how fast PyTorch's own elastic path (torchrun) trains again after a worker
-is SIGKILLed, on this host. Printed beside `ringleader bench-elastic`'s worker-kill figure.
+is SIGKILLed, on this host. Printed beside `ringleader-bench elastic`'s worker-kill figure.
 
 What it runs, per measurement run (`--runs`, 3 by default):
 

@@ -16,9 +16,9 @@
 #   datasets   bench-datasets.sh: fetches from 3 and 1 holders and `get --to DIR` against
 #              iperf3 from the same holders (512 MiB, holders at 300 Mbit/s)
 #   torch      bench-torch.sh PARTS=ddp: PyTorch DDP over ringleader against Gloo
-#   elastic    ringleader bench-elastic --faults worker-kill,host-kill (the Rust trainer)
+#   elastic    ringleader-bench elastic --faults worker-kill,host-kill (the Rust trainer)
 #   search     bench-search.sh PARTS=overhead: 500 trivial trials on 3 nodes
-#   scale      ringleader bench-scale 8 32
+#   scale      ringleader-bench scale 8 32
 #
 # Not a test and not part of CI: timings on a shared host vary, so it is run by hand, on a
 # quiet host, before an issue that touches the node, the collective, the trainer or the
@@ -78,7 +78,10 @@ if [ "$build" = 1 ]; then
         { tail -30 "$out/build.log" >&2; echo "bench-check: the release build failed" >&2; exit 1; }
 fi
 bin=$root/target/release/ringleader
-[ -x "$bin" ] || { echo "bench-check: no $bin (build first, or drop --no-build)" >&2; exit 1; }
+bench=$root/target/release/ringleader-bench
+for b in "$bin" "$bench"; do
+    [ -x "$b" ] || { echo "bench-check: no $b (build first, or drop --no-build)" >&2; exit 1; }
+done
 
 # run PART COMMAND...: the part's standard output to PART.out (and here), its standard error to
 # PART.log; a part that fails leaves its figures MISSING and the others run.
@@ -98,8 +101,8 @@ run allreduce "$here/bench-allreduce.sh" --sizes 64M --worlds 4 --nets loopback,
     --logs "$out/allreduce-logs"
 run datasets env RINGLEADER="$bin" "$here/bench-datasets.sh"
 run torch env PARTS=ddp RINGLEADER_NATIVE="$root/target/release/lib_native.so" "$here/bench-torch.sh"
-run elastic "$bin" bench-elastic --faults worker-kill,host-kill
+run elastic "$bench" elastic --faults worker-kill,host-kill
 run search env PARTS=overhead RINGLEADER="$bin" "$here/bench-search.sh"
-run scale bash -c 'ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"; exec "$0" bench-scale 8 32' "$bin"
+run scale bash -c 'ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"; exec "$0" scale 8 32' "$bench"
 
 python3 "$here/bench_check.py" "$root/docs/benchmarks-floors.toml" "$out"

@@ -11,8 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 profile="${PROFILE:-release}"
 if [ "$profile" = release ]; then
-  cargo build --release --workspace --bin ringleader >&2
+  cargo build --release --workspace --bin ringleader --bin ringleader-bench >&2
 else
-  cargo build --workspace --bin ringleader >&2
+  cargo build --workspace --bin ringleader --bin ringleader-bench >&2
 fi
-exec "target/$profile/ringleader" bench-chief "$@"
+exec "target/$profile/ringleader-bench" chief "$@"

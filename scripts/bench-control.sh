@@ -8,5 +8,5 @@
 # Options are passed through (e.g. --failover-runs 3 --jobs 100 for a quick run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --workspace --bin ringleader >&2
-exec target/release/ringleader bench-control "$@"
+cargo build --release --workspace --bin ringleader --bin ringleader-bench >&2
+exec target/release/ringleader-bench control "$@"

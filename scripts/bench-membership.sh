@@ -12,5 +12,5 @@
 # Options are passed through (e.g. --burn-s 10 --sim 100 for a quick run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --workspace --bin ringleader >&2
-exec target/release/ringleader bench-membership "$@"
+cargo build --release --workspace --bin ringleader --bin ringleader-bench >&2
+exec target/release/ringleader-bench membership "$@"

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Builds the Python package's wheel (python/) with the node binary in it, installs it in a
-# fresh virtualenv and checks that both `import ringleader` and the `ringleader` command work
-# there. Not run by CI (a release build is about 9 minutes on 2 cores); run it before a
-# release. The wheel is left in target/wheels/.
+# Builds the Python package's wheel (python/) with the node binary in it, gives it the
+# platform tag its ELF files really satisfy (`auditwheel show`: the oldest manylinux policy
+# that the extension and the bundled binary both meet), installs it in a fresh virtualenv and
+# checks that both `import ringleader` and the `ringleader` command work there; then a
+# release tarball of the binary alone with its SHA-256. Not run by CI (a release build is
+# about 9 minutes on 2 cores); run it before a release. The wheel is left in target/wheels/,
+# the tarball and its checksum in target/dist/.
 #
 # Usage: scripts/build-wheel.sh [PYTHON]   (default python3; needs Python >= 3.10 and PyPI
 # for maturin)
@@ -26,6 +29,23 @@ PATH="$PWD/$work/build-venv/bin:$PATH" RINGLEADER_NODE_BINARY="$PWD/target/relea
     --no-build-isolation -w target/wheels ./python
 wheel=$(ls -t target/wheels/ringleader-*.whl | head -n1)
 echo "built $wheel ($(du -h "$wheel" | cut -f1))"
+# The platform tag: what auditwheel finds the wheel's ELF files (the extension and the node
+# binary) consistent with, in place of the build's `linux_x86_64`, which pip would take for
+# a promise about no glibc at all.
+"$work/build-venv/bin/pip" install --quiet --disable-pip-version-check auditwheel "wheel>=0.42"
+shown=$("$work/build-venv/bin/auditwheel" show "$wheel")
+echo "$shown" | sed 's/^/auditwheel: /'
+plat=$(echo "$shown" | tr -d '\n' | grep -oE 'consistent with the following platform tag: *"[a-z0-9_]+"' |
+    grep -oE '"[a-z0-9_]+"' | tr -d '"')
+[ -n "$plat" ] || { echo "build-wheel: auditwheel named no platform tag" >&2; exit 1; }
+case $wheel in
+    *"$plat"*) ;;
+    *)
+        "$work/build-venv/bin/python" -m wheel tags --remove --platform-tag "$plat" "$wheel" >/dev/null
+        wheel=$(ls -t target/wheels/ringleader-*"$plat"*.whl | head -n1)
+        ;;
+esac
+echo "tagged $wheel"
 # A fresh virtualenv, in a directory of its own so nothing resolves from the checkout.
 "$python" -m venv "$work/venv"
 "$work/venv/bin/pip" install --quiet --disable-pip-version-check "$wheel"
@@ -37,3 +57,15 @@ cd "$work"
 ./venv/bin/ringleader --help | head -n 3
 ./venv/bin/ringleader --version
 echo "wheel ok: $wheel"
+cd - >/dev/null
+# The release tarball: the binary, the README and the deployments' files, with its checksum.
+version=$(target/release/ringleader --version | awk '{print $2}')
+name="ringleader-$version-$(uname -m)-linux"
+rm -rf "target/dist/$name"
+mkdir -p "target/dist/$name"
+cp target/release/ringleader README.md "target/dist/$name/"
+cp -r deploy "target/dist/$name/"
+tar -C target/dist -czf "target/dist/$name.tar.gz" "$name"
+rm -rf "target/dist/$name"
+(cd target/dist && sha256sum "$name.tar.gz" > "$name.tar.gz.sha256")
+echo "tarball ok: target/dist/$name.tar.gz ($(du -h "target/dist/$name.tar.gz" | cut -f1)), $(cut -c1-16 "target/dist/$name.tar.gz.sha256")…"

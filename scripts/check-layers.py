@@ -36,9 +36,11 @@ from collections import defaultdict
 # The crates checked: (name, source root, whether docs/design.md's table governs it).
 CRATES = [
     ("node", "node/src", True),
+    ("bench", "node/bench/src", False),
     ("trainer", "trainer/src", False),
+    ("spec", "trainer/spec/src", False),
     ("collective", "collective/src", False),
-    ("collective-protocol", "collective/protocol/src", False),
+    ("protocol", "protocol/src", False),
     ("python", "python/src", False),
 ]
 DESIGN = "docs/design.md"

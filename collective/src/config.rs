@@ -125,6 +125,7 @@ impl Default for Limits {
 
 impl Limits {
     /// Short timers and small chunks, so tests exercise pipelining and fail fast.
+    #[cfg(any(test, feature = "testing"))]
     pub fn for_test() -> Self {
         Limits {
             connect_timeout_ms: 5_000,
@@ -192,6 +193,7 @@ impl Default for NcclConfig {
 impl NcclConfig {
     /// Short timers for tests. The set-up deadline (10 s) is still long enough for NCCL to
     /// set up a world of one on a busy host.
+    #[cfg(any(test, feature = "testing"))]
     pub fn for_test() -> Self {
         NcclConfig {
             heartbeat_interval_ms: 10,

@@ -76,6 +76,7 @@ pub use error::{
 pub use half::{bf16, f16};
 pub use nccl::{nccl_available, NcclCommunicator};
 
+#[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub mod testing {
     //! Hooks for integration tests of this workspace (not a stable API).

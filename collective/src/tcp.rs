@@ -494,6 +494,7 @@ pub(crate) async fn establish(
 
 /// Dials `addr` once as rank `from` of (`group_id`, `generation`) keyed by `secret` and runs
 /// the dialer side of the handshake to `to`. For tests of the refusal paths.
+#[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]
 pub async fn probe_handshake(
     addr: SocketAddr,

@@ -54,6 +54,8 @@ fn main() {
         Cmd::Token(cmd) => ringleader::cli::tokens::run(&cli, cmd),
         Cmd::Member(cmd) => ringleader::cli::tokens::run_member(&cli, cmd),
         Cmd::Key(cmd) => ringleader::cli::keys::run(&cli, cmd),
+        Cmd::Quota(cmd) => ringleader::cli::sharing::run_quota(&cli, cmd),
+        Cmd::Queue => ringleader::cli::sharing::run_queue(&cli),
         Cmd::Logs {
             id,
             follow,
@@ -62,11 +64,6 @@ fn main() {
         Cmd::TrainWorker(args) => ringleader::cli::train_worker::run_worker(args.clone()),
         Cmd::Demo => ringleader::cli::demo::run(),
         Cmd::Keygen { file } => ringleader::cli::keygen(file.clone()),
-        Cmd::BenchMembership(args) => ringleader::cli::bench_membership::run(args),
-        Cmd::BenchChief(args) => ringleader::cli::bench_chief::run(args),
-        Cmd::BenchControl(args) => ringleader::cli::bench_control::run(args),
-        Cmd::BenchScale(args) => ringleader::cli::bench_scale::run(args),
-        Cmd::BenchElastic(args) => ringleader::cli::bench_elastic::run(args),
     };
     if let Err(e) = result {
         if ringleader::cli::closed_pipe::is_closed_pipe(&e) {

@@ -77,6 +77,8 @@ pub struct NodeConfig {
     pub raft_snapshot_every: u64,
     /// Ended jobs leave the live state this long after they finished, seconds (0: never).
     pub job_retention_s: u64,
+    /// How the chief places waiting jobs while this node is chief (`--scheduler`).
+    pub scheduler: crate::chief::scheduler::Policy,
     /// The API server's caps, timeouts and extra names (`--api-host`).
     pub api_limits: crate::api::server::ApiLimits,
     /// The user ranks run as (`--run-as`, resolved and checked at start; `None`: the
@@ -456,6 +458,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
     background.spawn(crate::chief::driver::run(
         control.clone(),
         config.job_retention_s.saturating_mul(1000),
+        config.scheduler,
     ));
     // Under --run-as a job's record goes into a place its ranks own: written through a
     // rename, never through a link they left (see `security::run_as`).

@@ -13,7 +13,7 @@
 //!    datagram. Each member writes it beside its key file (`<key file>.next`, 0600) and holds
 //!    it as pending ([`KeyRing::offer`]); it answers with the key's fingerprint.
 //! 3. Only when every one of them answered with the right fingerprint is
-//!    `Op::KeySwitch { epoch, fingerprint }` proposed. If any did not, nothing switches:
+//!    `Op::KeySwitch` (its epoch and fingerprint) proposed. If any did not, nothing switches:
 //!    the request fails naming those members, and a retry starts again with a fresh key
 //!    (a pending key is replaced by the next offer).
 //! 4. Every member applies the switch when its replica applies the entry ([`follow`]): the

@@ -74,7 +74,7 @@ fn commands() -> Vec<ControlCommand> {
         // 3: j-3, a search.
         ControlCommand { op: Op::Submit(ops::Submit { spec: spec(SEARCH), token: None, owner: ringleader::domain::state::users::admin_user() }), at_ms: 1_002 },
         ControlCommand { op: Op::Place(ops::Place { id: j(1), generation: 1, slots: vec![slot(0, 0, vec![0]), slot(1, 1, vec![])], secret: secret('a') }), at_ms: 1_010 },
-        ControlCommand { op: Op::Unplaceable(ops::Unplaceable { id: j(2), reason: "no member has 1 free cpu".into() }), at_ms: 1_011 },
+        ControlCommand { op: Op::Unplaceable(ops::Unplaceable { id: j(2), reason: "no member has 1 free cpu".into(), quiet: false }), at_ms: 1_011 },
         ControlCommand { op: Op::Place(ops::Place { id: j(2), generation: 1, slots: vec![slot(2, 0, vec![]), slot(3, 1, vec![])], secret: secret('b') }), at_ms: 1_012 },
         ControlCommand { op: Op::Metric(ops::Metric { id: j(1), generation: 1, name: "loss".into(), value: 0.5, step: Some(3) }), at_ms: 1_020 },
         ControlCommand { op: Op::RankStats(ops::RankStats { id: j(2), generation: 1, rank: 0, step: 10, compute_ms: 12.5, wait_ms: 0.25 }), at_ms: 1_021 },

@@ -131,7 +131,7 @@ fn fake_gpus_are_advertised_restricted_and_given_to_one_rank_each() {
     assert_eq!(doc.state, "pending");
     assert_eq!(
         doc.pending_reason.as_deref(),
-        Some("needs 2 workers with 1 cpu and 1 gpu each; 2 alive members have room for 1")
+        Some("gang of 2: at most 1 fit now")
     );
     let single = client.submit(&spec("single", 1)).unwrap();
     assert_eq!(rank_lines(&c, &single, 1), ["rank=0 CVD=1"]);

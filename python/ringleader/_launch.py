@@ -113,7 +113,8 @@ def launch_spec(fn: Callable[..., Any], params: dict[str, Any], *, algorithm: st
                 max_parallel: int | None = None, workers: int = 1,
                 resource: int | str | None = None, resumable: bool | None = None,
                 python: str = "python3", name: str | None = None,
-                env: dict[str, str] | None = None, **search: Any) -> dict[str, Any]:
+                env: dict[str, str] | None = None, priority: int | str | None = None,
+                **search: Any) -> dict[str, Any]:
     """The search spec (a dict) that `Client.launch` submits; the arguments are its."""
     if not callable(fn):
         raise TypeError(f"launch: fn is a function, not {type(fn).__name__}")
@@ -138,7 +139,7 @@ def launch_spec(fn: Callable[..., Any], params: dict[str, Any], *, algorithm: st
         # Each run goes to its rung and ends; ASHA and Hyperband pause and promote trials.
         search_table["resumable"] = True
     search_table.update(search)
-    return {
+    spec: dict[str, Any] = {
         "name": name or _job_name(fn),
         "kind": "search",
         "workers": workers,
@@ -151,3 +152,6 @@ def launch_spec(fn: Callable[..., Any], params: dict[str, Any], *, algorithm: st
         ],
         "search": search_table,
     }
+    if priority is not None:
+        spec["priority"] = priority
+    return spec

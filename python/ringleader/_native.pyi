@@ -10,13 +10,38 @@ __all__ = [
     "Aborted", "HandshakeRefused", "Listener", "PeerLost", "Ring", "RingError", "RingTimeout",
     "metric_line", "report_line", "rank_stats_line", "heartbeat_line", "ready_line",
     "elastic_failed_line", "elastic_resumed_line", "parse_rank_line", "VERSION",
-    "PROTOCOL_VERSION", "PROTOCOL_VERSION_ENV", "GOLDEN_LINES",
+    "PROTOCOL_VERSION", "GOLDEN_LINES", "PROTOCOL_VERSION_ENV", "JOB_ID_ENV", "ATTEMPT_ENV",
+    "GENERATION_ENV", "SEARCH_ID_ENV", "TRIAL_ID_ENV", "TRIAL_COPY_ENV", "TRIAL_RESOURCE_ENV",
+    "TRIAL_RESUMABLE_ENV", "PARAMS_ENV", "PARAM_PREFIX_ENV", "ELASTIC_PROTOCOL_ENV",
+    "STANDBY_ENV", "DATASET_DIR_ENV", "SECRET_ENV", "STORAGE_ENV", "GPUS_ENV",
+    "CHECKPOINT_URL_ENV", "CHECKPOINT_TOKEN_ENV", "CHECKPOINT_TLS_SHA256_ENV", "NO_SHM_ENV",
 ]
 
 VERSION: Final[str]
 PROTOCOL_VERSION: Final[int]
-PROTOCOL_VERSION_ENV: Final[str]
 GOLDEN_LINES: Final[str]
+# The rank environment's names (the protocol crate's `env`): `JOB_ID_ENV == "RINGLEADER_JOB_ID"`.
+PROTOCOL_VERSION_ENV: Final[str]
+JOB_ID_ENV: Final[str]
+ATTEMPT_ENV: Final[str]
+GENERATION_ENV: Final[str]
+SEARCH_ID_ENV: Final[str]
+TRIAL_ID_ENV: Final[str]
+TRIAL_COPY_ENV: Final[str]
+TRIAL_RESOURCE_ENV: Final[str]
+TRIAL_RESUMABLE_ENV: Final[str]
+PARAMS_ENV: Final[str]
+PARAM_PREFIX_ENV: Final[str]
+ELASTIC_PROTOCOL_ENV: Final[str]
+STANDBY_ENV: Final[str]
+DATASET_DIR_ENV: Final[str]
+SECRET_ENV: Final[str]
+STORAGE_ENV: Final[str]
+GPUS_ENV: Final[str]
+CHECKPOINT_URL_ENV: Final[str]
+CHECKPOINT_TOKEN_ENV: Final[str]
+CHECKPOINT_TLS_SHA256_ENV: Final[str]
+NO_SHM_ENV: Final[str]
 
 # Rank lines, without the newline; ValueError when the line would not read back as given.
 def metric_line(name: str, value: float, step: int | None = None) -> str: ...

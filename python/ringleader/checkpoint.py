@@ -21,13 +21,13 @@ import re
 import urllib.parse
 from typing import Any
 
-from . import _errors
+from . import _errors, _native
 from .client import _PinnedHTTPSConnection
 from .rank import Environ
 
-URL_ENV = "RINGLEADER_CHECKPOINT_URL"
-TOKEN_ENV = "RINGLEADER_CHECKPOINT_TOKEN"
-TLS_ENV = "RINGLEADER_CHECKPOINT_TLS_SHA256"
+URL_ENV = _native.CHECKPOINT_URL_ENV
+TOKEN_ENV = _native.CHECKPOINT_TOKEN_ENV
+TLS_ENV = _native.CHECKPOINT_TLS_SHA256_ENV
 
 # The most bytes one checkpoint may hold (the node's CHECKPOINT_BYTES_MAX, 64 MiB).
 CHECKPOINT_BYTES_MAX = 64 << 20

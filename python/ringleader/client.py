@@ -319,6 +319,33 @@ class Client:
                 return jobs
             before = page[0]["id"]
 
+    def queue(self) -> list[Doc]:
+        """The waiting jobs in the order they will start (`ringleader queue --json`'s
+        `jobs`): `[{position, id, name, owner, priority, priority_label,
+        effective_priority, workers, cpus_per_worker, gpus_per_worker, submitted_at_ms,
+        pending_reason}]`."""
+        doc = self.request("GET", "/v1/queue")
+        jobs: list[Doc] = doc["jobs"]
+        return jobs
+
+    def quotas(self) -> list[Doc]:
+        """Each user's use against its quota (`ringleader quota ls --json`): `[{user,
+        quota, used: {cpus, gpus}, borrowed: {cpus, gpus}, gpu_hours_used?}]`."""
+        rows: list[Doc] = self.request("GET", "/v1/quotas")
+        return rows
+
+    def set_quota(self, user: str, *, cpus: int | None = None, gpus: int | None = None,
+                  borrow_cpus: int | None = None, borrow_gpus: int | None = None,
+                  gpu_hours: float | None = None, weight: int | None = None,
+                  max_priority: int | None = None, group: str | None = None) -> Doc:
+        """Sets the fields given of `user`'s (or `@GROUP`'s) quota, as `ringleader quota
+        set` does (the admin token only: Forbidden otherwise); returns `{user, quota}`."""
+        body = {"user": user, "cpus": cpus, "gpus": gpus, "borrow_cpus": borrow_cpus,
+                "borrow_gpus": borrow_gpus, "gpu_hours": gpu_hours, "weight": weight,
+                "max_priority": max_priority, "group": group}
+        answer: Doc = self.request("POST", "/v1/quotas", body)
+        return answer
+
     def job(self, id: str) -> "Job":
         """The job `id` (a `Search` for a search), fetched at once: NotFound if there is none."""
         doc = self.request("GET", f"/v1/jobs/{urllib.parse.quote(str(id))}")
@@ -330,7 +357,8 @@ class Client:
                trials: int | None = None, max_parallel: int | None = None, workers: int = 1,
                resource: int | str | None = None, resumable: bool | None = None,
                python: str = "python3", name: str | None = None,
-               env: dict[str, str] | None = None, **search: Any) -> "Search":
+               env: dict[str, str] | None = None, priority: int | str | None = None,
+               **search: Any) -> "Search":
         """Runs `fn(**params)` as the command trials of a search; returns the `Search`
         (`.wait()` gives the final document, `.best` the best trial).
 
@@ -359,13 +387,16 @@ class Client:
         report).
 
         `env`: extra environment of the trials (e.g. a `PYTHONPATH` that holds the
-        package); the other keywords go into `[search]` (`seed`, `min_resource`,
+        package); `priority`: the search's (and its trials') priority, `"low"`,
+        `"normal"`, `"high"` or 0 to 1000 (README *Sharing a cluster*); the other keywords
+        go into `[search]` (`seed`, `min_resource`,
         `reduction_factor`, `stopping`, …).
         """
         spec = _launch.launch_spec(
             fn, params, algorithm=algorithm, metric=metric, direction=direction,
             trials=trials, max_parallel=max_parallel, workers=workers, resource=resource,
-            resumable=resumable, python=python, name=name, env=env, **search)
+            resumable=resumable, python=python, name=name, env=env, priority=priority,
+            **search)
         job = self.submit(spec)
         assert isinstance(job, Search)
         return job
@@ -528,6 +559,13 @@ class Job:
     @property
     def done(self) -> bool:
         return self.state in TERMINAL_STATES
+
+    @property
+    def pending_reason(self) -> str | None:
+        """Why the job waits, as of the last fetch (None unless it is pending and the
+        chief has said why)."""
+        reason = self.doc.get("pending_reason")
+        return None if reason is None else str(reason)
 
     def refresh(self: _J) -> _J:
         """Fetches the job's document again; returns self."""

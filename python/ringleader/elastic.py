@@ -33,8 +33,8 @@ from typing import IO, Any
 from . import _native
 from .rank import Environ, _emit
 
-PROTOCOL_ENV = "RINGLEADER_ELASTIC_PROTOCOL"
-STANDBY_ENV = "RINGLEADER_STANDBY"
+PROTOCOL_ENV = _native.ELASTIC_PROTOCOL_ENV
+STANDBY_ENV = _native.STANDBY_ENV
 GENERATION_PREFIX = "ringleader-generation "
 STOP_LINE = "ringleader-stop"
 # Longest line read from stdin, bytes (the protocol's bound on a node line).

@@ -19,12 +19,13 @@ from .documents import TrialContext
 Environ = Mapping[str, str]
 """An environment: `os.environ` when None is given."""
 
-PARAM_PREFIX = "RINGLEADER_PARAM_"
-PARAMS_ENV = "RINGLEADER_PARAMS"
+# The node's names for what it tells a rank, from the protocol crate (`_native`).
+PARAM_PREFIX = _native.PARAM_PREFIX_ENV
+PARAMS_ENV = _native.PARAMS_ENV
 # The rung this run must reach (epochs), and whether the run ends there (a `resumable = true`
 # search's command trial: the node stops it there, and a promotion starts a new run).
-RUNG_ENV = "RINGLEADER_TRIAL_RESOURCE"
-RESUMABLE_ENV = "RINGLEADER_TRIAL_RESUMABLE"
+RUNG_ENV = _native.TRIAL_RESOURCE_ENV
+RESUMABLE_ENV = _native.TRIAL_RESUMABLE_ENV
 
 _lock = threading.Lock()
 _stop = threading.Event()
@@ -79,14 +80,14 @@ def trial(environ: Environ | None = None) -> TrialContext | None:
     when this run ends at `rung` and a promotion resumes the trial in a new run, from its
     checkpoint: `RINGLEADER_TRIAL_RESUMABLE=1`, a `resumable = true` search)."""
     env = os.environ if environ is None else environ
-    if "RINGLEADER_TRIAL_ID" not in env:
+    if _native.TRIAL_ID_ENV not in env:
         return None
     rung = env.get(RUNG_ENV)
     return TrialContext.of(
-        search=env.get("RINGLEADER_SEARCH_ID"),
-        trial=int(env["RINGLEADER_TRIAL_ID"]),
-        copy=env.get("RINGLEADER_TRIAL_COPY", "0") == "1",
-        job=env.get("RINGLEADER_JOB_ID"),
+        search=env.get(_native.SEARCH_ID_ENV),
+        trial=int(env[_native.TRIAL_ID_ENV]),
+        copy=env.get(_native.TRIAL_COPY_ENV, "0") == "1",
+        job=env.get(_native.JOB_ID_ENV),
         rung=int(rung) if rung else None,
         resumable=env.get(RESUMABLE_ENV) == "1",
     )
@@ -105,7 +106,7 @@ def dataset_dir(environ: Environ | None = None) -> str | None:
     """The directory of the shared dataset the spec's `[data] dataset` names, fetched onto
     this rank's node before it started (`RINGLEADER_DATASET_DIR`), or None without one."""
     env = os.environ if environ is None else environ
-    return env.get("RINGLEADER_DATASET_DIR") or None
+    return env.get(_native.DATASET_DIR_ENV) or None
 
 
 def _emit(line: str, file: IO[str] | None) -> None:

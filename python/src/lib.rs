@@ -7,6 +7,9 @@
 //! distributions) is pure Python with the standard library only (`ringleader.torch`, the
 //! PyTorch backend, also imports torch).
 //!
+//! The names of a rank's environment come from the same crate (`ringleader_protocol::env`,
+//! here `JOB_ID_ENV`, `PARAMS_ENV`, …), so the package reads what the node writes.
+//!
 //! It also carries the data plane for Python: `Ring`, one rank of a `collective` group
 //! (allreduce, reduce-scatter, allgather, broadcast, barrier on buffers given by address,
 //! the GIL released for each transfer), which `ringleader.torch` builds its
@@ -43,12 +46,20 @@ mod _native {
     /// The rank protocol's version this package speaks.
     #[pymodule_export]
     const PROTOCOL_VERSION: u32 = ringleader_protocol::PROTOCOL_VERSION;
-    /// The environment variable in which the node gives a rank its protocol version.
-    #[pymodule_export]
-    const PROTOCOL_VERSION_ENV: &str = ringleader_protocol::PROTOCOL_VERSION_ENV;
-    /// The protocol's golden lines (`collective/protocol/golden/lines.txt`), for tests.
+    /// The protocol's golden lines (`protocol/golden/lines.txt`), for tests.
     #[pymodule_export]
     const GOLDEN_LINES: &str = ringleader_protocol::GOLDEN_LINES;
+
+    /// The rank environment's names (`ringleader_protocol::env`), each as `<NAME>_ENV`
+    /// (`JOB_ID_ENV == "RINGLEADER_JOB_ID"`, `PROTOCOL_VERSION_ENV`, …): the package reads
+    /// a rank's environment with these, never with its own spelling.
+    #[pymodule_init]
+    fn init(module: &Bound<'_, PyModule>) -> PyResult<()> {
+        for (constant, name) in ringleader_protocol::env::ALL {
+            module.add(format!("{constant}_ENV"), *name)?;
+        }
+        Ok(())
+    }
 
     /// `line` if it parses back to the same line, else `ValueError` with why.
     fn checked(line: RankLine) -> PyResult<String> {

@@ -4,6 +4,7 @@ trials that use the package inside them, datasets, and bad input."""
 import os
 import subprocess
 import textwrap
+import time
 
 import pytest
 
@@ -257,3 +258,25 @@ def test_datasets_add_ls_get(client, tmp_path):
     assert (to / "a.txt").read_text() == "alpha\n"
     with pytest.raises(ringleader.NotFound):
         client.get_dataset("py-none")
+
+
+def test_a_quota_holds_a_job_with_its_reason_in_the_queue(client):
+    # The admin's quota is no cpu and no borrowing: a job waits, saying why.
+    client.set_quota("admin", cpus=0, borrow_cpus=0)
+    try:
+        job = client.submit(command_job("py-held", ["true"], priority="high"))
+        deadline = time.monotonic() + JOB_WAIT_S
+        while job.refresh().pending_reason is None:
+            assert time.monotonic() < deadline, job.doc
+            time.sleep(0.1)
+        assert job.state == "pending"
+        assert job.pending_reason == "waiting for 1 cpu: admin's quota 0/0 cpus in use"
+        [row] = [r for r in client.queue() if r["id"] == job.id]
+        assert row["owner"] == "admin" and row["priority_label"] == "high"
+        assert row["pending_reason"] == job.pending_reason
+        [quota] = [q for q in client.quotas() if q["user"] == "admin"]
+        assert quota["quota"] == {"cpus": 0, "borrow_cpus": 0}
+        job.cancel()
+    finally:
+        # Back to room for every later test.
+        client.set_quota("admin", cpus=1_000_000, borrow_cpus=1_000_000)

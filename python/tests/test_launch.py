@@ -243,6 +243,9 @@ def test_the_spec_launch_writes():
                  _launch.launch_spec(quadratic, {"x": [1, 2]}),
                  _launch.launch_spec(quadratic, {"x": [1, 2]}, algorithm="random", trials=2)):
         assert "resumable" not in spec["search"], spec["search"]
+    # A priority goes to the spec (and so to every trial); none leaves the default.
+    assert _launch.launch_spec(quadratic, {"x": [1]}, priority="high")["priority"] == "high"
+    assert "priority" not in _launch.launch_spec(quadratic, {"x": [1]})
     with pytest.raises(TypeError):
         _launch.launch_spec(42, {})
 

@@ -24,6 +24,21 @@ def golden():
             yield tag, text
 
 
+def test_the_rank_environment_names_are_the_protocol_crates():
+    """`_native`'s `<NAME>_ENV` are the node's names (the protocol crate's `env`), each one
+    documented in docs/protocol.md."""
+    names = {k: v for k, v in vars(_native).items() if k.endswith("_ENV")}
+    assert names["JOB_ID_ENV"] == "RINGLEADER_JOB_ID"
+    assert names["PARAM_PREFIX_ENV"] == "RINGLEADER_PARAM_"
+    assert names["PROTOCOL_VERSION_ENV"] == "RINGLEADER_PROTOCOL_VERSION"
+    assert len(names) >= 20, names
+    with open(os.path.join(PYTHON_DIR, "..", "docs", "protocol.md"), encoding="utf-8") as f:
+        doc = f.read()
+    for constant, name in names.items():
+        assert name.startswith("RINGLEADER_"), constant
+        assert f"`{name}" in doc, f"{name} is not in docs/protocol.md"
+
+
 def test_golden_rank_lines_read_as_the_node_reads_them():
     seen = {"rank-ok": 0, "rank-bad": 0}
     for tag, text in golden():

@@ -16,7 +16,7 @@ use crate::spec::{is_builtin_dataset, DataSpec};
 /// The shipped digits (see `examples/data/README.md`): gzip of a small binary format.
 static DIGITS_GZ: &[u8] = include_bytes!("../../examples/data/digits.bin.gz");
 /// The directory holding the job's shared dataset (an absolute path; set by the node).
-pub const DATASET_DIR_ENV: &str = "RINGLEADER_DATASET_DIR";
+pub use ringleader_protocol::env::DATASET_DIR as DATASET_DIR_ENV;
 /// Digits records in the training split (the first ones); the rest (297) validate.
 pub const DIGITS_TRAIN: usize = 1500;
 /// Digits records in the file.
@@ -29,7 +29,7 @@ const DIGITS_RAW_BYTES_MAX: usize = 1 << 20;
 static PROJECT_TEXT: &[&str] = &[
     include_str!("../../examples/data/README.md"),
     include_str!("lib.rs"),
-    include_str!("spec.rs"),
+    include_str!("../spec/src/train.rs"),
     include_str!("dataset.rs"),
     include_str!("sampler.rs"),
     include_str!("model.rs"),

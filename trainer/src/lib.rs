@@ -22,7 +22,8 @@
 //! `--elastic`, generations from the node on stdin), used by the `train-worker` binary and
 //! the node.
 //! [`search`] holds the hyperparameter-search algorithms (grid, random, ASHA, Hyperband,
-//! TPE, median stopping) as pure functions of a search's trial table.
+//! TPE, median stopping) as pure functions of a search's trial table; it and the spec's
+//! tables are the `ringleader-spec` crate's, re-exported here.
 //! [`observe`] shows a job beyond its metric lines: rank 0's TensorBoard event files under
 //! `jobs/<job-id>/tb/` and the ranks' phase timeline `jobs/<job-id>/timeline.json` (Chrome
 //! trace events), both in the job's storage, written by [`worker::run`].
@@ -48,9 +49,7 @@ mod optimizer;
 pub mod redact;
 mod sampler;
 mod schedule;
-pub mod search;
 pub mod shared_dataset;
-mod spec;
 mod state;
 mod test_hooks;
 mod trainer;
@@ -74,15 +73,19 @@ pub use layers::{LayerEngine, LayerGrads, Layers};
 pub use mlp::Mlp;
 pub use model::Model;
 pub use optimizer::Optimizer;
+use ringleader_spec as spec;
+/// The job spec's trainer tables and the search, from their own crate (no candle), under
+/// the names this crate's users know (`trainer::TrainSpec`, `trainer::search`); the
+/// trainer's own files name them as `crate::spec::…`.
+pub use ringleader_spec::{
+    check_dataset_name, is_builtin_dataset, search, Arch, CheckpointSpec, DataSpec, DecayKind,
+    FieldError, GradCompression, LrScaling, ModelSpec, OptimizerKind, SpecError, SufficientFactors,
+    TrainParams, TrainSpec, BATCH_PER_WORKER_MAX, BUILTIN_DATASETS, DATASET_NAME_BYTES_MAX,
+    HIDDEN_LAYERS_MAX, SYNTHETIC_CLASSES_MAX, SYNTHETIC_VALUES_MAX, WIDTH_MAX,
+};
 pub use sampler::{DataCursor, Sampler};
 pub use schedule::LrSchedule;
 pub use shared_dataset::write_shared_dataset;
-pub use spec::{
-    check_dataset_name, is_builtin_dataset, Arch, CheckpointSpec, DataSpec, DecayKind, FieldError,
-    GradCompression, LrScaling, ModelSpec, OptimizerKind, SufficientFactors, TrainParams,
-    TrainSpec, BATCH_PER_WORKER_MAX, BUILTIN_DATASETS, DATASET_NAME_BYTES_MAX, HIDDEN_LAYERS_MAX,
-    SYNTHETIC_CLASSES_MAX, SYNTHETIC_VALUES_MAX, WIDTH_MAX,
-};
 pub use state::{splitmix64, NamedTensor, StateMeta, TrainState, STATE_FORMAT, TENSOR_ELEMS_MAX};
 pub use trainer::{
     EpochMetrics, Event, RunEnd, StepMetrics, Trainer, BUCKET_BYTES, EVAL_BATCH_SAMPLES,

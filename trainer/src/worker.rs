@@ -71,6 +71,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use collective::{Communicator, GroupConfig, Limits};
 use opendal::Operator;
+use ringleader_protocol::env as rank_env;
 use tracing::warn;
 
 use crate::elastic::{
@@ -140,12 +141,12 @@ pub struct WorkerArgs {
     #[arg(long, default_value = "ringleader-data")]
     pub data_dir: std::path::PathBuf,
     /// Checkpoint storage URL; default `file://<data-dir>/store`.
-    #[arg(long, env = "RINGLEADER_STORAGE", hide_env_values = true)]
+    #[arg(long, env = rank_env::STORAGE, hide_env_values = true)]
     pub storage: Option<String>,
     /// Shared secret authenticating the data-plane connections.
     #[arg(
         long,
-        env = "RINGLEADER_SECRET",
+        env = rank_env::SECRET,
         default_value = "local-train",
         hide_env_values = true
     )]
@@ -174,7 +175,7 @@ pub struct WorkerArgs {
     /// goes over TCP. For hosts emulated in network namespaces, which share `/dev/shm` and
     /// would otherwise bypass their rate-limited links. A job sets it for its workers with
     /// `RINGLEADER_NO_SHM = "true"` in its `env`.
-    #[arg(long, env = "RINGLEADER_NO_SHM")]
+    #[arg(long, env = rank_env::NO_SHM)]
     pub no_shm: bool,
     /// Elastic: survive lost ranks; later generations arrive on stdin as control lines
     /// (see the module doc), a stop line or the end of stdin ends the worker.

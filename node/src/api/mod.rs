@@ -13,6 +13,7 @@
 //! | `/v1/datasets…` | datasets shared peer to peer ([`datasets`]) |
 //! | `GET`/`POST /v1/tokens`, `DELETE /v1/tokens/{name}` | API tokens ([`tokens`]; making and revoking them: the admin token only) |
 //! | `POST /v1/members/{id}/remove` | removes a member (id or name) for good (the admin token only) |
+//! | `GET`/`POST /v1/quotas`, `GET /v1/queue` | quotas (setting one: the admin token only) and the waiting jobs in start order ([`sharing`]) |
 //! | `POST /v1/key/rotate` | a new cluster key for every live member, none for a removed one; the admin token changes with it ([`keys`]; the admin token only) |
 //! | `GET /metrics` | Prometheus text exposition ([`prometheus`]) |
 //! | `GET /healthz` | `ok`; open even with a token |
@@ -41,6 +42,7 @@
 //! - [`access`]: the request's user and role, and the ownership checks of each route.
 //! - [`quota`]: each user's pending jobs and spec bytes, bounded at submit.
 //! - [`tokens`]: the token and member-removal routes.
+//! - [`sharing`]: the quota and queue routes; the scheduler's checks at submit.
 //! - [`keys`]: the key rotation route (`POST /v1/key/rotate`, the admin only).
 //! - [`prometheus`]: the `/metrics` exposition, written by hand.
 //! - [`redact`]: URLs with their credentials hidden, for logs.
@@ -68,6 +70,7 @@ pub mod prometheus;
 pub mod quota;
 pub mod redact;
 pub mod server;
+pub mod sharing;
 pub mod status;
 pub mod tokens;
 pub mod uploads;
@@ -216,6 +219,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tokens/{name}", axum::routing::delete(tokens::revoke))
         .route("/v1/members/{id}/remove", post(tokens::remove_member))
         .route("/v1/key/rotate", post(keys::rotate))
+        .route("/v1/quotas", get(sharing::list).post(sharing::set))
+        .route("/v1/queue", get(sharing::queue))
         .route("/metrics", get(prometheus_metrics))
         .route("/healthz", get(|| async { "ok" }))
         .layer(DefaultBodyLimit::max(SPEC_BYTES_MAX))
@@ -250,6 +255,8 @@ async fn status(
     app.control
         .read(|s| listing::page_status(&mut doc, s, &q))
         .map_err(bad_query)?;
+    let now = wall_ms();
+    doc.users = app.control.read(|s| sharing::quota_rows(s, now));
     Ok(Json(doc))
 }
 
@@ -320,6 +327,37 @@ async fn prometheus_metrics(State(app): State<AppState>) -> Result<Response, Api
             .collect::<Vec<_>>()
     });
     let mut text = prometheus::render(&doc, &jobs);
+    let now = wall_ms();
+    let sharing = app.control.read(|s| {
+        let mut sample = prometheus::SharingSample::default();
+        for row in sharing::quota_rows(s, now) {
+            let quota = [row.quota.cpus, row.quota.gpus];
+            for (i, resource) in ["cpus", "gpus"].into_iter().enumerate() {
+                let (used, borrowed) = match i {
+                    0 => (row.used.cpus, row.borrowed.cpus),
+                    _ => (row.used.gpus, row.borrowed.gpus),
+                };
+                let user = &row.user;
+                sample
+                    .user_resources
+                    .push((user.clone(), resource, "used", used));
+                sample
+                    .user_resources
+                    .push((user.clone(), resource, "borrowed", borrowed));
+                if let Some(q) = quota[i] {
+                    sample
+                        .user_resources
+                        .push((user.clone(), resource, "quota", u64::from(q)));
+                }
+            }
+        }
+        for job in s.pending() {
+            let label = crate::domain::spec::priority::label(job.spec.priority);
+            *sample.queue_jobs.entry(label).or_default() += 1;
+        }
+        sample
+    });
+    text.push_str(&prometheus::render_sharing(&sharing));
     text.push_str(&prometheus::render_datasets(&prometheus::DatasetSample {
         served_bytes: app.datasets.served_bytes(),
         fetched_bytes: app.datasets.fetched_bytes(),
@@ -363,7 +401,7 @@ async fn submit(
     body: String,
 ) -> Result<Json<serde_json::Value>, SubmitError> {
     let actor = access::require(&app, Action::Submit, "the cluster", None)?;
-    let spec = admit_spec(&app, &headers, body).await?;
+    let spec = admit_spec(&app, &headers, body, &actor.user).await?;
     // A user's submits are held to its limits ([`quota`]); an admin's are not.
     let charge = if actor.role == Role::Admin {
         None
@@ -386,6 +424,7 @@ async fn admit_spec(
     app: &AppState,
     headers: &header::HeaderMap,
     body: String,
+    owner: &str,
 ) -> Result<crate::domain::spec::JobSpec, SubmitError> {
     // `Content-Type: application/json`: an object with the TOML's keys; anything else is
     // the TOML text (curl's default form type included).
@@ -444,6 +483,21 @@ async fn admit_spec(
                 field: Some("data.dataset".into()),
             }));
         }
+    }
+    // The scheduler's refusals at submit: a priority above the owner's ceiling, GPUs no
+    // member could ever give.
+    let members_gpus = sharing::members_gpus(app).await;
+    let refusal = app
+        .control
+        .read(|s| sharing::refuse_at_submit(&spec, owner, s, &members_gpus));
+    if let Some((field, problem)) = refusal {
+        return Err(SubmitError::Spec(crate::jobs::AdmitError {
+            message: format!("{field}: {problem}"),
+            line: text
+                .as_deref()
+                .and_then(|t| crate::domain::spec::line_of_field(t, field)),
+            field: Some(field.into()),
+        }));
     }
     Ok(spec)
 }

@@ -135,6 +135,45 @@ impl Exposition {
     }
 }
 
+/// The scheduler's figures: each user's resources and the queue by priority.
+#[derive(Debug, Clone, Default)]
+pub struct SharingSample {
+    /// (user, resource `cpus`|`gpus`, kind `used`|`quota`|`borrowed`, value).
+    pub user_resources: Vec<(String, &'static str, &'static str, u64)>,
+    /// Waiting jobs per priority label (`low`, `normal`, `high` or the number).
+    pub queue_jobs: std::collections::BTreeMap<String, u64>,
+}
+
+/// `ringleader_user_resources{user,resource,kind}` and `ringleader_queue_jobs{priority}`.
+pub fn render_sharing(s: &SharingSample) -> String {
+    let mut e = Exposition(String::new());
+    e.family(
+        "ringleader_user_resources",
+        "gauge",
+        "Each user's cpus and GPUs: used by running ranks, its quota, and borrowed above it.",
+    );
+    for (user, resource, kind, v) in &s.user_resources {
+        e.sample(
+            "ringleader_user_resources",
+            &[("user", user), ("resource", resource), ("kind", kind)],
+            *v as f64,
+        );
+    }
+    e.family(
+        "ringleader_queue_jobs",
+        "gauge",
+        "Jobs waiting for placement, by priority.",
+    );
+    for (priority, n) in &s.queue_jobs {
+        e.sample(
+            "ringleader_queue_jobs",
+            &[("priority", priority)],
+            *n as f64,
+        );
+    }
+    e.0
+}
+
 /// This node's dataset figures.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DatasetSample {

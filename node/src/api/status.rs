@@ -124,6 +124,7 @@ impl StatusDoc {
             insecure: false,
             api_tls: None,
             summary: None,
+            users: Vec::new(),
             seeds_never_reached: view.seeds_never_reached.clone(),
         }
     }
@@ -175,6 +176,44 @@ pub struct StatusDoc {
     /// when there are none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub seeds_never_reached: Vec<String>,
+    /// Each user's use against its quota (`quota ls`'s rows): users with a quota or running
+    /// ranks; absent when there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<QuotaRow>,
+}
+
+/// A row of `GET /v1/quotas`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuotaRow {
+    /// The user (or `@GROUP`).
+    pub user: String,
+    /// Its quota record (empty: none).
+    pub quota: crate::domain::state::quotas::Quota,
+    /// What its running jobs hold now.
+    pub used: UsageDoc,
+    /// The part of `used` above its quota.
+    pub borrowed: UsageDoc,
+    /// GPU-hours used in the last 7 days (only for a user with a GPU-hours budget).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_hours_used: Option<f64>,
+}
+
+/// Cpus and GPUs, as the API shows them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageDoc {
+    /// Cpus.
+    pub cpus: u64,
+    /// GPUs.
+    pub gpus: u64,
+}
+
+impl From<crate::domain::queue::Usage> for UsageDoc {
+    fn from(u: crate::domain::queue::Usage) -> UsageDoc {
+        UsageDoc {
+            cpus: u.cpus,
+            gpus: u.gpus,
+        }
+    }
 }
 
 impl StatusDoc {
@@ -294,6 +333,23 @@ impl StatusDoc {
                         m.name, g.index, g.model, g.memory_mb, g.uuid
                     );
                 }
+            }
+        }
+        if !self.users.is_empty() {
+            let _ = writeln!(out, "\nusers (used/quota, borrowed):");
+            let quota = |q: Option<u32>| q.map_or("-".to_owned(), |n| n.to_string());
+            for u in &self.users {
+                let _ = writeln!(
+                    out,
+                    "  {}  cpus {}/{} ({} borrowed)  gpus {}/{} ({} borrowed)",
+                    u.user,
+                    u.used.cpus,
+                    quota(u.quota.cpus),
+                    u.borrowed.cpus,
+                    u.used.gpus,
+                    quota(u.quota.gpus),
+                    u.borrowed.gpus
+                );
             }
         }
         if self.jobs.is_empty() {

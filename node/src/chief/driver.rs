@@ -62,18 +62,23 @@ impl View {
 
 /// Runs until the node shuts down. Ended jobs are compacted out of the live state
 /// `retention_ms` after they finished (never when `retention_ms` is 0).
-pub async fn run(ctl: ControlHandle, retention_ms: u64) {
+pub async fn run(ctl: ControlHandle, retention_ms: u64, policy: super::scheduler::Policy) {
     let (views, view) = watch::channel(None);
     // Either loop ends only when the node's loops are gone; the other goes with it.
     tokio::select! {
-        _ = decide_loop(ctl.clone(), retention_ms, views) => {}
+        _ = decide_loop(ctl.clone(), retention_ms, policy, views) => {}
         _ = voter_loop(ctl, view) => {}
     }
 }
 
 /// Decides and proposes while this node is chief, publishing each view it copies to `views`
 /// for the voter upkeep.
-async fn decide_loop(ctl: ControlHandle, retention_ms: u64, views: watch::Sender<Option<View>>) {
+async fn decide_loop(
+    ctl: ControlHandle,
+    retention_ms: u64,
+    policy: super::scheduler::Policy,
+    views: watch::Sender<Option<View>>,
+) {
     let compact_every = Duration::from_millis(
         (retention_ms / 2).clamp(COMPACT_PERIOD_MIN_MS, COMPACT_PERIOD_MAX_MS),
     );
@@ -123,7 +128,8 @@ async fn decide_loop(ctl: ControlHandle, retention_ms: u64, views: watch::Sender
             continue;
         };
         let members = v.members.as_slice();
-        let mut commands = ctl.read(|s| super::decide(s, members, wall_ms(), &mut new_ring_secret));
+        let mut commands =
+            ctl.read(|s| super::decide_with(policy, s, members, wall_ms(), &mut new_ring_secret));
         if retention_ms > 0 && compacted_at.elapsed() >= compact_every {
             compacted_at = tokio::time::Instant::now();
             let now = wall_ms();

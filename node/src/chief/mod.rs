@@ -20,6 +20,7 @@
 
 pub mod driver;
 pub mod placement;
+pub mod scheduler;
 pub mod search;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -32,10 +33,27 @@ use crate::{
     },
 };
 use placement::{Candidate, Request};
+use scheduler::Policy;
 
-/// What the chief should propose now. `new_secret` draws a generation's ring secret (random
-/// in production, fixed in tests).
+/// Most pending reasons the chief proposes in one pass, the first waiting jobs in start
+/// order first (the rest follow in later passes): a queue that moves changes every waiting
+/// job's place, and each change is a log entry.
+pub const REASONS_PER_PASS_MAX: usize = 64;
+
+/// What the chief should propose now, with the [`Policy::Fair`] scheduler. `new_secret`
+/// draws a generation's ring secret (random in production, fixed in tests).
 pub fn decide(
+    state: &ControlState,
+    members: &[MemberView],
+    now_ms: u64,
+    new_secret: &mut dyn FnMut() -> String,
+) -> Vec<ControlCommand> {
+    decide_with(Policy::Fair, state, members, now_ms, new_secret)
+}
+
+/// [`decide`] with the placement `policy` of `ringleader node --scheduler`.
+pub fn decide_with(
+    policy: Policy,
     state: &ControlState,
     members: &[MemberView],
     now_ms: u64,
@@ -53,10 +71,79 @@ pub fn decide(
     let mut candidates = candidates_of(state, &running_jobs, members, now_ms);
     let gone = gone(members);
     let mut out = Vec::new();
-    for job in &running_jobs {
-        out.extend(running(job, &gone, &mut candidates, now_ms, new_secret));
+    match policy {
+        Policy::Fifo => {
+            for job in &running_jobs {
+                out.extend(running(
+                    job,
+                    &gone,
+                    &mut candidates,
+                    now_ms,
+                    new_secret,
+                    true,
+                ));
+            }
+            out.extend(place_pending(&pending, &mut candidates, now_ms, new_secret));
+        }
+        Policy::Fair => {
+            // Lost ranks and standbys first; growth only where the scheduler grants it.
+            let mut settled = BTreeSet::new();
+            for job in &running_jobs {
+                let cmds = running(job, &gone, &mut candidates, now_ms, new_secret, false);
+                if cmds.is_empty() && job.standby.is_none() && lost_ranks(job, &gone).is_empty() {
+                    settled.insert(job.id);
+                }
+                out.extend(cmds);
+            }
+            let decisions = {
+                let queue = queue_view(state, &running_jobs, &pending, &settled, now_ms);
+                let cluster = scheduler::ClusterView {
+                    members: candidates,
+                    quotas: &state.quotas,
+                };
+                scheduler::schedule(&cluster, &queue, now_ms)
+            };
+            candidates = decisions.left;
+            let by_id = |id| state.job(id);
+            for start in decisions.starts {
+                let Some(job) = by_id(start.id) else { continue };
+                out.push(ControlCommand {
+                    op: Op::Place(ops::Place {
+                        id: job.id,
+                        generation: job.generation + 1,
+                        slots: start.slots,
+                        secret: new_secret(),
+                    }),
+                    at_ms: now_ms,
+                });
+            }
+            for grow in &decisions.grows {
+                if let Some(job) = by_id(grow.job) {
+                    out.extend(running(
+                        job,
+                        &gone,
+                        &mut candidates,
+                        now_ms,
+                        new_secret,
+                        true,
+                    ));
+                }
+            }
+            let changed = decisions.reasons.into_iter().filter_map(|r| {
+                let job = by_id(r.id)?;
+                (job.pending_reason.as_deref() != Some(r.text.as_str())).then(|| ControlCommand {
+                    op: Op::Unplaceable(ops::Unplaceable {
+                        id: r.id,
+                        quiet: job.pending_reason.is_some(),
+                        reason: r.text,
+                    }),
+                    at_ms: now_ms,
+                })
+            });
+            out.extend(changed.take(REASONS_PER_PASS_MAX));
+            out.extend(execute_preemptions(state, &decisions.preempt, now_ms));
+        }
     }
-    out.extend(place_pending(&pending, &mut candidates, now_ms, new_secret));
     let searches = running_jobs.iter().filter(|j| j.search.is_some());
     out.extend(search::decide(
         state,
@@ -192,13 +279,15 @@ fn reranked(slots: impl IntoIterator<Item = Slot>) -> Vec<Slot> {
     out
 }
 
-/// What a running job needs: nothing, a re-form (elastic jobs), or a failed attempt.
+/// What a running job needs: nothing, a re-form (elastic jobs), or a failed attempt; a
+/// growth by one member only when `grow`.
 fn running(
     job: &Job,
     gone: &BTreeMap<String, &'static str>,
     candidates: &mut [Candidate],
     now_ms: u64,
     new_secret: &mut dyn FnMut() -> String,
+    grow: bool,
 ) -> Vec<ControlCommand> {
     let lost = lost_ranks(job, gone);
     if !lost.is_empty() {
@@ -208,7 +297,7 @@ fn running(
         return join_standby(job, standby, gone, candidates, now_ms, new_secret);
     }
     // Growth: an elastic ring below max_workers takes one available member per generation.
-    if !job.is_elastic() || job.assignment.len() >= job.spec.max_workers as usize {
+    if !grow || !may_grow(job) {
         return Vec::new();
     }
     let req = Request::from_spec(&job.spec);
@@ -265,6 +354,96 @@ fn running(
         }),
         at_ms: now_ms,
     }]
+}
+
+/// Whether a running job's ring may take one more member: elastic, below `max_workers`.
+fn may_grow(job: &Job) -> bool {
+    job.is_elastic() && job.assignment.len() < job.spec.max_workers as usize
+}
+
+/// The scheduler's view of the queue: `pending` jobs, running jobs that hold ranks (those in
+/// `settled`, with nothing lost or staged, may grow), and the GPU time of owners with a
+/// GPU-hours budget.
+fn queue_view<'a>(
+    state: &'a ControlState,
+    running: &[&'a Job],
+    pending: &[&'a Job],
+    settled: &BTreeSet<crate::domain::state::JobId>,
+    now_ms: u64,
+) -> scheduler::QueueView<'a> {
+    let waiting = pending
+        .iter()
+        .map(|job| scheduler::Waiting {
+            id: job.id,
+            owner: &job.owner,
+            priority: job.spec.priority,
+            submitted_at_ms: job.submitted_at_ms,
+            request: Request::from_spec(&job.spec),
+            min_workers: job.spec.min_workers.min(job.spec.workers),
+            home: home_of(job),
+            avoid: &job.cannot_start,
+        })
+        .collect();
+    let running = running
+        .iter()
+        .filter(|job| !job.assignment.is_empty())
+        .map(|job| {
+            let recent = job
+                .departed
+                .iter()
+                .filter(|(_, at)| now_ms.saturating_sub(**at) < REJOIN_AFTER_MS)
+                .map(|(m, _)| m.as_str());
+            let started_at_ms = job
+                .events
+                .iter()
+                .rev()
+                .find(|e| e.what == crate::domain::state::EventKind::Placed)
+                .map_or(job.submitted_at_ms, |e| e.at_ms);
+            scheduler::Running {
+                id: job.id,
+                owner: &job.owner,
+                priority: job.spec.priority,
+                slots: &job.assignment,
+                cpus_per_worker: job.spec.resources.cpus_per_worker,
+                gpus_per_worker: job.spec.resources.gpus_per_worker,
+                min_workers: job.spec.min_workers,
+                elastic: job.is_elastic(),
+                may_grow: settled.contains(&job.id) && may_grow(job),
+                joiners_exclude: job
+                    .assignment
+                    .iter()
+                    .map(|s| s.member.as_str())
+                    .chain(recent)
+                    .collect(),
+                trial_of: job.trial_of.as_ref().map(|t| t.search),
+                // The integrator ties this to the spec's `preemptible` once it lands.
+                preemptible: true,
+                started_at_ms,
+            }
+        })
+        .collect();
+    let gpu_ms = crate::domain::queue::gpu_ms_by_owner(state, now_ms);
+    scheduler::QueueView {
+        waiting,
+        running,
+        gpu_ms,
+    }
+}
+
+/// Where the scheduler's preemption requests are carried out: the hook for the
+/// preemption mechanism (a shrink at a step boundary, a checkpointed requeue, paused
+/// trials), which turns each request into its commands. Until it is connected, the
+/// requests are only logged.
+fn execute_preemptions(
+    state: &ControlState,
+    requests: &[scheduler::Preempt],
+    now_ms: u64,
+) -> Vec<ControlCommand> {
+    let _ = (state, now_ms);
+    for r in requests {
+        tracing::debug!(victim = %r.victim, for_job = %r.for_job, action = %r.action, reason = %r.reason, "preemption requested");
+    }
+    Vec::new()
 }
 
 /// A running job with a standby joiner ([`crate::domain::state::standby`]): re-form with it
@@ -392,29 +571,7 @@ fn place_pending(
     let mut out = Vec::new();
     for job in pending {
         let req = Request::from_spec(&job.spec);
-        // A trial's job runs again where it ran, whose store holds its checkpoint, waiting
-        // for room there while that member can take it (`place_at_home`).
-        let home = job
-            .trial_of
-            .as_ref()
-            .and_then(|_| job.assignment.first())
-            .map(|s| s.member.as_str());
-        // A retry goes to members where its program started, or could: those where it could
-        // not are tried again only when nothing else fits.
-        let placed = if job.cannot_start.is_empty() {
-            placement::place_at_home(candidates, &req, home)
-        } else {
-            let elsewhere: Vec<Candidate> = candidates
-                .iter()
-                .cloned()
-                .map(|mut c| {
-                    c.blacklisted |= job.cannot_start.contains(&c.id);
-                    c
-                })
-                .collect();
-            placement::place_at_home(&elsewhere, &req, home)
-                .or_else(|_| placement::place_at_home(candidates, &req, home))
-        };
+        let placed = placement::place_job(candidates, &req, home_of(job), &job.cannot_start);
         match placed {
             Ok(slots) => {
                 placement::take(candidates, &slots, &req);
@@ -433,12 +590,22 @@ fn place_pending(
                 op: Op::Unplaceable(ops::Unplaceable {
                     id: job.id,
                     reason: e.reason,
+                    quiet: false,
                 }),
                 at_ms: now_ms,
             }),
         }
     }
     out
+}
+
+/// Where a trial's job runs again: the member its last run was on, whose store holds its
+/// checkpoint (`placement::place_at_home`); `None` for other jobs.
+fn home_of(job: &Job) -> Option<&str> {
+    job.trial_of
+        .as_ref()
+        .and_then(|_| job.assignment.first())
+        .map(|s| s.member.as_str())
 }
 
 #[cfg(test)]

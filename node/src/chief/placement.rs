@@ -160,6 +160,15 @@ pub fn place(candidates: &[Candidate], req: &Request) -> Result<Vec<Slot>, Unpla
     Ok(slots)
 }
 
+/// How many workers of `req` fit now on the alive, non-blacklisted `candidates` together.
+pub fn room(candidates: &[Candidate], req: &Request) -> u64 {
+    candidates
+        .iter()
+        .filter(|c| c.alive && !c.blacklisted)
+        .map(|c| capacity(c, req))
+        .sum()
+}
+
 /// How many workers of `req` fit on `c` now.
 fn capacity(c: &Candidate, req: &Request) -> u64 {
     let free_cpus = u64::from(c.cpus.saturating_sub(c.used_cpus));
@@ -221,7 +230,7 @@ fn reason(candidates: &[Candidate], req: &Request, eligible: usize, room: u64) -
 }
 
 /// "1 cpu", "2 cpus".
-struct Plural<'a>(u64, &'a str);
+pub struct Plural<'a>(pub u64, pub &'a str);
 
 impl fmt::Display for Plural<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -263,6 +272,29 @@ pub fn place_at_home(
     })
 }
 
+/// Places a pending job: at `home` ([`place_at_home`]), and on members outside `avoid`
+/// (where its program could not start) while it fits elsewhere; those are tried again
+/// only when nothing else fits.
+pub fn place_job(
+    candidates: &[Candidate],
+    req: &Request,
+    home: Option<&str>,
+    avoid: &BTreeSet<String>,
+) -> Result<Vec<Slot>, Unplaceable> {
+    if avoid.is_empty() {
+        return place_at_home(candidates, req, home);
+    }
+    let elsewhere: Vec<Candidate> = candidates
+        .iter()
+        .cloned()
+        .map(|mut c| {
+            c.blacklisted |= avoid.contains(&c.id);
+            c
+        })
+        .collect();
+    place_at_home(&elsewhere, req, home).or_else(|_| place_at_home(candidates, req, home))
+}
+
 /// Takes the resources of `slots` (their cpus and their devices) from the candidates.
 pub fn take(candidates: &mut [Candidate], slots: &[Slot], req: &Request) {
     for slot in slots {
@@ -302,4 +334,4 @@ pub fn place_preferring(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -162,7 +162,11 @@ fn search(
         let reason = format!("no room for a trial: {reason}");
         if job.pending_reason.as_deref() != Some(reason.as_str()) {
             out.push(ControlCommand {
-                op: Op::Unplaceable(ops::Unplaceable { id: job.id, reason }),
+                op: Op::Unplaceable(ops::Unplaceable {
+                    id: job.id,
+                    reason,
+                    quiet: false,
+                }),
                 at_ms: now_ms,
             });
         }

@@ -3,7 +3,7 @@ use libp2p::PeerId;
 use super::*;
 use crate::{
     cluster::meta::NodeMeta,
-    domain::state::{ControlResponse, JobId},
+    domain::state::{ControlResponse, EventKind, JobId},
     jobs::JobSpec,
 };
 
@@ -162,10 +162,7 @@ fn jobs_get_disjoint_gpus_and_an_ended_job_frees_them() {
     else {
         panic!("{cmds:?}")
     };
-    assert_eq!(
-        reason,
-        "needs 2 workers with 1 cpu and 1 gpu each; 1 alive member has room for 0"
-    );
+    assert_eq!(reason, "no member has 1 GPU free (largest: 0)");
     apply_all(&mut state, &cmds);
     // The first ends: its devices go to the third.
     for rank in 0..2 {
@@ -752,4 +749,102 @@ fn a_standby_is_dropped_when_its_member_dies_and_kept_through_a_shrink() {
     assert!(decide(&state, &members, 31, &mut secret).is_empty());
     let cmds = decide(&state, &members, 30 + REJOIN_AFTER_MS, &mut secret);
     assert_eq!(standby_of(&cmds).worker, 4);
+}
+
+/// A command job of `workers` ranks with `priority`, owned by `owner`; returns its id.
+fn submit_owned(state: &mut ControlState, owner: &str, priority: &str, workers: u32) -> JobId {
+    let text = format!(
+        "name = \"p\"\nkind = \"command\"\nworkers = {workers}\npriority = \"{priority}\"\ncommand = [\"true\"]\n"
+    );
+    let cmd = ControlCommand::new(
+        1,
+        Op::Submit(ops::Submit {
+            spec: Box::new(JobSpec::parse(&text).unwrap()),
+            token: None,
+            owner: owner.into(),
+        }),
+    );
+    match state.apply(state.applied_index + 1, &cmd) {
+        ControlResponse::Submitted { id } => id,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_fair_scheduler_starts_priority_first_and_fifo_keeps_submit_order() {
+    let members = vec![member("a", State::Alive, 2)];
+    let mut state = ControlState::default();
+    let low = submit_owned(&mut state, "alice", "low", 2);
+    let high = submit_owned(&mut state, "bob", "high", 2);
+    let placed = |cmds: &[ControlCommand]| -> Vec<JobId> {
+        cmds.iter()
+            .filter_map(|c| match &c.op {
+                Op::Place(ops::Place { id, .. }) => Some(*id),
+                _ => None,
+            })
+            .collect()
+    };
+    let fifo = decide_with(Policy::Fifo, &state, &members, 5, &mut secret);
+    assert_eq!(placed(&fifo), vec![low]);
+    let fair = decide(&state, &members, 5, &mut secret);
+    assert_eq!(placed(&fair), vec![high]);
+    apply_all(&mut state, &fair);
+    let job = state.job(low).unwrap();
+    assert_eq!(
+        job.pending_reason.as_deref(),
+        Some("waiting for 2 cpus: 0 free")
+    );
+    assert_eq!(job.events.last().unwrap().what, EventKind::Unplaceable);
+}
+
+#[test]
+fn a_quota_holds_a_users_job_and_a_changed_reason_is_recorded_without_an_event() {
+    let members = vec![member("a", State::Alive, 4)];
+    let mut state = ControlState::default();
+    let quota = crate::domain::state::quotas::Quota {
+        cpus: Some(1),
+        borrow_cpus: Some(0),
+        ..Default::default()
+    };
+    let set = ControlCommand::new(
+        1,
+        Op::QuotaSet(ops::QuotaSet {
+            user: "alice".into(),
+            quota,
+        }),
+    );
+    assert_eq!(state.apply(1, &set), ControlResponse::Applied);
+    let held = submit_owned(&mut state, "alice", "normal", 2);
+    let cmds = decide(&state, &members, 5, &mut secret);
+    apply_all(&mut state, &cmds);
+    let job = state.job(held).unwrap();
+    assert_eq!(
+        job.pending_reason.as_deref(),
+        Some("waiting for 2 cpus: alice's quota 0/1 cpus in use")
+    );
+    let events = job.events.len();
+    // The admin lowers the quota: the reason changes, quietly.
+    let quota = crate::domain::state::quotas::Quota {
+        cpus: Some(0),
+        ..Default::default()
+    };
+    let set = ControlCommand::new(
+        6,
+        Op::QuotaSet(ops::QuotaSet {
+            user: "alice".into(),
+            quota,
+        }),
+    );
+    assert_eq!(
+        state.apply(state.applied_index + 1, &set),
+        ControlResponse::Applied
+    );
+    let cmds = decide(&state, &members, 7, &mut secret);
+    apply_all(&mut state, &cmds);
+    let job = state.job(held).unwrap();
+    assert_eq!(
+        job.pending_reason.as_deref(),
+        Some("waiting for 2 cpus: alice's quota 0/0 cpus in use")
+    );
+    assert_eq!(job.events.len(), events, "a changed reason adds no event");
 }

@@ -1,10 +1,9 @@
 //! The command line: `ringleader node` runs a node; every other command is an API client.
 //!
 //! - [`demo`]: `ringleader demo`, a local cluster end to end.
-//! - [`bench_membership`], [`bench_control`], [`bench_elastic`], [`bench_chief`],
-//!   [`bench_scale`]: the benchmarks' figures.
 //! - [`local`]: a cluster of real `ringleader node` processes on this host, for the demo, the
-//!   benchmarks and the integration tests (public because the binary's demo needs it).
+//!   benchmarks (the `ringleader-bench` binary, `node/bench/`) and the integration tests
+//!   (public because the binary's demo needs it).
 //! - [`closed_pipe`]: a command whose reader went away (`logs ID | head`) ends quietly.
 //! - [`datasets`]: `ringleader dataset add | ls | get | rm`.
 //! - [`tokens`]: `ringleader token create | ls | revoke`, `ringleader member remove`.
@@ -13,16 +12,12 @@
 //!
 //! May use: everything in the crate.
 
-pub mod bench_chief;
-pub mod bench_control;
-pub mod bench_elastic;
-pub mod bench_membership;
-pub mod bench_scale;
 pub mod closed_pipe;
 pub mod datasets;
 pub mod demo;
 pub mod keys;
 pub mod local;
+pub mod sharing;
 pub mod tokens;
 pub mod train_worker;
 
@@ -126,6 +121,11 @@ pub enum Cmd {
     /// The cluster key: rotate (needs the admin token).
     #[command(subcommand)]
     Key(keys::KeyCmd),
+    /// Quotas: set (needs the admin token), ls.
+    #[command(subcommand)]
+    Quota(sharing::QuotaCmd),
+    /// The waiting jobs in the order they will start, with owners and reasons.
+    Queue,
     /// Start a local 3-node cluster, show it, and stop it.
     Demo,
     /// Write a new cluster key (swarm.key format) to FILE, or print it.
@@ -133,21 +133,6 @@ pub enum Cmd {
         /// Where to write the key (mode 0600); printed when absent.
         file: Option<PathBuf>,
     },
-    /// Membership benchmark (scripts/bench-membership.sh runs this).
-    #[command(hide = true)]
-    BenchMembership(bench_membership::BenchArgs),
-    /// Elastic-training benchmark (scripts/bench-elastic.sh runs this).
-    #[command(hide = true)]
-    BenchElastic(bench_elastic::BenchElasticArgs),
-    /// The chief's decision and the state's apply at size (scripts/bench-chief.sh runs this).
-    #[command(hide = true)]
-    BenchChief(bench_chief::BenchChiefArgs),
-    /// Control-plane benchmark (scripts/bench-control.sh runs this).
-    #[command(hide = true)]
-    BenchControl(bench_control::BenchControlArgs),
-    /// Scale benchmark: N real nodes on this host (scripts/bench-scale.sh runs this).
-    #[command(hide = true)]
-    BenchScale(bench_scale::BenchScaleArgs),
     /// One worker of a train job (the supervisor runs this).
     #[command(hide = true)]
     TrainWorker(trainer::worker::WorkerArgs),
@@ -192,6 +177,11 @@ pub struct NodeArgs {
     /// (`jobs/<id>/record.json`) and `job ID` still answers from there.
     #[arg(long, default_value_t = 7 * 24 * 3600)]
     pub job_retention_s: u64,
+    /// How this node, while chief, places waiting jobs: `fair` (priorities, quotas, fair
+    /// share, gang admission, backfill; see docs/design.md) or `fifo` (first come, first
+    /// served while there is room: the placement before the scheduler, for comparison).
+    #[arg(long, default_value = "fair")]
+    pub scheduler: crate::chief::scheduler::Policy,
     /// Cpus this node offers to jobs (default: the host's logical cpus); each worker takes
     /// `cpus_per_worker` of them. More than the host has over-commits it on purpose (many
     /// light trials), fewer keeps some for other work.
@@ -342,7 +332,7 @@ impl NodeArgs {
         // about 400 bytes each with our metadata (up to 300 more for a member advertising
         // the most datasets, about 70 per GPU: 560 for eight), so a piece stays far inside
         // the membership frame limit whatever the cluster size; 10 000 members is the size
-        // the simulation measures (`ringleader bench-membership --sim 10000`).
+        // the simulation measures (`ringleader-bench membership --sim 10000`).
         let membership = membership::Config {
             members_max: MEMBERS_MAX,
             ..membership::Config::default()
@@ -389,6 +379,7 @@ impl NodeArgs {
             dataset_upload_bytes_per_s: self.dataset_upload_mbps.saturating_mul(1_000_000),
             raft_snapshot_every: self.raft_snapshot_every,
             job_retention_s: self.job_retention_s,
+            scheduler: self.scheduler,
             api_limits: self.api_limits,
             join,
             data_dir,

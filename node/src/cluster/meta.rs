@@ -156,6 +156,7 @@ pub struct NodeRef {
 #[cfg(test)]
 impl NodeMeta {
     /// A member named `name` with `cpus` cpus and its data plane on `host`, for tests.
+    #[cfg(test)]
     pub fn for_test(name: &str, cpus: u32, host: &str) -> NodeMeta {
         NodeMeta {
             name: name.into(),

@@ -13,6 +13,8 @@
 //! - [`logs`]: ranks' logs on the node that ran them, read in bounded pieces (locally or for
 //!   a peer over RPC).
 //! - `network`: openraft's network adapter over those RPCs.
+//! - `sim` (tests only): an in-process simulation of the control plane and the chief under
+//!   crashes, restarts and partitions, one checker per invariant.
 //!
 //! May use: `cluster` (the swarm handle, member view, wire codec), `domain`. Used by:
 //! `datasets`, `jobs`, `search`, `chief`, `api`, the node's start-up.
@@ -23,6 +25,8 @@ mod network;
 pub mod protocol;
 pub mod recovery;
 pub mod rpc;
+#[cfg(test)]
+mod sim;
 pub mod store;
 pub mod voters;
 

@@ -388,6 +388,7 @@ mod tests {
                 op: Op::Unplaceable(ops::Unplaceable {
                     id: crate::domain::id::JobId::from_log_index(index),
                     reason: "x".repeat(bytes),
+                    quiet: false,
                 }),
                 at_ms: index,
             }),

@@ -109,6 +109,7 @@ pub enum VoterConfigError {
 
 impl VoterConfig {
     /// Short grace for tests.
+    #[cfg(test)]
     pub fn for_test() -> VoterConfig {
         VoterConfig {
             dead_grace_ms: 1_000,

@@ -17,6 +17,7 @@
 
 pub mod content;
 pub mod id;
+pub mod queue;
 pub mod search;
 pub mod spec;
 pub mod state;

@@ -8,10 +8,12 @@
 //!
 //! The sections `model`, `data`, `train`, `checkpoint` and `search` are kept as generic TOML
 //! tables here (the form stored in the Raft log); the trainer defines their typed forms. A
-//! train job's are read once, by [`trainer::TrainSpec::from_document`] over the same parsed
+//! train job's are read once, by [`ringleader_spec::TrainSpec::from_document`] over the same parsed
 //! document, when the spec is parsed (their errors get the field's line from that document),
 //! and kept typed beside the tables ([`JobSpec::trainer`]).
 
+/// A job's priority (the key `priority`).
+pub mod priority;
 /// The trainer's sections of a train job's spec (also `domain::train_spec`).
 pub mod train;
 
@@ -20,8 +22,8 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::OnceLock;
 
+use ringleader_spec::{FieldError, TrainSpec};
 use serde::{Deserialize, Serialize};
-use trainer::{FieldError, TrainSpec};
 
 use crate::gpus::{DEVICE_ORDER, DEVICE_ORDER_ENV};
 use toml::de::{DeTable, DeValue};
@@ -67,21 +69,27 @@ pub const RESERVED_ENV: [&str; 5] = [
 /// the rank environment, the test-only `RINGLEADER_TEST_*` hooks): a spec's `env` may not
 /// set a key that starts with it, so a job can neither override what the node hands its
 /// ranks nor drive a test hook's faults into them. [`NODE_ENV_ALLOWED`] are the exceptions.
-pub const NODE_ENV_PREFIX: &str = "RINGLEADER_";
+pub const NODE_ENV_PREFIX: &str = ringleader_protocol::env::PREFIX;
 
 /// The `RINGLEADER_*` keys a spec's `env` may set: the documented per-job switches
 /// (`RINGLEADER_NO_SHM`: no shared-memory path between a job's ranks;
 /// `RINGLEADER_CUDA_BACKEND`: `ringleader.torch`'s device group for CUDA tensors, `none`
 /// refusing them). The node sets neither, so a job setting one overrides nothing of it.
-pub const NODE_ENV_ALLOWED: [&str; 2] = ["RINGLEADER_NO_SHM", "RINGLEADER_CUDA_BACKEND"];
+pub const NODE_ENV_ALLOWED: [&str; 2] = [ringleader_protocol::env::NO_SHM, CUDA_BACKEND_ENV];
+
+/// `ringleader.torch`'s switch of the device group for CUDA tensors (`nccl` by default,
+/// `none`): a knob of the Python package, not of the node↔rank contract, so not in
+/// `ringleader_protocol::env`.
+pub const CUDA_BACKEND_ENV: &str = "RINGLEADER_CUDA_BACKEND";
 
 /// The variable that names a rank's devices: the node sets it for every rank on a host that
 /// offers GPUs (`jobs::launch`), so a spec may not (exclusive devices hold only if no job
 /// picks its own).
 pub const DEVICES_ENV: &str = "CUDA_VISIBLE_DEVICES";
 
-const TOP_FIELDS: [&str; 18] = [
+const TOP_FIELDS: [&str; 19] = [
     "name",
+    "priority",
     "kind",
     "workers",
     "min_workers",
@@ -350,6 +358,13 @@ pub struct JobSpec {
     pub max_restarts: u32,
     /// Spread or pack workers over members; default spread.
     pub placement: Placement,
+    /// Scheduling priority, `0..=priority::PRIORITY_MAX` (see [`priority`]); default
+    /// `normal` (500). Left out of the stored form at the default, so older logs read alike.
+    #[serde(
+        default = "priority::default_priority",
+        skip_serializing_if = "priority::is_default_priority"
+    )]
+    pub priority: u32,
     /// Program and arguments (`kind = "command"` only).
     pub command: Vec<String>,
     /// Extra environment for every worker.
@@ -667,6 +682,7 @@ impl JobSpec {
             "placement".into(),
             Value::String(self.placement.as_str().into()),
         );
+        t.insert("priority".into(), int(self.priority));
         if !self.command.is_empty() {
             let args = self.command.iter().cloned().map(Value::String).collect();
             t.insert("command".into(), Value::Array(args));
@@ -896,6 +912,17 @@ impl Parser<'_> {
                 _ => return Err(self.invalid("placement", v, "expected \"spread\" or \"pack\"")),
             },
         };
+        let priority = match get("priority") {
+            None => priority::NORMAL,
+            Some(v) => {
+                let text = match v.get_ref() {
+                    DeValue::String(s) => s.to_string(),
+                    DeValue::Integer(i) => i.as_str().to_owned(),
+                    _ => String::new(),
+                };
+                priority::parse(&text).map_err(|e| self.invalid("priority", v, e))?
+            }
+        };
         let command = match get("command") {
             None if kind == JobKind::Command => {
                 return Err(SpecError::Missing {
@@ -984,6 +1011,7 @@ impl Parser<'_> {
             max_workers,
             max_restarts,
             placement,
+            priority,
             command,
             env,
             secrets,

@@ -32,12 +32,13 @@ pub const CHECKPOINT_BYTES_MAX: usize = 64 << 20;
 /// The longest checkpoint name, in bytes.
 pub const CHECKPOINT_NAME_BYTES_MAX: usize = 64;
 
-/// The rank's variable with its place's URL (`PUT`/`GET <url>/<name>`).
-pub const CHECKPOINT_URL_ENV: &str = "RINGLEADER_CHECKPOINT_URL";
-/// The rank's variable with its place's capability (`Authorization: Bearer <token>`).
-pub const CHECKPOINT_TOKEN_ENV: &str = "RINGLEADER_CHECKPOINT_TOKEN";
-/// The rank's variable with the API's TLS pin (`sha256:HEX`), set when the URL is https.
-pub const CHECKPOINT_TLS_ENV: &str = "RINGLEADER_CHECKPOINT_TLS_SHA256";
+/// The rank's variables with its place's URL (`PUT`/`GET <url>/<name>`), its capability
+/// (`Authorization: Bearer <token>`) and the API's TLS pin (`sha256:HEX`, set when the URL
+/// is https).
+pub use ringleader_protocol::env::{
+    CHECKPOINT_TLS_SHA256 as CHECKPOINT_TLS_ENV, CHECKPOINT_TOKEN as CHECKPOINT_TOKEN_ENV,
+    CHECKPOINT_URL as CHECKPOINT_URL_ENV,
+};
 
 /// How a node gives its command ranks their checkpoint place.
 #[derive(Clone)]

@@ -34,6 +34,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use ringleader_protocol::env as rank_env;
+
 use crate::{
     control::logs::log_path,
     domain::{
@@ -143,22 +145,12 @@ pub fn generation_line(
     Some(generation.to_line())
 }
 
-/// The variable that tells a command rank how it lives through a re-form
-/// (`[elastic] protocol`): `ringleader` (its process is kept, its generations arrive on
-/// stdin) or `torchrun` (every rank is started again).
-pub const ELASTIC_PROTOCOL_ENV: &str = "RINGLEADER_ELASTIC_PROTOCOL";
-
-/// `1` for a standby joiner of a ringleader-protocol command job
-/// (`domain::state::standby`): it is started ahead of the re-form that takes it in, gets no
-/// generation until then, and prints `ringleader-ready` once set up.
-pub const STANDBY_ENV: &str = "RINGLEADER_STANDBY";
-
-/// The variable that tells a search trial's run the resource it must reach (its rung's
-/// target, in the search's unit: epochs); set when the chief gave the run one.
-pub const TRIAL_RESOURCE_ENV: &str = "RINGLEADER_TRIAL_RESOURCE";
-/// `1` for a run of a `resumable = true` search's command trial: the run ends at its rung
-/// (`RINGLEADER_TRIAL_RESOURCE`), and a promotion resumes the trial in a new run.
-pub const TRIAL_RESUMABLE_ENV: &str = "RINGLEADER_TRIAL_RESUMABLE";
+/// The rank environment's names this module writes, under the names the node's code knows
+/// them by (each one's doc is in [`ringleader_protocol::env`]).
+pub use ringleader_protocol::env::{
+    ELASTIC_PROTOCOL as ELASTIC_PROTOCOL_ENV, STANDBY as STANDBY_ENV,
+    TRIAL_RESOURCE as TRIAL_RESOURCE_ENV, TRIAL_RESUMABLE as TRIAL_RESUMABLE_ENV,
+};
 
 /// What a node launches its ranks with.
 #[derive(Clone, Debug)]
@@ -200,6 +192,7 @@ pub struct LaunchContext {
 impl LaunchContext {
     /// The context of member `me` in the tests: no key, `memory://` storage, no devices'
     /// names or libraries.
+    #[cfg(test)]
     pub(crate) fn for_test(me: &str) -> LaunchContext {
         LaunchContext {
             me: me.into(),
@@ -327,21 +320,18 @@ pub fn launch(
             "TORCHELASTIC_MAX_RESTARTS".into(),
             job.max_restarts.to_string(),
         ),
-        ("RINGLEADER_JOB_ID".into(), job.id.to_string()),
-        ("RINGLEADER_ATTEMPT".into(), job.attempt.to_string()),
-        ("RINGLEADER_GENERATION".into(), job.generation.to_string()),
+        (rank_env::JOB_ID.into(), job.id.to_string()),
+        (rank_env::ATTEMPT.into(), job.attempt.to_string()),
+        (rank_env::GENERATION.into(), job.generation.to_string()),
         (
-            ringleader_protocol::PROTOCOL_VERSION_ENV.into(),
+            rank_env::PROTOCOL_VERSION.into(),
             ringleader_protocol::PROTOCOL_VERSION.to_string(),
         ),
     ];
     if let Some(of) = &job.trial_of {
-        env.push(("RINGLEADER_SEARCH_ID".into(), of.search.to_string()));
-        env.push(("RINGLEADER_TRIAL_ID".into(), of.trial.to_string()));
-        env.push((
-            "RINGLEADER_TRIAL_COPY".into(),
-            u8::from(of.copy).to_string(),
-        ));
+        env.push((rank_env::SEARCH_ID.into(), of.search.to_string()));
+        env.push((rank_env::TRIAL_ID.into(), of.trial.to_string()));
+        env.push((rank_env::TRIAL_COPY.into(), u8::from(of.copy).to_string()));
         if of.target > 0 {
             // The rung this run must reach, in the search's resource unit (epochs).
             env.push((TRIAL_RESOURCE_ENV.into(), of.target.to_string()));
@@ -376,7 +366,7 @@ pub fn launch(
         // other jobs hold exclusively included.
         env.push(("CUDA_VISIBLE_DEVICES".into(), String::new()));
     }
-    env.push((trainer::gpu::GPUS_ENV.into(), slot.gpus.len().to_string()));
+    env.push((rank_env::GPUS.into(), slot.gpus.len().to_string()));
     if let Some(ifname) = &ctx.socket_ifname {
         for key in SOCKET_IFNAME_ENV {
             if !job.spec.env.contains_key(key) {
@@ -425,12 +415,12 @@ pub fn launch(
     // file one replaces while another writes it fails one of them.
     let spec_file = log.with_extension("spec.toml");
     env.push((
-        "RINGLEADER_SECRET".into(),
+        rank_env::SECRET.into(),
         ring_secret(job, ctx.ring_key.as_ref().map(|k| k.current()).as_ref()),
     ));
     // In the environment, not the argv: a storage URL may carry keys, and a command line
     // is readable by every user of the host (/proc/PID/cmdline, ps).
-    env.push(("RINGLEADER_STORAGE".into(), ctx.storage.clone()));
+    env.push((rank_env::STORAGE.into(), ctx.storage.clone()));
     let data_dir = ctx.jobs_dir.parent().unwrap_or(&ctx.jobs_dir);
     let addrs: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
     let mut command = vec![

@@ -473,7 +473,7 @@ impl Run {
             .env
             .iter()
             .rev()
-            .find(|(k, _)| k == "RINGLEADER_STORAGE");
+            .find(|(k, _)| k == ringleader_protocol::env::STORAGE);
         if let Some(dir) = storage.and_then(|(_, url)| RunAs::store_job_dir(url, self.key.0)) {
             user.own_dir(&dir, &may_take)?;
         }
@@ -578,7 +578,10 @@ impl Run {
                 dataset_share =
                     Some(tokio::task::spawn_blocking(move || user.share_dataset(&files)).await??);
             }
-            env.push(("RINGLEADER_DATASET_DIR".into(), dir.display().to_string()));
+            env.push((
+                ringleader_protocol::env::DATASET_DIR.into(),
+                dir.display().to_string(),
+            ));
         }
         let work_dir = match self.options.run_as.clone() {
             Some(user) => Some(self.prepare_run_as(&user)?),

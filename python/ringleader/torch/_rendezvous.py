@@ -15,7 +15,7 @@ GROUP_KEY = "ringleader/group"
 
 # The environment: the data-plane host to bind, the shared secret, shared memory on or off.
 DATA_HOST_ENV = "RINGLEADER_DATA_HOST"
-SECRET_ENV = "RINGLEADER_SECRET"
+SECRET_ENV = _native.SECRET_ENV
 SHM_ENV = "RINGLEADER_SHM"
 THREADS_ENV = "RINGLEADER_RING_THREADS"
 # The ring's runtime threads beside the operation's own (measured: see ring_threads()).

@@ -124,7 +124,7 @@ class Session:
         # Counts steps ended, so the abort watcher knows whether a step moved on.
         self.step_seq = 0
         self.in_step = False
-        self.group_id = zlib.crc32(os.environ.get("RINGLEADER_JOB_ID", "").encode())
+        self.group_id = zlib.crc32(os.environ.get(_native.JOB_ID_ENV, "").encode())
         self._abort_timer: threading.Timer | None = None
 
     # -- set-up --------------------------------------------------------------------------

@@ -127,7 +127,7 @@ use crate::layers::{LayerEngine, LayerGrads};
 use crate::spec::{Arch, ModelSpec, SufficientFactors};
 
 /// The environment variable with a train rank's device count (set by the node).
-pub const GPUS_ENV: &str = "RINGLEADER_GPUS";
+pub use ringleader_protocol::env::GPUS as GPUS_ENV;
 /// The node's test-only fake-device variable: its ranks' devices are not real. Read only
 /// through [`crate::worker::test_hook`], so a release build never sees it.
 pub const TEST_GPUS_ENV: &str = "RINGLEADER_TEST_GPUS";

@@ -31,6 +31,7 @@ fn status() -> StatusDoc {
         insecure: false,
         api_tls: None,
         summary: None,
+        users: Vec::new(),
         seeds_never_reached: Vec::new(),
     }
 }
@@ -214,4 +215,30 @@ fn values_use_the_format_spelling() {
     assert!(text.contains("\nringleader_is_chief 0\n"));
     assert!(text.contains("\nringleader_control_stopped 0\n"));
     assert!(text.contains("\nringleader_raft_term 0\n"));
+}
+
+#[test]
+fn the_scheduler_figures_are_labelled_by_user_resource_kind_and_priority() {
+    let sample = SharingSample {
+        user_resources: vec![
+            ("alice".into(), "cpus", "used", 3),
+            ("alice".into(), "cpus", "quota", 4),
+        ],
+        queue_jobs: [("high".to_owned(), 2)].into_iter().collect(),
+    };
+    let text = render_sharing(&sample);
+    assert!(
+        text.contains("# TYPE ringleader_user_resources gauge\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "ringleader_user_resources{user=\"alice\",resource=\"cpus\",kind=\"used\"} 3\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("ringleader_queue_jobs{priority=\"high\"} 2\n"),
+        "{text}"
+    );
 }

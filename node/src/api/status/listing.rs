@@ -264,6 +264,7 @@ pub fn synthetic(members: usize, jobs: usize) -> (StatusDoc, ControlState) {
         insecure: false,
         api_tls: None,
         summary: None,
+        users: Vec::new(),
         seeds_never_reached: Vec::new(),
     };
     let spec = crate::domain::spec::JobSpec::parse(

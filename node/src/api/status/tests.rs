@@ -75,6 +75,7 @@ fn the_table_lists_each_members_gpus() {
         insecure: false,
         api_tls: None,
         summary: None,
+        users: Vec::new(),
         seeds_never_reached: Vec::new(),
     };
     let text = doc.to_table();

@@ -4,7 +4,7 @@ use proptest::prelude::*;
 
 use super::*;
 
-fn member(name: &str, cpus: u32, gpus: u32) -> Candidate {
+pub(crate) fn member(name: &str, cpus: u32, gpus: u32) -> Candidate {
     Candidate {
         id: format!("id-{name}"),
         name: name.into(),

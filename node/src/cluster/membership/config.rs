@@ -121,6 +121,7 @@ impl std::error::Error for ConfigError {}
 
 impl Config {
     /// Short timers for fast tests and simulations (probe every 50 ms).
+    #[cfg(test)]
     pub fn for_test() -> Self {
         Self {
             probe_interval_ms: 50,

@@ -2,8 +2,8 @@
 //! function of the replicated record: the state machine records the best trial when a search
 //! ends (`state::trials`), the API and `search::summary` show the same documents.
 
+use ringleader_spec::search::{Direction, Params, TrialState};
 use serde::{Deserialize, Serialize};
-use trainer::search::{Direction, Params, TrialState};
 
 use super::record::SearchRecord;
 

@@ -6,8 +6,8 @@
 //! These are plain data; the control state's `apply` changes them (`domain::state::trials`), the
 //! chief reads them to decide (`chief::search`). Nothing here reads a clock.
 
+use ringleader_spec::search::{Trial, TrialState};
 use serde::{Deserialize, Serialize};
-use trainer::search::{Trial, TrialState};
 
 use crate::domain::id::JobId;
 

@@ -1,5 +1,5 @@
 //! A search job's spec: `[search]` with its `[[search.params]]` (parsed and checked by
-//! [`trainer::search::SearchSpec`]), and the rest of the file as the trial template. A
+//! [`ringleader_spec::search::SearchSpec`]), and the rest of the file as the trial template. A
 //! search is refused at submit unless every trial it could make would run: the template is
 //! admitted as a train (or command) job with every parameter at each end of its range and
 //! at each of its values.
@@ -8,7 +8,7 @@
 //! dotted name sets that key of a train trial's tables (`train.lr`, `model.hidden`); a
 //! command trial gets `--name value` arguments and `RINGLEADER_PARAM_<NAME>` variables.
 
-use trainer::search::{Algorithm, ParamKind, Params, SearchError, SearchSpec, TrialKind};
+use ringleader_spec::search::{Algorithm, ParamKind, Params, SearchError, SearchSpec, TrialKind};
 
 use crate::domain::{
     spec::{JobKind, JobSpec, NAME_BYTES_MAX},
@@ -237,7 +237,7 @@ pub fn trial_spec(spec: &JobSpec, s: &SearchSpec, trial: u32, params: &Params) -
 }
 
 /// The variable that holds a command trial's parameters as one JSON object.
-pub const PARAMS_ENV: &str = "RINGLEADER_PARAMS";
+pub use ringleader_protocol::env::PARAMS as PARAMS_ENV;
 
 /// A trial's parameters as a JSON object of name → typed value (`{"lr": 0.01, "width":
 /// 64, "opt": "adam"}`): numbers stay numbers, integers integers, as `RINGLEADER_PARAMS`.
@@ -266,7 +266,7 @@ pub fn env_name(name: &str) -> String {
             }
         })
         .collect();
-    format!("RINGLEADER_PARAM_{tail}")
+    format!("{}{tail}", ringleader_protocol::env::PARAM_PREFIX)
 }
 
 /// A parameter's value as a command-line argument: a string as it is, anything else as

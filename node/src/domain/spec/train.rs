@@ -1,12 +1,12 @@
 //! `kind = "train"` jobs: the trainer's sections of a job spec (`[model]`, `[data]`,
 //! `[train]`, `[checkpoint]`), checked when a job is admitted and written to each rank's spec
 //! file. Each rank is this node's own binary run as `ringleader train-worker` (see
-//! `jobs::launch`), which calls [`trainer::worker::run`]; rank 0 prints `ringleader-metric`
+//! `jobs::launch`), which calls [`ringleader_spec::worker::run`]; rank 0 prints `ringleader-metric`
 //! lines that become job metrics and writes checkpoints under `jobs/<job-id>/ckpt/<step>/` in
 //! the node's store.
 
+use ringleader_spec::{FieldError, TrainSpec};
 use toml::de::DeTable;
-use trainer::{FieldError, TrainSpec};
 
 use crate::domain::spec::JobSpec;
 
@@ -65,7 +65,7 @@ mod tests {
     fn example_spec_reads_and_is_kept_typed() {
         let text = include_str!("../../../../examples/jobs/digits-mlp.toml");
         let spec = read(&parse(text)).unwrap();
-        assert_eq!(spec.model.arch, trainer::Arch::Mlp);
+        assert_eq!(spec.model.arch, ringleader_spec::Arch::Mlp);
         assert_eq!(parse(text).trainer(), Some(&spec));
     }
 

@@ -13,10 +13,10 @@ use super::{rejected, ControlResponse, ControlState};
 use crate::domain::content::Root;
 
 /// Longest dataset name, in bytes (the trainer's rule for `data.dataset`).
-pub const NAME_BYTES_MAX: usize = trainer::DATASET_NAME_BYTES_MAX;
+pub const NAME_BYTES_MAX: usize = ringleader_spec::DATASET_NAME_BYTES_MAX;
 
 /// The datasets a train job may name without adding them (the trainer's built-ins).
-pub const BUILTIN: [&str; 3] = trainer::BUILTIN_DATASETS;
+pub const BUILTIN: [&str; 3] = ringleader_spec::BUILTIN_DATASETS;
 
 /// Checks a dataset name: 1 to 64 letters, digits, `.`, `_`, `-`, starting with a letter or
 /// digit, and not a built-in's name. The error says so, naming the value.

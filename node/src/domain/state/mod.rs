@@ -36,6 +36,7 @@ pub mod compaction;
 pub mod datasets;
 pub mod key_epoch;
 pub mod ops;
+pub mod quotas;
 pub mod removal;
 pub mod standby;
 pub mod tokens;
@@ -655,6 +656,9 @@ pub enum BadCommand {
     /// A submit whose owner is not a user name (`tokens::check_token_name`).
     #[error("owner: {0}")]
     Owner(String),
+    /// A quota naming no user, or a field out of its bound (named).
+    #[error("quota {0}")]
+    QuotaField(String),
 }
 
 /// Length of a ring secret in hex digits (32 bytes).
@@ -735,6 +739,10 @@ pub struct ControlState {
     /// `domain::state::key_epoch`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<key_epoch::KeyEpoch>,
+    /// Quotas, weights and priority ceilings by user (and `@group`; see
+    /// `domain::state::quotas`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub quotas: BTreeMap<String, quotas::Quota>,
 }
 
 impl ControlState {

@@ -271,6 +271,7 @@ fn unplaceable_records_reason_once_until_it_changes() {
         op: Op::Unplaceable(ops::Unplaceable {
             id,
             reason: reason.into(),
+            quiet: false,
         }),
         at_ms: 7,
     };
@@ -424,6 +425,7 @@ fn events_are_bounded_and_dropped_counted() {
             op: Op::Unplaceable(ops::Unplaceable {
                 id,
                 reason: format!("r{i}"),
+                quiet: false,
             }),
             at_ms: 1,
         });
@@ -436,6 +438,7 @@ fn events_are_bounded_and_dropped_counted() {
         op: Op::Unplaceable(ops::Unplaceable {
             id,
             reason: "é".repeat(REASON_BYTES_MAX),
+            quiet: false,
         }),
         at_ms: 1,
     });

@@ -22,7 +22,7 @@
 //!   beyond what the trial reported, the first to finish its run wins (the copy then
 //!   becomes the trial's job) and the other is cancelled.
 
-use trainer::search::{
+use ringleader_spec::search::{
     Decision, Params, Report, SearchSpec, Searcher, Trial, TrialKind, TrialState,
 };
 

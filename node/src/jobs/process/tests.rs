@@ -210,7 +210,7 @@ async fn a_flood_is_capped_but_protocol_lines_always_pass() {
     assert_eq!(open.len(), 3);
 }
 
-/// The golden lines (`collective/protocol/golden/lines.txt`) read as the node reads a
+/// The golden lines (`protocol/golden/lines.txt`) read as the node reads a
 /// rank's stdout: every `rank-ok` line is a protocol line, every `rank-bad` one is
 /// malformed (logged and ignored), never the rank's own output.
 #[test]

@@ -32,6 +32,7 @@ mod member_remove;
 mod metric;
 mod origin;
 mod place;
+mod quota_set;
 mod rank_lost;
 mod rank_stats;
 mod reform;
@@ -56,9 +57,9 @@ pub(super) mod testing;
 pub use self::{
     attempt_failed::AttemptFailed, blacklist::Blacklist, cancel::Cancel, compact::Compact,
     dataset_add::DatasetAdd, dataset_remove::DatasetRemove, key_switch::KeySwitch,
-    member_remove::MemberRemove, metric::Metric, origin::Origin, place::Place, rank_lost::RankLost,
-    rank_stats::RankStats, reform::Reform, search_finished::SearchFinished, standby::Standby,
-    standby_dropped::StandbyDropped, standby_ready::StandbyReady, submit::Submit,
+    member_remove::MemberRemove, metric::Metric, origin::Origin, place::Place, quota_set::QuotaSet,
+    rank_lost::RankLost, rank_stats::RankStats, reform::Reform, search_finished::SearchFinished,
+    standby::Standby, standby_dropped::StandbyDropped, standby_ready::StandbyReady, submit::Submit,
     token_create::TokenCreate, token_revoke::TokenRevoke, trial_copy::TrialCopy,
     trial_promote::TrialPromote, trial_report::TrialReport, trial_start::TrialStart,
     unplaceable::Unplaceable, worker_exited::WorkerExited, worker_note::WorkerNote,
@@ -123,6 +124,8 @@ pub enum Op {
     MemberRemove(MemberRemove),
     /// The admin's key rotation.
     KeySwitch(KeySwitch),
+    /// The admin sets a user's quota.
+    QuotaSet(QuotaSet),
 }
 
 impl Op {
@@ -156,6 +159,7 @@ impl Op {
             Op::TokenRevoke(c) => c,
             Op::MemberRemove(c) => c,
             Op::KeySwitch(c) => c,
+            Op::QuotaSet(c) => c,
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use trainer::search::Params;
+use ringleader_spec::search::Params;
 
 use super::{check_slots, Command, Origin, Stamp};
 use crate::domain::state::{

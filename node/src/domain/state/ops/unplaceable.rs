@@ -16,6 +16,10 @@ pub struct Unplaceable {
     pub id: JobId,
     /// Why, for humans.
     pub reason: String,
+    /// Only the job's `pending_reason` changes, with no history event: the scheduler's
+    /// later reasons for a job (its place in a moving queue), not a new kind of wait.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub quiet: bool,
 }
 
 impl Command for Unplaceable {
@@ -34,7 +38,9 @@ impl Command for Unplaceable {
             return ignored("same reason as before".to_owned());
         }
         job.pending_reason = Some(reason.clone());
-        job.push_event(at.at_ms, EventKind::Unplaceable, reason);
+        if !self.quiet {
+            job.push_event(at.at_ms, EventKind::Unplaceable, reason);
+        }
         ControlResponse::Applied
     }
 
@@ -54,6 +60,7 @@ mod tests {
         let unplaceable = Unplaceable {
             id,
             reason: "no room".into(),
+            quiet: false,
         };
         assert_eq!(
             unplaceable.apply(&mut state, at(7)),

@@ -1,13 +1,10 @@
 //! The scale benchmark at a small N, as CI runs it (the 128-node runs are the README's, by
-//! hand): `ringleader bench-scale 8` forms 8 real nodes, kills one and the chief, runs a
-//! wide job and prints its one line with every figure. The figures themselves are the
-//! benchmark's; this checks that it runs to the end and says what the README says it says.
-
-mod common;
+//! hand): `ringleader-bench scale 8` forms 8 real nodes (the `ringleader` binary beside it,
+//! which `cargo test --workspace` builds), kills one and the chief, runs a wide job and prints
+//! its one line with every figure. The figures themselves are the benchmark's; this checks
+//! that it runs to the end and says what the README says it says.
 
 use std::process::Command;
-
-use common::{exe, ok};
 
 /// The figures of a `scale` line, in order.
 const FIELDS: [&str; 11] = [
@@ -26,10 +23,17 @@ const FIELDS: [&str; 11] = [
 
 #[test]
 fn bench_scale_at_8_nodes_prints_every_figure() {
-    let out = ok(Command::new(exe())
-        .args(["bench-scale", "8", "--submits", "10"])
+    let out = Command::new(env!("CARGO_BIN_EXE_ringleader-bench"))
+        .args(["scale", "8", "--submits", "10"])
         .output()
-        .unwrap());
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "ringleader-bench failed: {text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = text;
     let line = out
         .lines()
         .find(|l| l.starts_with("scale "))

@@ -1,14 +1,14 @@
-//! `ringleader bench-membership`: the membership figures, printed as `membership FIGURE=VALUE`.
+//! `ringleader-bench membership`: the membership figures, printed as `membership FIGURE=VALUE`.
 //!
-//! Real-process figures start a [`LocalCluster`] of this binary on 127.0.0.1; simulation
-//! figures come from [`crate::cluster::membership::sim`] at default settings.
+//! Real-process figures start a [`LocalCluster`] of the `ringleader` binary on 127.0.0.1; simulation
+//! figures come from [`ringleader::cluster::membership::sim`] at default settings.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Args;
 
-use crate::{cli::local::LocalCluster, cluster::membership};
+use ringleader::{cli::local::LocalCluster, cluster::membership};
 
 /// Benchmark options.
 #[derive(Clone, Debug, Args)]
@@ -100,7 +100,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 
 fn real(args: &BenchArgs) -> Result<()> {
     let n = args.nodes;
-    let exe = std::env::current_exe()?;
+    let exe = crate::node_binary()?;
     let root = tempfile::Builder::new()
         .prefix("ringleader-bench-")
         .tempdir()?;
@@ -138,7 +138,7 @@ fn real(args: &BenchArgs) -> Result<()> {
     };
     let before = suspicions(&cluster)?;
     let stop = Instant::now() + Duration::from_secs(args.burn_s);
-    let burners: Vec<_> = (0..crate::cluster::meta::host_cpus())
+    let burners: Vec<_> = (0..ringleader::cluster::meta::host_cpus())
         .map(|_| {
             std::thread::spawn(move || {
                 let mut x = 0u64;

@@ -1,4 +1,4 @@
-//! `ringleader bench-control`: the control plane's figures, printed as `control FIGURE=VALUE`.
+//! `ringleader-bench control`: the control plane's figures, printed as `control FIGURE=VALUE`.
 //!
 //! - `failover_s`: 5 nodes (3 voters), kill -9 the chief → every survivor names the same new
 //!   chief; median of `--failover-runs` (`failover_s_all` lists them). The killed node is
@@ -9,7 +9,7 @@
 //!   ["true"]`, 1 worker) submitted from `--threads` threads as fast as the API accepts,
 //!   counted from the first submit until every one has succeeded.
 //!
-//! Every node runs this binary on 127.0.0.1 through [`LocalCluster`], with fixed p2p ports so
+//! Every node runs the `ringleader` binary on 127.0.0.1 through [`LocalCluster`], with fixed p2p ports so
 //! a restarted node is found again at its address.
 
 use std::{
@@ -20,7 +20,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::{
+use ringleader::{
     api::{client::ApiClient, status::StatusDoc},
     cli::local::LocalCluster,
 };
@@ -49,7 +49,7 @@ const POLL_MS: u64 = 20;
 /// A trivial command job.
 const TRIVIAL: &str = "name = \"bench\"\nkind = \"command\"\nworkers = 1\ncommand = [\"true\"]\n";
 
-use crate::cli::bench_membership::print_runs;
+use crate::membership::print_runs;
 
 /// The `p`-th percentile (nearest rank) of `v`.
 pub(crate) fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
@@ -67,7 +67,7 @@ fn free_port() -> Result<u16> {
 
 /// Starts `n` nodes on fixed p2p ports and waits for n alive, a chief and the voters.
 fn formed(root: &std::path::Path, n: usize) -> Result<LocalCluster> {
-    let mut c = LocalCluster::new(std::env::current_exe()?, root);
+    let mut c = LocalCluster::new(crate::node_binary()?, root);
     let seed = free_port()?;
     c.start("ctl-0", &["--listen".into(), format!("127.0.0.1:{seed}")])?;
     for i in 1..n {

@@ -15,9 +15,7 @@ use serde::{Deserialize, Serialize};
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
-use crate::error::TrainError;
-
-pub use crate::error::FieldError;
+use crate::FieldError;
 
 /// The trainer's part of a job spec.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -108,7 +106,7 @@ pub struct DataSpec {
     pub noise: f32,
     /// Not part of the job spec (never read from or written to it): the directory holding a
     /// shared dataset's `train.safetensors` (and `val.safetensors`) on this machine. The
-    /// worker sets it from `RINGLEADER_DATASET_DIR` ([`crate::worker::DATASET_DIR_ENV`]);
+    /// worker sets it from `RINGLEADER_DATASET_DIR` (the trainer's `worker::DATASET_DIR_ENV`);
     /// ignored for the built-in datasets. Default none.
     #[serde(skip)]
     pub shared_dir: Option<PathBuf>,
@@ -283,7 +281,7 @@ pub struct CheckpointSpec {
     pub keep: usize,
     /// Every worker commits its train state to memory every this many steps; elastic
     /// recovery restores the newest commit all surviving ranks share (see
-    /// [`crate::elastic`]), so at most about this many steps are trained again after a
+    /// the trainer's `elastic`), so at most about this many steps are trained again after a
     /// lost rank. 0 = never (a re-form then falls back to the durable checkpoint). Default
     /// 50.
     pub commit_every_steps: u64,
@@ -361,10 +359,21 @@ pub const SEQ_LEN_MAX: usize = 4096;
 /// Largest side of a synthetic sample (each of `data.shape`'s c, h, w).
 pub const SYNTHETIC_SIDE_MAX: usize = 1024;
 
+/// Why a job spec's text gave no [`TrainSpec`] ([`TrainSpec::from_toml`]).
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    /// The text is not TOML (the parser's message, with its line).
+    #[error("invalid spec: {0}")]
+    Toml(String),
+    /// A field of the trainer's tables is unknown or invalid (which, and why).
+    #[error("invalid spec: {0}")]
+    Field(#[from] FieldError),
+}
+
 impl TrainSpec {
     /// Parses the trainer's tables from a whole job spec (other top-level keys are ignored).
-    pub fn from_toml(text: &str) -> Result<Self, TrainError> {
-        let doc = DeTable::parse(text).map_err(|e| TrainError::Spec(e.to_string()))?;
+    pub fn from_toml(text: &str) -> Result<Self, SpecError> {
+        let doc = DeTable::parse(text).map_err(|e| SpecError::Toml(e.to_string()))?;
         Ok(Self::from_document(doc.get_ref())?)
     }
 
@@ -673,7 +682,7 @@ keep = 3
             ))
         };
         assert!(synthetic("8192", 10, "[1, 28, 28]").is_ok());
-        let msg = |r: Result<TrainSpec, TrainError>| r.unwrap_err().to_string();
+        let msg = |r: Result<TrainSpec, SpecError>| r.unwrap_err().to_string();
         for (samples, classes, shape) in [
             ("9223372036854775807", 10, "[1, 28, 28]"),
             ("1000000", 10, "[1, 28, 28]"),

@@ -30,12 +30,12 @@ pub const TPE_STARTUP_MAX: u32 = 10;
 const REJECTION_TRIES_MAX: usize = 64;
 
 /// Random trials before TPE takes over: `min(10, max(2, trials / 3))`.
-pub fn n_startup(trials: u32) -> usize {
+pub(crate) fn n_startup(trials: u32) -> usize {
     TPE_STARTUP_MAX.min((trials / 3).max(2)) as usize
 }
 
 /// The size of the good group for `n` observations: `min(⌈n/10⌉, 25)`, at least 1.
-pub fn n_good(n: usize) -> usize {
+pub(crate) fn n_good(n: usize) -> usize {
     n.div_ceil(10).clamp(1, TPE_GOOD_MAX)
 }
 

@@ -1,4 +1,4 @@
-//! `ringleader bench-scale N…`: a cluster of N real nodes on 127.0.0.1, per N one line
+//! `ringleader-bench scale N…`: a cluster of N real nodes on 127.0.0.1, per N one line
 //!
 //! ```text
 //! scale nodes=N converge_s=… detect_s=… failover_s=… submit_ms_p50=… submit_ms_p99=… wide_job_s=… status_ms=… chief_cpu_pct=… node_rss_mb=… idle_cpu_pct=… chief_kib_per_entry=…
@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::{api::status::StatusDoc, cli::local::LocalCluster};
+use ringleader::{api::status::StatusDoc, cli::local::LocalCluster};
 
 /// Benchmark options.
 #[derive(Clone, Debug, Args)]
@@ -61,7 +61,7 @@ pub const STATUS_CALLS: usize = 20;
 /// A trivial command job.
 const TRIVIAL: &str = "name = \"bench\"\nkind = \"command\"\nworkers = 1\ncommand = [\"true\"]\n";
 
-use crate::cli::bench_control::percentile;
+use crate::control::percentile;
 
 /// Runs the benchmark at each size and prints its lines.
 pub fn run(args: &BenchScaleArgs) -> Result<()> {
@@ -142,7 +142,7 @@ fn proc_usage(pid: u32) -> Result<(u64, u64)> {
 }
 
 fn one_size(root: &std::path::Path, n: usize, submits: usize) -> Result<String> {
-    let mut c = LocalCluster::new(std::env::current_exe()?, root);
+    let mut c = LocalCluster::new(crate::node_binary()?, root);
     let seed = collective::testing::unused_local_port();
     let mut nodes = vec![(
         "s-0".to_string(),
@@ -176,7 +176,7 @@ fn one_size(root: &std::path::Path, n: usize, submits: usize) -> Result<String> 
     let converge_s = t0.elapsed().as_secs_f64();
     eprintln!("bench-scale: {n} nodes alive after {converge_s:.2} s");
     let watchers = sample(0, &everyone);
-    let policy = crate::control::voters::VoterConfig::default();
+    let policy = ringleader::control::voters::VoterConfig::default();
     let voters_wanted = if n >= policy.large_cluster_members {
         policy.voters_large
     } else {

@@ -11,6 +11,11 @@
 //! kind, a new optional `key=value` field (parsers ignore keys they do not know). Removing
 //! or renaming a line or field, or changing a field's meaning or unit, is a new version.
 //!
+//! # Environment ([`mod@env`])
+//! The `RINGLEADER_*` variables a node sets for a rank (its job, attempt, generation, a
+//! trial's parameters, the ring's secret, …), one constant per name, written by the node and
+//! read by the trainer and, through `ringleader._native`, by the Python package.
+//!
 //! # Rank → node ([`RankLine`])
 //! Lines on the rank's **stdout** (stderr is only logged), UTF-8, one per line, at most
 //! [`LINE_BYTES_MAX`] bytes, starting with [`PREFIX`] at the first byte. Words are separated
@@ -45,12 +50,13 @@
 //! - `ringleader-stop`: end after the current step (so does the end of stdin).
 //!
 //! # Golden lines
-//! [`GOLDEN_LINES_PATH`] (`collective/protocol/golden/lines.txt`, from the workspace root)
+//! [`GOLDEN_LINES_PATH`] (`protocol/golden/lines.txt`, from the workspace root)
 //! holds example lines, each after a tag: `rank-ok`, `rank-bad`, `node-ok`, `node-bad`.
 //! An `-ok` line parses and prints back identically; a `-bad` line is refused. This crate's
 //! tests, the node's and the Python package's read it.
 
 mod agreement;
+pub mod env;
 mod error;
 mod node_line;
 mod rank_line;
@@ -67,8 +73,8 @@ pub use rank_line::{
 
 /// The protocol's version (see the crate doc for what changes it).
 pub const PROTOCOL_VERSION: u32 = 1;
-/// The environment variable that gives a rank [`PROTOCOL_VERSION`].
-pub const PROTOCOL_VERSION_ENV: &str = "RINGLEADER_PROTOCOL_VERSION";
+/// The environment variable that gives a rank [`PROTOCOL_VERSION`] ([`env::PROTOCOL_VERSION`]).
+pub use env::PROTOCOL_VERSION as PROTOCOL_VERSION_ENV;
 /// What every protocol line starts with.
 pub const PREFIX: &str = "ringleader-";
 /// Longest rank line, bytes (without the newline).
@@ -80,7 +86,7 @@ pub const NODE_LINE_BYTES_MAX: usize = 64 << 10;
 /// Most ranks a generation may name.
 pub const GENERATION_WORLD_MAX: usize = 4096;
 /// The golden lines, relative to the workspace root.
-pub const GOLDEN_LINES_PATH: &str = "collective/protocol/golden/lines.txt";
+pub const GOLDEN_LINES_PATH: &str = "protocol/golden/lines.txt";
 /// The golden lines themselves (for tests anywhere).
 pub const GOLDEN_LINES: &str = include_str!("../golden/lines.txt");
 

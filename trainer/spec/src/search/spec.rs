@@ -16,7 +16,7 @@ pub const VALUES_MAX: usize = 1000;
 /// Most values in all the discrete and categorical parameters of one search together
 /// ([`PARAMS_MAX`] × [`VALUES_MAX`] would be 64,000): the node checks a trial at every
 /// value at submit, and the spec is replicated to every member.
-pub const VALUES_TOTAL_MAX: usize = 10_000;
+pub(crate) const VALUES_TOTAL_MAX: usize = 10_000;
 /// Longest parameter name, bytes.
 pub const PARAM_NAME_BYTES_MAX: usize = 128;
 /// Most trials in one search.
@@ -32,7 +32,7 @@ pub const GRID_SIZE_MAX: u64 = 100_000;
 
 /// A problem with a `[search]` table: the full path of the key and what is wrong (the
 /// same type as the trainer's tables' errors).
-pub type SearchError = crate::spec::FieldError;
+pub type SearchError = crate::FieldError;
 
 /// The search algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

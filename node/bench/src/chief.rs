@@ -1,4 +1,4 @@
-//! `ringleader bench-chief`: the chief's pure decision and the state's apply at size, with no
+//! `ringleader-bench chief`: the chief's pure decision and the state's apply at size, with no
 //! I/O (a sans-IO benchmark): `members` alive members and `jobs` command jobs of 1 to 4
 //! workers. Prints
 //!
@@ -14,7 +14,7 @@ use anyhow::{anyhow, Result};
 use clap::Args;
 use libp2p::PeerId;
 
-use crate::{
+use ringleader::{
     chief,
     cluster::{membership::State, meta::NodeMeta, net::MemberView},
     domain::state::{ops, ControlCommand, ControlResponse, ControlState, Op},
@@ -92,7 +92,7 @@ pub fn run(args: &BenchChiefArgs) -> Result<()> {
             op: Op::Submit(ops::Submit {
                 spec: Box::new(specs[i % specs.len()].clone()),
                 token: None,
-                owner: crate::domain::state::users::admin_user(),
+                owner: ringleader::domain::state::users::admin_user(),
             }),
             at_ms: 1,
         })

@@ -1,7 +1,7 @@
-//! `ringleader bench-elastic`: how fast an elastic train job gets going again after a fault,
+//! `ringleader-bench elastic`: how fast an elastic train job gets going again after a fault,
 //! printed as `elastic fault=F detect_s=… recover_s=… steps_lost=…`.
 //!
-//! Each fault runs on a fresh local cluster of 3 nodes (this binary on 127.0.0.1) training
+//! Each fault runs on a fresh local cluster of 3 nodes (the `ringleader` binary on 127.0.0.1) training
 //! the digits MLP on 3 workers (`min_workers = 2`, in-memory commits every
 //! [`COMMIT_EVERY_STEPS`] steps), once it is past [`WARM_STEPS`] steps:
 //! - `worker-kill`: SIGKILL rank 2's process;
@@ -23,7 +23,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 
-use crate::{
+use ringleader::{
     api::status::JobDoc,
     cli::local::{train_workers, LocalCluster, Throttle, CGROUP_CPU},
     domain::state::REJOIN_AFTER_MS,
@@ -116,7 +116,7 @@ fn start() -> Result<Bench> {
     let root = tempfile::Builder::new()
         .prefix("ringleader-bench-elastic-")
         .tempdir()?;
-    let mut c = LocalCluster::new(std::env::current_exe()?, root.path());
+    let mut c = LocalCluster::new(crate::node_binary()?, root.path());
     c.start("b0", &[])?;
     for i in 1..3 {
         c.start_joining(&format!("b{i}"), &[])?;

@@ -1,0 +1,826 @@
+//! The scheduler's rules, one per test, and its invariants as properties over random
+//! clusters and arrival traces.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::chief::placement::tests::member;
+use crate::domain::spec::Placement;
+
+static NOTHING: BTreeSet<String> = BTreeSet::new();
+
+fn id(n: u64) -> JobId {
+    JobId::from_log_index(n)
+}
+
+fn req(workers: u32, cpus: u32, gpus: u32) -> Request {
+    Request {
+        workers,
+        cpus_per_worker: cpus,
+        gpus_per_worker: gpus,
+        placement: Placement::Spread,
+    }
+}
+
+fn waiting<'a>(n: u64, owner: &'a str, priority: u32, request: Request) -> Waiting<'a> {
+    Waiting {
+        id: id(n),
+        owner,
+        priority,
+        submitted_at_ms: n,
+        request,
+        min_workers: request.workers,
+        home: None,
+        avoid: &NOTHING,
+    }
+}
+
+fn running<'a>(
+    n: u64,
+    owner: &'a str,
+    priority: u32,
+    slots: &'a [Slot],
+    r: Request,
+) -> Running<'a> {
+    Running {
+        id: id(n),
+        owner,
+        priority,
+        slots,
+        cpus_per_worker: r.cpus_per_worker,
+        gpus_per_worker: r.gpus_per_worker,
+        min_workers: slots.len() as u32,
+        elastic: false,
+        may_grow: false,
+        joiners_exclude: slots.iter().map(|s| s.member.as_str()).collect(),
+        trial_of: None,
+        preemptible: true,
+        started_at_ms: 0,
+    }
+}
+
+/// `ranks` slots of `r` on `members` (in turn), taken from them.
+fn hold(members: &mut [Candidate], on: &[usize], r: &Request) -> Vec<Slot> {
+    let mut slots = Vec::new();
+    for (rank, i) in on.iter().enumerate() {
+        let c = &mut members[*i];
+        let gpus: Vec<u32> = placement::free_gpus(c)
+            .into_iter()
+            .take(r.gpus_per_worker as usize)
+            .collect();
+        c.used_cpus += r.cpus_per_worker;
+        c.used_gpus.extend(&gpus);
+        slots.push(Slot {
+            member: c.id.clone(),
+            name: c.name.clone(),
+            rank: rank as u32,
+            local_rank: 0,
+            worker: rank as u32,
+            gpus,
+        });
+    }
+    slots
+}
+
+fn reason_of(d: &Decisions, n: u64) -> Option<&str> {
+    d.reasons
+        .iter()
+        .find(|r| r.id == id(n))
+        .map(|r| r.text.as_str())
+}
+
+fn started(d: &Decisions) -> Vec<JobId> {
+    d.starts.iter().map(|s| s.id).collect()
+}
+
+fn quota(cpus: u32, borrow_cpus: Option<u32>) -> Quota {
+    Quota {
+        cpus: Some(cpus),
+        borrow_cpus,
+        ..Quota::default()
+    }
+}
+
+#[test]
+fn higher_priority_starts_first_and_the_other_says_why_it_waits() {
+    let quotas = BTreeMap::new();
+    let cluster = ClusterView {
+        members: vec![member("a", 2, 0)],
+        quotas: &quotas,
+    };
+    let queue = QueueView {
+        waiting: vec![
+            waiting(1, "alice", priority::LOW, req(1, 2, 0)),
+            waiting(2, "bob", priority::HIGH, req(1, 2, 0)),
+        ],
+        ..QueueView::default()
+    };
+    let d = schedule(&cluster, &queue, 10);
+    assert_eq!(started(&d), vec![id(2)]);
+    assert_eq!(d.order, vec![id(2), id(1)]);
+    assert_eq!(reason_of(&d, 1), Some("waiting for 2 cpus: 0 free"));
+}
+
+#[test]
+fn a_user_at_quota_waits_with_the_quota_named() {
+    let mut members = vec![member("a", 8, 0)];
+    let r = req(4, 1, 0);
+    let slots = hold(&mut members, &[0, 0, 0, 0], &r);
+    let quotas = BTreeMap::from([("alice".to_owned(), quota(4, Some(0)))]);
+    let cluster = ClusterView {
+        members,
+        quotas: &quotas,
+    };
+    let queue = QueueView {
+        waiting: vec![
+            waiting(2, "alice", priority::NORMAL, req(2, 1, 0)),
+            waiting(3, "bob", priority::NORMAL, req(2, 1, 0)),
+        ],
+        running: vec![running(1, "alice", priority::NORMAL, &slots, r)],
+        ..QueueView::default()
+    };
+    let d = schedule(&cluster, &queue, 10);
+    assert_eq!(started(&d), vec![id(3)]);
+    assert_eq!(
+        reason_of(&d, 2),
+        Some("waiting for 2 cpus: alice's quota 4/4 cpus in use")
+    );
+}
+
+#[test]
+fn an_unset_borrow_limit_borrows_idle_capacity_and_a_group_quota_binds_its_members() {
+    let quotas = BTreeMap::from([
+        (
+            "alice".to_owned(),
+            Quota {
+                group: Some("lab".into()),
+                ..quota(1, None)
+            },
+        ),
+        ("@lab".to_owned(), quota(2, Some(0))),
+    ]);
+    let cluster = ClusterView {
+        members: vec![member("a", 8, 0)],
+        quotas: &quotas,
+    };
+    let queue = QueueView {
+        waiting: vec![
+            waiting(1, "alice", priority::NORMAL, req(2, 1, 0)),
+            waiting(2, "alice", priority::NORMAL, req(1, 1, 0)),
+        ],
+        ..QueueView::default()
+    };
+    let d = schedule(&cluster, &queue, 10);
+    // Alice borrows one cpu above her own quota of 1, and her group's 2 are then full.
+    assert_eq!(started(&d), vec![id(1)]);
+    assert_eq!(
+        reason_of(&d, 2),
+        Some("waiting for 1 cpu: @lab's quota 2/2 cpus in use")
+    );
+}
+
+#[test]
+fn borrowing_leaves_what_a_waiting_users_quota_claims() {
+    let quotas = BTreeMap::from([("alice".to_owned(), quota(2, None))]);
+    let cluster = ClusterView {
+        members: vec![member("a", 4, 0)],
+        quotas: &quotas,
+    };
+    let queue = QueueView {
+        waiting: vec![
+            waiting(1, "bob", priority::HIGH, req(4, 1, 0)),
+            waiting(2, "alice", priority::LOW, req(2, 1, 0)),
+        ],
+        ..QueueView::default()
+    };
+    let d = schedule(&cluster, &queue, 10);
+    assert_eq!(started(&d), vec![id(2)]);
+    assert_eq!(
+        reason_of(&d, 1),
+        Some("waiting to borrow 4 cpus: 4 free, 2 claimed by others' quotas")
+    );
+}
+
+#[test]
+fn a_gang_is_placed_whole_and_an_elastic_one_down_to_its_floor() {
+    let quotas = BTreeMap::new();
+    let mut members: Vec<Candidate> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|n| member(n, 1, 0))
+        .collect();
+    let r = req(1, 1, 0);
+    let slots = hold(&mut members, &[3], &r);
+    let cluster = ClusterView {
+        members,
+        quotas: &quotas,
+    };
+    let rigid = waiting(1, "alice", priority::HIGH, req(4, 1, 0));
+    let mut elastic = waiting(2, "bob", priority::NORMAL, req(4, 1, 0));
+    elastic.min_workers = 2;
+    let queue = QueueView {
+        waiting: vec![rigid, elastic],
+        running: vec![running(9, "carol", priority::HIGH, &slots, r)],
+        ..QueueView::default()
+    };
+    let d = schedule(&cluster, &queue, 10);
+    assert_eq!(reason_of(&d, 1), Some("gang of 4: at most 3 fit now"));
+    // The rigid job's reservation holds what it will need: the elastic one waits behind it.
+    assert!(d.starts.is_empty());
+    assert_eq!(reason_of(&d, 2), Some("position 2 of 2 (priority normal)"));
+
+    let queue = QueueView {
+        waiting: vec![queue.waiting[1].clone()],
+        running: queue.running.clone(),
+        ..QueueView::default()
+    };
+    let d = schedule(&cluster, &queue, 10);
+    assert_eq!(d.starts.len(), 1);
+    assert_eq!(d.starts[0].slots.len(), 3);
+}
+
+#[test]
+fn a_gpu_job_names_the_largest_free_gpu_count() {
+    let quotas = BTreeMap::new();
+    let cluster = ClusterView {
+        members: vec![member("a", 8, 1), member("b", 8, 1)],
+        quotas: &quotas,
+    };
+    let queue = QueueView {
+        waiting: vec![waiting(1, "alice", priority::NORMAL, req(1, 1, 2))],
+        ..QueueView::default()
+    };
+    let d = schedule(&cluster, &queue, 10);
+    assert_eq!(
+        reason_of(&d, 1),
+        Some("no member has 2 GPUs free (largest: 1)")
+    );
+}
+
+#[test]
+fn spent_gpu_hours_hold_gpu_jobs_but_not_cpu_jobs() {
+    let quotas = BTreeMap::from([(
+        "alice".to_owned(),
+        Quota {
+            gpu_hours: Some(40.0),
+            ..Quota::default()
+        },
+    )]);
+    let cluster = ClusterView {
+        members: vec![member("a", 8, 2)],
+        quotas: &quotas,
+    };
+    let queue = QueueView {
+        waiting: vec![
+            waiting(1, "alice", priority::NORMAL, req(1, 1, 1)),
+            waiting(2, "alice", priority::NORMAL, req(1, 1, 0)),
+        ],
+        gpu_ms: BTreeMap::from([("alice".to_owned(), 40 * 3_600_000)]),
+        ..QueueView::default()
+    };
+    let d = schedule(&cluster, &queue, 10);
+    assert_eq!(started(&d), vec![id(2)]);
+    assert_eq!(
+        reason_of(&d, 1),
+        Some("gpu-hours of alice spent (40.0/40.0 in 7 d)")
+    );
+}
+
+#[test]
+fn backfill_uses_only_what_the_blocked_head_cannot_use() {
+    let quotas = BTreeMap::new();
+    // Member a has 4 cpus, 2 held; b has 2 cpus. The head needs one rank of 4 cpus: only a
+    // can ever hold it, so a's 2 free cpus are kept for it and b's go to a small job.
+    let mut members = vec![member("a", 4, 0), member("b", 2, 0)];
+    let r = req(1, 2, 0);
+    let slots = hold(&mut members, &[0], &r);
+    let cluster = ClusterView {
+        members,
+        quotas: &quotas,
+    };
+    let queue = QueueView {
+        waiting: vec![
+            waiting(2, "alice", priority::HIGH, req(1, 4, 0)),
+            waiting(3, "bob", priority::NORMAL, req(2, 1, 0)),
+            waiting(4, "bob", priority::NORMAL, req(1, 1, 0)),
+        ],
+        running: vec![running(1, "carol", priority::HIGH, &slots, r)],
+        ..QueueView::default()
+    };
+    let d = schedule(&cluster, &queue, 10);
+    assert_eq!(started(&d), vec![id(3)]);
+    assert!(d.starts[0].slots.iter().all(|s| s.member == "id-b"));
+    assert_eq!(reason_of(&d, 4), Some("position 3 of 3 (priority normal)"));
+}
+
+#[test]
+fn at_equal_priority_the_smaller_share_goes_first() {
+    let mut members = vec![member("a", 3, 0)];
+    let r = req(2, 1, 0);
+    let slots = hold(&mut members, &[0, 0], &r);
+    let quotas = BTreeMap::new();
+    let cluster = ClusterView {
+        members,
+        quotas: &quotas,
+    };
+    let queue = QueueView {
+        waiting: vec![
+            waiting(2, "alice", priority::NORMAL, req(1, 1, 0)),
+            waiting(3, "bob", priority::NORMAL, req(1, 1, 0)),
+        ],
+        running: vec![running(1, "alice", priority::NORMAL, &slots, r)],
+        ..QueueView::default()
+    };
+    assert_eq!(started(&schedule(&cluster, &queue, 10)), vec![id(3)]);
+
+    // With weight 4, alice's share per weight is below bob's 0.
+    let weighted = BTreeMap::from([(
+        "alice".to_owned(),
+        Quota {
+            weight: Some(4),
+            ..Quota::default()
+        },
+    )]);
+    let mut queue = queue;
+    queue.running.clear();
+    let cluster = ClusterView {
+        members: vec![member("a", 1, 0)],
+        quotas: &weighted,
+    };
+    assert_eq!(started(&schedule(&cluster, &queue, 10)), vec![id(2)]);
+}
+
+#[test]
+fn a_long_wait_raises_a_low_job_above_a_fresh_normal_one() {
+    let quotas = BTreeMap::new();
+    let cluster = ClusterView {
+        members: vec![member("a", 1, 0)],
+        quotas: &quotas,
+    };
+    let mut old = waiting(1, "alice", priority::LOW, req(1, 1, 0));
+    old.submitted_at_ms = 0;
+    let mut fresh = waiting(2, "bob", priority::NORMAL, req(1, 1, 0));
+    let now = 4 * AGING_STEP_MS;
+    fresh.submitted_at_ms = now - 1;
+    let queue = QueueView {
+        waiting: vec![fresh, old],
+        ..QueueView::default()
+    };
+    assert_eq!(started(&schedule(&cluster, &queue, now - 1)), vec![id(2)]);
+    assert_eq!(started(&schedule(&cluster, &queue, now)), vec![id(1)]);
+}
+
+#[test]
+fn a_high_job_shrinks_an_elastic_job_before_requeueing_a_rigid_one() {
+    let mut members: Vec<Candidate> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|n| member(n, 1, 0))
+        .collect();
+    members.push(member("e", 2, 0));
+    let r = req(1, 1, 0);
+    let elastic_slots = hold(&mut members, &[0, 1, 2, 3], &r);
+    let rigid_slots = hold(&mut members, &[4, 4], &r);
+    let quotas = BTreeMap::new();
+    let cluster = ClusterView {
+        members,
+        quotas: &quotas,
+    };
+    let mut elastic = running(1, "alice", priority::LOW, &elastic_slots, r);
+    elastic.elastic = true;
+    elastic.min_workers = 2;
+    let rigid = running(2, "alice", priority::LOW, &rigid_slots, r);
+    let queue = QueueView {
+        waiting: vec![waiting(3, "bob", priority::HIGH, req(2, 1, 0))],
+        running: vec![rigid, elastic],
+        ..QueueView::default()
+    };
+    let d = schedule(&cluster, &queue, 10);
+    assert_eq!(
+        d.preempt,
+        vec![Preempt {
+            victim: id(1),
+            action: Action::Shrink { to_workers: 2 },
+            for_job: id(3),
+            reason: format!("preempted for {} (bob, priority high)", id(3)),
+        }]
+    );
+    assert!(
+        reason_of(&d, 3)
+            .unwrap()
+            .ends_with("; preempting j-1 (shrink to 2)")
+            || reason_of(&d, 3).unwrap().contains("(shrink to 2)")
+    );
+
+    // Nothing of lower priority: nothing asked.
+    let mut queue = queue;
+    queue.waiting[0].priority = priority::LOW;
+    assert!(schedule(&cluster, &queue, 10).preempt.is_empty());
+}
+
+#[test]
+fn a_rigid_victim_is_requeued_and_trials_are_paused_per_search() {
+    let mut members = vec![member("a", 1, 0), member("b", 1, 0)];
+    let r = req(1, 1, 0);
+    let trial_slots = hold(&mut members, &[0], &r);
+    let rigid_slots = hold(&mut members, &[1], &r);
+    let quotas = BTreeMap::new();
+    let cluster = ClusterView {
+        members,
+        quotas: &quotas,
+    };
+    let mut trial = running(1, "alice", priority::LOW, &trial_slots, r);
+    trial.trial_of = Some(id(9));
+    let rigid = running(2, "alice", priority::LOW, &rigid_slots, r);
+    let queue = QueueView {
+        waiting: vec![waiting(3, "bob", priority::HIGH, req(2, 1, 0))],
+        running: vec![rigid, trial],
+        ..QueueView::default()
+    };
+    let actions: Vec<(JobId, Action)> = schedule(&cluster, &queue, 10)
+        .preempt
+        .into_iter()
+        .map(|p| (p.victim, p.action))
+        .collect();
+    assert_eq!(
+        actions,
+        vec![
+            (id(2), Action::Requeue),
+            (id(9), Action::PauseTrials { count: 1 })
+        ]
+    );
+}
+
+#[test]
+fn a_shrunk_job_grows_back_before_lower_priority_work_starts() {
+    let mut members = vec![member("a", 1, 0), member("b", 1, 0)];
+    let r = req(1, 1, 0);
+    let slots = hold(&mut members, &[0], &r);
+    let quotas = BTreeMap::new();
+    let cluster = ClusterView {
+        members,
+        quotas: &quotas,
+    };
+    let mut shrunk = running(1, "alice", priority::NORMAL, &slots, r);
+    shrunk.elastic = true;
+    shrunk.may_grow = true;
+    let queue = QueueView {
+        waiting: vec![waiting(2, "bob", priority::LOW, req(1, 1, 0))],
+        running: vec![shrunk],
+        ..QueueView::default()
+    };
+    let d = schedule(&cluster, &queue, 10);
+    assert_eq!(
+        d.grows,
+        vec![Grow {
+            job: id(1),
+            to_workers: 2
+        }]
+    );
+    assert!(d.starts.is_empty());
+    // The growth's room is left for the re-form to take.
+    assert_eq!(placement::room(&d.left, &r), 1);
+}
+
+// --- Properties --------------------------------------------------------------------------
+
+const USERS: [&str; 3] = ["alice", "bob", "carol"];
+
+#[derive(Debug, Clone)]
+struct Arrival {
+    at_step: u32,
+    owner: usize,
+    priority: u32,
+    workers: u32,
+    min_workers: u32,
+    cpus: u32,
+    gpus: u32,
+    steps: u32,
+}
+
+fn arrival() -> impl Strategy<Value = Arrival> {
+    (
+        0u32..6,
+        0usize..3,
+        prop_oneof![Just(100u32), Just(500), Just(900), 0u32..=1000],
+        1u32..4,
+        0u32..3,
+        1u32..3,
+        0u32..2,
+        1u32..4,
+    )
+        .prop_map(
+            |(at_step, owner, priority, workers, shrink, cpus, gpus, steps)| Arrival {
+                at_step,
+                owner,
+                priority,
+                workers,
+                min_workers: workers.saturating_sub(shrink).max(1),
+                cpus,
+                gpus,
+                steps,
+            },
+        )
+}
+
+fn cluster_members() -> impl Strategy<Value = Vec<Candidate>> {
+    prop::collection::vec((1u32..6, 0u32..3), 1..5).prop_map(|ms| {
+        ms.into_iter()
+            .enumerate()
+            .map(|(i, (cpus, gpus))| member(&format!("m{i}"), cpus, gpus))
+            .collect()
+    })
+}
+
+fn quota_map() -> impl Strategy<Value = BTreeMap<String, Quota>> {
+    prop::collection::vec(
+        (
+            prop::option::of(0u32..6),
+            prop::option::of(0u32..4),
+            prop::option::of(0u32..3),
+            prop::option::of(0u32..3),
+            prop::option::of(1u32..4),
+        ),
+        3,
+    )
+    .prop_map(|qs| {
+        qs.into_iter()
+            .zip(USERS)
+            .filter(|((c, g, bc, bg, w), _)| {
+                c.is_some() || g.is_some() || bc.is_some() || bg.is_some() || w.is_some()
+            })
+            .map(|((cpus, gpus, borrow_cpus, borrow_gpus, weight), u)| {
+                (
+                    u.to_owned(),
+                    Quota {
+                        cpus,
+                        gpus,
+                        borrow_cpus,
+                        borrow_gpus,
+                        weight,
+                        ..Quota::default()
+                    },
+                )
+            })
+            .collect()
+    })
+}
+
+/// A job of the simulation: its arrival, and its slots while it runs.
+struct Sim {
+    arrival: Arrival,
+    id: JobId,
+    slots: Vec<Slot>,
+    started_step: Option<u32>,
+    done: bool,
+}
+
+/// Whether the job could ever start: its floor fits the idle cluster and its owner's
+/// limits (quota plus borrowing) from nothing.
+fn could_ever_start(a: &Arrival, members: &[Candidate], quotas: &BTreeMap<String, Quota>) -> bool {
+    let mut r = req(a.min_workers, a.cpus, a.gpus);
+    let fits = placement::room(members, &r) >= u64::from(a.min_workers);
+    r.workers = a.workers;
+    let w = Waiting {
+        id: id(1),
+        owner: USERS[a.owner],
+        priority: a.priority,
+        submitted_at_ms: 0,
+        request: r,
+        min_workers: a.min_workers,
+        home: None,
+        avoid: &NOTHING,
+    };
+    fits && usage::Ledger::default().ranks_allowed(&w, quotas) >= u64::from(a.min_workers)
+}
+
+/// Every account's running usage within its quota plus borrow limit.
+fn within_limits(sims: &[Sim], quotas: &BTreeMap<String, Quota>) -> Result<(), String> {
+    let running: Vec<Running<'_>> = sims
+        .iter()
+        .filter(|s| !s.slots.is_empty())
+        .map(|s| {
+            running(
+                0,
+                USERS[s.arrival.owner],
+                s.arrival.priority,
+                &s.slots,
+                req(1, s.arrival.cpus, s.arrival.gpus),
+            )
+        })
+        .collect();
+    let ledger = usage::Ledger::of(&running, quotas);
+    for (account, q) in quotas {
+        let used = ledger.used(account);
+        if let Some(b) = q.borrow_cpus {
+            let limit = u64::from(q.cpus.unwrap_or(0) + b);
+            if used.cpus > limit {
+                return Err(format!("{account} runs {} cpus over {limit}", used.cpus));
+            }
+        }
+        if let Some(b) = q.borrow_gpus {
+            let limit = u64::from(q.gpus.unwrap_or(0) + b);
+            if used.gpus > limit {
+                return Err(format!("{account} runs {} gpus over {limit}", used.gpus));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs the trace step by step (a step is one pass; a job runs for its `steps`), checking
+/// the invariants at every pass. Returns the sims at the end.
+fn simulate(
+    members: &[Candidate],
+    quotas: &BTreeMap<String, Quota>,
+    arrivals: &[Arrival],
+    steps: u32,
+) -> Result<Vec<Sim>, TestCaseError> {
+    let mut sims: Vec<Sim> = arrivals
+        .iter()
+        .enumerate()
+        .map(|(i, a)| Sim {
+            arrival: a.clone(),
+            id: id(i as u64 + 1),
+            slots: Vec::new(),
+            started_step: None,
+            done: false,
+        })
+        .collect();
+    for step in 0..steps {
+        let now_ms = u64::from(step) * 1_000;
+        for s in sims.iter_mut() {
+            if let Some(at) = s.started_step {
+                if !s.done && step >= at + s.arrival.steps {
+                    s.done = true;
+                    s.slots.clear();
+                }
+            }
+        }
+        let mut view = members.to_vec();
+        for s in sims.iter().filter(|s| !s.slots.is_empty()) {
+            placement::take(&mut view, &s.slots, &req(1, s.arrival.cpus, s.arrival.gpus));
+        }
+        let waiting: Vec<Waiting<'_>> = sims
+            .iter()
+            .filter(|s| s.started_step.is_none() && s.arrival.at_step <= step)
+            .map(|s| {
+                let a = &s.arrival;
+                Waiting {
+                    id: s.id,
+                    owner: USERS[a.owner],
+                    priority: a.priority,
+                    submitted_at_ms: u64::from(a.at_step) * 1_000,
+                    request: req(a.workers, a.cpus, a.gpus),
+                    min_workers: a.min_workers,
+                    home: None,
+                    avoid: &NOTHING,
+                }
+            })
+            .collect();
+        let running: Vec<Running<'_>> = sims
+            .iter()
+            .filter(|s| !s.slots.is_empty())
+            .map(|s| {
+                let a = &s.arrival;
+                let mut r = running(
+                    0,
+                    USERS[a.owner],
+                    a.priority,
+                    &s.slots,
+                    req(1, a.cpus, a.gpus),
+                );
+                r.id = s.id;
+                r
+            })
+            .collect();
+        let cluster = ClusterView {
+            members: view.clone(),
+            quotas,
+        };
+        let queue = QueueView {
+            waiting,
+            running,
+            gpu_ms: BTreeMap::new(),
+        };
+        let d = schedule(&cluster, &queue, now_ms);
+
+        // Decisions are the same on replay, and whatever order the queue lists jobs in.
+        prop_assert_eq!(&d, &schedule(&cluster, &queue, now_ms));
+        let mut reversed = queue.clone();
+        reversed.waiting.reverse();
+        reversed.running.reverse();
+        prop_assert_eq!(&d, &schedule(&cluster, &reversed, now_ms));
+
+        // Every waiting job either starts or has exactly one reason, and the order names
+        // each once.
+        let waiting_ids: BTreeSet<JobId> = queue.waiting.iter().map(|w| w.id).collect();
+        let mut accounted: Vec<JobId> = started(&d);
+        accounted.extend(d.reasons.iter().map(|r| r.id));
+        accounted.sort();
+        prop_assert_eq!(accounted, waiting_ids.iter().copied().collect::<Vec<_>>());
+        prop_assert!(d.reasons.iter().all(|r| !r.text.is_empty()));
+        prop_assert_eq!(d.order.len(), waiting_ids.len());
+
+        // Gangs are whole: between the floor and `workers` ranks, each with its GPUs, on
+        // members that have room for them beside what runs.
+        for start in &d.starts {
+            let w = queue.waiting.iter().find(|w| w.id == start.id).unwrap();
+            let n = start.slots.len() as u32;
+            prop_assert!(
+                w.min_workers <= n && n <= w.request.workers,
+                "gang split: {n} ranks of {}..={}",
+                w.min_workers,
+                w.request.workers
+            );
+            prop_assert!(start
+                .slots
+                .iter()
+                .all(|s| s.gpus.len() == w.request.gpus_per_worker as usize));
+            let mut r = w.request;
+            r.workers = n;
+            placement::take(&mut view, &start.slots, &r);
+        }
+        for c in &view {
+            prop_assert!(
+                c.used_cpus <= c.cpus,
+                "{} over-committed: {} of {} cpus",
+                c.name,
+                c.used_cpus,
+                c.cpus
+            );
+        }
+
+        // Priority order: the first job that waits for capacity is not delayed by any job
+        // started after it in the order: once running work ends, it fits beside every start.
+        let head = d
+            .reasons
+            .iter()
+            .filter(|r| matches!(r.cause, Cause::Capacity | Cause::Queue))
+            .map(|r| r.id)
+            .next();
+        if let Some(head) = head {
+            let pos = |id: JobId| d.order.iter().position(|o| *o == id).unwrap();
+            let w = queue.waiting.iter().find(|w| w.id == head).unwrap();
+            let mut floor = w.request;
+            floor.workers = w.min_workers;
+            let mut before = usage::Room::idle(members);
+            let mut all = usage::Room::idle(members);
+            for start in &d.starts {
+                let sw = queue.waiting.iter().find(|w| w.id == start.id).unwrap();
+                let mut r = sw.request;
+                r.workers = start.slots.len() as u32;
+                if pos(start.id) < pos(head) {
+                    before.take(&start.slots, &r);
+                }
+                all.take(&start.slots, &r);
+            }
+            let mut scratch = members.to_vec();
+            let fit_before = before.clone().reserve(&mut scratch, &floor);
+            let fit_after = all.reserve(&mut scratch, &floor);
+            prop_assert!(
+                !fit_before || fit_after,
+                "a later start took what {} needs",
+                head
+            );
+        }
+
+        for start in d.starts {
+            let s = sims.iter_mut().find(|s| s.id == start.id).unwrap();
+            s.slots = start.slots;
+            s.started_step = Some(step);
+        }
+        within_limits(&sims, quotas).map_err(TestCaseError::fail)?;
+    }
+    Ok(sims)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_scheduler_keeps_its_invariants_over_random_traces(
+        members in cluster_members(),
+        quotas in quota_map(),
+        arrivals in prop::collection::vec(arrival(), 1..12),
+    ) {
+        simulate(&members, &quotas, &arrivals, 20)?;
+    }
+
+    #[test]
+    fn every_job_that_could_ever_start_starts_within_a_bounded_trace(
+        members in cluster_members(),
+        quotas in quota_map(),
+        arrivals in prop::collection::vec(arrival(), 1..10),
+    ) {
+        // Each job runs at most 3 steps and all arrive by step 5: after enough passes
+        // every job that fits the idle cluster and its owner's limits has started.
+        let bound = 6 + 4 * arrivals.len() as u32 + 2;
+        let sims = simulate(&members, &quotas, &arrivals, bound)?;
+        for s in &sims {
+            if could_ever_start(&s.arrival, &members, &quotas) {
+                prop_assert!(s.started_step.is_some(), "{} never started: {:?}", s.id, s.arrival);
+            }
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! The simulation's network: every node's Raft reachable in memory through one [`Router`],
+//! which can cut a link (both ways), take a node down, and delay each call by a seeded
+//! latency. A call over a cut link or to a node that is down fails as unreachable, as a
+//! dropped connection would.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use openraft::{
+    error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable},
+    network::{RPCOption, RaftNetwork, RaftNetworkFactory},
+    raft::{
+        AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest,
+        InstallSnapshotResponse, VoteRequest, VoteResponse,
+    },
+    Raft,
+};
+use rand::{rngs::SmallRng, Rng, SeedableRng};
+
+use crate::control::store::{NodeId, RaftNode, TypeConfig};
+
+/// Lowest one-way latency of a call, in milliseconds.
+pub const LATENCY_MS_MIN: u64 = 1;
+/// Highest one-way latency of a call, in milliseconds.
+pub const LATENCY_MS_MAX: u64 = 5;
+
+/// Who can reach whom: the running Rafts and the cut links.
+#[derive(Default)]
+pub struct Router {
+    inner: Mutex<Links>,
+}
+
+#[derive(Default)]
+struct Links {
+    /// Rafts of the nodes that are up.
+    up: BTreeMap<NodeId, Raft<TypeConfig>>,
+    /// Cut links, each as (lower id, higher id).
+    cut: BTreeSet<(NodeId, NodeId)>,
+    /// Draws the latencies.
+    rng: Option<SmallRng>,
+}
+
+fn link(a: NodeId, b: NodeId) -> (NodeId, NodeId) {
+    (a.min(b), a.max(b))
+}
+
+/// Why a call did not arrive.
+#[derive(Debug)]
+struct Down(String);
+
+impl std::fmt::Display for Down {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Down {}
+
+impl Router {
+    /// A router whose latencies come from `seed`.
+    pub fn new(seed: u64) -> Arc<Router> {
+        let router = Router::default();
+        router.inner.lock().unwrap().rng = Some(SmallRng::seed_from_u64(seed));
+        Arc::new(router)
+    }
+
+    /// `id` is up with `raft`.
+    pub fn up(&self, id: NodeId, raft: Raft<TypeConfig>) {
+        self.inner.lock().unwrap().up.insert(id, raft);
+    }
+
+    /// `id` is down: every call to it fails.
+    pub fn down(&self, id: NodeId) -> Option<Raft<TypeConfig>> {
+        self.inner.lock().unwrap().up.remove(&id)
+    }
+
+    /// Cuts the link between `a` and `b`, both ways.
+    pub fn cut(&self, a: NodeId, b: NodeId) {
+        self.inner.lock().unwrap().cut.insert(link(a, b));
+    }
+
+    /// Mends every cut link.
+    pub fn heal(&self) {
+        self.inner.lock().unwrap().cut.clear();
+    }
+
+    /// Whether `from` reaches `to` now.
+    pub fn reaches(&self, from: NodeId, to: NodeId) -> bool {
+        let links = self.inner.lock().unwrap();
+        links.up.contains_key(&to) && !links.cut.contains(&link(from, to))
+    }
+
+    /// `to`'s Raft, after a latency, if `from` reaches it.
+    async fn reach(&self, from: NodeId, to: NodeId) -> Result<Raft<TypeConfig>, Down> {
+        let delay = {
+            let mut links = self.inner.lock().unwrap();
+            let rng = links.rng.as_mut().expect("a seeded router");
+            rng.gen_range(LATENCY_MS_MIN..=LATENCY_MS_MAX)
+        };
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        let links = self.inner.lock().unwrap();
+        if links.cut.contains(&link(from, to)) {
+            return Err(Down(format!("link {from}-{to} cut")));
+        }
+        links
+            .up
+            .get(&to)
+            .cloned()
+            .ok_or_else(|| Down(format!("node {to} down")))
+    }
+}
+
+/// One node's side of the network: openraft's factory of connections.
+#[derive(Clone)]
+pub struct SimNetwork {
+    /// The node that calls.
+    pub from: NodeId,
+    /// Everyone's links.
+    pub router: Arc<Router>,
+}
+
+/// A connection from one node to another.
+pub struct SimConn {
+    from: NodeId,
+    to: NodeId,
+    router: Arc<Router>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for SimNetwork {
+    type Network = SimConn;
+
+    async fn new_client(&mut self, target: NodeId, _node: &RaftNode) -> SimConn {
+        SimConn {
+            from: self.from,
+            to: target,
+            router: self.router.clone(),
+        }
+    }
+}
+
+fn unreachable<E: std::error::Error>(e: Down) -> RPCError<NodeId, RaftNode, E> {
+    RPCError::Unreachable(Unreachable::new(&e))
+}
+
+/// The target's answer as the caller gets it: a Raft that stopped (shut down while
+/// answering) is a network failure, any other error the target's own. (The error type is
+/// openraft's, as its network trait returns it.)
+#[allow(clippy::result_large_err)]
+fn answer<T, E: std::error::Error>(
+    to: NodeId,
+    r: Result<T, RaftError<NodeId, E>>,
+) -> Result<T, RPCError<NodeId, RaftNode, RaftError<NodeId, E>>> {
+    match r {
+        Ok(r) => Ok(r),
+        Err(RaftError::Fatal(_)) => Err(RPCError::Network(NetworkError::new(&Down(
+            "target stopped".into(),
+        )))),
+        Err(e) => Err(RPCError::RemoteError(RemoteError::new(to, e))),
+    }
+}
+
+impl RaftNetwork<TypeConfig> for SimConn {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, RaftNode, RaftError<NodeId>>> {
+        let raft = self
+            .router
+            .reach(self.from, self.to)
+            .await
+            .map_err(unreachable)?;
+        answer(self.to, raft.append_entries(rpc).await)
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, RaftNode, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        let raft = self
+            .router
+            .reach(self.from, self.to)
+            .await
+            .map_err(unreachable)?;
+        answer(self.to, raft.install_snapshot(rpc).await)
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        _option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, RaftNode, RaftError<NodeId>>> {
+        let raft = self
+            .router
+            .reach(self.from, self.to)
+            .await
+            .map_err(unreachable)?;
+        answer(self.to, raft.vote(rpc).await)
+    }
+}
