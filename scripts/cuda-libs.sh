@@ -14,9 +14,27 @@
 # each one found as DIR/lib<name>.so, and puts DIR and the found libraries' directories (for
 # their own dependencies, libcublasLt say) in front of LD_LIBRARY_PATH. It prints one line
 # per library to stderr ("cuda libs: cublas=/path ..."); a missing one is left out.
+# Only the CUDA majors the driver supports are taken (cuBLAS 13 and NVRTC 13 fail under a
+# 12.x driver): the newest is nvidia-smi's "CUDA Version" (cuda_driver_major), as the node
+# asks cuDriverGetVersion; with no nvidia-smi, every major, newest first.
+
+# The CUDA major in nvidia-smi's header ("... CUDA Version: 12.8 |") read on stdin; nothing
+# when there is none.
+cuda_major_of_smi() {
+    sed -n 's/.*CUDA Version: *\([0-9][0-9]*\)\..*/\1/p' | head -n 1
+}
+
+# The newest CUDA major this host's driver supports, or nothing without nvidia-smi.
+cuda_driver_major() {
+    local smi
+    smi=$(nvidia-smi 2>/dev/null) || return 0
+    cuda_major_of_smi <<<"$smi"
+}
+
 cuda_libs_env() {
-    local dir=$1 cache dirs=() found=() name path d py
+    local dir=$1 cache dirs=() found=() name path d py driver
     mkdir -p "$dir"
+    driver=$(cuda_driver_major)
     cache=$(ldconfig -p 2>/dev/null || true)
     IFS=: read -r -a dirs <<<"${LD_LIBRARY_PATH:-}"
     for d in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda /usr/local/cuda-*; do
@@ -39,6 +57,10 @@ EOF
         path=""
         IFS=, read -r -a ms <<<"$majors"
         for m in "${ms[@]}"; do
+            # cuBLAS, cuBLASLt and NVRTC's majors are CUDA's; libcuda and NCCL version alone.
+            case $lib in cublas | cublasLt | nvrtc)
+                [[ -n "$driver" && "$m" -gt "$driver" ]] && continue ;;
+            esac
             for d in "${dirs[@]}"; do
                 [[ -n "$d" && -e "$d/lib$lib.so.$m" ]] && { path="$d/lib$lib.so.$m"; break; }
             done
@@ -57,5 +79,5 @@ EOF
         esac
     done
     export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    echo "cuda libs: ${found[*]:-none found}" >&2
+    echo "cuda libs: ${found[*]:-none found} (driver's CUDA major: ${driver:-unknown})" >&2
 }

@@ -16,7 +16,9 @@
 //!
 //! The search ([`SearchRoots::of_host`]) is the one of `scripts/cuda-libs.sh`, its shell
 //! twin for benchmarks and the `cuda` test binaries. For each library of [`WANTED`], newest
-//! major first (`libcublas.so.13`, then `libcublas.so.12`), the first existing file in:
+//! major first (`libcublas.so.13`, then `libcublas.so.12`) of those the driver supports
+//! ([`SearchRoots::driver_cuda_major`]: a 12.x driver gets CUDA 12's), the first existing
+//! file in:
 //!
 //! 1. the entries of `LD_LIBRARY_PATH`;
 //! 2. the CUDA toolkits: `$CUDA_HOME`, `$CUDA_PATH`, `/usr/local/cuda`, then
@@ -52,6 +54,31 @@ pub struct Wanted {
     pub name: &'static str,
     /// The file name's major versions looked for, in order.
     pub majors: &'static [u32],
+    /// Whether those majors are CUDA's (cuBLAS 13 is CUDA 13's): then only those the
+    /// driver supports are looked for ([`SearchRoots::driver_cuda_major`]). libcuda and
+    /// NCCL version their files on their own.
+    pub follows_cuda: bool,
+}
+
+impl Wanted {
+    /// The majors looked for under a driver supporting CUDA up to `driver_cuda_major`
+    /// (`None`: no driver known, all of them), newest first.
+    pub fn majors_for(&self, driver_cuda_major: Option<u32>) -> impl Iterator<Item = u32> + '_ {
+        self.majors.iter().copied().filter(move |&major| {
+            !self.follows_cuda || driver_cuda_major.is_none_or(|max| major <= max)
+        })
+    }
+}
+
+/// The newest CUDA major a driver supports, from `cuDriverGetVersion`'s value
+/// (`1000 * major + 10 * minor`: 12080 for CUDA 12.8); `None` for a value that is not one.
+/// A library of a newer major fails under it (cuBLAS 13's and NVRTC 13's images under a
+/// 12.x driver, R535 to R570, common on H100 images), so [`find`] skips those.
+pub fn cuda_major_of_driver(version: i32) -> Option<u32> {
+    u32::try_from(version)
+        .ok()
+        .filter(|&v| v >= 1000)
+        .map(|v| v / 1000)
 }
 
 /// The libraries looked for, in the order they are reported: the driver, cuBLAS (and
@@ -60,22 +87,27 @@ pub const WANTED: [Wanted; 5] = [
     Wanted {
         name: "cuda",
         majors: &[1],
+        follows_cuda: false,
     },
     Wanted {
         name: "cublas",
         majors: &[13, 12],
+        follows_cuda: true,
     },
     Wanted {
         name: "cublasLt",
         majors: &[13, 12],
+        follows_cuda: true,
     },
     Wanted {
         name: "nvrtc",
         majors: &[13, 12],
+        follows_cuda: true,
     },
     Wanted {
         name: "nccl",
         majors: &[2],
+        follows_cuda: false,
     },
 ];
 
@@ -115,6 +147,10 @@ pub struct SearchRoots {
     /// The linker cache as `ldconfig -p` prints it, searched after `dirs` for each major
     /// (empty: none).
     pub linker_cache: String,
+    /// The newest CUDA major the host's driver supports ([`cuda_major_of_driver`]): newer
+    /// majors of a [`Wanted::follows_cuda`] library are not looked for. `None` (no driver
+    /// known, the default): every major, newest first.
+    pub driver_cuda_major: Option<u32>,
 }
 
 impl SearchRoots {
@@ -168,6 +204,7 @@ impl SearchRoots {
             dirs: usable(dirs),
             system_dirs,
             linker_cache,
+            driver_cuda_major: None,
         }
     }
 }
@@ -341,8 +378,9 @@ impl fmt::Display for Found {
     }
 }
 
-/// Each library of [`WANTED`] as `roots` has it: for each major in turn, the first of
-/// `roots.dirs` holding `lib<name>.so.<major>`, else the linker cache's entry for it.
+/// Each library of [`WANTED`] as `roots` has it: for each major in turn (those the driver
+/// supports, [`Wanted::majors_for`]), the first of `roots.dirs` holding
+/// `lib<name>.so.<major>`, else the linker cache's entry for it.
 pub fn find(roots: &SearchRoots) -> Found {
     let system: Vec<PathBuf> = roots
         .system_dirs
@@ -352,9 +390,8 @@ pub fn find(roots: &SearchRoots) -> Found {
     let mut found = Found::default();
     for wanted in &WANTED {
         let library = wanted
-            .majors
-            .iter()
-            .find_map(|&major| find_major(roots, &system, wanted.name, major));
+            .majors_for(roots.driver_cuda_major)
+            .find_map(|major| find_major(roots, &system, wanted.name, major));
         match library {
             Some(library) => found.libraries.push(library),
             None => found.missing.push(wanted.name),

@@ -282,6 +282,7 @@ fn prepare(config: &NodeConfig) -> Result<Prepared> {
     } else {
         let libraries = crate::gpus::libraries::prepare(
             &config.data_dir,
+            crate::gpus::driver_cuda_major(&gpu_source),
             gpu_source == crate::gpus::Source::Driver,
         );
         if config.run_as.is_some() && libraries.prefix.is_some() {
@@ -407,6 +408,11 @@ pub async fn run(config: NodeConfig) -> Result<()> {
     };
     meta.check()
         .map_err(|e| anyhow::anyhow!("this node's metadata: {e} (see --name and --label)"))?;
+    let offers_gpus = !meta.gpus.is_empty();
+    let socket_ifname = crate::jobs::interfaces::interface_of(
+        &crate::jobs::interfaces::host_addresses(),
+        data_addr.ip(),
+    );
     let info = NodeInfo {
         id: peer_id.to_string(),
         name: config.name.clone(),
@@ -528,6 +534,8 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         config.data_dir.join("jobs"),
         config.storage.clone(),
         crate::gpus::inherited_visible_devices(&gpu_source),
+        offers_gpus,
+        socket_ifname,
         rank_libraries,
         crate::jobs::supervisor::NodeKeys::of(ring.as_ref()),
         crate::jobs::process::RankOptions {

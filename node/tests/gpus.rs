@@ -111,9 +111,16 @@ fn fake_gpus_are_advertised_restricted_and_given_to_one_rank_each() {
     // Phase 2: two jobs of two one-gpu ranks, packed on g0, get disjoint devices.
     let client = c.nodes[0].client();
     let first = client.submit(&spec("first", 2)).unwrap();
-    assert_eq!(rank_lines(&c, &first, 2), ["rank=0 CVD=0", "rank=1 CVD=1"]);
+    // A command job's ranks on a host all see its devices there, as torchrun's do.
+    assert_eq!(
+        rank_lines(&c, &first, 2),
+        ["rank=0 CVD=0,1", "rank=1 CVD=0,1"]
+    );
     let second = client.submit(&spec("second", 2)).unwrap();
-    assert_eq!(rank_lines(&c, &second, 2), ["rank=0 CVD=2", "rank=1 CVD=3"]);
+    assert_eq!(
+        rank_lines(&c, &second, 2),
+        ["rank=0 CVD=2,3", "rank=1 CVD=2,3"]
+    );
 
     // Phase 3: no member has two free devices now: a third waits, saying why; a one-rank
     // job gets g1's only device, which is device 1.
@@ -136,7 +143,10 @@ fn fake_gpus_are_advertised_restricted_and_given_to_one_rank_each() {
     // Phase 4: the first ends (cancelled): its devices go to the third.
     cancel(&c, &first);
     wait_job(&c, 0, &third, "placed", WAIT, |d| d.state == "running");
-    assert_eq!(rank_lines(&c, &third, 2), ["rank=0 CVD=0", "rank=1 CVD=1"]);
+    assert_eq!(
+        rank_lines(&c, &third, 2),
+        ["rank=0 CVD=0,1", "rank=1 CVD=0,1"]
+    );
 
     for id in [&second, &third, &single] {
         cancel(&c, id);
@@ -184,6 +194,16 @@ batch_per_worker = 16
     c.stop_all();
 }
 
+/// A one-node cluster of 4 cpus under `root`, started with `env`, once it has a chief.
+fn one_node(root: &std::path::Path, env: Vec<(String, String)>) -> LocalCluster {
+    let mut c = LocalCluster::new(exe(), root);
+    c.env = env;
+    c.start("g0", &["--cpus".to_string(), "4".to_string()])
+        .unwrap();
+    c.wait_all(WAIT, "a chief", |s| s.chief.is_some()).unwrap();
+    c
+}
+
 /// A command job of one rank with `gpus` devices that prints what it was given.
 fn env_spec(name: &str, gpus: u32) -> String {
     format!(
@@ -221,19 +241,18 @@ fn ranks_given_gpus_load_the_cuda_libraries_in_pci_order() {
     }
     let inherited = root_path.join("inherited");
     std::fs::create_dir_all(&inherited).unwrap();
-    let mut c = LocalCluster::new(exe(), &root_path);
-    c.env = vec![
-        ("RINGLEADER_TEST_GPUS".into(), "H100:81559".into()),
-        (
-            "CUDA_HOME".into(),
-            root_path.join("toolkit").display().to_string(),
-        ),
-        ("LD_LIBRARY_PATH".into(), inherited.display().to_string()),
-        ("CUDA_DEVICE_ORDER".into(), "FASTEST_FIRST".into()),
-    ];
-    c.start("g0", &["--cpus".to_string(), "4".to_string()])
-        .unwrap();
-    c.wait_all(WAIT, "a chief", |s| s.chief.is_some()).unwrap();
+    let mut c = one_node(
+        &root_path,
+        vec![
+            ("RINGLEADER_TEST_GPUS".into(), "H100:81559".into()),
+            (
+                "CUDA_HOME".into(),
+                root_path.join("toolkit").display().to_string(),
+            ),
+            ("LD_LIBRARY_PATH".into(), inherited.display().to_string()),
+            ("CUDA_DEVICE_ORDER".into(), "FASTEST_FIRST".into()),
+        ],
+    );
     let links = c.nodes[0].dir.join("cuda-libs");
     for lib in libs {
         let name = lib.rsplit_once(".so").unwrap().0;
@@ -245,17 +264,17 @@ fn ranks_given_gpus_load_the_cuda_libraries_in_pci_order() {
     let log = c.nodes[0].log();
     assert!(log.contains("cuda libraries found"), "{log}");
 
-    // Phase 2: a rank given a GPU numbers devices in PCI order and loads the libraries
-    // through the link directory, then the toolkit's, then the node's own path.
+    // Phase 2: a command rank given a GPU numbers devices in PCI order and loads the
+    // libraries through the link directory alone (never the toolkit's directory: a
+    // PyTorch wheel brings its own), then the node's own path.
     let client = c.nodes[0].client();
     let gpu = client.submit(&env_spec("gpu", 1)).unwrap();
     let [line] = rank_lines(&c, &gpu, 1).try_into().unwrap();
     assert_eq!(
         line,
         format!(
-            "rank=0 ORDER=PCI_BUS_ID LIBS={}:{}:{}",
+            "rank=0 ORDER=PCI_BUS_ID LIBS={}:{}",
             links.display(),
-            toolkit.display(),
             inherited.display()
         )
     );
@@ -272,5 +291,68 @@ fn ranks_given_gpus_load_the_cuda_libraries_in_pci_order() {
         )]
     );
     cancel(&c, &cpu);
+    c.stop_all();
+}
+
+/// A command job of `workers` ranks with `gpus` devices each, packed, printing what a
+/// torchrun-style script reads.
+fn local_rank_spec(name: &str, workers: u32, gpus: u32) -> String {
+    format!(
+        r#"name = "{name}"
+kind = "command"
+workers = {workers}
+placement = "pack"
+command = ["sh", "-c", "echo rank=$RANK local=$LOCAL_RANK CVD=[${{CUDA_VISIBLE_DEVICES-unset}}] GPUS=$RINGLEADER_GPUS IF=$NCCL_SOCKET_IFNAME,$GLOO_SOCKET_IFNAME; exec sleep 30"]
+[resources]
+gpus_per_worker = {gpus}
+"#
+    )
+}
+
+#[test]
+fn command_ranks_see_their_jobs_devices_in_local_rank_order_and_others_none() {
+    let root = tempfile::Builder::new()
+        .prefix("rl-gpu-local-")
+        .tempdir()
+        .unwrap();
+    let mut c = one_node(
+        root.path(),
+        vec![(
+            "RINGLEADER_TEST_GPUS".into(),
+            "H100:81559,H100:81559".into(),
+        )],
+    );
+    let client = c.nodes[0].client();
+
+    // Phase 1: two ranks of one GPU each on the node's two: both see both, local rank 0's
+    // first, so `torch.cuda.set_device(LOCAL_RANK)` is each one's own; the interface of
+    // the node's data-plane address (loopback here) goes to NCCL and gloo.
+    let pair = client.submit(&local_rank_spec("pair", 2, 1)).unwrap();
+    assert_eq!(
+        rank_lines(&c, &pair, 2),
+        [
+            "rank=0 local=0 CVD=[0,1] GPUS=1 IF=lo,lo",
+            "rank=1 local=1 CVD=[0,1] GPUS=1 IF=lo,lo"
+        ]
+    );
+
+    // Phase 2: a second job's rank given no GPU sees none (empty), not the pair's.
+    let cpu = client.submit(&local_rank_spec("cpu", 1, 0)).unwrap();
+    assert_eq!(
+        rank_lines(&c, &cpu, 1),
+        ["rank=0 local=0 CVD=[] GPUS=0 IF=lo,lo"]
+    );
+
+    // Phase 3: a spec may not pick its own devices.
+    let own = format!(
+        "{}[env]\nCUDA_VISIBLE_DEVICES = \"1\"\n",
+        local_rank_spec("own", 1, 0)
+    );
+    let err = client.submit(&own).unwrap_err().to_string();
+    assert!(err.contains("env.CUDA_VISIBLE_DEVICES: reserved"), "{err}");
+
+    for id in [&pair, &cpu] {
+        cancel(&c, id);
+    }
     c.stop_all();
 }

@@ -9,7 +9,8 @@
 //! (`RINGLEADER_TEST_*`) and the knobs of `ringleader.torch` set by whoever starts the ranks
 //! (`RINGLEADER_DATA_HOST`, …) are not the node↔rank contract and are not here.
 
-/// What every name here starts with; a job's `env` may set none of them but [`NO_SHM`].
+/// What every name here starts with; a job's `env` may set none of them but [`NO_SHM`] (and,
+/// outside this module, `ringleader.torch`'s `RINGLEADER_CUDA_BACKEND`).
 pub const PREFIX: &str = "RINGLEADER_";
 
 macro_rules! names {
@@ -64,7 +65,8 @@ names! {
     /// The checkpoint storage URL (may carry keys, hence not on the command line); train
     /// ranks only.
     STORAGE = "RINGLEADER_STORAGE";
-    /// The number of GPUs the rank was given (0: the CPU); train ranks only.
+    /// The number of GPUs the rank was given (0: none); every rank (a command rank's
+    /// `CUDA_VISIBLE_DEVICES` may list its host-mates' too: this is its own count).
     GPUS = "RINGLEADER_GPUS";
     /// The node's checkpoint endpoint on loopback, for a command rank's
     /// `ringleader.checkpoint`.

@@ -101,6 +101,47 @@ fn the_newest_major_wins_whatever_the_directory_order() {
 }
 
 #[test]
+fn the_major_is_the_newest_the_driver_supports() {
+    assert_eq!(cuda_major_of_driver(12080), Some(12));
+    assert_eq!(cuda_major_of_driver(13000), Some(13));
+    assert_eq!(cuda_major_of_driver(0), None);
+    assert_eq!(cuda_major_of_driver(-1), None);
+    let cublas = WANTED.iter().find(|w| w.name == "cublas").unwrap();
+    let nccl = WANTED.iter().find(|w| w.name == "nccl").unwrap();
+    let majors = |w: &Wanted, max| w.majors_for(max).collect::<Vec<_>>();
+    assert_eq!(majors(cublas, None), [13, 12]);
+    assert_eq!(majors(cublas, Some(13)), [13, 12]);
+    assert_eq!(majors(cublas, Some(12)), [12]);
+    assert_eq!(majors(cublas, Some(11)), Vec::<u32>::new());
+    assert_eq!(majors(nccl, Some(12)), [2], "NCCL's own versions");
+
+    // CUDA 13 and 12 files side by side: a 12.x driver gets 12's, a 13 driver 13's.
+    let t = Tree::new();
+    for file in [
+        "libcublas.so.13",
+        "libcublas.so.12",
+        "libcuda.so.1",
+        "libnccl.so.2",
+    ] {
+        t.file(&format!("ld/{file}"));
+    }
+    let env = [("LD_LIBRARY_PATH", text(&t.at("ld")))];
+    let under = |driver: Option<u32>| {
+        let roots = SearchRoots {
+            driver_cuda_major: driver,
+            ..t.roots(&env, "")
+        };
+        let found = find(&roots);
+        let major = |name| found.get(name).map(|l| l.major);
+        (major("cublas"), major("cuda"), major("nccl"))
+    };
+    assert_eq!(under(None), (Some(13), Some(1), Some(2)));
+    assert_eq!(under(Some(13)), (Some(13), Some(1), Some(2)));
+    assert_eq!(under(Some(12)), (Some(12), Some(1), Some(2)));
+    assert_eq!(under(Some(11)), (None, Some(1), Some(2)));
+}
+
+#[test]
 fn within_a_major_the_search_order_holds() {
     let t = Tree::new();
     for dir in [

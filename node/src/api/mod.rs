@@ -20,7 +20,7 @@
 //! | `GET /healthz` | `ok`; open even with a token |
 //! | `PUT`/`GET /v1/checkpoints/…` | a command rank's checkpoints ([`checkpoints`]; a place's capability, not the API token) |
 //!
-//! Who may do what ([`access`], the rules of `domain::state::users`): an admin (the admin
+//! Who may do what (`access`, the rules of `domain::state::users`): an admin (the admin
 //! token, a token of role admin) everything; a `user` submits, reads every job's summary
 //! and cancels, reads the logs and metrics of, and fetches the checkpoints of what it owns
 //! (a job's `owner` is the submitting token's user); a `viewer` reads summaries. A job
@@ -40,7 +40,7 @@
 //! - [`checkpoints`]: command ranks' checkpoints, behind their place's capability.
 //! - [`dashboard`]: the single-page dashboard served at `/`.
 //! - [`auth`]: the bearer-token middleware (`ringleader node --token-file`).
-//! - [`access`]: the request's user and role, and the ownership checks of each route.
+//! - `access`: the request's user and role, and the ownership checks of each route.
 //! - [`quota`]: each user's pending jobs and spec bytes, bounded at submit.
 //! - [`tokens`]: the token and member-removal routes.
 //! - [`sharing`]: the quota and queue routes; the scheduler's checks at submit.

@@ -307,7 +307,7 @@ fn check_owner(actor: &Actor, cmd: &ControlCommand, state: &ControlState) -> Res
 /// What the principal and the sender of a forwarded write are allowed, before
 /// [`authorize`] looks at the command itself: a removed member nothing; a user command
 /// needs a principal [`check_user_principal`] accepts, acting within its user and role
-/// ([`check_owner`]); a token or member change an admin.
+/// (`check_owner`); a token or member change an admin.
 pub fn authorize_principal(
     from: &str,
     principal: &Principal,

@@ -71,9 +71,21 @@ pub const RESERVED_ENV: [&str; 5] = [
 /// ranks nor drive a test hook's faults into them. [`NODE_ENV_ALLOWED`] are the exceptions.
 pub const NODE_ENV_PREFIX: &str = ringleader_protocol::env::PREFIX;
 
-/// The `RINGLEADER_*` keys a spec's `env` may set: the trainer's documented per-job switches
-/// (`RINGLEADER_NO_SHM`: no shared-memory path between a job's ranks).
-pub const NODE_ENV_ALLOWED: [&str; 1] = [ringleader_protocol::env::NO_SHM];
+/// The `RINGLEADER_*` keys a spec's `env` may set: the documented per-job switches
+/// (`RINGLEADER_NO_SHM`: no shared-memory path between a job's ranks;
+/// `RINGLEADER_CUDA_BACKEND`: `ringleader.torch`'s device group for CUDA tensors, `none`
+/// refusing them). The node sets neither, so a job setting one overrides nothing of it.
+pub const NODE_ENV_ALLOWED: [&str; 2] = [ringleader_protocol::env::NO_SHM, CUDA_BACKEND_ENV];
+
+/// `ringleader.torch`'s switch of the device group for CUDA tensors (`nccl` by default,
+/// `none`): a knob of the Python package, not of the node↔rank contract, so not in
+/// `ringleader_protocol::env`.
+pub const CUDA_BACKEND_ENV: &str = "RINGLEADER_CUDA_BACKEND";
+
+/// The variable that names a rank's devices: the node sets it for every rank on a host that
+/// offers GPUs (`jobs::launch`), so a spec may not (exclusive devices hold only if no job
+/// picks its own).
+pub const DEVICES_ENV: &str = "CUDA_VISIBLE_DEVICES";
 
 const TOP_FIELDS: [&str; 21] = [
     "name",
@@ -379,7 +391,8 @@ pub fn file_path_problem(path: &str) -> Option<String> {
 /// `1 <= min_workers <= workers <= max_workers <= WORKERS_MAX`; `command` is non-empty exactly
 /// when `kind` is `Command` (and may be for a `Search` of command trials); `search` is
 /// present exactly when `kind` is `Search`; `env` sets no
-/// name of [`RESERVED_ENV`], and no [`NODE_ENV_PREFIX`] name but [`NODE_ENV_ALLOWED`].
+/// name of [`RESERVED_ENV`], nor [`DEVICES_ENV`], and no [`NODE_ENV_PREFIX`] name but
+/// [`NODE_ENV_ALLOWED`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobSpec {
     /// Human name; not unique (the job id is).
@@ -1499,6 +1512,14 @@ impl Parser<'_> {
                 return Err(SpecError::Invalid {
                     field,
                     problem: "reserved: ringleader sets it for every worker".into(),
+                    line: self.line(k.span()),
+                });
+            }
+            if key == DEVICES_ENV {
+                return Err(SpecError::Invalid {
+                    field,
+                    problem: "reserved: the node gives each rank its GPUs (see [resources] gpus_per_worker)"
+                        .into(),
                     line: self.line(k.span()),
                 });
             }

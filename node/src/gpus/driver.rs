@@ -24,6 +24,23 @@ pub(super) fn list() -> Result<Vec<Gpu>, String> {
         .unwrap_or_else(|_| Err("the CUDA driver lacks a function ringleader calls".into()))
 }
 
+/// `cuDriverGetVersion`'s value (`1000 * major + 10 * minor`), or `None` without a usable
+/// driver (no libcuda, or a call that fails or panics).
+pub(super) fn version() -> Option<i32> {
+    // SAFETY: as in `list`.
+    if !unsafe { sys::is_culib_present() } {
+        return None;
+    }
+    std::panic::catch_unwind(|| {
+        let mut version: std::ffi::c_int = 0;
+        // SAFETY: writes one int through a valid pointer; needs no `cuInit`.
+        let status = unsafe { sys::cuDriverGetVersion(&mut version) };
+        (status == sys::CUresult::CUDA_SUCCESS).then_some(version)
+    })
+    .ok()
+    .flatten()
+}
+
 fn list_present() -> Result<Vec<Gpu>, String> {
     result::init().map_err(|e| format!("the CUDA driver failed to start: {e}"))?;
     let count = result::device::get_count().map_err(|e| format!("counting devices: {e}"))?;
@@ -70,6 +87,16 @@ mod tests {
             uuid_text(&bytes),
             "GPU-00112233-4455-6677-8899-aabbccddeeff"
         );
+    }
+
+    #[test]
+    fn the_version_is_there_exactly_when_the_driver_lists() {
+        // Every host: a driver that answers has a version; none has none (never a panic).
+        if list().is_err() {
+            assert_eq!(version(), None);
+        } else {
+            assert!(version().is_some_and(|v| v >= 1000));
+        }
     }
 
     #[test]

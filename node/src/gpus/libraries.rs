@@ -4,6 +4,11 @@
 //! `libcublas.so.13` nor `libnccl.so.2`, and the loader reads the path only at a process's
 //! start).
 //!
+//! Only majors the driver supports are taken (`cuDriverGetVersion`, [`super::driver_cuda_major`]):
+//! any CUDA 13 file would otherwise win under a 12.x driver, where cuBLAS 13 and NVRTC 13
+//! fail. A command rank (a PyTorch script, whose wheel brings its own libraries) gets the
+//! link directory alone ([`RankLibraries::link_dir_path`]).
+//!
 //! Done only by a node that offers GPUs: only ranks given devices get the path, and only
 //! such a node gives devices. The search is a few `stat`s and one `ldconfig -p`, in both
 //! builds (a command job's ranks may load the libraries through cudarc too).
@@ -36,19 +41,39 @@ impl RankLibraries {
     /// sets `spec` (`None`: unset): the prefix, then that value or else the node's own,
     /// kept whole ([`cuda_libs::library_path`]). `None`: leave the variable as it is.
     pub fn library_path(&self, spec: Option<&str>) -> Option<String> {
-        let prefix = self.prefix.as_deref()?;
-        Some(cuda_libs::library_path(
-            prefix,
-            spec.or(self.inherited.as_deref()),
-        ))
+        Some(self.before(self.prefix.as_deref()?, spec))
+    }
+
+    /// The `LD_LIBRARY_PATH` of a command rank given devices (a PyTorch script, say): at
+    /// most the link directory (the prefix's first entry), then `spec`'s value or else the
+    /// node's. Never the directories the libraries were found in: a toolkit's or another
+    /// virtualenv's CUDA libraries first on the path break `import torch` when their minor
+    /// version differs from the wheel's (pytorch/pytorch#111469, #134929), and the link
+    /// directory holds only the unversioned names (`libcublas.so`) no wheel loads.
+    pub fn link_dir_path(&self, spec: Option<&str>) -> Option<String> {
+        let link_dir = self.prefix.as_deref()?.split(':').next()?;
+        Some(self.before(link_dir, spec))
+    }
+
+    /// `entries` then `spec`'s path or else the node's.
+    fn before(&self, entries: &str, spec: Option<&str>) -> String {
+        cuda_libs::library_path(entries, spec.or(self.inherited.as_deref()))
     }
 }
 
-/// Finds this host's libraries, makes `<data_dir>/`[`CUDA_LIBS_DIR`] hold their links, and
+/// Finds this host's libraries of CUDA majors up to `driver_cuda_major`
+/// ([`super::driver_cuda_major`]; `None`: any), makes `<data_dir>/`[`CUDA_LIBS_DIR`] hold their links, and
 /// logs once what was found (info) and, when `warn_missing` (the devices come from the
 /// driver, not the test-only fake source), what is missing and what that costs (warn).
-pub fn prepare(data_dir: &Path, warn_missing: bool) -> RankLibraries {
-    let found = cuda_libs::find(&SearchRoots::of_host());
+pub fn prepare(
+    data_dir: &Path,
+    driver_cuda_major: Option<u32>,
+    warn_missing: bool,
+) -> RankLibraries {
+    let found = cuda_libs::find(&SearchRoots {
+        driver_cuda_major,
+        ..SearchRoots::of_host()
+    });
     let dir = data_dir.join(CUDA_LIBS_DIR);
     let prefix = link(&dir, &found);
     if warn_missing {
@@ -130,11 +155,21 @@ mod tests {
             libs.library_path(Some("")).as_deref(),
             Some("/d/cuda-libs:/opt/cuda/lib")
         );
+        // A command rank: the link directory alone before the rest.
+        assert_eq!(
+            libs.link_dir_path(None).as_deref(),
+            Some("/d/cuda-libs:/node/lib")
+        );
+        assert_eq!(
+            libs.link_dir_path(Some("/opt/cuda/lib:/x")).as_deref(),
+            Some("/d/cuda-libs:/opt/cuda/lib:/x")
+        );
         let nothing = RankLibraries {
             prefix: None,
             ..libs
         };
         assert_eq!(nothing.library_path(Some("/spec/lib")), None);
+        assert_eq!(nothing.link_dir_path(Some("/spec/lib")), None);
         assert_eq!(RankLibraries::default().library_path(None), None);
     }
 
@@ -159,7 +194,7 @@ mod tests {
         // Whatever the host has (no CUDA on most test hosts): a prefix exactly when
         // something was found, starting with the link directory.
         let dir = tempfile::tempdir().unwrap();
-        let libs = prepare(dir.path(), false);
+        let libs = prepare(dir.path(), None, false);
         let found = cuda_libs::find(&SearchRoots::of_host());
         match &libs.prefix {
             Some(prefix) => {

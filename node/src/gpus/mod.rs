@@ -8,8 +8,10 @@
 //!   devices `--gpus` names ([`Selection`]).
 //! - [`visible_devices`]: a rank's `CUDA_VISIBLE_DEVICES` from the device indices the chief
 //!   gave it (`Slot::gpus`).
-//! - [`libraries`]: the CUDA libraries a rank given devices loads, found and linked once at
-//!   start, first on its `LD_LIBRARY_PATH` ([`RankLibraries`]).
+//! - [`libraries`]: the CUDA libraries a rank given devices loads, of the newest CUDA major
+//!   the driver supports ([`driver_cuda_major`]), found and linked once at start, first on
+//!   its `LD_LIBRARY_PATH` ([`RankLibraries`]; a command rank gets the link directory
+//!   alone).
 //!
 //! A device's index is the driver's ordinal as this node's process sees it, in PCI bus
 //! order: the binary sets [`DEVICE_ORDER_ENV`] to [`DEVICE_ORDER`] first thing
@@ -135,6 +137,16 @@ pub fn discover(source: &Source, selection: &Selection) -> Result<Discovery, Gpu
     };
     let gpus = selection.restrict(listed, none_because.as_deref())?;
     Ok(Discovery { gpus, none_because })
+}
+
+/// The newest CUDA major this host's driver supports (`cuDriverGetVersion`), which the
+/// CUDA libraries ranks load must not exceed ([`libraries::prepare`]); `None` without a
+/// usable driver, and for [`Source::Test`] (its devices have none).
+pub fn driver_cuda_major(source: &Source) -> Option<u32> {
+    if *source != Source::Driver {
+        return None;
+    }
+    driver::version().and_then(collective::cuda_libs::cuda_major_of_driver)
 }
 
 /// The node's own `CUDA_VISIBLE_DEVICES` entries, when it was started with a non-empty one

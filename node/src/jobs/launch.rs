@@ -168,6 +168,12 @@ pub struct LaunchContext {
     /// ([`gpus::inherited_visible_devices`]): device `i` of a rank is entry `i`. `None`: the
     /// index itself.
     pub device_names: Option<Vec<String>>,
+    /// Whether this node offers GPUs: a rank given none then gets an empty
+    /// `CUDA_VISIBLE_DEVICES` (none), not the node's whole view.
+    pub offers_gpus: bool,
+    /// The interface holding this node's data-plane address ([`super::interfaces`]), given
+    /// to ranks as [`SOCKET_IFNAME_ENV`]; `None`: not found, left to NCCL and gloo.
+    pub socket_ifname: Option<String>,
     /// The CUDA libraries ranks given devices load ([`gpus::libraries::prepare`], at
     /// start); the default: none, their `LD_LIBRARY_PATH` is left alone.
     pub libraries: gpus::RankLibraries,
@@ -195,6 +201,8 @@ impl LaunchContext {
             storage: "memory://".into(),
             exe: "/bin/ringleader".into(),
             device_names: None,
+            offers_gpus: false,
+            socket_ifname: None,
             libraries: Default::default(),
             ring_key: None,
             secrets_key: None,
@@ -243,6 +251,40 @@ pub fn shared_dataset(job: &Job) -> Option<String> {
     }
     let name = job.spec.data.as_ref()?.get("dataset")?.as_str()?;
     (!crate::domain::state::datasets::BUILTIN.contains(&name)).then(|| name.to_owned())
+}
+
+/// The variables NCCL and gloo pick their sockets' interface by: a rank gets the interface
+/// of this node's data-plane address ([`LaunchContext::socket_ifname`]) unless its spec's
+/// `env` sets them.
+pub const SOCKET_IFNAME_ENV: [&str; 2] = ["NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"];
+
+/// The device indices `slot`'s rank sees, in the order it numbers them from 0.
+///
+/// - A command rank sees every device its job holds on its host, its host-mates' in local
+///   rank order, as torchrun's ranks do: local rank `l`'s own are entries
+///   `l * gpus_per_worker ..`, so `torch.cuda.set_device(LOCAL_RANK)` picks its own. Ranks of
+///   other jobs hold none of them (placement is exclusive).
+/// - A train rank sees only its own (the trainer computes on device 0).
+/// - A rank given none sees none (empty).
+///
+/// Invariant: non-empty exactly when the slot holds devices, and then holds the slot's own.
+pub fn rank_devices(job: &Job, slot: &Slot) -> Vec<u32> {
+    if slot.gpus.is_empty() || job.spec.kind != JobKind::Command {
+        return slot.gpus.clone();
+    }
+    // `slot` itself even when the assignment lacks it (a standby joiner's, started ahead
+    // of the re-form that takes it in).
+    let mut on_host: Vec<&Slot> = job
+        .assignment
+        .iter()
+        .filter(|s| s.member == slot.member && s.worker != slot.worker)
+        .chain([slot])
+        .collect();
+    on_host.sort_by_key(|s| (s.local_rank, s.rank));
+    on_host
+        .iter()
+        .flat_map(|s| s.gpus.iter().copied())
+        .collect()
 }
 
 /// The launch of `slot` of `job`'s current generation, or `None` while a train ring member's
@@ -301,8 +343,9 @@ pub fn launch(
     }
     env.extend(job.spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     env.extend(open_secrets(ctx, job));
-    if !slot.gpus.is_empty() {
-        let visible = gpus::visible_devices(&slot.gpus, ctx.device_names.as_deref());
+    let devices = rank_devices(job, slot);
+    if !devices.is_empty() {
+        let visible = gpus::visible_devices(&devices, ctx.device_names.as_deref());
         env.push(("CUDA_VISIBLE_DEVICES".into(), visible));
         env.push((gpus::DEVICE_ORDER_ENV.into(), gpus::DEVICE_ORDER.into()));
         let theirs = env
@@ -310,8 +353,26 @@ pub fn launch(
             .rev()
             .find(|(k, _)| k == gpus::libraries::LIBRARY_PATH_ENV)
             .map(|(_, v)| v.as_str());
-        if let Some(path) = ctx.libraries.library_path(theirs) {
+        let path = match job.spec.kind {
+            // A PyTorch script loads its wheel's own CUDA libraries: a toolkit's or another
+            // virtualenv's first on its path break `import torch` when their minor differs.
+            JobKind::Command => ctx.libraries.link_dir_path(theirs),
+            JobKind::Train | JobKind::Search => ctx.libraries.library_path(theirs),
+        };
+        if let Some(path) = path {
             env.push((gpus::libraries::LIBRARY_PATH_ENV.into(), path));
+        }
+    } else if ctx.offers_gpus {
+        // None of this host's devices: without this the rank would see them all, those
+        // other jobs hold exclusively included.
+        env.push(("CUDA_VISIBLE_DEVICES".into(), String::new()));
+    }
+    env.push((rank_env::GPUS.into(), slot.gpus.len().to_string()));
+    if let Some(ifname) = &ctx.socket_ifname {
+        for key in SOCKET_IFNAME_ENV {
+            if !job.spec.env.contains_key(key) {
+                env.push((key.into(), ifname.clone()));
+            }
         }
     }
     let trial_metric = job.trial_of.as_ref().map(|t| t.metric.clone());
@@ -358,7 +419,6 @@ pub fn launch(
         rank_env::SECRET.into(),
         ring_secret(job, ctx.ring_key.as_ref().map(|k| k.current()).as_ref()),
     ));
-    env.push((rank_env::GPUS.into(), slot.gpus.len().to_string()));
     // In the environment, not the argv: a storage URL may carry keys, and a command line
     // is readable by every user of the host (/proc/PID/cmdline, ps).
     env.push((rank_env::STORAGE.into(), ctx.storage.clone()));

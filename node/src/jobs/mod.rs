@@ -11,6 +11,8 @@
 //!   kill -9 of the node.
 //! - [`archive`]: every ended job's record written to the store (what outlives compaction).
 //! - [`checkpoint`]: a command rank's checkpoint place and its capability (pure).
+//! - [`interfaces`]: the interface of the node's data-plane address, ranks'
+//!   `NCCL_SOCKET_IFNAME`/`GLOO_SOCKET_IFNAME`.
 //!
 //! May use: `domain` (specs, the replicated job records), `control` (the handle to propose
 //! reports, rank logs), `security` (`run_as`: ranks run as `--run-as USER`; sealed secrets),
@@ -21,6 +23,7 @@
 pub mod archive;
 pub mod checkpoint;
 pub mod groups;
+pub mod interfaces;
 pub mod launch;
 pub mod log_rate;
 pub mod process;

@@ -250,6 +250,8 @@ impl Supervisor {
                 jobs_dir,
                 exe,
                 device_names: None,
+                offers_gpus: false,
+                socket_ifname: None,
                 libraries: Default::default(),
                 ring_key: None,
                 secrets_key: None,
@@ -291,9 +293,18 @@ impl Supervisor {
     }
 
     /// Names a rank's devices in its `CUDA_VISIBLE_DEVICES` by the node's own entries
-    /// (`gpus::inherited_visible_devices`; default: by index).
-    pub fn with_device_names(mut self, names: Option<Vec<String>>) -> Self {
+    /// (`gpus::inherited_visible_devices`; default: by index); `offers`: the node offers
+    /// GPUs, so a rank given none is shown none (default: no GPUs, nothing said).
+    pub fn with_devices(mut self, names: Option<Vec<String>>, offers: bool) -> Self {
         self.ctx.device_names = names;
+        self.ctx.offers_gpus = offers;
+        self
+    }
+
+    /// Gives ranks `ifname`, the interface of the node's data-plane address, as
+    /// `NCCL_SOCKET_IFNAME`/`GLOO_SOCKET_IFNAME` (default: none, unset).
+    pub fn with_socket_ifname(mut self, ifname: Option<String>) -> Self {
+        self.ctx.socket_ifname = ifname;
         self
     }
 
@@ -477,6 +488,8 @@ pub fn start(
     jobs_dir: PathBuf,
     storage: String,
     device_names: Option<Vec<String>>,
+    offers_gpus: bool,
+    socket_ifname: Option<String>,
     libraries: crate::gpus::RankLibraries,
     keys: NodeKeys,
     options: RankOptions,
@@ -487,7 +500,8 @@ pub fn start(
     let supervisor = Supervisor::new(me, jobs_dir, reports_tx, wall_ms)
         .with_storage(storage)
         .with_datasets(datasets)
-        .with_device_names(device_names)
+        .with_devices(device_names, offers_gpus)
+        .with_socket_ifname(socket_ifname)
         .with_libraries(libraries)
         .with_keys(keys)
         .with_checkpoints(Some(checkpoints))

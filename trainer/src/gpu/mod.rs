@@ -1,9 +1,10 @@
 //! Training on a GPU: where a train rank computes, and the CUDA backend of the layer-wise
 //! engine.
 //!
-//! A rank the node gave devices (`RINGLEADER_GPUS` ≥ 1, `CUDA_VISIBLE_DEVICES` naming
-//! them) computes on the first of them ([`Device::from_env`]): the MLP and the CNN run the
-//! engine of [`crate::LayerEngine`] on a [`DeviceBackend`], which keeps every activation,
+//! A train rank the node gave devices (`RINGLEADER_GPUS` ≥ 1, `CUDA_VISIBLE_DEVICES`
+//! naming its own alone: the per-rank view, unlike a command rank's, which lists its job's
+//! devices on the host) computes on the first of them ([`Device::from_env`]): the MLP and
+//! the CNN run the engine of [`crate::LayerEngine`] on a [`DeviceBackend`], which keeps every activation,
 //! parameter and gradient in device memory. It is written over a [`Driver`] (memory,
 //! copies, a kernel launch by name, `sgemm`): `Cuda` is it on cudarc (feature `cuda`), and the
 //! tests run it on a CPU emulator of the same driver (`kernels_on_cpu`), so all of it but
@@ -15,16 +16,20 @@
 //!   NVRTC for the device's architecture, one thread per output value, each the line-by-line
 //!   twin of its CPU kernel in `crate::kernels` (col2im gathers instead of scattering, so no
 //!   atomics and the same sums in a fixed order);
-//! - per step the parameters go up once (the optimizer runs on the host, as on the CPU), the
-//!   batch goes up, and each layer's gradients come down as soon as the backward pass has
-//!   them, so that the gradient sync overlaps the rest of the backward as on the CPU.
+//! - per step the batch goes up; where the gradients go next depends on the generation
+//!   (below).
 //!
-//! Gradients: when every rank of a generation computes on CUDA ([`connect_nccl`] asks
-//! them over the TCP ring), they are averaged on the device with NCCL (one `ncclAllReduce`
-//! per parameter after the backward pass, bootstrapped over a second TCP group that its
-//! watchdog keeps, so a lost peer fails the step with `PeerLost` as over TCP), then copied
-//! to the host for the optimizer. Otherwise (a rank without a GPU) they go through host
-//! memory over the TCP ring ([`crate::GradSync`]), each layer's as soon as it is ready.
+//! Gradients: when every rank of a generation computes on CUDA and loads libnccl
+//! ([`connect_nccl`] asks them over the TCP ring), the step is a device step (`nccl`): as
+//! the backward pass finishes a layer, its gradients are queued as one NCCL group on
+//! NCCL's stream, so the allreduce of the last layers runs while the first layers' are
+//! computed; the optimizer (SGD, AdamW) then runs on the device (`device_optimizer`), and
+//! the parameters and the optimizer's state stay in device memory between steps, brought
+//! back to the host only for a checkpoint or an elastic commit. NCCL is bootstrapped over a
+//! second TCP group whose watchdog is kept, so a lost peer fails the step with `PeerLost`
+//! as over TCP. Otherwise (a rank without a GPU, or one that cannot load libnccl) each
+//! layer's gradients come down as soon as the backward pass has them and go through host
+//! memory over the TCP ring ([`crate::GradSync`]), the optimizer on the host.
 //!
 //! cudarc loads libcuda, libcublas and libnvrtc at run time, so the binary built with
 //! `--features cuda` runs on hosts without them; `Cuda::open` says which is missing

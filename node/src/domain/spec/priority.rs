@@ -1,7 +1,7 @@
 //! A job's priority: the spec key `priority`, a named class or an integer.
 //!
-//! `"low"` = [`LOW`], `"normal"` = [`NORMAL`] (the default), `"high"` = [`HIGH`], or an
-//! integer `0..=`[`PRIORITY_MAX`]. Stored as the integer. The scheduler
+//! `"low"` = `LOW`, `"normal"` = `NORMAL` (the default), `"high"` = `HIGH`, or an
+//! integer `0..=PRIORITY_MAX`. Stored as the integer. The scheduler
 //! (`chief::scheduler`) orders waiting jobs by it (raised by their wait, see there); an
 //! admin may set a ceiling per user (`ringleader quota set USER --max-priority P`), above
 //! which a submit is refused naming the field `priority`.

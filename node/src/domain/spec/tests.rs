@@ -420,11 +420,20 @@ fn env_rules() {
     ] {
         assert_eq!(
                 err(&format!("{base}[env]\n{key} = \"1\"\n")),
-                format!("env.{key}: reserved: the node owns the RINGLEADER_* variables (a job may set only RINGLEADER_NO_SHM) at line 5")
+                format!("env.{key}: reserved: the node owns the RINGLEADER_* variables (a job may set only RINGLEADER_NO_SHM, RINGLEADER_CUDA_BACKEND) at line 5")
             );
     }
     let spec = JobSpec::parse(&format!("{base}[env]\nRINGLEADER_NO_SHM = \"true\"\n")).unwrap();
     assert_eq!(spec.env["RINGLEADER_NO_SHM"], "true");
+    let spec = JobSpec::parse(&format!(
+        "{base}[env]\nRINGLEADER_CUDA_BACKEND = \"none\"\n"
+    ))
+    .unwrap();
+    assert_eq!(spec.env["RINGLEADER_CUDA_BACKEND"], "none");
+    assert_eq!(
+        err(&format!("{base}[env]\nCUDA_VISIBLE_DEVICES = \"0\"\n")),
+        "env.CUDA_VISIBLE_DEVICES: reserved: the node gives each rank its GPUs (see [resources] gpus_per_worker) at line 5"
+    );
     assert!(
         err(&format!(
             "{base}[env]\nCUDA_DEVICE_ORDER = \"FASTEST_FIRST\"\n"

@@ -1,7 +1,7 @@
 //! `kind = "train"` jobs: the trainer's sections of a job spec (`[model]`, `[data]`,
 //! `[train]`, `[checkpoint]`), checked when a job is admitted and written to each rank's spec
 //! file. Each rank is this node's own binary run as `ringleader train-worker` (see
-//! `jobs::launch`), which calls [`ringleader_spec::worker::run`]; rank 0 prints `ringleader-metric`
+//! `jobs::launch`), which calls `trainer::worker::run`; rank 0 prints `ringleader-metric`
 //! lines that become job metrics and writes checkpoints under `jobs/<job-id>/ckpt/<step>/` in
 //! the node's store.
 

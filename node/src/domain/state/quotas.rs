@@ -2,7 +2,7 @@
 //! guarantees and allows, as plain replicated data.
 //!
 //! `ringleader quota set USER [--cpus N] [--gpus N] [--borrow-cpus N] [--borrow-gpus N]
-//! [--gpu-hours H] [--weight W] [--max-priority P] [--group G]` proposes [`Op::QuotaSet`]
+//! [--gpu-hours H] [--weight W] [--max-priority P] [--group G]` proposes [`Op::QuotaSet`](crate::domain::state::Op::QuotaSet)
 //! (admin only): the fields it gives replace the user's, the others stay. What they mean
 //! (enforced by `chief::scheduler`, a pure function of this registry and the jobs):
 //!

@@ -107,18 +107,19 @@ fn env_of<'a>(l: &'a Launch, name: &str) -> Option<&'a str> {
 }
 
 #[test]
-fn ranks_see_only_their_own_gpus() {
-    let members = vec![chief::gpu_member("a", 8, 4)];
+fn command_ranks_see_their_hosts_devices_in_local_rank_order_train_ranks_their_own() {
+    let members = vec![chief::gpu_member("a", 8, 6)];
     let mut state = ControlState::default();
-    let spec = |kind: &str, gpus: u32| {
+    let spec = |kind: &str, workers: u32, gpus: u32| {
         format!(
-                "name = \"g\"\nkind = \"{kind}\"\nworkers = 2\n{}[env]\nCUDA_VISIBLE_DEVICES = \"7\"\n[resources]\ngpus_per_worker = {gpus}\n",
+                "name = \"g\"\nkind = \"{kind}\"\nworkers = {workers}\nplacement = \"pack\"\n{}[resources]\ngpus_per_worker = {gpus}\n",
                 if kind == "command" { "command = [\"true\"]\n" } else { "" }
             )
     };
-    let command = chief::submit_text(&mut state, &spec("command", 1));
-    let train = chief::submit_text(&mut state, &spec("train", 1));
-    let cpu = chief::submit_text(&mut state, &spec("train", 0));
+    let command = chief::submit_text(&mut state, &spec("command", 2, 2));
+    let train = chief::submit_text(&mut state, &spec("train", 2, 1));
+    let cpu = chief::submit_text(&mut state, &spec("train", 1, 0));
+    let cpu_command = chief::submit_text(&mut state, &spec("command", 1, 0));
     for cmd in decide(&state, &members, 5, &mut || "ab".repeat(32)) {
         state.apply(state.applied_index + 1, &cmd);
     }
@@ -131,29 +132,114 @@ fn ranks_see_only_their_own_gpus() {
             .map(|slot| launch(ctx, job, slot, &host).unwrap())
             .collect::<Vec<_>>()
     };
-    let visible = |ls: &[Launch]| -> Vec<Option<String>> {
+    let seen = |ls: &[Launch], key: &str| -> Vec<Option<String>> {
         ls.iter()
-            .map(|l| env_of(l, "CUDA_VISIBLE_DEVICES").map(str::to_owned))
+            .map(|l| env_of(l, key).map(str::to_owned))
             .collect()
     };
+    let some = |v: &[&str]| v.iter().map(|s| Some(s.to_string())).collect::<Vec<_>>();
+    // Two ranks of two devices each on one host: both see all four, local rank 0's first,
+    // so `set_device(LOCAL_RANK * 2)` is each one's own; told their own count.
     let c = launches(&ctx, command);
-    assert_eq!(visible(&c), [Some("0".into()), Some("1".into())]);
-    assert!(c.iter().all(|l| env_of(l, "RINGLEADER_GPUS").is_none()));
-    let t = launches(&ctx, train);
-    assert_eq!(visible(&t), [Some("2".into()), Some("3".into())]);
-    assert!(t.iter().all(|l| env_of(l, "RINGLEADER_GPUS") == Some("1")));
-    // No gpu asked for: the spec's own value stands, and the trainer is told 0.
-    let none = launches(&ctx, cpu);
-    assert_eq!(visible(&none), [Some("7".into()), Some("7".into())]);
-    assert!(none
-        .iter()
-        .all(|l| env_of(l, "RINGLEADER_GPUS") == Some("0")));
-    // A node started with CUDA_VISIBLE_DEVICES: its own names for the devices.
-    ctx.device_names = Some(["4", "5", "6", "GPU-x"].map(String::from).to_vec());
     assert_eq!(
-        visible(&launches(&ctx, train)),
-        [Some("6".into()), Some("GPU-x".into())]
+        seen(&c, "CUDA_VISIBLE_DEVICES"),
+        some(&["0,1,2,3", "0,1,2,3"])
     );
+    assert_eq!(seen(&c, "LOCAL_RANK"), some(&["0", "1"]));
+    assert_eq!(seen(&c, "RINGLEADER_GPUS"), some(&["2", "2"]));
+    // Train ranks: their own only (the trainer computes on device 0).
+    let t = launches(&ctx, train);
+    assert_eq!(seen(&t, "CUDA_VISIBLE_DEVICES"), some(&["4", "5"]));
+    assert_eq!(seen(&t, "RINGLEADER_GPUS"), some(&["1", "1"]));
+    // No gpu asked for, on a node that offers none: nothing said; on one that offers some:
+    // none (empty), never the node's whole view.
+    for id in [cpu, cpu_command] {
+        let l = launches(&ctx, id);
+        assert_eq!(seen(&l, "CUDA_VISIBLE_DEVICES"), [None]);
+        assert_eq!(seen(&l, "RINGLEADER_GPUS"), some(&["0"]));
+    }
+    ctx.offers_gpus = true;
+    for id in [cpu, cpu_command] {
+        assert_eq!(
+            seen(&launches(&ctx, id), "CUDA_VISIBLE_DEVICES"),
+            some(&[""])
+        );
+    }
+    // A node started with CUDA_VISIBLE_DEVICES: its own names for the devices.
+    ctx.device_names = Some(
+        ["4", "5", "6", "7", "8", "GPU-x"]
+            .map(String::from)
+            .to_vec(),
+    );
+    assert_eq!(
+        seen(&launches(&ctx, train), "CUDA_VISIBLE_DEVICES"),
+        some(&["8", "GPU-x"])
+    );
+    assert_eq!(
+        seen(&launches(&ctx, command), "CUDA_VISIBLE_DEVICES"),
+        some(&["4,5,6,7", "4,5,6,7"])
+    );
+}
+
+#[test]
+fn rank_devices_follow_local_rank_not_rank_and_stay_on_the_host() {
+    let (state, id) = placed_on_one_member(
+        "name = \"c\"\nkind = \"command\"\ncommand = [\"true\"]\nworkers = 3\n",
+        8,
+    );
+    let mut job = state.job(id).unwrap().clone();
+    // Ranks 0 and 2 on member a (local ranks 1 and 0), rank 1 on b.
+    for (slot, (member, local, gpus)) in
+        job.assignment
+            .iter_mut()
+            .zip([("a", 1, vec![3]), ("b", 0, vec![0]), ("a", 0, vec![5])])
+    {
+        slot.member = member.into();
+        slot.local_rank = local;
+        slot.gpus = gpus;
+    }
+    let of = |job: &Job, r: usize| rank_devices(job, &job.assignment[r]);
+    assert_eq!(
+        (of(&job, 0), of(&job, 1), of(&job, 2)),
+        (vec![5, 3], vec![0], vec![5, 3])
+    );
+    // A standby joiner on a, not yet in the assignment: its own devices after the others'.
+    let standby = Slot {
+        worker: 3,
+        rank: 3,
+        local_rank: 2,
+        gpus: vec![1],
+        ..job.assignment[0].clone()
+    };
+    assert_eq!(rank_devices(&job, &standby), [5, 3, 1]);
+    job.spec.kind = JobKind::Train;
+    assert_eq!((of(&job, 0), of(&job, 2)), (vec![3], vec![5]));
+    job.spec.kind = JobKind::Command;
+    job.assignment[0].gpus.clear();
+    assert_eq!(of(&job, 0), Vec::<u32>::new());
+}
+
+#[test]
+fn ranks_get_the_data_planes_interface_unless_their_spec_names_one() {
+    let (state, id) = placed_on_one_member(
+        "name = \"c\"\nkind = \"command\"\ncommand = [\"true\"]\n[env]\nGLOO_SOCKET_IFNAME = \"eth9\"\n",
+        1,
+    );
+    let job = state.job(id).unwrap();
+    let host = |_: &str| Some("127.0.0.1".to_string());
+    let mut ctx = LaunchContext::for_test(&job.assignment[0].member);
+    let l = launch(&ctx, job, &job.assignment[0], &host).unwrap();
+    assert_eq!(env_of(&l, "NCCL_SOCKET_IFNAME"), None);
+    ctx.socket_ifname = Some("lo".into());
+    let l = launch(&ctx, job, &job.assignment[0], &host).unwrap();
+    assert_eq!(env_of(&l, "NCCL_SOCKET_IFNAME"), Some("lo"));
+    assert_eq!(env_of(&l, "GLOO_SOCKET_IFNAME"), Some("eth9"));
+    let once = l
+        .env
+        .iter()
+        .filter(|(k, _)| k == "GLOO_SOCKET_IFNAME")
+        .count();
+    assert_eq!(once, 1);
 }
 
 #[test]
@@ -193,14 +279,15 @@ fn ranks_with_gpus_number_them_in_pci_order_and_load_the_nodes_libraries() {
     );
     assert_eq!(path(&first(&ctx, job(train))), None);
 
-    // Libraries linked at start: they come first, then the spec's path or the node's.
+    // Libraries linked at start: they come first, then the spec's path or the node's; a
+    // command rank (PyTorch's wheels bring their own) gets the link directory alone.
     ctx.libraries = crate::gpus::RankLibraries {
         prefix: Some("/d/cuda-libs:/opt/cuda/lib".into()),
         inherited: Some("/node/lib".into()),
     };
     assert_eq!(
         path(&first(&ctx, job(command))).as_deref(),
-        Some("/d/cuda-libs:/opt/cuda/lib:/spec/lib")
+        Some("/d/cuda-libs:/spec/lib")
     );
     let t = first(&ctx, job(train));
     assert_eq!(
