@@ -192,7 +192,9 @@ fn survivors_keep_their_processes_and_finish_after_a_kill() {
         let restored: u64 = field(l, "restored_step").unwrap().parse().unwrap();
         let step: u64 = field(l, "step").unwrap().parse().unwrap();
         let lost: u64 = field(l, "steps_lost").unwrap().parse().unwrap();
-        assert!(restored >= 10 && restored.is_multiple_of(5), "{l}");
+        // The kill came after rank 0's step 12; the failed step changed nothing, so the
+        // survivors committed their last whole step (not only the periodic commit of 10).
+        assert!(restored >= 12, "{l}");
         assert_eq!(lost, step - restored, "{l}");
         let failed = out
             .iter()
