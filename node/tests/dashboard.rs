@@ -1,16 +1,22 @@
 //! Real-process test of the dashboard (`GET /`): a 3-node local cluster whose nodes want an
 //! API token runs a command job that reports loss and accuracy curves and a grid search of
-//! command trials; then headless Chromium renders `http://API/#token=TOKEN` and the test
-//! checks that the page drew every member, both jobs, the curves and the search's best
-//! trial; without the token the page says how to give it.
+//! command trials; then alice, whose quota is 1 cpu and 1 borrowed, runs a job of two
+//! ranks that reports curves too, and a second job of hers waits behind her quota. Headless
+//! Chromium renders `http://API/#token=TOKEN` and the test checks that the page drew every
+//! member, the jobs, the curves, the search's best trial, alice's bar with its numbers
+//! (`2/1 cpus, 1 borrowed`) and the queue's row with the scheduler's reason; with a
+//! `viewer` token the page draws the same users and queue (the curves of alice's job are
+//! not the viewer's to read, and the page says so); without a token it says how to give
+//! one.
 //!
 //! Without a Chromium binary the browser part says SKIPPED and returns. With
 //! `RINGLEADER_SCREENSHOT=1` the screenshot goes to `docs/dashboard.png` (the README shows
 //! it), else to the test's temporary directory.
 //!
 //! At size: a test server serves the page and a synthetic status of 1,000 members and
-//! 10,000 jobs (`api::listing::synthetic`, paged as a node pages it); the browser must draw
-//! the summary and bounded, paged lists within [`BROWSER_WAIT`].
+//! 10,000 jobs (`api::listing::synthetic`, paged as a node pages it) with 500 of them
+//! waiting; the browser must draw the summary and bounded, paged lists (the queue's first
+//! 50 rows, the rest counted) within [`BROWSER_WAIT`].
 //!
 //! The two tests take turns ([`ONE_AT_A_TIME`]): the browser drawing 10,000 jobs takes both
 //! cores of a CI host for seconds, long enough to hold the other test's nodes past their
@@ -27,7 +33,10 @@ use std::{
 mod common;
 
 use common::{exe, write_private};
-use ringleader::{api::status::JobDoc, cli::local::LocalCluster};
+use ringleader::{
+    api::{client::ApiClient, status::JobDoc},
+    cli::local::LocalCluster,
+};
 
 /// Bound on each wait (a debug build on two cores is slow).
 const WAIT: Duration = Duration::from_secs(180);
@@ -52,6 +61,26 @@ kind = "command"
 workers = 1
 command = ["awk", "BEGIN { for (i = 1; i <= 12; i++) { printf \"ringleader-metric loss %.4f %d\\n\", 2.2 * exp(-i / 4) + 0.1, i * 10; printf \"ringleader-metric val_accuracy %.4f %d\\n\", 0.95 - 0.8 * exp(-i / 3), i * 10; fflush(); system(\"sleep 0.6\") } }"]
 "#;
+
+/// alice's job: two one-cpu ranks (her quota's cpu and one borrowed) that report a loss
+/// and an accuracy curve, then hold their cpus.
+const HOG_JOB: &str = r#"
+name = "alice-hog"
+kind = "command"
+workers = 2
+command = ["sh", "-c", "awk 'BEGIN { for (i = 1; i <= 6; i++) { printf \"ringleader-metric loss %.4f %d\\n\", 2.0 * exp(-i / 3) + 0.1, i * 10; printf \"ringleader-metric val_accuracy %.4f %d\\n\", 0.9 - 0.7 * exp(-i / 2), i * 10; fflush(); system(\"sleep 0.6\") } }'; exec sleep 300"]
+"#;
+
+/// alice's second job: one more cpu than her quota lets her borrow, so it waits.
+const WAITING_JOB: &str = r#"
+name = "alice-next"
+kind = "command"
+workers = 1
+command = ["sleep", "300"]
+"#;
+
+/// The reason the scheduler gives alice's second job.
+const QUOTA_REASON: &str = "waiting for 1 cpu: alice's quota 2/2 cpus in use";
 
 /// A grid search of command trials: 4 learning rates over 3 decades × 2 batch sizes; the
 /// metric peaks at lr = 0.03 and prefers the larger batch.
@@ -90,6 +119,78 @@ fn wait_ended(c: &LocalCluster, i: usize, id: &str) -> JobDoc {
             "job {id} not ended within {WAIT:?}; last seen: {last:#?}"
         );
         std::thread::sleep(POLL);
+    }
+}
+
+/// Polls node `i`'s view of job `id` until `done` holds.
+fn wait_job(c: &LocalCluster, i: usize, id: &str, what: &str, done: impl Fn(&JobDoc) -> bool) {
+    let deadline = Instant::now() + WAIT;
+    let mut last = None;
+    loop {
+        if let Ok(doc) = c.nodes[i].client().job(id) {
+            if done(&doc) {
+                return;
+            }
+            last = Some(doc);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "job {id}: {what} not within {WAIT:?}; last seen: {last:#?}"
+        );
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Polls until job `id` reported at least 3 loss points.
+fn wait_loss(client: &ApiClient, id: &str) {
+    let deadline = Instant::now() + WAIT;
+    while client
+        .job_metrics(id)
+        .unwrap()
+        .metrics
+        .get("loss")
+        .map_or(0, Vec::len)
+        < 3
+    {
+        assert!(Instant::now() < deadline, "no loss curve for {id}");
+        std::thread::sleep(POLL);
+    }
+}
+
+/// A new token for `name` with `role`, made through `client` (the admin's).
+fn new_token(client: &ApiClient, name: &str, role: &str) -> String {
+    let made: serde_json::Value = client
+        .post_json(
+            "/v1/tokens",
+            &serde_json::json!({ "name": name, "role": role }),
+        )
+        .unwrap();
+    made["token"].as_str().expect("the new token").to_owned()
+}
+
+/// Asserts that `dom` drew alice's bar with its numbers and her waiting job's queue row
+/// with the scheduler's reason.
+fn assert_users_and_queue(dom: &str, waiting: &str) {
+    for text in [
+        ">Users <",
+        "<b class=\"first\">alice</b>",
+        "2/1 cpus, 1 borrowed",
+        "0/5 GPU-hours in 7 d",
+        "class=\"borrowed\"",
+        ">Queue <",
+        "1 waiting, first to start first",
+        "alice-next",
+        QUOTA_REASON,
+    ] {
+        assert!(dom.contains(text), "{text:?} not on the page: {dom}");
+    }
+    // The queue's row: its position, the job, its owner, priority, ranks and reason.
+    let row = dom
+        .split("<tr")
+        .find(|r| r.contains(waiting) && r.contains(QUOTA_REASON))
+        .unwrap_or_else(|| panic!("no queue row for {waiting}: {dom}"));
+    for cell in [">1<", ">alice<", ">normal<", ">1 × 1 cpu<"] {
+        assert!(row.contains(cell), "the queue row lacks {cell:?}: {row}");
     }
 }
 
@@ -173,6 +274,11 @@ fn headless(browser: &Path, dir: &Path, url: &str, args: &[String]) -> String {
     std::fs::read_to_string(&out_path).unwrap()
 }
 
+/// What headless `browser` drew of `url` (see [`drawn`]), run under `dir`.
+fn dump(browser: &Path, dir: &Path, url: &str) -> String {
+    drawn(&headless(browser, dir, url, &["--dump-dom".to_string()]))
+}
+
 #[test]
 fn the_dashboard_shows_members_jobs_curves_and_a_search() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -243,18 +349,25 @@ fn the_dashboard_shows_members_jobs_curves_and_a_search() {
     assert_eq!(search_doc.trials.len(), 8, "{search_doc:#?}");
     let best = search_doc.best.clone().expect("a best trial");
     assert_eq!(best.params["lr"].as_float(), Some(0.03), "{best:?}");
-    let deadline = Instant::now() + WAIT;
-    while client
-        .job_metrics(&job)
-        .unwrap()
-        .metrics
-        .get("loss")
-        .map_or(0, Vec::len)
-        < 3
-    {
-        assert!(Instant::now() < deadline, "no loss curve for {job}");
-        std::thread::sleep(POLL);
-    }
+    wait_loss(&client, &job);
+
+    // Phase 3b: alice's quota is 1 cpu, 1 more borrowed, and a GPU-hours budget; her job of
+    // two ranks runs on both, and her next one waits behind the quota, saying so.
+    let _: serde_json::Value = client
+        .post_json(
+            "/v1/quotas",
+            &serde_json::json!({ "user": "alice", "cpus": 1, "borrow_cpus": 1, "gpu_hours": 5.0 }),
+        )
+        .unwrap();
+    let alice = ApiClient::new(&api, Some(new_token(&client, "alice", "user")));
+    let hog = alice.submit(HOG_JOB).unwrap();
+    wait_job(&c, 0, &hog, "running", |j| j.state == "running");
+    let waiting = alice.submit(WAITING_JOB).unwrap();
+    wait_job(&c, 0, &waiting, "the quota's reason", |j| {
+        j.pending_reason.as_deref() == Some(QUOTA_REASON)
+    });
+    wait_loss(&client, &hog);
+    let viewer = new_token(&client, "watcher", "viewer");
 
     // Phase 4: the browser.
     let Some(browser) = chromium() else {
@@ -262,12 +375,7 @@ fn the_dashboard_shows_members_jobs_curves_and_a_search() {
         return;
     };
     let url = format!("http://{api}/#token={TOKEN}");
-    let dom = drawn(&headless(
-        &browser,
-        root.path(),
-        &url,
-        &["--dump-dom".to_string()],
-    ));
+    let dom = dump(&browser, root.path(), &url);
     assert!(
         !dom.contains("wants an API token") && !dom.contains("did not answer"),
         "the page could not read the API: {dom}"
@@ -275,7 +383,7 @@ fn the_dashboard_shows_members_jobs_curves_and_a_search() {
     for name in NAMES {
         assert!(dom.contains(name), "member {name} not on the page: {dom}");
     }
-    for id in [&job, &search] {
+    for id in [&job, &search, &hog, &waiting] {
         assert!(dom.contains(id.as_str()), "job {id} not on the page: {dom}");
     }
     let best_job = &search_doc
@@ -305,14 +413,27 @@ fn the_dashboard_shows_members_jobs_curves_and_a_search() {
         );
     }
     assert!(!dom.contains(TOKEN), "the token is on the page");
+    assert_users_and_queue(&dom, &waiting);
 
-    // Without the token the page says how to give it.
-    let bare = drawn(&headless(
+    // A viewer reads the same users and queue; alice's curves are not its to read.
+    let seen = dump(
         &browser,
         root.path(),
-        &format!("http://{api}/"),
-        &["--dump-dom".to_string()],
-    ));
+        &format!("http://{api}/#token={viewer}"),
+    );
+    assert!(
+        !seen.contains("did not answer") && !seen.contains("failed to draw"),
+        "the page could not read the API with a viewer token: {seen}"
+    );
+    assert_users_and_queue(&seen, &waiting);
+    assert!(
+        seen.contains("its curves are not this token's to read"),
+        "the viewer's page does not say why it shows no curves: {seen}"
+    );
+    assert!(!seen.contains(&viewer), "the viewer's token is on the page");
+
+    // Without the token the page says how to give it.
+    let bare = dump(&browser, root.path(), &format!("http://{api}/"));
     assert!(
         bare.contains("this node wants an API token: open") && bare.contains("#token=YOUR_TOKEN"),
         "{bare}"
@@ -346,17 +467,20 @@ fn the_dashboard_shows_members_jobs_curves_and_a_search() {
 /// Members and jobs of the synthetic cluster (issue 27).
 const MEMBERS_AT_SIZE: usize = 1_000;
 const JOBS_AT_SIZE: usize = 10_000;
-/// Table rows the page may draw at size: the members listed (100), a page of jobs (50) and
-/// the tables' header rows.
-const ROWS_AT_SIZE_MAX: usize = 100 + 50 + 10;
+/// Table rows the page may draw at size: the members listed (100), a page of jobs (50), the
+/// first 50 of the 500 waiting jobs and the tables' header rows.
+const ROWS_AT_SIZE_MAX: usize = 100 + 50 + 50 + 10;
 
-/// Serves the dashboard and `GET /v1/status` of a synthetic cluster on 127.0.0.1; job
-/// documents answer 404 (the page copes: a job compacted meanwhile). Returns the address.
+/// Serves the dashboard, `GET /v1/status` and `GET /v1/queue` of a synthetic cluster on
+/// 127.0.0.1; job documents answer 404 (the page copes: a job compacted meanwhile).
+/// Returns the address.
 fn serve_synthetic(members: usize, jobs: usize) -> String {
     use axum::{extract::Query, routing::get, Json, Router};
     use ringleader::api::listing::{page_status, synthetic, StatusQuery};
     use std::sync::Arc;
     let (doc, state) = synthetic(members, jobs);
+    let queue = ringleader::api::sharing::queue_doc(&state, doc.alive_capacity(), 1);
+    let queue = Arc::new(serde_json::to_value(queue).unwrap());
     let fake = Arc::new((doc, state));
     let app = Router::new()
         .route("/", get(ringleader::api::dashboard::page))
@@ -369,6 +493,13 @@ fn serve_synthetic(members: usize, jobs: usize) -> String {
                     page_status(&mut doc, &fake.1, &q).expect("a good query");
                     Json(doc)
                 }
+            }),
+        )
+        .route(
+            "/v1/queue",
+            get(move || {
+                let queue = queue.clone();
+                async move { Json((*queue).clone()) }
             }),
         )
         .route(
@@ -410,12 +541,7 @@ fn the_dashboard_stays_readable_with_1000_members_and_10000_jobs() {
         .tempdir()
         .unwrap();
     let start = Instant::now();
-    let dom = drawn(&headless(
-        &browser,
-        root.path(),
-        &format!("http://{api}/"),
-        &["--dump-dom".to_string()],
-    ));
+    let dom = dump(&browser, root.path(), &format!("http://{api}/"));
     let took = start.elapsed();
     assert!(
         !dom.contains("did not answer") && !dom.contains("failed to draw"),
@@ -430,6 +556,8 @@ fn the_dashboard_stays_readable_with_1000_members_and_10000_jobs() {
         "900 more members not listed",
         "newest 1–50 of 10000",
         "sweep-9999",
+        "500 waiting, first to start first",
+        "450 more waiting jobs (ringleader queue)",
     ] {
         assert!(dom.contains(text), "{text:?} not on the page: {dom}");
     }

@@ -2,10 +2,15 @@
 //! (`dashboard/index.html`, built into the binary: inline CSS and plain JavaScript, no
 //! external requests, so it works on hosts without internet).
 //!
-//! The page polls the JSON API every 2 s (`/v1/status`, `/v1/jobs/{id}`,
-//! `/v1/jobs/{id}/metrics`) and shows this node, the chief and term; the members with
-//! their state, voter and blacklist flags and resources; the jobs with their generation,
-//! attempt, ring and generation history; a selected job's loss and accuracy curves
+//! The page polls the JSON API every 2 s (`/v1/status`, `/v1/queue`, `/v1/datasets`,
+//! `/v1/jobs/{id}`, `/v1/jobs/{id}/metrics`) and shows this node, the chief and term; the
+//! members with their state, voter and blacklist flags and resources; the jobs with their
+//! generation, attempt, ring and generation history; each user's cpus (and GPUs) in use
+//! against its quota as a bar, the borrowed part in a lighter shade, a user without a
+//! quota against the cluster's capacity (the status's `users` rows, `GET /v1/quotas`'s, and
+//! its summary's `capacity`), with GPU-hours against a budget; the waiting jobs in the
+//! order they start, with owner, priority, ranks and the scheduler's reason (`/v1/queue`;
+//! every token's role reads both); a selected job's loss and accuracy curves
 //! (inline SVG); a search's leaderboard and a scatter plot of its trials by one parameter
 //! against the metric.
 //!
@@ -122,6 +127,7 @@ mod tests {
         }
         for needed in [
             "/v1/status",
+            "/v1/queue",
             "/metrics",
             "sessionStorage",
             "replaceState",

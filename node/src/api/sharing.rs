@@ -273,15 +273,7 @@ pub(super) async fn queue(State(app): State<AppState>) -> Result<Json<QueueDoc>,
 
 /// The cpus and GPUs of the alive members this node sees.
 async fn cluster_totals(app: &AppState) -> Result<Usage, ApiError> {
-    let doc = super::status_doc(app).await?;
-    Ok(doc
-        .members
-        .iter()
-        .filter(|m| m.state == "alive")
-        .fold(Usage::default(), |t, m| Usage {
-            cpus: t.cpus + u64::from(m.cpus),
-            gpus: t.gpus + m.gpus.len() as u64,
-        }))
+    Ok(super::status_doc(app).await?.alive_capacity())
 }
 
 /// The GPU counts of the members that could hold ranks (alive or suspect, not removed).

@@ -217,6 +217,17 @@ impl From<crate::domain::queue::Usage> for UsageDoc {
 }
 
 impl StatusDoc {
+    /// The cpus and GPUs of the alive members listed: what the scheduler shares out.
+    pub fn alive_capacity(&self) -> crate::domain::queue::Usage {
+        self.members
+            .iter()
+            .filter(|m| m.state == "alive")
+            .fold(Default::default(), |t, m| crate::domain::queue::Usage {
+                cpus: t.cpus + u64::from(m.cpus),
+                gpus: t.gpus + m.gpus.len() as u64,
+            })
+    }
+
     /// Names of the members in `state`, sorted.
     pub fn names_in(&self, state: &str) -> Vec<String> {
         let mut v: Vec<String> = self

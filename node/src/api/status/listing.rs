@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{JobSummary, MemberDoc, StatusDoc};
+use super::{JobSummary, MemberDoc, StatusDoc, UsageDoc};
 use crate::domain::state::{ControlState, JobId};
 
 /// Rows of each list (members, jobs) that `GET /v1/status` and `GET /v1/jobs` return
@@ -81,6 +81,11 @@ pub struct Summary {
     pub members_next: Option<String>,
     /// The `jobs_before` of the next (older) page; null on the last.
     pub jobs_next: Option<String>,
+    /// The cpus and GPUs of every alive member, whatever the filters and page: what the
+    /// scheduler shares out (the dashboard's scale for each user's bar). Zero from nodes
+    /// older than the field.
+    #[serde(default)]
+    pub capacity: UsageDoc,
 }
 
 /// `limit`, checked: 1 to [`LIST_ROWS_MAX`], [`STATUS_ROWS_DEFAULT`] when absent.
@@ -188,6 +193,7 @@ pub fn page_status(doc: &mut StatusDoc, s: &ControlState, q: &StatusQuery) -> Re
         *members_by_state.entry(m.state.clone()).or_insert(0) += 1;
     }
     let members_total = doc.members.len();
+    let capacity = doc.alive_capacity().into();
     let members: Vec<MemberDoc> = std::mem::take(&mut doc.members)
         .into_iter()
         .filter(|m| member_state.is_none_or(|st| m.state == st))
@@ -207,6 +213,7 @@ pub fn page_status(doc: &mut StatusDoc, s: &ControlState, q: &StatusQuery) -> Re
         jobs_listed: doc.jobs.len(),
         members_next,
         jobs_next,
+        capacity,
     });
     Ok(())
 }

@@ -80,6 +80,14 @@ fn pages_walk_every_job_once_and_filters_apply() {
     page_status(&mut doc, &s, &q).unwrap();
     assert_eq!(doc.members.len(), 2);
     assert!(doc.members.iter().all(|m| m.state == "dead"));
+    // The capacity counts every alive member (196 of 8 cpus), not the dead ones listed.
+    assert_eq!(
+        doc.summary.as_ref().unwrap().capacity,
+        UsageDoc {
+            cpus: 196 * 8,
+            gpus: 0
+        }
+    );
     assert_eq!(doc.jobs.len(), 100);
     assert!(doc.jobs.iter().all(|j| j.state == "running"));
     let (mut doc, s) = synthetic(10, 0);
