@@ -62,7 +62,7 @@ def run_ringleader(peer, token, pythonpath):
                       algorithm="asha", trials=TRIALS, max_parallel=PARALLEL,
                       resource=EPOCHS, min_resource=1, reduction_factor=ETA,
                       metric="score", direction="max", seed=SEED, python=sys.executable,
-                      env={"PYTHONPATH": pythonpath})
+                      env={"PYTHONPATH": pythonpath}, quiet=True)
     search.wait(timeout=600)
     wall = time.monotonic() - start
     trials = search.trials()

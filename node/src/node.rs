@@ -60,6 +60,8 @@ pub struct NodeConfig {
     pub key_overlap_ms: u64,
     /// Run an open cluster and, without `--token-file`, an open API (`--insecure`).
     pub insecure: bool,
+    /// The interpreter `Client.launch`'s trials run under when not told (`--python`).
+    pub python: Option<String>,
     /// Storage URL for checkpoints and records (may carry keys: log it through
     /// [`crate::api::redact::redact_url`]).
     pub storage: String,
@@ -580,6 +582,7 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         checkpoint_key: checkpoints.key,
         node_storage: node_storage.clone(),
         user_limits: config.user_limits,
+        python: config.python.clone(),
     });
     let api = crate::api::server::serve(
         api_tasks.clone(),

@@ -284,6 +284,29 @@ fn random_search_of_command_trials_runs_the_example_script() {
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(!text.contains("ringleader-report"), "{text}");
+
+    // `jobs`: the search's trials fold into one line under it; `--trials` lists each, a
+    // trial its search stopped (the median rule) as `stopped`, not `cancelled`.
+    let out = c.cli(0).arg("jobs").output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let folded: Vec<&str> = text.lines().filter(|l| l.starts_with("  ↳ ")).collect();
+    assert_eq!(folded.len(), 1, "{text}");
+    assert!(
+        folded[0].contains(" trials: ") && folded[0].contains(" done"),
+        "{text}"
+    );
+    assert!(!text.lines().any(|l| l.starts_with(best_job)), "{text}");
+    let out = c.cli(0).args(["jobs", "--trials"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for t in &done.trials {
+        let row = format!("  ↳ {} ", t.job);
+        let line = text.lines().find(|l| l.starts_with(&row));
+        let line = line.unwrap_or_else(|| panic!("no row of trial {}: {text}", t.id));
+        if t.state == "stopped" {
+            assert!(line.contains(" stopped "), "{line}");
+        }
+    }
 }
 
 #[test]

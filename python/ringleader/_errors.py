@@ -27,12 +27,15 @@ class BadRequest(ApiError):
 
 class SpecError(BadRequest):
     """400 on submit: the spec was refused; `field` (a dotted path) and `line` (1-based),
-    each None where the node does not know it."""
+    each None where the node does not know it. From `Client.launch`, `argument` names the
+    argument of `launch` the refused field came from (and `line` is None: the TOML was
+    `launch`'s, not the user's)."""
 
     def __init__(self, status: int, reason: str, doc: Doc | None = None) -> None:
         super().__init__(status, reason, doc)
         self.field: str | None = self.doc.get("field")
         self.line: int | None = self.doc.get("line")
+        self.argument: str | None = self.doc.get("argument")
 
 
 class Unauthorized(ApiError):

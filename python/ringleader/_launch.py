@@ -5,10 +5,20 @@ beside the runner (`ringleader/_runner.py`'s own source) and a small JSON descri
 the trials need no shared filesystem; each trial runs `[python, "_ringleader_runner.py"]`
 in its working directory. The node's interpreter needs `cloudpickle` and `ringleader`
 installed and the same Python minor version as this one (the runner checks, and fails the
-trial with a message saying what is missing).
+trial with a message saying what is missing and how to install it).
+
+Which interpreter (`python_for`): `launch(python=...)`; else the node's `--python` (the
+status document's `python`, an operator's interpreter with the package); else this one,
+`sys.executable`, which is right on a one-host cluster and on a lab cluster whose hosts
+have the same environment at the same path. This package, when imported from a checkout
+rather than installed, then rides along as the trials' `PYTHONPATH`.
+
+A spec the node refuses is the spec `launch` wrote, not the user's: `launch_error` says
+which of `launch`'s arguments the refused field came from, without the TOML's lines.
 """
 
 import base64
+import difflib
 import io
 import json
 import os
@@ -19,7 +29,7 @@ from types import ModuleType
 from typing import Any
 
 from . import _runner
-from ._errors import RingleaderError
+from ._errors import RingleaderError, SpecError
 
 # The spec's limit on its `[[files]]`, decoded, in all (node/src/jobs/spec.rs).
 FILES_BYTES_MAX = 128 * 1024
@@ -93,6 +103,36 @@ def _job_name(fn: Callable[..., Any]) -> str:
     return (name or "fn")[:NAME_BYTES_MAX]
 
 
+def package_source() -> str | None:
+    """The directory `pip install DIR` installs this package from (the checkout's
+    `python/`, holding `pyproject.toml`), when it was imported from a checkout; None for
+    an installed package."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(_runner.__file__)))
+    return here if os.path.isfile(os.path.join(here, "pyproject.toml")) else None
+
+
+def _installed() -> bool:
+    """Whether this package is installed (in a site-packages), as opposed to imported
+    from a checkout through `sys.path`."""
+    here = os.path.abspath(_runner.__file__)
+    return "site-packages" in here or "dist-packages" in here
+
+
+def python_for(python: str | None, node_python: str | None,
+               env: dict[str, str] | None) -> tuple[str, dict[str, str] | None]:
+    """The interpreter trials run under, and their `[env]`: see the module doc. The
+    checkout this package came from goes on `PYTHONPATH` only for `sys.executable` (the
+    same host, or the same path on every host) and only when `env` sets none."""
+    if python:
+        return python, env
+    if node_python:
+        return node_python, env
+    source = package_source()
+    if source and not _installed() and "PYTHONPATH" not in (env or {}):
+        env = {**(env or {}), "PYTHONPATH": source}
+    return sys.executable, env
+
+
 def runner_source() -> str:
     with open(_runner.__file__, encoding="utf-8") as f:
         return f.read()
@@ -112,23 +152,32 @@ def launch_spec(fn: Callable[..., Any], params: dict[str, Any], *, algorithm: st
                 metric: str | None = None, direction: str = "max", trials: int | None = None,
                 max_parallel: int | None = None, workers: int = 1,
                 resource: int | str | None = None, resumable: bool | None = None,
-                python: str = "python3", name: str | None = None,
+                python: str | None = None, name: str | None = None,
                 env: dict[str, str] | None = None, priority: int | str | None = None,
+                dataset: str | None = None,
+                node_python: Callable[[], str | None] | None = None,
                 **search: Any) -> dict[str, Any]:
-    """The search spec (a dict) that `Client.launch` submits; the arguments are its."""
+    """The search spec (a dict) that `Client.launch` submits; the arguments are its.
+    `python`: None is `python_for`'s rule, with `node_python()` (asked only then, after
+    the function is pickled and its size checked) the node's default."""
     if not callable(fn):
         raise TypeError(f"launch: fn is a function, not {type(fn).__name__}")
     if not isinstance(params, dict):
         raise TypeError(f"launch: params is a dict of name → list or distribution, "
                         f"not {type(params).__name__}")
+    if dataset is not None and (not isinstance(dataset, str) or not dataset):
+        raise TypeError(f"launch: dataset is the name of a shared dataset (ringleader "
+                        f"dataset ls), not {dataset!r}")
     metric = metric or DEFAULT_METRIC
     pickled = pickle_function(fn)
     runner = runner_source().encode()
     meta = json.dumps({"python": list(sys.version_info[:2]), "metric": metric,
-                       "fn": _runner.FN_FILE}).encode()
+                       "fn": _runner.FN_FILE, "source": package_source()}).encode()
     size = len(pickled) + len(runner) + len(meta)
     if size > FILES_BYTES_MAX:
         raise PickleTooLarge(size, FILES_BYTES_MAX)
+    default = node_python() if node_python is not None and not python else None
+    python, env = python_for(python, default, env)
     search_table: dict[str, Any] = {"trial": "command", "algorithm": algorithm, "metric": metric,
                     "direction": direction, "trials": trials, "max_parallel": max_parallel,
                     "params": params}
@@ -154,4 +203,72 @@ def launch_spec(fn: Callable[..., Any], params: dict[str, Any], *, algorithm: st
     }
     if priority is not None:
         spec["priority"] = priority
+    if dataset is not None:
+        # As any job names one: fetched to each trial's node before it starts, its
+        # directory in RINGLEADER_DATASET_DIR (`ringleader.dataset_dir()`).
+        spec["data"] = {"dataset": dataset}
     return spec
+
+
+# The spec's fields `launch` writes, by the argument each comes from (a field below one of
+# these, `search.params.x`, is its argument's too); other `search.*` fields are keywords.
+ARGUMENT_OF_FIELD = {
+    "search.params": "params", "search.max_resource": "resource",
+    "search.resource": "resource", "search.trials": "trials",
+    "search.max_parallel": "max_parallel", "search.algorithm": "algorithm",
+    "search.metric": "metric", "search.direction": "direction",
+    "search.resumable": "resumable", "workers": "workers", "env": "env",
+    "priority": "priority", "name": "name", "data.dataset": "dataset", "data": "dataset",
+    "command": "python", "files": "fn",
+}
+# The `[search]` settings `launch` passes on from its other keywords.
+SEARCH_KEYWORDS = ("seed", "min_resource", "reduction_factor", "stopping",
+                   "max_trial_failures", "speculate_factor")
+# ` at line 12`, ` at line 3 column 4`, ` (kind at line 2)`: places in a TOML text the user
+# never saw.
+_LINE_REFERENCE = re.compile(
+    r"\s*\([^()]*\bat line \d+[^()]*\)|\s*\bat line \d+(?: column \d+)?")
+# The longest value `launch_error` quotes back.
+VALUE_CHARS_MAX = 60
+
+
+def argument_of(field: str | None) -> str | None:
+    """The argument of `launch` that the spec's `field` (a dotted path) was written from."""
+    if not field:
+        return None
+    parts = field.split(".")
+    for n in range(len(parts), 0, -1):
+        argument = ARGUMENT_OF_FIELD.get(".".join(parts[:n]))
+        if argument:
+            return argument
+    if parts[0] == "search" and len(parts) > 1:
+        return parts[1]
+    return None
+
+
+def launch_error(e: SpecError, arguments: dict[str, Any]) -> SpecError:
+    """The node's refusal of the spec `launch` wrote, in `launch`'s terms: `launch(
+    max_parallel=-1): must be …`, naming the argument the refused field came from (its
+    value quoted back when short), without the TOML's line numbers. `arguments`: those
+    given to `launch`. The error keeps `field`; `argument` is the argument's name."""
+    reason = _LINE_REFERENCE.sub("", e.reason).strip()
+    argument = argument_of(e.field)
+    if argument is None:
+        message = f"launch: {reason}"
+    else:
+        for prefix in (f"{e.field}: ", f"{e.field} "):
+            if e.field and reason.startswith(prefix):
+                reason = reason[len(prefix):]
+                break
+        if reason == "unknown field":
+            close = difflib.get_close_matches(argument, SEARCH_KEYWORDS, n=1)
+            reason = ("not an argument of launch, nor a [search] setting ("
+                      + ", ".join(SEARCH_KEYWORDS) + ")"
+                      + (f": did you mean {close[0]}?" if close else ""))
+        shown = "..."
+        if argument in arguments:
+            text = repr(arguments[argument])
+            shown = text if len(text) <= VALUE_CHARS_MAX else "..."
+        message = f"launch({argument}={shown}): {reason}"
+    doc = {**e.doc, "error": message, "line": None, "argument": argument}
+    return SpecError(e.status, message, doc)

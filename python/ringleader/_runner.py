@@ -30,16 +30,33 @@ META_FILE = "_ringleader_launch.json"
 EXIT_CANNOT_RUN = 2
 EXIT_RAISED = 1
 PACKAGES = ("cloudpickle", "ringleader")
+# Where the package's wheel comes from (README *Python*): nobody can install `ringleader`
+# from PyPI, which holds another project of that name.
+WHEEL_HINT = ("the wheel ./scripts/build-wheel.sh builds into target/wheels/, or a "
+              "checkout's python/ directory")
+
+
+def install_hint(executable: str, name: str, source: str | None = None) -> str:
+    """How to install package `name` for `executable`: cloudpickle from PyPI; ringleader
+    from `source` (the checkout's python/ directory the function was launched from, which
+    is right on its host and where hosts share the path) or a wheel."""
+    if name != "ringleader":
+        return f"{executable} -m pip install {name}"
+    if source:
+        return (f"{executable} -m pip install {source} (the launching host's checkout; "
+                f"elsewhere {WHEEL_HINT})")
+    return f"{executable} -m pip install <{WHEEL_HINT}>"
 
 
 def check_interpreter(version_info: Sequence[Any], pickled_python: Sequence[int], *,
                       executable: str | None = None,
-                      find_spec: Callable[[str], object] = importlib.util.find_spec
-                      ) -> list[str]:
+                      find_spec: Callable[[str], object] = importlib.util.find_spec,
+                      source: str | None = None) -> list[str]:
     """What keeps this interpreter from loading the function: a list of messages, empty when
     none. `version_info`: this interpreter's (`sys.version_info`); `pickled_python`:
     `[major, minor]` of the one that pickled it (cloudpickle's code objects need the same
-    minor version)."""
+    minor version); `source`: where the launching host's package came from, for the
+    install hint (`install_hint`)."""
     exe = executable or sys.executable
     problems = []
     here = tuple(version_info[:2])
@@ -51,8 +68,10 @@ def check_interpreter(version_info: Sequence[Any], pickled_python: Sequence[int]
             f"version (launch(..., python=...) names the interpreter trials run under)")
     for name in PACKAGES:
         if find_spec(name) is None:
-            problems.append(f"the trial's interpreter {exe} lacks the package {name} "
-                            f"(install it on this node: pip install {name})")
+            problems.append(
+                f"the trial's interpreter {exe} lacks the package {name} (install it on "
+                f"this node: {install_hint(exe, name, source)}; or run the trials under "
+                "another interpreter: launch(..., python=PATH), or the nodes' --python)")
     return problems
 
 
@@ -90,7 +109,7 @@ def report_result(result: object, metric: str, ringleader: ModuleType) -> str | 
 def main() -> int:
     with open(META_FILE, encoding="utf-8") as f:
         meta = json.load(f)
-    problems = check_interpreter(sys.version_info, meta["python"])
+    problems = check_interpreter(sys.version_info, meta["python"], source=meta.get("source"))
     if problems:
         for p in problems:
             print(f"ringleader launch: {p}", file=sys.stderr, flush=True)

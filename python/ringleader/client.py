@@ -17,6 +17,7 @@ import ipaddress
 import json
 import os
 import ssl
+import sys
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
@@ -39,7 +40,10 @@ TOKEN_FILE_BYTES_MAX = 4096
 REQUEST_TIMEOUT_S = 10.0
 # Pause between polls of `wait`, `logs(follow=True)` and `get_dataset`, seconds.
 POLL_S = 0.2
-TERMINAL_STATES = ("succeeded", "failed", "cancelled")
+# Most often `Search.wait` prints a progress line (when something changed), seconds.
+PROGRESS_EVERY_S = 10.0
+# `stopped`: a trial's job its search stopped (ASHA, the median rule).
+TERMINAL_STATES = ("succeeded", "failed", "cancelled", "stopped")
 
 _J = TypeVar("_J", bound="Job")
 
@@ -356,17 +360,22 @@ class Client:
                algorithm: str = "grid", metric: str | None = None, direction: str = "max",
                trials: int | None = None, max_parallel: int | None = None, workers: int = 1,
                resource: int | str | None = None, resumable: bool | None = None,
-               python: str = "python3", name: str | None = None,
+               python: str | None = None, name: str | None = None,
                env: dict[str, str] | None = None, priority: int | str | None = None,
+               dataset: str | None = None, quiet: bool = False,
                **search: Any) -> "Search":
         """Runs `fn(**params)` as the command trials of a search; returns the `Search`
         (`.wait()` gives the final document, `.best` the best trial).
 
         `fn` is pickled here with cloudpickle and rides in the spec's `[[files]]` with a
         small runner (`PickleTooLarge` past the spec's 128 KiB), so it needs no shared
-        filesystem; trials run under the interpreter `python` names on each node, which
-        needs `cloudpickle` and `ringleader` installed and this Python's minor version (else
-        the trial fails saying so). `params`: `{name: list of values, or
+        filesystem. `python`: the interpreter trials run under on each node, which needs
+        `cloudpickle` and `ringleader` installed and this Python's minor version (else the
+        trial fails saying so and how to install them); default: the node's `--python`
+        (`status()["python"]`), else this interpreter (`sys.executable`: right on a
+        one-host cluster, and where every host has the environment at the same path; a
+        package imported from a checkout then rides along as the trials' `PYTHONPATH`).
+        `params`: `{name: list of values, or
         ringleader.uniform/loguniform/randint/choice}`. `fn`'s return value, a number or a
         dict holding `metric` (default `"objective"`), is the trial's metric, unless `fn`
         reported it itself with `ringleader.report(epoch, metric=value)` (which ASHA and
@@ -386,19 +395,37 @@ class Client:
         `resource` and ASHA only stops the laggards (SIGTERM, `Stopped` at the next
         report).
 
-        `env`: extra environment of the trials (e.g. a `PYTHONPATH` that holds the
-        package); `priority`: the search's (and its trials') priority, `"low"`,
-        `"normal"`, `"high"` or 0 to 1000 (README *Sharing a cluster*); the other keywords
-        go into `[search]` (`seed`, `min_resource`,
-        `reduction_factor`, `stopping`, …).
+        `dataset`: a shared dataset's name (`ringleader dataset ls`), fetched to each
+        trial's node before it starts; `ringleader.dataset_dir()` is its directory there.
+        `env`: extra environment of the trials; `priority`: the search's (and its trials')
+        priority, `"low"`, `"normal"`, `"high"` or 0 to 1000 (README *Sharing a
+        cluster*); `quiet`: no progress lines from `wait()`; the other keywords go into
+        `[search]` (`seed`, `min_resource`, `reduction_factor`, `stopping`, …). A spec
+        the node refuses raises `SpecError` naming the argument it came from
+        (`launch(max_parallel=-1): …`, its `argument`).
         """
+        arguments = dict(search, params=params, algorithm=algorithm, metric=metric,
+                         direction=direction, trials=trials, max_parallel=max_parallel,
+                         workers=workers, resource=resource, resumable=resumable,
+                         python=python, name=name, env=env, priority=priority,
+                         dataset=dataset, fn=fn)
+        try:
+            if isinstance(params, dict):
+                search_params(params)
+        except (TypeError, ValueError) as e:
+            text = str(e).removeprefix("search.params.")
+            raise type(e)(f"launch(params=...): {text}") from None
         spec = _launch.launch_spec(
             fn, params, algorithm=algorithm, metric=metric, direction=direction,
             trials=trials, max_parallel=max_parallel, workers=workers, resource=resource,
             resumable=resumable, python=python, name=name, env=env, priority=priority,
-            **search)
-        job = self.submit(spec)
+            dataset=dataset, node_python=lambda: self.status().get("python"), **search)
+        try:
+            job = self.submit(spec)
+        except _errors.SpecError as e:
+            raise _launch.launch_error(e, arguments) from None
         assert isinstance(job, Search)
+        job.quiet = quiet
         return job
 
     # --- tokens -------------------------------------------------------------------------
@@ -476,6 +503,29 @@ def _prepared(spec: Mapping[str, Any]) -> dict[str, Any]:
     return dict(spec)
 
 
+# The order trial states are counted in a progress line, and the words for them.
+TRIAL_STATE_WORDS = (("running", "running"), ("pending", "pending"), ("paused", "paused"),
+                     ("succeeded", "done"), ("stopped", "stopped"), ("failed", "failed"))
+
+
+def progress_line(doc: Doc) -> str:
+    """A search document's progress: its trials counted by state and its best so far."""
+    trials = doc.get("trials") or []
+    counts: dict[str, int] = {}
+    for t in trials:
+        counts[t.get("state", "?")] = counts.get(t.get("state", "?"), 0) + 1
+    parts = [f"{counts.pop(state)} {word}" for state, word in TRIAL_STATE_WORDS
+             if state in counts]
+    parts += [f"{n} {state}" for state, n in sorted(counts.items())]
+    line = f"ringleader: {doc.get('id')} {doc.get('name')} [{doc.get('state')}]: "
+    line += f"{len(trials)} trials" + (": " + ", ".join(parts) if parts else "")
+    best = doc.get("best")
+    if best:
+        metric = doc.get("search_metric") or "metric"
+        line += f"; best {metric} {best.get('metric'):.6g} (trial {best.get('id')})"
+    return line
+
+
 def _offsets_query(offsets: dict[str, int]) -> str:
     return ",".join(f"{w}:{o}" for w, o in sorted(offsets.items()))
 
@@ -545,7 +595,9 @@ class Job:
 
     @property
     def state(self) -> str:
-        """`pending`, `running`, `succeeded`, `failed` or `cancelled`, as of the last fetch."""
+        """`pending`, `running`, `succeeded`, `failed` or `cancelled`, as of the last fetch;
+        `stopped` for a trial's job its search stopped (ASHA, the median rule), an end
+        that `wait` returns from like `succeeded`."""
         return str(self.doc["state"])
 
     @property
@@ -578,15 +630,20 @@ class Job:
         WaitTimeout (a TimeoutError) after `timeout` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self.refresh().done:
+            self._waiting(done=False)
             if deadline is not None and time.monotonic() > deadline:
                 raise _errors.WaitTimeout(
                     f"job {self.id} is still {self.state} after {timeout} s")
             time.sleep(POLL_S)
+        self._waiting(done=True)
         if self.state == "failed":
             raise _errors.JobFailed(self.id, _failure_reason(self.doc), self.doc)
         if self.state == "cancelled":
             raise _errors.JobCancelled(self.id, _failure_reason(self.doc), self.doc)
         return self.doc
+
+    def _waiting(self, done: bool) -> None:
+        """Called by `wait` at each poll with the fresh document (`done`: the last)."""
 
     def logs(self, follow: bool = False) -> Iterator[LogLine]:
         """Every run's output, oldest run first, line by line (`ringleader logs ID
@@ -638,7 +695,39 @@ class Job:
 
 
 class Search(Job):
-    """A search job: its trials and best, the same records as `ringleader job ID --json`."""
+    """A search job: its trials and best, the same records as `ringleader job ID --json`.
+
+    `wait()` prints a progress line to stderr when the trials' states or the best change,
+    at most one each `PROGRESS_EVERY_S` seconds, and the last one when the search ends
+    (`ringleader: j-4 train: 6 trials: 2 running, 3 done, 1 pending; best 0.91 (trial
+    2)`); `quiet` (an attribute, `launch(quiet=True)`) turns that off.
+    """
+
+    quiet: bool = False
+    _progress: tuple[str, float] | None = None
+
+    def wait(self, timeout: float | None = None, *, quiet: bool | None = None) -> Doc:
+        """`Job.wait`, with progress lines unless `quiet` (default: `self.quiet`)."""
+        before = self.quiet
+        if quiet is not None:
+            self.quiet = quiet
+        try:
+            return super().wait(timeout)
+        finally:
+            self.quiet = before
+            self._progress = None
+
+    def _waiting(self, done: bool) -> None:
+        if self.quiet:
+            return
+        line = progress_line(self.doc)
+        now = time.monotonic()
+        last = self._progress
+        if last is not None and (line == last[0]
+                                 or (not done and now - last[1] < PROGRESS_EVERY_S)):
+            return
+        self._progress = (line, now)
+        print(line, file=sys.stderr, flush=True)
 
     def trials(self) -> list[Trial]:
         """Every trial as of now: `Trial`s (dataclasses read as the dicts they were) with

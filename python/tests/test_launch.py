@@ -1,8 +1,9 @@
 """`Client.launch`: Python functions as a search's command trials on a real node (grid of a
-number, a dict, ASHA on per-epoch reports, a function that raises), ASHA promotions that
+number, a dict, ASHA on per-epoch reports, a function that raises, the default interpreter,
+a shared dataset, progress while waiting, refusals in launch's terms), ASHA promotions that
 resume from `ringleader.checkpoint` on a cluster of two, and the parts that need no node:
-the size limit, the runner's interpreter check, the spec it writes, the package's
-dependencies."""
+the size limit, the runner's interpreter check and install hint, the spec it writes, the
+package's dependencies."""
 
 import json
 import os
@@ -37,6 +38,12 @@ def epochs(lr):
 
 def raises(x):
     raise ValueError(f"bad x {x}")
+
+
+def reads_the_dataset(k):
+    """A trial that reads the shared dataset its launch named."""
+    with open(os.path.join(ringleader.dataset_dir(), "value.txt")) as f:
+        return float(f.read()) * k
 
 
 def resumes(lr):
@@ -258,3 +265,113 @@ def test_the_package_depends_on_what_launch_needs():
         project = tomllib.load(f)["project"]
     names = [re.split(r"[<>=!~ \[;]", d, maxsplit=1)[0] for d in project["dependencies"]]
     assert "cloudpickle" in names, project["dependencies"]
+
+
+def test_a_launch_without_python_or_env_runs_under_this_interpreter(client):
+    # No node --python: this interpreter, and the checkout this package came from on the
+    # trials' PYTHONPATH (the node runs on this host), so it works the first time.
+    search = client.launch(quadratic, {"x": [1, 2], "y": [0]}, quiet=True)
+    assert search.wait(timeout=JOB_WAIT_S)["state"] == "succeeded"
+    assert search.best["params"] == {"x": 2, "y": 0}
+
+
+def test_the_nodes_python_is_the_default_interpreter(tmp_path):
+    node = Node(tmp_path / "p0", name="p0", cpus=2, extra=("--python", sys.executable))
+    try:
+        client = node.client()
+        assert client.status()["python"] == sys.executable
+        search = client.launch(quadratic, {"x": [3], "y": [1]}, env={"PYTHONPATH": PYTHON_DIR},
+                               quiet=True)
+        assert search.wait(timeout=JOB_WAIT_S)["state"] == "succeeded"
+        trial_job = client.job(search.trials()[0]["job"])
+        assert trial_job.state == "succeeded"
+    finally:
+        node.stop()
+
+
+def test_python_for_takes_the_argument_then_the_nodes_then_this_one():
+    env = {"A": "1"}
+    assert _launch.python_for("/x/python", "/node/python", env) == ("/x/python", env)
+    assert _launch.python_for(None, "/node/python", env) == ("/node/python", env)
+    python, got = _launch.python_for(None, None, env)
+    assert python == sys.executable
+    # Imported from this checkout (not installed): it rides along as PYTHONPATH.
+    assert got == {"A": "1", "PYTHONPATH": PYTHON_DIR}
+    assert _launch.python_for(None, None, {"PYTHONPATH": "/mine"})[1] == {"PYTHONPATH": "/mine"}
+
+
+def test_the_install_hint_is_one_that_installs():
+    (msg,) = _runner.check_interpreter(
+        sys.version_info, sys.version_info[:2], executable="/venv/bin/python",
+        find_spec=lambda name: None if name == "ringleader" else object(),
+        source="/home/me/ringleader/python")
+    assert "lacks the package ringleader" in msg
+    assert "/venv/bin/python -m pip install /home/me/ringleader/python" in msg
+    assert "build-wheel.sh" in msg
+    assert "pip install ringleader" not in msg
+    (msg,) = _runner.check_interpreter(
+        sys.version_info, sys.version_info[:2], executable="/venv/bin/python",
+        find_spec=lambda name: None if name == "ringleader" else object())
+    assert "pip install <the wheel" in msg and "pip install ringleader" not in msg
+    # The spec carries where this package came from, for the hint.
+    spec = _launch.launch_spec(quadratic, {"x": [1]})
+    meta = next(f for f in spec["files"] if f["path"] == _runner.META_FILE)
+    assert json.loads(meta["text"])["source"] == PYTHON_DIR
+
+
+def test_a_launch_names_a_shared_dataset(client, rank_env, tmp_path):
+    src = tmp_path / "launch-data"
+    src.mkdir()
+    (src / "value.txt").write_text("2.5")
+    client.add_dataset("launch-data", src)
+    spec = _launch.launch_spec(reads_the_dataset, {"k": [1]}, dataset="launch-data")
+    assert spec["data"] == {"dataset": "launch-data"}
+    search = launch(client, rank_env, reads_the_dataset, {"k": [1, 2]},
+                    dataset="launch-data", quiet=True)
+    search.wait(timeout=JOB_WAIT_S)
+    assert sorted(t["metric"] for t in search.trials()) == [2.5, 5.0]
+    with pytest.raises(TypeError, match="dataset"):
+        _launch.launch_spec(quadratic, {"x": [1]}, dataset="")
+
+
+def test_wait_prints_progress_unless_quiet(client, rank_env, capfd, monkeypatch):
+    monkeypatch.setattr(ringleader.client, "PROGRESS_EVERY_S", 0.0)
+    search = launch(client, rank_env, quadratic, {"x": [1, 2, 3], "y": [0]})
+    search.wait(timeout=JOB_WAIT_S)
+    lines = [l for l in capfd.readouterr().err.splitlines() if l.startswith("ringleader: ")]
+    assert lines, "no progress line"
+    # The last line: every trial done, and the best so far.
+    assert f"{search.id} quadratic [succeeded]: 3 trials: 3 done" in lines[-1], lines
+    assert "; best objective 0 (trial " in lines[-1], lines
+    assert len(lines) == len(set(lines)), "a line only when something changed"
+    quiet = launch(client, rank_env, quadratic, {"x": [1], "y": [0]}, quiet=True)
+    quiet.wait(timeout=JOB_WAIT_S)
+    search.wait(timeout=JOB_WAIT_S, quiet=True)
+    assert "ringleader: " not in capfd.readouterr().err
+
+
+def test_a_refused_spec_names_launchs_argument_without_toml_lines(client, rank_env):
+    with pytest.raises(ringleader.SpecError) as e:
+        launch(client, rank_env, quadratic, {"x": [1]}, max_parallel=-1)
+    assert str(e.value).startswith("launch(max_parallel=-1): "), str(e.value)
+    assert e.value.argument == "max_parallel" and e.value.line is None
+    assert "line" not in str(e.value), str(e.value)
+    with pytest.raises(ringleader.SpecError) as e:
+        launch(client, rank_env, quadratic, {"x": [1]}, algorithm="bogus")
+    assert str(e.value).startswith("launch(algorithm='bogus'): "), str(e.value)
+    assert "line" not in str(e.value), str(e.value)
+
+
+def test_launch_error_rewrites_the_nodes_words():
+    refused = ringleader.SpecError(
+        400, "search.params.lr: min must be below max at line 14",
+        {"error": "…", "field": "search.params.lr", "line": 14})
+    e = _launch.launch_error(refused, {"params": {"lr": "…"}})
+    assert str(e) == "launch(params={'lr': '…'}): min must be below max"
+    assert (e.field, e.line, e.argument) == ("search.params.lr", None, "params")
+    unknown = ringleader.SpecError(400, "search.stoping: unknown field at line 12",
+                                   {"field": "search.stoping", "line": 12})
+    e = _launch.launch_error(unknown, {"stoping": "median"})
+    assert str(e).startswith("launch(stoping='median'): not an argument of launch, nor a "
+                             "[search] setting ("), str(e)
+    assert str(e).endswith("): did you mean stopping?"), str(e)

@@ -90,7 +90,7 @@ use axum::{
 use serde::Deserialize;
 
 use crate::{
-    api::status::{job_doc, JobDoc, LogsDoc, MetricsDoc, StatusDoc},
+    api::status::{job_doc, JobDoc, JobSummary, LogsDoc, MetricsDoc, StatusDoc},
     cluster::net::NodeHandle,
     control::{
         handle::{wall_ms, ControlHandle, LogsError},
@@ -136,6 +136,9 @@ pub struct AppState {
     pub node_storage: String,
     /// Each user's limits on pending jobs and spec bytes ([`quota`]).
     pub user_limits: quota::UserLimits,
+    /// The interpreter with the package that `Client.launch` uses by default
+    /// (`--python`): shown by `status`.
+    pub python: Option<String>,
 }
 
 /// An error answer: status and message.
@@ -260,9 +263,22 @@ async fn status(
     app.control
         .read(|s| listing::page_status(&mut doc, s, &q))
         .map_err(bad_query)?;
+    summaries_only(&app, &mut doc.jobs)?;
     let now = wall_ms();
     doc.users = app.control.read(|s| sharing::quota_rows(s, now));
     Ok(Json(doc))
+}
+
+/// Takes the progress out of the rows of jobs whose metrics the request's actor may not
+/// read (as [`JobDoc::summary_only`] does to a job's document).
+fn summaries_only(app: &AppState, rows: &mut [JobSummary]) -> Result<(), ApiError> {
+    let actor = access::actor(app)?;
+    for row in rows {
+        if actor.may(Action::ReadMetrics, Some(&row.owner)).is_err() {
+            row.summary_only();
+        }
+    }
+    Ok(())
 }
 
 fn bad_query(e: listing::BadQuery) -> ApiError {
@@ -285,6 +301,7 @@ async fn status_doc(app: &AppState) -> Result<StatusDoc, ApiError> {
     doc.control_fault = app.control.fault();
     doc.insecure = app.insecure;
     doc.api_tls = app.api_tls.clone();
+    doc.python = app.python.clone();
     let blacklist = app.control.read(|s| s.blacklist.clone());
     let removed = app.control.read(|s| s.removed.clone());
     let now = wall_ms();
@@ -563,10 +580,11 @@ async fn jobs(
     State(app): State<AppState>,
     Query(q): Query<listing::JobsQuery>,
 ) -> Result<Response, ApiError> {
-    let (page, next) = app
+    let (mut page, next) = app
         .control
         .read(|s| listing::jobs(s, &q))
         .map_err(bad_query)?;
+    summaries_only(&app, &mut page)?;
     let mut resp = Json(page).into_response();
     if let Some(next) = next.and_then(|n| header::HeaderValue::from_str(&n).ok()) {
         resp.headers_mut().insert(NEXT_BEFORE_HEADER, next);

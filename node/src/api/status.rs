@@ -6,6 +6,7 @@
 //! added, never renamed.
 
 pub mod listing;
+pub mod progress;
 
 use std::collections::BTreeMap;
 
@@ -126,6 +127,7 @@ impl StatusDoc {
             summary: None,
             users: Vec::new(),
             seeds_never_reached: view.seeds_never_reached.clone(),
+            python: None,
         }
     }
 }
@@ -139,7 +141,58 @@ pub struct JobSummary {
     #[serde(default = "crate::domain::state::users::admin_user")]
     pub owner: String,
     pub kind: String,
+    /// pending | running | succeeded | failed | cancelled, or `stopped` for a trial's job
+    /// its search stopped (`domain::state::Job::state_text`).
     pub state: String,
+    /// A trial's job: its search's id (`jobs` folds it under that row).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search: Option<String>,
+    /// Steps done, of `total_steps`, and when it should reach them
+    /// ([`progress::Progress`]); absent for a job that reports no steps, and for a job
+    /// the reader may not read the metrics of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
+    /// See [`progress::Progress::total_steps`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_steps: Option<u64>,
+    /// See [`progress::Progress::eta_at_ms`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_at_ms: Option<u64>,
+}
+
+impl JobSummary {
+    /// The row of job `j`.
+    pub fn of(j: &Job) -> JobSummary {
+        let p = progress::progress(j);
+        JobSummary {
+            id: j.id.to_string(),
+            name: j.spec.name.clone(),
+            owner: j.owner.clone(),
+            kind: j.spec.kind.to_string(),
+            state: j.state_text().to_owned(),
+            search: j.trial_of.as_ref().map(|t| t.search.to_string()),
+            step: p.step,
+            total_steps: p.total_steps,
+            eta_at_ms: p.eta_at_ms,
+        }
+    }
+
+    /// Leaves the summary only: what a reader who may not read the job's metrics sees (as
+    /// [`JobDoc::summary_only`]).
+    pub fn summary_only(&mut self) {
+        self.step = None;
+        self.total_steps = None;
+        self.eta_at_ms = None;
+    }
+
+    /// Its progress.
+    pub fn progress(&self) -> progress::Progress {
+        progress::Progress {
+            step: self.step,
+            total_steps: self.total_steps,
+            eta_at_ms: self.eta_at_ms,
+        }
+    }
 }
 
 pub use crate::cluster::net::Counters;
@@ -180,6 +233,10 @@ pub struct StatusDoc {
     /// ranks; absent when there are none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub users: Vec<QuotaRow>,
+    /// The answering node's `--python`: an interpreter with the package, which
+    /// `Client.launch` runs its trials under when not told; absent when not set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python: Option<String>,
 }
 
 /// A row of `GET /v1/quotas`.
@@ -437,6 +494,10 @@ pub struct JobDoc {
     /// metric, or estimated once an epoch has been validated (see [`total_steps`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_steps: Option<u64>,
+    /// When a running job should reach `total_steps` at its current step rate (ms since
+    /// the Unix epoch; see [`progress`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_at_ms: Option<u64>,
     pub history: Vec<GenerationDoc>,
     pub events: Vec<serde_json::Value>,
     /// Exit codes of the current generation's ranks that have exited.
@@ -504,6 +565,7 @@ impl JobDoc {
         self.step = None;
         self.epoch = None;
         self.total_steps = None;
+        self.eta_at_ms = None;
         self.best = None;
         for t in &mut self.trials {
             t.metric = None;
@@ -591,8 +653,10 @@ impl JobDoc {
             "{} {} [{}] generation {}",
             self.id, self.name, self.state, self.generation
         );
-        if let Some(step) = self.step {
-            s.push_str(&format!(" step {step}"));
+        match (self.step, self.total_steps) {
+            (Some(step), Some(total)) => s.push_str(&format!(" step {step} / {total}")),
+            (Some(step), None) => s.push_str(&format!(" step {step}")),
+            _ => {}
         }
         if let Some(epoch) = self.epoch {
             s.push_str(&format!(" epoch {epoch}"));
@@ -611,14 +675,36 @@ impl JobDoc {
         s
     }
 
-    /// A readable description for terminals.
+    /// Its progress (steps of the total, when it should end).
+    pub fn progress(&self) -> progress::Progress {
+        progress::Progress {
+            step: self.step,
+            total_steps: self.total_steps,
+            eta_at_ms: self.eta_at_ms,
+        }
+    }
+
+    /// A readable description for terminals ([`JobDoc::to_text_at`] without an ETA).
     pub fn to_text(&self) -> String {
+        self.to_text_at(0)
+    }
+
+    /// A readable description for terminals; `now_ms`: the reader's clock, for the ETA of
+    /// a running job (0: none shown).
+    pub fn to_text_at(&self, now_ms: u64) -> String {
         use std::fmt::Write;
         let mut out = String::new();
         let _ = writeln!(out, "job        {} ({})", self.id, self.name);
         let _ = writeln!(out, "owner      {}", self.owner);
         let _ = writeln!(out, "kind       {}", self.kind);
         let _ = writeln!(out, "state      {}", self.state);
+        if self.step.is_some() {
+            let mut p = self.progress();
+            if now_ms == 0 {
+                p.eta_at_ms = None;
+            }
+            let _ = writeln!(out, "steps      {}", progress::progress_text(&p, now_ms));
+        }
         // Attempts, not restarts: `attempt 1 of 4` reads as three retries left, where
         // `generation 3 (max restarts 3)` read as if they had run out (re-forms of an elastic
         // ring make generations, not attempts).
@@ -759,20 +845,7 @@ pub fn job_doc(j: &Job, applied_index: u64, chief: bool) -> JobDoc {
         .as_ref()
         .and_then(|_| crate::domain::search::spec::search_spec(&j.spec).ok());
     let metric = |name: &str| j.metrics.get(name).map(|m| m.value.max(0.0) as u64);
-    // The step of the newest report: the `step` metric is throttled like any other, so a
-    // `val_accuracy` measured at step 15 may arrive while `step` still says 1. Only the
-    // newest generation's reports count (a retry resumes from an older step).
-    let newest = j.metrics.values().map(|m| m.generation).max();
-    let reported = j
-        .metrics
-        .values()
-        .filter(|m| Some(m.generation) == newest)
-        .filter_map(|m| m.step)
-        .max();
-    let step = match (metric("step"), reported) {
-        (Some(a), Some(b)) => Some(a.max(b)),
-        (a, b) => a.or(b),
-    };
+    let progress = progress::progress(j);
     let history = j
         .events
         .iter()
@@ -789,14 +862,14 @@ pub fn job_doc(j: &Job, applied_index: u64, chief: bool) -> JobDoc {
         name: j.spec.name.clone(),
         owner: j.owner.clone(),
         kind: j.spec.kind.to_string(),
-        state: j.state.to_string(),
+        state: j.state_text().to_owned(),
         generation: j.generation,
         attempt: j.attempt,
         max_restarts: j.max_restarts,
         workers: j.spec.workers,
         ring: j.assignment.iter().map(|s| s.name.clone()).collect(),
         pending_reason: j.pending_reason.clone(),
-        step,
+        step: progress.step,
         epoch: metric("epoch"),
         metrics: j
             .metrics
@@ -804,7 +877,8 @@ pub fn job_doc(j: &Job, applied_index: u64, chief: bool) -> JobDoc {
             .map(|(k, m)| (k.clone(), m.value))
             .collect(),
         epochs_total: epochs_total(j),
-        total_steps: total_steps(j),
+        total_steps: progress.total_steps,
+        eta_at_ms: progress.eta_at_ms,
         history,
         events: j
             .events

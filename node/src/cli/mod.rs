@@ -15,6 +15,7 @@
 pub mod closed_pipe;
 pub mod datasets;
 pub mod demo;
+pub mod job_list;
 pub mod keys;
 pub mod local;
 pub mod preempt;
@@ -272,6 +273,11 @@ pub struct NodeArgs {
     /// leave it); a submit past it is refused (429). Admins are not limited; 0: no limit.
     #[arg(long, value_name = "BYTES", default_value_t = crate::api::quota::SPEC_BYTES_PER_USER_MAX)]
     pub user_spec_bytes_max: u64,
+    /// An interpreter with the `ringleader` package (and cloudpickle) installed, e.g. a
+    /// virtualenv's `bin/python`: what `Client.launch` runs its trials under when not told
+    /// (shown as `python` in the status document). Give every node the same path.
+    #[arg(long, env = "RINGLEADER_PYTHON", value_name = "PATH")]
+    pub python: Option<String>,
     #[command(flatten)]
     pub api_limits: crate::api::server::ApiLimits,
 }
@@ -367,7 +373,13 @@ impl NodeArgs {
             }
             None => None,
         };
+        if let Some(p) = self.python.as_deref() {
+            if p.is_empty() || p.chars().any(char::is_control) {
+                return Err(anyhow!("--python {p:?}: the path of an interpreter"));
+            }
+        }
         Ok(NodeConfig {
+            python: self.python,
             run_as,
             run_as_range,
             dataset_sources: self.dataset_sources,
@@ -543,6 +555,9 @@ pub struct JobsArgs {
     /// Every page, not only the newest.
     #[arg(long)]
     pub all: bool,
+    /// List each trial of a search under it, not folded into one line.
+    #[arg(long)]
+    pub trials: bool,
 }
 
 /// `ringleader status`.
@@ -639,16 +654,7 @@ pub fn jobs(cli: &Cli, args: &JobsArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&jobs)?);
         return Ok(());
     }
-    println!(
-        "{:<10} {:<24} {:<16} {:<8} STATE",
-        "ID", "NAME", "OWNER", "KIND"
-    );
-    for j in &jobs {
-        println!(
-            "{:<10} {:<24} {:<16} {:<8} {}",
-            j.id, j.name, j.owner, j.kind, j.state
-        );
-    }
+    print!("{}", job_list::table(&jobs, args.trials, wall_ms()));
     if let Some(before) = older {
         let state = args
             .state
@@ -661,7 +667,14 @@ pub fn jobs(cli: &Cli, args: &JobsArgs) -> Result<()> {
 }
 
 fn is_terminal(state: &str) -> bool {
-    matches!(state, "succeeded" | "failed" | "cancelled")
+    matches!(state, "succeeded" | "failed" | "cancelled" | "stopped")
+}
+
+/// This machine's clock, ms since the Unix epoch (the ETAs' reference).
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// `ringleader job ID [--watch]`.
@@ -705,11 +718,11 @@ pub fn job(cli: &Cli, id: &str, watch: bool) -> Result<()> {
     }
 }
 
-/// The bar's template once the total steps are known: steps done of total and the ETA
-/// (indicatif's, from the rate the steps advance at), then [`bar_message`] on a second line
-/// so a narrow terminal cuts neither.
-const BAR_TEMPLATE: &str =
-    "{spinner} {prefix} [{bar:30}] {pos}/{len} steps  ETA {eta}\n  {wide_msg}";
+/// The bar's template once the total steps are known: steps done of total, then the ETA
+/// (the node's, from the job's step rate: indicatif's counted the steps done before the
+/// watch began as done in its first moment) and [`bar_message`] on a second line so a
+/// narrow terminal cuts neither.
+const BAR_TEMPLATE: &str = "{spinner} {prefix} [{bar:30}] {pos}/{len} steps\n  {wide_msg}";
 /// The template while they are not: a spinner and the step count.
 const SPINNER_TEMPLATE: &str = "{spinner} {prefix} step {pos}\n  {wide_msg}";
 
@@ -735,15 +748,22 @@ fn watch_bar(c: &ApiClient, id: &str) -> Result<()> {
             }
         };
         bar.set_prefix(format!("{} {}", doc.id, doc.name));
-        if let (Some(total), false) = (doc.total_steps, has_total) {
-            bar.set_style(style(BAR_TEMPLATE)?);
+        // The total may change (an estimate refined, a trial promoted to a later rung).
+        if let Some(total) = doc.total_steps {
+            if !has_total {
+                bar.set_style(style(BAR_TEMPLATE)?);
+                has_total = true;
+            }
             bar.set_length(total);
-            has_total = true;
         }
         if let Some(step) = doc.step {
             bar.set_position(step);
         }
-        bar.set_message(bar_message(&doc));
+        let eta = doc.eta_at_ms.map_or(String::new(), |at| {
+            let left = at.saturating_sub(wall_ms());
+            format!("ETA {} ", crate::api::status::progress::duration_text(left))
+        });
+        bar.set_message(format!("{eta}{}", bar_message(&doc)));
         if is_terminal(&doc.state) {
             bar.finish_and_clear();
             println!("{}", doc.progress_line());

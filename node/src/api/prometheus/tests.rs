@@ -33,6 +33,7 @@ fn status() -> StatusDoc {
         summary: None,
         users: Vec::new(),
         seeds_never_reached: Vec::new(),
+        python: None,
     }
 }
 

@@ -28,7 +28,15 @@ pub const LIST_ROWS_MAX: usize = 10_000;
 /// Members' states as the API spells them.
 pub const MEMBER_STATES: [&str; 5] = ["alive", "suspect", "dead", "left", "removed"];
 /// Jobs' states as the API spells them.
-pub const JOB_STATES: [&str; 5] = ["pending", "running", "succeeded", "failed", "cancelled"];
+/// (`stopped`: a trial's job its search stopped, `domain::state::Job::state_text`.)
+pub const JOB_STATES: [&str; 6] = [
+    "pending",
+    "running",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "stopped",
+];
 
 /// A bad query: the field and why.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -143,20 +151,14 @@ pub fn job_page(
     let mut page: Vec<JobSummary> = Vec::with_capacity(limit.min(s.jobs.len()));
     let mut next = None;
     for j in older.rev().map(|(_, j)| j) {
-        if state.is_some_and(|st| st != j.state.as_str()) {
+        if state.is_some_and(|st| st != j.state_text()) {
             continue;
         }
         if page.len() == limit {
             next = page.last().map(|p: &JobSummary| p.id.clone());
             break;
         }
-        page.push(JobSummary {
-            id: j.id.to_string(),
-            name: j.spec.name.clone(),
-            owner: j.owner.clone(),
-            kind: j.spec.kind.to_string(),
-            state: j.state.to_string(),
-        });
+        page.push(JobSummary::of(j));
     }
     page.reverse();
     (page, next)
@@ -176,7 +178,7 @@ pub fn jobs(
 pub fn jobs_by_state(s: &ControlState) -> BTreeMap<String, usize> {
     let mut by = BTreeMap::new();
     for j in s.jobs.values() {
-        *by.entry(j.state.as_str().to_string()).or_insert(0) += 1;
+        *by.entry(j.state_text().to_string()).or_insert(0) += 1;
     }
     by
 }
@@ -273,6 +275,7 @@ pub fn synthetic(members: usize, jobs: usize) -> (StatusDoc, ControlState) {
         summary: None,
         users: Vec::new(),
         seeds_never_reached: Vec::new(),
+        python: None,
     };
     let spec = crate::domain::spec::JobSpec::parse(
         "name = \"sweep\"\nkind = \"command\"\nworkers = 1\ncommand = [\"true\"]\n",

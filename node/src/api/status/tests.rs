@@ -77,6 +77,7 @@ fn the_table_lists_each_members_gpus() {
         summary: None,
         users: Vec::new(),
         seeds_never_reached: Vec::new(),
+        python: None,
     };
     let text = doc.to_table();
     assert!(

@@ -68,6 +68,9 @@ pub const REASON_BYTES_MAX: usize = 1024;
 /// Longest submit token, in bytes.
 pub const TOKEN_BYTES_MAX: usize = 128;
 
+/// [`Job::state_text`] of a trial's job its search stopped.
+pub const STOPPED_BY_SEARCH: &str = "stopped";
+
 /// Where a job is in its lifecycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -309,6 +312,16 @@ pub struct Job {
     /// is placed again).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preempted_for: Option<JobId>,
+    /// A trial's job its search stopped (ASHA, the median rule, a speculative copy that
+    /// lost its race): cancelled in [`state`](Job::state), shown as `stopped`
+    /// ([`Job::state_text`]). Set when the search's decision is applied, so a log from
+    /// before the field replays to it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stopped_by_search: bool,
+    /// The first `step` metric of the current generation: (generation, step, at_ms), what
+    /// the step rate of a job's progress is measured from (`api::status::progress`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_step: Option<(u32, u64, u64)>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -393,6 +406,19 @@ impl Job {
             stopping: None,
             requeues: 0,
             preempted_for: None,
+            stopped_by_search: false,
+            first_step: None,
+        }
+    }
+
+    /// Its state as the API spells it: [`JobState::as_str`], but `stopped` for a trial's
+    /// job its search stopped ([`Job::stopped_by_search`]), which users read as an outcome
+    /// of the search, not a cancel of theirs.
+    pub fn state_text(&self) -> &'static str {
+        if self.state == JobState::Cancelled && self.stopped_by_search {
+            STOPPED_BY_SEARCH
+        } else {
+            self.state.as_str()
         }
     }
 

@@ -369,7 +369,7 @@ impl ControlState {
             job.push_event(at_ms, EventKind::Trial, what);
         }
         for c in cancel {
-            self.stop_run(c, at_ms, "stopped by the search");
+            self.stop_run(c, at_ms, "stopped by the search", true);
         }
         ControlResponse::Applied
     }
@@ -443,10 +443,12 @@ impl ControlState {
         ControlResponse::Applied
     }
 
-    /// Cancels a trial's run job (its processes are stopped by their nodes).
-    fn stop_run(&mut self, id: JobId, at_ms: u64, why: &str) {
+    /// Cancels a trial's run job (its processes are stopped by their nodes); `by_search`:
+    /// the search decided it (the job reads `stopped`), not a cancel of the search.
+    fn stop_run(&mut self, id: JobId, at_ms: u64, why: &str, by_search: bool) {
         if let Some(j) = self.jobs.get_mut(&id) {
             if !j.state.is_terminal() {
+                j.stopped_by_search = by_search;
                 j.finish(at_ms, JobState::Cancelled, EventKind::Cancelled, why);
             }
         }
@@ -457,6 +459,7 @@ impl ControlState {
         if let Some(j) = self.jobs.get_mut(&id) {
             j.state = JobState::Pending;
             j.finished_at_ms = None;
+            j.stopped_by_search = false;
             if let Some(of) = j.trial_of.as_mut() {
                 of.target = target;
             }
@@ -502,7 +505,7 @@ impl ControlState {
             }
         }
         for c in cancel {
-            self.stop_run(c, at_ms, "the search was cancelled");
+            self.stop_run(c, at_ms, "the search was cancelled", false);
         }
     }
 
@@ -637,7 +640,7 @@ impl ControlState {
             search.push_event(at_ms, EventKind::Trial, what);
         }
         if let Some(c) = cancel {
-            self.stop_run(c, at_ms, "its other run finished first");
+            self.stop_run(c, at_ms, "its other run finished first", true);
         }
         if let Some((id, target, why)) = reopen {
             self.reopen(id, target, at_ms, why);

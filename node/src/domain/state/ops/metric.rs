@@ -9,6 +9,10 @@ use crate::domain::state::{
     METRIC_NAME_BYTES_MAX,
 };
 
+/// The metric that counts a job's steps (the trainer's, or a rank's own
+/// `ringleader-metric step N`).
+pub const STEP_METRIC: &str = "step";
+
 /// Latest value of a metric of a running generation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Metric {
@@ -63,6 +67,11 @@ impl Command for Metric {
                 at_ms: at.at_ms,
             },
         );
+        // Where the step rate of the job's progress is measured from: the generation's
+        // first `step` (a resumed run starts at its checkpoint's step, not 0).
+        if name == STEP_METRIC && job.first_step.is_none_or(|(g, _, _)| g != generation) {
+            job.first_step = Some((generation, value.max(0.0) as u64, at.at_ms));
+        }
         job.metric_history
             .entry(name.to_owned())
             .or_default()
@@ -108,6 +117,19 @@ mod tests {
         let job = &state.jobs[&id];
         assert_eq!(job.metrics["loss"].value, 0.25);
         assert_eq!(job.metric_history["loss"].points, vec![(1, 0.5), (2, 0.25)]);
+    }
+
+    #[test]
+    fn the_first_step_of_each_generation_is_kept() {
+        let (mut state, id) = running(1, 1);
+        for (step, at_ms) in [(5, 100), (9, 200)] {
+            let m = Metric {
+                name: STEP_METRIC.into(),
+                ..metric(id, step as f64, step)
+            };
+            assert_eq!(m.apply(&mut state, at(at_ms)), ControlResponse::Applied);
+        }
+        assert_eq!(state.jobs[&id].first_step, Some((1, 5, 100)));
     }
 
     #[test]

@@ -429,3 +429,45 @@ fn cancelling_a_search_stops_its_trials() {
     assert_eq!(log.state.job(a).unwrap().state, JobState::Cancelled);
     assert_eq!(log.trial(search, 0).state, TrialState::Stopped);
 }
+
+#[test]
+fn a_trial_its_search_stops_reads_stopped_not_cancelled() {
+    // Command trials that are not resumable run to max_resource; ASHA stops the laggards.
+    let (mut log, search) = Log::new(
+        r#"
+name = "s"
+kind = "search"
+command = ["true"]
+[search]
+trial = "command"
+algorithm = "asha"
+trials = 9
+max_resource = 9
+metric = "score"
+direction = "max"
+[[search.params]]
+name = "lr"
+type = "double"
+min = 0.01
+max = 0.5
+"#,
+    );
+    let jobs: Vec<JobId> = (0..3).map(|t| log.start(search, t, 0.1, 9)).collect();
+    for (job, value) in jobs.iter().zip([0.9, 0.8, 0.1]) {
+        log.report(*job, 1, value);
+    }
+    let stopped = log.state.job(jobs[2]).unwrap();
+    assert_eq!(log.trial(search, 2).state, TrialState::Stopped);
+    assert_eq!(
+        (stopped.state, stopped.state_text()),
+        (JobState::Cancelled, "stopped")
+    );
+    // A search cancelled by its user cancels its running trials: those read `cancelled`.
+    log.apply(ControlCommand {
+        op: Op::Cancel(ops::Cancel { id: search }),
+        at_ms: 40,
+    });
+    let cancelled = log.state.job(jobs[0]).unwrap();
+    assert_eq!(cancelled.state_text(), "cancelled");
+    assert_eq!(log.state.job(jobs[2]).unwrap().state_text(), "stopped");
+}
