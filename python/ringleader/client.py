@@ -324,10 +324,10 @@ class Client:
             before = page[0]["id"]
 
     def queue(self) -> list[Doc]:
-        """The waiting jobs in the order they will start (`ringleader queue --json`'s
-        `jobs`): `[{position, id, name, owner, priority, priority_label,
-        effective_priority, workers, cpus_per_worker, gpus_per_worker, submitted_at_ms,
-        pending_reason}]`."""
+        """The waiting jobs, and running searches whose trials wait (`trials` true), in
+        the order they will start (`ringleader queue --json`'s `jobs`): `[{position, id,
+        name, owner, priority, priority_label, effective_priority, workers,
+        cpus_per_worker, gpus_per_worker, submitted_at_ms, pending_reason, trials}]`."""
         doc = self.request("GET", "/v1/queue")
         jobs: list[Doc] = doc["jobs"]
         return jobs

@@ -426,7 +426,7 @@ async fn submit(
     body: String,
 ) -> Result<Json<serde_json::Value>, SubmitError> {
     let actor = access::require(&app, Action::Submit, "the cluster", None)?;
-    let spec = admit_spec(&app, &headers, body, &actor.user).await?;
+    let spec = admit_spec(&app, &headers, body, &actor).await?;
     // A user's submits are held to its limits ([`quota`]); an admin's are not.
     let charge = if actor.role == Role::Admin {
         None
@@ -449,7 +449,7 @@ async fn admit_spec(
     app: &AppState,
     headers: &header::HeaderMap,
     body: String,
-    owner: &str,
+    actor: &crate::domain::state::users::Actor,
 ) -> Result<crate::domain::spec::JobSpec, SubmitError> {
     // `Content-Type: application/json`: an object with the TOML's keys; anything else is
     // the TOML text (curl's default form type included).
@@ -509,13 +509,19 @@ async fn admit_spec(
             }));
         }
     }
-    // The scheduler's refusals at submit: a priority above the owner's ceiling, GPUs no
-    // member could ever give.
-    let members_gpus = sharing::members_gpus(app).await;
+    // The sharing rules (`domain::admission`): a priority above the owner's ceiling,
+    // `preemptible = false` its role does not allow, a job no member could ever hold.
+    let members = sharing::member_sizes(app).await;
     let refusal = app
         .control
-        .read(|s| sharing::refuse_at_submit(&spec, owner, s, &members_gpus));
-    if let Some((field, problem)) = refusal {
+        .read(|s| crate::domain::admission::refuse(&spec, &actor.user, actor.role, s, &members));
+    if let Some((kind, field, problem)) = refusal {
+        if kind == crate::domain::admission::Refusal::Role {
+            return Err(SubmitError::Api(ApiError(
+                StatusCode::FORBIDDEN,
+                format!("{field}: {problem}"),
+            )));
+        }
         return Err(SubmitError::Spec(crate::jobs::AdmitError {
             message: format!("{field}: {problem}"),
             line: text

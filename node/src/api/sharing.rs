@@ -3,16 +3,15 @@
 //!
 //! | route | does |
 //! | --- | --- |
-//! | `POST /v1/quotas` `{"user", "cpus"?, "gpus"?, "borrow_cpus"?, "borrow_gpus"?, "gpu_hours"?, "weight"?, "max_priority"?, "group"?}` | sets the fields given of a user's (or `@GROUP`'s) quota (the admin only) |
+//! | `POST /v1/quotas` `{"user", "cpus"?, "gpus"?, "borrow_cpus"?, "borrow_gpus"?, "gpu_hours"?, "weight"?, "max_priority"?, "group"?, "may_refuse_preemption"?}` | sets the fields given of a user's (or `@GROUP`'s) quota (the admin only) |
 //! | `GET /v1/quotas` | `[{user, quota, used, borrowed, gpu_hours_used}]`: every user with a quota or running ranks |
-//! | `GET /v1/queue` | `{jobs: [{position, id, name, owner, priority, priority_label, effective_priority, workers, cpus_per_worker, gpus_per_worker, submitted_at_ms, pending_reason}]}`: waiting jobs in the order the scheduler takes them |
+//! | `GET /v1/queue` | `{jobs: [{position, id, name, owner, priority, priority_label, effective_priority, workers, cpus_per_worker, gpus_per_worker, submitted_at_ms, pending_reason, trials}]}`: waiting jobs, and running searches whose trials wait (`trials`), in the order the scheduler takes them |
 //!
 //! Errors: 400 (a field out of its bound, named), 403 (a quota change without the admin
 //! token), 503 (no chief).
 //!
-//! Also here, for the submit route: the scheduler's checks at submit
-//! ([`refuse_at_submit`]): a priority above the owner's ceiling, or GPUs no member could
-//! ever give.
+//! Also here, for the submit route: the members' sizes that `domain::admission` judges a
+//! spec against ([`member_sizes`]).
 
 use axum::{extract::State, http::StatusCode, Json};
 use serde::{Deserialize, Serialize};
@@ -20,8 +19,9 @@ use serde::{Deserialize, Serialize};
 use super::{access::require_admin, status::QuotaRow, ApiError, AppState};
 use crate::control::handle::wall_ms;
 use crate::domain::{
+    admission::MemberSize,
     queue::{self, Usage},
-    spec::{priority, JobSpec},
+    spec::priority,
     state::{
         ops,
         quotas::{check_quota_name, Quota},
@@ -59,6 +59,9 @@ pub struct SetRequest {
     /// The user's group.
     #[serde(default)]
     pub group: Option<String>,
+    /// Whether the user may submit `preemptible = false`.
+    #[serde(default)]
+    pub may_refuse_preemption: Option<bool>,
 }
 
 impl SetRequest {
@@ -73,6 +76,7 @@ impl SetRequest {
             weight: self.weight,
             max_priority: self.max_priority,
             group: self.group.clone(),
+            may_refuse_preemption: self.may_refuse_preemption,
         }
     }
 }
@@ -104,6 +108,10 @@ pub struct QueueRow {
     pub submitted_at_ms: u64,
     /// Why it waits, as the chief last recorded it.
     pub pending_reason: Option<String>,
+    /// A running search whose next trials wait (its row stands for them; `workers` and the
+    /// resources are one trial's).
+    #[serde(default)]
+    pub trials: bool,
 }
 
 /// `GET /v1/queue` document.
@@ -111,50 +119,6 @@ pub struct QueueRow {
 pub struct QueueDoc {
     /// Waiting jobs, first to start first.
     pub jobs: Vec<QueueRow>,
-}
-
-/// Why the scheduler refuses `spec` from `owner` at submit, as (field, problem): a priority
-/// above the owner's ceiling, or a rank's GPUs more than any member has (or the job's,
-/// more than all of them). `members_gpus` are the GPU counts of the members that could
-/// hold ranks (empty: nothing is known yet, nothing is refused for GPUs).
-pub fn refuse_at_submit(
-    spec: &JobSpec,
-    owner: &str,
-    state: &ControlState,
-    members_gpus: &[u32],
-) -> Option<(&'static str, String)> {
-    if let Some(ceiling) = state.max_priority_of(owner).filter(|c| spec.priority > *c) {
-        return Some((
-            "priority",
-            format!(
-                "{} is above {owner}'s ceiling {} (quota set --max-priority)",
-                spec.priority,
-                priority::label(ceiling)
-            ),
-        ));
-    }
-    let per_rank = spec.resources.gpus_per_worker;
-    if per_rank == 0 || members_gpus.is_empty() {
-        return None;
-    }
-    let largest = members_gpus.iter().copied().max().unwrap_or(0);
-    if per_rank > largest {
-        return Some((
-            "resources.gpus_per_worker",
-            format!("{per_rank} GPUs per rank, but no member has more than {largest}: it could never start"),
-        ));
-    }
-    let fit: u64 = members_gpus.iter().map(|g| u64::from(g / per_rank)).sum();
-    if fit < u64::from(spec.min_workers) {
-        return Some((
-            "resources.gpus_per_worker",
-            format!(
-                "{} ranks of {per_rank} GPUs, but all members together hold {fit}: it could never start",
-                spec.min_workers
-            ),
-        ));
-    }
-    None
 }
 
 /// `POST /v1/quotas`.
@@ -249,16 +213,17 @@ pub fn queue_doc(state: &ControlState, totals: Usage, now_ms: u64) -> QueueDoc {
             owner: j.owner.clone(),
             priority: j.spec.priority,
             priority_label: priority::label(j.spec.priority),
-            effective_priority: queue::effective_priority(
-                j.spec.priority,
-                j.submitted_at_ms,
-                now_ms,
-            ),
+            effective_priority: if queue::trials_wait(j) {
+                j.spec.priority
+            } else {
+                queue::effective_priority(j.spec.priority, j.submitted_at_ms, now_ms)
+            },
             workers: j.spec.workers,
             cpus_per_worker: j.spec.resources.cpus_per_worker,
             gpus_per_worker: j.spec.resources.gpus_per_worker,
             submitted_at_ms: j.submitted_at_ms,
             pending_reason: j.pending_reason.clone(),
+            trials: queue::trials_wait(j),
         })
         .collect();
     QueueDoc { jobs }
@@ -276,14 +241,17 @@ async fn cluster_totals(app: &AppState) -> Result<Usage, ApiError> {
     Ok(super::status_doc(app).await?.alive_capacity())
 }
 
-/// The GPU counts of the members that could hold ranks (alive or suspect, not removed).
-pub(super) async fn members_gpus(app: &AppState) -> Vec<u32> {
+/// The sizes of the members that could hold ranks (alive or suspect, not removed).
+pub(super) async fn member_sizes(app: &AppState) -> Vec<MemberSize> {
     match super::status_doc(app).await {
         Ok(doc) => doc
             .members
             .iter()
             .filter(|m| m.state == "alive" || m.state == "suspect")
-            .map(|m| m.gpus.len() as u32)
+            .map(|m| MemberSize {
+                cpus: m.cpus,
+                gpus: m.gpus.len() as u32,
+            })
             .collect(),
         Err(_) => Vec::new(),
     }

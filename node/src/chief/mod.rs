@@ -93,6 +93,14 @@ pub fn decide_with(
                 now_ms,
                 new_secret,
             ));
+            let searches = running_jobs.iter().filter(|j| j.search.is_some());
+            out.extend(search::decide(
+                state,
+                searches,
+                &mut candidates,
+                now_ms,
+                new_secret,
+            ));
         }
         Policy::Fair => {
             // Lost ranks and standbys first; growth only where the scheduler grants it.
@@ -104,8 +112,15 @@ pub fn decide_with(
                 }
                 out.extend(cmds);
             }
+            // What running searches want: their trials wait in the queue like jobs.
+            let plans: Vec<(&Job, search::Plan)> = running_jobs
+                .iter()
+                .filter(|j| j.search.is_some())
+                .filter_map(|j| Some((*j, search::plan(state, j)?)))
+                .collect();
             let decisions = {
-                let queue = queue_view(state, &running_jobs, &pending, &settled, now_ms);
+                let mut queue = queue_view(state, &running_jobs, &pending, &settled, now_ms);
+                queue.waiting.extend(trial_entries(&plans));
                 let cluster = scheduler::ClusterView {
                     members: candidates,
                     quotas: &state.quotas,
@@ -114,7 +129,12 @@ pub fn decide_with(
             };
             candidates = decisions.left;
             let by_id = |id| state.job(id);
+            let mut granted = search::Granted::default();
             for start in decisions.starts {
+                if let Some(trial) = start.trial {
+                    granted.slots.insert((start.id, trial), start.slots);
+                    continue;
+                }
                 let Some(job) = by_id(start.id) else { continue };
                 out.push(ControlCommand {
                     op: Op::Place(ops::Place {
@@ -160,7 +180,14 @@ pub fn decide_with(
                     true,
                 ));
             }
-            let changed = decisions.reasons.into_iter().filter_map(|r| {
+            let (trial_reasons, reasons): (Vec<_>, Vec<_>) = decisions
+                .reasons
+                .into_iter()
+                .partition(|r| r.trial.is_some());
+            for r in trial_reasons {
+                granted.reasons.entry(r.id).or_insert(r.text);
+            }
+            let changed = reasons.into_iter().filter_map(|r| {
                 let job = by_id(r.id)?;
                 (job.pending_reason.as_deref() != Some(r.text.as_str())).then(|| ControlCommand {
                     op: Op::Unplaceable(ops::Unplaceable {
@@ -178,17 +205,43 @@ pub fn decide_with(
                 now_ms,
                 new_secret,
             ));
+            out.extend(search::decide_granted(
+                state,
+                &plans,
+                granted,
+                &mut candidates,
+                now_ms,
+                new_secret,
+            ));
         }
     }
-    let searches = running_jobs.iter().filter(|j| j.search.is_some());
-    out.extend(search::decide(
-        state,
-        searches,
-        &mut candidates,
-        now_ms,
-        new_secret,
-    ));
     out
+}
+
+/// The scheduler's entries for what running searches want: one per wanted trial, at the
+/// search's priority, owner and submit time, each a gang of the search's `workers`, a
+/// promotion at its trial's home.
+fn trial_entries<'a>(plans: &'a [(&'a Job, search::Plan)]) -> Vec<scheduler::Waiting<'a>> {
+    static NO_MEMBERS: BTreeSet<String> = BTreeSet::new();
+    plans
+        .iter()
+        .flat_map(|(job, plan)| {
+            plan.wants
+                .iter()
+                .enumerate()
+                .map(move |(i, want)| scheduler::Waiting {
+                    id: job.id,
+                    owner: &job.owner,
+                    priority: job.spec.priority,
+                    submitted_at_ms: job.submitted_at_ms,
+                    request: plan.request,
+                    min_workers: plan.request.workers,
+                    home: want.home(),
+                    avoid: &NO_MEMBERS,
+                    trial: Some(i as u32),
+                })
+        })
+        .collect()
 }
 
 /// Members as placement sees them: alive or not, blacklisted or not, with what running jobs
@@ -467,6 +520,7 @@ fn queue_view<'a>(
             min_workers: job.spec.min_workers.min(job.spec.workers),
             home: home_of(job),
             avoid: &job.cannot_start,
+            trial: None,
         })
         .collect();
     let running = running

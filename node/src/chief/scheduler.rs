@@ -39,6 +39,18 @@
 //!   job runs ahead only when that does not delay the start of a job ahead of it. Those
 //!   that wait for a reservation say `position 3 of 5 (priority normal)`.
 //!
+//! # Search trials
+//!
+//! A running search that wants more trials (below its `max_parallel`, its searcher has one
+//! to start or promote) waits with one entry per trial it wants, up to
+//! `chief::search::TRIAL_WANTS_MAX` ([`Waiting::trial`]): at the search's priority, owner
+//! and submit time, each a gang of the search's `workers`, admitted under the same quotas,
+//! fair share and reservations as any job. A trial entry does not age (its search has had
+//! its start: a search running for hours does not rise above fresh high-priority work),
+//! asks for no preemption (a search's wish for another trial stops nobody's work), and
+//! only a search's first waiting trial holds a reservation. A promotion's entry goes to
+//! its trial's home member (`placement::place_at_home`).
+//!
 //! # Preemption and growth, as data
 //!
 //! For the first job that waits for capacity, [`preemption`] picks victims among running
@@ -130,6 +142,9 @@ pub struct Waiting<'a> {
     pub home: Option<&'a str>,
     /// Members where its program could not start.
     pub avoid: &'a BTreeSet<String>,
+    /// A running search's wanted trial: its index among the trials the search wants this
+    /// pass (`id` is then the search's; see the module doc's *Search trials*).
+    pub trial: Option<u32>,
 }
 
 /// A running job, as usage, growth and preemption see it.
@@ -181,8 +196,10 @@ pub struct QueueView<'a> {
 /// Start a waiting job on `slots` (a whole gang).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Start {
-    /// The job.
+    /// The job (the search, for a trial).
     pub id: JobId,
+    /// The search's wanted trial it starts ([`Waiting::trial`]).
+    pub trial: Option<u32>,
     /// Its ranks, in rank order.
     pub slots: Vec<Slot>,
 }
@@ -214,8 +231,10 @@ pub enum Cause {
 /// Why a waiting job waits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reason {
-    /// The job.
+    /// The job (the search, for a trial).
     pub id: JobId,
+    /// The search's wanted trial that waits ([`Waiting::trial`]).
+    pub trial: Option<u32>,
     /// What kind of wait.
     pub cause: Cause,
     /// One line for humans.
@@ -225,8 +244,9 @@ pub struct Reason {
 /// What one pass decided.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Decisions {
-    /// The waiting jobs in the order the pass took them: the order they start in.
-    pub order: Vec<JobId>,
+    /// The waiting jobs (and searches' trial entries, [`Waiting::trial`]) in the order the
+    /// pass took them: the order they start in.
+    pub order: Vec<(JobId, Option<u32>)>,
     /// Jobs to start, in start order.
     pub starts: Vec<Start>,
     /// Running jobs to grow by one rank.
@@ -236,8 +256,8 @@ pub struct Decisions {
     /// What should give way for the first job that waits for capacity.
     pub preempt: Vec<Preempt>,
     /// The members as the pass leaves them: starts taken, reservations held, growth not
-    /// taken (the chief's re-form picks its joiner from these). Search trials start on
-    /// what is left here.
+    /// taken (the chief's re-form picks its joiner from these). Speculative copies of
+    /// search trials start on what is left here.
     pub left: Vec<Candidate>,
 }
 
@@ -267,6 +287,8 @@ pub fn schedule(cluster: &ClusterView<'_>, queue: &QueueView<'_>, now_ms: u64) -
     let mut reservations = 0usize;
     let mut position = 0usize;
     let mut preempting = false;
+    // Searches whose first waiting trial holds a reservation.
+    let mut reserved_trials: BTreeSet<JobId> = BTreeSet::new();
     for entry in &order {
         let w = match entry {
             Entry::Grow(r) => {
@@ -288,10 +310,11 @@ pub fn schedule(cluster: &ClusterView<'_>, queue: &QueueView<'_>, now_ms: u64) -
             Entry::Wait(w) => w,
         };
         position += 1;
-        out.order.push(w.id);
+        out.order.push((w.id, w.trial));
         let mut wait = |cause: Cause, text: String| {
             out.reasons.push(Reason {
                 id: w.id,
+                trial: w.trial,
                 cause,
                 text,
             })
@@ -321,14 +344,15 @@ pub fn schedule(cluster: &ClusterView<'_>, queue: &QueueView<'_>, now_ms: u64) -
             } else {
                 (Cause::Capacity, capacity_reason(&now, w, room_now))
             };
-            if cause == Cause::Capacity && !preempting {
+            if cause == Cause::Capacity && !preempting && w.trial.is_none() {
                 preempting = true;
                 out.preempt = preemption::victims(w, &now, &queue.running, &ledger, quotas, now_ms);
                 if let Some(first) = out.preempt.first() {
                     text.push_str(&format!("; preempting {}", first.summary()));
                 }
             }
-            if reservations < RESERVATIONS_MAX && future.reserve(&mut now, &floor) {
+            let first_trial = w.trial.is_none_or(|_| reserved_trials.insert(w.id));
+            if first_trial && reservations < RESERVATIONS_MAX && future.reserve(&mut now, &floor) {
                 reservations += 1;
             }
             wait(cause, text);
@@ -348,8 +372,12 @@ pub fn schedule(cluster: &ClusterView<'_>, queue: &QueueView<'_>, now_ms: u64) -
                 }
                 future.take(&slots, &req);
                 ledger.add(w.owner, &req, quotas);
-                claims.started(w.owner, w.id);
-                out.starts.push(Start { id: w.id, slots });
+                claims.started(w.owner, (w.id, w.trial));
+                out.starts.push(Start {
+                    id: w.id,
+                    trial: w.trial,
+                    slots,
+                });
             }
             Err(e) => wait(Cause::Capacity, e.reason),
         }
@@ -385,18 +413,25 @@ fn ordered<'q, 'a>(
     quotas: &BTreeMap<String, Quota>,
     now_ms: u64,
 ) -> Vec<Entry<'q, 'a>> {
-    // The queue's order (`domain::queue`); growth goes before waiting jobs of its priority.
-    type Key = (queue::OrderKey, u8);
+    // The queue's order (`domain::queue`); growth goes before waiting jobs of its priority;
+    // a search's trial entries follow each other in the search's order.
+    type Key = (queue::OrderKey, u8, u32);
     let share = |owner: &str| ledger.dominant_share_ppm(owner, totals, quotas);
     let mut keyed: Vec<(Key, Entry<'q, 'a>)> = Vec::new();
     for w in &queue.waiting {
-        let key = queue::order_key(w.priority, share(w.owner), w.submitted_at_ms, w.id, now_ms);
-        keyed.push(((key, 1), Entry::Wait(w)));
+        // A trial entry is not aged: its age is its search's, and no time has passed.
+        let aged_to = if w.trial.is_some() {
+            w.submitted_at_ms
+        } else {
+            now_ms
+        };
+        let key = queue::order_key(w.priority, share(w.owner), w.submitted_at_ms, w.id, aged_to);
+        keyed.push(((key, 1, w.trial.unwrap_or(0)), Entry::Wait(w)));
     }
     for r in queue.running.iter().filter(|r| r.may_grow) {
         // Growth is not aged and goes first at its priority: share and age 0.
         let key = (std::cmp::Reverse(r.priority), 0, 0, r.id);
-        keyed.push(((key, 0), Entry::Grow(r)));
+        keyed.push(((key, 0, 0), Entry::Grow(r)));
     }
     keyed.sort_by_key(|(key, _)| *key);
     keyed.into_iter().map(|(_, e)| e).collect()

@@ -47,6 +47,9 @@ pub struct SetArgs {
     /// The group whose quota (`quota set @GROUP …`) the user's ranks count against too.
     #[arg(long)]
     pub group: Option<String>,
+    /// Whether the user may submit `preemptible = false` (unset: no; admins always may).
+    #[arg(long)]
+    pub may_refuse_preemption: Option<bool>,
 }
 
 fn parse_priority(text: &str) -> Result<u32, String> {
@@ -68,6 +71,7 @@ pub fn run_quota(cli: &Cli, cmd: &QuotaCmd) -> Result<()> {
                 "weight": a.weight,
                 "max_priority": a.max_priority,
                 "group": a.group,
+                "may_refuse_preemption": a.may_refuse_preemption,
             });
             let v: serde_json::Value = c.post_json("/v1/quotas", &body)?;
             if cli.json {
@@ -119,8 +123,8 @@ pub fn run_quota(cli: &Cli, cmd: &QuotaCmd) -> Result<()> {
     Ok(())
 }
 
-/// `ringleader queue`: the waiting jobs in the order they will start, with owners and
-/// reasons (`--json`: {jobs: [{position, id, name, owner, priority, …, pending_reason}]}).
+/// `ringleader queue`: the waiting jobs (and searches whose trials wait, named `(trials)`)
+/// in the order they will start, with owners and reasons (`--json`: {jobs: [{position, id, name, owner, priority, …, pending_reason}]}).
 pub fn run_queue(cli: &Cli) -> Result<()> {
     let c = client(cli)?;
     let v: serde_json::Value = c.get("/v1/queue")?;
@@ -138,11 +142,16 @@ pub fn run_queue(cli: &Cli) -> Result<()> {
         "#", "ID", "NAME", "OWNER", "PRIORITY", "RANKS"
     );
     for j in doc.jobs {
+        let name = if j.trials {
+            format!("{} (trials)", j.name)
+        } else {
+            j.name
+        };
         println!(
             "{:>4} {:<10} {:<20} {:<12} {:<9} {:>7}  {}",
             j.position,
             j.id,
-            j.name,
+            name,
             j.owner,
             j.priority_label,
             j.workers,

@@ -135,23 +135,48 @@ pub fn gpu_ms_by_owner(state: &ControlState, now_ms: u64) -> BTreeMap<String, u6
     out
 }
 
-/// The waiting (pending) jobs in the order the scheduler takes them, given the cluster's
-/// `totals` (cpus and GPUs of its usable members).
+/// The start of a running search's `pending_reason` while its trials wait for the
+/// scheduler (`chief::search`).
+pub const TRIALS_WAIT: &str = "trials wait: ";
+
+/// Whether `job` is a running search whose trials wait (it has a place in the queue).
+pub fn trials_wait(job: &Job) -> bool {
+    job.state == JobState::Running
+        && job.search.is_some()
+        && job
+            .pending_reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with(TRIALS_WAIT))
+}
+
+/// The waiting (pending) jobs, and the running searches whose trials wait ([`trials_wait`]:
+/// their trials are taken at the search's priority, not aged), in the order the scheduler
+/// takes them, given the cluster's `totals` (cpus and GPUs of its usable members).
 pub fn waiting_in_order(state: &ControlState, totals: Usage, now_ms: u64) -> Vec<&Job> {
     let used = usage_by_owner(state);
     let share = |owner: &str| {
         let u = used.get(owner).copied().unwrap_or_default();
         dominant_share_ppm(u, totals, weight_of(owner, &state.quotas))
     };
+    let searches = state
+        .jobs
+        .values()
+        .filter(|j| j.search.is_some() && trials_wait(j));
     let mut waiting: Vec<(OrderKey, &Job)> = state
         .pending()
+        .chain(searches)
         .map(|j| {
+            let aged_to = if j.state == JobState::Pending {
+                now_ms
+            } else {
+                j.submitted_at_ms
+            };
             let key = order_key(
                 j.spec.priority,
                 share(&j.owner),
                 j.submitted_at_ms,
                 j.id,
-                now_ms,
+                aged_to,
             );
             (key, j)
         })

@@ -1,5 +1,6 @@
 use super::*;
 use crate::api::status::UsageDoc;
+use crate::domain::spec::JobSpec;
 use crate::domain::state::{ControlResponse, JobId};
 
 fn submit(state: &mut ControlState, owner: &str, spec: &str) -> JobId {
@@ -24,51 +25,7 @@ fn spec(name: &str, priority: &str, gpus: u32, workers: u32) -> String {
     )
 }
 
-fn set_quota(state: &mut ControlState, user: &str, quota: Quota) {
-    let cmd = ControlCommand::new(
-        1,
-        Op::QuotaSet(ops::QuotaSet {
-            user: user.into(),
-            quota,
-        }),
-    );
-    assert_eq!(
-        state.apply(state.applied_index + 1, &cmd),
-        ControlResponse::Applied
-    );
-}
-
-#[test]
-fn a_submit_above_the_ceiling_or_needing_gpus_no_member_has_is_refused_by_field() {
-    let mut state = ControlState::default();
-    set_quota(
-        &mut state,
-        "alice",
-        Quota {
-            max_priority: Some(priority::NORMAL),
-            ..Quota::default()
-        },
-    );
-    let high = JobSpec::parse(&spec("a", "high", 0, 1)).unwrap();
-    let (field, problem) = refuse_at_submit(&high, "alice", &state, &[]).unwrap();
-    assert_eq!(field, "priority");
-    assert!(
-        problem.contains("above alice's ceiling normal"),
-        "{problem}"
-    );
-    assert_eq!(refuse_at_submit(&high, "bob", &state, &[]), None);
-
-    let two = JobSpec::parse(&spec("g", "normal", 2, 1)).unwrap();
-    let (field, problem) = refuse_at_submit(&two, "bob", &state, &[1, 1]).unwrap();
-    assert_eq!(field, "resources.gpus_per_worker");
-    assert!(problem.contains("no member has more than 1"), "{problem}");
-    let gang = JobSpec::parse(&spec("g", "normal", 1, 3)).unwrap();
-    let (_, problem) = refuse_at_submit(&gang, "bob", &state, &[1, 1]).unwrap();
-    assert!(problem.contains("all members together hold 2"), "{problem}");
-    // Nothing known of the members yet: nothing refused for GPUs.
-    assert_eq!(refuse_at_submit(&gang, "bob", &state, &[]), None);
-    assert_eq!(refuse_at_submit(&gang, "bob", &state, &[2, 1]), None);
-}
+use crate::domain::state::ops::testing::set_quota;
 
 #[test]
 fn the_queue_lists_waiting_jobs_in_start_order_and_quotas_show_use() {

@@ -34,6 +34,7 @@ fn waiting<'a>(n: u64, owner: &'a str, priority: u32, request: Request) -> Waiti
         min_workers: request.workers,
         home: None,
         avoid: &NOTHING,
+        trial: None,
     }
 }
 
@@ -119,7 +120,7 @@ fn higher_priority_starts_first_and_the_other_says_why_it_waits() {
     };
     let d = schedule(&cluster, &queue, 10);
     assert_eq!(started(&d), vec![id(2)]);
-    assert_eq!(d.order, vec![id(2), id(1)]);
+    assert_eq!(d.order, vec![(id(2), None), (id(1), None)]);
     assert_eq!(reason_of(&d, 1), Some("waiting for 2 cpus: 0 free"));
 }
 
@@ -482,6 +483,113 @@ fn a_shrunk_job_grows_back_before_lower_priority_work_starts() {
     assert_eq!(placement::room(&d.left, &r), 1);
 }
 
+/// Trial entry `i` of search `n` (submitted at 0).
+fn trial<'a>(n: u64, i: u32, owner: &'a str, priority: u32, request: Request) -> Waiting<'a> {
+    Waiting {
+        submitted_at_ms: 0,
+        trial: Some(i),
+        ..waiting(n, owner, priority, request)
+    }
+}
+
+#[test]
+fn a_high_job_starts_before_a_low_searchs_trials_which_take_only_what_is_left() {
+    let quotas = BTreeMap::new();
+    let cluster = ClusterView {
+        members: vec![member("a", 4, 0), member("b", 2, 0)],
+        quotas: &quotas,
+    };
+    let t = req(1, 2, 0);
+    let queue = QueueView {
+        waiting: vec![
+            trial(9, 0, "alice", priority::LOW, t),
+            trial(9, 1, "alice", priority::LOW, t),
+            trial(9, 2, "alice", priority::LOW, t),
+            waiting(2, "bob", priority::HIGH, req(2, 2, 0)),
+        ],
+        ..QueueView::default()
+    };
+    let d = schedule(&cluster, &queue, 10);
+    assert_eq!(
+        d.order,
+        vec![
+            (id(2), None),
+            (id(9), Some(0)),
+            (id(9), Some(1)),
+            (id(9), Some(2))
+        ]
+    );
+    let starts: Vec<(JobId, Option<u32>)> = d.starts.iter().map(|s| (s.id, s.trial)).collect();
+    assert_eq!(starts, vec![(id(2), None), (id(9), Some(0))]);
+    assert!(
+        d.starts[1].slots.len() == 1,
+        "a trial is a gang of its workers"
+    );
+    let waits: Vec<Option<u32>> = d.reasons.iter().map(|r| r.trial).collect();
+    assert_eq!(waits, vec![Some(1), Some(2)]);
+    assert_eq!(d.reasons[0].text, "waiting for 2 cpus: 0 free");
+    assert!(
+        d.preempt.is_empty(),
+        "a trial entry asks nobody to give way"
+    );
+}
+
+#[test]
+fn a_searchs_trials_stay_within_its_owners_quota_and_say_so() {
+    let quotas = BTreeMap::from([("alice".to_owned(), quota(4, Some(0)))]);
+    let cluster = ClusterView {
+        members: vec![member("a", 16, 0)],
+        quotas: &quotas,
+    };
+    let t = req(1, 2, 0);
+    let queue = QueueView {
+        waiting: (0..4)
+            .map(|i| trial(9, i, "alice", priority::NORMAL, t))
+            .collect(),
+        ..QueueView::default()
+    };
+    let d = schedule(&cluster, &queue, 10);
+    assert_eq!(d.starts.len(), 2);
+    assert_eq!(d.reasons.len(), 2);
+    assert!(d.reasons.iter().all(|r| r.cause == Cause::Quota));
+    assert_eq!(
+        d.reasons[0].text,
+        "waiting for 2 cpus: alice's quota 4/4 cpus in use"
+    );
+}
+
+#[test]
+fn a_searchs_trials_do_not_age_past_fresh_work() {
+    let quotas = BTreeMap::new();
+    let mut members = vec![member("a", 4, 0)];
+    let busy = hold(&mut members, &[0], &req(1, 4, 0));
+    let cluster = ClusterView {
+        members: members.clone(),
+        quotas: &quotas,
+    };
+    let t = req(1, 4, 0);
+    // Ten hours after the search's submit: a job that waited so long would be at the top,
+    // a search's trials stay at its priority.
+    let now = 10 * AGING_STEP_MS;
+    let mut fresh = waiting(2, "bob", priority::NORMAL, req(1, 4, 0));
+    fresh.submitted_at_ms = now;
+    let queue = QueueView {
+        waiting: vec![
+            trial(9, 0, "alice", priority::LOW, t),
+            trial(9, 1, "alice", priority::LOW, t),
+            fresh,
+        ],
+        running: vec![running(5, "carol", priority::HIGH, &busy, req(1, 4, 0))],
+        ..QueueView::default()
+    };
+    let d = schedule(&cluster, &queue, now);
+    assert_eq!(d.order[0], (id(2), None));
+    // Bob's job holds the one reservation the cluster has room for; the trials wait.
+    assert!(d.starts.is_empty());
+    assert_eq!(d.reasons.len(), 3);
+    assert!(d.reasons[1..].iter().all(|r| r.trial.is_some()));
+}
+
 // --- Properties --------------------------------------------------------------------------
 
 const USERS: [&str; 3] = ["alice", "bob", "carol"];
@@ -590,13 +698,19 @@ fn could_ever_start(a: &Arrival, members: &[Candidate], quotas: &BTreeMap<String
         min_workers: a.min_workers,
         home: None,
         avoid: &NOTHING,
+        trial: None,
     };
     fits && usage::Ledger::default().ranks_allowed(&w, quotas) >= u64::from(a.min_workers)
 }
 
-/// Every account's running usage within its quota plus borrow limit.
-fn within_limits(sims: &[Sim], quotas: &BTreeMap<String, Quota>) -> Result<(), String> {
-    let running: Vec<Running<'_>> = sims
+/// Every account's running usage, a search's trials counted, within its quota plus borrow
+/// limit.
+fn within_limits<'a>(
+    sims: &'a [Sim],
+    trials: Option<(&SearchArrival, impl Iterator<Item = &'a [Slot]>)>,
+    quotas: &BTreeMap<String, Quota>,
+) -> Result<(), String> {
+    let mut all: Vec<Running<'_>> = sims
         .iter()
         .filter(|s| !s.slots.is_empty())
         .map(|s| {
@@ -609,7 +723,11 @@ fn within_limits(sims: &[Sim], quotas: &BTreeMap<String, Quota>) -> Result<(), S
             )
         })
         .collect();
-    let ledger = usage::Ledger::of(&running, quotas);
+    if let Some((sa, slots)) = trials {
+        let r = req(1, sa.cpus, sa.gpus);
+        all.extend(slots.map(|s| running(0, USERS[sa.owner], sa.priority, s, r)));
+    }
+    let ledger = usage::Ledger::of(&all, quotas);
     for (account, q) in quotas {
         let used = ledger.used(account);
         if let Some(b) = q.borrow_cpus {
@@ -628,14 +746,54 @@ fn within_limits(sims: &[Sim], quotas: &BTreeMap<String, Quota>) -> Result<(), S
     Ok(())
 }
 
-/// Runs the trace step by step (a step is one pass; a job runs for its `steps`), checking
-/// the invariants at every pass. Returns the sims at the end.
+/// A search of the simulation, running from the start: it wants trials up to its
+/// `max_parallel`, each a gang of `workers` that runs `steps` passes.
+#[derive(Debug, Clone)]
+struct SearchArrival {
+    owner: usize,
+    priority: u32,
+    workers: u32,
+    cpus: u32,
+    gpus: u32,
+    max_parallel: u32,
+    steps: u32,
+}
+
+/// The simulated search's id (jobs are 1..).
+const SEARCH: u64 = 1_000;
+
+fn search_arrival() -> impl Strategy<Value = SearchArrival> {
+    (0usize..3, 1u32..3, 1u32..3, 0u32..2, 1u32..5, 1u32..4).prop_map(
+        |(owner, workers, cpus, gpus, max_parallel, steps)| SearchArrival {
+            owner,
+            priority: priority::LOW,
+            workers,
+            cpus,
+            gpus,
+            max_parallel,
+            steps,
+        },
+    )
+}
+
+/// A trial run of the simulated search: its id, slots and start.
+struct TrialSim {
+    id: JobId,
+    slots: Vec<Slot>,
+    started_step: u32,
+}
+
+/// Runs the trace step by step (a step is one pass; a job runs for its `steps`), with
+/// `search`'s trials beside it when given, checking the invariants at every pass. Returns
+/// the sims at the end.
 fn simulate(
     members: &[Candidate],
     quotas: &BTreeMap<String, Quota>,
     arrivals: &[Arrival],
+    search: Option<&SearchArrival>,
     steps: u32,
 ) -> Result<Vec<Sim>, TestCaseError> {
+    let mut trials: Vec<TrialSim> = Vec::new();
     let mut sims: Vec<Sim> = arrivals
         .iter()
         .enumerate()
@@ -657,10 +815,31 @@ fn simulate(
                 }
             }
         }
+        if let Some(sa) = search {
+            trials.retain(|t| step < t.started_step + sa.steps);
+        }
         let mut view = members.to_vec();
         for s in sims.iter().filter(|s| !s.slots.is_empty()) {
             placement::take(&mut view, &s.slots, &req(1, s.arrival.cpus, s.arrival.gpus));
         }
+        for (t, sa) in trials.iter().zip(std::iter::repeat(search)) {
+            let sa = sa.expect("trials only with a search");
+            placement::take(&mut view, &t.slots, &req(1, sa.cpus, sa.gpus));
+        }
+        let wanted = search.map_or(0, |sa| sa.max_parallel as usize - trials.len());
+        let trial_entries = search.into_iter().flat_map(|sa| {
+            (0..wanted as u32).map(|i| Waiting {
+                id: id(SEARCH),
+                owner: USERS[sa.owner],
+                priority: sa.priority,
+                submitted_at_ms: 0,
+                request: req(sa.workers, sa.cpus, sa.gpus),
+                min_workers: sa.workers,
+                home: None,
+                avoid: &NOTHING,
+                trial: Some(i),
+            })
+        });
         let waiting: Vec<Waiting<'_>> = sims
             .iter()
             .filter(|s| s.started_step.is_none() && s.arrival.at_step <= step)
@@ -675,9 +854,25 @@ fn simulate(
                     min_workers: a.min_workers,
                     home: None,
                     avoid: &NOTHING,
+                    trial: None,
                 }
             })
+            .chain(trial_entries)
             .collect();
+        let trial_runs = search.into_iter().flat_map(|sa| {
+            trials.iter().map(|t| {
+                let mut r = running(
+                    0,
+                    USERS[sa.owner],
+                    sa.priority,
+                    &t.slots,
+                    req(1, sa.cpus, sa.gpus),
+                );
+                r.id = t.id;
+                r.trial_of = Some(id(SEARCH));
+                r
+            })
+        });
         let running: Vec<Running<'_>> = sims
             .iter()
             .filter(|s| !s.slots.is_empty())
@@ -693,6 +888,7 @@ fn simulate(
                 r.id = s.id;
                 r
             })
+            .chain(trial_runs)
             .collect();
         let cluster = ClusterView {
             members: view.clone(),
@@ -712,20 +908,34 @@ fn simulate(
         reversed.running.reverse();
         prop_assert_eq!(&d, &schedule(&cluster, &reversed, now_ms));
 
-        // Every waiting job either starts or has exactly one reason, and the order names
-        // each once.
-        let waiting_ids: BTreeSet<JobId> = queue.waiting.iter().map(|w| w.id).collect();
-        let mut accounted: Vec<JobId> = started(&d);
-        accounted.extend(d.reasons.iter().map(|r| r.id));
+        // Every waiting job (and trial entry) either starts or has exactly one reason, and
+        // the order names each once.
+        let entry = |id: JobId, trial: Option<u32>| {
+            queue
+                .waiting
+                .iter()
+                .find(|w| (w.id, w.trial) == (id, trial))
+                .unwrap()
+        };
+        let waiting_ids: BTreeSet<(JobId, Option<u32>)> =
+            queue.waiting.iter().map(|w| (w.id, w.trial)).collect();
+        let mut accounted: Vec<(JobId, Option<u32>)> =
+            d.starts.iter().map(|s| (s.id, s.trial)).collect();
+        accounted.extend(d.reasons.iter().map(|r| (r.id, r.trial)));
         accounted.sort();
         prop_assert_eq!(accounted, waiting_ids.iter().copied().collect::<Vec<_>>());
         prop_assert!(d.reasons.iter().all(|r| !r.text.is_empty()));
         prop_assert_eq!(d.order.len(), waiting_ids.len());
+        // A trial entry asks for nothing to give way.
+        prop_assert!(d.preempt.iter().all(|p| p.for_job != id(SEARCH)));
 
         // Gangs are whole: between the floor and `workers` ranks, each with its GPUs, on
-        // members that have room for them beside what runs.
+        // members that have room for them beside what runs (a trial: all its `workers`).
         for start in &d.starts {
-            let w = queue.waiting.iter().find(|w| w.id == start.id).unwrap();
+            let w = entry(start.id, start.trial);
+            if start.trial.is_some() {
+                prop_assert_eq!(start.slots.len() as u32, w.request.workers, "trial split");
+            }
             let n = start.slots.len() as u32;
             prop_assert!(
                 w.min_workers <= n && n <= w.request.workers,
@@ -752,25 +962,35 @@ fn simulate(
         }
 
         // Priority order: the first job that waits for capacity is not delayed by any job
-        // started after it in the order: once running work ends, it fits beside every start.
+        // started after it in the order: once running work ends, it fits beside every start
+        // (a low search's trials included: they come after every higher job).
         let head = d
             .reasons
             .iter()
-            .filter(|r| matches!(r.cause, Cause::Capacity | Cause::Queue))
-            .map(|r| r.id)
-            .next();
-        if let Some(head) = head {
-            let pos = |id: JobId| d.order.iter().position(|o| *o == id).unwrap();
-            let w = queue.waiting.iter().find(|w| w.id == head).unwrap();
+            .find(|r| matches!(r.cause, Cause::Capacity | Cause::Queue));
+        if let (Some(sa), Some(head)) = (search, head) {
+            let higher_waits = d.reasons.iter().any(|r| {
+                r.trial.is_none()
+                    && matches!(r.cause, Cause::Capacity | Cause::Queue)
+                    && entry(r.id, None).priority > sa.priority
+            });
+            prop_assert!(
+                !higher_waits || head.trial.is_none(),
+                "a low search's trial waits ahead of a higher job"
+            );
+        }
+        if let Some(head) = head.map(|r| (r.id, r.trial)) {
+            let pos = |key: (JobId, Option<u32>)| d.order.iter().position(|o| *o == key).unwrap();
+            let w = entry(head.0, head.1);
             let mut floor = w.request;
             floor.workers = w.min_workers;
             let mut before = usage::Room::idle(members);
             let mut all = usage::Room::idle(members);
             for start in &d.starts {
-                let sw = queue.waiting.iter().find(|w| w.id == start.id).unwrap();
+                let sw = entry(start.id, start.trial);
                 let mut r = sw.request;
                 r.workers = start.slots.len() as u32;
-                if pos(start.id) < pos(head) {
+                if pos((start.id, start.trial)) < pos(head) {
                     before.take(&start.slots, &r);
                 }
                 all.take(&start.slots, &r);
@@ -780,17 +1000,26 @@ fn simulate(
             let fit_after = all.reserve(&mut scratch, &floor);
             prop_assert!(
                 !fit_before || fit_after,
-                "a later start took what {} needs",
+                "a later start took what {:?} needs",
                 head
             );
         }
 
         for start in d.starts {
+            if start.trial.is_some() {
+                trials.push(TrialSim {
+                    id: id(SEARCH + 1 + u64::from(step) * 100 + trials.len() as u64),
+                    slots: start.slots,
+                    started_step: step,
+                });
+                continue;
+            }
             let s = sims.iter_mut().find(|s| s.id == start.id).unwrap();
             s.slots = start.slots;
             s.started_step = Some(step);
         }
-        within_limits(&sims, quotas).map_err(TestCaseError::fail)?;
+        let trial_load = search.map(|sa| (sa, trials.iter().map(|t| t.slots.as_slice())));
+        within_limits(&sims, trial_load, quotas).map_err(TestCaseError::fail)?;
     }
     Ok(sims)
 }
@@ -804,7 +1033,19 @@ proptest! {
         quotas in quota_map(),
         arrivals in prop::collection::vec(arrival(), 1..12),
     ) {
-        simulate(&members, &quotas, &arrivals, 20)?;
+        simulate(&members, &quotas, &arrivals, None, 20)?;
+    }
+
+    #[test]
+    fn a_searchs_trials_keep_the_invariants_beside_jobs(
+        members in cluster_members(),
+        quotas in quota_map(),
+        arrivals in prop::collection::vec(arrival(), 0..10),
+        search in search_arrival(),
+    ) {
+        // Its trials' gangs are never split, its owner's quota holds with them counted,
+        // and a higher job that waits is first in line ahead of them (see `simulate`).
+        simulate(&members, &quotas, &arrivals, Some(&search), 20)?;
     }
 
     #[test]
@@ -816,7 +1057,7 @@ proptest! {
         // Each job runs at most 3 steps and all arrive by step 5: after enough passes
         // every job that fits the idle cluster and its owner's limits has started.
         let bound = 6 + 4 * arrivals.len() as u32 + 2;
-        let sims = simulate(&members, &quotas, &arrivals, bound)?;
+        let sims = simulate(&members, &quotas, &arrivals, None, bound)?;
         for s in &sims {
             if could_ever_start(&s.arrival, &members, &quotas) {
                 prop_assert!(s.started_step.is_some(), "{} never started: {:?}", s.id, s.arrival);

@@ -220,6 +220,9 @@ impl Ledger {
     }
 }
 
+/// A waiting job, or a search's trial entry ([`Waiting::trial`]).
+pub type Claimant = (crate::domain::state::JobId, Option<u32>);
+
 /// The unused quota of owners with waiting work: borrowing may not take it.
 ///
 /// Only waiting jobs that fit their owner's nominal quota now (they borrow nothing, so no
@@ -227,8 +230,9 @@ impl Ledger {
 /// each other up, and every claim ends when its job starts.
 #[derive(Debug, Clone, Default)]
 pub struct Claims {
-    /// Claiming jobs per owner: what each asks for (its floor).
-    waiting: BTreeMap<String, BTreeMap<crate::domain::state::JobId, Usage>>,
+    /// Claiming jobs (and searches' trial entries) per owner: what each asks for (its
+    /// floor).
+    waiting: BTreeMap<String, BTreeMap<Claimant, Usage>>,
 }
 
 impl Claims {
@@ -258,14 +262,14 @@ impl Claims {
                     .waiting
                     .entry(w.owner.to_owned())
                     .or_default()
-                    .insert(w.id, of(&floor, u64::from(w.min_workers)));
+                    .insert((w.id, w.trial), of(&floor, u64::from(w.min_workers)));
             }
         }
         claims
     }
 
     /// `id` started: its claim ends.
-    pub fn started(&mut self, owner: &str, id: crate::domain::state::JobId) {
+    pub fn started(&mut self, owner: &str, id: Claimant) {
         if let Some(jobs) = self.waiting.get_mut(owner) {
             jobs.remove(&id);
         }

@@ -167,11 +167,21 @@ fn a_member_that_joins_mid_search_gets_the_next_trials() {
     let cmds = decide(&state, &mut c, 10, &mut secret);
     assert_eq!(cmds.len(), 1, "one cpu: one trial: {cmds:?}");
     apply(&mut state, &cmds);
+    // No room for the second: the search says why its trials wait.
     let mut c = candidates_of(&state, &members);
+    let cmds = decide(&state, &mut c, 20, &mut secret);
+    let [ControlCommand {
+        op: Op::Unplaceable(ops::Unplaceable { reason, .. }),
+        ..
+    }] = cmds.as_slice()
+    else {
+        panic!("{cmds:?}")
+    };
     assert!(
-        decide(&state, &mut c, 20, &mut secret).is_empty(),
-        "no room"
+        reason.starts_with("trials wait: no room for a trial"),
+        "{reason}"
     );
+    apply(&mut state, &cmds);
     members.push(member("b", State::Alive, 1));
     let mut c = candidates_of(&state, &members);
     let cmds = decide(&state, &mut c, 30, &mut secret);
@@ -388,4 +398,113 @@ fn a_promoted_trial_runs_after_its_last_run_on_that_runs_member() {
     assert_eq!(job.state, JobState::Succeeded, "{:?}", job.events);
     assert!(promotions > 0, "{:?}", job.events);
     assert!(waited > 0, "no promotion had to wait: {:?}", job.events);
+}
+
+const SHARED: &str = r#"
+name = "s"
+kind = "search"
+command = ["true"]
+priority = "low"
+[search]
+trial = "command"
+algorithm = "grid"
+max_parallel = 4
+metric = "m"
+direction = "max"
+[[search.params]]
+name = "x"
+type = "discrete"
+values = [1, 2, 3, 4, 5, 6]
+"#;
+
+/// Submits `text` as `owner`'s job at the next index.
+fn submit_as(state: &mut ControlState, owner: &str, text: &str) -> JobId {
+    let cmd = ControlCommand {
+        op: Op::Submit(ops::Submit {
+            spec: Box::new(JobSpec::parse(text).unwrap()),
+            token: None,
+            owner: owner.into(),
+        }),
+        at_ms: state.applied_index + 1,
+    };
+    match state.apply(state.applied_index + 1, &cmd) {
+        ControlResponse::Submitted { id } => id,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn trial_starts(cmds: &[ControlCommand]) -> usize {
+    cmds.iter()
+        .filter(|c| matches!(c.op, Op::TrialStart(_)))
+        .count()
+}
+
+#[test]
+fn a_searchs_trials_wait_behind_a_high_job_and_within_its_owners_quota_saying_why() {
+    let mut state = ControlState::default();
+    use crate::domain::state::{ops::testing::set_quota, quotas::Quota};
+    let alices = Quota {
+        cpus: Some(2),
+        borrow_cpus: Some(0),
+        ..Quota::default()
+    };
+    set_quota(&mut state, "alice", alices);
+    // Bob's quota covers his job: he borrows nothing, so alice's claim on her own unused
+    // quota does not hold him back (borrowing would wait for it).
+    let bobs = Quota {
+        cpus: Some(4),
+        ..Quota::default()
+    };
+    set_quota(&mut state, "bob", bobs);
+    let search = submit_as(&mut state, "alice", SHARED);
+    let high = submit_as(
+        &mut state,
+        "bob",
+        "name = \"h\"\nkind = \"command\"\nworkers = 4\npriority = \"high\"\ncommand = [\"true\"]\n",
+    );
+    let members = vec![member("a", State::Alive, 4)];
+
+    // Both wait: the high job takes the member; no trial starts, and the search says why.
+    let cmds = crate::chief::decide(&state, &members, 10, &mut secret);
+    assert_eq!(trial_starts(&cmds), 0, "{cmds:?}");
+    apply(&mut state, &cmds);
+    assert_eq!(state.job(high).unwrap().state, JobState::Running);
+    let reason = state.job(search).unwrap().pending_reason.clone();
+    assert_eq!(
+        reason.as_deref(),
+        Some("trials wait: waiting for 1 cpu: 0 free")
+    );
+
+    // The high job ends: trials start up to alice's quota of 2 cpus, not max_parallel's 4.
+    apply(
+        &mut state,
+        &[ControlCommand {
+            op: Op::Cancel(ops::Cancel { id: high }),
+            at_ms: 20,
+        }],
+    );
+    let cmds = crate::chief::decide(&state, &members, 30, &mut secret);
+    assert_eq!(trial_starts(&cmds), 2, "{cmds:?}");
+    apply(&mut state, &cmds);
+    assert_eq!(state.job(search).unwrap().pending_reason, None);
+    let cmds = crate::chief::decide(&state, &members, 40, &mut secret);
+    assert_eq!(trial_starts(&cmds), 0, "{cmds:?}");
+    apply(&mut state, &cmds);
+    let job = state.job(search).unwrap();
+    assert_eq!(
+        job.pending_reason.as_deref(),
+        Some("trials wait: waiting for 1 cpu: alice's quota 2/2 cpus in use")
+    );
+    // The queue lists the search for its waiting trials.
+    let totals = crate::domain::queue::Usage { cpus: 4, gpus: 0 };
+    let queue = crate::domain::queue::waiting_in_order(&state, totals, 40);
+    assert_eq!(queue.iter().map(|j| j.id).collect::<Vec<_>>(), vec![search]);
+
+    // Its trials end: the rest start, and once none waits the reason is gone.
+    let done = exits(&state, search, 50);
+    apply(&mut state, &done);
+    let cmds = crate::chief::decide(&state, &members, 60, &mut secret);
+    assert_eq!(trial_starts(&cmds), 2, "{cmds:?}");
+    apply(&mut state, &cmds);
+    assert_eq!(state.job(search).unwrap().pending_reason, None);
 }

@@ -183,8 +183,8 @@ pub fn check_grow(state: &ControlState, id: JobId, to_workers: u32) -> Result<()
     Ok(())
 }
 
-/// Whether `job` may be preempted at all. The one place a role's exemption will be tied
-/// in (today every owner may set `preemptible = false`).
+/// Whether `job` may be preempted at all. Who may set `preemptible = false` is decided at
+/// submit (`domain::admission`: admins, and users the admin allowed).
 pub(crate) fn check_preemptible(job: &Job) -> Result<(), Refused> {
     if job.state != JobState::Running {
         return Err(Refused::NotRunning {

@@ -2,7 +2,8 @@
 //! guarantees and allows, as plain replicated data.
 //!
 //! `ringleader quota set USER [--cpus N] [--gpus N] [--borrow-cpus N] [--borrow-gpus N]
-//! [--gpu-hours H] [--weight W] [--max-priority P] [--group G]` proposes [`Op::QuotaSet`](crate::domain::state::Op::QuotaSet)
+//! [--gpu-hours H] [--weight W] [--max-priority P] [--group G]
+//! [--may-refuse-preemption true|false]` proposes [`Op::QuotaSet`](crate::domain::state::Op::QuotaSet)
 //! (admin only): the fields it gives replace the user's, the others stay. What they mean
 //! (enforced by `chief::scheduler`, a pure function of this registry and the jobs):
 //!
@@ -18,6 +19,8 @@
 //! - `max_priority`: the highest `priority` the user may submit with (unset: any).
 //! - `group`: the group whose quota (the record named `@GROUP`) the user's ranks also count
 //!   against.
+//! - `may_refuse_preemption`: the user may submit `preemptible = false` (unset: no; an
+//!   admin always may; see `domain::admission`).
 //!
 //! Invariant: at most [`QUOTAS_MAX`] records; names follow `tokens::check_token_name` (a
 //! group's after its `@`); every set field is within its bound ([`Quota::check`]).
@@ -68,12 +71,20 @@ pub struct Quota {
     /// The group whose quota the user's ranks count against too.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
+    /// Whether the user may submit `preemptible = false` (unset: no).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub may_refuse_preemption: Option<bool>,
 }
 
 impl Quota {
     /// Fair-share weight: 1 unless set.
     pub fn weight(&self) -> u32 {
         self.weight.unwrap_or(1).max(1)
+    }
+
+    /// Whether the admin allowed the user to submit `preemptible = false`.
+    pub fn refuses_preemption(&self) -> bool {
+        self.may_refuse_preemption == Some(true)
     }
 
     /// `self` with every field `patch` sets replaced.
@@ -87,6 +98,7 @@ impl Quota {
             weight: patch.weight.or(self.weight),
             max_priority: patch.max_priority.or(self.max_priority),
             group: patch.group.clone().or_else(|| self.group.clone()),
+            may_refuse_preemption: patch.may_refuse_preemption.or(self.may_refuse_preemption),
         }
     }
 

@@ -191,6 +191,8 @@ impl ControlState {
         t.state = TrialState::Running;
         t.target = target;
         t.promotions += 1;
+        // A trial runs again: the search's trials no longer all wait.
+        job.pending_reason = None;
         run.run_started_at_ms = at_ms;
         run.node = slots.first().map(|s| s.name.clone()).unwrap_or_default();
         let run_id = run.job;

@@ -54,7 +54,7 @@ mod worker_exited;
 mod worker_note;
 
 #[cfg(test)]
-pub(super) mod testing;
+pub(crate) mod testing;
 
 pub use self::{
     attempt_failed::AttemptFailed,

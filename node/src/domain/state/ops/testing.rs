@@ -5,6 +5,21 @@ use super::{Command, Place, Stamp, Submit};
 use crate::domain::spec::JobSpec;
 use crate::domain::state::{ControlResponse, ControlState, JobId, Slot};
 
+/// Sets `user`'s quota fields that `quota` gives, as the admin's `quota set` does.
+pub fn set_quota(state: &mut ControlState, user: &str, quota: crate::domain::state::quotas::Quota) {
+    let cmd = crate::domain::state::ControlCommand::new(
+        1,
+        crate::domain::state::Op::QuotaSet(super::QuotaSet {
+            user: user.into(),
+            quota,
+        }),
+    );
+    assert_eq!(
+        state.apply(state.applied_index + 1, &cmd),
+        ControlResponse::Applied
+    );
+}
+
 /// A placement secret of the right form.
 pub fn secret() -> String {
     "ab".repeat(32)

@@ -1,5 +1,6 @@
-//! `unplaceable`: why a pending job (or a running search's next trial) waits; the same
-//! reason twice is one event.
+//! `unplaceable`: why a pending job (or a running search's next trials) waits; the same
+//! reason twice is one event. An empty reason for a running search clears its reason (its
+//! trials no longer wait).
 
 use serde::{Deserialize, Serialize};
 
@@ -14,7 +15,7 @@ use crate::domain::state::{
 pub struct Unplaceable {
     /// The job.
     pub id: JobId,
-    /// Why, for humans.
+    /// Why, for humans (empty, for a running search: its trials no longer wait).
     pub reason: String,
     /// Only the job's `pending_reason` changes, with no history event: the scheduler's
     /// later reasons for a job (its place in a moving queue), not a new kind of wait.
@@ -31,6 +32,13 @@ impl Command for Unplaceable {
         let running_search = job.search.is_some() && job.state == JobState::Running;
         if job.state != JobState::Pending && !running_search {
             return ignored(format!("{id} is {}, not pending", job.state));
+        }
+        if running_search && self.reason.is_empty() {
+            // Its trials no longer wait.
+            return match job.pending_reason.take() {
+                Some(_) => ControlResponse::Applied,
+                None => ignored("no reason to clear".to_owned()),
+            };
         }
         let mut reason = self.reason.clone();
         truncate_at_char(&mut reason, REASON_BYTES_MAX);
