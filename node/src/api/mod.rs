@@ -482,14 +482,19 @@ async fn admit_spec(
         .and_then(|v| v.as_str())
         .filter(|n| !crate::datasets::BUILTIN.contains(n))
     {
+        // The registry as this node has it, given a moment to catch up with a dataset added
+        // just before; the refusal is the domain's (the chief asks it again of a forwarded
+        // submit).
         if app.datasets.lookup(name).await.is_none() {
-            return Err(SubmitError::Spec(crate::jobs::AdmitError {
-                message: format!("data.dataset {name:?}: no such dataset (add it with `ringleader dataset add`; see `ringleader dataset ls`)"),
-                line: text
-                    .as_deref()
-                    .and_then(|t| crate::domain::spec::line_of_field(t, "data.dataset")),
-                field: Some("data.dataset".into()),
-            }));
+            if let Some((field, problem)) = app.control.read(|s| s.unknown_dataset(&spec)) {
+                return Err(SubmitError::Spec(crate::jobs::AdmitError {
+                    message: format!("{field}: {problem}"),
+                    line: text
+                        .as_deref()
+                        .and_then(|t| crate::domain::spec::line_of_field(t, field)),
+                    field: Some(field.into()),
+                }));
+            }
         }
     }
     // The scheduler's refusals at submit: a priority above the owner's ceiling, GPUs no

@@ -178,7 +178,8 @@ pub fn sharing_cluster(root: &Path, args: &[String], wait: Duration) -> LocalClu
     let mut c = LocalCluster::new(exe(), root);
     c.env = vec![(
         "RUST_LOG".into(),
-        "info,openraft=warn,libp2p=warn,ringleader::jobs::archive=debug".into(),
+        "info,openraft=warn,openraft::replication=off,libp2p=warn,ringleader::jobs::archive=debug"
+            .into(),
     )];
     c.start("sh0", args).unwrap();
     for i in 1..3 {
