@@ -427,6 +427,16 @@ async fn submit(
     answer
 }
 
+/// A spec refused at submit for `(field, problem)`, with the field's line in the TOML
+/// `text` when there is one.
+fn refused(text: Option<&str>, (field, problem): (&str, String)) -> SubmitError {
+    SubmitError::Spec(crate::jobs::AdmitError {
+        message: format!("{field}: {problem}"),
+        line: text.and_then(|t| crate::domain::spec::line_of_field(t, field)),
+        field: Some(field.into()),
+    })
+}
+
 /// Admits and seals a spec (the body: TOML, or JSON by its `Content-Type`).
 async fn admit_spec(
     app: &AppState,
@@ -486,14 +496,8 @@ async fn admit_spec(
         // just before; the refusal is the domain's (the chief asks it again of a forwarded
         // submit).
         if app.datasets.lookup(name).await.is_none() {
-            if let Some((field, problem)) = app.control.read(|s| s.unknown_dataset(&spec)) {
-                return Err(SubmitError::Spec(crate::jobs::AdmitError {
-                    message: format!("{field}: {problem}"),
-                    line: text
-                        .as_deref()
-                        .and_then(|t| crate::domain::spec::line_of_field(t, field)),
-                    field: Some(field.into()),
-                }));
+            if let Some(refusal) = app.control.read(|s| s.unknown_dataset(&spec)) {
+                return Err(refused(text.as_deref(), refusal));
             }
         }
     }
@@ -503,14 +507,8 @@ async fn admit_spec(
     let refusal = app
         .control
         .read(|s| sharing::refuse_at_submit(&spec, owner, s, &members_gpus));
-    if let Some((field, problem)) = refusal {
-        return Err(SubmitError::Spec(crate::jobs::AdmitError {
-            message: format!("{field}: {problem}"),
-            line: text
-                .as_deref()
-                .and_then(|t| crate::domain::spec::line_of_field(t, field)),
-            field: Some(field.into()),
-        }));
+    if let Some(refusal) = refusal {
+        return Err(refused(text.as_deref(), refusal));
     }
     Ok(spec)
 }

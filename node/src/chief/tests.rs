@@ -145,13 +145,9 @@ fn a_retry_avoids_the_member_where_the_program_could_not_start_unless_none_else_
     // … unless it failed to start the same way twice: then it is not retried again.
     fail_start(&mut state, 10, "is not executable on this node");
     let job = state.job(id).unwrap();
-    assert_eq!(job.state, JobState::Failed);
-    assert!(job
-        .events
-        .last()
-        .unwrap()
-        .reason
-        .contains("not retried: the same failure twice (could not start: program"));
+    let last = &job.events.last().unwrap().reason;
+    assert_eq!(job.state, JobState::Failed, "{last}");
+    assert!(last.contains("not retried: the same failure twice (could not start: program"));
 }
 
 const TWO_BY_ONE_GPU: &str = "name = \"g\"\nkind = \"command\"\nworkers = 2\ncommand = [\"true\"]\n[resources]\ngpus_per_worker = 1\n";
