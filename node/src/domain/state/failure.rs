@@ -27,6 +27,10 @@ pub const STDERR_TAIL_BYTES_MAX: usize = 2048;
 /// Failures kept per job: the latest attempt's and the one before (to tell a repeat).
 pub const FAILURES_KEPT: usize = 2;
 
+/// What two failures must share to be the same ([`Failure::repeats`]): the start error,
+/// the exit code, the signal, the last stderr line.
+type Signature<'a> = (Option<&'a str>, Option<i32>, Option<i32>, Option<&'a str>);
+
 /// What a failed rank's node saw of its end, sent with its exit
 /// ([`super::ops::WorkerExited::end`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -140,7 +144,7 @@ impl Failure {
 
     /// What must match for two failures to be the same: the start error, or the exit
     /// status and the last stderr line; `None` for the chief's reasons (not the program's).
-    fn signature(&self) -> Option<(Option<&str>, Option<i32>, Option<i32>, Option<&str>)> {
+    fn signature(&self) -> Option<Signature<'_>> {
         if self.reason.is_some() {
             return None;
         }
