@@ -5,7 +5,10 @@ use ringleader::cli::{Cli, Cmd};
 
 /// The log filter unless `RUST_LOG` says otherwise: openraft's and libp2p's internals
 /// (elections, replication, connection churn) are for debugging, not an operator's log.
-const DEFAULT_LOG_FILTER: &str = "info,openraft=warn,libp2p=warn";
+/// openraft's replication logs every failed call to an unreachable member (an ERROR and a
+/// WARN each retry): silenced, the node logs each member's reach once per change instead
+/// (`control::reach`).
+const DEFAULT_LOG_FILTER: &str = "info,openraft=warn,openraft::replication=off,libp2p=warn";
 
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

@@ -182,6 +182,7 @@ async fn forwarded_commands_only_a_chief_may_make_are_refused() {
             generation: 1,
             rank: 0,
             code: 0,
+            end: None,
         }),
         at_ms: 1,
     };

@@ -10,29 +10,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{formed_cluster, ok};
-use ringleader::cli::local::LocalCluster;
+use common::{formed_cluster, ok, post_json};
 
 const FORM_WAIT: Duration = Duration::from_secs(60);
 const RUN_WAIT: Duration = Duration::from_secs(120);
-
-/// `POST /v1/jobs` with a JSON body to node `i`: the status and the answer.
-fn post_json(c: &LocalCluster, i: usize, body: &str) -> (u16, serde_json::Value) {
-    let agent = ureq::Agent::new_with_config(
-        ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .build(),
-    );
-    let mut req = agent
-        .post(format!("http://{}/v1/jobs", c.nodes[i].info.api_addr))
-        .header("content-type", "application/json; charset=utf-8");
-    if let Some(token) = c.nodes[i].token.as_deref() {
-        req = req.header("authorization", format!("Bearer {token}"));
-    }
-    let mut resp = req.send(body).unwrap();
-    let status = resp.status().as_u16();
-    (status, resp.body_mut().read_json().unwrap())
-}
 
 #[test]
 fn a_json_spec_runs_a_script_it_carries_on_a_shared_dataset_on_every_node() {

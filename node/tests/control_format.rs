@@ -82,7 +82,7 @@ fn commands() -> Vec<ControlCommand> {
         // 10
         ControlCommand { op: Op::Reform(ops::Reform { id: j(2), generation: 2, slots: vec![slot(2, 0, vec![])], secret: secret('c'), reason: "hung m3 (rank 1)".into() }), at_ms: 1_023 },
         ControlCommand { op: Op::WorkerNote(ops::WorkerNote { id: j(2), generation: 2, rank: 0, message: "dataset digits fetched".into(), cannot_start: true }), at_ms: 1_024 },
-        ControlCommand { op: Op::WorkerExited(ops::WorkerExited { id: j(1), generation: 1, rank: 0, code: 0 }), at_ms: 1_030 },
+        ControlCommand { op: Op::WorkerExited(ops::WorkerExited { id: j(1), generation: 1, rank: 0, code: 0, end: None }), at_ms: 1_030 },
         ControlCommand { op: Op::AttemptFailed(ops::AttemptFailed { id: j(1), generation: 1, reason: "peer-lost m1 (rank 1)".into() }), at_ms: 1_031 },
         ControlCommand { op: Op::Blacklist(ops::Blacklist { member: "id-3".into(), name: "m3".into(), cooldown_ms: 60_000, reason: "straggler".into() }), at_ms: 1_032 },
         // 15: j-15, trial 0 of the search.

@@ -191,7 +191,10 @@ fn add_list_get_to_and_remove_with_clear_errors() {
     )
     .unwrap();
     let err = fails(cli(&c, 0, &["submit", spec.to_str().unwrap()]));
-    assert!(err.contains("data.dataset \"nope\""), "{err}");
+    assert!(
+        err.contains("data.dataset: no dataset \"nope\" in the cluster"),
+        "{err}"
+    );
     let clash = dir.path().join("clash");
     std::fs::create_dir_all(clash.join("nested")).unwrap();
     std::fs::write(clash.join("nested/a.txt"), b"mine").unwrap();

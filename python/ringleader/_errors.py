@@ -63,11 +63,24 @@ class Unreachable(RingleaderError):
 
 
 class JobFailed(RingleaderError):
-    """`Job.wait()` on a job that ended `failed`: `reason` says why, `doc` is its final
-    document."""
+    """`Job.wait()` on a job that ended `failed`: `reason` says why (its last event),
+    `cause` is its failed attempt's cause in one line (`rank 0 on m1: exit 1:
+    ModuleNotFoundError: No module named 'foo'`, or why its program could not start;
+    `reason` when the document has none), `stderr_tail` the failing rank's last stderr
+    lines (a list, maybe empty), `doc` its final document. The message holds the cause and
+    the tail."""
 
     def __init__(self, job_id: str, reason: str, doc: Doc) -> None:
-        super().__init__(f"job {job_id} failed: {reason}")
+        failure = doc.get("failure") if isinstance(doc, dict) else None
+        failure = failure if isinstance(failure, dict) else {}
+        self.cause: str = str(failure.get("cause") or reason)
+        tail = failure.get("stderr_tail") or []
+        self.stderr_tail: list[str] = [str(line) for line in tail if isinstance(line, str)]
+        message = f"job {job_id} failed: {self.cause}"
+        if self.stderr_tail:
+            message += "\n  stderr (last lines):\n" + "\n".join(
+                f"    {line}" for line in self.stderr_tail)
+        super().__init__(message)
         self.job_id = job_id
         self.reason = reason
         self.doc = doc

@@ -64,6 +64,11 @@ def test_a_failed_job_raises_job_failed_with_the_reason(client):
     assert e.value.job_id == job.id and e.value.doc["state"] == "failed"
     assert "3" in e.value.reason, e.value.reason
     assert any("oops" in line for line in job.logs())
+    # The cause: the exit status and the last stderr line, in the message too.
+    assert e.value.cause.endswith("exit 3: oops"), e.value.cause
+    assert e.value.stderr_tail == ["oops"]
+    assert "exit 3: oops" in str(e.value), str(e.value)
+    assert e.value.doc["failure"]["exit_code"] == 3
 
 
 def test_the_logs_of_a_retried_job_hold_every_run_marked_by_run(client, node):
@@ -280,3 +285,19 @@ def test_a_quota_holds_a_job_with_its_reason_in_the_queue(client):
     finally:
         # Back to room for every later test.
         client.set_quota("admin", cpus=1_000_000, borrow_cpus=1_000_000)
+
+
+def test_job_failed_carries_the_cause_and_the_stderr_tail_of_its_document():
+    doc = {"state": "failed", "failure": {
+        "cause": "rank 0 on m1: exit 1: ModuleNotFoundError: No module named 'foo'",
+        "attempt": 2, "rank": 0, "member": "m1", "exit_code": 1,
+        "stderr_tail": ["Traceback (most recent call last):",
+                        "ModuleNotFoundError: No module named 'foo'"]}}
+    e = ringleader.JobFailed("j-1", "not retried: the same failure twice", doc)
+    assert e.cause == doc["failure"]["cause"]
+    assert e.stderr_tail == doc["failure"]["stderr_tail"]
+    assert str(e).startswith("job j-1 failed: rank 0 on m1: exit 1: ModuleNotFoundError")
+    assert "    Traceback (most recent call last):" in str(e)
+    # A document without a failure (an older node): the reason is the cause.
+    bare = ringleader.JobFailed("j-2", "all 1 restarts used", {"state": "failed"})
+    assert (bare.cause, bare.stderr_tail) == ("all 1 restarts used", [])

@@ -13,7 +13,7 @@ pub const REDACTED: &str = "REDACTED";
 const SECRET_KEY_PARTS: [&str; 4] = ["key", "secret", "token", "password"];
 
 /// Whether a query key names a secret.
-fn is_secret_key(key: &str) -> bool {
+pub fn is_secret_key(key: &str) -> bool {
     let key = key.to_ascii_lowercase();
     SECRET_KEY_PARTS.iter().any(|p| key.contains(p))
 }

@@ -444,6 +444,16 @@ async fn submit(
     answer
 }
 
+/// A spec refused at submit for `(field, problem)`, with the field's line in the TOML
+/// `text` when there is one.
+fn refused(text: Option<&str>, (field, problem): (&str, String)) -> SubmitError {
+    SubmitError::Spec(crate::jobs::AdmitError {
+        message: format!("{field}: {problem}"),
+        line: text.and_then(|t| crate::domain::spec::line_of_field(t, field)),
+        field: Some(field.into()),
+    })
+}
+
 /// Admits and seals a spec (the body: TOML, or JSON by its `Content-Type`).
 async fn admit_spec(
     app: &AppState,
@@ -499,14 +509,13 @@ async fn admit_spec(
         .and_then(|v| v.as_str())
         .filter(|n| !crate::datasets::BUILTIN.contains(n))
     {
+        // The registry as this node has it, given a moment to catch up with a dataset added
+        // just before; the refusal is the domain's (the chief asks it again of a forwarded
+        // submit).
         if app.datasets.lookup(name).await.is_none() {
-            return Err(SubmitError::Spec(crate::jobs::AdmitError {
-                message: format!("data.dataset {name:?}: no such dataset (add it with `ringleader dataset add`; see `ringleader dataset ls`)"),
-                line: text
-                    .as_deref()
-                    .and_then(|t| crate::domain::spec::line_of_field(t, "data.dataset")),
-                field: Some("data.dataset".into()),
-            }));
+            if let Some(refusal) = app.control.read(|s| s.unknown_dataset(&spec)) {
+                return Err(refused(text.as_deref(), refusal));
+            }
         }
     }
     // The sharing rules (`domain::admission`): a priority above the owner's ceiling,
@@ -522,13 +531,7 @@ async fn admit_spec(
                 format!("{field}: {problem}"),
             )));
         }
-        return Err(SubmitError::Spec(crate::jobs::AdmitError {
-            message: format!("{field}: {problem}"),
-            line: text
-                .as_deref()
-                .and_then(|t| crate::domain::spec::line_of_field(t, field)),
-            field: Some(field.into()),
-        }));
+        return Err(refused(text.as_deref(), (field, problem)));
     }
     Ok(spec)
 }

@@ -525,6 +525,23 @@ pub struct JobDoc {
     /// the ringleader protocol; see `domain::state::standby`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby: Option<StandbyDoc>,
+    /// Why its latest failed attempt failed (a failed job's cause; see
+    /// `domain::state::failure`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<FailureDoc>,
+}
+
+/// [`JobDoc::failure`]: the cause in one line, then its parts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FailureDoc {
+    /// `rank 0 on m1: exit 1: ModuleNotFoundError: No module named 'foo'` (where, the exit
+    /// status or signal, the last stderr line), `rank 0 on m1: could not start: …`, or the
+    /// chief's reason (a member lost).
+    pub cause: String,
+    /// The attempt, the rank, its member, its exit code or signal, why it could not start,
+    /// the chief's reason, the last lines of its stderr (at most 5, 2 KiB, redacted).
+    #[serde(flatten)]
+    pub detail: crate::domain::state::failure::Failure,
 }
 
 /// [`JobDoc::standby`]: where the standby runs and whether it said it is ready.
@@ -647,6 +664,25 @@ impl JobDoc {
         out
     }
 
+    /// Its failure for terminals: `failed     <cause>` for a failed job (`last failure` while
+    /// it retries, nothing once it succeeded), then the stderr tail, indented.
+    pub fn failure_lines(&self) -> Vec<String> {
+        let Some(f) = &self.failure else {
+            return Vec::new();
+        };
+        let label = match self.state.as_str() {
+            "failed" => "failed    ",
+            "succeeded" => return Vec::new(),
+            _ => "last failure",
+        };
+        let mut lines = vec![format!("{label} {}", f.cause)];
+        if !f.detail.stderr_tail.is_empty() {
+            lines.push("stderr (last lines)".to_owned());
+            lines.extend(f.detail.stderr_tail.iter().map(|l| format!("  {l}")));
+        }
+        lines
+    }
+
     /// A one-line progress summary for `job --watch`.
     pub fn progress_line(&self) -> String {
         let mut s = format!(
@@ -738,6 +774,9 @@ impl JobDoc {
             for (k, v) in &self.metrics {
                 let _ = writeln!(out, "  {k:<20} {v}");
             }
+        }
+        for line in self.failure_lines() {
+            let _ = writeln!(out, "{line}");
         }
         let _ = writeln!(out, "events");
         for e in &self.events {
@@ -916,6 +955,10 @@ pub fn job_doc(j: &Job, applied_index: u64, chief: bool) -> JobDoc {
             member: s.slot.name.clone(),
             worker: s.slot.worker,
             ready: s.ready,
+        }),
+        failure: j.failure().map(|f| FailureDoc {
+            cause: f.headline(),
+            detail: f.clone(),
         }),
     }
 }

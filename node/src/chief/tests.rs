@@ -1,6 +1,7 @@
 use libp2p::PeerId;
 
 use super::*;
+use crate::domain::state::failure::RankEnd;
 use crate::{
     cluster::meta::NodeMeta,
     domain::state::{ControlResponse, EventKind, JobId},
@@ -91,17 +92,18 @@ fn a_retry_avoids_the_member_where_the_program_could_not_start_unless_none_else_
     let mut state = ControlState::default();
     let id = submit_text(
         &mut state,
-        "name = \"m\"\nkind = \"command\"\nworkers = 1\nmax_restarts = 2\ncommand = [\"nope\"]\n",
+        "name = \"m\"\nkind = \"command\"\nworkers = 1\nmax_restarts = 3\ncommand = [\"nope\"]\n",
     );
     let ring = |state: &ControlState| state.job(id).unwrap().assignment[0].name.clone();
-    let fail_start = |state: &mut ControlState, at_ms: u64| {
+    let fail_start = |state: &mut ControlState, at_ms: u64, why: &str| {
         let generation = state.job(id).unwrap().generation;
+        let message = format!("program \"nope\" {why}");
         let note = ControlCommand {
             op: Op::WorkerNote(ops::WorkerNote {
                 id,
                 generation,
                 rank: 0,
-                message: "program \"nope\" not found on this node".into(),
+                message: message.clone(),
                 cannot_start: true,
             }),
             at_ms,
@@ -112,6 +114,10 @@ fn a_retry_avoids_the_member_where_the_program_could_not_start_unless_none_else_
                 generation,
                 rank: 0,
                 code: 127,
+                end: Some(RankEnd {
+                    start_error: Some(message),
+                    ..RankEnd::default()
+                }),
             }),
             at_ms,
         };
@@ -120,7 +126,7 @@ fn a_retry_avoids_the_member_where_the_program_could_not_start_unless_none_else_
     let cmds = decide(&state, &members, 5, &mut secret);
     apply_all(&mut state, &cmds);
     let first = ring(&state);
-    fail_start(&mut state, 6);
+    fail_start(&mut state, 6, "not found on this node");
     let job = state.job(id).unwrap();
     assert_eq!(job.state, JobState::Pending);
     assert!(job.events.iter().any(|e| e
@@ -131,11 +137,17 @@ fn a_retry_avoids_the_member_where_the_program_could_not_start_unless_none_else_
     apply_all(&mut state, &cmds);
     let second = ring(&state);
     assert_ne!(first, second);
-    // … and when it could start nowhere, to one of them anyway (it may be installed).
-    fail_start(&mut state, 8);
+    // … and when it could start nowhere, to one of them anyway (it may be installed)…
+    fail_start(&mut state, 8, "is not executable on this node");
     let cmds = decide(&state, &members, 9, &mut secret);
     apply_all(&mut state, &cmds);
     assert_eq!(state.job(id).unwrap().state, JobState::Running);
+    // … unless it failed to start the same way twice: then it is not retried again.
+    fail_start(&mut state, 10, "is not executable on this node");
+    let job = state.job(id).unwrap();
+    let last = &job.events.last().unwrap().reason;
+    assert_eq!(job.state, JobState::Failed, "{last}");
+    assert!(last.contains("not retried: the same failure twice (could not start: program"));
 }
 
 const TWO_BY_ONE_GPU: &str = "name = \"g\"\nkind = \"command\"\nworkers = 2\ncommand = [\"true\"]\n[resources]\ngpus_per_worker = 1\n";
@@ -172,6 +184,7 @@ fn jobs_get_disjoint_gpus_and_an_ended_job_frees_them() {
                 generation: 1,
                 rank,
                 code: 0,
+                end: None,
             }),
             at_ms: 8,
         };
@@ -256,6 +269,7 @@ fn a_reform_keeps_survivors_gpus_and_a_joiner_gets_the_lowest_free() {
             generation: 1,
             rank: 1,
             code: 137,
+            end: None,
         }),
         at_ms: 7,
     };
@@ -460,6 +474,7 @@ fn a_crashed_or_hung_rank_is_left_out() {
             generation: 1,
             rank: 2,
             code: 137,
+            end: None,
         }),
         at_ms: 5,
     };

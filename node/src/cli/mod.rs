@@ -712,6 +712,9 @@ pub fn job(cli: &Cli, id: &str, watch: bool) -> Result<()> {
             }
         }
         if is_terminal(&doc.state) {
+            if !cli.json {
+                doc.failure_lines().iter().for_each(|l| println!("{l}"));
+            }
             return Ok(());
         }
         std::thread::sleep(std::time::Duration::from_millis(POLL_MS));
@@ -767,6 +770,7 @@ fn watch_bar(c: &ApiClient, id: &str) -> Result<()> {
         if is_terminal(&doc.state) {
             bar.finish_and_clear();
             println!("{}", doc.progress_line());
+            doc.failure_lines().iter().for_each(|l| println!("{l}"));
             return Ok(());
         }
         std::thread::sleep(std::time::Duration::from_millis(POLL_MS));

@@ -13,6 +13,7 @@
 //! - [`logs`]: ranks' logs on the node that ran them, read in bounded pieces (locally or for
 //!   a peer over RPC).
 //! - `network`: openraft's network adapter over those RPCs.
+//! - [`reach`]: whether replication reaches each member, logged once per change.
 //! - `sim` (tests only): an in-process simulation of the control plane and the chief under
 //!   crashes, restarts and partitions, one checker per invariant.
 //!
@@ -23,6 +24,7 @@ pub mod handle;
 pub mod logs;
 mod network;
 pub mod protocol;
+pub mod reach;
 pub mod recovery;
 pub mod rpc;
 #[cfg(test)]

@@ -27,7 +27,7 @@
 //! whose entries do not fit one frame carries the first half of them, again until they fit,
 //! and is answered as a partial success (openraft sends the rest next).
 
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use libp2p::PeerId;
@@ -45,6 +45,7 @@ use crate::{
     cluster::{net::NodeHandle, wire},
     control::{
         protocol::{RpcRequest, RpcResponse},
+        reach::{self, Reach},
         store::{NodeId, RaftNode, StateMachineStore, TypeConfig},
     },
 };
@@ -97,6 +98,8 @@ pub(super) struct Network {
     /// This node's last applied index (`StateMachineStore::subscribe`).
     applied: tokio::sync::watch::Receiver<u64>,
     raft: LiveRaft,
+    /// Whether replication reaches each target, shared by their connections.
+    reach: Arc<Mutex<Reach>>,
 }
 
 impl Network {
@@ -106,6 +109,7 @@ impl Network {
             node,
             applied: sm.subscribe(),
             raft: LiveRaft::default(),
+            reach: Arc::default(),
         }
     }
 
@@ -127,6 +131,9 @@ pub(super) struct Conn {
     /// What the target knew after the last call it accepted (the vote, its last entry, the
     /// commit), and when that call was sent.
     accepted: Option<(Beat, Instant)>,
+    /// Every target's reach (shared by the connections), and this target's peer id.
+    reach: Arc<Mutex<Reach>>,
+    peer_name: String,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -140,6 +147,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             peer: node.peer_id.parse().ok(),
             raft: self.raft.clone(),
             accepted: None,
+            reach: self.reach.clone(),
+            peer_name: node.peer_id.clone(),
         }
     }
 }
@@ -149,6 +158,25 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 struct Failure(String);
 
 impl Conn {
+    /// Tells the target's [`Reach`] how a replication call went, and logs a change.
+    fn note_reach<E: std::fmt::Display>(&self, outcome: Result<(), &E>) {
+        let change = self
+            .reach
+            .lock()
+            .map(|mut r| {
+                r.on_call(
+                    self.target,
+                    Instant::now(),
+                    outcome.map_err(|e| e.to_string()),
+                )
+            })
+            .ok()
+            .flatten();
+        if let Some(change) = change {
+            reach::log(&self.peer_name, &change);
+        }
+    }
+
     /// This node's Raft metrics, once its Raft runs.
     fn metrics(&self) -> Option<tokio::sync::watch::Receiver<RaftMetrics<NodeId, RaftNode>>> {
         let live = self.raft.get()?;
@@ -333,6 +361,7 @@ impl RaftNetwork<TypeConfig> for Conn {
             }
             _ => None,
         };
+        self.note_reach(answer.as_ref().map(|_| ()));
         answer
     }
 
@@ -344,15 +373,18 @@ impl RaftNetwork<TypeConfig> for Conn {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, RaftNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        match self
+        let answer = match self
             .call(&RpcRequest::InstallSnapshot(rpc.into()), option.hard_ttl())
-            .await?
+            .await
         {
-            RpcResponse::InstallSnapshot(r) => {
+            Ok(RpcResponse::InstallSnapshot(r)) => {
                 r.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
             }
-            _ => Err(unexpected()),
-        }
+            Ok(_) => Err(unexpected()),
+            Err(e) => Err(e),
+        };
+        self.note_reach(answer.as_ref().map(|_| ()));
+        answer
     }
 
     async fn vote(

@@ -370,10 +370,14 @@ async fn forwarded(
         // applies go on meanwhile.
         Ok(()) => match cmd.origin() {
             Origin::Submit(spec) => {
-                let spec = spec.clone();
-                tokio::task::spawn_blocking(move || admit(&spec))
+                let owned = spec.clone();
+                tokio::task::spawn_blocking(move || admit(&owned))
                     .await
                     .unwrap_or_else(|e| Err(format!("admission failed: {e}")))
+                    .and_then(|()| match ctl.read(|s| s.unknown_dataset(spec)) {
+                        Some((field, problem)) => Err(format!("{field}: {problem}")),
+                        None => Ok(()),
+                    })
             }
             _ => match ctl.read(|s| authorize(&from, &cmd, s, admit)) {
                 // A rank's report can outrun this chief's own state machine: the rank's node

@@ -44,7 +44,9 @@
 //! `file://` checkpoint place (`<store>/jobs/<id>/`) given to the user.
 //!
 //! The exit code (a signal death as 128 + signal, as shells report it) is sent as
-//! [`Op::WorkerExited`] for the generation and rank the process was in last. A
+//! [`Op::WorkerExited`] for the generation and rank the process was in last, a failed one
+//! with the last lines of its stderr (redacted, bounded: `tail`) and the signal, or why it
+//! could not start (a missing program, a dataset it could not get, its set-up refused). A
 //! rank killed because its generation or job ended reports nothing. A train rank of an
 //! elastic job, and a command rank of one with `[elastic] protocol = "ringleader"`, lives
 //! through re-forms: the supervisor sends it each new generation, which this task writes to
@@ -73,7 +75,7 @@ use ringleader_protocol::{LineError, RankLine};
 use watch::{Action, RankWatch, Watched};
 
 use crate::{
-    domain::state::{ops, ControlCommand, JobId, Op},
+    domain::state::{failure::RankEnd, ops, ControlCommand, JobId, Op},
     jobs::{
         launch::Launch,
         log_rate::{is_protocol, LogRate, Verdict, RANK_LOG_BYTES_PER_S_MAX},
@@ -129,6 +131,10 @@ const STDIN_WRITE_MS: u64 = 2_000;
 /// milliseconds. Its process group is killed at the exit, so the pipes close at once unless
 /// a process left the group (`setsid`) and keeps them open: the exit is reported anyway.
 const EXIT_DRAIN_MS: u64 = 2_000;
+
+/// A rank's exit as reported: its code (128 + signal for a signal) and, for a failed one,
+/// how it ended ([`RankEnd`]: its stderr's last lines, the signal, why it could not start).
+type Exit = (i32, Option<RankEnd>);
 
 /// A rank's program could not be started (missing, not executable, a bad interpreter): the
 /// reason goes to the rank's log and the job's events, and the retry avoids this member.
@@ -486,15 +492,23 @@ impl Run {
 
     pub(super) async fn run(mut self, control: mpsc::Receiver<Control>) {
         let id = self.key.0;
-        let code = match self.supervise(control).await {
-            Ok(Some(code)) => code,
+        let (code, end) = match self.supervise(control).await {
+            Ok(Some(exit)) => exit,
             Ok(None) => return, // killed because the generation or job ended: nothing to report
             Err(e) => {
-                warn!(job = %id, generation = self.generation, rank = self.rank, "worker could not run: {e}");
-                if let Some(CannotStart(why)) = e.downcast_ref::<CannotStart>() {
-                    self.report_cannot_start(why).await;
-                }
-                127
+                warn!(job = %id, generation = self.generation, rank = self.rank, "worker could not run: {e:#}");
+                let why = match e.downcast_ref::<CannotStart>() {
+                    Some(CannotStart(why)) => {
+                        self.report_cannot_start(why).await;
+                        why.clone()
+                    }
+                    None => format!("{e:#}"),
+                };
+                let end = RankEnd {
+                    start_error: Some(why),
+                    ..RankEnd::default()
+                };
+                (127, Some(end))
             }
         };
         if self.standby {
@@ -511,17 +525,19 @@ impl Run {
                     generation: self.generation,
                     rank: self.rank,
                     code,
+                    end,
                 }),
                 at_ms,
             })
             .await;
     }
 
-    /// Runs the process; `Some(code)` when it exited by itself, `None` when killed.
+    /// Runs the process; `Some((code, how a failed one ended))` when it exited by itself,
+    /// `None` when killed.
     async fn supervise(
         &mut self,
         mut control: mpsc::Receiver<Control>,
-    ) -> anyhow::Result<Option<i32>> {
+    ) -> anyhow::Result<Option<Exit>> {
         let id = self.key.0;
         // `--run-as-range`: this job's own uid, held while this task runs (its process
         // group is killed before the hold drops).
@@ -660,7 +676,7 @@ impl Run {
         log: tokio::fs::File,
         mut control: mpsc::Receiver<Control>,
         mut stash: VecDeque<Control>,
-    ) -> anyhow::Result<Option<i32>> {
+    ) -> anyhow::Result<Option<Exit>> {
         let id = self.key.0;
         let mut io = RankIo {
             stdin: child.stdin.take(),
@@ -755,7 +771,7 @@ impl Run {
         for action in actions {
             self.act(&mut io, &mut child, true, action).await?;
         }
-        Ok(code)
+        Ok(code.map(|code| (code, watch.rank_end(code, status.signal()))))
     }
 
     /// What the rank's watch is told of it as it starts.
@@ -1047,6 +1063,7 @@ impl Drop for ProcessGroup {
     }
 }
 
+mod tail;
 #[cfg(test)]
 mod tests;
 mod watch;

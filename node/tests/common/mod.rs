@@ -178,7 +178,8 @@ pub fn sharing_cluster(root: &Path, args: &[String], wait: Duration) -> LocalClu
     let mut c = LocalCluster::new(exe(), root);
     c.env = vec![(
         "RUST_LOG".into(),
-        "info,openraft=warn,libp2p=warn,ringleader::jobs::archive=debug".into(),
+        "info,openraft=warn,openraft::replication=off,libp2p=warn,ringleader::jobs::archive=debug"
+            .into(),
     )];
     c.start("sh0", args).unwrap();
     for i in 1..3 {
@@ -234,4 +235,22 @@ pub fn member_meta(name: &str, at: &str) -> ringleader::cluster::meta::NodeMeta 
 /// every address points at port 9 of loopback.
 pub fn ghost_meta(name: &str) -> ringleader::cluster::meta::NodeMeta {
     member_meta(name, "127.0.0.1:9")
+}
+
+/// `POST /v1/jobs` with a JSON body to node `i`: the status and the answer.
+pub fn post_json(c: &LocalCluster, i: usize, body: &str) -> (u16, serde_json::Value) {
+    let agent = ureq::Agent::new_with_config(
+        ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build(),
+    );
+    let mut req = agent
+        .post(format!("http://{}/v1/jobs", c.nodes[i].info.api_addr))
+        .header("content-type", "application/json; charset=utf-8");
+    if let Some(token) = c.nodes[i].token.as_deref() {
+        req = req.header("authorization", format!("Bearer {token}"));
+    }
+    let mut resp = req.send(body).unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.body_mut().read_json().unwrap())
 }

@@ -88,6 +88,7 @@ fn exits(state: &ControlState, search: JobId, at_ms: u64) -> Vec<ControlCommand>
                 generation: j.generation,
                 rank: 0,
                 code: 0,
+                end: None,
             }),
             at_ms,
         })
@@ -236,6 +237,7 @@ fn a_trial_much_slower_than_its_peers_gets_a_copy_on_another_member() {
                     generation,
                     rank: 0,
                     code: 0,
+                    end: None,
                 }),
                 at_ms: t + 100,
             }],
@@ -388,6 +390,7 @@ fn a_promoted_trial_runs_after_its_last_run_on_that_runs_member() {
                         generation,
                         rank: 0,
                         code: 0,
+                        end: None,
                     }),
                     at_ms: now + 2,
                 },

@@ -105,6 +105,7 @@ fn a_requeued_job_is_not_reformed_and_its_stop_ends_when_overdue_or_its_member_i
             generation: 1,
             rank: 1,
             code: 143,
+            end: None,
         }),
     );
     apply_all(&mut state, &[exit]);
@@ -156,6 +157,7 @@ fn a_job_requeued_for_another_waits_while_that_one_does() {
             generation: 1,
             rank: 0,
             code: 0,
+            end: None,
         }),
     );
     apply_all(&mut state, &[exit]);

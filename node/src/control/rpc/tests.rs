@@ -165,6 +165,7 @@ fn members_forward_only_what_they_may_originate() {
             generation: 1,
             rank: 0,
             code: 0,
+            end: None,
         }),
         at_ms: 1,
     };
@@ -195,6 +196,7 @@ fn only_a_report_naming_a_later_generation_waits_for_the_chief_to_catch_up() {
             generation,
             rank: 0,
             code: 0,
+            end: None,
         }),
         at_ms: 1,
     };

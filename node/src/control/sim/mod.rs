@@ -500,6 +500,7 @@ fn exits_due(s: &ControlState, member: &str, now: u64, seed: u64) -> Vec<Control
                     generation: job.generation,
                     rank: slot.rank,
                     code,
+                    end: None,
                 }),
             ));
         }

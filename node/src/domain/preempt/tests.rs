@@ -226,6 +226,7 @@ fn a_requeue_waits_for_every_rank_then_queues_the_job_without_a_restart() {
                 generation: 1,
                 rank,
                 code,
+                end: None,
             }),
         )
     };

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{rejected, ControlResponse, ControlState};
 use crate::domain::content::Root;
+use crate::domain::spec::JobSpec;
 
 /// Longest dataset name, in bytes (the trainer's rule for `data.dataset`).
 pub const NAME_BYTES_MAX: usize = ringleader_spec::DATASET_NAME_BYTES_MAX;
@@ -36,6 +37,9 @@ pub fn check_name(name: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Most names an unknown dataset's refusal lists ([`ControlState::unknown_dataset`]).
+pub const NAMES_LISTED_MAX: usize = 10;
 
 /// Most names in the registry (the registry lives in every snapshot).
 pub const DATASETS_MAX: usize = 10_000;
@@ -87,6 +91,36 @@ impl ControlState {
         }
     }
 
+    /// Why `spec` cannot be admitted against the registry, as (field, problem): its `[data]
+    /// dataset` names no dataset of the cluster (nor a built-in). The problem lists the
+    /// names there are (at most [`NAMES_LISTED_MAX`]). Admission asks it of the state a
+    /// submit is proposed on, wherever the submit arrived (the API, a forwarded one).
+    pub fn unknown_dataset(&self, spec: &JobSpec) -> Option<(&'static str, String)> {
+        let name = spec.data.as_ref()?.get("dataset")?.as_str()?;
+        if BUILTIN.contains(&name) || self.datasets.contains_key(name) {
+            return None;
+        }
+        let mut names: Vec<&str> = self
+            .datasets
+            .keys()
+            .map(String::as_str)
+            .take(NAMES_LISTED_MAX)
+            .collect();
+        let more = self.datasets.len().saturating_sub(NAMES_LISTED_MAX);
+        let more_text = format!("{more} more");
+        if more > 0 {
+            names.push(&more_text);
+        }
+        let there = match names.is_empty() {
+            true => "none yet: add one with `ringleader dataset add`".to_owned(),
+            false => names.join(", "),
+        };
+        Some((
+            "data.dataset",
+            format!("no dataset {name:?} in the cluster (datasets: {there})"),
+        ))
+    }
+
     /// Whether any registered name refers to `root`.
     pub fn dataset_root_named(&self, root: &Root) -> bool {
         self.datasets.values().any(|r| r.root == *root)
@@ -136,6 +170,40 @@ mod tests {
         assert_eq!(s.apply(3, &rm), ControlResponse::Applied);
         assert!(matches!(s.apply(4, &rm), ControlResponse::Rejected { .. }));
         assert!(!s.dataset_root_named(&Root([1; 32])));
+    }
+
+    #[test]
+    fn a_spec_naming_an_unknown_dataset_is_refused_naming_the_field_and_the_names() {
+        let spec = |data: &str| {
+            JobSpec::parse(&format!(
+                "name = \"j\"\nkind = \"command\"\ncommand = [\"true\"]\n[data]\ndataset = \"{data}\"\n"
+            ))
+            .unwrap()
+        };
+        let mut s = ControlState::default();
+        assert_eq!(
+            s.unknown_dataset(&spec("foo")),
+            Some((
+                "data.dataset",
+                "no dataset \"foo\" in the cluster (datasets: none yet: add one with `ringleader dataset add`)".into()
+            ))
+        );
+        s.apply(1, &add("b", 1));
+        s.apply(2, &add("a", 2));
+        assert_eq!(
+            s.unknown_dataset(&spec("foo")).unwrap().1,
+            "no dataset \"foo\" in the cluster (datasets: a, b)"
+        );
+        assert_eq!(s.unknown_dataset(&spec("a")), None);
+        assert_eq!(s.unknown_dataset(&spec(BUILTIN[0])), None);
+        for i in 0..NAMES_LISTED_MAX {
+            s.apply(3 + i as u64, &add(&format!("n{i:02}"), 3 + i as u8));
+        }
+        assert!(s
+            .unknown_dataset(&spec("foo"))
+            .unwrap()
+            .1
+            .ends_with(", 2 more)"));
     }
 
     #[test]

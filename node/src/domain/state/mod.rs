@@ -15,6 +15,7 @@
 //!    ^                  |
 //!    |  attempt failed  |  (a rank exits non-zero, or AttemptFailed)
 //!    +---- retry -------+  while restarts used < max_restarts, else --> failed
+//!                          (and the failure does not repeat the last attempt's: `failure`)
 //! pending | running --Cancel--> cancelled
 //! ```
 //!
@@ -34,6 +35,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod compaction;
 pub mod datasets;
+pub mod failure;
 pub mod key_epoch;
 pub mod ops;
 pub mod preempt;
@@ -322,6 +324,10 @@ pub struct Job {
     /// the step rate of a job's progress is measured from (`api::status::progress`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_step: Option<(u32, u64, u64)>,
+    /// Why its latest failed attempts failed, oldest first, at most
+    /// [`failure::FAILURES_KEPT`] (see [`failure`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<failure::Failure>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -408,6 +414,7 @@ impl Job {
             preempted_for: None,
             stopped_by_search: false,
             first_step: None,
+            failures: Vec::new(),
         }
     }
 
@@ -548,8 +555,20 @@ impl Job {
         // A standby belongs to the attempt.
         self.standby = None;
         self.preemption = None;
+        // No rank's end caused it (a member lost, too few ranks left): the reason is.
+        self.note_failure(failure::Failure::of_reason(self.attempt, &reason));
         let restarts_used = self.restarts_used();
-        if restarts_used < self.max_restarts {
+        if let Some(same) = self
+            .repeated_failure()
+            .filter(|_| restarts_used < self.max_restarts)
+        {
+            // Deterministic: another retry would fail the same way.
+            let why = format!(
+                "{reason}; not retried: the same failure twice ({})",
+                same.cause()
+            );
+            self.finish(at_ms, JobState::Failed, EventKind::Failed, why);
+        } else if restarts_used < self.max_restarts {
             self.state = JobState::Pending;
             self.push_event(
                 at_ms,

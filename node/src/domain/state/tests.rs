@@ -52,6 +52,7 @@ impl Replica {
                 generation,
                 rank,
                 code,
+                end: None,
             }),
             at_ms: 30,
         })
@@ -474,6 +475,7 @@ fn replicas_applying_the_same_log_agree_and_snapshot_roundtrips() {
                     generation: 1,
                     rank: 0,
                     code: 1,
+                    end: None,
                 }),
                 at_ms: 4,
             },

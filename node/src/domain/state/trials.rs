@@ -377,6 +377,7 @@ impl ControlState {
     }
 
     pub(super) fn search_finished(&mut self, search: JobId, at_ms: u64) -> ControlResponse {
+        let causes = self.trials_most_common_failure(search);
         let job = match self.running_search(search) {
             Ok(j) => j,
             Err(r) => return r,
@@ -439,10 +440,26 @@ impl ControlState {
                 at_ms,
                 JobState::Failed,
                 EventKind::Failed,
-                format!("{n} trials, none succeeded or reported its metric"),
+                match causes {
+                    Some(causes) => format!("{n} trials, none succeeded; {causes}"),
+                    None => format!("{n} trials, none succeeded or reported its metric"),
+                },
             ),
         }
         ControlResponse::Applied
+    }
+
+    /// The most common cause among the failed runs of `search`'s trials, with its count
+    /// (`9 failed with exit 1: …`; see `failure::most_common`).
+    fn trials_most_common_failure(&self, search: JobId) -> Option<String> {
+        let record = self.jobs.get(&search)?.search.as_ref()?;
+        let failed = record
+            .runs
+            .iter()
+            .filter_map(|run| self.jobs.get(&run.job))
+            .filter(|j| j.state == JobState::Failed)
+            .filter_map(Job::failure);
+        super::failure::most_common(failed)
     }
 
     /// Cancels a trial's run job (its processes are stopped by their nodes); `by_search`:

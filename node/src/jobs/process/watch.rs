@@ -22,6 +22,8 @@
 //! - **Preemption**: a requeue's stop is a graceful stop with the job's own grace
 //!   (`[preemption] grace_s`) whose exit is reported (the job is requeued once every rank
 //!   is out); asked once, a kill still ends it at once.
+//! - **Failure**: the last lines of its stderr are kept ([`super::tail`]); a failed end
+//!   is reported with them and the signal that ended it ([`RankWatch::rank_end`]).
 //! - **Exit**: the rank's group is killed with it (unless a graceful stop's grace still
 //!   runs), and its pipes get [`EXIT_DRAIN_MS`] past the exit (or the grace) to deliver
 //!   what they hold; the exit code is the process's (128 + signal for a signal), 0 for a
@@ -38,12 +40,13 @@ use nix::sys::signal::Signal;
 use ringleader_protocol::{ElasticFailed, Metric, RankLine};
 use tracing::{info, warn};
 
+use super::tail::StderrTail;
 use super::{
     read_line, silent_rank_reason, Control, Malformed, Read, TrialReports, EXIT_DRAIN_MS,
     HUNG_COMPUTE_FACTOR, HUNG_COMPUTING_MS_MIN, HUNG_STOPPED_MS, METRIC_REPORT_INTERVAL_MS,
     RUNG_EXIT_GRACE_MS, STOP_GRACE_MS,
 };
-use crate::domain::state::{ops, JobId, Op, REASON_BYTES_MAX};
+use crate::domain::state::{failure::RankEnd, ops, JobId, Op, REASON_BYTES_MAX};
 
 /// What the driver does for the machine.
 #[derive(Debug, Clone, PartialEq)]
@@ -107,6 +110,8 @@ pub(crate) struct RankWatch {
     /// Names seen in metric lines: a report's values are job metrics unless printed so too.
     metric_names: HashSet<String>,
     malformed: Malformed,
+    /// Its stderr's last lines, for a failed end.
+    stderr: StderrTail,
 }
 
 /// The rank a [`RankWatch`] watches, as it starts.
@@ -150,6 +155,7 @@ impl RankWatch {
             unsent: BTreeMap::new(),
             metric_names: HashSet::new(),
             malformed: Malformed::default(),
+            stderr: StderrTail::default(),
         }
     }
 
@@ -263,6 +269,7 @@ impl RankWatch {
     pub(crate) fn on_line(&mut self, now: Instant, is_stdout: bool, text: &str) -> Vec<Action> {
         let mut actions = Vec::new();
         if !is_stdout {
+            self.stderr.push(text);
             return actions;
         }
         let line = match read_line(text) {
@@ -394,6 +401,20 @@ impl RankWatch {
             actions,
             Some(code.unwrap_or_else(|| 128 + signal.unwrap_or(0))),
         )
+    }
+
+    /// What its exit report says of a failed end with `code` (the one [`RankWatch::on_end`]
+    /// gave) and the `signal` that ended the process, if one did: the signal and its
+    /// stderr's last lines; `None` for code 0.
+    pub(crate) fn rank_end(&mut self, code: i32, signal: Option<i32>) -> Option<RankEnd> {
+        if code == 0 {
+            return None;
+        }
+        Some(RankEnd {
+            signal: signal.filter(|s| code == 128 + s),
+            stderr_tail: self.stderr.take(),
+            start_error: None,
+        })
     }
 
     fn metric(&self, m: Metric) -> Action {

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Command, Origin, Stamp};
 use crate::domain::spec::JobKind;
+use crate::domain::state::failure::{Failure, RankEnd};
 use crate::domain::state::trials::RunEnd;
 use crate::domain::state::{
     ignored, rejected, ControlResponse, ControlState, EventKind, JobId, JobState,
@@ -22,6 +23,10 @@ pub struct WorkerExited {
     pub rank: u32,
     /// Exit code (a signal death is reported as 128 + signal, as shells do).
     pub code: i32,
+    /// A failed rank's end as its node saw it: the signal, its stderr's last lines, why it
+    /// could not start (none from a node that sends no detail, or for code 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<RankEnd>,
 }
 
 impl Command for WorkerExited {
@@ -31,6 +36,7 @@ impl Command for WorkerExited {
             generation,
             rank,
             code,
+            ref end,
         } = *self;
         let at_ms = at.at_ms;
         let job = match state.current_attempt(id, generation) {
@@ -44,9 +50,26 @@ impl Command for WorkerExited {
         if job.exits.contains_key(&rank) {
             return ignored(format!("rank {rank} already reported"));
         }
-        let what = format!("rank {rank} on {member} exited with code {code}");
+        let failure = (code != 0 && job.stopping.is_none())
+            .then(|| Failure::of_rank(job.attempt, rank, &member, code, end.as_ref()));
+        let what = match &failure {
+            Some(Failure {
+                start_error: Some(e),
+                ..
+            }) => format!("rank {rank} on {member} could not start: {e}"),
+            Some(Failure {
+                stderr_tail: tail, ..
+            }) if !tail.is_empty() => format!(
+                "rank {rank} on {member} exited with code {code}: {}",
+                tail.last().expect("not empty")
+            ),
+            _ => format!("rank {rank} on {member} exited with code {code}"),
+        };
         job.exits.insert(rank, code);
         job.push_event(at_ms, EventKind::WorkerExited, what.clone());
+        if let Some(failure) = failure {
+            job.note_failure(failure);
+        }
         if job.stopping.is_some() {
             // Asked to checkpoint and stop (a preemption's requeue): whatever the code, the
             // job is requeued once every rank is out.
@@ -112,6 +135,7 @@ mod tests {
             generation,
             rank,
             code: 0,
+            end: None,
         };
         assert_eq!(
             exited(1, 0).apply(&mut state, at(9)),
@@ -131,5 +155,95 @@ mod tests {
             exited(0, 0).apply(&mut state, at(9)),
             ControlResponse::Ignored { .. }
         ));
+    }
+
+    /// Places the next attempt of pending job `id` on one member.
+    fn retry(state: &mut ControlState, id: JobId) {
+        let generation = state.jobs[&id].generation + 1;
+        let place = crate::domain::state::ops::Place {
+            id,
+            generation,
+            slots: crate::domain::state::ops::testing::slots(1),
+            secret: crate::domain::state::ops::testing::secret(),
+        };
+        assert_eq!(place.apply(state, at(20)), ControlResponse::Applied);
+    }
+
+    #[test]
+    fn a_failure_repeated_identically_on_the_retry_is_not_retried_again() {
+        let (mut state, id) = running(1, 1);
+        state.jobs.get_mut(&id).unwrap().max_restarts = 5;
+        let failed = |generation, last: &str| WorkerExited {
+            id,
+            generation,
+            rank: 0,
+            code: 1,
+            end: Some(RankEnd {
+                stderr_tail: vec!["Traceback …".into(), last.into()],
+                ..RankEnd::default()
+            }),
+        };
+        let missing = "ModuleNotFoundError: No module named 'foo'";
+        // Attempt 1 fails: retried, its cause recorded.
+        failed(1, missing).apply(&mut state, at(10));
+        let job = &state.jobs[&id];
+        assert_eq!(job.state, JobState::Pending);
+        let cause = job.failure().unwrap();
+        assert_eq!(cause.headline(), format!("rank 0 on m0: exit 1: {missing}"));
+        assert_eq!(cause.stderr_tail.len(), 2);
+        assert_eq!(
+            job.events.last().unwrap().reason,
+            format!("rank 0 on m0 exited with code 1: {missing}; retrying (restart 1 of 5)")
+        );
+        // Attempt 2 fails otherwise: retried again.
+        retry(&mut state, id);
+        failed(2, "MemoryError").apply(&mut state, at(30));
+        assert_eq!(state.jobs[&id].state, JobState::Pending);
+        // Attempt 3 fails as attempt 2 did: failed, with 3 of 5 restarts left.
+        retry(&mut state, id);
+        failed(3, "MemoryError").apply(&mut state, at(40));
+        let job = &state.jobs[&id];
+        assert_eq!((job.state, job.attempt), (JobState::Failed, 3));
+        assert!(
+            job.events
+                .last()
+                .unwrap()
+                .reason
+                .ends_with("; not retried: the same failure twice (exit 1: MemoryError)"),
+            "{:?}",
+            job.events.last()
+        );
+        assert_eq!(job.failures.len(), 2, "bounded");
+    }
+
+    #[test]
+    fn the_same_start_error_twice_is_not_retried_again() {
+        let (mut state, id) = running(1, 1);
+        state.jobs.get_mut(&id).unwrap().max_restarts = 3;
+        let cannot = |generation| WorkerExited {
+            id,
+            generation,
+            rank: 0,
+            code: 127,
+            end: Some(RankEnd {
+                start_error: Some("program \"x\" not found on this node".into()),
+                ..RankEnd::default()
+            }),
+        };
+        cannot(1).apply(&mut state, at(10));
+        assert_eq!(
+            state.jobs[&id].events[state.jobs[&id].events.len() - 2].reason,
+            "rank 0 on m0 could not start: program \"x\" not found on this node"
+        );
+        retry(&mut state, id);
+        cannot(2).apply(&mut state, at(30));
+        let job = &state.jobs[&id];
+        assert_eq!(job.state, JobState::Failed);
+        assert!(job
+            .events
+            .last()
+            .unwrap()
+            .reason
+            .ends_with("(could not start: program \"x\" not found on this node)"));
     }
 }

@@ -1,7 +1,7 @@
 //! Tests of `trials` (a sibling file: the module is long enough without them).
 
 use super::*;
-use crate::domain::state::{ops, ControlCommand, Op};
+use crate::domain::state::{failure::RankEnd, ops, ControlCommand, Op};
 use crate::jobs::JobSpec;
 
 const ASHA: &str = r#"
@@ -88,6 +88,11 @@ impl Log {
     }
 
     fn exit(&mut self, id: JobId, code: i32) {
+        self.exit_with(id, code, None);
+    }
+
+    /// Rank 0 of `id` exits with `code`, its node saying how (`end`).
+    fn exit_with(&mut self, id: JobId, code: i32, end: Option<RankEnd>) {
         let generation = self.state.job(id).unwrap().generation;
         self.apply(ControlCommand {
             op: Op::WorkerExited(ops::WorkerExited {
@@ -95,6 +100,7 @@ impl Log {
                 generation,
                 rank: 0,
                 code,
+                end,
             }),
             at_ms: 30,
         });
@@ -416,6 +422,35 @@ fn a_lost_trial_is_rerun_and_its_own_failures_are_counted() {
     log.exit(a, 3);
     assert_eq!(log.state.job(a).unwrap().state, JobState::Failed);
     assert_eq!(log.trial(search, 0).state, TrialState::Failed);
+}
+
+/// A search whose trials all failed names their most common cause with its count.
+#[test]
+fn a_search_with_no_successful_trial_names_its_trials_most_common_failure() {
+    let spec = ASHA
+        .replace("trials = 9", "trials = 3")
+        .replace("max_trial_failures = 1", "max_trial_failures = 0");
+    let (mut log, search) = Log::new(&spec);
+    let tail = |line: &str| RankEnd {
+        stderr_tail: vec!["Traceback …".into(), line.into()],
+        ..RankEnd::default()
+    };
+    let missing = "ModuleNotFoundError: No module named 'foo'";
+    for (trial, line) in [(0, missing), (1, "MemoryError"), (2, missing)] {
+        let id = log.start(search, trial, 0.1, 9);
+        log.exit_with(id, 1, Some(tail(line)));
+        assert_eq!(log.trial(search, trial).state, TrialState::Failed);
+    }
+    log.apply(ControlCommand {
+        op: Op::SearchFinished(ops::SearchFinished { search }),
+        at_ms: 60,
+    });
+    let s = log.state.job(search).unwrap();
+    assert_eq!(s.state, JobState::Failed);
+    assert_eq!(
+        s.events.last().unwrap().reason,
+        format!("3 trials, none succeeded; 2 failed with exit 1: {missing}")
+    );
 }
 
 #[test]
