@@ -67,7 +67,7 @@ if ! command -v s3s-fs >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/s3s
     cargo install --quiet --locked s3s-fs --version 0.14.1 --features binary >/dev/null 2>&1 || true
 fi
 # The module structure first (a second): no import cycle, no import of a part that
-# docs/design.md's table puts above (the script's own tests, then the check).
+# docs/book/src/design/design.md's table puts above (the script's own tests, then the check).
 step "check-layers tests" python3 scripts/check_layers_test.py
 step "check-layers" python3 scripts/check-layers.py
 # The benchmark guard's reader (scripts/bench-check.sh runs by hand, not here): its figures

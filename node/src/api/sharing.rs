@@ -1,11 +1,16 @@
 //! The sharing routes: quotas and the queue (see `domain::state::quotas`,
-//! `domain::queue`, and the chief's scheduler in docs/design.md).
+//! `domain::queue`, and the chief's scheduler in docs/book/src/design/design.md).
 //!
 //! | route | does |
 //! | --- | --- |
-//! | `POST /v1/quotas` `{"user", "cpus"?, "gpus"?, "borrow_cpus"?, "borrow_gpus"?, "gpu_hours"?, "weight"?, "max_priority"?, "group"?}` | sets the fields given of a user's (or `@GROUP`'s) quota (the admin only) |
-//! | `GET /v1/quotas` | `[{user, quota, used, borrowed, gpu_hours_used}]`: every user with a quota or running ranks |
-//! | `GET /v1/queue` | `{jobs: [{position, id, name, owner, priority, priority_label, effective_priority, workers, cpus_per_worker, gpus_per_worker, submitted_at_ms, pending_reason}]}`: waiting jobs in the order the scheduler takes them |
+//! | `POST /v1/quotas` `{"user", "cpus"?, "gpus"?, "borrow_cpus"?, "borrow_gpus"?, "gpu_hours"?,
+//! "weight"?, "max_priority"?, "group"?}` | sets the fields given of a user's (or `@GROUP`'s) quota
+//! (the admin only) |
+//! | `GET /v1/quotas` | `[{user, quota, used, borrowed, gpu_hours_used}]`: every user with a quota
+//! or running ranks |
+//! | `GET /v1/queue` | `{jobs: [{position, id, name, owner, priority, priority_label,
+//! effective_priority, workers, cpus_per_worker, gpus_per_worker, submitted_at_ms,
+//! pending_reason}]}`: waiting jobs in the order the scheduler takes them |
 //!
 //! Errors: 400 (a field out of its bound, named), 403 (a quota change without the admin
 //! token), 503 (no chief).
