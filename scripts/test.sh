@@ -130,9 +130,10 @@ fi
 # in its spec reference, and every link of the book and the README leads somewhere
 # (scripts/check-book.py, standard library only: it runs whether mdBook is here or not).
 step "check-book" python3 scripts/check-book.py target/debug/ringleader
-# Then the book's build with mdBook (into target/book/): a page SUMMARY.md lists but lacks, or
-# an include that leads nowhere, fails it. mdBook is a crate, not a Debian or PyPI package:
-# cargo install, about 2.5 minutes once on 2 cores, kept in cargo's bin/.
+# Then the book's build with mdBook (into target/book/): a page SUMMARY.md lists but src/
+# lacks fails it (mdBook only warns about an include that leads nowhere: check-book fails on
+# it). mdBook is a crate, not a Debian or PyPI package: cargo install, about 2.5 minutes once
+# on 2 cores, kept in cargo's bin/.
 mdbook=$(command -v mdbook || echo "${CARGO_HOME:-$HOME/.cargo}/bin/mdbook")
 if [ ! -x "$mdbook" ]; then
     installing mdbook "cargo install, about 2.5 min once: the book's build"
