@@ -27,7 +27,7 @@
 # a built lib_native.so), put with a copy of the package in a temp dir, so the checkout's
 # debug extension is left alone. Needs torch in $PYTHON (python3) and, for 1gbit, root.
 #
-# Elastic PyTorch (PARTS has `elastic`; scripts/bench_torch_elastic.py): the README's elastic
+# Elastic PyTorch (PARTS has `elastic`; scripts/bench_torch_elastic.py): the book's elastic
 # script as a command job of 3 ranks on a local 3-node cluster, faults in turn, one line each,
 # then torchrun on the same script with one worker killed, then the goodput:
 #

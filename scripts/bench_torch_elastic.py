@@ -1,5 +1,5 @@
 """Elastic PyTorch benchmarks (issue 25, point 5), driven by scripts/bench-torch.sh: the
-README's elastic script (python/tests/torch_elastic_rank.py, a small MLP, STEP_SLEEP_S of
+the book's elastic script (python/tests/torch_elastic_rank.py, a small MLP, STEP_SLEEP_S of
 compute a step) as a command job of 3 ranks on a local cluster of 3 nodes (`min_workers =
 1`, `[elastic] protocol = "ringleader"`), and the same script under torchrun.
 

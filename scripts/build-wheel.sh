@@ -3,8 +3,8 @@
 # platform tag its ELF files really satisfy (`auditwheel show`: the oldest manylinux policy
 # that the extension and the bundled binary both meet), installs it in a fresh virtualenv and
 # checks that both `import ringleader` and the `ringleader` command work there; then a
-# release tarball of the binary alone with its SHA-256. Not run by CI (a release build is
-# about 9 minutes on 2 cores); run it before a release. The wheel is left in target/wheels/,
+# release tarball of the binary alone with its SHA-256. Not run by CI (a first release build
+# takes about 28 minutes on 2 cores); run it before a release. The wheel is left in target/wheels/,
 # the tarball and its checksum in target/dist/.
 #
 # Usage: scripts/build-wheel.sh [PYTHON]   (default python3; needs Python >= 3.10 and PyPI

@@ -17,10 +17,10 @@ that make it. So a cycle among the files of one folder is found, and so is one a
 crate's parts (`control` → `jobs` → `control`).
 
 Layers: the node crate's parts and what each may use are the table under "## The node, by
-part" in docs/design.md, lowest part first. A part may import only the parts its "may use"
-column names (each in backticks, `x/` or `x::…`; "everything" allows all), and a part may only
-name parts listed above its own row. The check reads the table itself, so the design document
-and the check cannot drift apart.
+part" in docs/book/src/design/design.md, lowest part first. A part may import only the parts its
+"may use" column names (each in backticks, `x/` or `x::…`; "everything" allows all), and a part
+may only name parts listed above its own row. The check reads the table itself, so the design
+document and the check cannot drift apart.
 
 Problems known and not fixed yet are listed in scripts/layers-allowed.txt, each with its
 reason; any other problem fails the check, and so does an entry that no longer occurs.
@@ -33,7 +33,8 @@ import re
 import sys
 from collections import defaultdict
 
-# The crates checked: (name, source root, whether docs/design.md's table governs it).
+# The crates checked: (name, source root, whether docs/book/src/design/design.md's table governs
+# it).
 CRATES = [
     ("node", "node/src", True),
     ("bench", "node/bench/src", False),
@@ -43,7 +44,7 @@ CRATES = [
     ("protocol", "protocol/src", False),
     ("python", "python/src", False),
 ]
-DESIGN = "docs/design.md"
+DESIGN = "docs/book/src/design/design.md"
 # Problems known and not fixed yet (see `allowed`).
 ALLOWED = "scripts/layers-allowed.txt"
 TABLE_HEADING = "## The node, by part"
@@ -419,8 +420,8 @@ def cycles(crate):
 
 
 def parse_layers(design_text):
-    """The parts of docs/design.md's table, lowest first: [(part, may_use set or None)]
-    (None: everything). Raises ValueError when the table is missing or malformed."""
+    """The parts of docs/book/src/design/design.md's table, lowest first: [(part, may_use set or
+    None)] (None: everything). Raises ValueError when the table is missing or malformed."""
     at = design_text.find(TABLE_HEADING)
     if at < 0:
         raise ValueError(f"{DESIGN}: no heading {TABLE_HEADING!r}")

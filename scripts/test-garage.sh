@@ -528,7 +528,8 @@ helper wait-archived "$wait_s" "$job" "${alive_apis[@]}"
 note "job $job compacted out of the live state; answered from its record in Garage"
 
 # Credentials must not leak into any log: the nodes' and the ranks' (which `ringleader logs`
-# serves to any API client); the README says storage URLs are shown with them REDACTED.
+# serves to any API client); the book's security model says storage URLs are shown with them
+# REDACTED.
 if grep -qF "$secret_key" "$tmp"/n*/node.log "$tmp"/n*/stdout.log; then
     die "a node's log holds the S3 secret key"
 fi

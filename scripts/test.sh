@@ -67,7 +67,7 @@ if ! command -v s3s-fs >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/s3s
     cargo install --quiet --locked s3s-fs --version 0.14.1 --features binary >/dev/null 2>&1 || true
 fi
 # The module structure first (a second): no import cycle, no import of a part that
-# docs/design.md's table puts above (the script's own tests, then the check).
+# docs/book/src/design/design.md's table puts above (the script's own tests, then the check).
 step "check-layers tests" python3 scripts/check_layers_test.py
 step "check-layers" python3 scripts/check-layers.py
 # The benchmark guard's reader (scripts/bench-check.sh runs by hand, not here): its figures
@@ -95,6 +95,18 @@ if ! py_has "$pyvenv/bin/python" torch; then
     pip_venv torch || echo "torch not installed: the torch tests say SKIPPED"
 fi
 export RINGLEADER_TEST_PYTHON="$PWD/$pyvenv/bin/python"
+# The Kubernetes manifest (deploy/kubernetes/, not run here: no cluster is reachable) against
+# the Kubernetes schemas, offline and strict (kubernetes-validate from PyPI, in $pyvenv).
+if ! py_has "$pyvenv/bin/python" kubernetes_validate; then
+    installing kubernetes-validate "pip, in $pyvenv: the Kubernetes manifest's schema check"
+    pip_venv kubernetes-validate >/dev/null 2>&1 || true
+fi
+if [ -x "$pyvenv/bin/kubernetes-validate" ]; then
+    step "kubernetes-validate" "$pyvenv/bin/kubernetes-validate" --strict --quiet deploy/kubernetes/ringleader.yaml
+else
+    echo "SKIPPED: kubernetes-validate could not be installed: deploy/kubernetes/ringleader.yaml not checked"
+    n_skipped=$((n_skipped + 1))
+fi
 # Every test's own output is kept (--show-output) so that a test that skipped part of itself
 # (it prints "SKIPPED: why") is listed at the end instead of passing silently as `ok`.
 log=$(mktemp)
@@ -113,9 +125,30 @@ if [ -s "$log.skips" ]; then
 else
     echo "skipped: none"
 fi
-# The README documents every flag and subcommand of the debug binary the tests just built
-# (`--help`; hidden ones excepted), and every *Section* it refers to is one of its headings.
-step "check-readme" python3 scripts/check-readme.py target/debug/ringleader README.md
+# The book (docs/book/src) documents every flag and subcommand of the debug binary the tests
+# just built in its CLI reference (`--help`; hidden ones excepted) and every key of a job spec
+# in its spec reference, and every link of the book and the README leads somewhere
+# (scripts/check-book.py, standard library only: it runs whether mdBook is here or not).
+step "check-book" python3 scripts/check-book.py target/debug/ringleader
+# Then the book's build with mdBook (into target/book/): a page SUMMARY.md lists but src/
+# lacks fails it (mdBook only warns about an include that leads nowhere: check-book fails on
+# it). mdBook is a crate, not a Debian or PyPI package: cargo install, about 2.5 minutes once
+# on 2 cores, kept in cargo's bin/.
+mdbook=$(command -v mdbook || echo "${CARGO_HOME:-$HOME/.cargo}/bin/mdbook")
+if [ ! -x "$mdbook" ]; then
+    installing mdbook "cargo install, about 2.5 min once: the book's build"
+    cargo install --quiet --locked mdbook --version 0.5.4 --no-default-features >/dev/null 2>&1 || true
+fi
+book_build() {
+    local out
+    out=$("$mdbook" build docs/book 2>&1) || { echo "$out"; return 1; }
+}
+if [ -x "$mdbook" ]; then
+    step "mdbook build" book_build
+else
+    echo "SKIPPED: mdbook could not be installed: the book was checked (check-book) but not built"
+    n_skipped=$((n_skipped + 1))
+fi
 # The Python package (python/): its extension built in the dev profile and put next to the
 # package (no wheel, no install), its type check, then its tests (pytest, in a virtualenv
 # under target/) against real nodes of the debug binary the tests above built. pytest's

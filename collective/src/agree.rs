@@ -1,7 +1,7 @@
 //! The elastic agreement on a communicator: the rounds of [`ringleader_protocol::Agree`]
-//! (pure logic, the spec: docs/protocol.md *The elastic agreement*), each reduction run as
-//! an allreduce over the group. The trainer's re-form and the Python ranks' (`Ring.agree`)
-//! both run it here.
+//! (pure logic, the spec: docs/book/src/reference/protocol.md *The elastic agreement*), each
+//! reduction run as an allreduce over the group. The trainer's re-form and the Python ranks'
+//! (`Ring.agree`) both run it here.
 
 use ringleader_protocol::{Agree, Holding, Outcome, Progress};
 

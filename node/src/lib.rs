@@ -4,13 +4,13 @@
 //! the wire codec), [`gpus`], [`domain`] (the replicated state and its rules), [`control`]
 //! (Raft around it), [`datasets`], [`security`], [`jobs`], [`search`], [`chief`], [`api`],
 //! [`cli`]. The table of parts, what each owns and what it may use is kept in one place,
-//! `docs/design.md` ("The node, by part"); `scripts/check-layers.py` reads it and fails on an
-//! import it does not allow or an import cycle.
+//! `docs/book/src/design/design.md` ("The node, by part"); `scripts/check-layers.py` reads it and
+//! fails on an import it does not allow or an import cycle.
 //!
-//! [`node`] wires the parts together at start-up, holding [`data_dir`]'s lock; each part spawns into
-//! its own [`tasks::Tasks`], which `node` stops in order at SIGTERM. The collective data plane and the trainer
-//! are separate crates that know nothing of the node. The project's architecture is in
-//! `docs/design.md`.
+//! [`node`] wires the parts together at start-up, holding [`data_dir`]'s lock; each part spawns
+//! into its own [`tasks::Tasks`], which `node` stops in order at SIGTERM. The collective data plane
+//! and the trainer are separate crates that know nothing of the node. The project's architecture is
+//! in `docs/book/src/design/design.md`.
 
 pub mod api;
 pub mod chief;

@@ -113,7 +113,8 @@ pub const RANK_TIMER_SLACK_NS: u64 = 50_000;
 
 /// Environment variable that sets the node's timer slack in nanoseconds instead of
 /// [`NODE_TIMER_SLACK_NS`] (50000 is Linux's default): for measuring what the slack costs
-/// and buys on a host (docs/scale.md), since no other thread can change a thread's slack.
+/// and buys on a host (docs/book/src/design/scale-history.md), since no other thread can change a
+/// thread's slack.
 pub const TIMER_SLACK_ENV: &str = "RINGLEADER_TIMER_SLACK_NS";
 
 /// Sets the calling thread's timer slack to [`NODE_TIMER_SLACK_NS`] (or what

@@ -263,7 +263,7 @@ impl S3Server {
 
 impl S3Server {
     /// Writes the URL of its bucket `ckpt` (prefix `runs`), keys included, to a 0600 file in
-    /// `dir`, as the README says (never on the command line), and returns its path.
+    /// `dir`, as the book's security model says (never on the command line), and returns its path.
     fn storage_file(&self, dir: &std::path::Path) -> std::path::PathBuf {
         let storage = dir.join("storage.url");
         common::write_private(

@@ -10,8 +10,8 @@
 //! one.
 //!
 //! Without a Chromium binary the browser part says SKIPPED and returns. With
-//! `RINGLEADER_SCREENSHOT=1` the screenshot goes to `docs/dashboard.png` (the README shows
-//! it), else to the test's temporary directory.
+//! `RINGLEADER_SCREENSHOT=1` the screenshots go to `docs/book/src/images/` (the book's
+//! monitoring page shows it), else to the test's temporary directory.
 //!
 //! At size: a test server serves the page and a synthetic status of 1,000 members and
 //! 10,000 jobs (`api::listing::synthetic`, paged as a node pages it) with 500 of them
@@ -20,8 +20,8 @@
 //!
 //! The two tests take turns ([`ONE_AT_A_TIME`]): the browser drawing 10,000 jobs takes both
 //! cores of a CI host for seconds, long enough to hold the other test's nodes past their
-//! commit timeout. Waits poll with deadlines; nodes are stopped by PID when the cluster is dropped, and the
-//! browser's process group is killed if it outlives its time.
+//! commit timeout. Waits poll with deadlines; nodes are stopped by PID when the cluster is dropped,
+//! and the browser's process group is killed if it outlives its time.
 
 use std::{
     os::unix::process::CommandExt,
@@ -439,9 +439,9 @@ fn the_dashboard_shows_members_jobs_curves_and_a_search() {
         "{bare}"
     );
 
-    // Phase 5: a screenshot, for the README when asked.
+    // Phase 5: a screenshot, for the book when asked.
     let png = if std::env::var_os("RINGLEADER_SCREENSHOT").is_some_and(|v| v == "1") {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/dashboard.png")
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/book/src/images/dashboard.png")
     } else {
         root.path().join("dashboard.png")
     };
@@ -576,9 +576,9 @@ fn the_dashboard_stays_readable_with_1000_members_and_10000_jobs() {
         dom.len()
     );
 
-    // A screenshot, for the README when asked.
+    // A screenshot, for the book when asked.
     let png = if std::env::var_os("RINGLEADER_SCREENSHOT").is_some_and(|v| v == "1") {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/dashboard-at-size.png")
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/book/src/images/dashboard-at-size.png")
     } else {
         root.path().join("dashboard-at-size.png")
     };

@@ -1,5 +1,5 @@
-//! The node↔rank line protocol from the node's side (`docs/protocol.md`): the golden lines
-//! read by the node's parser, and real-process searches of command trials whose script
+//! The node↔rank line protocol from the node's side (`docs/book/src/reference/protocol.md`): the
+//! golden lines read by the node's parser, and real-process searches of command trials whose script
 //! prints only `ringleader-metric` lines (an ASHA search gets metrics, a leaderboard and
 //! early stopping) or nothing (the search ends failed, naming the metric).
 //!

@@ -9,7 +9,7 @@
 //!   each step).
 //! - M3: under `--run-as-range` two jobs' ranks run under different uids, and one cannot
 //!   read the other's `/proc/PID/environ` (its checkpoint capability) or signal it; under
-//!   one shared `--run-as` user it can (measured, not a guarantee: the README says one user
+//!   one shared `--run-as` user it can (measured, not a guarantee: the book says one user
 //!   does not isolate jobs).
 //!
 //! Skipped (`SKIPPED` in the output) when the test does not run as root, the host has no
@@ -218,7 +218,7 @@ fn jobs_under_a_uid_range_cannot_read_each_others_environment() {
         eprintln!("SKIPPED: run-as-range test: {e}");
         return;
     }
-    // Phase 1: with one shared user, jobs are not isolated (what the README says); with a
+    // Phase 1: with one shared user, jobs are not isolated (what the book says); with a
     // range, they are.
     for (flag, value, isolated) in [
         ("--run-as", "nobody", false),
@@ -270,7 +270,7 @@ fn jobs_under_a_uid_range_cannot_read_each_others_environment() {
             assert!(
                 out.contains("s3cr3t-of-the-victim"),
                 "one shared user reads another job's environment (measured; if this changed, \
-                 update the README): {out}"
+                 update docs/book/src/operations/security.md): {out}"
             );
         }
         assert!(

@@ -1,8 +1,9 @@
 //! The rank's environment: the name of every `RINGLEADER_*` variable a node sets for a rank
 //! it starts (and the one a job's `env` may set), so the node writes them, the trainer reads
 //! them and the Python package (through `ringleader._native`, as `<NAME>_ENV`) reads them
-//! with one spelling. docs/protocol.md and the README's *Job spec* say what each carries;
-//! the values are part of the protocol and never change within a [`crate::PROTOCOL_VERSION`].
+//! with one spelling. docs/book/src/reference/protocol.md and the book's Jobs page say what each
+//! carries; the values are part of the protocol and never change within a
+//! [`crate::PROTOCOL_VERSION`].
 //!
 //! [`ALL`] lists every name with its constant's name, for the Python extension and for tests.
 //! The node's own settings (`RINGLEADER_PEER`, `RINGLEADER_TOKEN`, …), the test hooks

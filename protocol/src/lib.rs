@@ -2,8 +2,8 @@
 //! agreement's pure logic, shared by the node (`node/src/jobs/process.rs` parses, `launch`
 //! writes), the trainer (`trainer/src/worker.rs` prints, `trainer::elastic` reads and
 //! agrees) and, later, the Python package. No candle, no tokio: serde and thiserror only.
-//! The public contract, for a script in any language, is `docs/protocol.md`; this doc is
-//! the same spec, next to the code.
+//! The public contract, for a script in any language, is `docs/book/src/reference/protocol.md`;
+//! this doc is the same spec, next to the code.
 //!
 //! # Version
 //! [`PROTOCOL_VERSION`] (1). The node gives it to every rank as

@@ -1,6 +1,6 @@
 """ringleader from Python: drive a cluster, and speak the rank protocol inside a job.
 
-In a notebook (the node's HTTP API, README *Python*):
+In a notebook (the node's HTTP API, docs/book/src/guide/python.md):
 
     import ringleader
     c = ringleader.Client()                      # RINGLEADER_PEER / RINGLEADER_TOKEN

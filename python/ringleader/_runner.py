@@ -30,7 +30,7 @@ META_FILE = "_ringleader_launch.json"
 EXIT_CANNOT_RUN = 2
 EXIT_RAISED = 1
 PACKAGES = ("cloudpickle", "ringleader")
-# Where the package's wheel comes from (README *Python*): nobody can install `ringleader`
+# Where the package's wheel comes from (docs/book/src/guide/python.md): nobody can install `ringleader`
 # from PyPI, which holds another project of that name.
 WHEEL_HINT = ("the wheel ./scripts/build-wheel.sh builds into target/wheels/, or a "
               "checkout's python/ directory")

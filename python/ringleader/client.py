@@ -1,4 +1,5 @@
-"""A client of a ringleader node's HTTP API (README *CLI so far*), standard library only.
+"""A client of a ringleader node's HTTP API (docs/book/src/reference/http-api.md), standard
+library only.
 
     c = ringleader.Client()                 # RINGLEADER_PEER, RINGLEADER_TOKEN, … as the CLI
     job = c.submit({"name": "hello", "kind": "command", "command": ["true"]})
@@ -288,8 +289,8 @@ class Client:
                idempotency_token: str | None = None) -> "Job":
         """Submits a job and returns it (a `Job`, a `Search` for `kind = "search"`).
 
-        `spec`: a dict with the TOML spec's keys (README *Job specs*; `search.params` may be
-        a dict of `{name: distribution or list}`, see `ringleader.distributions`), the TOML
+        `spec`: a dict with the TOML spec's keys (docs/book/src/reference/spec.md; `search.params`
+        may be a dict of `{name: distribution or list}`, see `ringleader.distributions`), the TOML
         text itself, or the path of a TOML file. A refused spec raises `SpecError` with the
         node's `reason`, `field` and `line`. `idempotency_token`: a retried submit with the
         same value gets the same job.
@@ -398,9 +399,9 @@ class Client:
         `dataset`: a shared dataset's name (`ringleader dataset ls`), fetched to each
         trial's node before it starts; `ringleader.dataset_dir()` is its directory there.
         `env`: extra environment of the trials; `priority`: the search's (and its trials')
-        priority, `"low"`, `"normal"`, `"high"` or 0 to 1000 (README *Sharing a
-        cluster*); `quiet`: no progress lines from `wait()`; the other keywords go into
-        `[search]` (`seed`, `min_resource`, `reduction_factor`, `stopping`, …). A spec
+        priority, `"low"`, `"normal"`, `"high"` or 0 to 1000
+        (docs/book/src/guide/sharing.md); `quiet`: no progress lines from `wait()`; the
+        other keywords go into `[search]` (`seed`, `min_resource`, `reduction_factor`, `stopping`, …). A spec
         the node refuses raises `SpecError` naming the argument it came from
         (`launch(max_parallel=-1): …`, its `argument`).
         """

@@ -1,5 +1,5 @@
 """A search's parameter distributions as plain objects that write the search spec's
-`[[search.params]]` tables (README *Searches*).
+`[[search.params]]` tables (docs/book/src/guide/searches.md).
 
     ringleader.loguniform(1e-4, 1.0).to_spec("lr")
     # {'name': 'lr', 'type': 'double', 'min': 0.0001, 'max': 1.0, 'scale': 'log'}

@@ -3,7 +3,7 @@ best (`Search.trials()`, `Search.best`), a dataset fetch's status (`Client.get_d
 and which trial this process is (`ringleader.trial()`).
 
 Each is a frozen dataclass whose fields are typed, and still the `dict` it was before (the
-document as the node sent it, README *Python*): `doc["params"]`, `doc.get("rung")`,
+document as the node sent it, docs/book/src/guide/python.md): `doc["params"]`, `doc.get("rung")`,
 `json.dumps(doc)` and `doc == {...}` hold as they did. The fields are read when the value is
 made; a key the node adds later shows in the dict before it has a field. They print as the
 dicts they are.

@@ -1,6 +1,7 @@
-"""The generic half of an elastic rank of the ringleader protocol (docs/protocol.md, *Elastic
-command ranks*), with the standard library only: no framework here, so a rank written on
-another framework than torch reuses it (`ringleader.torch` is built on it).
+"""The generic half of an elastic rank of the ringleader protocol
+(docs/book/src/reference/protocol.md, *Elastic command ranks*), with the standard library only:
+no framework here, so a rank written on another framework than torch reuses it
+(`ringleader.torch` is built on it).
 
 - `GenerationFeed`: a thread reads the node's lines on stdin (`ringleader-generation {json}`,
   `ringleader-stop`, the end of input); the rank waits for the next generation newer than

@@ -1,6 +1,6 @@
 """Inside a rank or a trial: what the node told this process (params, the trial), and the
-rank protocol's lines it prints back (docs/protocol.md), made by the protocol crate itself
-(`ringleader._native`). Standard library only.
+rank protocol's lines it prints back (docs/book/src/reference/protocol.md), made by the protocol
+crate itself (`ringleader._native`). Standard library only.
 """
 
 import json

@@ -1,11 +1,12 @@
 //! `ringleader._native`: the native part of the Python package `ringleader` (`python/`).
 //!
-//! Its place: a rank written in Python prints the protocol's lines (docs/protocol.md) with
-//! `ringleader.metric` and `ringleader.report`; those lines are made here, by the
-//! `ringleader-protocol` crate's [`RankLine`](ringleader_protocol::RankLine) that the node
-//! parses them with, so Python and Rust cannot drift apart. Everything else in the package (the HTTP client, params, the
-//! distributions) is pure Python with the standard library only (`ringleader.torch`, the
-//! PyTorch backend, also imports torch).
+//! Its place: a rank written in Python prints the protocol's lines
+//! (docs/book/src/reference/protocol.md) with `ringleader.metric` and `ringleader.report`; those
+//! lines are made here, by the `ringleader-protocol` crate's
+//! [`RankLine`](ringleader_protocol::RankLine) that the node parses them with, so Python and Rust
+//! cannot drift apart. Everything else in the package (the HTTP client, params, the distributions)
+//! is pure Python with the standard library only (`ringleader.torch`, the PyTorch backend, also
+//! imports torch).
 //!
 //! The names of a rank's environment come from the same crate (`ringleader_protocol::env`,
 //! here `JOB_ID_ENV`, `PARAMS_ENV`, …), so the package reads what the node writes.

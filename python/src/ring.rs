@@ -555,8 +555,8 @@ impl Ring {
         Ring::start(py, cfg, threads, None)
     }
 
-    /// The ring of a node's `ringleader-generation {json}` line (docs/protocol.md):
-    /// `ValueError` if the line is not one.
+    /// The ring of a node's `ringleader-generation {json}` line
+    /// (docs/book/src/reference/protocol.md): `ValueError` if the line is not one.
     #[staticmethod]
     #[pyo3(signature = (line, group_id = 0, *,
         op_timeout_ms = OP_TIMEOUT_MS_DEFAULT, connect_timeout_ms = CONNECT_TIMEOUT_MS_DEFAULT,
@@ -649,11 +649,11 @@ impl Ring {
         })
     }
 
-    /// Runs the elastic agreement (`ringleader_protocol::Agree`, docs/protocol.md *The
-    /// elastic agreement*) over this ring with the GIL released: this rank last restored or
-    /// started in `last_generation` (None for a joiner), had reached `step_reached` steps and
-    /// holds commits at `commits` (ascending). Returns the same on every rank:
-    /// `("fresh", group_step)` when no rank holds a commit, else
+    /// Runs the elastic agreement (`ringleader_protocol::Agree`,
+    /// docs/book/src/reference/protocol.md *The elastic agreement*) over this ring with the GIL
+    /// released: this rank last restored or started in `last_generation` (None for a joiner), had
+    /// reached `step_reached` steps and holds commits at `commits` (ascending). Returns the same on
+    /// every rank: `("fresh", group_step)` when no rank holds a commit, else
     /// `("restore", step, root, everyone_holds, group_step, holds)`, `holds` saying whether
     /// this rank holds the agreed commit as a holder (its own copy is the group's).
     #[pyo3(signature = (last_generation, step_reached, commits))]

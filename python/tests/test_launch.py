@@ -47,7 +47,7 @@ def reads_the_dataset(k):
 
 
 def resumes(lr):
-    """README's resumable trial: from what the last run saved to this run's rung."""
+    """The book's resumable trial: from what the last run saved to this run's rung."""
     state = ringleader.checkpoint.load()
     if state:
         print(f"resumed at epoch {state['epoch']}", flush=True)

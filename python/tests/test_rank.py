@@ -26,17 +26,18 @@ def golden():
 
 def test_the_rank_environment_names_are_the_protocol_crates():
     """`_native`'s `<NAME>_ENV` are the node's names (the protocol crate's `env`), each one
-    documented in docs/protocol.md."""
+    documented in docs/book/src/reference/protocol.md."""
     names = {k: v for k, v in vars(_native).items() if k.endswith("_ENV")}
     assert names["JOB_ID_ENV"] == "RINGLEADER_JOB_ID"
     assert names["PARAM_PREFIX_ENV"] == "RINGLEADER_PARAM_"
     assert names["PROTOCOL_VERSION_ENV"] == "RINGLEADER_PROTOCOL_VERSION"
     assert len(names) >= 20, names
-    with open(os.path.join(PYTHON_DIR, "..", "docs", "protocol.md"), encoding="utf-8") as f:
+    protocol_md = os.path.join(PYTHON_DIR, "..", "docs", "book", "src", "reference", "protocol.md")
+    with open(protocol_md, encoding="utf-8") as f:
         doc = f.read()
     for constant, name in names.items():
         assert name.startswith("RINGLEADER_"), constant
-        assert f"`{name}" in doc, f"{name} is not in docs/protocol.md"
+        assert f"`{name}" in doc, f"{name} is not in docs/book/src/reference/protocol.md"
 
 
 def test_golden_rank_lines_read_as_the_node_reads_them():

@@ -1,6 +1,6 @@
 """Elastic PyTorch from survivors' memory on real nodes (issue 25, point 3): a cluster of 3
 nodes of the debug binary runs a command job of 3 ranks (`min_workers = 2`, `[elastic]
-protocol = "ringleader"`), each rank the README's script (`torch_elastic_rank.py`: a small
+protocol = "ringleader"`), each rank the book's script (`torch_elastic_rank.py`: a small
 MLP on generated data through `rlt.init`, `ElasticSampler`, `rlt.DistributedDataParallel`
 and `ElasticOptimizer`). One job lives through every fault in turn, each re-form checked
 before the next fault:

@@ -1,5 +1,5 @@
 """Preemption of an elastic PyTorch job (issue 49, points 4 and 8): a cluster of 4 nodes
-runs a command job of 4 ranks (`[elastic] protocol = "ringleader"`, the README's script,
+runs a command job of 4 ranks (`[elastic] protocol = "ringleader"`, the book's script,
 `torch_elastic_rank.py`); the admin shrinks it to 2 (`POST /v1/jobs/{id}/preempt`, what
 `ringleader job preempt --shrink-to 2` sends) and grows it back to 4.
 

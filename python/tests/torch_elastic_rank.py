@@ -1,4 +1,4 @@
-"""The README's elastic PyTorch script (issue 25, point 3) on a small MLP and generated
+"""The book's elastic PyTorch script (issue 25, point 3) on a small MLP and generated
 data, as a rank of the elastic tests and benchmarks. Beside the user's lines it logs, after
 each step, `hash step=S gen=G rank=R world=N pid=P h=H t=T` (H: a digest of the parameters, T: the
 wall clock),

@@ -14,7 +14,8 @@
 //! resource a search trial is measured in), after that validation's metric lines.
 //! `--stop-at-epoch N` ends the run after N epochs (validated and checkpointed), keeping
 //! the whole run's schedule. Every line for the node is a [`ringleader_protocol::RankLine`]
-//! (the protocol's one definition, `docs/protocol.md`); a non-finite value is not printed.
+//! (the protocol's one definition, `docs/book/src/reference/protocol.md`); a non-finite value is
+//! not printed.
 //!
 //! Always, in the job's storage (the checkpoints' URL; see [`crate::observe`]): rank 0
 //! writes TensorBoard event files under `jobs/<job-id>/tb/` (rewritten every few seconds
@@ -27,9 +28,10 @@
 //! With `--elastic` the worker survives lost ranks ([`crate::elastic`]): after the first
 //! generation (the command line's `--rank`, `--addrs`, `--generation`, `--secret`) further
 //! generations arrive on stdin, one control line each:
-//! `ringleader-generation {"generation":1,"rank":0,"addrs":["127.0.0.1:20001","127.0.0.1:20002"],"secret":"<hex>"}`;
-//! `ringleader-stop` or the end of stdin ends the worker (exit 0) after the current step.
-//! It prints, one line per event, `key=value` fields:
+//! `ringleader-generation
+//! {"generation":1,"rank":0,"addrs":["127.0.0.1:20001","127.0.0.1:20002"],"secret":"<hex>"}`;
+//! `ringleader-stop` or the end of stdin ends the worker (exit 0) after the current step. It
+//! prints, one line per event, `key=value` fields:
 //! - `ringleader-elastic failed generation=G lost_rank=R error="..."` (`lost_rank=-` when
 //!   the error names no lost rank; `"` and `\` in the error escaped with `\`). No failed
 //!   line when the generation was superseded: a newer generation (or a stop) arrived
@@ -61,9 +63,9 @@
 //! read once at start) makes every step sleep that long in its compute part, to emulate a
 //! straggler; [`HANG_ENV`] (`RINGLEADER_TEST_HANG=RANK:STEP`) makes the worker started as
 //! rank RANK never return from step STEP's forward pass, to emulate a deadlock. Both are
-//! read once into a [`Faults`] value handed to the trainer, through [`test_hook`], which a release build compiles to `None`; a job spec may not
-//! set them (the node refuses `RINGLEADER_*` keys in a spec's `env`), a test sets them in
-//! the node's environment, which its ranks inherit.
+//! read once into a [`Faults`] value handed to the trainer, through [`test_hook`], which a release
+//! build compiles to `None`; a job spec may not set them (the node refuses `RINGLEADER_*` keys in a
+//! spec's `env`), a test sets them in the node's environment, which its ranks inherit.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -308,7 +310,8 @@ impl RankStats {
     }
 }
 
-/// Prints one protocol line for the node (stdout, one line; see `docs/protocol.md`).
+/// Prints one protocol line for the node (stdout, one line; see
+/// `docs/book/src/reference/protocol.md`).
 fn emit(line: RankLine) {
     println!("{line}");
 }

@@ -1,8 +1,8 @@
-//! The scale benchmark at a small N, as CI runs it (the 128-node runs are the README's, by
-//! hand): `ringleader-bench scale 8` forms 8 real nodes (the `ringleader` binary beside it,
-//! which `cargo test --workspace` builds), kills one and the chief, runs a wide job and prints
+//! The scale benchmark at a small N, as CI runs it (the 128-node runs are the book's Scale
+//! page's, by hand): `ringleader-bench scale 8` forms 8 real nodes (the `ringleader` binary beside
+//! it, which `cargo test --workspace` builds), kills one and the chief, runs a wide job and prints
 //! its one line with every figure. The figures themselves are the benchmark's; this checks
-//! that it runs to the end and says what the README says it says.
+//! that it runs to the end and says what the book says it says.
 
 use std::process::Command;
 

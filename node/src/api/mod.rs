@@ -3,22 +3,34 @@
 //! | route | does |
 //! | --- | --- |
 //! | `GET /` | the dashboard ([`dashboard`]); open even with a token, its API calls send it |
-//! | `GET /v1/status[?member_state=S&job_state=S&limit=N&members_after=NAME&jobs_before=ID]` | this node, chief and term, a page of members and of jobs, a summary ([`listing`]) |
-//! | `POST /v1/jobs` (body: the TOML spec, or with `Content-Type: application/json` an object with its keys) | validates and commits a job; `{"id": …}` |
-//! | `GET /v1/jobs[?state=S&limit=N&before=ID]` | a page of job summaries, oldest first; `x-ringleader-next-before` names the next page ([`listing`]) |
+//! | `GET /v1/status[?member_state=S&job_state=S&limit=N&members_after=NAME&jobs_before=ID]` | this
+//! node, chief and term, a page of members and of jobs, a summary ([`listing`]) |
+//! | `POST /v1/jobs` (body: the TOML spec, or with `Content-Type: application/json` an object with
+//! its keys) | validates and commits a job; `{"id": …}` |
+//! | `GET /v1/jobs[?state=S&limit=N&before=ID]` | a page of job summaries, oldest first;
+//! `x-ringleader-next-before` names the next page ([`listing`]) |
 //! | `GET /v1/jobs/{id}` | one job |
 //! | `POST /v1/jobs/{id}/cancel` | cancels a job |
-//! | `POST /v1/jobs/{id}/preempt`, `POST /v1/jobs/{id}/grow` | shrinks, requeues or pauses the trials of a running job; lets a shrunk ring grow back ([`preempt`]; the admin token only) |
-//! | `GET /v1/jobs/{id}/logs?offsets=W:N,…[&generation=G]` | the current run's logs (with `generation`, the past run placed in generation `G`), one chunk per rank, read from byte `N` of worker `W`'s log; `runs`: the generation each run was placed in |
-//! | `GET /v1/jobs/{id}/metrics` | each metric's history: `{"id": …, "metrics": {"loss": [[step, value], …]}}` |
+//! | `POST /v1/jobs/{id}/preempt`, `POST /v1/jobs/{id}/grow` | shrinks, requeues or pauses the
+//! trials of a running job; lets a shrunk ring grow back ([`preempt`]; the admin token only) |
+//! | `GET /v1/jobs/{id}/logs?offsets=W:N,…[&generation=G]` | the current run's logs (with
+//! `generation`, the past run placed in generation `G`), one chunk per rank, read from byte `N` of
+//! worker `W`'s log; `runs`: the generation each run was placed in |
+//! | `GET /v1/jobs/{id}/metrics` | each metric's history: `{"id": …, "metrics": {"loss": [[step,
+//! value], …]}}` |
 //! | `/v1/datasets…` | datasets shared peer to peer ([`datasets`]) |
-//! | `GET`/`POST /v1/tokens`, `DELETE /v1/tokens/{name}` | API tokens ([`tokens`]; making and revoking them: the admin token only) |
-//! | `POST /v1/members/{id}/remove` | removes a member (id or name) for good (the admin token only) |
-//! | `GET`/`POST /v1/quotas`, `GET /v1/queue` | quotas (setting one: the admin token only) and the waiting jobs in start order ([`sharing`]) |
-//! | `POST /v1/key/rotate` | a new cluster key for every live member, none for a removed one; the admin token changes with it ([`keys`]; the admin token only) |
+//! | `GET`/`POST /v1/tokens`, `DELETE /v1/tokens/{name}` | API tokens ([`tokens`]; making and
+//! revoking them: the admin token only) |
+//! | `POST /v1/members/{id}/remove` | removes a member (id or name) for good (the admin token only)
+//! |
+//! | `GET`/`POST /v1/quotas`, `GET /v1/queue` | quotas (setting one: the admin token only) and the
+//! waiting jobs in start order ([`sharing`]) |
+//! | `POST /v1/key/rotate` | a new cluster key for every live member, none for a removed one; the
+//! admin token changes with it ([`keys`]; the admin token only) |
 //! | `GET /metrics` | Prometheus text exposition ([`prometheus`]) |
 //! | `GET /healthz` | `ok`; open even with a token |
-//! | `PUT`/`GET /v1/checkpoints/…` | a command rank's checkpoints ([`checkpoints`]; a place's capability, not the API token) |
+//! | `PUT`/`GET /v1/checkpoints/…` | a command rank's checkpoints ([`checkpoints`]; a place's
+//! capability, not the API token) |
 //!
 //! Who may do what (`access`, the rules of `domain::state::users`): an admin (the admin
 //! token, a token of role admin) everything; a `user` submits, reads every job's summary
@@ -51,11 +63,12 @@
 //! - [`server`]: the accept loop in front of the router: connection caps, timeouts, header
 //!   size, per-IP rate; then [`origin`]: only the node's own `Host` and `Origin` (403 else).
 //! - [`status`]: the documents the API returns (`status`, `job`, `logs`), the user-facing
-//!   contract (README, docs/design.md); fields may be added, never renamed.
+//!   contract (docs/book/src/reference/json.md); fields may be added, never renamed.
 //! - [`client`]: the CLI's HTTP client for these routes.
 //!
 //! May use: `control` (reads, proposals), `cluster` (the member view), `jobs` (admitting a
-//! spec), `datasets` (the service), `rotation` (a key rotation). Used by: `cli`, the node's start-up.
+//! spec), `datasets` (the service), `rotation` (a key rotation). Used by: `cli`, the node's
+//! start-up.
 
 mod access;
 pub mod auth;

@@ -1,5 +1,5 @@
 //! The sharing routes: quotas and the queue (see `domain::state::quotas`,
-//! `domain::queue`, and the chief's scheduler in docs/design.md).
+//! `domain::queue`, and the chief's scheduler in docs/book/src/design/design.md).
 //!
 //! | route | does |
 //! | --- | --- |

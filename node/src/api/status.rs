@@ -2,8 +2,8 @@
 //! lists are bounded (at most `listing::STATUS_ROWS_DEFAULT` = 500 members and 500 jobs
 //! without a `limit`) and paged, and its `summary` counts everything: see [`listing`].
 //!
-//! The field names are the user-facing contract (README, docs/design.md); fields may be
-//! added, never renamed.
+//! The field names are the user-facing contract (docs/book/src/reference/json.md); fields
+//! may be added, never renamed.
 
 pub mod listing;
 pub mod progress;

@@ -186,8 +186,8 @@ pub struct NodeArgs {
     #[arg(long, default_value_t = 7 * 24 * 3600)]
     pub job_retention_s: u64,
     /// How this node, while chief, places waiting jobs: `fair` (priorities, quotas, fair
-    /// share, gang admission, backfill; see docs/design.md) or `fifo` (first come, first
-    /// served while there is room: the placement before the scheduler, for comparison).
+    /// share, gang admission, backfill; see docs/book/src/design/design.md) or `fifo` (first come,
+    /// first served while there is room: the placement before the scheduler, for comparison).
     #[arg(long, default_value = "fair")]
     pub scheduler: crate::chief::scheduler::Policy,
     /// Cpus this node offers to jobs (default: the host's logical cpus); each worker takes

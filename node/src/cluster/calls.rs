@@ -4,9 +4,10 @@
 //! Sent as requests of libp2p's request-response protocol, every call opened a yamux
 //! substream, negotiated its protocol, armed a timeout on futures-timer's thread and closed
 //! the substream again: the chief's Raft heartbeats (then every 150 ms to every member) were
-//! most of an idle chief's CPU, and the answers most of an idle follower's (`docs/scale.md`,
-//! "Idle cost", has the figures). Here a caller keeps one outbound stream per peer
-//! ([`RPC_PROTOCOL`]) and carries its calls on it, each answered on the same stream:
+//! most of an idle chief's CPU, and the answers most of an idle follower's
+//! (`docs/book/src/design/scale-history.md`, "Idle cost", has the figures). Here a caller keeps one
+//! outbound stream per peer ([`RPC_PROTOCOL`]) and carries its calls on it, each answered on the
+//! same stream:
 //!
 //! - **Frames.** Both ways a frame is [`wire::call_frame`]: the 4-byte length, a call id, the
 //!   message. The caller numbers its calls; the callee answers each with the id of its

@@ -7,7 +7,7 @@
 //! the host's CPU in X25519 for 7 s. With the same messages as datagrams (and no connection
 //! dialed ahead of need) it opens about 800, converges in 0.8–1.7 s instead of 3.0–10.7, and
 //! an idle node costs 0.29–0.44 % of a core instead of 0.41–0.58 (runs alternated, one
-//! evening; `docs/scale.md`). Joins, state
+//! evening; `docs/book/src/design/scale-history.md`). Joins, state
 //! syncs (push-pull, state pieces) and leaves stay on the streams: they are large, or must
 //! arrive, or both.
 //!

@@ -1,4 +1,4 @@
-//! The job spec: what a user submits (TOML, see the README and docs/design.md).
+//! The job spec: what a user submits (TOML, see docs/book/src/reference/spec.md).
 //!
 //! [`JobSpec::parse`] is the only way a spec enters the system from text. It walks the TOML
 //! document with spans so every error names the field path and the 1-based line, e.g.

@@ -6,9 +6,10 @@
 //! tested there by lines and times); `Run::supervise` sets the rank up and spawns it, and
 //! `Run::drive` only feeds the watch its events and carries out its actions.
 //!
-//! Stdout lines the node reads are [`RankLine`]s (the protocol crate, `docs/protocol.md`);
-//! a `ringleader-…` line that does not parse is logged (warn, with the line, at most once
-//! per [`MALFORMED_WARN_INTERVAL_MS`]) and ignored. What the node does with each:
+//! Stdout lines the node reads are [`RankLine`]s (the protocol crate,
+//! `docs/book/src/reference/protocol.md`); a `ringleader-…` line that does not parse is logged
+//! (warn, with the line, at most once per [`MALFORMED_WARN_INTERVAL_MS`]) and ignored. What the
+//! node does with each:
 //! - `ringleader-metric NAME VALUE [STEP]`: a job metric (at most one report per metric per
 //!   [`METRIC_REPORT_INTERVAL_MS`], the last value always). For a command trial's rank 0, a
 //!   line naming the search's metric is also a [`Op::TrialReport`] at STEP
@@ -937,7 +938,7 @@ impl Malformed {
         let quoted: String = line.chars().take(MALFORMED_QUOTE_CHARS_MAX).collect();
         let skipped = std::mem::take(&mut self.quiet);
         self.last_warn = Some(now);
-        warn!(job = %id, rank, line = %quoted, %error, skipped, "malformed protocol line ignored (see docs/protocol.md)");
+        warn!(job = %id, rank, line = %quoted, %error, skipped, "malformed protocol line ignored (see docs/book/src/reference/protocol.md)");
     }
 }
 

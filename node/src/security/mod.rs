@@ -17,7 +17,8 @@
 //! - [`tls`]: the API's TLS beyond loopback, its key derived from the cluster key so one
 //!   fingerprint (carried by `api.token`) pins every node.
 //!
-//! What each secret grants is the README's *Security model*: the cluster key makes a host a
+//! What each secret grants is the book's security model (docs/book/src/operations/security.md):
+//! the cluster key makes a host a
 //! member (a Raft voter, ranks of every job, every job's secrets); the API token is a shell
 //! on every node (a command job runs anything, as the node's user).
 //!

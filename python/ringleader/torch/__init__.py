@@ -45,7 +45,8 @@ Failures raise the ring's exceptions (`RingError`, a `RuntimeError` and a
 the process group is spent, as torch's are. `Work.wait(timeout)` raises `RuntimeError` once
 the timeout has passed, and the operation goes on.
 
-Elastic training from survivors' memory (README *PyTorch*), a few lines in a DDP script:
+Elastic training from survivors' memory (docs/book/src/guide/pytorch.md), a few lines in a DDP
+script:
 
     import ringleader, ringleader.torch as rlt
     rlt.init()

@@ -2,9 +2,10 @@
 //! [`GenerationSource`] trait it waits on, an in-memory [`GenerationChannel`], and the
 //! control-line format the worker reads on stdin.
 //!
-//! Control lines ([`ringleader_protocol::NodeLine`], see `docs/protocol.md`), one per line
-//! (UTF-8, at most [`GENERATION_LINE_BYTES_MAX`] bytes):
-//! - `ringleader-generation {"generation":1,"rank":0,"addrs":["127.0.0.1:20001","127.0.0.1:20002"],"secret":"<hex>"}`:
+//! Control lines ([`ringleader_protocol::NodeLine`], see `docs/book/src/reference/protocol.md`),
+//! one per line (UTF-8, at most [`GENERATION_LINE_BYTES_MAX`] bytes):
+//! - `ringleader-generation
+//! {"generation":1,"rank":0,"addrs":["127.0.0.1:20001","127.0.0.1:20002"],"secret":"<hex>"}`:
 //!   join that generation (newer ones supersede older ones not yet joined);
 //! - `ringleader-stop`: end after the current step (so does the end of input).
 

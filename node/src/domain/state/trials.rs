@@ -433,7 +433,8 @@ impl ControlState {
                 EventKind::Failed,
                 format!(
                     "no trial reported {metric} ({n} trials, {succeeded} succeeded): a trial \
-                     prints `ringleader-metric {metric} VALUE [EPOCH]` (see docs/protocol.md)"
+                     prints `ringleader-metric {metric} VALUE [EPOCH]` (see \
+                     docs/book/src/reference/protocol.md)"
                 ),
             ),
             None => job.finish(
