@@ -12,19 +12,17 @@
 //!   survivors' nodes tell them on stdin, they leave the old ring at a step boundary and
 //!   agree on the step they all reached: no step is lost; the leavers' nodes stop them)
 //!   and records a ceiling
-//! ([`Preemption::ceiling`](crate::domain::state::preempt::Preemption::ceiling)) so the chief does
-//! not grow the ring
-//!   back at once. With `[elastic] keep_global_batch` (the default) the ring keeps the
-//!   global batch it had
-//! ([`Preemption::batch_workers`](crate::domain::state::preempt::Preemption::batch_workers)): each
-//! survivor accumulates
-//!   ⌈W/W'⌉ micro-batches per step, so the learning rate and its schedule stay as they
-//!   were (exactly when W' divides W; otherwise the batch is W'·⌈W/W'⌉/W times the old
-//!   one and the learning rate follows it linearly).
+//!   ([`Preemption::ceiling`](crate::domain::state::preempt::Preemption::ceiling)) so the
+//!   chief does not grow the ring back at once. With `[elastic] keep_global_batch` (the
+//!   default) the ring keeps the global batch it had
+//!   ([`Preemption::batch_workers`](crate::domain::state::preempt::Preemption::batch_workers)):
+//!   each survivor accumulates ⌈W/W'⌉ micro-batches per step, so the learning rate and its
+//!   schedule stay as they were (exactly when W' divides W; otherwise the batch is
+//!   W'·⌈W/W'⌉/W times the old one and the learning rate follows it linearly).
 //! - [`PreemptAction::Requeue`]: a job (rigid, or elastic at its floor) is asked to
 //!   checkpoint and stop: its ranks get `ringleader-stop` and SIGTERM, and SIGKILL after
-//!   `[preemption] grace_s` ([`Stopping`](crate::domain::state::preempt::Stopping)); the job keeps
-//! its slots until every rank has
+//!   `[preemption] grace_s` ([`Stopping`](crate::domain::state::preempt::Stopping)); the
+//!   job keeps its slots until every rank has
 //!   exited (or the grace and [`STOP_REPORT_SLACK_MS`] are over, when the chief ends the
 //!   attempt), then goes back to pending at its old place in the queue (its id), uses none
 //!   of its `max_restarts` ([`Job::requeues`]) and resumes from its checkpoint when placed
