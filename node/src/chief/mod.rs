@@ -85,10 +85,10 @@ pub fn decide_with(
                     true,
                 ));
             }
-            let waiting = pending.iter().map(|j| j.id).collect();
+            let held = held_for_others(&pending);
             out.extend(place_pending(
                 &pending,
-                &waiting,
+                &held,
                 &mut candidates,
                 now_ms,
                 new_secret,
@@ -496,6 +496,24 @@ fn may_grow(job: &Job) -> bool {
     job.is_elastic() && job.assignment.len() < job.spec.max_workers as usize
 }
 
+/// The pending jobs held back for another: a job requeued for another waits while that one
+/// does (the capacity is its), unless that one was itself requeued for something since: a
+/// claim on capacity ends when its holder is preempted, so two jobs requeued for each other
+/// (a borrower taken back for a job within its quota, which it then preempted by priority)
+/// never hold each other forever.
+fn held_for_others(pending: &[&Job]) -> BTreeSet<crate::domain::state::JobId> {
+    let waiting: BTreeMap<_, &Job> = pending.iter().map(|j| (j.id, *j)).collect();
+    pending
+        .iter()
+        .filter(|job| {
+            job.preempted_for
+                .and_then(|f| waiting.get(&f))
+                .is_some_and(|requester| requester.preempted_for.is_none())
+        })
+        .map(|job| job.id)
+        .collect()
+}
+
 /// The scheduler's view of the queue: `pending` jobs, running jobs that hold ranks (those in
 /// `settled`, with nothing lost or staged, may grow), and the GPU time of owners with a
 /// GPU-hours budget.
@@ -506,11 +524,10 @@ fn queue_view<'a>(
     settled: &BTreeSet<crate::domain::state::JobId>,
     now_ms: u64,
 ) -> scheduler::QueueView<'a> {
-    let waiting_ids: BTreeSet<_> = pending.iter().map(|j| j.id).collect();
+    let held = held_for_others(pending);
     let waiting = pending
         .iter()
-        // A job requeued for another waits while that one does (the capacity is its).
-        .filter(|job| !job.preempted_for.is_some_and(|f| waiting_ids.contains(&f)))
+        .filter(|job| !held.contains(&job.id))
         .map(|job| scheduler::Waiting {
             id: job.id,
             owner: &job.owner,
@@ -728,15 +745,14 @@ fn shrink(
 /// once (not again while the reason is the same).
 fn place_pending(
     pending: &[&Job],
-    waiting: &BTreeSet<crate::domain::state::JobId>,
+    held: &BTreeSet<crate::domain::state::JobId>,
     candidates: &mut [Candidate],
     now_ms: u64,
     new_secret: &mut dyn FnMut() -> String,
 ) -> Vec<ControlCommand> {
     let mut out = Vec::new();
     for job in pending {
-        // A job requeued for another waits while that one does (the capacity is its).
-        if job.preempted_for.is_some_and(|f| waiting.contains(&f)) {
+        if held.contains(&job.id) {
             continue;
         }
         let req = Request::from_spec(&job.spec);

@@ -3,7 +3,9 @@
 //!
 //! A running job is a candidate victim when it is preemptible and either its owner borrows
 //! (runs above its quota) while the waiting job's owner would not, or its priority is below
-//! the waiting job's. Candidates are taken in this order, and only until the waiting job's
+//! the waiting job's and the waiting job would not borrow, or would but the victim is its own
+//! owner's or its owner borrows too (a borrower never takes by priority from another
+//! owner's work within its quota). Candidates are taken in this order, and only until the waiting job's
 //! gang fits:
 //!
 //! 1. borrowed work first (Kueue's cohorts take borrowing back first);
@@ -101,6 +103,13 @@ pub fn victims(
         .filter_map(|r| {
             let borrowing = reclaims && r.owner != w.owner && ledger.borrowing(r.owner, quotas);
             if !borrowing && r.priority >= w.priority {
+                return None;
+            }
+            // By priority, a job that would borrow takes only from its own owner or from
+            // others that borrow too, never from another owner's work within its quota (as
+            // Kueue's borrowing preemptor): else a borrower taken back for a job within its
+            // quota would take that job's ranks back again by priority, and so on.
+            if !borrowing && !reclaims && r.owner != w.owner && !ledger.borrowing(r.owner, quotas) {
                 return None;
             }
             let loss = if r.elastic && r.slots.len() as u32 > r.min_workers {

@@ -419,6 +419,53 @@ fn a_high_job_shrinks_an_elastic_job_before_requeueing_a_rigid_one() {
     assert!(schedule(&cluster, &queue, 10).preempt.is_empty());
 }
 
+/// bench-sharing's deadlock: bob's high job borrowed a rank, was requeued for carol's job
+/// within her quota, and then took carol's ranks back by priority, and so on. A job that
+/// would borrow takes by priority only from its own owner or from others that borrow.
+#[test]
+fn a_borrowing_job_never_preempts_another_owners_work_within_its_quota() {
+    let mut members = vec![member("a", 2, 0), member("b", 2, 0)];
+    let r = req(1, 1, 0);
+    let carol_slots = hold(&mut members, &[0, 0, 1], &r);
+    let quotas = BTreeMap::from([
+        ("bob".to_owned(), quota(3, None)),
+        ("carol".to_owned(), quota(3, None)),
+    ]);
+    let cluster = ClusterView {
+        members,
+        quotas: &quotas,
+    };
+    let carol = running(1, "carol", priority::LOW, &carol_slots, r);
+    // Bob's 4-rank high job would borrow one rank above his quota of 3.
+    let queue = QueueView {
+        waiting: vec![waiting(2, "bob", priority::HIGH, req(4, 1, 0))],
+        running: vec![carol],
+        ..QueueView::default()
+    };
+    let d = schedule(&cluster, &queue, 10);
+    assert!(d.preempt.is_empty(), "{:?}", d.preempt);
+    assert!(reason_of(&d, 2).is_some());
+
+    // Within his quota (3 ranks), bob's high job takes carol's low work by priority.
+    let mut queue = queue;
+    queue.waiting[0].request = req(3, 1, 0);
+    queue.waiting[0].min_workers = 3;
+    assert_eq!(schedule(&cluster, &queue, 10).preempt.len(), 1);
+
+    // Borrowing, it still takes from carol when she borrows too.
+    let quotas = BTreeMap::from([
+        ("bob".to_owned(), quota(3, None)),
+        ("carol".to_owned(), quota(2, None)),
+    ]);
+    let cluster = ClusterView {
+        members: cluster.members.clone(),
+        quotas: &quotas,
+    };
+    queue.waiting[0].request = req(4, 1, 0);
+    queue.waiting[0].min_workers = 4;
+    assert_eq!(schedule(&cluster, &queue, 10).preempt.len(), 1);
+}
+
 #[test]
 fn a_rigid_victim_is_requeued_and_trials_are_paused_per_search() {
     let mut members = vec![member("a", 1, 0), member("b", 1, 0)];

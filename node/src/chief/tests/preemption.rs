@@ -179,6 +179,51 @@ fn a_job_requeued_for_another_waits_while_that_one_does() {
     assert_eq!(state.job(victim).unwrap().preempted_for, Some(wanted));
 }
 
+/// Two jobs requeued for each other (bench-sharing's deadlock: a borrower taken back for a
+/// job within its quota, which it then took back by priority) do not hold each other
+/// forever: a claim ends when its holder is requeued itself, and one of them is placed.
+#[test]
+fn two_jobs_requeued_for_each_other_do_not_wait_on_each_other_forever() {
+    let members = members(1);
+    let mut state = ControlState::default();
+    let one =
+        "name = \"o\"\nkind = \"command\"\nworkers = 1\nmax_restarts = 0\ncommand = [\"true\"]\n";
+    let a = submit_text(&mut state, one);
+    place_all(&mut state, &members, 2);
+    let b = submit_text(&mut state, one);
+    place_all(&mut state, &members, 3);
+    let exited = |id: JobId, generation: u32, at: u64| {
+        ControlCommand::new(
+            at,
+            Op::WorkerExited(ops::WorkerExited {
+                id,
+                generation,
+                rank: 0,
+                code: 0,
+                end: None,
+            }),
+        )
+    };
+    preempt(&mut state, a, PreemptAction::Requeue, Some(b), 10);
+    apply_all(&mut state, &[exited(a, 1, 20)]);
+    place_all(&mut state, &members, 30);
+    assert_eq!(state.job(b).unwrap().state, JobState::Running);
+    let b_generation = state.job(b).unwrap().generation;
+    preempt(&mut state, b, PreemptAction::Requeue, Some(a), 40);
+    apply_all(&mut state, &[exited(b, b_generation, 50)]);
+    assert_eq!(state.job(a).unwrap().preempted_for, Some(b));
+    assert_eq!(state.job(b).unwrap().preempted_for, Some(a));
+    let cmds = decide(&state, &members, 60, &mut secret);
+    let placed: Vec<JobId> = cmds
+        .iter()
+        .filter_map(|c| match &c.op {
+            Op::Place(ops::Place { id, .. }) => Some(*id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(placed.len(), 1, "one of the two is placed: {cmds:?}");
+}
+
 /// The chief dies around the shrink's entry: a new chief deciding on either side of it
 /// finds the job whole (4 ranks, generation 1, as if nothing was asked: the admin asks
 /// again) or shrunk (2 ranks, generation 2, held at 2), never in between; every replica
