@@ -43,6 +43,8 @@ CANCEL_AFTER_S = 10.0
 # that its resume point does not hold (work thrown away). Metrics go to its node's record.
 JOB_PY = r'''
 import os, signal, time
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))  # first: a stop may come at once
 d, name = os.environ["BENCH_DIR"], os.environ["BENCH_NAME"]
 steps, step_s = int(os.environ["BENCH_STEPS"]), float(os.environ["BENCH_STEP_S"])
 every_s = float(os.environ["BENCH_CHECKPOINT_S"])
@@ -61,8 +63,6 @@ if os.environ.get("BENCH_RESUME") != "periodic":
     resumed = max(resumed, read(".stop"))
 if rank0:
     print(f"ringleader-metric lost_steps {max(0, read('.reached') - resumed)}", flush=True)
-stop = []
-signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
 step, saved_at = resumed, time.monotonic()
 while step < steps and not stop:
     time.sleep(step_s)
