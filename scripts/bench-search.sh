@@ -45,6 +45,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 # The embedded python helpers import scripts/cluster_api.py.
 export RINGLEADER_SCRIPTS="$root/scripts"
+# shellcheck source=local-nodes-lib.sh
+. "$root/scripts/local-nodes-lib.sh"
 trials=${TRIALS:-500}
 budget=${BUDGET:-180}
 seed=${SEED:-1}
@@ -64,34 +66,9 @@ else
 fi
 command -v python3 >/dev/null || { echo "bench-search.sh: needs python3" >&2; exit 1; }
 
-tmp=$(mktemp -d /tmp/rl-bench-search.XXXXXX)
-pids=()
-stop_nodes() {
-    local p i
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do
-        for ((i = 0; i < 50; i++)); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$p" 2>/dev/null || true
-        wait "$p" 2>/dev/null || true
-    done
-    pids=()
-    # Trial processes run in their own process groups: one a node left behind (it was
-    # killed, not stopped) is found by its paths under $tmp and killed by PID.
-    if [ -f "$tmp/api.py" ]; then
-        local left
-        left=$(api_py leftovers "$tmp" 2>/dev/null || true)
-        if [ -n "$left" ]; then
-            echo "# warning: processes left after the nodes stopped: $left (killed)" >&2
-            for p in $left; do kill -KILL "$p" 2>/dev/null || true; done
-        fi
-    fi
-}
-cleanup() {
-    stop_nodes
-    if [ "${KEEP:-0}" = 1 ]; then echo "# kept $tmp" >&2; else rm -rf "$tmp"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# Trial processes run in their own process groups: one a node left behind (it was killed,
+# not stopped) is found by its paths under $tmp and killed by PID.
+local_nodes_setup rl-bench-search
 
 # The HTTP API helper: python3, standard library only.
 cat >"$tmp/api.py" <<'PYEOF'
@@ -210,8 +187,6 @@ if __name__ == "__main__":
         quality(args[0], args[1], args[2], int(args[3]), int(args[4]))
     elif cmd == "settled":
         settled(args[0], float(args[1]), args[2])
-    elif cmd == "leftovers":
-        print(" ".join(str(pid) for pid, _ in procs_under(args[0])))
     elif cmd == "field":
         print(json.load(open(args[0]))[args[1]] if len(args) == 2 else
               json.load(open(args[0]))[args[1]][int(args[2])])

@@ -73,6 +73,8 @@ step "check-layers" python3 scripts/check-layers.py
 # The benchmark guard's reader (scripts/bench-check.sh runs by hand, not here): its figures
 # and the floors file it reads.
 step "bench-check reader tests" python3 scripts/bench_check_test.py
+# The sharing benchmark's figures (scripts/bench-sharing.sh, by hand too) on a fabricated record.
+step "bench-sharing figures tests" python3 scripts/bench_sharing_test.py
 # The Python tests' virtualenv (pytest, cloudpickle, torch), set up before the cargo tests: the
 # node test that runs an unmodified PyTorch DDP script as a command job uses its python
 # (RINGLEADER_TEST_PYTHON).

@@ -1,0 +1,467 @@
+"""The sharing benchmark's helper (scripts/bench-sharing.sh): the seeded trace, the driver
+that submits it and plays the admin of `fifo-with-cancel`, and the figures, computed from
+the nodes' own records (each job's document and metric history). Standard library only.
+
+    python3 scripts/bench_sharing.py trace SEED SCALE                  # the trace, as JSON
+    python3 scripts/bench_sharing.py drive TRACE TOKENS POLICY OUT API  # run it, keep the records
+    python3 scripts/bench_sharing.py figures RECORD                    # the `sharing …` line
+
+The figures' definitions are in bench-sharing.sh's header; each function below says which
+it computes. scripts/bench_sharing_test.py checks them on a fabricated record.
+"""
+
+import json
+import math
+import os
+import random
+import sys
+import time
+import urllib.error
+import urllib.request
+
+# ---- the trace ----
+
+#: The cluster the trace is written for: 4 nodes offering 3 cpus each.
+NODES = 4
+CPUS_PER_NODE = 3
+#: Each user's quota (cpus) and fair-share weight: the entitlement of the `jain` figure.
+USERS = {"alice": {"cpus": 6, "weight": 2}, "bob": {"cpus": 3, "weight": 1},
+         "carol": {"cpus": 3, "weight": 1}}
+#: Arrivals are spread over this many seconds (× SCALE).
+ARRIVALS_S = 300.0
+#: A rigid command job's step (a sleep) and how often it checkpoints, seconds.
+STEP_S = 0.5
+CHECKPOINT_EVERY_S = 5.0
+#: The admin of fifo-with-cancel acts for a high job that has waited this long, seconds.
+CANCEL_AFTER_S = 10.0
+
+# The rigid command job (BENCH_DIR/job.py, on every node: they share this host): counts steps of STEP_S (a sleep), saves its step every
+# CHECKPOINT_EVERY_S to BENCH_DIR/NAME.periodic and at SIGTERM (a preemption's stop) to
+# NAME.stop, and on every start resumes from the newest of them (BENCH_RESUME=periodic: the
+# periodic one only, a job resubmitted after an admin's cancel). Rank 0 keeps NAME.reached,
+# the step it last finished, and reports on each start `lost_steps`: the steps done before
+# that its resume point does not hold (work thrown away). Metrics go to its node's record.
+JOB_PY = r'''
+import os, signal, time
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))  # first: a stop may come at once
+d, name = os.environ["BENCH_DIR"], os.environ["BENCH_NAME"]
+steps, step_s = int(os.environ["BENCH_STEPS"]), float(os.environ["BENCH_STEP_S"])
+every_s = float(os.environ["BENCH_CHECKPOINT_S"])
+rank0 = os.environ.get("RANK", "0") == "0"
+def read(suffix):
+    try:
+        return int(open(os.path.join(d, name + suffix)).read())
+    except (OSError, ValueError):
+        return 0
+def write(suffix, n):
+    p = os.path.join(d, name + suffix)
+    open(p + ".tmp", "w").write(str(n))
+    os.replace(p + ".tmp", p)
+resumed = read(".periodic")
+if os.environ.get("BENCH_RESUME") != "periodic":
+    resumed = max(resumed, read(".stop"))
+if rank0:
+    print(f"ringleader-metric lost_steps {max(0, read('.reached') - resumed)}", flush=True)
+step, saved_at = resumed, time.monotonic()
+while step < steps and not stop:
+    time.sleep(step_s)
+    if stop:
+        break
+    step += 1
+    if rank0:
+        write(".reached", step)
+        print(f"ringleader-metric step {step} {step}", flush=True)
+        if time.monotonic() - saved_at >= every_s:
+            write(".periodic", step)
+            saved_at = time.monotonic()
+if rank0 and stop:
+    write(".stop", step)
+    print(f"checkpointed {step}", flush=True)
+'''
+
+
+def trace(seed, scale):
+    """The trace: a list of jobs, by arrival, each {name, user, kind, at_s, priority,
+    workers, …}. Seeded: the same seed and scale give the same trace."""
+    rng = random.Random(seed)
+    jobs = []
+
+    def at():
+        return round(rng.uniform(0, ARRIVALS_S * 0.9) * scale, 1)
+
+    # Elastic train jobs of the digits MLP (normal priority): 4 workers, down to 2.
+    for i, user in enumerate(["alice", "alice", "alice", "bob", "bob", "carol"]):
+        jobs.append({"name": f"train-{i}", "user": user, "kind": "train", "at_s": at(),
+                     "priority": "normal", "workers": 4, "min_workers": 2,
+                     "max_steps": int(rng.choice([15000, 20000, 25000]) * scale)})
+    # Rigid command jobs that checkpoint (low priority): 1 to 3 ranks, 30 to 80 s.
+    for i, user in enumerate(["bob", "bob", "bob", "bob", "carol", "carol", "carol", "carol",
+                              "alice", "alice"]):
+        jobs.append({"name": f"rigid-{i}", "user": user, "kind": "command", "at_s": at(),
+                     "priority": "low", "workers": rng.choice([1, 2, 3]),
+                     "steps": max(4, int(rng.uniform(60, 160) * scale))})
+    # A search of 4 train trials, 2 at a time (low priority).
+    jobs.append({"name": "search-0", "user": "carol", "kind": "search", "at_s": at(),
+                 "priority": "low", "workers": 1, "trials": 4, "max_parallel": 2,
+                 "epochs": max(1, int(12 * scale)), "seed": seed})
+    # Two high-priority jobs of 4 ranks arriving while the cluster is full.
+    for i, (user, frac) in enumerate([("bob", 0.5), ("alice", 0.75)]):
+        jobs.append({"name": f"high-{i}", "user": user, "kind": "command",
+                     "at_s": round(ARRIVALS_S * frac * scale, 1), "priority": "high",
+                     "workers": 4, "steps": max(4, int(80 * scale))})
+    jobs.sort(key=lambda j: (j["at_s"], j["name"]))
+    return jobs
+
+
+def spec(job, bench_dir, resume=None):
+    """The job's spec as the API's JSON (see README *Job specs*)."""
+    name = job["name"] + ("-cont" if resume else "")
+    base = {"name": name, "priority": job["priority"]}
+    if job["kind"] == "train":
+        return {**base, "kind": "train", "workers": job["workers"],
+                "min_workers": job["min_workers"], "max_workers": job["workers"],
+                "model": {"arch": "mlp", "hidden": [64]}, "data": {"dataset": "digits"},
+                "train": {"epochs": 100000, "max_steps": job["max_steps"],
+                          "batch_per_worker": 32, "lr": 0.05},
+                "checkpoint": {"every_steps": 200, "keep": 1, "commit_every_steps": 10}}
+    if job["kind"] == "search":
+        return {**base, "kind": "search", "workers": 1,
+                "model": {"arch": "mlp", "hidden": [64]}, "data": {"dataset": "digits"},
+                "train": {"epochs": job["epochs"], "batch_per_worker": 32, "lr": 0.05},
+                "checkpoint": {"every_steps": 50},
+                "search": {"algorithm": "random", "trials": job["trials"],
+                           "max_parallel": job["max_parallel"], "metric": "val_accuracy",
+                           "direction": "max", "seed": job["seed"],
+                           "params": [{"name": "train.lr", "type": "double", "min": 0.01,
+                                       "max": 0.2, "scale": "log"}]}}
+    env = {"BENCH_DIR": bench_dir, "BENCH_NAME": job["name"], "BENCH_STEPS": str(job["steps"]),
+           "BENCH_STEP_S": str(STEP_S), "BENCH_CHECKPOINT_S": str(CHECKPOINT_EVERY_S)}
+    if resume:
+        env["BENCH_RESUME"] = resume
+    return {**base, "kind": "command", "workers": job["workers"],
+            "command": ["python3", os.path.join(bench_dir, "job.py")],
+            "env": env, "preemption": {"grace_s": 10}}
+
+
+# ---- the driver ----
+
+def call(api, path, token, body=None):
+    """GET (or POST BODY as JSON) API/PATH with TOKEN: the answer as JSON."""
+    headers = {"Authorization": f"Bearer {token}"}
+    data = None
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+        data = json.dumps(body).encode()
+    req = urllib.request.Request(f"http://{api}{path}", data=data, headers=headers)
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.load(r)
+
+
+def note(msg):
+    print(f"# {msg}", file=sys.stderr, flush=True)
+
+
+ENDED = ("succeeded", "failed", "cancelled")
+
+
+def drive(trace_jobs, tokens, policy, out, api, bench_dir, deadline_s):
+    """Submits each job at its time as its user; under fifo plays the admin (below); waits
+    until every job has ended; writes every job's document and metric history to OUT.
+
+    fifo-with-cancel: a high job pending for CANCEL_AFTER_S is given room by cancelling the
+    youngest running low-priority rigid jobs of the trace until its ranks are free at that
+    moment (again CANCEL_AFTER_S later if work queued ahead of it took them); each cancelled
+    job is resubmitted as NAME-cont, resuming from its last periodic checkpoint."""
+    admin = tokens["admin"]
+    with open(os.path.join(bench_dir, "job.py"), "w") as f:
+        f.write(JOB_PY)
+    t0 = time.time()
+    todo = list(trace_jobs)
+    ids = {}          # job id -> trace name
+    by_name = {j["name"]: j for j in trace_jobs}
+    logical = {j["name"]: [] for j in trace_jobs}
+    cancels, acted = [], {}
+    capacity = NODES * CPUS_PER_NODE
+
+    def submit(job, resume=None):
+        doc = call(api, "/v1/jobs", tokens[job["user"]], spec(job, bench_dir, resume))
+        ids[doc["id"]] = job["name"]
+        logical[job["name"]].append(doc["id"])
+        note(f"{time.time() - t0:6.1f} s submitted {job['name']}{' (resumed)' if resume else ''}"
+             f" as {doc['id']} by {job['user']}")
+
+    while True:
+        now = time.time() - t0
+        while todo and todo[0]["at_s"] <= now:
+            submit(todo.pop(0))
+        summaries = call(api, "/v1/jobs?limit=10000", admin)
+        live = [s for s in summaries if s["state"] not in ENDED]
+        if not todo and not live and all(logical.values()):
+            break
+        if now > deadline_s:
+            note(f"warning: {len(live)} jobs not ended after {deadline_s} s: "
+                 f"{[(s['id'], s['name'], s['state']) for s in live][:8]}")
+            break
+        if policy == "fifo":
+            docs = {s["id"]: call(api, f"/v1/jobs/{s['id']}", admin) for s in live}
+            used = sum(len(d["ring"]) for d in docs.values() if d["state"] == "running")
+            for jid, d in docs.items():
+                job = by_name.get(ids.get(jid, ""))
+                if not job or job["priority"] != "high" or d["state"] != "pending":
+                    continue
+                waited = time.time() * 1000 - d["submitted_at_ms"]
+                if waited < CANCEL_AFTER_S * 1000 or time.time() - acted.get(jid, 0) < CANCEL_AFTER_S:
+                    continue
+                acted[jid] = time.time()
+                need = job["workers"] - (capacity - used)
+                victims = sorted(
+                    (v for v in docs.values()
+                     if v["state"] == "running" and v["id"] in ids
+                     and by_name[ids[v["id"]]]["priority"] == "low"
+                     and by_name[ids[v["id"]]]["kind"] == "command"),
+                    key=lambda v: v["started_at_ms"] or 0, reverse=True)
+                for v in victims:
+                    if need <= 0:
+                        break
+                    call(api, f"/v1/jobs/{v['id']}/cancel", admin, {})
+                    cancels.append({"job": v["id"], "for": jid, "at_ms": int(time.time() * 1000)})
+                    need -= len(v["ring"])
+                    used -= len(v["ring"])
+                    v["state"] = "cancelling"
+                    note(f"{now:6.1f} s fifo-with-cancel: cancelled {v['id']} "
+                         f"({ids[v['id']]}) for {jid} ({job['name']})")
+            for c in cancels:
+                if c.get("resubmitted"):
+                    continue
+                d = docs.get(c["job"]) or call(api, f"/v1/jobs/{c['job']}", admin)
+                if d["state"] in ENDED:
+                    c["resubmitted"] = True
+                    submit(by_name[ids[c["job"]]], resume="periodic")
+        time.sleep(1.0)
+
+    # The records: every job the cluster has (the trials included).
+    record = {"policy": policy, "capacity": capacity, "users": USERS, "step_s": STEP_S,
+              "trace": trace_jobs, "logical": logical, "cancels": cancels,
+              "collected_at_ms": int(time.time() * 1000), "jobs": {}, "metrics": {}}
+    for s in call(api, "/v1/jobs?limit=10000", admin):
+        record["jobs"][s["id"]] = call(api, f"/v1/jobs/{s['id']}", admin)
+        record["metrics"][s["id"]] = call(api, f"/v1/jobs/{s['id']}/metrics", admin)["metrics"]
+    json.dump(record, open(out, "w"))
+
+
+# ---- the figures ----
+
+def intervals(doc, end_ms):
+    """A job's life from its events: (held, pending, ended_ms). held: [(t0, t1, ranks)]
+    while ranks of it were placed (a requeue holds them until its ranks are out);
+    pending: [(t0, t1)] while it waited (from its submit, and from a requeue or a failed
+    attempt to its next placement); ended_ms: its end (END_MS if it has not ended)."""
+    held, pending = [], []
+    ranks, since, waiting = 0, None, doc["submitted_at_ms"]
+    ended = None
+
+    def close(at):
+        nonlocal ranks, since
+        if ranks and since is not None and at > since:
+            held.append((since, at, ranks))
+        since = at
+
+    for e in doc["events"]:
+        at, what, reason = e["at_ms"], e["what"], e.get("reason", "")
+        if what == "placed":
+            if waiting is not None:
+                pending.append((waiting, at))
+                waiting = None
+            close(at)
+            ranks = len(e.get("ring", []))
+        elif what == "reformed":
+            close(at)
+            ranks = len(e.get("ring", []))
+        elif what == "preempted" and (reason.endswith(" requeued") or reason.endswith(" trial paused")):
+            close(at)
+            ranks, waiting = 0, at
+        elif what == "attempt_failed":
+            close(at)
+            ranks, waiting = 0, at
+        elif what in ENDED:
+            close(at)
+            ranks = 0
+            if waiting is not None:
+                pending.append((waiting, at))
+                waiting = None
+            ended = at
+    if ended is None:
+        close(end_ms)
+        if waiting is not None:
+            pending.append((waiting, end_ms))
+        ended = end_ms
+    return held, pending, ended
+
+
+def pct(xs, p):
+    """The nearest-rank percentile P (0..1) of XS; None when empty."""
+    xs = sorted(xs)
+    return xs[max(0, math.ceil(p * len(xs)) - 1)] if xs else None
+
+
+def water_fill(capacity, demand, weight):
+    """Each user's entitlement: CAPACITY shared by WEIGHT, none above its DEMAND, what a
+    user cannot use going to the others (weighted max-min fairness)."""
+    ent = {u: 0.0 for u in demand}
+    left, active = float(capacity), {u for u, d in demand.items() if d > 0}
+    while left > 1e-9 and active:
+        total_w = sum(weight[u] for u in active)
+        share = {u: left * weight[u] / total_w for u in active}
+        full = {u for u in active if demand[u] - ent[u] <= share[u]}
+        if not full:
+            for u in active:
+                ent[u] += share[u]
+            break
+        for u in full:
+            left -= demand[u] - ent[u]
+            ent[u] = float(demand[u])
+        active -= full
+    return ent
+
+
+def figures(rec):
+    """Every figure of the `sharing` line, as a dict (see bench-sharing.sh's header)."""
+    end_ms = rec["collected_at_ms"]
+    jobs = rec["jobs"]
+    capacity = rec["capacity"]
+    weight = {u: v["weight"] for u, v in rec["users"].items()}
+    trace = {j["name"]: j for j in rec["trace"]}
+    life = {jid: intervals(d, end_ms) for jid, d in jobs.items() if d["kind"] != "search"}
+
+    # utilization: busy rank-seconds over the rank-seconds the demand could have used.
+    points = set()
+    for jid, (held, pending, ended) in life.items():
+        points.update([jobs[jid]["submitted_at_ms"], ended])
+        for t0, t1, _ in held:
+            points.update([t0, t1])
+    points = sorted(points)
+    busy = offered = 0.0
+    alloc, entitled = {u: 0.0 for u in weight}, {u: 0.0 for u in weight}
+    busy_from = min((h[0][0] for h, _, _ in life.values() if h), default=None)
+    busy_to = max((h[-1][1] for h, _, _ in life.values() if h), default=None)
+    for a, b in zip(points, points[1:]):
+        mid, dt = (a + b) / 2, (b - a) / 1000.0
+        demand, used = {u: 0 for u in weight}, {u: 0 for u in weight}
+        for jid, (held, _, ended) in life.items():
+            d = jobs[jid]
+            owner = d["owner"]
+            if d["submitted_at_ms"] <= mid < ended:
+                demand[owner] = demand.get(owner, 0) + d["workers"]
+            for t0, t1, r in held:
+                if t0 <= mid < t1:
+                    used[owner] = used.get(owner, 0) + r
+        busy += sum(used.values()) * dt
+        offered += min(capacity, sum(demand.values())) * dt
+        if busy_from is not None and busy_from <= mid < busy_to:
+            ent = water_fill(capacity, {u: demand.get(u, 0) for u in weight}, weight)
+            for u in weight:
+                alloc[u] += used.get(u, 0) * dt
+                entitled[u] += ent[u] * dt
+    xs = [alloc[u] / entitled[u] for u in weight if entitled[u] > 0]
+    jain = sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs)) if xs and any(xs) else None
+
+    # waits, per job of the trace (its resubmissions included; a search: to its first trial).
+    trials = {}
+    for jid, d in jobs.items():
+        if d.get("trial_of"):
+            trials.setdefault(d["trial_of"]["search"], []).append(jid)
+    waits, high_waits = [], []
+    for name, job_ids in rec["logical"].items():
+        w = 0.0
+        for k, jid in enumerate(job_ids):
+            d = jobs.get(jid)
+            if d is None:
+                continue
+            if d["kind"] == "search":
+                starts = [life[t][0][0][0] for t in trials.get(jid, []) if life[t][0]]
+                w += ((min(starts) if starts else end_ms) - d["submitted_at_ms"]) / 1000.0
+                continue
+            w += sum(t1 - t0 for t0, t1 in life[jid][1]) / 1000.0
+            if k > 0:  # a resubmission: the time from its predecessor's end to its submit
+                w += max(0, d["submitted_at_ms"] - life[job_ids[k - 1]][2]) / 1000.0
+        if job_ids:
+            waits.append(w)
+            if trace[name]["priority"] == "high":
+                high_waits.append(w)
+
+    # lost work: rank-seconds thrown away by preemption (or the admin's cancels).
+    def history(jid, metric):
+        return [v for _, v in rec["metrics"].get(jid, {}).get(metric, [])]
+
+    def regressed(jid):
+        """Steps redone: how far the `step` history went back (at its reports' grain)."""
+        top, back = None, 0
+        for x, _ in rec["metrics"].get(jid, {}).get("step", []):
+            if top is not None and x < top:
+                back += top - x
+            top = x if top is None else max(top, x)
+        return back
+
+    lost_s, steps_lost = 0.0, 0
+    for jid, d in jobs.items():
+        if d["kind"] == "search":
+            continue
+        held = life[jid][0]
+        if d["kind"] == "command":
+            lost_s += sum(history(jid, "lost_steps")) * rec["step_s"] * d["workers"]
+            continue
+        lost = sum(history(jid, "steps_lost")) + regressed(jid)
+        rank_s = sum((t1 - t0) / 1000.0 * r for t0, t1, r in held)
+        steps = d.get("step") or 0
+        if lost and steps:
+            lost_s += lost * rank_s / steps
+        if any(": shrunk " in e.get("reason", "") for e in d["events"]):
+            steps_lost += int(lost)
+
+    # shrink_s: a job that some ring was shrunk for, and that no requeue or pause served:
+    # its start minus its submit.
+    served_by = {}
+    for d in jobs.values():
+        for e in d["events"]:
+            r = e.get("reason", "")
+            if r.startswith("preempted for "):
+                how = "shrink" if ": shrunk " in r else "stop"
+                served_by.setdefault(r.split()[2], set()).add(how)
+    shrink = []
+    for jid, hows in served_by.items():
+        if hows == {"shrink"} and jid in life and life[jid][0]:
+            shrink.append((life[jid][0][0][0] - jobs[jid]["submitted_at_ms"]) / 1000.0)
+
+    return {"policy": rec["policy"], "jobs": len(waits),
+            "utilization": busy / offered if offered else None,
+            "wait_p50_s": pct(waits, 0.5), "wait_p95_s": pct(waits, 0.95),
+            "high_wait_p95_s": pct(high_waits, 0.95), "jain": jain, "lost_work_s": lost_s,
+            "shrink_s_p50": pct(shrink, 0.5), "shrink_s_max": max(shrink) if shrink else None,
+            "steps_lost": steps_lost, "shrinks": len(shrink), "cancels": len(rec["cancels"])}
+
+
+def line(f):
+    """The `sharing …` line of figures F (`na` for a figure nothing measured)."""
+    def fmt(v, digits):
+        return "na" if v is None else f"{v:.{digits}f}"
+    return (f"sharing policy={f['policy']} jobs={f['jobs']} utilization={fmt(f['utilization'], 3)} "
+            f"wait_p50_s={fmt(f['wait_p50_s'], 1)} wait_p95_s={fmt(f['wait_p95_s'], 1)} "
+            f"high_wait_p95_s={fmt(f['high_wait_p95_s'], 1)} jain={fmt(f['jain'], 3)} "
+            f"lost_work_s={fmt(f['lost_work_s'], 1)} shrink_s_p50={fmt(f['shrink_s_p50'], 2)} "
+            f"shrink_s_max={fmt(f['shrink_s_max'], 2)} steps_lost={f['steps_lost']}")
+
+
+if __name__ == "__main__":
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "trace":
+        json.dump(trace(int(args[0]), float(args[1])), sys.stdout, indent=1)
+    elif cmd == "drive":
+        tr, tokens = json.load(open(args[0])), json.load(open(args[1]))
+        drive(tr, tokens, args[2], args[3], args[4], args[5], float(args[6]))
+    elif cmd == "figures":
+        f = figures(json.load(open(args[0])))
+        note(f"{f['policy']}: {f['shrinks']} jobs served by shrinks only, {f['cancels']} cancels")
+        print(line(f))
+    else:
+        sys.exit(f"bench_sharing.py: unknown command {cmd!r} (trace, drive, figures)")
