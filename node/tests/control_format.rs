@@ -220,6 +220,13 @@ fn a_snapshot_keeps_its_format() {
         "the snapshot decodes to the state the log builds"
     );
     assert_eq!(encode_json(&decoded).unwrap(), pinned);
+    // A snapshot written before jobs kept their failures' causes (2026-12-06) still loads:
+    // the same state less what the field adds.
+    let older: ControlState =
+        decode_json(&std::fs::read(fixture("snapshot-2026-12-06.json")).unwrap()).unwrap();
+    let mut without = state.clone();
+    without.jobs.values_mut().for_each(|j| j.failures.clear());
+    assert_eq!(older, without, "the 2026-12-06 snapshot decodes");
     // The state is not trivial: every part of it holds something.
     assert_eq!(decoded.applied_index, commands().len() as u64);
     assert!(decoded.jobs.len() >= 3 && !decoded.tokens.is_empty());
