@@ -543,8 +543,11 @@ max = 1.0
     }
     eprintln!("trials by member: {by_node:?}");
     assert_eq!(by_node.len(), 3, "trials by member: {by_node:?}");
+    // The fence held the two followers to 5-8 trials of 150. Their share otherwise
+    // follows how fast each frees its slots (the chief's own trials end without a
+    // forwarded exit): 43-59 each on a quiet host, 25-30 under a full build beside it.
     assert!(
-        by_node.values().all(|&n| n >= trials / 5),
+        by_node.values().all(|&n| n >= trials / 10),
         "every member runs its share while the log is busy: {by_node:?}"
     );
 }
