@@ -38,7 +38,7 @@ def binary():
 class Node:
     """One `ringleader node` process; `client()` talks to its API with its admin token."""
 
-    def __init__(self, data_dir, name="py1", extra=(), cpus=8):
+    def __init__(self, data_dir, name="py1", extra=(), cpus=8, env=None):
         self.data_dir = str(data_dir)
         self.https = "--api-tls" in extra
         os.makedirs(self.data_dir, exist_ok=True)
@@ -48,7 +48,8 @@ class Node:
              "127.0.0.1:0", "--data", "127.0.0.1:0", "--datasets", "127.0.0.1:0",
              "--data-dir", self.data_dir, "--cpus", str(cpus), *extra],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log,
-            env={k: v for k, v in os.environ.items() if not k.startswith("RINGLEADER_")},
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("RINGLEADER_")},
+                 **(env or {})},
         )
         deadline = time.monotonic() + NODE_START_S
         info_path = os.path.join(self.data_dir, "node.json")

@@ -53,11 +53,13 @@ RESUMED = re.compile(r"^ringleader-elastic resumed .*restored_step=(\d+) steps_l
 
 
 class Cluster:
-    """Three nodes on 127.0.0.1: the first makes the cluster key, the others join it."""
+    """Three nodes on 127.0.0.1: the first makes the cluster key, the others join it;
+    `node_env` is added to each node's environment."""
 
-    def __init__(self, root, n=3):
+    def __init__(self, root, n=3, node_env=None):
         self.root = str(root)
-        self.nodes = [Node(os.path.join(self.root, "c0"), name="c0")]
+        self.node_env = node_env
+        self.nodes = [Node(os.path.join(self.root, "c0"), name="c0", env=node_env)]
         self.key = os.path.join(self.nodes[0].data_dir, "cluster.key")
         for i in range(1, n):
             self.nodes.append(self._joiner(i))
@@ -67,7 +69,7 @@ class Cluster:
         with open(os.path.join(self.nodes[0].data_dir, "node.json")) as f:
             seed = json.load(f)["p2p_addrs"][0]
         return Node(os.path.join(self.root, f"c{i}"), name=f"c{i}",
-                    extra=("--cluster-key", self.key, "--join", seed))
+                    extra=("--cluster-key", self.key, "--join", seed), env=self.node_env)
 
     def restart(self, i):
         self.nodes[i] = self._joiner(i)

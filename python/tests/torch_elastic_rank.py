@@ -5,7 +5,8 @@ wall clock),
 a `samples_per_step` metric at each optimizer step (the global batch: this rank's samples
 since the last step times the world), and takes three test hooks from the environment: STEP_SLEEP_S (compute per step, seconds),
 SLOW_DIR (a rank sleeps SLOW_S more per step while SLOW_DIR/<its pid> exists) and
-STOP_AT_FILE (once it holds a step number, every rank ends its loop at that step)."""
+STOP_AT_FILE (once it holds a step number, every rank ends its loop at that step). With
+RINGLEADER_CUDA_BACKEND=cpu:fakenccl its device group is the NCCL double (`nccl_double`)."""
 
 import ctypes
 import hashlib
@@ -17,6 +18,9 @@ import torch.nn.functional as F
 
 import ringleader
 import ringleader.torch as rlt
+
+if os.environ.get("RINGLEADER_CUDA_BACKEND") == "cpu:fakenccl":
+    import nccl_double  # noqa: F401  (registers the NCCL double: test_torch_nccl.py)
 
 torch.manual_seed(0)
 torch.set_num_threads(1)
@@ -58,6 +62,9 @@ def digest(model):
 
 
 rlt.init()
+if os.environ.get("RINGLEADER_CUDA_BACKEND") == "cpu:fakenccl" and \
+        torch.distributed.is_initialized():  # a standby joiner has no group yet
+    print(f"device_group={torch.distributed.get_backend_config()} pid={pid}", flush=True)
 sampler = rlt.ElasticSampler(len(dataset), batch_size=32, seed=0)
 loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler)
 model = rlt.DistributedDataParallel(Net())

@@ -393,14 +393,16 @@ def init_from_ring(ring: _native.Ring, timeout: timedelta = timedelta(minutes=30
     broadcasts the port over the ring; the group is then `"cpu:ringleader," +
     device_backends`, built from that store, so a new generation gets a new device group of
     exactly its ranks. The store is as protected as torch's (no authentication): the ring
-    carries its port only."""
+    carries its port only. A device group of the CPU (`"cpu:gloo"`) is the whole group: the
+    ring then carries no tensor of it."""
     store: Store = HashStore()
     backend = BACKEND
     if device_backends:
         if not master:
             raise ValueError("init_from_ring: device_backends needs master, rank 0's host")
         store = _generation_store(ring, master, timeout)
-        backend = f"cpu:{BACKEND},{device_backends}"
+        backend = device_backends if device_backends.startswith("cpu:") else \
+            f"cpu:{BACKEND},{device_backends}"
     _given_ring.ring = ring
     try:
         dist.init_process_group(

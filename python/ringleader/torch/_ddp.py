@@ -7,7 +7,9 @@ once the ranks agreed on the state (a joiner's first collectives must be the agr
 not DDP's), or at the first forward without one. While elastic, gradients are averaged by
 a comm hook that notes a failed collective in the session instead of raising it into the
 backward pass (the optimizer's `step()` then re-forms), and a forward whose collectives
-fail runs on the local module.
+fail runs on the local module. Under a device group (NCCL) gradients are views of DDP's
+buckets (`gradient_as_bucket_view`, unless the options say otherwise), written in place by
+the collective in the device's order; the optimizer fences them before it steps.
 """
 
 from typing import Any
@@ -71,13 +73,23 @@ class DistributedDataParallel(torch.nn.Module):
         parameters and buffers first (a fresh start; a restore has them equal already); returns
         it."""
         object.__setattr__(self, "_ddp", None)
-        ddp = torch.nn.parallel.DistributedDataParallel(
-            self.module, init_sync=init_sync, **self._options)
         sess = session()
+        options = dict(self._options)
+        if sess.device_group is not None:
+            options.setdefault("gradient_as_bucket_view", True)
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            self.module, init_sync=init_sync, **options)
         if sess.elastic:
             ddp.register_comm_hook(sess, _average_hook)
         object.__setattr__(self, "_ddp", ddp)
         return ddp
+
+    def broadcast_state(self, root: int) -> None:
+        """Issues rank `root`'s parameters and buffers to every rank (asynchronous: the
+        caller waits, `Session.wait_device_work`)."""
+        with torch.no_grad():
+            for t in list(self.module.parameters()) + list(self.module.buffers()):
+                dist.broadcast(t.data, root, async_op=True)
 
     def drop(self) -> None:
         """Forgets the DDP of a spent process group."""

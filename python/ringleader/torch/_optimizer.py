@@ -217,12 +217,11 @@ class ElasticOptimizer:
             self.steps += 1
             self.sampler.normalize()
             return out
+        # Under a device group (NCCL) the step's collectives are done for the host once
+        # enqueued: known complete only once its fence passed (else it was aborted, noted).
+        sess.wait_device_work()
         if sess.failure is not None:
-            e = sess.failure
-            if not isinstance(e, _native.RingError) and not sess.superseded():
-                raise e
-            sess.report_failure(e)
-            self._reform()
+            self._fail()
             return None
         self._micro += 1
         k = sess.accumulation
@@ -235,6 +234,10 @@ class ElasticOptimizer:
                     if p.grad is not None:
                         p.grad.div_(k)
         out = self.optimizer.step(closure)
+        if sess.failure is not None:
+            # Aborted meanwhile (a newer generation's grace ran out): not committed.
+            self._fail()
+            return None
         self.steps += 1
         self.sampler.normalize()
         self._commit()
@@ -251,6 +254,17 @@ class ElasticOptimizer:
         sess.clock.enter()
         sess.step_started()
         return out
+
+    def _fail(self) -> None:
+        """The step failed (`sess.failure`): raised when it is not the ring's nor the
+        node's doing, else reported and re-formed."""
+        sess = self._sess
+        e = sess.failure
+        assert e is not None
+        if not isinstance(e, _native.RingError) and not sess.superseded():
+            raise e
+        sess.report_failure(e)
+        self._reform()
 
     def _reform(self, first: bool = False) -> None:
         """Leaves the current generation (unless `first`: the one `rlt.init()` joined),
@@ -271,7 +285,7 @@ class ElasticOptimizer:
             first = False
             try:
                 source, restored, group_step = self._agree(step_reached)
-                self.model.rebuild(init_sync=source == "fresh")
+                self._rebuild(source)
             except _native.RingError as e:
                 sess.report_failure(e)
                 continue
@@ -293,6 +307,22 @@ class ElasticOptimizer:
         self._step_start = time.monotonic()
         sess.clock.enter()
         sess.step_started()
+
+    def _rebuild(self, source: Source) -> None:
+        """DDP on the new group; a fresh start takes rank 0's parameters. Under a device
+        group DDP's own start-up sync is skipped (it reads its collectives' results on the
+        host, which an NCCL work does not wait for): rank 0's state is broadcast on the
+        device group instead, and fenced. Raises a `RingError` when that fails."""
+        sess = self._sess
+        if sess.device_group is None:
+            self.model.rebuild(init_sync=source == "fresh")
+            return
+        self.model.rebuild(init_sync=False)
+        if source == "fresh":
+            self.model.broadcast_state(0)
+        if not sess.wait_device_work():
+            e = sess.failure
+            raise e if isinstance(e, _native.RingError) else _native.RingError(str(e))
 
     def _agree(self, step_reached: int) -> tuple[Source, int | None, int]:
         """The agreement on the current ring, and the restore: (source, restored step or

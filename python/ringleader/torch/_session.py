@@ -11,8 +11,15 @@ once the script built its model, and joins the generation that follows. Elsewher
 `init()` is plain `dist.init_process_group` from the environment, and nothing is elastic.
 
 On a host with a GPU each generation's group also carries CUDA tensors, through torch's
-own NCCL group of exactly that generation's ranks (`device_backends`,
-`RINGLEADER_CUDA_BACKEND`), rebuilt at every re-form as the ring is.
+own NCCL group of exactly that generation's ranks (the device group, `_device`), rebuilt at
+every re-form as the ring is, when every rank of the generation may build it (the minimum
+over the ring, before any store is built). NCCL never raises on a lost peer, so under a
+device group the session acts for it: a step's device work is fenced before it commits
+(`wait_device_work`), and a newer generation, a failed ring or the fence's deadline abort
+the device group as well as the ring; the group is then dropped without waiting on it
+(`leave_group`). `rlt.init()` sets `TORCH_NCCL_ASYNC_ERROR_HANDLING=2` so torch's watchdog
+does not end the process first. A rank whose generation fails while it joins (the ring,
+the agreement, the device group's store) reports it and waits for the next generation.
 
 A collective error is never raised into the training loop while elastic: DDP's comm hook
 and the model's forward note it here (`note_failure`), the step finishes locally, and the
@@ -31,12 +38,11 @@ import zlib
 from datetime import timedelta
 from typing import NoReturn
 
-import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import HashStore
 
 from .. import _native, elastic
-from . import _backend
+from . import _backend, _device
 
 # How long a step may go on once a newer generation or a stop arrived before its ring is
 # aborted, seconds (the Rust trainer's ABORT_GRACE_MS).
@@ -51,21 +57,13 @@ CONNECT_RETRY_S = 0.2
 # Deadline of each collective operation, ms: a peer that died is seen sooner by its closed
 # connection or the ring's silence bound; this catches the rest.
 OP_TIMEOUT_MS = 60_000
-# Names the backend of CUDA tensors (see `device_backends`).
-CUDA_BACKEND_ENV = "RINGLEADER_CUDA_BACKEND"
 # The process group's timeout (torch's own bookkeeping; the ring's deadlines above rule).
 GROUP_TIMEOUT = timedelta(minutes=30)
-
-
-def device_backends() -> str | None:
-    """The process group's backend for CUDA tensors, `"cuda:<name>"`, inside each
-    generation's membership (`_backend.init_from_ring`), when this process sees a GPU:
-    `RINGLEADER_CUDA_BACKEND` (`nccl` by default; `none`: CUDA tensors are refused, as
-    without a GPU)."""
-    name = os.environ.get(CUDA_BACKEND_ENV, "nccl")
-    if name == "none" or not torch.cuda.is_available():
-        return None
-    return f"cuda:{name}"
+# Deadline of a step's device work, once its fence is enqueued, ms (the ring's op deadline).
+DEVICE_WORK_TIMEOUT_MS = OP_TIMEOUT_MS
+# Polling of a fence, seconds (first, most).
+FENCE_POLL_S_MIN = 0.0005
+FENCE_POLL_S_MAX = 0.01
 
 
 class _OpClock:
@@ -128,6 +126,13 @@ class Session:
         self.in_step = False
         self.group_id = zlib.crc32(os.environ.get(_native.JOB_ID_ENV, "").encode())
         self._abort_timer: threading.Timer | None = None
+        # The device group this process would build (`RINGLEADER_CUDA_BACKEND`), the one the
+        # current generation agreed on (None: the ring carries everything), whether it was
+        # aborted, and whether everything issued on it is known complete (a fence passed).
+        self.wanted_device: _device.DeviceGroup | None = None
+        self.device_group: _device.DeviceGroup | None = None
+        self.device_aborted = False
+        self.device_settled = True
 
     # -- set-up --------------------------------------------------------------------------
 
@@ -145,6 +150,8 @@ class Session:
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
             return
         self.elastic = True
+        self.wanted_device = _device.configured()
+        _device.survive_communicator_errors()
         elastic.install_line_stdout()
         self.clock = elastic.ComputeClock()
         self.clock.beat_now(0)
@@ -161,8 +168,9 @@ class Session:
             self.join_next()
 
     def join_next(self) -> elastic.Generation:
-        """Waits for the next generation and connects its ring as torch's default group,
-        retrying with later ones while connecting fails; exits 0 when the node says stop."""
+        """Waits for the next generation and connects its ring as torch's default group
+        (with the device group the generation agrees on), retrying with later ones while
+        joining fails; exits 0 when the node says stop."""
         while True:
             g = self.feed.next(self.generation)
             if g is None:
@@ -174,11 +182,26 @@ class Session:
             self.ring, self.rank, self.world = ring, g.rank, g.world
             self.accumulation = g.accumulation
             self.failure = None
-            devices = device_backends()
-            master = g.addrs[0].rsplit(":", 1)[0].strip("[]")
-            _backend.init_from_ring(ring, timeout=GROUP_TIMEOUT, device_backends=devices,
-                                    master=master)
+            try:
+                self._build_group(ring, g)
+            except RuntimeError as e:  # RingError, torch's DistError: this generation is spent
+                self.report_failure(e)
+                self.device_aborted = True
+                self.leave_group()
+                continue
             return g
+
+    def _build_group(self, ring: _native.Ring, g: elastic.Generation) -> None:
+        """Agrees on the device group over `ring` (before any store), then makes the
+        generation's process group."""
+        self.device_group = None
+        self.device_group = _device.agree(ring, self.wanted_device)
+        self.device_aborted = False
+        self.device_settled = self.device_group is None
+        devices = self.device_group.spec() if self.device_group is not None else None
+        master = g.addrs[0].rsplit(":", 1)[0].strip("[]")
+        _backend.init_from_ring(ring, timeout=GROUP_TIMEOUT, device_backends=devices,
+                                master=master)
 
     def _connect(self, g: elastic.Generation) -> _native.Ring | None:
         """The ring of generation `g`, or None when it failed (reported). Connecting is
@@ -200,10 +223,14 @@ class Session:
 
     def leave_group(self) -> None:
         """Drops the current process group and closes its ring (after a failure the ring
-        tells its peers first)."""
+        tells its peers first). A device group whose work is not known complete is aborted,
+        never waited on: its destroy would wait for a dead peer."""
         if dist.is_initialized():
             try:
-                dist.destroy_process_group()
+                if self.device_group is not None:
+                    _device.drop(aborted=self.device_aborted or not self.device_settled)
+                else:
+                    dist.destroy_process_group()
             except Exception as e:  # noqa: BLE001 - a spent group may refuse; the ring goes anyway
                 print(f"ringleader: destroying the process group: {e}", file=sys.stderr,
                       flush=True)
@@ -243,6 +270,71 @@ class Session:
         lost = getattr(e, "rank", None) if isinstance(e, _native.PeerLost) else None
         elastic.failed(self.generation, lost, e)
 
+    # -- the device group ----------------------------------------------------------------
+
+    def abort_device(self) -> None:
+        """Aborts the device group (from any thread; once)."""
+        dg = self.device_group
+        if dg is None or self.device_aborted:
+            return
+        self.device_aborted = True
+        try:
+            _device.abort(dg)
+        except Exception as e:  # noqa: BLE001 - the group is dropped as aborted anyway
+            print(f"ringleader: aborting the device group: {e}", file=sys.stderr, flush=True)
+
+    def wait_device_work(self) -> bool:
+        """Whether everything issued on the device group so far completed on every rank:
+        enqueues a `_device.Fence` and polls it until it completes, the device group is
+        aborted, the ring fails or a collective error is noted, a newer generation or a stop
+        has waited `ABORT_GRACE_S`, or `DEVICE_WORK_TIMEOUT_MS` passed. Short of completion
+        the device group is aborted and the failure noted (a `RingError`). Without a device
+        group: whether no failure was noted. The wait is the step's wait for its collectives,
+        not compute (the heartbeat's section pauses, as around the ring's operations)."""
+        dg = self.device_group
+        if dg is None:
+            return self.failure is None
+        if self.failure is None and not self.device_aborted:
+            self.op_clock.begin()
+            try:
+                fence = _device.Fence(dg, self.world)
+                done = self._poll(fence)
+            except RuntimeError as e:
+                self.note_failure(_native.RingError(f"the device group failed: {e}"))
+                done = False
+            finally:
+                self.op_clock.end()
+            if done:
+                self.device_settled = True
+                return True
+        self.abort_device()
+        self.note_failure(_native.Aborted("the device group was aborted: a peer was lost"))
+        return False
+
+    def _poll(self, fence: _device.Fence) -> bool:
+        """Polls `fence` (see `wait_device_work`); True once it completed."""
+        deadline = time.monotonic() + DEVICE_WORK_TIMEOUT_MS / 1000
+        superseded_at: float | None = None
+        pause = FENCE_POLL_S_MIN
+        while not fence.done():
+            ring = self.ring
+            if self.device_aborted or self.failure is not None or (
+                    ring is not None and ring.failed):
+                return False
+            now = time.monotonic()
+            if self.superseded():
+                superseded_at = superseded_at if superseded_at is not None else now
+                if now - superseded_at >= ABORT_GRACE_S:
+                    return False
+            if now >= deadline:
+                self.note_failure(_native.RingTimeout(
+                    f"the step's device work did not complete within "
+                    f"{DEVICE_WORK_TIMEOUT_MS} ms"))
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, FENCE_POLL_S_MAX)
+        return not self.device_aborted
+
     # -- the step watcher ----------------------------------------------------------------
 
     def step_started(self) -> None:
@@ -267,6 +359,7 @@ class Session:
                       f"ended within {ABORT_GRACE_S} s: aborting it", file=sys.stderr,
                       flush=True)
                 ring.abort()
+                self.abort_device()
 
         self._abort_timer = threading.Timer(ABORT_GRACE_S, fire)
         self._abort_timer.daemon = True

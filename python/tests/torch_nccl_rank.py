@@ -1,0 +1,92 @@
+"""A rank of the device-group tests (`test_torch_nccl.py`) with the NCCL double
+(`nccl_double`) as its device group (`RINGLEADER_CUDA_BACKEND=cpu:fakenccl`), fed its
+generations on stdin by the test. It counts the generation stores it builds and prints
+`joined generation=G world=N backend=B stores=S device=D async_handling=A` after
+`rlt.init()`; then, by its argument:
+
+- `join`: a barrier on the ring (the test's rank takes part), `barrier`, and waits for
+  the next generation, so a stop ends it;
+- `train`: the README's elastic loop on a small MLP, `hash step=S gen=G h=H` after each
+  step; once it reaches step LOSE_AT in generation 1 its device group loses its peers
+  (`lost peers`); it ends at step STOP_AT printing `aborted=[…]` (each double's state).
+"""
+
+import ctypes
+import hashlib
+import os
+import sys
+
+import nccl_double
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import ringleader.torch as rlt
+from ringleader.torch import _backend, _session
+
+stores = []
+_build_store = _backend._generation_store
+
+
+def counting_store(*args, **kwargs):
+    stores.append(1)
+    return _build_store(*args, **kwargs)
+
+
+_backend._generation_store = counting_store
+
+rlt.init()
+sess = _session.session()
+
+
+def joined():
+    print(f"joined generation={rlt.generation()} world={rlt.world_size()} "
+          f"backend={dist.get_backend_config()} stores={len(stores)} "
+          f"device={sess.device_group.spec() if sess.device_group else None} "
+          f"async_handling={os.environ.get('TORCH_NCCL_ASYNC_ERROR_HANDLING')}", flush=True)
+
+
+joined()
+if sys.argv[1] == "join":
+    sess.ring.barrier()
+    print("barrier", flush=True)
+    sess.join_next()
+    joined()
+    sess.exit_stopped()
+
+torch.manual_seed(0)
+torch.set_num_threads(1)
+X = torch.randn(512, 8, generator=torch.Generator().manual_seed(1))
+Y = (X[:, :4].sum(1) > 0).long()
+dataset = torch.utils.data.TensorDataset(X, Y)
+model = rlt.DistributedDataParallel(torch.nn.Sequential(
+    torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)))
+sampler = rlt.ElasticSampler(len(dataset), batch_size=8, seed=0)
+loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler)
+opt = rlt.ElasticOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model=model,
+                           sampler=sampler)
+lose_at, stop_at = int(os.environ["LOSE_AT"]), int(os.environ["STOP_AT"])
+lost = False
+
+
+def digest():
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return hashlib.sha1(ctypes.string_at(flat.data_ptr(), flat.numel() * 4)).hexdigest()[:16]
+
+
+done = False
+for epoch in sampler.epochs(1000):
+    for x, y in loader:
+        opt.zero_grad(); F.cross_entropy(model(x), y).backward(); opt.step()
+        print(f"hash step={opt.steps} gen={rlt.generation()} h={digest()}", flush=True)
+        if opt.steps == lose_at and rlt.generation() == 1 and not lost:
+            lost = True
+            nccl_double.instances[-1].lose_peers()
+            print("lost peers", flush=True)
+        if opt.steps >= stop_at:
+            done = True
+            break
+    if done:
+        break
+print(f"aborted={[b.aborted for b in nccl_double.instances]}", flush=True)
+sess.exit_stopped()
