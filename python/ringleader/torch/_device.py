@@ -116,15 +116,16 @@ class Fence:
                                            async_op=True)
         # NCCL: the current stream waits for the collective, the host does not; a backend
         # whose works are done on the host when done (gloo) blocks here.
+        assert work is not None  # async_op=True always gives a work
         work.wait()
         self._event = None
         if self._flag.device.type == "cuda":
-            self._event = torch.cuda.Event()
+            self._event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             self._event.record()
 
     def done(self) -> bool:
         if self._event is not None:
-            return bool(self._event.query())
+            return bool(self._event.query())  # type: ignore[no-untyped-call]
         # On the CPU the collective writes its output when it ran.
         return int(self._flag.sum().item()) == self._world
 
@@ -132,10 +133,11 @@ class Fence:
 def abort(group: DeviceGroup) -> bool:
     """Aborts the default process group's backend of `group`'s device, from any thread:
     its collectives in flight end, it takes no more. False when there is none to abort."""
-    if not dist.is_initialized():
+    world = dist.group.WORLD
+    if not dist.is_initialized() or world is None:
         return False
     try:
-        backend = dist.group.WORLD._get_backend(torch.device(group.device))
+        backend = world._get_backend(torch.device(group.device))
     except RuntimeError:
         return False
     backend.abort()
@@ -151,8 +153,9 @@ def drop(aborted: bool) -> None:
     if aborted and abort_group is not None:
         abort_group()
         return
-    if aborted:
-        dist.group.WORLD.abort()
+    world = dist.group.WORLD
+    if aborted and world is not None:
+        world.abort()
     dist.destroy_process_group()
 
 
