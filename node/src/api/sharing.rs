@@ -11,7 +11,7 @@
 //! token), 503 (no chief).
 //!
 //! Also here, for the submit route: the members' sizes that `domain::admission` judges a
-//! spec against ([`member_sizes`]).
+//! spec against (`member_sizes`).
 
 use axum::{extract::State, http::StatusCode, Json};
 use serde::{Deserialize, Serialize};

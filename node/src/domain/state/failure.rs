@@ -6,7 +6,7 @@
 //!
 //! A failure that repeats identically on the retry is deterministic (a missing module, a
 //! typo in the script): the same exit status and the same last stderr line, or the same
-//! start error. Such a job is not retried again ([`Job::repeated_failure`]), so it does
+//! start error. Such a job is not retried again (`Job::repeated_failure`), so it does
 //! not burn its `max_restarts` on the same crash; its history says `not retried: the same
 //! failure twice (…)`. A failure the chief reported (a lost member) never counts as a
 //! repeat: it is not the program's.
