@@ -242,6 +242,12 @@ pub enum Control {
     /// Stop the process group gracefully: SIGTERM, then SIGKILL after [`STOP_GRACE_MS`];
     /// report nothing.
     Stop,
+    /// Left out of its ring by a re-form (a shrink): told to stop at its next step
+    /// boundary (`ringleader-stop`, stdin closed) and SIGKILL after [`STOP_GRACE_MS`], no
+    /// SIGTERM: the survivors finish the step it is in with it and lose none (a rank
+    /// killed mid-step leaves them a step its optimizer had partly applied, and they go
+    /// back to their last periodic commit); report nothing.
+    Leave,
     /// A preemption's requeue: checkpoint and stop (`ringleader-stop`, stdin closed,
     /// SIGTERM), SIGKILL after `grace_ms`; the exit is reported (the job is requeued once
     /// every rank is out).

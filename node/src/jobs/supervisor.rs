@@ -406,13 +406,18 @@ impl Supervisor {
         for key in plan.stop {
             if let Some((control, _)) = self.running.remove(&key) {
                 // A cancelled job's ranks (a trial stopped early included) may clean up:
-                // SIGTERM, then SIGKILL after a grace period. Others go at once.
-                let graceful = state
-                    .job(key.0)
-                    .is_some_and(|j| j.state == JobState::Cancelled);
-                info!(job = %key.0, generation = key.1, worker = key.2, graceful, "stopping worker");
+                // SIGTERM, then SIGKILL after a grace period. A rank a running ring left
+                // out (a shrink) leaves at its step boundary. Others go at once.
+                let job = state.job(key.0);
+                let graceful = job.is_some_and(|j| j.state == JobState::Cancelled);
+                let leaves = job.is_some_and(|j| {
+                    j.state == JobState::Running && j.spec.keeps_ranks_through_reforms()
+                });
+                info!(job = %key.0, generation = key.1, worker = key.2, graceful, leaves, "stopping worker");
                 if graceful {
                     let _ = control.try_send(Control::Stop);
+                } else if leaves {
+                    let _ = control.try_send(Control::Leave);
                 } else {
                     stop(&control);
                 }

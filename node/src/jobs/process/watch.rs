@@ -367,6 +367,14 @@ impl RankWatch {
                     Action::Signal(Signal::SIGTERM),
                 ]
             }
+            Some(Control::Leave) => {
+                self.killed = true;
+                self.term_deadline = Some(now + Duration::from_millis(STOP_GRACE_MS));
+                vec![
+                    Action::Tell(ringleader_protocol::STOP_LINE.to_owned()),
+                    Action::CloseStdin,
+                ]
+            }
             Some(Control::Stop) => {
                 // A rank that reads control lines is told to stop (and its stdin ends);
                 // then SIGTERM; SIGKILL when the grace period is over.

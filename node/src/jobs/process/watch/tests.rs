@@ -353,6 +353,31 @@ fn a_graceful_stop_tells_then_terms_then_kills_and_reports_nothing() {
     assert_eq!(w.on_end(Some(0), None), (vec![], None));
 }
 
+/// A rank a shrink left out finishes the step it is in with the survivors: told to stop,
+/// never sent SIGTERM (an elastic train rank has no handler: it would die mid-step and the
+/// survivors would lose steps), killed only when the grace is over.
+#[test]
+fn a_rank_left_out_of_its_ring_is_told_to_stop_and_killed_only_after_the_grace() {
+    let t0 = Instant::now();
+    let mut w = watch(0, None, None, t0);
+    assert_eq!(
+        w.on_control(t0, Some(Control::Leave)),
+        vec![
+            Action::Tell(ringleader_protocol::STOP_LINE.to_owned()),
+            Action::CloseStdin,
+        ]
+    );
+    assert!(!w.takes_control() && !w.watches());
+    let grace_end = at(t0, STOP_GRACE_MS);
+    assert_eq!(w.next_deadline(), Some(grace_end));
+    // Its step done, it exits 0 within the grace; the group is killed when the grace ends.
+    assert_eq!(w.on_exit(at(t0, 1_000)), vec![]);
+    assert_eq!(w.on_timer(grace_end), vec![Action::Signal(Signal::SIGKILL)]);
+    let drained = grace_end + Duration::from_millis(EXIT_DRAIN_MS);
+    assert_eq!(w.on_timer(drained), vec![Action::StopDraining]);
+    assert_eq!(w.on_end(Some(0), None), (vec![], None));
+}
+
 #[test]
 fn a_kill_is_immediate_and_an_exit_kills_the_group_and_bounds_the_drain() {
     let t0 = Instant::now();
