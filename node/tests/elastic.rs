@@ -19,7 +19,7 @@ use common::signal;
 use common::{exe, POLL};
 use ringleader::{
     api::status::JobDoc,
-    cli::local::{process_alive as alive, train_workers, LocalCluster, Throttle},
+    cli::local::{process_alive as alive, train_workers_in, LocalCluster, Throttle},
 };
 
 /// Bound on each wait (a debug build on two cores is slow).
@@ -148,7 +148,7 @@ fn train_fault_env(
     let doc = wait_job(&c, 0, &id, "past step 30", |d| {
         d.state == "running" && d.ring.len() == 3 && d.step.is_some_and(|s| s >= 30)
     });
-    let workers = train_workers(&id);
+    let workers = train_workers_in(&id, root.path());
     assert_eq!(workers.len(), 3, "{workers:?}");
     let by_rank: BTreeMap<u32, u32> = workers.iter().map(|(p, r)| (*r, *p)).collect();
     let victim = by_rank[&2];
@@ -451,7 +451,10 @@ fn throttled_rank_is_dropped_as_a_straggler_and_blacklisted() {
     let doc = wait_job(&c, 0, &id, "past step 30", |d| {
         d.state == "running" && d.step.is_some_and(|s| s >= 30)
     });
-    let by_rank: BTreeMap<u32, u32> = train_workers(&id).iter().map(|(p, r)| (*r, *p)).collect();
+    let by_rank: BTreeMap<u32, u32> = train_workers_in(&id, root.path())
+        .iter()
+        .map(|(p, r)| (*r, *p))
+        .collect();
     let slow_node = doc.ring[2].clone();
     let throttle = Throttle::new(by_rank[&2], 5).unwrap();
 
@@ -519,7 +522,10 @@ fn chief_killed_with_a_rank_the_new_chief_reforms() {
         d.state == "running" && d.step.is_some_and(|s| s >= 30)
     });
     assert_eq!(doc.ring, ["a1", "a2", "a3"]);
-    let by_rank: BTreeMap<u32, u32> = train_workers(&id).iter().map(|(p, r)| (*r, *p)).collect();
+    let by_rank: BTreeMap<u32, u32> = train_workers_in(&id, root.path())
+        .iter()
+        .map(|(p, r)| (*r, *p))
+        .collect();
 
     // Rank 2's process and the chief die together: the next chief makes the re-form.
     signal(by_rank[&2], nix::sys::signal::Signal::SIGKILL);
