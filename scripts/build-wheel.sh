@@ -35,7 +35,8 @@ echo "built $wheel ($(du -h "$wheel" | cut -f1))"
 "$work/build-venv/bin/pip" install --quiet --disable-pip-version-check auditwheel "wheel>=0.42"
 shown=$("$work/build-venv/bin/auditwheel" show "$wheel")
 echo "$shown" | sed 's/^/auditwheel: /'
-plat=$(echo "$shown" | tr -d '\n' | grep -oE 'consistent with the following platform tag: *"[a-z0-9_]+"' |
+# (auditwheel wraps its sentence: the line breaks become spaces before the match.)
+plat=$(echo "$shown" | tr '\n' ' ' | tr -s ' ' | grep -oE 'consistent with the following platform tag: *"[a-z0-9_]+"' |
     grep -oE '"[a-z0-9_]+"' | tr -d '"')
 [ -n "$plat" ] || { echo "build-wheel: auditwheel named no platform tag" >&2; exit 1; }
 case $wheel in
