@@ -138,40 +138,50 @@ fn a_requeued_job_is_not_reformed_and_its_stop_ends_when_overdue_or_its_member_i
     assert_eq!(reason, "rank 0 on m0 gone");
 }
 
+/// A one-rank command job that never restarts.
+const ONE: &str =
+    "name = \"o\"\nkind = \"command\"\nworkers = 1\nmax_restarts = 0\ncommand = [\"true\"]\n";
+
+/// Rank 0 of `id`'s `generation` exited 0 at `at`.
+fn exited(id: JobId, generation: u32, at: u64) -> ControlCommand {
+    ControlCommand::new(
+        at,
+        Op::WorkerExited(ops::WorkerExited {
+            id,
+            generation,
+            rank: 0,
+            code: 0,
+            end: None,
+        }),
+    )
+}
+
+/// The jobs `cmds` place.
+fn placed(cmds: &[ControlCommand]) -> Vec<JobId> {
+    cmds.iter()
+        .filter_map(|c| match &c.op {
+            Op::Place(ops::Place { id, .. }) => Some(*id),
+            _ => None,
+        })
+        .collect()
+}
+
 #[test]
 fn a_job_requeued_for_another_waits_while_that_one_does() {
     let members = members(1);
     let mut state = ControlState::default();
-    let one =
-        "name = \"o\"\nkind = \"command\"\nworkers = 1\nmax_restarts = 0\ncommand = [\"true\"]\n";
+    let one = ONE;
     let victim = submit_text(&mut state, one);
     place_all(&mut state, &members, 2);
     let wanted = submit_text(&mut state, one);
     place_all(&mut state, &members, 3);
     assert_eq!(state.job(wanted).unwrap().state, JobState::Pending);
     preempt(&mut state, victim, PreemptAction::Requeue, Some(wanted), 10);
-    let exit = ControlCommand::new(
-        20,
-        Op::WorkerExited(ops::WorkerExited {
-            id: victim,
-            generation: 1,
-            rank: 0,
-            code: 0,
-            end: None,
-        }),
-    );
-    apply_all(&mut state, &[exit]);
+    apply_all(&mut state, &[exited(victim, 1, 20)]);
     assert_eq!(state.job(victim).unwrap().state, JobState::Pending);
     let cmds = decide(&state, &members, 30, &mut secret);
-    let placed: Vec<JobId> = cmds
-        .iter()
-        .filter_map(|c| match &c.op {
-            Op::Place(ops::Place { id, .. }) => Some(*id),
-            _ => None,
-        })
-        .collect();
     assert_eq!(
-        placed,
+        placed(&cmds),
         [wanted],
         "the older victim does not take the room back"
     );
@@ -186,24 +196,11 @@ fn a_job_requeued_for_another_waits_while_that_one_does() {
 fn two_jobs_requeued_for_each_other_do_not_wait_on_each_other_forever() {
     let members = members(1);
     let mut state = ControlState::default();
-    let one =
-        "name = \"o\"\nkind = \"command\"\nworkers = 1\nmax_restarts = 0\ncommand = [\"true\"]\n";
+    let one = ONE;
     let a = submit_text(&mut state, one);
     place_all(&mut state, &members, 2);
     let b = submit_text(&mut state, one);
     place_all(&mut state, &members, 3);
-    let exited = |id: JobId, generation: u32, at: u64| {
-        ControlCommand::new(
-            at,
-            Op::WorkerExited(ops::WorkerExited {
-                id,
-                generation,
-                rank: 0,
-                code: 0,
-                end: None,
-            }),
-        )
-    };
     preempt(&mut state, a, PreemptAction::Requeue, Some(b), 10);
     apply_all(&mut state, &[exited(a, 1, 20)]);
     place_all(&mut state, &members, 30);
@@ -214,14 +211,7 @@ fn two_jobs_requeued_for_each_other_do_not_wait_on_each_other_forever() {
     assert_eq!(state.job(a).unwrap().preempted_for, Some(b));
     assert_eq!(state.job(b).unwrap().preempted_for, Some(a));
     let cmds = decide(&state, &members, 60, &mut secret);
-    let placed: Vec<JobId> = cmds
-        .iter()
-        .filter_map(|c| match &c.op {
-            Op::Place(ops::Place { id, .. }) => Some(*id),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(placed.len(), 1, "one of the two is placed: {cmds:?}");
+    assert_eq!(placed(&cmds).len(), 1, "one of the two is placed: {cmds:?}");
 }
 
 /// The chief dies around the shrink's entry: a new chief deciding on either side of it
