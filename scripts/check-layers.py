@@ -17,7 +17,11 @@ that make it. So a cycle among the files of one folder is found, and so is one a
 crate's parts (`control` → `jobs` → `control`).
 
 Layers: the node crate's parts and what each may use are the table under "## The node, by
-part" in docs/book/src/design/design.md, lowest part first. A part may import only the parts its
+part" in docs/book/src/design/design.md, lowest part first. A part may be a crate of its own
+that the node's `lib.rs` re-exports under the part's name (`pub use ringleader_cluster as
+cluster;`, `pub use ringleader_cluster::{tasks, data_dir};`): an import of it through the old
+path (`crate::cluster::…`) or the crate's (`ringleader_cluster::…`) counts as an import of that
+part. A part may import only the parts its
 "may use" column names (each in backticks, `x/` or `x::…`; "everything" allows all), and a part
 may only name parts listed above its own row. The check reads the table itself, so the design
 document and the check cannot drift apart.
@@ -34,9 +38,11 @@ import sys
 from collections import defaultdict
 
 # The crates checked: (name, source root, whether docs/book/src/design/design.md's table governs
-# it).
+# it). The node's lowest parts are crates of their own (`cluster`, `tasks` and `data_dir` in
+# `ringleader-cluster`): the compiler holds their imports, this script their files' cycles.
 CRATES = [
     ("node", "node/src", True),
+    ("cluster", "node/cluster/src", False),
     ("bench", "node/bench/src", False),
     ("trainer", "trainer/src", False),
     ("spec", "trainer/spec/src", False),
@@ -198,7 +204,10 @@ def expand_use_tree(tree):
 
 
 USE = re.compile(r"\b(pub(?:\([^)]*\))?\s+)?use\s+([^;]*);")
-PATH = re.compile(r"(?<![\w$:])(crate|super|self)((?:\s*::\s*(?:\w+|\*))+)")
+# A path from the crate's root, its parent or itself, or from one of the node's own crates.
+PATH = re.compile(r"(?<![\w$:])(crate|super|self|ringleader_\w+)((?:\s*::\s*(?:\w+|\*))+)")
+# `pub use ringleader_x as part;` in a crate's root: a part that is a crate of its own.
+CRATE_PART = re.compile(r"^(ringleader_\w+)\s+as\s+(\w+)$")
 INLINE_MOD = re.compile(r"\bmod\s+(\w+)\s*\{")
 
 
@@ -239,9 +248,38 @@ class Crate:
         self.files = {}  # module path → file path
         self.texts = {}
         self.test_only = set()
+        # A path into another of the node's crates → the part it is re-exported as.
+        self.crate_parts = {}
         lib = os.path.join(root, "lib.rs")
         if os.path.exists(lib):
             self._load((), lib)
+            self._load_crate_parts()
+
+    def _load_crate_parts(self):
+        """The parts the root re-exports from other crates (`pub use ringleader_x as part;`,
+        `pub use ringleader_x::{a, b};`), each a module with no file of this crate's."""
+        for m in USE.finditer(self.texts[()]):
+            if not m.group(1):
+                continue
+            tree = re.sub(r"\s+", " ", m.group(2)).strip()
+            whole = CRATE_PART.match(tree)
+            if whole:
+                found = [((whole.group(1),), whole.group(2))]
+            else:
+                found = [(tuple(p.split("::")), p.split("::")[-1])
+                         for p in expand_use_tree(tree) if p.startswith("ringleader_")]
+            for path, part in found:
+                self.crate_parts[path] = (part,)
+                self.files[(part,)] = f"{'::'.join(path)} (a crate)"
+                self.texts[(part,)] = ""
+
+    def crate_part(self, path):
+        """The part that a path into another of the node's crates names, or None."""
+        segs = path.split("::")
+        for k in range(len(segs), 0, -1):
+            if tuple(segs[:k]) in self.crate_parts:
+                return self.crate_parts[tuple(segs[:k])]
+        return None
 
     def _load(self, mod, path):
         with open(path, encoding="utf-8") as f:
@@ -316,6 +354,12 @@ class Crate:
             if mod in self.test_only or any(mod[:i] in self.test_only for i in range(len(mod))):
                 continue
             for line, p, is_pub, stack in file_paths(text):
+                if p.startswith("ringleader_"):
+                    target = self.crate_part(p)
+                    if target is None or mod == ():
+                        continue  # another crate that is no part, or the root re-exporting
+                    yield mod, target, self.files[mod], line, p
+                    continue
                 segs = self.resolve_start(mod, stack, p)
                 target = self.file_module(segs)
                 if target == mod or mod[:len(target)] == target or target[:len(mod)] == mod:

@@ -131,6 +131,32 @@ class CheckLayers(unittest.TestCase):
         self.assertEqual(len(left), 2, left)
         self.assertIn("'upward import: low uses top' allows nothing any more", left[0])
 
+    def test_a_part_that_is_a_crate_counts_through_either_path(self):
+        # `low` moved into a crate of its own, `ringleader_low`, with `b` at its root too.
+        files = {k: v for k, v in CLEAN.items() if not k.startswith("src/low")}
+        files["src/lib.rs"] = ("pub use ringleader_low as low;\npub use ringleader_low::{b};\n"
+                               "pub mod mid;\npub mod top;\npub mod cli;\n")
+        design = DESIGN.replace("| `mid/` | the middle | `low` |",
+                                "| `b.rs` | a crate's module | nothing |\n"
+                                "| `mid/` | the middle | `low`, `b` |")
+        root = tree(files)
+        with open(os.path.join(root, "design.md"), "w", encoding="utf-8") as f:
+            f.write(design)
+
+        def check():
+            return check_layers.check(root, crates=[("fx", "src", True)], design="design.md")
+
+        self.assertEqual(check(), [])
+        for line in ("fn g() { ringleader_low::b::helper(); }", "use crate::b::helper;"):
+            with open(os.path.join(root, "src/top.rs"), "w", encoding="utf-8") as f:
+                f.write(CLEAN["src/top.rs"] + line + "\n")
+            msgs = check()
+            self.assertEqual(len(msgs), 1, msgs)
+            self.assertTrue(msgs[0].startswith("upward import: top uses b (not in its may-use"),
+                            msgs)
+            self.assertIn("src/top.rs:8 uses " + ("ringleader_low::b::helper" if "ringleader_low"
+                                                   in line else "crate::b::helper"), msgs[0])
+
     def test_use_trees_expand(self):
         self.assertEqual(
             check_layers.expand_use_tree("crate::{a::{b, c as d}, e, f::{self, g::*}}"),

@@ -3,7 +3,9 @@
 //! Data flows one way, from the network up to the user: [`cluster`] (the swarm, membership,
 //! the wire codec), [`gpus`], [`domain`] (the replicated state and its rules), [`control`]
 //! (Raft around it), [`datasets`], [`security`], [`jobs`], [`search`], [`chief`], [`api`],
-//! [`cli`]. The table of parts, what each owns and what it may use is kept in one place,
+//! [`cli`]. [`cluster`] (with [`tasks`] and [`data_dir`]) is a crate of its own,
+//! `ringleader-cluster` under `node/cluster/`, re-exported here under its old paths. The table
+//! of parts, what each owns and what it may use is kept in one place,
 //! `docs/book/src/design/design.md` ("The node, by part"); `scripts/check-layers.py` reads it and
 //! fails on an import it does not allow or an import cycle.
 //!
@@ -15,9 +17,9 @@
 pub mod api;
 pub mod chief;
 pub mod cli;
-pub mod cluster;
+pub use ringleader_cluster as cluster;
 pub mod control;
-pub mod data_dir;
+pub use ringleader_cluster::data_dir;
 pub mod datasets;
 pub mod domain;
 pub mod gpus;
@@ -26,4 +28,4 @@ pub mod node;
 pub mod rotation;
 pub mod search;
 pub mod security;
-pub mod tasks;
+pub use ringleader_cluster::tasks;

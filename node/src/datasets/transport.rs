@@ -332,6 +332,8 @@ pub async fn read_body<R: AsyncRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::identity::{generate_cluster_key, parse_cluster_key, ClusterKey};
+    use crate::cluster::key_ring::KeyRing;
 
     fn key(byte: u8) -> AuthKey {
         AuthKey(AuthKeys::Fixed([byte; 32]))
@@ -406,5 +408,65 @@ mod tests {
         a.write_all(b"abc").await.unwrap();
         drop(a);
         assert!(read_body(&mut b, 10, 10).await.is_err());
+    }
+
+    fn cluster_key() -> ClusterKey {
+        parse_cluster_key(&generate_cluster_key()).unwrap()
+    }
+
+    /// A ring switched from `a` to `b`, keeping `a` for `overlap_ms`.
+    fn switched(a: ClusterKey, b: ClusterKey, overlap_ms: u64) -> KeyRing {
+        let dir = tempfile::tempdir().unwrap();
+        let ring = KeyRing::open(a, &dir.path().join("cluster.key"), overlap_ms);
+        ring.offer(1, &b.to_swarm_key_text()).unwrap();
+        ring.switch_to(&b.fingerprint()).unwrap().unwrap();
+        ring
+    }
+
+    /// The dataset transport's handshake across a switch: members on either side of it
+    /// connect during the overlap (one not yet switched takes a proof under its pending key),
+    /// a host holding only the old key (a removed one) is refused as a client at once and as a
+    /// server after the overlap.
+    #[tokio::test]
+    async fn dataset_handshakes_across_a_switch() {
+        let (a, b) = (cluster_key(), cluster_key());
+        let handshake = |server: AuthKey, client: AuthKey| async move {
+            let (mut x, mut y) = tokio::io::duplex(1024);
+            // Each side closes its end when it is done, as the real ones do.
+            let (c, s) = tokio::join!(
+                async move { client_handshake(&mut x, &client).await },
+                async move { server_handshake(&mut y, &server).await }
+            );
+            c.is_ok() && s.is_ok()
+        };
+        let waiting = {
+            let ring = KeyRing::fixed(a);
+            ring.offer(1, &b.to_swarm_key_text()).unwrap();
+            AuthKey::from_ring(Some(ring))
+        };
+        let during = AuthKey::from_ring(Some(switched(a, b, 60_000)));
+        let after = AuthKey::from_ring(Some(switched(a, b, 0)));
+        let (outsider, new) = (AuthKey::new(Some(&a)), AuthKey::new(Some(&b)));
+        assert!(
+            handshake(during.clone(), waiting.clone()).await,
+            "not yet switched client"
+        );
+        assert!(
+            handshake(waiting.clone(), during.clone()).await,
+            "not yet switched server"
+        );
+        assert!(
+            !handshake(during.clone(), outsider.clone()).await,
+            "old-key client"
+        );
+        assert!(
+            !handshake(after.clone(), outsider.clone()).await,
+            "old-key client, after"
+        );
+        assert!(
+            !handshake(outsider, after.clone()).await,
+            "old-key server, after"
+        );
+        assert!(handshake(after, new).await);
     }
 }

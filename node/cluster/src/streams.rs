@@ -35,7 +35,7 @@ use tokio::{
     task::JoinSet,
 };
 
-use crate::cluster::wire;
+use crate::wire;
 
 /// Messages queued for one peer's writer; more are dropped.
 pub const WRITER_QUEUE: usize = 256;

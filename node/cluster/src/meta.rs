@@ -153,10 +153,9 @@ pub struct NodeRef {
     pub name: String,
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 impl NodeMeta {
     /// A member named `name` with `cpus` cpus and its data plane on `host`, for tests.
-    #[cfg(test)]
     pub fn for_test(name: &str, cpus: u32, host: &str) -> NodeMeta {
         NodeMeta {
             name: name.into(),

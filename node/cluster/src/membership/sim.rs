@@ -496,7 +496,7 @@ impl Sim {
     fn transmit(&mut self, from: u32, to: u32, msg: Message<u32, SimMeta>) {
         if self.measure_bytes {
             // Our own messages always encode; a failure would be a bug the tests catch.
-            self.bytes_sent += crate::cluster::wire::encode(&msg).map_or(0, |b| b.len() as u64);
+            self.bytes_sent += crate::wire::encode(&msg).map_or(0, |b| b.len() as u64);
             self.updates_sent += msg.updates().len() as u64;
         }
         let Some(dest) = self.nodes.get(to as usize) else {

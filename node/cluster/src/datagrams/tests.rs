@@ -1,9 +1,9 @@
 use super::*;
-use crate::cluster::{identity::parse_cluster_key, membership::State};
+use crate::{identity::parse_cluster_key, membership::State};
 use proptest::prelude::*;
 
 fn key() -> ClusterKey {
-    parse_cluster_key(&crate::cluster::identity::generate_cluster_key()).unwrap()
+    parse_cluster_key(&crate::identity::generate_cluster_key()).unwrap()
 }
 
 /// The sender and frame of `d`, opened by `seal`.

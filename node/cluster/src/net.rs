@@ -8,7 +8,7 @@
 //! ([`super::calls`]). Connections are dialed when a stream or a call needs one, and kept up
 //! to the peers the control plane names ([`NodeHandle::keep_connected`]: the Raft voters,
 //! so that an election finds them connected). Everything protocol-like happens in
-//! [`crate::cluster::membership::Membership`]: this loop turns datagrams and swarm events into
+//! [`crate::membership::Membership`]: this loop turns datagrams and swarm events into
 //! core events and the core's actions into sends. Other tasks reach the loop through a
 //! [`NodeHandle`].
 
@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::{debug, info, warn};
 
-use crate::cluster::{
+use crate::{
     datagrams::{self, replay::Stale, Datagrams, OpenError, Received},
     membership::{self, Action, Event, Membership, State},
     meta::NodeMeta,

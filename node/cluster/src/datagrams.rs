@@ -51,7 +51,7 @@ use libp2p::{Multiaddr, PeerId};
 use tokio::io::{unix::AsyncFd, Interest};
 
 use self::replay::{ReplayWindow, Stale, NONCE_BYTES};
-use crate::cluster::{
+use crate::{
     addr::{multiaddr_to_socket, socket_to_multiaddr},
     identity::ClusterKey,
     key_ring::KeyRing,

@@ -12,7 +12,7 @@ use libp2p::{
     PeerId,
 };
 
-use crate::cluster::{
+use crate::{
     membership::{claims::Claim, Signer},
     meta::NodeMeta,
 };
@@ -69,7 +69,7 @@ impl Signer<PeerId, NodeMeta> for IdentitySigner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::membership::{State, Update};
+    use crate::membership::{State, Update};
 
     fn alive(key: &Keypair, incarnation: u64) -> Update<PeerId, NodeMeta> {
         let mut u = Update {

@@ -1,4 +1,6 @@
-//! The cluster: how nodes reach, know and trust each other.
+//! The cluster: how nodes reach, know and trust each other; the node's bottom layer, a crate
+//! of its own (`ringleader-cluster`) that depends on no other part of the node. The node
+//! re-exports it as `ringleader::cluster` (and [`tasks`], [`data_dir`] at its root).
 //!
 //! - [`net`]: the libp2p swarm (TCP, optional pre-shared key, Noise, Yamux), the datagram
 //!   socket and the one event loop that owns both, drives [`membership`] and carries the
@@ -17,12 +19,18 @@
 //!   the previous one for a bounded overlap, an offered one pending).
 //! - [`addr`]: addresses as users write them (`host:port` or a multiaddr).
 //! - [`wire`]: the node's one wire codec, with its size limits.
+//! - [`tasks`]: the tasks each part of the node spawns, owned and stopped in order.
+//! - [`data_dir`]: the data directory's lock (one node per directory).
 //!
 //! May use: nothing else of the node. Used by every other part.
+
+// `pub` means reachable from outside the crate: an item the node cannot name is `pub(crate)`.
+#![warn(unreachable_pub)]
 
 pub mod addr;
 pub mod calls;
 pub mod claim_keys;
+pub mod data_dir;
 pub mod datagrams;
 pub mod identity;
 pub mod key_ring;
@@ -30,4 +38,5 @@ pub mod membership;
 pub mod meta;
 pub mod net;
 pub mod streams;
+pub mod tasks;
 pub mod wire;

@@ -76,7 +76,7 @@ impl<'a, I: Serialize, M: Serialize> Claim<'a, I, M> {
     /// deterministic for the same values).
     pub fn bytes(&self) -> Vec<u8> {
         let mut out = CLAIM_DOMAIN.to_vec();
-        out.extend(crate::cluster::wire::encode(self).unwrap_or_default());
+        out.extend(crate::wire::encode(self).unwrap_or_default());
         out
     }
 }
