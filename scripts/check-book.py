@@ -10,7 +10,7 @@ stdlib only).
    heading is the top-level command's section (the global flags, which clap repeats in
    every subcommand's `--help` and which are checked there only).
 2. The spec reference (reference/spec.md) against the spec's keys, read from the sources
-   that define them: the `*_FIELDS` arrays of node/src/domain/spec.rs (the top level,
+   that define them: the `*_FIELDS` arrays of node/domain/src/spec.rs (the top level,
    `[resources]`, `[[files]]`, `[elastic]`, `[preemption]`), the `*_KEYS` arrays of
    trainer/spec/src/search/spec.rs (`[search]`, `[[search.params]]`), and the serde fields
    of the trainer's table structs in trainer/spec/src/train.rs (`[model]`, `[data]`,
@@ -39,7 +39,7 @@ BOOK = "docs/book/src"
 CLI_PAGE = f"{BOOK}/reference/cli.md"
 SPEC_PAGE = f"{BOOK}/reference/spec.md"
 README = "README.md"
-SPEC_RS = "node/src/domain/spec.rs"
+SPEC_RS = "node/domain/src/spec.rs"
 SEARCH_RS = "trainer/spec/src/search/spec.rs"
 TRAIN_RS = "trainer/spec/src/train.rs"
 # The `*_FIELDS` arrays of SPEC_RS: the table each one's keys live in ("" for the top level).

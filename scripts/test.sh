@@ -70,6 +70,20 @@ fi
 # docs/book/src/design/design.md's table puts above (the script's own tests, then the check).
 step "check-layers tests" python3 scripts/check_layers_test.py
 step "check-layers" python3 scripts/check-layers.py
+# The replicated domain's crate builds without the trainer: no candle, opendal, gemm or
+# `trainer` in its dependency tree (`ringleader-spec`, carved from the trainer, is its one
+# source of the trainer's tables). Package names are compared, not paths (the spec crate lives
+# in trainer/spec/).
+domain_without_trainer() {
+    local found
+    found=$(cargo tree -p ringleader-domain --prefix none --format '{p}' | awk '{print $1}' |
+        sort -u | grep -E '^(candle|opendal|gemm)|^trainer$')
+    if [ -n "$found" ]; then
+        echo "ringleader-domain depends on $(echo $found) (node/domain/Cargo.toml): it must not"
+        return 1
+    fi
+}
+step "domain without the trainer" domain_without_trainer
 # The benchmark guard's reader (scripts/bench-check.sh runs by hand, not here): its figures
 # and the floors file it reads.
 step "bench-check reader tests" python3 scripts/bench_check_test.py

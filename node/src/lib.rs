@@ -3,8 +3,9 @@
 //! Data flows one way, from the network up to the user: [`cluster`] (the swarm, membership,
 //! the wire codec), [`gpus`], [`domain`] (the replicated state and its rules), [`control`]
 //! (Raft around it), [`datasets`], [`security`], [`jobs`], [`search`], [`chief`], [`api`],
-//! [`cli`]. [`cluster`] (with [`tasks`] and [`data_dir`]) is a crate of its own,
-//! `ringleader-cluster` under `node/cluster/`, re-exported here under its old paths. The table
+//! [`cli`]. The lowest parts are crates of their own, re-exported here under their old paths:
+//! [`cluster`] (with [`tasks`] and [`data_dir`]) is `ringleader-cluster` under `node/cluster/`,
+//! [`domain`] is `ringleader-domain` under `node/domain/` (no `trainer`, no candle). The table
 //! of parts, what each owns and what it may use is kept in one place,
 //! `docs/book/src/design/design.md` ("The node, by part"); `scripts/check-layers.py` reads it and
 //! fails on an import it does not allow or an import cycle.
@@ -21,7 +22,7 @@ pub use ringleader_cluster as cluster;
 pub mod control;
 pub use ringleader_cluster::data_dir;
 pub mod datasets;
-pub mod domain;
+pub use ringleader_domain as domain;
 pub mod gpus;
 pub mod jobs;
 pub mod node;

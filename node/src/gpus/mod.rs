@@ -47,10 +47,10 @@ pub const GPUS_MAX: usize = 64;
 /// Longest model name advertised, in bytes; a longer one is cut at a character boundary.
 pub const GPU_MODEL_BYTES_MAX: usize = 64;
 
-/// The CUDA driver's variable that orders devices.
-pub const DEVICE_ORDER_ENV: &str = "CUDA_DEVICE_ORDER";
-/// The order the node and its ranks number devices in: PCI bus order, as nvidia-smi does.
-pub const DEVICE_ORDER: &str = "PCI_BUS_ID";
+/// The CUDA driver's variable that orders devices, and the order the node and its ranks
+/// number devices in (PCI bus order, as nvidia-smi does): in the domain crate, whose spec
+/// rules read them too.
+pub use crate::domain::device_order::{DEVICE_ORDER, DEVICE_ORDER_ENV};
 
 /// Makes this process number CUDA devices in PCI bus order ([`DEVICE_ORDER`]), whatever its
 /// environment said: the driver reads the variable once, at its first call, and the node's

@@ -149,3 +149,14 @@ fn watch_follows_a_searchs_trials_by_state_change_and_new_best() {
     let text = doc.to_text();
     assert!(text.contains("attempt    none yet of "), "{text}");
 }
+
+/// A job's document never shows its ring secret (the domain's tests check that each attempt
+/// gets its own).
+#[test]
+fn the_job_doc_never_shows_the_ring_secret() {
+    let (state, id) = crate::domain::state::ops::testing::running(2, 2);
+    let job = &state.jobs[&id];
+    assert!(!job.ring_secret.is_empty());
+    let json = serde_json::to_string(&job_doc(job, 1, true)).unwrap();
+    assert!(!json.contains(&job.ring_secret), "{json}");
+}
