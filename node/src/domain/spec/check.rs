@@ -1,4 +1,4 @@
-//! The rules a spec's values must meet, checked on the typed value: [`check`].
+//! The rules a spec's values must meet, checked on the typed value: [`check()`].
 //!
 //! Admission is this check on a [`JobSpec`], however it came: the text the API took is
 //! parsed first ([`JobSpec::parse`], which reads types and refuses unknown keys with their
@@ -15,7 +15,7 @@
 //! (`domain::admission::check`).
 //!
 //! Invariant (property-tested in `jobs`' tests): every spec the text parse accepts passes
-//! [`check`], as parsed and as read back from its stored form.
+//! [`check()`], as parsed and as read back from its stored form.
 
 use std::collections::BTreeMap;
 
