@@ -144,6 +144,7 @@ mod tests {
         ] {
             let spec = admit_text(text).unwrap();
             admit(&spec).unwrap();
+            admit_forwarded(&forwarded(&spec)).unwrap();
         }
     }
 
