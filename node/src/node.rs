@@ -1,27 +1,26 @@
 //! `ringleader node`: start-up, the node's parts wired together, and graceful shutdown.
+//!
+//! [`run`] reads as a list: the blocking start-up (`prepare`: the data directory, the
+//! secrets, the identity, GPU discovery), then each part started from a config of its own
+//! (`node::parts`: the listeners, the cluster, the control plane, the chief's driver, the
+//! records' writers, the dataset service, the supervisor, the key rotation's follower, the
+//! API), then, at SIGINT or SIGTERM, their ordered shutdown.
+
+mod parts;
 
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
-    time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context, Result};
-use futures::StreamExt;
-use libp2p::{swarm::SwarmEvent, Multiaddr};
+use anyhow::{Context, Result};
+use libp2p::Multiaddr;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use crate::{
-    cluster::{
-        datagrams::{self, BindError, Datagrams, Seal},
-        identity,
-        membership::{self, Membership},
-        meta::{self, NodeMeta},
-        net,
-    },
+    cluster::{identity, membership},
     control, jobs,
-    tasks::Tasks,
 };
 
 /// File in the data directory where a running node records how to reach it.
@@ -307,7 +306,9 @@ fn prepare(config: &NodeConfig) -> Result<Prepared> {
     })
 }
 
-/// Runs a node until SIGINT or SIGTERM, then leaves the cluster gracefully.
+/// Runs a node until SIGINT or SIGTERM, then leaves the cluster gracefully: the start-up's
+/// blocking part (`prepare`), then each part started from its config (`node::parts`),
+/// then their ordered shutdown (`Parts::stop`).
 pub async fn run(config: NodeConfig) -> Result<()> {
     let Prepared {
         _data_dir_lock,
@@ -330,114 +331,40 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         .zip(secrets.key_file.as_deref())
         .map(|(k, file)| crate::cluster::key_ring::KeyRing::open(k, file, config.key_overlap_ms));
     let token = secrets.token.map(std::sync::Arc::new);
+    let retention_ms = config.job_retention_s.saturating_mul(1000);
 
-    let api_listener = tokio::net::TcpListener::bind(config.api)
-        .await
-        .map_err(|e| bind_error("API", "--api", config.api, e))?;
-    let data_listener = std::net::TcpListener::bind(config.data)
-        .map_err(|e| bind_error("data plane", "--data", config.data, e))?;
-
-    let datasets_listener = tokio::net::TcpListener::bind(config.datasets)
-        .await
-        .map_err(|e| bind_error("dataset", "--datasets", config.datasets, e))?;
-    // The membership datagrams' UDP port, with the TCP port of the same number checked free
-    // (libp2p binds TCP with SO_REUSEPORT, so a second node on the same --listen port would
-    // share it silently): one port number for the cluster, which --listen names.
-    let (listen, udp) = datagrams::bind(&config.listen).map_err(|e| match e {
-        BindError::Tcp(e) => bind_error("cluster", "--listen", &config.listen, e),
-        BindError::Udp(e) => bind_error("cluster (UDP)", "--listen", &config.listen, e),
-        e => anyhow::Error::from(e),
-    })?;
-    let datagrams = Datagrams::new(udp, Seal::with_ring(ring.clone(), &peer_id))
-        .context("the cluster's datagram socket")?;
-
-    // The identity signs this node's membership claims as well (`cluster::claim_keys`).
-    let claim_key = key.clone();
-    let mut swarm = net::build_swarm(key, ring.clone())?;
-    swarm
-        .listen_on(listen.clone())
-        .with_context(|| format!("listening on {listen}"))?;
-    let mut listen_addrs: Vec<Multiaddr> = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(LISTEN_WAIT_MS);
-    // A listen address with a fixed IP gives exactly one address; an unspecified one
-    // (0.0.0.0, ::) one per interface, taken until 100 ms pass without another.
-    let one_address = multiaddr_ip(&config.listen).is_some_and(|ip| !ip.is_unspecified());
-    loop {
-        if one_address && !listen_addrs.is_empty() {
-            break;
-        }
-        let wait = if listen_addrs.is_empty() {
-            deadline
-        } else {
-            tokio::time::Instant::now() + Duration::from_millis(100)
-        };
-        match tokio::time::timeout_at(wait, swarm.select_next_some()).await {
-            Ok(SwarmEvent::NewListenAddr { address, .. }) => listen_addrs.push(address),
-            Ok(SwarmEvent::ListenerError { error, .. })
-            | Ok(SwarmEvent::ListenerClosed {
-                reason: Err(error), ..
-            }) => {
-                bail!("listening on {}: {error}", config.listen)
-            }
-            Ok(_) => {}
-            Err(_) if listen_addrs.is_empty() => bail!(
-                "listening on {}: no address after {LISTEN_WAIT_MS} ms",
-                config.listen
-            ),
-            Err(_) => break,
-        }
-    }
-    let host_ip = listen_addrs
-        .iter()
-        .filter_map(multiaddr_ip)
-        .find(|ip| !ip.is_unspecified());
-    let api_addr = advertised(api_listener.local_addr()?, host_ip);
-    let data_addr = advertised(data_listener.local_addr()?, host_ip);
-    let datasets_addr = advertised(datasets_listener.local_addr()?, host_ip);
-
-    let meta = NodeMeta {
+    let listeners = parts::start_listeners(parts::ListenConfig {
+        api: config.api,
+        data: config.data,
+        datasets: config.datasets,
+        listen: config.listen.clone(),
+    })
+    .await?;
+    let api_bind = listeners.api.local_addr()?;
+    let cluster = parts::start_cluster(parts::ClusterConfig {
+        key,
+        ring: ring.clone(),
+        listen: config.listen.clone(),
+        bound: listeners.cluster,
+        api: api_bind,
+        data: listeners.data.local_addr()?,
+        datasets: listeners.datasets.local_addr()?,
+        join: config.join.clone(),
+        membership: config.membership.clone(),
         name: config.name.clone(),
-        p2p_addrs: listen_addrs.iter().map(|a| a.to_string()).collect(),
-        api_addr: api_addr.to_string(),
-        data_addr: data_addr.to_string(),
-        datasets_addr: datasets_addr.to_string(),
-        datasets: Vec::new(),
-        cpus: config.cpus.unwrap_or_else(meta::host_cpus),
-        memory_mb: meta::host_memory_mb(),
+        cpus: config.cpus,
         gpus: discovered.gpus,
         labels: config.labels.clone(),
-        version: env!("CARGO_PKG_VERSION").to_string(),
-    };
-    meta.check()
-        .map_err(|e| anyhow::anyhow!("this node's metadata: {e} (see --name and --label)"))?;
-    let offers_gpus = !meta.gpus.is_empty();
-    let socket_ifname = crate::jobs::interfaces::interface_of(
-        &crate::jobs::interfaces::host_addresses(),
-        data_addr.ip(),
-    );
-    let info = NodeInfo {
-        id: peer_id.to_string(),
-        name: config.name.clone(),
-        pid: std::process::id(),
-        p2p_addrs: meta.p2p_addrs.clone(),
-        api_addr: meta.api_addr.clone(),
-        data_addr: meta.data_addr.clone(),
-        datasets_addr: meta.datasets_addr.clone(),
-    };
-    let epoch = Instant::now();
-    let signer = Box::new(crate::cluster::claim_keys::IdentitySigner::new(claim_key));
-    let core = Membership::new(
-        peer_id,
+    })
+    .await?;
+    let parts::Cluster {
+        handle,
+        rpc_rx,
+        mut loop_task,
         meta,
-        config.membership.clone(),
-        rand::random(),
-        0,
-        signer,
-    );
-    let (mut event_loop, handle) =
-        net::EventLoop::new(swarm, datagrams, core, epoch, config.join.clone());
-    let rpc_rx = event_loop.rpc_inbound();
-    let mut loop_task = tokio::spawn(event_loop.run());
+        api_addr,
+        data_addr,
+    } = cluster;
     let control = control::start(
         control::handle::ControlConfig {
             me: peer_id,
@@ -453,107 +380,64 @@ pub async fn run(config: NodeConfig) -> Result<()> {
         crate::jobs::admit_forwarded,
     )
     .await?;
-    // The node's parts' tasks, stopped in this order at SIGTERM (see [`stop`]).
-    let api_tasks = Tasks::new("api");
-    let job_tasks = Tasks::new("jobs");
-    let background = Tasks::new("background");
-    background.spawn(crate::chief::driver::run(
+    let tasks = parts::PartTasks::new();
+    parts::start_chief(
+        &tasks.background,
         control.clone(),
-        config.job_retention_s.saturating_mul(1000),
-        config.scheduler,
-    ));
+        parts::ChiefConfig {
+            retention_ms,
+            scheduler: config.scheduler,
+        },
+    );
     // Under --run-as a job's record goes into a place its ranks own: written through a
     // rename, never through a link they left (see `security::run_as`).
     let node_storage = match config.run_as.is_some() || config.run_as_range.is_some() {
         true => crate::security::run_as::RunAs::node_storage(&config.storage),
         false => config.storage.clone(),
     };
-    background.spawn_owned(crate::jobs::archive::write_ended(
-        background.stopping(),
+    parts::start_records(
+        &tasks.background,
         control.clone(),
-        node_storage.clone(),
-        crate::jobs::archive::Timing::Deferred {
-            retention_ms: config.job_retention_s.saturating_mul(1000),
+        parts::RecordsConfig {
+            node_storage: node_storage.clone(),
+            storage: config.storage.clone(),
+            retention_ms,
         },
-        "job record",
-        crate::jobs::archive::record,
-    ));
-    background.spawn_owned(crate::search::writer::run(
-        background.stopping(),
-        control.clone(),
-        config.storage.clone(),
-    ));
+    );
     let datasets = crate::datasets::Datasets::start(
-        background.clone(),
-        crate::datasets::DatasetsConfig {
-            dir: config.data_dir.join(crate::security::run_as::DATASETS_DIR),
-            key: crate::datasets::transport::AuthKey::from_ring(ring.clone()),
-            upload_bytes_per_s: config.dataset_upload_bytes_per_s,
-            busy_bytes_per_s: config.dataset_busy_bytes_per_s,
-            me: peer_id.to_string(),
-            name: config.name.clone(),
-            roots: std::sync::Arc::new(dataset_roots(&config)?),
-            run_as: config
-                .run_as
-                .as_ref()
-                .map(|user| crate::datasets::fs_user::FsUser {
-                    uid: user.uid,
-                    gid: user.gid,
-                }),
-        },
-        datasets_listener,
+        tasks.background.clone(),
+        datasets_config(&config, &peer_id.to_string(), ring.clone())?,
+        listeners.datasets,
         handle.clone(),
         control.clone(),
     )
     .await
     .context("starting the dataset service")?;
-    let api_tls = crate::api::server::tls_for(
-        psk.as_ref(),
-        &config.api_limits,
-        api_listener.local_addr()?,
-        api_addr,
-    )?;
-    // Command ranks reach their checkpoint place through this node's API, on loopback when
-    // it listens there (or everywhere); the capability key is this node's own, drawn at
-    // start, so a token opens its place on this node only and no key holder can make one.
-    let checkpoints = {
-        let rank_api = crate::jobs::checkpoint::api_addr_for_ranks(api_listener.local_addr()?);
-        let https = api_tls.is_some() && config.api_limits.api_tls.applies_to(rank_api.ip());
-        crate::jobs::checkpoint::CheckpointAccess {
-            api_url: format!("{}://{rank_api}", if https { "https" } else { "http" }),
-            tls_sha256: api_tls
-                .as_ref()
-                .filter(|_| https)
-                .map(|t| t.fingerprint().to_string()),
-            key: rand::random(),
-        }
-    };
+    let api_tls =
+        crate::api::server::tls_for(psk.as_ref(), &config.api_limits, api_bind, api_addr)?;
+    let checkpoints = checkpoint_access(api_bind, api_tls.as_ref(), &config.api_limits);
     jobs::supervisor::start(
-        &job_tasks,
+        &tasks.jobs,
         control.clone(),
         datasets.clone(),
-        peer_id.to_string(),
-        config.data_dir.join("jobs"),
-        config.storage.clone(),
-        crate::gpus::inherited_visible_devices(&gpu_source),
-        offers_gpus,
-        socket_ifname,
-        rank_libraries,
-        crate::jobs::supervisor::NodeKeys::of(ring.as_ref()),
-        crate::jobs::process::RankOptions {
-            run_as: config.run_as.clone().map(std::sync::Arc::new),
-            log_bytes_per_s: config.rank_log_bytes_per_s,
-            job_users: config.run_as_range.map(|range| {
-                std::sync::Arc::new(std::sync::Mutex::new(
-                    crate::security::uid_range::JobUsers::new(range),
-                ))
-            }),
+        jobs::supervisor::SupervisorConfig {
+            me: peer_id.to_string(),
+            jobs_dir: config.data_dir.join("jobs"),
+            storage: config.storage.clone(),
+            device_names: crate::gpus::inherited_visible_devices(&gpu_source),
+            offers_gpus: !meta.gpus.is_empty(),
+            socket_ifname: crate::jobs::interfaces::interface_of(
+                &crate::jobs::interfaces::host_addresses(),
+                data_addr.ip(),
+            ),
+            libraries: rank_libraries,
+            keys: crate::jobs::supervisor::NodeKeys::of(ring.as_ref()),
+            options: rank_options(&config),
+            checkpoints: checkpoints.clone(),
         },
-        checkpoints.clone(),
     );
-
     if let Some(ring) = &ring {
-        background.spawn(crate::rotation::follow(
+        tasks.background.spawn(crate::rotation::follow(
             control.clone(),
             crate::rotation::Follower {
                 ring: ring.clone(),
@@ -565,38 +449,43 @@ pub async fn run(config: NodeConfig) -> Result<()> {
             },
         ));
     }
-    let app = crate::api::router(crate::api::AppState {
-        api_tls: api_tls.as_ref().map(|t| t.fingerprint().to_string()),
-        node: handle.clone(),
-        control: control.clone(),
-        datasets,
-        storage: config.storage.clone(),
-        token,
-        insecure,
-        secrets_key: ring.as_ref().map(|r| {
-            crate::cluster::key_ring::DerivedKey::of(
-                r,
-                crate::security::sealed::SECRETS_KEY_CONTEXT,
-            )
-        }),
-        checkpoint_key: checkpoints.key,
-        node_storage: node_storage.clone(),
-        user_limits: config.user_limits,
-        python: config.python.clone(),
-    });
-    let api = crate::api::server::serve(
-        api_tasks.clone(),
-        api_listener,
-        app,
-        config.api_limits.clone(),
-        api_addr,
-        api_tls,
+    parts::start_api(
+        &tasks.api,
+        parts::ApiConfig {
+            listener: listeners.api,
+            state: crate::api::AppState {
+                api_tls: api_tls.as_ref().map(|t| t.fingerprint().to_string()),
+                node: handle.clone(),
+                control: control.clone(),
+                datasets,
+                storage: config.storage.clone(),
+                token,
+                insecure,
+                secrets_key: ring.as_ref().map(|r| {
+                    crate::cluster::key_ring::DerivedKey::of(
+                        r,
+                        crate::security::sealed::SECRETS_KEY_CONTEXT,
+                    )
+                }),
+                checkpoint_key: checkpoints.key,
+                node_storage,
+                user_limits: config.user_limits,
+                python: config.python.clone(),
+            },
+            limits: config.api_limits.clone(),
+            advertised: api_addr,
+            tls: api_tls,
+        },
     );
-    api_tasks.spawn(async move {
-        if let Err(e) = api.await {
-            warn!("API server stopped: {e}");
-        }
-    });
+    let info = NodeInfo {
+        id: peer_id.to_string(),
+        name: config.name.clone(),
+        pid: std::process::id(),
+        p2p_addrs: meta.p2p_addrs.clone(),
+        api_addr: meta.api_addr.clone(),
+        data_addr: meta.data_addr.clone(),
+        datasets_addr: meta.datasets_addr.clone(),
+    };
     write_atomically(
         &config.data_dir.join(NODE_INFO_FILE),
         &serde_json::to_vec_pretty(&info)?,
@@ -604,47 +493,79 @@ pub async fn run(config: NodeConfig) -> Result<()> {
     info!(peer = %peer_id, name = %config.name, p2p = ?info.p2p_addrs, api = %info.api_addr, data = %info.data_addr, storage = %crate::api::redact::redact_url(&config.storage), "node started");
     // The data-plane listener is held so its advertised port stays ours; the collective
     // takes it over when this node is given a place in a ring.
-    let _data_listener = data_listener;
+    let _data_listener = listeners.data;
 
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => info!("interrupted"),
-        _ = term.recv() => info!("terminated"),
-        res = &mut loop_task => bail!("node event loop stopped unexpectedly: {res:?}"),
+    parts::until_signal(&mut loop_task).await?;
+    let clean = parts::Parts {
+        tasks,
+        control,
+        node: handle,
+        loop_task,
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(SHUTDOWN_MS_MAX);
-    let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
-    // No new requests; then no ranks (killed and reaped, their exits not reported: they end
-    // with this member, which leaves next); then no writer or dataset transfer (a writer
-    // ends between two writes); then the control plane, and the cluster is told.
-    let mut clean = true;
-    for part in [&api_tasks, &job_tasks, &background] {
-        clean &= part.stop(left()).await;
-    }
-    if tokio::time::timeout(left(), control.shutdown())
-        .await
-        .is_err()
-    {
-        warn!("control plane not shut down within the bound");
-        clean = false;
-    }
-    match tokio::time::timeout(
-        left().min(Duration::from_millis(LEAVE_MS_MAX)),
-        handle.leave(),
-    )
-    .await
-    {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => warn!("graceful leave failed: {e}"),
-        Err(_) => warn!("graceful leave not done within {LEAVE_MS_MAX} ms"),
-    }
-    if tokio::time::timeout(left(), loop_task).await.is_err() {
-        warn!("node event loop not stopped within the bound");
-        clean = false;
-    }
+    .stop()
+    .await;
     let _ = tokio::fs::remove_file(config.data_dir.join(NODE_INFO_FILE)).await;
     info!(clean, "stopped");
     Ok(())
+}
+
+/// The dataset service's config: its directory under the data directory, its serving caps,
+/// the host roots the API may read and write, and `--run-as`'s user for the files it
+/// writes.
+fn datasets_config(
+    config: &NodeConfig,
+    me: &str,
+    ring: Option<crate::cluster::key_ring::KeyRing>,
+) -> Result<crate::datasets::DatasetsConfig> {
+    Ok(crate::datasets::DatasetsConfig {
+        dir: config.data_dir.join(crate::security::run_as::DATASETS_DIR),
+        key: crate::datasets::transport::AuthKey::from_ring(ring),
+        upload_bytes_per_s: config.dataset_upload_bytes_per_s,
+        busy_bytes_per_s: config.dataset_busy_bytes_per_s,
+        me: me.to_owned(),
+        name: config.name.clone(),
+        roots: std::sync::Arc::new(dataset_roots(config)?),
+        run_as: config
+            .run_as
+            .as_ref()
+            .map(|user| crate::datasets::fs_user::FsUser {
+                uid: user.uid,
+                gid: user.gid,
+            }),
+    })
+}
+
+/// How ranks run: `--run-as`, `--run-as-range` (a uid per job) and the log cap.
+fn rank_options(config: &NodeConfig) -> crate::jobs::process::RankOptions {
+    crate::jobs::process::RankOptions {
+        run_as: config.run_as.clone().map(std::sync::Arc::new),
+        log_bytes_per_s: config.rank_log_bytes_per_s,
+        job_users: config.run_as_range.map(|range| {
+            std::sync::Arc::new(std::sync::Mutex::new(
+                crate::security::uid_range::JobUsers::new(range),
+            ))
+        }),
+    }
+}
+
+/// How command ranks reach their checkpoint place: through this node's API (`api_bind`), on
+/// loopback when it listens there (or everywhere), over TLS when the API speaks it there.
+/// The capability key is this node's own, drawn at start, so a token opens its place on
+/// this node only and no key holder can make one.
+fn checkpoint_access(
+    api_bind: std::net::SocketAddr,
+    api_tls: Option<&std::sync::Arc<crate::security::tls::ApiTls>>,
+    limits: &crate::api::server::ApiLimits,
+) -> crate::jobs::checkpoint::CheckpointAccess {
+    let rank_api = crate::jobs::checkpoint::api_addr_for_ranks(api_bind);
+    let https = api_tls.is_some() && limits.api_tls.applies_to(rank_api.ip());
+    crate::jobs::checkpoint::CheckpointAccess {
+        api_url: format!("{}://{rank_api}", if https { "https" } else { "http" }),
+        tls_sha256: api_tls
+            .filter(|_| https)
+            .map(|t| t.fingerprint().to_string()),
+        key: rand::random(),
+    }
 }
 
 /// Longest shutdown at SIGTERM, in milliseconds: the API, the ranks, the background tasks

@@ -1,3 +1,6 @@
+//! A spec's admission in the domain: [`check`], the spec's own rules on its value (the
+//! text gate and a forwarded submit both end in it), and the sharing rules.
+//!
 //! The sharing rules a submit must pass before it enters the log, as a pure function of the
 //! spec, its owner, the replicated state and the members' sizes ([`refuse`]); the API's
 //! submit route asks and answers 400 or 403 naming the field.
@@ -17,9 +20,21 @@
 //! quotas change. With no member known yet, nothing is refused for size.
 
 use crate::{
-    spec::{priority, JobSpec},
+    spec::{priority, JobKind, JobSpec},
     state::{quotas::Quota, users::Role, ControlState},
 };
+
+/// The spec's own rules, on its value: every field ([`crate::spec::check()`]) and,
+/// for a search, its `[search]` and every trial it could make. The one check of a spec,
+/// whether it was parsed from the API's text just before or forwarded by another node as
+/// a value; the error names the field.
+pub fn check(spec: &JobSpec) -> Result<(), ringleader_spec::FieldError> {
+    crate::spec::check(spec)?;
+    if spec.kind == JobKind::Search {
+        crate::search::spec::validate(spec)?;
+    }
+    Ok(())
+}
 
 /// What a member offers, as admission sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

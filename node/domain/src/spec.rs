@@ -12,6 +12,8 @@
 //! document, when the spec is parsed (their errors get the field's line from that document),
 //! and kept typed beside the tables ([`JobSpec::trainer`]).
 
+/// The rules a spec's values meet, checked on the typed value ([`check()`]).
+pub mod check;
 /// A job's priority (the key `priority`).
 pub mod priority;
 /// The trainer's sections of a train job's spec (also `domain::train_spec`).
@@ -22,6 +24,7 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::OnceLock;
 
+pub use check::check;
 use ringleader_spec::{FieldError, TrainSpec};
 use serde::{Deserialize, Serialize};
 
@@ -771,13 +774,7 @@ impl JobSpec {
             int(self.resources.gpus_per_worker),
         );
         t.insert("resources".into(), Value::Table(resources));
-        for (name, section) in [
-            ("model", &self.model),
-            ("data", &self.data),
-            ("train", &self.train),
-            ("checkpoint", &self.checkpoint),
-            ("search", &self.search),
-        ] {
+        for (name, section) in self.sections() {
             if let Some(section) = section {
                 t.insert(name.into(), Value::Table(section.clone()));
             }
@@ -1495,41 +1492,10 @@ impl Parser<'_> {
         for (k, val) in entries {
             let key: &str = k.get_ref();
             let field = format!("{section}.{key}");
-            let valid_name = key
-                .bytes()
-                .next()
-                .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-                && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-            if !valid_name {
+            if let Some(problem) = check::env_name_problem(key) {
                 return Err(SpecError::Invalid {
                     field,
-                    problem: "expected a variable name of A-Z a-z 0-9 _ not starting with a digit"
-                        .into(),
-                    line: self.line(k.span()),
-                });
-            }
-            if RESERVED_ENV.contains(&key) {
-                return Err(SpecError::Invalid {
-                    field,
-                    problem: "reserved: ringleader sets it for every worker".into(),
-                    line: self.line(k.span()),
-                });
-            }
-            if key == DEVICES_ENV {
-                return Err(SpecError::Invalid {
-                    field,
-                    problem: "reserved: the node gives each rank its GPUs (see [resources] gpus_per_worker)"
-                        .into(),
-                    line: self.line(k.span()),
-                });
-            }
-            if key.starts_with(NODE_ENV_PREFIX) && !NODE_ENV_ALLOWED.contains(&key) {
-                return Err(SpecError::Invalid {
-                    field,
-                    problem: format!(
-                        "reserved: the node owns the {NODE_ENV_PREFIX}* variables (a job may set only {})",
-                        NODE_ENV_ALLOWED.join(", ")
-                    ),
+                    problem,
                     line: self.line(k.span()),
                 });
             }

@@ -457,23 +457,15 @@ async fn submit(
     answer
 }
 
-/// A spec refused at submit for `(field, problem)`, with the field's line in the TOML
-/// `text` when there is one.
-fn refused(text: Option<&str>, (field, problem): (&str, String)) -> SubmitError {
-    SubmitError::Spec(crate::jobs::AdmitError {
-        message: format!("{field}: {problem}"),
-        line: text.and_then(|t| crate::domain::spec::line_of_field(t, field)),
-        field: Some(field.into()),
-    })
-}
-
-/// Admits and seals a spec (the body: TOML, or JSON by its `Content-Type`).
+/// Admits and seals a spec (the body: TOML, or JSON by its `Content-Type`) through
+/// [`crate::jobs::admission::admit_submit`]; this only maps its refusals to HTTP.
 async fn admit_spec(
     app: &AppState,
     headers: &header::HeaderMap,
     body: String,
     actor: &crate::domain::state::users::Actor,
 ) -> Result<crate::domain::spec::JobSpec, SubmitError> {
+    use crate::jobs::admission::{admit_submit, Refused, SubmitContext};
     // `Content-Type: application/json`: an object with the TOML's keys; anything else is
     // the TOML text (curl's default form type included).
     let json = headers
@@ -481,72 +473,22 @@ async fn admit_spec(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split(';').next())
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
-    // The text lines of later errors point into: the TOML's (a JSON spec's lines are not
-    // known past its parse).
-    let text = if json { None } else { Some(body.clone()) };
-    // Admission parses and checks every trial a search could make: CPU work, kept off the
-    // async runtime so the node's Raft and membership timers run meanwhile.
-    let mut spec = tokio::task::spawn_blocking(move || {
-        if json {
-            crate::jobs::admit_spec_json(&body)
-        } else {
-            crate::jobs::admit_spec_text(&body)
-        }
-    })
-    .await
-    .map_err(|e| {
-        ApiError(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("admission failed: {e}"),
-        )
-    })?
-    .map_err(SubmitError::Spec)?;
-    // `[secrets]` enter the log sealed; the node that starts a rank opens them.
-    if !spec.secrets.is_empty() {
-        let Some(key) = app.secrets_key.as_ref().map(|k| k.current()) else {
-            return Err(SubmitError::Api(ApiError(
-                StatusCode::BAD_REQUEST,
-                "secrets: this node runs an open cluster (--insecure), which has no key to seal \
-                 them with: use a keyed cluster, or env for values that are not secret"
-                    .into(),
-            )));
-        };
-        for (name, value) in spec.secrets.iter_mut() {
-            *value = crate::security::sealed::seal(&key, name, value);
-        }
-    }
-    if let Some(name) = spec
-        .data
-        .as_ref()
-        .and_then(|d| d.get("dataset"))
-        .and_then(|v| v.as_str())
-        .filter(|n| !crate::datasets::BUILTIN.contains(n))
-    {
-        // The registry as this node has it, given a moment to catch up with a dataset added
-        // just before; the refusal is the domain's (the chief asks it again of a forwarded
-        // submit).
-        if app.datasets.lookup(name).await.is_none() {
-            if let Some(refusal) = app.control.read(|s| s.unknown_dataset(&spec)) {
-                return Err(refused(text.as_deref(), refusal));
-            }
-        }
-    }
-    // The sharing rules (`domain::admission`): a priority above the owner's ceiling,
-    // `preemptible = false` its role does not allow, a job no member could ever hold.
     let members = sharing::member_sizes(app).await;
-    let refusal = app
-        .control
-        .read(|s| crate::domain::admission::refuse(&spec, &actor.user, actor.role, s, &members));
-    if let Some((kind, field, problem)) = refusal {
-        if kind == crate::domain::admission::Refusal::Role {
-            return Err(SubmitError::Api(ApiError(
-                StatusCode::FORBIDDEN,
-                format!("{field}: {problem}"),
-            )));
-        }
-        return Err(refused(text.as_deref(), (field, problem)));
-    }
-    Ok(spec)
+    let context = SubmitContext {
+        actor,
+        secrets_key: app.secrets_key.as_ref(),
+        datasets: &app.datasets,
+        control: &app.control,
+        members: &members,
+    };
+    admit_submit(body, json, context)
+        .await
+        .map_err(|refused| match refused {
+            Refused::Spec(e) => SubmitError::Spec(e),
+            Refused::NoSecretsKey(e) => SubmitError::Api(ApiError(StatusCode::BAD_REQUEST, e)),
+            Refused::Role(e) => SubmitError::Api(ApiError(StatusCode::FORBIDDEN, e)),
+            Refused::Failed(e) => SubmitError::Api(ApiError(StatusCode::INTERNAL_SERVER_ERROR, e)),
+        })
 }
 
 /// Proposes an admitted spec as `owner`'s job: the answer with the new job's id.

@@ -480,37 +480,53 @@ impl NodeKeys {
     }
 }
 
+/// What this node's supervisor launches ranks with ([`start`]; `node::run` fills it from
+/// the node's flags and what start-up found).
+pub struct SupervisorConfig {
+    /// This node's peer id.
+    pub me: String,
+    /// `<data-dir>/jobs`: the ranks' working directories and logs.
+    pub jobs_dir: PathBuf,
+    /// The storage URL ranks write checkpoints and records to.
+    pub storage: String,
+    /// The devices the node itself was given (`CUDA_VISIBLE_DEVICES` at start), which a
+    /// rank's device numbers index.
+    pub device_names: Option<Vec<String>>,
+    /// Whether the node offers GPUs to jobs.
+    pub offers_gpus: bool,
+    /// The interface of the data-plane address (ranks' `NCCL_SOCKET_IFNAME`).
+    pub socket_ifname: Option<String>,
+    /// The CUDA libraries ranks given GPUs load.
+    pub libraries: crate::gpus::RankLibraries,
+    /// The keys ranks are launched with.
+    pub keys: NodeKeys,
+    /// `--run-as`, `--run-as-range` and the rank log cap.
+    pub options: RankOptions,
+    /// A command rank's checkpoint place, through this node's API.
+    pub checkpoints: super::checkpoint::CheckpointAccess,
+}
+
 /// Starts this node's supervisor on top of the control plane, in `tasks`: ranks follow the
 /// replicated state, and their reports are proposed to the chief. When `tasks` stop (the
 /// node's shutdown) every rank is killed and reaped, and reports not yet proposed are
 /// dropped: the ranks end with their member, which leaves the cluster next.
-#[allow(clippy::too_many_arguments)] // called once, by `node::run`, each argument named there
 pub fn start(
     tasks: &crate::tasks::Tasks,
     ctl: ControlHandle,
     datasets: crate::datasets::Datasets,
-    me: String,
-    jobs_dir: PathBuf,
-    storage: String,
-    device_names: Option<Vec<String>>,
-    offers_gpus: bool,
-    socket_ifname: Option<String>,
-    libraries: crate::gpus::RankLibraries,
-    keys: NodeKeys,
-    options: RankOptions,
-    checkpoints: super::checkpoint::CheckpointAccess,
+    config: SupervisorConfig,
 ) {
     let (reports_tx, reports_rx) = mpsc::channel(REPORT_QUEUE_DEPTH);
     tasks.spawn(report_loop(ctl.clone(), reports_rx));
-    let supervisor = Supervisor::new(me, jobs_dir, reports_tx, wall_ms)
-        .with_storage(storage)
+    let supervisor = Supervisor::new(config.me, config.jobs_dir, reports_tx, wall_ms)
+        .with_storage(config.storage)
         .with_datasets(datasets)
-        .with_devices(device_names, offers_gpus)
-        .with_socket_ifname(socket_ifname)
-        .with_libraries(libraries)
-        .with_keys(keys)
-        .with_checkpoints(Some(checkpoints))
-        .with_rank_options(options);
+        .with_devices(config.device_names, config.offers_gpus)
+        .with_socket_ifname(config.socket_ifname)
+        .with_libraries(config.libraries)
+        .with_keys(config.keys)
+        .with_checkpoints(Some(config.checkpoints))
+        .with_rank_options(config.options);
     tasks.spawn_owned(run(ctl, supervisor, tasks.stopping()));
 }
 
