@@ -28,7 +28,7 @@ use super::{
     NAME_BYTES_MAX, NODE_ENV_ALLOWED, NODE_ENV_PREFIX, PREEMPTION_GRACE_S_MAX, RESERVED_ENV,
     STRAGGLER_WINDOW_MAX, WORKERS_MAX,
 };
-use crate::gpus::{DEVICE_ORDER, DEVICE_ORDER_ENV};
+use crate::device_order::{DEVICE_ORDER, DEVICE_ORDER_ENV};
 
 /// Checks every rule a spec's values must meet (see the module doc); the error names the
 /// field. A train job's trainer tables are read here unless the parse already read them,
