@@ -2,20 +2,32 @@
 # Sharing benchmark (issue 49): one fixed, seeded trace of three users' jobs on a fresh local
 # cluster of 4 nodes offering 3 cpus each (12 slots), run twice, with the scheduler
 # (`ringleader node --scheduler fair`) and with first-come placement (`--scheduler fifo`)
-# plus an admin who cancels work for high-priority jobs. One line each on stdout:
+# plus an admin who cancels work for high-priority jobs. One line each on stdout, after the
+# calibration's:
 #
+#   sharing calibrate steps_per_s=R trial_steps_per_s=R1 trial_steps_per_epoch=E
 #   sharing policy=fair|fifo jobs=N utilization=U wait_p50_s=… wait_p95_s=… high_wait_p95_s=…
 #       jain=J lost_work_s=… shrink_s_p50=… shrink_s_max=… steps_lost=N
 #
 # The trace (scripts/bench_sharing.py `trace`, seeded by SEED): arrivals over about 5 minutes
 # of alice (quota 6 cpus, weight 2), bob and carol (3 cpus, weight 1 each; borrowing allowed):
-# 6 elastic train jobs of the digits MLP (4 workers, min_workers 2, normal priority), 10
-# rigid command jobs of 1 to 3 ranks (low priority: a step is a 0.5 s sleep, 60 to 160
-# steps, a checkpoint every 5 s and one at SIGTERM, resumed from on a restart), a random
-# search of 4 one-worker train trials 2 at a time (low), and two high-priority command jobs
-# of 4 ranks arriving at 50 % and 75 % of the arrival window, when the cluster is full. Each
-# job is submitted at its time with its user's token (`token create`), quotas set with
-# `quota set`.
+# 6 elastic train jobs of the digits MLP (4 workers, min_workers 2, normal priority) of 60,
+# 80 or 100 s alone, 10 rigid command jobs of 1 to 3 ranks (low priority: a step is a 0.5 s
+# sleep, 60 to 160 steps, a checkpoint every 5 s and one at SIGTERM, resumed from on a
+# restart), a random search of 4 one-worker train trials of 30 s, 2 at a time (low), and two
+# high-priority command jobs of 4 ranks arriving at 50 % and 75 % of the arrival window, when
+# the cluster is full. Each job is submitted at its time with its user's token (`token
+# create`), quotas set with `quota set`.
+#
+# The calibration: train jobs are bounded in steps, and a step of a release build is about
+# ten times quicker than a debug build's, so the trace's lengths are seconds, turned into
+# steps on this binary and host. On the first policy's fresh cluster, before the trace, a
+# 4-worker train job of the trace's model and then a one-worker one run alone for 8 s of
+# steps each (then cancelled; they are no part of the figures): their steps per second (and
+# the one-worker job's steps per epoch) size every train job's `max_steps` and the trials'
+# `epochs` (and a checkpoint about every 2 s), the same for both policies. A train job's
+# seconds are its length alone at full size: sharing the host's cores stretches it, alike
+# under both policies.
 #
 # Every figure is computed from the nodes' own records once every job has ended: each job's
 # document (`GET /v1/jobs/ID`: its events with their times and rings) and metric history
@@ -118,9 +130,13 @@ run() {
         mkdir -p "$nd"
         if [ -n "$seed_addr" ]; then join=(--join "$seed_addr"); fi
         # Each node runs in its own directory under $tmp, so its ranks' paths name $tmp.
+        # The nodes share one checkpoint store, as a lab's cluster shares a bucket or a file
+        # system: a requeued train job resumes from its checkpoint wherever it is placed
+        # again (with a store per node, one placed on another node starts from step 0).
         (cd "$nd" && exec "$bin" node --name "n$i" --listen 127.0.0.1:0 --api 127.0.0.1:0 \
             --data 127.0.0.1:0 --data-dir "$nd/data" --cluster-key "$dir/cluster.key" \
-            --cpus "$CPUS" --gpus none --scheduler "$policy" "${join[@]}" \
+            --cpus "$CPUS" --gpus none --scheduler "$policy" --storage "file://$dir/store" \
+            "${join[@]}" \
             </dev/null >/dev/null 2>"$nd/node.log") &
         pids+=("$!")
         deadline=$((SECONDS + 60))
@@ -152,9 +168,14 @@ import bench_sharing as b; u = b.USERS['$user']; print(u['cpus'], u['weight'])")
         token=$("${rl[@]}" token create "$user" --user "$user" --role user)
         python3 -c "import json; p = '$dir/tokens.json'; t = json.load(open(p)); t['$user'] = '$token'; json.dump(t, open(p, 'w'))"
     done
+    if [ ! -f "$tmp/calibration.json" ]; then
+        echo "# $policy: calibrating the trace's train jobs" >&2
+        python3 "$helper" calibrate "$api" "$(field "$dir/tokens.json" admin)" "$tmp/calibration.json"
+    fi
     echo "# $policy: $NODES nodes formed, quotas set; running the trace" >&2
     python3 "$helper" drive "$tmp/trace.json" "$dir/tokens.json" "$policy" "$dir/record.json" \
-        "$api" "$dir/work" "$wait_s" 2>"$dir/drive.log" || { tail -20 "$dir/drive.log" >&2; exit 1; }
+        "$api" "$dir/work" "$wait_s" "$tmp/calibration.json" 2>"$dir/drive.log" \
+        || { tail -20 "$dir/drive.log" >&2; exit 1; }
     grep -E "warning|cancelled" "$dir/drive.log" >&2 || true
     python3 "$helper" figures "$dir/record.json" | tee "$tmp/$policy.line"
     stop_nodes

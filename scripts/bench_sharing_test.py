@@ -140,6 +140,29 @@ class Figures(unittest.TestCase):
         # 8 steps of a job that held 260 rank-s over 1000 steps.
         self.assertAlmostEqual(f["lost_work_s"], 8 * 260 / 1000)
 
+    def test_a_train_jobs_step_going_back_is_read_from_the_values(self):
+        rec = record()
+        # The trainer's `step` reports carry no step: x is the report's sequence number.
+        # Back from 500 to 120 once (380 steps), then on: the steps after count no more.
+        rec["metrics"]["j-1"] = {"step": [[0, 10.0], [1, 500.0], [2, 120.0], [3, 300.0],
+                                          [4, 1000.0]]}
+        self.assertEqual(bs.figures(rec)["steps_lost"], 380)
+
+    def test_a_reform_loss_that_several_survivors_report_counts_once(self):
+        rec = record()
+        # j-1 starts fresh on 4 ranks (each reports step 0 restored, 0 lost), then its
+        # shrink to 2 at step 500 goes back to the commit at 495: both survivors report it.
+        rec["metrics"]["j-1"] = {
+            "restored_step": [[k, 0.0] for k in range(4)] + [[4, 495.0], [5, 495.0]],
+            "steps_lost": [[k, 0.0] for k in range(4)] + [[4, 5.0], [5, 5.0]],
+            "step": [[10, 10.0], [500, 500.0], [1000, 1000.0]]}
+        f = bs.figures(rec)
+        self.assertEqual(f["steps_lost"], 5)
+        self.assertAlmostEqual(f["lost_work_s"], 5 * 260 / 1000)
+        # Two re-forms at different steps are two losses.
+        rec["metrics"]["j-1"]["restored_step"][5] = [5, 700.0]
+        self.assertEqual(bs.figures(rec)["steps_lost"], 10)
+
     def test_the_line_names_every_figure(self):
         text = bs.line(bs.figures(record()))
         keys = [kv.split("=")[0] for kv in text.split()[1:]]
@@ -167,11 +190,18 @@ class Trace(unittest.TestCase):
         kinds = {j["kind"] for j in a}
         self.assertEqual(kinds, {"train", "command", "search"})
         self.assertEqual(sum(j["priority"] == "high" for j in a), 2)
+        cal = {"steps_per_s": 1000.0, "trial_steps_per_s": 2000.0,
+               "trial_steps_per_epoch": 40.0}
         for j in a:
-            s = bs.spec(j, "/tmp/x")
+            s = bs.spec(j, "/tmp/x", cal)
             self.assertEqual(s["name"], j["name"])
             if j["kind"] == "train":
                 self.assertLess(s["min_workers"], s["workers"])
+                # Sized in seconds: its steps at the calibrated rate, a checkpoint every 2 s.
+                self.assertEqual(s["train"]["max_steps"], round(j["seconds"] * 1000))
+                self.assertEqual(s["checkpoint"]["every_steps"], 2000)
+            if j["kind"] == "search":
+                self.assertEqual(s["train"]["epochs"], round(j["seconds"] * 2000 / 40))
 
 
 if __name__ == "__main__":
