@@ -54,9 +54,13 @@
 #                    back, × its rank-seconds per step.
 #   shrink_s_*       for each job that rings were shrunk for (history `preempted for J …:
 #                    shrunk`) and that no requeue or paused trial served: its first placement
-#                    minus its submit (the issue's "freed ranks' hosts go to the new job
-#                    within 5 s", measured end to end: the scheduler's pass, the shrink at a
-#                    step boundary, the placement). p50 and max; `na` when nothing was shrunk.
+#                    minus the scheduler's decision to shrink for it (the first of its
+#                    pending reason naming the shrink, `preempting j-3 (shrink to 2)`, and
+#                    the shrink's re-form; its submit if later): the issue's "freed ranks'
+#                    hosts go to the new job within 5 s", the shrink at a step boundary and
+#                    the placement. A high job is decided for at its submit; a normal one may
+#                    first wait its turn in the queue, which `wait_*` counts, not this. p50
+#                    and max; `na` when nothing was shrunk.
 #   steps_lost       over the train jobs that were shrunk: their `steps_lost` reports plus
 #                    the steps their `step` history went back (a step redone or skipped at
 #                    a shrink; the history is one report a second, so a step lost between

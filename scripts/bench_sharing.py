@@ -519,18 +519,25 @@ def figures(rec):
             steps_lost += int(lost)
 
     # shrink_s: a job that some ring was shrunk for, and that no requeue or pause served:
-    # its start minus its submit.
-    served_by = {}
+    # its start minus the decision to shrink for it (its pending reason naming the shrink,
+    # or the shrink's re-form, whichever came first; its submit if later).
+    served_by, shrunk_at = {}, {}
     for d in jobs.values():
         for e in d["events"]:
             r = e.get("reason", "")
             if r.startswith("preempted for "):
                 how = "shrink" if ": shrunk " in r else "stop"
-                served_by.setdefault(r.split()[2], set()).add(how)
+                for_job = r.split()[2]
+                served_by.setdefault(for_job, set()).add(how)
+                if how == "shrink":
+                    shrunk_at[for_job] = min(shrunk_at.get(for_job, e["at_ms"]), e["at_ms"])
     shrink = []
     for jid, hows in served_by.items():
         if hows == {"shrink"} and jid in life and life[jid][0]:
-            shrink.append((life[jid][0][0][0] - jobs[jid]["submitted_at_ms"]) / 1000.0)
+            decided = [e["at_ms"] for e in jobs[jid]["events"]
+                       if "preempting " in e.get("reason", "") and "(shrink" in e["reason"]]
+            start = max(jobs[jid]["submitted_at_ms"], min(decided + [shrunk_at[jid]]))
+            shrink.append((life[jid][0][0][0] - start) / 1000.0)
 
     return {"policy": rec["policy"], "jobs": len(waits),
             "utilization": busy / offered if offered else None,

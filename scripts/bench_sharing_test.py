@@ -85,12 +85,18 @@ class Figures(unittest.TestCase):
         self.assertAlmostEqual(f["wait_p95_s"], 70.0)
         self.assertAlmostEqual(f["high_wait_p95_s"], 2.0)
 
-    def test_shrink_s_is_the_requesters_start_after_its_submit(self):
-        f = bs.figures(record())
-        self.assertAlmostEqual(f["shrink_s_p50"], 2.0)
-        self.assertAlmostEqual(f["shrink_s_max"], 2.0)
+    def test_shrink_s_is_the_requesters_start_after_the_decision_to_shrink(self):
+        rec = record()
+        # j-3 waits from its submit at 48; the shrink is decided at 49 (its reason).
+        rec["jobs"]["j-3"]["events"].insert(
+            1, ev(49, "unplaceable", "gang of 2: at most 0 fit now; preempting j-1 (shrink to 2)"))
+        f = bs.figures(rec)
+        self.assertAlmostEqual(f["shrink_s_p50"], 1.0)
+        self.assertAlmostEqual(f["shrink_s_max"], 1.0)
         self.assertEqual(f["steps_lost"], 0)
         self.assertEqual(f["lost_work_s"], 0.0)
+        # No reason named it: from the shrink's re-form (50), the placement at once.
+        self.assertAlmostEqual(bs.figures(record())["shrink_s_max"], 0.0)
 
     def test_jain_is_one_when_each_user_gets_its_entitlement(self):
         # Busy 0..100. alice's demand: 4 (0..10), 6 (10..48), then 6 to 100; bob's 2 from 48
@@ -129,7 +135,7 @@ class Figures(unittest.TestCase):
         # by its shrink alone.
         self.assertAlmostEqual(f["lost_work_s"], 6.0)
         self.assertAlmostEqual(f["wait_p95_s"], 73.0)
-        self.assertEqual(f["shrink_s_max"], 2.0)
+        self.assertEqual(f["shrinks"], 1)
 
     def test_a_shrunk_rings_step_going_back_counts_as_steps_lost(self):
         rec = record()
