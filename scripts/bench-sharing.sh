@@ -77,9 +77,9 @@
 #
 # Targets (issue 49): shrink_s_max ≤ 5, steps_lost = 0, utilization ≥ 0.9, jain ≥ 0.9,
 # high_wait_p95_s ≤ 10, and fair's lost_work_s at most a tenth of fifo's; the script checks
-# them on the fair line and says `# target …: ok|MISSED` on stderr. A run takes about
-# 2 × 6 minutes (the trace's 5 minutes of arrivals and the work after), so it is not part
-# of scripts/bench-check.sh.
+# them on the fair line and says `# target …: ok|MISSED` on stderr. A run takes the
+# calibration's 20 s and, per policy, the trace's 5 minutes of arrivals and the work after:
+# 8 to 14 minutes each on a shared 2-core host, so it is not part of scripts/bench-check.sh.
 #
 # Environment: SEED (1), BENCH_SHARING_SCALE (1.0: multiplies arrival times and job lengths;
 # 0.2 for a quick run while developing), POLICIES ("fair fifo"), WAIT_S (deadline for the
