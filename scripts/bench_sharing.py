@@ -3,7 +3,8 @@ that submits it and plays the admin of `fifo-with-cancel`, and the figures, comp
 the nodes' own records (each job's document and metric history). Standard library only.
 
     python3 scripts/bench_sharing.py trace SEED SCALE                  # the trace, as JSON
-    python3 scripts/bench_sharing.py drive TRACE TOKENS POLICY OUT API  # run it, keep the records
+    python3 scripts/bench_sharing.py calibrate API TOKEN OUT           # steps per second, as JSON
+    python3 scripts/bench_sharing.py drive TRACE TOKENS POLICY OUT API BENCH_DIR DEADLINE_S CALIBRATION
     python3 scripts/bench_sharing.py figures RECORD                    # the `sharing …` line
 
 The figures' definitions are in bench-sharing.sh's header; each function below says which
@@ -29,11 +30,18 @@ USERS = {"alice": {"cpus": 6, "weight": 2}, "bob": {"cpus": 3, "weight": 1},
          "carol": {"cpus": 3, "weight": 1}}
 #: Arrivals are spread over this many seconds (× SCALE).
 ARRIVALS_S = 300.0
+#: A search trial's length, seconds (× SCALE).
+TRIAL_S = 30.0
 #: A rigid command job's step (a sleep) and how often it checkpoints, seconds.
 STEP_S = 0.5
 CHECKPOINT_EVERY_S = 5.0
 #: The admin of fifo-with-cancel acts for a high job that has waited this long, seconds.
 CANCEL_AFTER_S = 10.0
+#: A train job (and a trial) checkpoints about this often, seconds (its steps from the
+#: calibration; a train job also commits in memory every 10 steps).
+TRAIN_CHECKPOINT_EVERY_S = 2.0
+#: The calibration measures a job's step rate over this many seconds of its steps.
+CALIBRATE_WINDOW_S = 8.0
 
 # The rigid command job (BENCH_DIR/job.py, on every node: they share this host): counts steps of STEP_S (a sleep), saves its step every
 # CHECKPOINT_EVERY_S to BENCH_DIR/NAME.periodic and at SIGTERM (a preemption's stop) to
@@ -90,21 +98,24 @@ def trace(seed, scale):
     def at():
         return round(rng.uniform(0, ARRIVALS_S * 0.9) * scale, 1)
 
-    # Elastic train jobs of the digits MLP (normal priority): 4 workers, down to 2.
+    # Elastic train jobs of the digits MLP (normal priority): 4 workers, down to 2, sized
+    # in seconds at full size on this binary and host (their steps: `spec`, from the
+    # calibration), so the trace fills the cluster alike with a debug or a release build.
     for i, user in enumerate(["alice", "alice", "alice", "bob", "bob", "carol"]):
         jobs.append({"name": f"train-{i}", "user": user, "kind": "train", "at_s": at(),
                      "priority": "normal", "workers": 4, "min_workers": 2,
-                     "max_steps": int(rng.choice([15000, 20000, 25000]) * scale)})
+                     "seconds": round(rng.choice([60, 80, 100]) * scale, 1)})
     # Rigid command jobs that checkpoint (low priority): 1 to 3 ranks, 30 to 80 s.
     for i, user in enumerate(["bob", "bob", "bob", "bob", "carol", "carol", "carol", "carol",
                               "alice", "alice"]):
         jobs.append({"name": f"rigid-{i}", "user": user, "kind": "command", "at_s": at(),
                      "priority": "low", "workers": rng.choice([1, 2, 3]),
                      "steps": max(4, int(rng.uniform(60, 160) * scale))})
-    # A search of 4 train trials, 2 at a time (low priority).
+    # A search of 4 one-worker train trials, 2 at a time (low priority), each about
+    # TRIAL_S long (its epochs from the calibration).
     jobs.append({"name": "search-0", "user": "carol", "kind": "search", "at_s": at(),
                  "priority": "low", "workers": 1, "trials": 4, "max_parallel": 2,
-                 "epochs": max(1, int(12 * scale)), "seed": seed})
+                 "seconds": round(TRIAL_S * scale, 1), "seed": seed})
     # Two high-priority jobs of 4 ranks arriving while the cluster is full.
     for i, (user, frac) in enumerate([("bob", 0.5), ("alice", 0.75)]):
         jobs.append({"name": f"high-{i}", "user": user, "kind": "command",
@@ -114,22 +125,42 @@ def trace(seed, scale):
     return jobs
 
 
-def spec(job, bench_dir, resume=None):
-    """The job's spec as the API's JSON (see README *Job specs*)."""
+def train_spec(name, workers, train, checkpoint):
+    """A train job of the trace's model (the digits MLP) as the API's JSON."""
+    return {"name": name, "kind": "train", "workers": workers,
+            "model": {"arch": "mlp", "hidden": [64]}, "data": {"dataset": "digits"},
+            "train": {"batch_per_worker": 32, "lr": 0.05, **train}, "checkpoint": checkpoint}
+
+
+def sized(job, cal):
+    """A train job's or a search's size in steps (epochs for a search's trials) for its
+    `seconds`, at the calibration CAL's step rates, and its checkpoint interval in steps."""
+    if job["kind"] == "train":
+        rate = cal["steps_per_s"]
+        return {"max_steps": max(10, round(job["seconds"] * rate)),
+                "every_steps": max(50, round(TRAIN_CHECKPOINT_EVERY_S * rate))}
+    rate = cal["trial_steps_per_s"]
+    return {"epochs": max(1, round(job["seconds"] * rate / cal["trial_steps_per_epoch"])),
+            "every_steps": max(50, round(TRAIN_CHECKPOINT_EVERY_S * rate))}
+
+
+def spec(job, bench_dir, cal, resume=None):
+    """The job's spec as the API's JSON (see README *Job specs*); a train job and a search
+    sized by the calibration CAL (`calibrate`)."""
     name = job["name"] + ("-cont" if resume else "")
     base = {"name": name, "priority": job["priority"]}
     if job["kind"] == "train":
-        return {**base, "kind": "train", "workers": job["workers"],
-                "min_workers": job["min_workers"], "max_workers": job["workers"],
-                "model": {"arch": "mlp", "hidden": [64]}, "data": {"dataset": "digits"},
-                "train": {"epochs": 100000, "max_steps": job["max_steps"],
-                          "batch_per_worker": 32, "lr": 0.05},
-                "checkpoint": {"every_steps": 200, "keep": 1, "commit_every_steps": 10}}
+        size = sized(job, cal)
+        return {**base, **train_spec(name, job["workers"],
+                                     {"epochs": 100000, "max_steps": size["max_steps"]},
+                                     {"every_steps": size["every_steps"], "keep": 1,
+                                      "commit_every_steps": 10}),
+                "min_workers": job["min_workers"], "max_workers": job["workers"]}
     if job["kind"] == "search":
-        return {**base, "kind": "search", "workers": 1,
-                "model": {"arch": "mlp", "hidden": [64]}, "data": {"dataset": "digits"},
-                "train": {"epochs": job["epochs"], "batch_per_worker": 32, "lr": 0.05},
-                "checkpoint": {"every_steps": 50},
+        size = sized(job, cal)
+        return {**base, **train_spec(name, 1, {"epochs": size["epochs"]},
+                                     {"every_steps": size["every_steps"]}),
+                "kind": "search",
                 "search": {"algorithm": "random", "trials": job["trials"],
                            "max_parallel": job["max_parallel"], "metric": "val_accuracy",
                            "direction": "max", "seed": job["seed"],
@@ -165,14 +196,61 @@ def note(msg):
 ENDED = ("succeeded", "failed", "cancelled")
 
 
-def drive(trace_jobs, tokens, policy, out, api, bench_dir, deadline_s):
+def step_rate(api, token, body, window_s=CALIBRATE_WINDOW_S, deadline_s=180.0):
+    """Submits BODY (a train job without a step bound), watches its `step` and `epoch`
+    every 0.2 s until its step has moved for WINDOW_S seconds, cancels it and waits for its
+    end: (steps per second between the first and the last step change seen, steps per
+    epoch: its step over its finished epochs, None before an epoch ended)."""
+    jid = call(api, "/v1/jobs", token, body)["id"]
+    seen, t0 = [], time.time()
+    try:
+        while True:
+            d = call(api, f"/v1/jobs/{jid}", token)
+            if d["state"] in ENDED:
+                raise RuntimeError(f"calibration job {jid} ended ({d['state']}) before "
+                                   f"its step rate was measured")
+            now, step = time.time(), d.get("step") or 0
+            if step and (not seen or step != seen[-1][1]):
+                seen.append((now, step, d.get("epoch") or 0))
+            if seen and seen[-1][0] - seen[0][0] >= window_s:
+                break
+            if now - t0 > deadline_s:
+                raise RuntimeError(f"calibration job {jid} did not step for {window_s} s "
+                                   f"within {deadline_s} s")
+            time.sleep(0.2)
+    finally:
+        call(api, f"/v1/jobs/{jid}/cancel", token, {})
+        while call(api, f"/v1/jobs/{jid}", token)["state"] not in ENDED:
+            time.sleep(0.2)
+    (ta, sa, _), (tb, sb, epoch) = seen[0], seen[-1]
+    return (sb - sa) / (tb - ta), (sb / epoch if epoch else None)
+
+
+def calibrate(api, token):
+    """The step rates of the trace's train model on this binary and host, each job alone on
+    the fresh cluster: `steps_per_s` of a train job at its full size (4 workers), and
+    `trial_steps_per_s` and `trial_steps_per_epoch` of a one-worker trial (its evaluation
+    after every epoch included). The trace's `seconds` become steps with them (`sized`)."""
+    unbounded = {"epochs": 1000000}
+    rate4, _ = step_rate(api, token, train_spec(
+        "calibrate-train", 4, unbounded, {"every_steps": 1000000}))
+    rate1, per_epoch = step_rate(api, token, train_spec(
+        "calibrate-trial", 1, unbounded, {"every_steps": 1000000}))
+    if per_epoch is None:
+        raise RuntimeError("calibration: the one-worker job finished no epoch")
+    return {"steps_per_s": rate4, "trial_steps_per_s": rate1,
+            "trial_steps_per_epoch": per_epoch}
+
+
+def drive(trace_jobs, tokens, policy, out, api, bench_dir, deadline_s, cal):
     """Submits each job at its time as its user; under fifo plays the admin (below); waits
     until every job has ended; writes every job's document and metric history to OUT.
 
     fifo-with-cancel: a high job pending for CANCEL_AFTER_S is given room by cancelling the
     youngest running low-priority rigid jobs of the trace until its ranks are free at that
     moment (again CANCEL_AFTER_S later if work queued ahead of it took them); each cancelled
-    job is resubmitted as NAME-cont, resuming from its last periodic checkpoint."""
+    job is resubmitted as NAME-cont, resuming from its last periodic checkpoint. Train
+    jobs and the search are sized by the calibration CAL (`sized`)."""
     admin = tokens["admin"]
     with open(os.path.join(bench_dir, "job.py"), "w") as f:
         f.write(JOB_PY)
@@ -185,7 +263,7 @@ def drive(trace_jobs, tokens, policy, out, api, bench_dir, deadline_s):
     capacity = NODES * CPUS_PER_NODE
 
     def submit(job, resume=None):
-        doc = call(api, "/v1/jobs", tokens[job["user"]], spec(job, bench_dir, resume))
+        doc = call(api, "/v1/jobs", tokens[job["user"]], spec(job, bench_dir, cal, resume))
         ids[doc["id"]] = job["name"]
         logical[job["name"]].append(doc["id"])
         note(f"{time.time() - t0:6.1f} s submitted {job['name']}{' (resumed)' if resume else ''}"
@@ -240,12 +318,16 @@ def drive(trace_jobs, tokens, policy, out, api, bench_dir, deadline_s):
                     submit(by_name[ids[c["job"]]], resume="periodic")
         time.sleep(1.0)
 
-    # The records: every job the cluster has (the trials included).
+    # The records: every job of the trace (its resubmissions and the search's trials
+    # included; not the calibration's).
     record = {"policy": policy, "capacity": capacity, "users": USERS, "step_s": STEP_S,
-              "trace": trace_jobs, "logical": logical, "cancels": cancels,
+              "trace": trace_jobs, "logical": logical, "cancels": cancels, "calibration": cal,
               "collected_at_ms": int(time.time() * 1000), "jobs": {}, "metrics": {}}
     for s in call(api, "/v1/jobs?limit=10000", admin):
-        record["jobs"][s["id"]] = call(api, f"/v1/jobs/{s['id']}", admin)
+        d = call(api, f"/v1/jobs/{s['id']}", admin)
+        if s["id"] not in ids and (d.get("trial_of") or {}).get("search") not in ids:
+            continue
+        record["jobs"][s["id"]] = d
         record["metrics"][s["id"]] = call(api, f"/v1/jobs/{s['id']}/metrics", admin)["metrics"]
     json.dump(record, open(out, "w"))
 
@@ -394,13 +476,30 @@ def figures(rec):
     def history(jid, metric):
         return [v for _, v in rec["metrics"].get(jid, {}).get(metric, [])]
 
+    def reform_losses(jid):
+        """The steps each re-form of train job JID lost, once per re-form. Every rank
+        reports `restored_step` and `steps_lost` together after joining a generation (the
+        two histories' points pair up in order); the survivors of one re-form restore the
+        same step, so reports that name the same `restored_step` are one re-form, counted
+        by its largest loss, not once per survivor."""
+        lost = rec["metrics"].get(jid, {}).get("steps_lost", [])
+        restored = rec["metrics"].get(jid, {}).get("restored_step", [])
+        if len(restored) != len(lost):  # not paired: each report on its own
+            return [v for _, v in lost]
+        by_reform = {}
+        for (_, at), (_, v) in zip(restored, lost):
+            by_reform[at] = max(by_reform.get(at, 0), v)
+        return list(by_reform.values())
+
     def regressed(jid):
-        """Steps redone: how far the `step` history went back (at its reports' grain)."""
-        top, back = None, 0
-        for x, _ in rec["metrics"].get(jid, {}).get("step", []):
-            if top is not None and x < top:
-                back += top - x
-            top = x if top is None else max(top, x)
+        """Steps redone: how far the `step` history went back, each time it did (at its
+        reports' grain). The step is the value: the trainer reports it without a step, so
+        its x is a sequence."""
+        last, back = None, 0
+        for _, x in rec["metrics"].get(jid, {}).get("step", []):
+            if last is not None and x < last:
+                back += last - x
+            last = x
         return back
 
     lost_s, steps_lost = 0.0, 0
@@ -411,7 +510,7 @@ def figures(rec):
         if d["kind"] == "command":
             lost_s += sum(history(jid, "lost_steps")) * rec["step_s"] * d["workers"]
             continue
-        lost = sum(history(jid, "steps_lost")) + regressed(jid)
+        lost = sum(reform_losses(jid)) + regressed(jid)
         rank_s = sum((t1 - t0) / 1000.0 * r for t0, t1, r in held)
         steps = d.get("step") or 0
         if lost and steps:
@@ -420,18 +519,25 @@ def figures(rec):
             steps_lost += int(lost)
 
     # shrink_s: a job that some ring was shrunk for, and that no requeue or pause served:
-    # its start minus its submit.
-    served_by = {}
+    # its start minus the decision to shrink for it (its pending reason naming the shrink,
+    # or the shrink's re-form, whichever came first; its submit if later).
+    served_by, shrunk_at = {}, {}
     for d in jobs.values():
         for e in d["events"]:
             r = e.get("reason", "")
             if r.startswith("preempted for "):
                 how = "shrink" if ": shrunk " in r else "stop"
-                served_by.setdefault(r.split()[2], set()).add(how)
+                for_job = r.split()[2]
+                served_by.setdefault(for_job, set()).add(how)
+                if how == "shrink":
+                    shrunk_at[for_job] = min(shrunk_at.get(for_job, e["at_ms"]), e["at_ms"])
     shrink = []
     for jid, hows in served_by.items():
         if hows == {"shrink"} and jid in life and life[jid][0]:
-            shrink.append((life[jid][0][0][0] - jobs[jid]["submitted_at_ms"]) / 1000.0)
+            decided = [e["at_ms"] for e in jobs[jid]["events"]
+                       if "preempting " in e.get("reason", "") and "(shrink" in e["reason"]]
+            start = max(jobs[jid]["submitted_at_ms"], min(decided + [shrunk_at[jid]]))
+            shrink.append((life[jid][0][0][0] - start) / 1000.0)
 
     return {"policy": rec["policy"], "jobs": len(waits),
             "utilization": busy / offered if offered else None,
@@ -456,12 +562,19 @@ if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "trace":
         json.dump(trace(int(args[0]), float(args[1])), sys.stdout, indent=1)
+    elif cmd == "calibrate":
+        c = calibrate(args[0], args[1])
+        json.dump(c, open(args[2], "w"))
+        print(f"sharing calibrate steps_per_s={c['steps_per_s']:.0f} "
+              f"trial_steps_per_s={c['trial_steps_per_s']:.0f} "
+              f"trial_steps_per_epoch={c['trial_steps_per_epoch']:.1f}")
     elif cmd == "drive":
         tr, tokens = json.load(open(args[0])), json.load(open(args[1]))
-        drive(tr, tokens, args[2], args[3], args[4], args[5], float(args[6]))
+        drive(tr, tokens, args[2], args[3], args[4], args[5], float(args[6]),
+              json.load(open(args[7])))
     elif cmd == "figures":
         f = figures(json.load(open(args[0])))
         note(f"{f['policy']}: {f['shrinks']} jobs served by shrinks only, {f['cancels']} cancels")
         print(line(f))
     else:
-        sys.exit(f"bench_sharing.py: unknown command {cmd!r} (trace, drive, figures)")
+        sys.exit(f"bench_sharing.py: unknown command {cmd!r} (trace, calibrate, drive, figures)")

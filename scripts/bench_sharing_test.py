@@ -85,12 +85,18 @@ class Figures(unittest.TestCase):
         self.assertAlmostEqual(f["wait_p95_s"], 70.0)
         self.assertAlmostEqual(f["high_wait_p95_s"], 2.0)
 
-    def test_shrink_s_is_the_requesters_start_after_its_submit(self):
-        f = bs.figures(record())
-        self.assertAlmostEqual(f["shrink_s_p50"], 2.0)
-        self.assertAlmostEqual(f["shrink_s_max"], 2.0)
+    def test_shrink_s_is_the_requesters_start_after_the_decision_to_shrink(self):
+        rec = record()
+        # j-3 waits from its submit at 48; the shrink is decided at 49 (its reason).
+        rec["jobs"]["j-3"]["events"].insert(
+            1, ev(49, "unplaceable", "gang of 2: at most 0 fit now; preempting j-1 (shrink to 2)"))
+        f = bs.figures(rec)
+        self.assertAlmostEqual(f["shrink_s_p50"], 1.0)
+        self.assertAlmostEqual(f["shrink_s_max"], 1.0)
         self.assertEqual(f["steps_lost"], 0)
         self.assertEqual(f["lost_work_s"], 0.0)
+        # No reason named it: from the shrink's re-form (50), the placement at once.
+        self.assertAlmostEqual(bs.figures(record())["shrink_s_max"], 0.0)
 
     def test_jain_is_one_when_each_user_gets_its_entitlement(self):
         # Busy 0..100. alice's demand: 4 (0..10), 6 (10..48), then 6 to 100; bob's 2 from 48
@@ -129,7 +135,7 @@ class Figures(unittest.TestCase):
         # by its shrink alone.
         self.assertAlmostEqual(f["lost_work_s"], 6.0)
         self.assertAlmostEqual(f["wait_p95_s"], 73.0)
-        self.assertEqual(f["shrink_s_max"], 2.0)
+        self.assertEqual(f["shrinks"], 1)
 
     def test_a_shrunk_rings_step_going_back_counts_as_steps_lost(self):
         rec = record()
@@ -139,6 +145,29 @@ class Figures(unittest.TestCase):
         self.assertEqual(f["steps_lost"], 8)
         # 8 steps of a job that held 260 rank-s over 1000 steps.
         self.assertAlmostEqual(f["lost_work_s"], 8 * 260 / 1000)
+
+    def test_a_train_jobs_step_going_back_is_read_from_the_values(self):
+        rec = record()
+        # The trainer's `step` reports carry no step: x is the report's sequence number.
+        # Back from 500 to 120 once (380 steps), then on: the steps after count no more.
+        rec["metrics"]["j-1"] = {"step": [[0, 10.0], [1, 500.0], [2, 120.0], [3, 300.0],
+                                          [4, 1000.0]]}
+        self.assertEqual(bs.figures(rec)["steps_lost"], 380)
+
+    def test_a_reform_loss_that_several_survivors_report_counts_once(self):
+        rec = record()
+        # j-1 starts fresh on 4 ranks (each reports step 0 restored, 0 lost), then its
+        # shrink to 2 at step 500 goes back to the commit at 495: both survivors report it.
+        rec["metrics"]["j-1"] = {
+            "restored_step": [[k, 0.0] for k in range(4)] + [[4, 495.0], [5, 495.0]],
+            "steps_lost": [[k, 0.0] for k in range(4)] + [[4, 5.0], [5, 5.0]],
+            "step": [[10, 10.0], [500, 500.0], [1000, 1000.0]]}
+        f = bs.figures(rec)
+        self.assertEqual(f["steps_lost"], 5)
+        self.assertAlmostEqual(f["lost_work_s"], 5 * 260 / 1000)
+        # Two re-forms at different steps are two losses.
+        rec["metrics"]["j-1"]["restored_step"][5] = [5, 700.0]
+        self.assertEqual(bs.figures(rec)["steps_lost"], 10)
 
     def test_the_line_names_every_figure(self):
         text = bs.line(bs.figures(record()))
@@ -167,11 +196,18 @@ class Trace(unittest.TestCase):
         kinds = {j["kind"] for j in a}
         self.assertEqual(kinds, {"train", "command", "search"})
         self.assertEqual(sum(j["priority"] == "high" for j in a), 2)
+        cal = {"steps_per_s": 1000.0, "trial_steps_per_s": 2000.0,
+               "trial_steps_per_epoch": 40.0}
         for j in a:
-            s = bs.spec(j, "/tmp/x")
+            s = bs.spec(j, "/tmp/x", cal)
             self.assertEqual(s["name"], j["name"])
             if j["kind"] == "train":
                 self.assertLess(s["min_workers"], s["workers"])
+                # Sized in seconds: its steps at the calibrated rate, a checkpoint every 2 s.
+                self.assertEqual(s["train"]["max_steps"], round(j["seconds"] * 1000))
+                self.assertEqual(s["checkpoint"]["every_steps"], 2000)
+            if j["kind"] == "search":
+                self.assertEqual(s["train"]["epochs"], round(j["seconds"] * 2000 / 40))
 
 
 if __name__ == "__main__":

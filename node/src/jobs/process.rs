@@ -248,10 +248,14 @@ pub enum Control {
     /// killed mid-step leaves them a step its optimizer had partly applied, and they go
     /// back to their last periodic commit); report nothing.
     Leave,
-    /// A preemption's requeue: checkpoint and stop (`ringleader-stop`, stdin closed,
-    /// SIGTERM), SIGKILL after `grace_ms`; the exit is reported (the job is requeued once
-    /// every rank is out).
-    Preempt { grace_ms: u64 },
+    /// A preemption's requeue: checkpoint and stop (`ringleader-stop`, stdin closed, and
+    /// SIGTERM when `sigterm`), SIGKILL after `grace_ms`; the exit is reported (the job is
+    /// requeued once every rank is out). An elastic train rank gets no SIGTERM: it stops
+    /// at the stop line's step boundary and writes the state every rank reached as the
+    /// checkpoint the next attempt resumes from, while SIGTERM (which it leaves at its
+    /// default) would kill it first, mid-step, and the job would go back to its last
+    /// periodic checkpoint.
+    Preempt { grace_ms: u64, sigterm: bool },
     /// The ring re-formed: the process is now `rank` of `generation`; `line` (a
     /// `ringleader-generation` control line) goes to its stdin.
     Generation {

@@ -88,8 +88,9 @@ pub struct Plan {
     /// Processes that are no longer wanted.
     pub stop: Vec<Key>,
     /// Live processes of a job being requeued by a preemption: asked to checkpoint and
-    /// stop within the grace (ms).
-    pub preempt: Vec<(Key, u64)>,
+    /// stop within the grace (ms), with SIGTERM or (an elastic train rank, which stops at
+    /// the stop line and checkpoints there) without ([`Control::Preempt`]).
+    pub preempt: Vec<(Key, u64, bool)>,
 }
 
 /// The pure reconcile: what to start, move and stop, given the state, the processes there
@@ -121,8 +122,9 @@ pub fn plan(
                 // A preemption's requeue: nothing starts or moves; what runs checkpoints
                 // and stops.
                 if have.contains_key(&key) {
+                    let sigterm = !(control_stdin && job.spec.kind == JobKind::Train);
                     plan.preempt
-                        .push((key, u64::from(stopping.grace_s) * 1_000));
+                        .push((key, u64::from(stopping.grace_s) * 1_000, sigterm));
                 }
                 continue;
             }
@@ -394,13 +396,13 @@ impl Supervisor {
                 }
             }
         }
-        for (key, grace_ms) in plan.preempt {
+        for (key, grace_ms, sigterm) in plan.preempt {
             if !self.preempted.insert(key) {
                 continue;
             }
             if let Some((control, _)) = self.running.get(&key) {
-                info!(job = %key.0, worker = key.2, grace_ms, "preempted: asking the worker to checkpoint and stop");
-                let _ = control.try_send(Control::Preempt { grace_ms });
+                info!(job = %key.0, worker = key.2, grace_ms, sigterm, "preempted: asking the worker to checkpoint and stop");
+                let _ = control.try_send(Control::Preempt { grace_ms, sigterm });
             }
         }
         for key in plan.stop {
@@ -966,6 +968,49 @@ mod tests {
         let have: BTreeMap<Key, u32> = first.wanted.iter().map(|k| (*k, 1)).collect();
         let second = plan(&state, &ctx(&me), &have, &host);
         (id, first, second)
+    }
+
+    /// A requeue's ranks are asked to checkpoint and stop: an elastic train rank by the stop
+    /// line alone (SIGTERM, which the train worker leaves at its default, would kill it
+    /// mid-step, before the checkpoint it stops with), a rigid train rank and a command rank
+    /// with SIGTERM too.
+    #[test]
+    fn a_requeue_sends_sigterm_to_every_rank_but_an_elastic_train_one() {
+        let members = vec![chief::member("a", State::Alive, 4)];
+        let me = members[0].id.to_string();
+        let host = |_: &str| Some("127.0.0.1".to_string());
+        let train = "name = \"t\"\nkind = \"train\"\nworkers = 2\n";
+        let tables = "[model]\narch = \"mlp\"\n[data]\ndataset = \"digits\"\n";
+        let command = "name = \"c\"\nkind = \"command\"\ncommand = [\"true\"]\nworkers = 2\nmin_workers = 1\n";
+        for (spec, sigterm) in [
+            (format!("{train}min_workers = 1\n{tables}"), false),
+            (format!("{train}{tables}"), true),
+            (command.to_owned(), true),
+        ] {
+            let mut state = ControlState::default();
+            let id = chief::submit_text(&mut state, &spec);
+            for cmd in decide(&state, &members, 5, &mut || "ab".repeat(32)) {
+                state.apply(state.applied_index + 1, &cmd);
+            }
+            let job = state.jobs.get_mut(&id).unwrap();
+            assert_eq!(job.state, JobState::Running, "{spec}");
+            job.stopping = Some(crate::domain::state::preempt::Stopping {
+                since_ms: 6,
+                grace_s: 30,
+                why: "preempted for j-9".into(),
+                for_job: None,
+            });
+            let have: BTreeMap<Key, u32> = job
+                .assignment
+                .iter()
+                .map(|s| ((id, job.process_generation(), s.worker), job.generation))
+                .collect();
+            let p = plan(&state, &ctx(&me), &have, &host);
+            assert_eq!(p.preempt.len(), 2, "{spec}");
+            for (_, grace_ms, term) in &p.preempt {
+                assert_eq!((*grace_ms, *term), (30_000, sigterm), "{spec}");
+            }
+        }
     }
 
     /// A standby joiner on this member starts with no generation and `RINGLEADER_STANDBY=1`;

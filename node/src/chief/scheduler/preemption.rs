@@ -2,11 +2,20 @@
 //! the chief hands them to the mechanism that carries them out.
 //!
 //! A running job is a candidate victim when it is preemptible and either its owner borrows
-//! (runs above its quota) while the waiting job's owner would not, or its priority is below
-//! the waiting job's and the waiting job would not borrow, or would but the victim is its own
-//! owner's or its owner borrows too (a borrower never takes by priority from another
-//! owner's work within its quota). Candidates are taken in this order, and only until the waiting job's
-//! gang fits:
+//! (runs above its quota) while the waiting job's owner would not and its priority is not
+//! above the waiting job's, or its priority is below the waiting job's and the waiting job
+//! would not borrow, or would but the victim is its own owner's or its owner borrows too (a
+//! borrower never takes by priority from another owner's work within its quota).
+//!
+//! So no two jobs can take each other's ranks in turn: a job taken back (borrowed work, for a
+//! job within its quota) is never of higher priority than the job it gave way to, and a job
+//! taken by priority is of lower priority and may not take back from a higher one (Kueue's
+//! `reclaimWithinCohort: LowerPriority`, with equal priorities reclaimed too). Without the
+//! priority bound on taking back, bench-sharing's high job of a borrowing user gave way to a
+//! normal job within its owner's quota, took that owner's borrowed ranks back by priority,
+//! gave way again, and so on, ten requeues in a minute.
+//!
+//! Candidates are taken in this order, and only until the waiting job's gang fits:
 //!
 //! 1. borrowed work first (Kueue's cohorts take borrowing back first);
 //! 2. lowest priority first;
@@ -101,7 +110,10 @@ pub fn victims(
         .iter()
         .filter(|r| r.preemptible && !r.slots.is_empty())
         .filter_map(|r| {
-            let borrowing = reclaims && r.owner != w.owner && ledger.borrowing(r.owner, quotas);
+            let borrowing = reclaims
+                && r.owner != w.owner
+                && r.priority <= w.priority
+                && ledger.borrowing(r.owner, quotas);
             if !borrowing && r.priority >= w.priority {
                 return None;
             }

@@ -466,6 +466,40 @@ fn a_borrowing_job_never_preempts_another_owners_work_within_its_quota() {
     assert_eq!(schedule(&cluster, &queue, 10).preempt.len(), 1);
 }
 
+/// bench-sharing's circle in two steps: bob's high job, borrowing, took alice's ranks by
+/// priority while she borrowed; her normal job, then within her quota, took bob's borrowed
+/// rank back, and so on. Borrowed work is taken back only for a job of at least its
+/// priority.
+#[test]
+fn borrowed_work_is_taken_back_only_for_a_job_of_at_least_its_priority() {
+    let mut members = vec![member("a", 2, 0), member("b", 2, 0)];
+    let r = req(1, 1, 0);
+    let bob_slots = hold(&mut members, &[0, 0, 1, 1], &r);
+    let quotas = BTreeMap::from([
+        ("alice".to_owned(), quota(2, None)),
+        ("bob".to_owned(), quota(3, None)),
+    ]);
+    let cluster = ClusterView {
+        members,
+        quotas: &quotas,
+    };
+    // Bob's high job holds 4 ranks, one borrowed; alice's normal job of 1 is within quota.
+    let queue = QueueView {
+        waiting: vec![waiting(2, "alice", priority::NORMAL, req(1, 1, 0))],
+        running: vec![running(1, "bob", priority::HIGH, &bob_slots, r)],
+        ..QueueView::default()
+    };
+    let d = schedule(&cluster, &queue, 10);
+    assert!(d.preempt.is_empty(), "{:?}", d.preempt);
+    assert!(reason_of(&d, 2).is_some());
+    // Bob's borrowing job of normal priority (as alice's) is taken back.
+    let mut queue = queue;
+    queue.running[0].priority = priority::NORMAL;
+    let d = schedule(&cluster, &queue, 10);
+    assert_eq!(d.preempt.len(), 1, "{:?}", d.preempt);
+    assert_eq!(d.preempt[0].victim, id(1));
+}
+
 #[test]
 fn a_rigid_victim_is_requeued_and_trials_are_paused_per_search() {
     let mut members = vec![member("a", 1, 0), member("b", 1, 0)];

@@ -21,7 +21,8 @@
 //!   closes its stdin, sends SIGTERM and SIGKILL after [`STOP_GRACE_MS`].
 //! - **Preemption**: a requeue's stop is a graceful stop with the job's own grace
 //!   (`[preemption] grace_s`) whose exit is reported (the job is requeued once every rank
-//!   is out); asked once, a kill still ends it at once.
+//!   is out), without SIGTERM for an elastic train rank (it stops at the stop line and
+//!   checkpoints; see [`Control::Preempt`]); asked once, a kill still ends it at once.
 //! - **Failure**: the last lines of its stderr are kept ([`super::tail`]); a failed end
 //!   is reported with them and the signal that ended it ([`RankWatch::rank_end`]).
 //! - **Exit**: the rank's group is killed with it (unless a graceful stop's grace still
@@ -353,19 +354,27 @@ impl RankWatch {
                 self.killed = true;
                 vec![Action::Signal(Signal::SIGKILL)]
             }
-            Some(Control::Preempt { grace_ms }) => {
+            Some(Control::Preempt { grace_ms, sigterm }) => {
                 if self.preempted {
                     return Vec::new();
                 }
                 self.preempted = true;
                 self.term_deadline = Some(now + Duration::from_millis(grace_ms));
-                info!(job = %self.id, rank = self.rank, grace_ms, "preempted: asked to checkpoint and stop");
-                vec![
-                    Action::Log(format!("ringleader: preempted: checkpoint and stop (ringleader-stop, SIGTERM; SIGKILL after {grace_ms} ms)")),
+                info!(job = %self.id, rank = self.rank, grace_ms, sigterm, "preempted: asked to checkpoint and stop");
+                let how = if sigterm {
+                    "ringleader-stop, SIGTERM"
+                } else {
+                    "ringleader-stop"
+                };
+                let mut actions = vec![
+                    Action::Log(format!("ringleader: preempted: checkpoint and stop ({how}; SIGKILL after {grace_ms} ms)")),
                     Action::Tell(ringleader_protocol::STOP_LINE.to_owned()),
                     Action::CloseStdin,
-                    Action::Signal(Signal::SIGTERM),
-                ]
+                ];
+                if sigterm {
+                    actions.push(Action::Signal(Signal::SIGTERM));
+                }
+                actions
             }
             Some(Control::Leave) => {
                 self.killed = true;

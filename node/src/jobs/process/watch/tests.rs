@@ -409,36 +409,40 @@ fn a_kill_is_immediate_and_an_exit_kills_the_group_and_bounds_the_drain() {
     assert_eq!(w.on_end(Some(3), None).1, Some(3));
 }
 
-/// A preemption's requeue: told to stop, SIGTERM, SIGKILL only after the job's own grace,
-/// asked once, and its exit reported (the state machine requeues the job once every rank
-/// is out).
+/// A preemption's requeue: told to stop, SIGTERM (not an elastic train rank: it would die
+/// of it mid-step, before the checkpoint it stops with), SIGKILL only after the job's own
+/// grace, asked once, and its exit reported (the state machine requeues the job once every
+/// rank is out).
 #[test]
 fn a_preempted_rank_gets_its_grace_and_its_exit_is_reported() {
     let t0 = Instant::now();
-    let mut w = watch(0, None, None, t0);
-    let actions = w.on_control(t0, Some(Control::Preempt { grace_ms: 30_000 }));
-    assert_eq!(
-        actions[1..],
-        [
+    let preempt = |grace_ms, sigterm| Some(Control::Preempt { grace_ms, sigterm });
+    for sigterm in [true, false] {
+        let mut w = watch(0, None, None, t0);
+        let actions = w.on_control(t0, preempt(30_000, sigterm));
+        let mut told = vec![
             Action::Tell(ringleader_protocol::STOP_LINE.to_owned()),
             Action::CloseStdin,
-            Action::Signal(Signal::SIGTERM)
-        ]
-    );
-    assert!(matches!(&actions[0], Action::Log(l) if l.contains("preempted")));
-    assert!(w.takes_control(), "a kill may still come");
-    assert_eq!(w.next_deadline(), Some(at(t0, 30_000)));
-    assert_eq!(
-        w.on_control(at(t0, 10), Some(Control::Preempt { grace_ms: 30_000 })),
-        vec![],
-        "asked once"
-    );
-    assert_eq!(w.on_timer(at(t0, 29_999)), vec![]);
-    assert_eq!(w.on_exit(at(t0, 5_000)), vec![]);
-    assert_eq!(w.on_end(Some(0), None), (vec![], Some(0)), "reported");
+        ];
+        if sigterm {
+            told.push(Action::Signal(Signal::SIGTERM));
+        }
+        assert_eq!(actions[1..], told, "sigterm {sigterm}");
+        assert!(matches!(&actions[0], Action::Log(l) if l.contains("preempted")));
+        assert!(w.takes_control(), "a kill may still come");
+        assert_eq!(w.next_deadline(), Some(at(t0, 30_000)));
+        assert_eq!(
+            w.on_control(at(t0, 10), preempt(30_000, sigterm)),
+            vec![],
+            "asked once"
+        );
+        assert_eq!(w.on_timer(at(t0, 29_999)), vec![]);
+        assert_eq!(w.on_exit(at(t0, 5_000)), vec![]);
+        assert_eq!(w.on_end(Some(0), None), (vec![], Some(0)), "reported");
+    }
     // One that outlives the grace is killed, and its signal death reported.
     let mut late = watch(1, None, None, t0);
-    late.on_control(t0, Some(Control::Preempt { grace_ms: 1_000 }));
+    late.on_control(t0, preempt(1_000, true));
     assert_eq!(
         late.on_timer(at(t0, 1_000)),
         vec![Action::Signal(Signal::SIGKILL)]
