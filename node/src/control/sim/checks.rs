@@ -29,6 +29,8 @@ pub struct History {
     pub placed: Vec<(JobId, u32)>,
     /// Each submit a client saw acknowledged, as (token, job).
     pub acked: Vec<(String, JobId)>,
+    /// One line a step: what two runs of a seed must agree on.
+    pub trace: Vec<String>,
 }
 
 impl History {

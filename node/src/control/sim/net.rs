@@ -1,7 +1,7 @@
 //! The simulation's network: every node's Raft reachable in memory through one [`Router`],
 //! which can cut a link (both ways), take a node down, and delay each call by a seeded
-//! latency. A call over a cut link or to a node that is down fails as unreachable, as a
-//! dropped connection would.
+//! latency on the virtual clock. A call over a cut link or to a node that is down fails as
+//! unreachable, as a dropped connection would.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -18,7 +18,9 @@ use openraft::{
 };
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 
-use crate::control::store::{NodeId, RaftNode, TypeConfig};
+use super::clock;
+use super::store::SimConfig;
+use crate::control::store::{NodeId, RaftNode};
 
 /// Lowest one-way latency of a call, in milliseconds.
 pub const LATENCY_MS_MIN: u64 = 1;
@@ -34,7 +36,7 @@ pub struct Router {
 #[derive(Default)]
 struct Links {
     /// Rafts of the nodes that are up.
-    up: BTreeMap<NodeId, Raft<TypeConfig>>,
+    up: BTreeMap<NodeId, Raft<SimConfig>>,
     /// Cut links, each as (lower id, higher id).
     cut: BTreeSet<(NodeId, NodeId)>,
     /// Draws the latencies.
@@ -66,12 +68,12 @@ impl Router {
     }
 
     /// `id` is up with `raft`.
-    pub fn up(&self, id: NodeId, raft: Raft<TypeConfig>) {
+    pub fn up(&self, id: NodeId, raft: Raft<SimConfig>) {
         self.inner.lock().unwrap().up.insert(id, raft);
     }
 
     /// `id` is down: every call to it fails.
-    pub fn down(&self, id: NodeId) -> Option<Raft<TypeConfig>> {
+    pub fn down(&self, id: NodeId) -> Option<Raft<SimConfig>> {
         self.inner.lock().unwrap().up.remove(&id)
     }
 
@@ -92,13 +94,13 @@ impl Router {
     }
 
     /// `to`'s Raft, after a latency, if `from` reaches it.
-    async fn reach(&self, from: NodeId, to: NodeId) -> Result<Raft<TypeConfig>, Down> {
+    async fn reach(&self, from: NodeId, to: NodeId) -> Result<Raft<SimConfig>, Down> {
         let delay = {
             let mut links = self.inner.lock().unwrap();
             let rng = links.rng.as_mut().expect("a seeded router");
             rng.gen_range(LATENCY_MS_MIN..=LATENCY_MS_MAX)
         };
-        tokio::time::sleep(Duration::from_millis(delay)).await;
+        clock::sleep(Duration::from_millis(delay)).await;
         let links = self.inner.lock().unwrap();
         if links.cut.contains(&link(from, to)) {
             return Err(Down(format!("link {from}-{to} cut")));
@@ -127,7 +129,7 @@ pub struct SimConn {
     router: Arc<Router>,
 }
 
-impl RaftNetworkFactory<TypeConfig> for SimNetwork {
+impl RaftNetworkFactory<SimConfig> for SimNetwork {
     type Network = SimConn;
 
     async fn new_client(&mut self, target: NodeId, _node: &RaftNode) -> SimConn {
@@ -160,10 +162,10 @@ fn answer<T, E: std::error::Error>(
     }
 }
 
-impl RaftNetwork<TypeConfig> for SimConn {
+impl RaftNetwork<SimConfig> for SimConn {
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        rpc: AppendEntriesRequest<SimConfig>,
         _option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, RaftNode, RaftError<NodeId>>> {
         let raft = self
@@ -176,7 +178,7 @@ impl RaftNetwork<TypeConfig> for SimConn {
 
     async fn install_snapshot(
         &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
+        rpc: InstallSnapshotRequest<SimConfig>,
         _option: RPCOption,
     ) -> Result<
         InstallSnapshotResponse<NodeId>,
