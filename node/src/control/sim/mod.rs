@@ -70,8 +70,12 @@ pub const SETTLE_MS_MAX: u64 = 20_000;
 /// for each).
 pub const PROPOSE_MS_MAX: u64 = 100;
 /// Seeds a plain `cargo test` runs (from 1); `SIM_SEEDS` sets another count,
-/// `SIM_SEED_FROM` the first, `SIM_SEED` one seed alone.
-pub const SEEDS_DEFAULT: u64 = 2;
+/// `SIM_SEED_FROM` the first, `SIM_SEED` one seed alone. A seed takes about half a second
+/// of one core (debug build), so these take about 8 s of a core, about 20 s on a busy
+/// 2-core host.
+pub const SEEDS_DEFAULT: u64 = 16;
+/// Trace lines a failure shows (the last steps before it).
+pub const TRACE_LINES_SHOWN: usize = 8;
 
 /// The simulation's Raft timers: as the node's, scaled down about tenfold.
 fn raft_config() -> Arc<openraft::Config> {
@@ -95,6 +99,9 @@ struct Node {
     /// What the node keeps across a crash.
     disk: SharedDisk,
     live: Option<(Raft<SimConfig>, MemStateMachine)>,
+    /// The applied index and digest of this life's last sample (a state is sampled once an
+    /// index).
+    sampled: Option<(u64, [u8; 32])>,
 }
 
 /// A run in progress.
@@ -141,6 +148,7 @@ impl Sim {
                 name: format!("n{i}"),
                 disk: SharedDisk::default(),
                 live: None,
+                sampled: None,
             });
         }
         let mut sim = Sim {
@@ -191,6 +199,7 @@ impl Sim {
             .expect("raft starts");
         self.router.up(node.id, raft.clone());
         node.live = Some((raft, sm));
+        node.sampled = None;
     }
 
     /// Stops node `i` as a crash would: what it had not persisted is gone.
@@ -397,18 +406,22 @@ impl Sim {
         }
     }
 
-    /// Samples every live replica: who leads in which term, and its state.
+    /// Samples every live replica: who leads in which term, and its state if it applied
+    /// something since its last sample.
     fn sample(&mut self) -> Result<(), String> {
         for i in self.live() {
-            let (raft, sm) = self.nodes[i].live.as_ref().expect("live");
+            let node = &mut self.nodes[i];
+            let (raft, sm) = node.live.as_ref().expect("live");
             let m = raft.metrics().borrow().clone();
             if m.state == ServerState::Leader {
-                self.history
-                    .leaders
-                    .insert((m.current_term, self.nodes[i].id));
+                self.history.leaders.insert((m.current_term, node.id));
+            }
+            let index = sm.read(|s| s.applied_index);
+            if node.sampled.is_some_and(|(at, _)| at == index) {
+                continue;
             }
             let state = sm.read(|s| s.clone());
-            self.history.sample(&state);
+            node.sampled = Some((index, self.history.sample(&state)));
             checks::no_double_booking(&state, &self.capacity)
                 .map_err(|e| format!("no double booking: {e}"))?;
         }
@@ -474,14 +487,16 @@ impl Sim {
     }
 
     /// Adds this step to the trace: the chief and its term, each node's applied index (or
-    /// down), what was placed and acknowledged so far, and a digest of the chief's state.
+    /// down), what was placed and acknowledged so far, and a digest of the chief's state
+    /// (as sampled this step).
     fn trace(&mut self, step: u32) {
         let chief = self.leader().map(|l| {
-            let (raft, sm) = self.nodes[l].live.as_ref().expect("live");
+            let node = &self.nodes[l];
+            let (raft, _) = node.live.as_ref().expect("live");
             let term = raft.metrics().borrow().current_term;
-            let state = sm.read(|s| serde_json::to_vec(s).expect("a state serializes"));
-            let digest = blake3::hash(&state).to_hex()[..16].to_string();
-            format!("n{l} term {term} state {digest}")
+            let (index, digest) = node.sampled.expect("sampled this step");
+            let digest = blake3::Hash::from(digest).to_hex()[..16].to_string();
+            format!("n{l} term {term} index {index} state {digest}")
         });
         let applied: Vec<Option<u64>> = self
             .nodes
@@ -613,14 +628,35 @@ fn seeds() -> Vec<u64> {
     (from..from + var("SIM_SEEDS").unwrap_or(SEEDS_DEFAULT)).collect()
 }
 
+/// Prints the line that replays a seed if its run panics (an assertion in openraft, the
+/// clock finding the run stuck) rather than returning an error.
+struct ReplayOnPanic(u64);
+
+impl Drop for ReplayOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("simulation panicked; replay: {}", replay_line(self.0));
+        }
+    }
+}
+
+fn replay_line(seed: u64) -> String {
+    format!("SIM_SEED={seed} cargo test -p ringleader --lib control::sim")
+}
+
 #[test]
 fn control_and_chief_keep_their_invariants_under_faults() {
     for seed in seeds() {
-        if let (_, Err(e)) = clock::run(run(seed)) {
+        let guard = ReplayOnPanic(seed);
+        if let (trace, Err(e)) = clock::run(run(seed)) {
+            let last = &trace[trace.len().saturating_sub(TRACE_LINES_SHOWN)..];
             panic!(
-                "simulation failed, seed {seed}: {e}\nreplay: SIM_SEED={seed} cargo test -p ringleader --lib control::sim"
+                "simulation failed, seed {seed}: {e}\nlast steps:\n  {}\nreplay: {}",
+                last.join("\n  "),
+                replay_line(seed)
             );
         }
+        drop(guard);
     }
 }
 
@@ -629,10 +665,14 @@ fn control_and_chief_keep_their_invariants_under_faults() {
 #[test]
 fn a_seed_replays_its_run() {
     let seed = seeds()[0];
+    let _guard = ReplayOnPanic(seed);
     let (first, _) = clock::run(run(seed));
     let (second, _) = clock::run(run(seed));
     if let Some((a, b)) = first.iter().zip(&second).find(|(a, b)| a != b) {
-        panic!("seed {seed} took two paths (SIM_SEED={seed}):\n  {a}\n  {b}");
+        panic!(
+            "seed {seed} took two paths:\n  {a}\n  {b}\nreplay: {}",
+            replay_line(seed)
+        );
     }
     assert_eq!(
         first.len(),
