@@ -12,6 +12,12 @@
 //! the simulation tests is the state machine and openraft over faults, which this store runs
 //! unchanged.
 //!
+//! A crash ends a life of the node, but not at once the tasks openraft spawned for it (a
+//! replication task may be waiting on the network); a dead process would do nothing more.
+//! So each life's stores are fenced: once a new life opens the disk, the old one's calls
+//! fail (as its network calls do, [`super::net::Router`]), and a stale replication task
+//! cannot read the new life's log and send it under an old term.
+//!
 //! The types ([`SimConfig`]) are the node's with [`SimRuntime`] as openraft's runtime, so
 //! openraft's election timeouts come from the seed.
 
@@ -19,7 +25,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io::Cursor;
 use std::ops::RangeBounds;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use openraft::storage::{LogFlushed, RaftLogStorage, RaftStateMachine};
 use openraft::{
@@ -60,26 +66,57 @@ pub struct Disk {
     committed: Option<LogId<NodeId>>,
     snapshot: Option<StoredSnapshot>,
     snapshots_built: u64,
+    /// The life that has the disk now.
+    life: u64,
 }
 
 /// A node's [`Disk`], shared by the stores of each of its lives.
 pub type SharedDisk = Arc<Mutex<Disk>>;
 
+/// One life's hold on the disk: it fails once a later life opened the disk.
+#[derive(Clone)]
+struct Held {
+    disk: SharedDisk,
+    life: u64,
+}
+
+/// A call from a life of the node that has crashed.
+#[derive(Debug)]
+struct Crashed(u64);
+
+impl From<Crashed> for StorageError<NodeId> {
+    fn from(c: Crashed) -> Self {
+        let dead = AnyError::error(format!("life {} of this node has crashed", c.0));
+        StorageIOError::read_logs(dead).into()
+    }
+}
+
+impl Held {
+    fn lock(&self) -> Result<MutexGuard<'_, Disk>, Crashed> {
+        let disk = self.disk.lock().expect("disk lock");
+        if disk.life != self.life {
+            return Err(Crashed(self.life));
+        }
+        Ok(disk)
+    }
+}
+
 /// openraft's log store over a [`Disk`].
 #[derive(Clone)]
 pub struct MemLog {
-    disk: SharedDisk,
+    disk: Held,
 }
 
-/// A node's stores over its disk, as it starts (first or after a crash).
-pub fn open(disk: &SharedDisk) -> (MemLog, MemStateMachine) {
-    let log = MemLog { disk: disk.clone() };
-    (log, MemStateMachine::open(disk))
-}
-
-fn range<RB: RangeBounds<u64>>(disk: &SharedDisk, range: RB) -> Vec<Entry<SimConfig>> {
-    let disk = disk.lock().expect("disk lock");
-    disk.entries.range(range).map(|(_, e)| e.clone()).collect()
+/// A node's stores over its disk for its life `life` (first, or after a crash), which
+/// fences off the stores of its earlier lives.
+pub fn open(disk: &SharedDisk, life: u64) -> (MemLog, MemStateMachine) {
+    disk.lock().expect("disk lock").life = life;
+    let held = Held {
+        disk: disk.clone(),
+        life,
+    };
+    let log = MemLog { disk: held.clone() };
+    (log, MemStateMachine::open(held))
 }
 
 impl RaftLogReader<SimConfig> for MemLog {
@@ -87,7 +124,8 @@ impl RaftLogReader<SimConfig> for MemLog {
         &mut self,
         r: RB,
     ) -> Result<Vec<Entry<SimConfig>>, StorageError<NodeId>> {
-        Ok(range(&self.disk, r))
+        let disk = self.disk.lock()?;
+        Ok(disk.entries.range(r).map(|(_, e)| e.clone()).collect())
     }
 }
 
@@ -95,7 +133,7 @@ impl RaftLogStorage<SimConfig> for MemLog {
     type LogReader = MemLog;
 
     async fn get_log_state(&mut self) -> Result<LogState<SimConfig>, StorageError<NodeId>> {
-        let disk = self.disk.lock().expect("disk lock");
+        let disk = self.disk.lock()?;
         let last = disk
             .entries
             .values()
@@ -113,24 +151,24 @@ impl RaftLogStorage<SimConfig> for MemLog {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
-        self.disk.lock().expect("disk lock").vote = Some(*vote);
+        self.disk.lock()?.vote = Some(*vote);
         Ok(())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
-        Ok(self.disk.lock().expect("disk lock").vote)
+        Ok(self.disk.lock()?.vote)
     }
 
     async fn save_committed(
         &mut self,
         committed: Option<LogId<NodeId>>,
     ) -> Result<(), StorageError<NodeId>> {
-        self.disk.lock().expect("disk lock").committed = committed;
+        self.disk.lock()?.committed = committed;
         Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
-        Ok(self.disk.lock().expect("disk lock").committed)
+        Ok(self.disk.lock()?.committed)
     }
 
     async fn append<I>(
@@ -142,24 +180,22 @@ impl RaftLogStorage<SimConfig> for MemLog {
         I: IntoIterator<Item = Entry<SimConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        {
-            let mut disk = self.disk.lock().expect("disk lock");
-            for e in entries {
-                disk.entries.insert(e.log_id.index, e);
-            }
+        let mut disk = self.disk.lock()?;
+        for e in entries {
+            disk.entries.insert(e.log_id.index, e);
         }
         callback.log_io_completed(Ok(()));
         Ok(())
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
-        let mut disk = self.disk.lock().expect("disk lock");
+        let mut disk = self.disk.lock()?;
         disk.entries.split_off(&log_id.index);
         Ok(())
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
-        let mut disk = self.disk.lock().expect("disk lock");
+        let mut disk = self.disk.lock()?;
         disk.entries = disk.entries.split_off(&(log_id.index + 1));
         if disk.purged.is_none_or(|p| p < log_id) {
             disk.purged = Some(log_id);
@@ -179,7 +215,7 @@ struct Applied {
 /// openraft's state machine: the real [`ControlState`], snapshots on the [`Disk`].
 #[derive(Clone)]
 pub struct MemStateMachine {
-    disk: SharedDisk,
+    disk: Held,
     applied: Arc<RwLock<Applied>>,
 }
 
@@ -197,19 +233,19 @@ fn to_snapshot(s: &StoredSnapshot) -> Snapshot<SimConfig> {
 impl MemStateMachine {
     /// The state machine a node starts with: its disk's snapshot, or an empty state
     /// (openraft re-applies the committed log after it).
-    pub fn open(disk: &SharedDisk) -> MemStateMachine {
+    fn open(disk: Held) -> MemStateMachine {
         let mut applied = Applied {
             state: ControlState::default(),
             last_applied: None,
             membership: StoredMembership::default(),
         };
-        if let Some(snap) = &disk.lock().expect("disk lock").snapshot {
+        if let Some(snap) = &disk.lock().expect("this life's disk").snapshot {
             applied.state = decode_state(&snap.data).expect("a snapshot this store wrote");
             applied.last_applied = snap.meta.last_log_id;
             applied.membership = snap.meta.last_membership.clone();
         }
         MemStateMachine {
-            disk: disk.clone(),
+            disk,
             applied: Arc::new(RwLock::new(applied)),
         }
     }
@@ -220,8 +256,8 @@ impl MemStateMachine {
     }
 
     /// Keeps `snap` on the disk unless a newer one is there.
-    fn keep(&self, snap: &StoredSnapshot) {
-        let mut disk = self.disk.lock().expect("disk lock");
+    fn keep(&self, snap: &StoredSnapshot) -> Result<(), Crashed> {
+        let mut disk = self.disk.lock()?;
         if disk
             .snapshot
             .as_ref()
@@ -229,13 +265,14 @@ impl MemStateMachine {
         {
             disk.snapshot = Some(snap.clone());
         }
+        Ok(())
     }
 }
 
 impl RaftSnapshotBuilder<SimConfig> for MemStateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<SimConfig>, StorageError<NodeId>> {
         let built = {
-            let mut disk = self.disk.lock().expect("disk lock");
+            let mut disk = self.disk.lock()?;
             disk.snapshots_built += 1;
             disk.snapshots_built
         };
@@ -253,7 +290,7 @@ impl RaftSnapshotBuilder<SimConfig> for MemStateMachine {
             };
             StoredSnapshot { meta, data }
         };
-        self.keep(&snap);
+        self.keep(&snap)?;
         Ok(to_snapshot(&snap))
     }
 }
@@ -312,7 +349,7 @@ impl RaftStateMachine<SimConfig> for MemStateMachine {
         self.keep(&StoredSnapshot {
             meta: meta.clone(),
             data,
-        });
+        })?;
         let mut applied = self.applied.write().expect("state machine lock");
         applied.state = state;
         applied.last_applied = meta.last_log_id;
@@ -323,7 +360,7 @@ impl RaftStateMachine<SimConfig> for MemStateMachine {
     async fn get_current_snapshot(
         &mut self,
     ) -> Result<Option<Snapshot<SimConfig>>, StorageError<NodeId>> {
-        let disk = self.disk.lock().expect("disk lock");
+        let disk = self.disk.lock()?;
         Ok(disk.snapshot.as_ref().map(to_snapshot))
     }
 }
