@@ -29,11 +29,13 @@ pub struct History {
     pub placed: Vec<(JobId, u32)>,
     /// Each submit a client saw acknowledged, as (token, job).
     pub acked: Vec<(String, JobId)>,
+    /// One line a step: what two runs of a seed must agree on.
+    pub trace: Vec<String>,
 }
 
 impl History {
-    /// Records one replica's state, as of its applied index.
-    pub fn sample(&mut self, state: &ControlState) {
+    /// Records one replica's state, as of its applied index; its digest.
+    pub fn sample(&mut self, state: &ControlState) -> [u8; 32] {
         let index = state.applied_index;
         for job in state.jobs.values() {
             self.generations
@@ -44,10 +46,9 @@ impl History {
                 .insert(job.generation);
         }
         let bytes = serde_json::to_vec(state).expect("a state serializes");
-        self.digests
-            .entry(index)
-            .or_default()
-            .insert(*blake3::hash(&bytes).as_bytes());
+        let digest = *blake3::hash(&bytes).as_bytes();
+        self.digests.entry(index).or_default().insert(digest);
+        digest
     }
 }
 
@@ -193,46 +194,96 @@ mod tests {
         s
     }
 
-    /// Each checker passes what holds and names what does not: a checker that cannot fail
-    /// tests nothing.
+    // Each checker passes what holds and names what does not: a checker that cannot fail
+    // tests nothing. One test a checker, each fed a history that breaks its invariant.
+
     #[test]
-    fn each_checker_catches_its_violation() {
+    fn two_chiefs_in_one_term_fail_one_chief_per_term() {
         let mut h = History::default();
         h.leaders.extend([(1, 10), (2, 11)]);
         assert!(one_chief_per_term(&h).is_ok());
         h.leaders.insert((2, 12));
         assert!(one_chief_per_term(&h).unwrap_err().contains("term 2"));
+    }
 
+    #[test]
+    fn two_states_at_one_index_fail_replicas_agree() {
         let state = state_with_a_running_job(2);
         let mut h = History::default();
         h.sample(&state);
+        h.sample(&state);
         assert!(replicas_agree(&h).is_ok());
-        assert!(generation_only_grows(&h).is_ok());
         let mut other = state.clone();
         other.jobs.values_mut().for_each(|j| j.generation = 0);
         h.sample(&other);
-        assert!(replicas_agree(&h).is_err());
+        assert!(replicas_agree(&h)
+            .unwrap_err()
+            .contains("at applied index 2"));
+    }
+
+    #[test]
+    fn a_generation_that_falls_fails_generation_only_grows() {
+        let state = state_with_a_running_job(2);
         let mut later = state.clone();
         later.applied_index = 3;
-        later.jobs.values_mut().for_each(|j| j.generation = 0);
         let mut h = History::default();
         h.sample(&state);
         h.sample(&later);
-        assert!(generation_only_grows(&h).is_err());
+        assert!(generation_only_grows(&h).is_ok());
+        later.applied_index = 4;
+        later.jobs.values_mut().for_each(|j| j.generation = 0);
+        h.sample(&later);
+        assert!(generation_only_grows(&h).unwrap_err().contains("index 4"));
+    }
 
+    #[test]
+    fn a_second_place_of_one_attempt_fails_one_placement_per_attempt() {
+        let state = state_with_a_running_job(2);
         let id = JobId::from_log_index(1);
         let mut h = History::default();
         h.placed.push((id, 1));
-        h.acked.push(("t".into(), id));
         assert!(one_placement_per_attempt(&h, &state).is_ok());
-        assert!(no_acked_submit_lost(&h, &state).is_ok());
         h.placed.push((id, 1));
-        assert!(one_placement_per_attempt(&h, &state).is_err());
-        h.acked.push(("lost".into(), JobId::from_log_index(7)));
-        assert!(no_acked_submit_lost(&h, &state).is_err());
+        assert!(one_placement_per_attempt(&h, &state)
+            .unwrap_err()
+            .contains("placed twice"));
+        // A state whose job counts more attempts than it has placements.
+        let mut h = History::default();
+        h.placed.push((id, 1));
+        let mut short = state.clone();
+        short.jobs.values_mut().for_each(|j| j.attempt += 1);
+        assert!(one_placement_per_attempt(&h, &short).is_err());
+    }
 
+    #[test]
+    fn an_acknowledged_submit_missing_fails_no_acked_submit_lost() {
+        let state = state_with_a_running_job(2);
+        let mut h = History::default();
+        h.acked.push(("t".into(), JobId::from_log_index(1)));
+        assert!(no_acked_submit_lost(&h, &state).is_ok());
+        h.acked.push(("lost".into(), JobId::from_log_index(7)));
+        assert!(no_acked_submit_lost(&h, &state)
+            .unwrap_err()
+            .contains("\"lost\""));
+    }
+
+    #[test]
+    fn cpus_over_capacity_or_a_gpu_given_twice_fail_no_double_booking() {
+        let state = state_with_a_running_job(2);
         let room = |cpus| BTreeMap::from([("m".to_string(), Capacity { cpus, gpus: 1 })]);
         assert!(no_double_booking(&state, &room(2)).is_ok());
-        assert!(no_double_booking(&state, &room(1)).is_err());
+        assert!(no_double_booking(&state, &room(1))
+            .unwrap_err()
+            .contains("more than"));
+        // A second running job on the same member and GPU (the log refuses such a
+        // placement; a state that holds one anyway must fail the checker).
+        let mut twice = state.clone();
+        let mut other = twice.jobs.values().next().expect("a job").clone();
+        other.id = JobId::from_log_index(9);
+        twice.jobs.insert(other.id, other);
+        let room = BTreeMap::from([("m".to_string(), Capacity { cpus: 8, gpus: 1 })]);
+        assert!(no_double_booking(&twice, &room)
+            .unwrap_err()
+            .contains("gpu 0 of m given twice"));
     }
 }

@@ -1,7 +1,8 @@
 //! The simulation's network: every node's Raft reachable in memory through one [`Router`],
 //! which can cut a link (both ways), take a node down, and delay each call by a seeded
-//! latency. A call over a cut link or to a node that is down fails as unreachable, as a
-//! dropped connection would.
+//! latency on the virtual clock. A call over a cut link or to a node that is down fails as
+//! unreachable, as a dropped connection would; so does a call from an earlier life of a node
+//! (a task of a Raft that crashed, still waiting on the network when the node restarted).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -18,7 +19,9 @@ use openraft::{
 };
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 
-use crate::control::store::{NodeId, RaftNode, TypeConfig};
+use super::clock;
+use super::store::SimConfig;
+use crate::control::store::{NodeId, RaftNode};
 
 /// Lowest one-way latency of a call, in milliseconds.
 pub const LATENCY_MS_MIN: u64 = 1;
@@ -33,8 +36,8 @@ pub struct Router {
 
 #[derive(Default)]
 struct Links {
-    /// Rafts of the nodes that are up.
-    up: BTreeMap<NodeId, Raft<TypeConfig>>,
+    /// Rafts of the nodes that are up, with the life each is in.
+    up: BTreeMap<NodeId, (u64, Raft<SimConfig>)>,
     /// Cut links, each as (lower id, higher id).
     cut: BTreeSet<(NodeId, NodeId)>,
     /// Draws the latencies.
@@ -65,14 +68,14 @@ impl Router {
         Arc::new(router)
     }
 
-    /// `id` is up with `raft`.
-    pub fn up(&self, id: NodeId, raft: Raft<TypeConfig>) {
-        self.inner.lock().unwrap().up.insert(id, raft);
+    /// `id` is up in its life `life` with `raft`.
+    pub fn up(&self, id: NodeId, life: u64, raft: Raft<SimConfig>) {
+        self.inner.lock().unwrap().up.insert(id, (life, raft));
     }
 
-    /// `id` is down: every call to it fails.
-    pub fn down(&self, id: NodeId) -> Option<Raft<TypeConfig>> {
-        self.inner.lock().unwrap().up.remove(&id)
+    /// `id` is down: every call to or from it fails.
+    pub fn down(&self, id: NodeId) {
+        self.inner.lock().unwrap().up.remove(&id);
     }
 
     /// Cuts the link between `a` and `b`, both ways.
@@ -91,22 +94,25 @@ impl Router {
         links.up.contains_key(&to) && !links.cut.contains(&link(from, to))
     }
 
-    /// `to`'s Raft, after a latency, if `from` reaches it.
-    async fn reach(&self, from: NodeId, to: NodeId) -> Result<Raft<TypeConfig>, Down> {
+    /// `to`'s Raft, after a latency, if `from` (in its life `life`) reaches it.
+    async fn reach(&self, from: NodeId, life: u64, to: NodeId) -> Result<Raft<SimConfig>, Down> {
         let delay = {
             let mut links = self.inner.lock().unwrap();
             let rng = links.rng.as_mut().expect("a seeded router");
             rng.gen_range(LATENCY_MS_MIN..=LATENCY_MS_MAX)
         };
-        tokio::time::sleep(Duration::from_millis(delay)).await;
+        clock::sleep(Duration::from_millis(delay)).await;
         let links = self.inner.lock().unwrap();
+        if links.up.get(&from).is_none_or(|(now, _)| *now != life) {
+            return Err(Down(format!("node {from} crashed in life {life}")));
+        }
         if links.cut.contains(&link(from, to)) {
             return Err(Down(format!("link {from}-{to} cut")));
         }
         links
             .up
             .get(&to)
-            .cloned()
+            .map(|(_, raft)| raft.clone())
             .ok_or_else(|| Down(format!("node {to} down")))
     }
 }
@@ -116,6 +122,8 @@ impl Router {
 pub struct SimNetwork {
     /// The node that calls.
     pub from: NodeId,
+    /// The life of `from` this network serves.
+    pub life: u64,
     /// Everyone's links.
     pub router: Arc<Router>,
 }
@@ -123,16 +131,18 @@ pub struct SimNetwork {
 /// A connection from one node to another.
 pub struct SimConn {
     from: NodeId,
+    life: u64,
     to: NodeId,
     router: Arc<Router>,
 }
 
-impl RaftNetworkFactory<TypeConfig> for SimNetwork {
+impl RaftNetworkFactory<SimConfig> for SimNetwork {
     type Network = SimConn;
 
     async fn new_client(&mut self, target: NodeId, _node: &RaftNode) -> SimConn {
         SimConn {
             from: self.from,
+            life: self.life,
             to: target,
             router: self.router.clone(),
         }
@@ -160,15 +170,15 @@ fn answer<T, E: std::error::Error>(
     }
 }
 
-impl RaftNetwork<TypeConfig> for SimConn {
+impl RaftNetwork<SimConfig> for SimConn {
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        rpc: AppendEntriesRequest<SimConfig>,
         _option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, RaftNode, RaftError<NodeId>>> {
         let raft = self
             .router
-            .reach(self.from, self.to)
+            .reach(self.from, self.life, self.to)
             .await
             .map_err(unreachable)?;
         answer(self.to, raft.append_entries(rpc).await)
@@ -176,7 +186,7 @@ impl RaftNetwork<TypeConfig> for SimConn {
 
     async fn install_snapshot(
         &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
+        rpc: InstallSnapshotRequest<SimConfig>,
         _option: RPCOption,
     ) -> Result<
         InstallSnapshotResponse<NodeId>,
@@ -184,7 +194,7 @@ impl RaftNetwork<TypeConfig> for SimConn {
     > {
         let raft = self
             .router
-            .reach(self.from, self.to)
+            .reach(self.from, self.life, self.to)
             .await
             .map_err(unreachable)?;
         answer(self.to, raft.install_snapshot(rpc).await)
@@ -197,7 +207,7 @@ impl RaftNetwork<TypeConfig> for SimConn {
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, RaftNode, RaftError<NodeId>>> {
         let raft = self
             .router
-            .reach(self.from, self.to)
+            .reach(self.from, self.life, self.to)
             .await
             .map_err(unreachable)?;
         answer(self.to, raft.vote(rpc).await)
