@@ -20,7 +20,9 @@
 # capped links, one iperf3 client per holder (rl1..rl3, or rl1 alone) sends at once to its own
 # iperf3 server on the receiver (rl4, port 520I for holder I) for about the fetch's duration
 # (whole seconds, at least 2); the sum of their goodputs (end.sum_received). ratio = mb_per_s /
-# iperf_mb_per_s. A ratio under its target is reported on stderr as `# warning: …`.
+# iperf_mb_per_s. A ratio under its target is reported on stderr as `# warning: …`. After
+# each fetch, the receiving node's CPU (utime + stime of its process over the fetch) on
+# stderr: `# receiver cpu TAG: cpu_s=… cpu_ms_per_mb=…`.
 #
 # Disk space: each source file is deleted once added (bench2's is kept for the check), and
 # each dataset is removed (`dataset rm`, so every holder deletes it) once measured; at
@@ -320,11 +322,31 @@ note "bench and bench2 held by h1,h2,h3 and bench1 by h1, as seen from h$RECEIVE
 
 cap_holders
 
+# cpu_ticks PID : the process's user + system CPU time so far, in clock ticks.
+cpu_ticks() {
+    # The fields after the command's ")" (which may hold spaces): utime and stime are the
+    # 12th and 13th of them.
+    local stat rest
+    local -a f
+    stat=$(<"/proc/$1/stat")
+    rest=${stat##*) }
+    read -r -a f <<<"$rest"
+    echo $((f[11] + f[12]))
+}
+# receiver_cpu TICKS_BEFORE TAG : the receiving node's CPU over the transfer, per MiB, on
+# stderr (`# receiver cpu …`): the work of taking the bytes in and writing them, which the
+# link's rate does not show on an idle host but does on a busy one.
+receiver_cpu() {
+    local used=$(($(cpu_ticks "${node_pids[$((RECEIVER - 1))]}") - $1))
+    note "receiver cpu $2: $(python3 -c 'import sys; t, hz, mib = map(float, sys.argv[1:]); print(f"cpu_s={t / hz:.2f} cpu_ms_per_mb={1000 * t / hz / mib:.2f}")' "$used" "$(getconf CLK_TCK)" "$size_mib")"
+}
+
 # fetch NAME TAG : the measured fetch on the receiver; sets fetch_result to
 # "bytes elapsed_s mib_per_s".
 fetch_result=""
 fetch() {
-    local name=$1 tag=$2
+    local name=$1 tag=$2 ticks
+    ticks=$(cpu_ticks "${node_pids[$((RECEIVER - 1))]}")
     timeout "$fetch_timeout_s" "$bin" --peer "$(api "$RECEIVER")" dataset get "$name" --json \
         >"$work/get-$tag.out" 2>"$work/get-$tag.log" ||
         { tail -20 "$work/get-$tag.log" >&2; die "dataset get $name on h$RECEIVER failed"; }
@@ -354,6 +376,7 @@ print(f"# fetched {nbytes / 2**20:.1f} MiB in {ms / 1000:.2f} s; MiB per source:
 print(nbytes, ms / 1000, f"{nbytes / 2**20 / (ms / 1000):.2f}")
 PYEOF
     ) || die "could not read the result of dataset get $name ($work/get-$tag.out)"
+    receiver_cpu "$ticks" "$tag"
 }
 
 # report N TARGET MBPS SECS TAG EXTRA HOLDER... : iperf3 from the holders for about SECS
@@ -383,13 +406,15 @@ measure() {
 # to end (wall time of the command until it returns with the files in place); SRC is the
 # file added, which DIR/NAME.bin must equal.
 measure_to() {
-    local name=$1 src=$2 n=$3 target=$4 to=$work/to-$1 t0 t1 secs mbps
+    local name=$1 src=$2 n=$3 target=$4 to=$work/to-$1 t0 t1 secs mbps ticks
     shift 4
+    ticks=$(cpu_ticks "${node_pids[$((RECEIVER - 1))]}")
     t0=$(date +%s%N)
     timeout "$fetch_timeout_s" "$bin" --peer "$(api "$RECEIVER")" dataset get "$name" --to "$to" --json \
         >"$work/get-to-$name.out" 2>"$work/get-to-$name.log" ||
         { tail -20 "$work/get-to-$name.log" >&2; die "dataset get $name --to $to on h$RECEIVER failed"; }
     t1=$(date +%s%N)
+    receiver_cpu "$ticks" "to$n"
     cmp "$src" "$to/$name.bin" || die "$to/$name.bin differs from what was added"
     read -r secs mbps <<<"$(python3 -c 'import sys; s = (int(sys.argv[2]) - int(sys.argv[1])) / 1e9; print(f"{s:.3f}", f"{int(sys.argv[3]) / 2**20 / s:.2f}")' "$t0" "$t1" "$size_bytes")"
     note "get $name --to: $secs s end to end; the fetch's own elapsed_ms: $(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["elapsed_ms"])' "$work/get-to-$name.out")"

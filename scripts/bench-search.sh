@@ -29,6 +29,13 @@
 #       search impl=optuna algorithm=tpe+sha budget_epochs=E trials=N best=B seconds=S
 #     else `search impl=optuna skipped (pip install optuna)`.
 #
+# With HOPS=1 the nodes trace each trial's hops (RUST_LOG's ringleader::hops=debug) and (a)
+# adds where a trial's time goes, p50 and p90 of each hop in ms, on stderr:
+#   # hops ms p50 (p90): decided→placed A (B) placed→seen … committed→next …
+# decided: the chief's pass that starts it; placed: its start committed (the chief); seen:
+# the node starts its rank; spawned: the process runs; exited: it and its pipes ended;
+# committed: the node's report of the exit committed; next: the chief's next pass.
+#
 # Anything odd (a search that did not succeed, a trial or its job not in a final state after
 # its search ended, trial processes still running 10 s after it, processes left after the
 # nodes stopped, an ASHA/Hyperband budget more than 9 epochs off) is reported on stderr as
@@ -36,7 +43,7 @@
 #
 # Environment: TRIALS (500), BUDGET (180), SEED (1), MAX_PARALLEL (3), ASHA_TRIALS,
 # HYPERBAND_TRIALS, ALGORITHMS ("asha hyperband tpe random"), PARTS ("overhead quality
-# optuna"), WAIT_S (deadline of each wait and of the Optuna run, 900), RINGLEADER (a
+# optuna"), HOPS (0), WAIT_S (deadline of each wait and of the Optuna run, 900), RINGLEADER (a
 # prebuilt binary: skips the build), KEEP=1 keeps the temp dir (node logs) under /tmp.
 # Needs python3 (standard library) for the HTTP API.
 set -euo pipefail
@@ -56,6 +63,7 @@ hyperband_trials=${HYPERBAND_TRIALS:-}
 algorithms=${ALGORITHMS:-asha hyperband tpe random}
 parts=${PARTS:-overhead quality optuna}
 wait_s=${WAIT_S:-900}
+hops=${HOPS:-0}
 max_epochs=9
 
 if [ -n "${RINGLEADER:-}" ]; then
@@ -72,7 +80,7 @@ local_nodes_setup rl-bench-search
 
 # The HTTP API helper: python3, standard library only.
 cat >"$tmp/api.py" <<'PYEOF'
-import json, math, os, statistics, sys, time, urllib.request
+import bisect, json, math, os, re, statistics, sys, time, urllib.request
 sys.path.insert(0, os.environ["RINGLEADER_SCRIPTS"])
 import cluster_api
 from cluster_api import get, procs_under
@@ -157,6 +165,46 @@ def overhead(api, path, nodes, slots):
           f"overhead_ms_p50={statistics.median(ms):.0f} overhead_ms_p99={pct(ms, 0.99):.0f} "
           f"nodes={nodes} slots={slots}")
 
+HOPS = ("decided", "placed", "seen", "spawned", "exited", "committed", "next")
+
+def hops(path, logs):
+    """Where a trial's time goes, from the trial jobs' records and the nodes' hop traces
+    (RUST_LOG's ringleader::hops=debug): decided (the chief's pass, the job's placed event),
+    placed (its start committed, the chief), seen (the node starts its rank), spawned,
+    exited (the process and its pipes), committed (the node's report of the exit), next
+    (the chief's first pass decided at or after that commit). One stderr line of each hop's
+    p50 and p90 in ms."""
+    jobs = json.load(open(path + ".jobs"))
+    trial_job = {(j["trial_of"]["search"], j["trial_of"]["trial"]): j["id"] for j in jobs}
+    at = {j["id"]: {} for j in jobs}
+    for j in jobs:
+        placed = [e["at_ms"] for e in j["events"] if e["what"] == "placed"]
+        if placed:
+            at[j["id"]]["decided"] = placed[0]
+    pair = re.compile(r'(\w+)=("[^"]*"|\S+)')
+    for log in logs:
+        for line in open(log, errors="replace"):
+            if "ringleader::hops" not in line:
+                continue
+            f = {k: v.strip('"') for k, v in pair.findall(line)}
+            job = f.get("job") or trial_job.get((f.get("search"), int(f.get("trial", -1))))
+            if job in at and "hop" in f:
+                at[job].setdefault(f["hop"], int(f["at_ms"]))
+    decided = sorted(t["decided"] for t in at.values() if "decided" in t)
+    for t in at.values():
+        if "committed" in t:
+            i = bisect.bisect_left(decided, t["committed"])
+            if i < len(decided):
+                t["next"] = decided[i]
+    parts = []
+    for a, b in zip(HOPS, HOPS[1:]):
+        xs = sorted(t[b] - t[a] for t in at.values() if a in t and b in t)
+        if xs:
+            parts.append(f"{a}→{b} {statistics.median(xs):.0f} ({pct(xs, 0.9)})")
+        else:
+            parts.append(f"{a}→{b} none")
+    print(f"# hops ms p50 (p90): {' '.join(parts)}", file=sys.stderr)
+
 def quality(api, path, algorithm, budget, max_epochs):
     doc = json.load(open(path))
     trial_jobs(api, doc)
@@ -183,6 +231,8 @@ if __name__ == "__main__":
         wait(args[0], args[1], float(args[2]), args[3])
     elif cmd == "overhead":
         overhead(args[0], args[1], int(args[2]), int(args[3]))
+    elif cmd == "hops":
+        hops(args[0], args[1:])
     elif cmd == "quality":
         quality(args[0], args[1], args[2], int(args[3]), int(args[4]))
     elif cmd == "settled":
@@ -256,11 +306,18 @@ type = "double"
 min = 0.0
 max = 1.0
 EOF
+    if [ "$hops" = 1 ]; then
+        export RUST_LOG=${RUST_LOG:-info,openraft=warn,openraft::replication=off,libp2p=warn},ringleader::hops=debug
+    fi
     start_cluster overhead --cpus 16
     id=$(submit "$tmp/overhead.toml")
     api_py wait "${apis[1]}" "$id" "$wait_s" "$tmp/overhead.json"
     api_py overhead "${apis[1]}" "$tmp/overhead.json" 3 48
     stop_nodes
+    if [ "$hops" = 1 ]; then
+        api_py hops "$tmp/overhead.json" "$tmp"/overhead/n*/node.log
+        unset RUST_LOG
+    fi
 fi
 
 # ---- (b) quality per budget ----

@@ -7,6 +7,11 @@
 //! [`VIEW_MAX_AGE_MS`], not at every pass: a copy of every member four times a second was
 //! most of an idle chief's own work at 128.
 //!
+//! Each trial start or promotion it commits is traced at debug level under the target
+//! `ringleader::hops` (`hop="placed"`, with the wall clock's `at_ms`): the first of a
+//! trial's hops, which `scripts/bench-search.sh` (HOPS=1) lines up with the node's
+//! (`seen`, `spawned`, `exited`, `committed`, from `jobs`).
+//!
 //! Beside it, in the same task, the voter upkeep (the control plane's autopilot): at most one
 //! voter change a period, from the decide loop's latest view. It runs apart because a change
 //! on gossip's word first asks the member directly and may wait [`CONFIRM_TIMEOUT_MS`] for
@@ -26,7 +31,7 @@ use crate::control::{
     handle::{wall_ms, ControlHandle},
     voters::VoterConfig,
 };
-use crate::domain::state::{compaction, new_ring_secret};
+use crate::domain::state::{compaction, new_ring_secret, JobId, Op};
 
 /// Period of the chief's loop, in milliseconds.
 pub const CHIEF_PERIOD_MS: u64 = 250;
@@ -136,9 +141,25 @@ async fn decide_loop(
             let ids = ctl.read(|s| compaction::compactable(s, now, retention_ms));
             commands.extend(compaction::command(ids, now));
         }
-        for cmd in commands {
-            if let Err(e) = ctl.propose(cmd).await {
-                debug!("chief's command not recorded: {e}");
+        // A trial's start as the hop trace names it (`search`, `trial`), before it is sent.
+        let trials: Vec<Option<(JobId, u32)>> = commands
+            .iter()
+            .map(|c| match &c.op {
+                Op::TrialStart(t) => Some((t.search, t.trial)),
+                Op::TrialPromote(t) => Some((t.search, t.trial)),
+                _ => None,
+            })
+            .collect();
+        // All in flight at once, in order: a pass costs one commit round trip, not one per
+        // command (a pass that started 8 trials one commit after the other took most of the
+        // time a trivial trial's slot stood empty).
+        for (result, trial) in ctl.propose_in_order(commands).await.into_iter().zip(trials) {
+            match (result, trial) {
+                (Err(e), _) => debug!("chief's command not recorded: {e}"),
+                (Ok(_), Some((search, trial))) => {
+                    debug!(target: "ringleader::hops", search = %search, trial, at_ms = wall_ms(), hop = "placed");
+                }
+                (Ok(_), None) => {}
             }
         }
     }

@@ -116,7 +116,7 @@ pub fn decide_with(
             let plans: Vec<(&Job, search::Plan)> = running_jobs
                 .iter()
                 .filter(|j| j.search.is_some())
-                .filter_map(|j| Some((*j, search::plan(state, j)?)))
+                .filter_map(|j| Some((*j, search::plan(state, j, search::room(j, &candidates))?)))
                 .collect();
             let decisions = {
                 let mut queue = queue_view(state, &running_jobs, &pending, &settled, now_ms);

@@ -42,8 +42,9 @@
 //! # Search trials
 //!
 //! A running search that wants more trials (below its `max_parallel`, its searcher has one
-//! to start or promote) waits with one entry per trial it wants, up to
-//! `chief::search::TRIAL_WANTS_MAX` ([`Waiting::trial`]): at the search's priority, owner
+//! to start or promote) waits with one entry per trial it wants, up to one more than the
+//! free members hold gangs of it and at most `chief::search::TRIAL_WANTS_MAX`
+//! ([`Waiting::trial`]): at the search's priority, owner
 //! and submit time, each a gang of the search's `workers`, admitted under the same quotas,
 //! fair share and reservations as any job. A trial entry does not age (its search has had
 //! its start: a search running for hours does not rise above fresh high-priority work),

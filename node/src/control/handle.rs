@@ -399,6 +399,53 @@ impl ControlHandle {
         }
     }
 
+    /// Commits `cmds` in their order, all in flight at once: on the chief each is appended
+    /// behind the one before without waiting for that one's commit, so the batch costs about
+    /// one commit round trip instead of one per command (the chief's pass: the trials of a
+    /// search each name the next trial id, so their order is the log's). Elsewhere, or when
+    /// this node is not the leader, one after the other through [`ControlHandle::propose`].
+    /// One result per command, in order.
+    pub async fn propose_in_order(
+        &self,
+        cmds: Vec<ControlCommand>,
+    ) -> Vec<Result<ControlResponse, ProposeError>> {
+        let raft = self.raft();
+        let leads = raft.metrics().borrow().current_leader == Some(self.node_id);
+        if !leads || self.fault().is_some() || self.chief().0.is_none() {
+            let mut out = Vec::with_capacity(cmds.len());
+            for cmd in cmds {
+                out.push(self.propose(cmd).await);
+            }
+            return out;
+        }
+        // Each send reaches Raft's core before the next is made: the log keeps this order.
+        let mut sent = Vec::with_capacity(cmds.len());
+        for cmd in cmds {
+            if let Err(e) = cmd.check() {
+                sent.push(Err(ProposeError::Rejected(e.to_string())));
+                continue;
+            }
+            sent.push(
+                raft.client_write_ff(cmd)
+                    .await
+                    .map_err(|e| ProposeError::Unreachable(e.to_string())),
+            );
+        }
+        let deadline = Duration::from_millis(PROPOSE_TIMEOUT_MS);
+        futures::future::join_all(sent.into_iter().map(|rx| async move {
+            match tokio::time::timeout(deadline, rx?).await {
+                Err(_) => Err(ProposeError::Unreachable(format!(
+                    "no commit within {PROPOSE_TIMEOUT_MS} ms"
+                ))),
+                Ok(Err(_)) => Err(ProposeError::Unreachable("raft stopped".into())),
+                Ok(Ok(Ok(resp))) => Ok(resp.data),
+                Ok(Ok(Err(ClientWriteError::ForwardToLeader(_)))) => Err(ProposeError::NoChief),
+                Ok(Ok(Err(e))) => Err(ProposeError::Unreachable(e.to_string())),
+            }
+        }))
+        .await
+    }
+
     pub(super) async fn propose_local(
         &self,
         cmd: ControlCommand,

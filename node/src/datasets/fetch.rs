@@ -424,11 +424,12 @@ struct Shared {
 
 /// Where verified chunks go: the store's `.part`, and the `--to` files if asked for.
 ///
-/// A chunk is written to the `.part` under its lock (the `have` list is appended in order)
-/// and to the `--to` file after it, outside that lock: the two copies of different chunks
-/// are written at once, so a disk that keeps up with both never holds up the readers.
+/// A chunk's bytes are written to the `.part` under a shared borrow of it, by every holder's
+/// writes at once, and to the `--to` file after that; only recording it in the `have` list
+/// takes the `.part` alone (appended in order), after its bytes are written. One lock held
+/// for the whole write made the holders' writes wait for each other.
 struct Sink {
-    partial: Mutex<Partial>,
+    partial: RwLock<Partial>,
     export: Option<Export>,
 }
 
@@ -461,7 +462,7 @@ pub async fn run(ctx: FetchContext, fetch: Arc<Fetch>) -> Result<PathBuf, String
     let sink = tokio::task::spawn_blocking(move || begin(&store, &m, to.as_deref()))
         .await
         .map_err(|e| e.to_string())??;
-    let have = sink.partial.lock().expect("partial lock").have().clone();
+    let have = sink.partial.read().expect("partial lock").have().clone();
     let resumed = have.count();
     fill_totals(&fetch, &manifest, have.len(), resumed);
     let holding = match ctx.holdings.get(&root) {
@@ -542,7 +543,7 @@ fn begin(store: &Store, manifest: &Manifest, to: Option<&ConfinedDir>) -> Result
         }
     }
     Ok(Sink {
-        partial: Mutex::new(partial),
+        partial: RwLock::new(partial),
         export,
     })
 }
@@ -708,7 +709,7 @@ async fn holder(shared: &Arc<Shared>, source: &Source, id: HolderId) -> HolderEn
         Err(e) => return HolderEnd::Failed(e.to_string()),
     };
     let (r, w) = stream.into_split();
-    let mut r = BufReader::with_capacity(1 << 20, r);
+    let mut r = BufReader::with_capacity(READ_BUFFER_BYTES, r);
     let mut w = BufWriter::new(w);
     let root = shared.ctx.root;
     let total = shared.holding.index.len();
@@ -717,7 +718,9 @@ async fn holder(shared: &Arc<Shared>, source: &Source, id: HolderId) -> HolderEn
     let mut in_flight = std::collections::VecDeque::new();
     let mut rate = 0.0f64; // bytes per second, smoothed
     let mut last_arrival = Instant::now();
-    let mut writes: JoinSet<(u64, u32, Result<bool, HolderEnd>)> = JoinSet::new();
+    let mut writes: JoinSet<Stored> = JoinSet::new();
+    // Chunk buffers back from their writes, for the next chunks to arrive.
+    let mut spare: Vec<Vec<u8>> = Vec::new();
     loop {
         if !have_known {
             let have = if source.complete {
@@ -754,7 +757,7 @@ async fn holder(shared: &Arc<Shared>, source: &Source, id: HolderId) -> HolderEn
         }
         if in_flight.is_empty() {
             while let Some(done) = writes.join_next().await {
-                if let Some(end) = settle(shared, id, done) {
+                if let Some(end) = settle(shared, id, done, &mut spare) {
                     return end;
                 }
             }
@@ -804,11 +807,14 @@ async fn holder(shared: &Arc<Shared>, source: &Source, id: HolderId) -> HolderEn
             .index
             .place(&shared.manifest, g)
             .expect("assigned chunks exist");
-        let bytes = match transport::read_body(&mut r, u64::from(len), u64::from(place.len)).await {
-            Ok(b) => b,
+        let mut bytes = spare.pop().unwrap_or_default();
+        match transport::read_body_into(&mut r, u64::from(len), u64::from(place.len), &mut bytes)
+            .await
+        {
+            Ok(()) => {}
             Err(TransportError::Protocol(e)) => return HolderEnd::Bad(e),
             Err(e) => return HolderEnd::Failed(e.to_string()),
-        };
+        }
         let now = Instant::now();
         let secs = now.duration_since(last_arrival).as_secs_f64().max(1e-4);
         last_arrival = now;
@@ -830,21 +836,38 @@ async fn holder(shared: &Arc<Shared>, source: &Source, id: HolderId) -> HolderEn
                 // (and this task be dropped) the moment the last chunk is in.
                 record(&sh, &name, len, rate);
             }
-            (g, len, result)
+            Stored {
+                g,
+                result,
+                buffer: bytes,
+            }
         });
         while let Some(done) = writes.try_join_next() {
-            if let Some(end) = settle(shared, id, done) {
+            if let Some(end) = settle(shared, id, done, &mut spare) {
                 return end;
             }
         }
         if writes.len() >= WRITES_IN_FLIGHT_MAX {
             if let Some(done) = writes.join_next().await {
-                if let Some(end) = settle(shared, id, done) {
+                if let Some(end) = settle(shared, id, done, &mut spare) {
                     return end;
                 }
             }
         }
     }
+}
+
+/// The buffer of a holder's connection, in bytes: for the answers' headers. Smaller than a
+/// chunk (1 to 4 MiB), so a chunk's body is read mostly straight into its own buffer
+/// ([`transport::read_body_into`]) rather than through this one, a second copy of every byte.
+const READ_BUFFER_BYTES: usize = 64 << 10;
+
+/// A chunk's write, done: its index, whether it was new (or why the holder stops), and its
+/// buffer, for the next chunk.
+struct Stored {
+    g: u64,
+    result: Result<bool, HolderEnd>,
+    buffer: Vec<u8>,
 }
 
 /// Chunks one holder's task may have being verified and written at once.
@@ -872,9 +895,9 @@ fn store_chunk(
         return Ok(false);
     };
     sink.partial
-        .lock()
+        .read()
         .expect("partial lock")
-        .write_chunk(&sh.manifest, g, bytes)
+        .write_data(&sh.manifest, g, bytes)
         .map_err(|e| HolderEnd::Write(disk_error(e, "writing the copy")))?;
     if let Some(export) = &sink.export {
         // Verified above: nothing else ever reaches the user's files.
@@ -882,6 +905,11 @@ fn store_chunk(
             .write_chunk(place, bytes)
             .map_err(|e| HolderEnd::Write(disk_error(e, "writing --to")))?;
     }
+    sink.partial
+        .write()
+        .expect("partial lock")
+        .record(g)
+        .map_err(|e| HolderEnd::Write(disk_error(e, "writing the copy")))?;
     let new = sh.sched.lock().expect("sched lock").complete(g);
     if new {
         // Served to others from now on.
@@ -907,20 +935,32 @@ fn record(shared: &Shared, name: &str, len: u32, rate: f64) {
     shared.progress.notify_waiters();
 }
 
-/// Looks at a stored chunk's result; returns how the holder's task ends if the chunk was
+/// Looks at a stored chunk's result, keeping its buffer in `spare` (at most
+/// [`WRITES_IN_FLIGHT_MAX`] of them); returns how the holder's task ends if the chunk was
 /// bad or could not be written.
 fn settle(
     shared: &Shared,
     id: HolderId,
-    done: Result<(u64, u32, Result<bool, HolderEnd>), tokio::task::JoinError>,
+    done: Result<Stored, tokio::task::JoinError>,
+    spare: &mut Vec<Vec<u8>>,
 ) -> Option<HolderEnd> {
-    match done {
-        Ok((_, _, Ok(_))) => None,
-        Ok((g, _, Err(end))) => {
-            shared.sched.lock().expect("sched lock").release(id, g);
+    let stored = match done {
+        Ok(stored) => stored,
+        Err(e) => return Some(HolderEnd::Write(e.to_string())),
+    };
+    if spare.len() < WRITES_IN_FLIGHT_MAX {
+        spare.push(stored.buffer);
+    }
+    match stored.result {
+        Ok(_) => None,
+        Err(end) => {
+            shared
+                .sched
+                .lock()
+                .expect("sched lock")
+                .release(id, stored.g);
             Some(end)
         }
-        Err(e) => Some(HolderEnd::Write(e.to_string())),
     }
 }
 

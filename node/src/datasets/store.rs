@@ -512,9 +512,24 @@ impl Partial {
             })
     }
 
-    /// Writes chunk `g`, which the caller has verified, and records it in `have`.
+    /// Writes chunk `g`, which the caller has verified, and records it in `have`
+    /// ([`Self::write_data`], then [`Self::record`]).
     pub fn write_chunk(
         &mut self,
+        manifest: &Manifest,
+        g: u64,
+        bytes: &[u8],
+    ) -> Result<(), DatasetError> {
+        self.write_data(manifest, g, bytes)?;
+        self.record(g)
+    }
+
+    /// Writes chunk `g`'s bytes, which the caller has verified, into place, not yet
+    /// recorded: a shared borrow, so the holders of a fetch write their chunks at once (a
+    /// positioned write each; their places never overlap). [`Self::record`] it afterwards,
+    /// never before: a chunk in the `have` log is on disk.
+    pub fn write_data(
+        &self,
         manifest: &Manifest,
         g: u64,
         bytes: &[u8],
@@ -538,6 +553,15 @@ impl Partial {
                 source,
             })?;
         start_writeback(file, place.offset, bytes.len());
+        Ok(())
+    }
+
+    /// Records chunk `g`, written by [`Self::write_data`], in `have` and its log (once: the
+    /// second copy of an endgame chunk is not logged again).
+    pub fn record(&mut self, g: u64) -> Result<(), DatasetError> {
+        if self.have.contains(g) {
+            return Ok(());
+        }
         self.have_log
             .write_all(&(g as u32).to_le_bytes())
             .map_err(|source| DatasetError::Io {

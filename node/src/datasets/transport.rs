@@ -329,6 +329,39 @@ pub async fn read_body<R: AsyncRead + Unpin>(
     Ok(buf)
 }
 
+/// Reads a chunk's body of exactly `len` bytes into `buf` (emptied first, then `len` long),
+/// refusing one over `max` before reading. For a body whose length the reader knows from its
+/// own manifest (`max`, a chunk's, at most 4 MiB): the whole of it is reserved at once, and
+/// the bytes go straight into it, neither zeroed first nor copied again as it grows;
+/// through a [`tokio::io::BufReader`] smaller than the body, most of them skip its buffer
+/// too. A `buf` kept from an earlier chunk is reused without a new allocation.
+pub async fn read_body_into<R: AsyncRead + Unpin>(
+    r: &mut R,
+    len: u64,
+    max: u64,
+    buf: &mut Vec<u8>,
+) -> Result<(), TransportError> {
+    if len > max {
+        return Err(TransportError::Protocol(format!(
+            "body of {len} bytes, more than the {max} expected"
+        )));
+    }
+    let want =
+        usize::try_from(len).map_err(|_| TransportError::Protocol("body too long".into()))?;
+    buf.clear();
+    buf.reserve_exact(want);
+    let mut body = r.take(len);
+    while buf.len() < want {
+        if body.read_buf(buf).await? == 0 {
+            return Err(TransportError::Io(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("body cut short at {} of {len} bytes", buf.len()),
+            )));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -404,6 +437,12 @@ mod tests {
             read_body(&mut b, 5 << 20, 4 << 20).await,
             Err(TransportError::Protocol(_))
         ));
+        let mut buf = Vec::new();
+        assert!(matches!(
+            read_body_into(&mut b, 5 << 20, 4 << 20, &mut buf).await,
+            Err(TransportError::Protocol(_))
+        ));
+        assert_eq!(buf.capacity(), 0, "nothing reserved for a refused body");
         // A short body is an error, not a short chunk.
         a.write_all(b"abc").await.unwrap();
         drop(a);
@@ -468,5 +507,39 @@ mod tests {
             "old-key server, after"
         );
         assert!(handshake(after, new).await);
+    }
+
+    #[tokio::test]
+    async fn a_chunk_body_is_read_whole_into_a_reused_buffer_and_a_short_one_fails() {
+        let (mut a, b) = tokio::io::duplex(64 << 10);
+        // Smaller than a body, as the fetch's reader is: most bytes skip its buffer.
+        let mut r = tokio::io::BufReader::with_capacity(4 << 10, b);
+        let first: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+        let second: Vec<u8> = (0..70_000u32).map(|i| (i * 7) as u8).collect();
+        let sent = [first.clone(), second.clone(), b"short".to_vec()];
+        // Dropping `a` at its end closes the stream after the short body.
+        let writer = tokio::spawn(async move {
+            for body in sent {
+                a.write_all(&body).await.unwrap();
+            }
+        });
+        let mut buf = Vec::new();
+        read_body_into(&mut r, 100_000, 1 << 20, &mut buf)
+            .await
+            .unwrap();
+        assert_eq!(buf, first);
+        let at = buf.as_ptr();
+        read_body_into(&mut r, 70_000, 1 << 20, &mut buf)
+            .await
+            .unwrap();
+        assert_eq!(buf, second);
+        assert_eq!(
+            buf.as_ptr(),
+            at,
+            "the second body reuses the first's buffer"
+        );
+        writer.await.unwrap();
+        let short = read_body_into(&mut r, 10, 10, &mut buf).await;
+        assert!(matches!(short, Err(TransportError::Io(_))), "{short:?}");
     }
 }

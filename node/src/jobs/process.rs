@@ -69,7 +69,7 @@ use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt as _, AsyncWriteExt, BufReader},
     sync::mpsc,
 };
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use ringleader_protocol::{LineError, RankLine};
 
@@ -668,6 +668,7 @@ impl Run {
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| CannotStart::new(program, &e))?;
+        debug!(target: "ringleader::hops", job = %self.key.0, at_ms = (self.clock_ms)(), hop = "spawned");
         let pgid = child.id().map(|p| p as i32);
         // Whatever ends this task (the process exiting, a kill, the node shutting down and
         // dropping it), the rank's whole process group goes with it, as torchrun does.
@@ -761,6 +762,7 @@ impl Run {
                 }
             }
         };
+        debug!(target: "ringleader::hops", job = %id, at_ms = (self.clock_ms)(), hop = "exited");
         for task in [out, err].into_iter().flatten() {
             // Done already unless a process outside the group holds a pipe (see above).
             if watch.exited() && !task.is_finished() {

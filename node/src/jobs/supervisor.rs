@@ -19,7 +19,7 @@ use std::{
 };
 
 use tokio::sync::mpsc;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     cluster::identity::peer_id_text,
@@ -380,6 +380,7 @@ impl Supervisor {
             };
             let (job, generation, rank) = (start.key.0, start.generation, start.rank);
             info!(job = %job, generation, rank, worker = start.key.2, "starting worker");
+            debug!(target: "ringleader::hops", job = %job, at_ms = (self.clock_ms)(), hop = "seen");
             self.ranks.spawn(run.run(control_rx));
             self.running
                 .insert(start.key, (control_tx, start.generation));
@@ -609,7 +610,13 @@ async fn propose_report(ctl: ControlHandle, cmd: ControlCommand) {
     );
     for tries in 0u32.. {
         match ctl.propose(cmd.clone()).await {
-            Ok(_) | Err(ProposeError::Rejected(_)) => break,
+            Ok(_) => {
+                if let Op::WorkerExited(ops::WorkerExited { id, .. }) = &cmd.op {
+                    debug!(target: "ringleader::hops", job = %id, at_ms = wall_ms(), hop = "committed");
+                }
+                break;
+            }
+            Err(ProposeError::Rejected(_)) => break,
             Err(e) if !must_arrive || tries >= REPORT_TRIES_MAX => {
                 warn!("worker report dropped: {e}");
                 break;

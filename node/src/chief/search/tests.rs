@@ -57,7 +57,12 @@ fn candidates_of(state: &ControlState, members: &[MemberView]) -> Vec<Candidate>
 }
 
 fn submit(state: &mut ControlState) -> JobId {
-    let spec = Box::new(JobSpec::parse(GRID).unwrap());
+    submit_spec(state, GRID)
+}
+
+/// Submits the search `spec` as the admin.
+fn submit_spec(state: &mut ControlState, spec: &str) -> JobId {
+    let spec = Box::new(JobSpec::parse(spec).unwrap());
     match state.apply(
         1,
         &ControlCommand {
@@ -93,6 +98,67 @@ fn exits(state: &ControlState, search: JobId, at_ms: u64) -> Vec<ControlCommand>
             at_ms,
         })
         .collect()
+}
+
+/// A search of 500 trivial trials with no `max_parallel` (bench-search's overhead part).
+const WIDE: &str = r#"
+name = "w"
+kind = "search"
+command = ["true"]
+[search]
+trial = "command"
+algorithm = "random"
+trials = 500
+metric = "m"
+direction = "max"
+[[search.params]]
+name = "x"
+type = "double"
+min = 0.0
+max = 1.0
+"#;
+
+#[test]
+fn one_pass_fills_an_idle_cluster_with_trials_and_a_full_one_wants_one_more() {
+    let mut state = ControlState::default();
+    submit_spec(&mut state, WIDE);
+    let members: Vec<MemberView> = ["a", "b", "c"]
+        .iter()
+        .map(|n| member(n, State::Alive, 16))
+        .collect();
+    let starts = |cmds: &[ControlCommand]| {
+        cmds.iter()
+            .filter(|c| matches!(c.op, Op::TrialStart(_)))
+            .count()
+    };
+    // A search runs from its submit: the first pass fills every slot at once.
+    let cmds = crate::chief::decide(&state, &members, 20, &mut secret);
+    assert_eq!(
+        starts(&cmds),
+        48,
+        "48 free slots, 48 trials: {}",
+        cmds.len()
+    );
+    apply(&mut state, &cmds);
+    let search = state.jobs.values().find(|j| j.search.is_some()).unwrap();
+    let candidates = candidates_of(&state, &members);
+    assert_eq!(room(search, &candidates), 0);
+    let plan = plan(&state, search, 0).unwrap();
+    assert_eq!(
+        plan.wants.len(),
+        1,
+        "full: one trial waits, with the reason"
+    );
+    let search = search.id;
+    // Full: no start, the reason why its trials wait.
+    let cmds = crate::chief::decide(&state, &members, 30, &mut secret);
+    assert_eq!(starts(&cmds), 0, "{cmds:?}");
+    apply(&mut state, &cmds);
+    // Three trials end: the next pass starts three.
+    let ended: Vec<ControlCommand> = exits(&state, search, 40).into_iter().take(3).collect();
+    apply(&mut state, &ended);
+    let cmds = crate::chief::decide(&state, &members, 50, &mut secret);
+    assert_eq!(starts(&cmds), 3, "{cmds:?}");
 }
 
 #[test]

@@ -72,9 +72,8 @@ fn import_then_fetch_into_another_store_gives_the_same_bytes() {
     assert_eq!(fs::read(files.join("empty")).unwrap(), b"");
 }
 
-#[test]
-fn a_resumed_fetch_keeps_only_chunks_that_still_verify() {
-    let dir = tempfile::tempdir().unwrap();
+/// [`tree`] imported into store `a` under `dir`: its source, manifest and chunks.
+fn imported(dir: &tempfile::TempDir) -> (PathBuf, Manifest, Vec<Vec<u8>>) {
     let src = tree(dir.path());
     let a = Store::open(&dir.path().join("a")).unwrap();
     let m = a.import(&src, CHUNK_BYTES_MIN).unwrap();
@@ -83,6 +82,46 @@ fn a_resumed_fetch_keeps_only_chunks_that_still_verify() {
         complete: true,
     };
     let chunks = all_chunks(&a, &whole, &m);
+    (src, m, chunks)
+}
+
+#[test]
+fn chunks_written_at_once_under_a_shared_borrow_and_recorded_once_make_the_whole_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, m, chunks) = imported(&dir);
+    let b = Store::open(&dir.path().join("b")).unwrap();
+    let part = std::sync::RwLock::new(b.begin(&m).unwrap());
+    // Every chunk's bytes from its own thread at once, as a fetch's holders write them;
+    // chunk 0 twice (an endgame's second copy).
+    std::thread::scope(|s| {
+        for (g, bytes) in chunks.iter().enumerate().chain([(0, &chunks[0])]) {
+            let (part, m) = (&part, &m);
+            s.spawn(move || part.read().unwrap().write_data(m, g as u64, bytes).unwrap());
+        }
+    });
+    let mut part = part.into_inner().unwrap();
+    assert!(part.have().is_empty(), "written is not recorded");
+    for g in (0..chunks.len() as u64).chain([0]) {
+        part.record(g).unwrap();
+    }
+    let log = dir.path().join(format!("b/{}.part/{HAVE_FILE}", m.root()));
+    assert_eq!(
+        fs::read(log).unwrap().len(),
+        4 * chunks.len(),
+        "each chunk logged once"
+    );
+    let files = b.finish(part).unwrap();
+    assert_eq!(
+        fs::read(files.join("a.bin")).unwrap(),
+        fs::read(src.join("a.bin")).unwrap()
+    );
+    assert_eq!(fs::read(files.join("sub/b.txt")).unwrap(), b"hello");
+}
+
+#[test]
+fn a_resumed_fetch_keeps_only_chunks_that_still_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, m, chunks) = imported(&dir);
     let b = Store::open(&dir.path().join("b")).unwrap();
     let mut part = b.begin(&m).unwrap();
     part.write_chunk(&m, 0, &chunks[0]).unwrap();
