@@ -26,6 +26,11 @@ After the warm-up steps (not timed) and a barrier, rank 0 times the next steps a
 
 `--device cuda` runs rank r on GPU r (LOCAL_RANK, else RANK) with the NCCL backend, the data
 on the GPU (scripts/bench-gpu.sh's baseline). With samples_per_s = steps · batch · N / wall time.
+
+`--cuda-graph` (with `--device cuda`, one rank) captures the whole step (forward, backward,
+the optimizer's update) in one CUDA graph and replays it, as PyTorch's whole-network capture
+does: no Python and no kernel launch per layer, the honest ceiling for this model on one GPU
+(scripts/gpu-visit.sh). Its line ends with `graph=cuda`.
 """
 import argparse
 import datetime
@@ -84,7 +89,11 @@ def main():
     p.add_argument("--timeout-s", type=int, default=120, help="rendezvous and op timeout")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="cuda: rank r on GPU r, NCCL backend (scripts/bench-gpu.sh)")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="one rank on cuda: the whole step captured in a CUDA graph")
     a = p.parse_args()
+    if a.cuda_graph and a.device != "cuda":
+        p.error("--cuda-graph needs --device cuda")
 
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
@@ -96,7 +105,13 @@ def main():
     if cuda:
         torch.cuda.set_device(dev)
     torch.manual_seed(7)  # same initial parameters on every rank (DDP broadcasts anyway)
-    model = DDP(build(a.model).to(dev), device_ids=[dev.index] if cuda else None)
+    if a.cuda_graph and world != 1:
+        raise SystemExit("--cuda-graph runs one rank (WORLD_SIZE=1)")
+    if a.cuda_graph:
+        # DDP's allreduce hooks stay out of the graph: one rank has nothing to reduce.
+        model = build(a.model).to(dev)
+    else:
+        model = DDP(build(a.model).to(dev), device_ids=[dev.index] if cuda else None)
     if a.compression == "bf16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         model.register_comm_hook(None, default_hooks.bf16_compress_hook)
@@ -115,6 +130,8 @@ def main():
         loss.backward()
         opt.step()
 
+    if a.cuda_graph:
+        step = captured(model, opt, xs, ys, a.batch, per_pool)
     for i in range(a.warmup):
         step(i)
     if cuda:
@@ -130,8 +147,37 @@ def main():
     if rank == 0:
         print("ddp model=%s workers=%d samples_per_s=%.1f step_ms=%.2f%s" % (
             a.model, world, a.steps * a.batch * world / wall, 1e3 * wall / a.steps,
-            "" if a.compression == "none" else " grad=" + a.compression), flush=True)
+            ("" if a.compression == "none" else " grad=" + a.compression)
+            + (" graph=cuda" if a.cuda_graph else "")), flush=True)
     dist.destroy_process_group()
+
+
+def captured(model, opt, xs, ys, batch, per_pool):
+    """The step as one CUDA graph over static input buffers (PyTorch's whole-network capture:
+    warm-up iterations on a side stream, then the capture); each call copies its batch into
+    the buffers and replays the graph."""
+    static_x, static_y = xs[:batch].clone(), ys[:batch].clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(static_x), static_y).backward()
+            opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        F.cross_entropy(model(static_x), static_y).backward()
+        opt.step()
+
+    def replay(i):
+        lo = (i % per_pool) * batch
+        static_x.copy_(xs[lo:lo + batch])
+        static_y.copy_(ys[lo:lo + batch])
+        graph.replay()
+
+    return replay
 
 
 if __name__ == "__main__":

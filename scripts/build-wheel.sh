@@ -7,24 +7,45 @@
 # takes about 28 minutes on 2 cores); run it before a release. The wheel is left in target/wheels/,
 # the tarball and its checksum in target/dist/.
 #
-# Usage: scripts/build-wheel.sh [PYTHON]   (default python3; needs Python >= 3.10 and PyPI
-# for maturin)
+# Usage: scripts/build-wheel.sh [--node BINARY] [--strip] [PYTHON]   (default python3; needs
+# Python >= 3.10 and PyPI for maturin)
+#   --node BINARY  bundle this node binary (say, a `--features cuda` build) instead of building
+#                  the workspace; no tarball then (scripts/gpu-kit.sh)
+#   --strip        strip the extension (maturin's --strip): 15 MB of line tables less
+# MATURIN_VENV=DIR uses the maturin of an existing virtualenv instead of installing one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+node=""
+strip=""
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --node) node=$2; shift 2 ;;
+        --strip) strip=--strip; shift ;;
+        *) break ;;
+    esac
+done
 python=${1:-python3}
 work=target/wheel-build
 rm -rf "$work"
 mkdir -p "$work" target/wheels
 # The node binary, in release: the build backend copies it into the package.
 # (--workspace: a `-p` build after a workspace build re-resolves features and rebuilds.)
-cargo build --release --locked --workspace
-"$python" -m venv "$work/build-venv"
-"$work/build-venv/bin/pip" install --quiet --disable-pip-version-check "maturin>=1.16,<2"
+if [[ -z "$node" ]]; then
+    cargo build --release --locked --workspace
+    node="$PWD/target/release/ringleader"
+fi
+node=$(realpath "$node")
+if [[ -n "${MATURIN_VENV:-}" ]]; then
+    ln -s "$(realpath "$MATURIN_VENV")" "$work/build-venv"
+else
+    "$python" -m venv "$work/build-venv"
+    "$work/build-venv/bin/pip" install --quiet --disable-pip-version-check "maturin>=1.16,<2"
+fi
 # `pip wheel` goes through the package's build backend (python/build_backend/), exactly as
 # `pip install ./python` does; RINGLEADER_NODE_BINARY spares it a second cargo build.
 # maturin's backend runs the `maturin` command: the build venv's bin goes first on PATH
 # (without build isolation pip does not put it there).
-PATH="$PWD/$work/build-venv/bin:$PATH" RINGLEADER_NODE_BINARY="$PWD/target/release/ringleader" \
+PATH="$PWD/$work/build-venv/bin:$PATH" RINGLEADER_NODE_BINARY="$node" MATURIN_PEP517_ARGS="$strip" \
     "$work/build-venv/bin/pip" wheel --quiet --disable-pip-version-check --no-deps \
     --no-build-isolation -w target/wheels ./python
 wheel=$(ls -t target/wheels/ringleader-*.whl | head -n1)
@@ -59,6 +80,8 @@ cd "$work"
 ./venv/bin/ringleader --version
 echo "wheel ok: $wheel"
 cd - >/dev/null
+# A wheel around a given binary is all the caller asked for.
+[[ "$node" == "$(realpath target/release/ringleader 2>/dev/null)" ]] || exit 0
 # The release tarball: the binary, the README and the deployments' files, with its checksum.
 version=$(target/release/ringleader --version | awk '{print $2}')
 name="ringleader-$version-$(uname -m)-linux"

@@ -89,6 +89,19 @@ step "domain without the trainer" domain_without_trainer
 step "bench-check reader tests" python3 scripts/bench_check_test.py
 # The sharing benchmark's figures (scripts/bench-sharing.sh, by hand too) on a fabricated record.
 step "bench-sharing figures tests" python3 scripts/bench_sharing_test.py
+# The device kit's visit (scripts/gpu-visit.sh, run from the kit on a GPU machine): both
+# scripts parse, and the visit's dry run lists every part, runs nothing and ends well.
+gpu_visit_dry() {
+    local out p
+    bash -n scripts/gpu-visit.sh && bash -n scripts/gpu-kit.sh || return 1
+    out=$(bash scripts/gpu-visit.sh --dry-run) || return 1
+    for p in setup nccl-allreduce train-worker bench-gpu-256 bench-gpu-4096 node-gpu-job \
+        torch-ddp-ringleader torch-ddp-nccl rust-nccl-kill9 local-rank-job elastic-torch; do
+        grep -q "^DRY $p on " <<<"$out" || { echo "gpu-visit --dry-run lists no $p"; return 1; }
+    done
+    grep -q '^visit done in .*: 0 failed$' <<<"$out"
+}
+step "gpu-visit dry run" gpu_visit_dry
 # The Python tests' virtualenv (pytest, cloudpickle, torch), set up before the cargo tests: the
 # node test that runs an unmodified PyTorch DDP script as a command job uses its python
 # (RINGLEADER_TEST_PYTHON).

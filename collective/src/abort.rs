@@ -10,10 +10,20 @@ use crate::communicator::AbortHandle;
 use crate::error::CollectiveError;
 
 /// A communicator that can be torn down from any thread, ending whatever it has in flight
-/// (`ncclCommAbort`). Also the way it ends normally: there is no separate destructor.
+/// (`ncclCommAbort`), or destroyed once its work is done (`ncclCommDestroy` after
+/// `ncclCommFinalize`: the normal end).
 pub(crate) trait Abortable: Send + 'static {
     /// Ends the communicator: pending operations return, its resources are freed.
     fn abort(self);
+
+    /// Ends a communicator whose work is done and finalized; must not wait for a peer.
+    /// Without a destructor of its own, the abort.
+    fn destroy(self)
+    where
+        Self: Sized,
+    {
+        self.abort();
+    }
 }
 
 /// Holds a communicator until it is aborted or closed.
@@ -104,7 +114,17 @@ impl<C: Abortable> AbortCell<C> {
         }
     }
 
-    /// Ends the communicator without recording a cause (the normal end).
+    /// Destroys the communicator whose work the caller has waited for and finalized (the
+    /// normal end); once aborted, it is already gone and this does nothing.
+    pub fn destroy(&self) {
+        let mut guard = self.lock();
+        if let Some(c) = guard.take() {
+            c.destroy();
+        }
+    }
+
+    /// Ends the communicator without recording a cause, aborting what it has in flight (an
+    /// end without [`AbortCell::destroy`]: a drop, a generation left).
     pub fn close(&self) {
         let mut guard = self.lock();
         if let Some(c) = guard.take() {

@@ -36,7 +36,11 @@
 //! logic is plain code tested without a GPU: `bootstrap` (the id exchange and readiness round), `abort` (the cell that
 //! holds a communicator and aborts it once), `wait` (polling the stream under an abort
 //! flag, with a deadline for NCCL's set-up) and `watchdog` (the heartbeat over the TCP
-//! group and the abort decision). [`cuda_libs`] finds the CUDA libraries on a host (CUDA 12
+//! group and the abort decision). [`NcclDouble`] (`nccl_double`) is the NCCL
+//! communicator's CPU twin with NCCL's failure semantics (work completes on enqueue, a
+//! collective blocks when a peer is gone, abort from any thread, destroy waits unless
+//! aborted), on that same machinery, for testing the code above a device group without a
+//! GPU. [`cuda_libs`] finds the CUDA libraries on a host (CUDA 12
 //! or 13, toolkit or Python wheels) and links them by the names cudarc loads, for the ranks
 //! a node starts.
 
@@ -54,13 +58,13 @@ mod error;
 mod frame;
 pub mod hierarchy;
 mod nccl;
+mod nccl_double;
 pub mod schedule;
 mod shm;
 mod tcp;
 mod transport;
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod wait;
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod watchdog;
 
 pub use bucketer::{BucketConfig, Bucketer, Ready};
@@ -75,6 +79,7 @@ pub use error::{
 };
 pub use half::{bf16, f16};
 pub use nccl::{nccl_available, NcclCommunicator};
+pub use nccl_double::{DeviceBuf, NcclDouble};
 
 #[cfg(any(test, feature = "testing"))]
 #[doc(hidden)]

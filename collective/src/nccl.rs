@@ -14,7 +14,8 @@
 //!   buffers and queue NCCL calls on [`NcclCommunicator::stream`]. In non-blocking mode an
 //!   NCCL call returns at once (`ncclInProgress`) and NCCL queues the work on a thread of
 //!   its own (the first operation also connects to its peers: lazy connection set-up); the
-//!   caller polls `ncclCommGetAsyncError` until it is queued. The blocking operations then
+//!   caller polls `ncclCommGetAsyncError` until it is queued (the first call, which
+//!   connects, within `init_timeout_ms`, like the set-up). The blocking operations then
 //!   wait for the stream by polling it ([`NcclCommunicator::wait_queued`]), never in a call
 //!   an abort cannot interrupt (`wait`).
 //! - Failure: the TCP group stays connected, owned by a watchdog task that sends a heartbeat
@@ -28,6 +29,10 @@
 //!   [`CollectiveError::PeerAborted`] naming this rank. A set-up still running at
 //!   `init_timeout_ms` (a rank that never joins) ends the same way, with an error naming
 //!   this rank and the deadline.
+//! - End: [`NcclCommunicator::finish`], the normal end on every rank, is a barrier (a
+//!   one-element allreduce), then `ncclCommFinalize` (polled) and `ncclCommDestroy`; a
+//!   communicator dropped without it (a failed or abandoned generation) is aborted, so no
+//!   end ever waits on a lost peer's work.
 //! - Locks: every NCCL call on a communicator runs under its `AbortCell`'s mutex, and in
 //!   non-blocking mode every such call is short, so an abort never waits behind a set-up or
 //!   a collective. A second mutex lets one thread queue at a time (NCCL refuses a call on a
@@ -51,7 +56,7 @@ use crate::bootstrap::{self, Unready};
 use crate::communicator::Communicator;
 use crate::config::NcclConfig;
 use crate::error::CollectiveError;
-use crate::wait::StreamState;
+use crate::wait::{StreamState, Waiter};
 
 /// A GPU communicator for the same group as the [`Communicator`] that created it.
 ///
@@ -77,6 +82,15 @@ impl std::fmt::Debug for NcclCommunicator {
             .field("rank", &self.rank)
             .field("world", &self.world)
             .finish()
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+impl NcclCommunicator {
+    /// The normal end (see the `cuda` build's); without the feature no communicator is ever
+    /// made, so there is nothing to end.
+    pub fn finish(self) -> Result<(), CollectiveError> {
+        Ok(())
     }
 }
 
@@ -142,6 +156,35 @@ pub(crate) fn init_deadline_error(rank: usize, world: usize, after_ms: u64) -> C
     ))
 }
 
+/// The error of a first queued call still in progress after `after_ms`: NCCL connects to
+/// the peers at the first operation (lazy connection set-up), and a peer that never queues
+/// its side leaves it there.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn first_call_deadline_error(
+    rank: usize,
+    world: usize,
+    after_ms: u64,
+) -> CollectiveError {
+    CollectiveError::Nccl(format!(
+        "first operation of rank {rank} of {world} not queued after {after_ms} ms \
+         (init_timeout_ms: nccl connects to the peers then)"
+    ))
+}
+
+/// How a queued call waits until NCCL has queued it: the first call of a communicator (the
+/// connection set-up) under the set-up's deadline, `init_timeout_ms`; later ones without
+/// (they only wait for NCCL's own thread, and the watchdog ends them when a peer is lost).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn queue_waiter(first: bool, cfg: &NcclConfig, rank: usize, world: usize) -> Waiter {
+    let waiter = Waiter::new(cfg.fault_grace_ms);
+    if first {
+        let after_ms = cfg.init_timeout_ms;
+        waiter.with_deadline(after_ms, first_call_deadline_error(rank, world, after_ms))
+    } else {
+        waiter
+    }
+}
+
 impl Communicator {
     /// Creates the NCCL communicator of this group on GPU `device`, consuming the TCP group,
     /// which stays connected for the watchdog's heartbeats (see the module docs of `nccl`).
@@ -202,7 +245,9 @@ mod gpu {
     use cudarc::nccl::{result, sys, NcclType};
     use tracing::warn;
 
-    use super::{comm_state, init_deadline_error, nccl_code_name, NcclCommunicator, Unready};
+    use super::{
+        comm_state, init_deadline_error, nccl_code_name, queue_waiter, NcclCommunicator, Unready,
+    };
     use crate::abort::{AbortCell, Abortable};
     use crate::bootstrap::{NcclId, NCCL_ID_BYTES};
     use crate::communicator::Communicator;
@@ -272,6 +317,18 @@ mod gpu {
             // included.
             if let Err(e) = unsafe { result::comm_abort(self.handle) } {
                 warn!(error = nccl_code_name(e.0 as u32), "ncclCommAbort failed");
+            }
+        }
+
+        /// `ncclCommDestroy`, after `ncclCommFinalize` has completed (`NcclCommunicator::finish`):
+        /// frees the communicator without waiting for a peer.
+        fn destroy(self) {
+            if let Err(e) = self.stream.context().bind_to_thread() {
+                warn!(error = ?e, "binding the cuda context before ncclCommDestroy failed");
+            }
+            // SAFETY: a live handle, finalized, destroyed once (the AbortCell's invariant).
+            if let Err(e) = unsafe { result::comm_destroy(self.handle) } {
+                warn!(error = nccl_code_name(e.0 as u32), "ncclCommDestroy failed");
             }
         }
     }
@@ -402,8 +459,11 @@ mod gpu {
     pub(super) struct Gpu {
         stream: Arc<CudaStream>,
         cell: Arc<AbortCell<RawComm>>,
-        /// Held while a call is queued, until NCCL has queued it: one at a time.
-        queuing: Mutex<()>,
+        /// Held while a call is queued, until NCCL has queued it: one at a time. True once
+        /// a first call was queued (NCCL's connections are made).
+        queuing: Mutex<bool>,
+        rank: usize,
+        world: usize,
         cfg: NcclConfig,
         /// Dropped after `cell` is closed (see `Drop for NcclCommunicator`).
         _watchdog: Watchdog,
@@ -412,13 +472,16 @@ mod gpu {
     impl Gpu {
         /// Hands `group` to a new watchdog over `raw`.
         pub(super) fn start(group: Communicator, raw: RawComm, cfg: NcclConfig) -> Self {
+            let (rank, world) = (group.rank(), group.world());
             let stream = raw.stream.clone();
             let cell = Arc::new(AbortCell::new(raw, group.abort_handle()));
             let watchdog = Watchdog::spawn(group, cell.clone(), cfg.heartbeat_interval_ms);
             Gpu {
                 stream,
                 cell,
-                queuing: Mutex::new(()),
+                queuing: Mutex::new(false),
+                rank,
+                world,
                 cfg,
                 _watchdog: watchdog,
             }
@@ -457,9 +520,11 @@ mod gpu {
             bind(&self.stream)?;
             // NCCL refuses a call, and CUDA work on the stream is not allowed, while a
             // previous call is being queued.
-            let _one_at_a_time = self.queuing.lock().unwrap_or_else(|p| p.into_inner());
+            let mut connected = self.queuing.lock().unwrap_or_else(|p| p.into_inner());
             let prepared = prepare();
-            let waiter = Waiter::new(self.cfg.fault_grace_ms);
+            // The first call connects to the peers: under the set-up's deadline.
+            let waiter = queue_waiter(!*connected, &self.cfg, self.rank, self.world);
+            *connected = true;
             let queued = match self.cell.with(|c| Ok(calls(c.handle, &prepared))) {
                 Err(cause) => {
                     self.cell.settle();
@@ -475,6 +540,26 @@ mod gpu {
             // next users come after them.
             drop(prepared);
             queued
+        }
+
+        /// The normal end: `ncclCommFinalize` (non-blocking: it flushes the queued work,
+        /// polled until done, abortable like any wait), then `ncclCommDestroy`.
+        fn finalize(&self) -> Result<(), CollectiveError> {
+            bind(&self.stream)?;
+            let refused = self.cell.with(|c| {
+                // SAFETY: a live handle, under the cell's lock.
+                Ok(unsafe { result::comm_finalize(c.handle) }.err())
+            })?;
+            let waiter = Waiter::new(self.cfg.fault_grace_ms);
+            match refused {
+                Some(e) => {
+                    let detail = format!("ncclCommFinalize: {}", nccl_code_name(e.0 as u32));
+                    wait_for(&self.cell, waiter, || StreamState::Failed(detail.clone()))?
+                }
+                None => wait_for(&self.cell, waiter, || self.comm_state())?,
+            }
+            self.cell.destroy();
+            Ok(())
         }
 
         /// Waits until everything queued on the stream is done.
@@ -510,6 +595,21 @@ mod gpu {
         /// [`CollectiveError::Aborted`], the peers' with [`CollectiveError::PeerAborted`].
         pub fn abort(&self) {
             self.gpu.cell.abort_group(CollectiveError::Aborted);
+        }
+
+        /// The normal end of a generation, on every rank: a barrier (a one-element
+        /// allreduce), the wait for everything queued, `ncclCommFinalize` and
+        /// `ncclCommDestroy`. Blocks while a peer is gone until the watchdog aborts, and
+        /// returns the abort's cause; the communicator is then aborted, not destroyed (as
+        /// it is when dropped without `finish`).
+        pub fn finish(self) -> Result<(), CollectiveError> {
+            let stream = self.stream();
+            let mut barrier = stream
+                .alloc_zeros::<f32>(1)
+                .map_err(|e| CollectiveError::Nccl(format!("barrier buffer: {e:?}")))?;
+            self.allreduce(&mut barrier, ReduceOp::Sum)?;
+            drop(barrier);
+            self.gpu.finalize()
         }
 
         /// Queues, inside one ncclGroupStart/ncclGroupEnd, an in-place `op` allreduce of
@@ -564,7 +664,8 @@ mod gpu {
 
         /// Waits, as the blocking operations do (polling, abortable by the watchdog, failing
         /// with the generation's cause), until everything queued on this communicator's
-        /// stream is done.
+        /// stream is done. Use it, not a stream synchronisation, so that the wait counts as
+        /// the step's wait for its gradients (it runs outside every compute section).
         pub fn wait_queued(&self) -> Result<(), CollectiveError> {
             self.gpu.wait_stream()
         }
@@ -720,8 +821,8 @@ mod gpu {
 
     impl Drop for NcclCommunicator {
         fn drop(&mut self) {
-            // End the communicator here, on the thread that drives it; the watchdog then
-            // closes the TCP group. Work queued and not waited for is aborted with it
+            // Without `finish` (a failed or abandoned generation): end the communicator
+            // here, on the thread that drives it; the watchdog then closes the TCP group. Work queued and not waited for is aborted with it
             // (ncclCommAbort ends NCCL's kernels early; cudarc frees buffers in stream
             // order, after them): waiting instead could block for ever on a peer that never
             // queues its side, and the peers lose this rank either way.
@@ -811,6 +912,31 @@ mod tests {
             comm_state(99),
             StreamState::Failed("unknown nccl result".into())
         );
+    }
+
+    #[test]
+    fn only_the_first_queued_call_waits_under_the_set_up_deadline() {
+        let cfg = NcclConfig {
+            init_timeout_ms: 50,
+            ..NcclConfig::for_test()
+        };
+        let mut first = queue_waiter(true, &cfg, 1, 2);
+        assert!(matches!(
+            first.step(49, StreamState::Pending, None),
+            crate::wait::Step::Sleep(_)
+        ));
+        assert_eq!(
+            first.step(50, StreamState::Pending, None),
+            crate::wait::Step::Fault(first_call_deadline_error(1, 2, 50))
+        );
+        let mut later = queue_waiter(false, &cfg, 1, 2);
+        assert!(matches!(
+            later.step(1_000_000, StreamState::Pending, None),
+            crate::wait::Step::Sleep(_)
+        ));
+        assert!(first_call_deadline_error(1, 2, 50)
+            .to_string()
+            .contains("first operation of rank 1 of 2 not queued after 50 ms"));
     }
 
     #[test]

@@ -4,6 +4,8 @@
 
 - The double itself: works complete on enqueue, a gone peer blocks the exchange (never an
   error), `abort()` from another thread unblocks it, destroy waits unless aborted.
+- A normal end destroys the group after a barrier over the ring, and aborts it only when
+  the barrier fails.
 - A generation whose ranks disagree on the device (one given no GPU) agrees on the minimum,
   the ring alone, and builds no store; a rank whose generation fails while it joins waits
   for the next one (`torch_nccl_rank.py join`, this process the other rank).
@@ -129,6 +131,24 @@ def test_the_device_group_is_named_by_one_variable_and_checked():
     env = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
     _device.survive_communicator_errors(env)
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"
+
+
+def test_a_normal_end_destroys_after_a_barrier_and_aborts_only_when_it_fails(monkeypatch):
+    from ringleader.torch import _device
+
+    calls = []
+    monkeypatch.setattr(_device, "drop", lambda aborted: calls.append(("drop", aborted)))
+    assert _device.end(lambda: calls.append(("barrier",)))
+    assert calls == [("barrier",), ("drop", False)]
+
+    calls.clear()
+
+    def gone() -> None:
+        calls.append(("barrier",))
+        raise RuntimeError("peer 1 lost")
+
+    assert not _device.end(gone)
+    assert calls == [("barrier",), ("drop", True)]
 
 
 # -- ranks fed by this test --------------------------------------------------------------

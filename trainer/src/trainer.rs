@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use candle_core::{Device, D};
-use collective::{AbortHandle, Communicator, NcclCommunicator};
+use collective::{AbortHandle, Communicator, NcclCommunicator, NcclDouble};
 use serde::Serialize;
 use tracing::info;
 
@@ -15,6 +15,7 @@ use crate::compute_clock::ComputeClock;
 use crate::dataset::Dataset;
 use crate::error::TrainError;
 use crate::faults::Faults;
+use crate::gpu::double_step::DoubleStep;
 use crate::gpu::{Device as ComputeDevice, Engine};
 use crate::grad_sync::{GradSync, SyncTimes};
 use crate::layers::LayerGrads;
@@ -156,6 +157,9 @@ pub struct Trainer {
     /// Averages the gradients on the device when every rank computes on CUDA
     /// ([`Trainer::new_on`]); `None`: over the TCP ring.
     nccl: Option<NcclCommunicator>,
+    /// Averages the gradients through an NCCL-like device group on the CPU
+    /// ([`Trainer::set_nccl_double`]); exclusive of `nccl`.
+    double: Option<DoubleStep>,
     /// Micro-batches per step ([`Trainer::set_accumulation`]): 1, or more when a ring
     /// shrunk by a preemption keeps its global batch.
     accumulate: usize,
@@ -299,6 +303,7 @@ impl Trainer {
             stop_epoch: None,
             abort,
             nccl,
+            double: None,
             accumulate: 1,
             acc: Vec::new(),
             failed_untouched: false,
@@ -314,7 +319,11 @@ impl Trainer {
     /// factors: they are per micro-batch); over NCCL accumulation is not done and `k`
     /// stays 1 (the learning rate is rescaled linearly instead), which this returns.
     pub fn set_accumulation(&mut self, k: usize) -> usize {
-        let k = if self.nccl.is_some() { 1 } else { k.max(1) };
+        let k = if self.nccl.is_some() || self.double.is_some() {
+            1
+        } else {
+            k.max(1)
+        };
         if k == self.accumulate {
             return k;
         }
@@ -343,6 +352,42 @@ impl Trainer {
             "steps accumulate micro-batches: the global batch of {world} ranks is kept"
         );
         k
+    }
+
+    /// Averages this trainer's gradients through `group`, a device group with NCCL's
+    /// semantics on the CPU ([`collective::NcclDouble`]), instead of the TCP ring: for
+    /// testing the elastic path as it runs over NCCL. Gradients travel whole (no sufficient
+    /// factors) and steps do not accumulate; needs the layer-wise engine and no NCCL.
+    pub fn set_nccl_double(&mut self, group: NcclDouble) -> Result<(), TrainError> {
+        let Some(layers) = &mut self.layers else {
+            return Err(TrainError::Device(
+                "an nccl double needs the layer-wise engine (mlp or cnn)".into(),
+            ));
+        };
+        if self.nccl.is_some() {
+            return Err(TrainError::Device(
+                "an nccl double beside an nccl communicator".into(),
+            ));
+        }
+        self.factored = layers.choose_factors(SufficientFactors::Never, 1, 1);
+        self.factors_pending = false;
+        let sizes: Vec<usize> = self.params.iter().map(Vec::len).collect();
+        self.double = Some(DoubleStep::new(group, &sizes));
+        Ok(())
+    }
+
+    /// The normal end of the generation's device group, on every rank: a barrier, then
+    /// finalize and destroy ([`NcclCommunicator::finish`], or the NCCL double's). Blocks
+    /// while a peer is gone until the group's watchdog aborts it. A group dropped without
+    /// it (a failed or superseded generation) is aborted, never waited on.
+    pub fn finish_device_group(&mut self) -> Result<(), TrainError> {
+        if let Some(n) = self.nccl.take() {
+            crate::gpu::blocking(|| n.finish())?;
+        }
+        match self.double.take() {
+            Some(d) => d.end(),
+            None => Ok(()),
+        }
     }
 
     /// Whether the last step failed before its optimizer changed anything (host optimizer
@@ -523,6 +568,9 @@ impl Trainer {
             self.choose_factors(any[0] > 0.0);
         }
         let mut extras = [0.0f32];
+        // Time queuing gradients on a device group (NCCL's first call connects to the
+        // peers): waiting for them, not compute.
+        let mut queue_wait = Duration::ZERO;
         match &mut self.layers {
             Some(layers) => {
                 self.train
@@ -534,7 +582,7 @@ impl Trainer {
                     extras[0] = (layers.loss(&self.ys)? + local_loss) / k as f32;
                 }
                 // With NCCL the loss joins the gradients' average at the end of the step.
-                if self.nccl.is_none() {
+                if self.nccl.is_none() && self.double.is_none() {
                     self.sync.push_extras(&extras).await?;
                 }
                 for i in (0..layers.len()).rev() {
@@ -547,7 +595,16 @@ impl Trainer {
                     if let Some(nccl) = &self.nccl {
                         // Queued on NCCL's stream behind the kernels that computed them.
                         if let Some(LayerGrads::Params(ids)) = grads {
+                            let t = Instant::now();
                             layers.queue_layer(nccl, ids)?;
+                            queue_wait += t.elapsed();
+                        }
+                    } else if let Some(d) = &self.double {
+                        // Copied to the group's buffers and queued; returns at once.
+                        if let Some(LayerGrads::Params(ids)) = grads {
+                            let t = Instant::now();
+                            d.queue(&ids, &self.grads)?;
+                            queue_wait += t.elapsed();
                         }
                     } else {
                         match grads {
@@ -618,6 +675,22 @@ impl Trainer {
                 layers.finish_on_device(nccl, optimizer, &mut extras, lr as f32)?;
                 SyncTimes::default()
             }
+            (None, Some(_)) if self.double.is_some() => {
+                let d = self.double.as_ref().expect("checked");
+                // Nothing is updated before the group's work is known complete: a step cut
+                // short by a lost peer leaves the last step's state whole.
+                if let Err(e) = d.finish(&mut self.grads, &mut extras) {
+                    optimizer.cancel_step();
+                    return Err(e);
+                }
+                self.failed_untouched = false;
+                for (i, g) in self.grads.iter().enumerate() {
+                    let t = Instant::now();
+                    optimizer.update(i, &mut params[i], g, lr as f32);
+                    optim += t.elapsed();
+                }
+                SyncTimes::default()
+            }
             _ => {
                 let mut updates = 0usize;
                 let finished = self
@@ -655,9 +728,9 @@ impl Trainer {
             lr,
             samples_per_s: (b * self.world * k) as f64 / step_s.max(1e-9),
             samples_per_step: (b * self.world * k) as u64,
-            compute_s: ((t1 - t0).as_secs_f64() - times.pack_s).max(0.0),
+            compute_s: ((t1 - t0).saturating_sub(queue_wait).as_secs_f64() - times.pack_s).max(0.0),
             pack_s: times.pack_s,
-            comm_wait_s: (t2 - t1).saturating_sub(optim).as_secs_f64(),
+            comm_wait_s: ((t2 - t1).saturating_sub(optim) + queue_wait).as_secs_f64(),
             optim_s: (optim + (t3 - t2)).as_secs_f64(),
             step_s,
             sent_bytes: times.sent_bytes,
@@ -955,6 +1028,10 @@ impl Trainer {
             }
             let m = self.step().await?;
             on_event(&Event::Step(m));
+            // A step over a device group never waits on the runtime (its waits block in
+            // place), so without this the futures raced with the run (the elastic runner's
+            // watch for a newer generation) would not run until the run ended.
+            tokio::task::yield_now().await;
             if self.cursor.epoch != m.epoch
                 && eval_every > 0
                 && self.cursor.epoch.is_multiple_of(eval_every)

@@ -542,6 +542,10 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
             return Err(e.into());
         }
     };
+    // A normal end: the device group's barrier, finalize and destroy (every rank is here).
+    if let Err(e) = trainer.finish_device_group() {
+        warn!(error = %e, "ending the device group");
+    }
     // Every rank takes part in the gather, storage or not (the ranks must agree on it).
     match trainer.into_communicator().await {
         Ok(mut comm) => {

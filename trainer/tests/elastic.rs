@@ -1,5 +1,6 @@
 //! Elastic training in one process, over the in-memory backend: a lost rank's survivors
-//! re-form and go on exactly like a fresh run of the new world from the same commit; a
+//! re-form and go on exactly like a fresh run of the new world from the same commit, and
+//! re-form the same way over an NCCL-like device group; a
 //! joiner gets the state by broadcast; survivors blocked on a silent rank leave for the
 //! next generation at once; the agreement picks the newest common commit; a
 //! stale generation cannot connect; control lines parse or are refused by name.
@@ -15,7 +16,7 @@ use std::sync::{mpsc as std_mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use collective::{Communicator, Limits};
-use common::on_group;
+use common::{on_group, runtime};
 use tokio::sync::mpsc;
 use trainer::elastic::{
     agree, forward_control_lines, generation_channel, parse_control_line, reformable, CommitLog,
@@ -136,10 +137,8 @@ fn start_worker_with(
         Fate::KilledAfter(s) | Fate::StoppedAfter(s) => Some(s),
     };
     let handle = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
+        // An NCCL double's waits block the thread while its watchdog runs on the runtime.
+        let rt = runtime(ring.gives_nccl_doubles());
         rt.block_on(async move {
             let mut run =
                 ElasticRun::new(spec, source, ring).with_faults(trainer::faults::Faults {
@@ -303,17 +302,13 @@ fn mean(v: impl Iterator<Item = f64>) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
-/// The point 7: 3 ranks train with commits; rank 2 is lost; the survivors re-form
-/// as generation 1 of 2 from their newest common commit and train to the end, bit-identical
-/// to a fresh 2-rank run from that commit, with the same losses.
-#[test]
-fn survivors_of_a_lost_rank_match_a_fresh_run_from_the_commit() {
-    let spec = spec(OptimizerKind::Sgd);
-    let ring = MemoryRing::new(Limits::default());
-    let (tx, rx) = std_mpsc::channel();
-    let mut log = Vec::new();
-    // Phase 1: generation 0 of 3; rank 2 dies during step 11.
-    let workers: Vec<Worker> = (0..3)
+/// Generation 0 of 3 ranks on `ring`; rank 2 is dropped (killed) during step 11.
+fn three_with_rank_2_killed_after_10(
+    spec: &TrainSpec,
+    ring: &MemoryRing,
+    tx: &std_mpsc::Sender<Report>,
+) -> Vec<Worker> {
+    (0..3)
         .map(|r| {
             let fate = if r == 2 {
                 Fate::KilledAfter(10)
@@ -322,35 +317,27 @@ fn survivors_of_a_lost_rank_match_a_fresh_run_from_the_commit() {
             };
             start_worker(
                 r,
-                &spec,
-                &ring,
+                spec,
+                ring,
                 generation(0, r, 3),
                 Duration::ZERO,
                 fate,
                 tx.clone(),
             )
         })
-        .collect();
-    // Phase 2: both survivors report the failure, naming rank 2 when they saw it go.
-    let failed = wait_for(&rx, &mut log, 2, |r| {
-        matches!(r.event, ElasticEvent::Failed { generation: 0, .. })
-    });
-    let lost: Vec<Option<usize>> = failed
-        .iter()
-        .map(|&i| match &log[i].event {
-            ElasticEvent::Failed { lost_rank, .. } => *lost_rank,
-            _ => unreachable!(),
-        })
-        .collect();
-    assert!(lost.contains(&Some(2)), "lost ranks reported: {lost:?}");
-    // Phase 3: the node's next generation: the two survivors, same ranks.
+        .collect()
+}
+
+/// Gives ranks 0 and 1 of `workers` generation 1 of 2 and waits for their ends (and for
+/// rank 2, killed, to have none).
+fn reform_survivors_of_rank_2(workers: Vec<Worker>) -> Vec<ElasticSummary> {
     for (r, w) in workers.iter().enumerate().take(2) {
         w.control
             .blocking_send(Control::Generation(generation(1, r, 2)))
             .unwrap();
     }
     let mut workers = workers.into_iter();
-    let ends: Vec<ElasticSummary> = (0..2)
+    let ends = (0..2)
         .map(|_| {
             workers
                 .next()
@@ -365,6 +352,34 @@ fn survivors_of_a_lost_rank_match_a_fresh_run_from_the_commit() {
         workers.next().unwrap().handle.join().unwrap().is_none(),
         "rank 2 was killed"
     );
+    ends
+}
+
+/// The point 7: 3 ranks train with commits; rank 2 is lost; the survivors re-form
+/// as generation 1 of 2 from their newest common commit and train to the end, bit-identical
+/// to a fresh 2-rank run from that commit, with the same losses.
+#[test]
+fn survivors_of_a_lost_rank_match_a_fresh_run_from_the_commit() {
+    let spec = spec(OptimizerKind::Sgd);
+    let ring = MemoryRing::new(Limits::default());
+    let (tx, rx) = std_mpsc::channel();
+    let mut log = Vec::new();
+    // Phase 1: generation 0 of 3; rank 2 dies during step 11.
+    let workers = three_with_rank_2_killed_after_10(&spec, &ring, &tx);
+    // Phase 2: both survivors report the failure, naming rank 2 when they saw it go.
+    let failed = wait_for(&rx, &mut log, 2, |r| {
+        matches!(r.event, ElasticEvent::Failed { generation: 0, .. })
+    });
+    let lost: Vec<Option<usize>> = failed
+        .iter()
+        .map(|&i| match &log[i].event {
+            ElasticEvent::Failed { lost_rank, .. } => *lost_rank,
+            _ => unreachable!(),
+        })
+        .collect();
+    assert!(lost.contains(&Some(2)), "lost ranks reported: {lost:?}");
+    // Phase 3: the node's next generation: the two survivors, same ranks.
+    let ends = reform_survivors_of_rank_2(workers);
     drop(tx);
     log.extend(rx.try_iter());
 
@@ -402,6 +417,54 @@ fn survivors_of_a_lost_rank_match_a_fresh_run_from_the_commit() {
     let early = mean((1..=4).map(|s| before[&s]));
     let late = mean((TOTAL_STEPS - 3..=TOTAL_STEPS).map(|s| elastic_losses[&s]));
     assert!(late < early * 0.7, "loss {early} -> {late}");
+}
+
+/// The same loss over an NCCL-like device group ([`collective::NcclDouble`]: work completes
+/// on enqueue, a lost peer blocks the wait instead of failing it): the survivors' waits end
+/// only by their watchdogs' abort, which names rank 2; they report the loss, drop (abort)
+/// the blocked group instead of waiting on it, re-form as generation 1 of 2 with a new
+/// group, lose no step beyond the one cut short, and end it normally (barrier, finalize).
+#[test]
+fn survivors_of_a_lost_rank_reform_over_an_nccl_like_device_group() {
+    let spec = spec(OptimizerKind::Sgd);
+    let ring = MemoryRing::new(Limits::default()).with_nccl_doubles();
+    let (tx, rx) = std_mpsc::channel();
+    let mut log = Vec::new();
+    // Phase 1: generation 0 of 3 over the doubles; rank 2 dies during step 11.
+    let workers = three_with_rank_2_killed_after_10(&spec, &ring, &tx);
+    // Phase 2: both survivors' blocked waits end; they report the failure naming rank 2.
+    let failed = wait_for(&rx, &mut log, 2, |r| {
+        matches!(r.event, ElasticEvent::Failed { generation: 0, .. })
+    });
+    for &i in &failed {
+        match &log[i].event {
+            ElasticEvent::Failed { lost_rank, .. } => {
+                assert_eq!(*lost_rank, Some(2), "{:?}", log[i])
+            }
+            _ => unreachable!(),
+        }
+    }
+    // Phase 3: the next generation, the two survivors, each with a new device group.
+    let ends = reform_survivors_of_rank_2(workers);
+    drop(tx);
+    log.extend(rx.try_iter());
+    // Phase 4: both restored the same whole commit from memory and trained to the end.
+    let (r0, r1) = (resumed(&log, 0, 1), resumed(&log, 1, 1));
+    assert_eq!(r0.restored_step, r1.restored_step);
+    assert_eq!(r0.source, RestoreSource::Memory);
+    let c = r0.restored_step;
+    assert!((10..=11).contains(&c), "restored {c}");
+    assert!(r0.steps_lost <= 1, "{r0:?}");
+    for end in &ends {
+        assert_eq!(end.reforms, 1);
+        assert_eq!(end.state.as_ref().unwrap().meta.step, TOTAL_STEPS);
+    }
+    // The group averages as the ring does: the survivors hold the same parameters.
+    assert_same_state(
+        ends[0].state.as_ref().unwrap(),
+        ends[1].state.as_ref().unwrap(),
+        "ranks 0 and 1",
+    );
 }
 
 /// A joiner: 2 ranks become 3 while healthy; the new rank, with no state, receives the

@@ -10,7 +10,7 @@
 mod common;
 
 use collective::{Communicator, Limits, NcclConfig};
-use common::max_diff;
+use common::{max_diff, runtime};
 use trainer::gpu::Device;
 use trainer::{
     Arch, DataSpec, ModelSpec, OptimizerKind, TrainError, TrainParams, TrainSpec, TrainState,
@@ -76,20 +76,6 @@ async fn run(t: &mut Trainer, steps: u64) -> Result<TrainState, TrainError> {
         t.step().await?;
     }
     t.snapshot()
-}
-
-fn runtime(multi_thread: bool) -> tokio::runtime::Runtime {
-    if multi_thread {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-    }
-    .expect("runtime")
 }
 
 fn params(s: &TrainState) -> Vec<Vec<f32>> {

@@ -7,7 +7,8 @@ collective is enqueued, a collective whose peer died blocks (it never raises), a
 destroying a group with work in flight waits for that work. So the session (`_session`)
 never learns of a lost peer from the device group; it learns from the node (a newer
 generation), the ring, or the deadline of a `Fence`, and then aborts the device group
-(`abort`) and drops it without waiting (`drop`).
+(`abort`) and drops it without waiting (`drop`). At a normal end (the script returns)
+every rank meets at a barrier over the ring first, then destroys the group (`end`).
 
 - The seam: `RINGLEADER_CUDA_BACKEND` names the group's backend, `nccl` by default, for CUDA
   tensors; `none` turns it off; `<device>:<backend>` names another device's, e.g. `cpu:gloo`
@@ -28,6 +29,7 @@ generation), the ring, or the deadline of a `Fence`, and then aborts the device 
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -157,6 +159,23 @@ def drop(aborted: bool) -> None:
     if aborted and world is not None:
         world.abort()
     dist.destroy_process_group()
+
+
+def end(barrier: Callable[[], object]) -> bool:
+    """The normal end of the default process group under a device group, on every rank:
+    `barrier` (the ring's, bounded by its op deadline: every rank has reached its end, so no
+    peer still has work in flight with this one), then `destroy_process_group`. A failed
+    barrier (a peer gone at the end) aborts the group instead of destroying it, which would
+    wait on a dead peer. Returns whether the group was destroyed normally."""
+    try:
+        barrier()
+    except Exception as e:  # noqa: BLE001 - RingError or torch's: the group is spent either way
+        print(f"ringleader: the final barrier failed ({e}): aborting the device group",
+              file=sys.stderr, flush=True)
+        drop(aborted=True)
+        return False
+    drop(aborted=False)
+    return True
 
 
 def survive_communicator_errors(environ: Environ | None = None) -> None:

@@ -17,7 +17,8 @@ over the ring, before any store is built). NCCL never raises on a lost peer, so 
 device group the session acts for it: a step's device work is fenced before it commits
 (`wait_device_work`), and a newer generation, a failed ring or the fence's deadline abort
 the device group as well as the ring; the group is then dropped without waiting on it
-(`leave_group`). `rlt.init()` sets `TORCH_NCCL_ASYNC_ERROR_HANDLING=2` so torch's watchdog
+(`leave_group`). At the script's normal end it is destroyed after a barrier over the ring
+(`end_normally`). `rlt.init()` sets `TORCH_NCCL_ASYNC_ERROR_HANDLING=2` so torch's watchdog
 does not end the process first. A rank whose generation fails while it joins (the ring,
 the agreement, the device group's store) reports it and waits for the next generation.
 
@@ -160,7 +161,7 @@ class Session:
         _backend.op_observer = self.op_clock
         self.feed = elastic.GenerationFeed(on_arrival=self._on_arrival)
         # At the script's end, close the ring before the interpreter's teardown does it.
-        atexit.register(self.leave_group)
+        atexit.register(self.end_normally)
         # A standby joiner gets its first generation only after it said it is ready, which
         # the optimizer does once the script built its model (`_optimizer`).
         self.standby = elastic.is_standby()
@@ -240,6 +241,18 @@ class Session:
             except _native.RingError:
                 pass
             self.ring = None
+
+    def end_normally(self) -> None:
+        """The script's end: a device group whose work is settled ends with a barrier over
+        the ring, then `destroy_process_group` (`_device.end`); otherwise as `leave_group`."""
+        if (dist.is_initialized() and self.device_group is not None and self.ring is not None
+                and self.device_settled and not self.device_aborted):
+            try:
+                _device.end(self.ring.barrier)
+            except Exception as e:  # noqa: BLE001 - the ring closes anyway
+                print(f"ringleader: ending the process group: {e}", file=sys.stderr,
+                      flush=True)
+        self.leave_group()
 
     def exit_stopped(self) -> NoReturn:
         """The node said stop (or stdin ended): exit 0 at once. `os._exit`: the interpreter's

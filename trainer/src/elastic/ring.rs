@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use collective::{CollectiveError, Communicator, GroupConfig, Limits, NcclCommunicator};
+use collective::{
+    CollectiveError, Communicator, GroupConfig, Limits, NcclCommunicator, NcclConfig, NcclDouble,
+};
 
 use crate::elastic::generation::Generation;
 use crate::error::TrainError;
@@ -29,6 +31,16 @@ pub trait RingConnector: Send {
         comm: &mut Communicator,
         on_cuda: bool,
     ) -> impl Future<Output = Result<Option<NcclCommunicator>, TrainError>> + Send;
+
+    /// The generation's NCCL-like device group on the CPU ([`NcclDouble`]), when this
+    /// connector gives one ([`MemoryRing::with_nccl_doubles`]); every rank calls it right
+    /// after [`RingConnector::nccl`]. None by default.
+    fn nccl_double(
+        &mut self,
+        _generation: &Generation,
+    ) -> impl Future<Output = Result<Option<NcclDouble>, TrainError>> + Send {
+        async { Ok(None) }
+    }
 }
 
 /// Connects over TCP with [`Communicator::connect`]: the generation number goes into the
@@ -78,7 +90,16 @@ impl RingConnector for TcpConnector {
 pub struct MemoryRing {
     limits: Limits,
     groups: Arc<Mutex<HashMap<u64, Vec<Option<Communicator>>>>>,
+    /// Per generation, each rank's transport and heartbeat groups of its [`NcclDouble`];
+    /// `None`: no doubles.
+    doubles: Option<DoubleSlots>,
 }
+
+/// Each generation's ranks' (transport, heartbeat) groups, taken once by each rank.
+type DoubleSlots = Arc<Mutex<HashMap<u64, Vec<Option<(Communicator, Communicator)>>>>>;
+
+/// The heartbeat of the doubles' watchdogs, ms: a lost rank is seen within a few.
+const DOUBLE_HEARTBEAT_MS: u64 = 10;
 
 impl MemoryRing {
     /// Rings with these limits.
@@ -86,7 +107,22 @@ impl MemoryRing {
         MemoryRing {
             limits,
             groups: Arc::default(),
+            doubles: None,
         }
+    }
+
+    /// The same rings, and for each generation an [`NcclDouble`] per rank (an NCCL-like
+    /// device group: work completes on enqueue, a lost peer blocks it until the watchdog
+    /// aborts it), through which ranks on the layer-wise engine average their gradients.
+    /// Its waits block the thread: run the ranks on multi-threaded runtimes.
+    pub fn with_nccl_doubles(mut self) -> Self {
+        self.doubles = Some(Arc::default());
+        self
+    }
+
+    /// Whether the ranks get [`NcclDouble`]s.
+    pub fn gives_nccl_doubles(&self) -> bool {
+        self.doubles.is_some()
     }
 }
 
@@ -99,6 +135,35 @@ impl RingConnector for MemoryRing {
         _: bool,
     ) -> Result<Option<NcclCommunicator>, TrainError> {
         Ok(None)
+    }
+
+    async fn nccl_double(&mut self, g: &Generation) -> Result<Option<NcclDouble>, TrainError> {
+        let Some(doubles) = &self.doubles else {
+            return Ok(None);
+        };
+        let taken = {
+            let mut slots = doubles.lock().expect("memory ring lock");
+            let slots = match slots.entry(g.generation) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(e) => {
+                    let t = Communicator::in_memory(g.world(), self.limits.clone())?;
+                    let h = Communicator::in_memory(g.world(), self.limits.clone())?;
+                    e.insert(t.into_iter().zip(h).map(Some).collect())
+                }
+            };
+            slots.get_mut(g.rank).and_then(Option::take)
+        };
+        let (transport, heartbeat) = taken.ok_or_else(|| {
+            CollectiveError::Invalid(format!(
+                "rank {} of generation {} has no nccl double",
+                g.rank, g.generation
+            ))
+        })?;
+        let cfg = NcclConfig {
+            heartbeat_interval_ms: DOUBLE_HEARTBEAT_MS,
+            ..NcclConfig::default()
+        };
+        Ok(Some(NcclDouble::start(transport, Some(heartbeat), cfg)?))
     }
 
     async fn connect(&mut self, g: &Generation) -> Result<Communicator, CollectiveError> {

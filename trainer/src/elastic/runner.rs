@@ -382,6 +382,7 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
         let mut comm = self.connector.connect(gen).await?;
         let on_cuda = self.device.trains_on_cuda(&self.spec.model);
         let nccl = self.connector.nccl(gen, &mut comm, on_cuda).await?;
+        let double = self.connector.nccl_double(gen).await?;
         let holding = Holding {
             log,
             last_generation,
@@ -397,6 +398,9 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
             (None, None) => (None, RestoreSource::Fresh),
         };
         let mut trainer = Trainer::new_on(&self.spec, comm, &self.device, nccl)?;
+        if let Some(d) = double {
+            trainer.set_nccl_double(d)?;
+        }
         trainer.set_faults(self.faults);
         trainer.set_compute_clock(self.compute_clock.clone());
         // A ring shrunk by a preemption keeps its global batch: before the restore, which
@@ -483,7 +487,12 @@ fn failed(generation: u64, e: &CollectiveError) -> ElasticEvent {
 /// the last step at slightly different times. So: a barrier (every rank is past the last
 /// step), then the collective's `abort_linger_ms` for the peers to leave the barrier too,
 /// then close.
-async fn finish(trainer: Trainer) {
+async fn finish(mut trainer: Trainer) {
+    // The device group ends normally (barrier, finalize, destroy); on every other way out
+    // of a generation it is dropped, which aborts it.
+    if let Err(e) = trainer.finish_device_group() {
+        warn!(error = %e, "ending the device group");
+    }
     match trainer.into_communicator().await {
         Ok(mut comm) => {
             if let Err(e) = comm.barrier().await {

@@ -31,6 +31,17 @@
 //! layer's gradients come down as soon as the backward pass has them and go through host
 //! memory over the TCP ring ([`crate::GradSync`]), the optimizer on the host.
 //!
+//! NCCL's failures are not the ring's: queued work completes for the host at once, a
+//! collective whose peer died blocks instead of failing, and only an abort (the
+//! watchdog's, on a failed heartbeat) ends the wait. So a device step changes nothing
+//! before its wait has returned (the optimizer runs after it), a failed generation's
+//! communicator is dropped, which aborts it, and only a normal end waits for it
+//! (`NcclCommunicator::finish`: a barrier, finalize, destroy). Queuing runs off the
+//! runtime's workers (`blocking`), the first call under NCCL's set-up deadline, and its time
+//! counts as waiting for gradients, not compute. The elastic path is tested over
+//! [`collective::NcclDouble`], NCCL's semantics on the CPU (`double_step`, ranks of a
+//! `MemoryRing::with_nccl_doubles`).
+//!
 //! cudarc loads libcuda, libcublas and libnvrtc at run time, so the binary built with
 //! `--features cuda` runs on hosts without them; `Cuda::open` says which is missing
 //! instead of panicking. Without the feature, a rank given a GPU fails at start
@@ -46,6 +57,7 @@ mod cuda;
 mod device;
 #[cfg(any(feature = "cuda", test))]
 mod device_optimizer;
+pub(crate) mod double_step;
 #[cfg(feature = "cuda")]
 pub(crate) mod nccl;
 
@@ -244,7 +256,6 @@ pub async fn connect_nccl(
 /// runtime it is called from: inside `block_in_place` on a multi-threaded runtime, so its
 /// other tasks (NCCL's watchdog among them) move to other threads; directly on a
 /// current-thread runtime, where `block_in_place` panics, or outside any runtime.
-#[cfg(any(feature = "cuda", test))]
 pub(crate) fn blocking<R>(f: impl FnOnce() -> R) -> R {
     use tokio::runtime::{Handle, RuntimeFlavor};
     match Handle::try_current().map(|h| h.runtime_flavor()) {

@@ -54,7 +54,11 @@ impl DeviceStep {
         }
         let (head, tail) = grads.split_at_mut(hi);
         let mut bufs = [head[lo].exact_mut()?, tail[0].exact_mut()?];
-        Ok(nccl.allreduce_queued(&mut bufs, ReduceOp::Avg)?)
+        // Off the runtime's worker: the first call waits while NCCL connects to the peers
+        // (under the set-up's deadline, `init_timeout_ms`).
+        Ok(super::blocking(|| {
+            nccl.allreduce_queued(&mut bufs, ReduceOp::Avg)
+        })?)
     }
 
     /// Ends the step: averages `extras` with the queued gradients, waits for NCCL, and
@@ -74,7 +78,8 @@ impl DeviceStep {
             self.optimizer.load(&be, host)?;
         }
         crate::Backend::upload(&be, extras, &mut self.extras)?;
-        nccl.allreduce_queued(&mut [self.extras.exact_mut()?], ReduceOp::Avg)?;
+        let averaged = self.extras.exact_mut()?;
+        super::blocking(|| nccl.allreduce_queued(&mut [averaged], ReduceOp::Avg))?;
         super::blocking(|| nccl.wait_queued())?;
         let c = host.coefficients();
         let (params, grads) = engine.params_and_grads();

@@ -86,3 +86,19 @@ pub fn wait_success(children: &mut [std::process::Child], within: std::time::Dur
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// A tokio runtime: multi-threaded with two workers (where waits block in place, as a GPU
+/// or device group's do, while other tasks must go on), or current-thread.
+pub fn runtime(multi_thread: bool) -> tokio::runtime::Runtime {
+    if multi_thread {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    }
+    .expect("runtime")
+}
