@@ -17,6 +17,8 @@
 #   node-gpu-job     a node offering its GPUs runs a train job, gpus_per_worker = 1 (1+ GPU)
 #   torch-ddp-B      gpu_torch_check.py ddp on CUDA tensors, backend B = ringleader
 #                    (cpu:ringleader,cuda:nccl) and nccl                   (1+ GPU, torch)
+#   torch-commit     gpu_torch_check.py commit: the elastic commit in pinned host memory
+#                    beside one on the device (device memory added, step time) (1+ GPU, torch)
 #   rust-nccl-kill9  two train-workers over NCCL, kill -9 of rank 1: rank 0 ends with the
 #                    loss named instead of hanging                          (2+ GPUs)
 #   local-rank-job   a 2-rank command job, gpus_per_worker = 1: set_device(LOCAL_RANK) works
@@ -238,6 +240,11 @@ torch_ddp() {
     grep -h '^torch ddp' "$work"/ddp-"$backend"-*.out | sed 's/^/visit: /'
     ! grep -q 'same_params=False' "$work"/ddp-"$backend"-*.out
 }
+torch_commit() {
+    python3 "$kit/scripts/gpu_torch_check.py" commit --steps 50 >"$work/commit.out" 2>&1 ||
+        { cat "$work/commit.out"; return 1; }
+    grep -h '^torch commit' "$work/commit.out" | sed 's/^/visit: /'
+}
 
 # ---- two GPUs or more ----
 rust_nccl_kill9() {
@@ -307,7 +314,7 @@ elastic_torch() {
 
 if [[ $gpus -lt 1 && $dry -eq 0 ]]; then
     for p in nccl-allreduce train-worker bench-gpu-256 bench-gpu-4096 node-gpu-job \
-        torch-ddp-ringleader torch-ddp-nccl; do
+        torch-ddp-ringleader torch-ddp-nccl torch-commit; do
         skip "$p" "no GPU ($no_gpu)"
     done
 else
@@ -323,6 +330,11 @@ else
             skip "torch-ddp-$b" "no torch with CUDA here"
         fi
     done
+    if [[ $torch_cuda -eq 1 || $dry -eq 1 ]]; then
+        part torch-commit "$gpu0" "$part_deadline_s" torch_commit
+    else
+        skip torch-commit "no torch with CUDA here"
+    fi
 fi
 if [[ $gpus -lt 2 && $dry -eq 0 ]]; then
     for p in rust-nccl-kill9 local-rank-job elastic-torch; do

@@ -12,6 +12,13 @@
         A rank of an elastic command job (`[elastic] protocol = "ringleader"`) training a small
         MLP on CUDA tensors with `ringleader.torch`: each step prints
         `elastic step=S gen=G rank=R world=N pid=P device=cuda:D`, the end `finished ...`.
+    python3 gpu_torch_check.py commit [--steps N]
+        The elastic optimizer's in-memory commit of an MLP with Adam on GPU 0, two ways
+        (issue 50, point 6): in pinned host memory copied on a side stream (what
+        `ringleader.torch` does) and on the device (a clone per commit, as it did before).
+        Prints `torch commit where=host|device device=cuda:0 state_mb=S device_mb_added=M
+        step_ms=T step_ms_plain=P`: the device memory the two commits add, and a step's time
+        with a commit after it beside one without.
     python3 gpu_torch_check.py local-rank
         A rank of a command job: prints `local-rank rank=R local_rank=L visible=V device=D`
         after `torch.cuda.set_device(LOCAL_RANK)` worked (the torchrun convention).
@@ -119,6 +126,71 @@ def elastic() -> None:
                 return
 
 
+def commit(steps: int) -> None:
+    from ringleader.torch._optimizer import COMMITS_KEPT, _Commit
+
+    class Sampler:  # the commit keeps the sampler's position; none here
+        def state(self):
+            return (0, 0)
+
+    dev = torch.device("cuda:0")
+    model = net().to(dev)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(BATCH, FEATURES, device=dev)
+    y = torch.randint(0, CLASSES, (BATCH,), device=dev)
+    params = list(model.parameters())
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    def timed(after_step) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(steps):
+            step()
+            after_step(i)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / steps * 1e3
+
+    for _ in range(5):
+        step()
+    plain = timed(lambda i: None)
+    state_mb = (sum(p.numel() * p.element_size() for p in params) +
+                sum(v.numel() * v.element_size() for st in opt.state.values()
+                    for v in st.values() if torch.is_tensor(v))) / 2**20
+    # On the host, pinned, copied on a side stream (ringleader.torch's commit).
+    commits = [_Commit() for _ in range(COMMITS_KEPT)]
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated(dev)
+
+    def host_commit(i):
+        commits[i % COMMITS_KEPT].fill(i, params, len(params), opt, params, Sampler(), [1e-3])
+        commits[i % COMMITS_KEPT].hold_writes()
+
+    host = timed(host_commit)
+    added = (torch.cuda.memory_allocated(dev) - base) / 2**20
+    print(f"torch commit where=host device=cuda:0 state_mb={state_mb:.1f} "
+          f"device_mb_added={added:.1f} step_ms={host:.2f} step_ms_plain={plain:.2f}", flush=True)
+    # On the device: a clone of every state tensor per commit, as before.
+    kept = []
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated(dev)
+
+    def device_commit(i):
+        kept.append([p.detach().clone() for p in params] +
+                    [v.detach().clone() for st in opt.state.values() for v in st.values()
+                     if torch.is_tensor(v)])
+        del kept[:-COMMITS_KEPT]
+
+    device = timed(device_commit)
+    added = (torch.cuda.memory_allocated(dev) - base) / 2**20
+    print(f"torch commit where=device device=cuda:0 state_mb={state_mb:.1f} "
+          f"device_mb_added={added:.1f} step_ms={device:.2f} step_ms_plain={plain:.2f}",
+          flush=True)
+
+
 def local_rank() -> None:
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
@@ -136,10 +208,12 @@ def main() -> None:
         ddp(sys.argv[2], steps)
     elif mode == "elastic":
         elastic()
+    elif mode == "commit":
+        commit(int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 50)
     elif mode == "local-rank":
         local_rank()
     else:
-        raise SystemExit(f"mode: ddp, elastic or local-rank, not {mode!r}")
+        raise SystemExit(f"mode: ddp, elastic, commit or local-rank, not {mode!r}")
 
 
 if __name__ == "__main__":

@@ -96,7 +96,7 @@ gpu_visit_dry() {
     bash -n scripts/gpu-visit.sh && bash -n scripts/gpu-kit.sh || return 1
     out=$(bash scripts/gpu-visit.sh --dry-run) || return 1
     for p in setup nccl-allreduce train-worker bench-gpu-256 bench-gpu-4096 node-gpu-job \
-        torch-ddp-ringleader torch-ddp-nccl rust-nccl-kill9 local-rank-job elastic-torch; do
+        torch-ddp-ringleader torch-ddp-nccl torch-commit rust-nccl-kill9 local-rank-job elastic-torch; do
         grep -q "^DRY $p on " <<<"$out" || { echo "gpu-visit --dry-run lists no $p"; return 1; }
     done
     grep -q '^visit done in .*: 0 failed$' <<<"$out"

@@ -7,6 +7,17 @@ position, at a step count. Its tensors are allocated once and copied into at eac
 (a memcpy of the model and optimizer state, no allocation); the last `COMMITS_KEPT` are
 kept, so ranks one step apart still share one.
 
+A commit of CUDA tensors lives in pinned host memory, not on the device: two commits on the
+device would triple the device memory of the parameters and optimizer state. Its copy is
+queued on a stream of its own after the step's work and runs while the next step's forward
+and backward do (they only read the parameters); the next `optimizer.step()` (the first
+write to what was copied) waits for it on the device, and a reader of the commit on the host
+(the agreement's restore, a broadcast) waits for it there. The module's buffers (a batch
+norm's running statistics, written by the next forward) are copied on the step's own stream,
+so that forward comes after their copy. A restore puts each optimizer
+state tensor back where torch's own `load_state_dict` would (beside its parameter; `step`
+where it was, unless the group is fused or capturable).
+
 A standby joiner (`_session`) says `ringleader-ready` when the optimizer is made (the
 script has built its model and data by then) and joins the generation that follows.
 
@@ -34,6 +45,7 @@ Outside an elastic ringleader rank it is the wrapped optimizer, counting steps a
 the sampler on.
 """
 
+import contextlib
 import ctypes
 import io
 import time
@@ -57,6 +69,13 @@ COMMITS_KEPT = 2
 STATE_BROADCAST_BYTES_MAX = 16 << 30
 
 
+def _host_like(t: torch.Tensor) -> torch.Tensor:
+    """A commit's buffer for `t`: pinned host memory for a CUDA tensor, else memory like it."""
+    if t.is_cuda:
+        return torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+    return torch.empty_like(t)
+
+
 class _Commit:
     """One committed state (see the module doc); `fill` copies into its tensors."""
 
@@ -66,16 +85,50 @@ class _Commit:
         self.opt_state: dict[int, dict[str, Any]] = {}
         self.sampler: tuple[int, int] | None = None
         self.base_lrs: list[float] | None = None
+        # The side stream a CUDA state's copy runs on; the events of the last copy on it and
+        # on the step's stream (the buffers'), None when done or on the CPU.
+        self._stream: Any = None
+        self._copied: Any = None
+        self._buffers_copied: Any = None
 
-    def fill(self, step: int, tensors: list[torch.Tensor], opt: torch.optim.Optimizer,
-             params: list[torch.Tensor], sampler: ElasticSampler,
+    def fill(self, step: int, tensors: list[torch.Tensor], buffers_from: int,
+             opt: torch.optim.Optimizer, params: list[torch.Tensor], sampler: ElasticSampler,
              base_lrs: list[float]) -> None:
+        """Copies the state in: `tensors` are the module's parameters, then (from
+        `buffers_from`) its buffers; `params` the optimizer's, in its groups' order."""
+        self.wait()  # its buffers are written again: the last copy into them is done
+        stream = self._side_stream(tensors)
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(stream.device))
         if len(self.tensors) != len(tensors) or any(
                 a.shape != b.shape or a.dtype != b.dtype for a, b in zip(self.tensors, tensors)):
-            self.tensors = [t.detach().clone() for t in tensors]
-        else:
-            for dst, src in zip(self.tensors, tensors):
-                dst.copy_(src.detach())
+            self.tensors = [_host_like(t) for t in tensors]
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            for dst, src in zip(self.tensors[:buffers_from], tensors[:buffers_from]):
+                dst.copy_(src.detach(), non_blocking=True)
+            self._copy_optimizer(opt, params)
+        if stream is not None:
+            self._copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self._copied.record(stream)
+        for dst, src in zip(self.tensors[buffers_from:], tensors[buffers_from:]):
+            dst.copy_(src.detach(), non_blocking=True)
+        if stream is not None:
+            self._buffers_copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self._buffers_copied.record(torch.cuda.current_stream(stream.device))
+        self.step = step
+        self.sampler = sampler.state()
+        self.base_lrs = list(base_lrs)
+
+    def _side_stream(self, tensors: list[torch.Tensor]) -> Any:
+        """The copy's stream when the state is on a CUDA device, else None."""
+        cuda = next((t for t in tensors if t.is_cuda), None)
+        if cuda is None:
+            return None
+        if self._stream is None or self._stream.device != cuda.device:
+            self._stream = torch.cuda.Stream(device=cuda.device)  # type: ignore[no-untyped-call]
+        return self._stream
+
+    def _copy_optimizer(self, opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> None:
         for i, p in enumerate(params):
             st = opt.state.get(p)
             if not st:
@@ -85,19 +138,41 @@ class _Commit:
             for k, v in st.items():
                 old = mine.get(k)
                 if torch.is_tensor(v):
-                    if torch.is_tensor(old) and old.shape == v.shape and old.dtype == v.dtype:
-                        old.copy_(v.detach())
-                    else:
-                        mine[k] = v.detach().clone()
+                    if not (torch.is_tensor(old) and old.shape == v.shape
+                            and old.dtype == v.dtype):
+                        old = mine[k] = _host_like(v)
+                    old.copy_(v.detach(), non_blocking=True)
                 else:
                     mine[k] = v
-        self.step = step
-        self.sampler = sampler.state()
-        self.base_lrs = list(base_lrs)
+
+    def hold_writes(self) -> None:
+        """Makes the current CUDA stream wait for this commit's copy: called before the
+        optimizer writes what was copied."""
+        if self._copied is not None:
+            torch.cuda.current_stream(self._copied.device).wait_event(self._copied)
+
+    def wait(self) -> None:
+        """Waits on the host for this commit's copy (before it is read or written again)."""
+        for event in (self._copied, self._buffers_copied):
+            if event is not None:
+                event.synchronize()
+        self._copied = self._buffers_copied = None
 
     def as_dict(self) -> State:
+        self.wait()
         return {"step": self.step, "tensors": self.tensors, "opt_state": self.opt_state,
                 "sampler": list(self.sampler or ()), "base_lrs": self.base_lrs}
+
+
+def _restored(value: Any, param: torch.Tensor, key: str, group: dict[str, Any]) -> Any:
+    """A copy of a committed optimizer state value where torch's `load_state_dict` puts it:
+    `step` where it is unless the group is fused or capturable, any other tensor beside
+    its parameter."""
+    if not torch.is_tensor(value):
+        return value
+    if key == "step" and not (group.get("fused") or group.get("capturable")):
+        return value.clone()
+    return value.to(device=param.device, copy=True)
 
 
 def _encode(commit: _Commit) -> bytes:
@@ -180,8 +255,10 @@ class ElasticOptimizer:
 
     def _commit(self) -> None:
         i = (self._newest + 1) % COMMITS_KEPT
-        self._commits[i].fill(self.steps, self._state_tensors(), self.optimizer, self._params,
-                              self.sampler, self._base_lrs)
+        m: torch.nn.Module = self.model.module if hasattr(self.model, "module") else self.model
+        params = len(list(m.parameters()))
+        self._commits[i].fill(self.steps, self._state_tensors(), params, self.optimizer,
+                              self._params, self.sampler, self._base_lrs)
         self._newest = i
 
     def _held(self) -> list[int]:
@@ -199,9 +276,11 @@ class ElasticOptimizer:
             for dst, src in zip(self._state_tensors(), state["tensors"]):
                 dst.copy_(src)
         self.optimizer.state.clear()
+        group_of = {id(p): g for g in self.optimizer.param_groups for p in g["params"]}
         for i, st in state["opt_state"].items():
-            self.optimizer.state[self._params[int(i)]] = {
-                k: v.clone() if torch.is_tensor(v) else v for k, v in st.items()}
+            p = self._params[int(i)]
+            self.optimizer.state[p] = {
+                k: _restored(v, p, k, group_of[id(p)]) for k, v in st.items()}
         self.sampler.set_state(state["sampler"])
         self._base_lrs = list(state["base_lrs"])
         self.steps = int(state["step"])
@@ -233,6 +312,8 @@ class ElasticOptimizer:
                 for p in self._params:
                     if p.grad is not None:
                         p.grad.div_(k)
+        if self._newest >= 0:
+            self._commits[self._newest].hold_writes()
         out = self.optimizer.step(closure)
         if sess.failure is not None:
             # Aborted meanwhile (a newer generation's grace ran out): not committed.
