@@ -35,7 +35,7 @@ use openraft::{
 };
 
 use super::runtime::SimRuntime;
-use crate::control::store::{NodeId, RaftNode};
+use crate::control::store::{replicable, NodeId, RaftNode};
 use crate::domain::state::{ControlCommand, ControlResponse, ControlState};
 
 openraft::declare_raft_types!(
@@ -105,6 +105,10 @@ impl Held {
 #[derive(Clone)]
 pub struct MemLog {
     disk: Held,
+    /// Whether this is the reader replication streams use (`get_log_reader`): it answers
+    /// only entries that begin at a range's start, as the node's does
+    /// ([`crate::control::store::replicable`]).
+    replication: bool,
 }
 
 /// A node's stores over its disk for its life `life` (first, or after a crash), which
@@ -115,7 +119,10 @@ pub fn open(disk: &SharedDisk, life: u64) -> (MemLog, MemStateMachine) {
         disk: disk.clone(),
         life,
     };
-    let log = MemLog { disk: held.clone() };
+    let log = MemLog {
+        disk: held.clone(),
+        replication: false,
+    };
     (log, MemStateMachine::open(held))
 }
 
@@ -125,6 +132,9 @@ impl RaftLogReader<SimConfig> for MemLog {
         r: RB,
     ) -> Result<Vec<Entry<SimConfig>>, StorageError<NodeId>> {
         let disk = self.disk.lock()?;
+        if self.replication {
+            return Ok(replicable(r.start_bound(), disk.entries.range(r.clone())));
+        }
         Ok(disk.entries.range(r).map(|(_, e)| e.clone()).collect())
     }
 }
@@ -147,7 +157,10 @@ impl RaftLogStorage<SimConfig> for MemLog {
     }
 
     async fn get_log_reader(&mut self) -> MemLog {
-        self.clone()
+        MemLog {
+            disk: self.disk.clone(),
+            replication: true,
+        }
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {

@@ -372,3 +372,32 @@ proptest! {
         prop_assert!(is_corrupt, "{:?}", frames.end);
     }
 }
+
+/// Replication reads only entries that begin where it asks (`replicable`): after a purge a
+/// range from before it answers none, not the entries after the purge (which a stream would
+/// send after a gap); the store's own read keeps openraft's contract and leaves them out.
+#[test]
+fn replication_reads_nothing_from_a_purged_start() {
+    let dir = TempDir::new().unwrap();
+    rt().block_on(async {
+        let mut log = LogStore::open(dir.path()).unwrap();
+        for i in 1..=10 {
+            append(&mut log, vec![blank(1, i)]).await;
+        }
+        log.purge(log_id(1, 5)).await.unwrap();
+        let mut reader = log.get_log_reader().await;
+        let read = |entries: Vec<Entry<TypeConfig>>| -> Vec<u64> {
+            entries.iter().map(|e| e.log_id.index).collect()
+        };
+        assert_eq!(
+            read(reader.try_get_log_entries(3..8).await.unwrap()),
+            Vec::<u64>::new()
+        );
+        assert_eq!(
+            read(reader.try_get_log_entries(6..8).await.unwrap()),
+            [6, 7]
+        );
+        assert_eq!(read(reader.try_get_log_entries(9..).await.unwrap()), [9, 10]);
+        assert_eq!(read(log.try_get_log_entries(3..8).await.unwrap()), [6, 7]);
+    });
+}
