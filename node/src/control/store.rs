@@ -651,7 +651,10 @@ impl RaftLogReader<TypeConfig> for LogReader {
         range: RB,
     ) -> Result<Vec<Entry<TypeConfig>>, StorageError<NodeId>> {
         let mem = self.mem.read().expect("log lock");
-        Ok(replicable(range.start_bound(), mem.entries.range(range.clone())))
+        Ok(replicable(
+            range.start_bound(),
+            mem.entries.range(range.clone()),
+        ))
     }
 }
 

@@ -397,7 +397,10 @@ fn replication_reads_nothing_from_a_purged_start() {
             read(reader.try_get_log_entries(6..8).await.unwrap()),
             [6, 7]
         );
-        assert_eq!(read(reader.try_get_log_entries(9..).await.unwrap()), [9, 10]);
+        assert_eq!(
+            read(reader.try_get_log_entries(9..).await.unwrap()),
+            [9, 10]
+        );
         assert_eq!(read(log.try_get_log_entries(3..8).await.unwrap()), [6, 7]);
     });
 }
