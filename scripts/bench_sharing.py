@@ -116,11 +116,13 @@ def trace(seed, scale):
     jobs.append({"name": "search-0", "user": "carol", "kind": "search", "at_s": at(),
                  "priority": "low", "workers": 1, "trials": 4, "max_parallel": 2,
                  "seconds": round(TRIAL_S * scale, 1), "seed": seed})
-    # Two high-priority jobs of 4 ranks arriving while the cluster is full.
+    # Two high-priority jobs arriving while the cluster is full, each within its owner's
+    # quota (bob's 3 ranks, alice's 4): a job beyond its quota borrows, and a borrower takes
+    # no one's work within their quota (design.md, Preemption), so it would wait by rule.
     for i, (user, frac) in enumerate([("bob", 0.5), ("alice", 0.75)]):
         jobs.append({"name": f"high-{i}", "user": user, "kind": "command",
                      "at_s": round(ARRIVALS_S * frac * scale, 1), "priority": "high",
-                     "workers": 4, "steps": max(4, int(80 * scale))})
+                     "workers": min(4, USERS[user]["cpus"]), "steps": max(4, int(80 * scale))})
     jobs.sort(key=lambda j: (j["at_s"], j["name"]))
     return jobs
 
