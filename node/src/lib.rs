@@ -10,6 +10,8 @@
 //! `docs/book/src/design/design.md` ("The node, by part"); `scripts/check-layers.py` reads it and
 //! fails on an import it does not allow or an import cycle.
 //!
+//! `sim` (tests only) simulates `control` and `chief` together in process, above both.
+//!
 //! [`node`] wires the parts together at start-up, holding [`data_dir`]'s lock; each part spawns
 //! into its own [`tasks::Tasks`], which `node` stops in order at SIGTERM. The collective data plane
 //! and the trainer are separate crates that know nothing of the node. The project's architecture is
@@ -29,4 +31,6 @@ pub mod node;
 pub mod rotation;
 pub mod search;
 pub mod security;
+#[cfg(test)]
+mod sim;
 pub use ringleader_cluster::tasks;

@@ -14,8 +14,6 @@
 //!   a peer over RPC).
 //! - `network`: openraft's network adapter over those RPCs.
 //! - [`reach`]: whether replication reaches each member, logged once per change.
-//! - `sim` (tests only): an in-process simulation of the control plane and the chief under
-//!   crashes, restarts and partitions, one checker per invariant.
 //!
 //! May use: `cluster` (the swarm handle, member view, wire codec), `domain`. Used by:
 //! `datasets`, `jobs`, `search`, `chief`, `api`, the node's start-up.
@@ -27,8 +25,6 @@ pub mod protocol;
 pub mod reach;
 pub mod recovery;
 pub mod rpc;
-#[cfg(test)]
-mod sim;
 pub mod store;
 pub mod voters;
 

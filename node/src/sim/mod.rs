@@ -35,6 +35,12 @@
 //! what was left after the purge. A follower in a release build would have appended them
 //! after a hole. The replication reader now answers only entries that begin at the asked
 //! index ([`crate::control::store::replicable`]); the seed passes and is one of the test's.
+//!
+//! A part of its own, for tests only: it simulates `control` together with `chief`, so it sits
+//! above both (`docs/book/src/design/design.md`, "The node, by part").
+//!
+//! May use: `cluster`, `domain`, `control` (its store's types and replication reader), `chief`
+//! (`decide`). Used by: nothing (tests only).
 
 mod checks;
 mod clock;
@@ -664,7 +670,7 @@ impl Drop for ReplayOnPanic {
 }
 
 fn replay_line(seed: u64) -> String {
-    format!("SIM_SEED={seed} cargo test -p ringleader --lib control::sim")
+    format!("SIM_SEED={seed} cargo test -p ringleader --lib sim::")
 }
 
 #[test]
