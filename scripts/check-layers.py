@@ -39,12 +39,13 @@ from collections import defaultdict
 
 # The crates checked: (name, source root, whether docs/book/src/design/design.md's table governs
 # it). The node's lowest parts are crates of their own (`cluster`, `tasks` and `data_dir` in
-# `ringleader-cluster`, `domain` in `ringleader-domain`): the compiler holds their imports,
-# this script their files' cycles.
+# `ringleader-cluster`, `domain` in `ringleader-domain`, `control` in `ringleader-control`):
+# the compiler holds their imports, this script their files' cycles.
 CRATES = [
     ("node", "node/src", True),
     ("cluster", "node/cluster/src", False),
     ("domain", "node/domain/src", False),
+    ("control", "node/control/src", False),
     ("bench", "node/bench/src", False),
     ("trainer", "trainer/src", False),
     ("spec", "trainer/spec/src", False),

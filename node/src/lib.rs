@@ -5,7 +5,8 @@
 //! (Raft around it), [`datasets`], [`security`], [`jobs`], [`search`], [`chief`], [`api`],
 //! [`cli`]. The lowest parts are crates of their own, re-exported here under their old paths:
 //! [`cluster`] (with [`tasks`] and [`data_dir`]) is `ringleader-cluster` under `node/cluster/`,
-//! [`domain`] is `ringleader-domain` under `node/domain/` (no `trainer`, no candle). The table
+//! [`domain`] is `ringleader-domain` under `node/domain/` (no `trainer`, no candle),
+//! [`control`] is `ringleader-control` under `node/control/`. The table
 //! of parts, what each owns and what it may use is kept in one place,
 //! `docs/book/src/design/design.md` ("The node, by part"); `scripts/check-layers.py` reads it and
 //! fails on an import it does not allow or an import cycle.
@@ -21,8 +22,8 @@ pub mod api;
 pub mod chief;
 pub mod cli;
 pub use ringleader_cluster as cluster;
-pub mod control;
 pub use ringleader_cluster::data_dir;
+pub use ringleader_control as control;
 pub mod datasets;
 pub use ringleader_domain as domain;
 pub mod gpus;

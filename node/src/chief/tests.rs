@@ -863,4 +863,5 @@ fn a_quota_holds_a_users_job_and_a_changed_reason_is_recorded_without_an_event()
     );
     assert_eq!(job.events.len(), events, "a changed reason adds no event");
 }
+mod forwarding;
 mod preemption;

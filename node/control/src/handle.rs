@@ -31,17 +31,15 @@ use crate::{
         net::{MemberView, NodeHandle},
         wire,
     },
-    control::logs::{read_log, LogChunk},
-    control::{
-        network::Network,
-        protocol::{ProposeError, RpcRequest, RpcResponse},
-        store::{self, node_id_of, NodeId, RaftNode, StateMachineStore, TypeConfig},
-        voters::{self, Change, Health, VoterConfig},
-    },
     domain::state::{
         tokens::Principal, ControlCommand, ControlResponse, ControlState, EventKind, JobId,
         JobState, Slot,
     },
+    logs::{read_log, LogChunk},
+    network::Network,
+    protocol::{ProposeError, RpcRequest, RpcResponse},
+    store::{self, node_id_of, NodeId, RaftNode, StateMachineStore, TypeConfig},
+    voters::{self, Change, Health, VoterConfig},
 };
 
 /// A job's logs, as [`ControlHandle::logs`] read them.

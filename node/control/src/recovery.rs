@@ -14,14 +14,14 @@
 //! machine, which catches up from the chief like any lagging replica. Nothing is lost: the log
 //! on disk holds every entry this node acknowledged.
 //!
-//! [`ProposeError::Stopped`]: crate::control::protocol::ProposeError::Stopped
+//! [`ProposeError::Stopped`]: crate::protocol::ProposeError::Stopped
 
 use std::{io::Write, path::Path, time::Duration};
 
 use openraft::{error::Fatal, Raft};
 use tracing::{error, info, warn};
 
-use crate::control::{handle::ControlHandle, network::Network, store::LogStore};
+use crate::{handle::ControlHandle, network::Network, store::LogStore};
 
 /// How often a stopped node checks whether its disk takes writes again, in milliseconds.
 pub const PROBE_EVERY_MS: u64 = 2_000;
@@ -111,7 +111,7 @@ pub async fn restart_after_storage_failures(ctl: ControlHandle) {
 }
 
 /// A new Raft on the log files and the node's state machine.
-async fn restart(ctl: &ControlHandle) -> anyhow::Result<Raft<crate::control::store::TypeConfig>> {
+async fn restart(ctl: &ControlHandle) -> anyhow::Result<Raft<crate::store::TypeConfig>> {
     let dir = ctl.raft_dir.clone();
     let log = tokio::task::spawn_blocking(move || LogStore::open(&dir)).await??;
     let network = Network::new(ctl.node().clone(), &ctl.sm);

@@ -45,12 +45,6 @@ use crate::{
         calls::{InboundRpc, Reply},
         wire,
     },
-    control::logs::{read_log, LogChunk},
-    control::{
-        handle::ControlHandle,
-        protocol::{ProposeError, RpcRequest, RpcResponse, SnapshotRequest},
-        store::{node_id_of, NodeId, RaftNode, TypeConfig},
-    },
     domain::{
         spec::JobSpec,
         state::{
@@ -61,6 +55,10 @@ use crate::{
             ControlCommand, ControlState, JobId, Op, Origin,
         },
     },
+    handle::ControlHandle,
+    logs::{read_log, LogChunk},
+    protocol::{ProposeError, RpcRequest, RpcResponse, SnapshotRequest},
+    store::{node_id_of, NodeId, RaftNode, TypeConfig},
 };
 
 /// The admission of a spec a member forwarded with a submit: the job layer's gate (the node

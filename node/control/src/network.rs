@@ -43,41 +43,39 @@ use openraft::{
 
 use crate::{
     cluster::{net::NodeHandle, wire},
-    control::{
-        protocol::{RpcRequest, RpcResponse},
-        reach::{self, Reach},
-        store::{NodeId, RaftNode, StateMachineStore, TypeConfig},
-    },
+    protocol::{RpcRequest, RpcResponse},
+    reach::{self, Reach},
+    store::{NodeId, RaftNode, StateMachineStore, TypeConfig},
 };
 
 /// Longest time a learner goes without a heartbeat sent to it, in milliseconds: every third
 /// heartbeat period. Well under [`super::handle::LEADER_STALE_MS`], after which a learner
 /// stops naming the chief it has not heard from.
-pub const LEARNER_HEARTBEAT_MS: u64 = 700;
+pub(crate) const LEARNER_HEARTBEAT_MS: u64 = 700;
 
 /// Longest time an AppendEntries with entries to a learner waits for this (the leading)
 /// node to apply its last entry, so that it carries their commit and the learner applies
 /// them at once, in milliseconds.
-pub const LEARNER_COMMIT_WAIT_MS: u64 = 100;
+pub(crate) const LEARNER_COMMIT_WAIT_MS: u64 = 100;
 
 /// Most entries in one AppendEntries (openraft's `max_payload_entries`): a learner takes a
 /// burst of writes in a few calls. A spec may be 256 KiB (more as JSON), so a batch need not
 /// fit one 4 MiB frame: then its first half goes, again until it fits ([`encode_append`]).
-pub const APPEND_ENTRIES_MAX: u64 = 64;
+pub(crate) const APPEND_ENTRIES_MAX: u64 = 64;
 
 /// Shortest wait of an AppendEntries with entries to a learner, in milliseconds (see
 /// [`learner_append_delay`]).
-pub const LEARNER_APPEND_DELAY_MIN_MS: u64 = 40;
+pub(crate) const LEARNER_APPEND_DELAY_MIN_MS: u64 = 40;
 
 /// Over how many milliseconds beyond [`LEARNER_APPEND_DELAY_MIN_MS`] the learners' waits are
 /// spread. The whole wait stays well under the heartbeat period, openraft's limit on a call.
-pub const LEARNER_APPEND_SPREAD_MS: u64 = 80;
+pub(crate) const LEARNER_APPEND_SPREAD_MS: u64 = 80;
 
 /// How long after it began an AppendEntries with entries to learner `target` goes out: long
 /// enough for the chief to answer the write that committed them (which would otherwise
 /// share the cores with every learner at once, on a host of many nodes), spread by the
 /// learner's id so that the learners come one after another.
-pub fn learner_append_delay(target: NodeId) -> Duration {
+pub(crate) fn learner_append_delay(target: NodeId) -> Duration {
     Duration::from_millis(LEARNER_APPEND_DELAY_MIN_MS + target % LEARNER_APPEND_SPREAD_MS)
 }
 

@@ -11,9 +11,9 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    control::logs::LogChunk,
-    control::store::{NodeId, TypeConfig, SNAPSHOT_BYTES_MAX},
     domain::state::{tokens::Principal, ControlCommand, ControlResponse, JobId},
+    logs::LogChunk,
+    store::{NodeId, TypeConfig, SNAPSHOT_BYTES_MAX},
 };
 
 /// RPCs between nodes' control planes.
@@ -80,7 +80,7 @@ impl std::fmt::Debug for SecretText {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct SnapshotChunk {
     vote: openraft::Vote<NodeId>,
-    meta: openraft::SnapshotMeta<NodeId, crate::control::store::RaftNode>,
+    meta: openraft::SnapshotMeta<NodeId, crate::store::RaftNode>,
     offset: u64,
     data: String,
     done: bool,

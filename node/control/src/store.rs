@@ -625,7 +625,7 @@ fn read_range<RB: RangeBounds<u64>>(mem: &RwLock<LogMem>, range: RB) -> Vec<Entr
 /// answer is taken as a heartbeat (openraft logs it and waits 10 ms) until the stream ends.
 /// The store's own reads keep openraft's contract (entries not found are left out; its suite
 /// reads past a purge so).
-pub(crate) fn replicable<'a, E: Clone + 'a>(
+pub fn replicable<'a, E: Clone + 'a>(
     start: Bound<&u64>,
     entries: impl Iterator<Item = (&'a u64, &'a E)>,
 ) -> Vec<E> {

@@ -1,6 +1,11 @@
 //! Control: chief election and the replication of the domain's state (Raft, via openraft).
-//! The state machine itself, its commands and records are the domain's (`crate::domain`);
+//! The state machine itself, its commands and records are the domain's (`ringleader_domain`);
 //! this part is the openraft plumbing around it.
+//!
+//! A crate of its own, `ringleader-control` (`node/control/`), above `ringleader-cluster` and
+//! `ringleader-domain`; the node's `lib.rs` re-exports it as `control`. Its root names the
+//! crates below under their parts' names (`cluster`, `tasks`, `domain`, as the node does), so
+//! its files read `crate::cluster::…` and `crate::domain::…` as they did inside the node.
 //!
 //! - [`store`]: openraft log store and state machine persisted as checksummed files.
 //! - [`voters`]: sans-IO voter reconciliation (which members vote), autopilot-like.
@@ -17,6 +22,12 @@
 //!
 //! May use: `cluster` (the swarm handle, member view, wire codec), `domain`. Used by:
 //! `datasets`, `jobs`, `search`, `chief`, `api`, the node's start-up.
+
+#![warn(unreachable_pub)]
+
+use ringleader_cluster as cluster;
+use ringleader_cluster::tasks;
+use ringleader_domain as domain;
 
 pub mod handle;
 pub mod logs;
