@@ -157,6 +157,29 @@ class CheckLayers(unittest.TestCase):
             self.assertIn("src/top.rs:8 uses " + ("ringleader_low::b::helper" if "ringleader_low"
                                                    in line else "crate::b::helper"), msgs[0])
 
+    def test_a_crate_named_privately_by_a_crate_above_counts_as_its_part(self):
+        # `mid` and `top` moved into a crate of their own that names the crate below it at
+        # its root without `pub` (`use ringleader_low as low;`), as ringleader-services does.
+        files = {
+            "up/lib.rs": "use ringleader_low as low;\npub mod mid;\npub mod top;\n",
+            "up/mid.rs": CLEAN["src/mid.rs"],
+            "up/top.rs": CLEAN["src/top.rs"],
+        }
+        root = tree(files)
+
+        def check():
+            return check_layers.check(root, crates=[("up", "up", True)], design="design.md")
+
+        self.assertEqual(check(), [])
+        # `top` may no longer use `low`: its `crate::low::a::Thing` is named.
+        with open(os.path.join(root, "design.md"), "w", encoding="utf-8") as f:
+            f.write(DESIGN.replace("| `mid`, `low::a` |", "| `mid` |"))
+        msgs = check()
+        self.assertEqual(len(msgs), 1, msgs)
+        self.assertTrue(msgs[0].startswith("upward import: top uses low (not in its may-use"),
+                        msgs)
+        self.assertIn("up/top.rs:1 uses crate::low::a::Thing", msgs[0])
+
     def test_use_trees_expand(self):
         self.assertEqual(
             check_layers.expand_use_tree("crate::{a::{b, c as d}, e, f::{self, g::*}}"),

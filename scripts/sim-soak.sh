@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The control plane and chief's simulation (node/src/sim) over many seeds: a longer
+# The control plane and chief's simulation (node/services/src/sim) over many seeds: a longer
 # soak than the 16 seeds `cargo test` runs. The simulation runs on a virtual clock, so a seed
 # costs only its work: about half a second of one core in a debug build (200 seeds, the
 # default, in about 2 minutes on an idle core). A failing seed is printed with its last steps
-# and the line that replays it exactly (SIM_SEED=<seed> cargo test -p ringleader --lib
+# and the line that replays it exactly (SIM_SEED=<seed> cargo test -p ringleader-services --lib
 # sim::); the first seed is also run twice and its two traces compared.
 #
 # Usage: scripts/sim-soak.sh [SEEDS] [FIRST]
@@ -19,4 +19,4 @@ for n in "$seeds" "$first"; do
 done
 echo "sim-soak: seeds $first..$((first + seeds - 1))"
 SIM_SEEDS="$seeds" SIM_SEED_FROM="$first" \
-    cargo test -p ringleader --lib sim:: -- --nocapture --test-threads 1
+    cargo test -p ringleader-services --lib sim:: -- --nocapture --test-threads 1

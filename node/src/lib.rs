@@ -6,12 +6,13 @@
 //! [`cli`]. The lowest parts are crates of their own, re-exported here under their old paths:
 //! [`cluster`] (with [`tasks`] and [`data_dir`]) is `ringleader-cluster` under `node/cluster/`,
 //! [`domain`] is `ringleader-domain` under `node/domain/` (no `trainer`, no candle),
-//! [`control`] is `ringleader-control` under `node/control/`. The table
+//! [`control`] is `ringleader-control` under `node/control/`, and [`gpus`], [`datasets`],
+//! [`security`], [`rotation`], [`jobs`], [`search`] and [`chief`] are the parts of
+//! `ringleader-services` under `node/services/` (with `sim`, tests only: `control` and `chief`
+//! simulated together in process). The table
 //! of parts, what each owns and what it may use is kept in one place,
 //! `docs/book/src/design/design.md` ("The node, by part"); `scripts/check-layers.py` reads it and
 //! fails on an import it does not allow or an import cycle.
-//!
-//! `sim` (tests only) simulates `control` and `chief` together in process, above both.
 //!
 //! [`node`] wires the parts together at start-up, holding [`data_dir`]'s lock; each part spawns
 //! into its own [`tasks::Tasks`], which `node` stops in order at SIGTERM. The collective data plane
@@ -19,19 +20,11 @@
 //! in `docs/book/src/design/design.md`.
 
 pub mod api;
-pub mod chief;
 pub mod cli;
 pub use ringleader_cluster as cluster;
 pub use ringleader_cluster::data_dir;
 pub use ringleader_control as control;
-pub mod datasets;
 pub use ringleader_domain as domain;
-pub mod gpus;
-pub mod jobs;
 pub mod node;
-pub mod rotation;
-pub mod search;
-pub mod security;
-#[cfg(test)]
-mod sim;
 pub use ringleader_cluster::tasks;
+pub use ringleader_services::{chief, datasets, gpus, jobs, rotation, search, security};

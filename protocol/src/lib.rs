@@ -1,7 +1,7 @@
 //! The line protocol between a ringleader node and the ranks it runs, and the elastic
-//! agreement's pure logic, shared by the node (`node/src/jobs/process.rs` parses, `launch`
-//! writes), the trainer (`trainer/src/worker.rs` prints, `trainer::elastic` reads and
-//! agrees) and, later, the Python package. No candle, no tokio: serde and thiserror only.
+//! agreement's pure logic, shared by the node (`node/services/src/jobs/process.rs` parses,
+//! `launch` writes), the trainer (`trainer/src/worker.rs` prints, `trainer::elastic` reads
+//! and agrees) and, later, the Python package. No candle, no tokio: serde and thiserror only.
 //! The public contract, for a script in any language, is `docs/book/src/reference/protocol.md`;
 //! this doc is the same spec, next to the code.
 //!

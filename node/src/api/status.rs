@@ -19,7 +19,7 @@ use crate::{
 
 pub use crate::cluster::meta::NodeRef;
 pub use crate::control::logs::LogChunk;
-pub use crate::search::summary::{BestDoc, TrialDoc};
+pub use crate::domain::search::leaderboard::{BestDoc, TrialDoc};
 
 /// One member as this node sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -598,7 +598,7 @@ impl JobDoc {
             trainer::search::Direction::Max
         };
         let mut rows = self.trials.clone();
-        crate::search::summary::sort_best_first(&mut rows, direction);
+        crate::domain::search::leaderboard::sort_best_first(&mut rows, direction);
         rows
     }
 
@@ -935,10 +935,10 @@ pub fn job_doc(j: &Job, applied_index: u64, chief: bool) -> JobDoc {
         trials: j
             .search
             .as_ref()
-            .map(|r| crate::search::summary::trials(r, &j.owner))
+            .map(|r| crate::domain::search::leaderboard::trials(r, &j.owner))
             .unwrap_or_default(),
         best: match (&j.search, &search) {
-            (Some(r), Some(s)) => crate::search::summary::best(r, s.direction),
+            (Some(r), Some(s)) => crate::domain::search::leaderboard::best(r, s.direction),
             _ => None,
         },
         trial_of: j.trial_of.as_ref().map(|t| TrialOfDoc {

@@ -40,7 +40,7 @@ use crate::domain::state::{ControlCommand, ControlResponse, ControlState};
 
 openraft::declare_raft_types!(
     /// The control plane's openraft types, on the simulation's runtime.
-    pub SimConfig:
+    pub(crate) SimConfig:
         D = ControlCommand,
         R = ControlResponse,
         NodeId = NodeId,
@@ -59,7 +59,7 @@ struct StoredSnapshot {
 
 /// What a node keeps across a crash: what the node's store keeps in its files.
 #[derive(Debug, Default)]
-pub struct Disk {
+pub(crate) struct Disk {
     entries: BTreeMap<u64, Entry<SimConfig>>,
     purged: Option<LogId<NodeId>>,
     vote: Option<Vote<NodeId>>,
@@ -71,7 +71,7 @@ pub struct Disk {
 }
 
 /// A node's [`Disk`], shared by the stores of each of its lives.
-pub type SharedDisk = Arc<Mutex<Disk>>;
+pub(crate) type SharedDisk = Arc<Mutex<Disk>>;
 
 /// One life's hold on the disk: it fails once a later life opened the disk.
 #[derive(Clone)]
@@ -103,7 +103,7 @@ impl Held {
 
 /// openraft's log store over a [`Disk`].
 #[derive(Clone)]
-pub struct MemLog {
+pub(crate) struct MemLog {
     disk: Held,
     /// Whether this is the reader replication streams use (`get_log_reader`): it answers
     /// only entries that begin at a range's start, as the node's does
@@ -113,7 +113,7 @@ pub struct MemLog {
 
 /// A node's stores over its disk for its life `life` (first, or after a crash), which
 /// fences off the stores of its earlier lives.
-pub fn open(disk: &SharedDisk, life: u64) -> (MemLog, MemStateMachine) {
+pub(crate) fn open(disk: &SharedDisk, life: u64) -> (MemLog, MemStateMachine) {
     disk.lock().expect("disk lock").life = life;
     let held = Held {
         disk: disk.clone(),
@@ -227,7 +227,7 @@ struct Applied {
 
 /// openraft's state machine: the real [`ControlState`], snapshots on the [`Disk`].
 #[derive(Clone)]
-pub struct MemStateMachine {
+pub(crate) struct MemStateMachine {
     disk: Held,
     applied: Arc<RwLock<Applied>>,
 }
@@ -264,7 +264,7 @@ impl MemStateMachine {
     }
 
     /// Reads the current state under a lock.
-    pub fn read<T>(&self, f: impl FnOnce(&ControlState) -> T) -> T {
+    pub(crate) fn read<T>(&self, f: impl FnOnce(&ControlState) -> T) -> T {
         f(&self.applied.read().expect("state machine lock").state)
     }
 

@@ -56,16 +56,16 @@ fn with<T>(f: impl FnOnce(&mut Clock) -> T) -> T {
 
 /// An instant of virtual time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct SimInstant(Duration);
+pub(crate) struct SimInstant(Duration);
 
 /// The current virtual instant.
-pub fn now() -> SimInstant {
+pub(crate) fn now() -> SimInstant {
     SimInstant(with(|c| c.now))
 }
 
 impl SimInstant {
     /// Virtual milliseconds since the run began.
-    pub fn ms_since_start(self) -> u64 {
+    pub(crate) fn ms_since_start(self) -> u64 {
         (self.0 - EPOCH).as_millis() as u64
     }
 }
@@ -111,19 +111,19 @@ impl openraft::Instant for SimInstant {
 
 /// A future that ends at a virtual deadline.
 #[derive(Debug)]
-pub struct Sleep {
+pub(crate) struct Sleep {
     deadline: Duration,
     /// Its place among the pending timers, once polled.
     key: Option<(Duration, u64)>,
 }
 
 /// Ends after `d` of virtual time.
-pub fn sleep(d: Duration) -> Sleep {
+pub(crate) fn sleep(d: Duration) -> Sleep {
     sleep_until(now() + d)
 }
 
 /// Ends at `deadline`.
-pub fn sleep_until(deadline: SimInstant) -> Sleep {
+pub(crate) fn sleep_until(deadline: SimInstant) -> Sleep {
     Sleep {
         deadline: deadline.0,
         key: None,
@@ -170,7 +170,7 @@ impl Drop for Sleep {
 
 /// A deadline passed before the future ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Elapsed;
+pub(crate) struct Elapsed;
 
 impl fmt::Display for Elapsed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -181,18 +181,18 @@ impl fmt::Display for Elapsed {
 impl std::error::Error for Elapsed {}
 
 /// A future with a virtual deadline.
-pub struct Timeout<F> {
+pub(crate) struct Timeout<F> {
     future: Pin<Box<F>>,
     sleep: Sleep,
 }
 
 /// `future`, or [`Elapsed`] once `d` of virtual time went by first.
-pub fn timeout<F: Future>(d: Duration, future: F) -> Timeout<F> {
+pub(crate) fn timeout<F: Future>(d: Duration, future: F) -> Timeout<F> {
     timeout_at(now() + d, future)
 }
 
 /// `future`, or [`Elapsed`] at `deadline` if it has not ended.
-pub fn timeout_at<F: Future>(deadline: SimInstant, future: F) -> Timeout<F> {
+pub(crate) fn timeout_at<F: Future>(deadline: SimInstant, future: F) -> Timeout<F> {
     Timeout {
         future: Box::pin(future),
         sleep: sleep_until(deadline),
@@ -226,7 +226,7 @@ impl<F: Future> Future for Counted<F> {
 }
 
 /// Spawns a task the clock counts.
-pub fn spawn<F>(future: F) -> tokio::task::JoinHandle<F::Output>
+pub(crate) fn spawn<F>(future: F) -> tokio::task::JoinHandle<F::Output>
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
@@ -265,7 +265,7 @@ async fn tick() {
 }
 
 /// Runs `future` to its end on virtual time starting at 0, on this thread.
-pub fn run<F: Future>(future: F) -> F::Output {
+pub(crate) fn run<F: Future>(future: F) -> F::Output {
     with(|c| {
         c.now = EPOCH;
         c.timers.clear();

@@ -70,31 +70,31 @@ use crate::domain::state::{
 };
 
 /// Nodes in a simulated cluster (all voters).
-pub const NODES: usize = 5;
+pub(crate) const NODES: usize = 5;
 /// Each member's cpus.
-pub const CPUS: u32 = 4;
+pub(crate) const CPUS: u32 = 4;
 /// Each member's GPUs.
-pub const GPUS: u32 = 2;
+pub(crate) const GPUS: u32 = 2;
 /// One step of the run, in milliseconds.
-pub const STEP_MS: u64 = 20;
+pub(crate) const STEP_MS: u64 = 20;
 /// Steps with faults and load.
-pub const STEPS: u32 = 100;
+pub(crate) const STEPS: u32 = 100;
 /// Longest the cluster may take to settle once healed, in milliseconds.
-pub const SETTLE_MS_MAX: u64 = 20_000;
+pub(crate) const SETTLE_MS_MAX: u64 = 20_000;
 /// Longest a proposal waits for its answer, in milliseconds. After one went unanswered,
 /// the step proposes nothing more (a chief cut off from its quorum would take that long
 /// for each).
-pub const PROPOSE_MS_MAX: u64 = 100;
+pub(crate) const PROPOSE_MS_MAX: u64 = 100;
 /// Seeds a plain `cargo test` runs (from 1); `SIM_SEEDS` sets another count,
 /// `SIM_SEED_FROM` the first, `SIM_SEED` one seed alone. A seed takes about half a second
 /// of one core (debug build), so these take about 8 s of a core, about 20 s on a busy
 /// 2-core host.
-pub const SEEDS_DEFAULT: u64 = 16;
+pub(crate) const SEEDS_DEFAULT: u64 = 16;
 /// Seeds that once failed, run by a plain `cargo test` after the default ones (1032: a
 /// deposed leader's replication stream read its purged log; see the module doc).
-pub const SEEDS_FOUND: [u64; 1] = [1032];
+pub(crate) const SEEDS_FOUND: [u64; 1] = [1032];
 /// Trace lines a failure shows (the last steps before it).
-pub const TRACE_LINES_SHOWN: usize = 8;
+pub(crate) const TRACE_LINES_SHOWN: usize = 8;
 
 /// The simulation's Raft timers: as the node's, scaled down about tenfold.
 fn raft_config() -> Arc<openraft::Config> {
@@ -670,7 +670,7 @@ impl Drop for ReplayOnPanic {
 }
 
 fn replay_line(seed: u64) -> String {
-    format!("SIM_SEED={seed} cargo test -p ringleader --lib sim::")
+    format!("SIM_SEED={seed} cargo test -p ringleader-services --lib sim::")
 }
 
 #[test]

@@ -24,12 +24,12 @@ thread_local! {
 }
 
 /// Seeds this thread's openraft generator: the draws that follow depend on `seed` alone.
-pub fn seed(seed: u64) {
+pub(crate) fn seed(seed: u64) {
     RNG.with(|rng| *rng.borrow_mut() = SmallRng::seed_from_u64(seed));
 }
 
 /// A handle on this thread's seeded generator (openraft's `ThreadLocalRng`).
-pub struct SeededRng;
+pub(crate) struct SeededRng;
 
 impl RngCore for SeededRng {
     fn next_u32(&mut self) -> u32 {
@@ -51,7 +51,7 @@ impl RngCore for SeededRng {
 
 /// tokio's tasks, the virtual [`clock`]'s time, [`SeededRng`]'s draws.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct SimRuntime;
+pub(crate) struct SimRuntime;
 
 impl AsyncRuntime for SimRuntime {
     type JoinError = tokio::task::JoinError;

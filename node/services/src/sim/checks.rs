@@ -9,7 +9,7 @@ use crate::domain::state::{ControlState, EventKind, JobId, JobState};
 
 /// A member's capacity, as the simulated members announce it.
 #[derive(Debug, Clone, Copy)]
-pub struct Capacity {
+pub(crate) struct Capacity {
     /// Cpus.
     pub cpus: u32,
     /// GPUs, device indexes `0..gpus`.
@@ -18,7 +18,7 @@ pub struct Capacity {
 
 /// What a run observed.
 #[derive(Debug, Default)]
-pub struct History {
+pub(crate) struct History {
     /// Every (term, node) seen leading.
     pub leaders: BTreeSet<(u64, NodeId)>,
     /// Each job's generation at each applied index a replica was seen at.
@@ -35,7 +35,7 @@ pub struct History {
 
 impl History {
     /// Records one replica's state, as of its applied index; its digest.
-    pub fn sample(&mut self, state: &ControlState) -> [u8; 32] {
+    pub(crate) fn sample(&mut self, state: &ControlState) -> [u8; 32] {
         let index = state.applied_index;
         for job in state.jobs.values() {
             self.generations
@@ -53,7 +53,7 @@ impl History {
 }
 
 /// At most one chief (Raft leader) per term.
-pub fn one_chief_per_term(h: &History) -> Result<(), String> {
+pub(crate) fn one_chief_per_term(h: &History) -> Result<(), String> {
     let mut by_term: BTreeMap<u64, Vec<NodeId>> = BTreeMap::new();
     for (term, node) in &h.leaders {
         by_term.entry(*term).or_default().push(*node);
@@ -66,7 +66,7 @@ pub fn one_chief_per_term(h: &History) -> Result<(), String> {
 
 /// Replicas that applied the same index hold the same state (the log is one log, and
 /// applying it is deterministic).
-pub fn replicas_agree(h: &History) -> Result<(), String> {
+pub(crate) fn replicas_agree(h: &History) -> Result<(), String> {
     match h.digests.iter().find(|(_, d)| d.len() > 1) {
         Some((index, d)) => Err(format!(
             "{} different states at applied index {index}",
@@ -78,7 +78,7 @@ pub fn replicas_agree(h: &History) -> Result<(), String> {
 
 /// At most one placement per attempt: the chief's `Place` of a job's generation is applied
 /// once, and in a state each attempt has one `Placed` event, in growing generations.
-pub fn one_placement_per_attempt(h: &History, state: &ControlState) -> Result<(), String> {
+pub(crate) fn one_placement_per_attempt(h: &History, state: &ControlState) -> Result<(), String> {
     let mut seen = BTreeSet::new();
     if let Some(twice) = h.placed.iter().find(|p| !seen.insert(**p)) {
         return Err(format!("{} generation {} placed twice", twice.0, twice.1));
@@ -104,7 +104,7 @@ pub fn one_placement_per_attempt(h: &History, state: &ControlState) -> Result<()
 
 /// A job's generation only grows along the log: at a later applied index it is never
 /// lower, whichever replica was seen there.
-pub fn generation_only_grows(h: &History) -> Result<(), String> {
+pub(crate) fn generation_only_grows(h: &History) -> Result<(), String> {
     for (id, by_index) in &h.generations {
         let mut highest = 0;
         for (index, generations) in by_index {
@@ -124,7 +124,7 @@ pub fn generation_only_grows(h: &History) -> Result<(), String> {
 }
 
 /// No acknowledged submit is lost: each is in `state`, under its token.
-pub fn no_acked_submit_lost(h: &History, state: &ControlState) -> Result<(), String> {
+pub(crate) fn no_acked_submit_lost(h: &History, state: &ControlState) -> Result<(), String> {
     for (token, id) in &h.acked {
         if state.tokens.get(token) != Some(id) || !state.jobs.contains_key(id) {
             return Err(format!(
@@ -138,7 +138,7 @@ pub fn no_acked_submit_lost(h: &History, state: &ControlState) -> Result<(), Str
 
 /// Resources are never double-booked: the running jobs' slots on a member take at most its
 /// cpus, and no GPU twice.
-pub fn no_double_booking(
+pub(crate) fn no_double_booking(
     state: &ControlState,
     capacity: &BTreeMap<String, Capacity>,
 ) -> Result<(), String> {

@@ -10,7 +10,7 @@
 //! end-entity certificate carries the pinned key, and verifies the handshake's signatures
 //! with the crypto provider's algorithms, so only a holder of the cluster key can answer.
 //! The pin reaches clients on the second line of every keyed node's `<data-dir>/api.token`
-//! (see [`crate::api::auth::TokenFileText`]) or in `RINGLEADER_TLS_SHA256`.
+//! (see the API's `auth::TokenFileText`) or in `RINGLEADER_TLS_SHA256`.
 //!
 //! When the API speaks TLS is [`ApiTlsMode`]: by default on every connection that did not
 //! arrive on a loopback address (which never crosses a network), never under `--insecure`

@@ -24,13 +24,13 @@ use super::store::SimConfig;
 use crate::control::store::{NodeId, RaftNode};
 
 /// Lowest one-way latency of a call, in milliseconds.
-pub const LATENCY_MS_MIN: u64 = 1;
+pub(crate) const LATENCY_MS_MIN: u64 = 1;
 /// Highest one-way latency of a call, in milliseconds.
-pub const LATENCY_MS_MAX: u64 = 5;
+pub(crate) const LATENCY_MS_MAX: u64 = 5;
 
 /// Who can reach whom: the running Rafts and the cut links.
 #[derive(Default)]
-pub struct Router {
+pub(crate) struct Router {
     inner: Mutex<Links>,
 }
 
@@ -62,34 +62,34 @@ impl std::error::Error for Down {}
 
 impl Router {
     /// A router whose latencies come from `seed`.
-    pub fn new(seed: u64) -> Arc<Router> {
+    pub(crate) fn new(seed: u64) -> Arc<Router> {
         let router = Router::default();
         router.inner.lock().unwrap().rng = Some(SmallRng::seed_from_u64(seed));
         Arc::new(router)
     }
 
     /// `id` is up in its life `life` with `raft`.
-    pub fn up(&self, id: NodeId, life: u64, raft: Raft<SimConfig>) {
+    pub(crate) fn up(&self, id: NodeId, life: u64, raft: Raft<SimConfig>) {
         self.inner.lock().unwrap().up.insert(id, (life, raft));
     }
 
     /// `id` is down: every call to or from it fails.
-    pub fn down(&self, id: NodeId) {
+    pub(crate) fn down(&self, id: NodeId) {
         self.inner.lock().unwrap().up.remove(&id);
     }
 
     /// Cuts the link between `a` and `b`, both ways.
-    pub fn cut(&self, a: NodeId, b: NodeId) {
+    pub(crate) fn cut(&self, a: NodeId, b: NodeId) {
         self.inner.lock().unwrap().cut.insert(link(a, b));
     }
 
     /// Mends every cut link.
-    pub fn heal(&self) {
+    pub(crate) fn heal(&self) {
         self.inner.lock().unwrap().cut.clear();
     }
 
     /// Whether `from` reaches `to` now.
-    pub fn reaches(&self, from: NodeId, to: NodeId) -> bool {
+    pub(crate) fn reaches(&self, from: NodeId, to: NodeId) -> bool {
         let links = self.inner.lock().unwrap();
         links.up.contains_key(&to) && !links.cut.contains(&link(from, to))
     }
@@ -119,7 +119,7 @@ impl Router {
 
 /// One node's side of the network: openraft's factory of connections.
 #[derive(Clone)]
-pub struct SimNetwork {
+pub(crate) struct SimNetwork {
     /// The node that calls.
     pub from: NodeId,
     /// The life of `from` this network serves.
@@ -129,7 +129,7 @@ pub struct SimNetwork {
 }
 
 /// A connection from one node to another.
-pub struct SimConn {
+pub(crate) struct SimConn {
     from: NodeId,
     life: u64,
     to: NodeId,

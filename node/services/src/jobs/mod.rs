@@ -136,11 +136,11 @@ mod tests {
     #[test]
     fn shipped_specs_survive_a_forward() {
         for text in [
-            include_str!("../../../examples/jobs/digits-mlp.toml"),
-            include_str!("../../../examples/jobs/hello-command.toml"),
-            include_str!("../../../examples/jobs/torch-ddp.toml"),
-            include_str!("../../../examples/jobs/digits-asha.toml"),
-            include_str!("../../../examples/jobs/random-command.toml"),
+            include_str!("../../../../examples/jobs/digits-mlp.toml"),
+            include_str!("../../../../examples/jobs/hello-command.toml"),
+            include_str!("../../../../examples/jobs/torch-ddp.toml"),
+            include_str!("../../../../examples/jobs/digits-asha.toml"),
+            include_str!("../../../../examples/jobs/random-command.toml"),
         ] {
             let spec = admit_text(text).unwrap();
             admit(&spec).unwrap();
