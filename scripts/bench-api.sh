@@ -12,6 +12,6 @@ cargo test --workspace --test security_api -- --nocapture \
 
 # Prints `api status members=1000 jobs=10000 query=Q ms=N bytes=N` for the default page, a
 # filtered one and the unbounded lists: building and serializing GET /v1/status's document
-# of a synthetic cluster, without I/O (node/src/api/listing/tests.rs, debug build).
-cargo test --workspace --lib -- --nocapture api::listing::tests::bench_status_at_size 2>&1 |
+# of a synthetic cluster, without I/O (node/api/src/status/listing/tests.rs, debug build).
+cargo test --workspace --lib -- --nocapture status::listing::tests::bench_status_at_size 2>&1 |
     grep '^api status '

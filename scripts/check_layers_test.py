@@ -180,6 +180,31 @@ class CheckLayers(unittest.TestCase):
                         msgs)
         self.assertIn("up/top.rs:1 uses crate::low::a::Thing", msgs[0])
 
+    def test_a_crate_that_is_one_part_is_held_to_its_row(self):
+        # `mid` as a crate of its own (as ringleader-api is `api`): its own modules are not
+        # parts; what it imports from the crates below counts against `mid`'s row.
+        files = {
+            "one/lib.rs": ("use ringleader_low as low;\nuse ringleader_up::top;\n"
+                           "mod inner;\nmod more;\n"),
+            "one/inner.rs": "use crate::low::a::Thing;\nuse crate::more::x;\n",
+            "one/more.rs": "pub fn x() {}\n",
+        }
+        root = tree(files)
+
+        def check():
+            return check_layers.check(root, crates=[("one", "one", "mid")], design="design.md")
+
+        self.assertEqual(check(), [])
+        for line, path in (("fn g() { crate::top::go(); }", "crate::top::go"),
+                           ("fn g() { ringleader_services::top::go(); }",
+                            "ringleader_services::top::go")):
+            with open(os.path.join(root, "one/inner.rs"), "w", encoding="utf-8") as f:
+                f.write(files["one/inner.rs"] + line + "\n")
+            msgs = check()
+            self.assertEqual(len(msgs), 1, msgs)
+            self.assertTrue(msgs[0].startswith("upward import: mid uses top (above it"), msgs)
+            self.assertIn(f"one/inner.rs:3 uses {path}", msgs[0])
+
     def test_use_trees_expand(self):
         self.assertEqual(
             check_layers.expand_use_tree("crate::{a::{b, c as d}, e, f::{self, g::*}}"),

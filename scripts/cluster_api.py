@@ -13,7 +13,7 @@ import urllib.request
 
 def _token_file():
     """The token file's lines: the token, then optionally `tls sha256:HEX` (the fingerprint
-    of the API's TLS key; node/src/api/auth.rs's TokenFileText is the format)."""
+    of the API's TLS key; node/api/src/auth.rs's TokenFileText is the format)."""
     path = os.environ.get("RINGLEADER_TOKEN_FILE")
     if not path or not os.path.exists(path):
         return None, None

@@ -5,7 +5,7 @@ library only.
     job = c.submit({"name": "hello", "kind": "command", "command": ["true"]})
     job.wait()                              # the final document, or raises JobFailed
 
-How it reaches the node is the CLI's rule (node/src/api/client.rs): plain http to a
+How it reaches the node is the CLI's rule (node/api/src/client.rs): plain http to a
 loopback address; https beyond loopback, trusting the node by the pinned SHA-256 of its TLS
 key's SubjectPublicKeyInfo alone (from `RINGLEADER_TLS_SHA256` or the token file's `tls`
 line), checked before any byte is sent; a token is never sent in clear beyond loopback
@@ -51,7 +51,7 @@ _J = TypeVar("_J", bound="Job")
 
 def _read_token_file(path: str) -> tuple[str | None, str | None]:
     """(token, tls pin) from a token file: the token on its first line, then optionally
-    `tls sha256:HEX` (node/src/api/auth.rs, TokenFileText)."""
+    `tls sha256:HEX` (node/api/src/auth.rs, TokenFileText)."""
     with open(path, "rb") as f:
         data = f.read(TOKEN_FILE_BYTES_MAX + 1)
     if len(data) > TOKEN_FILE_BYTES_MAX:

@@ -1,7 +1,7 @@
 use super::*;
-use crate::api::status::UsageDoc;
 use crate::domain::spec::JobSpec;
 use crate::domain::state::{ControlResponse, JobId};
+use crate::status::UsageDoc;
 
 fn submit(state: &mut ControlState, owner: &str, spec: &str) -> JobId {
     let cmd = ControlCommand::new(

@@ -31,8 +31,8 @@ use axum::{
 use serde::Deserialize;
 
 use super::{access, ApiError, AppState};
-use crate::datasets::{fetch::FetchStatus, DatasetDoc, DatasetsError};
 use crate::domain::state::users::{Action, Role};
+use ringleader_services::datasets::{fetch::FetchStatus, DatasetDoc, DatasetsError};
 
 impl From<DatasetsError> for ApiError {
     fn from(e: DatasetsError) -> Self {

@@ -109,19 +109,20 @@ fn metrics_doc_lists_each_history() {
 fn watch_follows_a_searchs_trials_by_state_change_and_new_best() {
     let mut doc = job_doc(&train_job("epochs = 1\n"), 0, true);
     doc.search_metric = Some("acc".into());
-    let trial = |id: u32, state: &str, metric: Option<f64>| crate::search::summary::TrialDoc {
-        id,
-        job: format!("j-{id}"),
-        owner: "admin".into(),
-        params: [("lr".to_string(), toml::Value::Float(0.1))].into(),
-        state: state.into(),
-        metric,
-        resource: 1,
-        promotions: 0,
-        bracket: 0,
-        node: "a".into(),
-        note: String::new(),
-    };
+    let trial =
+        |id: u32, state: &str, metric: Option<f64>| crate::domain::search::leaderboard::TrialDoc {
+            id,
+            job: format!("j-{id}"),
+            owner: "admin".into(),
+            params: [("lr".to_string(), toml::Value::Float(0.1))].into(),
+            state: state.into(),
+            metric,
+            resource: 1,
+            promotions: 0,
+            bracket: 0,
+            node: "a".into(),
+            note: String::new(),
+        };
     let mut seen = TrialsSeen::default();
     doc.trials = vec![trial(0, "running", None)];
     assert_eq!(
@@ -133,7 +134,7 @@ fn watch_follows_a_searchs_trials_by_state_change_and_new_best() {
         "no change, no line"
     );
     doc.trials = vec![trial(0, "succeeded", Some(0.9)), trial(1, "running", None)];
-    doc.best = Some(crate::search::summary::BestDoc {
+    doc.best = Some(crate::domain::search::leaderboard::BestDoc {
         id: 0,
         params: doc.trials[0].params.clone(),
         metric: 0.9,

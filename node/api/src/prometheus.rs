@@ -20,7 +20,7 @@
 
 use std::{collections::BTreeMap, fmt::Write};
 
-use crate::api::status::StatusDoc;
+use crate::status::StatusDoc;
 
 /// The `Content-Type` of the exposition.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";

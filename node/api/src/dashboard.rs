@@ -61,7 +61,7 @@ pub async fn page() -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::auth::{require_token, ApiToken};
+    use crate::auth::{require_token, ApiToken};
     use axum::{body::Body, extract::Request, http::StatusCode, routing::get, Router};
     use std::sync::Arc;
     use tower::ServiceExt;

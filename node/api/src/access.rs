@@ -48,7 +48,7 @@ pub(super) fn require(
 /// Longest a request naming a job waits for this replica to apply the job's submit, in
 /// milliseconds: a job submitted through another node (or just now through this one, whose
 /// proposal returned once the chief applied it) may be a heartbeat away here.
-pub const JOB_CATCH_UP_MS: u64 = 2_000;
+pub(crate) const JOB_CATCH_UP_MS: u64 = 2_000;
 
 /// [`require`] on job `id`, owned as the live state says (once this replica applied the
 /// job's submit, waited for up to [`JOB_CATCH_UP_MS`]); 404 for a job the state does not

@@ -1,5 +1,5 @@
 use super::*;
-use crate::api::status::{Counters, MemberDoc, NodeRef};
+use crate::status::{Counters, MemberDoc, NodeRef};
 
 fn member(name: &str, state: &str) -> MemberDoc {
     MemberDoc::for_test(name, state)

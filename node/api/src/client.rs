@@ -244,22 +244,22 @@ impl ApiClient {
     }
 
     /// A job's metric histories.
-    pub fn job_metrics(&self, id: &str) -> Result<crate::api::status::MetricsDoc> {
+    pub fn job_metrics(&self, id: &str) -> Result<crate::status::MetricsDoc> {
         self.get(&format!("/v1/jobs/{id}/metrics"))
     }
 
     /// The node's status document.
-    pub fn status(&self) -> Result<crate::api::status::StatusDoc> {
+    pub fn status(&self) -> Result<crate::status::StatusDoc> {
         self.get("/v1/status")
     }
 
-    /// `GET /v1/status` with filters and a page size (see [`crate::api::listing`]).
+    /// `GET /v1/status` with filters and a page size (see [`crate::listing`]).
     pub fn status_page(
         &self,
         limit: Option<usize>,
         member_state: Option<&str>,
         job_state: Option<&str>,
-    ) -> Result<crate::api::status::StatusDoc> {
+    ) -> Result<crate::status::StatusDoc> {
         let q = [
             ("limit", limit.map(|n| n.to_string())),
             ("member_state", member_state.map(str::to_string)),
@@ -275,7 +275,7 @@ impl ApiClient {
         state: Option<&str>,
         limit: Option<usize>,
         before: Option<&str>,
-    ) -> Result<Vec<crate::api::status::JobSummary>> {
+    ) -> Result<Vec<crate::status::JobSummary>> {
         let q = [
             ("state", state.map(str::to_string)),
             ("limit", limit.map(|n| n.to_string())),
@@ -304,7 +304,7 @@ impl ApiClient {
     }
 
     /// One job.
-    pub fn job(&self, id: &str) -> Result<crate::api::status::JobDoc> {
+    pub fn job(&self, id: &str) -> Result<crate::status::JobDoc> {
         self.get(&format!("/v1/jobs/{id}"))
     }
 }

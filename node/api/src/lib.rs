@@ -69,6 +69,20 @@
 //! May use: `control` (reads, proposals), `cluster` (the member view), `jobs` (admitting a
 //! spec), `datasets` (the service), `rotation` (a key rotation). Used by: `cli`, the node's
 //! start-up.
+//!
+//! A crate of its own, `ringleader-api` (`node/api/`), above `ringleader-services`; the node's
+//! `lib.rs` re-exports it as `api`. Its root names the crates and parts below under their
+//! parts' names (`cluster`, `tasks`, `domain`, `control`, `jobs`, `rotation`, `security`, as
+//! the node does), so its files read `crate::control::…` as they did inside the node; the
+//! dataset service is `ringleader_services::datasets` (here `datasets` is the API's routes).
+
+#![warn(unreachable_pub)]
+
+use ringleader_cluster as cluster;
+use ringleader_cluster::tasks;
+use ringleader_control as control;
+use ringleader_domain as domain;
+use ringleader_services::{jobs, rotation, security};
 
 mod access;
 pub mod auth;
@@ -103,7 +117,6 @@ use axum::{
 use serde::Deserialize;
 
 use crate::{
-    api::status::{job_doc, JobDoc, JobSummary, LogsDoc, MetricsDoc, StatusDoc},
     cluster::net::NodeHandle,
     control::{
         handle::{wall_ms, ControlHandle, LogsError},
@@ -118,6 +131,7 @@ use crate::{
             ControlCommand, ControlResponse, JobId, Op,
         },
     },
+    status::{job_doc, JobDoc, JobSummary, LogsDoc, MetricsDoc, StatusDoc},
 };
 
 /// What the handlers share.
@@ -128,7 +142,7 @@ pub struct AppState {
     /// The control plane's handle (reads, proposals).
     pub control: ControlHandle,
     /// The dataset service.
-    pub datasets: crate::datasets::Datasets,
+    pub datasets: ringleader_services::datasets::Datasets,
     /// The storage URL, where ended jobs' records are (`jobs::archive`).
     pub storage: String,
     /// The API token; `None`: the API is open (see [`auth`]).
