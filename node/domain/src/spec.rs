@@ -22,11 +22,11 @@ pub mod train;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
-use std::sync::OnceLock;
 
 pub use check::check;
 use ringleader_spec::{FieldError, TrainSpec};
 use serde::{Deserialize, Serialize};
+pub use train::{Tables, TrainerTables};
 
 use crate::device_order::{DEVICE_ORDER, DEVICE_ORDER_ENV};
 use toml::de::{DeTable, DeValue};
@@ -431,14 +431,10 @@ pub struct JobSpec {
     pub secrets: BTreeMap<String, String>,
     /// Per-worker resources.
     pub resources: Resources,
-    /// `[model]`, for the trainer.
-    pub model: Option<toml::Table>,
-    /// `[data]`, for the trainer.
-    pub data: Option<toml::Table>,
-    /// `[train]`, for the trainer.
-    pub train: Option<toml::Table>,
-    /// `[checkpoint]`, for the trainer.
-    pub checkpoint: Option<toml::Table>,
+    /// `[model]`, `[data]`, `[train]` and `[checkpoint]`, for the trainer, with their typed
+    /// reading ([`JobSpec::tables`], [`JobSpec::trainer`]); stored as four keys of the spec.
+    #[serde(flatten)]
+    trainer: TrainerTables,
     /// `[search]` (`kind = "search"` only).
     pub search: Option<toml::Table>,
     /// `[elastic]`, with defaults.
@@ -462,32 +458,6 @@ pub struct JobSpec {
     /// `[preemption]`, with defaults.
     #[serde(default, skip_serializing_if = "PreemptionSpec::is_default")]
     pub preemption: PreemptionSpec,
-    /// Not stored: the trainer's typed view of the tables above ([`JobSpec::trainer`]).
-    #[serde(skip)]
-    trainer: TypedTrainer,
-}
-
-/// A train job's tables read as a [`TrainSpec`], once: filled by [`JobSpec::parse`], which
-/// reads them anyway, or at the first [`JobSpec::trainer`] of a spec that came from the Raft
-/// log (whose stored form is the tables alone). Equal whenever the tables are (it is read
-/// from them), so it plays no part in a spec's equality.
-#[derive(Clone, Default)]
-struct TypedTrainer(OnceLock<Option<TrainSpec>>);
-
-impl PartialEq for TypedTrainer {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl fmt::Debug for TypedTrainer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.get().is_some() {
-            "read"
-        } else {
-            "unread"
-        })
-    }
 }
 
 /// Why a spec was refused. Each variant names the field path (dotted, with `[i]` for array
@@ -610,22 +580,24 @@ impl JobSpec {
     }
 
     /// A train job's trainer tables, typed (`None` for other kinds, and for tables the
-    /// trainer would refuse, which admission never lets through). Read once per spec.
+    /// trainer would refuse, which admission never lets through). Read when the tables are
+    /// made or changed, never here.
     pub fn trainer(&self) -> Option<&TrainSpec> {
-        if self.kind != JobKind::Train {
-            return None;
+        match self.kind {
+            JobKind::Train => self.trainer.typed(),
+            JobKind::Search | JobKind::Command => None,
         }
-        self.trainer
-            .0
-            .get_or_init(|| train::read(self).ok())
-            .as_ref()
     }
 
-    /// Forgets the typed trainer tables after a change to the tables (a search trial's
-    /// parameters written into its template's); the next [`JobSpec::trainer`] reads them
-    /// again.
-    pub fn tables_changed(&mut self) {
-        self.trainer = TypedTrainer::default();
+    /// `[model]`, `[data]`, `[train]` and `[checkpoint]` as the user gave them.
+    pub fn tables(&self) -> &Tables {
+        self.trainer.tables()
+    }
+
+    /// Changes the trainer's tables with `change` (a search trial's parameters written into
+    /// its template's); [`JobSpec::trainer`] reads the changed tables.
+    pub fn edit_tables<R>(&mut self, change: impl FnOnce(&mut Tables) -> R) -> R {
+        self.trainer.edit(change)
     }
 
     /// Whether the job's rank processes live through its ring's re-forms (keyed by attempt
@@ -1070,12 +1042,19 @@ impl Parser<'_> {
             None => PreemptionSpec::default(),
             Some(v) => self.preemption(v)?,
         };
+        let tables = Tables {
+            model,
+            data,
+            train,
+            checkpoint,
+        };
         // Last, as admission did before the parse read them: the trainer's own checks.
         let trainer = match kind {
-            JobKind::Train => {
-                Some(TrainSpec::from_document(doc).map_err(|e| self.field_error(doc, e))?)
-            }
-            _ => None,
+            JobKind::Train => TrainerTables::read_as(
+                tables,
+                TrainSpec::from_document(doc).map_err(|e| self.field_error(doc, e))?,
+            ),
+            JobKind::Search | JobKind::Command => TrainerTables::new(tables),
         };
         Ok(JobSpec {
             name,
@@ -1090,17 +1069,13 @@ impl Parser<'_> {
             env,
             secrets,
             resources,
-            model,
-            data,
-            train,
-            checkpoint,
+            trainer,
             search,
             elastic,
             reports_required: true,
             files,
             preemptible,
             preemption,
-            trainer: TypedTrainer(OnceLock::from(trainer)),
         })
     }
 

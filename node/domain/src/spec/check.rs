@@ -93,7 +93,7 @@ pub fn check(spec: &JobSpec) -> Result<(), FieldError> {
         _ => {}
     }
     elastic(spec)?;
-    if let (JobKind::Command, Some(data)) = (spec.kind, &spec.data) {
+    if let (JobKind::Command, Some(data)) = (spec.kind, &spec.tables().data) {
         command_data(data)?;
     }
     files(spec)?;
@@ -103,9 +103,9 @@ pub fn check(spec: &JobSpec) -> Result<(), FieldError> {
         1,
         PREEMPTION_GRACE_S_MAX,
     )?;
-    if spec.kind == JobKind::Train && spec.trainer.0.get().is_none() {
-        let trainer = super::train::read(spec)?;
-        let _ = spec.trainer.0.set(Some(trainer));
+    if spec.kind == JobKind::Train && spec.trainer().is_none() {
+        // The tables' reading failed when they were made: read them again for the error.
+        super::train::read(spec)?;
     }
     if !spec.reports_required {
         return Err(FieldError::new(
@@ -119,13 +119,8 @@ pub fn check(spec: &JobSpec) -> Result<(), FieldError> {
 impl JobSpec {
     /// The tables kept generic (the trainer's and `[search]`), by key.
     pub(super) fn sections(&self) -> [(&'static str, &Option<toml::Table>); 5] {
-        [
-            ("model", &self.model),
-            ("data", &self.data),
-            ("train", &self.train),
-            ("checkpoint", &self.checkpoint),
-            ("search", &self.search),
-        ]
+        let [model, data, train, checkpoint] = self.tables().by_name();
+        [model, data, train, checkpoint, ("search", &self.search)]
     }
 }
 
