@@ -16,6 +16,8 @@
 pub mod check;
 /// A job's priority (the key `priority`).
 pub mod priority;
+/// `[resources]`, `[elastic]` and `[preemption]` as serde reads them from the text.
+mod sections;
 /// The trainer's sections of a train job's spec (also `domain::train_spec`).
 pub mod train;
 
@@ -24,7 +26,7 @@ use std::fmt;
 use std::ops::Range;
 
 pub use check::check;
-use ringleader_spec::{FieldError, TrainSpec};
+use ringleader_spec::{closest, FieldError, TrainSpec};
 use serde::{Deserialize, Serialize};
 pub use train::{Tables, TrainerTables};
 
@@ -114,15 +116,6 @@ const TOP_FIELDS: [&str; 21] = [
     "preemption",
 ];
 const FILE_FIELDS: [&str; 3] = ["path", "text", "base64"];
-const ELASTIC_FIELDS: [&str; 6] = [
-    "straggler_factor",
-    "straggler_window",
-    "blacklist_cooldown_s",
-    "protocol",
-    "first_heartbeat_s",
-    "keep_global_batch",
-];
-const PREEMPTION_FIELDS: [&str; 1] = ["grace_s"];
 /// Default `preemption.grace_s`: how long a rank asked to checkpoint and stop has, in seconds.
 pub const PREEMPTION_GRACE_S_DEFAULT: u32 = 30;
 /// Largest `preemption.grace_s`, in seconds (an hour).
@@ -135,7 +128,6 @@ pub const BLACKLIST_COOLDOWN_S_MAX: u32 = 86_400;
 pub const FIRST_HEARTBEAT_S_DEFAULT: u32 = 60;
 /// Largest `elastic.first_heartbeat_s`, in seconds (an hour).
 pub const FIRST_HEARTBEAT_S_MAX: u32 = 3_600;
-const RESOURCE_FIELDS: [&str; 2] = ["cpus_per_worker", "gpus_per_worker"];
 
 /// What a job runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -1236,103 +1228,109 @@ impl Parser<'_> {
         kind: JobKind,
         elastic_ring: bool,
     ) -> Result<Elastic, SpecError> {
-        let Some(table) = v.get_ref().as_table() else {
+        if !v.get_ref().is_table() {
             return Err(self.invalid("elastic", v, "expected a table"));
-        };
-        self.reject_unknown(table, "elastic.", &ELASTIC_FIELDS)?;
+        }
+        let text: sections::ElasticText = self.read_table("elastic", v)?;
         let mut e = Elastic::default();
-        if let Some(v) = table.get("straggler_factor") {
-            let f = match v.get_ref() {
-                DeValue::Float(f) => f.as_str().parse::<f64>().ok(),
-                DeValue::Integer(i) => i64::from_str_radix(i.as_str(), i.radix())
-                    .ok()
-                    .map(|i| i as f64),
-                _ => None,
+        if let Some(f) = text.straggler_factor {
+            e.straggler_factor = f.0;
+        }
+        if let Some(n) = text.straggler_window {
+            e.straggler_window = n.0;
+        }
+        if let Some(n) = text.blacklist_cooldown_s {
+            e.blacklist_cooldown_s = n.0;
+        }
+        if let Some(v) = &text.protocol {
+            let invalid = |problem: String| SpecError::Invalid {
+                field: "elastic.protocol".into(),
+                problem,
+                line: self.line(v.span()),
             };
-            e.straggler_factor = f.filter(|f| f.is_finite() && *f > 1.0).ok_or_else(|| {
-                self.invalid("elastic.straggler_factor", v, "expected a number above 1")
-            })?;
-        }
-        if let Some(v) = table.get("straggler_window") {
-            e.straggler_window =
-                self.bounded_int("elastic.straggler_window", v, 1, STRAGGLER_WINDOW_MAX)?;
-        }
-        if let Some(v) = table.get("blacklist_cooldown_s") {
-            e.blacklist_cooldown_s = self.bounded_int(
-                "elastic.blacklist_cooldown_s",
-                v,
-                1,
-                BLACKLIST_COOLDOWN_S_MAX,
-            )?;
-        }
-        if let Some(v) = table.get("protocol") {
             e.protocol = match v.get_ref().as_str() {
                 _ if kind != JobKind::Command => {
                     let why = match kind {
                         JobKind::Train => "a train job's ranks always speak the ringleader protocol",
                         _ => "a search's trials are not elastic",
                     };
-                    return Err(self.invalid(
-                        "elastic.protocol",
-                        v,
-                        format!("only for kind = \"command\", not \"{kind}\" ({why})"),
-                    ));
+                    return Err(invalid(format!(
+                        "only for kind = \"command\", not \"{kind}\" ({why})"
+                    )));
                 }
                 Some("torchrun") => ElasticProtocol::Torchrun,
                 Some("ringleader") if !elastic_ring => {
-                    return Err(self.invalid(
-                        "elastic.protocol",
-                        v,
-                        "\"ringleader\" keeps ranks through a re-form of an elastic ring: set min_workers below workers or max_workers above it (or leave protocol out)",
+                    return Err(invalid(
+                        "\"ringleader\" keeps ranks through a re-form of an elastic ring: set min_workers below workers or max_workers above it (or leave protocol out)".into(),
                     ))
                 }
                 Some("ringleader") => ElasticProtocol::Ringleader,
-                _ => {
-                    return Err(self.invalid(
-                        "elastic.protocol",
-                        v,
-                        "expected \"ringleader\" or \"torchrun\"",
-                    ))
-                }
+                _ => return Err(invalid("expected \"ringleader\" or \"torchrun\"".into())),
             };
         }
-        if let Some(v) = table.get("first_heartbeat_s") {
+        if let Some(v) = &text.first_heartbeat_s {
+            let invalid = |problem: String| SpecError::Invalid {
+                field: "elastic.first_heartbeat_s".into(),
+                problem,
+                line: self.line(v.span()),
+            };
             if e.protocol != ElasticProtocol::Ringleader {
-                return Err(self.invalid(
-                    "elastic.first_heartbeat_s",
-                    v,
-                    "only with protocol = \"ringleader\" (the ranks that must speak the protocol)",
+                return Err(invalid(
+                    "only with protocol = \"ringleader\" (the ranks that must speak the protocol)"
+                        .into(),
                 ));
             }
-            e.first_heartbeat_s =
-                self.bounded_int("elastic.first_heartbeat_s", v, 1, FIRST_HEARTBEAT_S_MAX)?;
+            let n: sections::Bounded<1, FIRST_HEARTBEAT_S_MAX> =
+                sections::value_as(v.get_ref()).map_err(invalid)?;
+            e.first_heartbeat_s = n.0;
         }
-        if let Some(v) = table.get("keep_global_batch") {
-            e.keep_global_batch = match v.get_ref() {
-                DeValue::Boolean(b) => *b,
-                _ => {
-                    return Err(self.invalid(
-                        "elastic.keep_global_batch",
-                        v,
-                        "expected true or false",
-                    ))
-                }
-            };
+        if let Some(b) = text.keep_global_batch {
+            e.keep_global_batch = b.0;
         }
         Ok(e)
     }
 
     /// `[preemption]`: `grace_s`.
     fn preemption(&self, v: &Spanned<DeValue<'_>>) -> Result<PreemptionSpec, SpecError> {
-        let Some(table) = v.get_ref().as_table() else {
+        if !v.get_ref().is_table() {
             return Err(self.invalid("preemption", v, "expected a table"));
-        };
-        self.reject_unknown(table, "preemption.", &PREEMPTION_FIELDS)?;
+        }
+        let text: sections::PreemptionText = self.read_table("preemption", v)?;
         let mut p = PreemptionSpec::default();
-        if let Some(v) = table.get("grace_s") {
-            p.grace_s = self.bounded_int("preemption.grace_s", v, 1, PREEMPTION_GRACE_S_MAX)?;
+        if let Some(n) = text.grace_s {
+            p.grace_s = n.0;
         }
         Ok(p)
+    }
+
+    /// The table `v` at `path` read as `T` by the one reader of a spec's tables
+    /// ([`ringleader_spec::read_table`]), its error given its line.
+    fn read_table<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        v: &Spanned<DeValue<'_>>,
+    ) -> Result<T, SpecError> {
+        ringleader_spec::read_table(path, v).map_err(|e| {
+            let line = self.line(e.span.unwrap_or_else(|| v.span()));
+            let FieldError {
+                field,
+                problem,
+                unknown,
+            } = e.error;
+            if unknown {
+                SpecError::UnknownField {
+                    field,
+                    line,
+                    suggestion: e.suggestion,
+                }
+            } else {
+                SpecError::Invalid {
+                    field,
+                    problem,
+                    line,
+                }
+            }
+        })
     }
 
     fn reject_unknown(
@@ -1394,24 +1392,17 @@ impl Parser<'_> {
         min: u32,
         max: u32,
     ) -> Result<u32, SpecError> {
-        let what = if min == 0 {
-            "a non-negative integer"
-        } else {
-            "a positive integer"
-        };
         let n = match v.get_ref() {
             DeValue::Integer(i) => i64::from_str_radix(i.as_str(), i.radix()).ok(),
             _ => None,
         };
-        match n {
-            Some(n) if n < i64::from(min) => {
-                Err(self.invalid(field, v, format!("expected {what}")))
-            }
-            Some(n) if n > i64::from(max) => {
-                Err(self.invalid(field, v, format!("must be at most {max}, got {n}")))
-            }
-            Some(n) => Ok(u32::try_from(n).expect("bounded by max: u32")),
-            None => Err(self.invalid(field, v, format!("expected {what}"))),
+        let Some(n) = n else {
+            let what = check::integer_kind(min);
+            return Err(self.invalid(field, v, format!("expected {what}")));
+        };
+        match check::bounded_problem(i128::from(n), min, max) {
+            Some(problem) => Err(self.invalid(field, v, problem)),
+            None => Ok(u32::try_from(n).expect("bounded by max: u32")),
         }
     }
 
@@ -1495,18 +1486,16 @@ impl Parser<'_> {
     }
 
     fn resources(&self, v: &Spanned<DeValue<'_>>) -> Result<Resources, SpecError> {
-        let Some(table) = v.get_ref().as_table() else {
+        if !v.get_ref().is_table() {
             return Err(self.invalid("resources", v, "expected a table"));
-        };
-        self.reject_unknown(table, "resources.", &RESOURCE_FIELDS)?;
-        let mut r = Resources::default();
-        if let Some(v) = table.get("cpus_per_worker") {
-            r.cpus_per_worker =
-                self.bounded_int("resources.cpus_per_worker", v, 1, CPUS_PER_WORKER_MAX)?;
         }
-        if let Some(v) = table.get("gpus_per_worker") {
-            r.gpus_per_worker =
-                self.bounded_int("resources.gpus_per_worker", v, 0, GPUS_PER_WORKER_MAX)?;
+        let text: sections::ResourcesText = self.read_table("resources", v)?;
+        let mut r = Resources::default();
+        if let Some(n) = text.cpus_per_worker {
+            r.cpus_per_worker = n.0;
+        }
+        if let Some(n) = text.gpus_per_worker {
+            r.gpus_per_worker = n.0;
         }
         Ok(r)
     }
@@ -1608,42 +1597,6 @@ fn line_of(text: &str, offset: usize) -> usize {
         .filter(|&&b| b == b'\n')
         .count()
         + 1
-}
-
-/// The known field closest to `key` if it is within edit distance 2 (typos).
-fn closest<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
-    known
-        .iter()
-        .map(|k| (edit_distance(key, k), *k))
-        .filter(|(d, _)| *d <= 2)
-        .min()
-        .map(|(_, k)| k)
-}
-
-/// Levenshtein distance with adjacent transpositions (optimal string alignment).
-fn edit_distance(a: &str, b: &str) -> usize {
-    let a: Vec<char> = a.chars().collect();
-    let b: Vec<char> = b.chars().collect();
-    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
-    for (i, row) in d.iter_mut().enumerate() {
-        row[0] = i;
-    }
-    for (j, cell) in d[0].iter_mut().enumerate() {
-        *cell = j;
-    }
-    for i in 1..=a.len() {
-        for j in 1..=b.len() {
-            let cost = usize::from(a[i - 1] != b[j - 1]);
-            let mut best = (d[i - 1][j] + 1)
-                .min(d[i][j - 1] + 1)
-                .min(d[i - 1][j - 1] + cost);
-            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
-                best = best.min(d[i - 2][j - 2] + 1);
-            }
-            d[i][j] = best;
-        }
-    }
-    d[a.len()][b.len()]
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ mod field_error;
 pub mod search;
 mod train;
 
-pub use field_error::FieldError;
+pub use field_error::{closest, edit_distance, read_table, FieldError, SpannedFieldError};
 pub use train::{
     check_dataset_name, is_builtin_dataset, Arch, CheckpointSpec, DataSpec, DecayKind,
     GradCompression, LrScaling, ModelSpec, OptimizerKind, SpecError, SufficientFactors,
