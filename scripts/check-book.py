@@ -11,7 +11,8 @@ stdlib only).
    every subcommand's `--help` and which are checked there only).
 2. The spec reference (reference/spec.md) against the spec's keys, read from the sources
    that define them: the `*_FIELDS` arrays of node/domain/src/spec.rs (the top level,
-   `[resources]`, `[[files]]`, `[elastic]`, `[preemption]`), the `*_KEYS` arrays of
+   `[[files]]`), the serde fields of the structs of node/domain/src/spec/sections.rs
+   (`[resources]`, `[elastic]`, `[preemption]`), the `*_KEYS` arrays of
    trainer/spec/src/search/spec.rs (`[search]`, `[[search.params]]`), and the serde fields
    of the trainer's table structs in trainer/spec/src/train.rs (`[model]`, `[data]`,
    `[train]`, `[checkpoint]`: each `pub NAME:` of the struct `TrainSpec` names for the table,
@@ -43,8 +44,11 @@ SPEC_RS = "node/domain/src/spec.rs"
 SEARCH_RS = "trainer/spec/src/search/spec.rs"
 TRAIN_RS = "trainer/spec/src/train.rs"
 # The `*_FIELDS` arrays of SPEC_RS: the table each one's keys live in ("" for the top level).
-FIELD_TABLES = {"TOP": "", "RESOURCE": "resources", "FILE": "files", "ELASTIC": "elastic",
-                "PREEMPTION": "preemption"}
+FIELD_TABLES = {"TOP": "", "FILE": "files"}
+SECTIONS_RS = "node/domain/src/spec/sections.rs"
+# The serde structs of SECTIONS_RS: the table each one's fields are the keys of.
+SECTION_STRUCTS = {"ResourcesText": "resources", "ElasticText": "elastic",
+                   "PreemptionText": "preemption"}
 KEY_TABLES = {"SEARCH": "search", "PARAM": "search.params"}
 
 
@@ -163,6 +167,12 @@ def spec_keys():
         if m.group(1) not in FIELD_TABLES:
             sys.exit(f"check-book: {SPEC_RS}: {m.group(1)}_FIELDS belongs to no table here")
         keys += [(FIELD_TABLES[m.group(1)], k) for k in string_array(m.group(2))]
+    sections_rs = read(SECTIONS_RS)
+    for struct, table in SECTION_STRUCTS.items():
+        m = re.search(r"pub\(super\) struct " + struct + r" \{(.*?)\n\}", sections_rs, re.S)
+        if not m:
+            sys.exit(f"check-book: {SECTIONS_RS}: no `struct {struct}`")
+        keys += [(table, k) for k in re.findall(r"^\s*pub\(super\) (\w+):", m.group(1), re.M)]
     search_rs = read(SEARCH_RS)
     for m in re.finditer(r"const (\w+)_KEYS: &\[&str\] = &\[(.*?)\];", search_rs, re.S):
         if m.group(1) not in KEY_TABLES:
