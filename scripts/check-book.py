@@ -12,8 +12,8 @@ stdlib only).
 2. The spec reference (reference/spec.md) against the spec's keys, read from the sources
    that define them: the `*_FIELDS` arrays of node/domain/src/spec.rs (the top level,
    `[[files]]`), the serde fields of the structs of node/domain/src/spec/sections.rs
-   (`[resources]`, `[elastic]`, `[preemption]`), the `*_KEYS` arrays of
-   trainer/spec/src/search/spec.rs (`[search]`, `[[search.params]]`), and the serde fields
+   (`[resources]`, `[elastic]`, `[preemption]`), the serde fields of the structs of
+   trainer/spec/src/search/spec/text.rs (`[search]`, `[[search.params]]`), and the serde fields
    of the trainer's table structs in trainer/spec/src/train.rs (`[model]`, `[data]`,
    `[train]`, `[checkpoint]`: each `pub NAME:` of the struct `TrainSpec` names for the table,
    less those marked `#[serde(skip)]`). Each key must be on the page in code, `` `key` `` or
@@ -41,15 +41,15 @@ CLI_PAGE = f"{BOOK}/reference/cli.md"
 SPEC_PAGE = f"{BOOK}/reference/spec.md"
 README = "README.md"
 SPEC_RS = "node/domain/src/spec.rs"
-SEARCH_RS = "trainer/spec/src/search/spec.rs"
+SEARCH_RS = "trainer/spec/src/search/spec/text.rs"
 TRAIN_RS = "trainer/spec/src/train.rs"
 # The `*_FIELDS` arrays of SPEC_RS: the table each one's keys live in ("" for the top level).
 FIELD_TABLES = {"TOP": "", "FILE": "files"}
 SECTIONS_RS = "node/domain/src/spec/sections.rs"
-# The serde structs of SECTIONS_RS: the table each one's fields are the keys of.
+# The serde structs of SECTIONS_RS and SEARCH_RS: the table each one's fields are the keys of.
 SECTION_STRUCTS = {"ResourcesText": "resources", "ElasticText": "elastic",
                    "PreemptionText": "preemption"}
-KEY_TABLES = {"SEARCH": "search", "PARAM": "search.params"}
+SEARCH_STRUCTS = {"SearchText": "search", "ParamText": "search.params"}
 
 
 def read(path):
@@ -167,20 +167,31 @@ def spec_keys():
         if m.group(1) not in FIELD_TABLES:
             sys.exit(f"check-book: {SPEC_RS}: {m.group(1)}_FIELDS belongs to no table here")
         keys += [(FIELD_TABLES[m.group(1)], k) for k in string_array(m.group(2))]
-    sections_rs = read(SECTIONS_RS)
-    for struct, table in SECTION_STRUCTS.items():
-        m = re.search(r"pub\(super\) struct " + struct + r" \{(.*?)\n\}", sections_rs, re.S)
-        if not m:
-            sys.exit(f"check-book: {SECTIONS_RS}: no `struct {struct}`")
-        keys += [(table, k) for k in re.findall(r"^\s*pub\(super\) (\w+):", m.group(1), re.M)]
-    search_rs = read(SEARCH_RS)
-    for m in re.finditer(r"const (\w+)_KEYS: &\[&str\] = &\[(.*?)\];", search_rs, re.S):
-        if m.group(1) not in KEY_TABLES:
-            sys.exit(f"check-book: {SEARCH_RS}: {m.group(1)}_KEYS belongs to no table here")
-        keys += [(KEY_TABLES[m.group(1)], k) for k in string_array(m.group(2))]
+    for path, structs in ((SECTIONS_RS, SECTION_STRUCTS), (SEARCH_RS, SEARCH_STRUCTS)):
+        keys += text_struct_keys(path, structs)
     train_rs = read(TRAIN_RS)
     for table, struct in struct_fields(train_rs, "TrainSpec"):
         keys += [(table, k) for k, _ in struct_fields(train_rs, struct)]
+    return keys
+
+
+def text_struct_keys(path, structs):
+    """(table, key) of each serde field of the `pub(super) struct`s `structs` of `path` (a
+    field's key is its name, or its `#[serde(rename = "...")]`)."""
+    source, keys = read(path), []
+    for struct, table in structs.items():
+        m = re.search(r"pub\(super\) struct " + struct + r" \{(.*?)\n\}", source, re.S)
+        if not m:
+            sys.exit(f"check-book: {path}: no `struct {struct}`")
+        rename = None
+        for line in m.group(1).splitlines():
+            r = re.search(r'#\[serde\(rename = "(\w+)"\)\]', line)
+            if r:
+                rename = r.group(1)
+            f = re.match(r"\s*pub\(super\) (\w+):", line)
+            if f:
+                keys.append((table, rename or f.group(1)))
+                rename = None
     return keys
 
 

@@ -1281,7 +1281,7 @@ impl Parser<'_> {
                 ));
             }
             let n: sections::Bounded<1, FIRST_HEARTBEAT_S_MAX> =
-                sections::value_as(v.get_ref()).map_err(invalid)?;
+                ringleader_spec::field_value::value_as(v.get_ref()).map_err(invalid)?;
             e.first_heartbeat_s = n.0;
         }
         if let Some(b) = text.keep_global_batch {

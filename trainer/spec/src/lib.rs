@@ -11,6 +11,7 @@
 #![warn(unreachable_pub)]
 
 mod field_error;
+pub mod field_value;
 pub mod search;
 mod train;
 

@@ -1,15 +1,13 @@
 //! The node's own tables of a spec's text, `[resources]`, `[elastic]` and `[preemption]`, as
 //! serde reads them: each a struct whose fields say their rules (a bounded integer, a number
 //! above 1, a flag), read by the one reader of a spec's tables,
-//! [`ringleader_spec::read_table`], which names the key or value at fault and its place.
+//! [`ringleader_spec::read_table`], which names the key or value at fault and its place
+//! (the rules are [`ringleader_spec::field_value::Rule`]s, as the search's fields are).
 //! The parse ([`super::Document`]) turns them into the stored values
 //! ([`super::Resources`], [`super::Elastic`], [`super::PreemptionSpec`]), whose serde form
 //! is the Raft log's and has no such rules (a replica applies what the leader committed).
 
-use std::fmt;
-use std::marker::PhantomData;
-
-use serde::de::{self, Deserializer, Visitor};
+use ringleader_spec::field_value::{Found, Rule};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -52,40 +50,29 @@ pub(super) struct ElasticText {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Bounded<const MIN: u32, const MAX: u32>(pub(super) u32);
 
-impl<'de, const MIN: u32, const MAX: u32> Deserialize<'de> for Bounded<MIN, MAX> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(Only(PhantomData::<Self>))
-    }
-}
-
-impl<const MIN: u32, const MAX: u32> Accepts for Bounded<MIN, MAX> {
-    fn expected() -> String {
-        format!("expected {}", check::integer_kind(MIN))
-    }
-    fn integer<E: de::Error>(n: i128) -> Result<Self, E> {
+impl<const MIN: u32, const MAX: u32> Rule for Bounded<MIN, MAX> {
+    fn take(found: Found<'_>) -> Result<Self, String> {
+        let Found::Integer(n) = found else {
+            return Err(format!("expected {}", check::integer_kind(MIN)));
+        };
         match check::bounded_problem(n, MIN, MAX) {
-            Some(problem) => Err(E::custom(problem)),
+            Some(problem) => Err(problem),
             None => Ok(Bounded(u32::try_from(n).expect("bounded by MAX: u32"))),
         }
     }
 }
 
+ringleader_spec::deserialize_by_rule!(<MIN, MAX> Bounded);
+
 /// A finite number above 1, an integer or a float ("expected a number above 1").
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct AboveOne(pub(super) f64);
 
-impl Accepts for AboveOne {
-    fn expected() -> String {
-        "expected a number above 1".into()
-    }
-    fn integer<E: de::Error>(n: i128) -> Result<Self, E> {
-        Self::float(n as f64)
-    }
-    fn float<E: de::Error>(f: f64) -> Result<Self, E> {
-        if f.is_finite() && f > 1.0 {
-            Ok(AboveOne(f))
-        } else {
-            Err(E::custom(Self::expected()))
+impl Rule for AboveOne {
+    fn take(found: Found<'_>) -> Result<Self, String> {
+        match found.number() {
+            Some(f) if f.is_finite() && f > 1.0 => Ok(AboveOne(f)),
+            _ => Err("expected a number above 1".into()),
         }
     }
 }
@@ -94,85 +81,19 @@ impl Accepts for AboveOne {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Flag(pub(super) bool);
 
-impl Accepts for Flag {
-    fn expected() -> String {
-        "expected true or false".into()
-    }
-    fn boolean<E: de::Error>(b: bool) -> Result<Self, E> {
-        Ok(Flag(b))
+impl Rule for Flag {
+    fn take(found: Found<'_>) -> Result<Self, String> {
+        let problem = || "expected true or false".to_owned();
+        found.boolean().map(Flag).ok_or_else(problem)
     }
 }
 
-/// `Deserialize` for [`Accepts`] types without generics: any value, through [`Only`].
-macro_rules! deserialize_accepted {
-    ($($t:ty),*) => {$(
-        impl<'de> Deserialize<'de> for $t {
-            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                d.deserialize_any(Only(PhantomData::<Self>))
-            }
-        }
-    )*};
-}
-
-deserialize_accepted!(AboveOne, Flag);
-
-/// A value type that takes some TOML values and refuses every other with one problem
-/// ([`Accepts::expected`]), not serde's "invalid type: ..., expected ...".
-trait Accepts: Sized {
-    /// The problem of a value of a type it does not take.
-    fn expected() -> String;
-    fn integer<E: de::Error>(_: i128) -> Result<Self, E> {
-        Err(E::custom(Self::expected()))
-    }
-    fn float<E: de::Error>(_: f64) -> Result<Self, E> {
-        Err(E::custom(Self::expected()))
-    }
-    fn boolean<E: de::Error>(_: bool) -> Result<Self, E> {
-        Err(E::custom(Self::expected()))
-    }
-}
-
-/// The visitor of an [`Accepts`] type: every kind of value goes to it.
-struct Only<T>(PhantomData<T>);
-
-impl<'de, T: Accepts> Visitor<'de> for Only<T> {
-    type Value = T;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&T::expected())
-    }
-    fn visit_i64<E: de::Error>(self, n: i64) -> Result<T, E> {
-        T::integer(i128::from(n))
-    }
-    fn visit_u64<E: de::Error>(self, n: u64) -> Result<T, E> {
-        T::integer(i128::from(n))
-    }
-    fn visit_f64<E: de::Error>(self, f: f64) -> Result<T, E> {
-        T::float(f)
-    }
-    fn visit_bool<E: de::Error>(self, b: bool) -> Result<T, E> {
-        T::boolean(b)
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<T, E> {
-        Err(E::custom(T::expected()))
-    }
-    fn visit_seq<A: de::SeqAccess<'de>>(self, _: A) -> Result<T, A::Error> {
-        Err(de::Error::custom(T::expected()))
-    }
-    fn visit_map<A: de::MapAccess<'de>>(self, _: A) -> Result<T, A::Error> {
-        Err(de::Error::custom(T::expected()))
-    }
-}
-
-/// `value` (one kept as given, [`ElasticText::first_heartbeat_s`]) read as `T`, the problem
-/// as `T` words it.
-pub(super) fn value_as<T: for<'de> Deserialize<'de>>(value: &toml::Value) -> Result<T, String> {
-    T::deserialize(value.clone()).map_err(|e| e.message().trim().to_owned())
-}
+ringleader_spec::deserialize_by_rule!(AboveOne, Flag);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ringleader_spec::field_value::value_as;
 
     fn value(text: &str) -> toml::Value {
         toml::from_str::<toml::Table>(&format!("v = {text}")).unwrap()["v"].clone()
