@@ -10,9 +10,9 @@ stdlib only).
    heading is the top-level command's section (the global flags, which clap repeats in
    every subcommand's `--help` and which are checked there only).
 2. The spec reference (reference/spec.md) against the spec's keys, read from the sources
-   that define them: the `*_FIELDS` arrays of node/domain/src/spec.rs (the top level,
-   `[[files]]`), the serde fields of the structs of node/domain/src/spec/sections.rs
-   (`[resources]`, `[elastic]`, `[preemption]`), the serde fields of the structs of
+   that define them: the `TOP_FIELDS` array of node/domain/src/spec.rs (the top level), the
+   serde fields of the structs of node/domain/src/spec/sections.rs (`[resources]`,
+   `[elastic]`, `[preemption]`, `[[files]]`), the serde fields of the structs of
    trainer/spec/src/search/spec/text.rs (`[search]`, `[[search.params]]`), and the serde fields
    of the trainer's table structs in trainer/spec/src/train.rs (`[model]`, `[data]`,
    `[train]`, `[checkpoint]`: each `pub NAME:` of the struct `TrainSpec` names for the table,
@@ -44,11 +44,11 @@ SPEC_RS = "node/domain/src/spec.rs"
 SEARCH_RS = "trainer/spec/src/search/spec/text.rs"
 TRAIN_RS = "trainer/spec/src/train.rs"
 # The `*_FIELDS` arrays of SPEC_RS: the table each one's keys live in ("" for the top level).
-FIELD_TABLES = {"TOP": "", "FILE": "files"}
+FIELD_TABLES = {"TOP": ""}
 SECTIONS_RS = "node/domain/src/spec/sections.rs"
 # The serde structs of SECTIONS_RS and SEARCH_RS: the table each one's fields are the keys of.
 SECTION_STRUCTS = {"ResourcesText": "resources", "ElasticText": "elastic",
-                   "PreemptionText": "preemption"}
+                   "PreemptionText": "preemption", "FileText": "files"}
 SEARCH_STRUCTS = {"SearchText": "search", "ParamText": "search.params"}
 
 

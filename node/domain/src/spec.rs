@@ -115,7 +115,6 @@ const TOP_FIELDS: [&str; 21] = [
     "preemptible",
     "preemption",
 ];
-const FILE_FIELDS: [&str; 3] = ["path", "text", "base64"];
 /// Default `preemption.grace_s`: how long a rank asked to checkpoint and stop has, in seconds.
 pub const PREEMPTION_GRACE_S_DEFAULT: u32 = 30;
 /// Largest `preemption.grace_s`, in seconds (an hour).
@@ -864,10 +863,15 @@ impl Parser<'_> {
         value: &Spanned<DeValue<'_>>,
         problem: impl Into<String>,
     ) -> SpecError {
+        self.invalid_at(field, value.span(), problem)
+    }
+
+    /// `field`'s `problem`, at the line of the value at `span`.
+    fn invalid_at(&self, field: &str, span: Range<usize>, problem: impl Into<String>) -> SpecError {
         SpecError::Invalid {
             field: field.to_owned(),
             problem: problem.into(),
-            line: self.line(value.span()),
+            line: self.line(span),
         }
     }
 
@@ -1125,11 +1129,11 @@ impl Parser<'_> {
         let mut total = 0usize;
         for (i, item) in items.iter().enumerate() {
             let at = format!("files[{i}]");
-            let Some(table) = item.get_ref().as_table() else {
+            if !item.get_ref().is_table() {
                 return Err(self.invalid(&at, item, problem));
-            };
-            self.reject_unknown(table, &format!("{at}."), &FILE_FIELDS)?;
-            let path = match table.get("path") {
+            }
+            let file: sections::FileText = self.read_table(&at, item)?;
+            let path = match &file.path {
                 None => {
                     return Err(self.invalid(
                         &format!("{at}.path"),
@@ -1139,11 +1143,12 @@ impl Parser<'_> {
                 }
                 Some(p) => {
                     let field = format!("{at}.path");
+                    let invalid = |problem: String| self.invalid_at(&field, p.span(), problem);
                     let Some(path) = p.get_ref().as_str() else {
-                        return Err(self.invalid(&field, p, "expected a relative path"));
+                        return Err(invalid("expected a relative path".into()));
                     };
                     if let Some(why) = file_path_problem(path) {
-                        return Err(self.invalid(&field, p, why));
+                        return Err(invalid(why));
                     }
                     for (j, other) in out.iter().enumerate() {
                         let nested = |a: &str, b: &str| {
@@ -1153,21 +1158,26 @@ impl Parser<'_> {
                             || nested(path, &other.path)
                             || nested(&other.path, path)
                         {
-                            return Err(self.invalid(
-                                &field,
-                                p,
-                                format!("{path:?} clashes with files[{j}].path {:?}", other.path),
-                            ));
+                            return Err(invalid(format!(
+                                "{path:?} clashes with files[{j}].path {:?}",
+                                other.path
+                            )));
                         }
                     }
                     path.to_owned()
                 }
             };
-            let (text, b64, size) = match (table.get("text"), table.get("base64")) {
+            let string = |key: &str, value: &Spanned<toml::Value>| match value.get_ref().as_str() {
+                Some(s) => Ok(s.to_owned()),
+                None => {
+                    Err(self.invalid_at(&format!("{at}.{key}"), value.span(), "expected a string"))
+                }
+            };
+            let (text, b64, size) = match (&file.text, &file.base64) {
                 (Some(_), Some(b)) => {
-                    return Err(self.invalid(
+                    return Err(self.invalid_at(
                         &format!("{at}.base64"),
-                        b,
+                        b.span(),
                         "give text or base64, not both",
                     ))
                 }
@@ -1178,27 +1188,23 @@ impl Parser<'_> {
                         "required: the contents as text = \"…\" or base64 = \"…\"",
                     ))
                 }
-                (Some(t), None) => match t.get_ref().as_str() {
-                    Some(text) => (Some(text.to_owned()), None, text.len()),
-                    None => {
-                        return Err(self.invalid(&format!("{at}.text"), t, "expected a string"))
-                    }
-                },
+                (Some(t), None) => {
+                    let text = string("text", t)?;
+                    let size = text.len();
+                    (Some(text), None, size)
+                }
                 (None, Some(b)) => {
-                    let field = format!("{at}.base64");
-                    let Some(encoded) = b.get_ref().as_str() else {
-                        return Err(self.invalid(&field, b, "expected a string"));
-                    };
+                    let encoded = string("base64", b)?;
                     let decoded = base64::engine::general_purpose::STANDARD
-                        .decode(encoded)
+                        .decode(&encoded)
                         .map_err(|e| {
-                            self.invalid(
-                                &field,
-                                b,
+                            self.invalid_at(
+                                &format!("{at}.base64"),
+                                b.span(),
                                 format!("not standard base64 with padding ({e})"),
                             )
                         })?;
-                    (None, Some(encoded.to_owned()), decoded.len())
+                    (None, Some(encoded), decoded.len())
                 }
             };
             total += size;

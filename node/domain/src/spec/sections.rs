@@ -1,5 +1,5 @@
-//! The node's own tables of a spec's text, `[resources]`, `[elastic]` and `[preemption]`, as
-//! serde reads them: each a struct whose fields say their rules (a bounded integer, a number
+//! The node's own tables of a spec's text, `[resources]`, `[elastic]`, `[preemption]` and
+//! each `[[files]]` entry, as serde reads them: each a struct whose fields say their rules (a bounded integer, a number
 //! above 1, a flag), read by the one reader of a spec's tables,
 //! [`ringleader_spec::read_table`], which names the key or value at fault and its place
 //! (the rules are [`ringleader_spec::field_value::Rule`]s, as the search's fields are).
@@ -43,6 +43,16 @@ pub(super) struct ElasticText {
     pub(super) protocol: Option<Spanned<toml::Value>>,
     pub(super) first_heartbeat_s: Option<Spanned<toml::Value>>,
     pub(super) keep_global_batch: Option<Flag>,
+}
+
+/// One `[[files]]` entry as written: the keys it may have. Its values are kept as given,
+/// with their places, and checked in the parse's order (`path`, then `text` or `base64`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileText {
+    pub(super) path: Option<Spanned<toml::Value>>,
+    pub(super) text: Option<Spanned<toml::Value>>,
+    pub(super) base64: Option<Spanned<toml::Value>>,
 }
 
 /// An integer in `MIN..=MAX`. Its problems read "expected a positive integer" (or
