@@ -10,9 +10,8 @@ stdlib only).
    heading is the top-level command's section (the global flags, which clap repeats in
    every subcommand's `--help` and which are checked there only).
 2. The spec reference (reference/spec.md) against the spec's keys, read from the sources
-   that define them: the `TOP_FIELDS` array of node/domain/src/spec.rs (the top level), the
-   serde fields of the structs of node/domain/src/spec/sections.rs (`[resources]`,
-   `[elastic]`, `[preemption]`, `[[files]]`), the serde fields of the structs of
+   that define them: the serde fields of the structs of node/domain/src/spec/sections.rs
+   (the top level, `[resources]`, `[elastic]`, `[preemption]`, `[[files]]`), the serde fields of the structs of
    trainer/spec/src/search/spec/text.rs (`[search]`, `[[search.params]]`), and the serde fields
    of the trainer's table structs in trainer/spec/src/train.rs (`[model]`, `[data]`,
    `[train]`, `[checkpoint]`: each `pub NAME:` of the struct `TrainSpec` names for the table,
@@ -40,14 +39,11 @@ BOOK = "docs/book/src"
 CLI_PAGE = f"{BOOK}/reference/cli.md"
 SPEC_PAGE = f"{BOOK}/reference/spec.md"
 README = "README.md"
-SPEC_RS = "node/domain/src/spec.rs"
 SEARCH_RS = "trainer/spec/src/search/spec/text.rs"
 TRAIN_RS = "trainer/spec/src/train.rs"
-# The `*_FIELDS` arrays of SPEC_RS: the table each one's keys live in ("" for the top level).
-FIELD_TABLES = {"TOP": ""}
 SECTIONS_RS = "node/domain/src/spec/sections.rs"
 # The serde structs of SECTIONS_RS and SEARCH_RS: the table each one's fields are the keys of.
-SECTION_STRUCTS = {"ResourcesText": "resources", "ElasticText": "elastic",
+SECTION_STRUCTS = {"SpecText": "", "ResourcesText": "resources", "ElasticText": "elastic",
                    "PreemptionText": "preemption", "FileText": "files"}
 SEARCH_STRUCTS = {"SearchText": "search", "ParamText": "search.params"}
 
@@ -162,11 +158,6 @@ def string_array(body):
 def spec_keys():
     """Every key a job spec may hold, as (table, key); table "" is the top level."""
     keys = []
-    spec_rs = read(SPEC_RS)
-    for m in re.finditer(r"const (\w+)_FIELDS: \[&str; \d+\] = \[(.*?)\];", spec_rs, re.S):
-        if m.group(1) not in FIELD_TABLES:
-            sys.exit(f"check-book: {SPEC_RS}: {m.group(1)}_FIELDS belongs to no table here")
-        keys += [(FIELD_TABLES[m.group(1)], k) for k in string_array(m.group(2))]
     for path, structs in ((SECTIONS_RS, SECTION_STRUCTS), (SEARCH_RS, SEARCH_STRUCTS)):
         keys += text_struct_keys(path, structs)
     train_rs = read(TRAIN_RS)

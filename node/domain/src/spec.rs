@@ -26,7 +26,7 @@ use std::fmt;
 use std::ops::Range;
 
 pub use check::check;
-use ringleader_spec::{closest, FieldError, TrainSpec};
+use ringleader_spec::{FieldError, TrainSpec};
 use serde::{Deserialize, Serialize};
 pub use train::{Tables, TrainerTables};
 
@@ -92,29 +92,6 @@ pub const CUDA_BACKEND_ENV: &str = "RINGLEADER_CUDA_BACKEND";
 /// picks its own).
 pub const DEVICES_ENV: &str = "CUDA_VISIBLE_DEVICES";
 
-const TOP_FIELDS: [&str; 21] = [
-    "name",
-    "priority",
-    "kind",
-    "workers",
-    "min_workers",
-    "max_workers",
-    "max_restarts",
-    "placement",
-    "command",
-    "env",
-    "secrets",
-    "resources",
-    "model",
-    "data",
-    "train",
-    "checkpoint",
-    "search",
-    "elastic",
-    "files",
-    "preemptible",
-    "preemption",
-];
 /// Default `preemption.grace_s`: how long a rank asked to checkpoint and stop has, in seconds.
 pub const PREEMPTION_GRACE_S_DEFAULT: u32 = 30;
 /// Largest `preemption.grace_s`, in seconds (an hour).
@@ -878,7 +855,8 @@ impl Parser<'_> {
     fn spec(&self, doc: &DeTable<'_>) -> Result<JobSpec, SpecError> {
         // Unknown keys first, in text order, so a typo is reported as a typo and not as the
         // missing field it was meant to be.
-        self.reject_unknown(doc, "", &TOP_FIELDS)?;
+        let root = Spanned::new(0..self.text.len(), DeValue::Table(doc.clone()));
+        let _: sections::SpecText = self.read_table("", &root)?;
         let get = |k: &str| -> Option<&Spanned<DeValue<'_>>> { doc.get(k) };
 
         let name = match get("name") {
@@ -1337,30 +1315,6 @@ impl Parser<'_> {
                 }
             }
         })
-    }
-
-    fn reject_unknown(
-        &self,
-        table: &DeTable<'_>,
-        prefix: &str,
-        known: &[&str],
-    ) -> Result<(), SpecError> {
-        let mut unknown: Vec<Entry<'_, '_>> = table
-            .iter()
-            .filter(|(k, _)| !known.contains(&k.get_ref().as_ref()))
-            .collect();
-        unknown.sort_by_key(|(k, _)| k.span().start);
-        match unknown.first() {
-            None => Ok(()),
-            Some((k, _)) => {
-                let key: &str = k.get_ref();
-                Err(SpecError::UnknownField {
-                    field: format!("{prefix}{key}"),
-                    line: self.line(k.span()),
-                    suggestion: closest(key, known).map(|s| format!("{prefix}{s}")),
-                })
-            }
-        }
     }
 
     fn name(&self, v: &Spanned<DeValue<'_>>) -> Result<String, SpecError> {

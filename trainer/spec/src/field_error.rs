@@ -60,7 +60,8 @@ pub struct SpannedFieldError {
     pub suggestion: Option<String>,
 }
 
-/// Reads the table `value` at dotted `path` (`model`, `elastic`) as `T`, a struct with a
+/// Reads the table `value` at dotted `path` (`model`, `elastic`; empty for a document's top
+/// level) as `T`, a struct with a
 /// derived `Deserialize` (its field attributes and `deserialize_with` say each value's rules
 /// and problem). First a key `T` does not define, in text order, so a typo is reported as a
 /// typo and not as the value it was meant to be; then serde's first error, named through its
@@ -70,6 +71,14 @@ pub fn read_table<T: DeserializeOwned>(
     value: &Spanned<DeValue<'_>>,
 ) -> Result<T, SpannedFieldError> {
     let known = field_names::<T>();
+    // A key's full path: `path.key`, or `key` at the top level (`path` empty).
+    let full = |key: &str| {
+        if path.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{path}.{key}")
+        }
+    };
     if let (Some(table), false) = (value.get_ref().as_table(), known.is_empty()) {
         let unknown = table
             .iter()
@@ -78,9 +87,9 @@ pub fn read_table<T: DeserializeOwned>(
         if let Some((k, _)) = unknown {
             let key: &str = k.get_ref();
             return Err(SpannedFieldError {
-                error: FieldError::unknown(format!("{path}.{key}"), known),
+                error: FieldError::unknown(full(key), known),
                 span: Some(k.span()),
-                suggestion: closest(key, known).map(|s| format!("{path}.{s}")),
+                suggestion: closest(key, known).map(full),
             });
         }
     }
@@ -100,8 +109,8 @@ pub fn read_table<T: DeserializeOwned>(
             })
         });
         let error = match at {
-            Some((key, true)) => FieldError::unknown(format!("{path}.{key}"), known),
-            Some((key, false)) => FieldError::new(format!("{path}.{key}"), problem),
+            Some((key, true)) => FieldError::unknown(full(&key), known),
+            Some((key, false)) => FieldError::new(full(&key), problem),
             None => FieldError::new(path, problem),
         };
         SpannedFieldError {

@@ -1,5 +1,5 @@
-//! The node's own tables of a spec's text, `[resources]`, `[elastic]`, `[preemption]` and
-//! each `[[files]]` entry, as serde reads them: each a struct whose fields say their rules (a bounded integer, a number
+//! The node's own tables of a spec's text, its top level's keys, `[resources]`, `[elastic]`,
+//! `[preemption]` and each `[[files]]` entry, as serde reads them: each a struct whose fields say their rules (a bounded integer, a number
 //! above 1, a flag), read by the one reader of a spec's tables,
 //! [`ringleader_spec::read_table`], which names the key or value at fault and its place
 //! (the rules are [`ringleader_spec::field_value::Rule`]s, as the search's fields are).
@@ -8,6 +8,7 @@
 //! is the Raft log's and has no such rules (a replica applies what the leader committed).
 
 use ringleader_spec::field_value::{Found, Rule};
+use serde::de::IgnoredAny;
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -15,6 +16,40 @@ use super::{
     check, BLACKLIST_COOLDOWN_S_MAX, CPUS_PER_WORKER_MAX, GPUS_PER_WORKER_MAX,
     PREEMPTION_GRACE_S_MAX, STRAGGLER_WINDOW_MAX,
 };
+
+/// The top level of a spec as written: the keys it may have, and only that. Each value is
+/// read afterwards by the parse, in its order, from the spanned document: a key's rule can
+/// depend on another's value (`command` on `kind`), and a missing `name` or `kind` is named
+/// before any other value's problem.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(
+    dead_code,
+    reason = "it declares the keys; their values are read from the document"
+)]
+pub(super) struct SpecText {
+    pub(super) name: Option<IgnoredAny>,
+    pub(super) priority: Option<IgnoredAny>,
+    pub(super) kind: Option<IgnoredAny>,
+    pub(super) workers: Option<IgnoredAny>,
+    pub(super) min_workers: Option<IgnoredAny>,
+    pub(super) max_workers: Option<IgnoredAny>,
+    pub(super) max_restarts: Option<IgnoredAny>,
+    pub(super) placement: Option<IgnoredAny>,
+    pub(super) command: Option<IgnoredAny>,
+    pub(super) env: Option<IgnoredAny>,
+    pub(super) secrets: Option<IgnoredAny>,
+    pub(super) resources: Option<IgnoredAny>,
+    pub(super) model: Option<IgnoredAny>,
+    pub(super) data: Option<IgnoredAny>,
+    pub(super) train: Option<IgnoredAny>,
+    pub(super) checkpoint: Option<IgnoredAny>,
+    pub(super) search: Option<IgnoredAny>,
+    pub(super) elastic: Option<IgnoredAny>,
+    pub(super) files: Option<IgnoredAny>,
+    pub(super) preemptible: Option<IgnoredAny>,
+    pub(super) preemption: Option<IgnoredAny>,
+}
 
 /// `[resources]` as written.
 #[derive(Debug, Deserialize)]
