@@ -10,9 +10,9 @@ stdlib only).
    heading is the top-level command's section (the global flags, which clap repeats in
    every subcommand's `--help` and which are checked there only).
 2. The spec reference (reference/spec.md) against the spec's keys, read from the sources
-   that define them: the `*_FIELDS` arrays of node/domain/src/spec.rs (the top level,
-   `[resources]`, `[[files]]`, `[elastic]`, `[preemption]`), the `*_KEYS` arrays of
-   trainer/spec/src/search/spec.rs (`[search]`, `[[search.params]]`), and the serde fields
+   that define them: the serde fields of the structs of node/domain/src/spec/sections.rs
+   (the top level, `[resources]`, `[elastic]`, `[preemption]`, `[[files]]`), the serde fields of the structs of
+   trainer/spec/src/search/spec/text.rs (`[search]`, `[[search.params]]`), and the serde fields
    of the trainer's table structs in trainer/spec/src/train.rs (`[model]`, `[data]`,
    `[train]`, `[checkpoint]`: each `pub NAME:` of the struct `TrainSpec` names for the table,
    less those marked `#[serde(skip)]`). Each key must be on the page in code, `` `key` `` or
@@ -39,13 +39,13 @@ BOOK = "docs/book/src"
 CLI_PAGE = f"{BOOK}/reference/cli.md"
 SPEC_PAGE = f"{BOOK}/reference/spec.md"
 README = "README.md"
-SPEC_RS = "node/domain/src/spec.rs"
-SEARCH_RS = "trainer/spec/src/search/spec.rs"
+SEARCH_RS = "trainer/spec/src/search/spec/text.rs"
 TRAIN_RS = "trainer/spec/src/train.rs"
-# The `*_FIELDS` arrays of SPEC_RS: the table each one's keys live in ("" for the top level).
-FIELD_TABLES = {"TOP": "", "RESOURCE": "resources", "FILE": "files", "ELASTIC": "elastic",
-                "PREEMPTION": "preemption"}
-KEY_TABLES = {"SEARCH": "search", "PARAM": "search.params"}
+SECTIONS_RS = "node/domain/src/spec/sections.rs"
+# The serde structs of SECTIONS_RS and SEARCH_RS: the table each one's fields are the keys of.
+SECTION_STRUCTS = {"SpecText": "", "ResourcesText": "resources", "ElasticText": "elastic",
+                   "PreemptionText": "preemption", "FileText": "files"}
+SEARCH_STRUCTS = {"SearchText": "search", "ParamText": "search.params"}
 
 
 def read(path):
@@ -158,19 +158,31 @@ def string_array(body):
 def spec_keys():
     """Every key a job spec may hold, as (table, key); table "" is the top level."""
     keys = []
-    spec_rs = read(SPEC_RS)
-    for m in re.finditer(r"const (\w+)_FIELDS: \[&str; \d+\] = \[(.*?)\];", spec_rs, re.S):
-        if m.group(1) not in FIELD_TABLES:
-            sys.exit(f"check-book: {SPEC_RS}: {m.group(1)}_FIELDS belongs to no table here")
-        keys += [(FIELD_TABLES[m.group(1)], k) for k in string_array(m.group(2))]
-    search_rs = read(SEARCH_RS)
-    for m in re.finditer(r"const (\w+)_KEYS: &\[&str\] = &\[(.*?)\];", search_rs, re.S):
-        if m.group(1) not in KEY_TABLES:
-            sys.exit(f"check-book: {SEARCH_RS}: {m.group(1)}_KEYS belongs to no table here")
-        keys += [(KEY_TABLES[m.group(1)], k) for k in string_array(m.group(2))]
+    for path, structs in ((SECTIONS_RS, SECTION_STRUCTS), (SEARCH_RS, SEARCH_STRUCTS)):
+        keys += text_struct_keys(path, structs)
     train_rs = read(TRAIN_RS)
     for table, struct in struct_fields(train_rs, "TrainSpec"):
         keys += [(table, k) for k, _ in struct_fields(train_rs, struct)]
+    return keys
+
+
+def text_struct_keys(path, structs):
+    """(table, key) of each serde field of the `pub(super) struct`s `structs` of `path` (a
+    field's key is its name, or its `#[serde(rename = "...")]`)."""
+    source, keys = read(path), []
+    for struct, table in structs.items():
+        m = re.search(r"pub\(super\) struct " + struct + r" \{(.*?)\n\}", source, re.S)
+        if not m:
+            sys.exit(f"check-book: {path}: no `struct {struct}`")
+        rename = None
+        for line in m.group(1).splitlines():
+            r = re.search(r'#\[serde\(rename = "(\w+)"\)\]', line)
+            if r:
+                rename = r.group(1)
+            f = re.match(r"\s*pub\(super\) (\w+):", line)
+            if f:
+                keys.append((table, rename or f.group(1)))
+                rename = None
     return keys
 
 

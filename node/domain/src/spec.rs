@@ -16,17 +16,19 @@
 pub mod check;
 /// A job's priority (the key `priority`).
 pub mod priority;
+/// `[resources]`, `[elastic]` and `[preemption]` as serde reads them from the text.
+mod sections;
 /// The trainer's sections of a train job's spec (also `domain::train_spec`).
 pub mod train;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::Range;
-use std::sync::OnceLock;
 
 pub use check::check;
 use ringleader_spec::{FieldError, TrainSpec};
 use serde::{Deserialize, Serialize};
+pub use train::{Tables, TrainerTables};
 
 use crate::device_order::{DEVICE_ORDER, DEVICE_ORDER_ENV};
 use toml::de::{DeTable, DeValue};
@@ -90,39 +92,6 @@ pub const CUDA_BACKEND_ENV: &str = "RINGLEADER_CUDA_BACKEND";
 /// picks its own).
 pub const DEVICES_ENV: &str = "CUDA_VISIBLE_DEVICES";
 
-const TOP_FIELDS: [&str; 21] = [
-    "name",
-    "priority",
-    "kind",
-    "workers",
-    "min_workers",
-    "max_workers",
-    "max_restarts",
-    "placement",
-    "command",
-    "env",
-    "secrets",
-    "resources",
-    "model",
-    "data",
-    "train",
-    "checkpoint",
-    "search",
-    "elastic",
-    "files",
-    "preemptible",
-    "preemption",
-];
-const FILE_FIELDS: [&str; 3] = ["path", "text", "base64"];
-const ELASTIC_FIELDS: [&str; 6] = [
-    "straggler_factor",
-    "straggler_window",
-    "blacklist_cooldown_s",
-    "protocol",
-    "first_heartbeat_s",
-    "keep_global_batch",
-];
-const PREEMPTION_FIELDS: [&str; 1] = ["grace_s"];
 /// Default `preemption.grace_s`: how long a rank asked to checkpoint and stop has, in seconds.
 pub const PREEMPTION_GRACE_S_DEFAULT: u32 = 30;
 /// Largest `preemption.grace_s`, in seconds (an hour).
@@ -135,7 +104,6 @@ pub const BLACKLIST_COOLDOWN_S_MAX: u32 = 86_400;
 pub const FIRST_HEARTBEAT_S_DEFAULT: u32 = 60;
 /// Largest `elastic.first_heartbeat_s`, in seconds (an hour).
 pub const FIRST_HEARTBEAT_S_MAX: u32 = 3_600;
-const RESOURCE_FIELDS: [&str; 2] = ["cpus_per_worker", "gpus_per_worker"];
 
 /// What a job runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -431,14 +399,10 @@ pub struct JobSpec {
     pub secrets: BTreeMap<String, String>,
     /// Per-worker resources.
     pub resources: Resources,
-    /// `[model]`, for the trainer.
-    pub model: Option<toml::Table>,
-    /// `[data]`, for the trainer.
-    pub data: Option<toml::Table>,
-    /// `[train]`, for the trainer.
-    pub train: Option<toml::Table>,
-    /// `[checkpoint]`, for the trainer.
-    pub checkpoint: Option<toml::Table>,
+    /// `[model]`, `[data]`, `[train]` and `[checkpoint]`, for the trainer, with their typed
+    /// reading ([`JobSpec::tables`], [`JobSpec::trainer`]); stored as four keys of the spec.
+    #[serde(flatten)]
+    trainer: TrainerTables,
     /// `[search]` (`kind = "search"` only).
     pub search: Option<toml::Table>,
     /// `[elastic]`, with defaults.
@@ -462,32 +426,6 @@ pub struct JobSpec {
     /// `[preemption]`, with defaults.
     #[serde(default, skip_serializing_if = "PreemptionSpec::is_default")]
     pub preemption: PreemptionSpec,
-    /// Not stored: the trainer's typed view of the tables above ([`JobSpec::trainer`]).
-    #[serde(skip)]
-    trainer: TypedTrainer,
-}
-
-/// A train job's tables read as a [`TrainSpec`], once: filled by [`JobSpec::parse`], which
-/// reads them anyway, or at the first [`JobSpec::trainer`] of a spec that came from the Raft
-/// log (whose stored form is the tables alone). Equal whenever the tables are (it is read
-/// from them), so it plays no part in a spec's equality.
-#[derive(Clone, Default)]
-struct TypedTrainer(OnceLock<Option<TrainSpec>>);
-
-impl PartialEq for TypedTrainer {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl fmt::Debug for TypedTrainer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.get().is_some() {
-            "read"
-        } else {
-            "unread"
-        })
-    }
 }
 
 /// Why a spec was refused. Each variant names the field path (dotted, with `[i]` for array
@@ -610,22 +548,24 @@ impl JobSpec {
     }
 
     /// A train job's trainer tables, typed (`None` for other kinds, and for tables the
-    /// trainer would refuse, which admission never lets through). Read once per spec.
+    /// trainer would refuse, which admission never lets through). Read when the tables are
+    /// made or changed, never here.
     pub fn trainer(&self) -> Option<&TrainSpec> {
-        if self.kind != JobKind::Train {
-            return None;
+        match self.kind {
+            JobKind::Train => self.trainer.typed(),
+            JobKind::Search | JobKind::Command => None,
         }
-        self.trainer
-            .0
-            .get_or_init(|| train::read(self).ok())
-            .as_ref()
     }
 
-    /// Forgets the typed trainer tables after a change to the tables (a search trial's
-    /// parameters written into its template's); the next [`JobSpec::trainer`] reads them
-    /// again.
-    pub fn tables_changed(&mut self) {
-        self.trainer = TypedTrainer::default();
+    /// `[model]`, `[data]`, `[train]` and `[checkpoint]` as the user gave them.
+    pub fn tables(&self) -> &Tables {
+        self.trainer.tables()
+    }
+
+    /// Changes the trainer's tables with `change` (a search trial's parameters written into
+    /// its template's); [`JobSpec::trainer`] reads the changed tables.
+    pub fn edit_tables<R>(&mut self, change: impl FnOnce(&mut Tables) -> R) -> R {
+        self.trainer.edit(change)
     }
 
     /// Whether the job's rank processes live through its ring's re-forms (keyed by attempt
@@ -900,17 +840,23 @@ impl Parser<'_> {
         value: &Spanned<DeValue<'_>>,
         problem: impl Into<String>,
     ) -> SpecError {
+        self.invalid_at(field, value.span(), problem)
+    }
+
+    /// `field`'s `problem`, at the line of the value at `span`.
+    fn invalid_at(&self, field: &str, span: Range<usize>, problem: impl Into<String>) -> SpecError {
         SpecError::Invalid {
             field: field.to_owned(),
             problem: problem.into(),
-            line: self.line(value.span()),
+            line: self.line(span),
         }
     }
 
     fn spec(&self, doc: &DeTable<'_>) -> Result<JobSpec, SpecError> {
         // Unknown keys first, in text order, so a typo is reported as a typo and not as the
         // missing field it was meant to be.
-        self.reject_unknown(doc, "", &TOP_FIELDS)?;
+        let root = Spanned::new(0..self.text.len(), DeValue::Table(doc.clone()));
+        let _: sections::SpecText = self.read_table("", &root)?;
         let get = |k: &str| -> Option<&Spanned<DeValue<'_>>> { doc.get(k) };
 
         let name = match get("name") {
@@ -1070,12 +1016,19 @@ impl Parser<'_> {
             None => PreemptionSpec::default(),
             Some(v) => self.preemption(v)?,
         };
+        let tables = Tables {
+            model,
+            data,
+            train,
+            checkpoint,
+        };
         // Last, as admission did before the parse read them: the trainer's own checks.
         let trainer = match kind {
-            JobKind::Train => {
-                Some(TrainSpec::from_document(doc).map_err(|e| self.field_error(doc, e))?)
-            }
-            _ => None,
+            JobKind::Train => TrainerTables::read_as(
+                tables,
+                TrainSpec::from_document(doc).map_err(|e| self.field_error(doc, e))?,
+            ),
+            JobKind::Search | JobKind::Command => TrainerTables::new(tables),
         };
         Ok(JobSpec {
             name,
@@ -1090,17 +1043,13 @@ impl Parser<'_> {
             env,
             secrets,
             resources,
-            model,
-            data,
-            train,
-            checkpoint,
+            trainer,
             search,
             elastic,
             reports_required: true,
             files,
             preemptible,
             preemption,
-            trainer: TypedTrainer(OnceLock::from(trainer)),
         })
     }
 
@@ -1158,11 +1107,11 @@ impl Parser<'_> {
         let mut total = 0usize;
         for (i, item) in items.iter().enumerate() {
             let at = format!("files[{i}]");
-            let Some(table) = item.get_ref().as_table() else {
+            if !item.get_ref().is_table() {
                 return Err(self.invalid(&at, item, problem));
-            };
-            self.reject_unknown(table, &format!("{at}."), &FILE_FIELDS)?;
-            let path = match table.get("path") {
+            }
+            let file: sections::FileText = self.read_table(&at, item)?;
+            let path = match &file.path {
                 None => {
                     return Err(self.invalid(
                         &format!("{at}.path"),
@@ -1172,11 +1121,12 @@ impl Parser<'_> {
                 }
                 Some(p) => {
                     let field = format!("{at}.path");
+                    let invalid = |problem: String| self.invalid_at(&field, p.span(), problem);
                     let Some(path) = p.get_ref().as_str() else {
-                        return Err(self.invalid(&field, p, "expected a relative path"));
+                        return Err(invalid("expected a relative path".into()));
                     };
                     if let Some(why) = file_path_problem(path) {
-                        return Err(self.invalid(&field, p, why));
+                        return Err(invalid(why));
                     }
                     for (j, other) in out.iter().enumerate() {
                         let nested = |a: &str, b: &str| {
@@ -1186,21 +1136,26 @@ impl Parser<'_> {
                             || nested(path, &other.path)
                             || nested(&other.path, path)
                         {
-                            return Err(self.invalid(
-                                &field,
-                                p,
-                                format!("{path:?} clashes with files[{j}].path {:?}", other.path),
-                            ));
+                            return Err(invalid(format!(
+                                "{path:?} clashes with files[{j}].path {:?}",
+                                other.path
+                            )));
                         }
                     }
                     path.to_owned()
                 }
             };
-            let (text, b64, size) = match (table.get("text"), table.get("base64")) {
+            let string = |key: &str, value: &Spanned<toml::Value>| match value.get_ref().as_str() {
+                Some(s) => Ok(s.to_owned()),
+                None => {
+                    Err(self.invalid_at(&format!("{at}.{key}"), value.span(), "expected a string"))
+                }
+            };
+            let (text, b64, size) = match (&file.text, &file.base64) {
                 (Some(_), Some(b)) => {
-                    return Err(self.invalid(
+                    return Err(self.invalid_at(
                         &format!("{at}.base64"),
-                        b,
+                        b.span(),
                         "give text or base64, not both",
                     ))
                 }
@@ -1211,27 +1166,23 @@ impl Parser<'_> {
                         "required: the contents as text = \"…\" or base64 = \"…\"",
                     ))
                 }
-                (Some(t), None) => match t.get_ref().as_str() {
-                    Some(text) => (Some(text.to_owned()), None, text.len()),
-                    None => {
-                        return Err(self.invalid(&format!("{at}.text"), t, "expected a string"))
-                    }
-                },
+                (Some(t), None) => {
+                    let text = string("text", t)?;
+                    let size = text.len();
+                    (Some(text), None, size)
+                }
                 (None, Some(b)) => {
-                    let field = format!("{at}.base64");
-                    let Some(encoded) = b.get_ref().as_str() else {
-                        return Err(self.invalid(&field, b, "expected a string"));
-                    };
+                    let encoded = string("base64", b)?;
                     let decoded = base64::engine::general_purpose::STANDARD
-                        .decode(encoded)
+                        .decode(&encoded)
                         .map_err(|e| {
-                            self.invalid(
-                                &field,
-                                b,
+                            self.invalid_at(
+                                &format!("{at}.base64"),
+                                b.span(),
                                 format!("not standard base64 with padding ({e})"),
                             )
                         })?;
-                    (None, Some(encoded.to_owned()), decoded.len())
+                    (None, Some(encoded), decoded.len())
                 }
             };
             total += size;
@@ -1261,127 +1212,109 @@ impl Parser<'_> {
         kind: JobKind,
         elastic_ring: bool,
     ) -> Result<Elastic, SpecError> {
-        let Some(table) = v.get_ref().as_table() else {
+        if !v.get_ref().is_table() {
             return Err(self.invalid("elastic", v, "expected a table"));
-        };
-        self.reject_unknown(table, "elastic.", &ELASTIC_FIELDS)?;
+        }
+        let text: sections::ElasticText = self.read_table("elastic", v)?;
         let mut e = Elastic::default();
-        if let Some(v) = table.get("straggler_factor") {
-            let f = match v.get_ref() {
-                DeValue::Float(f) => f.as_str().parse::<f64>().ok(),
-                DeValue::Integer(i) => i64::from_str_radix(i.as_str(), i.radix())
-                    .ok()
-                    .map(|i| i as f64),
-                _ => None,
+        if let Some(f) = text.straggler_factor {
+            e.straggler_factor = f.0;
+        }
+        if let Some(n) = text.straggler_window {
+            e.straggler_window = n.0;
+        }
+        if let Some(n) = text.blacklist_cooldown_s {
+            e.blacklist_cooldown_s = n.0;
+        }
+        if let Some(v) = &text.protocol {
+            let invalid = |problem: String| SpecError::Invalid {
+                field: "elastic.protocol".into(),
+                problem,
+                line: self.line(v.span()),
             };
-            e.straggler_factor = f.filter(|f| f.is_finite() && *f > 1.0).ok_or_else(|| {
-                self.invalid("elastic.straggler_factor", v, "expected a number above 1")
-            })?;
-        }
-        if let Some(v) = table.get("straggler_window") {
-            e.straggler_window =
-                self.bounded_int("elastic.straggler_window", v, 1, STRAGGLER_WINDOW_MAX)?;
-        }
-        if let Some(v) = table.get("blacklist_cooldown_s") {
-            e.blacklist_cooldown_s = self.bounded_int(
-                "elastic.blacklist_cooldown_s",
-                v,
-                1,
-                BLACKLIST_COOLDOWN_S_MAX,
-            )?;
-        }
-        if let Some(v) = table.get("protocol") {
             e.protocol = match v.get_ref().as_str() {
                 _ if kind != JobKind::Command => {
                     let why = match kind {
                         JobKind::Train => "a train job's ranks always speak the ringleader protocol",
                         _ => "a search's trials are not elastic",
                     };
-                    return Err(self.invalid(
-                        "elastic.protocol",
-                        v,
-                        format!("only for kind = \"command\", not \"{kind}\" ({why})"),
-                    ));
+                    return Err(invalid(format!(
+                        "only for kind = \"command\", not \"{kind}\" ({why})"
+                    )));
                 }
                 Some("torchrun") => ElasticProtocol::Torchrun,
                 Some("ringleader") if !elastic_ring => {
-                    return Err(self.invalid(
-                        "elastic.protocol",
-                        v,
-                        "\"ringleader\" keeps ranks through a re-form of an elastic ring: set min_workers below workers or max_workers above it (or leave protocol out)",
+                    return Err(invalid(
+                        "\"ringleader\" keeps ranks through a re-form of an elastic ring: set min_workers below workers or max_workers above it (or leave protocol out)".into(),
                     ))
                 }
                 Some("ringleader") => ElasticProtocol::Ringleader,
-                _ => {
-                    return Err(self.invalid(
-                        "elastic.protocol",
-                        v,
-                        "expected \"ringleader\" or \"torchrun\"",
-                    ))
-                }
+                _ => return Err(invalid("expected \"ringleader\" or \"torchrun\"".into())),
             };
         }
-        if let Some(v) = table.get("first_heartbeat_s") {
+        if let Some(v) = &text.first_heartbeat_s {
+            let invalid = |problem: String| SpecError::Invalid {
+                field: "elastic.first_heartbeat_s".into(),
+                problem,
+                line: self.line(v.span()),
+            };
             if e.protocol != ElasticProtocol::Ringleader {
-                return Err(self.invalid(
-                    "elastic.first_heartbeat_s",
-                    v,
-                    "only with protocol = \"ringleader\" (the ranks that must speak the protocol)",
+                return Err(invalid(
+                    "only with protocol = \"ringleader\" (the ranks that must speak the protocol)"
+                        .into(),
                 ));
             }
-            e.first_heartbeat_s =
-                self.bounded_int("elastic.first_heartbeat_s", v, 1, FIRST_HEARTBEAT_S_MAX)?;
+            let n: sections::Bounded<1, FIRST_HEARTBEAT_S_MAX> =
+                ringleader_spec::field_value::value_as(v.get_ref()).map_err(invalid)?;
+            e.first_heartbeat_s = n.0;
         }
-        if let Some(v) = table.get("keep_global_batch") {
-            e.keep_global_batch = match v.get_ref() {
-                DeValue::Boolean(b) => *b,
-                _ => {
-                    return Err(self.invalid(
-                        "elastic.keep_global_batch",
-                        v,
-                        "expected true or false",
-                    ))
-                }
-            };
+        if let Some(b) = text.keep_global_batch {
+            e.keep_global_batch = b.0;
         }
         Ok(e)
     }
 
     /// `[preemption]`: `grace_s`.
     fn preemption(&self, v: &Spanned<DeValue<'_>>) -> Result<PreemptionSpec, SpecError> {
-        let Some(table) = v.get_ref().as_table() else {
+        if !v.get_ref().is_table() {
             return Err(self.invalid("preemption", v, "expected a table"));
-        };
-        self.reject_unknown(table, "preemption.", &PREEMPTION_FIELDS)?;
+        }
+        let text: sections::PreemptionText = self.read_table("preemption", v)?;
         let mut p = PreemptionSpec::default();
-        if let Some(v) = table.get("grace_s") {
-            p.grace_s = self.bounded_int("preemption.grace_s", v, 1, PREEMPTION_GRACE_S_MAX)?;
+        if let Some(n) = text.grace_s {
+            p.grace_s = n.0;
         }
         Ok(p)
     }
 
-    fn reject_unknown(
+    /// The table `v` at `path` read as `T` by the one reader of a spec's tables
+    /// ([`ringleader_spec::read_table`]), its error given its line.
+    fn read_table<T: serde::de::DeserializeOwned>(
         &self,
-        table: &DeTable<'_>,
-        prefix: &str,
-        known: &[&str],
-    ) -> Result<(), SpecError> {
-        let mut unknown: Vec<Entry<'_, '_>> = table
-            .iter()
-            .filter(|(k, _)| !known.contains(&k.get_ref().as_ref()))
-            .collect();
-        unknown.sort_by_key(|(k, _)| k.span().start);
-        match unknown.first() {
-            None => Ok(()),
-            Some((k, _)) => {
-                let key: &str = k.get_ref();
-                Err(SpecError::UnknownField {
-                    field: format!("{prefix}{key}"),
-                    line: self.line(k.span()),
-                    suggestion: closest(key, known).map(|s| format!("{prefix}{s}")),
-                })
+        path: &str,
+        v: &Spanned<DeValue<'_>>,
+    ) -> Result<T, SpecError> {
+        ringleader_spec::read_table(path, v).map_err(|e| {
+            let line = self.line(e.span.unwrap_or_else(|| v.span()));
+            let FieldError {
+                field,
+                problem,
+                unknown,
+            } = e.error;
+            if unknown {
+                SpecError::UnknownField {
+                    field,
+                    line,
+                    suggestion: e.suggestion,
+                }
+            } else {
+                SpecError::Invalid {
+                    field,
+                    problem,
+                    line,
+                }
             }
-        }
+        })
     }
 
     fn name(&self, v: &Spanned<DeValue<'_>>) -> Result<String, SpecError> {
@@ -1419,24 +1352,17 @@ impl Parser<'_> {
         min: u32,
         max: u32,
     ) -> Result<u32, SpecError> {
-        let what = if min == 0 {
-            "a non-negative integer"
-        } else {
-            "a positive integer"
-        };
         let n = match v.get_ref() {
             DeValue::Integer(i) => i64::from_str_radix(i.as_str(), i.radix()).ok(),
             _ => None,
         };
-        match n {
-            Some(n) if n < i64::from(min) => {
-                Err(self.invalid(field, v, format!("expected {what}")))
-            }
-            Some(n) if n > i64::from(max) => {
-                Err(self.invalid(field, v, format!("must be at most {max}, got {n}")))
-            }
-            Some(n) => Ok(u32::try_from(n).expect("bounded by max: u32")),
-            None => Err(self.invalid(field, v, format!("expected {what}"))),
+        let Some(n) = n else {
+            let what = check::integer_kind(min);
+            return Err(self.invalid(field, v, format!("expected {what}")));
+        };
+        match check::bounded_problem(i128::from(n), min, max) {
+            Some(problem) => Err(self.invalid(field, v, problem)),
+            None => Ok(u32::try_from(n).expect("bounded by max: u32")),
         }
     }
 
@@ -1520,18 +1446,16 @@ impl Parser<'_> {
     }
 
     fn resources(&self, v: &Spanned<DeValue<'_>>) -> Result<Resources, SpecError> {
-        let Some(table) = v.get_ref().as_table() else {
+        if !v.get_ref().is_table() {
             return Err(self.invalid("resources", v, "expected a table"));
-        };
-        self.reject_unknown(table, "resources.", &RESOURCE_FIELDS)?;
-        let mut r = Resources::default();
-        if let Some(v) = table.get("cpus_per_worker") {
-            r.cpus_per_worker =
-                self.bounded_int("resources.cpus_per_worker", v, 1, CPUS_PER_WORKER_MAX)?;
         }
-        if let Some(v) = table.get("gpus_per_worker") {
-            r.gpus_per_worker =
-                self.bounded_int("resources.gpus_per_worker", v, 0, GPUS_PER_WORKER_MAX)?;
+        let text: sections::ResourcesText = self.read_table("resources", v)?;
+        let mut r = Resources::default();
+        if let Some(n) = text.cpus_per_worker {
+            r.cpus_per_worker = n.0;
+        }
+        if let Some(n) = text.gpus_per_worker {
+            r.gpus_per_worker = n.0;
         }
         Ok(r)
     }
@@ -1633,42 +1557,6 @@ fn line_of(text: &str, offset: usize) -> usize {
         .filter(|&&b| b == b'\n')
         .count()
         + 1
-}
-
-/// The known field closest to `key` if it is within edit distance 2 (typos).
-fn closest<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
-    known
-        .iter()
-        .map(|k| (edit_distance(key, k), *k))
-        .filter(|(d, _)| *d <= 2)
-        .min()
-        .map(|(_, k)| k)
-}
-
-/// Levenshtein distance with adjacent transpositions (optimal string alignment).
-fn edit_distance(a: &str, b: &str) -> usize {
-    let a: Vec<char> = a.chars().collect();
-    let b: Vec<char> = b.chars().collect();
-    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
-    for (i, row) in d.iter_mut().enumerate() {
-        row[0] = i;
-    }
-    for (j, cell) in d[0].iter_mut().enumerate() {
-        *cell = j;
-    }
-    for i in 1..=a.len() {
-        for j in 1..=b.len() {
-            let cost = usize::from(a[i - 1] != b[j - 1]);
-            let mut best = (d[i - 1][j] + 1)
-                .min(d[i][j - 1] + 1)
-                .min(d[i - 1][j - 1] + cost);
-            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
-                best = best.min(d[i - 2][j - 2] + 1);
-            }
-            d[i][j] = best;
-        }
-    }
-    d[a.len()][b.len()]
 }
 
 #[cfg(test)]

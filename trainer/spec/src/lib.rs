@@ -11,10 +11,11 @@
 #![warn(unreachable_pub)]
 
 mod field_error;
+pub mod field_value;
 pub mod search;
 mod train;
 
-pub use field_error::FieldError;
+pub use field_error::{closest, edit_distance, read_table, FieldError, SpannedFieldError};
 pub use train::{
     check_dataset_name, is_builtin_dataset, Arch, CheckpointSpec, DataSpec, DecayKind,
     GradCompression, LrScaling, ModelSpec, OptimizerKind, SpecError, SufficientFactors,

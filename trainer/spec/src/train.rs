@@ -12,8 +12,7 @@ use std::path::PathBuf;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use toml::de::{DeTable, DeValue};
-use toml::Spanned;
+use toml::de::DeTable;
 
 use crate::FieldError;
 
@@ -563,66 +562,13 @@ impl TrainSpec {
     }
 }
 
-/// The table `name` of `doc` read as `T` (`T`'s defaults when it is absent). A serde error
-/// is mapped to the field it is about through its span: a key's (one `T` does not define)
-/// or a value's.
+/// The table `name` of `doc` read as `T` (`T`'s defaults when it is absent), by the one
+/// reader of a spec's tables ([`crate::read_table`]).
 fn section<T: DeserializeOwned + Default>(doc: &DeTable<'_>, name: &str) -> Result<T, FieldError> {
-    let Some(value) = doc.get(name) else {
-        return Ok(T::default());
-    };
-    T::deserialize(toml::de::ValueDeserializer::from(value.clone())).map_err(|e| {
-        let problem = e.message().trim().to_owned();
-        let entries = value.get_ref().as_table();
-        let at = e.span().and_then(|span| {
-            entries?
-                .iter()
-                .find_map(|(k, v): (&Spanned<_>, &Spanned<DeValue<'_>>)| {
-                    let key: &str = k.get_ref();
-                    if k.span() == span {
-                        Some((key.to_owned(), true))
-                    } else if v.span().start <= span.start && span.end <= v.span().end {
-                        Some((key.to_owned(), false))
-                    } else {
-                        None
-                    }
-                })
-        });
-        match at {
-            Some((key, true)) => FieldError::unknown(format!("{name}.{key}"), field_names::<T>()),
-            Some((key, false)) => FieldError::new(format!("{name}.{key}"), problem),
-            None => FieldError::new(name, problem),
-        }
-    })
-}
-
-/// The field names a derived `Deserialize` struct `T` reads: the list serde passes to
-/// `deserialize_struct`, caught by a deserializer that reads nothing.
-fn field_names<T: DeserializeOwned>() -> &'static [&'static str] {
-    use serde::de::{self, Visitor};
-    struct Names<'a>(&'a mut &'static [&'static str]);
-    impl<'de> de::Deserializer<'de> for Names<'_> {
-        type Error = de::value::Error;
-        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
-            Err(de::Error::custom("not a struct"))
-        }
-        fn deserialize_struct<V: Visitor<'de>>(
-            self,
-            _: &'static str,
-            fields: &'static [&'static str],
-            _: V,
-        ) -> Result<V::Value, Self::Error> {
-            *self.0 = fields;
-            Err(de::Error::custom("names read"))
-        }
-        serde::forward_to_deserialize_any! {
-            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
-            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
-            identifier ignored_any
-        }
+    match doc.get(name) {
+        None => Ok(T::default()),
+        Some(value) => crate::read_table(name, value).map_err(|e| e.error),
     }
-    let mut names: &'static [&'static str] = &[];
-    let _ = T::deserialize(Names(&mut names));
-    names
 }
 
 #[cfg(test)]

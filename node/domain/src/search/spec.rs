@@ -71,7 +71,7 @@ pub fn validate(spec: &JobSpec) -> Result<SearchSpec, Problem> {
             ))
         }
         TrialKind::Command => {
-            if let Some(data) = &spec.data {
+            if let Some(data) = &spec.tables().data {
                 // As a command job's: only the shared dataset its ranks get.
                 if let Some(key) = data.keys().find(|k| *k != "dataset") {
                     return Err(problem(
@@ -87,13 +87,8 @@ pub fn validate(spec: &JobSpec) -> Result<SearchSpec, Problem> {
                     return Err(problem("data.dataset", "expected a shared dataset's name"));
                 }
             }
-            for section in ["model", "train", "checkpoint"] {
-                let present = match section {
-                    "model" => spec.model.is_some(),
-                    "train" => spec.train.is_some(),
-                    _ => spec.checkpoint.is_some(),
-                };
-                if present {
+            for (section, table) in spec.tables().by_name() {
+                if section != "data" && table.is_some() {
                     return Err(problem(
                         section,
                         "only for train trials (search.trial = \"train\")",
@@ -110,6 +105,7 @@ pub fn validate(spec: &JobSpec) -> Result<SearchSpec, Problem> {
         let t = train_spec::read(&template(spec, &s))?;
         if u64::from(epochs) != t.train.epochs
             && spec
+                .tables()
                 .train
                 .as_ref()
                 .is_some_and(|t| t.contains_key("epochs"))
@@ -192,7 +188,6 @@ fn template(spec: &JobSpec, s: &SearchSpec) -> JobSpec {
         TrialKind::Command => JobKind::Command,
     };
     t.search = None;
-    t.tables_changed();
     t
 }
 
@@ -286,25 +281,22 @@ fn set_path(spec: &mut JobSpec, path: &str, value: toml::Value) {
     let Some((last, middle)) = rest.split_last() else {
         return;
     };
-    let slot = match section {
-        "model" => &mut spec.model,
-        "data" => &mut spec.data,
-        "train" => &mut spec.train,
-        "checkpoint" => &mut spec.checkpoint,
-        _ => return,
-    };
-    let mut table = slot.get_or_insert_with(toml::Table::new);
-    for key in middle {
-        let entry = table
-            .entry((*key).to_owned())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        match entry {
-            toml::Value::Table(t) => table = t,
-            _ => return,
+    spec.edit_tables(|tables| {
+        let Some(slot) = tables.by_name_mut(section) else {
+            return;
+        };
+        let mut table = slot.get_or_insert_with(toml::Table::new);
+        for key in middle {
+            let entry = table
+                .entry((*key).to_owned())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            match entry {
+                toml::Value::Table(t) => table = t,
+                _ => return,
+            }
         }
-    }
-    table.insert((*last).to_owned(), value);
-    spec.tables_changed();
+        table.insert((*last).to_owned(), value);
+    });
 }
 
 #[cfg(test)]
@@ -353,10 +345,16 @@ values = [[32], [64, 64]]
         assert_eq!(t.kind, JobKind::Train);
         assert_eq!(t.name, "s-t4");
         assert!(t.search.is_none());
-        assert_eq!(t.train.as_ref().unwrap()["lr"], toml::Value::Float(0.01));
-        assert_eq!(t.train.as_ref().unwrap()["epochs"], toml::Value::Integer(9));
         assert_eq!(
-            t.model.as_ref().unwrap()["hidden"],
+            t.tables().train.as_ref().unwrap()["lr"],
+            toml::Value::Float(0.01)
+        );
+        assert_eq!(
+            t.tables().train.as_ref().unwrap()["epochs"],
+            toml::Value::Integer(9)
+        );
+        assert_eq!(
+            t.tables().model.as_ref().unwrap()["hidden"],
             toml::Value::Array(vec![toml::Value::Integer(32)])
         );
         crate::train_spec::read(&t).unwrap();
@@ -443,7 +441,7 @@ max = 1.0
         let s = validate(&job).unwrap();
         let t = trial_spec(&job, &s, 1, &Params::new());
         assert_eq!(t.files, job.files);
-        assert_eq!(t.data, job.data);
+        assert_eq!(t.tables().data, job.tables().data);
         let e = validate(&spec(
             &command.replace("dataset = \"mnist\"", "samples = 3"),
         ))

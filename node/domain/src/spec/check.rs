@@ -93,7 +93,7 @@ pub fn check(spec: &JobSpec) -> Result<(), FieldError> {
         _ => {}
     }
     elastic(spec)?;
-    if let (JobKind::Command, Some(data)) = (spec.kind, &spec.data) {
+    if let (JobKind::Command, Some(data)) = (spec.kind, &spec.tables().data) {
         command_data(data)?;
     }
     files(spec)?;
@@ -103,9 +103,9 @@ pub fn check(spec: &JobSpec) -> Result<(), FieldError> {
         1,
         PREEMPTION_GRACE_S_MAX,
     )?;
-    if spec.kind == JobKind::Train && spec.trainer.0.get().is_none() {
-        let trainer = super::train::read(spec)?;
-        let _ = spec.trainer.0.set(Some(trainer));
+    if spec.kind == JobKind::Train && spec.trainer().is_none() {
+        // The tables' reading failed when they were made: read them again for the error.
+        super::train::read(spec)?;
     }
     if !spec.reports_required {
         return Err(FieldError::new(
@@ -119,34 +119,40 @@ pub fn check(spec: &JobSpec) -> Result<(), FieldError> {
 impl JobSpec {
     /// The tables kept generic (the trainer's and `[search]`), by key.
     pub(super) fn sections(&self) -> [(&'static str, &Option<toml::Table>); 5] {
-        [
-            ("model", &self.model),
-            ("data", &self.data),
-            ("train", &self.train),
-            ("checkpoint", &self.checkpoint),
-            ("search", &self.search),
-        ]
+        let [model, data, train, checkpoint] = self.tables().by_name();
+        [model, data, train, checkpoint, ("search", &self.search)]
     }
 }
 
 /// `n` in `min..=max`; the message says "positive" or "non-negative" by `min`, as the
 /// parse's does.
 fn bounded(field: &str, n: u32, min: u32, max: u32) -> Result<u32, FieldError> {
-    let what = if min == 0 {
+    match bounded_problem(i128::from(n), min, max) {
+        Some(problem) => Err(FieldError::new(field, problem)),
+        None => Ok(n),
+    }
+}
+
+/// Why `n` is not an integer in `min..=max` (`None` when it is): "expected a positive
+/// integer" ("non-negative" when `min` is 0) below, "must be at most MAX, got N" above. The
+/// one wording of a bounded integer's problem, for the parse and the typed check alike.
+pub(super) fn bounded_problem(n: i128, min: u32, max: u32) -> Option<String> {
+    if n < i128::from(min) {
+        Some(format!("expected {}", integer_kind(min)))
+    } else if n > i128::from(max) {
+        Some(format!("must be at most {max}, got {n}"))
+    } else {
+        None
+    }
+}
+
+/// "a positive integer", or "a non-negative integer" when `min` is 0.
+pub(super) fn integer_kind(min: u32) -> &'static str {
+    if min == 0 {
         "a non-negative integer"
     } else {
         "a positive integer"
-    };
-    if n < min {
-        return Err(FieldError::new(field, format!("expected {what}")));
     }
-    if n > max {
-        return Err(FieldError::new(
-            field,
-            format!("must be at most {max}, got {n}"),
-        ));
-    }
-    Ok(n)
 }
 
 fn name(name: &str) -> Result<(), FieldError> {

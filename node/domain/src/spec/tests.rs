@@ -32,7 +32,7 @@ fn minimal_command_spec_gets_defaults() {
         }
     );
     assert_eq!(spec.command, vec!["sh", "-c", "echo rank $RANK"]);
-    assert!(spec.env.is_empty() && spec.model.is_none() && spec.search.is_none());
+    assert!(spec.env.is_empty() && spec.tables().model.is_none() && spec.search.is_none());
 }
 
 #[test]
@@ -42,11 +42,14 @@ fn design_train_example_parses_with_sections() {
     assert_eq!(spec.kind, JobKind::Train);
     assert_eq!(spec.workers, 3);
     assert_eq!(spec.resources.gpus_per_worker, 0);
-    let model = spec.model.as_ref().unwrap();
+    let model = spec.tables().model.as_ref().unwrap();
     assert_eq!(model["arch"].as_str(), Some("mlp"));
-    assert_eq!(spec.train.as_ref().unwrap()["lr"].as_float(), Some(0.05));
     assert_eq!(
-        spec.checkpoint.as_ref().unwrap()["keep"].as_integer(),
+        spec.tables().train.as_ref().unwrap()["lr"].as_float(),
+        Some(0.05)
+    );
+    assert_eq!(
+        spec.tables().checkpoint.as_ref().unwrap()["keep"].as_integer(),
         Some(3)
     );
     assert!(spec.search.is_none());
@@ -622,7 +625,10 @@ fn files_have_a_size_limit_in_all() {
 #[test]
 fn a_command_jobs_data_names_only_a_dataset() {
     let spec = JobSpec::parse(&format!("{FILES}[data]\ndataset = \"mnist\"\n")).unwrap();
-    assert_eq!(spec.data.unwrap()["dataset"].as_str(), Some("mnist"));
+    assert_eq!(
+        spec.tables().data.as_ref().unwrap()["dataset"].as_str(),
+        Some("mnist")
+    );
     assert_eq!(
         err(&format!(
             "{FILES}[data]\ndataset = \"mnist\"\nsamples = 3\n"
@@ -694,9 +700,12 @@ fn json_spec_errors_name_the_line_and_column_or_the_field() {
 }
 
 #[test]
-fn edit_distance_basics() {
-    assert_eq!(edit_distance("wrokers", "workers"), 1);
-    assert_eq!(edit_distance("", "abc"), 3);
-    assert_eq!(closest("nmae", &TOP_FIELDS), Some("name"));
-    assert_eq!(closest("zzzzzz", &TOP_FIELDS), None);
+fn a_top_level_typo_is_closest_to_its_field() {
+    let e = JobSpec::parse("nmae = \"a\"\nkind = \"train\"\n").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "unknown field \"nmae\" at line 1 (did you mean \"name\"?)"
+    );
+    let e = JobSpec::parse("name = \"a\"\nkind = \"train\"\nzzzzzz = 1\n").unwrap_err();
+    assert_eq!(e.to_string(), "unknown field \"zzzzzz\" at line 3");
 }

@@ -96,7 +96,7 @@ impl ControlState {
     /// names there are (at most [`NAMES_LISTED_MAX`]). Admission asks it of the state a
     /// submit is proposed on, wherever the submit arrived (the API, a forwarded one).
     pub fn unknown_dataset(&self, spec: &JobSpec) -> Option<(&'static str, String)> {
-        let name = spec.data.as_ref()?.get("dataset")?.as_str()?;
+        let name = spec.tables().data.as_ref()?.get("dataset")?.as_str()?;
         if BUILTIN.contains(&name) || self.datasets.contains_key(name) {
             return None;
         }

@@ -87,6 +87,7 @@ pub async fn admit_submit(
         }
     }
     if let Some(name) = spec
+        .tables()
         .data
         .as_ref()
         .and_then(|d| d.get("dataset"))

@@ -243,13 +243,13 @@ pub struct Launch {
 /// The shared dataset a train or command job names (`[data] dataset`), if it is not a
 /// built-in (a command job's is always shared: the built-ins are the trainer's).
 pub fn shared_dataset(job: &Job) -> Option<String> {
-    let name = job.spec.data.as_ref()?.get("dataset")?.as_str()?;
+    let name = job.spec.tables().data.as_ref()?.get("dataset")?.as_str()?;
     match job.spec.kind {
         JobKind::Command => return Some(name.to_owned()),
         JobKind::Train => {}
         JobKind::Search => return None,
     }
-    let name = job.spec.data.as_ref()?.get("dataset")?.as_str()?;
+    let name = job.spec.tables().data.as_ref()?.get("dataset")?.as_str()?;
     (!crate::domain::state::datasets::BUILTIN.contains(&name)).then(|| name.to_owned())
 }
 

@@ -233,10 +233,12 @@ mod tests {
         bad.name = "no spaces allowed".into();
         assert!(admit(&bad).unwrap_err().starts_with("name:"));
         let mut bad = spec.clone();
-        bad.train
-            .as_mut()
-            .unwrap()
-            .insert("lrr".into(), toml::Value::Float(0.1));
+        bad.edit_tables(|t| {
+            t.train
+                .as_mut()
+                .unwrap()
+                .insert("lrr".into(), toml::Value::Float(0.1))
+        });
         assert!(admit(&bad)
             .unwrap_err()
             .starts_with("train.lrr: unknown field"));
@@ -362,7 +364,7 @@ mod tests {
                 |s| {
                     let mut data = toml::Table::new();
                     data.insert("path".into(), "x".into());
-                    s.data = Some(data);
+                    s.edit_tables(|t| t.data = Some(data));
                 },
                 "data.path",
             ),
@@ -408,10 +410,12 @@ mod tests {
                 train,
                 end(train, "lrr = 0.1\n"),
                 |s| {
-                    s.train
-                        .as_mut()
-                        .unwrap()
-                        .insert("lrr".into(), toml::Value::Float(0.1));
+                    s.edit_tables(|t| {
+                        t.train
+                            .as_mut()
+                            .unwrap()
+                            .insert("lrr".into(), toml::Value::Float(0.1))
+                    });
                 },
                 "train.lrr",
             ),

@@ -1,13 +1,20 @@
-//! The `[search]` table of a search job: [`SearchSpec`] and its parser.
+//! The `[search]` table of a search job: [`SearchSpec`] and its reader.
 //!
-//! Parsed by hand from a `toml::Table` rather than through serde so every error carries the
-//! full dotted path of the offending key (`search.params[1].max`, `search.trails` for an
-//! unknown key, `search.metric` for a missing one), which the node maps back to a line of
-//! the submitted file.
+//! Read by serde ([`text`]'s structs, through [`crate::read_table`], the one reader of a
+//! spec's tables), then checked across fields. Every error carries the full dotted path of
+//! the offending key (`search.params[1].max`, `search.trails` for an unknown key,
+//! `search.metric` for a missing one), which the node maps back to a line of the submitted
+//! file.
+
+mod text;
 
 use serde::{Deserialize, Serialize};
+use toml::de::{DeTable, DeValue};
+use toml::Spanned;
 
+use self::text::{expected, ParamText, ParamType, SearchText};
 use super::space::{self, ParamKind, ParamSpec, Scale};
+use crate::field_value::value_as;
 
 /// Most parameters in one search.
 pub const PARAMS_MAX: usize = 64;
@@ -125,139 +132,90 @@ pub struct SearchSpec {
     pub params: Vec<ParamSpec>,
 }
 
-const SEARCH_KEYS: &[&str] = &[
-    "trial",
-    "algorithm",
-    "trials",
-    "max_parallel",
-    "metric",
-    "direction",
-    "seed",
-    "resource",
-    "min_resource",
-    "max_resource",
-    "reduction_factor",
-    "stopping",
-    "max_trial_failures",
-    "speculate_factor",
-    "resumable",
-    "params",
-];
-
-const PARAM_KEYS: &[&str] = &[
-    "name",
-    "type",
-    "min",
-    "max",
-    "scale",
-    "values",
-    "grid_points",
-];
-
 impl SearchSpec {
     /// Parses and validates the `[search]` table (its `[[search.params]]` being the array of
     /// tables under key `params`). Unknown keys are refused; integers are accepted where
     /// floats are expected.
     pub fn from_table(search: &toml::Table) -> Result<SearchSpec, SearchError> {
-        let f = Fields::new(search, "search".to_string());
-        f.check_keys(SEARCH_KEYS)?;
+        // Written as text and parsed again, for the spans serde names a field by (the node
+        // finds the field's line in the user's own text).
+        let mut doc = toml::Table::new();
+        doc.insert("search".into(), toml::Value::Table(search.clone()));
+        let written =
+            toml::to_string(&doc).map_err(|e| SearchError::new("search", e.to_string()))?;
+        let parsed = DeTable::parse(&written)
+            .map_err(|e| SearchError::new("search", e.message().trim().to_owned()))?;
+        let Some(table) = parsed.get_ref().get("search") else {
+            return Err(SearchError::new("search", "expected a table"));
+        };
+        let t: SearchText = read(SEARCH, table)?;
+        let err = |key: &str, problem: String| SearchError::new(format!("{SEARCH}.{key}"), problem);
+        let required = |key: &str| err(key, "missing (required)".into());
 
-        let trial = f
-            .choice(
-                "trial",
-                "trial kind",
-                &[("train", TrialKind::Train), ("command", TrialKind::Command)],
-            )?
-            .unwrap_or(TrialKind::Train);
-        let algorithm = f.required(
-            "algorithm",
-            f.choice(
-                "algorithm",
-                "algorithm",
-                &[
-                    ("grid", Algorithm::Grid),
-                    ("random", Algorithm::Random),
-                    ("asha", Algorithm::Asha),
-                    ("hyperband", Algorithm::Hyperband),
-                    ("tpe", Algorithm::Tpe),
-                ],
-            )?,
-        )?;
-        let trials = f.u32_in("trials", 1, TRIALS_MAX)?;
-        let max_parallel = f.u32_in("max_parallel", 0, u32::MAX)?.unwrap_or(0);
-        let metric = f.required("metric", f.str("metric")?)?;
+        let trial = t.trial.map_or(TrialKind::Train, |c| c.0);
+        let algorithm = t.algorithm.ok_or_else(|| required("algorithm"))?.0;
+        let trials = t.trials.map(|n| n.0);
+        let max_parallel = t.max_parallel.map_or(0, |n| n.0);
+        let metric = t.metric.ok_or_else(|| required("metric"))?.0;
         if metric.is_empty() {
-            return Err(f.err("metric", "must not be empty"));
+            return Err(err("metric", "must not be empty".into()));
         }
-        let direction = f.required(
-            "direction",
-            f.choice(
-                "direction",
-                "direction",
-                &[("max", Direction::Max), ("min", Direction::Min)],
-            )?,
-        )?;
-        let seed = match f.int("seed")? {
+        let direction = t.direction.ok_or_else(|| required("direction"))?.0;
+        let seed = match t.seed.map(|s| s.0) {
             None => 0,
             Some(s) if s >= 0 => s as u64,
-            Some(_) => return Err(f.err("seed", "must be a non-negative integer")),
+            Some(_) => return Err(err("seed", "must be a non-negative integer".into())),
         };
-        let resource = f.str("resource")?.unwrap_or("epochs");
+        let resource = t.resource.map_or_else(|| "epochs".to_owned(), |r| r.0);
         if resource != "epochs" {
-            return Err(f.err(
+            return Err(err(
                 "resource",
                 format!("unknown resource \"{resource}\" (only \"epochs\" is supported)"),
             ));
         }
-        let min_resource = f.u32_in("min_resource", 1, u32::MAX)?.unwrap_or(1);
-        let max_resource = f.u32_in("max_resource", 1, u32::MAX)?;
+        let min_resource = t.min_resource.map_or(1, |n| n.0);
+        let max_resource = t.max_resource.map(|n| n.0);
         if let Some(max) = max_resource {
             if max < min_resource {
-                return Err(f.err(
+                return Err(err(
                     "max_resource",
                     format!("must be at least min_resource ({min_resource})"),
                 ));
             }
         }
-        let reduction_factor = f.u32_in("reduction_factor", 2, u32::MAX)?.unwrap_or(3);
-        let stopping = f
-            .choice(
-                "stopping",
-                "stopping rule",
-                &[("none", Stopping::None), ("median", Stopping::Median)],
-            )?
-            .unwrap_or(Stopping::None);
-        let max_trial_failures = f.u32_in("max_trial_failures", 0, u32::MAX)?.unwrap_or(3);
-        let speculate_factor = f.float("speculate_factor")?.unwrap_or(2.0);
+        let reduction_factor = t.reduction_factor.map_or(3, |n| n.0);
+        let stopping = t.stopping.map_or(Stopping::None, |c| c.0);
+        let max_trial_failures = t.max_trial_failures.map_or(3, |n| n.0);
+        let speculate_factor = t.speculate_factor.map_or(2.0, |x| x.0);
         if speculate_factor != 0.0 && speculate_factor <= 1.0 {
-            return Err(f.err("speculate_factor", "must be 0 (off) or greater than 1"));
-        }
-
-        let resumable = match f.table.get("resumable") {
-            None => false,
-            Some(toml::Value::Boolean(b)) => *b,
-            Some(v) => return Err(f.err("resumable", expected("a boolean", v))),
-        };
-        if resumable && trial != TrialKind::Command {
-            return Err(f.err(
-                "resumable",
-                "only for command trials (search.trial = \"command\"): train trials always resume",
+            return Err(err(
+                "speculate_factor",
+                "must be 0 (off) or greater than 1".into(),
             ));
         }
 
-        let params = parse_params(&f)?;
+        let resumable = t.resumable.is_some_and(|b| b.0);
+        if resumable && trial != TrialKind::Command {
+            return Err(err(
+                "resumable",
+                "only for command trials (search.trial = \"command\"): train trials always resume"
+                    .into(),
+            ));
+        }
+
+        let params = parse_params(t.params.as_ref(), table.get_ref().as_table())?;
 
         let asha = matches!(algorithm, Algorithm::Asha | Algorithm::Hyperband);
         if asha && stopping == Stopping::Median {
-            return Err(f.err(
+            return Err(err(
                 "stopping",
-                "median stopping applies to grid, random and tpe searches (asha and hyperband stop trials themselves)",
+                "median stopping applies to grid, random and tpe searches (asha and hyperband stop trials themselves)".into(),
             ));
         }
         if asha && trial == TrialKind::Command && max_resource.is_none() {
-            return Err(f.err(
+            return Err(err(
                 "max_resource",
-                "missing (required for asha and hyperband with command trials)",
+                "missing (required for asha and hyperband with command trials)".into(),
             ));
         }
         let trials = if algorithm == Algorithm::Grid {
@@ -276,14 +234,14 @@ impl SearchSpec {
             }
             let size = space::grid_size(&params);
             if size > GRID_SIZE_MAX {
-                return Err(f.err(
+                return Err(err(
                     "params",
                     format!("the grid has {size} points (at most {GRID_SIZE_MAX})"),
                 ));
             }
             trials.map_or(size as u32, |cap| cap.min(size as u32))
         } else {
-            f.required("trials", trials)?
+            trials.ok_or_else(|| required("trials"))?
         };
 
         Ok(SearchSpec {
@@ -291,10 +249,10 @@ impl SearchSpec {
             algorithm,
             trials,
             max_parallel,
-            metric: metric.to_string(),
+            metric,
             direction,
             seed,
-            resource: resource.to_string(),
+            resource,
             min_resource,
             max_resource,
             reduction_factor,
@@ -368,27 +326,54 @@ impl SearchSpec {
     }
 }
 
-fn parse_params(f: &Fields<'_>) -> Result<Vec<ParamSpec>, SearchError> {
-    let value = f.required("params", f.table.get("params"))?;
+/// The path of the `[search]` table.
+const SEARCH: &str = "search";
+
+/// The table `value` at `path` read as `T` by the one reader of a spec's tables; an unknown
+/// key's problem worded as the search's always has been ("unknown field").
+fn read<T: serde::de::DeserializeOwned>(
+    path: &str,
+    value: &Spanned<DeValue<'_>>,
+) -> Result<T, SearchError> {
+    crate::read_table(path, value).map_err(|e| {
+        if e.error.unknown {
+            SearchError::new(e.error.field, "unknown field")
+        } else {
+            e.error
+        }
+    })
+}
+
+/// `[[search.params]]`: `raw` as the table held it, `search` the table as parsed with spans.
+fn parse_params(
+    raw: Option<&toml::Value>,
+    search: Option<&DeTable<'_>>,
+) -> Result<Vec<ParamSpec>, SearchError> {
+    let err = |problem: String| SearchError::new(format!("{SEARCH}.params"), problem);
+    let value = raw.ok_or_else(|| err("missing (required)".into()))?;
     let array = value
         .as_array()
-        .ok_or_else(|| f.err("params", expected("an array of tables", value)))?;
+        .ok_or_else(|| err(expected("an array of tables", value.type_str())))?;
     if array.is_empty() {
-        return Err(f.err("params", "must list at least one parameter"));
+        return Err(err("must list at least one parameter".into()));
     }
     if array.len() > PARAMS_MAX {
-        return Err(f.err(
-            "params",
-            format!("{} parameters (at most {PARAMS_MAX})", array.len()),
-        ));
+        return Err(err(format!(
+            "{} parameters (at most {PARAMS_MAX})",
+            array.len()
+        )));
     }
+    // The same items with their spans, for serde's errors.
+    let spanned = search
+        .and_then(|t| t.get("params"))
+        .and_then(|v| v.get_ref().as_array());
     let mut params: Vec<ParamSpec> = Vec::with_capacity(array.len());
     let mut values_total = 0usize;
     for (i, item) in array.iter().enumerate() {
-        let path = format!("search.params[{i}]");
+        let path = format!("{SEARCH}.params[{i}]");
         let table = item
             .as_table()
-            .ok_or_else(|| SearchError::new(&path, expected("a table", item)))?;
+            .ok_or_else(|| SearchError::new(&path, expected("a table", item.type_str())))?;
         // Counted before the values are parsed, so an oversized spec costs nothing more.
         values_total += table
             .get("values")
@@ -402,7 +387,10 @@ fn parse_params(f: &Fields<'_>) -> Result<Vec<ParamSpec>, SearchError> {
                 ),
             ));
         }
-        let p = parse_param(&Fields::new(table, path))?;
+        let Some(item) = spanned.and_then(|a| a.get(i)) else {
+            return Err(SearchError::new(&path, "expected a table"));
+        };
+        let p = parse_param(&path, table, read(&path, item)?)?;
         for (j, other) in params.iter().enumerate() {
             let clash = if other.name == p.name {
                 Some("duplicate parameter name")
@@ -428,109 +416,94 @@ fn is_prefix(a: &str, b: &str) -> bool {
     b.len() > a.len() && b.starts_with(a) && b.as_bytes()[a.len()] == b'.'
 }
 
-fn parse_param(f: &Fields<'_>) -> Result<ParamSpec, SearchError> {
-    f.check_keys(PARAM_KEYS)?;
-    let name = f.required("name", f.str("name")?)?;
-    check_name(name).map_err(|problem| f.err("name", problem))?;
-    let kind = f.required(
-        "type",
-        f.choice(
-            "type",
-            "parameter type",
-            &[
-                ("double", "double"),
-                ("integer", "integer"),
-                ("discrete", "discrete"),
-                ("categorical", "categorical"),
-            ],
-        )?,
-    )?;
-    let numeric = matches!(kind, "double" | "integer");
+/// One parameter at `path`: `t` as serde read it from `table`.
+fn parse_param(path: &str, table: &toml::Table, t: ParamText) -> Result<ParamSpec, SearchError> {
+    let err = |key: &str, problem: String| SearchError::new(format!("{path}.{key}"), problem);
+    let required = |key: &str| err(key, "missing (required)".into());
+    let name = t.name.ok_or_else(|| required("name"))?.0;
+    check_name(&name).map_err(|problem| err("name", problem))?;
+    let kind = t.kind.ok_or_else(|| required("type"))?.0;
+    let numeric = matches!(kind, ParamType::Double | ParamType::Integer);
     for key in ["min", "max", "scale"] {
-        if !numeric && f.table.contains_key(key) {
-            return Err(f.err(
+        if !numeric && table.contains_key(key) {
+            return Err(err(
                 key,
                 format!("only double and integer parameters take `{key}`"),
             ));
         }
     }
-    if numeric && f.table.contains_key("values") {
-        return Err(f.err(
+    if numeric && table.contains_key("values") {
+        return Err(err(
             "values",
-            "only discrete and categorical parameters take `values`",
+            "only discrete and categorical parameters take `values`".into(),
         ));
     }
-    if kind != "double" && f.table.contains_key("grid_points") {
-        return Err(f.err("grid_points", "only double parameters take `grid_points`"));
+    if kind != ParamType::Double && table.contains_key("grid_points") {
+        return Err(err(
+            "grid_points",
+            "only double parameters take `grid_points`".into(),
+        ));
     }
-    let scale = f
-        .choice(
-            "scale",
-            "scale",
-            &[
-                ("linear", Scale::Linear),
-                ("log", Scale::Log),
-                ("reverse_log", Scale::ReverseLog),
-            ],
-        )?
-        .unwrap_or(Scale::Linear);
-    let grid_points = f
-        .u32_in("grid_points", 2, GRID_POINTS_MAX)?
-        .unwrap_or(GRID_POINTS_DEFAULT);
+    let scale = t.scale.map_or(Scale::Linear, |c| c.0);
+    let grid_points = t.grid_points.map_or(GRID_POINTS_DEFAULT, |n| n.0);
     let kind = match kind {
-        "double" => {
-            let min = f.required("min", f.float("min")?)?;
-            let max = f.required("max", f.float("max")?)?;
+        ParamType::Double => {
+            let (text::Number(min), text::Number(max)) = bounds(path, t.min, t.max)?;
             if max <= min {
-                return Err(f.err("max", format!("must be greater than min ({min})")));
+                return Err(err("max", format!("must be greater than min ({min})")));
             }
             match scale {
                 Scale::Linear => {}
                 Scale::Log if min <= 0.0 => {
-                    return Err(f.err("min", "log scale needs min > 0"));
+                    return Err(err("min", "log scale needs min > 0".into()));
                 }
                 Scale::Log => {}
                 Scale::ReverseLog if min < 0.0 => {
-                    return Err(f.err("min", "reverse_log scale needs 0 <= min < max < 1"));
+                    return Err(err(
+                        "min",
+                        "reverse_log scale needs 0 <= min < max < 1".into(),
+                    ));
                 }
                 Scale::ReverseLog if max >= 1.0 => {
-                    return Err(f.err("max", "reverse_log scale needs 0 <= min < max < 1"));
+                    return Err(err(
+                        "max",
+                        "reverse_log scale needs 0 <= min < max < 1".into(),
+                    ));
                 }
                 Scale::ReverseLog => {}
             }
             ParamKind::Double { min, max, scale }
         }
-        "integer" => {
-            let min = f.required("min", f.int("min")?)?;
-            let max = f.required("max", f.int("max")?)?;
+        ParamType::Integer => {
+            let (text::Integer(min), text::Integer(max)) = bounds(path, t.min, t.max)?;
             if max < min {
-                return Err(f.err("max", format!("must be at least min ({min})")));
+                return Err(err("max", format!("must be at least min ({min})")));
             }
             match scale {
                 Scale::Log if min <= 0 => {
-                    return Err(f.err("min", "log scale needs min > 0"));
+                    return Err(err("min", "log scale needs min > 0".into()));
                 }
                 Scale::ReverseLog => {
-                    return Err(f.err(
+                    return Err(err(
                         "scale",
-                        "reverse_log needs 0 <= min < max < 1, which no integer range has",
+                        "reverse_log needs 0 <= min < max < 1, which no integer range has".into(),
                     ));
                 }
                 Scale::Linear | Scale::Log => {}
             }
             ParamKind::Integer { min, max, scale }
         }
-        discrete_or_categorical => {
-            let discrete = discrete_or_categorical == "discrete";
-            let value = f.required("values", f.table.get("values"))?;
-            let values = value
-                .as_array()
-                .ok_or_else(|| f.err("values", expected("an array", value)))?;
+        ParamType::Discrete | ParamType::Categorical => {
+            let discrete = kind == ParamType::Discrete;
+            let value = t.values.ok_or_else(|| required("values"))?;
+            let Some(values) = value.as_array() else {
+                return Err(err("values", expected("an array", value.type_str())));
+            };
             if values.is_empty() {
-                return Err(f.err("values", "must not be empty"));
+                return Err(err("values", "must not be empty".into()));
             }
             if values.len() > VALUES_MAX {
-                return Err(f.err(
+                return Err(err(
                     "values",
                     format!("{} values (at most {VALUES_MAX})", values.len()),
                 ));
@@ -540,14 +513,17 @@ fn parse_param(f: &Fields<'_>) -> Result<ParamSpec, SearchError> {
             let mut seen: std::collections::HashMap<ValueKey, usize> =
                 std::collections::HashMap::with_capacity(values.len());
             for (j, v) in values.iter().enumerate() {
-                let path = format!("{}.values[{j}]", f.path);
+                let path = format!("{path}.values[{j}]");
                 let number = match v {
                     toml::Value::Integer(_) => true,
                     toml::Value::Float(x) => x.is_finite(),
                     _ => false,
                 };
                 if discrete && !number {
-                    return Err(SearchError::new(path, expected("a finite number", v)));
+                    return Err(SearchError::new(
+                        path,
+                        expected("a finite number", v.type_str()),
+                    ));
                 }
                 if let Some(key) = ValueKey::of(v) {
                     if let Some(k) = seen.insert(key, j) {
@@ -567,10 +543,24 @@ fn parse_param(f: &Fields<'_>) -> Result<ParamSpec, SearchError> {
         }
     };
     Ok(ParamSpec {
-        name: name.to_string(),
+        name,
         kind,
         grid_points,
     })
+}
+
+/// `min` and `max` of the parameter at `path`, both required, read as `T` (its type's).
+fn bounds<T: serde::de::DeserializeOwned>(
+    path: &str,
+    min: Option<toml::Value>,
+    max: Option<toml::Value>,
+) -> Result<(T, T), SearchError> {
+    let read = |key: &str, value: Option<toml::Value>| {
+        let field = format!("{path}.{key}");
+        let value = value.ok_or_else(|| SearchError::new(&field, "missing (required)"))?;
+        value_as(&value).map_err(|problem| SearchError::new(&field, problem))
+    };
+    Ok((read("min", min)?, read("max", max)?))
 }
 
 /// What two equal values (`toml::Value`'s `==`) share, hashable: scalars by value (floats
@@ -620,107 +610,6 @@ fn check_name(name: &str) -> Result<(), String> {
         return Err("empty path segment (a dotted path like \"train.lr\")".into());
     }
     Ok(())
-}
-
-fn expected(what: &str, found: &toml::Value) -> String {
-    format!("expected {what}, found {}", found.type_str())
-}
-
-/// One TOML table being parsed, with its path for errors.
-struct Fields<'a> {
-    table: &'a toml::Table,
-    path: String,
-}
-
-impl<'a> Fields<'a> {
-    fn new(table: &'a toml::Table, path: String) -> Fields<'a> {
-        Fields { table, path }
-    }
-
-    fn err(&self, key: &str, problem: impl Into<String>) -> SearchError {
-        SearchError::new(format!("{}.{key}", self.path), problem)
-    }
-
-    fn check_keys(&self, allowed: &[&str]) -> Result<(), SearchError> {
-        match self.table.keys().find(|k| !allowed.contains(&k.as_str())) {
-            Some(key) => Err(self.err(key, "unknown field")),
-            None => Ok(()),
-        }
-    }
-
-    fn required<T>(&self, key: &str, value: Option<T>) -> Result<T, SearchError> {
-        value.ok_or_else(|| self.err(key, "missing (required)"))
-    }
-
-    fn str(&self, key: &str) -> Result<Option<&'a str>, SearchError> {
-        self.table
-            .get(key)
-            .map(|v| {
-                v.as_str()
-                    .ok_or_else(|| self.err(key, expected("a string", v)))
-            })
-            .transpose()
-    }
-
-    fn int(&self, key: &str) -> Result<Option<i64>, SearchError> {
-        self.table
-            .get(key)
-            .map(|v| {
-                v.as_integer()
-                    .ok_or_else(|| self.err(key, expected("an integer", v)))
-            })
-            .transpose()
-    }
-
-    /// A finite float; an integer is accepted.
-    fn float(&self, key: &str) -> Result<Option<f64>, SearchError> {
-        let Some(v) = self.table.get(key) else {
-            return Ok(None);
-        };
-        let x = match v {
-            toml::Value::Float(x) => *x,
-            toml::Value::Integer(i) => *i as f64,
-            _ => return Err(self.err(key, expected("a number", v))),
-        };
-        if !x.is_finite() {
-            return Err(self.err(key, "must be finite"));
-        }
-        Ok(Some(x))
-    }
-
-    fn u32_in(&self, key: &str, min: u32, max: u32) -> Result<Option<u32>, SearchError> {
-        let Some(i) = self.int(key)? else {
-            return Ok(None);
-        };
-        if i < i64::from(min) {
-            return Err(self.err(key, format!("must be at least {min}")));
-        }
-        if i > i64::from(max) {
-            return Err(self.err(key, format!("must be at most {max}")));
-        }
-        Ok(Some(i as u32))
-    }
-
-    fn choice<T: Copy>(
-        &self,
-        key: &str,
-        what: &str,
-        options: &[(&str, T)],
-    ) -> Result<Option<T>, SearchError> {
-        let Some(s) = self.str(key)? else {
-            return Ok(None);
-        };
-        match options.iter().find(|(name, _)| *name == s) {
-            Some((_, t)) => Ok(Some(*t)),
-            None => {
-                let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
-                Err(self.err(
-                    key,
-                    format!("unknown {what} \"{s}\" (expected {})", names.join(", ")),
-                ))
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -139,7 +139,7 @@ fn a_search_runs_from_its_submit_and_its_trials_are_jobs_of_their_own() {
     assert_eq!(job.state, JobState::Running);
     assert_eq!(job.spec.name, "s-t0");
     assert_eq!(
-        job.spec.train.as_ref().unwrap()["lr"],
+        job.spec.tables().train.as_ref().unwrap()["lr"],
         toml::Value::Float(0.1)
     );
     assert_eq!(job.trial_of.as_ref().unwrap().target, 1);

@@ -456,3 +456,94 @@ fn duplicates_are_found_by_value_as_toml_compares_them() {
         }
     }
 }
+
+/// The whole message of a value of the wrong type or out of range, field by field: the
+/// search's own words from its rules' types, not serde's "invalid type: ...".
+#[test]
+fn each_fields_rule_words_its_problem() {
+    const HEAD: &str =
+        "[search]\nalgorithm = \"random\"\ntrials = 4\nmetric = \"a\"\ndirection = \"min\"\n";
+    const PARAM: &str =
+        "[[search.params]]\nname = \"train.lr\"\ntype = \"double\"\nmin = 0.1\nmax = 1\n";
+    let cases = [
+        (
+            "trial = 3\n",
+            "",
+            "search.trial: expected a string, found integer",
+        ),
+        (
+            "max_parallel = -1\n",
+            "",
+            "search.max_parallel: must be at least 0",
+        ),
+        (
+            "trials = 100001\n",
+            "",
+            "search.trials: must be at most 100000",
+        ),
+        (
+            "seed = -2\n",
+            "",
+            "search.seed: must be a non-negative integer",
+        ),
+        (
+            "seed = 1.5\n",
+            "",
+            "search.seed: expected an integer, found float",
+        ),
+        (
+            "speculate_factor = nan\n",
+            "",
+            "search.speculate_factor: must be finite",
+        ),
+        (
+            "speculate_factor = \"x\"\n",
+            "",
+            "search.speculate_factor: expected a number, found string",
+        ),
+        (
+            "resumable = \"yes\"\n",
+            "",
+            "search.resumable: expected a boolean, found string",
+        ),
+        (
+            "stopping = \"early\"\n",
+            "",
+            "search.stopping: unknown stopping rule \"early\" (expected none, median)",
+        ),
+        (
+            "",
+            "grid_points = 1\n",
+            "search.params[0].grid_points: must be at least 2",
+        ),
+        (
+            "",
+            "scale = 2\n",
+            "search.params[0].scale: expected a string, found integer",
+        ),
+        ("", "steps = 2\n", "search.params[0].steps: unknown field"),
+    ];
+    for (line, param, want) in cases {
+        // A key given twice is not TOML: the case's line replaces the head's for its key.
+        let key = format!("{} ", line.split(' ').next().unwrap_or_default());
+        let head: String = HEAD
+            .lines()
+            .filter(|l| line.is_empty() || !l.starts_with(&key))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let text = format!("{head}{line}{PARAM}{param}");
+        let err = parse(&text).expect_err(&text);
+        assert_eq!(err.to_string(), want, "for\n{text}");
+    }
+    let min = PARAM.replace("min = 0.1", "min = \"low\"");
+    let err = parse(&format!("{HEAD}{min}")).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "search.params[0].min: expected a number, found string"
+    );
+    let err = parse(&format!("{HEAD}params = [3]\n")).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "search.params[0]: expected a table, found integer"
+    );
+}
