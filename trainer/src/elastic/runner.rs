@@ -315,12 +315,12 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
                             step = step_reached,
                             "leaving a healthy generation for a newer one"
                         );
-                        close(trainer, true).await;
+                        depart(trainer, Departure::Background).await;
                         gen = g;
                     }
                     _ => {
                         summary.state = Some(trainer.snapshot()?);
-                        close(trainer, true).await;
+                        depart(trainer, Departure::Awaited).await;
                         return Ok(summary);
                     }
                 },
@@ -354,7 +354,7 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
                     if left {
                         leave(trainer).await;
                     } else {
-                        close(trainer, false).await;
+                        close(trainer).await;
                     }
                     // The newest control waiting (a stop wins); else the next to arrive.
                     let next = match control.take() {
@@ -506,16 +506,47 @@ async fn finish(mut trainer: Trainer) {
     }
 }
 
-/// Ends a trainer's generation: stops its gradient task and closes the communicator;
-/// `abort` first tells the peers (leaving a healthy generation), so that a peer blocked in
-/// an operation fails at once rather than at its deadline.
-async fn close(trainer: Trainer, abort: bool) {
+/// Ends a trainer's generation after a failed step: stops its gradient task and closes
+/// the communicator.
+async fn close(trainer: Trainer) {
     match trainer.into_communicator().await {
-        Ok(mut comm) => {
-            if abort {
-                comm.abort().await;
+        Ok(comm) => comm.shutdown().await,
+        Err(e) => warn!(error = %e, "closing the generation's communicator"),
+    }
+}
+
+/// Whether [`depart`] waits for the communicator's linger (the worker stops after it) or
+/// leaves it to a background task (the worker joins a newer generation at once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Departure {
+    Awaited,
+    Background,
+}
+
+/// Ends a healthy generation this rank leaves at a step boundary (for a newer generation,
+/// or a stop: a preemption's leaver), without an abort. A peer may still be finishing the
+/// same step's collective, reading this rank's last frames: an abort failed that step on
+/// it after its optimizer had applied part of it, so it could not commit the step and the
+/// next generation went back to an older commit (bench-sharing at release speed: a shrink
+/// cost the survivors up to `commit_every_steps - 1` steps, a growth 1). The links stay
+/// open for the communicator's `abort_linger_ms`, long enough for such a peer to finish,
+/// then close; a peer that went on into the next step without this rank sees it lost
+/// then, before any of that step's gradients could be reduced, so that step fails
+/// untouched and the peer commits where it was (0 steps lost).
+async fn depart(trainer: Trainer, how: Departure) {
+    match trainer.into_communicator().await {
+        Ok(comm) => {
+            let linger = Duration::from_millis(comm.limits().abort_linger_ms);
+            let closing = async move {
+                tokio::time::sleep(linger).await;
+                comm.shutdown().await;
+            };
+            match how {
+                Departure::Awaited => closing.await,
+                Departure::Background => {
+                    tokio::spawn(closing);
+                }
             }
-            comm.shutdown().await;
         }
         Err(e) => warn!(error = %e, "closing the generation's communicator"),
     }
