@@ -2,7 +2,8 @@
 //! re-form and go on exactly like a fresh run of the new world from the same commit, and
 //! re-form the same way over an NCCL-like device group; a
 //! joiner gets the state by broadcast; a rank stopped at a step boundary (a preemption's
-//! leaver) costs its peers no step; survivors blocked on a silent rank leave for the
+//! leaver) costs its peers no step; one stopped while joining ends with its newest commit;
+//! survivors blocked on a silent rank leave for the
 //! next generation at once; the agreement picks the newest common commit; a
 //! stale generation cannot connect; control lines parse or are refused by name.
 //!
@@ -607,6 +608,48 @@ fn a_rank_stopped_at_a_step_boundary_costs_its_peers_no_step() {
         );
         assert_eq!(end.steps_lost, 0, "{end:?}");
     }
+}
+
+/// A requeue while a re-form never formed: ranks 0 and 1 leave generation 0 for
+/// generation 1, rank 1 is stopped before it joins, and rank 0 (its generation's ops time
+/// out) is stopped too. Its run still ends with the state it reached, its newest commit,
+/// for the requeue's checkpoint (before, none: the retry went back to the last periodic
+/// checkpoint).
+#[test]
+fn a_rank_stopped_while_joining_ends_with_its_newest_commit() {
+    let spec = spec(OptimizerKind::Adamw);
+    let limits = Limits {
+        op_timeout_ms: 2_000,
+        connect_timeout_ms: 2_000,
+        ..Limits::default()
+    };
+    let ring = MemoryRing::new(limits);
+    let (tx, rx) = std_mpsc::channel();
+    let mut log = Vec::new();
+    let mut workers = start_ring(&spec, &ring, 2, Duration::from_millis(20), &tx);
+    wait_committed(&rx, &mut log, 2, 8);
+    let peer = workers.pop().unwrap();
+    peer.control.blocking_send(Control::Stop).unwrap();
+    let peer_end = peer.handle.join().unwrap().expect("stopped");
+    let rank0 = workers.pop().unwrap();
+    rank0
+        .control
+        .blocking_send(Control::Generation(generation(1, 0, 2)))
+        .unwrap();
+    rank0.control.blocking_send(Control::Stop).unwrap();
+    let end = rank0.handle.join().unwrap().expect("stopped");
+    assert!(end.finished.is_none(), "{end:?}");
+    let state = end.state.as_ref().expect("its newest commit");
+    assert!(
+        state.meta.step >= 8 && state.meta.step <= end.step,
+        "{:?} at step {}",
+        state.meta,
+        end.step
+    );
+    assert_eq!(
+        state.meta.step, peer_end.step,
+        "the step both ranks completed"
+    );
 }
 
 /// Wall-time bound on the survivors' whole recovery from a silent rank, s: far below the

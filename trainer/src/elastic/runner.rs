@@ -78,9 +78,9 @@ pub struct Resumed {
 pub struct ElasticSummary {
     /// The final validation when the step budget was spent; `None` when stopped.
     pub finished: Option<EpochMetrics>,
-    /// The train state at the end (a completed step); `None` when stopped while waiting
-    /// for a generation (no trainer), or when a stop aborted a step (the state is
-    /// mid-step).
+    /// The train state at the end (a completed step); when stopped without a trainer
+    /// (joining a generation, or after a failed step), this rank's newest commit; `None`
+    /// when it holds none.
     pub state: Option<TrainState>,
     /// Steps this worker had completed at the end (in its last generation; a step that
     /// failed is not counted).
@@ -236,7 +236,7 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
                             gen = g;
                             continue;
                         }
-                        None => return Ok(summary),
+                        None => return Ok(stopped_at_commit(summary, &log)),
                     }
                 }
                 Err(JoinError::Fatal(e)) => return Err(e),
@@ -364,7 +364,7 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
                     };
                     match next {
                         Some(g) => gen = g,
-                        None => return Ok(summary),
+                        None => return Ok(stopped_at_commit(summary, &log)),
                     }
                 }
             }
@@ -504,6 +504,17 @@ async fn finish(mut trainer: Trainer) {
         }
         Err(e) => warn!(error = %e, "closing the generation's communicator"),
     }
+}
+
+/// A stop that ends the run without a trainer (while joining a generation that never
+/// formed, or after a failed step): the state is this rank's newest commit, a step every
+/// rank of its last generation completed, so that a preemption's requeue checkpoints it
+/// rather than leave the job to its last periodic checkpoint. bench-sharing (release build,
+/// 2026-12-07): rank 0 of a ring shrunk 3 → 2 was joining the new generation when the ring
+/// was requeued, its peer stopped before joining, and the retry went back 1053 steps.
+fn stopped_at_commit(mut summary: ElasticSummary, log: &CommitLog) -> ElasticSummary {
+    summary.state = log.latest().map(|s| TrainState::clone(s));
+    summary
 }
 
 /// Ends a trainer's generation after a failed step: stops its gradient task and closes
