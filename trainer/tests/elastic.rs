@@ -652,6 +652,49 @@ fn a_rank_stopped_while_joining_ends_with_its_newest_commit() {
     );
 }
 
+/// A generation whose peer never comes (its rank was stopped: a requeue) holds its rank in
+/// the join (the connect over TCP; here, in memory, the agreement's first exchange) until
+/// the deadline, unless a newer generation or a stop ends the join: the stop ends it at
+/// once, long before [`NEVER_COMES_MS`].
+#[test]
+fn a_stop_ends_a_join_whose_peer_never_comes() {
+    let spec = spec(OptimizerKind::Sgd);
+    let ring = MemoryRing::new(Limits {
+        connect_timeout_ms: NEVER_COMES_MS,
+        op_timeout_ms: NEVER_COMES_MS,
+        ..Limits::for_test()
+    });
+    let (tx, rx) = std_mpsc::channel();
+    let mut log = Vec::new();
+    let mut workers = start_ring(&spec, &ring, 2, Duration::from_millis(20), &tx);
+    wait_committed(&rx, &mut log, 2, 4);
+    let peer = workers.pop().unwrap();
+    peer.control.blocking_send(Control::Stop).unwrap();
+    peer.handle.join().unwrap().expect("stopped");
+    let rank0 = workers.pop().unwrap();
+    rank0
+        .control
+        .blocking_send(Control::Generation(generation(1, 0, 2)))
+        .unwrap();
+    rank0.control.blocking_send(Control::Stop).unwrap();
+    let asked = Instant::now();
+    let end = rank0.handle.join().unwrap().expect("stopped");
+    let took = asked.elapsed();
+    assert!(
+        took < Duration::from_millis(NEVER_COMES_MS / 4),
+        "the stop waited for the join's deadline: {took:?}"
+    );
+    assert!(end.finished.is_none(), "{end:?}");
+    assert!(
+        end.state.is_some(),
+        "it ends with its newest commit: {end:?}"
+    );
+}
+
+/// The connect and operation deadlines in [`a_stop_ends_a_join_whose_peer_never_comes`],
+/// ms: a stop that waited for them would take minutes.
+const NEVER_COMES_MS: u64 = 120_000;
+
 /// Wall-time bound on the survivors' whole recovery from a silent rank, s: far below the
 /// collective's op timeout in the test ([`SILENT_OP_TIMEOUT_MS`]), which is all that would
 /// end the blocked step without the abort (the in-memory transport has no silence bound).

@@ -142,6 +142,9 @@ fn reformable_train(e: &TrainError) -> Option<&CollectiveError> {
 /// generation or a stop arrives and the step has not ended within the abort grace
 /// ([`ABORT_GRACE_MS`]), the step's communicator is aborted, so that a step blocked on a
 /// silent peer fails at once rather than at the collective's silence bound or deadline.
+/// While a generation is joined (connected, agreed on), the source is watched too: a newer
+/// generation or a stop ends the join at once, so a rank whose peer never comes (stopped
+/// by a requeue) does not wait for the connect's deadline.
 #[derive(Debug)]
 pub struct ElasticRun<S, C> {
     spec: TrainSpec,
@@ -224,12 +227,37 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
         };
         loop {
             summary.generation = gen.generation;
-            let joined = self
-                .join(&gen, &mut log, last_generation, step_reached)
-                .await;
+            let (joining, source) = self.joining();
+            let joined = tokio::select! {
+                biased;
+                joined = joining.join(&gen, &mut log, last_generation, step_reached) => Some(joined),
+                () = source.arrived(gen.generation) => None,
+            };
             let (mut trainer, resumed) = match joined {
-                Ok(j) => j,
-                Err(JoinError::Reform(e)) => {
+                Some(Ok(j)) => j,
+                // A newer generation or a stop arrived while this one was still connecting
+                // or agreeing: it is superseded, so leave it now rather than at a
+                // connection's deadline (a requeued peer that never comes). Nothing of the
+                // log changed: the join alters it only after its last wait.
+                None => {
+                    info!(
+                        generation = gen.generation,
+                        "a newer generation or a stop arrived while joining: leaving the join"
+                    );
+                    let next = match self.source.pending(gen.generation) {
+                        Some(Control::Generation(g)) => Some(g),
+                        Some(Control::Stop) => None,
+                        None => self.source.next(gen.generation).await?,
+                    };
+                    match next {
+                        Some(g) => {
+                            gen = g;
+                            continue;
+                        }
+                        None => return Ok(stopped_at_commit(summary, &log)),
+                    }
+                }
+                Some(Err(JoinError::Reform(e))) => {
                     on_event(&failed(gen.generation, &e));
                     match self.source.next(gen.generation).await? {
                         Some(g) => {
@@ -239,7 +267,7 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
                         None => return Ok(stopped_at_commit(summary, &log)),
                     }
                 }
-                Err(JoinError::Fatal(e)) => return Err(e),
+                Some(Err(JoinError::Fatal(e))) => return Err(e),
             };
             last_generation = Some(gen.generation);
             if gen.generation != first_generation {
@@ -371,9 +399,36 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
         }
     }
 
+    /// What joining a generation borrows, apart from the source that is watched meanwhile.
+    fn joining(&mut self) -> (Joining<'_, C>, &mut S) {
+        (
+            Joining {
+                spec: &self.spec,
+                connector: &mut self.connector,
+                store: &self.store,
+                faults: self.faults,
+                compute_clock: &self.compute_clock,
+                device: &self.device,
+            },
+            &mut self.source,
+        )
+    }
+}
+
+/// The parts of an [`ElasticRun`] that joining a generation uses.
+struct Joining<'a, C> {
+    spec: &'a TrainSpec,
+    connector: &'a mut C,
+    store: &'a Option<CheckpointStore>,
+    faults: Faults,
+    compute_clock: &'a ComputeClock,
+    device: &'a crate::gpu::Device,
+}
+
+impl<C: RingConnector> Joining<'_, C> {
     /// Connects generation `gen`, agrees on the state, builds and restores the trainer.
     async fn join(
-        &mut self,
+        self,
         gen: &Generation,
         log: &mut CommitLog,
         last_generation: Option<u64>,
@@ -389,7 +444,7 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
             step_reached,
         };
         let agreed = agree(&mut comm, holding).await?;
-        let (state, source) = match (agreed.state, &self.store) {
+        let (state, source) = match (agreed.state, self.store) {
             (Some(s), _) => (Some(s), agreed.source),
             (None, Some(store)) => match agree_on_checkpoint(&mut comm, store).await? {
                 Some(s) => (Some(Arc::new(s)), RestoreSource::Checkpoint),
@@ -397,7 +452,7 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
             },
             (None, None) => (None, RestoreSource::Fresh),
         };
-        let mut trainer = Trainer::new_on(&self.spec, comm, &self.device, nccl)?;
+        let mut trainer = Trainer::new_on(self.spec, comm, self.device, nccl)?;
         if let Some(d) = double {
             trainer.set_nccl_double(d)?;
         }
