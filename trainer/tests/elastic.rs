@@ -617,27 +617,12 @@ fn a_rank_stopped_at_a_step_boundary_costs_its_peers_no_step() {
 /// checkpoint).
 #[test]
 fn a_rank_stopped_while_joining_ends_with_its_newest_commit() {
-    let spec = spec(OptimizerKind::Adamw);
     let limits = Limits {
         op_timeout_ms: 2_000,
         connect_timeout_ms: 2_000,
         ..Limits::default()
     };
-    let ring = MemoryRing::new(limits);
-    let (tx, rx) = std_mpsc::channel();
-    let mut log = Vec::new();
-    let mut workers = start_ring(&spec, &ring, 2, Duration::from_millis(20), &tx);
-    wait_committed(&rx, &mut log, 2, 8);
-    let peer = workers.pop().unwrap();
-    peer.control.blocking_send(Control::Stop).unwrap();
-    let peer_end = peer.handle.join().unwrap().expect("stopped");
-    let rank0 = workers.pop().unwrap();
-    rank0
-        .control
-        .blocking_send(Control::Generation(generation(1, 0, 2)))
-        .unwrap();
-    rank0.control.blocking_send(Control::Stop).unwrap();
-    let end = rank0.handle.join().unwrap().expect("stopped");
+    let (peer_end, end, _) = stop_peer_then_rank0_joining(OptimizerKind::Adamw, limits, 8);
     assert!(end.finished.is_none(), "{end:?}");
     let state = end.state.as_ref().expect("its newest commit");
     assert!(
@@ -658,28 +643,12 @@ fn a_rank_stopped_while_joining_ends_with_its_newest_commit() {
 /// once, long before [`NEVER_COMES_MS`].
 #[test]
 fn a_stop_ends_a_join_whose_peer_never_comes() {
-    let spec = spec(OptimizerKind::Sgd);
-    let ring = MemoryRing::new(Limits {
+    let limits = Limits {
         connect_timeout_ms: NEVER_COMES_MS,
         op_timeout_ms: NEVER_COMES_MS,
         ..Limits::for_test()
-    });
-    let (tx, rx) = std_mpsc::channel();
-    let mut log = Vec::new();
-    let mut workers = start_ring(&spec, &ring, 2, Duration::from_millis(20), &tx);
-    wait_committed(&rx, &mut log, 2, 4);
-    let peer = workers.pop().unwrap();
-    peer.control.blocking_send(Control::Stop).unwrap();
-    peer.handle.join().unwrap().expect("stopped");
-    let rank0 = workers.pop().unwrap();
-    rank0
-        .control
-        .blocking_send(Control::Generation(generation(1, 0, 2)))
-        .unwrap();
-    rank0.control.blocking_send(Control::Stop).unwrap();
-    let asked = Instant::now();
-    let end = rank0.handle.join().unwrap().expect("stopped");
-    let took = asked.elapsed();
+    };
+    let (_, end, took) = stop_peer_then_rank0_joining(OptimizerKind::Sgd, limits, 4);
     assert!(
         took < Duration::from_millis(NEVER_COMES_MS / 4),
         "the stop waited for the join's deadline: {took:?}"
@@ -689,6 +658,34 @@ fn a_stop_ends_a_join_whose_peer_never_comes() {
         end.state.is_some(),
         "it ends with its newest commit: {end:?}"
     );
+}
+
+/// A ring of 2 on `limits` commits step `committed`; rank 1 is stopped (its end returned
+/// first); rank 0 is given generation 1 (rank 1 will never join it) and then stopped. Also
+/// returns how long rank 0 took to end after its stop.
+fn stop_peer_then_rank0_joining(
+    optimizer: OptimizerKind,
+    limits: Limits,
+    committed: u64,
+) -> (ElasticSummary, ElasticSummary, Duration) {
+    let spec = spec(optimizer);
+    let ring = MemoryRing::new(limits);
+    let (tx, rx) = std_mpsc::channel();
+    let mut log = Vec::new();
+    let mut workers = start_ring(&spec, &ring, 2, Duration::from_millis(20), &tx);
+    wait_committed(&rx, &mut log, 2, committed);
+    let peer = workers.pop().unwrap();
+    peer.control.blocking_send(Control::Stop).unwrap();
+    let peer_end = peer.handle.join().unwrap().expect("stopped");
+    let rank0 = workers.pop().unwrap();
+    rank0
+        .control
+        .blocking_send(Control::Generation(generation(1, 0, 2)))
+        .unwrap();
+    rank0.control.blocking_send(Control::Stop).unwrap();
+    let asked = Instant::now();
+    let end = rank0.handle.join().unwrap().expect("stopped");
+    (peer_end, end, asked.elapsed())
 }
 
 /// The connect and operation deadlines in [`a_stop_ends_a_join_whose_peer_never_comes`],
