@@ -11,12 +11,16 @@
 #
 # The trace (scripts/bench_sharing.py `trace`, seeded by SEED): arrivals over about 5 minutes
 # of alice (quota 6 cpus, weight 2), bob and carol (3 cpus, weight 1 each; borrowing allowed):
-# 6 elastic train jobs of the digits MLP (4 workers, min_workers 2, normal priority) of 60,
+# 6 elastic train jobs of the digits MLP (4 workers, min_workers 2, low priority) of 60,
 # 80 or 100 s alone, 10 rigid command jobs of 1 to 3 ranks (low priority: a step is a 0.5 s
 # sleep, 60 to 160 steps, a checkpoint every 5 s and one at SIGTERM, resumed from on a
 # restart), a random search of 4 one-worker train trials of 30 s, 2 at a time (low), and two
-# high-priority command jobs of 4 ranks arriving at 50 % and 75 % of the arrival window, when
-# the cluster is full. Each job is submitted at its time with its user's token (`token
+# high-priority command jobs, bob's of 3 ranks and alice's of 4 (each within its owner's
+# quota), arriving at 50 % and 75 % of the arrival window, when the cluster is full. The
+# train jobs are low like the rigid ones (until 2026-12-07 they were normal): victims are
+# taken by priority first, so with normal train jobs a high job always requeued low rigid
+# work and no high job was served by shrinks alone; at equal priority the least lost work
+# goes first, a shrink. Each job is submitted at its time with its user's token (`token
 # create`), quotas set with `quota set`.
 #
 # The calibration: train jobs are bounded in steps, and a step of a release build is about
@@ -82,7 +86,11 @@
 # 8 to 14 minutes each on a shared 2-core host, so it is not part of scripts/bench-check.sh.
 #
 # Environment: SEED (1), BENCH_SHARING_SCALE (1.0: multiplies arrival times and job lengths;
-# 0.2 for a quick run while developing), POLICIES ("fair fifo"), WAIT_S (deadline for the
+# 0.2 for a quick run while developing), POLICIES ("fair fifo"), BENCH_SHARING_OUT (where
+# each policy's records are kept: target/bench-sharing/POLICY/ with record.json (every
+# job's document and metrics, and a timeline: each second, the live jobs' ranks and the
+# queue's reasons), drive.log, the line, the calibration and the nodes' logs; read them
+# with `python3 scripts/bench_sharing.py timeline RECORD`), WAIT_S (deadline for the
 # whole trace of one policy, 1200 × scale + 300), RINGLEADER (a prebuilt binary: skips the
 # release build), KEEP=1 keeps the temp dir (node logs, records) under /tmp. Needs python3
 # (standard library). The script talks only to the nodes it starts (on 127.0.0.1, ports the
@@ -101,6 +109,7 @@ unset RINGLEADER_PEER RINGLEADER_TOKEN RINGLEADER_TOKEN_FILE RINGLEADER_TLS_SHA2
 seed=${SEED:-1}
 scale=${BENCH_SHARING_SCALE:-1.0}
 policies=${POLICIES:-fair fifo}
+out=${BENCH_SHARING_OUT:-$root/target/bench-sharing}
 wait_s=${WAIT_S:-$(python3 -c "print(int(1200 * $scale + 300))")}
 readonly NODES=4 CPUS=3
 
@@ -183,6 +192,11 @@ import bench_sharing as b; u = b.USERS['$user']; print(u['cpus'], u['weight'])")
     grep -E "warning|cancelled" "$dir/drive.log" >&2 || true
     python3 "$helper" figures "$dir/record.json" | tee "$tmp/$policy.line"
     stop_nodes
+    # The run's records stay for reading afterwards (`bench_sharing.py timeline`).
+    rm -rf "${out:?}/$policy" && mkdir -p "$out/$policy"
+    cp "$dir/record.json" "$dir/drive.log" "$tmp/$policy.line" "$tmp/calibration.json" "$out/$policy/"
+    for ((i = 0; i < NODES; i++)); do cp "$dir/n$i/node.log" "$out/$policy/n$i.log"; done
+    echo "# $policy: records kept in $out/$policy" >&2
 }
 
 for policy in $policies; do

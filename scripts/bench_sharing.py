@@ -6,6 +6,7 @@ the nodes' own records (each job's document and metric history). Standard librar
     python3 scripts/bench_sharing.py calibrate API TOKEN OUT           # steps per second, as JSON
     python3 scripts/bench_sharing.py drive TRACE TOKENS POLICY OUT API BENCH_DIR DEADLINE_S CALIBRATION
     python3 scripts/bench_sharing.py figures RECORD                    # the `sharing …` line
+    python3 scripts/bench_sharing.py timeline RECORD                   # free slots a waiting job fit
 
 The figures' definitions are in bench-sharing.sh's header; each function below says which
 it computes. scripts/bench_sharing_test.py checks them on a fabricated record.
@@ -98,12 +99,14 @@ def trace(seed, scale):
     def at():
         return round(rng.uniform(0, ARRIVALS_S * 0.9) * scale, 1)
 
-    # Elastic train jobs of the digits MLP (normal priority): 4 workers, down to 2, sized
-    # in seconds at full size on this binary and host (their steps: `spec`, from the
-    # calibration), so the trace fills the cluster alike with a debug or a release build.
+    # Elastic train jobs of the digits MLP (low priority, as the rigid jobs: background
+    # experiments; a high job then takes from them by the least lost work, shrinks first,
+    # so the benchmark measures shrinks): 4 workers, down to 2, sized in seconds at full
+    # size on this binary and host (their steps: `spec`, from the calibration), so the
+    # trace fills the cluster alike with a debug or a release build.
     for i, user in enumerate(["alice", "alice", "alice", "bob", "bob", "carol"]):
         jobs.append({"name": f"train-{i}", "user": user, "kind": "train", "at_s": at(),
-                     "priority": "normal", "workers": 4, "min_workers": 2,
+                     "priority": "low", "workers": 4, "min_workers": 2,
                      "seconds": round(rng.choice([60, 80, 100]) * scale, 1)})
     # Rigid command jobs that checkpoint (low priority): 1 to 3 ranks, 30 to 80 s.
     for i, user in enumerate(["bob", "bob", "bob", "bob", "carol", "carol", "carol", "carol",
@@ -261,7 +264,7 @@ def drive(trace_jobs, tokens, policy, out, api, bench_dir, deadline_s, cal):
     ids = {}          # job id -> trace name
     by_name = {j["name"]: j for j in trace_jobs}
     logical = {j["name"]: [] for j in trace_jobs}
-    cancels, acted = [], {}
+    cancels, acted, timeline = [], {}, []
     capacity = NODES * CPUS_PER_NODE
 
     def submit(job, resume=None):
@@ -283,8 +286,17 @@ def drive(trace_jobs, tokens, policy, out, api, bench_dir, deadline_s, cal):
             note(f"warning: {len(live)} jobs not ended after {deadline_s} s: "
                  f"{[(s['id'], s['name'], s['state']) for s in live][:8]}")
             break
+        docs = {s["id"]: call(api, f"/v1/jobs/{s['id']}", admin) for s in live}
+        # The timeline, one sample a second: every live job's ranks and every waiting
+        # job's reason, so a run's idle slots can be read afterwards (`timeline`).
+        queue = call(api, "/v1/queue", admin)["jobs"]
+        timeline.append({"at_ms": int(time.time() * 1000),
+                         "held": {i: len(d.get("ring") or []) for i, d in docs.items()
+                                  if d["state"] == "running"},
+                         "queue": [{"id": q["id"], "workers": q["workers"],
+                                    "reason": q.get("pending_reason"),
+                                    "trials": q.get("trials")} for q in queue]})
         if policy == "fifo":
-            docs = {s["id"]: call(api, f"/v1/jobs/{s['id']}", admin) for s in live}
             used = sum(len(d["ring"]) for d in docs.values() if d["state"] == "running")
             for jid, d in docs.items():
                 job = by_name.get(ids.get(jid, ""))
@@ -324,7 +336,8 @@ def drive(trace_jobs, tokens, policy, out, api, bench_dir, deadline_s, cal):
     # included; not the calibration's).
     record = {"policy": policy, "capacity": capacity, "users": USERS, "step_s": STEP_S,
               "trace": trace_jobs, "logical": logical, "cancels": cancels, "calibration": cal,
-              "collected_at_ms": int(time.time() * 1000), "jobs": {}, "metrics": {}}
+              "collected_at_ms": int(time.time() * 1000), "jobs": {}, "metrics": {},
+              "timeline": timeline}
     for s in call(api, "/v1/jobs?limit=10000", admin):
         d = call(api, f"/v1/jobs/{s['id']}", admin)
         if s["id"] not in ids and (d.get("trial_of") or {}).get("search") not in ids:
@@ -549,6 +562,21 @@ def figures(rec):
             "steps_lost": steps_lost, "shrinks": len(shrink), "cancels": len(rec["cancels"])}
 
 
+def idle(rec):
+    """The timeline's samples where slots were free while a waiting job asked for no more
+    than were free: [(seconds since the first sample, free slots, [(job, workers, reason)])].
+    What the scheduler left unused, read from the run's records."""
+    out, t0 = [], None
+    for s in rec.get("timeline", []):
+        t0 = s["at_ms"] if t0 is None else t0
+        free = rec["capacity"] - sum(s["held"].values())
+        fits = [(q["id"], q["workers"], q["reason"]) for q in s["queue"]
+                if free > 0 and (q.get("trials") or q["workers"]) and q["workers"] <= free]
+        if fits:
+            out.append(((s["at_ms"] - t0) / 1000.0, free, fits))
+    return out
+
+
 def line(f):
     """The `sharing …` line of figures F (`na` for a figure nothing measured)."""
     def fmt(v, digits):
@@ -574,6 +602,11 @@ if __name__ == "__main__":
         tr, tokens = json.load(open(args[0])), json.load(open(args[1]))
         drive(tr, tokens, args[2], args[3], args[4], args[5], float(args[6]),
               json.load(open(args[7])))
+    elif cmd == "timeline":
+        r = json.load(open(args[0]))
+        for at, free, fits in idle(r):
+            print(f"{at:7.1f} s {free:2d} free: " + "; ".join(
+                f"{j} ({w}): {reason}" for j, w, reason in fits))
     elif cmd == "figures":
         f = figures(json.load(open(args[0])))
         note(f"{f['policy']}: {f['shrinks']} jobs served by shrinks only, {f['cancels']} cancels")

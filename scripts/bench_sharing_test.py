@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tests of scripts/bench_sharing.py: the figures of the sharing benchmark computed from a
 fabricated record (two nodes' worth of job documents and metric histories whose answers are
-worked out by hand below), the entitlement's water-filling, and the trace's determinism.
+worked out by hand below), the entitlement's water-filling, the timeline's idle samples and
+the trace's determinism.
 Run by scripts/test.sh."""
 
 import sys
@@ -187,6 +188,19 @@ class Entitlement(unittest.TestCase):
                          {"a": 0.0, "b": 0.0})
 
 
+class Timeline(unittest.TestCase):
+    def test_idle_lists_the_samples_where_a_waiting_job_fit_the_free_slots(self):
+        rec = {"capacity": 4, "timeline": [
+            {"at_ms": 1000, "held": {"j-1": 4}, "queue": [
+                {"id": "j-2", "workers": 1, "reason": "waiting for 1 cpu: 0 free"}]},
+            {"at_ms": 2000, "held": {"j-1": 2}, "queue": [
+                {"id": "j-2", "workers": 2, "reason": "waiting for 2 cpus: 0 free"},
+                {"id": "j-3", "workers": 3, "reason": "gang of 3: at most 2 fit now"}]},
+            {"at_ms": 3000, "held": {}, "queue": []}]}
+        self.assertEqual(bs.idle(rec), [(1.0, 2, [("j-2", 2, "waiting for 2 cpus: 0 free")])])
+        self.assertEqual(bs.idle({"capacity": 4}), [])
+
+
 class Trace(unittest.TestCase):
     def test_the_trace_is_seeded_and_spreads_its_arrivals(self):
         a, b = bs.trace(1, 1.0), bs.trace(1, 1.0)
@@ -196,6 +210,9 @@ class Trace(unittest.TestCase):
         kinds = {j["kind"] for j in a}
         self.assertEqual(kinds, {"train", "command", "search"})
         self.assertEqual(sum(j["priority"] == "high" for j in a), 2)
+        # The elastic train jobs are low like the rigid ones, so a high job's victims are
+        # shrunk before any rigid job is requeued (the least lost work at equal priority).
+        self.assertEqual({j["priority"] for j in a if j["kind"] == "train"}, {"low"})
         cal = {"steps_per_s": 1000.0, "trial_steps_per_s": 2000.0,
                "trial_steps_per_epoch": 40.0}
         for j in a:

@@ -1,7 +1,9 @@
 //! Elastic training in one process, over the in-memory backend: a lost rank's survivors
 //! re-form and go on exactly like a fresh run of the new world from the same commit, and
 //! re-form the same way over an NCCL-like device group; a
-//! joiner gets the state by broadcast; survivors blocked on a silent rank leave for the
+//! joiner gets the state by broadcast; a rank stopped at a step boundary (a preemption's
+//! leaver) costs its peers no step; one stopped while joining ends with its newest commit;
+//! survivors blocked on a silent rank leave for the
 //! next generation at once; the agreement picks the newest common commit; a
 //! stale generation cannot connect; control lines parse or are refused by name.
 //!
@@ -181,6 +183,59 @@ fn start_worker_with(
         handle,
         release,
     }
+}
+
+/// Ranks `0..world` of generation 0, each with `delay` per step, running to their end.
+fn start_ring(
+    spec: &TrainSpec,
+    ring: &MemoryRing,
+    world: usize,
+    delay: Duration,
+    reports: &std_mpsc::Sender<Report>,
+) -> Vec<Worker> {
+    (0..world)
+        .map(|r| {
+            start_worker(
+                r,
+                spec,
+                ring,
+                generation(0, r, world),
+                delay,
+                Fate::Runs,
+                reports.clone(),
+            )
+        })
+        .collect()
+}
+
+/// Waits until `n` ranks have committed step `step`.
+fn wait_committed(
+    reports: &std_mpsc::Receiver<Report>,
+    log: &mut Vec<Report>,
+    n: usize,
+    step: u64,
+) {
+    wait_for(reports, log, n, |r| {
+        matches!(
+            r.event,
+            ElasticEvent::Train {
+                event: Event::Committed(s),
+                ..
+            } if s == step
+        )
+    });
+}
+
+/// Each worker's summary once it has finished.
+fn finished(workers: Vec<Worker>) -> Vec<ElasticSummary> {
+    workers
+        .into_iter()
+        .map(|w| {
+            let end = w.handle.join().unwrap().expect("finished");
+            drop(w.control);
+            end
+        })
+        .collect()
 }
 
 /// Waits (with a deadline) until `pred` has held for `n` reports; returns those.
@@ -477,28 +532,8 @@ fn a_joiner_gets_the_state_by_broadcast_and_matches_a_fresh_run() {
     let mut log = Vec::new();
     // Slow steps, so the run is far from its end when the new generation arrives.
     let delay = Duration::from_millis(20);
-    let mut workers: Vec<Worker> = (0..2)
-        .map(|r| {
-            start_worker(
-                r,
-                &spec,
-                &ring,
-                generation(0, r, 2),
-                delay,
-                Fate::Runs,
-                tx.clone(),
-            )
-        })
-        .collect();
-    wait_for(&rx, &mut log, 2, |r| {
-        matches!(
-            r.event,
-            ElasticEvent::Train {
-                event: Event::Committed(8),
-                ..
-            }
-        )
-    });
+    let mut workers = start_ring(&spec, &ring, 2, delay, &tx);
+    wait_committed(&rx, &mut log, 2, 8);
     for (r, w) in workers.iter().enumerate() {
         w.control
             .blocking_send(Control::Generation(generation(1, r, 3)))
@@ -513,14 +548,7 @@ fn a_joiner_gets_the_state_by_broadcast_and_matches_a_fresh_run() {
         Fate::Runs,
         tx.clone(),
     ));
-    let ends: Vec<ElasticSummary> = workers
-        .into_iter()
-        .map(|w| {
-            let end = w.handle.join().unwrap().expect("finished");
-            drop(w.control);
-            end
-        })
-        .collect();
+    let ends = finished(workers);
     drop(tx);
     log.extend(rx.try_iter());
 
@@ -545,6 +573,124 @@ fn a_joiner_gets_the_state_by_broadcast_and_matches_a_fresh_run() {
         );
     }
 }
+
+/// A preemption's shrink: rank 2 is told to stop (it leaves at its step boundary) and
+/// only then do ranks 0 and 1 get generation 1 without it. The leaver ends its ring
+/// without an abort (its peers may still be reading the step's last frames), so the
+/// survivors lose no step: they restore from memory the step the leaver stopped at.
+#[test]
+fn a_rank_stopped_at_a_step_boundary_costs_its_peers_no_step() {
+    let spec = spec(OptimizerKind::Adamw);
+    let ring = MemoryRing::new(Limits::default());
+    let (tx, rx) = std_mpsc::channel();
+    let mut log = Vec::new();
+    let mut workers = start_ring(&spec, &ring, 3, Duration::from_millis(20), &tx);
+    wait_committed(&rx, &mut log, 3, 8);
+    let leaver = workers.pop().unwrap();
+    leaver.control.blocking_send(Control::Stop).unwrap();
+    let left = leaver.handle.join().unwrap().expect("stopped");
+    assert!(left.step >= 8 && left.step < TOTAL_STEPS, "{left:?}");
+    for (r, w) in workers.iter().enumerate() {
+        w.control
+            .blocking_send(Control::Generation(generation(1, r, 2)))
+            .unwrap();
+    }
+    let ends = finished(workers);
+    drop(tx);
+    log.extend(rx.try_iter());
+    for (r, end) in ends.iter().enumerate() {
+        let j = resumed(&log, r, 1);
+        assert_eq!(j.source, RestoreSource::Memory, "{j:?}");
+        assert_eq!(
+            (j.restored_step, j.steps_lost),
+            (left.step, 0),
+            "rank {r} restores the step the leaver stopped at: {j:?}"
+        );
+        assert_eq!(end.steps_lost, 0, "{end:?}");
+    }
+}
+
+/// A requeue while a re-form never formed: ranks 0 and 1 leave generation 0 for
+/// generation 1, rank 1 is stopped before it joins, and rank 0 (its generation's ops time
+/// out) is stopped too. Its run still ends with the state it reached, its newest commit,
+/// for the requeue's checkpoint (before, none: the retry went back to the last periodic
+/// checkpoint).
+#[test]
+fn a_rank_stopped_while_joining_ends_with_its_newest_commit() {
+    let limits = Limits {
+        op_timeout_ms: 2_000,
+        connect_timeout_ms: 2_000,
+        ..Limits::default()
+    };
+    let (peer_end, end, _) = stop_peer_then_rank0_joining(OptimizerKind::Adamw, limits, 8);
+    assert!(end.finished.is_none(), "{end:?}");
+    let state = end.state.as_ref().expect("its newest commit");
+    assert!(
+        state.meta.step >= 8 && state.meta.step <= end.step,
+        "{:?} at step {}",
+        state.meta,
+        end.step
+    );
+    assert_eq!(
+        state.meta.step, peer_end.step,
+        "the step both ranks completed"
+    );
+}
+
+/// A generation whose peer never comes (its rank was stopped: a requeue) holds its rank in
+/// the join (the connect over TCP; here, in memory, the agreement's first exchange) until
+/// the deadline, unless a newer generation or a stop ends the join: the stop ends it at
+/// once, long before [`NEVER_COMES_MS`].
+#[test]
+fn a_stop_ends_a_join_whose_peer_never_comes() {
+    let limits = Limits {
+        connect_timeout_ms: NEVER_COMES_MS,
+        op_timeout_ms: NEVER_COMES_MS,
+        ..Limits::for_test()
+    };
+    let (_, end, took) = stop_peer_then_rank0_joining(OptimizerKind::Sgd, limits, 4);
+    assert!(
+        took < Duration::from_millis(NEVER_COMES_MS / 4),
+        "the stop waited for the join's deadline: {took:?}"
+    );
+    assert!(end.finished.is_none(), "{end:?}");
+    assert!(
+        end.state.is_some(),
+        "it ends with its newest commit: {end:?}"
+    );
+}
+
+/// A ring of 2 on `limits` commits step `committed`; rank 1 is stopped (its end returned
+/// first); rank 0 is given generation 1 (rank 1 will never join it) and then stopped. Also
+/// returns how long rank 0 took to end after its stop.
+fn stop_peer_then_rank0_joining(
+    optimizer: OptimizerKind,
+    limits: Limits,
+    committed: u64,
+) -> (ElasticSummary, ElasticSummary, Duration) {
+    let spec = spec(optimizer);
+    let ring = MemoryRing::new(limits);
+    let (tx, rx) = std_mpsc::channel();
+    let mut log = Vec::new();
+    let mut workers = start_ring(&spec, &ring, 2, Duration::from_millis(20), &tx);
+    wait_committed(&rx, &mut log, 2, committed);
+    let peer = workers.pop().unwrap();
+    peer.control.blocking_send(Control::Stop).unwrap();
+    let peer_end = peer.handle.join().unwrap().expect("stopped");
+    let rank0 = workers.pop().unwrap();
+    rank0
+        .control
+        .blocking_send(Control::Generation(generation(1, 0, 2)))
+        .unwrap();
+    rank0.control.blocking_send(Control::Stop).unwrap();
+    let asked = Instant::now();
+    let end = rank0.handle.join().unwrap().expect("stopped");
+    (peer_end, end, asked.elapsed())
+}
+
+/// The connect and operation deadlines in [`a_stop_ends_a_join_whose_peer_never_comes`],
+/// ms: a stop that waited for them would take minutes.
+const NEVER_COMES_MS: u64 = 120_000;
 
 /// Wall-time bound on the survivors' whole recovery from a silent rank, s: far below the
 /// collective's op timeout in the test ([`SILENT_OP_TIMEOUT_MS`]), which is all that would

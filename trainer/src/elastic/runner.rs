@@ -78,9 +78,9 @@ pub struct Resumed {
 pub struct ElasticSummary {
     /// The final validation when the step budget was spent; `None` when stopped.
     pub finished: Option<EpochMetrics>,
-    /// The train state at the end (a completed step); `None` when stopped while waiting
-    /// for a generation (no trainer), or when a stop aborted a step (the state is
-    /// mid-step).
+    /// The train state at the end (a completed step); when stopped without a trainer
+    /// (joining a generation, or after a failed step), this rank's newest commit; `None`
+    /// when it holds none.
     pub state: Option<TrainState>,
     /// Steps this worker had completed at the end (in its last generation; a step that
     /// failed is not counted).
@@ -142,6 +142,9 @@ fn reformable_train(e: &TrainError) -> Option<&CollectiveError> {
 /// generation or a stop arrives and the step has not ended within the abort grace
 /// ([`ABORT_GRACE_MS`]), the step's communicator is aborted, so that a step blocked on a
 /// silent peer fails at once rather than at the collective's silence bound or deadline.
+/// While a generation is joined (connected, agreed on), the source is watched too: a newer
+/// generation or a stop ends the join at once, so a rank whose peer never comes (stopped
+/// by a requeue) does not wait for the connect's deadline.
 #[derive(Debug)]
 pub struct ElasticRun<S, C> {
     spec: TrainSpec,
@@ -224,22 +227,47 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
         };
         loop {
             summary.generation = gen.generation;
-            let joined = self
-                .join(&gen, &mut log, last_generation, step_reached)
-                .await;
+            let (joining, source) = self.joining();
+            let joined = tokio::select! {
+                biased;
+                joined = joining.join(&gen, &mut log, last_generation, step_reached) => Some(joined),
+                () = source.arrived(gen.generation) => None,
+            };
             let (mut trainer, resumed) = match joined {
-                Ok(j) => j,
-                Err(JoinError::Reform(e)) => {
+                Some(Ok(j)) => j,
+                // A newer generation or a stop arrived while this one was still connecting
+                // or agreeing: it is superseded, so leave it now rather than at a
+                // connection's deadline (a requeued peer that never comes). Nothing of the
+                // log changed: the join alters it only after its last wait.
+                None => {
+                    info!(
+                        generation = gen.generation,
+                        "a newer generation or a stop arrived while joining: leaving the join"
+                    );
+                    let next = match self.source.pending(gen.generation) {
+                        Some(Control::Generation(g)) => Some(g),
+                        Some(Control::Stop) => None,
+                        None => self.source.next(gen.generation).await?,
+                    };
+                    match next {
+                        Some(g) => {
+                            gen = g;
+                            continue;
+                        }
+                        None => return Ok(stopped_at_commit(summary, &log)),
+                    }
+                }
+                Some(Err(JoinError::Reform(e))) => {
                     on_event(&failed(gen.generation, &e));
                     match self.source.next(gen.generation).await? {
                         Some(g) => {
                             gen = g;
                             continue;
                         }
-                        None => return Ok(summary),
+                        None => return Ok(stopped_at_commit(summary, &log)),
                     }
                 }
-                Err(JoinError::Fatal(e)) => return Err(e),
+                Some(Err(JoinError::Fatal(e))) => return Err(e),
             };
             last_generation = Some(gen.generation);
             if gen.generation != first_generation {
@@ -315,12 +343,12 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
                             step = step_reached,
                             "leaving a healthy generation for a newer one"
                         );
-                        close(trainer, true).await;
+                        depart(trainer, Departure::Background).await;
                         gen = g;
                     }
                     _ => {
                         summary.state = Some(trainer.snapshot()?);
-                        close(trainer, true).await;
+                        depart(trainer, Departure::Awaited).await;
                         return Ok(summary);
                     }
                 },
@@ -354,7 +382,7 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
                     if left {
                         leave(trainer).await;
                     } else {
-                        close(trainer, false).await;
+                        close(trainer).await;
                     }
                     // The newest control waiting (a stop wins); else the next to arrive.
                     let next = match control.take() {
@@ -364,16 +392,43 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
                     };
                     match next {
                         Some(g) => gen = g,
-                        None => return Ok(summary),
+                        None => return Ok(stopped_at_commit(summary, &log)),
                     }
                 }
             }
         }
     }
 
+    /// What joining a generation borrows, apart from the source that is watched meanwhile.
+    fn joining(&mut self) -> (Joining<'_, C>, &mut S) {
+        (
+            Joining {
+                spec: &self.spec,
+                connector: &mut self.connector,
+                store: &self.store,
+                faults: self.faults,
+                compute_clock: &self.compute_clock,
+                device: &self.device,
+            },
+            &mut self.source,
+        )
+    }
+}
+
+/// The parts of an [`ElasticRun`] that joining a generation uses.
+struct Joining<'a, C> {
+    spec: &'a TrainSpec,
+    connector: &'a mut C,
+    store: &'a Option<CheckpointStore>,
+    faults: Faults,
+    compute_clock: &'a ComputeClock,
+    device: &'a crate::gpu::Device,
+}
+
+impl<C: RingConnector> Joining<'_, C> {
     /// Connects generation `gen`, agrees on the state, builds and restores the trainer.
     async fn join(
-        &mut self,
+        self,
         gen: &Generation,
         log: &mut CommitLog,
         last_generation: Option<u64>,
@@ -389,7 +444,7 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
             step_reached,
         };
         let agreed = agree(&mut comm, holding).await?;
-        let (state, source) = match (agreed.state, &self.store) {
+        let (state, source) = match (agreed.state, self.store) {
             (Some(s), _) => (Some(s), agreed.source),
             (None, Some(store)) => match agree_on_checkpoint(&mut comm, store).await? {
                 Some(s) => (Some(Arc::new(s)), RestoreSource::Checkpoint),
@@ -397,7 +452,7 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
             },
             (None, None) => (None, RestoreSource::Fresh),
         };
-        let mut trainer = Trainer::new_on(&self.spec, comm, &self.device, nccl)?;
+        let mut trainer = Trainer::new_on(self.spec, comm, self.device, nccl)?;
         if let Some(d) = double {
             trainer.set_nccl_double(d)?;
         }
@@ -506,16 +561,58 @@ async fn finish(mut trainer: Trainer) {
     }
 }
 
-/// Ends a trainer's generation: stops its gradient task and closes the communicator;
-/// `abort` first tells the peers (leaving a healthy generation), so that a peer blocked in
-/// an operation fails at once rather than at its deadline.
-async fn close(trainer: Trainer, abort: bool) {
+/// A stop that ends the run without a trainer (while joining a generation that never
+/// formed, or after a failed step): the state is this rank's newest commit, a step every
+/// rank of its last generation completed, so that a preemption's requeue checkpoints it
+/// rather than leave the job to its last periodic checkpoint. bench-sharing (release build,
+/// 2026-12-07): rank 0 of a ring shrunk 3 → 2 was joining the new generation when the ring
+/// was requeued, its peer stopped before joining, and the retry went back 1053 steps.
+fn stopped_at_commit(mut summary: ElasticSummary, log: &CommitLog) -> ElasticSummary {
+    summary.state = log.latest().map(|s| TrainState::clone(s));
+    summary
+}
+
+/// Ends a trainer's generation after a failed step: stops its gradient task and closes
+/// the communicator.
+async fn close(trainer: Trainer) {
     match trainer.into_communicator().await {
-        Ok(mut comm) => {
-            if abort {
-                comm.abort().await;
+        Ok(comm) => comm.shutdown().await,
+        Err(e) => warn!(error = %e, "closing the generation's communicator"),
+    }
+}
+
+/// Whether [`depart`] waits for the communicator's linger (the worker stops after it) or
+/// leaves it to a background task (the worker joins a newer generation at once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Departure {
+    Awaited,
+    Background,
+}
+
+/// Ends a healthy generation this rank leaves at a step boundary (for a newer generation,
+/// or a stop: a preemption's leaver), without an abort. A peer may still be finishing the
+/// same step's collective, reading this rank's last frames: an abort failed that step on
+/// it after its optimizer had applied part of it, so it could not commit the step and the
+/// next generation went back to an older commit (bench-sharing at release speed: a shrink
+/// cost the survivors up to `commit_every_steps - 1` steps, a growth 1). The links stay
+/// open for the communicator's `abort_linger_ms`, long enough for such a peer to finish,
+/// then close; a peer that went on into the next step without this rank sees it lost
+/// then, before any of that step's gradients could be reduced, so that step fails
+/// untouched and the peer commits where it was (0 steps lost).
+async fn depart(trainer: Trainer, how: Departure) {
+    match trainer.into_communicator().await {
+        Ok(comm) => {
+            let linger = Duration::from_millis(comm.limits().abort_linger_ms);
+            let closing = async move {
+                tokio::time::sleep(linger).await;
+                comm.shutdown().await;
+            };
+            match how {
+                Departure::Awaited => closing.await,
+                Departure::Background => {
+                    tokio::spawn(closing);
+                }
             }
-            comm.shutdown().await;
         }
         Err(e) => warn!(error = %e, "closing the generation's communicator"),
     }

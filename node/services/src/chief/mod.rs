@@ -151,14 +151,9 @@ pub fn decide_with(
                 if job.assignment.len() >= job.growth_ceiling() as usize {
                     // Held at a preemption's ceiling: once the job it made room for no
                     // longer waits, capacity returned lifts it, and the next pass re-forms
-                    // with the joiners (`grown 2 → 4: capacity returned`). An admin's
-                    // shrink for no job stays until the admin grows it.
-                    let served = job
-                        .preemption
-                        .as_ref()
-                        .and_then(|p| p.for_job)
-                        .is_some_and(|f| by_id(f).is_none_or(|j| j.state != JobState::Pending));
-                    if !served {
+                    // with the joiners (`grown 2 → 4: capacity returned`). (A job still
+                    // held is no growth entry at all: `held_at_ceiling`.)
+                    if held_at_ceiling(state, job) {
                         continue;
                     }
                     out.push(ControlCommand {
@@ -496,6 +491,24 @@ fn may_grow(job: &Job) -> bool {
     job.is_elastic() && job.assignment.len() < job.spec.max_workers as usize
 }
 
+/// Whether `job`'s ring is held at a preemption's ceiling: shrunk for a job that still
+/// waits, or by an admin's shrink for no job (which stays until the admin grows it). Such
+/// a ring does not grow, so it is no growth entry of the scheduler: an entry goes before
+/// waiting jobs of its priority and takes a rank's room in the pass, and room taken by a
+/// growth the chief then drops stayed idle while those jobs (the one the shrink was for
+/// among them) waited `waiting for 3 cpus: 0 free` (bench-sharing, 2026-12-07).
+fn held_at_ceiling(state: &ControlState, job: &Job) -> bool {
+    if job.assignment.len() < job.growth_ceiling() as usize {
+        return false;
+    }
+    let served = job
+        .preemption
+        .as_ref()
+        .and_then(|p| p.for_job)
+        .is_some_and(|f| state.job(f).is_none_or(|j| j.state != JobState::Pending));
+    !served
+}
+
 /// The pending jobs held back for another: a job requeued for another waits while that one
 /// does (the capacity is its), unless that one was itself requeued for something since: a
 /// claim on capacity ends when its holder is preempted, so two jobs requeued for each other
@@ -566,7 +579,9 @@ fn queue_view<'a>(
                 // Shrinkable in place: a ring that keeps its ranks through re-forms (else
                 // a preemption requeues it).
                 elastic: job.is_elastic() && job.spec.keeps_ranks_through_reforms(),
-                may_grow: settled.contains(&job.id) && may_grow(job),
+                may_grow: settled.contains(&job.id)
+                    && may_grow(job)
+                    && !held_at_ceiling(state, job),
                 joiners_exclude: job
                     .assignment
                     .iter()

@@ -31,6 +31,7 @@
 //!   that no other owner's waiting job claims: a job that fits its owner's unused quota
 //!   claims what it asks for ([`usage::Claims`]). Borrowed work is what preemption takes
 //!   back first.
+//!   A growth borrows under the same rule.
 //! - **Gang**: a job is placed whole: `workers` ranks, or for an elastic job as many as fit
 //!   down to `min_workers`, or none (`gang of 4: at most 3 fit now`).
 //! - **Backfill**: a job that cannot start because of capacity *reserves* what it needs
@@ -294,6 +295,18 @@ pub fn schedule(cluster: &ClusterView<'_>, queue: &QueueView<'_>, now_ms: u64) -
         let w = match entry {
             Entry::Grow(r) => {
                 let req = one_rank(r);
+                // A growth borrows under the rule a start does: not what another owner's
+                // waiting job claims within its quota. Else a borrower's ring shrunk to
+                // take its borrowed ranks back for such a job grew (or its owner's other
+                // ring did) into the freed room at once, ahead of that job, each pass
+                // (bench-sharing, 2026-12-07: carol's job waited 131 s after a shrink).
+                let borrowed = ledger.borrowed_by(r.owner, &req, quotas);
+                if claims
+                    .refuses(r.owner, &borrowed, &now, &ledger, quotas)
+                    .is_some()
+                {
+                    continue;
+                }
                 if let Some(slot) = grow(r, &req, &now, &ledger, quotas) {
                     for view in [&mut free, &mut now] {
                         placement::take(view, std::slice::from_ref(&slot), &req);

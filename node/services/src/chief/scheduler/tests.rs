@@ -564,6 +564,37 @@ fn a_shrunk_job_grows_back_before_lower_priority_work_starts() {
     assert_eq!(placement::room(&d.left, &r), 1);
 }
 
+/// A ring whose owner borrows does not grow into what another owner's waiting job claims
+/// within its quota: taken back from a borrower, the room goes to that job, not to the
+/// borrower's growth (which goes first at its priority).
+#[test]
+fn a_borrowers_growth_leaves_what_a_waiting_users_quota_claims() {
+    let mut members = vec![member("a", 2, 0), member("b", 2, 0)];
+    let r = req(1, 1, 0);
+    let slots = hold(&mut members, &[0, 0, 1], &r);
+    let quotas = BTreeMap::from([
+        ("alice".to_owned(), quota(2, None)),
+        ("carol".to_owned(), quota(2, None)),
+    ]);
+    let cluster = ClusterView {
+        members,
+        quotas: &quotas,
+    };
+    let mut ring = running(1, "alice", priority::LOW, &slots, r);
+    ring.elastic = true;
+    ring.may_grow = true;
+    ring.min_workers = 2;
+    ring.joiners_exclude = BTreeSet::new();
+    let queue = QueueView {
+        waiting: vec![waiting(2, "carol", priority::LOW, req(1, 1, 0))],
+        running: vec![ring],
+        ..QueueView::default()
+    };
+    let d = schedule(&cluster, &queue, 10);
+    assert!(d.grows.is_empty(), "{:?}", d.grows);
+    assert_eq!(started(&d), vec![id(2)]);
+}
+
 /// Trial entry `i` of search `n` (submitted at 0).
 fn trial<'a>(n: u64, i: u32, owner: &'a str, priority: u32, request: Request) -> Waiting<'a> {
     Waiting {

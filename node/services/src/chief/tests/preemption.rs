@@ -80,6 +80,39 @@ fn a_shrunk_ring_stays_below_its_ceiling_until_a_grow_then_grows_back_in_one_gen
     assert!(decide(&state, &members, later + 1, &mut secret).is_empty());
 }
 
+/// No job waits with room unused that it fits: a ring held at its ceiling (shrunk for a
+/// job that still waits, or by an admin) takes no room in the scheduler's pass as a growth
+/// the chief would then drop. Before, its growth went ahead of waiting jobs of its priority
+/// and held a free member, so a two-rank job waited `gang of 2: at most 1 fit now` on two
+/// idle members.
+#[test]
+fn a_ring_held_at_its_ceiling_leaves_the_free_room_to_waiting_jobs() {
+    let members = members(4);
+    let mut state = ControlState::default();
+    let ring = submit_text(&mut state, TRAIN);
+    place_all(&mut state, &members, 2);
+    preempt(
+        &mut state,
+        ring,
+        PreemptAction::Shrink { to_workers: 2 },
+        None,
+        10,
+    );
+    let later = 10 + REJOIN_AFTER_MS + 1;
+    let index = state.applied_index + 1;
+    let two = super::submit(&mut state, index, 2);
+    let cmds = decide(&state, &members, later, &mut secret);
+    assert_eq!(placed(&cmds), vec![two], "{cmds:?}");
+    apply_all(&mut state, &cmds);
+    let job = state.job(two).unwrap();
+    assert_eq!(job.assignment.len(), 2);
+    assert_eq!(job.pending_reason, None, "{:?}", job.events);
+    assert!(
+        decide(&state, &members, later + 1, &mut secret).is_empty(),
+        "the ring stays at its ceiling"
+    );
+}
+
 const RIGID: &str = "name = \"r\"\nkind = \"command\"\nworkers = 2\nmin_workers = 1\nmax_workers = 2\nmax_restarts = 0\ncommand = [\"true\"]\n";
 
 #[test]
