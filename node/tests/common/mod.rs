@@ -178,7 +178,7 @@ pub fn sharing_cluster(root: &Path, args: &[String], wait: Duration) -> LocalClu
     let mut c = LocalCluster::new(exe(), root);
     c.env = vec![(
         "RUST_LOG".into(),
-        "info,openraft=warn,openraft::replication=off,libp2p=warn,ringleader::jobs::archive=debug"
+        "info,openraft=warn,openraft::replication=off,libp2p=warn,ringleader_services::jobs::archive=debug"
             .into(),
     )];
     c.start("sh0", args).unwrap();
