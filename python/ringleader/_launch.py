@@ -31,7 +31,8 @@ from typing import Any
 from . import _runner
 from ._errors import RingleaderError, SpecError
 
-# The spec's limit on its `[[files]]`, decoded, in all (node/src/jobs/spec.rs).
+# The spec's limit on its `[[files]]`, decoded, in all (`FILES_BYTES_MAX` in
+# node/domain/src/spec.rs).
 FILES_BYTES_MAX = 128 * 1024
 # The search metric a function's plain number is reported as, when `metric` is not given.
 DEFAULT_METRIC = "objective"

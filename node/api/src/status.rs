@@ -51,9 +51,9 @@ pub struct MemberDoc {
     pub is_self: bool,
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl MemberDoc {
-    /// A voter named `name` in `state` with 1 cpu, for tests and benches (`self` when
-    /// named `a`).
+    /// A voter named `name` in `state` with 1 cpu, for tests (`self` when named `a`).
     pub fn for_test(name: &str, state: &str) -> MemberDoc {
         MemberDoc {
             id: format!("id-{name}"),

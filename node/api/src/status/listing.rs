@@ -238,9 +238,10 @@ pub fn counts_text(by: &BTreeMap<String, usize>, known: &[&str]) -> String {
     }
 }
 
-/// A synthetic cluster for tests and benches, without I/O: a status document of `members`
+/// A synthetic cluster for tests, without I/O: a status document of `members`
 /// members (every 50th dead, every 100th suspect; named `m00000`…, `m00000` answering)
 /// and a control state of `jobs` command jobs in every state (4 in 5 succeeded).
+#[cfg(any(test, feature = "testing"))]
 pub fn synthetic(members: usize, jobs: usize) -> (StatusDoc, ControlState) {
     use crate::domain::state::{ops, ControlCommand, ControlResponse, JobState, Op};
     let members = (0..members)
