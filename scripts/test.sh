@@ -265,10 +265,10 @@ if grep -q "SKIPPED" "$log"; then grep "SKIPPED" "$log" | sed 's/^/skipped (cuda
 # Every public doc renders without a broken link (the parts' module docs are the map).
 step "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 # The fuzz targets (node/fuzz, a workspace of its own, fuzzed by scripts/fuzz.sh with nightly)
-# still compile against today's paths: checked with stable, into node/fuzz/target. A few
-# seconds when nothing changed, under a minute after a change to the node (its crates checked
-# again); the first run checks every dependency, about 4 minutes on 2 cores.
-step "cargo check node/fuzz" env -C node/fuzz cargo check --quiet --locked --bins
+# still compile against today's paths: checked with stable into the workspace's own target
+# directory, so the dependencies clippy already checked there are mostly reused: about 1 min 50 s
+# on 2 cores after clippy (4 min into a target of its own), seconds when nothing changed.
+step "cargo check node/fuzz" env -C node/fuzz CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}" cargo check --quiet --locked --bins
 
 echo "tests: $n_passed passed, $n_failed failed, $n_skipped skipped"
 if [ "${#failed_steps[@]}" -gt 0 ]; then
