@@ -149,13 +149,10 @@ pub fn decide_with(
             for grow in &decisions.grows {
                 let Some(job) = by_id(grow.job) else { continue };
                 if job.assignment.len() >= job.growth_ceiling() as usize {
-                    // Held at a preemption's ceiling: once the job it made room for no
-                    // longer waits, capacity returned lifts it, and the next pass re-forms
-                    // with the joiners (`grown 2 → 4: capacity returned`). (A job still
-                    // held is no growth entry at all: `held_at_ceiling`.)
-                    if held_at_ceiling(state, job) {
-                        continue;
-                    }
+                    // At a preemption's ceiling whose job no longer waits (a ring still held
+                    // is no growth entry at all: `held_at_ceiling`): capacity returned lifts
+                    // it, and the next pass re-forms with the joiners (`grown 2 → 4:
+                    // capacity returned`).
                     out.push(ControlCommand {
                         op: Op::Grow(ops::Grow {
                             id: job.id,
