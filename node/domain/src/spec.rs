@@ -1,7 +1,9 @@
 //! The job spec: what a user submits (TOML, see docs/book/src/reference/spec.md).
 //!
-//! [`JobSpec::parse`] is the only way a spec enters the system from text. It walks the TOML
-//! document with spans so every error names the field path and the 1-based line, e.g.
+//! [`JobSpec::parse`] is the only way a spec enters the system from text. It reads the TOML
+//! document with spans, each part by a serde struct of `sections` through the one reader
+//! of a spec's tables ([`ringleader_spec::read_table`]), so every error names the field path
+//! and the 1-based line, e.g.
 //! `workers: expected a positive integer at line 4` or `unknown field "wrokers" at line 3`.
 //! Once parsed, a [`JobSpec`] is a plain serde value: it travels in the Raft log as it is and
 //! is not re-validated there (a replica must apply exactly what the leader committed).
@@ -16,7 +18,8 @@
 pub mod check;
 /// A job's priority (the key `priority`).
 pub mod priority;
-/// `[resources]`, `[elastic]` and `[preemption]` as serde reads them from the text.
+/// The top level, `[resources]`, `[elastic]`, `[preemption]` and `[[files]]` as serde reads
+/// them from the text.
 mod sections;
 /// The trainer's sections of a train job's spec (also `domain::train_spec`).
 pub mod train;
@@ -824,11 +827,6 @@ struct Parser<'t> {
     text: &'t str,
 }
 
-type Entry<'a, 'i> = (
-    &'a Spanned<std::borrow::Cow<'i, str>>,
-    &'a Spanned<DeValue<'i>>,
-);
-
 impl Parser<'_> {
     fn line(&self, span: Range<usize>) -> usize {
         line_of(self.text, span.start)
@@ -854,85 +852,74 @@ impl Parser<'_> {
 
     fn spec(&self, doc: &DeTable<'_>) -> Result<JobSpec, SpecError> {
         // Unknown keys first, in text order, so a typo is reported as a typo and not as the
-        // missing field it was meant to be.
+        // missing field it was meant to be; then each value in the order below.
         let root = Spanned::new(0..self.text.len(), DeValue::Table(doc.clone()));
-        let _: sections::SpecText = self.read_table("", &root)?;
+        let top: sections::SpecText = self.read_table("", &root)?;
         let get = |k: &str| -> Option<&Spanned<DeValue<'_>>> { doc.get(k) };
 
-        let name = match get("name") {
+        let name = match &top.name {
             None => {
                 return Err(SpecError::Missing {
                     field: "name".into(),
                     problem: "required".into(),
                 })
             }
-            Some(v) => self.name(v)?,
+            Some(v) => self.value("name", v)?.0,
         };
-        let (kind, kind_line) = match get("kind") {
+        let (kind, kind_line) = match &top.kind {
             None => {
                 return Err(SpecError::Missing {
                     field: "kind".into(),
                     problem: "required (one of train, search, command)".into(),
                 })
             }
-            Some(v) => (self.kind(v)?, self.line(v.span())),
+            Some(v) => (self.value("kind", v)?.0, self.line(v.span())),
         };
-        let workers = match get("workers") {
+        let workers = match &top.workers {
             None => 1,
-            Some(v) => self.bounded_int("workers", v, 1, WORKERS_MAX)?,
+            Some(v) => self.value("workers", v)?.0,
         };
-        let min_workers = match get("min_workers") {
+        let min_workers = match &top.min_workers {
             None => workers,
             Some(v) => {
-                let n = self.bounded_int("min_workers", v, 1, WORKERS_MAX)?;
+                let n = self.value("min_workers", v)?.0;
                 if n > workers {
-                    return Err(self.invalid(
+                    return Err(self.invalid_at(
                         "min_workers",
-                        v,
+                        v.span(),
                         format!("must be at most workers ({workers}), got {n}"),
                     ));
                 }
                 n
             }
         };
-        let max_workers = match get("max_workers") {
+        let max_workers = match &top.max_workers {
             None => workers,
             Some(v) => {
-                let n = self.bounded_int("max_workers", v, 1, WORKERS_MAX)?;
+                let n = self.value("max_workers", v)?.0;
                 if n < workers {
-                    return Err(self.invalid(
+                    return Err(self.invalid_at(
                         "max_workers",
-                        v,
+                        v.span(),
                         format!("must be at least workers ({workers}), got {n}"),
                     ));
                 }
                 n
             }
         };
-        let max_restarts = match get("max_restarts") {
+        let max_restarts = match &top.max_restarts {
             None => MAX_RESTARTS_DEFAULT,
-            Some(v) => self.bounded_int("max_restarts", v, 0, MAX_RESTARTS_MAX)?,
+            Some(v) => self.value("max_restarts", v)?.0,
         };
-        let placement = match get("placement") {
+        let placement = match &top.placement {
             None => Placement::default(),
-            Some(v) => match v.get_ref().as_str() {
-                Some("spread") => Placement::Spread,
-                Some("pack") => Placement::Pack,
-                _ => return Err(self.invalid("placement", v, "expected \"spread\" or \"pack\"")),
-            },
+            Some(v) => self.value("placement", v)?.0,
         };
-        let priority = match get("priority") {
+        let priority = match &top.priority {
             None => priority::NORMAL,
-            Some(v) => {
-                let text = match v.get_ref() {
-                    DeValue::String(s) => s.to_string(),
-                    DeValue::Integer(i) => i.as_str().to_owned(),
-                    _ => String::new(),
-                };
-                priority::parse(&text).map_err(|e| self.invalid("priority", v, e))?
-            }
+            Some(v) => self.value("priority", v)?.0,
         };
-        let command = match get("command") {
+        let command = match &top.command {
             None if kind == JobKind::Command => {
                 return Err(SpecError::Missing {
                     field: "command".into(),
@@ -943,23 +930,23 @@ impl Parser<'_> {
             }
             None => Vec::new(),
             Some(v) if kind == JobKind::Train => {
-                return Err(self.invalid("command", v, "only allowed when kind = \"command\" or \"search\" (command trials), not \"train\""))
+                return Err(self.invalid_at("command", v.span(), "only allowed when kind = \"command\" or \"search\" (command trials), not \"train\""))
             }
             Some(v) => self.command(v)?,
         };
-        let env = match get("env") {
+        let env = match &top.env {
             None => BTreeMap::new(),
             Some(v) => self.env("env", v)?,
         };
-        let secrets = match get("secrets") {
+        let secrets = match &top.secrets {
             None => BTreeMap::new(),
             Some(v) => self.env("secrets", v)?,
         };
-        if let Some(name) = secrets.keys().find(|k| env.contains_key(*k)) {
-            let v = get("secrets").expect("secrets were parsed");
-            return Err(self.invalid(
+        if let (Some(name), Some(v)) = (secrets.keys().find(|k| env.contains_key(*k)), &top.secrets)
+        {
+            return Err(self.invalid_at(
                 &format!("secrets.{name}"),
-                v,
+                v.span(),
                 format!("env.{name} sets it too: give it in one table"),
             ));
         }
@@ -1005,12 +992,9 @@ impl Parser<'_> {
             }
             Some(v) => self.files(v)?,
         };
-        let preemptible = match get("preemptible") {
+        let preemptible = match &top.preemptible {
             None => true,
-            Some(v) => match v.get_ref() {
-                DeValue::Boolean(b) => *b,
-                _ => return Err(self.invalid("preemptible", v, "expected true or false")),
-            },
+            Some(v) => self.value("preemptible", v)?.0,
         };
         let preemption = match get("preemption") {
             None => PreemptionSpec::default(),
@@ -1317,130 +1301,85 @@ impl Parser<'_> {
         })
     }
 
-    fn name(&self, v: &Spanned<DeValue<'_>>) -> Result<String, SpecError> {
-        let problem = format!(
-            "expected a non-empty string of A-Z a-z 0-9 _ . - (at most {NAME_BYTES_MAX} bytes)"
-        );
-        let Some(s) = v.get_ref().as_str() else {
-            return Err(self.invalid("name", v, problem));
-        };
-        let ok = !s.is_empty()
-            && s.len() <= NAME_BYTES_MAX
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-');
-        if ok {
-            Ok(s.to_owned())
-        } else {
-            Err(self.invalid("name", v, problem))
-        }
+    /// A top-level value read by its rule ([`sections::SpecText`]): what the rule made of
+    /// it, or its problem at its line.
+    fn value<T: Clone>(&self, field: &str, v: &sections::Value<T>) -> Result<T, SpecError> {
+        v.get_ref()
+            .0
+            .clone()
+            .map_err(|problem| self.invalid_at(field, v.span(), problem))
     }
 
-    fn kind(&self, v: &Spanned<DeValue<'_>>) -> Result<JobKind, SpecError> {
-        match v.get_ref().as_str() {
-            Some("train") => Ok(JobKind::Train),
-            Some("search") => Ok(JobKind::Search),
-            Some("command") => Ok(JobKind::Command),
-            _ => Err(self.invalid("kind", v, "expected \"train\", \"search\" or \"command\"")),
-        }
-    }
-
-    /// An integer in `min..=max`; the message says "positive" or "non-negative" by `min`.
-    fn bounded_int(
+    /// `command`: a non-empty array of strings, the program not empty.
+    fn command(
         &self,
-        field: &str,
-        v: &Spanned<DeValue<'_>>,
-        min: u32,
-        max: u32,
-    ) -> Result<u32, SpecError> {
-        let n = match v.get_ref() {
-            DeValue::Integer(i) => i64::from_str_radix(i.as_str(), i.radix()).ok(),
-            _ => None,
-        };
-        let Some(n) = n else {
-            let what = check::integer_kind(min);
-            return Err(self.invalid(field, v, format!("expected {what}")));
-        };
-        match check::bounded_problem(i128::from(n), min, max) {
-            Some(problem) => Err(self.invalid(field, v, problem)),
-            None => Ok(u32::try_from(n).expect("bounded by max: u32")),
-        }
-    }
-
-    fn command(&self, v: &Spanned<DeValue<'_>>) -> Result<Vec<String>, SpecError> {
+        v: &sections::Value<Vec<sections::Value<sections::Text>>>,
+    ) -> Result<Vec<String>, SpecError> {
         let problem = "expected a non-empty array of strings, e.g. [\"python3\", \"train.py\"]";
-        let Some(items) = v.get_ref().as_array() else {
-            return Err(self.invalid("command", v, problem));
+        let items = match &v.get_ref().0 {
+            Ok(items) if !items.is_empty() => items,
+            _ => return Err(self.invalid_at("command", v.span(), problem)),
         };
-        if items.is_empty() {
-            return Err(self.invalid("command", v, problem));
-        }
         if items.len() > COMMAND_ARGS_MAX {
-            return Err(self.invalid(
+            return Err(self.invalid_at(
                 "command",
-                v,
+                v.span(),
                 format!("at most {COMMAND_ARGS_MAX} arguments, got {}", items.len()),
             ));
         }
         let mut out = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
-            match item.get_ref().as_str() {
-                Some(s) if i > 0 || !s.is_empty() => out.push(s.to_owned()),
-                Some(_) => {
-                    return Err(self.invalid("command[0]", item, "the program must not be empty"))
-                }
-                None => {
-                    return Err(self.invalid(&format!("command[{i}]"), item, "expected a string"))
-                }
+            let arg = self.value(&format!("command[{i}]"), item)?.0;
+            if i == 0 && arg.is_empty() {
+                return Err(self.invalid_at(
+                    "command[0]",
+                    item.span(),
+                    "the program must not be empty",
+                ));
             }
+            out.push(arg);
         }
         Ok(out)
     }
 
-    /// `env` or `secrets` (`section`): a table of variable names to strings.
+    /// `env` or `secrets` (`section`): a table of variable names to strings, read in text
+    /// order.
     fn env(
         &self,
         section: &str,
-        v: &Spanned<DeValue<'_>>,
+        v: &sections::Value<sections::Vars>,
     ) -> Result<BTreeMap<String, String>, SpecError> {
-        let Some(table) = v.get_ref().as_table() else {
-            return Err(self.invalid(section, v, "expected a table of NAME = \"value\""));
+        let Ok(vars) = &v.get_ref().0 else {
+            return Err(self.invalid_at(section, v.span(), "expected a table of NAME = \"value\""));
         };
-        if table.len() > ENV_VARS_MAX {
-            return Err(self.invalid(
+        if vars.len() > ENV_VARS_MAX {
+            return Err(self.invalid_at(
                 section,
-                v,
-                format!("at most {ENV_VARS_MAX} variables, got {}", table.len()),
+                v.span(),
+                format!("at most {ENV_VARS_MAX} variables, got {}", vars.len()),
             ));
         }
-        let mut entries: Vec<Entry<'_, '_>> = table.iter().collect();
+        let mut entries: Vec<_> = vars.iter().collect();
         entries.sort_by_key(|(k, _)| k.span().start);
         let mut out = BTreeMap::new();
         for (k, val) in entries {
-            let key: &str = k.get_ref();
+            let key = k.get_ref();
             let field = format!("{section}.{key}");
             if let Some(problem) = check::env_name_problem(key) {
-                return Err(SpecError::Invalid {
-                    field,
-                    problem,
-                    line: self.line(k.span()),
-                });
+                return Err(self.invalid_at(&field, k.span(), problem));
             }
-            match val.get_ref().as_str() {
-                Some(s) if key == DEVICE_ORDER_ENV && s != DEVICE_ORDER => {
-                    return Err(self.invalid(
-                        &field,
-                        val,
-                        format!(
-                            "the node numbers GPUs in PCI bus order, as nvidia-smi does: only \
-                             {DEVICE_ORDER:?} (another order could put two ranks on one GPU)"
-                        ),
-                    ));
-                }
-                Some(s) => {
-                    out.insert(key.to_owned(), s.to_owned());
-                }
-                None => return Err(self.invalid(&field, val, "expected a string")),
+            let value = self.value(&field, val)?.0;
+            if key == DEVICE_ORDER_ENV && value != DEVICE_ORDER {
+                return Err(self.invalid_at(
+                    &field,
+                    val.span(),
+                    format!(
+                        "the node numbers GPUs in PCI bus order, as nvidia-smi does: only \
+                         {DEVICE_ORDER:?} (another order could put two ranks on one GPU)"
+                    ),
+                ));
             }
+            out.insert(key.clone(), value);
         }
         Ok(out)
     }

@@ -112,6 +112,14 @@ impl<'de, R: Rule> Visitor<'de> for Taker<R> {
     fn visit_u64<E: de::Error>(self, n: u64) -> Result<R, E> {
         Self::take(Found::Integer(i128::from(n)))
     }
+    // TOML's integers are 64-bit: a literal beyond them comes as a 128-bit integer (whose
+    // rule may refuse it as no integer of its kind).
+    fn visit_i128<E: de::Error>(self, n: i128) -> Result<R, E> {
+        Self::take(Found::Integer(n))
+    }
+    fn visit_u128<E: de::Error>(self, n: u128) -> Result<R, E> {
+        Self::take(Found::Integer(i128::try_from(n).unwrap_or(i128::MAX)))
+    }
     fn visit_f64<E: de::Error>(self, f: f64) -> Result<R, E> {
         Self::take(Found::Float(f))
     }
@@ -126,6 +134,22 @@ impl<'de, R: Rule> Visitor<'de> for Taker<R> {
     }
     fn visit_map<A: de::MapAccess<'de>>(self, _: A) -> Result<R, A::Error> {
         Self::take(Found::Table)
+    }
+}
+
+/// A value read by `T`'s `Deserialize` with its problem kept instead of raised: serde reads
+/// every value of a struct in text order and stops at the first problem, but a reader may
+/// need to name problems in an order of its own (a missing `name` before a bad `workers`,
+/// `command` by `kind`). Reading never fails; the reader looks at the verdict when it comes
+/// to the field. The problem is `T`'s own words (a [`Rule`]'s) or serde's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Deferred<T>(pub Result<T, String>);
+
+impl<'de, T: de::Deserialize<'de>> de::Deserialize<'de> for Deferred<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(Deferred(
+            T::deserialize(d).map_err(|e| e.to_string().trim().to_owned()),
+        ))
     }
 }
 
@@ -155,6 +179,21 @@ mod tests {
 
     fn value(text: &str) -> toml::Value {
         toml::from_str::<toml::Table>(&format!("v = {text}")).unwrap()["v"].clone()
+    }
+
+    #[test]
+    fn a_deferred_value_keeps_its_problem_and_reading_goes_on() {
+        #[derive(Debug, serde::Deserialize)]
+        struct Two {
+            a: Deferred<Whole>,
+            b: Deferred<Whole>,
+        }
+        let two: Two = toml::from_str("a = \"x\"\nb = 99999999999999999999\n").unwrap();
+        assert_eq!(
+            two.a,
+            Deferred(Err("expected an integer, found string".into()))
+        );
+        assert_eq!(two.b, Deferred(Ok(Whole(99_999_999_999_999_999_999))));
     }
 
     #[test]

@@ -156,20 +156,25 @@ pub(super) fn integer_kind(min: u32) -> &'static str {
 }
 
 fn name(name: &str) -> Result<(), FieldError> {
-    let ok = !name.is_empty()
+    match name_is_valid(name) {
+        true => Ok(()),
+        false => Err(FieldError::new("name", name_problem())),
+    }
+}
+
+/// Whether `name` is a job's name: a non-empty string of A-Z a-z 0-9 _ . - of at most
+/// [`NAME_BYTES_MAX`] bytes.
+pub(super) fn name_is_valid(name: &str) -> bool {
+    !name.is_empty()
         && name.len() <= NAME_BYTES_MAX
         && name
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-');
-    match ok {
-        true => Ok(()),
-        false => Err(FieldError::new(
-            "name",
-            format!(
-                "expected a non-empty string of A-Z a-z 0-9 _ . - (at most {NAME_BYTES_MAX} bytes)"
-            ),
-        )),
-    }
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-')
+}
+
+/// What a name that is not [`name_is_valid`] gets.
+pub(super) fn name_problem() -> String {
+    format!("expected a non-empty string of A-Z a-z 0-9 _ . - (at most {NAME_BYTES_MAX} bytes)")
 }
 
 /// `command`: required for a command job, refused for a train job; at most

@@ -709,3 +709,44 @@ fn a_top_level_typo_is_closest_to_its_field() {
     let e = JobSpec::parse("name = \"a\"\nkind = \"train\"\nzzzzzz = 1\n").unwrap_err();
     assert_eq!(e.to_string(), "unknown field \"zzzzzz\" at line 3");
 }
+
+#[test]
+fn priority_and_preemptible_are_read_by_their_rules() {
+    let base = "name = \"a\"\nkind = \"train\"\n";
+    let spec =
+        JobSpec::parse(&format!("{base}priority = \"high\"\npreemptible = false\n")).unwrap();
+    assert_eq!((spec.priority, spec.preemptible), (priority::HIGH, false));
+    let spec = JobSpec::parse(&format!("{base}priority = 42\n")).unwrap();
+    assert_eq!(spec.priority, 42);
+    assert_eq!(
+        err(&format!("{base}priority = 1.5\n")),
+        "priority: expected \"low\", \"normal\", \"high\" or an integer 0 to 1000, got \"\" at line 3"
+    );
+    assert_eq!(
+        err(&format!("{base}priority = 1001\n")),
+        "priority: expected \"low\", \"normal\", \"high\" or an integer 0 to 1000, got \"1001\" at line 3"
+    );
+    assert_eq!(
+        err(&format!("{base}preemptible = \"no\"\n")),
+        "preemptible: expected true or false at line 3"
+    );
+}
+
+/// Each value is read in the parse's order, not the text's: a bad value above a missing
+/// `name` or `kind` is named after them, and `workers` before `env` wherever they are.
+#[test]
+fn values_are_named_in_the_parses_order_not_the_texts() {
+    assert_eq!(err("workers = 0\nkind = \"train\"\n"), "name: required");
+    assert_eq!(
+        err("workers = 0\nname = \"a\"\n"),
+        "kind: required (one of train, search, command)"
+    );
+    assert_eq!(
+        err("name = \"a\"\nenv = { A = 1 }\nkind = \"train\"\nworkers = 0\n"),
+        "workers: expected a positive integer at line 4"
+    );
+    assert_eq!(
+        err("name = \"a\"\nkind = \"train\"\nenv = { B = 1, A = 2 }\n"),
+        "env.B: expected a string at line 3"
+    );
+}
