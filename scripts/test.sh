@@ -14,9 +14,14 @@ failed_steps=()
 n_passed=0
 n_failed=0
 n_skipped=0
+# How long each part took, printed at the end (CI's time is held under a bound: these say
+# where it goes).
+timings=()
+# Notes that the part `$1` began at $2 (bash's SECONDS) and ends now.
+took() { timings+=("$(printf '%5d s  %s' $((SECONDS - $2)) "$1")"); }
 # Runs a step (a command) and counts it as one test: passed, or failed with its name kept.
 step() {
-    local name=$1
+    local name=$1 began=$SECONDS
     shift
     if "$@"; then
         n_passed=$((n_passed + 1))
@@ -25,6 +30,7 @@ step() {
         n_failed=$((n_failed + 1))
         failed_steps+=("$name (exit $rc)")
     fi
+    took "$name" "$began"
 }
 # Adds the counts of cargo's `test result:` lines in a log, and its tests that said SKIPPED
 # (run as `ok` by cargo, counted here as skipped), to the totals.
@@ -66,6 +72,7 @@ if ! command -v s3s-fs >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/s3s
     installing s3s-fs "cargo install: the S3 checkpoint test's server"
     cargo install --quiet --locked s3s-fs --version 0.14.1 --features binary >/dev/null 2>&1 || true
 fi
+took "installing what is missing (pip, apt-get, cargo install)" 0
 # The module structure first (a second): no import cycle, no import of a part that
 # docs/book/src/design/design.md's table puts above (the script's own tests, then the check).
 step "check-layers tests" python3 scripts/check_layers_test.py
@@ -106,6 +113,7 @@ step "gpu-visit dry run" gpu_visit_dry
 # node test that runs an unmodified PyTorch DDP script as a command job uses its python
 # (RINGLEADER_TEST_PYTHON).
 pyvenv=target/py-venv
+began=$SECONDS
 pip_venv() { "$pyvenv/bin/pip" install --quiet --disable-pip-version-check "$@"; }
 if [ ! -x "$pyvenv/bin/pytest" ]; then
     installing "a virtualenv with pytest in $pyvenv" "the Python tests"
@@ -130,6 +138,7 @@ if ! py_has "$pyvenv/bin/python" kubernetes_validate; then
     installing kubernetes-validate "pip, in $pyvenv: the Kubernetes manifest's schema check"
     pip_venv kubernetes-validate >/dev/null 2>&1 || true
 fi
+took "the Python virtualenv (pytest, cloudpickle, torch, kubernetes-validate)" "$began"
 if [ -x "$pyvenv/bin/kubernetes-validate" ]; then
     step "kubernetes-validate" "$pyvenv/bin/kubernetes-validate" --strict --quiet deploy/kubernetes/ringleader.yaml
 else
@@ -141,7 +150,9 @@ fi
 log=$(mktemp)
 trap 'rm -f "$log" "$log.skips"' EXIT
 cargo_rc=0
+began=$SECONDS
 cargo test --workspace --no-fail-fast -- --show-output 2>&1 | tee "$log" || cargo_rc=$?
+took "cargo test --workspace (build and run)" "$began"
 count_cargo "$log"
 if [ "$cargo_rc" -ne 0 ]; then failed_steps+=("cargo test --workspace (exit $cargo_rc)"); fi
 awk '
@@ -164,10 +175,12 @@ step "check-book" python3 scripts/check-book.py target/debug/ringleader
 # it). mdBook is a crate, not a Debian or PyPI package: cargo install, about 2.5 minutes once
 # on 2 cores, kept in cargo's bin/.
 mdbook=$(command -v mdbook || echo "${CARGO_HOME:-$HOME/.cargo}/bin/mdbook")
+began=$SECONDS
 if [ ! -x "$mdbook" ]; then
     installing mdbook "cargo install, about 2.5 min once: the book's build"
     cargo install --quiet --locked mdbook --version 0.5.4 --no-default-features >/dev/null 2>&1 || true
 fi
+took "installing mdbook" "$began"
 book_build() {
     local out
     out=$("$mdbook" build docs/book 2>&1) || { echo "$out"; return 1; }
@@ -205,8 +218,10 @@ in_python() { (cd python && MYPY_CACHE_DIR="$mypy_cache" "$@"); }
 step "mypy --strict" in_python "../$pyvenv/bin/python" -m mypy "${mypy_args[@]}"
 step "stubtest" in_python "../$pyvenv/bin/python" -m mypy.stubtest --mypy-config-file pyproject.toml ringleader._native
 pytest_rc=0
+began=$SECONDS
 RINGLEADER_TEST_BINARY="$PWD/target/debug/ringleader" \
     "$pyvenv/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests 2>&1 | tee "$log" || pytest_rc=$?
+took "python tests" "$began"
 # pytest -q's last line: `N failed, N passed, N skipped, … in T s` (any of them).
 for kind in passed failed skipped error; do
     n=$(tail -n 5 "$log" | grep -oE "[0-9]+ $kind" | tail -n1 | cut -d' ' -f1)
@@ -223,8 +238,10 @@ fi
 # script run in a one-host Slurm (it installs Debian's slurm-wlm when missing and says so;
 # without root or the package it says SKIPPED).
 for deploy in systemd slurm; do
+    began=$SECONDS
     out=$(scripts/test-$deploy.sh target/debug/ringleader 2>&1)
     rc=$?
+    took "scripts/test-$deploy.sh" "$began"
     echo "$out" | grep -v "^[0-9TZ:.-]* *\(INFO\|WARN\|DEBUG\)" | tail -n 20
     if [ "$rc" -ne 0 ]; then
         n_failed=$((n_failed + 1))
@@ -256,8 +273,10 @@ fi
 # are the ones the tests above built; only the crates that use cudarc are built again), and
 # the `gpu::` and `nccl::` unit tests in it (those that need a GPU say SKIPPED).
 cuda_rc=0
+began=$SECONDS
 LD_LIBRARY_PATH="$PWD/$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     cargo test --workspace --no-fail-fast --features ringleader/cuda --lib --bins -- --show-output gpu:: nccl:: 2>&1 | tee "$log" || cuda_rc=$?
+took "cargo test --features ringleader/cuda (build and run)" "$began"
 count_cargo "$log"
 if [ "$cuda_rc" -ne 0 ]; then failed_steps+=("cargo test --features ringleader/cuda (exit $cuda_rc)"); fi
 step "the kernels compile with NVRTC" grep -q "the_kernels_compile_with_nvrtc_for_the_devices_architecture ... ok" "$log"
@@ -270,6 +289,8 @@ step "cargo doc" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps 
 # on 2 cores after clippy (4 min into a target of its own), seconds when nothing changed.
 step "cargo check node/fuzz" env -C node/fuzz CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}" cargo check --quiet --locked --bins
 
+echo "time by part (of $SECONDS s in all):"
+printf '%s\n' "${timings[@]}" | sort -rn | head -n 12
 echo "tests: $n_passed passed, $n_failed failed, $n_skipped skipped"
 if [ "${#failed_steps[@]}" -gt 0 ]; then
     echo "failed steps:"
