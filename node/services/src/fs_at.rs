@@ -26,7 +26,7 @@ use std::{
 };
 
 /// `name` as a C string for a system call; a NUL in it is refused (`InvalidInput`).
-pub(crate) fn c_name(name: &OsStr) -> io::Result<CString> {
+fn c_name(name: &OsStr) -> io::Result<CString> {
     CString::new(name.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
 }
 

@@ -8,7 +8,9 @@
 //! link planted at `DIR`, at a directory below it or at a file's place is refused
 //! ([`DatasetError::ExportBlocked`]), never followed, and cannot redirect a write outside
 //! `DIR`; and a directory swapped for a link after it was checked is not reached either,
-//! since the walk goes through descriptors, not paths. The system calls themselves are
+//! since the walk goes through descriptors, not paths. Each name a method takes is one plain
+//! component, checked before any call (`a/b`, `..` and `` are refused, `InvalidInput`): the
+//! manifest's paths are checked so already, and this holds without them. The system calls themselves are
 //! the crate's `fs_at`, shared with the rank set-up's walk; what a step does here is this file's.
 //!
 //! The components above `DIR` are the operator's: a symbolic link there is followed when it
@@ -30,7 +32,7 @@ use std::path::{Component, Path, PathBuf};
 
 use super::fs_user::{self, FsUser};
 use super::DatasetError;
-use crate::fs_at::{self, c_name, check, openat, Met};
+use crate::fs_at::{self, check, component, openat, Met};
 
 /// Mode of the directories created under `--to` (narrowed further by the node's umask).
 pub const DIR_MODE: libc::mode_t = 0o700;
@@ -175,7 +177,7 @@ impl ConfinedDir {
         name: &OsStr,
         follow: impl Fn(u32) -> bool,
     ) -> Result<ConfinedDir, DatasetError> {
-        let c = c_name(name).map_err(self.io(name))?;
+        let c = component(name).map_err(self.io(name))?;
         let dir_flags = DIR_FLAGS;
         let kind = self
             .acting(|| kind_at(self.fd.as_fd(), &c))
@@ -228,7 +230,7 @@ impl ConfinedDir {
 
     /// What `name` is here (not following a link), if anything.
     pub fn kind(&self, name: &str) -> Result<Option<Kind>, DatasetError> {
-        let c = c_name(OsStr::new(name)).map_err(self.io(OsStr::new(name)))?;
+        let c = component(OsStr::new(name)).map_err(self.io(OsStr::new(name)))?;
         self.acting(|| kind_at(self.fd.as_fd(), &c))
             .map_err(self.io(OsStr::new(name)))
     }
@@ -236,7 +238,7 @@ impl ConfinedDir {
     /// Opens the regular file `name` for reading, never through a link.
     pub fn open_file(&self, name: &str) -> Result<File, DatasetError> {
         let os = OsStr::new(name);
-        let c = c_name(os).map_err(self.io(os))?;
+        let c = component(os).map_err(self.io(os))?;
         let fd = self
             .acting(|| {
                 openat(
@@ -256,7 +258,7 @@ impl ConfinedDir {
     /// Creates the file `name` (mode [`FILE_MODE`]), which must not exist: never a link.
     pub fn create_new(&self, name: &str) -> Result<File, DatasetError> {
         let os = OsStr::new(name);
-        let c = c_name(os).map_err(self.io(os))?;
+        let c = component(os).map_err(self.io(os))?;
         let fd = self
             .acting(|| {
                 openat(
@@ -275,8 +277,8 @@ impl ConfinedDir {
     pub fn rename_new(&self, from: &str, to: &str) -> Result<(), DatasetError> {
         let os = OsStr::new(to);
         let (f, t) = (
-            c_name(OsStr::new(from)).map_err(self.io(os))?,
-            c_name(os).map_err(self.io(os))?,
+            component(OsStr::new(from)).map_err(self.io(os))?,
+            component(os).map_err(self.io(os))?,
         );
         let fd = self.fd.as_raw_fd();
         let renamed = self.acting(|| {
@@ -317,7 +319,7 @@ impl ConfinedDir {
 
     /// Removes the file `name` here, if it is there (best effort: a leftover temporary).
     pub fn remove_file(&self, name: &str) {
-        if let Ok(c) = c_name(OsStr::new(name)) {
+        if let Ok(c) = component(OsStr::new(name)) {
             let _ = self.acting(|| fs_at::unlinkat(self.fd.as_fd(), &c));
         }
     }
@@ -420,5 +422,32 @@ mod tests {
             ConfinedDir::open_or_create(Path::new("/tmp/../etc")),
             Err(DatasetError::UnsafePath { .. })
         ));
+    }
+
+    #[test]
+    fn a_name_that_is_not_one_component_is_refused_before_any_call() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = ConfinedDir::open_or_create(&tmp.path().join("d")).unwrap();
+        std::fs::write(tmp.path().join("victim"), b"keep").unwrap();
+        for name in ["../victim", "..", ".", "", "a/b"] {
+            let refused = |r: Result<(), DatasetError>| match r {
+                Err(DatasetError::Io { source, .. }) => {
+                    source.kind() == io::ErrorKind::InvalidInput
+                }
+                _ => false,
+            };
+            assert!(
+                refused(dir.open_file(name).map(drop)),
+                "open_file({name:?})"
+            );
+            assert!(
+                refused(dir.create_new(name).map(drop)),
+                "create_new({name:?})"
+            );
+            assert!(refused(dir.subdir(name).map(drop)), "subdir({name:?})");
+            assert!(refused(dir.kind(name).map(drop)), "kind({name:?})");
+        }
+        assert_eq!(std::fs::read(tmp.path().join("victim")).unwrap(), b"keep");
+        assert!(!tmp.path().join("d/a").exists());
     }
 }
