@@ -9,7 +9,7 @@
 //! ([`DatasetError::ExportBlocked`]), never followed, and cannot redirect a write outside
 //! `DIR`; and a directory swapped for a link after it was checked is not reached either,
 //! since the walk goes through descriptors, not paths. Each name a method takes is one plain
-//! component, checked before any call (`a/b`, `..` and `` are refused, `InvalidInput`): the
+//! component, checked before any call (`a/b`, `..` and an empty name are refused, `InvalidInput`): the
 //! manifest's paths are checked so already, and this holds without them. The system calls themselves are
 //! the crate's `fs_at`, shared with the rank set-up's walk; what a step does here is this file's.
 //!
