@@ -9,9 +9,10 @@
 //! ([`DatasetError::ExportBlocked`]), never followed, and cannot redirect a write outside
 //! `DIR`; and a directory swapped for a link after it was checked is not reached either,
 //! since the walk goes through descriptors, not paths. Each name a method takes is one plain
-//! component, checked before any call (`a/b`, `..` and an empty name are refused, `InvalidInput`): the
-//! manifest's paths are checked so already, and this holds without them. The system calls themselves are
-//! the crate's `fs_at`, shared with the rank set-up's walk; what a step does here is this file's.
+//! component, checked before any call (`a/b`, `..` and an empty name are refused,
+//! `InvalidInput`): the manifest's paths are checked so already, and this holds without
+//! them. The system calls themselves are the crate's `fs_at`, shared with the rank set-up's
+//! walk; what a step does here is this file's.
 //!
 //! The components above `DIR` are the operator's: a symbolic link there is followed when it
 //! belongs to root or to this process's user (`/var/run`, a home on another disk), and
