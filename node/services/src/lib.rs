@@ -8,6 +8,8 @@
 //! [`security`] (the node's secrets at start), [`rotation`] (key rotation), [`jobs`] (admission
 //! and the per-node supervisor), [`search`] (a search's summary), [`chief`] (what the Raft
 //! leader decides), and `sim` (tests only: the control plane and the chief simulated together).
+//! Below them all, `fs_at` (crate-private): the system calls at a directory descriptor that the
+//! two walkers never following a link (`datasets::confined`, `security::rank_dir`) stand on.
 //! What each may use is the table in `docs/book/src/design/design.md` ("The node, by part"),
 //! which `scripts/check-layers.py` holds inside this crate as it does inside the node.
 //!
@@ -24,6 +26,7 @@ use ringleader_domain as domain;
 
 pub mod chief;
 pub mod datasets;
+mod fs_at;
 pub mod gpus;
 pub mod jobs;
 pub mod rotation;

@@ -8,7 +8,11 @@
 //! link planted at `DIR`, at a directory below it or at a file's place is refused
 //! ([`DatasetError::ExportBlocked`]), never followed, and cannot redirect a write outside
 //! `DIR`; and a directory swapped for a link after it was checked is not reached either,
-//! since the walk goes through descriptors, not paths.
+//! since the walk goes through descriptors, not paths. Each name a method takes is one plain
+//! component, checked before any call (`a/b`, `..` and an empty name are refused,
+//! `InvalidInput`): the manifest's paths are checked so already, and this holds without
+//! them. The system calls themselves are the crate's `fs_at`, shared with the rank set-up's
+//! walk; what a step does here is this file's.
 //!
 //! The components above `DIR` are the operator's: a symbolic link there is followed when it
 //! belongs to root or to this process's user (`/var/run`, a home on another disk), and
@@ -24,12 +28,12 @@
 use std::ffi::{CString, OsStr};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
 use super::fs_user::{self, FsUser};
 use super::DatasetError;
+use crate::fs_at::{self, check, component, openat, Met};
 
 /// Mode of the directories created under `--to` (narrowed further by the node's umask).
 pub const DIR_MODE: libc::mode_t = 0o700;
@@ -80,49 +84,10 @@ pub struct ConfinedDir {
     user: Option<FsUser>,
 }
 
-fn c_name(name: &OsStr) -> io::Result<CString> {
-    CString::new(name.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
-}
-
-fn last_error<T>(ret: libc::c_int, ok: T) -> io::Result<T> {
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ok)
-    }
-}
-
-fn openat(
-    dir: RawFd,
-    name: &CString,
-    flags: libc::c_int,
-    mode: libc::mode_t,
-) -> io::Result<OwnedFd> {
-    // SAFETY: a syscall on a valid descriptor and a NUL-terminated name; the descriptor it
-    // returns is ours alone.
-    let fd = unsafe {
-        libc::openat(
-            dir,
-            name.as_ptr(),
-            flags | libc::O_CLOEXEC,
-            libc::c_uint::from(mode),
-        )
+fn kind_at(dir: BorrowedFd<'_>, name: &CString) -> io::Result<Option<Kind>> {
+    let Some(st) = fs_at::stat_at(dir, name)? else {
+        return Ok(None);
     };
-    last_error(fd, ())?;
-    // SAFETY: `fd` was just opened and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn kind_at(dir: RawFd, name: &CString) -> io::Result<Option<Kind>> {
-    // SAFETY: `stat` is plain data that fstatat fills in.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: a syscall on a valid descriptor, a NUL-terminated name and our own buffer.
-    let ret = unsafe { libc::fstatat(dir, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
-    match last_error(ret, ()) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
-    }
     Ok(Some(match st.st_mode & libc::S_IFMT {
         libc::S_IFREG => Kind::File,
         libc::S_IFDIR => Kind::Dir,
@@ -168,13 +133,12 @@ impl ConfinedDir {
         if !path.is_absolute() {
             return Err(bad("not absolute"));
         }
-        let root = c_name(OsStr::new("/")).expect("no NUL");
-        let fd = fs_user::acting(user, || openat(libc::AT_FDCWD, &root, DIR_FLAGS, 0)).map_err(
-            |source| DatasetError::Io {
+        let fd = fs_user::acting(user, || fs_at::open(c"/", DIR_FLAGS)).map_err(|source| {
+            DatasetError::Io {
                 path: PathBuf::from("/"),
                 source,
-            },
-        )?;
+            }
+        })?;
         let mut dir = ConfinedDir {
             fd,
             path: PathBuf::from("/"),
@@ -214,35 +178,30 @@ impl ConfinedDir {
         name: &OsStr,
         follow: impl Fn(u32) -> bool,
     ) -> Result<ConfinedDir, DatasetError> {
-        let c = c_name(name).map_err(self.io(name))?;
+        let c = component(name).map_err(self.io(name))?;
         let dir_flags = DIR_FLAGS;
         let kind = self
-            .acting(|| kind_at(self.fd.as_raw_fd(), &c))
+            .acting(|| kind_at(self.fd.as_fd(), &c))
             .map_err(self.io(name))?;
         let fd = self
             .acting(|| match kind {
                 None => {
-                    // SAFETY: a syscall on a valid descriptor and a NUL-terminated name.
-                    let ret = unsafe { libc::mkdirat(self.fd.as_raw_fd(), c.as_ptr(), DIR_MODE) };
-                    match last_error(ret, ()) {
-                        // Made by someone else meanwhile: opened without following below.
-                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                        r => r?,
-                    }
-                    openat(self.fd.as_raw_fd(), &c, dir_flags | libc::O_NOFOLLOW, 0).map(Some)
+                    // Made by someone else meanwhile (no error): opened without following below.
+                    fs_at::mkdirat(self.fd.as_fd(), &c, DIR_MODE)?;
+                    openat(self.fd.as_fd(), &c, dir_flags | libc::O_NOFOLLOW, 0).map(Some)
                 }
                 Some(Kind::Dir) => {
-                    openat(self.fd.as_raw_fd(), &c, dir_flags | libc::O_NOFOLLOW, 0).map(Some)
+                    openat(self.fd.as_fd(), &c, dir_flags | libc::O_NOFOLLOW, 0).map(Some)
                 }
                 Some(Kind::Symlink { uid }) if follow(uid) => {
-                    openat(self.fd.as_raw_fd(), &c, dir_flags, 0).map(Some)
+                    openat(self.fd.as_fd(), &c, dir_flags, 0).map(Some)
                 }
                 Some(_) => Ok(None),
             })
-            .map_err(|e| match e.raw_os_error() {
+            .map_err(|e| match fs_at::met(&e) {
                 // A link or a file swapped in after the check.
-                Some(libc::ELOOP) => self.blocked(name, Kind::Symlink { uid: u32::MAX }),
-                Some(libc::ENOTDIR) => self.blocked(name, Kind::File),
+                Some(Met::Link) => self.blocked(name, Kind::Symlink { uid: u32::MAX }),
+                Some(Met::NotDir) => self.blocked(name, Kind::File),
                 _ => self.io(name)(e),
             })?;
         let Some(fd) = fd else {
@@ -272,26 +231,26 @@ impl ConfinedDir {
 
     /// What `name` is here (not following a link), if anything.
     pub fn kind(&self, name: &str) -> Result<Option<Kind>, DatasetError> {
-        let c = c_name(OsStr::new(name)).map_err(self.io(OsStr::new(name)))?;
-        self.acting(|| kind_at(self.fd.as_raw_fd(), &c))
+        let c = component(OsStr::new(name)).map_err(self.io(OsStr::new(name)))?;
+        self.acting(|| kind_at(self.fd.as_fd(), &c))
             .map_err(self.io(OsStr::new(name)))
     }
 
     /// Opens the regular file `name` for reading, never through a link.
     pub fn open_file(&self, name: &str) -> Result<File, DatasetError> {
         let os = OsStr::new(name);
-        let c = c_name(os).map_err(self.io(os))?;
+        let c = component(os).map_err(self.io(os))?;
         let fd = self
             .acting(|| {
                 openat(
-                    self.fd.as_raw_fd(),
+                    self.fd.as_fd(),
                     &c,
                     libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK,
                     0,
                 )
             })
-            .map_err(|e| match e.raw_os_error() {
-                Some(libc::ELOOP) => self.blocked(os, Kind::Symlink { uid: u32::MAX }),
+            .map_err(|e| match fs_at::met(&e) {
+                Some(Met::Link) => self.blocked(os, Kind::Symlink { uid: u32::MAX }),
                 _ => self.io(os)(e),
             })?;
         Ok(File::from(fd))
@@ -300,11 +259,11 @@ impl ConfinedDir {
     /// Creates the file `name` (mode [`FILE_MODE`]), which must not exist: never a link.
     pub fn create_new(&self, name: &str) -> Result<File, DatasetError> {
         let os = OsStr::new(name);
-        let c = c_name(os).map_err(self.io(os))?;
+        let c = component(os).map_err(self.io(os))?;
         let fd = self
             .acting(|| {
                 openat(
-                    self.fd.as_raw_fd(),
+                    self.fd.as_fd(),
                     &c,
                     libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
                     FILE_MODE,
@@ -319,18 +278,18 @@ impl ConfinedDir {
     pub fn rename_new(&self, from: &str, to: &str) -> Result<(), DatasetError> {
         let os = OsStr::new(to);
         let (f, t) = (
-            c_name(OsStr::new(from)).map_err(self.io(os))?,
-            c_name(os).map_err(self.io(os))?,
+            component(OsStr::new(from)).map_err(self.io(os))?,
+            component(os).map_err(self.io(os))?,
         );
         let fd = self.fd.as_raw_fd();
         let renamed = self.acting(|| {
             // SAFETY: a syscall on a valid descriptor and NUL-terminated names.
             let ret =
                 unsafe { libc::renameat2(fd, f.as_ptr(), fd, t.as_ptr(), libc::RENAME_NOREPLACE) };
-            Ok(last_error(ret, ()))
+            Ok(check(ret))
         });
         match renamed.and_then(|r| r) {
-            Ok(()) => Ok(()),
+            Ok(_) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                 let kind = self.kind(to)?.unwrap_or(Kind::File);
                 Err(self.blocked(os, kind))
@@ -341,7 +300,7 @@ impl ConfinedDir {
                 let linked = self.acting(|| {
                     // SAFETY: as above.
                     let ret = unsafe { libc::linkat(fd, f.as_ptr(), fd, t.as_ptr(), 0) };
-                    Ok(last_error(ret, ()))
+                    Ok(check(ret))
                 });
                 match linked.and_then(|r| r) {
                     Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
@@ -361,12 +320,8 @@ impl ConfinedDir {
 
     /// Removes the file `name` here, if it is there (best effort: a leftover temporary).
     pub fn remove_file(&self, name: &str) {
-        if let Ok(c) = c_name(OsStr::new(name)) {
-            let _ = self.acting(|| {
-                // SAFETY: a syscall on a valid descriptor and a NUL-terminated name.
-                unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) };
-                Ok(())
-            });
+        if let Ok(c) = component(OsStr::new(name)) {
+            let _ = self.acting(|| fs_at::unlinkat(self.fd.as_fd(), &c));
         }
     }
 
@@ -468,5 +423,32 @@ mod tests {
             ConfinedDir::open_or_create(Path::new("/tmp/../etc")),
             Err(DatasetError::UnsafePath { .. })
         ));
+    }
+
+    #[test]
+    fn a_name_that_is_not_one_component_is_refused_before_any_call() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = ConfinedDir::open_or_create(&tmp.path().join("d")).unwrap();
+        std::fs::write(tmp.path().join("victim"), b"keep").unwrap();
+        for name in ["../victim", "..", ".", "", "a/b"] {
+            let refused = |r: Result<(), DatasetError>| match r {
+                Err(DatasetError::Io { source, .. }) => {
+                    source.kind() == io::ErrorKind::InvalidInput
+                }
+                _ => false,
+            };
+            assert!(
+                refused(dir.open_file(name).map(drop)),
+                "open_file({name:?})"
+            );
+            assert!(
+                refused(dir.create_new(name).map(drop)),
+                "create_new({name:?})"
+            );
+            assert!(refused(dir.subdir(name).map(drop)), "subdir({name:?})");
+            assert!(refused(dir.kind(name).map(drop)), "kind({name:?})");
+        }
+        assert_eq!(std::fs::read(tmp.path().join("victim")).unwrap(), b"keep");
+        assert!(!tmp.path().join("d/a").exists());
     }
 }

@@ -20,16 +20,21 @@
 //!   the two makes the create fail), then given to the user through its descriptor;
 //! - a directory is taken only from the node, the user, or a uid the node may give places to
 //!   (its `--run-as-range`): one owned by anybody else was not made for a rank and is refused.
+//!
+//! The system calls themselves are the crate's `fs_at`, shared with `get --to`'s walk
+//! ([`crate::datasets::confined`]); what a step does here is this file's.
 
 use std::{
     ffi::{CString, OsStr},
     io,
     os::{
-        fd::{AsRawFd, FromRawFd, OwnedFd},
+        fd::{AsFd, AsRawFd, OwnedFd},
         unix::ffi::OsStrExt,
     },
     path::{Component, Path},
 };
+
+use crate::fs_at::{self, check, component};
 
 /// An open directory the node sets a rank's places up below.
 #[derive(Debug)]
@@ -46,32 +51,6 @@ pub struct Owner {
     pub gid: u32,
 }
 
-fn c_name(name: &OsStr) -> io::Result<CString> {
-    let bytes = name.as_bytes();
-    if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("{name:?} is not one plain path component"),
-        ));
-    }
-    CString::new(bytes).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in a name"))
-}
-
-fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret)
-    }
-}
-
-fn fstat(fd: &OwnedFd) -> io::Result<libc::stat> {
-    // SAFETY: a zeroed stat is a valid out-parameter; fd is open.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    check(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
-    Ok(st)
-}
-
 fn give(fd: &OwnedFd, owner: Owner, mode: u32) -> io::Result<()> {
     // SAFETY: plain syscalls on an open descriptor.
     check(unsafe { libc::fchown(fd.as_raw_fd(), owner.uid, owner.gid) })?;
@@ -86,16 +65,8 @@ impl RankDir {
     pub fn open_node_dir(path: &Path) -> io::Result<RankDir> {
         let c = CString::new(path.as_os_str().as_bytes())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in a path"))?;
-        // SAFETY: a valid C string; the returned descriptor is owned below.
-        let fd = check(unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            )
-        })?;
-        // SAFETY: fd was just opened and is owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let st = fstat(&fd)?;
+        let fd = fs_at::open(&c, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW)?;
+        let st = fs_at::fstat(fd.as_fd())?;
         let node = nix::unistd::Uid::effective().as_raw();
         if st.st_uid != node {
             return Err(io::Error::other(format!(
@@ -110,18 +81,8 @@ impl RankDir {
     /// Opens `name` just below this directory with `flags`, never following a link
     /// (`O_NOFOLLOW`; a file made is 0600 until given away).
     fn open_below(&self, name: &OsStr, c: &CString, flags: libc::c_int) -> io::Result<OwnedFd> {
-        // SAFETY: valid C string, open directory descriptor; the descriptor is owned below.
-        let fd = unsafe {
-            libc::openat(
-                self.fd.as_raw_fd(),
-                c.as_ptr(),
-                flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                0o600 as libc::c_uint,
-            )
-        };
-        let fd = check(fd).map_err(|e| refused_link(name, e))?;
-        // SAFETY: just opened, owned by nobody else.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        fs_at::openat(self.fd.as_fd(), c, flags | libc::O_NOFOLLOW, 0o600)
+            .map_err(|e| refused_link(name, e))
     }
 
     /// Makes (if missing) and opens the directory `name` just below this one without
@@ -134,17 +95,10 @@ impl RankDir {
         mode: u32,
         may_take: &dyn Fn(u32) -> bool,
     ) -> io::Result<RankDir> {
-        let c = c_name(name)?;
-        // SAFETY: valid C string, open directory descriptor.
-        let made = unsafe { libc::mkdirat(self.fd.as_raw_fd(), c.as_ptr(), 0o700) };
-        if made < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::AlreadyExists {
-                return Err(e);
-            }
-        }
+        let c = component(name)?;
+        fs_at::mkdirat(self.fd.as_fd(), &c, 0o700)?;
         let fd = self.open_below(name, &c, libc::O_RDONLY | libc::O_DIRECTORY)?;
-        let st = fstat(&fd)?;
+        let st = fs_at::fstat(fd.as_fd())?;
         let node = nix::unistd::Uid::effective().as_raw();
         if st.st_uid != node && st.st_uid != owner.uid && !may_take(st.st_uid) {
             return Err(io::Error::other(format!(
@@ -193,13 +147,10 @@ impl RankDir {
         mode: u32,
     ) -> io::Result<()> {
         use std::io::Write as _;
-        let c = c_name(name)?;
-        // SAFETY: valid C string, open directory descriptor.
-        if unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) } < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::NotFound {
-                return Err(e);
-            }
+        let c = component(name)?;
+        match fs_at::unlinkat(self.fd.as_fd(), &c) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
         }
         let fd = self.open_below(name, &c, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL)?;
         give(&fd, owner, mode)?;
@@ -211,11 +162,11 @@ impl RankDir {
 
 /// The error of an `openat` that met a link (or anything else it must not follow).
 fn refused_link(name: &OsStr, e: io::Error) -> io::Error {
-    match e.raw_os_error() {
-        Some(libc::ELOOP) | Some(libc::ENOTDIR) | Some(libc::EEXIST) => io::Error::other(format!(
+    match fs_at::met(&e) {
+        Some(_) => io::Error::other(format!(
             "{name:?} is a symbolic link or not what the set-up made (changed under it): refused ({e})"
         )),
-        _ => e,
+        None => e,
     }
 }
 
