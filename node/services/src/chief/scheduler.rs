@@ -58,8 +58,12 @@
 //! For the first job that waits for capacity, [`preemption`] picks victims among running
 //! preemptible jobs of owners that borrow (taken back first) or of lower priority, by the
 //! least work lost: an elastic job above its floor is shrunk, a search gives up trials, a
-//! rigid job (or one at its floor) is requeued; just enough to make the job fit. The
-//! requests ([`Preempt`]) and growths ([`Grow`]) are data the chief hands on.
+//! rigid job (or one at its floor) is requeued; just enough to make the job fit, and only
+//! if the job would then start on the freed room (the pass run again as the victims would
+//! leave the cluster): room claimed by others' quotas, or taken by work ahead of the job,
+//! is freed for nobody (`waiting to borrow 1 cpu: preempting would free room claimed by
+//! others' quotas`). The requests ([`Preempt`]) and growths ([`Grow`]) are data the chief
+//! hands on.
 
 pub mod preemption;
 pub mod usage;
@@ -271,6 +275,17 @@ enum Entry<'q, 'a> {
 
 /// Decides one pass; see the module doc for the rules.
 pub fn schedule(cluster: &ClusterView<'_>, queue: &QueueView<'_>, now_ms: u64) -> Decisions {
+    pass(cluster, queue, now_ms, true)
+}
+
+/// One pass; with `may_preempt` false it plans no preemption (`preemption::plan` runs the
+/// pass again so on what its victims would leave, to see whether its job would start).
+fn pass(
+    cluster: &ClusterView<'_>,
+    queue: &QueueView<'_>,
+    now_ms: u64,
+    may_preempt: bool,
+) -> Decisions {
     let quotas = cluster.quotas;
     let mut ledger = usage::Ledger::of(&queue.running, quotas);
     let totals = usage::totals(&cluster.members);
@@ -358,11 +373,12 @@ pub fn schedule(cluster: &ClusterView<'_>, queue: &QueueView<'_>, now_ms: u64) -
             } else {
                 (Cause::Capacity, capacity_reason(&now, w, room_now))
             };
-            if cause == Cause::Capacity && !preempting && w.trial.is_none() {
+            if cause == Cause::Capacity && may_preempt && !preempting && w.trial.is_none() {
                 preempting = true;
-                out.preempt = preemption::victims(w, &now, &queue.running, &ledger, quotas, now_ms);
-                if let Some(first) = out.preempt.first() {
-                    text.push_str(&format!("; preempting {}", first.summary()));
+                let plan = preemption::plan(w, &now, cluster, queue, &ledger, now_ms);
+                text = plan.reason(text);
+                if let preemption::Plan::Asked(asked) = plan {
+                    out.preempt = asked;
                 }
             }
             let first_trial = w.trial.is_none_or(|_| reserved_trials.insert(w.id));

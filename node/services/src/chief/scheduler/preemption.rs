@@ -25,12 +25,36 @@
 //!    ones at their floor are requeued (back to their checkpoint), the youngest run first.
 //!
 //! When even all candidates would not make room, nothing is asked.
+//!
+//! # Only for room the job gets
+//!
+//! Freed room goes to whoever the next pass admits first, not to the job it was freed for.
+//! So a choice of victims is planned ([`plan`]) only if the job would start on the room it
+//! frees: the pass is run again ([`super::schedule`]'s own rules, no preemption) on the
+//! cluster and queue as the victims would leave them (their ranks free, their usage off the
+//! ledger, a shrunk ring no growth entry, a requeued job not waiting: it is held for the job
+//! it gave way to), and the job must be among its starts. It is not when the freed room is
+//! claimed by others' quotas that the job, borrowing, may not use: taking borrowed ranks
+//! back puts their owner within its quota, and its waiting jobs then claim what was freed
+//! (bench-sharing, 2026-12-07: bob's high job, borrowing, shrank alice's two borrowing
+//! rings, alice's rigid job started on the freed slots and bob's still waited); nor when
+//! work that goes before the job in the pass (a growth first at its priority, a job that
+//! waited on a borrow or a reservation) would take the room first. Then, for a job that
+//! would borrow, its own owner's work alone is tried (what that frees, the job no longer
+//! borrows, so no claim holds it back); when that does not serve either, nothing is asked
+//! and the job says why: `waiting to borrow 1 cpu: preempting would free room claimed by
+//! others' quotas`, or `...; preempting would free room that work ahead of it takes`. As
+//! before, only the pass's first job that waits for capacity is planned for: when its room
+//! would go elsewhere, that pass asks nobody to give way.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
-use super::{usage::Ledger, Running, Waiting};
-use crate::chief::placement::{self, Candidate};
+use super::{
+    usage::{Ledger, Usage},
+    Cause, ClusterView, QueueView, Running, Waiting,
+};
+use crate::chief::placement::{self, Candidate, Plural};
 use crate::domain::{
     spec::priority,
     state::{quotas::Quota, JobId},
@@ -91,25 +115,185 @@ enum Loss {
     Requeue,
 }
 
-/// The requests that make room for `w` on `now` (empty when no choice of victims would).
-pub fn victims(
+/// What preempting for a waiting job comes to ([`plan`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// Ask these; the job then starts on the room they free.
+    Asked(Vec<Preempt>),
+    /// No choice of victims makes room for the job.
+    NoRoom,
+    /// The room the victims would free is claimed by others' quotas, and the job would
+    /// borrow this much of it.
+    Claimed(Usage),
+    /// Work that goes before the job in the pass would take the room first.
+    TakenAhead,
+}
+
+impl Plan {
+    /// The job's pending reason, given the one it waits with (`waiting for 2 cpus: 0 free`).
+    pub fn reason(&self, waits: String) -> String {
+        match self {
+            Plan::Asked(asked) => match asked.first() {
+                Some(first) => format!("{waits}; preempting {}", first.summary()),
+                None => waits,
+            },
+            Plan::NoRoom => waits,
+            Plan::Claimed(borrowed) => format!(
+                "waiting to borrow {}: preempting would free room claimed by others' quotas",
+                amount(borrowed)
+            ),
+            Plan::TakenAhead => {
+                format!("{waits}; preempting would free room that work ahead of it takes")
+            }
+        }
+    }
+}
+
+/// `3 cpus`, `1 gpu`, `2 cpus and 1 gpu` (as `usage::Claims::refuses` names them).
+fn amount(u: &Usage) -> String {
+    let cpus = Plural(u.cpus, "cpu");
+    let gpus = Plural(u.gpus, "gpu");
+    match (u.cpus, u.gpus) {
+        (_, 0) => cpus.to_string(),
+        (0, _) => gpus.to_string(),
+        _ => format!("{cpus} and {gpus}"),
+    }
+}
+
+/// The victims for `w` (see the module doc), planned only when `w` would start on the room
+/// they free: the first choice, else for a job that would borrow its own owner's work alone.
+/// `now` is the cluster as the pass has it at `w` (starts and reservations taken); `cluster`
+/// and `queue` are the pass's input, run again as the victims would leave them.
+pub fn plan(
+    w: &Waiting<'_>,
+    now: &[Candidate],
+    cluster: &ClusterView<'_>,
+    queue: &QueueView<'_>,
+    ledger: &Ledger,
+    now_ms: u64,
+) -> Plan {
+    let quotas = cluster.quotas;
+    let Some(first) = victims(w, now, &queue.running, ledger, quotas, now_ms, Among::All) else {
+        return Plan::NoRoom;
+    };
+    let unserved = match served(w, &first, cluster, queue, now_ms) {
+        None => return Plan::Asked(first.asked),
+        Some(unserved) => unserved,
+    };
+    if borrows(w, ledger, quotas) {
+        let own = victims(w, now, &queue.running, ledger, quotas, now_ms, Among::Own);
+        if let Some(own) = own.filter(|own| own.kept != first.kept) {
+            if served(w, &own, cluster, queue, now_ms).is_none() {
+                return Plan::Asked(own.asked);
+            }
+        }
+    }
+    unserved
+}
+
+/// Whether `w` would borrow at its floor.
+fn borrows(w: &Waiting<'_>, ledger: &Ledger, quotas: &BTreeMap<String, Quota>) -> bool {
+    let mut floor = w.request;
+    floor.workers = w.min_workers;
+    ledger.borrowed_by(w.owner, &floor, quotas) != Usage::default()
+}
+
+/// Whether `w` starts in the pass run again on what `v` leaves (`None`), else why not.
+fn served(
+    w: &Waiting<'_>,
+    v: &Victims,
+    cluster: &ClusterView<'_>,
+    queue: &QueueView<'_>,
+    now_ms: u64,
+) -> Option<Plan> {
+    let mut members = cluster.members.clone();
+    let mut running = Vec::with_capacity(queue.running.len());
+    for (i, r) in queue.running.iter().enumerate() {
+        let Some(&(_, kept)) = v.kept.iter().find(|(at, _)| *at == i) else {
+            running.push(r.clone());
+            continue;
+        };
+        r.slots[kept..]
+            .iter()
+            .for_each(|s| release(&mut members, r, s));
+        // A shrunk ring is held at its ceiling while `w` waits (`chief::held_at_ceiling`):
+        // no growth entry. A requeued job is held for `w` (`chief::held_for_others`).
+        if kept > 0 {
+            running.push(Running {
+                slots: &r.slots[..kept],
+                may_grow: false,
+                ..r.clone()
+            });
+        }
+    }
+    let after = QueueView {
+        waiting: queue.waiting.clone(),
+        running,
+        gpu_ms: queue.gpu_ms.clone(),
+    };
+    let cluster = ClusterView {
+        members,
+        quotas: cluster.quotas,
+    };
+    let d = super::pass(&cluster, &after, now_ms, false);
+    if d.starts.iter().any(|s| s.id == w.id && s.trial == w.trial) {
+        return None;
+    }
+    let cause = d
+        .reasons
+        .iter()
+        .find(|r| r.id == w.id && r.trial == w.trial)
+        .map(|r| r.cause);
+    Some(match cause {
+        Some(Cause::Borrow) => {
+            let ledger = Ledger::of(&after.running, cluster.quotas);
+            let mut floor = w.request;
+            floor.workers = w.min_workers;
+            Plan::Claimed(ledger.borrowed_by(w.owner, &floor, cluster.quotas))
+        }
+        _ => Plan::TakenAhead,
+    })
+}
+
+/// Which running jobs may be victims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Among {
+    /// Every candidate of the module doc's rule.
+    All,
+    /// Only the waiting job's own owner's.
+    Own,
+}
+
+/// A choice of victims: the requests, and the ranks each victim keeps (by index in the
+/// queue's running jobs; 0 for a requeue or a paused trial).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Victims {
+    asked: Vec<Preempt>,
+    kept: Vec<(usize, usize)>,
+}
+
+/// The requests that make room for `w` on `now` (`None` when no choice of victims would).
+fn victims(
     w: &Waiting<'_>,
     now: &[Candidate],
     running: &[Running<'_>],
     ledger: &Ledger,
     quotas: &BTreeMap<String, Quota>,
     now_ms: u64,
-) -> Vec<Preempt> {
+    among: Among,
+) -> Option<Victims> {
     let need = u64::from(w.min_workers);
     let mut req = w.request;
     req.workers = w.min_workers;
     let reclaims = ledger.borrowed_by(w.owner, &req, quotas) == Default::default();
-    // (not borrowed, priority, loss, work lost, youngest first) and the job.
+    // (not borrowed, priority, loss, work lost, youngest first) and the job's index.
     type Order = (bool, u32, Loss, u64, std::cmp::Reverse<JobId>);
-    let mut candidates: Vec<(Order, &Running<'_>)> = running
+    let mut candidates: Vec<(Order, usize)> = running
         .iter()
-        .filter(|r| r.preemptible && !r.slots.is_empty())
-        .filter_map(|r| {
+        .enumerate()
+        .filter(|(_, r)| r.preemptible && !r.slots.is_empty())
+        .filter(|(_, r)| among == Among::All || r.owner == w.owner)
+        .filter_map(|(i, r)| {
             let borrowing = reclaims
                 && r.owner != w.owner
                 && r.priority <= w.priority
@@ -142,7 +326,7 @@ pub fn victims(
                 lost_ms,
                 std::cmp::Reverse(r.id),
             );
-            Some((order, r))
+            Some((order, i))
         })
         .collect();
     candidates.sort_by_key(|(order, _)| *order);
@@ -155,11 +339,13 @@ pub fn victims(
         priority::label(w.priority)
     );
     let mut out: Vec<Preempt> = Vec::new();
+    let mut kept: Vec<(usize, usize)> = Vec::new();
     let mut paused: BTreeMap<JobId, u32> = BTreeMap::new();
-    for ((_, _, loss, _, _), r) in candidates {
+    for ((_, _, loss, _, _), i) in candidates {
         if placement::room(&view, &w.request) >= need {
             break;
         }
+        let r = &running[i];
         match loss {
             Loss::Shrink => {
                 let mut left = r.slots.len() as u32;
@@ -173,6 +359,7 @@ pub fn victims(
                         break;
                     }
                 }
+                kept.push((i, left as usize));
                 out.push(Preempt {
                     victim: r.id,
                     action: Action::Shrink { to_workers: left },
@@ -182,10 +369,12 @@ pub fn victims(
             }
             Loss::Trial => {
                 r.slots.iter().for_each(|s| release(&mut view, r, s));
+                kept.push((i, 0));
                 *paused.entry(r.trial_of.expect("a trial")).or_default() += 1;
             }
             Loss::Requeue => {
                 r.slots.iter().for_each(|s| release(&mut view, r, s));
+                kept.push((i, 0));
                 out.push(Preempt {
                     victim: r.id,
                     action: Action::Requeue,
@@ -196,7 +385,7 @@ pub fn victims(
         }
     }
     if placement::room(&view, &w.request) < need {
-        return Vec::new();
+        return None;
     }
     for (search, count) in paused {
         out.push(Preempt {
@@ -206,7 +395,7 @@ pub fn victims(
             reason: reason.clone(),
         });
     }
-    out
+    Some(Victims { asked: out, kept })
 }
 
 /// Gives `slot` of `r` back to its member in `view`.

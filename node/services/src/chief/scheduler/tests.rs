@@ -595,6 +595,179 @@ fn a_borrowers_growth_leaves_what_a_waiting_users_quota_claims() {
     assert_eq!(started(&d), vec![id(2)]);
 }
 
+/// One member of `cpus` one-cpu slots, wholly held: alice's elastic ring of 4 ranks (floor 2)
+/// and `others` ranks of another job; quotas of cpus with unlimited borrowing.
+struct Held {
+    members: Vec<Candidate>,
+    ring: Vec<Slot>,
+    others: Vec<Slot>,
+    quotas: BTreeMap<String, Quota>,
+}
+
+impl Held {
+    fn new(cpus: u32, quotas: &[(&str, u32)]) -> Held {
+        let mut members = vec![member("a", cpus, 0)];
+        let ring = hold(&mut members, &[0; 4], &req(1, 1, 0));
+        let others = hold(&mut members, &vec![0; cpus as usize - 4], &req(1, 1, 0));
+        let quotas = quotas
+            .iter()
+            .map(|(owner, cpus)| (owner.to_string(), quota(*cpus, None)))
+            .collect();
+        Held {
+            members,
+            ring,
+            others,
+            quotas,
+        }
+    }
+
+    fn cluster(&self) -> ClusterView<'_> {
+        ClusterView {
+            members: self.members.clone(),
+            quotas: &self.quotas,
+        }
+    }
+
+    /// Alice's ring, j-1.
+    fn ring(&self, priority: u32) -> Running<'_> {
+        let mut ring = running(1, "alice", priority, &self.ring, req(1, 1, 0));
+        ring.elastic = true;
+        ring.min_workers = 2;
+        ring
+    }
+}
+
+/// What a pass asks to give way: (victim, action, for whom).
+fn asked(d: &Decisions) -> Vec<(JobId, Action, JobId)> {
+    d.preempt
+        .iter()
+        .map(|p| (p.victim, p.action, p.for_job))
+        .collect()
+}
+
+/// bench-sharing's detour (2026-12-07): bob's high job, which would borrow, shrank alice's
+/// borrowing ring; alice, back within her quota, had a job waiting that claimed the freed
+/// room, so it started there and bob's job still waited. Preemption is planned only for
+/// room its requester would get.
+#[test]
+fn a_borrower_preempts_nobody_when_a_claimant_would_take_the_freed_room() {
+    let held = Held::new(4, &[("alice", 3), ("bob", 0)]);
+    // Alice's ring borrows 1 of its 4 ranks; her waiting job would borrow too, so it claims
+    // nothing now, but would claim a cpu of her quota once the ring is shrunk to 2 for bob.
+    let queue = QueueView {
+        waiting: vec![
+            waiting(2, "alice", priority::NORMAL, req(1, 1, 0)),
+            waiting(3, "bob", priority::HIGH, req(2, 1, 0)),
+        ],
+        running: vec![held.ring(priority::NORMAL)],
+        ..QueueView::default()
+    };
+    let d = schedule(&held.cluster(), &queue, 10);
+    assert_eq!(asked(&d), vec![]);
+    assert_eq!(
+        reason_of(&d, 3),
+        Some("waiting to borrow 2 cpus: preempting would free room claimed by others' quotas")
+    );
+}
+
+/// The same borrower, with no claimant waiting: the freed room is its, and it preempts.
+#[test]
+fn a_borrower_still_preempts_when_the_freed_room_is_unclaimed() {
+    let held = Held::new(4, &[("alice", 3), ("bob", 0)]);
+    let queue = QueueView {
+        waiting: vec![waiting(3, "bob", priority::HIGH, req(2, 1, 0))],
+        running: vec![held.ring(priority::NORMAL)],
+        ..QueueView::default()
+    };
+    let d = schedule(&held.cluster(), &queue, 10);
+    assert_eq!(
+        asked(&d),
+        vec![(id(1), Action::Shrink { to_workers: 2 }, id(3))]
+    );
+    assert_eq!(
+        reason_of(&d, 3),
+        Some("waiting for 2 cpus: 0 free; preempting j-1 (shrink to 2)")
+    );
+}
+
+/// A job within its owner's quota takes borrowed work back as before: the room it frees is
+/// its own quota's, which no borrower behind it (bob) may take.
+#[test]
+fn a_job_within_its_quota_still_takes_borrowed_work_back() {
+    let held = Held::new(4, &[("alice", 2), ("bob", 0), ("carol", 2)]);
+    let queue = QueueView {
+        waiting: vec![
+            waiting(2, "carol", priority::NORMAL, req(2, 1, 0)),
+            waiting(3, "bob", priority::NORMAL, req(2, 1, 0)),
+        ],
+        running: vec![held.ring(priority::NORMAL)],
+        ..QueueView::default()
+    };
+    let d = schedule(&held.cluster(), &queue, 10);
+    assert_eq!(
+        asked(&d),
+        vec![(id(1), Action::Shrink { to_workers: 2 }, id(2))]
+    );
+    assert_eq!(
+        reason_of(&d, 2),
+        Some("waiting for 2 cpus: 0 free; preempting j-1 (shrink to 2)")
+    );
+}
+
+/// When the room others' victims would free is claimed, a borrower's own owner's work is
+/// taken instead: what that frees, the job no longer borrows.
+#[test]
+fn a_borrower_takes_its_owners_own_work_when_others_freed_room_is_claimed() {
+    let held = Held::new(6, &[("alice", 3), ("bob", 2)]);
+    // Alice's low ring borrows 1; shrunk to 2 for bob, her waiting job would claim one of
+    // the 2 freed cpus. Bob's high job would borrow 2 beside his normal one.
+    let bobs = running(2, "bob", priority::NORMAL, &held.others, req(1, 1, 0));
+    let queue = QueueView {
+        waiting: vec![
+            waiting(3, "alice", priority::LOW, req(1, 1, 0)),
+            waiting(4, "bob", priority::HIGH, req(2, 1, 0)),
+        ],
+        running: vec![held.ring(priority::LOW), bobs],
+        ..QueueView::default()
+    };
+    let d = schedule(&held.cluster(), &queue, 10);
+    assert_eq!(asked(&d), vec![(id(2), Action::Requeue, id(4))]);
+    assert_eq!(
+        reason_of(&d, 4),
+        Some("waiting for 2 cpus: 0 free; preempting j-2 (requeue)")
+    );
+}
+
+/// A growth that goes first at its priority would take what requeueing a low job frees for
+/// a normal one: nothing is requeued, and the job says why.
+#[test]
+fn nothing_is_preempted_for_room_that_work_ahead_would_take() {
+    let mut members = vec![member("a", 2, 0)];
+    let r = req(1, 1, 0);
+    let ring_slots = hold(&mut members, &[0], &r);
+    let low_slots = hold(&mut members, &[0], &r);
+    let quotas = BTreeMap::new();
+    let cluster = ClusterView {
+        members,
+        quotas: &quotas,
+    };
+    let mut ring = running(1, "dave", priority::HIGH, &ring_slots, r);
+    ring.elastic = true;
+    ring.may_grow = true;
+    ring.joiners_exclude = BTreeSet::new();
+    let queue = QueueView {
+        waiting: vec![waiting(3, "bob", priority::NORMAL, req(1, 1, 0))],
+        running: vec![ring, running(2, "erin", priority::LOW, &low_slots, r)],
+        ..QueueView::default()
+    };
+    let d = schedule(&cluster, &queue, 10);
+    assert_eq!(asked(&d), vec![]);
+    assert_eq!(
+        reason_of(&d, 3),
+        Some("waiting for 1 cpu: 0 free; preempting would free room that work ahead of it takes")
+    );
+}
+
 /// Trial entry `i` of search `n` (submitted at 0).
 fn trial<'a>(n: u64, i: u32, owner: &'a str, priority: u32, request: Request) -> Waiting<'a> {
     Waiting {
