@@ -303,7 +303,9 @@ fn pass(
     let mut grown: Vec<(Slot, Request)> = Vec::new();
     let mut reservations = 0usize;
     let mut position = 0usize;
-    let mut preempting = false;
+    // Whether a waiting job may still plan a preemption, and how many did.
+    let mut planning = true;
+    let mut plans = 0usize;
     // Searches whose first waiting trial holds a reservation.
     let mut reserved_trials: BTreeSet<JobId> = BTreeSet::new();
     for entry in &order {
@@ -373,10 +375,17 @@ fn pass(
             } else {
                 (Cause::Capacity, capacity_reason(&now, w, room_now))
             };
-            if cause == Cause::Capacity && may_preempt && !preempting && w.trial.is_none() {
-                preempting = true;
+            if cause == Cause::Capacity && may_preempt && planning && w.trial.is_none() {
+                plans += 1;
                 let plan = preemption::plan(w, &now, cluster, queue, &ledger, now_ms);
                 text = plan.reason(text);
+                // Room that would go elsewhere blocks nobody behind the job: the next job
+                // that waits for capacity may plan (its plan is checked the same way).
+                planning = plans < preemption::PLANS_PER_PASS_MAX
+                    && matches!(
+                        plan,
+                        preemption::Plan::Claimed(_) | preemption::Plan::TakenAhead
+                    );
                 if let preemption::Plan::Asked(asked) = plan {
                     out.preempt = asked;
                 }

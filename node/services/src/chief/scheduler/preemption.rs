@@ -39,13 +39,17 @@
 //! (bench-sharing, 2026-12-07: bob's high job, borrowing, shrank alice's two borrowing
 //! rings, alice's rigid job started on the freed slots and bob's still waited); nor when
 //! work that goes before the job in the pass (a growth first at its priority, a job that
-//! waited on a borrow or a reservation) would take the room first. Then, for a job that
-//! would borrow, its own owner's work alone is tried (what that frees, the job no longer
-//! borrows, so no claim holds it back); when that does not serve either, nothing is asked
-//! and the job says why: `waiting to borrow 1 cpu: preempting would free room claimed by
-//! others' quotas`, or `...; preempting would free room that work ahead of it takes`. As
-//! before, only the pass's first job that waits for capacity is planned for: when its room
-//! would go elsewhere, that pass asks nobody to give way.
+//! waited on a borrow or a reservation) would take the room first. Then (or when the
+//! first choice finds no room), for a job that would borrow, its own owner's lower-priority
+//! work alone is tried, until the gang fits and the job no longer borrows (an elastic ring
+//! past its floor is then requeued): what that frees, no claim holds back (bench-sharing:
+//! bob's high job within his quota, beside his own low train ring). When that does not
+//! serve either, nothing is asked and the job says why: `waiting to borrow 1 cpu:
+//! preempting would free room claimed by others' quotas`, or `...; preempting would free
+//! room that work ahead of it takes`. Such a job blocks nobody's preemption behind it: the
+//! next job that waits for capacity is planned for the same way, up to
+//! [`PLANS_PER_PASS_MAX`] jobs a pass (a claimant within its quota then takes borrowed work
+//! back for itself, rather than a borrower for it).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -115,6 +119,11 @@ enum Loss {
     Requeue,
 }
 
+/// Most waiting jobs one pass plans a preemption for: the first that waits for capacity,
+/// and while the room each would free goes elsewhere ([`Plan::Claimed`],
+/// [`Plan::TakenAhead`]), the next.
+pub const PLANS_PER_PASS_MAX: usize = 4;
+
 /// What preempting for a waiting job comes to ([`plan`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Plan {
@@ -173,16 +182,18 @@ pub fn plan(
     now_ms: u64,
 ) -> Plan {
     let quotas = cluster.quotas;
-    let Some(first) = victims(w, now, &queue.running, ledger, quotas, now_ms, Among::All) else {
-        return Plan::NoRoom;
-    };
-    let unserved = match served(w, &first, cluster, queue, now_ms) {
-        None => return Plan::Asked(first.asked),
-        Some(unserved) => unserved,
+    let first = victims(w, now, &queue.running, ledger, quotas, now_ms, Among::All);
+    let unserved = match &first {
+        None => Plan::NoRoom,
+        Some(first) => match served(w, first, cluster, queue, now_ms) {
+            None => return Plan::Asked(first.asked.clone()),
+            Some(unserved) => unserved,
+        },
     };
     if borrows(w, ledger, quotas) {
         let own = victims(w, now, &queue.running, ledger, quotas, now_ms, Among::Own);
-        if let Some(own) = own.filter(|own| own.kept != first.kept) {
+        let differs = |own: &Victims| first.as_ref().is_none_or(|f| f.kept != own.kept);
+        if let Some(own) = own.filter(differs) {
             if served(w, &own, cluster, queue, now_ms).is_none() {
                 return Plan::Asked(own.asked);
             }
@@ -331,6 +342,14 @@ fn victims(
         .collect();
     candidates.sort_by_key(|(order, _)| *order);
 
+    // Enough: the gang fits; for own work alone, also the job no longer borrows (else what
+    // is freed may be claimed by others' quotas again), as far as own work goes.
+    let mut left_ledger = ledger.clone();
+    let enough = |view: &[Candidate], left_ledger: &Ledger| {
+        placement::room(view, &w.request) >= need
+            && (among == Among::All
+                || left_ledger.borrowed_by(w.owner, &req, quotas) == Usage::default())
+    };
     let mut view = now.to_vec();
     let reason = format!(
         "preempted for {} ({}, priority {})",
@@ -342,38 +361,53 @@ fn victims(
     let mut kept: Vec<(usize, usize)> = Vec::new();
     let mut paused: BTreeMap<JobId, u32> = BTreeMap::new();
     for ((_, _, loss, _, _), i) in candidates {
-        if placement::room(&view, &w.request) >= need {
+        if enough(&view, &left_ledger) {
             break;
         }
         let r = &running[i];
+        let rank = super::one_rank(r);
+        let free = |view: &mut Vec<Candidate>, ledger: &mut Ledger, slots: &[placement::Slot]| {
+            slots.iter().for_each(|s| release(view, r, s));
+            ledger.remove(r.owner, &rank, slots.len() as u64, quotas);
+        };
         match loss {
             Loss::Shrink => {
-                let mut left = r.slots.len() as u32;
-                for slot in r.slots.iter().rev() {
-                    if left <= r.min_workers {
-                        break;
-                    }
-                    release(&mut view, r, slot);
+                // Own work is shrunk past its floor when that is not enough: it is then
+                // requeued (a ring does not run below its floor).
+                let floor = match among {
+                    Among::All => r.min_workers,
+                    Among::Own => 0,
+                };
+                let mut left = r.slots.len();
+                while left as u32 > floor && !enough(&view, &left_ledger) {
+                    free(&mut view, &mut left_ledger, &r.slots[left - 1..left]);
                     left -= 1;
-                    if placement::room(&view, &w.request) >= need {
-                        break;
-                    }
                 }
-                kept.push((i, left as usize));
+                if (left as u32) < r.min_workers {
+                    free(&mut view, &mut left_ledger, &r.slots[..left]);
+                    left = 0;
+                }
+                kept.push((i, left));
+                let action = match left {
+                    0 => Action::Requeue,
+                    _ => Action::Shrink {
+                        to_workers: left as u32,
+                    },
+                };
                 out.push(Preempt {
                     victim: r.id,
-                    action: Action::Shrink { to_workers: left },
+                    action,
                     for_job: w.id,
                     reason: reason.clone(),
                 });
             }
             Loss::Trial => {
-                r.slots.iter().for_each(|s| release(&mut view, r, s));
+                free(&mut view, &mut left_ledger, r.slots);
                 kept.push((i, 0));
                 *paused.entry(r.trial_of.expect("a trial")).or_default() += 1;
             }
             Loss::Requeue => {
-                r.slots.iter().for_each(|s| release(&mut view, r, s));
+                free(&mut view, &mut left_ledger, r.slots);
                 kept.push((i, 0));
                 out.push(Preempt {
                     victim: r.id,

@@ -635,6 +635,16 @@ impl Held {
         ring.min_workers = 2;
         ring
     }
+
+    /// A pass with `waiting` beside alice's ring of normal priority alone.
+    fn schedule(&self, waiting: Vec<Waiting<'_>>) -> Decisions {
+        let queue = QueueView {
+            waiting,
+            running: vec![self.ring(priority::NORMAL)],
+            ..QueueView::default()
+        };
+        schedule(&self.cluster(), &queue, 10)
+    }
 }
 
 /// What a pass asks to give way: (victim, action, for whom).
@@ -654,15 +664,10 @@ fn a_borrower_preempts_nobody_when_a_claimant_would_take_the_freed_room() {
     let held = Held::new(4, &[("alice", 3), ("bob", 0)]);
     // Alice's ring borrows 1 of its 4 ranks; her waiting job would borrow too, so it claims
     // nothing now, but would claim a cpu of her quota once the ring is shrunk to 2 for bob.
-    let queue = QueueView {
-        waiting: vec![
-            waiting(2, "alice", priority::NORMAL, req(1, 1, 0)),
-            waiting(3, "bob", priority::HIGH, req(2, 1, 0)),
-        ],
-        running: vec![held.ring(priority::NORMAL)],
-        ..QueueView::default()
-    };
-    let d = schedule(&held.cluster(), &queue, 10);
+    let d = held.schedule(vec![
+        waiting(2, "alice", priority::NORMAL, req(1, 1, 0)),
+        waiting(3, "bob", priority::HIGH, req(2, 1, 0)),
+    ]);
     assert_eq!(asked(&d), vec![]);
     assert_eq!(
         reason_of(&d, 3),
@@ -674,12 +679,7 @@ fn a_borrower_preempts_nobody_when_a_claimant_would_take_the_freed_room() {
 #[test]
 fn a_borrower_still_preempts_when_the_freed_room_is_unclaimed() {
     let held = Held::new(4, &[("alice", 3), ("bob", 0)]);
-    let queue = QueueView {
-        waiting: vec![waiting(3, "bob", priority::HIGH, req(2, 1, 0))],
-        running: vec![held.ring(priority::NORMAL)],
-        ..QueueView::default()
-    };
-    let d = schedule(&held.cluster(), &queue, 10);
+    let d = held.schedule(vec![waiting(3, "bob", priority::HIGH, req(2, 1, 0))]);
     assert_eq!(
         asked(&d),
         vec![(id(1), Action::Shrink { to_workers: 2 }, id(3))]
@@ -695,15 +695,10 @@ fn a_borrower_still_preempts_when_the_freed_room_is_unclaimed() {
 #[test]
 fn a_job_within_its_quota_still_takes_borrowed_work_back() {
     let held = Held::new(4, &[("alice", 2), ("bob", 0), ("carol", 2)]);
-    let queue = QueueView {
-        waiting: vec![
-            waiting(2, "carol", priority::NORMAL, req(2, 1, 0)),
-            waiting(3, "bob", priority::NORMAL, req(2, 1, 0)),
-        ],
-        running: vec![held.ring(priority::NORMAL)],
-        ..QueueView::default()
-    };
-    let d = schedule(&held.cluster(), &queue, 10);
+    let d = held.schedule(vec![
+        waiting(2, "carol", priority::NORMAL, req(2, 1, 0)),
+        waiting(3, "bob", priority::NORMAL, req(2, 1, 0)),
+    ]);
     assert_eq!(
         asked(&d),
         vec![(id(1), Action::Shrink { to_workers: 2 }, id(2))]
@@ -735,6 +730,63 @@ fn a_borrower_takes_its_owners_own_work_when_others_freed_room_is_claimed() {
     assert_eq!(
         reason_of(&d, 4),
         Some("waiting for 2 cpus: 0 free; preempting j-2 (requeue)")
+    );
+}
+
+/// bench-sharing, 2026-12-07 (after the rule above): bob's high job, within his quota but
+/// for his own low train ring, waited 239 s: shrinking alice's borrowing ring put her back
+/// within her quota, her waiting job claimed the room, and bob's ring at its floor was no
+/// victim. His own work alone is taken, past the ring's floor, until he no longer borrows.
+#[test]
+fn a_borrower_requeues_its_owners_own_ring_to_come_within_its_quota() {
+    let mut members = vec![member("a", 8, 0)];
+    let r = req(1, 1, 0);
+    let bob_slots = hold(&mut members, &[0; 3], &r);
+    let alice_slots = hold(&mut members, &[0; 5], &r);
+    let quotas = BTreeMap::from([
+        ("alice".to_owned(), quota(4, None)),
+        ("bob".to_owned(), quota(3, None)),
+    ]);
+    let cluster = ClusterView {
+        members,
+        quotas: &quotas,
+    };
+    let mut bobs = running(1, "bob", priority::LOW, &bob_slots, r);
+    let mut alices = running(2, "alice", priority::LOW, &alice_slots, r);
+    for ring in [&mut bobs, &mut alices] {
+        ring.elastic = true;
+        ring.min_workers = 2;
+    }
+    let queue = QueueView {
+        waiting: vec![
+            waiting(3, "alice", priority::LOW, req(2, 1, 0)),
+            waiting(4, "bob", priority::HIGH, req(3, 1, 0)),
+        ],
+        running: vec![bobs, alices],
+        ..QueueView::default()
+    };
+    let d = schedule(&cluster, &queue, 10);
+    assert_eq!(asked(&d), vec![(id(1), Action::Requeue, id(4))]);
+}
+
+/// A borrower's room claimed by a job within its quota behind it: that job takes the
+/// borrowed work back for itself (before, the borrower asked and the claimant took it). It
+/// frees two ranks: one beside the one bob's reservation holds; with both free, bob's
+/// borrow fits beside carol's claim and both start.
+#[test]
+fn a_claimant_behind_a_borrower_whose_room_it_claims_takes_borrowed_work_back() {
+    let held = Held::new(4, &[("alice", 3), ("bob", 0), ("carol", 1)]);
+    let d = held.schedule(vec![
+        waiting(2, "bob", priority::HIGH, req(1, 1, 0)),
+        waiting(3, "carol", priority::NORMAL, req(1, 1, 0)),
+    ]);
+    assert_eq!(
+        asked(&d),
+        vec![(id(1), Action::Shrink { to_workers: 2 }, id(3))]
+    );
+    assert_eq!(
+        reason_of(&d, 2),
+        Some("waiting to borrow 1 cpu: preempting would free room claimed by others' quotas")
     );
 }
 
