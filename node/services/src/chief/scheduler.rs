@@ -375,6 +375,7 @@ fn pass(
             } else {
                 (Cause::Capacity, capacity_reason(&now, w, room_now))
             };
+            let mut held = None;
             if cause == Cause::Capacity && may_preempt && planning && w.trial.is_none() {
                 plans += 1;
                 let plan = preemption::plan(w, &now, cluster, queue, &ledger, now_ms);
@@ -386,12 +387,27 @@ fn pass(
                         plan,
                         preemption::Plan::Claimed(_) | preemption::Plan::TakenAhead
                     );
-                if let preemption::Plan::Asked(asked) = plan {
+                if let preemption::Plan::Asked { asked, start } = plan {
                     out.preempt = asked;
+                    held = Some(start);
                 }
             }
             let first_trial = w.trial.is_none_or(|_| reserved_trials.insert(w.id));
-            if first_trial && reservations < RESERVATIONS_MAX && future.reserve(&mut now, &floor) {
+            if let Some(start) = held {
+                // Preempted for: the room it starts on once the victims are out is held
+                // from now on, its free part included, so no job behind it starts there
+                // while they leave (bench-sharing, 2026-12-07: a ring shrunk for carol's
+                // 3-rank job while a 1-rank job of hers took one of the two slots the
+                // search had just freed; the 3-rank job waited 57 s more).
+                let mut req = w.request;
+                req.workers = start.len() as u32;
+                placement::take(&mut now, &start, &req);
+                future.take(&start, &req);
+                reservations += 1;
+            } else if first_trial
+                && reservations < RESERVATIONS_MAX
+                && future.reserve(&mut now, &floor)
+            {
                 reservations += 1;
             }
             wait(cause, text);

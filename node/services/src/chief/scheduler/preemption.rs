@@ -58,7 +58,7 @@ use super::{
     usage::{Ledger, Usage},
     Cause, ClusterView, QueueView, Running, Waiting,
 };
-use crate::chief::placement::{self, Candidate, Plural};
+use crate::chief::placement::{self, Candidate, Plural, Slot};
 use crate::domain::{
     spec::priority,
     state::{quotas::Quota, JobId},
@@ -127,8 +127,15 @@ pub const PLANS_PER_PASS_MAX: usize = 4;
 /// What preempting for a waiting job comes to ([`plan`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Plan {
-    /// Ask these; the job then starts on the room they free.
-    Asked(Vec<Preempt>),
+    /// Ask these; the job then starts on `start`, the room they free and what is free now.
+    /// The pass holds `start` for the job from now on, so that no job behind it starts on
+    /// the part of it that is free already while the victims leave.
+    Asked {
+        /// The requests.
+        asked: Vec<Preempt>,
+        /// Where the job starts once they are out (the pass run again).
+        start: Vec<Slot>,
+    },
     /// No choice of victims makes room for the job.
     NoRoom,
     /// The room the victims would free is claimed by others' quotas, and the job would
@@ -142,7 +149,7 @@ impl Plan {
     /// The job's pending reason, given the one it waits with (`waiting for 2 cpus: 0 free`).
     pub fn reason(&self, waits: String) -> String {
         match self {
-            Plan::Asked(asked) => match asked.first() {
+            Plan::Asked { asked, .. } => match asked.first() {
                 Some(first) => format!("{waits}; preempting {}", first.summary()),
                 None => waits,
             },
@@ -186,16 +193,24 @@ pub fn plan(
     let unserved = match &first {
         None => Plan::NoRoom,
         Some(first) => match served(w, first, cluster, queue, now_ms) {
-            None => return Plan::Asked(first.asked.clone()),
-            Some(unserved) => unserved,
+            Ok(start) => {
+                return Plan::Asked {
+                    asked: first.asked.clone(),
+                    start,
+                }
+            }
+            Err(unserved) => unserved,
         },
     };
     if borrows(w, ledger, quotas) {
         let own = victims(w, now, &queue.running, ledger, quotas, now_ms, Among::Own);
         let differs = |own: &Victims| first.as_ref().is_none_or(|f| f.kept != own.kept);
         if let Some(own) = own.filter(differs) {
-            if served(w, &own, cluster, queue, now_ms).is_none() {
-                return Plan::Asked(own.asked);
+            if let Ok(start) = served(w, &own, cluster, queue, now_ms) {
+                return Plan::Asked {
+                    asked: own.asked,
+                    start,
+                };
             }
         }
     }
@@ -209,14 +224,14 @@ fn borrows(w: &Waiting<'_>, ledger: &Ledger, quotas: &BTreeMap<String, Quota>) -
     ledger.borrowed_by(w.owner, &floor, quotas) != Usage::default()
 }
 
-/// Whether `w` starts in the pass run again on what `v` leaves (`None`), else why not.
+/// Where `w` starts in the pass run again on what `v` leaves, else why it does not.
 fn served(
     w: &Waiting<'_>,
     v: &Victims,
     cluster: &ClusterView<'_>,
     queue: &QueueView<'_>,
     now_ms: u64,
-) -> Option<Plan> {
+) -> Result<Vec<Slot>, Plan> {
     let mut members = cluster.members.clone();
     let mut running = Vec::with_capacity(queue.running.len());
     for (i, r) in queue.running.iter().enumerate() {
@@ -247,15 +262,19 @@ fn served(
         quotas: cluster.quotas,
     };
     let d = super::pass(&cluster, &after, now_ms, false);
-    if d.starts.iter().any(|s| s.id == w.id && s.trial == w.trial) {
-        return None;
+    if let Some(start) = d
+        .starts
+        .into_iter()
+        .find(|s| s.id == w.id && s.trial == w.trial)
+    {
+        return Ok(start.slots);
     }
     let cause = d
         .reasons
         .iter()
         .find(|r| r.id == w.id && r.trial == w.trial)
         .map(|r| r.cause);
-    Some(match cause {
+    Err(match cause {
         Some(Cause::Borrow) => {
             let ledger = Ledger::of(&after.running, cluster.quotas);
             let mut floor = w.request;

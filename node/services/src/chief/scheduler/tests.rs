@@ -821,6 +821,48 @@ fn nothing_is_preempted_for_room_that_work_ahead_would_take() {
 }
 
 /// Trial entry `i` of search `n` (submitted at 0).
+/// bench-sharing (2026-12-07, late): a ring was shrunk for carol's 3-rank job, whose start
+/// counted on two slots free already; a 1-rank job of hers behind it took one of them in the
+/// same pass (its reservation lay elsewhere), and the 3-rank job waited 57 s more. The room a
+/// job is preempted for is held for it from the pass that asks, its free part included.
+#[test]
+fn the_room_a_job_preempts_for_is_held_for_it_while_the_victims_leave() {
+    let mut members: Vec<Candidate> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|n| member(n, 3, 0))
+        .collect();
+    let bobs = hold(&mut members, &[0, 0, 0, 1, 1, 1], &req(1, 1, 0));
+    let ring = hold(&mut members, &[3, 3, 3, 2], &req(1, 1, 0));
+    let quotas: BTreeMap<String, Quota> = [("alice", 2), ("bob", 6), ("carol", 4)]
+        .iter()
+        .map(|(owner, cpus)| (owner.to_string(), quota(*cpus, None)))
+        .collect();
+    let mut alices = running(1, "alice", priority::NORMAL, &ring, req(1, 1, 0));
+    alices.elastic = true;
+    alices.min_workers = 2;
+    let queue = QueueView {
+        waiting: vec![
+            waiting(3, "carol", priority::NORMAL, req(3, 1, 0)),
+            waiting(4, "carol", priority::NORMAL, req(1, 1, 0)),
+        ],
+        running: vec![
+            alices,
+            running(2, "bob", priority::NORMAL, &bobs, req(1, 1, 0)),
+        ],
+        ..QueueView::default()
+    };
+    let cluster = ClusterView {
+        members,
+        quotas: &quotas,
+    };
+    let d = schedule(&cluster, &queue, 10);
+    assert_eq!(
+        asked(&d),
+        vec![(id(1), Action::Shrink { to_workers: 3 }, id(3))]
+    );
+    assert_eq!(started(&d), Vec::<JobId>::new(), "{:?}", d.reasons);
+}
+
 fn trial<'a>(n: u64, i: u32, owner: &'a str, priority: u32, request: Request) -> Waiting<'a> {
     Waiting {
         submitted_at_ms: 0,
