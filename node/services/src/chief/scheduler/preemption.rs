@@ -50,6 +50,11 @@
 //! next job that waits for capacity is planned for the same way, up to
 //! [`PLANS_PER_PASS_MAX`] jobs a pass (a claimant within its quota then takes borrowed work
 //! back for itself, rather than a borrower for it).
+//!
+//! Where the job starts in that second pass ([`Plan::Asked`]'s `start`) is held for it by
+//! the pass that asks, the part already free included: a reservation alone lies wherever the
+//! job fits once running work ends, and a job behind it could start on the free part while
+//! the victims leave, so that the room they free is no longer enough.
 
 use std::collections::BTreeMap;
 use std::fmt;
