@@ -58,8 +58,12 @@
 //! For the first job that waits for capacity, [`preemption`] picks victims among running
 //! preemptible jobs of owners that borrow (taken back first) or of lower priority, by the
 //! least work lost: an elastic job above its floor is shrunk, a search gives up trials, a
-//! rigid job (or one at its floor) is requeued; just enough to make the job fit. The
-//! requests ([`Preempt`]) and growths ([`Grow`]) are data the chief hands on.
+//! rigid job (or one at its floor) is requeued; just enough to make the job fit, and only
+//! if the job would then start on the freed room (the pass run again as the victims would
+//! leave the cluster): room claimed by others' quotas, or taken by work ahead of the job,
+//! is freed for nobody (`waiting to borrow 1 cpu: preempting would free room claimed by
+//! others' quotas`). The requests ([`Preempt`]) and growths ([`Grow`]) are data the chief
+//! hands on.
 
 pub mod preemption;
 pub mod usage;
@@ -271,6 +275,17 @@ enum Entry<'q, 'a> {
 
 /// Decides one pass; see the module doc for the rules.
 pub fn schedule(cluster: &ClusterView<'_>, queue: &QueueView<'_>, now_ms: u64) -> Decisions {
+    pass(cluster, queue, now_ms, true)
+}
+
+/// One pass; with `may_preempt` false it plans no preemption (`preemption::plan` runs the
+/// pass again so on what its victims would leave, to see whether its job would start).
+fn pass(
+    cluster: &ClusterView<'_>,
+    queue: &QueueView<'_>,
+    now_ms: u64,
+    may_preempt: bool,
+) -> Decisions {
     let quotas = cluster.quotas;
     let mut ledger = usage::Ledger::of(&queue.running, quotas);
     let totals = usage::totals(&cluster.members);
@@ -288,7 +303,9 @@ pub fn schedule(cluster: &ClusterView<'_>, queue: &QueueView<'_>, now_ms: u64) -
     let mut grown: Vec<(Slot, Request)> = Vec::new();
     let mut reservations = 0usize;
     let mut position = 0usize;
-    let mut preempting = false;
+    // Whether a waiting job may still plan a preemption, and how many did.
+    let mut planning = true;
+    let mut plans = 0usize;
     // Searches whose first waiting trial holds a reservation.
     let mut reserved_trials: BTreeSet<JobId> = BTreeSet::new();
     for entry in &order {
@@ -358,15 +375,39 @@ pub fn schedule(cluster: &ClusterView<'_>, queue: &QueueView<'_>, now_ms: u64) -
             } else {
                 (Cause::Capacity, capacity_reason(&now, w, room_now))
             };
-            if cause == Cause::Capacity && !preempting && w.trial.is_none() {
-                preempting = true;
-                out.preempt = preemption::victims(w, &now, &queue.running, &ledger, quotas, now_ms);
-                if let Some(first) = out.preempt.first() {
-                    text.push_str(&format!("; preempting {}", first.summary()));
+            let mut held = None;
+            if cause == Cause::Capacity && may_preempt && planning && w.trial.is_none() {
+                plans += 1;
+                let plan = preemption::plan(w, &now, cluster, queue, &ledger, now_ms);
+                text = plan.reason(text);
+                // Room that would go elsewhere blocks nobody behind the job: the next job
+                // that waits for capacity may plan (its plan is checked the same way).
+                planning = plans < preemption::PLANS_PER_PASS_MAX
+                    && matches!(
+                        plan,
+                        preemption::Plan::Claimed(_) | preemption::Plan::TakenAhead
+                    );
+                if let preemption::Plan::Asked { asked, start } = plan {
+                    out.preempt = asked;
+                    held = Some(start);
                 }
             }
             let first_trial = w.trial.is_none_or(|_| reserved_trials.insert(w.id));
-            if first_trial && reservations < RESERVATIONS_MAX && future.reserve(&mut now, &floor) {
+            if let Some(start) = held {
+                // Preempted for: the room it starts on once the victims are out is held
+                // from now on, its free part included, so no job behind it starts there
+                // while they leave (bench-sharing, 2026-12-07: a ring shrunk for carol's
+                // 3-rank job while a 1-rank job of hers took one of the two slots the
+                // search had just freed; the 3-rank job waited 57 s more).
+                let mut req = w.request;
+                req.workers = start.len() as u32;
+                placement::take(&mut now, &start, &req);
+                future.take(&start, &req);
+                reservations += 1;
+            } else if first_trial
+                && reservations < RESERVATIONS_MAX
+                && future.reserve(&mut now, &floor)
+            {
                 reservations += 1;
             }
             wait(cause, text);

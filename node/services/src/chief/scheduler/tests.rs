@@ -595,7 +595,274 @@ fn a_borrowers_growth_leaves_what_a_waiting_users_quota_claims() {
     assert_eq!(started(&d), vec![id(2)]);
 }
 
+/// One member of `cpus` one-cpu slots, wholly held: alice's elastic ring of 4 ranks (floor 2)
+/// and `others` ranks of another job; quotas of cpus with unlimited borrowing.
+struct Held {
+    members: Vec<Candidate>,
+    ring: Vec<Slot>,
+    others: Vec<Slot>,
+    quotas: BTreeMap<String, Quota>,
+}
+
+impl Held {
+    fn new(cpus: u32, quotas: &[(&str, u32)]) -> Held {
+        let mut members = vec![member("a", cpus, 0)];
+        let ring = hold(&mut members, &[0; 4], &req(1, 1, 0));
+        let others = hold(&mut members, &vec![0; cpus as usize - 4], &req(1, 1, 0));
+        let quotas = quotas
+            .iter()
+            .map(|(owner, cpus)| (owner.to_string(), quota(*cpus, None)))
+            .collect();
+        Held {
+            members,
+            ring,
+            others,
+            quotas,
+        }
+    }
+
+    fn cluster(&self) -> ClusterView<'_> {
+        ClusterView {
+            members: self.members.clone(),
+            quotas: &self.quotas,
+        }
+    }
+
+    /// Alice's ring, j-1.
+    fn ring(&self, priority: u32) -> Running<'_> {
+        let mut ring = running(1, "alice", priority, &self.ring, req(1, 1, 0));
+        ring.elastic = true;
+        ring.min_workers = 2;
+        ring
+    }
+
+    /// A pass with `waiting` beside alice's ring of normal priority alone.
+    fn schedule(&self, waiting: Vec<Waiting<'_>>) -> Decisions {
+        let queue = QueueView {
+            waiting,
+            running: vec![self.ring(priority::NORMAL)],
+            ..QueueView::default()
+        };
+        schedule(&self.cluster(), &queue, 10)
+    }
+}
+
+/// What a pass asks to give way: (victim, action, for whom).
+fn asked(d: &Decisions) -> Vec<(JobId, Action, JobId)> {
+    d.preempt
+        .iter()
+        .map(|p| (p.victim, p.action, p.for_job))
+        .collect()
+}
+
+/// bench-sharing's detour (2026-12-07): bob's high job, which would borrow, shrank alice's
+/// borrowing ring; alice, back within her quota, had a job waiting that claimed the freed
+/// room, so it started there and bob's job still waited. Preemption is planned only for
+/// room its requester would get.
+#[test]
+fn a_borrower_preempts_nobody_when_a_claimant_would_take_the_freed_room() {
+    let held = Held::new(4, &[("alice", 3), ("bob", 0)]);
+    // Alice's ring borrows 1 of its 4 ranks; her waiting job would borrow too, so it claims
+    // nothing now, but would claim a cpu of her quota once the ring is shrunk to 2 for bob.
+    let d = held.schedule(vec![
+        waiting(2, "alice", priority::NORMAL, req(1, 1, 0)),
+        waiting(3, "bob", priority::HIGH, req(2, 1, 0)),
+    ]);
+    assert_eq!(asked(&d), vec![]);
+    assert_eq!(
+        reason_of(&d, 3),
+        Some("waiting to borrow 2 cpus: preempting would free room claimed by others' quotas")
+    );
+}
+
+/// The same borrower, with no claimant waiting: the freed room is its, and it preempts.
+#[test]
+fn a_borrower_still_preempts_when_the_freed_room_is_unclaimed() {
+    let held = Held::new(4, &[("alice", 3), ("bob", 0)]);
+    let d = held.schedule(vec![waiting(3, "bob", priority::HIGH, req(2, 1, 0))]);
+    assert_eq!(
+        asked(&d),
+        vec![(id(1), Action::Shrink { to_workers: 2 }, id(3))]
+    );
+    assert_eq!(
+        reason_of(&d, 3),
+        Some("waiting for 2 cpus: 0 free; preempting j-1 (shrink to 2)")
+    );
+}
+
+/// A job within its owner's quota takes borrowed work back as before: the room it frees is
+/// its own quota's, which no borrower behind it (bob) may take.
+#[test]
+fn a_job_within_its_quota_still_takes_borrowed_work_back() {
+    let held = Held::new(4, &[("alice", 2), ("bob", 0), ("carol", 2)]);
+    let d = held.schedule(vec![
+        waiting(2, "carol", priority::NORMAL, req(2, 1, 0)),
+        waiting(3, "bob", priority::NORMAL, req(2, 1, 0)),
+    ]);
+    assert_eq!(
+        asked(&d),
+        vec![(id(1), Action::Shrink { to_workers: 2 }, id(2))]
+    );
+    assert_eq!(
+        reason_of(&d, 2),
+        Some("waiting for 2 cpus: 0 free; preempting j-1 (shrink to 2)")
+    );
+}
+
+/// When the room others' victims would free is claimed, a borrower's own owner's work is
+/// taken instead: what that frees, the job no longer borrows.
+#[test]
+fn a_borrower_takes_its_owners_own_work_when_others_freed_room_is_claimed() {
+    let held = Held::new(6, &[("alice", 3), ("bob", 2)]);
+    // Alice's low ring borrows 1; shrunk to 2 for bob, her waiting job would claim one of
+    // the 2 freed cpus. Bob's high job would borrow 2 beside his normal one.
+    let bobs = running(2, "bob", priority::NORMAL, &held.others, req(1, 1, 0));
+    let queue = QueueView {
+        waiting: vec![
+            waiting(3, "alice", priority::LOW, req(1, 1, 0)),
+            waiting(4, "bob", priority::HIGH, req(2, 1, 0)),
+        ],
+        running: vec![held.ring(priority::LOW), bobs],
+        ..QueueView::default()
+    };
+    let d = schedule(&held.cluster(), &queue, 10);
+    assert_eq!(asked(&d), vec![(id(2), Action::Requeue, id(4))]);
+    assert_eq!(
+        reason_of(&d, 4),
+        Some("waiting for 2 cpus: 0 free; preempting j-2 (requeue)")
+    );
+}
+
+/// bench-sharing, 2026-12-07 (after the rule above): bob's high job, within his quota but
+/// for his own low train ring, waited 239 s: shrinking alice's borrowing ring put her back
+/// within her quota, her waiting job claimed the room, and bob's ring at its floor was no
+/// victim. His own work alone is taken, past the ring's floor, until he no longer borrows.
+#[test]
+fn a_borrower_requeues_its_owners_own_ring_to_come_within_its_quota() {
+    let mut members = vec![member("a", 8, 0)];
+    let r = req(1, 1, 0);
+    let bob_slots = hold(&mut members, &[0; 3], &r);
+    let alice_slots = hold(&mut members, &[0; 5], &r);
+    let quotas = BTreeMap::from([
+        ("alice".to_owned(), quota(4, None)),
+        ("bob".to_owned(), quota(3, None)),
+    ]);
+    let cluster = ClusterView {
+        members,
+        quotas: &quotas,
+    };
+    let mut bobs = running(1, "bob", priority::LOW, &bob_slots, r);
+    let mut alices = running(2, "alice", priority::LOW, &alice_slots, r);
+    for ring in [&mut bobs, &mut alices] {
+        ring.elastic = true;
+        ring.min_workers = 2;
+    }
+    let queue = QueueView {
+        waiting: vec![
+            waiting(3, "alice", priority::LOW, req(2, 1, 0)),
+            waiting(4, "bob", priority::HIGH, req(3, 1, 0)),
+        ],
+        running: vec![bobs, alices],
+        ..QueueView::default()
+    };
+    let d = schedule(&cluster, &queue, 10);
+    assert_eq!(asked(&d), vec![(id(1), Action::Requeue, id(4))]);
+}
+
+/// A borrower's room claimed by a job within its quota behind it: that job takes the
+/// borrowed work back for itself (before, the borrower asked and the claimant took it). It
+/// frees two ranks: one beside the one bob's reservation holds; with both free, bob's
+/// borrow fits beside carol's claim and both start.
+#[test]
+fn a_claimant_behind_a_borrower_whose_room_it_claims_takes_borrowed_work_back() {
+    let held = Held::new(4, &[("alice", 3), ("bob", 0), ("carol", 1)]);
+    let d = held.schedule(vec![
+        waiting(2, "bob", priority::HIGH, req(1, 1, 0)),
+        waiting(3, "carol", priority::NORMAL, req(1, 1, 0)),
+    ]);
+    assert_eq!(
+        asked(&d),
+        vec![(id(1), Action::Shrink { to_workers: 2 }, id(3))]
+    );
+    assert_eq!(
+        reason_of(&d, 2),
+        Some("waiting to borrow 1 cpu: preempting would free room claimed by others' quotas")
+    );
+}
+
+/// A growth that goes first at its priority would take what requeueing a low job frees for
+/// a normal one: nothing is requeued, and the job says why.
+#[test]
+fn nothing_is_preempted_for_room_that_work_ahead_would_take() {
+    let mut members = vec![member("a", 2, 0)];
+    let r = req(1, 1, 0);
+    let ring_slots = hold(&mut members, &[0], &r);
+    let low_slots = hold(&mut members, &[0], &r);
+    let quotas = BTreeMap::new();
+    let cluster = ClusterView {
+        members,
+        quotas: &quotas,
+    };
+    let mut ring = running(1, "dave", priority::HIGH, &ring_slots, r);
+    ring.elastic = true;
+    ring.may_grow = true;
+    ring.joiners_exclude = BTreeSet::new();
+    let queue = QueueView {
+        waiting: vec![waiting(3, "bob", priority::NORMAL, req(1, 1, 0))],
+        running: vec![ring, running(2, "erin", priority::LOW, &low_slots, r)],
+        ..QueueView::default()
+    };
+    let d = schedule(&cluster, &queue, 10);
+    assert_eq!(asked(&d), vec![]);
+    assert_eq!(
+        reason_of(&d, 3),
+        Some("waiting for 1 cpu: 0 free; preempting would free room that work ahead of it takes")
+    );
+}
+
 /// Trial entry `i` of search `n` (submitted at 0).
+/// bench-sharing (2026-12-07, late): a ring was shrunk for carol's 3-rank job, whose start
+/// counted on two slots free already; a 1-rank job of hers behind it took one of them in the
+/// same pass (its reservation lay elsewhere), and the 3-rank job waited 57 s more. The room a
+/// job is preempted for is held for it from the pass that asks, its free part included.
+#[test]
+fn the_room_a_job_preempts_for_is_held_for_it_while_the_victims_leave() {
+    let mut members: Vec<Candidate> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|n| member(n, 3, 0))
+        .collect();
+    let bobs = hold(&mut members, &[0, 0, 0, 1, 1, 1], &req(1, 1, 0));
+    let ring = hold(&mut members, &[3, 3, 3, 2], &req(1, 1, 0));
+    let quotas: BTreeMap<String, Quota> = [("alice", 2), ("bob", 6), ("carol", 4)]
+        .iter()
+        .map(|(owner, cpus)| (owner.to_string(), quota(*cpus, None)))
+        .collect();
+    let mut alices = running(1, "alice", priority::NORMAL, &ring, req(1, 1, 0));
+    alices.elastic = true;
+    alices.min_workers = 2;
+    let queue = QueueView {
+        waiting: vec![
+            waiting(3, "carol", priority::NORMAL, req(3, 1, 0)),
+            waiting(4, "carol", priority::NORMAL, req(1, 1, 0)),
+        ],
+        running: vec![
+            alices,
+            running(2, "bob", priority::NORMAL, &bobs, req(1, 1, 0)),
+        ],
+        ..QueueView::default()
+    };
+    let cluster = ClusterView {
+        members,
+        quotas: &quotas,
+    };
+    let d = schedule(&cluster, &queue, 10);
+    assert_eq!(
+        asked(&d),
+        vec![(id(1), Action::Shrink { to_workers: 3 }, id(3))]
+    );
+    assert_eq!(started(&d), Vec::<JobId>::new(), "{:?}", d.reasons);
+}
+
 fn trial<'a>(n: u64, i: u32, owner: &'a str, priority: u32, request: Request) -> Waiting<'a> {
     Waiting {
         submitted_at_ms: 0,
