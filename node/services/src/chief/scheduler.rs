@@ -153,6 +153,16 @@ pub struct Waiting<'a> {
     pub trial: Option<u32>,
 }
 
+impl Waiting<'_> {
+    /// What it asks for at its floor (`min_workers` ranks): the least it starts with.
+    pub fn floor(&self) -> Request {
+        Request {
+            workers: self.min_workers,
+            ..self.request
+        }
+    }
+}
+
 /// A running job, as usage, growth and preemption see it.
 #[derive(Debug, Clone)]
 pub struct Running<'a> {
@@ -363,8 +373,7 @@ fn pass(
         let room_now = placement::room(&now, &w.request);
         let size = room_now.min(u64::from(w.request.workers)).min(most);
         if size < u64::from(w.min_workers) {
-            let mut floor = w.request;
-            floor.workers = w.min_workers;
+            let floor = w.floor();
             let behind = placement::room(&free, &w.request) >= u64::from(w.min_workers);
             let (cause, mut text) = if behind {
                 let label = priority::label(w.priority);

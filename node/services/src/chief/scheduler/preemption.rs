@@ -224,9 +224,7 @@ pub fn plan(
 
 /// Whether `w` would borrow at its floor.
 fn borrows(w: &Waiting<'_>, ledger: &Ledger, quotas: &BTreeMap<String, Quota>) -> bool {
-    let mut floor = w.request;
-    floor.workers = w.min_workers;
-    ledger.borrowed_by(w.owner, &floor, quotas) != Usage::default()
+    ledger.borrowed_by(w.owner, &w.floor(), quotas) != Usage::default()
 }
 
 /// Where `w` starts in the pass run again on what `v` leaves, else why it does not.
@@ -282,9 +280,7 @@ fn served(
     Err(match cause {
         Some(Cause::Borrow) => {
             let ledger = Ledger::of(&after.running, cluster.quotas);
-            let mut floor = w.request;
-            floor.workers = w.min_workers;
-            Plan::Claimed(ledger.borrowed_by(w.owner, &floor, cluster.quotas))
+            Plan::Claimed(ledger.borrowed_by(w.owner, &w.floor(), cluster.quotas))
         }
         _ => Plan::TakenAhead,
     })
@@ -318,8 +314,7 @@ fn victims(
     among: Among,
 ) -> Option<Victims> {
     let need = u64::from(w.min_workers);
-    let mut req = w.request;
-    req.workers = w.min_workers;
+    let req = w.floor();
     let reclaims = ledger.borrowed_by(w.owner, &req, quotas) == Default::default();
     // (not borrowed, priority, loss, work lost, youngest first) and the job's index.
     type Order = (bool, u32, Loss, u64, std::cmp::Reverse<JobId>);

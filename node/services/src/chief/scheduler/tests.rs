@@ -1361,8 +1361,7 @@ fn simulate(
         if let Some(head) = head.map(|r| (r.id, r.trial)) {
             let pos = |key: (JobId, Option<u32>)| d.order.iter().position(|o| *o == key).unwrap();
             let w = entry(head.0, head.1);
-            let mut floor = w.request;
-            floor.workers = w.min_workers;
+            let floor = w.floor();
             let mut before = usage::Room::idle(members);
             let mut all = usage::Room::idle(members);
             for start in &d.starts {

@@ -254,8 +254,7 @@ impl Claims {
             })
             .collect();
         for w in waiting.into_iter().filter(|w| quotas.contains_key(w.owner)) {
-            let mut floor = w.request;
-            floor.workers = w.min_workers;
+            let floor = w.floor();
             let borrows = ledger.borrowed_by(w.owner, &floor, quotas) != Usage::default();
             if !borrows && placement::room(&idle, &floor) >= u64::from(w.min_workers) {
                 claims
