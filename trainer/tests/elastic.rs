@@ -706,110 +706,185 @@ const SILENT_OP_TIMEOUT_MS: u64 = 60_000;
 /// their newest common commit from memory and finish, well before the op timeout.
 #[test]
 fn survivors_blocked_on_a_silent_rank_leave_for_a_newer_generation_at_once() {
-    let spec = spec(OptimizerKind::Sgd);
-    let ring = MemoryRing::new(Limits {
-        op_timeout_ms: SILENT_OP_TIMEOUT_MS,
-        ..Limits::for_test()
-    });
-    let (tx, rx) = std_mpsc::channel();
-    let mut log = Vec::new();
-    let silent_after = 6;
-    // Phase 1: generation 0 of 3; rank 2 goes silent after step 6, in the compute delay
-    // of step 7 (before any of step 7's gradients leave): the survivors block in step 7.
-    let mut workers: Vec<Worker> = (0..3)
-        .map(|r| {
-            let (fate, delay) = if r == 2 {
-                (Fate::StoppedAfter(silent_after), Duration::from_millis(1))
-            } else {
-                (Fate::Runs, Duration::ZERO)
-            };
-            start_worker(
-                r,
-                &spec,
-                &ring,
-                generation(0, r, 3),
-                delay,
-                fate,
-                tx.clone(),
-            )
-        })
-        .collect();
-    // Phase 2: the survivors have reported step 6. Nothing between that report and the
-    // start of step 7 yields, so the watcher cannot see generation 1 before step 7 starts:
-    // they leave from inside the blocked step, not at a step boundary.
-    wait_for(&rx, &mut log, 2, |r| {
-        r.rank_id < 2
-            && matches!(
-                r.event,
-                ElasticEvent::Train {
-                    generation: 0,
-                    event: Event::Step(ref m),
-                    ..
-                } if m.step == silent_after
-            )
-    });
-    // Phase 3: the node's next generation, the two survivors.
+    let mut silent = SilentThird::start(None);
     let sent = Instant::now();
-    for (r, w) in workers.iter().enumerate().take(2) {
-        w.control
-            .blocking_send(Control::Generation(generation(1, r, 2)))
-            .unwrap();
-    }
-    wait_for(
-        &rx,
-        &mut log,
-        2,
-        |r| matches!(r.event, ElasticEvent::Resumed(ref x) if x.generation == 1),
-    );
+    silent.send_generation_1();
+    silent.wait_resumed();
     let recovered = sent.elapsed();
     println!(
         "survivors resumed generation 1 after {recovered:?} (abort grace {ABORT_GRACE_MS} ms)"
     );
-    let deadline = sent + Duration::from_secs(SILENT_RECOVERY_S);
-    let silent = workers.pop().unwrap();
-    let ends: Vec<ElasticSummary> = workers
-        .into_iter()
-        .map(|w| {
-            while !w.handle.is_finished() {
-                assert!(
-                    Instant::now() < deadline,
-                    "survivors still running: {log:#?}"
-                );
-                if let Ok(r) = rx.recv_timeout(Duration::from_millis(50)) {
-                    log.push(r);
-                }
-            }
-            w.handle.join().unwrap().expect("finished")
-        })
-        .collect();
+    let (log, ends) = silent.finish(sent + Duration::from_secs(SILENT_RECOVERY_S));
     let finished = sent.elapsed();
     assert!(
         finished < Duration::from_secs(SILENT_RECOVERY_S),
         "finished {finished:?} after generation 1 was sent"
     );
-    // Cleanup: rank 2's run is dropped (its links close; nobody listens any more).
-    drop(silent.release);
-    assert!(
-        silent.handle.join().unwrap().is_none(),
-        "rank 2 was stopped"
-    );
-    drop(tx);
-    log.extend(rx.try_iter());
+    assert_left_without_loss(&log, &ends);
+}
 
-    // Phase 4: no failure reported (the step was aborted for the newer generation), the
-    // newest common commit restored from memory, and the run finished.
+/// As above, but the silent rank's links close (its process dies) after generation 1 has
+/// arrived and before the survivors' abort grace ends: their blocked step fails with
+/// `PeerLost` instead of `Aborted`. That is the superseded generation's end too, not a
+/// loss to report (the node refuses one against an older generation, and a rank that a
+/// peer saw leave first would be named lost although it lives: the same happens when a
+/// peer's abort closes its links before its abort frame arrives). Before, the survivors
+/// reported rank 2 lost in generation 0.
+#[test]
+fn a_peer_lost_after_a_newer_generation_arrived_is_not_reported() {
+    let silent = SilentThird::start(Some(Duration::from_millis(NEVER_COMES_MS)));
+    let sent = Instant::now();
+    silent.send_generation_1();
+    // Each survivor's watcher has taken generation 1 off its channel (the step is now
+    // superseded) when the channel's room is back.
+    let deadline = sent + Duration::from_secs(EVENT_DEADLINE_S);
+    while silent
+        .workers
+        .iter()
+        .take(2)
+        .any(|w| w.control.capacity() < w.control.max_capacity())
+    {
+        assert!(Instant::now() < deadline, "generation 1 never taken");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (log, ends) = silent.finish(deadline);
+    assert_left_without_loss(&log, &ends);
+}
+
+/// Three ranks of generation 0; rank 2 goes silent after step [`SilentThird::AFTER`] (in
+/// the compute delay of the next step, before any of its gradients leave), so ranks 0 and
+/// 1 block inside that step's allreduce.
+struct SilentThird {
+    workers: Vec<Worker>,
+    tx: std_mpsc::Sender<Report>,
+    rx: std_mpsc::Receiver<Report>,
+    log: Vec<Report>,
+}
+
+impl SilentThird {
+    const AFTER: u64 = 6;
+
+    /// Starts the ring (the survivors with `abort_grace`, else the default) and returns
+    /// once the survivors have reported step [`Self::AFTER`]. Nothing between that report
+    /// and the start of the next step yields, so a watcher cannot see a generation sent
+    /// now before that step starts: the survivors leave from inside the blocked step, not
+    /// at a step boundary.
+    fn start(abort_grace: Option<Duration>) -> Self {
+        let spec = spec(OptimizerKind::Sgd);
+        let ring = MemoryRing::new(Limits {
+            op_timeout_ms: SILENT_OP_TIMEOUT_MS,
+            ..Limits::for_test()
+        });
+        let (tx, rx) = std_mpsc::channel();
+        let workers: Vec<Worker> = (0..3)
+            .map(|r| {
+                let (fate, delay, grace) = if r == 2 {
+                    (
+                        Fate::StoppedAfter(Self::AFTER),
+                        Duration::from_millis(1),
+                        None,
+                    )
+                } else {
+                    (Fate::Runs, Duration::ZERO, abort_grace)
+                };
+                start_worker_with(
+                    r,
+                    &spec,
+                    &ring,
+                    generation(0, r, 3),
+                    delay,
+                    fate,
+                    grace,
+                    tx.clone(),
+                )
+            })
+            .collect();
+        let mut silent = SilentThird {
+            workers,
+            tx,
+            rx,
+            log: Vec::new(),
+        };
+        wait_for(&silent.rx, &mut silent.log, 2, |r| {
+            r.rank_id < 2
+                && matches!(
+                    r.event,
+                    ElasticEvent::Train {
+                        generation: 0,
+                        event: Event::Step(ref m),
+                        ..
+                    } if m.step == Self::AFTER
+                )
+        });
+        silent
+    }
+
+    /// The node's next generation, the two survivors.
+    fn send_generation_1(&self) {
+        for (r, w) in self.workers.iter().enumerate().take(2) {
+            w.control
+                .blocking_send(Control::Generation(generation(1, r, 2)))
+                .unwrap();
+        }
+    }
+
+    fn wait_resumed(&mut self) {
+        wait_for(
+            &self.rx,
+            &mut self.log,
+            2,
+            |r| matches!(r.event, ElasticEvent::Resumed(ref x) if x.generation == 1),
+        );
+    }
+
+    /// Ends the silent rank (its links close: nobody may still listen), waits for the
+    /// survivors to finish by `deadline`, and returns every report and their ends.
+    fn finish(mut self, deadline: Instant) -> (Vec<Report>, Vec<ElasticSummary>) {
+        let silent = self.workers.pop().unwrap();
+        drop(silent.release);
+        assert!(
+            silent.handle.join().unwrap().is_none(),
+            "rank 2 was stopped"
+        );
+        let mut log = self.log;
+        let ends: Vec<ElasticSummary> = self
+            .workers
+            .into_iter()
+            .map(|w| {
+                while !w.handle.is_finished() {
+                    assert!(
+                        Instant::now() < deadline,
+                        "survivors still running: {log:#?}"
+                    );
+                    if let Ok(r) = self.rx.recv_timeout(Duration::from_millis(50)) {
+                        log.push(r);
+                    }
+                }
+                w.handle.join().unwrap().expect("finished")
+            })
+            .collect();
+        drop(self.tx);
+        log.extend(self.rx.try_iter());
+        (log, ends)
+    }
+}
+
+/// No failure reported (the step was left for the newer generation), the newest common
+/// commit restored from memory, and the run finished.
+fn assert_left_without_loss(log: &[Report], ends: &[ElasticSummary]) {
     let failures: Vec<&Report> = log
         .iter()
         .filter(|r| matches!(r.event, ElasticEvent::Failed { .. }))
         .collect();
     assert!(failures.is_empty(), "failures reported: {failures:#?}");
-    let (r0, r1) = (resumed(&log, 0, 1), resumed(&log, 1, 1));
+    let (r0, r1) = (resumed(log, 0, 1), resumed(log, 1, 1));
     assert_eq!((r0.world, r0.rank, r1.rank), (2, 0, 1));
     assert_eq!(r0.source, RestoreSource::Memory);
     assert_eq!(r1.source, RestoreSource::Memory);
     assert_eq!(r0.restored_step, r1.restored_step);
-    // The aborted step 7 changed nothing, so the survivors committed step 6 before they
-    // left it (not only their periodic commit of step 4): no step lost.
+    // The step left changed nothing, so the survivors committed the one before it when
+    // they left (not only their periodic commit): no step lost.
+    let silent_after = SilentThird::AFTER;
     assert_eq!(r0.restored_step, silent_after);
     assert_eq!((r0.step, r0.steps_lost), (silent_after, 0), "{r0:?}");
     let last_step_0 = log

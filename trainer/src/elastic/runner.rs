@@ -38,10 +38,13 @@ pub enum ElasticEvent {
     /// The collective of `generation` failed (connecting, agreeing or training); the
     /// worker waits for the next generation.
     ///
-    /// Not reported when a newer generation (or a stop) had already arrived and the step
-    /// failed as `Aborted` (this worker aborted it, see [`ABORT_GRACE_MS`]) or
-    /// `PeerAborted` (a peer left for the newer generation first): the generation was
-    /// superseded, nobody was lost.
+    /// Not reported when a newer generation (or a stop) had already arrived when the step
+    /// failed: `Aborted` (this worker aborted it, see [`ABORT_GRACE_MS`]), `PeerAborted`
+    /// (a peer left for the newer generation first) or any other error, such as `PeerLost`
+    /// from a peer that left and closed its links before its abort arrived. The generation
+    /// was superseded: the node has formed the next one already (and refuses a loss
+    /// reported against an older generation), and a peer that is really gone fails the
+    /// next generation's join.
     Failed {
         /// The generation that failed.
         generation: u64,
@@ -356,17 +359,19 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
                     let Some(c) = reformable_train(&e) else {
                         return Err(e.into());
                     };
-                    let left = superseded
-                        && matches!(
-                            c,
-                            CollectiveError::Aborted | CollectiveError::PeerAborted { .. }
-                        );
+                    // Once a newer generation (or a stop) has arrived, whatever ends the
+                    // step is the superseded generation's: this rank's abort, a peer's
+                    // (`PeerAborted`), or a peer that left first and closed its links before
+                    // its abort reached us (`PeerLost`). The node has already formed the
+                    // next generation and refuses a loss reported against an older one; a
+                    // peer that is really gone fails the next generation's join instead.
+                    let left = superseded;
                     if left {
                         info!(
                             generation,
                             step = step_reached,
                             error = %c,
-                            "step aborted to leave for a newer generation (or a stop): not a peer loss"
+                            "step ended after a newer generation (or a stop) arrived: not reported as a peer loss"
                         );
                     } else {
                         on_event(&failed(generation, c));
