@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fuzzes every decoder of bytes from outside (the targets in node/fuzz/fuzz_targets/) with
+# Fuzzes every decoder of bytes from outside (the targets in node/fuzz/fuzz_targets/, each one
+# line around its body in node/fuzz/bodies/, which CI's hostile_bytes tests run) with
 # cargo-fuzz (libFuzzer + AddressSanitizer, nightly), FUZZ_SECONDS each (default 60).
 #
 #   scripts/fuzz.sh                    # all targets

@@ -2,8 +2,8 @@
 //! plane's frame header (`Header::decode`), the acceptor's side of the handshake (the
 //! dialer's hello and data-path offer, through the decoders every accepted connection runs)
 //! and the dialer's side (`testing::probe_handshake` against an acceptor that answers with
-//! noise). The header and acceptor bodies are also `cargo fuzz` targets in `node/fuzz/`
-//! (`collective_header`, `collective_handshake`).
+//! noise). The header and acceptor bodies of the `cargo fuzz` targets `collective_header`
+//! and `collective_handshake` (`node/fuzz/bodies/`) run here too.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -16,6 +16,11 @@ use collective::testing::{
     HANDSHAKE_HELLO_BYTES, HANDSHAKE_OFFER_BYTES,
 };
 use collective::HandshakeError;
+
+#[path = "../../node/fuzz/bodies/collective_handshake.rs"]
+mod collective_handshake;
+#[path = "../../node/fuzz/bodies/collective_header.rs"]
+mod collective_header;
 
 /// What the fake acceptor reads before it answers: the dialer's first message.
 const DIALER_HELLO_BYTES: usize = 48;
@@ -47,8 +52,14 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
     #[test]
-    fn frame_headers(b in any::<[u8; FRAME_HEADER_BYTES]>()) {
-        let _ = decode_frame_header(&b);
+    fn frame_headers(b in proptest::collection::vec(any::<u8>(), 0..2 * FRAME_HEADER_BYTES)) {
+        collective_header::run(&b);
+    }
+
+    /// The acceptor's decoders on any bytes, as the fuzz target feeds them.
+    #[test]
+    fn acceptor_handshakes(b in proptest::collection::vec(any::<u8>(), 0..2 * (HANDSHAKE_HELLO_BYTES + HANDSHAKE_OFFER_BYTES))) {
+        collective_handshake::run(&b);
     }
 
     /// Past the magic: the kind, operation and abort fields take any values.

@@ -3,26 +3,31 @@
 //! in: membership frames (`Message<PeerId, NodeMeta>` in the wire codec), control RPCs
 //! (JSON, then what the RPC server checks before Raft sees them: snapshot chunks' offsets,
 //! forwarded commands), the dataset transport's headers and manifests, job specs.
-//! (`cargo fuzz` targets with the same bodies live in `fuzz/`.)
+//!
+//! The plain-bytes bodies are the `cargo fuzz` targets' own (`fuzz/bodies/`), so they
+//! compile and run here in CI; the targets are one line each around them, checked by
+//! [`every_fuzz_target_is_a_body_that_runs_here`].
 
-use libp2p::PeerId;
 use proptest::prelude::*;
 use ringleader::{
-    cluster::{membership::Message, meta::NodeMeta, wire},
+    cluster::wire,
     control::{
-        protocol::{RpcRequest, RpcResponse, SnapshotRequest},
-        rpc,
+        protocol::{RpcRequest, SnapshotRequest},
         store::SNAPSHOT_BYTES_MAX,
     },
-    datasets::{
-        transport::{Reply, Request},
-        Manifest,
-    },
-    domain::ControlState,
-    jobs,
+    datasets::Manifest,
 };
 
-type Membership = Message<PeerId, NodeMeta>;
+#[path = "../fuzz/bodies/dataset_headers.rs"]
+mod dataset_headers;
+#[path = "../fuzz/bodies/dataset_manifest.rs"]
+mod dataset_manifest;
+#[path = "../fuzz/bodies/job_spec.rs"]
+mod job_spec;
+#[path = "../fuzz/bodies/membership.rs"]
+mod membership;
+#[path = "../fuzz/bodies/rpc.rs"]
+mod rpc;
 
 fn bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
     proptest::collection::vec(any::<u8>(), 0..max)
@@ -33,13 +38,12 @@ proptest! {
 
     #[test]
     fn membership_frames(b in bytes(2048)) {
-        let _ = wire::decode::<Membership>(&b);
+        membership::run(&b);
     }
 
     #[test]
     fn control_rpcs(b in bytes(2048)) {
-        after_decoding(wire::decode_json::<RpcRequest>(&b));
-        let _ = wire::decode_json::<RpcResponse>(&b);
+        rpc::run(&b);
     }
 
     /// Snapshot chunks with any offset and length, as a peer sends them: refused past the
@@ -63,14 +67,13 @@ proptest! {
 
     #[test]
     fn dataset_headers_and_manifests(b in bytes(2048)) {
-        let _ = wire::decode::<Request>(&b);
-        let _ = wire::decode::<Reply>(&b);
-        let _ = Manifest::decode(&b);
+        dataset_headers::run(&b);
+        dataset_manifest::run(&b);
     }
 
     #[test]
     fn job_specs(text in ".{0,600}") {
-        let _ = ringleader::jobs::admit_text(&text);
+        job_spec::run(text.as_bytes());
     }
 
     /// Structured noise: JSON that looks like a manifest, with any values.
@@ -86,25 +89,6 @@ proptest! {
     }
 }
 
-/// What the RPC server does with a decoded request before it reaches Raft or the state
-/// machine (the pure steps): a snapshot chunk's conversion, a forwarded command's checks.
-fn after_decoding(req: Result<RpcRequest, wire::WireError>) {
-    match req {
-        Ok(RpcRequest::InstallSnapshot(chunk)) => {
-            let _ = SnapshotRequest::try_from(chunk);
-        }
-        Ok(RpcRequest::Propose(cmd)) if cmd.check().is_ok() => {
-            let _ = rpc::authorize(
-                "peer",
-                &cmd,
-                &ControlState::default(),
-                jobs::admit_forwarded,
-            );
-        }
-        _ => {}
-    }
-}
-
 /// A peer that announces a frame at the limit and then sends nothing (or a little) leaves
 /// the reader with an error and a small buffer, not a 4 MiB one.
 #[test]
@@ -117,4 +101,49 @@ fn an_announced_frame_that_never_comes_is_an_error() {
     let err =
         futures::executor::block_on(wire::read_frame(&mut io, wire::FRAME_BYTES_MAX)).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
+}
+
+/// Every `cargo fuzz` target is the one line around its body, and every body is compiled
+/// and run by one of the `hostile_bytes` tests (here, the collective's or the trainer's):
+/// what CI builds is what `scripts/fuzz.sh` fuzzes, without building the fuzz workspace.
+#[test]
+fn every_fuzz_target_is_a_body_that_runs_here() {
+    let node = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let fuzz = node.join("fuzz");
+    let names = |dir: &str| -> std::collections::BTreeSet<String> {
+        std::fs::read_dir(fuzz.join(dir))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+            .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+            .collect()
+    };
+    let (targets, bodies) = (names("fuzz_targets"), names("bodies"));
+    assert!(!targets.is_empty());
+    assert_eq!(targets, bodies, "a target for each body");
+    let manifest = std::fs::read_to_string(fuzz.join("Cargo.toml")).unwrap();
+    let tests: String = ["node", "collective", "trainer"]
+        .iter()
+        .map(|c| {
+            std::fs::read_to_string(node.join("..").join(c).join("tests/hostile_bytes.rs")).unwrap()
+        })
+        .collect();
+    for name in &targets {
+        let target = std::fs::read_to_string(fuzz.join(format!("fuzz_targets/{name}.rs"))).unwrap();
+        for line in [
+            format!("#[path = \"../bodies/{name}.rs\"]"),
+            "libfuzzer_sys::fuzz_target!(|data: &[u8]| body::run(data));".to_string(),
+        ] {
+            assert!(target.contains(&line), "fuzz target {name} lacks `{line}`");
+        }
+        assert!(
+            manifest.contains(&format!("path = \"fuzz_targets/{name}.rs\"")),
+            "fuzz target {name} is not a bin of node/fuzz/Cargo.toml"
+        );
+        assert!(
+            tests.contains(&format!("fuzz/bodies/{name}.rs\"]"))
+                && tests.contains(&format!("{name}::run(")),
+            "no hostile_bytes test runs fuzz/bodies/{name}.rs"
+        );
+    }
 }

@@ -1,15 +1,18 @@
 //! Any bytes from storage or a peer, into the trainer's decoders: an error, never a panic,
 //! and no allocation beyond the decoder's limit. Checkpoint tensors (safetensors) and
 //! metadata (`meta.json`), the state broadcast at an elastic restart, TensorBoard event
-//! files, the node's control lines. The same bodies are the `checkpoint_meta` `cargo fuzz`
-//! target in `node/fuzz/`.
+//! files, the node's control lines. Plain bytes go through the `checkpoint_meta` `cargo fuzz`
+//! target's own body (`node/fuzz/bodies/`), every decoder at once.
 
 use proptest::prelude::*;
 use trainer::{
     elastic,
     observe::{crc32c::masked_crc32c, event_file},
-    StateMeta, TrainState,
+    TrainState,
 };
+
+#[path = "../../node/fuzz/bodies/checkpoint_meta.rs"]
+mod checkpoint_meta;
 
 fn bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
     proptest::collection::vec(any::<u8>(), 0..max)
@@ -30,19 +33,11 @@ fn safetensors_shaped(shape: &[u64], start: u64, end: u64, dtype: &str, data: us
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
+    /// Checkpoint tensors and metadata, the state broadcast, event files and records,
+    /// control lines.
     #[test]
-    fn checkpoint_tensors(b in bytes(2048)) {
-        let _ = TrainState::decode_tensors(&b, "hostile");
-    }
-
-    #[test]
-    fn checkpoint_meta(b in bytes(2048)) {
-        let _ = serde_json::from_slice::<StateMeta>(&b);
-    }
-
-    #[test]
-    fn state_broadcast(b in bytes(2048)) {
-        let _ = elastic::decode_state(&b);
+    fn any_bytes(b in bytes(2048)) {
+        checkpoint_meta::run(&b);
     }
 
     /// Past the magic: the three section lengths take any values.
@@ -66,11 +61,6 @@ proptest! {
         data in 0usize..64,
     ) {
         let _ = TrainState::decode_tensors(&safetensors_shaped(&shape, start, end, dtype, data), "hostile");
-    }
-
-    #[test]
-    fn event_files(b in bytes(2048)) {
-        let _ = event_file::decode_file(&b);
     }
 
     /// Records with good CRCs around any bytes, so the event decoder sees them.

@@ -1,17 +1,8 @@
-//! What the trainer reads back from storage or a peer: checkpoint tensors (safetensors),
-//! checkpoint metadata (`meta.json`), the state broadcast at an elastic restart, TensorBoard
-//! event files, and the node's control lines.
+//! `cargo fuzz` target `checkpoint_meta`; its body, `../bodies/checkpoint_meta.rs`, also runs in CI as a proptest
+//! (`*/tests/hostile_bytes.rs`).
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use trainer::{elastic, observe::event_file, StateMeta, TrainState};
+#[path = "../bodies/checkpoint_meta.rs"]
+mod body;
 
-fuzz_target!(|data: &[u8]| {
-    let _ = TrainState::decode_tensors(data, "fuzz");
-    let _ = serde_json::from_slice::<StateMeta>(data);
-    let _ = elastic::decode_state(data);
-    let _ = event_file::decode_file(data);
-    // Past the records' CRCs, which random bytes rarely get right.
-    let _ = event_file::decode_event(data);
-    let _ = elastic::parse_control_line(&String::from_utf8_lossy(data));
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| body::run(data));

@@ -1,21 +1,8 @@
-//! The collective acceptor's side of the data-plane handshake: the dialer's hello (D1) and
-//! data-path offer (S1), through the decoders every accepted connection runs.
-//!
-//! Through `collective::testing` (the handshake codec is private). The acceptor is rank 1 of
-//! group 7, generation 3, dialled by rank 0; the fuzzer finds the magic, the version and
-//! these values by comparison tracing.
+//! `cargo fuzz` target `collective_handshake`; its body, `../bodies/collective_handshake.rs`, also runs in CI as a proptest
+//! (`*/tests/hostile_bytes.rs`).
 #![no_main]
 
-use std::collections::BTreeSet;
+#[path = "../bodies/collective_handshake.rs"]
+mod body;
 
-use libfuzzer_sys::fuzz_target;
-
-use collective::testing::{decode_handshake_hello, decode_handshake_offer, HANDSHAKE_HELLO_BYTES};
-
-fuzz_target!(|data: &[u8]| {
-    let expected = BTreeSet::from([0]);
-    let _ = decode_handshake_hello(data, 7, 3, 1, &expected);
-    // The offer follows the hello on the stream; any length, as if cut anywhere.
-    let _ = decode_handshake_offer(data.get(HANDSHAKE_HELLO_BYTES..).unwrap_or(data));
-    let _ = decode_handshake_offer(data);
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| body::run(data));

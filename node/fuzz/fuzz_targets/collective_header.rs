@@ -1,14 +1,8 @@
-//! The collective data plane's 32-byte frame header.
-//!
-//! Through `collective::testing::decode_frame_header` (the header codec is private).
+//! `cargo fuzz` target `collective_header`; its body, `../bodies/collective_header.rs`, also runs in CI as a proptest
+//! (`*/tests/hostile_bytes.rs`).
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
+#[path = "../bodies/collective_header.rs"]
+mod body;
 
-use collective::testing::{decode_frame_header, FRAME_HEADER_BYTES};
-
-fuzz_target!(|data: &[u8]| {
-    if let Some(b) = data.get(..FRAME_HEADER_BYTES) {
-        let _ = decode_frame_header(b.try_into().expect("32 bytes"));
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| body::run(data));

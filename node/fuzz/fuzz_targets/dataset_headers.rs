@@ -1,13 +1,8 @@
-//! The dataset transport's request and reply headers.
+//! `cargo fuzz` target `dataset_headers`; its body, `../bodies/dataset_headers.rs`, also runs in CI as a proptest
+//! (`*/tests/hostile_bytes.rs`).
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use ringleader::{
-    cluster::wire,
-    datasets::transport::{Reply, Request},
-};
+#[path = "../bodies/dataset_headers.rs"]
+mod body;
 
-fuzz_target!(|data: &[u8]| {
-    let _ = wire::decode::<Request>(data);
-    let _ = wire::decode::<Reply>(data);
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| body::run(data));

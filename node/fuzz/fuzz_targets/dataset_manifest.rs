@@ -1,9 +1,8 @@
-//! Dataset manifests as a peer or a store hands them over.
+//! `cargo fuzz` target `dataset_manifest`; its body, `../bodies/dataset_manifest.rs`, also runs in CI as a proptest
+//! (`*/tests/hostile_bytes.rs`).
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use ringleader::datasets::Manifest;
+#[path = "../bodies/dataset_manifest.rs"]
+mod body;
 
-fuzz_target!(|data: &[u8]| {
-    let _ = Manifest::decode(data);
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| body::run(data));

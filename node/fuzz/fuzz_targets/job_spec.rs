@@ -1,8 +1,8 @@
-//! Job specs as submitted (TOML text); invalid UTF-8 is turned lossy so every input counts.
+//! `cargo fuzz` target `job_spec`; its body, `../bodies/job_spec.rs`, also runs in CI as a proptest
+//! (`*/tests/hostile_bytes.rs`).
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
+#[path = "../bodies/job_spec.rs"]
+mod body;
 
-fuzz_target!(|data: &[u8]| {
-    let _ = ringleader::jobs::admit_text(&String::from_utf8_lossy(data));
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| body::run(data));

@@ -1,9 +1,8 @@
-//! Membership frames: the real `Message<PeerId, NodeMeta>` through the wire codec.
+//! `cargo fuzz` target `membership`; its body, `../bodies/membership.rs`, also runs in CI as a proptest
+//! (`*/tests/hostile_bytes.rs`).
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use ringleader::cluster::{membership::Message, meta::NodeMeta, wire};
+#[path = "../bodies/membership.rs"]
+mod body;
 
-fuzz_target!(|data: &[u8]| {
-    let _ = wire::decode::<Message<libp2p::PeerId, NodeMeta>>(data);
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| body::run(data));
