@@ -67,7 +67,8 @@ fn wait_job(
 }
 
 /// A train job of 3 workers that may go down to 2; commits in memory every 5 steps (the
-/// nodes' [`STEP_DELAY`] slows it).
+/// nodes' [`STEP_DELAY`] slows it); a member that left may join again after 1 s (not the
+/// default 10 s: the tests wait for the growth, then for the end).
 fn train_spec(name: &str, steps: u32) -> String {
     format!(
         r#"
@@ -91,9 +92,18 @@ lr = 0.05
 every_steps = 1000
 keep = 1
 commit_every_steps = 5
+[elastic]
+rejoin_after_s = 1
 "#
     )
 }
+
+/// Steps of a [`train_fault`] job: enough that the member joins again before the end. It
+/// does 1 to 5 s after the re-form (`rejoin_after_s`, then its standby's start, or its
+/// node's restart); the latest re-form, a deadlock's (named after 3 s without progress),
+/// comes about 9 s in. [`STEP_DELAY`] caps the steps at 66 a second: at most 940 steps by
+/// then on any machine; 290 here (2 cores, debug), 1,000 in about 25 s.
+const TRAIN_FAULT_STEPS: u32 = 1_000;
 
 fn history_reasons(doc: &JobDoc) -> Vec<String> {
     doc.history.iter().map(|h| h.reason.clone()).collect()
@@ -141,7 +151,7 @@ fn train_fault_env(
     let mut c = cluster_env(root.path(), 3, &[&[STEP_DELAY], env].concat());
     let id = c.nodes[0]
         .client()
-        .submit(&train_spec(name, 1_800))
+        .submit(&train_spec(name, TRAIN_FAULT_STEPS))
         .unwrap();
 
     // Phase 1: under way on 3 workers, one process per rank.
@@ -443,8 +453,8 @@ fn throttled_rank_is_dropped_as_a_straggler_and_blacklisted() {
     let spec = train_spec("straggler", 3_000)
         .replace("hidden = [64]", "hidden = [256, 256]")
         .replace(
-            "commit_every_steps = 5\n",
-            "commit_every_steps = 5\n[elastic]\nstraggler_window = 10\n",
+            "rejoin_after_s = 1\n",
+            "rejoin_after_s = 1\nstraggler_window = 10\n",
         );
     assert!(!spec.contains("DELAY"), "{spec}");
     let id = c.nodes[0].client().submit(&spec).unwrap();

@@ -26,7 +26,7 @@ use clap::Args;
 use ringleader::{
     api::status::JobDoc,
     cli::local::{train_workers, LocalCluster, Throttle, CGROUP_CPU},
-    domain::state::REJOIN_AFTER_MS,
+    domain::spec::REJOIN_AFTER_S_DEFAULT,
 };
 
 /// Steps the job trains before the fault.
@@ -271,8 +271,9 @@ fn one(fault: &str) -> Result<String> {
         extra.push_str(&format!(" after_sps={after:.0}"));
     }
     let line = if fault == "join" {
-        // The member may rejoin REJOIN_AFTER_MS after it left; time the join from there.
-        let eligible_ms = reform.at_ms + REJOIN_AFTER_MS;
+        // The member may rejoin `elastic.rejoin_after_s` (the default here) after it left;
+        // time the join from there.
+        let eligible_ms = reform.at_ms + u64::from(REJOIN_AFTER_S_DEFAULT) * 1_000;
         let joined = wait_job(&b.cluster, observer, &b.id, |d| d.generation >= 3)?;
         let at_ms = joined.history[2].at_ms;
         let (at, _) = wait_line(&b.cluster, &b.id, "ringleader-rank-stats generation=3 ")?;

@@ -103,6 +103,10 @@ pub const PREEMPTION_GRACE_S_MAX: u32 = 3_600;
 pub const STRAGGLER_WINDOW_MAX: u32 = 1_000_000;
 /// Largest `elastic.blacklist_cooldown_s`, in seconds (a day).
 pub const BLACKLIST_COOLDOWN_S_MAX: u32 = 86_400;
+/// Default `elastic.rejoin_after_s`, in seconds.
+pub const REJOIN_AFTER_S_DEFAULT: u32 = 10;
+/// Largest `elastic.rejoin_after_s`, in seconds (a day).
+pub const REJOIN_AFTER_S_MAX: u32 = 86_400;
 /// Default `elastic.first_heartbeat_s`, in seconds.
 pub const FIRST_HEARTBEAT_S_DEFAULT: u32 = 60;
 /// Largest `elastic.first_heartbeat_s`, in seconds (an hour).
@@ -218,6 +222,15 @@ pub struct Elastic {
     /// A straggler's member is blacklisted for this job for this long, in seconds, doubled
     /// at each repeat (Spark's executor blacklist); default 60.
     pub blacklist_cooldown_s: u32,
+    /// A member that left the ring (its rank lost or hung, or its standby dropped) may join
+    /// it again this long after, in seconds, so that a member whose rank keeps crashing
+    /// does not flap in and out; 1 to [`REJOIN_AFTER_S_MAX`], default
+    /// [`REJOIN_AFTER_S_DEFAULT`].
+    #[serde(
+        default = "rejoin_after_s_default",
+        skip_serializing_if = "is_rejoin_after_s_default"
+    )]
+    pub rejoin_after_s: u32,
     /// How a command job's ranks go through a re-form (`kind = "command"` only; default
     /// torchrun). `ringleader` needs an elastic ring (`min_workers < workers` or
     /// `max_workers > workers`).
@@ -236,6 +249,22 @@ pub struct Elastic {
     /// learning rate is rescaled linearly, as after a lost rank. Default true.
     #[serde(default = "keep_global_batch_default", skip_serializing_if = "is_true")]
     pub keep_global_batch: bool,
+}
+
+impl Elastic {
+    /// [`Elastic::rejoin_after_s`] in milliseconds.
+    pub fn rejoin_after_ms(&self) -> u64 {
+        u64::from(self.rejoin_after_s) * 1_000
+    }
+}
+
+fn rejoin_after_s_default() -> u32 {
+    REJOIN_AFTER_S_DEFAULT
+}
+
+/// Left out of the log when the default: logs written before the key read alike.
+fn is_rejoin_after_s_default(s: &u32) -> bool {
+    *s == REJOIN_AFTER_S_DEFAULT
 }
 
 fn first_heartbeat_s_default() -> u32 {
@@ -284,6 +313,7 @@ impl Default for Elastic {
             straggler_factor: 2.0,
             straggler_window: 20,
             blacklist_cooldown_s: 60,
+            rejoin_after_s: REJOIN_AFTER_S_DEFAULT,
             protocol: ElasticProtocol::default(),
             first_heartbeat_s: FIRST_HEARTBEAT_S_DEFAULT,
             keep_global_batch: true,
@@ -735,6 +765,7 @@ impl JobSpec {
             "blacklist_cooldown_s".into(),
             int(self.elastic.blacklist_cooldown_s),
         );
+        elastic.insert("rejoin_after_s".into(), int(self.elastic.rejoin_after_s));
         // Only where they may be given: with the ringleader protocol (command jobs).
         if self.elastic.protocol == ElasticProtocol::Ringleader {
             elastic.insert(
@@ -1209,6 +1240,9 @@ impl Parser<'_> {
         }
         if let Some(n) = text.blacklist_cooldown_s {
             e.blacklist_cooldown_s = n.0;
+        }
+        if let Some(n) = text.rejoin_after_s {
+            e.rejoin_after_s = n.0;
         }
         if let Some(v) = &text.protocol {
             let invalid = |problem: String| SpecError::Invalid {

@@ -25,8 +25,8 @@ use super::{
     file_path_problem, priority, ElasticProtocol, JobKind, JobSpec, BLACKLIST_COOLDOWN_S_MAX,
     COMMAND_ARGS_MAX, CPUS_PER_WORKER_MAX, DEVICES_ENV, ENV_VARS_MAX, FILES_BYTES_MAX, FILES_MAX,
     FIRST_HEARTBEAT_S_DEFAULT, FIRST_HEARTBEAT_S_MAX, GPUS_PER_WORKER_MAX, MAX_RESTARTS_MAX,
-    NAME_BYTES_MAX, NODE_ENV_ALLOWED, NODE_ENV_PREFIX, PREEMPTION_GRACE_S_MAX, RESERVED_ENV,
-    STRAGGLER_WINDOW_MAX, WORKERS_MAX,
+    NAME_BYTES_MAX, NODE_ENV_ALLOWED, NODE_ENV_PREFIX, PREEMPTION_GRACE_S_MAX, REJOIN_AFTER_S_MAX,
+    RESERVED_ENV, STRAGGLER_WINDOW_MAX, WORKERS_MAX,
 };
 use crate::device_order::{DEVICE_ORDER, DEVICE_ORDER_ENV};
 
@@ -302,6 +302,12 @@ fn elastic(spec: &JobSpec) -> Result<(), FieldError> {
         e.blacklist_cooldown_s,
         1,
         BLACKLIST_COOLDOWN_S_MAX,
+    )?;
+    bounded(
+        "elastic.rejoin_after_s",
+        e.rejoin_after_s,
+        1,
+        REJOIN_AFTER_S_MAX,
     )?;
     let elastic_ring = spec.min_workers < spec.workers || spec.max_workers > spec.workers;
     if e.protocol == ElasticProtocol::Ringleader {

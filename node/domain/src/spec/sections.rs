@@ -17,8 +17,8 @@ use toml::Spanned;
 
 use super::{
     check, priority, JobKind, Placement, BLACKLIST_COOLDOWN_S_MAX, CPUS_PER_WORKER_MAX,
-    GPUS_PER_WORKER_MAX, MAX_RESTARTS_MAX, PREEMPTION_GRACE_S_MAX, STRAGGLER_WINDOW_MAX,
-    WORKERS_MAX,
+    GPUS_PER_WORKER_MAX, MAX_RESTARTS_MAX, PREEMPTION_GRACE_S_MAX, REJOIN_AFTER_S_MAX,
+    STRAGGLER_WINDOW_MAX, WORKERS_MAX,
 };
 
 /// The top level of a spec as written: the keys it may have, each value with its rule. A
@@ -160,6 +160,7 @@ pub(super) struct ElasticText {
     pub(super) straggler_factor: Option<AboveOne>,
     pub(super) straggler_window: Option<Bounded<1, STRAGGLER_WINDOW_MAX>>,
     pub(super) blacklist_cooldown_s: Option<Bounded<1, BLACKLIST_COOLDOWN_S_MAX>>,
+    pub(super) rejoin_after_s: Option<Bounded<1, REJOIN_AFTER_S_MAX>>,
     pub(super) protocol: Option<Spanned<toml::Value>>,
     pub(super) first_heartbeat_s: Option<Spanned<toml::Value>>,
     pub(super) keep_global_batch: Option<Flag>,

@@ -244,6 +244,29 @@ fn elastic_bounds() {
     );
 }
 
+/// `elastic.rejoin_after_s`: read, bounded, printed back, and left out of the log when the
+/// default (a log written before the key reads alike).
+#[test]
+fn rejoin_after_s_is_read_bounded_and_left_out_of_the_log_at_its_default() {
+    let base = "name = \"a\"\nkind = \"train\"\nworkers = 3\nmin_workers = 2\n[elastic]\n";
+    let spec = JobSpec::parse(&format!("{base}rejoin_after_s = 2\n")).unwrap();
+    assert_eq!(spec.elastic.rejoin_after_ms(), 2_000);
+    assert!(spec.to_toml().contains("rejoin_after_s = 2"));
+    assert!(serde_json::to_string(&spec)
+        .unwrap()
+        .contains("\"rejoin_after_s\":2"));
+    assert_eq!(
+        err(&format!("{base}rejoin_after_s = 0\n")),
+        "elastic.rejoin_after_s: expected a positive integer at line 6"
+    );
+    let default = JobSpec::parse(base).unwrap();
+    assert_eq!(default.elastic.rejoin_after_s, REJOIN_AFTER_S_DEFAULT);
+    let json = serde_json::to_string(&default).unwrap();
+    assert!(!json.contains("rejoin_after_s"), "{json}");
+    let back: JobSpec = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, default);
+}
+
 #[test]
 fn elastic_protocol_on_command_jobs() {
     let base =

@@ -250,7 +250,8 @@ pub struct Job {
     #[serde(default)]
     pub rank_stats: BTreeMap<u32, RankStat>,
     /// Members that left the current attempt's ring, and when (proposer's clock, ms): one
-    /// may join again [`REJOIN_AFTER_MS`] later.
+    /// may join again the spec's `elastic.rejoin_after_s` later
+    /// ([`Elastic::rejoin_after_ms`](crate::spec::Elastic::rejoin_after_ms)).
     #[serde(default)]
     pub departed: BTreeMap<String, u64>,
     /// The next unused worker id of the current attempt (a joiner's).
@@ -371,9 +372,6 @@ pub struct Blacklisting {
     pub reason: String,
 }
 
-/// How long a member that left a job's ring waits before it may join that ring again, in
-/// milliseconds (a member whose rank crashed does not flap in and out).
-pub const REJOIN_AFTER_MS: u64 = 10_000;
 /// Longest blacklisting, whatever the strikes, in milliseconds (a day).
 pub const BLACKLIST_MS_MAX: u64 = 86_400_000;
 

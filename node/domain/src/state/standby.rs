@@ -17,8 +17,7 @@
 //!
 //! A standby whose process exits or stays silent before that, or whose member dies, is
 //! dropped ([`Op::StandbyDropped`](super::Op::StandbyDropped)): the job records why in its
-//! history and its member may be staged again [`REJOIN_AFTER_MS`](super::REJOIN_AFTER_MS)
-//! later. A re-form that shrinks the ring keeps the standby (it joins the next one); a new
+//! history and its member may be staged again the spec's `elastic.rejoin_after_s` later. A re-form that shrinks the ring keeps the standby (it joins the next one); a new
 //! attempt or the job's end drops it.
 
 use serde::{Deserialize, Serialize};
@@ -109,7 +108,7 @@ impl ControlState {
     }
 
     /// Applies `StandbyDropped`: the standby `worker` of `id` will not join (`reason`); its
-    /// member may be staged again after `REJOIN_AFTER_MS`.
+    /// member may be staged again after the spec's `elastic.rejoin_after_s`.
     pub(super) fn standby_dropped(
         &mut self,
         id: JobId,

@@ -31,7 +31,7 @@ use crate::{
         ops,
         preempt::{reranked, Stopping, STOP_REPORT_SLACK_MS},
         standby::Standby,
-        ControlCommand, ControlState, Job, JobState, Op, Slot, REJOIN_AFTER_MS,
+        ControlCommand, ControlState, Job, JobState, Op, Slot,
     },
 };
 use placement::{Candidate, Request};
@@ -388,10 +388,9 @@ fn running(
                 && !c.blacklisted
                 && !job.assignment.iter().any(|s| s.member == c.id)
                 && !joined.iter().any(|s| s.member == c.id)
-                && job
-                    .departed
-                    .get(&c.id)
-                    .is_none_or(|at| now_ms.saturating_sub(*at) >= REJOIN_AFTER_MS)
+                && job.departed.get(&c.id).is_none_or(|at| {
+                    now_ms.saturating_sub(*at) >= job.spec.elastic.rejoin_after_ms()
+                })
                 && c.cpus.saturating_sub(c.used_cpus) >= req.cpus_per_worker
                 && placement::free_gpus(c).len() >= req.gpus_per_worker as usize
         });
@@ -557,7 +556,7 @@ fn queue_view<'a>(
             let recent = job
                 .departed
                 .iter()
-                .filter(|(_, at)| now_ms.saturating_sub(**at) < REJOIN_AFTER_MS)
+                .filter(|(_, at)| now_ms.saturating_sub(**at) < job.spec.elastic.rejoin_after_ms())
                 .map(|(m, _)| m.as_str());
             let started_at_ms = job
                 .events

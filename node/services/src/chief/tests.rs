@@ -2,6 +2,9 @@ use libp2p::PeerId;
 
 use super::*;
 use crate::domain::state::failure::RankEnd;
+
+/// The default `elastic.rejoin_after_s`, in ms: the specs here leave it out, but one.
+const REJOIN_AFTER_MS: u64 = crate::domain::spec::REJOIN_AFTER_S_DEFAULT as u64 * 1_000;
 use crate::{
     cluster::meta::NodeMeta,
     domain::state::{ControlResponse, EventKind, JobId},
@@ -581,22 +584,33 @@ fn a_straggler_is_dropped_and_blacklisted_after_its_window_but_never_below_min()
     assert!(decide(&state, &members[..2], 10, &mut secret).is_empty());
 }
 
-#[test]
-fn an_elastic_ring_grows_back_with_a_member_after_the_rejoin_delay() {
+/// Three members run an elastic job (`extra` in its spec); `c` dies at 1,000 ms (the ring
+/// re-forms without it) and is back alive. Returns the state, the members and the job, and
+/// checks that `c` may not join before `rejoin_after_ms` has passed since.
+fn member_back_before_it_may_rejoin(
+    extra: &str,
+    rejoin_after_ms: u64,
+) -> (ControlState, Vec<MemberView>, JobId) {
     let mut members = vec![
         member("a", State::Alive, 1),
         member("b", State::Alive, 1),
         member("c", State::Alive, 1),
     ];
-    let (mut state, id) = elastic_running(&members, 3, 3, "");
+    let (mut state, id) = elastic_running(&members, 3, 3, extra);
     members[2].state = State::Dead;
     let cmds = decide(&state, &members, 1_000, &mut secret);
     state.apply(3, &cmds[0]);
     members[2].state = State::Alive;
     assert!(
-        decide(&state, &members, 1_000 + REJOIN_AFTER_MS - 1, &mut secret).is_empty(),
+        decide(&state, &members, 1_000 + rejoin_after_ms - 1, &mut secret).is_empty(),
         "too soon"
     );
+    (state, members, id)
+}
+
+#[test]
+fn an_elastic_ring_grows_back_with_a_member_after_the_rejoin_delay() {
+    let (mut state, members, id) = member_back_before_it_may_rejoin("", REJOIN_AFTER_MS);
     let cmds = decide(&state, &members, 1_000 + REJOIN_AFTER_MS, &mut secret);
     let (slots, reason) = reform_of(&cmds);
     assert_eq!(reason, "joined c");
@@ -614,6 +628,16 @@ fn an_elastic_ring_grows_back_with_a_member_after_the_rejoin_delay() {
     assert_eq!(job.generation, 3);
     // Full again: nothing more.
     assert!(decide(&state, &members, 100_000, &mut secret).is_empty());
+}
+
+/// `elastic.rejoin_after_s` is the job's own: a member may join again that long after it
+/// left, not the default's.
+#[test]
+fn a_jobs_rejoin_delay_is_its_specs() {
+    let (state, members, _) =
+        member_back_before_it_may_rejoin("[elastic]\nrejoin_after_s = 2\n", 2_000);
+    let cmds = decide(&state, &members, 1_000 + 2_000, &mut secret);
+    assert_eq!(reform_of(&cmds).1, "joined c");
 }
 
 /// A member an operator removed gets no rank, however much room it has.
