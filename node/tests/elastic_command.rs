@@ -178,7 +178,9 @@ fn ringleader_fault(name: &str, fault: Fault, reason: impl Fn(&str) -> String) {
     let mut s = setup();
     let Setup { c, done, .. } = &mut s;
     // Phase 1: generation 1 on 3 ranks, each with its first generation from stdin.
-    let (id, doc, pids) = start_fake_ranks(c, name, "protocol = \"ringleader\"", done);
+    // A member that left may join again after 1 s, not the default 10 s.
+    let elastic = "protocol = \"ringleader\"\nrejoin_after_s = 1";
+    let (id, doc, pids) = start_fake_ranks(c, name, elastic, done);
     let victim_node = doc.ring[2].clone();
     let victim = c.nodes.iter().position(|n| n.name == victim_node).unwrap();
     let observer = if victim == 0 { 1 } else { 0 };

@@ -324,7 +324,7 @@ def test_a_rank_killed_in_an_elastic_job_over_the_double_costs_at_most_a_step(tm
             "env": {"PYTHONPATH": PYTHON_DIR, "OMP_NUM_THREADS": "1", "STEP_SLEEP_S": "0.03",
                     "STOP_AT_FILE": str(stop_file),
                     "RINGLEADER_CUDA_BACKEND": "cpu:fakenccl"},
-            "elastic": {"protocol": "ringleader"},
+            "elastic": {"protocol": "ringleader", "rejoin_after_s": 2},
         }).id
 
         def wait(what, cond):

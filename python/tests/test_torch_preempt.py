@@ -39,7 +39,8 @@ def test_a_torch_job_shrinks_for_a_preemption_keeps_its_batch_and_grows_back(clu
         "name": "torch-preempt", "kind": "command", "workers": 4, "min_workers": 1,
         "max_restarts": 0, "command": [sys.executable, RANK_SCRIPT],
         "env": {"PYTHONPATH": PYTHON_DIR, "OMP_NUM_THREADS": "1", "STEP_SLEEP_S": "0.03"},
-        "elastic": {"protocol": "ringleader"},
+        # The grow may take a member back 1 s after it left (the default is 10 s).
+        "elastic": {"protocol": "ringleader", "rejoin_after_s": 1},
     })
     job_id = job.id
 
