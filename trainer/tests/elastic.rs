@@ -610,6 +610,63 @@ fn a_rank_stopped_at_a_step_boundary_costs_its_peers_no_step() {
     }
 }
 
+/// A source whose next generation is already waiting (`pending`) while its watcher never
+/// fires: what a worker sees when a join fails in the instant a newer generation arrives
+/// (a peer that left for it closed its links).
+struct AlreadyWaiting(Option<Generation>);
+
+impl GenerationSource for AlreadyWaiting {
+    async fn next(
+        &mut self,
+        after: u64,
+    ) -> Result<Option<Generation>, trainer::elastic::ElasticError> {
+        Ok(self.0.take().filter(|g| g.generation > after))
+    }
+
+    fn pending(&mut self, after: u64) -> Option<Control> {
+        self.0
+            .take()
+            .filter(|g| g.generation > after)
+            .map(Control::Generation)
+    }
+
+    async fn arrived(&mut self, _: u64) {
+        std::future::pending().await
+    }
+}
+
+/// Rank 0 of a generation of 2 whose peer never comes fails its join (the agreement's
+/// deadline) while generation 1 (itself alone) already waits: the failed join is the
+/// superseded generation's end, not a loss to report, and it trains on in generation 1.
+/// Before, it reported generation 0 failed.
+#[test]
+fn a_join_that_fails_once_a_newer_generation_waits_is_not_reported() {
+    let ring = MemoryRing::new(Limits {
+        connect_timeout_ms: 300,
+        op_timeout_ms: 300,
+        ..Limits::for_test()
+    });
+    let mut events = Vec::new();
+    let end = runtime(false)
+        .block_on(async {
+            ElasticRun::new(
+                spec(OptimizerKind::Sgd),
+                AlreadyWaiting(Some(generation(1, 0, 1))),
+                ring,
+            )
+            .run(generation(0, 0, 2), None, |e| events.push(e.clone()))
+            .await
+        })
+        .expect("ran");
+    let failed: Vec<&ElasticEvent> = events
+        .iter()
+        .filter(|e| matches!(e, ElasticEvent::Failed { .. }))
+        .collect();
+    assert!(failed.is_empty(), "{failed:#?}");
+    assert_eq!(end.generation, 1);
+    assert!(end.finished.is_some(), "{end:?}");
+}
+
 /// A requeue while a re-form never formed: ranks 0 and 1 leave generation 0 for
 /// generation 1, rank 1 is stopped before it joins, and rank 0 (its generation's ops time
 /// out) is stopped too. Its run still ends with the state it reached, its newest commit,

@@ -39,7 +39,7 @@ pub enum ElasticEvent {
     /// worker waits for the next generation.
     ///
     /// Not reported when a newer generation (or a stop) had already arrived when the step
-    /// failed: `Aborted` (this worker aborted it, see [`ABORT_GRACE_MS`]), `PeerAborted`
+    /// (or the join) failed: `Aborted` (this worker aborted it, see [`ABORT_GRACE_MS`]), `PeerAborted`
     /// (a peer left for the newer generation first) or any other error, such as `PeerLost`
     /// from a peer that left and closed its links before its abort arrived. The generation
     /// was superseded: the node has formed the next one already (and refuses a loss
@@ -247,12 +247,8 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
                         generation = gen.generation,
                         "a newer generation or a stop arrived while joining: leaving the join"
                     );
-                    let next = match self.source.pending(gen.generation) {
-                        Some(Control::Generation(g)) => Some(g),
-                        Some(Control::Stop) => None,
-                        None => self.source.next(gen.generation).await?,
-                    };
-                    match next {
+                    let waiting = self.source.pending(gen.generation);
+                    match self.after(gen.generation, waiting).await? {
                         Some(g) => {
                             gen = g;
                             continue;
@@ -261,8 +257,20 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
                     }
                 }
                 Some(Err(JoinError::Reform(e))) => {
-                    on_event(&failed(gen.generation, &e));
-                    match self.source.next(gen.generation).await? {
+                    // As for a step (below): a join that fails once a newer generation or
+                    // a stop has arrived (a peer that left for it closed its links) ends a
+                    // superseded generation; nobody is reported lost.
+                    let waiting = self.source.pending(gen.generation);
+                    if waiting.is_none() {
+                        on_event(&failed(gen.generation, &e));
+                    } else {
+                        info!(
+                            generation = gen.generation,
+                            error = %e,
+                            "the join failed after a newer generation (or a stop) arrived: not reported as a peer loss"
+                        );
+                    }
+                    match self.after(gen.generation, waiting).await? {
                         Some(g) => {
                             gen = g;
                             continue;
@@ -389,18 +397,26 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
                     } else {
                         close(trainer).await;
                     }
-                    // The newest control waiting (a stop wins); else the next to arrive.
-                    let next = match control.take() {
-                        Some(Control::Generation(g)) => Some(g),
-                        Some(Control::Stop) => None,
-                        None => self.source.next(generation).await?,
-                    };
-                    match next {
+                    match self.after(generation, control.take()).await? {
                         Some(g) => gen = g,
                         None => return Ok(stopped_at_commit(summary, &log)),
                     }
                 }
             }
+        }
+    }
+
+    /// The generation to join after `generation`: the control `waiting` (the newest taken
+    /// from the source; a stop wins), else the next to arrive; `None` to stop.
+    async fn after(
+        &mut self,
+        generation: u64,
+        waiting: Option<Control>,
+    ) -> Result<Option<Generation>, ElasticError> {
+        match waiting {
+            Some(Control::Generation(g)) => Ok(Some(g)),
+            Some(Control::Stop) => Ok(None),
+            None => self.source.next(generation).await,
         }
     }
 
