@@ -39,12 +39,12 @@ pub enum ElasticEvent {
     /// worker waits for the next generation.
     ///
     /// Not reported when a newer generation (or a stop) had already arrived when the step
-    /// (or the join) failed: `Aborted` (this worker aborted it, see [`ABORT_GRACE_MS`]), `PeerAborted`
-    /// (a peer left for the newer generation first) or any other error, such as `PeerLost`
-    /// from a peer that left and closed its links before its abort arrived. The generation
-    /// was superseded: the node has formed the next one already (and refuses a loss
-    /// reported against an older generation), and a peer that is really gone fails the
-    /// next generation's join.
+    /// (or the join) failed, whatever the error: `Aborted` (this worker aborted it, see
+    /// [`ABORT_GRACE_MS`]), `PeerAborted` (a peer left for the newer generation first), or
+    /// `PeerLost` from a peer that left and closed its links before its abort arrived. The
+    /// generation was superseded: the node has formed the next one already (and refuses a
+    /// loss reported against an older generation), and a peer that is really gone fails
+    /// the next generation's join.
     Failed {
         /// The generation that failed.
         generation: u64,
@@ -257,9 +257,7 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
                     }
                 }
                 Some(Err(JoinError::Reform(e))) => {
-                    // As for a step (below): a join that fails once a newer generation or
-                    // a stop has arrived (a peer that left for it closed its links) ends a
-                    // superseded generation; nobody is reported lost.
+                    // Superseded: not a loss to report (see `ElasticEvent::Failed`).
                     let waiting = self.source.pending(gen.generation);
                     if waiting.is_none() {
                         on_event(&failed(gen.generation, &e));
@@ -367,14 +365,8 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
                     let Some(c) = reformable_train(&e) else {
                         return Err(e.into());
                     };
-                    // Once a newer generation (or a stop) has arrived, whatever ends the
-                    // step is the superseded generation's: this rank's abort, a peer's
-                    // (`PeerAborted`), or a peer that left first and closed its links before
-                    // its abort reached us (`PeerLost`). The node has already formed the
-                    // next generation and refuses a loss reported against an older one; a
-                    // peer that is really gone fails the next generation's join instead.
-                    let left = superseded;
-                    if left {
+                    // Superseded: not a loss to report (see `ElasticEvent::Failed`).
+                    if superseded {
                         info!(
                             generation,
                             step = step_reached,
@@ -392,7 +384,7 @@ impl<S: GenerationSource, C: RingConnector> ElasticRun<S, C> {
                         }
                     }
                     log = trainer.take_commits();
-                    if left {
+                    if superseded {
                         leave(trainer).await;
                     } else {
                         close(trainer).await;

@@ -820,7 +820,6 @@ fn nothing_is_preempted_for_room_that_work_ahead_would_take() {
     );
 }
 
-/// Trial entry `i` of search `n` (submitted at 0).
 /// bench-sharing (2026-12-07, late): a ring was shrunk for carol's 3-rank job, whose start
 /// counted on two slots free already; a 1-rank job of hers behind it took one of them in the
 /// same pass (its reservation lay elsewhere), and the 3-rank job waited 57 s more. The room a
