@@ -81,8 +81,13 @@ pub fn usage_by_owner(state: &ControlState) -> BTreeMap<String, Usage> {
 
 /// GPU milliseconds `job` held within `[from_ms, to_ms)`, from its history: each placement
 /// or re-form holds its ring's GPUs until the next one or the attempt's end (a failed
-/// attempt, the job's end); a running job's last ring until `to_ms`. History dropped past
-/// `EVENTS_PER_JOB_MAX` events, and jobs compacted out of the state, are not counted.
+/// attempt, a requeue by a preemption, the job's end); a running job's last ring until
+/// `to_ms`. History dropped past `EVENTS_PER_JOB_MAX` events, and jobs compacted out of the
+/// state, are not counted.
+///
+/// A requeue logs two `Preempted` events: the ask (the ranks keep their GPUs while they
+/// checkpoint and stop) and the requeue itself (they are released; the time the job then
+/// waits is not its owner's). The second ends the attempt.
 pub fn gpu_ms_in_window(job: &Job, from_ms: u64, to_ms: u64) -> u64 {
     let per_rank = u64::from(job.spec.resources.gpus_per_worker);
     if per_rank == 0 {
@@ -90,6 +95,8 @@ pub fn gpu_ms_in_window(job: &Job, from_ms: u64, to_ms: u64) -> u64 {
     }
     let mut total = 0u64;
     let mut open: Option<(u64, u64)> = None;
+    // The attempt's ranks were asked to stop (a requeue's first `Preempted`).
+    let mut asked = false;
     let mut close = |open: &mut Option<(u64, u64)>, at: u64| {
         if let Some((since, gpus)) = open.take() {
             let (a, b) = (since.max(from_ms), at.min(to_ms));
@@ -100,12 +107,18 @@ pub fn gpu_ms_in_window(job: &Job, from_ms: u64, to_ms: u64) -> u64 {
         match e.what {
             EventKind::Placed | EventKind::Reformed => {
                 close(&mut open, e.at_ms);
+                asked &= e.what == EventKind::Reformed;
                 open = Some((e.at_ms, e.ring.len() as u64 * per_rank));
             }
-            EventKind::AttemptFailed
+            EventKind::Preempted if !asked => asked = true,
+            EventKind::Preempted
+            | EventKind::AttemptFailed
             | EventKind::Succeeded
             | EventKind::Failed
-            | EventKind::Cancelled => close(&mut open, e.at_ms),
+            | EventKind::Cancelled => {
+                close(&mut open, e.at_ms);
+                asked = false;
+            }
             _ => {}
         }
     }
@@ -197,6 +210,50 @@ mod tests {
             effective_priority(900, 0, 100 * AGING_STEP_MS),
             PRIORITY_MAX
         );
+    }
+
+    /// A job requeued for another holds its GPUs until its ranks stop, not while it waits
+    /// again (that time was charged to its owner's `--gpu-hours` at its next placement).
+    #[test]
+    fn a_requeued_jobs_wait_is_not_gpu_time() {
+        use crate::state::{ops, users, ControlCommand, JobEvent, Op};
+        let mut spec = ops::testing::spec(2, 0);
+        spec.resources.gpus_per_worker = 1;
+        let mut state = ControlState::default();
+        let submit = Op::Submit(ops::Submit {
+            spec: Box::new(spec),
+            token: None,
+            owner: users::admin_user(),
+        });
+        state.apply(
+            1,
+            &ControlCommand {
+                op: submit,
+                at_ms: 0,
+            },
+        );
+        let mut job = state.job(JobId::from_log_index(1)).unwrap().clone();
+        let event = |at_ms, what| JobEvent {
+            at_ms,
+            what,
+            generation: 1,
+            reason: String::new(),
+            ring: match what {
+                EventKind::Placed => vec!["a".into(), "b".into()],
+                _ => Vec::new(),
+            },
+        };
+        job.events = vec![
+            event(0, EventKind::Placed),
+            event(10, EventKind::Preempted), // asked: the 2 GPUs held while the ranks stop
+            event(30, EventKind::Preempted), // requeued: released
+            event(1_000, EventKind::Placed),
+        ];
+        job.state = JobState::Running;
+        assert_eq!(gpu_ms_in_window(&job, 0, 1_100), 2 * 30 + 2 * 100);
+        job.state = JobState::Pending;
+        job.events.pop();
+        assert_eq!(gpu_ms_in_window(&job, 0, 1_100), 2 * 30);
     }
 
     #[test]

@@ -130,6 +130,7 @@ pub fn decide_with(
             candidates = decisions.left;
             let by_id = |id| state.job(id);
             let mut granted = search::Granted::default();
+            let starting: BTreeSet<_> = decisions.starts.iter().map(|s| s.id).collect();
             for start in decisions.starts {
                 if let Some(trial) = start.trial {
                     granted.slots.insert((start.id, trial), start.slots);
@@ -179,13 +180,20 @@ pub fn decide_with(
             for r in trial_reasons {
                 granted.reasons.entry(r.id).or_insert(r.text);
             }
-            let changed = reasons.into_iter().filter_map(|r| {
-                let job = by_id(r.id)?;
-                (job.pending_reason.as_deref() != Some(r.text.as_str())).then(|| ControlCommand {
+            // A job requeued for another is no entry of the scheduler's while that one
+            // waits: its reason says so.
+            let held = held_for_others(&pending).into_iter().filter_map(|id| {
+                let for_job = by_id(id)?.preempted_for.filter(|f| !starting.contains(f))?;
+                Some((id, format!("preempted for {for_job}, which still waits")))
+            });
+            let reasons = reasons.into_iter().map(|r| (r.id, r.text)).chain(held);
+            let changed = reasons.filter_map(|(id, text)| {
+                let job = by_id(id)?;
+                (job.pending_reason.as_deref() != Some(text.as_str())).then(|| ControlCommand {
                     op: Op::Unplaceable(ops::Unplaceable {
-                        id: r.id,
+                        id,
                         quiet: job.pending_reason.is_some(),
-                        reason: r.text,
+                        reason: text,
                     }),
                     at_ms: now_ms,
                 })
@@ -587,6 +595,7 @@ fn queue_view<'a>(
                 trial_of: job.trial_of.as_ref().map(|t| t.search),
                 preemptible: job.spec.preemptible,
                 started_at_ms,
+                stopping: job.stopping.as_ref().map(|s| s.for_job),
             }
         })
         .collect();

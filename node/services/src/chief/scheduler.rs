@@ -194,6 +194,11 @@ pub struct Running<'a> {
     pub preemptible: bool,
     /// When its current run started (what a requeue would lose), ms.
     pub started_at_ms: u64,
+    /// Asked to checkpoint and stop (a requeue, a paused trial), for the job named
+    /// (`Some(None)`: for none in particular): it is never asked again, and its ranks count
+    /// as leaving when that job plans (else each pass would ask one more victim while it
+    /// stops).
+    pub stopping: Option<Option<JobId>>,
 }
 
 /// The queue: waiting and running jobs (in any order: the scheduler sorts), and each
@@ -308,7 +313,12 @@ fn pass(
     let mut free = cluster.members.clone();
     let mut now = cluster.members.clone();
     let mut future = usage::Room::idle(&cluster.members);
-    let mut claims = usage::Claims::of(&queue.waiting, &cluster.members, &ledger, quotas);
+    // A job its owner's spent GPU-hours hold back claims nothing: it cannot start.
+    let claimants = queue
+        .waiting
+        .iter()
+        .filter(|w| gpu_hours_spent(w, quotas, &queue.gpu_ms).is_none());
+    let mut claims = usage::Claims::of(claimants, &cluster.members, &ledger, quotas);
     let mut out = Decisions::default();
     let mut grown: Vec<(Slot, Request)> = Vec::new();
     let mut reservations = 0usize;
@@ -327,9 +337,8 @@ fn pass(
                 // take its borrowed ranks back for such a job grew (or its owner's other
                 // ring did) into the freed room at once, ahead of that job, each pass
                 // (bench-sharing, 2026-12-07: carol's job waited 131 s after a shrink).
-                let borrowed = ledger.borrowed_by(r.owner, &req, quotas);
                 if claims
-                    .refuses(r.owner, &borrowed, &now, &ledger, quotas)
+                    .refuses(r.owner, &req, &now, &ledger, quotas)
                     .is_some()
                 {
                     continue;
@@ -424,8 +433,7 @@ fn pass(
         }
         let mut req = w.request;
         req.workers = size as u32;
-        let borrowed = ledger.borrowed_by(w.owner, &req, quotas);
-        if let Some(text) = claims.refuses(w.owner, &borrowed, &now, &ledger, quotas) {
+        if let Some(text) = claims.refuses(w.owner, &req, &now, &ledger, quotas) {
             wait(Cause::Borrow, text);
             continue;
         }

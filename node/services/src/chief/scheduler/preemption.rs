@@ -156,7 +156,7 @@ impl Plan {
         match self {
             Plan::Asked { asked, .. } => match asked.first() {
                 Some(first) => format!("{waits}; preempting {}", first.summary()),
-                None => waits,
+                None => format!("{waits}; the work preempted for it is stopping"),
             },
             Plan::NoRoom => waits,
             Plan::Claimed(borrowed) => format!(
@@ -197,21 +197,23 @@ pub fn plan(
     let first = victims(w, now, &queue.running, ledger, quotas, now_ms, Among::All);
     let unserved = match &first {
         None => Plan::NoRoom,
-        Some(first) => match served(w, first, cluster, queue, now_ms) {
-            Ok(start) => {
-                return Plan::Asked {
-                    asked: first.asked.clone(),
-                    start,
+        Some(first) => {
+            match served(w, first, cluster, queue, now_ms).and_then(|_| held(w, first)) {
+                Ok(start) => {
+                    return Plan::Asked {
+                        asked: first.asked.clone(),
+                        start,
+                    }
                 }
+                Err(unserved) => unserved,
             }
-            Err(unserved) => unserved,
-        },
+        }
     };
     if borrows(w, ledger, quotas) {
         let own = victims(w, now, &queue.running, ledger, quotas, now_ms, Among::Own);
         let differs = |own: &Victims| first.as_ref().is_none_or(|f| f.kept != own.kept);
         if let Some(own) = own.filter(differs) {
-            if let Ok(start) = served(w, &own, cluster, queue, now_ms) {
+            if let Ok(start) = served(w, &own, cluster, queue, now_ms).and_then(|_| held(w, &own)) {
                 return Plan::Asked {
                     asked: own.asked,
                     start,
@@ -220,6 +222,20 @@ pub fn plan(
         }
     }
     unserved
+}
+
+/// The room `w` is held on while `v` leaves: placed on the pass's own view with the
+/// victims' ranks given back, where the jobs ahead of it in this pass have started. (The
+/// pass run again, `served`, says whether it starts; its slots may lie where a job ahead
+/// started in this pass, placed elsewhere there: holding those let a job behind take the
+/// room `w` needs.)
+fn held(w: &Waiting<'_>, v: &Victims) -> Result<Vec<Slot>, Plan> {
+    let mut req = w.request;
+    req.workers = placement::room(&v.view, &w.request).min(u64::from(w.request.workers)) as u32;
+    if req.workers < w.min_workers {
+        return Err(Plan::TakenAhead);
+    }
+    placement::place_job(&v.view, &req, w.home, w.avoid).map_err(|_| Plan::TakenAhead)
 }
 
 /// Whether `w` would borrow at its floor.
@@ -301,6 +317,8 @@ enum Among {
 struct Victims {
     asked: Vec<Preempt>,
     kept: Vec<(usize, usize)>,
+    /// The pass's view at the waiting job with the victims' ranks given back.
+    view: Vec<Candidate>,
 }
 
 /// The requests that make room for `w` on `now` (`None` when no choice of victims would).
@@ -321,7 +339,7 @@ fn victims(
     let mut candidates: Vec<(Order, usize)> = running
         .iter()
         .enumerate()
-        .filter(|(_, r)| r.preemptible && !r.slots.is_empty())
+        .filter(|(_, r)| r.preemptible && !r.slots.is_empty() && r.stopping.is_none())
         .filter(|(_, r)| among == Among::All || r.owner == w.owner)
         .filter_map(|(i, r)| {
             let borrowing = reclaims
@@ -364,12 +382,21 @@ fn victims(
     // Enough: the gang fits; for own work alone, also the job no longer borrows (else what
     // is freed may be claimed by others' quotas again), as far as own work goes.
     let mut left_ledger = ledger.clone();
+    let mut view = now.to_vec();
+    let mut kept: Vec<(usize, usize)> = Vec::new();
+    // Jobs already stopping for `w` (or for none in particular) leave without being asked.
+    for (i, r) in running.iter().enumerate() {
+        if r.stopping.is_some_and(|f| f.is_none_or(|f| f == w.id)) {
+            r.slots.iter().for_each(|s| release(&mut view, r, s));
+            left_ledger.remove(r.owner, &super::one_rank(r), r.slots.len() as u64, quotas);
+            kept.push((i, 0));
+        }
+    }
     let enough = |view: &[Candidate], left_ledger: &Ledger| {
         placement::room(view, &w.request) >= need
             && (among == Among::All
                 || left_ledger.borrowed_by(w.owner, &req, quotas) == Usage::default())
     };
-    let mut view = now.to_vec();
     let reason = format!(
         "preempted for {} ({}, priority {})",
         w.id,
@@ -377,7 +404,6 @@ fn victims(
         priority::label(w.priority)
     );
     let mut out: Vec<Preempt> = Vec::new();
-    let mut kept: Vec<(usize, usize)> = Vec::new();
     let mut paused: BTreeMap<JobId, u32> = BTreeMap::new();
     for ((_, _, loss, _, _), i) in candidates {
         if enough(&view, &left_ledger) {
@@ -448,7 +474,11 @@ fn victims(
             reason: reason.clone(),
         });
     }
-    Some(Victims { asked: out, kept })
+    Some(Victims {
+        asked: out,
+        kept,
+        view,
+    })
 }
 
 /// Gives `slot` of `r` back to its member in `view`.

@@ -274,19 +274,23 @@ impl Claims {
         }
     }
 
-    /// Why `owner` may not borrow `borrowed` from what is free in `now`: it would take
-    /// what others' unused quotas claim.
+    /// Why `owner` may not start `req.workers` ranks of `req` that borrow: together with
+    /// the part within its quota (which comes from the same free room), they would take
+    /// what others' unused quotas claim. A request that borrows nothing is never refused
+    /// here (its owner's quota is its own).
     pub fn refuses(
         &self,
         owner: &str,
-        borrowed: &Usage,
+        req: &Request,
         now: &[Candidate],
         ledger: &Ledger,
         quotas: &BTreeMap<String, Quota>,
     ) -> Option<String> {
-        if *borrowed == Usage::default() {
+        let borrowed = ledger.borrowed_by(owner, req, quotas);
+        if borrowed == Usage::default() {
             return None;
         }
+        let total = of(req, u64::from(req.workers));
         let mut claimed = Usage::default();
         for (claimant, jobs) in self.waiting.iter().filter(|(o, _)| *o != owner) {
             let used = ledger.used(claimant);
@@ -299,14 +303,20 @@ impl Claims {
             claimed.gpus += nominal.gpus.saturating_sub(used.gpus).min(asked.gpus);
         }
         let free = free(now);
-        for (what, want, free, claimed) in [
-            ("cpus", borrowed.cpus, free.cpus, claimed.cpus),
-            ("gpus", borrowed.gpus, free.gpus, claimed.gpus),
+        // Per resource it borrows: the whole request must leave the claims free.
+        for (what, borrows, total, free, claimed) in [
+            ("cpus", borrowed.cpus, total.cpus, free.cpus, claimed.cpus),
+            ("gpus", borrowed.gpus, total.gpus, free.gpus, claimed.gpus),
         ] {
-            if want > free.saturating_sub(claimed) {
-                let want = Plural(want, &what[..what.len() - 1]);
+            if borrows > 0 && total > free.saturating_sub(claimed) {
+                let one = &what[..what.len() - 1];
+                let all = match total > borrows {
+                    true => format!(" ({} in all)", Plural(total, one)),
+                    false => String::new(),
+                };
+                let borrows = Plural(borrows, one);
                 return Some(format!(
-                    "waiting to borrow {want}: {free} free, {claimed} claimed by others' quotas"
+                    "waiting to borrow {borrows}{all}: {free} free, {claimed} claimed by others' quotas"
                 ));
             }
         }

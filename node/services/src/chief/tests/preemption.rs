@@ -222,6 +222,41 @@ fn a_job_requeued_for_another_waits_while_that_one_does() {
     assert_eq!(state.job(victim).unwrap().preempted_for, Some(wanted));
 }
 
+/// A job held for the one it was requeued for is no scheduler entry: its pending reason
+/// says what it waits for (it had none), and is not written in the pass that starts that
+/// job.
+#[test]
+fn a_job_held_for_another_says_so() {
+    let members = members(1);
+    let mut state = ControlState::default();
+    let victim = submit_text(&mut state, ONE);
+    place_all(&mut state, &members, 2);
+    let wanted = submit_text(&mut state, ONE);
+    place_all(&mut state, &members, 3);
+    preempt(&mut state, victim, PreemptAction::Requeue, Some(wanted), 10);
+    apply_all(&mut state, &[exited(victim, 1, 20)]);
+    let reasons = |cmds: &[ControlCommand]| -> Vec<(JobId, String)> {
+        cmds.iter()
+            .filter_map(|c| match &c.op {
+                Op::Unplaceable(u) => Some((u.id, u.reason.clone())),
+                _ => None,
+            })
+            .collect()
+    };
+    // Its member gone for now, the job it was requeued for still waits.
+    let cmds = decide(&state, &[], 30, &mut secret);
+    assert!(
+        reasons(&cmds).contains(&(victim, format!("preempted for {wanted}, which still waits"))),
+        "{cmds:?}"
+    );
+    let cmds = decide(&state, &members, 40, &mut secret);
+    assert_eq!(placed(&cmds), [wanted]);
+    assert!(
+        reasons(&cmds).iter().all(|(id, _)| *id != victim),
+        "{cmds:?}"
+    );
+}
+
 /// Two jobs requeued for each other (bench-sharing's deadlock: a borrower taken back for a
 /// job within its quota, which it then took back by priority) do not hold each other
 /// forever: a claim ends when its holder is requeued itself, and one of them is placed.
