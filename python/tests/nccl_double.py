@@ -122,9 +122,14 @@ class FakeNcclBackend(_C10dBackend):
     def aborted(self) -> bool:
         return self._aborted.is_set()
 
-    def lose_peers(self) -> None:
-        """From now on every exchange finds its peers gone (blocks until `abort()`)."""
+    def lose_peers(self, watchdog_s: float | None = None) -> None:
+        """From now on every exchange finds its peers gone (blocks until `abort()`). With
+        `watchdog_s`, the group aborts itself that long after, as torch's watchdog aborts an
+        NCCL communicator whose peer failed (`TORCH_NCCL_ASYNC_ERROR_HANDLING=2`): the cut
+        works end (`is_completed()`, as their CUDA events) with their outputs partial."""
         self._peers_gone.set()
+        if watchdog_s is not None:
+            threading.Timer(watchdog_s, self.abort).start()
 
     def in_flight(self) -> int:
         """Operations enqueued whose exchange has not finished (nor been aborted)."""

@@ -305,6 +305,31 @@ def test_a_lost_peer_aborts_the_device_group_and_its_step_is_never_committed():
         rank.kill()
 
 
+def test_a_step_whose_group_torchs_watchdog_aborted_is_never_committed():
+    """Under `TORCH_NCCL_ASYNC_ERROR_HANDLING=2` torch's watchdog aborts a communicator whose
+    peer failed, and the cut collectives end as if done (their CUDA events complete): the
+    fence ended but did not gather every rank's 1, so the step is dropped at once, not
+    committed with partial reductions."""
+    lose_at, stop_at = 3, 8
+    rank = Rank("train", 1, LOSE_AT=str(lose_at), STOP_AT=str(stop_at), WATCHDOG="1")
+    try:
+        rank.send(generation(1, 0, free_ports(1)))
+        rank.expect("^lost peers$")
+        # Failed without waiting for the node's next generation nor the fence's deadline.
+        m = rank.expect(r"^ringleader-elastic failed generation=1 lost_rank=- (.*)$")
+        assert "the device group was aborted" in m.group(1), rank.lines
+        assert not any(line.startswith(f"hash step={lose_at + 1} ") for line in rank.lines), \
+            "the cut step was committed"
+        rank.send(generation(2, 0, free_ports(1)))
+        m = rank.expect(r"^ringleader-elastic resumed generation=2 .*restored_step=(\d+)")
+        assert int(m.group(1)) == lose_at, rank.lines
+        m = rank.expect(r"^aborted=(.*)$")
+        assert m.group(1) == "[True, False]", rank.lines
+        assert rank.proc.wait(timeout=WAIT_S) == 0, rank.stderr()
+    finally:
+        rank.kill()
+
+
 # -- a job on real nodes ---------------------------------------------------------------
 
 

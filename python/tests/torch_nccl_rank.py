@@ -8,7 +8,8 @@ generations on stdin by the test. It counts the generation stores it builds and 
   the next generation, so a stop ends it;
 - `train`: the README's elastic loop on a small MLP, `hash step=S gen=G h=H` after each
   step; once it reaches step LOSE_AT in generation 1 its device group loses its peers
-  (`lost peers`); it ends at step STOP_AT printing `aborted=[…]` (each double's state).
+  (`lost peers`; with WATCHDOG=1 the double then aborts itself, as torch's watchdog
+  would); it ends at step STOP_AT printing `aborted=[…]` (each double's state).
 """
 
 import ctypes
@@ -81,7 +82,8 @@ for epoch in sampler.epochs(1000):
         print(f"hash step={opt.steps} gen={rlt.generation()} h={digest()}", flush=True)
         if opt.steps == lose_at and rlt.generation() == 1 and not lost:
             lost = True
-            nccl_double.instances[-1].lose_peers()
+            watchdog = os.environ.get("WATCHDOG") == "1"
+            nccl_double.instances[-1].lose_peers(watchdog_s=0.2 if watchdog else None)
             print("lost peers", flush=True)
         if opt.steps >= stop_at:
             done = True

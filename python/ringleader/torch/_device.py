@@ -126,10 +126,33 @@ class Fence:
             self._event.record()
 
     def done(self) -> bool:
+        """Whether the fence's collective ended: ran, or was cut by an abort (torch's
+        watchdog aborts an NCCL communicator on a peer's error under
+        `TORCH_NCCL_ASYNC_ERROR_HANDLING=2`, and the cut kernels end: the event completes).
+        `complete()` tells which."""
         if self._event is not None:
             return bool(self._event.query())  # type: ignore[no-untyped-call]
-        # On the CPU the collective writes its output when it ran.
+        # On the host a collective writes its output when it ran; one cut by an abort never
+        # does, and has ended once its backend says it was aborted (the NCCL double does).
+        return self.complete() or _aborted(self._flag.device)
+
+    def complete(self) -> bool:
+        """Whether the collective ran on every rank: each one's 1 was gathered (a cut one
+        leaves zeros). Read once `done()`: a small copy to the host, nothing in flight."""
         return int(self._flag.sum().item()) == self._world
+
+
+def _aborted(device: torch.device) -> bool:
+    """Whether the default group's backend for `device` says it was aborted (an `aborted`
+    attribute: the NCCL double's; torch's own backends have none)."""
+    world = dist.group.WORLD
+    if world is None:
+        return False
+    try:
+        backend = world._get_backend(device)
+    except RuntimeError:
+        return False
+    return bool(getattr(backend, "aborted", False))
 
 
 def abort(group: DeviceGroup) -> bool:

@@ -346,7 +346,9 @@ class Session:
                 return False
             time.sleep(pause)
             pause = min(pause * 2, FENCE_POLL_S_MAX)
-        return not self.device_aborted
+        # Ended but cut (the group aborted under the step, by torch's watchdog or this
+        # session): the step's reductions may be partial, so it is never committed.
+        return fence.complete() and not self.device_aborted
 
     # -- the step watcher ----------------------------------------------------------------
 
