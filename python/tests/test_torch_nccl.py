@@ -330,6 +330,22 @@ def test_a_step_whose_group_torchs_watchdog_aborted_is_never_committed():
         rank.kill()
 
 
+def test_a_rank_whose_failure_names_no_one_exits_when_no_generation_follows():
+    """Every rank alike may fail naming no lost rank (here the device group cut under it);
+    the node re-forms only when some rank names one. With no newer generation within
+    `UNNAMED_FAILURE_WAIT_S` the rank exits 1, so the node ends the attempt, instead of
+    waiting forever."""
+    rank = Rank("train", 1, LOSE_AT="3", STOP_AT="8", WATCHDOG="1",
+                UNNAMED_FAILURE_WAIT_S="1")
+    try:
+        rank.send(generation(1, 0, free_ports(1)))
+        rank.expect(r"^ringleader-elastic failed generation=1 lost_rank=- ")
+        assert rank.proc.wait(timeout=WAIT_S) == 1
+        assert "no newer generation came within 1 s: exiting" in rank.stderr()
+    finally:
+        rank.kill()
+
+
 # -- a job on real nodes ---------------------------------------------------------------
 
 

@@ -36,6 +36,7 @@ def counting_store(*args, **kwargs):
 
 _backend._generation_store = counting_store
 
+_session.UNNAMED_FAILURE_WAIT_S = float(os.environ.get("UNNAMED_FAILURE_WAIT_S", "120"))
 rlt.init()
 sess = _session.session()
 

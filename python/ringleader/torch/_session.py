@@ -62,6 +62,12 @@ OP_TIMEOUT_MS = 60_000
 GROUP_TIMEOUT = timedelta(minutes=30)
 # Deadline of a step's device work, once its fence is enqueued, ms (the ring's op deadline).
 DEVICE_WORK_TIMEOUT_MS = OP_TIMEOUT_MS
+# How long a rank that reported a failure naming no lost rank (a deadline that passed on
+# every rank alike, a device group cut under all of them) waits for the node's next
+# generation, seconds: the node re-forms when another rank names the lost one, else nothing
+# comes, and the rank exits 1 so the job's attempt ends and restarts (instead of every rank
+# waiting forever).
+UNNAMED_FAILURE_WAIT_S = 120.0
 # Polling of a fence, seconds (first, most).
 FENCE_POLL_S_MIN = 0.0005
 FENCE_POLL_S_MAX = 0.01
@@ -122,6 +128,8 @@ class Session:
         self.last_generation: int | None = None
         # The first collective error of the current step, noted by the hooks.
         self.failure: BaseException | None = None
+        # A failure reported since the last generation joined that named no lost rank.
+        self.unnamed_failure: BaseException | None = None
         # Counts steps ended, so the abort watcher knows whether a step moved on.
         self.step_seq = 0
         self.in_step = False
@@ -173,9 +181,13 @@ class Session:
         (with the device group the generation agrees on), retrying with later ones while
         joining fails; exits 0 when the node says stop."""
         while True:
-            g = self.feed.next(self.generation)
-            if g is None:
+            wait = None if self.unnamed_failure is None else UNNAMED_FAILURE_WAIT_S
+            g = self.feed.next(self.generation, wait)
+            if g is None and self.feed.stopped:
                 self.exit_stopped()
+            if g is None:
+                self.exit_unrecovered(wait)
+            self.unnamed_failure = None
             self.generation = g.generation
             ring = self._connect(g)
             if ring is None:
@@ -263,6 +275,17 @@ class Session:
         sys.stderr.flush()
         os._exit(0)
 
+    def exit_unrecovered(self, waited: float | None) -> NoReturn:
+        """The failure reported named no lost rank and no generation followed within
+        `waited` s: exit 1 (as `exit_stopped`), so the node ends the attempt."""
+        print(f"ringleader: generation {self.generation} failed ({self.unnamed_failure}) "
+              f"and no newer generation came within {waited:.0f} s: exiting",
+              file=sys.stderr, flush=True)
+        self.leave_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
     # -- failures ------------------------------------------------------------------------
 
     def note_failure(self, e: BaseException) -> None:
@@ -282,6 +305,8 @@ class Session:
             return
         lost = getattr(e, "rank", None) if isinstance(e, _native.PeerLost) else None
         elastic.failed(self.generation, lost, e)
+        if lost is None:
+            self.unnamed_failure = e
 
     # -- the device group ----------------------------------------------------------------
 
