@@ -200,6 +200,11 @@ class ComputeClock:
         with self._lock:
             self._since = None
 
+    def restart(self) -> None:
+        """Ends the current section, if any, and starts a new one now."""
+        with self._lock:
+            self._since = time.monotonic()
+
     def computing_ms(self) -> int | None:
         """Milliseconds inside the current section, or None outside one."""
         with self._lock:

@@ -305,6 +305,22 @@ def test_a_lost_peer_aborts_the_device_group_and_its_step_is_never_committed():
         rank.kill()
 
 
+def test_a_compute_section_runs_from_each_forward_to_its_step_not_between_steps():
+    """The heartbeat's compute section (what the node times to call a rank hung) opens at
+    each DDP forward and closes at `step()`: a data loader, an evaluation's other work or a
+    checkpoint's save between steps is no step's compute (it was, so a rank saving a
+    checkpoint for 20 steps' time was killed as hung)."""
+    rank = Rank("train", 1, LOSE_AT="100", STOP_AT="4")
+    try:
+        rank.send(generation(1, 0, free_ports(1)))
+        for _ in range(3):
+            m = rank.expect(r"^clock in_forward=(\S+) between=(\S+)$")
+            assert m.groups() == ("True", "None"), rank.lines
+        assert rank.proc.wait(timeout=WAIT_S) == 0, rank.stderr()
+    finally:
+        rank.kill()
+
+
 def test_a_step_whose_group_torchs_watchdog_aborted_is_never_committed():
     """Under `TORCH_NCCL_ASYNC_ERROR_HANDLING=2` torch's watchdog aborts a communicator whose
     peer failed, and the cut collectives end as if done (their CUDA events complete): the

@@ -7,7 +7,8 @@ generations on stdin by the test. It counts the generation stores it builds and 
 - `join`: a barrier on the ring (the test's rank takes part), `barrier`, and waits for
   the next generation, so a stop ends it;
 - `train`: the README's elastic loop on a small MLP, `hash step=S gen=G h=H` after each
-  step; once it reaches step LOSE_AT in generation 1 its device group loses its peers
+  step, then `clock in_forward=B between=MS` (whether the heartbeat's compute section was
+  open inside the forward, and its time after the step: None outside one); once it reaches step LOSE_AT in generation 1 its device group loses its peers
   (`lost peers`; with WATCHDOG=1 the double then aborts itself, as torch's watchdog
   would); it ends at step STOP_AT printing `aborted=[…]` (each double's state).
 """
@@ -68,6 +69,16 @@ loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler)
 opt = rlt.ElasticOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model=model,
                            sampler=sampler)
 lose_at, stop_at = int(os.environ["LOSE_AT"]), int(os.environ["STOP_AT"])
+# Whether the heartbeat's compute section was open inside the last forward.
+in_forward = None
+
+
+def note_section(module, args):
+    global in_forward
+    in_forward = sess.clock.computing_ms() is not None
+
+
+model.module.register_forward_pre_hook(note_section)
 lost = False
 
 
@@ -81,6 +92,7 @@ for epoch in sampler.epochs(1000):
     for x, y in loader:
         opt.zero_grad(); F.cross_entropy(model(x), y).backward(); opt.step()
         print(f"hash step={opt.steps} gen={rlt.generation()} h={digest()}", flush=True)
+        print(f"clock in_forward={in_forward} between={sess.clock.computing_ms()}", flush=True)
         if opt.steps == lose_at and rlt.generation() == 1 and not lost:
             lost = True
             watchdog = os.environ.get("WATCHDOG") == "1"

@@ -102,6 +102,9 @@ class DistributedDataParallel(torch.nn.Module):
             return ddp(*args, **kwargs)
         if sess.failure is not None:
             return self.module(*args, **kwargs)
+        # A compute section per forward (each of an evaluation's too), until `step()`.
+        sess.forward_marks = True
+        sess.clock.restart()
         try:
             return ddp(*args, **kwargs)
         except RuntimeError as e:  # RingError is one; step() tells the kinds apart

@@ -332,7 +332,7 @@ class ElasticOptimizer:
         if sess.feed.pending(sess.generation) is not None:
             self._reform()
         self._step_start = time.monotonic()
-        sess.clock.enter()
+        sess.between_steps()
         sess.step_started()
         return out
 
@@ -386,7 +386,7 @@ class ElasticOptimizer:
         elastic.resumed(sess.generation, sess.world, sess.rank, group_step, self.steps,
                         max(group_step - self.steps, 0), source)
         self._step_start = time.monotonic()
-        sess.clock.enter()
+        sess.between_steps()
         sess.step_started()
 
     def _rebuild(self, source: Source) -> None:

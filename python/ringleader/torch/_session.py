@@ -82,12 +82,15 @@ class _OpClock:
         self._lock = threading.Lock()
         self._depth = 0
         self._since = 0.0
+        # Whether a compute section was open when the operation began (it goes on after).
+        self._resume = False
         self.total_s = 0.0
 
     def begin(self) -> None:
         with self._lock:
             if self._depth == 0:
                 self._since = time.monotonic()
+                self._resume = self._clock.computing_ms() is not None
                 self._clock.leave()
             self._depth += 1
 
@@ -96,7 +99,8 @@ class _OpClock:
             self._depth -= 1
             if self._depth == 0:
                 self.total_s += time.monotonic() - self._since
-                self._clock.enter()
+                if self._resume:
+                    self._clock.enter()
 
     def take(self) -> float:
         """The wait since the last `take`, seconds."""
@@ -130,6 +134,10 @@ class Session:
         self.failure: BaseException | None = None
         # A failure reported since the last generation joined that named no lost rank.
         self.unnamed_failure: BaseException | None = None
+        # Whether `rlt.DistributedDataParallel`'s forward marks compute sections: each
+        # forward starts one, which ends at `step()` (else a section runs from one step to
+        # the next, the time between steps included).
+        self.forward_marks = False
         # Counts steps ended, so the abort watcher knows whether a step moved on.
         self.step_seq = 0
         self.in_step = False
@@ -379,6 +387,15 @@ class Session:
 
     def step_started(self) -> None:
         self.in_step = True
+
+    def between_steps(self) -> None:
+        """After a step or a re-form: the heartbeat's compute section until the next step,
+        unless forwards mark the sections (then none: data loading, evaluation between its
+        forwards and a checkpoint's save are no step's compute)."""
+        if self.forward_marks:
+            self.clock.leave()
+        else:
+            self.clock.enter()
 
     def step_ended(self) -> None:
         self.in_step = False

@@ -116,6 +116,11 @@ pub const HUNG_STOPPED_MS: u64 = 3_000;
 pub const HUNG_COMPUTING_MS_MIN: u64 = 5_000;
 /// … and at least this many times the rank's usual compute time per step.
 pub const HUNG_COMPUTE_FACTOR: f64 = 20.0;
+/// Before a rank has reported a step (no `ringleader-rank-stats` line yet), its first
+/// compute section makes it hung only past this, in milliseconds: a first step compiles
+/// (torch.compile, NVRTC), autotunes and warms caches, for minutes on a large model (the
+/// 5 s floor killed such ranks as hung); torch's own NCCL timeout is 10 minutes.
+pub const HUNG_FIRST_COMPUTE_MS: u64 = 600_000;
 /// A rank stopped gracefully (its job cancelled, a search trial stopped early) gets SIGTERM,
 /// then SIGKILL after this long, in milliseconds.
 pub const STOP_GRACE_MS: u64 = 5_000;

@@ -14,7 +14,8 @@
 //!   and its exit counts as reaching the rung.
 //! - **Hangs**: a process stopped (run state T) for [`HUNG_STOPPED_MS`], or a heartbeat
 //!   inside one compute section past [`HUNG_COMPUTE_FACTOR`] × its usual compute time (at
-//!   least [`HUNG_COMPUTING_MS_MIN`]), is reported hung, once.
+//!   least [`HUNG_COMPUTING_MS_MIN`]; [`HUNG_FIRST_COMPUTE_MS`] before it reported a step),
+//!   is reported hung, once.
 //! - **Silence**: a protocol rank that printed no heartbeat or rank stats within its bound
 //!   is reported lost (a standby: dropped), again in each generation it survives into.
 //! - **Stops**: a kill is SIGKILL at once; a graceful stop tells the rank `ringleader-stop`,
@@ -44,8 +45,8 @@ use tracing::{info, warn};
 use super::tail::StderrTail;
 use super::{
     read_line, silent_rank_reason, Control, Malformed, Read, TrialReports, EXIT_DRAIN_MS,
-    HUNG_COMPUTE_FACTOR, HUNG_COMPUTING_MS_MIN, HUNG_STOPPED_MS, METRIC_REPORT_INTERVAL_MS,
-    RUNG_EXIT_GRACE_MS, STOP_GRACE_MS,
+    HUNG_COMPUTE_FACTOR, HUNG_COMPUTING_MS_MIN, HUNG_FIRST_COMPUTE_MS, HUNG_STOPPED_MS,
+    METRIC_REPORT_INTERVAL_MS, RUNG_EXIT_GRACE_MS, STOP_GRACE_MS,
 };
 use crate::domain::state::{failure::RankEnd, ops, JobId, Op, REASON_BYTES_MAX};
 
@@ -103,8 +104,8 @@ pub(crate) struct RankWatch {
     /// Since when its process is seen stopped.
     stopped_since: Option<Instant>,
     reported_hung: bool,
-    /// Its compute time per step as it last reported it, ms.
-    compute_ms: f64,
+    /// Its compute time per step as it last reported it, ms (`None`: no step reported yet).
+    compute_ms: Option<f64>,
     /// When each metric was last offered, and the last value of each held back since.
     last_sent: HashMap<String, Instant>,
     unsent: BTreeMap<String, Metric>,
@@ -151,7 +152,7 @@ impl RankWatch {
             drain_deadline: None,
             stopped_since: None,
             reported_hung: false,
-            compute_ms: 0.0,
+            compute_ms: None,
             last_sent: HashMap::new(),
             unsent: BTreeMap::new(),
             metric_names: HashSet::new(),
@@ -495,7 +496,7 @@ impl RankWatch {
                 compute_ms,
                 wait_ms,
             }) => {
-                self.compute_ms = compute_ms;
+                self.compute_ms = Some(compute_ms);
                 actions.push(Action::Offer(Op::RankStats(ops::RankStats {
                     id: self.id,
                     generation,
@@ -524,12 +525,19 @@ impl RankWatch {
                 })));
             }
             RankLine::Heartbeat { computing_ms } => {
-                let bound =
-                    (HUNG_COMPUTE_FACTOR * self.compute_ms).max(HUNG_COMPUTING_MS_MIN as f64);
+                let bound = match self.compute_ms {
+                    Some(usual) => (HUNG_COMPUTE_FACTOR * usual).max(HUNG_COMPUTING_MS_MIN as f64),
+                    None => HUNG_FIRST_COMPUTE_MS as f64,
+                };
                 if computing_ms as f64 >= bound {
-                    let usual = self.compute_ms;
+                    let usual = match self.compute_ms {
+                        Some(usual) => format!("usually {usual:.1} ms a step"),
+                        None => "no step reported yet".into(),
+                    };
                     self.hung(
-                        format!("no progress: {computing_ms} ms inside one compute section (usually {usual:.1} ms a step)"),
+                        format!(
+                            "no progress: {computing_ms} ms inside one compute section ({usual})"
+                        ),
                         actions,
                     );
                 }

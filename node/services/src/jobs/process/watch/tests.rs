@@ -243,10 +243,16 @@ fn a_compute_section_far_past_the_usual_step_is_a_hang() {
         vec![],
         "once"
     );
-    // Without stats, the floor.
+    // Before any step is reported, a first step's compile and warm-up: minutes, not 5 s.
     let mut w = watch(1, None, None, t0);
     let floor = format!("ringleader-heartbeat computing_ms={HUNG_COMPUTING_MS_MIN}");
-    assert_eq!(losses(&w.on_line(t0, true, &floor)).len(), 1);
+    assert_eq!(w.on_line(t0, true, &floor), vec![]);
+    let first = format!("ringleader-heartbeat computing_ms={HUNG_FIRST_COMPUTE_MS}");
+    let hung = w.on_line(t0, true, &first);
+    assert!(
+        matches!(losses(&hung).as_slice(), [(_, _, true, reason)] if reason.contains("no step reported yet")),
+        "{hung:?}"
+    );
 }
 
 #[test]
