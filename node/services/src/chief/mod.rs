@@ -82,7 +82,7 @@ pub fn decide_with(
                     &mut candidates,
                     now_ms,
                     new_secret,
-                    true,
+                    None,
                 ));
             }
             let held = held_for_others(&pending);
@@ -106,7 +106,7 @@ pub fn decide_with(
             // Lost ranks and standbys first; growth only where the scheduler grants it.
             let mut settled = BTreeSet::new();
             for job in &running_jobs {
-                let cmds = running(job, &gone, &mut candidates, now_ms, new_secret, false);
+                let cmds = running(job, &gone, &mut candidates, now_ms, new_secret, Some(0));
                 if cmds.is_empty() && job.standby.is_none() && lost_ranks(job, &gone).is_empty() {
                     settled.insert(job.id);
                 }
@@ -164,13 +164,15 @@ pub fn decide_with(
                     });
                     continue;
                 }
+                // At most the ranks the scheduler granted (each within the owner's quota).
+                let granted = (grow.to_workers as usize).saturating_sub(job.assignment.len());
                 out.extend(running(
                     job,
                     &gone,
                     &mut candidates,
                     now_ms,
                     new_secret,
-                    true,
+                    Some(granted),
                 ));
             }
             let (trial_reasons, reasons): (Vec<_>, Vec<_>) = decisions
@@ -357,15 +359,27 @@ fn lost_ranks<'a>(job: &'a Job, gone: &BTreeMap<String, &str>) -> Vec<Lost<'a>> 
     lost
 }
 
+/// How many joiners a growing `job` takes in one re-form: after a grow (`ringleader job
+/// grow`, capacity returned), as many as it lacks below its ceiling; else one per
+/// generation.
+fn joiners_wanted(job: &Job) -> usize {
+    let growing = job.preemption.as_ref().and_then(|p| p.growing.as_deref());
+    let lacks = (job.growth_ceiling() as usize).saturating_sub(job.assignment.len());
+    match (growing, job.stages_joiners()) {
+        (Some(_), false) => lacks.max(1),
+        _ => 1,
+    }
+}
+
 /// What a running job needs: nothing, a re-form (elastic jobs), or a failed attempt; growth
-/// only when `grow`.
+/// by at most `grow` joiners (`None`: as many as it wants, `joiners_wanted`).
 fn running(
     job: &Job,
     gone: &BTreeMap<String, &'static str>,
     candidates: &mut [Candidate],
     now_ms: u64,
     new_secret: &mut dyn FnMut() -> String,
-    grow: bool,
+    grow: Option<usize>,
 ) -> Vec<ControlCommand> {
     if let Some(stopping) = &job.stopping {
         return stopping_ranks(job, stopping, gone, now_ms);
@@ -380,14 +394,11 @@ fn running(
     // Growth: an elastic ring below max_workers (or a preemption's ceiling) takes one
     // available member per generation; after a grow, as many as it lacks at once.
     let ceiling = job.growth_ceiling() as usize;
-    if !grow || !job.is_elastic() || job.assignment.len() >= ceiling {
+    let wanted = joiners_wanted(job).min(grow.unwrap_or(usize::MAX));
+    if wanted == 0 || !job.is_elastic() || job.assignment.len() >= ceiling {
         return Vec::new();
     }
     let growing = job.preemption.as_ref().and_then(|p| p.growing.as_deref());
-    let wanted = match (growing, job.stages_joiners()) {
-        (Some(_), false) => ceiling - job.assignment.len(),
-        _ => 1,
-    };
     let req = Request::from_spec(&job.spec);
     let mut joined: Vec<Slot> = Vec::new();
     for worker in (job.next_worker..).take(wanted) {
@@ -586,6 +597,7 @@ fn queue_view<'a>(
                 may_grow: settled.contains(&job.id)
                     && may_grow(job)
                     && !held_at_ceiling(state, job),
+                grow_by: joiners_wanted(job) as u32,
                 joiners_exclude: job
                     .assignment
                     .iter()

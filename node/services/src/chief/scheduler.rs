@@ -186,6 +186,9 @@ pub struct Running<'a> {
     /// Whether it may take a joiner now (elastic, below `max_workers`, nothing lost or
     /// staged); `joiners_exclude` are the members that may not hold its joiner.
     pub may_grow: bool,
+    /// The ranks it takes at once when it grows (after a grow, all it lacks; else 1), each
+    /// granted only within its owner's quota and others' claims.
+    pub grow_by: u32,
     /// Members its joiner may not go to (those in its ring, recently departed ones).
     pub joiners_exclude: BTreeSet<&'a str>,
     /// The search it is a trial of.
@@ -332,27 +335,35 @@ fn pass(
         let w = match entry {
             Entry::Grow(r) => {
                 let req = one_rank(r);
-                // A growth borrows under the rule a start does: not what another owner's
-                // waiting job claims within its quota. Else a borrower's ring shrunk to
-                // take its borrowed ranks back for such a job grew (or its owner's other
-                // ring did) into the freed room at once, ahead of that job, each pass
-                // (bench-sharing, 2026-12-07: carol's job waited 131 s after a shrink).
-                if claims
-                    .refuses(r.owner, &req, &now, &ledger, quotas)
-                    .is_some()
-                {
-                    continue;
-                }
-                if let Some(slot) = grow(r, &req, &now, &ledger, quotas) {
+                // Rank by rank, up to `grow_by`: a growth borrows under the rule a start
+                // does, not what another owner's waiting job claims within its quota. Else
+                // a borrower's ring shrunk to take its borrowed ranks back for such a job
+                // grew (or its owner's other ring did) into the freed room at once, ahead
+                // of that job, each pass (bench-sharing, 2026-12-07: carol's job waited
+                // 131 s after a shrink).
+                let mut granted: Vec<String> = Vec::new();
+                while (granted.len() as u32) < r.grow_by.max(1) {
+                    if claims
+                        .refuses(r.owner, &req, &now, &ledger, quotas)
+                        .is_some()
+                    {
+                        break;
+                    }
+                    let Some(slot) = grow(r, &req, &now, &ledger, quotas, &granted) else {
+                        break;
+                    };
                     for view in [&mut free, &mut now] {
                         placement::take(view, std::slice::from_ref(&slot), &req);
                     }
                     future.take(std::slice::from_ref(&slot), &req);
                     ledger.add(r.owner, &req, quotas);
+                    granted.push(slot.member.clone());
                     grown.push((slot, req));
+                }
+                if !granted.is_empty() {
                     out.grows.push(Grow {
                         job: r.id,
-                        to_workers: r.slots.len() as u32 + 1,
+                        to_workers: (r.slots.len() + granted.len()) as u32,
                     });
                 }
                 continue;
@@ -517,12 +528,14 @@ fn grow(
     now: &[Candidate],
     ledger: &usage::Ledger,
     quotas: &BTreeMap<String, Quota>,
+    granted: &[String],
 ) -> Option<Slot> {
     if !ledger.may_add(r.owner, req, quotas) {
         return None;
     }
     let joiner = now.iter().find(|c| {
         !r.joiners_exclude.contains(c.id.as_str())
+            && !granted.contains(&c.id)
             && placement::room(std::slice::from_ref(c), req) >= 1
     })?;
     let gpus: Vec<u32> = placement::free_gpus(joiner)

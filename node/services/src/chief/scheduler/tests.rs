@@ -55,6 +55,7 @@ fn running<'a>(
         min_workers: slots.len() as u32,
         elastic: false,
         may_grow: false,
+        grow_by: 1,
         joiners_exclude: slots.iter().map(|s| s.member.as_str()).collect(),
         trial_of: None,
         preemptible: true,
@@ -601,6 +602,43 @@ fn a_victim_still_stopping_is_not_replaced_by_another_at_the_next_pass() {
         .map(|p| (p.victim, p.action))
         .collect();
     assert_eq!(actions, vec![(id(9), Action::PauseTrials { count: 1 })]);
+}
+
+/// A ring that grows back after a grow asks for all it lacks at once; each rank is granted
+/// as a start's would be, within its owner's quota.
+#[test]
+fn a_ring_growing_back_is_granted_its_ranks_within_its_owners_quota() {
+    for (cpus, to_workers) in [(4, 3), (5, 4)] {
+        let mut members: Vec<Candidate> = ["a", "b", "c", "d", "e"]
+            .iter()
+            .map(|n| member(n, 1, 0))
+            .collect();
+        let r = req(1, 1, 0);
+        let ring_slots = hold(&mut members, &[0, 1], &r);
+        let other_slots = hold(&mut members, &[2], &r);
+        let quotas = BTreeMap::from([("alice".to_owned(), quota(cpus, Some(0)))]);
+        let cluster = ClusterView {
+            members,
+            quotas: &quotas,
+        };
+        let mut ring = running(1, "alice", priority::NORMAL, &ring_slots, r);
+        ring.elastic = true;
+        ring.may_grow = true;
+        ring.grow_by = 2;
+        let queue = QueueView {
+            running: vec![ring, running(2, "alice", priority::NORMAL, &other_slots, r)],
+            ..QueueView::default()
+        };
+        let d = schedule(&cluster, &queue, 10);
+        assert_eq!(
+            d.grows,
+            vec![Grow {
+                job: id(1),
+                to_workers
+            }],
+            "quota {cpus}"
+        );
+    }
 }
 
 #[test]

@@ -38,12 +38,11 @@ fn preempt(
     apply_all(state, &cmds);
 }
 
-#[test]
-fn a_shrunk_ring_stays_below_its_ceiling_until_a_grow_then_grows_back_in_one_generation() {
-    let members = members(4);
+/// `TRAIN` placed on 4 members and shrunk to 2 by a preemption at 10 ms.
+fn shrunk_to_two(members: &[MemberView]) -> (ControlState, JobId) {
     let mut state = ControlState::default();
     let id = submit_text(&mut state, TRAIN);
-    place_all(&mut state, &members, 2);
+    place_all(&mut state, members, 2);
     preempt(
         &mut state,
         id,
@@ -51,20 +50,32 @@ fn a_shrunk_ring_stays_below_its_ceiling_until_a_grow_then_grows_back_in_one_gen
         None,
         10,
     );
-    let later = 10 + REJOIN_AFTER_MS + 1;
-    assert!(
-        decide(&state, &members, later, &mut secret).is_empty(),
-        "no growth past the ceiling with two members free"
-    );
+    (state, id)
+}
+
+/// The admin's (or capacity returned's) grow of `id` back to 4, at `at`.
+fn grow_to_four(state: &mut ControlState, id: JobId, at: u64) {
     let grow = ControlCommand::new(
-        later,
+        at,
         Op::Grow(ops::Grow {
             id,
             to_workers: 4,
             reason: "capacity returned".into(),
         }),
     );
-    apply_all(&mut state, &[grow]);
+    apply_all(state, &[grow]);
+}
+
+#[test]
+fn a_shrunk_ring_stays_below_its_ceiling_until_a_grow_then_grows_back_in_one_generation() {
+    let members = members(4);
+    let (mut state, id) = shrunk_to_two(&members);
+    let later = 10 + REJOIN_AFTER_MS + 1;
+    assert!(
+        decide(&state, &members, later, &mut secret).is_empty(),
+        "no growth past the ceiling with two members free"
+    );
+    grow_to_four(&mut state, id, later);
     let cmds = decide(&state, &members, later, &mut secret);
     let (slots, reason) = reform_of(&cmds);
     assert_eq!(cmds.len(), 1);
@@ -169,6 +180,31 @@ fn a_requeued_job_is_not_reformed_and_its_stop_ends_when_overdue_or_its_member_i
         panic!("{cmds:?}")
     };
     assert_eq!(reason, "rank 0 on m0 gone");
+}
+
+/// A ring growing back after a grow takes in one generation only what its owner's quota
+/// allows: the scheduler grants its ranks one by one as it would a start's (it checked one,
+/// and the re-form took every free member).
+#[test]
+fn a_ring_growing_back_takes_only_what_its_owners_quota_allows() {
+    let members = members(4);
+    let (mut state, id) = shrunk_to_two(&members);
+    let owner = state.job(id).unwrap().owner.clone();
+    let quota = crate::domain::state::quotas::Quota {
+        cpus: Some(3),
+        borrow_cpus: Some(0),
+        ..Default::default()
+    };
+    state.quotas.insert(owner, quota);
+    let later = 10 + REJOIN_AFTER_MS + 1;
+    grow_to_four(&mut state, id, later);
+    let cmds = decide(&state, &members, later, &mut secret);
+    let (slots, _) = reform_of(&cmds);
+    assert_eq!(
+        slots.len(),
+        3,
+        "one joiner within the quota of 3 cpus: {cmds:?}"
+    );
 }
 
 /// A one-rank command job that never restarts.
