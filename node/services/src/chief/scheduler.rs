@@ -409,13 +409,13 @@ fn pass(
                 plans += 1;
                 let plan = preemption::plan(w, &now, cluster, queue, &ledger, now_ms);
                 text = plan.reason(text);
-                // Room that would go elsewhere blocks nobody behind the job: the next job
-                // that waits for capacity may plan (its plan is checked the same way).
+                // Room that would go elsewhere, or no room at all, blocks nobody behind the
+                // job: the next job that waits for capacity may plan (its plan is checked
+                // the same way: it asks only when it would start on what it frees). A low
+                // job aged to the head of the queue finds nothing below its own priority
+                // to take, and turned preemption off for every job behind it.
                 planning = plans < preemption::PLANS_PER_PASS_MAX
-                    && matches!(
-                        plan,
-                        preemption::Plan::Claimed(_) | preemption::Plan::TakenAhead
-                    );
+                    && !matches!(plan, preemption::Plan::Asked { .. });
                 if let preemption::Plan::Asked { asked, start } = plan {
                     out.preempt = asked;
                     held = Some(start);

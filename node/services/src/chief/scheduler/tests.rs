@@ -641,6 +641,37 @@ fn a_ring_growing_back_is_granted_its_ranks_within_its_owners_quota() {
     }
 }
 
+/// A low job aged to the head of the queue that nothing can make room for does not stop a
+/// fresh high job behind it from preempting: the high job's plan comes next.
+#[test]
+fn a_head_that_no_preemption_helps_leaves_the_next_job_its_plan() {
+    let mut members = vec![member("a", 2, 0)];
+    let r = req(1, 2, 0);
+    let slots = hold(&mut members, &[0], &r);
+    let quotas = BTreeMap::new();
+    let cluster = ClusterView {
+        members,
+        quotas: &quotas,
+    };
+    let now_ms = 9 * 3_600_000;
+    let aged = waiting(1, "alice", priority::LOW, req(1, 3, 0));
+    let mut fresh = waiting(2, "bob", priority::HIGH, r);
+    fresh.submitted_at_ms = now_ms - 1;
+    let queue = QueueView {
+        waiting: vec![aged, fresh],
+        running: vec![running(3, "carol", priority::NORMAL, &slots, r)],
+        ..QueueView::default()
+    };
+    let d = schedule(&cluster, &queue, now_ms);
+    assert_eq!(d.order[0], (id(1), None), "aged to the head");
+    let actions: Vec<(JobId, Action, JobId)> = d
+        .preempt
+        .iter()
+        .map(|p| (p.victim, p.action, p.for_job))
+        .collect();
+    assert_eq!(actions, vec![(id(3), Action::Requeue, id(2))]);
+}
+
 #[test]
 fn a_shrunk_job_grows_back_before_lower_priority_work_starts() {
     let mut members = vec![member("a", 1, 0), member("b", 1, 0)];
