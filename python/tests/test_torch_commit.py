@@ -34,7 +34,7 @@ def _fill(commit: _Commit, step: int, model: torch.nn.Module,
           opt: torch.optim.Optimizer) -> None:
     params = list(model.parameters())
     commit.fill(step, params + list(model.buffers()), len(params), opt, params, _Sampler(),
-                [0.1])
+                [0.1], 1, None)
 
 
 def test_a_commit_holds_copies_of_parameters_buffers_and_optimizer_state() -> None:

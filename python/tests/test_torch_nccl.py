@@ -321,6 +321,29 @@ def test_a_compute_section_runs_from_each_forward_to_its_step_not_between_steps(
         rank.kill()
 
 
+def test_a_re_form_keeps_the_schedules_learning_rate():
+    """A StepLR given to the optimizer (halving every 2 steps): a step lost to a re-form
+    restores the scheduler with the commit, and the lr goes on from the committed step's
+    (it was set back to the base lr × world, and the scheduler counted the lost step)."""
+    lose_at, stop_at = 3, 8
+    rank = Rank("train", 1, LOSE_AT=str(lose_at), STOP_AT=str(stop_at), SCHED="1")
+    try:
+        rank.send(generation(1, 0, free_ports(1)))
+        rank.expect("^lost peers$")
+        rank.send(generation(2, 0, free_ports(1)))
+        rank.expect(r"^ringleader-elastic resumed generation=2 .*restored_step=3")
+        assert rank.proc.wait(timeout=WAIT_S) == 0, rank.stderr()
+        for line in list(rank._q.queue):
+            rank.lines.append(line)
+        seen = [tuple(map(float, m.groups())) for m in
+                (re.match(r"^lr step=(\d+) lr=(\S+)$", line) for line in rank.lines) if m]
+        assert [s for s, _ in seen][-1] == stop_at, seen
+        for step, lr in seen:
+            assert lr == pytest.approx(0.05 * 0.5 ** (int(step) // 2)), seen
+    finally:
+        rank.kill()
+
+
 def test_a_step_whose_group_torchs_watchdog_aborted_is_never_committed():
     """Under `TORCH_NCCL_ASYNC_ERROR_HANDLING=2` torch's watchdog aborts a communicator whose
     peer failed, and the cut collectives end as if done (their CUDA events complete): the

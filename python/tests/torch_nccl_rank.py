@@ -66,8 +66,11 @@ model = rlt.DistributedDataParallel(torch.nn.Sequential(
     torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)))
 sampler = rlt.ElasticSampler(len(dataset), batch_size=8, seed=0)
 loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler)
-opt = rlt.ElasticOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model=model,
-                           sampler=sampler)
+inner = torch.optim.SGD(model.parameters(), lr=0.05)
+# SCHED=1: a StepLR (halved every 2 steps) given to the optimizer, `lr step=S lr=X` per step.
+sched = torch.optim.lr_scheduler.StepLR(inner, step_size=2, gamma=0.5) \
+    if os.environ.get("SCHED") == "1" else None
+opt = rlt.ElasticOptimizer(inner, model=model, sampler=sampler, scheduler=sched)
 lose_at, stop_at = int(os.environ["LOSE_AT"]), int(os.environ["STOP_AT"])
 # Whether the heartbeat's compute section was open inside the last forward.
 in_forward = None
@@ -93,6 +96,9 @@ for epoch in sampler.epochs(1000):
         opt.zero_grad(); F.cross_entropy(model(x), y).backward(); opt.step()
         print(f"hash step={opt.steps} gen={rlt.generation()} h={digest()}", flush=True)
         print(f"clock in_forward={in_forward} between={sess.clock.computing_ms()}", flush=True)
+        if sched is not None:
+            sched.step()
+            print(f"lr step={opt.steps} lr={inner.param_groups[0]['lr']}", flush=True)
         if opt.steps == lose_at and rlt.generation() == 1 and not lost:
             lost = True
             watchdog = os.environ.get("WATCHDOG") == "1"

@@ -2,8 +2,9 @@
 step and re-forms the group when the ring changes, without storage.
 
 The commit (`_Commit`) is the model's parameters and buffers, the optimizer's state (its
-per-parameter tensors and counters, each group's base learning rate) and the sampler's
-position, at a step count. Its tensors are allocated once and copied into at each step
+per-parameter tensors and counters, each group's base learning rate and its learning rate
+of that step per unit of world × accumulation), the learning-rate scheduler's state when
+one is given (`scheduler=`) and the sampler's position, at a step count. Its tensors are allocated once and copied into at each step
 (a memcpy of the model and optimizer state, no allocation); the last `COMMITS_KEPT` are
 kept, so ranks one step apart still share one.
 
@@ -28,8 +29,11 @@ generation's ring is connected, the ranks run the agreement of the protocol crat
 it), the root broadcasts that commit to the ranks that lack it (joiners, laggards), every
 rank restores it, DDP is rebuilt, the sampler shares out the epoch's remaining samples
 over the new world, and the learning rate follows the world linearly: each group's lr is
-`base × world × accumulation`, where `base` is the lr given divided by the world the
-optimizer was made in (kept in the commit, so a joiner gets the group's). The rank prints
+the committed step's lr per unit × world × accumulation (at a fresh start, `base`: the lr
+given divided by the world the optimizer was made in), so a schedule's decay carries over
+and a joiner gets the group's; a scheduler given as `scheduler=` is restored to the
+committed step (the script's `scheduler.step()` after the `step()` that re-formed then
+moves it on, as on every step) with its base learning rates rescaled the same way. The rank prints
 `ringleader-elastic resumed … restored_step=C steps_lost=L source=memory|broadcast|fresh`
 and goes on; a failed collective is printed as `ringleader-elastic failed …` first. At most
 the failed step is lost (trained again).
@@ -46,6 +50,7 @@ the sampler on.
 """
 
 import contextlib
+import copy
 import ctypes
 import io
 import time
@@ -85,6 +90,8 @@ class _Commit:
         self.opt_state: dict[int, dict[str, Any]] = {}
         self.sampler: tuple[int, int] | None = None
         self.base_lrs: list[float] | None = None
+        self.unit_lrs: list[float] | None = None
+        self.scheduler: dict[str, Any] | None = None
         # The side stream a CUDA state's copy runs on; the events of the last copy on it and
         # on the step's stream (the buffers'), None when done or on the CPU.
         self._stream: Any = None
@@ -93,9 +100,10 @@ class _Commit:
 
     def fill(self, step: int, tensors: list[torch.Tensor], buffers_from: int,
              opt: torch.optim.Optimizer, params: list[torch.Tensor], sampler: ElasticSampler,
-             base_lrs: list[float]) -> None:
+             base_lrs: list[float], scale: int, scheduler: Any) -> None:
         """Copies the state in: `tensors` are the module's parameters, then (from
-        `buffers_from`) its buffers; `params` the optimizer's, in its groups' order."""
+        `buffers_from`) its buffers; `params` the optimizer's, in its groups' order; `scale`
+        the generation's world × accumulation; `scheduler` the lr scheduler or None."""
         self.wait()  # its buffers are written again: the last copy into them is done
         stream = self._side_stream(tensors)
         if stream is not None:
@@ -118,6 +126,8 @@ class _Commit:
         self.step = step
         self.sampler = sampler.state()
         self.base_lrs = list(base_lrs)
+        self.unit_lrs = [float(g["lr"]) / scale for g in opt.param_groups]
+        self.scheduler = None if scheduler is None else copy.deepcopy(scheduler.state_dict())
 
     def _side_stream(self, tensors: list[torch.Tensor]) -> Any:
         """The copy's stream when the state is on a CUDA device, else None."""
@@ -161,7 +171,8 @@ class _Commit:
     def as_dict(self) -> State:
         self.wait()
         return {"step": self.step, "tensors": self.tensors, "opt_state": self.opt_state,
-                "sampler": list(self.sampler or ()), "base_lrs": self.base_lrs}
+                "sampler": list(self.sampler or ()), "base_lrs": self.base_lrs,
+                "unit_lrs": self.unit_lrs, "scheduler": self.scheduler}
 
 
 def _restored(value: Any, param: torch.Tensor, key: str, group: dict[str, Any]) -> Any:
@@ -212,20 +223,25 @@ def _tensor_bytes(t: torch.Tensor) -> bytes:
 
 class ElasticOptimizer:
     """`rlt.ElasticOptimizer(torch.optim.SGD(model.parameters(), lr=…), model=model,
-    sampler=sampler)`: see the module doc. `steps` counts the group's steps; other
-    attributes are the wrapped optimizer's."""
+    sampler=sampler, scheduler=None)`: see the module doc. `steps` counts the group's
+    steps; other attributes are the wrapped optimizer's. `scheduler`: a
+    `torch.optim.lr_scheduler` of the wrapped optimizer, committed and restored with it."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: DistributedDataParallel,
-                 sampler: ElasticSampler) -> None:
+                 sampler: ElasticSampler, scheduler: Any = None) -> None:
         self.optimizer = optimizer
         self.model = model
         self.sampler = sampler
+        self.scheduler = scheduler
         self.steps = 0
         # Calls of `step()` since the last optimizer step (accumulation).
         self._micro = 0
         self._sess = session()
         world = max(self._sess.world, 1)
         self._base_lrs: list[float] = [g["lr"] / world for g in optimizer.param_groups]
+        # Each group's lr per unit of world × accumulation at the restored step (None: a
+        # fresh start, `_base_lrs`).
+        self._unit_lrs: list[float] | None = None
         self._params: list[torch.Tensor] = [p for g in optimizer.param_groups for p in g["params"]]
         self._commits = [_Commit() for _ in range(COMMITS_KEPT)]
         self._newest = -1  # index of the newest commit, -1: none
@@ -257,8 +273,10 @@ class ElasticOptimizer:
         i = (self._newest + 1) % COMMITS_KEPT
         m: torch.nn.Module = self.model.module if hasattr(self.model, "module") else self.model
         params = len(list(m.parameters()))
+        sess = self._sess
         self._commits[i].fill(self.steps, self._state_tensors(), params, self.optimizer,
-                              self._params, self.sampler, self._base_lrs)
+                              self._params, self.sampler, self._base_lrs,
+                              max(sess.world, 1) * sess.accumulation, self.scheduler)
         self._newest = i
 
     def _held(self) -> list[int]:
@@ -283,6 +301,10 @@ class ElasticOptimizer:
                 k: _restored(v, p, k, group_of[id(p)]) for k, v in st.items()}
         self.sampler.set_state(state["sampler"])
         self._base_lrs = list(state["base_lrs"])
+        units = state.get("unit_lrs")
+        self._unit_lrs = None if units is None else list(units)
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
         self.steps = int(state["step"])
 
     # -- the step ----------------------------------------------------------------------
@@ -365,6 +387,7 @@ class ElasticOptimizer:
                 sess.join_next()
             first = False
             try:
+                self._unit_lrs = None  # a commit restored sets them
                 source, restored, group_step = self._agree(step_reached)
                 self._rebuild(source)
             except _native.RingError as e:
@@ -376,8 +399,17 @@ class ElasticOptimizer:
         sess.last_generation = sess.generation
         self._micro = 0
         self.optimizer.zero_grad(set_to_none=True)
-        for g, base in zip(self.optimizer.param_groups, self._base_lrs):
-            g["lr"] = base * sess.world * sess.accumulation
+        scale = sess.world * sess.accumulation
+        units = self._unit_lrs if self._unit_lrs is not None else self._base_lrs
+        for g, unit in zip(self.optimizer.param_groups, units):
+            g["lr"] = unit * scale
+        if self.scheduler is not None:
+            # Its own base lrs (closed-form schedules start from them) follow the world too.
+            self.scheduler.base_lrs = [base * scale for base in self._base_lrs]
+            for g, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+                if "initial_lr" in g:
+                    g["initial_lr"] = base
+            self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
         # The commits newer than the restored step belong to an abandoned history.
         for c in self._commits:
             if c.step is not None and c.step > self.steps:
