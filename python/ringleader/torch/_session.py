@@ -275,13 +275,17 @@ class Session:
         self.leave_group()
 
     def exit_stopped(self) -> NoReturn:
-        """The node said stop (or stdin ended): exit 0 at once. `os._exit`: the interpreter's
+        """The node said stop (or stdin ended): exit 0 at once."""
+        self._exit(0)
+
+    def _exit(self, code: int) -> NoReturn:
+        """Leaves the group and exits with `code` at once. `os._exit`: the interpreter's
         teardown with the ring's threads and torch's process group alive took seconds and
         could block in a finalizer; the node's SIGKILL follows its stop after 5 s."""
         self.leave_group()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(code)
 
     def exit_unrecovered(self, waited: float | None) -> NoReturn:
         """The failure reported named no lost rank and no generation followed within
@@ -289,10 +293,7 @@ class Session:
         print(f"ringleader: generation {self.generation} failed ({self.unnamed_failure}) "
               f"and no newer generation came within {waited:.0f} s: exiting",
               file=sys.stderr, flush=True)
-        self.leave_group()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
+        self._exit(1)
 
     # -- failures ------------------------------------------------------------------------
 

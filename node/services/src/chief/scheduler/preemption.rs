@@ -198,7 +198,7 @@ pub fn plan(
     let unserved = match &first {
         None => Plan::NoRoom,
         Some(first) => {
-            match served(w, first, cluster, queue, now_ms).and_then(|_| held(w, first)) {
+            match served(w, first, cluster, queue, now_ms).and_then(|()| held(w, first)) {
                 Ok(start) => {
                     return Plan::Asked {
                         asked: first.asked.clone(),
@@ -213,7 +213,8 @@ pub fn plan(
         let own = victims(w, now, &queue.running, ledger, quotas, now_ms, Among::Own);
         let differs = |own: &Victims| first.as_ref().is_none_or(|f| f.kept != own.kept);
         if let Some(own) = own.filter(differs) {
-            if let Ok(start) = served(w, &own, cluster, queue, now_ms).and_then(|_| held(w, &own)) {
+            if let Ok(start) = served(w, &own, cluster, queue, now_ms).and_then(|()| held(w, &own))
+            {
                 return Plan::Asked {
                     asked: own.asked,
                     start,
@@ -243,14 +244,15 @@ fn borrows(w: &Waiting<'_>, ledger: &Ledger, quotas: &BTreeMap<String, Quota>) -
     ledger.borrowed_by(w.owner, &w.floor(), quotas) != Usage::default()
 }
 
-/// Where `w` starts in the pass run again on what `v` leaves, else why it does not.
+/// Whether `w` starts in the pass run again on what `v` leaves (where is `held`'s), else
+/// why it does not.
 fn served(
     w: &Waiting<'_>,
     v: &Victims,
     cluster: &ClusterView<'_>,
     queue: &QueueView<'_>,
     now_ms: u64,
-) -> Result<Vec<Slot>, Plan> {
+) -> Result<(), Plan> {
     let mut members = cluster.members.clone();
     let mut running = Vec::with_capacity(queue.running.len());
     for (i, r) in queue.running.iter().enumerate() {
@@ -281,12 +283,8 @@ fn served(
         quotas: cluster.quotas,
     };
     let d = super::pass(&cluster, &after, now_ms, false);
-    if let Some(start) = d
-        .starts
-        .into_iter()
-        .find(|s| s.id == w.id && s.trial == w.trial)
-    {
-        return Ok(start.slots);
+    if d.starts.iter().any(|s| s.id == w.id && s.trial == w.trial) {
+        return Ok(());
     }
     let cause = d
         .reasons
